@@ -1,0 +1,112 @@
+"""The contract between loopeval and a model: `Sampling` in, `Generation` out, `Adapter` in between.
+
+Everything in the harness (LightEval bridge, memory sampler, runner) talks to models only through
+this file, so a user's adapter that satisfies `Adapter` gets the same treatment as the built-ins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Sequence, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+# The accounted memory measures every adapter reports (DESIGN.md "Memory measures").
+MEMORY_KEYS: tuple[str, ...] = ("weights_bytes", "kv_bytes_allocated", "kv_bytes_used", "kv_bytes_peak")
+
+FinishReason = Literal["eos", "stop", "length"]
+Prompt = str | Sequence[int]
+
+
+class AdapterError(ValueError):
+    """A problem the user can fix (bad spec, unreadable checkpoint, prompt too long...).
+
+    The CLI prints its message as one line and exits with code 2.
+    """
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How to sample. The defaults are the MELT paper protocol: T=1.0, top-p 0.7, 32k new tokens.
+
+    `temperature == 0` means greedy decoding. `n` samples are drawn per prompt. `seed` makes the
+    whole call reproducible: same adapter, prompts and Sampling give the same tokens.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 0.7
+    top_k: int | None = None
+    max_new_tokens: int = 32768
+    n: int = 1
+    seed: int = 0
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise AdapterError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise AdapterError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k is not None and self.top_k < 1:
+            raise AdapterError(f"top_k must be a positive integer or None, got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise AdapterError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.n < 1:
+            raise AdapterError(f"n (samples per prompt) must be >= 1, got {self.n}")
+        object.__setattr__(self, "stop", tuple(self.stop))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class Generation:
+    """One sampled continuation of one prompt.
+
+    `loops_used` holds, per generated token, how many loops the model ran for it (all equal to r
+    unless an Ouro exit policy stopped early); None for models that do not loop.
+    `prefill_seconds` and `decode_seconds` are those of the batch this sequence was generated in.
+    """
+
+    token_ids: list[int]
+    text: str | None
+    finish_reason: FinishReason
+    prompt_tokens: int
+    generated_tokens: int
+    loops_used: list[int] | None = None
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        return self.generated_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+
+@runtime_checkable
+class Adapter(Protocol):
+    """What loopeval needs from a model.
+
+    `generate` returns `len(prompts) * sampling.n` generations, prompt-major: element `i * n + j`
+    is sample `j` of prompt `i`. `memory()` is called from the memory sampler's thread while
+    `generate` runs, so it must be cheap and only read counters.
+    """
+
+    spec: str
+    tokenizer: Any | None  # a transformers PreTrainedTokenizerBase, or None for token-id-only models
+    max_context: int  # prompt + generated tokens the adapter can hold
+
+    def forward_logits(self, input_ids: "torch.Tensor") -> "torch.Tensor":
+        """Full forward without cache: [batch, length] token ids -> [batch, length, vocab] logits."""
+        ...
+
+    def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[Generation]: ...
+
+    def memory(self) -> dict[str, int | None]:
+        """Bytes for each of MEMORY_KEYS; None where the adapter cannot know."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-serialisable facts stored with each run: family, params, loops, kv_strategy, dtype, device, config."""
+        ...

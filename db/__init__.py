@@ -1,0 +1,1 @@
+"""The results store: SQLAlchemy models, engine/session setup, Alembic migrations and queries."""

@@ -1,0 +1,155 @@
+"""The results schema, SQLAlchemy 2.0 typed models.
+
+One `Run` is one (model, loops, suite) evaluation or one `loopeval profile`; runs launched together
+share a `sweep_id`. Samples, metrics, memory series and peaks hang off a run. Byte counts are
+BigInteger; a NULL byte count means "this source was unavailable", never zero.
+Alembic migrations in `db/migrations` create exactly this schema; change both together.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Run(Base):
+    __tablename__ = "runs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    sweep_id: Mapped[str] = mapped_column(String(64), index=True)
+    kind: Mapped[str] = mapped_column(String(16), default="eval")  # "eval" or "profile"
+    model_spec: Mapped[str] = mapped_column(String(512))
+    adapter: Mapped[str] = mapped_column(String(64))  # spec prefix: preset, zoo, ouro, transformers, ...
+    model_config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # Adapter.describe()
+    loops: Mapped[int | None] = mapped_column(Integer)
+    suite: Mapped[str] = mapped_column(String(64))
+    tasks: Mapped[list[str]] = mapped_column(JSON, default=list)
+    sampling: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # Sampling as a dict
+    seed: Mapped[int] = mapped_column(Integer, default=0)
+    limit: Mapped[int | None] = mapped_column(Integer)
+    versions: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)  # package -> version
+    host: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # hostname, cpu, gpu, ...
+    status: Mapped[str] = mapped_column(String(16), default="running")  # running, finished, failed, interrupted
+    error: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    wall_seconds: Mapped[float | None] = mapped_column(Float)
+    generate_seconds: Mapped[float | None] = mapped_column(Float)  # time spent inside Adapter.generate
+
+    samples: Mapped[list[Sample]] = relationship(back_populates="run", cascade="all, delete-orphan")
+    metrics: Mapped[list[TaskMetric]] = relationship(back_populates="run", cascade="all, delete-orphan")
+    memory_series: Mapped[list[MemorySample]] = relationship(back_populates="run", cascade="all, delete-orphan")
+    memory_peaks: Mapped[list[MemoryPeak]] = relationship(back_populates="run", cascade="all, delete-orphan")
+    profile_points: Mapped[list[ProfilePoint]] = relationship(back_populates="run", cascade="all, delete-orphan")
+
+
+class TaskMetric(Base):
+    """A LightEval metric for one task of a run; task "all" holds the suite average."""
+
+    __tablename__ = "task_metrics"
+    __table_args__ = (UniqueConstraint("run_id", "task", "metric"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    task: Mapped[str] = mapped_column(String(128))
+    metric: Mapped[str] = mapped_column(String(128))
+    value: Mapped[float | None] = mapped_column(Float)
+    stderr: Mapped[float | None] = mapped_column(Float)
+
+    run: Mapped[Run] = relationship(back_populates="metrics")
+
+
+class Sample(Base):
+    """One generated sample of one doc; committed as soon as it is scored, so interrupted runs keep it."""
+
+    __tablename__ = "samples"
+    __table_args__ = (UniqueConstraint("run_id", "task", "doc_id", "sample_index"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    task: Mapped[str] = mapped_column(String(128))
+    doc_id: Mapped[str] = mapped_column(String(128))
+    sample_index: Mapped[int] = mapped_column(Integer)
+    prompt: Mapped[str] = mapped_column(Text)
+    output: Mapped[str] = mapped_column(Text)
+    gold: Mapped[str | None] = mapped_column(Text)
+    score: Mapped[float | None] = mapped_column(Float)
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    generated_tokens: Mapped[int | None] = mapped_column(Integer)
+    loops_used: Mapped[float | None] = mapped_column(Float)  # mean loops per generated token
+    finish_reason: Mapped[str | None] = mapped_column(String(16))
+    latency_seconds: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    run: Mapped[Run] = relationship(back_populates="samples")
+
+
+class MemorySample(Base):
+    """One tick of the memory sampler. NULL = source unavailable (no NVML here, no CUDA, ...)."""
+
+    __tablename__ = "memory_samples"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    t: Mapped[float] = mapped_column(Float)  # seconds since the sampler started
+    phase: Mapped[str | None] = mapped_column(String(128))  # e.g. "task:addition batch:3"
+    generated_tokens: Mapped[int | None] = mapped_column(BigInteger)  # tokens generated so far in the run
+    kv_bytes_used: Mapped[int | None] = mapped_column(BigInteger)
+    kv_bytes_allocated: Mapped[int | None] = mapped_column(BigInteger)
+    torch_allocated: Mapped[int | None] = mapped_column(BigInteger)
+    torch_reserved: Mapped[int | None] = mapped_column(BigInteger)
+    nvml_process: Mapped[int | None] = mapped_column(BigInteger)
+    nvml_device: Mapped[int | None] = mapped_column(BigInteger)
+    rss: Mapped[int | None] = mapped_column(BigInteger)
+
+    run: Mapped[Run] = relationship(back_populates="memory_series")
+
+
+class MemoryPeak(Base):
+    """Peak (or fixed) value of one DESIGN.md measure over a run: weights_bytes, kv_bytes_peak, nvml_process_peak, ..."""
+
+    __tablename__ = "memory_peaks"
+    __table_args__ = (UniqueConstraint("run_id", "measure"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    measure: Mapped[str] = mapped_column(String(64))
+    value: Mapped[int | None] = mapped_column(BigInteger)
+
+    run: Mapped[Run] = relationship(back_populates="memory_peaks")
+
+
+class ProfilePoint(Base):
+    """One context length of `loopeval profile`: measured memory and speed beside the analytic KV."""
+
+    __tablename__ = "profile_points"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    context_tokens: Mapped[int] = mapped_column(Integer)
+    batch: Mapped[int] = mapped_column(Integer)
+    loops: Mapped[int | None] = mapped_column(Integer)
+    weights_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    kv_bytes_analytic: Mapped[int | None] = mapped_column(BigInteger)
+    kv_bytes_allocated: Mapped[int | None] = mapped_column(BigInteger)
+    kv_bytes_used: Mapped[int | None] = mapped_column(BigInteger)
+    torch_allocated_peak: Mapped[int | None] = mapped_column(BigInteger)
+    torch_reserved_peak: Mapped[int | None] = mapped_column(BigInteger)
+    nvml_process_peak: Mapped[int | None] = mapped_column(BigInteger)
+    nvml_device_peak: Mapped[int | None] = mapped_column(BigInteger)
+    rss_peak: Mapped[int | None] = mapped_column(BigInteger)
+    prefill_seconds: Mapped[float | None] = mapped_column(Float)
+    decode_tokens_per_second: Mapped[float | None] = mapped_column(Float)
+
+    run: Mapped[Run] = relationship(back_populates="profile_points")

@@ -1,0 +1,1 @@
+"""The harness: RunSpec, runner, LightEval bridge, memory samplers, profiling and the `loopeval` CLI."""

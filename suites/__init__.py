@@ -1,0 +1,1 @@
+"""LightEval task configs and bundled data. Imports lighteval only, never adapters or db."""
