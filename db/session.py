@@ -1,0 +1,181 @@
+"""Opening the results database: URL resolution, safety checks, SQLite tuning and automatic migration.
+
+`open_engine()` is the one door to the database. It resolves the URL (`--db`, else `LOOPEVAL_DB`,
+else `results/loopeval.sqlite` under the working directory), refuses files it must not touch
+(not SQLite, unwritable, written by a newer loopeval) *before* anything writes to them, tunes SQLite
+for several writers (WAL, busy timeout, `BEGIN IMMEDIATE`) and upgrades the schema to Alembic head.
+The Alembic config is built in code so that migrations work from an installed package, with no
+alembic.ini on disk.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+from sqlalchemy.orm import Session, sessionmaker
+
+from harness.errors import UserError
+
+DB_ENV = "LOOPEVAL_DB"
+DEFAULT_DB_PATH = Path("results") / "loopeval.sqlite"
+BUSY_TIMEOUT_MS = 60_000  # a writer waits this long for another process's transaction
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def resolve_db_url(url: str | None = None) -> str:
+    """The database URL to use: the argument, else $LOOPEVAL_DB, else the default SQLite file.
+
+    A plain path (no `://`) is taken as a SQLite file, so `--db runs.sqlite` works.
+    """
+    url = url or os.environ.get(DB_ENV) or str(DEFAULT_DB_PATH)
+    if "://" not in url:
+        url = f"sqlite:///{Path(url).expanduser()}"
+    return url
+
+
+def alembic_config() -> Any:
+    """An Alembic `Config` pointing at the packaged migrations (no alembic.ini needed)."""
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    return config
+
+
+def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head is not None
+    return head
+
+
+def _known_revisions() -> set[str]:
+    from alembic.script import ScriptDirectory
+
+    return {script.revision for script in ScriptDirectory.from_config(alembic_config()).walk_revisions()}
+
+
+def _sqlite_path(url: str) -> Path | None:
+    """The file behind a SQLite URL; None for other backends and in-memory databases."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database)
+
+
+def _check_sqlite_file(path: Path) -> None:
+    """Refuse a path loopeval cannot write, or a file that is not SQLite; reads only, never writes it."""
+    if path.exists():
+        if not path.is_file():
+            raise UserError(f"database {path} is not a file")
+        with path.open("rb") as fh:
+            header = fh.read(len(_SQLITE_HEADER))
+        if header and header != _SQLITE_HEADER:
+            raise UserError(f"database {path} is not a SQLite database (left untouched)")
+        if not os.access(path, os.W_OK):
+            raise UserError(f"database {path} is not writable")
+        directory = path.parent
+    else:
+        directory = path.parent
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise UserError(f"cannot create the database directory {directory}: a file is in the way") from None
+        except OSError as exc:
+            raise UserError(f"cannot create the database directory {directory}: {exc.strerror or exc}") from None
+    # WAL keeps -wal and -shm files beside the database, so the directory must be writable too.
+    if not os.access(directory, os.W_OK):
+        raise UserError(f"database directory {directory} is not writable")
+
+
+def _check_revision(engine: Engine, where: str) -> None:
+    """Refuse a database whose schema is newer than this loopeval, or that only looks like ours."""
+    from alembic.runtime.migration import MigrationContext
+
+    with engine.connect() as conn:
+        current = MigrationContext.configure(conn).get_current_revision()
+        tables = set(inspect(conn).get_table_names())
+    if current is not None and current not in _known_revisions():
+        raise UserError(
+            f"database {where} has schema revision {current}, newer than this loopeval knows "
+            f"(head {head_revision()}); upgrade loopeval to read it"
+        )
+    if current is None and "runs" in tables:
+        raise UserError(f"database {where} has a 'runs' table but no loopeval schema version; use another --db")
+
+
+def _tune_sqlite(engine: Engine) -> None:
+    """WAL, busy timeout, foreign keys; and real transactions that take the write lock up front.
+
+    pysqlite's own transaction handling begins lazily and would let two processes both read then
+    both try to write, which SQLite resolves with an immediate "database is locked" instead of
+    waiting. Disabling it and emitting `BEGIN IMMEDIATE` ourselves (SQLAlchemy's documented recipe)
+    makes every writer queue behind the busy timeout, and lets migrations run in one transaction.
+    """
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA foreign_keys = ON")
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _upgrade(engine: Engine) -> None:
+    """Bring the schema to Alembic head inside one transaction (a no-op when it is already there)."""
+    from alembic import command
+
+    config = alembic_config()
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, "head")
+
+
+def open_engine(url: str | None = None) -> Engine:
+    """Open (creating or upgrading as needed) the results database; UserError on anything unusable."""
+    url = resolve_db_url(url)
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise UserError(f"--db {url!r} is not a SQLAlchemy URL (e.g. sqlite:///results/loopeval.sqlite)") from None
+    path = _sqlite_path(url)
+    try:
+        if path is not None:
+            _check_sqlite_file(path)
+            if path.exists() and path.stat().st_size > 0:
+                # Inspect through a read-only connection: a refused database must stay byte-identical.
+                readonly = create_engine(f"sqlite:///file:{path.resolve()}?mode=ro&uri=true")
+                try:
+                    _check_revision(readonly, str(path))
+                finally:
+                    readonly.dispose()
+        try:
+            engine = create_engine(url)
+        except (NoSuchModuleError, ImportError):
+            raise UserError(f"--db {parsed.drivername!r}: no SQLAlchemy driver installed for it") from None
+        if parsed.get_backend_name() == "sqlite":
+            _tune_sqlite(engine)
+        if path is None:
+            _check_revision(engine, parsed.render_as_string(hide_password=True))
+        _upgrade(engine)
+    except DBAPIError as exc:
+        raise UserError(f"cannot open database {parsed.render_as_string(hide_password=True)}: {exc.orig}") from None
+    return engine
+
+
+def session_factory(engine: Engine) -> sessionmaker[Session]:
+    """Sessions that keep loaded rows readable after commit (the store hands plain values out)."""
+    return sessionmaker(engine, expire_on_commit=False)

@@ -1,0 +1,170 @@
+"""The write API of the results store, plus the run summary that `loopeval results` prints.
+
+Each call is one short transaction, so a run commits samples as they finish and several processes
+can share one SQLite file (db.session serialises writers with `BEGIN IMMEDIATE` and a busy timeout).
+The store takes and returns plain values (dicts, ints); harness types stay in the harness.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from sqlalchemy import Engine, delete, func, select
+
+from db.models import MemoryPeak, MemorySample, ProfilePoint, Run, Sample, TaskMetric, utcnow
+from db.session import open_engine, session_factory
+
+SAMPLE_FIELDS = (
+    "task", "doc_id", "sample_index", "prompt", "output", "gold", "score", "prompt_tokens",
+    "generated_tokens", "loops_used", "finish_reason", "latency_seconds",
+)
+
+
+class Store:
+    """One results database. `Store.open(url)` validates, creates or migrates it first."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._session = session_factory(engine)
+
+    @classmethod
+    def open(cls, url: str | None = None) -> Store:
+        return cls(open_engine(url))
+
+    @property
+    def url(self) -> str:
+        return self.engine.url.render_as_string(hide_password=True)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # --- runs -------------------------------------------------------------------------------
+
+    def create_run(self, **fields: Any) -> int:
+        """Insert a run (status "running" unless given) and return its id."""
+        with self._session.begin() as session:
+            run = Run(**fields)
+            session.add(run)
+            session.flush()
+            return run.id
+
+    def update_run(self, run_id: int, **fields: Any) -> None:
+        with self._session.begin() as session:
+            run = session.get(Run, run_id)
+            if run is None:
+                raise KeyError(f"no run {run_id}")
+            for name, value in fields.items():
+                setattr(run, name, value)
+
+    def finish_run(self, run_id: int, status: str, *, error: str | None = None, **fields: Any) -> None:
+        """Close a run with its final status (finished, failed, interrupted) and timings."""
+        self.update_run(run_id, status=status, error=error, finished_at=utcnow(), **fields)
+
+    def get_run(self, run_id: int) -> Run | None:
+        """The run row (detached, attributes loaded), or None."""
+        with self._session() as session:
+            return session.get(Run, run_id)
+
+    # --- samples ----------------------------------------------------------------------------
+
+    def add_samples(self, run_id: int, rows: Iterable[Mapping[str, Any]]) -> int:
+        """Commit samples now; rows already stored for (run, task, doc_id, sample_index) are skipped.
+
+        Skipping rather than failing is what makes `--resume` safe when a batch is re-generated.
+        Returns how many rows were new.
+        """
+        rows = [{name: row.get(name) for name in SAMPLE_FIELDS} for row in rows]
+        if not rows:
+            return 0
+        with self._session.begin() as session:
+            tasks = {row["task"] for row in rows}
+            existing = set(
+                session.execute(
+                    select(Sample.task, Sample.doc_id, Sample.sample_index).where(
+                        Sample.run_id == run_id, Sample.task.in_(tasks)
+                    )
+                ).tuples()
+            )
+            new: list[Sample] = []
+            for row in rows:
+                key = (row["task"], str(row["doc_id"]), int(row["sample_index"]))
+                if key not in existing:
+                    existing.add(key)
+                    new.append(Sample(run_id=run_id, **{**row, "doc_id": key[1]}))
+            session.add_all(new)
+            return len(new)
+
+    def samples(self, run_id: int, task: str | None = None) -> list[Sample]:
+        with self._session() as session:
+            query = select(Sample).where(Sample.run_id == run_id)
+            if task is not None:
+                query = query.where(Sample.task == task)
+            return list(session.scalars(query.order_by(Sample.task, Sample.doc_id, Sample.sample_index)))
+
+    # --- metrics, memory, profile -----------------------------------------------------------
+
+    def set_metrics(self, run_id: int, metrics: Mapping[str, Mapping[str, tuple[float | None, float | None]]]) -> None:
+        """Replace the run's metrics: task -> metric -> (value, stderr); task "all" is the suite average."""
+        with self._session.begin() as session:
+            session.execute(delete(TaskMetric).where(TaskMetric.run_id == run_id))
+            session.add_all(
+                TaskMetric(run_id=run_id, task=task, metric=metric, value=value, stderr=stderr)
+                for task, by_metric in metrics.items()
+                for metric, (value, stderr) in by_metric.items()
+            )
+
+    def add_memory_samples(self, run_id: int, rows: Iterable[Mapping[str, Any]]) -> None:
+        with self._session.begin() as session:
+            session.add_all(MemorySample(run_id=run_id, **row) for row in rows)
+
+    def set_memory_peaks(self, run_id: int, peaks: Mapping[str, int | None]) -> None:
+        """Replace the run's peaks: measure name -> bytes, None where the source was unavailable."""
+        with self._session.begin() as session:
+            session.execute(delete(MemoryPeak).where(MemoryPeak.run_id == run_id))
+            session.add_all(MemoryPeak(run_id=run_id, measure=name, value=value) for name, value in peaks.items())
+
+    def add_profile_points(self, run_id: int, rows: Iterable[Mapping[str, Any]]) -> None:
+        with self._session.begin() as session:
+            session.add_all(ProfilePoint(run_id=run_id, **row) for row in rows)
+
+    # --- reading ----------------------------------------------------------------------------
+
+    def run_summaries(self, kind: str | None = None) -> list[dict[str, Any]]:
+        """One plain dict per run, oldest first: identity, status, sample count, metrics and memory peaks."""
+        with self._session() as session:
+            query = select(Run).order_by(Run.id)
+            if kind is not None:
+                query = query.where(Run.kind == kind)
+            runs = list(session.scalars(query))
+            counts = dict(session.execute(select(Sample.run_id, func.count()).group_by(Sample.run_id)).tuples())
+            metrics: dict[int, dict[str, dict[str, float | None]]] = defaultdict(lambda: defaultdict(dict))
+            stderrs: dict[int, dict[str, dict[str, float | None]]] = defaultdict(lambda: defaultdict(dict))
+            for m in session.scalars(select(TaskMetric)):
+                metrics[m.run_id][m.task][m.metric] = m.value
+                stderrs[m.run_id][m.task][m.metric] = m.stderr
+            memory: dict[int, dict[str, int | None]] = defaultdict(dict)
+            for p in session.scalars(select(MemoryPeak)):
+                memory[p.run_id][p.measure] = p.value
+        return [
+            {
+                "id": run.id,
+                "sweep_id": run.sweep_id,
+                "kind": run.kind,
+                "model": run.model_spec,
+                "adapter": run.adapter,
+                "loops": run.loops,
+                "suite": run.suite,
+                "tasks": run.tasks,
+                "status": run.status,
+                "n_samples": counts.get(run.id, 0),
+                "metrics": {task: dict(values) for task, values in metrics[run.id].items()},
+                "stderr": {task: dict(values) for task, values in stderrs[run.id].items()},
+                "memory": dict(memory[run.id]),
+                "started_at": run.started_at.isoformat() if run.started_at else None,
+                "wall_seconds": run.wall_seconds,
+                "generate_seconds": run.generate_seconds,
+            }
+            for run in runs
+        ]

@@ -1,0 +1,258 @@
+"""The memory sampler: a background thread that reads every memory source while a model generates.
+
+Every `interval` seconds (20 ms by default) it records one tick: NVML device used memory and this
+process's used memory (NVML's per-process list, matched by pid), torch CUDA allocated and reserved,
+the adapter's live `kv_bytes_used` / `kv_bytes_allocated`, and the process RSS, tagged with the
+current phase ("task:addition batch:3") and the run's generated-token count so far. A source that
+cannot be read here is None in every tick and in its peak, never 0: "no GPU" must not look like
+"used no GPU memory".
+
+Peaks carry DESIGN.md's measure names (`MEASURES`). Where a source keeps its own exact peak (the
+torch caching allocator, the adapter's `kv_bytes_peak`) that is used instead of the sampled maximum,
+which could miss a spike shorter than the interval. The sampler times its own ticks, so its
+overhead is reported with the run (`overhead()`).
+
+Only torch, psutil and nvidia-ml-py are needed: `loopeval profile` uses this on machines without
+lighteval or sqlalchemy.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import psutil
+
+# DESIGN.md "Memory measures": the peaks stored per run, in this order.
+MEASURES: tuple[str, ...] = (
+    "weights_bytes",
+    "kv_bytes_allocated",
+    "kv_bytes_used",
+    "kv_bytes_peak",
+    "torch_allocated_peak",
+    "torch_reserved_peak",
+    "nvml_process_peak",
+    "nvml_device_peak",
+    "rss_peak",
+)
+# The per-tick readings (columns of `memory_samples`).
+SERIES: tuple[str, ...] = (
+    "kv_bytes_used", "kv_bytes_allocated", "torch_allocated", "torch_reserved", "nvml_process", "nvml_device", "rss",
+)
+# The sampled series whose maximum is the peak measure of the same meaning.
+_PEAK_OF_SERIES = {
+    "kv_bytes_used": "kv_bytes_used",
+    "kv_bytes_allocated": "kv_bytes_allocated",
+    "torch_allocated": "torch_allocated_peak",
+    "torch_reserved": "torch_reserved_peak",
+    "nvml_process": "nvml_process_peak",
+    "nvml_device": "nvml_device_peak",
+    "rss": "rss_peak",
+}
+DEFAULT_INTERVAL = 0.02
+DEFAULT_MAX_ROWS = 2000  # series rows stored per run; peaks stay exact whatever the downsampling
+
+
+def _max(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    return a if b is None else max(a, b)
+
+
+class _Nvml:
+    """NVML readings for one device: device used memory, and this process's used memory on it."""
+
+    def __init__(self, device_index: int | None) -> None:
+        import pynvml  # nvidia-ml-py; raises NVMLError (not ImportError) when no driver is present
+
+        pynvml.nvmlInit()
+        self._nvml = pynvml
+        if device_index is None:
+            # CUDA_VISIBLE_DEVICES renumbers devices for CUDA but not for NVML.
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+            device_index = int(visible) if visible.isdigit() else 0
+        self._handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+        self._pid = os.getpid()
+
+    def read(self) -> tuple[int | None, int | None]:
+        device = int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used)
+        process: int | None = None
+        for proc in self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle):
+            if proc.pid == self._pid:
+                process = proc.usedGpuMemory  # None when the driver hides it (some containers)
+                break
+        else:
+            # Absent from the list: truly 0 only if this process has no CUDA context yet.
+            process = 0 if not _cuda_initialized() else None
+        return device, None if process is None else int(process)
+
+
+def _cuda_initialized() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
+class MemorySampler:
+    """Samples memory on a thread between `start()` and `stop()` (or as a context manager).
+
+    The main thread calls `set_phase()` and `add_generated_tokens()`; both are single attribute
+    writes, safe to read from the sampler thread under the GIL.
+    """
+
+    def __init__(self, adapter: Any | None = None, interval: float = DEFAULT_INTERVAL, device_index: int | None = None) -> None:
+        if interval <= 0:
+            raise ValueError(f"sampler interval must be > 0 seconds, got {interval}")
+        self.adapter = adapter
+        self.interval = interval
+        self.phase: str | None = None
+        self.generated_tokens = 0
+        self.ticks: list[dict[str, Any]] = []
+        self.unavailable: dict[str, str] = {}  # source -> why it could not be read
+        self._process = psutil.Process()
+        self._nvml = self._open_nvml(device_index)
+        self._cuda = self._open_cuda()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._t0 = 0.0
+        self._wall = 0.0
+        self._busy = 0.0
+        self._final: dict[str, int | None] = {}
+
+    # --- sources ------------------------------------------------------------------------------
+
+    def _open_nvml(self, device_index: int | None) -> _Nvml | None:
+        try:
+            return _Nvml(device_index)
+        except Exception as exc:  # no driver, no GPU, library missing: every NVML reading is None
+            self.unavailable["nvml"] = f"{type(exc).__name__}: {exc}"
+            return None
+
+    def _open_cuda(self) -> bool:
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                return True
+            self.unavailable["torch_cuda"] = "torch.cuda.is_available() is False"
+        except ImportError as exc:
+            self.unavailable["torch_cuda"] = str(exc)
+        return False
+
+    def read(self) -> dict[str, Any]:
+        """One tick: every SERIES reading (None where unavailable) plus phase and token count."""
+        tick: dict[str, Any] = dict.fromkeys(SERIES)
+        tick["t"] = time.perf_counter() - self._t0
+        tick["phase"] = self.phase
+        tick["generated_tokens"] = self.generated_tokens
+        tick["rss"] = self._process.memory_info().rss
+        if self.adapter is not None:
+            accounted = self.adapter.memory()
+            tick["kv_bytes_used"] = accounted.get("kv_bytes_used")
+            tick["kv_bytes_allocated"] = accounted.get("kv_bytes_allocated")
+        if self._cuda:
+            import torch
+
+            tick["torch_allocated"] = torch.cuda.memory_allocated()
+            tick["torch_reserved"] = torch.cuda.memory_reserved()
+        if self._nvml is not None:
+            tick["nvml_device"], tick["nvml_process"] = self._nvml.read()
+        return tick
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> MemorySampler:
+        """Reset peaks (adapter and torch), take a first tick, and start the thread."""
+        if self.adapter is not None and hasattr(self.adapter, "reset_memory_peak"):
+            self.adapter.reset_memory_peak()
+        if self._cuda:
+            import torch
+
+            torch.cuda.reset_peak_memory_stats()
+        self._t0 = time.perf_counter()
+        self._tick()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="loopeval-memory-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the thread, take a last tick, and read the exact peaks the sources keep themselves."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+        self._tick()
+        self._wall = time.perf_counter() - self._t0
+        final: dict[str, int | None] = {}
+        if self.adapter is not None:
+            final.update({k: v for k, v in self.adapter.memory().items() if k in MEASURES})
+        if self._cuda:
+            import torch
+
+            final["torch_allocated_peak"] = torch.cuda.max_memory_allocated()
+            final["torch_reserved_peak"] = torch.cuda.max_memory_reserved()
+        self._final = final
+
+    def __enter__(self) -> MemorySampler:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._tick()
+
+    def _tick(self) -> None:
+        began = time.perf_counter()
+        self.ticks.append(self.read())
+        self._busy += time.perf_counter() - began
+
+    def set_phase(self, phase: str | None) -> None:
+        self.phase = phase
+
+    def add_generated_tokens(self, n: int) -> None:
+        self.generated_tokens += n
+
+    # --- results ------------------------------------------------------------------------------
+
+    def peaks(self) -> dict[str, int | None]:
+        """Every MEASURES name -> bytes, None where the source was unavailable during the whole run."""
+        peaks: dict[str, int | None] = dict.fromkeys(MEASURES)
+        for tick in self.ticks:
+            for series, measure in _PEAK_OF_SERIES.items():
+                peaks[measure] = _max(peaks[measure], tick[series])
+        for measure, value in self._final.items():
+            if measure in ("torch_allocated_peak", "torch_reserved_peak", "weights_bytes"):
+                peaks[measure] = value if value is not None else peaks[measure]
+            else:
+                peaks[measure] = _max(peaks[measure], value)
+        if peaks["kv_bytes_peak"] is None:
+            peaks["kv_bytes_peak"] = peaks["kv_bytes_used"]
+        return peaks
+
+    def overhead(self) -> dict[str, float]:
+        """The sampler's own cost: ticks taken, mean seconds per tick, and busy time over wall time."""
+        wall = self._wall or (time.perf_counter() - self._t0)
+        n = len(self.ticks)
+        return {
+            "ticks": float(n),
+            "seconds_per_tick": self._busy / n if n else 0.0,
+            "busy_fraction": self._busy / wall if wall > 0 else 0.0,
+            "wall_seconds": wall,
+        }
+
+    def series(self, max_rows: int = DEFAULT_MAX_ROWS) -> list[dict[str, Any]]:
+        """The ticks to store: evenly thinned to about `max_rows`, always keeping each series' peak tick."""
+        if len(self.ticks) <= max_rows:
+            return list(self.ticks)
+        step = len(self.ticks) / max_rows
+        keep = {int(i * step) for i in range(max_rows)} | {len(self.ticks) - 1}
+        for series in SERIES:
+            values = [(tick[series], i) for i, tick in enumerate(self.ticks) if tick[series] is not None]
+            if values:
+                keep.add(max(values)[1])
+        return [self.ticks[i] for i in sorted(keep)]
