@@ -1,0 +1,159 @@
+"""Checkpoints: the engine's own format, HF Qwen3 and HF Ouro directories, and MELT gate tensors.
+
+Engine format (a directory): `model.safetensors` (the `LoopedLM` state dict, HF tensor names),
+`config.json` = {"format": "loopeval-engine", "config": LoopConfig fields}, and `tokenizer.json`
+when the model has a tokenizer.
+
+HF directories are read without transformers' model classes or remote code: `config.json` is
+mapped onto `LoopConfig` and the safetensors (single file or sharded with an index) load into the
+engine, whose tensor names are HF's. MELT gates in an Ouro-format directory are extra tensors:
+`model.layers.{i}.melt_gate.w_z.weight` (W_z, d x d), `.w_z.bias` (b_z), `.u_z.weight` (U_z) for
+the elementwise gate, `.melt_gate.logit` for the scalar one; config.json may carry
+`melt_gate_variant` and `melt_chunk_size`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from adapters.base import AdapterError
+from adapters.config import LoopConfig, preset
+from adapters.model import LoopedLM
+
+ENGINE_FORMAT = "loopeval-engine"
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise AdapterError(f"{path} not found: expected a checkpoint directory with config.json and model.safetensors") from exc
+    except (OSError, ValueError) as exc:
+        raise AdapterError(f"cannot read {path} as JSON: {exc}") from exc
+
+
+def _first(value: Any) -> int | None:
+    return value[0] if isinstance(value, list) and value else value if isinstance(value, int) else None
+
+
+def _hf_config(raw: dict[str, Any], family: str) -> LoopConfig:
+    """Map a Qwen2/Qwen3/Ouro-style HF config.json onto LoopConfig."""
+    try:
+        heads = raw["num_attention_heads"]
+        hidden = raw["hidden_size"]
+        rope = raw.get("rope_parameters") or {}
+        eos = raw.get("eos_token_id")
+        cfg = dict(
+            vocab_size=raw["vocab_size"], hidden_size=hidden, num_heads=heads,
+            num_kv_heads=raw.get("num_key_value_heads") or heads, head_dim=raw.get("head_dim") or hidden // heads,
+            ffn_size=raw["intermediate_size"], rope_theta=float(rope.get("rope_theta") or raw.get("rope_theta") or 10000.0),
+            norm_eps=raw.get("rms_norm_eps", 1e-6), tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            max_position=raw.get("max_position_embeddings", 32768), bos_token_id=_first(raw.get("bos_token_id")),
+            eos_token_id=_first(eos), pad_token_id=_first(raw.get("pad_token_id")),
+            extra={"eos_token_ids": eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else []},
+        )
+        layers = raw["num_hidden_layers"]
+    except KeyError as exc:
+        raise AdapterError(f"HF config.json lacks field {exc.args[0]!r}") from exc
+    if family == "qwen3":
+        return LoopConfig(family="qwen3", shared_layers=layers, loops=1, norm_layout="pre", qk_norm=True, kv_strategy="standard", **cfg)
+    gated = family == "melt"
+    return LoopConfig(
+        family=family, shared_layers=layers, loops=int(raw.get("total_ut_steps", 4)), norm_layout="sandwich",
+        qk_norm=False, kv_strategy="gated" if gated else "per_loop", exit_gate=True,
+        gate_variant=raw.get("melt_gate_variant", "elementwise"), chunk_size=int(raw.get("melt_chunk_size", 64)), **cfg,
+    )
+
+
+def read_config(path: str | Path, family: str | None = None) -> LoopConfig:
+    """LoopConfig of a checkpoint directory or config.json (engine or HF); `family` picks the HF mapping."""
+    path = Path(path)
+    file = path / "config.json" if path.is_dir() else path
+    if not path.exists():
+        raise AdapterError(f"{path} not found: expected a preset name, a checkpoint directory or a config.json")
+    raw = _read_json(file)
+    if raw.get("format") == ENGINE_FORMAT:
+        return LoopConfig.from_dict(raw["config"])
+    if family is None:
+        model_type = str(raw.get("model_type", "")).lower()
+        family = "qwen3" if model_type.startswith("qwen") else "melt" if "melt_gate_variant" in raw else "ouro" if "total_ut_steps" in raw else ""
+        if not family:
+            raise AdapterError(f"{file}: neither an engine config nor an HF Qwen3/Ouro config (model_type={raw.get('model_type')!r})")
+    return _hf_config(raw, family)
+
+
+def _read_tensors(directory: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    single = directory / "model.safetensors"
+    index = directory / "model.safetensors.index.json"
+    try:
+        if single.is_file():
+            return load_file(str(single))
+        if index.is_file():
+            tensors: dict[str, torch.Tensor] = {}
+            for shard in sorted(set(_read_json(index)["weight_map"].values())):
+                tensors.update(load_file(str(directory / shard)))
+            return tensors
+    except AdapterError:
+        raise
+    except Exception as exc:  # noqa: BLE001 (corrupt files surface as one clear line)
+        raise AdapterError(f"cannot read safetensors weights in {directory}: {exc}") from exc
+    raise AdapterError(f"{directory} has no model.safetensors (or model.safetensors.index.json): expected safetensors weights")
+
+
+def load_model(path: str | Path, family: str, dtype: torch.dtype, device: str | torch.device) -> LoopedLM:
+    """Build a LoopedLM from a checkpoint directory, checking that every tensor is present with its shape."""
+    directory = Path(path)
+    if not directory.is_dir():
+        raise AdapterError(f"{directory} is not a directory: expected a checkpoint directory (config.json + model.safetensors)")
+    cfg = read_config(directory, family)  # engine configs ignore `family`
+    if family == "melt" and cfg.kv_strategy != "gated":
+        raise AdapterError(f"{directory}: melt: needs a gated checkpoint (engine config with kv_strategy 'gated' or an Ouro-format dir with gate tensors)")
+    tensors = _read_tensors(directory)
+    if cfg.exit_gate and "model.early_exit_gate.weight" not in tensors:  # HF Ouro dirs without the gate still run
+        cfg = cfg.replace(exit_gate=False)
+    if cfg.tie_embeddings:
+        tensors.pop("lm_head.weight", None)
+    with torch.device("meta"):
+        model = LoopedLM(cfg)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(tensors))
+    if missing:
+        raise AdapterError(f"{directory}: checkpoint lacks {len(missing)} tensor(s) the {cfg.family} config needs, e.g. {', '.join(missing[:3])}")
+    extra = sorted(set(tensors) - set(expected))
+    if extra:
+        raise AdapterError(f"{directory}: unexpected tensor(s) {', '.join(extra[:3])} for a {cfg.family} config")
+    for name, tensor in expected.items():
+        if tuple(tensors[name].shape) != tuple(tensor.shape):
+            raise AdapterError(f"{directory}: tensor {name} has shape {tuple(tensors[name].shape)}, config expects {tuple(tensor.shape)}")
+    model.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, assign=True)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def save_checkpoint(model: LoopedLM, directory: str | Path, tokenizer: Any | None = None) -> Path:
+    """Write the engine format: model.safetensors + config.json (+ tokenizer.json)."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps({"format": ENGINE_FORMAT, "config": model.config.to_dict()}, indent=2))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(directory))
+    return directory
+
+
+def random_model(name_or_config: str | LoopConfig, seed: int, dtype: torch.dtype, device: str | torch.device) -> LoopedLM:
+    """A seeded random-init model of a preset (built on the target device, no fp32 detour)."""
+    cfg = preset(name_or_config) if isinstance(name_or_config, str) else name_or_config
+    with torch.device("meta"):
+        model = LoopedLM(cfg)
+    model = model.to_empty(device=device).to(dtype)
+    model.init_weights(torch.Generator(device=device).manual_seed(seed))
+    return model.eval()

@@ -1,0 +1,188 @@
+"""One config for every family the engine runs: `p` prelude layers, `s` shared layers looped `T` times, `c` coda layers.
+
+Qwen3 is a plain stack (`s` layers, `T = 1`, `standard` KV); Ouro is `p = c = 0` with `s` shared
+layers looped 4 times, sandwich norms and a `per_loop` KV cache; MELT is Ouro plus a per-layer
+gate and a `gated` KV cache whose size does not depend on the loop count. See DESIGN.md for the
+vocabulary. Validation raises `AdapterError` naming the field and the allowed values, because the
+config reaches users through presets, checkpoints' config.json and `--loops` overrides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from adapters.base import AdapterError
+
+KV_STRATEGIES = ("standard", "per_loop", "gated")
+NORM_LAYOUTS = ("pre", "sandwich")
+GATE_VARIANTS = ("elementwise", "scalar", "last", "mean", "ema")
+FAMILIES = ("qwen3", "ouro", "melt", "custom")
+
+
+@dataclass
+class LoopConfig:
+    """Shapes and behaviour of one looped decoder. Layers run as prelude, shared x loops, coda."""
+
+    family: str = "custom"
+    vocab_size: int = 99
+    hidden_size: int = 128
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 32  # may differ from hidden_size / num_heads (Qwen3 does this)
+    ffn_size: int = 384  # SwiGLU intermediate size
+    prelude_layers: int = 0  # p
+    shared_layers: int = 2  # s
+    coda_layers: int = 0  # c
+    loops: int = 1  # T, the trained loop count (inference may override it with r)
+    rope_theta: float = 1_000_000.0
+    norm_eps: float = 1e-6
+    tie_embeddings: bool = False
+    norm_layout: str = "pre"  # "pre" (Qwen3) or "sandwich" (Ouro: final norm after every loop)
+    qk_norm: bool = False  # RMSNorm on q and k per head (Qwen3)
+    kv_strategy: str = "standard"
+    gate_variant: str = "elementwise"  # MELT gate, used when kv_strategy == "gated"
+    ema_decay: float = 0.5  # decay of the "ema" gate variant
+    chunk_size: int = 64  # MELT prefill chunk (tokens processed in parallel); 1 == token by token
+    exit_gate: bool = False  # Ouro's early-exit gate Linear(d, 1) on each loop's normed state
+    max_position: int = 40960  # longest context (prompt + generated) the model accepts
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # free-form notes (source checkpoint...)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def num_layers(self) -> int:
+        """Physical layers (parameters), not executed layer calls."""
+        return self.prelude_layers + self.shared_layers + self.coda_layers
+
+    def kv_entries(self, loops: int | None = None) -> int:
+        """K/V entries per token: one per executed layer for per_loop, one per layer otherwise."""
+        r = self.loops if loops is None else loops
+        if self.kv_strategy == "per_loop":
+            return self.prelude_layers + self.shared_layers * r + self.coda_layers
+        return self.num_layers
+
+    def check_loops(self, loops: int) -> int:
+        """Validate an inference loop count r for this model and return it."""
+        if not isinstance(loops, int) or isinstance(loops, bool) or loops < 1:
+            raise AdapterError(f"loops must be a positive integer, got {loops!r}")
+        if self.kv_strategy == "standard" and self.shared_layers > 0 and loops > 1:
+            raise AdapterError(
+                f"loops={loops} needs kv_strategy 'per_loop' or 'gated': a 'standard' cache holds one K/V entry per "
+                "layer, so its shared layers cannot loop (use loops=1)"
+            )
+        return loops
+
+    def validate(self) -> None:
+        def positive(name: str) -> None:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise AdapterError(f"config field {name} must be a positive integer, got {value!r}")
+
+        def non_negative(name: str) -> None:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise AdapterError(f"config field {name} must be an integer >= 0, got {value!r}")
+
+        def one_of(name: str, allowed: tuple[str, ...]) -> None:
+            if getattr(self, name) not in allowed:
+                raise AdapterError(f"config field {name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
+
+        for name in ("vocab_size", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "ffn_size", "chunk_size", "max_position"):
+            positive(name)
+        for name in ("prelude_layers", "shared_layers", "coda_layers"):
+            non_negative(name)
+        if not isinstance(self.loops, int) or isinstance(self.loops, bool) or self.loops < 1:
+            raise AdapterError(f"config field loops must be a positive integer (1 = no looping), got {self.loops!r}")
+        one_of("family", FAMILIES)
+        one_of("kv_strategy", KV_STRATEGIES)
+        one_of("norm_layout", NORM_LAYOUTS)
+        one_of("gate_variant", GATE_VARIANTS)
+        if self.num_heads % self.num_kv_heads:
+            raise AdapterError(
+                f"config field num_heads={self.num_heads} must be divisible by num_kv_heads={self.num_kv_heads} (grouped-query attention)"
+            )
+        if self.head_dim % 2:
+            raise AdapterError(f"config field head_dim must be even (RoPE rotates pairs), got {self.head_dim}")
+        if self.num_layers == 0:
+            raise AdapterError("config needs at least one layer: prelude_layers + shared_layers + coda_layers is 0")
+        if self.kv_strategy == "gated" and self.shared_layers == 0:
+            raise AdapterError("config kv_strategy 'gated' needs shared_layers >= 1 (the gate lives in the shared layers)")
+        if self.kv_strategy == "standard" and self.shared_layers > 0 and self.loops > 1:
+            raise AdapterError(
+                f"config kv_strategy 'standard' cannot loop shared layers (loops={self.loops}); use 'per_loop' or 'gated', or loops=1"
+            )
+        if self.exit_gate and self.shared_layers == 0:
+            raise AdapterError("config exit_gate needs shared_layers >= 1 (it reads each loop's state)")
+        if not 0 <= self.ema_decay < 1:
+            raise AdapterError(f"config field ema_decay must be in [0, 1), got {self.ema_decay}")
+        if self.rope_theta <= 0 or self.norm_eps <= 0:
+            raise AdapterError("config fields rope_theta and norm_eps must be > 0")
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < self.vocab_size:
+                raise AdapterError(f"config field {name}={value} must be in [0, vocab_size={self.vocab_size})")
+
+    def replace(self, **changes: Any) -> "LoopConfig":
+        """A validated copy with some fields changed (unknown fields raise AdapterError)."""
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise AdapterError(f"unknown config field(s) {', '.join(sorted(unknown))}")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "LoopConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise AdapterError(f"unknown config field(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(names))})")
+        return cls(**data)
+
+
+# Token ids of the character tokenizer (adapters/tokenizer.py) shared by the tiny presets.
+_CHAR = dict(vocab_size=99, pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position=512)
+_TINY = dict(hidden_size=128, num_heads=4, num_kv_heads=2, head_dim=32, ffn_size=384, rope_theta=10_000.0, **_CHAR)
+_OURO = dict(
+    family="ouro", vocab_size=49152, hidden_size=2048, num_heads=16, num_kv_heads=16, head_dim=128, ffn_size=5632,
+    loops=4, rope_theta=1_000_000.0, norm_eps=1e-6, tie_embeddings=False, norm_layout="sandwich",
+    kv_strategy="per_loop", exit_gate=True, max_position=65536, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+)
+
+PRESETS: dict[str, LoopConfig] = {
+    "qwen3-1.7b": LoopConfig(
+        family="qwen3", vocab_size=151936, hidden_size=2048, num_heads=16, num_kv_heads=8, head_dim=128,
+        ffn_size=6144, shared_layers=28, loops=1, rope_theta=1_000_000.0, norm_eps=1e-6, tie_embeddings=True,
+        norm_layout="pre", qk_norm=True, kv_strategy="standard", max_position=40960,
+        bos_token_id=151643, eos_token_id=151645, pad_token_id=151643,
+    ),
+    "ouro-1.4b": LoopConfig(shared_layers=24, **_OURO),
+    "ouro-1.4b-thinking": LoopConfig(shared_layers=24, **_OURO),
+    "ouro-2.6b": LoopConfig(shared_layers=48, **_OURO),
+    "melt-1.6b": LoopConfig(shared_layers=24, **{**_OURO, "family": "melt", "kv_strategy": "gated"}),
+    "qwen3-tiny": LoopConfig(
+        family="qwen3", shared_layers=4, loops=1, tie_embeddings=True, norm_layout="pre", qk_norm=True,
+        kv_strategy="standard", **_TINY,
+    ),
+    "ouro-tiny": LoopConfig(
+        family="ouro", shared_layers=2, loops=4, norm_layout="sandwich", kv_strategy="per_loop", exit_gate=True, **_TINY,
+    ),
+    "melt-tiny": LoopConfig(
+        family="melt", shared_layers=2, loops=4, norm_layout="sandwich", kv_strategy="gated", exit_gate=True,
+        chunk_size=16, **_TINY,
+    ),
+}
+
+
+def preset(name: str) -> LoopConfig:
+    """A fresh copy of a preset config (callers may mutate it)."""
+    if name not in PRESETS:
+        raise AdapterError(f"unknown preset {name!r} (known: {', '.join(PRESETS)})")
+    return dataclasses.replace(PRESETS[name], extra=dict(PRESETS[name].extra))

@@ -1,0 +1,192 @@
+"""The engine as an `Adapter`: specs `preset:NAME`, `qwen3:PATH`, `ouro:PATH`, `melt:PATH`.
+
+Overrides (all optional): `loops` (inference r), `dtype` (fp32/bf16/fp16), `device`, `seed`
+(random init of presets), `chunk_size` (MELT prefill chunk), `max_batch` (sequences per generate
+batch), `exit_policy` ("none", "fixed", "threshold") with `exit_loop` / `exit_threshold`.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Sequence
+
+import torch
+
+from adapters.base import AdapterError, Generation, Prompt, Sampling
+from adapters.cache import KVCache
+from adapters.config import LoopConfig, preset
+from adapters.generate import ExitPolicy, generate
+from adapters.memory import count_params
+from adapters.model import LoopedLM
+from adapters.registry import register
+
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
+DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+OVERRIDES = ("loops", "dtype", "device", "seed", "chunk_size", "max_batch", "exit_policy", "exit_loop", "exit_threshold")
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
+    if dtype is None:
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise AdapterError(f"dtype {dtype!r} is not one of fp32, bf16, fp16")
+    return DTYPES[dtype]
+
+
+def resolve_device(device: str | None) -> str:
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise AdapterError(f"device {device!r} requested but CUDA is not available (use device='cpu')")
+    return device
+
+
+class EngineAdapter:
+    """One engine model behind the Adapter protocol. `loops` may be changed between calls."""
+
+    def __init__(self, spec: str, model: LoopedLM, tokenizer: Any | None, *, loops: int | None = None, max_batch: int = 64,
+                 exit_policy: ExitPolicy = ExitPolicy()) -> None:
+        self.spec = spec
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config: LoopConfig = model.config
+        self.max_context = self.config.max_position
+        self.loops = self.config.loops if loops is None else loops
+        if max_batch < 1:
+            raise AdapterError(f"max_batch must be >= 1, got {max_batch}")
+        self.max_batch = max_batch
+        if exit_policy.kind != "none" and not self.config.exit_gate and exit_policy.kind == "threshold":
+            raise AdapterError("exit_policy 'threshold' needs a model with an exit gate (Ouro)")
+        self.exit_policy = exit_policy
+        weight = model.model.embed_tokens.weight
+        self.dtype, self.device = weight.dtype, weight.device
+        self._weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        self._cache: KVCache | None = None
+        self._peak = 0
+        self._lock = threading.Lock()  # one generate at a time: the cache is per call
+
+    @property
+    def loops(self) -> int:
+        return self._loops
+
+    @loops.setter
+    def loops(self, value: int) -> None:
+        self._loops = self.config.check_loops(value)
+
+    # ------------------------------------------------------------------------------- protocol
+    def forward_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode():
+            return self.model(input_ids.to(self.device), loops=self.loops).logits
+
+    def _encode(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise AdapterError(f"{self.spec} has no tokenizer: pass prompts as lists of token ids")
+            return list(self.tokenizer(prompt)["input_ids"])
+        ids = [int(t) for t in prompt]
+        bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise AdapterError(f"token id {bad[0]} outside the vocabulary [0, {self.config.vocab_size})")
+        return ids
+
+    def _eos_ids(self) -> set[int]:
+        ids = {self.config.eos_token_id} | set(self.config.extra.get("eos_token_ids", []))
+        if self.tokenizer is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return {i for i in ids if i is not None}
+
+    def _track(self, cache: KVCache | None) -> None:
+        self._cache = cache
+        if cache is not None:
+            self._peak = max(self._peak, cache.kv_bytes_allocated)
+
+    def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[Generation]:
+        """`len(prompts) * n` generations, prompt-major, in batches of at most `max_batch` sequences."""
+        encoded = [ids for p in prompts for ids in [self._encode(p)] * sampling.n]
+        generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
+        pad = self.config.pad_token_id if self.config.pad_token_id is not None else 0
+        results: list[Generation] = []
+        with self._lock:
+            for start in range(0, len(encoded), self.max_batch):
+                results += generate(
+                    self.model, encoded[start : start + self.max_batch], sampling, loops=self.loops, eos_ids=self._eos_ids(),
+                    tokenizer=self.tokenizer, exit_policy=self.exit_policy, generator=generator, on_cache=self._track, pad_id=pad,
+                )
+        return results
+
+    def memory(self) -> dict[str, int | None]:
+        cache = self._cache  # one read: the generate thread may swap it
+        return {
+            "weights_bytes": self._weights_bytes,
+            "kv_bytes_allocated": cache.kv_bytes_allocated if cache is not None else 0,
+            "kv_bytes_used": cache.kv_bytes_used if cache is not None else 0,
+            "kv_bytes_peak": self._peak,
+        }
+
+    def reset_memory_peak(self) -> None:
+        cache = self._cache
+        self._peak = cache.kv_bytes_allocated if cache is not None else 0
+
+    def describe(self) -> dict[str, Any]:
+        cfg = self.config
+        size = torch.empty(0, dtype=self.dtype).element_size()
+        return {
+            "family": cfg.family,
+            "params": count_params(cfg),
+            "loops": self.loops,
+            "trained_loops": cfg.loops,
+            "kv_strategy": cfg.kv_strategy,
+            "gate": cfg.gate_variant if cfg.kv_strategy == "gated" else None,
+            "dtype": DTYPE_NAMES.get(self.dtype, str(self.dtype)),
+            "device": str(self.device),
+            "kv_bytes_per_token": 2 * cfg.kv_entries(self.loops) * cfg.num_kv_heads * cfg.head_dim * size,
+            "exit_policy": {"kind": self.exit_policy.kind, "loop": self.exit_policy.loop, "threshold": self.exit_policy.threshold},
+            "config": cfg.to_dict(),
+        }
+
+
+def _build(spec: str, model_fn: Any, tokenizer_fn: Any, overrides: dict[str, Any]) -> EngineAdapter:
+    unknown = set(overrides) - set(OVERRIDES)
+    if unknown:
+        raise AdapterError(f"unknown override(s) {', '.join(sorted(unknown))} (allowed: {', '.join(OVERRIDES)})")
+    device = resolve_device(overrides.get("device"))
+    dtype = resolve_dtype(overrides.get("dtype"), device)
+    model: LoopedLM = model_fn(dtype, device)
+    if overrides.get("chunk_size") is not None:
+        model.config = model.config.replace(chunk_size=int(overrides["chunk_size"]))
+    policy = ExitPolicy(
+        kind=overrides.get("exit_policy") or "none", loop=overrides.get("exit_loop"), threshold=float(overrides.get("exit_threshold", 1.0))
+    )
+    return EngineAdapter(spec, model, tokenizer_fn(), loops=overrides.get("loops"), max_batch=int(overrides.get("max_batch", 64)), exit_policy=policy)
+
+
+@register("preset", "engine preset with seeded random weights (qwen3-tiny, ouro-tiny, melt-tiny, qwen3-1.7b, ...)")
+def load_preset(name: str, **overrides: Any) -> EngineAdapter:
+    from adapters.checkpoint import random_model
+    from adapters.tokenizer import char_tokenizer
+
+    cfg = preset(name)
+    seed = int(overrides.pop("seed", 0))
+    tiny = name.endswith("-tiny")
+    return _build(f"preset:{name}", lambda dtype, device: random_model(cfg, seed, dtype, device), char_tokenizer if tiny else (lambda: None), overrides)
+
+
+def _checkpoint_factory(family: str) -> Any:
+    def load(path: str, **overrides: Any) -> EngineAdapter:
+        from pathlib import Path
+
+        from adapters.checkpoint import load_model
+        from adapters.tokenizer import load_tokenizer
+
+        overrides.pop("seed", None)  # weights come from the checkpoint
+        return _build(f"{family}:{path}", lambda dtype, device: load_model(path, family, dtype, device), lambda: load_tokenizer(Path(path)), overrides)
+
+    load.__doc__ = f"Engine adapter for a {family} checkpoint directory (engine format or HF)."
+    return load
+
+
+register("qwen3", "Qwen3 checkpoint: HF directory (save_pretrained) or engine checkpoint")(_checkpoint_factory("qwen3"))
+register("ouro", "Ouro checkpoint: HF-format directory (no remote code) or engine checkpoint")(_checkpoint_factory("ouro"))
+register("melt", "MELT checkpoint: engine checkpoint or Ouro-format directory plus gate tensors")(_checkpoint_factory("melt"))

@@ -1,0 +1,208 @@
+"""Batched generation on a static cache: left-padded prefill, then one decode loop on one page.
+
+Prompts of different lengths are left-padded to a common length; each row keeps its own positions
+(0 at its first real token) and a key mask hides the padding, so a row's tokens are the same as if
+it ran alone. Gated (MELT) models prefill chunk by chunk (the config's chunk size).
+
+Ouro exit policies: every token still runs all r loops, because later tokens attend to its K/V
+entries of every loop; the policy only picks which loop's output is sampled from (the fixed loop,
+or the first loop whose cumulative exit probability reaches the threshold) and records it in
+`loops_used`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from adapters.base import AdapterError, Generation, Sampling
+from adapters.cache import KVCache
+from adapters.model import LoopedLM, exit_probabilities
+
+
+@dataclass(frozen=True)
+class ExitPolicy:
+    """`none`: read the last loop. `fixed`: read loop `loop` (1-based). `threshold`: first loop whose cumulative exit probability >= threshold."""
+
+    kind: str = "none"
+    loop: int | None = None
+    threshold: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("none", "fixed", "threshold"):
+            raise AdapterError(f"exit policy {self.kind!r} is not one of none, fixed, threshold")
+        if self.kind == "fixed" and (self.loop is None or self.loop < 1):
+            raise AdapterError(f"exit policy 'fixed' needs exit_loop >= 1, got {self.loop!r}")
+        if self.kind == "threshold" and not 0 < self.threshold <= 1:
+            raise AdapterError(f"exit policy 'threshold' needs exit_threshold in (0, 1], got {self.threshold}")
+
+
+def sample(logits: Tensor, sampling: Sampling, generator: torch.Generator | None) -> Tensor:
+    """[B, V] logits -> [B] token ids: greedy at temperature 0, else temperature, top-k, then top-p (nucleus).
+
+    The nucleus keeps the most probable tokens up to and including the first one at which the
+    cumulative probability reaches top_p.
+    """
+    if sampling.greedy:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / sampling.temperature
+    if sampling.top_k is not None and sampling.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, sampling.top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if sampling.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        outside = (probs.cumsum(dim=-1) - probs) >= sampling.top_p
+        sorted_logits = sorted_logits.masked_fill(outside, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator).squeeze(-1)
+
+
+def _pick_loop(out: Any, model: LoopedLM, policy: ExitPolicy) -> tuple[Tensor, Tensor | None]:
+    """Final states [B, d] and the 1-based loop each row exits at (None when the policy is `none`)."""
+    if policy.kind == "none" or len(out.states) == 1:
+        return out.states[-1], None
+    states = torch.stack(out.states)  # [r, B, d]
+    r, b = states.shape[:2]
+    if policy.kind == "fixed":
+        exit_idx = torch.full((b,), min(policy.loop, r) - 1, device=states.device)
+    else:
+        cum = exit_probabilities(out.gate_logits).cumsum(dim=0)
+        exit_idx = (cum < policy.threshold).sum(dim=0).clamp(max=r - 1)
+    final = states[exit_idx, torch.arange(b, device=states.device)]
+    if model.coda:
+        raise AdapterError("exit policies need a model without coda layers")
+    return final, exit_idx + 1
+
+
+def generate(
+    model: LoopedLM,
+    prompts: Sequence[Sequence[int]],
+    sampling: Sampling,
+    *,
+    loops: int,
+    eos_ids: set[int],
+    tokenizer: Any | None = None,
+    exit_policy: ExitPolicy = ExitPolicy(),
+    generator: torch.Generator | None = None,
+    on_cache: Callable[[KVCache | None], None] = lambda cache: None,
+    pad_id: int = 0,
+) -> list[Generation]:
+    """Generate one continuation per prompt (token ids) in one batch. `on_cache` sees the live cache."""
+    cfg = model.config
+    device = model.model.embed_tokens.weight.device
+    dtype = model.model.embed_tokens.weight.dtype
+    b = len(prompts)
+    lengths = [len(p) for p in prompts]
+    if min(lengths) < 1:
+        raise AdapterError("empty prompt: every prompt needs at least one token")
+    width = max(lengths)
+    if width >= cfg.max_position:
+        raise AdapterError(f"prompt of {width} tokens does not fit the model's context of {cfg.max_position} tokens")
+    capacity = min(width + sampling.max_new_tokens, cfg.max_position)
+    if sampling.stop and tokenizer is None:
+        raise AdapterError("stop strings need a tokenizer; this model has none (use eos or max_new_tokens)")
+
+    tokens = torch.full((b, width), pad_id, dtype=torch.long)
+    valid = torch.zeros((b, capacity), dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        tokens[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
+        valid[i, width - len(p) :] = True
+    valid[:, width:] = True  # generated slots are never padding
+    offsets = torch.tensor([width - n for n in lengths])
+    positions = (torch.arange(width)[None, :] - offsets[:, None]).clamp(min=0)
+    tokens, valid, positions, offsets = tokens.to(device), valid.to(device), positions.to(device), offsets.to(device)
+    padded = bool((offsets > 0).any())
+    keep_loops = exit_policy.kind != "none"
+    looped = cfg.shared_layers > 0 and (loops > 1 or cfg.loops > 1)
+
+    cache = KVCache(cfg, b, capacity, loops, dtype, device)
+    on_cache(cache)
+    try:
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            chunk = cache.chunk
+            for s0 in range(0, width, chunk):
+                s1 = min(width, s0 + chunk)
+                mask = None
+                if padded or s0 > 0:
+                    causal = torch.arange(s1, device=device)[None, :] <= torch.arange(s0, s1, device=device)[:, None]
+                    own = torch.arange(s1, device=device)[None, :] == torch.arange(s0, s1, device=device)[:, None]
+                    mask = ((valid[:, None, None, :s1] & causal) | own)  # padded queries see themselves (no NaN)
+                out = model.step(tokens[:, s0:s1], positions[:, s0:s1], cache, s0, mask, loops, keep_loops)
+                cache.length = s1
+            state, exit_loop = _pick_loop(out, model, exit_policy)
+            logits = model.logits(state)
+            prefill_seconds = time.perf_counter() - t0
+
+            t0 = time.perf_counter()
+            new_tokens = torch.empty((b, capacity - width), dtype=torch.long, device=device)
+            exit_loops = torch.full((b, capacity - width), loops, dtype=torch.long, device=device)
+            eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device)
+            done = torch.zeros(b, dtype=torch.bool, device=device)
+            finish: list[str | None] = [None] * b
+            ends = [capacity - width] * b
+            stop_window = max((len(s) for s in sampling.stop), default=0) + 2
+            pos = positions[:, -1:] + 1
+            steps = 0
+            for i in range(capacity - width):
+                nxt = sample(logits, sampling, generator)
+                new_tokens[:, i] = nxt
+                if exit_loop is not None:
+                    exit_loops[:, i] = exit_loop
+                steps = i + 1
+                hit_eos = torch.isin(nxt, eos) & ~done
+                if sampling.stop or bool(hit_eos.any()):
+                    for row in range(b):
+                        if finish[row] is not None:
+                            continue
+                        if hit_eos[row]:
+                            finish[row], ends[row] = "eos", i + 1
+                        elif sampling.stop:
+                            tail = tokenizer.decode(new_tokens[row, max(0, i + 1 - stop_window) : i + 1].tolist(), skip_special_tokens=True)
+                            if any(s in tail for s in sampling.stop):
+                                finish[row], ends[row] = "stop", i + 1
+                    done = torch.tensor([f is not None for f in finish], device=device)
+                    if bool(done.all()):
+                        break
+                slot = width + i
+                if slot >= capacity:
+                    break
+                mask = valid[:, None, None, : slot + 1] if padded else None
+                out = model.step(nxt[:, None], pos, cache, slot, mask, loops, keep_loops)
+                cache.length = slot + 1
+                pos = pos + 1
+                state, exit_loop = _pick_loop(out, model, exit_policy)
+                logits = model.logits(state)
+            decode_seconds = time.perf_counter() - t0
+    finally:
+        on_cache(None)
+
+    results = []
+    all_new = new_tokens[:, :steps].tolist()
+    all_loops = exit_loops[:, :steps].tolist()
+    for row in range(b):
+        end = min(ends[row], steps)
+        ids = all_new[row][:end]
+        text = None
+        if tokenizer is not None:
+            text = tokenizer.decode(ids, skip_special_tokens=True)
+            if finish[row] == "stop":
+                text = text[: min(text.find(s) for s in sampling.stop if s in text)]
+        results.append(
+            Generation(
+                token_ids=ids,
+                text=text,
+                finish_reason=finish[row] or "length",
+                prompt_tokens=lengths[row],
+                generated_tokens=len(ids),
+                loops_used=all_loops[row][:end] if looped else None,
+                prefill_seconds=prefill_seconds,
+                decode_seconds=decode_seconds,
+            )
+        )
+    return results

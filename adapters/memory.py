@@ -1,0 +1,60 @@
+"""Analytic memory model: parameters, weight bytes and KV bytes from a `LoopConfig` alone.
+
+It never reads stored figures: the tests check it against the bytes the engine's caches allocate
+(`adapters.cache.KVCache.kv_bytes_allocated`) and the parameters the model holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from adapters.base import AdapterError
+from adapters.config import LoopConfig
+
+DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    params: int
+    weights_bytes: int
+    kv_bytes: int
+    total_bytes: int
+
+
+def dtype_bytes(dtype: str) -> int:
+    if dtype not in DTYPE_BYTES:
+        raise AdapterError(f"dtype {dtype!r} is not one of bf16, fp16, fp32")
+    return DTYPE_BYTES[dtype]
+
+
+def count_params(cfg: LoopConfig) -> int:
+    """Parameters of `adapters.model.LoopedLM(cfg)`, shape by shape."""
+    d, hd = cfg.hidden_size, cfg.head_dim
+    attn = d * hd * (2 * cfg.num_heads + 2 * cfg.num_kv_heads) + (2 * hd if cfg.qk_norm else 0)
+    norms = (4 if cfg.norm_layout == "sandwich" else 2) * d
+    layer = attn + 3 * d * cfg.ffn_size + norms
+    gate = {"elementwise": 2 * d * d + d, "scalar": 1}.get(cfg.gate_variant, 0) if cfg.kv_strategy == "gated" else 0
+    total = cfg.num_layers * layer + cfg.shared_layers * gate
+    total += cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2) + d  # embeddings, lm_head, final norm
+    return total + (d + 1 if cfg.exit_gate else 0)
+
+
+def kv_bytes(cfg: LoopConfig, tokens: int, batch: int = 1, loops: int | None = None, dtype: str = "bf16") -> int:
+    """Bytes of the static cache for `batch` sequences of `tokens` slots at `loops` (default: trained T)."""
+    r = cfg.check_loops(cfg.loops if loops is None else loops)
+    size = dtype_bytes(dtype)
+    total = 2 * cfg.kv_entries(r) * batch * tokens * cfg.num_kv_heads * cfg.head_dim * size
+    if cfg.kv_strategy == "gated":  # MELT latent state h for the tokens in flight
+        total += cfg.shared_layers * batch * min(cfg.chunk_size, tokens) * cfg.hidden_size * size
+    return total
+
+
+def estimate(cfg: LoopConfig, tokens: int, batch: int = 1, loops: int | None = None, dtype: str = "bf16") -> MemoryEstimate:
+    """Weights + KV bytes for `batch` sequences of `tokens` (prompt + generated) tokens."""
+    if tokens < 1 or batch < 1:
+        raise AdapterError(f"tokens and batch must be >= 1, got tokens={tokens}, batch={batch}")
+    params = count_params(cfg)
+    weights = params * dtype_bytes(dtype)
+    kv = kv_bytes(cfg, tokens, batch, loops, dtype)
+    return MemoryEstimate(params=params, weights_bytes=weights, kv_bytes=kv, total_bytes=weights + kv)

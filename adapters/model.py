@@ -1,0 +1,446 @@
+"""The looped decoder: Qwen3, Ouro (LoopLM) and MELT from one `LoopConfig`, gpt-fast style.
+
+Layers run as prelude (p), shared (s) x loops (r), coda (c). Two entry points share the blocks:
+
+- `LoopedLM.forward(tokens, ...)`: cache-free, autograd-friendly full-sequence pass used by
+  `forward_logits` and by training. Gated (MELT) models run it chunk by chunk, exactly like prefill,
+  and may blend the K/V attention sees, `KV = a * KV_melt + (1 - a) * KV_looplm` (stage-1
+  conversion training); it can return per-loop logits, per-(loop, shared layer) attention outputs
+  (stage-2 alignment loss) and Ouro's exit probabilities.
+- `LoopedLM.step(tokens, positions, cache, slot, mask, loops)`: one prefill chunk or decode step
+  against a preallocated `adapters.cache.KVCache`, written in place.
+
+MELT choices the method leaves open (also in the README):
+- The latent state h of a shared layer starts as the first loop's normalised input x (loop 1 gives
+  h = x, so its K/V equal the LoopLM's) and is carried across loops for the tokens in flight;
+  the gate runs from loop 2 on. A converted model therefore starts close to its LoopLM.
+- Attention inside a chunk sees the chunk's own rows as of the current loop; earlier chunks are seen
+  through their final rows. With chunk size 1 this is token-by-token decoding.
+- Fresh elementwise gates start with small weights and bias -2 (z ~ 0.12): h stays close to x.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from adapters.config import LoopConfig
+
+if TYPE_CHECKING:
+    from adapters.cache import KVCache
+
+Mix = Callable[[Tensor], Tensor]  # normalised block input x -> attention output (after o_proj)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in float32 and cast back, as transformers' Qwen3RMSNorm does (parity)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+class Rotary:
+    """RoPE tables (rotate-half convention, float32), grown on demand and indexed by position."""
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        self.head_dim, self.theta = head_dim, theta
+        self.cos = self.sin = torch.empty(0, device="cpu")  # plain tensors, not buffers: never in checkpoints
+
+    def __call__(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """positions [B, n] -> cos, sin [B, 1, n, head_dim] in `dtype`."""
+        need = int(positions.max()) + 1
+        if self.cos.shape[0] < need or self.cos.device != positions.device:
+            size = max(need, 2 * self.cos.shape[0], 256)
+            device = positions.device
+            inv_freq = 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=device) / self.head_dim))
+            freqs = torch.outer(torch.arange(size, dtype=torch.float32, device=device), inv_freq)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            self.cos, self.sin = emb.cos(), emb.sin()
+        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    """GQA attention; queries and keys/values are projected separately because MELT takes K/V from h."""
+
+    def __init__(self, cfg: LoopConfig) -> None:
+        super().__init__()
+        d, hd = cfg.hidden_size, cfg.head_dim
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, hd
+        self.q_proj = nn.Linear(d, cfg.num_heads * hd, bias=False)
+        self.k_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=False)
+        self.v_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * hd, d, bias=False)
+        self.q_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
+
+    def query(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
+        b, n, _ = x.shape
+        q = self.q_proj(x).view(b, n, self.n_heads, self.head_dim)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        return apply_rope(q.transpose(1, 2), *rope)
+
+    def keys_values(self, src: Tensor, rope: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        b, n, _ = src.shape
+        k = self.k_proj(src).view(b, n, self.n_kv, self.head_dim)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        v = self.v_proj(src).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
+        return apply_rope(k.transpose(1, 2), *rope), v
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool = False) -> Tensor:
+        """q [B,H,n,D], k/v [B,Hkv,L,D], mask bool [B,1,n,L] (True = attend) -> [B,n,d]."""
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=self.n_heads != self.n_kv)
+        b, _, n, _ = q.shape
+        return self.o_proj(y.transpose(1, 2).reshape(b, n, self.n_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: LoopConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.ffn_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.ffn_size, bias=False)
+        self.down_proj = nn.Linear(cfg.ffn_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MeltGate(nn.Module):
+    """MELT's latent update at loops 2..r: `h <- z * h + (1 - z) * x` with z from the variant.
+
+    elementwise: z = sigmoid(x W_z + h U_z + b_z) (the method; tensors `w_z.weight`, `w_z.bias`, `u_z.weight`);
+    scalar: z = sigmoid(logit), one learned scalar per layer (`logit`); last: h = x; mean: running mean
+    of x over loops; ema: z = ema_decay.
+    """
+
+    def __init__(self, cfg: LoopConfig) -> None:
+        super().__init__()
+        self.variant, self.decay = cfg.gate_variant, cfg.ema_decay
+        if self.variant == "elementwise":
+            self.w_z = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=True)
+            self.u_z = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=False)
+        elif self.variant == "scalar":
+            self.logit = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x: Tensor, h: Tensor, loop: int) -> Tensor:
+        """x, h [B,n,d]; `loop` is 0-based and >= 1 (loop 0 sets h = x)."""
+        if self.variant == "elementwise":
+            z = torch.sigmoid(self.w_z(x) + self.u_z(h))
+        elif self.variant == "scalar":
+            z = torch.sigmoid(self.logit).to(x.dtype)
+        elif self.variant == "last":
+            return x
+        elif self.variant == "mean":
+            z = loop / (loop + 1)
+        else:
+            z = self.decay
+        return z * h + (1 - z) * x
+
+
+class Block(nn.Module):
+    """One decoder layer. `pre`: h + attn(norm(h)); `sandwich` (Ouro) also norms each sublayer's output."""
+
+    def __init__(self, cfg: LoopConfig, gated: bool) -> None:
+        super().__init__()
+        d, eps = cfg.hidden_size, cfg.norm_eps
+        self.self_attn, self.mlp = Attention(cfg), MLP(cfg)
+        self.input_layernorm, self.post_attention_layernorm = RMSNorm(d, eps), RMSNorm(d, eps)
+        self.sandwich = cfg.norm_layout == "sandwich"
+        if self.sandwich:
+            self.input_layernorm_2, self.post_attention_layernorm_2 = RMSNorm(d, eps), RMSNorm(d, eps)
+        self.melt_gate = MeltGate(cfg) if gated else None
+
+    def forward(self, h: Tensor, mix: Mix) -> Tensor:
+        a = mix(self.input_layernorm(h))
+        h = h + (self.input_layernorm_2(a) if self.sandwich else a)
+        m = self.mlp(self.post_attention_layernorm(h))
+        return h + (self.post_attention_layernorm_2(m) if self.sandwich else m)
+
+
+class Backbone(nn.Module):
+    """Holds the tensors under HF's `model.` prefix so checkpoints map one to one."""
+
+    def __init__(self, cfg: LoopConfig) -> None:
+        super().__init__()
+        p, s = cfg.prelude_layers, cfg.shared_layers
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        gated = cfg.kv_strategy == "gated"
+        self.layers = nn.ModuleList(Block(cfg, gated and p <= i < p + s) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+        self.early_exit_gate = nn.Linear(cfg.hidden_size, 1) if cfg.exit_gate else None
+
+
+@dataclass
+class ForwardOutput:
+    """What the cache-free forward returns. Lists are indexed by loop t (0-based)."""
+
+    logits: Tensor  # [B, N, V] from the final state
+    loop_logits: list[Tensor] | None = None  # r x [B, N, V]: each loop's normed state through lm_head
+    attn_outputs: list[list[Tensor]] | None = None  # [t][j] -> [B, N, d]: shared layer j's o_proj output at loop t
+    exit_probs: Tensor | None = None  # [r, B, N]: Ouro exit distribution over loops
+
+
+@dataclass
+class StepOutput:
+    """What a cached step returns, for the last position of each row only (what sampling needs)."""
+
+    states: list[Tensor]  # normed final states [B, d]; one per loop when keep_loops, else one
+    gate_logits: Tensor | None  # [r, B] exit-gate logits when the model has an exit gate and keep_loops
+
+
+def exit_probabilities(gate_logits: Tensor) -> Tensor:
+    """[r, ...] gate logits -> [r, ...] exit probabilities: p_t = l_t * prod_{j<t}(1 - l_j), the last loop takes the rest."""
+    lam = torch.sigmoid(gate_logits.float())
+    survive = torch.cumprod(1 - lam, dim=0)
+    before = torch.cat((torch.ones_like(survive[:1]), survive[:-1]), dim=0)
+    probs = lam * before
+    probs[-1] = before[-1]
+    return probs
+
+
+class LoopedLM(nn.Module):
+    def __init__(self, cfg: LoopConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = Backbone(cfg)
+        self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
+        p, s = cfg.prelude_layers, cfg.shared_layers
+        self.prelude = list(self.model.layers[:p])
+        self.shared = list(self.model.layers[p : p + s])
+        self.coda = list(self.model.layers[p + s :])
+
+    # ----------------------------------------------------------------------------------- helpers
+    @torch.no_grad()
+    def init_weights(self, generator: torch.Generator, std: float = 0.02) -> None:
+        """Seeded random init: normal(0, std) matrices and embeddings, unit norms, zero biases."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                module.weight.normal_(0.0, std, generator=generator)
+                if getattr(module, "bias", None) is not None:
+                    module.bias.zero_()
+            elif isinstance(module, RMSNorm):
+                module.weight.fill_(1.0)
+        for layer in self.shared:
+            if layer.melt_gate is not None:
+                fresh_gate(layer.melt_gate, generator, std)
+
+    def logits(self, normed: Tensor) -> Tensor:
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(normed, weight)
+
+    def _final(self, h: Tensor) -> Tensor:
+        """State after the coda; sandwich models are already normed unless coda layers ran after the last loop."""
+        if self.config.norm_layout == "sandwich" and not self.coda:
+            return h
+        return self.model.norm(h)
+
+    def _loop_end(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        """(state fed to the next loop, the loop's normed state read by the exit gate / per-loop logits)."""
+        if self.config.norm_layout == "sandwich":
+            h = self.model.norm(h)
+            return h, h
+        return h, self.model.norm(h)
+
+    # ----------------------------------------------------------------------- cache-free forward
+    def forward(
+        self,
+        tokens: Tensor,
+        *,
+        loops: int | None = None,
+        chunk_size: int | None = None,
+        kv_mix: float | None = None,
+        return_loop_logits: bool = False,
+        return_attn_outputs: bool = False,
+    ) -> ForwardOutput:
+        """Full-sequence forward without cache (autograd works). tokens [B, N], no padding.
+
+        Gated models run chunk-wise (`chunk_size`, default the config's) and blend attention's K/V as
+        `kv_mix * KV_melt + (1 - kv_mix) * KV_looplm` (default 1: pure MELT; 0 reproduces the LoopLM
+        with the same weights exactly). Other strategies ignore both arguments.
+        """
+        cfg = self.config
+        r = cfg.check_loops(loops if loops is not None else cfg.loops)
+        b, n = tokens.shape
+        gated = cfg.kv_strategy == "gated"
+        a = (1.0 if kv_mix is None else float(kv_mix)) if gated else 0.0
+        chunk = (chunk_size or cfg.chunk_size) if gated else n
+        h = self.model.embed_tokens(tokens)
+        positions = torch.arange(n, device=tokens.device).expand(b, n)
+        rope = self.rotary(positions, h.dtype)
+
+        def full(attn: Attention) -> Mix:
+            return lambda x: attn.attend(attn.query(x, rope), *attn.keys_values(x, rope), None, causal=True)
+
+        for layer in self.prelude:
+            h = layer(h, full(layer.self_attn))
+
+        s = len(self.shared)
+        final_rows: list[list[tuple[Tensor, Tensor]]] = [[] for _ in range(s)]  # MELT rows after the last loop
+        loop_rows: list[list[list[tuple[Tensor, Tensor]]]] = [[[] for _ in range(s)] for _ in range(r)]  # LoopLM rows
+        loop_states: list[list[Tensor]] = [[] for _ in range(r)]
+        attn_outs: list[list[list[Tensor]]] = [[[] for _ in range(s)] for _ in range(r)]
+        outputs: list[Tensor] = []
+        for s0 in range(0, n, chunk):
+            s1 = min(n, s0 + chunk)
+            more = s1 < n
+            hc = h[:, s0:s1]
+            rope_c = (rope[0][:, :, s0:s1], rope[1][:, :, s0:s1])
+            mask = None if s0 == 0 else causal_mask(s0, s1, tokens.device)
+            latent: list[Tensor | None] = [None] * s
+            for t in range(r):
+                for j, layer in enumerate(self.shared):
+
+                    def mix(x: Tensor, t: int = t, j: int = j, layer: Block = layer) -> Tensor:
+                        attn = layer.self_attn
+                        parts_k, parts_v = [], []
+                        if a < 1:
+                            kl, vl = attn.keys_values(x, rope_c)
+                            if more:
+                                loop_rows[t][j].append((kl, vl))
+                        if a > 0:
+                            latent[j] = x if t == 0 else layer.melt_gate(x, latent[j], t)
+                            km, vm = attn.keys_values(latent[j], rope_c)
+                            if more and t == r - 1:
+                                final_rows[j].append((km, vm))
+                        k_cur = km if a == 1 else kl if a == 0 else a * km + (1 - a) * kl
+                        v_cur = vm if a == 1 else vl if a == 0 else a * vm + (1 - a) * vl
+                        if s0 > 0:
+                            prev = []
+                            if a > 0:
+                                prev.append([torch.cat(z, dim=2) for z in zip(*final_rows[j])])
+                            if a < 1:
+                                prev.append([torch.cat(z, dim=2) for z in zip(*loop_rows[t][j])])
+                            if len(prev) == 1:
+                                k_prev, v_prev = prev[0]
+                            else:
+                                k_prev = a * prev[0][0] + (1 - a) * prev[1][0]
+                                v_prev = a * prev[0][1] + (1 - a) * prev[1][1]
+                            parts_k, parts_v = [k_prev], [v_prev]
+                        k_all = torch.cat(parts_k + [k_cur], dim=2) if parts_k else k_cur
+                        v_all = torch.cat(parts_v + [v_cur], dim=2) if parts_v else v_cur
+                        out = attn.attend(attn.query(x, rope_c), k_all, v_all, mask, causal=mask is None)
+                        if return_attn_outputs:
+                            attn_outs[t][j].append(out)
+                        return out
+
+                    hc = layer(hc, mix)
+                hc, normed = self._loop_end(hc)
+                if return_loop_logits or self.model.early_exit_gate is not None:
+                    loop_states[t].append(normed)
+            outputs.append(hc)
+        h = torch.cat(outputs, dim=1) if len(outputs) > 1 else outputs[0]
+        for layer in self.coda:
+            h = layer(h, full(layer.self_attn))
+        out = ForwardOutput(logits=self.logits(self._final(h)))
+        if s and (return_loop_logits or self.model.early_exit_gate is not None):
+            states = [torch.cat(z, dim=1) for z in loop_states]
+            if return_loop_logits:
+                out.loop_logits = [self.logits(z) for z in states]
+            if self.model.early_exit_gate is not None:
+                out.exit_probs = exit_probabilities(torch.stack([self.model.early_exit_gate(z).squeeze(-1) for z in states]))
+        if return_attn_outputs and s:
+            out.attn_outputs = [[torch.cat(z, dim=1) for z in row] for row in attn_outs]
+        return out
+
+    # ------------------------------------------------------------------------------ cached step
+    def step(self, tokens: Tensor, positions: Tensor, cache: "KVCache", slot: int, mask: Tensor | None, loops: int, keep_loops: bool = False) -> StepOutput:
+        """Run tokens [B, n] at cache slots slot..slot+n-1 (positions [B, n]), writing K/V in place.
+
+        `mask` [B,1,n,slot+n] bool, or None for plain causal attention. For gated caches n must not
+        exceed the cache's latent chunk. Returns the last position's normed state(s).
+        """
+        cfg = self.config
+        p, s = cfg.prelude_layers, cfg.shared_layers
+        per_loop, gated = cfg.kv_strategy == "per_loop", cfg.kv_strategy == "gated"
+        n = tokens.shape[1]
+        h = self.model.embed_tokens(tokens)
+        rope = self.rotary(positions, h.dtype)
+        end = slot + n
+        causal = mask is None and n > 1
+
+        def cached(attn: Attention, entry: int, latent: int | None = None, loop: int = 0, gate: MeltGate | None = None) -> Mix:
+            def mix(x: Tensor) -> Tensor:
+                src = x
+                if latent is not None:
+                    lat = cache.latent[latent, :, :n]
+                    lat.copy_(x if loop == 0 else gate(x, lat, loop))
+                    src = lat
+                k, v = attn.keys_values(src, rope)
+                cache.k[entry, :, :, slot:end] = k
+                cache.v[entry, :, :, slot:end] = v
+                return attn.attend(attn.query(x, rope), cache.k[entry, :, :, :end], cache.v[entry, :, :, :end], mask, causal)
+
+            return mix
+
+        for i, layer in enumerate(self.prelude):
+            h = layer(h, cached(layer.self_attn, i))
+        states, gates = [], []
+        for t in range(loops):
+            for j, layer in enumerate(self.shared):
+                entry = p + (t * s + j if per_loop else j)
+                h = layer(h, cached(layer.self_attn, entry, j if gated else None, t, layer.melt_gate))
+            if s and keep_loops:
+                h, normed = self._loop_end(h)
+                states.append(normed[:, -1])
+                if self.model.early_exit_gate is not None:
+                    gates.append(self.model.early_exit_gate(normed[:, -1]).squeeze(-1))
+            elif s and cfg.norm_layout == "sandwich":
+                h = self.model.norm(h)
+        base = p + (s * loops if per_loop else s)
+        for k, layer in enumerate(self.coda):
+            h = layer(h, cached(layer.self_attn, base + k))
+        if not states:
+            states = [self._final(h[:, -1:])[:, -1]]
+        return StepOutput(states=states, gate_logits=torch.stack(gates) if gates else None)
+
+    # ------------------------------------------------------------------------------ conversion
+    def to_melt(self, gate_variant: str = "elementwise", chunk_size: int | None = None, generator: torch.Generator | None = None) -> "LoopedLM":
+        """A gated MELT model with this LoopLM's weights and fresh gates (the starting point of conversion training)."""
+        cfg = self.config.replace(
+            family="melt", kv_strategy="gated", gate_variant=gate_variant, chunk_size=chunk_size or self.config.chunk_size
+        )
+        weight = self.model.embed_tokens.weight
+        melt = LoopedLM(cfg).to(device=weight.device, dtype=weight.dtype)
+        melt.load_state_dict(self.state_dict(), strict=False)
+        gen = generator or torch.Generator(device=weight.device).manual_seed(0)
+        with torch.no_grad():
+            for layer in melt.shared:
+                fresh_gate(layer.melt_gate, gen)
+        return melt
+
+
+def fresh_gate(gate: MeltGate, generator: torch.Generator, std: float = 0.02) -> None:
+    """Initialise a gate so that h starts close to x (z ~ 0.12): a converted model starts near its LoopLM."""
+    if gate.variant == "elementwise":
+        gate.w_z.weight.normal_(0.0, std, generator=generator)
+        gate.u_z.weight.normal_(0.0, std, generator=generator)
+        gate.w_z.bias.fill_(-2.0)
+    elif gate.variant == "scalar":
+        gate.logit.fill_(-2.0)
+
+
+def causal_mask(s0: int, s1: int, device: torch.device) -> Tensor:
+    """Bool [1,1,n,s1]: query at slot s0+i sees keys 0..s0+i."""
+    q = torch.arange(s0, s1, device=device)[:, None]
+    return (torch.arange(s1, device=device)[None, :] <= q)[None, None]
+

@@ -1,0 +1,47 @@
+"""Tokenizers: the character-level one the tiny presets share, and loading one from a checkpoint dir.
+
+The character tokenizer is built in code (deterministic, nothing shipped or downloaded): ids 0-2 are
+`<pad>`, `<bos>`, `<eos>`, then "\\n" and the printable ASCII characters 32..126, 99 tokens in all.
+Any other character is encoded as "?" (tab as a space). Encoding prepends `<bos>`, which gives the
+tiny models a fixed first position to attend to.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from adapters.base import AdapterError
+
+SPECIALS = ("<pad>", "<bos>", "<eos>")
+CHARS = ("\n",) + tuple(chr(c) for c in range(32, 127))
+CHAR_VOCAB_SIZE = len(SPECIALS) + len(CHARS)
+
+
+def char_tokenizer() -> Any:
+    """The tiny presets' tokenizer as a transformers `PreTrainedTokenizerFast`."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=None))
+    tok.normalizer = normalizers.Sequence([normalizers.Replace("\t", " "), normalizers.Replace(Regex(r"[^\n -~]"), "?")])
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", 1)])
+    tok.add_special_tokens(list(SPECIALS))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>")
+
+
+def load_tokenizer(directory: Path) -> Any | None:
+    """The tokenizer saved in a checkpoint directory (tokenizer.json), or None when there is none."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if not (directory / "tokenizer.json").is_file():
+        return None
+    try:
+        if (directory / "tokenizer_config.json").is_file():
+            return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+        return PreTrainedTokenizerFast(tokenizer_file=str(directory / "tokenizer.json"))
+    except Exception as exc:  # noqa: BLE001 (any parse failure is the user's file)
+        raise AdapterError(f"cannot read tokenizer in {directory}: {exc}") from exc
