@@ -38,6 +38,7 @@ class Run(Base):
     sampling: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # Sampling as a dict
     seed: Mapped[int] = mapped_column(Integer, default=0)
     limit: Mapped[int | None] = mapped_column(Integer)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # the full RunSpec, so --resume can rebuild it
     versions: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)  # package -> version
     host: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # hostname, cpu, gpu, ...
     status: Mapped[str] = mapped_column(String(16), default="running")  # running, finished, failed, interrupted

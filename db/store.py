@@ -85,7 +85,7 @@ class Store:
                     select(Sample.task, Sample.doc_id, Sample.sample_index).where(
                         Sample.run_id == run_id, Sample.task.in_(tasks)
                     )
-                ).tuples()
+                ).all()
             )
             new: list[Sample] = []
             for row in rows:
@@ -125,6 +125,11 @@ class Store:
             session.execute(delete(MemoryPeak).where(MemoryPeak.run_id == run_id))
             session.add_all(MemoryPeak(run_id=run_id, measure=name, value=value) for name, value in peaks.items())
 
+    def memory_peaks(self, run_id: int) -> dict[str, int | None]:
+        with self._session() as session:
+            rows = session.execute(select(MemoryPeak.measure, MemoryPeak.value).where(MemoryPeak.run_id == run_id))
+            return dict(rows.all())
+
     def add_profile_points(self, run_id: int, rows: Iterable[Mapping[str, Any]]) -> None:
         with self._session.begin() as session:
             session.add_all(ProfilePoint(run_id=run_id, **row) for row in rows)
@@ -138,7 +143,7 @@ class Store:
             if kind is not None:
                 query = query.where(Run.kind == kind)
             runs = list(session.scalars(query))
-            counts = dict(session.execute(select(Sample.run_id, func.count()).group_by(Sample.run_id)).tuples())
+            counts = dict(session.execute(select(Sample.run_id, func.count()).group_by(Sample.run_id)).all())
             metrics: dict[int, dict[str, dict[str, float | None]]] = defaultdict(lambda: defaultdict(dict))
             stderrs: dict[int, dict[str, dict[str, float | None]]] = defaultdict(lambda: defaultdict(dict))
             for m in session.scalars(select(TaskMetric)):

@@ -1,0 +1,135 @@
+"""The results store on real SQLite files: migrations, refusals that leave files untouched, idempotent samples, concurrent writers."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import create_engine, inspect
+
+from db.models import Base
+from db.session import alembic_config, head_revision, open_engine
+from db.store import Store
+from harness.errors import UserError
+
+RUN = dict(sweep_id="s1", model_spec="preset:qwen3-tiny", adapter="preset", suite="synthetic")
+
+
+def sample(doc: int, index: int = 0, task: str = "addition") -> dict:
+    return dict(task=task, doc_id=str(doc), sample_index=index, prompt=f"p{doc}", output="o", gold="g", score=1.0)
+
+
+def test_head_creates_exactly_the_declared_schema(tmp_path: Path) -> None:
+    engine = open_engine(f"sqlite:///{tmp_path / 'r.sqlite'}")
+    with engine.connect() as conn:
+        context = MigrationContext.configure(conn, opts={"compare_type": True})
+        assert context.get_current_revision() == head_revision()
+        assert compare_metadata(context, Base.metadata) == []
+    assert set(inspect(engine).get_table_names()) == set(Base.metadata.tables) | {"alembic_version"}
+
+
+def test_older_database_is_upgraded_and_keeps_its_rows(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite"
+    engine = create_engine(f"sqlite:///{path}")
+    config = alembic_config()
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, "0001")
+        conn.exec_driver_sql(
+            "INSERT INTO runs (sweep_id, kind, model_spec, adapter, model_config, suite, tasks, sampling, seed,"
+            " versions, host, status, started_at) VALUES ('old', 'eval', 'm', 'preset', '{}', 'synthetic', '[]',"
+            " '{}', 0, '{}', '{}', 'finished', '2026-11-30 00:00:00')"
+        )
+    engine.dispose()
+    store = Store.open(str(path))
+    (summary,) = store.run_summaries()
+    assert summary["sweep_id"] == "old" and summary["status"] == "finished"
+    assert store.get_run(summary["id"]).spec == {}
+    with store.engine.connect() as conn:
+        assert MigrationContext.configure(conn).get_current_revision() == head_revision()
+
+
+def test_store_is_wal_with_busy_timeout_and_foreign_keys(tmp_path: Path) -> None:
+    engine = open_engine(str(tmp_path / "r.sqlite"))
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() >= 10_000
+        assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+
+
+def test_not_a_database_is_refused_and_left_byte_identical(tmp_path: Path) -> None:
+    path = tmp_path / "notes.sqlite"
+    content = b"these are my notes, not a database\n" * 100
+    path.write_bytes(content)
+    with pytest.raises(UserError, match="not a SQLite database"):
+        open_engine(str(path))
+    assert path.read_bytes() == content
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.sqlite"]
+
+
+def test_newer_schema_is_refused_and_left_byte_identical(tmp_path: Path) -> None:
+    path = tmp_path / "future.sqlite"
+    conn = sqlite3.connect(path)
+    conn.executescript("CREATE TABLE alembic_version (version_num VARCHAR(32) PRIMARY KEY); INSERT INTO alembic_version VALUES ('9999');")
+    conn.close()
+    before = path.read_bytes()
+    with pytest.raises(UserError, match="newer than this loopeval"):
+        open_engine(str(path))
+    assert path.read_bytes() == before
+
+
+def test_unwritable_location_is_refused(tmp_path: Path) -> None:
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("x")
+    with pytest.raises(UserError, match="cannot create the database directory"):
+        open_engine(str(blocker / "sub" / "r.sqlite"))
+    assert blocker.read_text() == "x"
+
+
+def test_samples_are_idempotent_per_doc_and_sample_index(tmp_path: Path) -> None:
+    store = Store.open(str(tmp_path / "r.sqlite"))
+    run_id = store.create_run(**RUN)
+    assert store.add_samples(run_id, [sample(0), sample(0, 1), sample(1)]) == 3
+    assert store.add_samples(run_id, [sample(1), sample(2), sample(0, 1)]) == 1
+    rows = store.samples(run_id)
+    assert [(r.doc_id, r.sample_index) for r in rows] == [("0", 0), ("0", 1), ("1", 0), ("2", 0)]
+    store.set_metrics(run_id, {"addition": {"em": (0.5, 0.1)}, "all": {"em": (0.5, 0.1)}})
+    store.set_memory_peaks(run_id, {"rss_peak": 123, "nvml_process_peak": None})
+    (summary,) = store.run_summaries()
+    assert summary["n_samples"] == 4
+    assert summary["metrics"] == {"addition": {"em": 0.5}, "all": {"em": 0.5}}
+    assert summary["memory"] == {"rss_peak": 123, "nvml_process_peak": None}
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys
+    from db.store import Store
+    store = Store.open(sys.argv[1])
+    run_id = store.create_run(sweep_id=sys.argv[2], model_spec="m", adapter="preset", suite="synthetic")
+    for doc in range(150):
+        store.add_samples(run_id, [dict(task="t", doc_id=str(doc), sample_index=0, prompt="p", output="o")])
+    store.finish_run(run_id, "finished")
+    """
+)
+
+
+def test_two_processes_write_one_database_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "shared.sqlite"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", WRITER, str(path), f"writer{i}"], stderr=subprocess.PIPE, text=True)
+        for i in range(2)
+    ]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errors
+    runs = Store.open(str(path)).run_summaries()
+    assert sorted((r["sweep_id"], r["status"], r["n_samples"]) for r in runs) == [
+        ("writer0", "finished", 150), ("writer1", "finished", 150)
+    ]
