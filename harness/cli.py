@@ -18,6 +18,7 @@ from typer.exceptions import TyperException
 from adapters.base import AdapterError
 
 COMMAND_MODULES: tuple[str, ...] = (
+    "harness.cmd_dashboard",
 )
 
 app = typer.Typer(

@@ -1,0 +1,143 @@
+"""The served dashboard (Dash): the report's figures, live from the database, with filters.
+
+Every callback queries the database again, and a timer redraws every few seconds, so a sweep that
+is still running fills in while you watch. Model outputs reach the page only through Dash's
+DataTable, which renders strings as text (no markdown, no HTML), so untrusted output cannot run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+from dash import Dash, Input, Output, dash_table, dcc, html
+from sqlalchemy import Engine
+
+from dashboards import figures
+from dashboards.data import DEFAULT_CONTEXT_TOKENS, accuracy_points
+from db import queries
+
+REFRESH_SECONDS = 10
+MAX_TABLE_SAMPLES = 1000  # newest matching samples in the browser table
+SAMPLE_COLUMNS = {
+    "run_id": "run", "model": "model", "loops": "loops", "task": "task", "doc_id": "doc", "prompt": "prompt",
+    "output": "output", "gold": "gold", "score": "score", "prompt_tokens": "prompt tokens",
+    "generated_tokens": "generated tokens",
+}
+_ROW = {"display": "flex", "gap": "2em", "flexWrap": "wrap", "alignItems": "flex-start", "margin": "0.5em 0"}
+
+
+def _labelled(label: str, control: Any, width: str | None = None) -> html.Div:
+    return html.Div([html.Label(label, style={"fontWeight": "bold"}), control], style={"minWidth": width or "10em"})
+
+
+def _filtered(points: pd.DataFrame, models: list[str] | None, loops: list[int] | None) -> pd.DataFrame:
+    """Keep the selected models and loop counts (an empty selection keeps nothing, as the checkboxes show)."""
+    return points[points["model"].isin(models or []) & points["loops"].isin(loops or [])]
+
+
+def _layout(engine: Engine) -> html.Div:
+    """Built on every page load, so a reload sees runs added since the server started."""
+    suite_names = queries.suites(engine)
+    suite = suite_names[0] if suite_names else None
+    eval_runs = queries.runs(engine)
+    models = sorted(eval_runs["model"].unique().tolist())
+    loops = sorted(int(x) for x in eval_runs["loops"].dropna().unique())
+    measure = figures.default_measure(accuracy_points(engine, suite)) if suite else "kv_bytes_peak"
+    run_options = [{"label": f"run {r.run_id}: {r.model} r={r.loops} ({r.suite})", "value": r.run_id}
+                   for r in eval_runs.itertuples()]
+    samples = queries.samples(engine)
+    return html.Div([
+        html.H1("loopeval"),
+        html.P(f"Accuracy per gigabyte, live from the results database. {figures.DECIMAL_NOTE}. "
+               "Unavailable measures are named, never drawn as zero."),
+        html.Div([
+            _labelled("suite", dcc.Dropdown(suite_names, suite, id="suite", clearable=False)),
+            _labelled("task", dcc.Dropdown([], None, id="task", clearable=False)),
+            _labelled("models", dcc.Checklist(models, models, id="models")),
+            _labelled("loops", dcc.Checklist(loops, loops, id="loops", inline=True)),
+            _labelled("memory measure", dcc.RadioItems(
+                [{"label": label, "value": key} for key, label in figures.MEMORY_MEASURES.items()],
+                measure, id="measure")),
+            _labelled("analytic context (tokens)", dcc.Input(
+                id="context", type="number", min=1, step=1, value=DEFAULT_CONTEXT_TOKENS, debounce=True)),
+        ], style=_ROW),
+        dcc.Graph(id="accuracy-memory", style={"height": "560px"}),
+        dcc.Graph(id="accuracy-loops", style={"height": "520px"}),
+        html.H2("Memory over a run"),
+        dcc.Dropdown(run_options, run_options[0]["value"] if run_options else None, id="run", clearable=False),
+        dcc.Graph(id="memory-run", style={"height": "480px"}),
+        html.H2("Memory against context length"),
+        dcc.Graph(id="memory-context", style={"height": "480px"}),
+        html.H2("Samples"),
+        html.Div([
+            _labelled("task", dcc.Dropdown(sorted(samples["task"].unique()), None, id="sample-task",
+                                           placeholder="all tasks")),
+            _labelled("model", dcc.Dropdown(models, None, id="sample-model", placeholder="all models"), "20em"),
+            _labelled("show", dcc.RadioItems(
+                [{"label": "all", "value": "all"}, {"label": "correct", "value": "correct"},
+                 {"label": "wrong", "value": "wrong"}], "all", id="sample-verdict", inline=True)),
+        ], style=_ROW),
+        html.P(id="sample-count"),
+        dash_table.DataTable(
+            id="samples", columns=[{"name": label, "id": key} for key, label in SAMPLE_COLUMNS.items()],
+            page_size=20, sort_action="native",
+            style_cell={"whiteSpace": "pre-wrap", "textAlign": "left", "verticalAlign": "top",
+                        "maxWidth": "28em", "fontFamily": "monospace", "fontSize": "12px"},
+        ),
+        dcc.Interval(id="refresh", interval=REFRESH_SECONDS * 1000),
+    ], style={"fontFamily": "system-ui, sans-serif", "margin": "1.5em"})
+
+
+def create_app(db_url: str) -> Dash:
+    """The Dash app reading `db_url`; raises UserError when the database is missing or holds no runs."""
+    engine = queries.connect(db_url)
+    queries.require_results(engine)
+    app = Dash(__name__, title="loopeval", serve_locally=True)
+    app.layout = lambda: _layout(engine)
+
+    @app.callback(Output("task", "options"), Output("task", "value"), Input("suite", "value"))
+    def _tasks(suite: str | None) -> tuple[list[str], str | None]:
+        names = queries.tasks(engine, suite) if suite else []
+        return names, names[0] if names else None
+
+    @app.callback(
+        Output("accuracy-memory", "figure"), Output("accuracy-loops", "figure"),
+        Input("suite", "value"), Input("task", "value"), Input("models", "value"), Input("loops", "value"),
+        Input("measure", "value"), Input("context", "value"), Input("refresh", "n_intervals"),
+    )
+    def _accuracy(suite: str | None, task: str | None, models: list[str], loops: list[int], measure: str,
+                  context: int | None, _tick: int | None) -> tuple[Any, Any]:
+        context = int(context) if context and context > 0 else DEFAULT_CONTEXT_TOKENS
+        points = _filtered(accuracy_points(engine, suite, task or "all", context), models, loops)
+        label = figures.measure_label(measure, context)
+        return (figures.accuracy_vs_memory(points, measure, task or "all", label),
+                figures.accuracy_vs_loops(points, measure, task or "all", label))
+
+    @app.callback(Output("memory-run", "figure"), Input("run", "value"), Input("refresh", "n_intervals"))
+    def _memory_run(run_id: int | None, _tick: int | None) -> Any:
+        series = queries.memory_series(engine, run_id) if run_id is not None else pd.DataFrame()
+        return figures.memory_over_run(series, queries.SERIES_MEASURES, f"Memory over run {run_id}")
+
+    @app.callback(Output("memory-context", "figure"), Input("refresh", "n_intervals"))
+    def _memory_context(_tick: int | None) -> Any:
+        return figures.memory_vs_context(queries.profile_points(engine), queries.PROFILE_MEASURES)
+
+    @app.callback(
+        Output("samples", "data"), Output("sample-count", "children"),
+        Input("sample-task", "value"), Input("sample-model", "value"), Input("sample-verdict", "value"),
+        Input("refresh", "n_intervals"),
+    )
+    def _samples(task: str | None, model: str | None, verdict: str, _tick: int | None) -> tuple[list[dict], str]:
+        correct = {"correct": True, "wrong": False}.get(verdict)
+        rows = queries.samples(engine, task=task, model=model, correct=correct, limit=MAX_TABLE_SAMPLES)
+        rows = rows[list(SAMPLE_COLUMNS)].astype(object).where(rows[list(SAMPLE_COLUMNS)].notna(), None)
+        note = f"{len(rows)} samples" + (f" (the newest {MAX_TABLE_SAMPLES})" if len(rows) == MAX_TABLE_SAMPLES else "")
+        return rows.to_dict("records"), note
+
+    return app
+
+
+def serve(db_url: str, host: str = "127.0.0.1", port: int = 8050) -> None:
+    """Serve the app until interrupted (Flask's server, debug off: no reloader, no outside requests)."""
+    create_app(db_url).run(host=host, port=port, debug=False)

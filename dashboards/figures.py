@@ -1,0 +1,246 @@
+"""The dashboard figures: pure functions from query DataFrames (db/queries.py) to Plotly figures.
+
+The static report and the served app draw the same figures from the same functions. Bytes are
+scaled to one decimal unit per axis (B, KB, MB, GB; 1 GB = 1e9 bytes, as the MELT paper counts),
+and a NULL measure is never drawn as zero: the figure names what was unavailable instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+# Selectable memory measures of the accuracy-against-memory plot: key (a DataFrame column) -> label.
+WEIGHTS_PLUS_KV = "weights_bytes + kv_bytes_peak"
+ANALYTIC = "analytic"
+MEMORY_MEASURES: dict[str, str] = {
+    "nvml_process_peak": "NVML process peak",
+    "torch_allocated_peak": "torch allocated peak",
+    "kv_bytes_peak": "KV cache peak",
+    WEIGHTS_PLUS_KV: "weights + KV cache peak",
+    ANALYTIC: "analytic weights + KV",
+    "rss_peak": "process RSS peak (CPU)",
+}
+DECIMAL_NOTE = "GB are decimal (1 GB = 1e9 bytes)"
+_UNITS: tuple[tuple[str, float], ...] = (("GB", 1e9), ("MB", 1e6), ("KB", 1e3), ("B", 1.0))
+_PALETTE = px.colors.qualitative.Plotly
+
+
+def byte_unit(values: Sequence[float] | pd.Series | np.ndarray) -> tuple[str, float]:
+    """The largest decimal unit (GB, MB, KB, B) that keeps the biggest finite value at or above 1."""
+    finite = [abs(float(v)) for v in values if v is not None and np.isfinite(v)]
+    largest = max(finite, default=0.0)
+    for unit, scale in _UNITS:
+        if largest >= scale:
+            return unit, scale
+    return "GB", 1e9  # nothing to scale: label the axis in the unit people expect
+
+
+def unit_title(label: str, unit: str, scale: float) -> str:
+    """Axis title naming the decimal unit, e.g. 'KV cache peak (decimal GB, 1e9 bytes)'."""
+    if unit == "B":
+        return f"{label} (bytes)"
+    return f"{label} (decimal {unit}, {scale:.0e} bytes)".replace("e+0", "e")
+
+
+def measure_label(measure: str, context_tokens: int | None = None) -> str:
+    """Human label of a selectable measure; the analytic one names its context length."""
+    label = MEMORY_MEASURES.get(measure, measure)
+    if measure == ANALYTIC and context_tokens is not None:
+        return f"{label} at {context_tokens} tokens"
+    return label
+
+
+def default_measure(points: pd.DataFrame) -> str:
+    """The first selectable measure that any point has (on a CPU-only machine NVML and torch are unavailable)."""
+    for measure in MEMORY_MEASURES:
+        if measure in points and points[measure].notna().any():
+            return measure
+    return next(iter(MEMORY_MEASURES))
+
+
+def pareto_mask(memory: Sequence[float], accuracy: Sequence[float]) -> np.ndarray:
+    """True for each point no other point dominates (no more memory and no less accuracy, one strictly better).
+
+    Equal points do not dominate each other, so ties both stay on the frontier.
+    """
+    x = np.asarray(memory, dtype=float)
+    y = np.asarray(accuracy, dtype=float)
+    no_worse = (x[None, :] <= x[:, None]) & (y[None, :] >= y[:, None])  # [i, j]: j is no worse than i
+    better = (x[None, :] < x[:, None]) | (y[None, :] > y[:, None])
+    return ~(no_worse & better).any(axis=1)
+
+
+def _message(fig: go.Figure, text: str, y: float = 0.5) -> go.Figure:
+    """Write a note inside the plot area (empty data, unavailable measures)."""
+    fig.add_annotation(text=text, xref="paper", yref="paper", x=0.5, y=y, showarrow=False,
+                       font={"size": 13, "color": "#555"})
+    return fig
+
+
+def _empty(title: str, text: str) -> go.Figure:
+    fig = go.Figure()
+    fig.update_layout(title=title, xaxis={"visible": False}, yaxis={"visible": False})
+    return _message(fig, text)
+
+
+def _point_names(frame: pd.DataFrame) -> str:
+    return ", ".join(f"{row.model} r={row.loops}" for row in frame.itertuples())
+
+
+def accuracy_vs_memory(points: pd.DataFrame, measure: str, task: str = "all", label: str | None = None) -> go.Figure:
+    """Accuracy against memory, one marker per (model, loops), with error bars and the Pareto frontier.
+
+    `points` is `queries.accuracy_memory(...)` with the `measure` column present (see
+    `dashboards.data.with_derived_measures`). Points whose measure is NULL are named, not plotted.
+    """
+    label = label or measure_label(measure)
+    title = f"Accuracy against memory: {task}, {label}"
+    if points.empty:
+        return _empty(title, "no evaluated runs with this task yet")
+    if measure not in points:
+        return _empty(title, f"{label}: unavailable for every run")
+    shown = points[points[measure].notna()].copy()
+    missing = points[points[measure].isna()]
+    if shown.empty:
+        return _empty(title, f"{label}: unavailable for every run ({_point_names(missing)})")
+
+    unit, scale = byte_unit(shown[measure])
+    shown["memory"] = shown[measure] / scale
+    shown["stderr"] = shown["stderr"].astype(float)
+    fig = px.scatter(
+        shown, x="memory", y="accuracy", error_y="stderr", color="model", text="loops",
+        custom_data=["model", "loops", "accuracy", "memory", "n_samples", "stderr"],
+        color_discrete_sequence=_PALETTE, title=title,
+    )
+    fig.update_traces(
+        mode="markers+text", textposition="top center", texttemplate="r=%{text}", marker={"size": 11},
+        hovertemplate=(
+            "model %{customdata[0]}<br>loops %{customdata[1]}<br>accuracy %{customdata[2]:.3f}"
+            " ± %{customdata[5]:.3f}<br>%{customdata[3]:.3f} " + unit + "<br>samples %{customdata[4]}"
+            "<extra></extra>"
+        ),
+    )
+    front = shown[pareto_mask(shown["memory"], shown["accuracy"])].sort_values(["memory", "accuracy"])
+    fig.add_trace(go.Scatter(
+        x=front["memory"], y=front["accuracy"], mode="lines", line={"shape": "hv", "dash": "dot", "color": "#222"},
+        name="Pareto frontier", hoverinfo="skip",
+    ))
+    fig.update_layout(
+        xaxis_title=unit_title(label, unit, scale), yaxis_title=f"accuracy ({shown['metric'].iloc[0]})",
+        legend_title_text="model",
+    )
+    notes = [DECIMAL_NOTE]
+    if not missing.empty:
+        notes.append(f"{label} unavailable: {_point_names(missing)}")
+    return _message(fig, " · ".join(notes), y=-0.22).update_layout(margin={"b": 110})
+
+
+def accuracy_vs_loops(points: pd.DataFrame, measure: str, task: str = "all", label: str | None = None) -> go.Figure:
+    """Accuracy against loops per model (left axis) with the memory measure on a second axis (right).
+
+    Where the accuracy line flattens while the memory line keeps rising, extra depth stopped paying.
+    """
+    label = label or measure_label(measure)
+    title = f"Accuracy and memory against loops: {task}"
+    if points.empty:
+        return _empty(title, "no evaluated runs with this task yet")
+    has_memory = measure in points and points[measure].notna().any()
+    unit, scale = byte_unit(points[measure]) if has_memory else ("GB", 1e9)
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    for index, (model, rows) in enumerate(points.sort_values("loops").groupby("model", sort=True)):
+        color = _PALETTE[index % len(_PALETTE)]
+        fig.add_trace(go.Scatter(
+            x=rows["loops"], y=rows["accuracy"], error_y={"type": "data", "array": rows["stderr"].astype(float)},
+            mode="lines+markers", name=f"{model} accuracy", legendgroup=model, line={"color": color},
+            hovertemplate=f"{model}<br>loops %{{x}}<br>accuracy %{{y:.3f}}<extra></extra>",
+        ), secondary_y=False)
+        measured = rows[rows[measure].notna()] if has_memory else rows.iloc[0:0]
+        if not measured.empty:
+            fig.add_trace(go.Scatter(
+                x=measured["loops"], y=measured[measure] / scale, mode="lines+markers", name=f"{model} {label}",
+                legendgroup=model, line={"color": color, "dash": "dash"}, marker={"symbol": "square-open"},
+                hovertemplate=f"{model}<br>loops %{{x}}<br>%{{y:.3f}} {unit}<extra></extra>",
+            ), secondary_y=True)
+    fig.update_layout(title=title, xaxis_title="loops (r)", legend_title_text="solid: accuracy · dashed: memory")
+    fig.update_xaxes(type="log", dtick=math.log10(2))
+    fig.update_yaxes(title_text=f"accuracy ({points['metric'].iloc[0]})", secondary_y=False)
+    fig.update_yaxes(title_text=unit_title(label, unit, scale), secondary_y=True)
+    note = DECIMAL_NOTE if has_memory else f"{label}: unavailable for every run"
+    return _message(fig, note, y=-0.22).update_layout(margin={"b": 110})
+
+
+def memory_over_run(series: pd.DataFrame, measures: Sequence[str], title: str = "Memory over a run") -> go.Figure:
+    """Each measure of the sampler against time (left) and against generated tokens (right), one line per measure."""
+    if series.empty:
+        return _empty(title, "this run has no memory samples")
+    present = [m for m in measures if m in series and series[m].notna().any()]
+    missing = [m for m in measures if m not in present]
+    if not present:
+        return _empty(title, f"every measure unavailable: {', '.join(missing)}")
+    unit, scale = byte_unit(np.concatenate([series[m].to_numpy(dtype=float) for m in present]))
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.06,
+                        subplot_titles=("against time", "against generated tokens"))
+    for index, measure in enumerate(present):
+        color = _PALETTE[index % len(_PALETTE)]
+        rows = series[series[measure].notna()]
+        for col, x, x_label in ((1, "t", "s"), (2, "generated_tokens", "tokens")):
+            fig.add_trace(go.Scatter(
+                x=rows[x], y=rows[measure] / scale, mode="lines", name=measure, legendgroup=measure,
+                showlegend=col == 1, line={"color": color},
+                hovertemplate=f"{measure}<br>%{{x}} {x_label}<br>%{{y:.3f}} {unit}<extra></extra>",
+            ), row=1, col=col)
+    fig.update_layout(title=title, legend_title_text="measure")
+    fig.update_xaxes(title_text="time since start (s)", row=1, col=1)
+    fig.update_xaxes(title_text="generated tokens", row=1, col=2)
+    fig.update_yaxes(title_text=unit_title("memory", unit, scale), row=1, col=1)
+    notes = [DECIMAL_NOTE] + ([f"unavailable: {', '.join(missing)}"] if missing else [])
+    return _message(fig, " · ".join(notes), y=-0.25).update_layout(margin={"b": 110})
+
+
+def memory_vs_context(profile: pd.DataFrame, measures: Sequence[str]) -> go.Figure:
+    """`loopeval profile` points: measured memory (markers) beside the analytic lines, against context length."""
+    title = "Memory against context length (loopeval profile)"
+    if profile.empty:
+        return _empty(title, "no `loopeval profile` runs yet")
+    present = [m for m in measures if m in profile and profile[m].notna().any()]
+    missing = [m for m in measures if m not in present]
+    analytic = profile["kv_bytes_analytic"]
+    totals = profile["weights_bytes"] + analytic
+    unit, scale = byte_unit(np.concatenate([profile[m].to_numpy(dtype=float) for m in present]
+                                           + [analytic.to_numpy(dtype=float), totals.to_numpy(dtype=float)]))
+    fig = go.Figure()
+    symbols = ("circle", "square", "diamond", "triangle-up", "x", "cross", "star")
+    groups = profile.groupby(["model", "loops", "batch"], dropna=False, sort=True)
+    for index, ((model, loops, batch), rows) in enumerate(groups):
+        color = _PALETTE[index % len(_PALETTE)]
+        name = f"{model} r={loops} b={batch}"
+        rows = rows.sort_values("context_tokens")
+        for kind, values, dash in (("analytic KV", rows["kv_bytes_analytic"], "dot"),
+                                   ("analytic weights + KV", rows["weights_bytes"] + rows["kv_bytes_analytic"], "dash")):
+            if values.notna().any():
+                fig.add_trace(go.Scatter(
+                    x=rows["context_tokens"], y=values / scale, mode="lines", name=f"{name} · {kind}",
+                    legendgroup=name, line={"color": color, "dash": dash},
+                    hovertemplate=f"{name}<br>{kind}<br>%{{x}} tokens<br>%{{y:.3f}} {unit}<extra></extra>",
+                ))
+        for symbol, measure in zip(symbols, present):
+            measured = rows[rows[measure].notna()]
+            if not measured.empty:
+                fig.add_trace(go.Scatter(
+                    x=measured["context_tokens"], y=measured[measure] / scale, mode="markers",
+                    name=f"{name} · {measure}", legendgroup=name,
+                    marker={"color": color, "symbol": symbol, "size": 9},
+                    hovertemplate=f"{name}<br>{measure}<br>%{{x}} tokens<br>%{{y:.3f}} {unit}<extra></extra>",
+                ))
+    fig.update_layout(title=title, legend_title_text="markers: measured · lines: analytic")
+    fig.update_xaxes(title_text="context length (tokens)", type="log")
+    fig.update_yaxes(title_text=unit_title("memory", unit, scale))
+    notes = [DECIMAL_NOTE] + ([f"unavailable: {', '.join(missing)}"] if missing else [])
+    return _message(fig, " · ".join(notes), y=-0.25).update_layout(margin={"b": 110})

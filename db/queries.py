@@ -1,0 +1,219 @@
+"""Read-side queries for the dashboards: plain pandas DataFrames, one row per thing plotted.
+
+Nothing here writes. `connect` opens an existing database without creating it (a mistyped SQLite
+path must not leave an empty file behind). Byte counts stay NULL (NaN in a DataFrame) where the
+source was unavailable, so the figures can say "unavailable" instead of plotting zero.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+from sqlalchemy import Engine, create_engine, func, inspect, select
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DatabaseError
+
+from db.models import MemoryPeak, MemorySample, ProfilePoint, Run, Sample, TaskMetric
+from harness.errors import UserError
+
+# The sampler's per-tick columns (MemorySample), in the order the memory-over-a-run figure draws them.
+SERIES_MEASURES: tuple[str, ...] = (
+    "kv_bytes_used", "kv_bytes_allocated", "torch_allocated", "torch_reserved",
+    "nvml_process", "nvml_device", "rss",
+)
+# The peaks `loopeval profile` records per context length (ProfilePoint), measured ones only.
+PROFILE_MEASURES: tuple[str, ...] = (
+    "kv_bytes_allocated", "kv_bytes_used", "torch_allocated_peak", "torch_reserved_peak",
+    "nvml_process_peak", "nvml_device_peak", "rss_peak",
+)
+
+
+def connect(url: str) -> Engine:
+    """Open an existing results database for reading; never creates a missing SQLite file."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise UserError(f"not a database URL: {url!r} ({exc})") from None
+    if parsed.get_backend_name() == "sqlite":
+        path = parsed.database or ""
+        if path in ("", ":memory:") or path.startswith("file:"):
+            raise UserError(f"no results database file in {url!r}; run `loopeval run` first")
+        if not Path(path).is_file():
+            raise UserError(f"no results database at {path}; run `loopeval run` first")
+    return create_engine(parsed)
+
+
+def require_results(engine: Engine) -> int:
+    """Return the number of runs; raise UserError when there is nothing to show."""
+    where = engine.url.render_as_string(hide_password=True)
+    try:
+        if not inspect(engine).has_table(Run.__tablename__):
+            raise UserError(f"the database {where} holds no loopeval results; run `loopeval run` first")
+        with engine.connect() as conn:
+            count = conn.execute(select(func.count()).select_from(Run)).scalar_one()
+    except DatabaseError as exc:
+        raise UserError(f"cannot read {where}: {str(exc.orig).splitlines()[0]}") from None
+    if count == 0:
+        raise UserError(f"the database {where} holds no runs yet; run `loopeval run` first")
+    return count
+
+
+def _frame(engine: Engine, statement: Any) -> pd.DataFrame:
+    """Run a select and return its rows as a DataFrame whose columns exist even when no row came back."""
+    with engine.connect() as conn:
+        result = conn.execute(statement)
+        return pd.DataFrame.from_records(result.all(), columns=list(result.keys()))
+
+
+def runs(engine: Engine, kind: str | None = "eval") -> pd.DataFrame:
+    """One row per run (of `kind`, or all kinds when None) with its sample count."""
+    n_samples = (
+        select(Sample.run_id, func.count().label("n_samples")).group_by(Sample.run_id).subquery()
+    )
+    statement = (
+        select(
+            Run.id.label("run_id"), Run.sweep_id, Run.kind, Run.model_spec.label("model"), Run.adapter,
+            Run.loops, Run.suite, Run.status, Run.started_at, Run.wall_seconds, Run.model_config,
+            func.coalesce(n_samples.c.n_samples, 0).label("n_samples"),
+        )
+        .outerjoin(n_samples, n_samples.c.run_id == Run.id)
+        .order_by(Run.id)
+    )
+    if kind is not None:
+        statement = statement.where(Run.kind == kind)
+    return _frame(engine, statement)
+
+
+def suites(engine: Engine) -> list[str]:
+    """Suites that have at least one evaluated run, sorted."""
+    with engine.connect() as conn:
+        rows = conn.execute(select(Run.suite).where(Run.kind == "eval").distinct().order_by(Run.suite))
+        return [row[0] for row in rows]
+
+
+def tasks(engine: Engine, suite: str | None = None) -> list[str]:
+    """Task names with metrics (the suite average `all` first), optionally within one suite."""
+    statement = select(TaskMetric.task).join(Run).distinct()
+    if suite is not None:
+        statement = statement.where(Run.suite == suite)
+    with engine.connect() as conn:
+        names = sorted(row[0] for row in conn.execute(statement))
+    return sorted(names, key=lambda name: name != "all")
+
+
+def metrics(engine: Engine, suite: str | None = None) -> pd.DataFrame:
+    """Every stored metric of every evaluated run: run, model, loops, task, metric, value, stderr."""
+    statement = (
+        select(
+            Run.id.label("run_id"), Run.sweep_id, Run.model_spec.label("model"), Run.loops, Run.suite,
+            TaskMetric.task, TaskMetric.metric, TaskMetric.value, TaskMetric.stderr,
+        )
+        .join(Run)
+        .where(Run.kind == "eval")
+        .order_by(Run.id, TaskMetric.task, TaskMetric.metric)
+    )
+    if suite is not None:
+        statement = statement.where(Run.suite == suite)
+    return _frame(engine, statement)
+
+
+def memory_peaks(engine: Engine, run_ids: Iterable[int] | None = None) -> pd.DataFrame:
+    """Peaks as a wide table: one row per run, one column per DESIGN.md measure (NaN = unavailable)."""
+    statement = select(MemoryPeak.run_id, MemoryPeak.measure, MemoryPeak.value)
+    if run_ids is not None:
+        statement = statement.where(MemoryPeak.run_id.in_(list(run_ids)))
+    long = _frame(engine, statement)
+    if long.empty:
+        return pd.DataFrame({"run_id": pd.Series(dtype="int64")})
+    wide = long.pivot(index="run_id", columns="measure", values="value").astype("float64")
+    wide.columns.name = None
+    return wide.reset_index()
+
+
+def accuracy_memory(
+    engine: Engine, suite: str | None = None, task: str = "all", metric: str | None = None
+) -> pd.DataFrame:
+    """One row per (model, loops): accuracy on `task` with stderr, sample count and every memory peak.
+
+    When a (model, loops) pair was run more than once the latest run with this metric wins, so a
+    rerun replaces an older point rather than stacking on it. `metric` defaults to the task's first
+    metric name in alphabetical order; the chosen name is in the `metric` column.
+    """
+    table = metrics(engine, suite)
+    table = table[(table["task"] == task) & table["value"].notna()]
+    if metric is None and not table.empty:
+        metric = sorted(table["metric"].unique())[0]
+    table = table[table["metric"] == metric]
+    table = table.sort_values("run_id").drop_duplicates(["model", "loops"], keep="last")
+    table = table.rename(columns={"value": "accuracy"})
+    info = runs(engine)[["run_id", "n_samples", "model_config", "status"]]
+    table = table.merge(info, on="run_id", how="left")
+    table = table.merge(memory_peaks(engine, table["run_id"].tolist()), on="run_id", how="left")
+    return table.sort_values(["model", "loops"]).reset_index(drop=True)
+
+
+def memory_series(engine: Engine, run_id: int) -> pd.DataFrame:
+    """The sampler's ticks of one run: t (seconds), phase, generated_tokens and each measure."""
+    columns = [getattr(MemorySample, name) for name in ("t", "phase", "generated_tokens", *SERIES_MEASURES)]
+    statement = select(*columns).where(MemorySample.run_id == run_id).order_by(MemorySample.t)
+    return _frame(engine, statement).astype({name: "float64" for name in SERIES_MEASURES})
+
+
+def profile_points(engine: Engine) -> pd.DataFrame:
+    """Every `loopeval profile` point with its run's model: memory against context length."""
+    point_columns = [
+        ProfilePoint.context_tokens, ProfilePoint.batch, ProfilePoint.loops, ProfilePoint.weights_bytes,
+        ProfilePoint.kv_bytes_analytic, *(getattr(ProfilePoint, name) for name in PROFILE_MEASURES),
+        ProfilePoint.prefill_seconds, ProfilePoint.decode_tokens_per_second,
+    ]
+    statement = (
+        select(ProfilePoint.run_id, Run.model_spec.label("model"), *point_columns)
+        .join(Run)
+        .order_by(Run.model_spec, ProfilePoint.loops, ProfilePoint.batch, ProfilePoint.context_tokens)
+    )
+    frame = _frame(engine, statement)
+    byte_columns = ["weights_bytes", "kv_bytes_analytic", *PROFILE_MEASURES]
+    return frame.astype({name: "float64" for name in byte_columns})
+
+
+def samples(
+    engine: Engine,
+    task: str | None = None,
+    model: str | None = None,
+    correct: bool | None = None,
+    limit: int | None = None,
+) -> pd.DataFrame:
+    """Generated samples with their run's model and loops, newest run first.
+
+    `correct=True` keeps full-credit samples (score >= 1), `False` the rest of the scored ones.
+    The text columns are untrusted model output: callers must display them as text.
+    """
+    statement = (
+        select(
+            Sample.id.label("sample_id"), Sample.run_id, Run.model_spec.label("model"), Run.loops, Run.suite,
+            Sample.task, Sample.doc_id, Sample.sample_index, Sample.prompt, Sample.output, Sample.gold,
+            Sample.score, Sample.prompt_tokens, Sample.generated_tokens, Sample.loops_used,
+            Sample.latency_seconds,
+        )
+        .join(Run)
+        .order_by(Run.id.desc(), Sample.task, Sample.doc_id, Sample.sample_index)
+    )
+    if task is not None:
+        statement = statement.where(Sample.task == task)
+    if model is not None:
+        statement = statement.where(Run.model_spec == model)
+    if correct is True:
+        statement = statement.where(Sample.score >= 1.0)
+    elif correct is False:
+        statement = statement.where(Sample.score < 1.0)
+    if limit is not None:
+        statement = statement.limit(limit)
+    return _frame(engine, statement)
+
+
+def count_samples(engine: Engine) -> int:
+    """Total stored samples (the report says how many it shows out of how many)."""
+    with engine.connect() as conn:
+        return conn.execute(select(func.count()).select_from(Sample)).scalar_one()
