@@ -3,20 +3,43 @@
 Built-in adapters register themselves when their module is imported; `BUILTIN_MODULES` lists
 those modules so that `load` and `available` can import them on demand, keeping `import adapters`
 light.
+
+Plugins add prefixes the same way, from two places, discovered once on first use:
+
+- the entry-point group `loopeval.adapters` of any installed distribution: the entry point's name
+  is the prefix and its value is either a module whose import calls `register` (`pkg.adapter`) or
+  a factory `pkg.adapter:make` registered under that name;
+- Python modules (`name.py`) and packages (`name/__init__.py`) in the folders listed in the
+  `LOOPEVAL_ADAPTERS` environment variable (os.pathsep-separated) or passed to `load_plugins`
+  (the CLI's `--adapters-dir`).
+
+A plugin that fails (raises on import, registers nothing, or claims a built-in prefix) is reported
+on stderr by name, recorded in `plugin_failures()`, and skipped: whatever it half-registered is
+rolled back, and every other adapter still loads.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import importlib.util
+import os
+import sys
+import types
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
 
 from adapters.base import Adapter, AdapterError
 
 Factory = Callable[..., Adapter]
 
 # Modules whose import registers built-in prefixes.
-BUILTIN_MODULES: tuple[str, ...] = ("adapters.engine_adapter",)
+BUILTIN_MODULES: tuple[str, ...] = ("adapters.engine_adapter", "adapters.hf_backend", "adapters.vllm_backend")
+
+ENTRY_POINT_GROUP = "loopeval.adapters"
+ENV_VAR = "LOOPEVAL_ADAPTERS"
 
 
 @dataclass(frozen=True)
@@ -24,18 +47,41 @@ class AdapterEntry:
     prefix: str
     factory: Factory
     description: str
-    source: str  # "builtin" or the plugin's name
+    source: str  # "builtin", or where the plugin came from: "entry point DIST (VALUE)", "folder PATH"
+
+
+@dataclass(frozen=True)
+class PluginFailure:
+    """A plugin that was skipped: its name (entry-point name or module file) and why."""
+
+    name: str
+    source: str
+    error: str
 
 
 _REGISTRY: dict[str, AdapterEntry] = {}
+_FAILURES: list[PluginFailure] = []
 _loaded_builtins = False
+_loaded_plugins = False
+_scanned_dirs: set[Path] = set()
+_current_source: str | None = None  # set while a plugin is being imported, so its `register` calls are attributed
 
 
-def register(prefix: str, description: str, source: str = "builtin") -> Callable[[Factory], Factory]:
-    """Decorator: `@register("preset", "random-init engine preset")` on `factory(arg, **overrides)`."""
+def register(prefix: str, description: str, source: str | None = None) -> Callable[[Factory], Factory]:
+    """Decorator: `@register("preset", "random-init engine preset")` on `factory(arg, **overrides)`.
+
+    `source` defaults to the plugin being loaded, else "builtin" for the modules in BUILTIN_MODULES,
+    else the factory's module name. A plugin may not take over a prefix someone else registered.
+    """
 
     def wrap(factory: Factory) -> Factory:
-        _REGISTRY[prefix] = AdapterEntry(prefix, factory, description, source)
+        origin = source or _current_source or (
+            "builtin" if factory.__module__ in BUILTIN_MODULES else f"module {factory.__module__}"
+        )
+        existing = _REGISTRY.get(prefix)
+        if existing is not None and existing.source != origin and origin != "builtin":
+            raise AdapterError(f"adapter prefix {prefix!r} is already registered by {existing.source}")
+        _REGISTRY[prefix] = AdapterEntry(prefix, factory, description, origin)
         return factory
 
     return wrap
@@ -44,13 +90,109 @@ def register(prefix: str, description: str, source: str = "builtin") -> Callable
 def _ensure_builtins() -> None:
     global _loaded_builtins
     if not _loaded_builtins:
+        _loaded_builtins = True
         for module in BUILTIN_MODULES:
             importlib.import_module(module)
-        _loaded_builtins = True
+        _ensure_plugins()
+
+
+def _ensure_plugins() -> None:
+    """Discover entry points and LOOPEVAL_ADAPTERS folders once per process."""
+    global _loaded_plugins
+    if _loaded_plugins:
+        return
+    _loaded_plugins = True
+    for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        dist = ep.dist.name if ep.dist is not None else "unknown distribution"
+        _load_one(ep.name, f"entry point {dist} ({ep.value})", lambda ep=ep: _register_entry_point(ep))
+    env_dirs = [d for d in os.environ.get(ENV_VAR, "").split(os.pathsep) if d]
+    _scan_dirs(env_dirs)
+
+
+def load_plugins(dirs: Iterable[str | os.PathLike[str]] = ()) -> list[PluginFailure]:
+    """Discover plugins (entry points, LOOPEVAL_ADAPTERS, and `dirs`) and return every failure so far.
+
+    The CLI's `--adapters-dir DIR` calls this with its folders before resolving `--model`.
+    A folder that does not exist is an AdapterError (the user named it); a broken module in it is not.
+    """
+    _ensure_builtins()
+    _scan_dirs(dirs)
+    return plugin_failures()
+
+
+def plugin_failures() -> list[PluginFailure]:
+    """Plugins skipped so far, in discovery order (for `loopeval models`)."""
+    return list(_FAILURES)
+
+
+def _scan_dirs(dirs: Iterable[str | os.PathLike[str]]) -> None:
+    for raw in dirs:
+        folder = Path(raw).expanduser().resolve()
+        if not folder.is_dir():
+            raise AdapterError(f"adapters folder {str(raw)!r} does not exist or is not a folder ({ENV_VAR} / --adapters-dir)")
+        if folder in _scanned_dirs:
+            continue
+        _scanned_dirs.add(folder)
+        for path in sorted(folder.iterdir()):
+            if path.name.startswith(("_", ".")):
+                continue
+            if path.suffix == ".py" or (path.is_dir() and (path / "__init__.py").is_file()):
+                _load_one(path.stem, f"folder {folder}", lambda path=path: _import_path(path))
+
+
+def _import_path(path: Path) -> None:
+    """Import a plugin file or package under a private module name, so it cannot shadow installed modules."""
+    name = f"loopeval_plugins.{path.stem}"
+    if path.is_dir():
+        spec = importlib.util.spec_from_file_location(name, path / "__init__.py", submodule_search_locations=[str(path)])
+    else:
+        spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+
+
+def _register_entry_point(ep: importlib.metadata.EntryPoint) -> None:
+    """A module entry point registers on import; a callable one is registered as the factory for `ep.name`."""
+    obj = ep.load()
+    if callable(obj) and not isinstance(obj, types.ModuleType):
+        doc = (obj.__doc__ or "").strip().splitlines()
+        register(ep.name, doc[0] if doc else f"plugin adapter {ep.value}")(obj)
+    elif ep.name not in _REGISTRY:
+        raise AdapterError(f"module {ep.value} was imported but registered no adapter named {ep.name!r}")
+
+
+@contextmanager
+def _attributed(source: str) -> Iterator[None]:
+    global _current_source
+    previous, _current_source = _current_source, source
+    try:
+        yield
+    finally:
+        _current_source = previous
+
+
+def _load_one(name: str, source: str, action: Callable[[], None]) -> None:
+    """Run one plugin's import; on any failure roll its registrations back, warn by name, and go on."""
+    snapshot = dict(_REGISTRY)
+    try:
+        with _attributed(source):
+            action()
+    except Exception as exc:  # a plugin may fail in any way; it must never stop the others
+        _REGISTRY.clear()
+        _REGISTRY.update(snapshot)
+        error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        _FAILURES.append(PluginFailure(name, source, error))
+        print(f"loopeval: warning: adapter plugin {name!r} from {source} skipped: {error}", file=sys.stderr)
 
 
 def available() -> list[AdapterEntry]:
-    """Every registered adapter prefix, sorted."""
+    """Every registered adapter prefix (built-ins and plugins), sorted; each entry names its source."""
     _ensure_builtins()
     return sorted(_REGISTRY.values(), key=lambda e: e.prefix)
 
