@@ -1,0 +1,517 @@
+"""The LightEval bridge: any `Adapter` as a LightEval model, and `run_suite`, which runs the real Pipeline.
+
+LightEval prepares the docs (prompt functions, few-shot, `--limit`), calls the model and scores
+with its own metrics; this module only turns docs into `Adapter.generate` / `forward_logits` calls
+and reports what finished to a `SampleSink`, so the runner can store samples as they finish and
+resume an interrupted run without generating or storing anything twice.
+
+Per batch, the adapter gets the run's `Sampling` with the doc's needs merged in: `n` = the doc's
+`num_samples` (what its metrics need), `max_new_tokens` capped by the doc's `generation_size`, the
+doc's `stop_sequences` added to the run's, and a seed derived from the run seed (`batch_seed`).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import tempfile
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from lighteval.logging.evaluation_tracker import EvaluationTracker
+from lighteval.metrics.metrics_sample import SamplingMetric
+from lighteval.models.abstract_model import LightevalModel, ModelConfig
+from lighteval.models.model_output import ModelResponse
+from lighteval.pipeline import ParallelismManager, Pipeline, PipelineParameters
+from lighteval.tasks.lighteval_task import LightevalTaskConfig
+from lighteval.tasks.prompt_manager import PromptManager
+from lighteval.tasks.requests import Doc, SamplingMethod
+from rich.progress import Progress
+
+from adapters.base import Adapter, AdapterError, Generation, Sampling
+from suites.loader import ProjectRegistry, load_task_dataset, with_samples
+
+# The sample index of a multiple-choice doc's log-likelihood pick (the choice with the highest
+# log-probability); generated samples are 0..n-1, so a task that both generates and ranks choices
+# (MMLU-Redux) never stores two records under one key.
+LOGLIKELIHOOD_SAMPLE_INDEX = -1
+
+
+@dataclass
+class SampleRecord:
+    """One finished sample, as the sink stores it. `latency_seconds` is the wall time of its batch."""
+
+    task: str
+    doc_id: str
+    sample_index: int
+    prompt: str
+    output: str
+    gold: str | None
+    prompt_tokens: int | None
+    generated_tokens: int | None
+    loops_used: float | None  # mean loops per generated token
+    finish_reason: str | None
+    latency_seconds: float | None
+    score: float | None = None
+
+
+class SampleSink(Protocol):
+    """Where finished samples go (the runner's store), and where a resumed run finds them."""
+
+    def finished(self, task: str) -> dict[tuple[str, int], SampleRecord]:
+        """(doc_id, sample_index) -> stored record of this run, for resume."""
+        ...
+
+    def on_batch_start(self, task: str, batch_index: int, n_prompts: int) -> None:
+        """A batch is about to run (the memory sampler tags its phase)."""
+        ...
+
+    def on_records(self, records: list[SampleRecord]) -> None:
+        """Records of the batch that just finished; none of them was sent before."""
+        ...
+
+
+@dataclass
+class SuiteResult:
+    """What a suite run measured.
+
+    `metrics`: task -> metric name -> (value, stderr or None), with LightEval's values per task,
+    an entry per task group (`mmlu_redux`: mean of its subtasks) and `all`: per metric, the mean
+    over top-level tasks (a group counts once).
+    `scores`: (task, doc_id, sample_index) -> 1.0/0.0 correctness of that sample, judged by the
+    per-sample check of the task's first metric (for pass@k, the same check pass@k counts); for a
+    metric without a per-sample check, the doc's score is given to each of its samples. Log-likelihood
+    picks are under `LOGLIKELIHOOD_SAMPLE_INDEX` with the doc's score of the first log-prob metric.
+    """
+
+    metrics: dict[str, dict[str, tuple[float, float | None]]]
+    scores: dict[tuple[str, str, int], float]
+    n_docs: dict[str, int] = field(default_factory=dict)
+
+
+def batch_seed(run_seed: int, task: str, first_doc_id: str) -> int:
+    """The seed of one batch: fixed by the run seed and the batch's first doc.
+
+    Batches then draw independent random streams (one shared seed would reuse the same draws for
+    every batch), and rerunning with the same seed repeats every batch exactly.
+    """
+    return zlib.crc32(f"{run_seed}:{task}:{first_doc_id}".encode()) & 0x7FFFFFFF
+
+
+def task_of(doc: Doc) -> str:
+    """The task name of a doc: LightEval's full name without its "|<fewshots>" suffix."""
+    return doc.task_name.rsplit("|", 1)[0]
+
+
+def _gold(doc: Doc) -> str | None:
+    golds = [str(g) for g in doc.get_golds()] if doc.choices else []
+    return " | ".join(golds) if golds else None
+
+
+def _cut_at_stop(text: str, stops: tuple[str, ...]) -> str:
+    """Text before the first stop sequence: LightEval's metrics expect the stop itself removed."""
+    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=len(text))
+    return text[:cut]
+
+
+def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+class _NoSampleCache:
+    """Stands in for LightEval's on-disk `SampleCache`, which `Pipeline` wires to the model.
+
+    That cache would write parquet files under ~/.cache and replay outputs keyed by a config hash;
+    here finished work is the sink's business, so the pipeline gets nothing to cache into.
+    """
+
+    def _init_registry(self, registry: Any) -> None:
+        return None
+
+
+class _Bars:
+    """Progress bars over batches on a given rich `Progress`, on one of our own, or none."""
+
+    def __init__(self, progress: bool | Progress | None) -> None:
+        self.progress = progress
+
+    @contextmanager
+    def bar(self, description: str, total: int) -> Iterator[Callable[[], None]]:
+        if not self.progress or total == 0:
+            yield lambda: None
+            return
+        owned = not isinstance(self.progress, Progress)
+        progress = Progress(transient=True) if owned else self.progress
+        with progress if owned else nullcontext():
+            task_id = progress.add_task(description, total=total)
+            yield lambda: progress.advance(task_id)
+            if not owned:
+                progress.remove_task(task_id)
+
+
+class AdapterModel(LightevalModel):
+    """A LightEval model that generates with `adapter.generate` and ranks choices with `adapter.forward_logits`.
+
+    It uses the tokenizer's chat template when it has one (as LightEval's own transformers model does).
+    """
+
+    def __init__(
+        self,
+        adapter: Adapter,
+        sampling: Sampling,
+        *,
+        batch_size: int = 8,
+        sink: SampleSink | None = None,
+        progress: bool | Progress | None = True,
+    ) -> None:
+        if batch_size < 1:
+            raise AdapterError(f"batch_size must be >= 1, got {batch_size}")
+        self.adapter = adapter
+        self.sampling = sampling
+        self.batch_size = batch_size
+        self.sink = sink
+        self.bars = _Bars(progress)
+        self.config = ModelConfig(model_name=adapter.spec)
+        self._cache = _NoSampleCache()
+        template = getattr(adapter.tokenizer, "chat_template", None)
+        self.prompt_manager = PromptManager(use_chat_template=template is not None, tokenizer=adapter.tokenizer)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.adapter.tokenizer
+
+    @property
+    def add_special_tokens(self) -> bool:
+        return True  # like the adapters' own prompt encoding (a tokenizer adds BOS if it has one)
+
+    @property
+    def max_length(self) -> int:
+        return self.adapter.max_context
+
+    def _finished(self, task: str) -> dict[tuple[str, int], SampleRecord]:
+        return self.sink.finished(task) if self.sink is not None else {}
+
+    def _sampling_for(self, doc: Doc, task: str) -> Sampling:
+        run = self.sampling
+        max_new = run.max_new_tokens if doc.generation_size is None else min(run.max_new_tokens, doc.generation_size)
+        stops = tuple(dict.fromkeys(s for s in (*run.stop, *(doc.stop_sequences or ())) if s))
+        seed = batch_seed(run.seed, task, doc.id)
+        return dataclasses.replace(run, n=doc.num_samples, max_new_tokens=max_new, stop=stops, seed=seed)
+
+    # ------------------------------------------------------------------------------------- generation
+    def greedy_until(self, docs: list[Doc]) -> list[ModelResponse]:
+        """Sample every doc `num_samples` times (greedy when the run's temperature is 0), skipping finished docs."""
+        responses: list[ModelResponse | None] = [None] * len(docs)
+        batches: list[tuple[str, list[int], dict[tuple[str, int], SampleRecord]]] = []
+        for task, indices in self._by_task(docs).items():
+            finished = self._finished(task)
+            todo = []
+            for i in indices:
+                stored = [finished.get((docs[i].id, j)) for j in range(docs[i].num_samples)]
+                if all(stored):
+                    prompt = self.prompt_manager.prepare_prompt(docs[i])
+                    responses[i] = ModelResponse(input=prompt, text=[r.output for r in stored])
+                else:
+                    todo.append(i)
+            # Docs of one task share their generation settings; group anyway so a batch has one Sampling.
+            groups = collections.defaultdict(list)
+            for i in todo:
+                groups[(docs[i].num_samples, docs[i].generation_size, tuple(docs[i].stop_sequences or ()))].append(i)
+            batches += [(task, chunk, finished) for group in groups.values() for chunk in _chunks(group, self.batch_size)]
+
+        batch_numbers: collections.Counter[str] = collections.Counter()
+        with self.bars.bar("generating", len(batches)) as advance:
+            for task, chunk, finished in batches:
+                self._generate_batch(task, batch_numbers[task], [docs[i] for i in chunk], finished, responses, chunk)
+                batch_numbers[task] += 1
+                advance()
+        return responses  # type: ignore[return-value]  (every slot is filled above)
+
+    @staticmethod
+    def _by_task(docs: list[Doc]) -> dict[str, list[int]]:
+        by_task: dict[str, list[int]] = collections.defaultdict(list)
+        for i, doc in enumerate(docs):
+            by_task[task_of(doc)].append(i)
+        return by_task
+
+    def _generate_batch(
+        self,
+        task: str,
+        batch_index: int,
+        batch: list[Doc],
+        finished: dict[tuple[str, int], SampleRecord],
+        responses: list[ModelResponse | None],
+        slots: list[int],
+    ) -> None:
+        if self.sink is not None:
+            self.sink.on_batch_start(task, batch_index, len(batch))
+        sampling = self._sampling_for(batch[0], task)
+        prompts = [self.prompt_manager.prepare_prompt(doc) for doc in batch]
+        began = time.perf_counter()
+        generations = self.adapter.generate(prompts, sampling)
+        latency = time.perf_counter() - began
+        n = sampling.n
+        if len(generations) != len(prompts) * n:
+            raise AdapterError(
+                f"{self.adapter.spec} returned {len(generations)} generations for {len(prompts)} prompts x n={n}"
+            )
+        records = []
+        for k, (doc, prompt, slot) in enumerate(zip(batch, prompts, slots)):
+            texts = []
+            for j, generation in enumerate(generations[k * n : (k + 1) * n]):
+                stored = finished.get((doc.id, j))
+                if stored is not None:  # a partly finished doc keeps what was stored
+                    texts.append(stored.output)
+                    continue
+                text = _cut_at_stop(self._text(generation), sampling.stop)
+                texts.append(text)
+                records.append(self._record(task, doc, j, prompt, text, generation, latency))
+            token_ids = [list(g.token_ids) for g in generations[k * n : (k + 1) * n]]
+            responses[slot] = ModelResponse(input=prompt, text=texts, output_tokens=token_ids)
+        if self.sink is not None and records:
+            self.sink.on_records(records)
+
+    def _text(self, generation: Generation) -> str:
+        if generation.text is None:
+            raise AdapterError(f"{self.adapter.spec} returned no text; LightEval tasks need adapters with a tokenizer")
+        return generation.text
+
+    @staticmethod
+    def _record(
+        task: str, doc: Doc, index: int, prompt: str, text: str, generation: Generation, latency: float
+    ) -> SampleRecord:
+        loops = generation.loops_used
+        return SampleRecord(
+            task=task,
+            doc_id=doc.id,
+            sample_index=index,
+            prompt=prompt,
+            output=text,
+            gold=_gold(doc),
+            prompt_tokens=generation.prompt_tokens,
+            generated_tokens=generation.generated_tokens,
+            loops_used=sum(loops) / len(loops) if loops else None,
+            finish_reason=generation.finish_reason,
+            latency_seconds=latency,
+        )
+
+    # ---------------------------------------------------------------------------------- log-likelihood
+    def loglikelihood(self, docs: list[Doc]) -> list[ModelResponse]:
+        """Sum of log-probabilities of each choice after the prompt, from one uncached forward per batch.
+
+        `batch_size` docs go in one forward (all their choices, right-padded: causal attention keeps
+        padding out of the scored positions); sequences longer than the context keep their tail.
+        """
+        if self.tokenizer is None:
+            raise AdapterError(f"{self.adapter.spec} has no tokenizer: multiple-choice tasks need one")
+        responses: list[ModelResponse | None] = [None] * len(docs)
+        batches = [
+            (task, chunk, self._finished(task))
+            for task, indices in self._by_task(docs).items()
+            for chunk in _chunks(indices, self.batch_size)
+        ]
+        batch_numbers: collections.Counter[str] = collections.Counter()
+        with self.bars.bar("ranking choices", len(batches)) as advance:
+            for task, chunk, finished in batches:
+                if self.sink is not None:
+                    self.sink.on_batch_start(task, batch_numbers[task], len(chunk))
+                began = time.perf_counter()
+                scored = self._score_choices([docs[i] for i in chunk])
+                latency = time.perf_counter() - began
+                records = []
+                for i, (prompt, response) in zip(chunk, scored):
+                    responses[i] = response
+                    if (docs[i].id, LOGLIKELIHOOD_SAMPLE_INDEX) not in finished:
+                        records.append(self._choice_record(task, docs[i], prompt, response, latency))
+                if self.sink is not None and records:
+                    self.sink.on_records(records)
+                batch_numbers[task] += 1
+                advance()
+        return responses  # type: ignore[return-value]
+
+    def _score_choices(self, docs: list[Doc]) -> list[tuple[str, ModelResponse]]:
+        rows = []  # (doc position, context ids, continuation ids)
+        prompts = []
+        for position, doc in enumerate(docs):
+            prompt = self.prompt_manager.prepare_prompt(doc)
+            prompts.append(prompt)
+            contexts, continuations = self.tok_encode_pair(prompt, doc.choices, pairwise=True)
+            for context, continuation in zip(contexts, continuations):
+                if not context or not continuation:
+                    raise AdapterError(f"doc {doc.id} of {doc.task_name}: empty prompt or choice after tokenization")
+                rows.append((position, list(context), list(continuation)))
+        limit = self.max_length + 1  # the last token is only a target
+        sequences = [(context + continuation)[-limit:] for _, context, continuation in rows]
+        longest = max(len(s) for s in sequences) - 1
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        input_ids = torch.tensor([s[:-1] + [pad] * (longest - len(s) + 1) for s in sequences], dtype=torch.long)
+        logprobs = torch.log_softmax(self.adapter.forward_logits(input_ids).float(), dim=-1).cpu()
+
+        per_doc: list[list[tuple[float, bool, list[int]]]] = [[] for _ in docs]
+        for row, ((position, _, continuation), sequence) in enumerate(zip(rows, sequences)):
+            k = min(len(continuation), len(sequence) - 1)
+            targets = torch.tensor(sequence[-k:], dtype=torch.long)
+            scored = logprobs[row, len(sequence) - 1 - k : len(sequence) - 1]
+            picked = scored.gather(-1, targets[:, None]).sum().item()
+            greedy = bool((scored.argmax(-1) == targets).all())
+            per_doc[position].append((picked, greedy, continuation))
+        return [
+            (prompt, ModelResponse(
+                input=prompt,
+                logprobs=[lp for lp, _, _ in choices],
+                argmax_logits_eq_gold=[greedy for _, greedy, _ in choices],
+                output_tokens=[ids for _, _, ids in choices],
+            ))
+            for prompt, choices in zip(prompts, per_doc)
+        ]  # fmt: skip
+
+    @staticmethod
+    def _choice_record(task: str, doc: Doc, prompt: str, response: ModelResponse, latency: float) -> SampleRecord:
+        best = max(range(len(response.logprobs)), key=response.logprobs.__getitem__)
+        return SampleRecord(
+            task=task,
+            doc_id=doc.id,
+            sample_index=LOGLIKELIHOOD_SAMPLE_INDEX,
+            prompt=prompt,
+            output=doc.choices[best],
+            gold=_gold(doc),
+            prompt_tokens=None,
+            generated_tokens=None,
+            loops_used=None,
+            finish_reason=None,
+            latency_seconds=latency,
+        )
+
+    def loglikelihood_rolling(self, docs: list[Doc]) -> list[ModelResponse]:
+        raise NotImplementedError("perplexity tasks are not part of loopeval's suites")
+
+
+class _ProjectPipeline(Pipeline):
+    """LightEval's Pipeline with its task set-up reading only the given configs and their local files.
+
+    `Pipeline._init_tasks_and_requests` would build LightEval's default `Registry` (every built-in
+    task module; see DESIGN.md) and fetch datasets from the hub; this does the same steps on
+    `ProjectRegistry` and `load_task_dataset`.
+    """
+
+    def __init__(self, configs: list[LightevalTaskConfig], **kwargs: Any) -> None:
+        self._configs = configs
+        super().__init__(tasks=",".join(c.name for c in configs), **kwargs)
+
+    def _init_tasks_and_requests(self, tasks: str) -> None:
+        self.registry = ProjectRegistry(self._configs)
+        self.tasks_dict = self.registry.load_tasks()
+        for task in self.tasks_dict.values():
+            task.dataset = load_task_dataset(task.config)
+        self.documents_dict = {
+            name: task.get_docs(self.pipeline_parameters.max_samples) for name, task in self.tasks_dict.items()
+        }
+        self.sampling_docs = collections.defaultdict(list)
+        for docs in self.documents_dict.values():
+            for doc in docs:
+                for method in doc.sampling_methods:
+                    self.sampling_docs[method].append(doc)
+        self.evaluation_tracker.task_config_logger.log(self.tasks_dict)
+
+
+def _sample_scores(pipeline: _ProjectPipeline) -> dict[tuple[str, str, int], float]:
+    """Per-sample correctness, from the docs and responses LightEval scored (see `SuiteResult.scores`)."""
+    scores: dict[tuple[str, str, int], float] = {}
+    for full_name, details in pipeline.evaluation_tracker.details_logger.details.items():
+        task = pipeline.tasks_dict[full_name]
+        for detail in details:
+            doc, response = detail.doc, detail.model_response
+            name = task_of(doc)
+            if response.text:  # generated samples
+                metric = next(m for m in task.metrics if m.category == SamplingMethod.GENERATIVE)
+                fn = metric.sample_level_fn
+                if isinstance(fn, SamplingMetric):
+                    gold_doc = Doc(query=doc.query, choices=[fn.preprocess(c) for c in doc.choices], gold_index=doc.gold_index)
+                    for j, text in enumerate(response.final_text):
+                        judged = ModelResponse(text=[fn.preprocess(text)])
+                        scores[(name, doc.id, j)] = float(fn.compute_score(doc=gold_doc, model_response=judged))
+                else:
+                    for j in range(len(response.text)):
+                        scores[(name, doc.id, j)] = float(detail.metric[metric.metric_name])
+            else:  # a log-likelihood ranking of the choices
+                metric = next(m for m in task.metrics if m.category == SamplingMethod.LOGPROBS)
+                scores[(name, doc.id, LOGLIKELIHOOD_SAMPLE_INDEX)] = float(detail.metric[metric.metric_name])
+    return scores
+
+
+def _metrics(pipeline: _ProjectPipeline) -> dict[str, dict[str, tuple[float, float | None]]]:
+    """LightEval's aggregated metrics by task name, plus group means and the `all` mean over top-level tasks."""
+    aggregated = pipeline.evaluation_tracker.metrics_logger.metric_aggregated
+    metrics: dict[str, dict[str, tuple[float, float | None]]] = {}
+    for full_name in pipeline.tasks_dict:
+        values = aggregated[full_name]
+        metrics[full_name.rsplit("|", 1)[0]] = {
+            name: (float(value), _float_or_none(values.get(f"{name}_stderr")))
+            for name, value in values.items()
+            if not name.endswith("_stderr")
+        }
+
+    def mean_of(tasks: list[str]) -> dict[str, tuple[float, float | None]]:
+        values: dict[str, list[float]] = collections.defaultdict(list)
+        for task in tasks:
+            for name, (value, _) in metrics[task].items():
+                values[name].append(value)
+        return {name: (sum(vals) / len(vals), None) for name, vals in values.items()}
+
+    groups: dict[str, list[str]] = collections.defaultdict(list)
+    for task in list(metrics):
+        groups[task.split(":")[0]].append(task)
+    top_level = []
+    for group, members in groups.items():
+        if len(members) > 1 or members[0] != group:
+            metrics[group] = mean_of(members)
+        top_level.append(group)
+    metrics["all"] = mean_of(top_level)
+    return metrics
+
+
+def _float_or_none(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def run_suite(
+    adapter: Adapter,
+    task_configs: list[LightevalTaskConfig],
+    sampling: Sampling,
+    *,
+    sink: SampleSink | None = None,
+    limit: int | None = None,
+    batch_size: int = 8,
+    progress: bool | Progress | None = True,
+) -> SuiteResult:
+    """Run the tasks through LightEval's Pipeline on `adapter` and return metrics and per-sample scores.
+
+    `sampling.n` is the number of samples per doc for pass@k metrics (`suites.loader.with_samples`);
+    `limit` keeps the first `limit` docs of each task in LightEval's fixed shuffled order; `progress`
+    is True (own bar), False, or a rich `Progress` to add the bars to.
+    """
+    if not task_configs:
+        raise AdapterError("no tasks to run")
+    if limit is not None and limit < 1:
+        raise AdapterError(f"limit must be >= 1, got {limit}")
+    configs = with_samples(task_configs, sampling.n)
+    model = AdapterModel(adapter, sampling, batch_size=batch_size, sink=sink, progress=progress)
+    with tempfile.TemporaryDirectory(prefix="loopeval-lighteval-") as scratch:  # LightEval's output dir; nothing is saved
+        pipeline = _ProjectPipeline(
+            configs,
+            pipeline_parameters=PipelineParameters(launcher_type=ParallelismManager.CUSTOM, max_samples=limit),
+            evaluation_tracker=EvaluationTracker(output_dir=scratch, save_details=False),
+            model=model,
+        )
+        pipeline.evaluate()
+    return SuiteResult(
+        metrics=_metrics(pipeline),
+        scores=_sample_scores(pipeline),
+        n_docs={name.rsplit("|", 1)[0]: len(docs) for name, docs in pipeline.documents_dict.items()},
+    )

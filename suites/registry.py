@@ -1,0 +1,112 @@
+"""Which suites exist, what tasks they hold, and how to load them as LightEval task configs.
+
+Listing is cheap (no lighteval import); `load_suite` imports lighteval through the suite modules.
+A task name is either a task (`chain3`, `mmlu_redux:anatomy`) or a group, the part before ":"
+(`mmlu_redux` selects all of its subjects), as in LightEval.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from suites import SuiteError, paper, synthetic
+
+if TYPE_CHECKING:
+    from lighteval.tasks.lighteval_task import LightevalTaskConfig
+
+DEFAULT_SUITE = "synthetic"
+
+_DESCRIPTIONS: dict[str, str] = {
+    "synthetic": "bundled: multi-digit addition, 2/3/4-hop variable chains and a lookup control (200 items each)",
+    "paper": "AIME24, AIME25, AMC23, MATH-500, OlympiadBench, GPQA-Diamond, MMLU-Redux, HLE (local copies via --data-dir)",
+}
+_MODULES = {"synthetic": synthetic, "paper": paper}
+
+# Default sampling per suite, as plain values (suites may not import adapters): the runner builds its
+# `Sampling` from these where the user gave no value. Synthetic answers are a few characters, so greedy.
+_SAMPLING: dict[str, dict[str, float | int]] = {
+    "synthetic": {"temperature": 0.0, "top_p": 1.0, "max_new_tokens": synthetic.GENERATION_SIZE, "n": 1},
+    "paper": dict(paper.SAMPLING),
+}
+
+
+def list_suites() -> dict[str, str]:
+    """Suite name -> one-line description."""
+    return dict(_DESCRIPTIONS)
+
+
+def _check_suite(name: str) -> None:
+    if name not in _MODULES:
+        raise SuiteError(f"unknown suite {name!r} (suites: {', '.join(_MODULES)})")
+
+
+def suite_tasks(name: str) -> list[str]:
+    """The selectable task names of a suite (groups such as `mmlu_redux` stand for their subtasks)."""
+    _check_suite(name)
+    return list(_MODULES[name].TASKS)
+
+
+def default_sampling(name: str) -> dict[str, float | int]:
+    """temperature, top_p, max_new_tokens and n (samples per doc) the suite is meant to run with."""
+    _check_suite(name)
+    return dict(_SAMPLING[name])
+
+
+def _select(name: str, configs: list["LightevalTaskConfig"], tasks: list[str] | None) -> list["LightevalTaskConfig"]:
+    if tasks is None:
+        return configs
+    chosen: set[str] = set()
+    for task in tasks:
+        matches = {c.name for c in configs if c.name == task or c.name.split(":")[0] == task}
+        if not matches:
+            raise SuiteError(f"unknown task {task!r} in suite {name!r} (tasks: {', '.join(suite_tasks(name))})")
+        chosen |= matches
+    return [c for c in configs if c.name in chosen]
+
+
+def local_candidates(config: "LightevalTaskConfig", data_dir: Path) -> list[Path]:
+    """The files that may hold a task's data in `data_dir`: `<task>.jsonl` or `<task>.parquet`, ":" as "/"."""
+    stem = config.name.replace(":", "/")
+    return [data_dir / f"{stem}.jsonl", data_dir / f"{stem}.parquet"]
+
+
+def _localize(config: "LightevalTaskConfig", data_dir: Path) -> "LightevalTaskConfig":
+    """Point a task at its local copy, or say exactly which file is missing and how to make it."""
+    candidates = local_candidates(config, data_dir)
+    found = next((path for path in candidates if path.is_file()), None)
+    if found is None:
+        split = config.evaluation_splits[0]
+        raise SuiteError(
+            f"task {config.name}: no local copy of {config.hf_repo} (subset {config.hf_subset}, split {split}); "
+            f"looked for {candidates[0]} and {candidates[1]}; save that split there, e.g. "
+            f"datasets.load_dataset({config.hf_repo!r}, {config.hf_subset!r}, split={split!r}).to_json({str(candidates[0])!r})"
+        )
+    return dataclasses.replace(config, hf_repo=str(found))
+
+
+def load_suite(
+    name: str, *, tasks: list[str] | None = None, data_dir: Path | None = None
+) -> list["LightevalTaskConfig"]:
+    """The suite's LightEval task configs, optionally only `tasks`, reading local copies from `data_dir`.
+
+    Every returned config's `hf_repo` is a local JSONL or parquet file (see `suites.loader`): the
+    synthetic suite reads its bundled test split unless `data_dir` holds `<task>.jsonl`/`.parquet`;
+    the paper suite needs `data_dir`, since nothing is downloaded at run time.
+    """
+    _check_suite(name)
+    configs = _select(name, _MODULES[name].task_configs(int(_SAMPLING[name]["n"])), tasks)
+    if data_dir is not None:
+        data_dir = Path(data_dir)
+        if not data_dir.is_dir():
+            raise SuiteError(f"data directory {data_dir} does not exist")
+        configs = [_localize(c, data_dir) for c in configs]
+    elif name == "paper":
+        first = configs[0]
+        raise SuiteError(
+            f"the paper suite reads local copies of its datasets: pass --data-dir DIR holding one file per task "
+            f"(e.g. {local_candidates(first, Path('DIR'))[0]} with the {first.evaluation_splits[0]!r} split of "
+            f"{first.hf_repo}); nothing is downloaded at run time"
+        )
+    return configs

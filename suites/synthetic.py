@@ -1,0 +1,203 @@
+"""The bundled `synthetic` suite: small arithmetic and variable-chain problems where more loops should help.
+
+Every item is a short printable-ASCII prompt and a short number answer, followed by the stop
+sequence "\\n", so that character-level tiny models can learn them in a few CPU minutes:
+
+    addition   "47+385="                     -> "432"   (2-3 digit operands, at least one carry)
+    chain2     "q=3;f=q+4;k=f*2;k=?"          -> "14"    (the value flows through 2 hops)
+    chain3     "..."                         3 hops
+    chain4     "..."                         4 hops
+    lookup     "k=7;m=2;q=5;m=?"             -> "2"     (one-step retrieval: the control task)
+
+Hop count is the depth of sequential computation; a looped model can spend more loops on it,
+while `lookup` needs a single step and should not improve with loops.
+
+The items come from a seeded generator (`generate_split`) and are committed under
+`suites/data/synthetic/{task}.{split}.jsonl`, so that evaluation never depends on the generator's
+code staying byte-for-byte the same; a test checks that the committed files equal the generator's
+output. For each task the generator draws one stream of distinct items: the test split is its first
+`TEST_SIZE` items, the train split the items after them, so train and test never overlap.
+
+This module does not import lighteval (the trainer reads the train split without paying for it);
+`task_configs` imports it when the suite is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from suites import SuiteError
+
+if TYPE_CHECKING:
+    from lighteval.tasks.lighteval_task import LightevalTaskConfig
+    from lighteval.tasks.requests import Doc
+
+DATA_DIR = Path(__file__).parent / "data" / "synthetic"
+TASKS: tuple[str, ...] = ("addition", "chain2", "chain3", "chain4", "lookup")
+SPLITS: tuple[str, ...] = ("train", "test")
+TEST_SIZE = 200  # items per task in the committed test split
+TRAIN_SIZE = 8000  # items per task in the committed train split (5 tasks: 40k items, about 2 MB)
+SEED = 0
+STOP = "\n"  # every answer ends here; also the evaluation stop sequence
+GENERATION_SIZE = 8  # new tokens allowed: the longest answer is 4 characters, plus the stop
+
+_NAMES = "abcdefghijklmnopqrstuvwxyz"
+_MAX_VALUE = 99  # chain values stay in 0..99 so that answers are at most two digits
+
+
+def _addition(rng: random.Random) -> tuple[str, str]:
+    """Two operands of 2-3 digits whose sum needs at least one carry."""
+    while True:
+        a = rng.randint(10, 10 ** rng.randint(2, 3) - 1)
+        b = rng.randint(10, 10 ** rng.randint(2, 3) - 1)
+        if any(int(x) + int(y) >= 10 for x, y in zip(str(a)[::-1], str(b)[::-1])):
+            return f"{a}+{b}=", str(a + b)
+
+
+def _chain(hops: int) -> Callable[[random.Random], tuple[str, str]]:
+    """`hops` assignments, each reading the previous variable: a=3;b=a+4;c=b*2;c=?"""
+
+    def make(rng: random.Random) -> tuple[str, str]:
+        names = rng.sample(_NAMES, hops + 1)
+        value = rng.randint(0, 9)
+        statements = [f"{names[0]}={value}"]
+        for previous, name in zip(names, names[1:]):
+            ops = [("+", d) for d in range(1, 10) if value + d <= _MAX_VALUE]
+            ops += [("-", d) for d in range(1, 10) if value - d >= 0]
+            ops += [("*", 2)] if 0 < value <= _MAX_VALUE // 2 else []
+            op, operand = rng.choice(ops)
+            value = value + operand if op == "+" else value - operand if op == "-" else value * operand
+            statements.append(f"{name}={previous}{op}{operand}")
+        return ";".join(statements) + f";{names[-1]}=?", str(value)
+
+    return make
+
+
+def _lookup(rng: random.Random) -> tuple[str, str]:
+    """3-5 constant assignments and a question about one of them: one retrieval step, no computation."""
+    names = rng.sample(_NAMES, rng.randint(3, 5))
+    values = [rng.randint(0, _MAX_VALUE) for _ in names]
+    asked = rng.randrange(len(names))
+    pairs = ";".join(f"{n}={v}" for n, v in zip(names, values))
+    return f"{pairs};{names[asked]}=?", str(values[asked])
+
+
+_MAKERS: dict[str, Callable[[random.Random], tuple[str, str]]] = {
+    "addition": _addition,
+    "chain2": _chain(2),
+    "chain3": _chain(3),
+    "chain4": _chain(4),
+    "lookup": _lookup,
+}
+
+
+def _check_task(task: str) -> None:
+    if task not in _MAKERS:
+        raise SuiteError(f"unknown synthetic task {task!r} (tasks: {', '.join(TASKS)})")
+
+
+def _stream(task: str, seed: int) -> Iterator[dict[str, str]]:
+    """Distinct items of one task, in a fixed order for a given seed."""
+    rng = random.Random(f"{task}:{seed}")  # string seeds hash deterministically (not salted)
+    seen: set[str] = set()
+    make = _MAKERS[task]
+    while True:
+        prompt, answer = make(rng)
+        if prompt not in seen:
+            seen.add(prompt)
+            yield {"prompt": prompt, "answer": answer}
+
+
+def generate_split(task: str, split: str, n: int, seed: int = SEED) -> list[dict[str, str]]:
+    """The first `n` items of a split: dicts with "prompt" and "answer" (no stop sequence).
+
+    Test items are the first `TEST_SIZE` items of the task's stream and train items the ones after,
+    so any train size is disjoint from the test split.
+    """
+    _check_task(task)
+    if split not in SPLITS:
+        raise SuiteError(f"unknown split {split!r} (splits: {', '.join(SPLITS)})")
+    if split == "test" and n > TEST_SIZE:
+        raise SuiteError(f"the test split holds at most {TEST_SIZE} items per task, asked for {n}")
+    start = 0 if split == "test" else TEST_SIZE
+    stream = _stream(task, seed)
+    items = [next(stream) for _ in range(start + n)]
+    return items[start:]
+
+
+def data_path(task: str, split: str) -> Path:
+    """Where the committed split lives."""
+    return DATA_DIR / f"{task}.{split}.jsonl"
+
+
+def load_split(task: str, split: str = "train") -> list[dict[str, str]]:
+    """The committed items of one split (the trainer reads "train"); each has "prompt" and "answer"."""
+    _check_task(task)
+    path = data_path(task, split)
+    if not path.is_file():
+        raise SuiteError(f"missing synthetic data file {path}; rebuild it with `python -m suites.synthetic`")
+    with path.open(encoding="ascii") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def training_text(item: dict[str, str]) -> str:
+    """One training example exactly as the model sees it at evaluation: prompt, answer, stop."""
+    return item["prompt"] + item["answer"] + STOP
+
+
+def write_data(out_dir: Path = DATA_DIR, seed: int = SEED) -> list[Path]:
+    """Regenerate the committed JSONL files (compact, one item per line)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for task in TASKS:
+        for split, n in (("test", TEST_SIZE), ("train", TRAIN_SIZE)):
+            path = out_dir / f"{task}.{split}.jsonl"
+            with path.open("w", encoding="ascii", newline="\n") as f:
+                for item in generate_split(task, split, n, seed):
+                    f.write(json.dumps(item, separators=(",", ":")) + "\n")
+            written.append(path)
+    return written
+
+
+def synthetic_prompt(line: dict, task_name: str | None = None) -> "Doc":
+    """LightEval prompt function: the prompt as query, the answer as the only (gold) choice."""
+    from lighteval.tasks.requests import Doc
+
+    return Doc(task_name=task_name or "", query=line["prompt"], choices=[line["answer"]], gold_index=0)
+
+
+def task_configs(samples: int = 1) -> list["LightevalTaskConfig"]:
+    """One LightEval task per synthetic task, reading the committed test split.
+
+    Scored with LightEval's pass@k at k=1 over `samples` samples, whose per-sample check is
+    LightEval's exact match on the stripped output (the answers are bare numbers, so extraction
+    would only add ways to be lenient); with one sample it is plain exact match.
+    """
+    from lighteval.metrics.metrics import Metrics
+    from lighteval.tasks.lighteval_task import LightevalTaskConfig
+
+    return [
+        LightevalTaskConfig(
+            name=task,
+            prompt_function=synthetic_prompt,
+            hf_repo=str(data_path(task, "test")),
+            hf_subset="default",
+            hf_avail_splits=["test"],
+            evaluation_splits=["test"],
+            few_shots_split="test",  # unused (no few-shot); naming it keeps LightEval from warning
+            generation_size=GENERATION_SIZE,
+            stop_sequence=[STOP],
+            metrics=[Metrics.pass_at_k(sample_params={"k": 1, "n": samples})],
+            version=0,
+        )
+        for task in TASKS
+    ]
+
+
+if __name__ == "__main__":
+    for written_path in write_data():
+        print(written_path)
