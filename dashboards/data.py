@@ -21,17 +21,22 @@ DEFAULT_CONTEXT_TOKENS = 32768  # the MELT paper's "memory at 32k tokens"
 
 
 def analytic_bytes(model_config: Any, context_tokens: int, loops: int | None) -> float:
-    """Weights + KV bytes the stored `Adapter.describe()` implies at `context_tokens`, batch 1; NaN if unknown."""
-    if not isinstance(model_config, dict) or not model_config:
+    """Weights + KV bytes the stored `Adapter.describe()` implies at `context_tokens`, batch 1; NaN if unknown.
+
+    Only engine adapters store a `LoopConfig` under "config"; for others (a transformers checkpoint)
+    the formula does not apply and the measure is unavailable rather than guessed.
+    """
+    if not isinstance(model_config, dict) or not isinstance(model_config.get("config"), dict):
         return float("nan")
-    from adapters.memory import estimate  # lazy: only the analytic measure needs the engine's formula
+    from adapters.config import LoopConfig  # lazy and light: the analytic formula needs no torch
+    from adapters.memory import estimate
 
     try:
-        estimated = estimate(model_config, tokens=context_tokens, batch=1, loops=loops,
-                             dtype=model_config.get("dtype"))
-    except (ValueError, KeyError, TypeError):  # configs of adapters the formula does not cover
+        config = LoopConfig.from_dict(model_config["config"])
+        return float(estimate(config, tokens=context_tokens, batch=1, loops=loops,
+                              dtype=model_config.get("dtype") or "bf16").total_bytes)
+    except (ValueError, TypeError):  # AdapterError is a ValueError: a config the formula cannot read
         return float("nan")
-    return float(estimated.total_bytes)
 
 
 def with_derived_measures(points: pd.DataFrame, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -> pd.DataFrame:

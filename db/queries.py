@@ -1,6 +1,7 @@
 """Read-side queries for the dashboards: plain pandas DataFrames, one row per thing plotted.
 
-Nothing here writes. `connect` opens an existing database without creating it (a mistyped SQLite
+Nothing here writes. A run without a loop count (a plain transformer) reads as loops = 1, which is
+what it is (DESIGN.md: a plain transformer is T = 1), so it sits on the same axes as looped models. `connect` opens an existing database without creating it (a mistyped SQLite
 path must not leave an empty file behind). Byte counts stay NULL (NaN in a DataFrame) where the
 source was unavailable, so the figures can say "unavailable" instead of plotting zero.
 """
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import pandas as pd
-from sqlalchemy import Engine, create_engine, func, inspect, select
+from sqlalchemy import Engine, case, create_engine, func, inspect, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DatabaseError
 
@@ -28,6 +29,9 @@ PROFILE_MEASURES: tuple[str, ...] = (
     "kv_bytes_allocated", "kv_bytes_used", "torch_allocated_peak", "torch_reserved_peak",
     "nvml_process_peak", "nvml_device_peak", "rss_peak",
 )
+
+# Profile runs keep NULL: they span several loop counts, recorded per point.
+_LOOPS = case((Run.kind == "eval", func.coalesce(Run.loops, 1)), else_=Run.loops).label("loops")
 
 
 def connect(url: str) -> Engine:
@@ -75,7 +79,7 @@ def runs(engine: Engine, kind: str | None = "eval") -> pd.DataFrame:
     statement = (
         select(
             Run.id.label("run_id"), Run.sweep_id, Run.kind, Run.model_spec.label("model"), Run.adapter,
-            Run.loops, Run.suite, Run.status, Run.started_at, Run.wall_seconds, Run.model_config,
+            _LOOPS, Run.suite, Run.status, Run.started_at, Run.wall_seconds, Run.model_config,
             func.coalesce(n_samples.c.n_samples, 0).label("n_samples"),
         )
         .outerjoin(n_samples, n_samples.c.run_id == Run.id)
@@ -107,7 +111,7 @@ def metrics(engine: Engine, suite: str | None = None) -> pd.DataFrame:
     """Every stored metric of every evaluated run: run, model, loops, task, metric, value, stderr."""
     statement = (
         select(
-            Run.id.label("run_id"), Run.sweep_id, Run.model_spec.label("model"), Run.loops, Run.suite,
+            Run.id.label("run_id"), Run.sweep_id, Run.model_spec.label("model"), _LOOPS, Run.suite,
             TaskMetric.task, TaskMetric.metric, TaskMetric.value, TaskMetric.stderr,
         )
         .join(Run)
@@ -192,7 +196,7 @@ def samples(
     """
     statement = (
         select(
-            Sample.id.label("sample_id"), Sample.run_id, Run.model_spec.label("model"), Run.loops, Run.suite,
+            Sample.id.label("sample_id"), Sample.run_id, Run.model_spec.label("model"), _LOOPS, Run.suite,
             Sample.task, Sample.doc_id, Sample.sample_index, Sample.prompt, Sample.output, Sample.gold,
             Sample.score, Sample.prompt_tokens, Sample.generated_tokens, Sample.loops_used,
             Sample.latency_seconds,

@@ -1,0 +1,58 @@
+"""Fixtures for the dashboard tests: one real tiny sweep, run once per session, and copies of it.
+
+The database comes from the real `loopeval run` (tiny presets, synthetic suite, real LightEval
+pipeline, real memory sampler) and `loopeval profile`, so the figures are tested on what users get.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, select, update
+from sqlalchemy.orm import Session
+
+from db.models import Sample
+
+LOOPEVAL = Path(sys.executable).with_name("loopeval")
+PAYLOAD = '<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'
+
+
+def _loopeval(*args: str, cwd: Path) -> None:
+    result = subprocess.run([str(LOOPEVAL), *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, f"loopeval {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+
+
+@pytest.fixture(scope="session")
+def results_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file filled by a real tiny sweep (every tiny preset, loops 1 and 2) and a real profile."""
+    workdir = tmp_path_factory.mktemp("sweep")
+    path = workdir / "results.sqlite"
+    _loopeval("run", "--limit", "2", "--max-new-tokens", "4", "--loops", "1,2", "--samples", "1",
+              "--tasks", "addition,chain2,lookup", "--db", str(path), "--no-report",
+              cwd=workdir)
+    _loopeval("profile", "preset:melt-tiny", "--lengths", "16,32,64", "--loops", "1,2", "--db", str(path),
+              cwd=workdir)
+    return path
+
+
+@pytest.fixture()
+def results_url(results_db: Path, tmp_path: Path) -> str:
+    """A private copy of the sweep's database (tests may change it) as a SQLAlchemy URL."""
+    copy = tmp_path / "results.sqlite"
+    shutil.copy(results_db, copy)
+    return f"sqlite:///{copy}"
+
+
+@pytest.fixture()
+def payload_url(results_url: str) -> str:
+    """The sweep's database with one stored output replaced by script-injection markup."""
+    engine = create_engine(results_url)
+    with Session(engine) as session, session.begin():
+        first = session.scalars(select(Sample.id).order_by(Sample.id).limit(1)).one()
+        session.execute(update(Sample).where(Sample.id == first).values(output=PAYLOAD))
+    engine.dispose()
+    return results_url

@@ -1,0 +1,145 @@
+"""Drive the dashboards in headless Chromium: the browser tests and the README screenshots share this code.
+
+Debian's /usr/bin/chromium is used through Playwright's `executable_path` (browser downloads fail
+offline). Run as a script to regenerate the committed screenshots from a results database:
+
+    .venv/bin/python tests/dashboards/dashboard_browser.py --db results/loopeval.sqlite --out docs/img
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+VIEWPORT = {"width": 1400, "height": 1000}
+POINTS = "#accuracy-memory .scatterlayer path.point"  # one SVG path per plotted (model, loops) marker
+LOOPEVAL = Path(sys.executable).with_name("loopeval")
+
+
+def launch(playwright: Any) -> Any:
+    """Debian's Chromium, headless, with every background network feature off."""
+    return playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+
+
+def record(page: Any) -> dict[str, list[str]]:
+    """Collect the page's requests, uncaught errors and console errors while it runs."""
+    seen: dict[str, list[str]] = {"requests": [], "errors": []}
+    page.on("request", lambda request: seen["requests"].append(request.url))
+    page.on("pageerror", lambda error: seen["errors"].append(str(error)))
+    page.on("console", lambda message: seen["errors"].append(message.text) if message.type == "error" else None)
+    return seen
+
+
+def open_report(page: Any, report: Path) -> None:
+    """Load the static report from a file URL and wait until the accuracy plot has its markers."""
+    page.goto(report.resolve().as_uri())
+    page.wait_for_selector(POINTS, timeout=30_000)
+
+
+def open_app(page: Any, url: str) -> None:
+    """Load the served app and wait for the callbacks to fill the accuracy plot and the sample table."""
+    page.goto(url)
+    page.wait_for_selector(POINTS, timeout=60_000)
+    page.wait_for_selector("#samples td", timeout=60_000)
+
+
+def point_count(page: Any) -> int:
+    return page.locator(POINTS).count()
+
+
+def x_axis_title(page: Any) -> str:
+    return page.locator("#accuracy-memory .xtitle").text_content() or ""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def served_app(db_url: str, timeout: float = 90.0) -> Iterator[str]:
+    """Run `loopeval dashboard --serve` (the real command, default host) on a free port; yield its URL."""
+    port = free_port()
+    process = subprocess.Popen(
+        [str(LOOPEVAL), "dashboard", "--serve", "--db", db_url, "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"loopeval dashboard --serve exited {process.returncode}: {process.stdout.read()}")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the app did not answer at {url} within {timeout:.0f} s") from None
+                time.sleep(0.3)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def screenshot_report(page: Any, report: Path, png: Path) -> Path:
+    """The top of the report (the accuracy-per-GB picture), as the README shows it."""
+    open_report(page, report)
+    page.screenshot(path=str(png))
+    return png
+
+
+def screenshot_app(page: Any, url: str, png: Path) -> Path:
+    """The app's filters and accuracy plot, as the README shows it."""
+    open_app(page, url)
+    page.screenshot(path=str(png))
+    return png
+
+
+def main() -> None:
+    """Write docs/img/report.png and docs/img/app.png from a results database."""
+    from playwright.sync_api import sync_playwright
+
+    from dashboards.report import write_report
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--db", required=True, help="results database URL or SQLite path")
+    parser.add_argument("--out", type=Path, default=Path("docs/img"))
+    args = parser.parse_args()
+    from db.session import resolve_db_url
+
+    url = resolve_db_url(args.db)
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = write_report(url, args.out / "report.html.tmp")
+    try:
+        with sync_playwright() as playwright, served_app(url) as app_url:
+            browser = launch(playwright)
+            print(screenshot_report(browser.new_page(viewport=VIEWPORT), report, args.out / "report.png"))
+            print(screenshot_app(browser.new_page(viewport=VIEWPORT), app_url, args.out / "app.png"))
+            browser.close()
+    finally:
+        report.unlink()
+
+
+if __name__ == "__main__":
+    main()

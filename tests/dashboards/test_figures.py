@@ -1,0 +1,205 @@
+"""Figure functions on a database filled by a real tiny sweep: points, traces, frontier, units, unavailable measures."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+from sqlalchemy import create_engine, text
+
+from dashboards import figures
+from dashboards.data import accuracy_points, analytic_bytes
+from db import queries
+
+
+@pytest.fixture()
+def engine(results_url: str):
+    engine = queries.connect(results_url)
+    yield engine
+    engine.dispose()
+
+
+def _marker_points(fig: go.Figure) -> list[tuple[float, float]]:
+    """(x, y) of every plotted marker (the frontier is a line-only trace)."""
+    return [(x, y) for trace in fig.data if "markers" in (trace.mode or "") for x, y in zip(trace.x, trace.y)]
+
+
+def _frontier(fig: go.Figure) -> go.Scatter:
+    (front,) = [trace for trace in fig.data if trace.name == "Pareto frontier"]
+    return front
+
+
+def _annotations(fig: go.Figure) -> str:
+    return " ".join(a.text for a in fig.layout.annotations)
+
+
+def _brute_force_frontier(points: list[tuple[float, float]]) -> set[tuple[float, float]]:
+    """Non-dominated (memory, accuracy) points by definition: less memory is better, more accuracy is better."""
+    return {p for p in points if not any(q[0] <= p[0] and q[1] >= p[1] and q != p for q in points)}
+
+
+def _stored_peaks(url: str, measure: str) -> dict[tuple[str, int], float]:
+    """(model, loops) -> stored peak, read with plain SQL rather than through db.queries."""
+    with create_engine(url).connect() as conn:
+        rows = conn.execute(text(
+            "SELECT r.model_spec, COALESCE(r.loops, 1), p.value FROM runs r JOIN memory_peaks p ON p.run_id = r.id "
+            "WHERE r.kind = 'eval' AND p.measure = :measure AND p.value IS NOT NULL"), {"measure": measure})
+        return {(model, loops): value for model, loops, value in rows}
+
+
+def test_accuracy_vs_memory_has_one_point_per_model_and_loops(engine, results_url: str) -> None:
+    suite = queries.suites(engine)[0]
+    points = accuracy_points(engine, suite)
+    peaks = _stored_peaks(results_url, "kv_bytes_peak")
+    assert len(peaks) >= 4, "the sweep should give several (model, loops) pairs with accounted KV"
+
+    fig = figures.accuracy_vs_memory(points, "kv_bytes_peak")
+    unit, scale = figures.byte_unit(list(peaks.values()))
+    plotted = sorted(_marker_points(fig))
+    assert len(plotted) == len(peaks)
+    stored = sorted((value / scale, acc) for (model, loops), value in peaks.items()
+                    for acc in points.loc[(points.model == model) & (points.loops == loops), "accuracy"])
+    assert np.allclose(plotted, stored)
+    # One trace per model, plus the frontier line.
+    assert len(fig.data) == points["model"].nunique() + 1
+    assert f"decimal {unit}" in fig.layout.xaxis.title.text and "bytes" in fig.layout.xaxis.title.text
+    assert "decimal" in _annotations(fig)
+    hover = fig.data[0].hovertemplate
+    for field in ("model", "loops", "accuracy", unit, "samples"):
+        assert field in hover
+
+
+def test_frontier_is_exactly_the_non_dominated_points(engine, results_url: str) -> None:
+    # Random tiny models score 0 everywhere; spread the suite averages so the frontier has a shape.
+    with create_engine(results_url).begin() as conn:
+        run_ids = [row[0] for row in conn.execute(text("SELECT run_id FROM task_metrics WHERE task = 'all'"))]
+        for run_id, value in zip(run_ids, np.random.default_rng(1).permutation(len(run_ids)) / len(run_ids)):
+            conn.execute(text("UPDATE task_metrics SET value = :v WHERE run_id = :r AND task = 'all'"),
+                         {"v": float(value), "r": run_id})
+    points = accuracy_points(engine, queries.suites(engine)[0])
+    assert points["accuracy"].nunique() == len(points) > 2
+    for measure in ("kv_bytes_peak", figures.WEIGHTS_PLUS_KV, "rss_peak", figures.ANALYTIC):
+        fig = figures.accuracy_vs_memory(points, measure)
+        plotted = _marker_points(fig)
+        front = _frontier(fig)
+        assert set(zip(front.x, front.y)) == _brute_force_frontier(plotted), measure
+        assert list(front.x) == sorted(front.x), "the frontier is drawn left to right"
+
+
+def test_pareto_mask_against_brute_force_with_ties() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        memory = rng.integers(1, 5, size=8).astype(float)  # few distinct values: many ties
+        accuracy = rng.integers(0, 4, size=8) / 4
+        mask = figures.pareto_mask(memory, accuracy)
+        pairs = list(zip(memory, accuracy))
+        expected = _brute_force_frontier(pairs)
+        assert {p for p, keep in zip(pairs, mask) if keep} == expected
+        assert all(keep == (p in expected) for p, keep in zip(pairs, mask))  # duplicates of a frontier point stay
+
+
+def test_unavailable_measure_is_named_not_drawn_as_zero(engine, results_url: str) -> None:
+    points = accuracy_points(engine, queries.suites(engine)[0])
+    unavailable = [m for m in ("nvml_process_peak", "torch_allocated_peak") if not _stored_peaks(results_url, m)]
+    if not unavailable:
+        pytest.skip("NVML and torch peaks were measured here (a GPU machine); nothing is unavailable")
+    for measure in unavailable:
+        fig = figures.accuracy_vs_memory(points, measure)
+        assert _marker_points(fig) == []
+        assert "unavailable" in _annotations(fig)
+        loops_fig = figures.accuracy_vs_loops(points, measure)
+        assert all(trace.yaxis != "y2" for trace in loops_fig.data), "no memory line for an unavailable measure"
+        assert "unavailable" in _annotations(loops_fig)
+
+
+def test_partly_unavailable_measure_names_the_missing_points(engine) -> None:
+    points = accuracy_points(engine, queries.suites(engine)[0])
+    points.loc[points.index[0], "kv_bytes_peak"] = math.nan
+    fig = figures.accuracy_vs_memory(points, "kv_bytes_peak")
+    assert len(_marker_points(fig)) == len(points) - 1
+    first = points.iloc[0]
+    assert f"{first.model} r={first.loops}" in _annotations(fig)
+
+
+def test_analytic_measure_follows_the_stored_config(engine) -> None:
+    short = accuracy_points(engine, queries.suites(engine)[0], context_tokens=1024)
+    long = accuracy_points(engine, queries.suites(engine)[0], context_tokens=4096)
+    assert short[figures.ANALYTIC].notna().all(), "engine presets store a LoopConfig, so the estimate exists"
+    assert (long[figures.ANALYTIC] > short[figures.ANALYTIC]).all(), "more context, more KV"
+    assert math.isnan(analytic_bytes({"family": "transformers", "config": {"model_type": "x"}}, 1024, 1))
+
+
+def test_accuracy_vs_loops_has_accuracy_and_memory_per_model(engine) -> None:
+    points = accuracy_points(engine, queries.suites(engine)[0])
+    fig = figures.accuracy_vs_loops(points, "kv_bytes_peak")
+    accuracy = [t for t in fig.data if t.yaxis in (None, "y")]
+    memory = [t for t in fig.data if t.yaxis == "y2"]
+    assert len(accuracy) == len(memory) == points["model"].nunique()
+    assert sum(len(t.x) for t in accuracy) == len(points)
+    unit, _ = figures.byte_unit(points["kv_bytes_peak"])
+    assert f"decimal {unit}" in fig.layout.yaxis2.title.text
+    assert fig.layout.xaxis.title.text == "loops (r)"
+
+
+def test_memory_over_run_draws_each_available_measure_against_time_and_tokens(engine) -> None:
+    run_id = int(queries.runs(engine)["run_id"].iloc[-1])
+    series = queries.memory_series(engine, run_id)
+    assert len(series) > 0, "the sampler wrote a time series"
+    available = [m for m in queries.SERIES_MEASURES if series[m].notna().any()]
+    missing = [m for m in queries.SERIES_MEASURES if m not in available]
+    assert "rss" in available and "kv_bytes_allocated" in available
+    fig = figures.memory_over_run(series, queries.SERIES_MEASURES)
+    assert sorted(t.name for t in fig.data) == sorted(available * 2)
+    assert {t.xaxis for t in fig.data} == {"x", "x2"}
+    for trace in fig.data:
+        assert len(trace.x) == series[trace.name].notna().sum()
+    if missing:
+        assert all(m in _annotations(fig) for m in missing) and "unavailable" in _annotations(fig)
+    unit, _ = figures.byte_unit(np.concatenate([series[m].dropna().to_numpy() for m in available]))
+    assert f"decimal {unit}" in fig.layout.yaxis.title.text
+
+
+def test_memory_vs_context_shows_measured_points_beside_analytic_lines(engine) -> None:
+    profile = queries.profile_points(engine)
+    assert len(profile) > 0, "loopeval profile wrote points"
+    fig = figures.memory_vs_context(profile, queries.PROFILE_MEASURES)
+    lines = [t for t in fig.data if t.mode == "lines"]
+    markers = [t for t in fig.data if t.mode == "markers"]
+    groups = profile.groupby(["model", "loops", "batch"]).ngroups
+    assert len(lines) == 2 * groups  # analytic KV and analytic weights + KV per (model, loops, batch)
+    measured = [m for m in queries.PROFILE_MEASURES if profile[m].notna().any()]
+    assert sum(len(t.x) for t in markers) == sum(int(profile[m].notna().sum()) for m in measured)
+    assert fig.layout.xaxis.title.text == "context length (tokens)"
+    assert "decimal" in fig.layout.yaxis.title.text or "bytes" in fig.layout.yaxis.title.text
+
+
+def test_byte_units_scale_to_the_largest_value() -> None:
+    assert figures.byte_unit([0, 999]) == ("B", 1.0)
+    assert figures.byte_unit([1_500, 20]) == ("KB", 1e3)
+    assert figures.byte_unit([2.5e6, math.nan]) == ("MB", 1e6)
+    assert figures.byte_unit([3.2e10]) == ("GB", 1e9)
+    assert figures.unit_title("KV", "GB", 1e9) == "KV (decimal GB, 1e9 bytes)"
+
+
+def test_empty_inputs_say_so() -> None:
+    empty = pd.DataFrame(columns=["model", "loops", "accuracy", "stderr", "metric", "n_samples", "kv_bytes_peak"])
+    for fig in (figures.accuracy_vs_memory(empty, "kv_bytes_peak"), figures.accuracy_vs_loops(empty, "kv_bytes_peak"),
+                figures.memory_over_run(pd.DataFrame(), queries.SERIES_MEASURES),
+                figures.memory_vs_context(pd.DataFrame(), queries.PROFILE_MEASURES)):
+        assert len(fig.data) == 0 and _annotations(fig)
+
+
+def test_sample_filters_partition_the_scored_samples(engine) -> None:
+    everything = queries.samples(engine)
+    assert len(everything) == queries.count_samples(engine) > 0
+    correct = queries.samples(engine, correct=True)
+    wrong = queries.samples(engine, correct=False)
+    assert len(correct) + len(wrong) == everything["score"].notna().sum()
+    assert (correct["score"] >= 1).all() and (wrong["score"] < 1).all()
+    for task, model in itertools.islice(everything[["task", "model"]].drop_duplicates().itertuples(index=False), 3):
+        subset = queries.samples(engine, task=task, model=model)
+        assert len(subset) == ((everything.task == task) & (everything.model == model)).sum()
