@@ -1,0 +1,103 @@
+"""Suite listing and loading, the project-only LightEval registry, and the samples knob."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from suites import SuiteError
+from suites.registry import default_sampling, list_suites, load_suite, suite_tasks
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_list_and_tasks_without_importing_lighteval():
+    code = (
+        "import sys; from suites.registry import list_suites, suite_tasks, default_sampling;"
+        "print(sorted(list_suites()), suite_tasks('synthetic'), default_sampling('paper'));"
+        "print('lighteval' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == [
+        "['paper', 'synthetic'] ['addition', 'chain2', 'chain3', 'chain4', 'lookup'] "
+        "{'temperature': 1.0, 'top_p': 0.7, 'max_new_tokens': 32768, 'n': 4}",
+        "False",
+    ]
+    assert all(list_suites().values())
+    assert "mmlu_redux" in suite_tasks("paper")
+
+
+def test_unknown_suite_and_task_name_the_valid_ones():
+    with pytest.raises(SuiteError, match=r"unknown suite 'bogus' \(suites: synthetic, paper\)"):
+        load_suite("bogus")
+    with pytest.raises(SuiteError, match=r"unknown suite 'bogus'"):
+        suite_tasks("bogus")
+    with pytest.raises(SuiteError, match=r"unknown suite 'bogus'"):
+        default_sampling("bogus")
+    with pytest.raises(SuiteError, match=r"unknown task 'chain9' in suite 'synthetic' \(tasks: addition, chain2, chain3, chain4, lookup\)"):
+        load_suite("synthetic", tasks=["chain2", "chain9"])
+
+
+def test_synthetic_configs_read_the_bundled_test_split():
+    configs = load_suite("synthetic", tasks=["lookup", "chain2"])
+    assert [c.name for c in configs] == ["chain2", "lookup"]  # suite order
+    for config in configs:
+        assert Path(config.hf_repo) == REPO / "suites" / "data" / "synthetic" / f"{config.name}.test.jsonl"
+        assert list(config.stop_sequence) == ["\n"] and config.generation_size == 8
+        assert [m.metric_name for m in config.metrics] == ["pass@k:k=1&n=1"]
+
+
+def test_synthetic_reads_a_data_dir_copy(tmp_path: Path):
+    (tmp_path / "lookup.jsonl").write_text('{"prompt":"a=1;a=?","answer":"1"}\n')
+    (config,) = load_suite("synthetic", tasks=["lookup"], data_dir=tmp_path)
+    assert config.hf_repo == str(tmp_path / "lookup.jsonl")
+    with pytest.raises(SuiteError, match=r"task addition: no local copy of .*addition\.test\.jsonl.*looked for .*addition\.jsonl and .*addition\.parquet"):
+        load_suite("synthetic", tasks=["addition"], data_dir=tmp_path)
+    with pytest.raises(SuiteError, match="data directory .*nowhere does not exist"):
+        load_suite("synthetic", data_dir=tmp_path / "nowhere")
+
+
+def test_project_registry_holds_only_our_tasks_and_reads_local_files():
+    from suites.loader import ProjectRegistry, load_task_dataset
+
+    configs = load_suite("synthetic")
+    registry = ProjectRegistry(configs)
+    tasks = registry.load_tasks()
+    assert sorted(tasks) == ["addition|0", "chain2|0", "chain3|0", "chain4|0", "lookup|0"]
+    task = tasks["chain4|0"]
+    task.dataset = load_task_dataset(task.config)
+    docs = task.get_docs(max_samples=3)
+    assert len(docs) == 3 and all(d.query.endswith("=?") and d.choices[0].isdigit() for d in docs)
+    # LightEval's default registry would have imported its built-in task modules (one downloads at import)
+    assert "lighteval.tasks.tasks.tiny_benchmarks" not in sys.modules
+    with pytest.raises(SuiteError, match="repeated: lookup"):
+        ProjectRegistry(configs + [configs[-1]])
+
+
+def test_load_task_dataset_errors(tmp_path: Path):
+    import dataclasses
+
+    from suites.loader import load_task_dataset
+
+    (config,) = load_suite("synthetic", tasks=["lookup"])
+    with pytest.raises(SuiteError, match="reads org/name, which is not a local JSONL or parquet file.*--data-dir"):
+        load_task_dataset(dataclasses.replace(config, hf_repo="org/name"))
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(SuiteError, match="holds no rows"):
+        load_task_dataset(dataclasses.replace(config, hf_repo=str(tmp_path / "empty.jsonl")))
+    (tmp_path / "bad.jsonl").write_text("{not json\n")
+    with pytest.raises(SuiteError, match="cannot read .*bad.jsonl"):
+        load_task_dataset(dataclasses.replace(config, hf_repo=str(tmp_path / "bad.jsonl")))
+
+
+def test_with_samples_sets_pass_at_k_n_and_leaves_the_input_alone():
+    from suites.loader import with_samples
+
+    configs = load_suite("synthetic", tasks=["addition"])
+    (changed,) = with_samples(configs, 5)
+    (metric,) = changed.metrics
+    assert metric.metric_name == "pass@k:k=1&n=5" and metric.sample_level_fn.n == 5
+    assert configs[0].metrics[0].sample_level_fn.n == 1 and configs[0].metrics[0].metric_name == "pass@k:k=1&n=1"
