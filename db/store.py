@@ -96,6 +96,14 @@ class Store:
             session.add_all(new)
             return len(new)
 
+    def set_sample_scores(self, run_id: int, scores: Mapping[tuple[str, str, int], float | None]) -> None:
+        """Fill in scores once the suite is scored: (task, doc_id, sample_index) -> score."""
+        with self._session.begin() as session:
+            for sample in session.scalars(select(Sample).where(Sample.run_id == run_id)):
+                key = (sample.task, sample.doc_id, sample.sample_index)
+                if key in scores:
+                    sample.score = scores[key]
+
     def samples(self, run_id: int, task: str | None = None) -> list[Sample]:
         with self._session() as session:
             query = select(Sample).where(Sample.run_id == run_id)

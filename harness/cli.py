@@ -19,6 +19,8 @@ from adapters.base import AdapterError
 
 COMMAND_MODULES: tuple[str, ...] = (
     "harness.cmd_dashboard",
+    "harness.cmd_run",
+    "harness.cmd_profile",
 )
 
 app = typer.Typer(

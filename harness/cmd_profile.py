@@ -1,0 +1,76 @@
+"""`loopeval profile MODEL --lengths ...`: memory and speed against context length, stored as a "profile" run."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import uuid
+from typing import Any, Optional
+
+import typer
+
+from harness.cmd_run import DB_HELP, gigabytes, parse_int_list
+from harness.errors import UserError
+from harness.profiling import DECODE_STEPS, profile_model
+
+
+def profile(
+    model: str = typer.Argument(..., help="Model spec, e.g. preset:melt-tiny or ouro:/path/to/checkpoint."),
+    lengths: str = typer.Option(..., "--lengths", help="Comma-separated context lengths to prefill, e.g. 1024,4096,32768."),
+    loops: Optional[str] = typer.Option(None, "--loops", help="Comma-separated loop counts (looped models only). Default: the model's own."),
+    batch: int = typer.Option(1, "--batch", help="Sequences per point."),
+    decode_steps: int = typer.Option(DECODE_STEPS, "--decode-steps", help="Greedy decode steps after each prefill."),
+    seed: int = typer.Option(0, "--seed", help="Seed for random preset weights and the prompt tokens."),
+    as_json: bool = typer.Option(False, "--json", help="Print the points as JSON."),
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    store: bool = typer.Option(True, "--store/--no-store", help="Store the points as a run of kind 'profile'."),
+) -> None:
+    """Prefill to each length and decode a few steps: memory measures (GB = 1e9 bytes) beside the analytic KV."""
+    from harness.runner import host_info, package_versions
+
+    if decode_steps < 1:
+        raise UserError(f"--decode-steps must be a positive integer, got {decode_steps}")
+    length_list = parse_int_list(lengths, "--lengths")
+    loop_list = parse_int_list(loops, "--loops")
+    began = time.perf_counter()
+    result = profile_model(
+        model, length_list or [], loop_list, batch, seed=seed, decode_steps=decode_steps,
+        on_point=(lambda point: None) if as_json else _print_point,
+    )
+    wall = time.perf_counter() - began
+    run_id = None
+    if store:
+        from db.store import Store
+
+        results = Store.open(db)
+        run_id = results.create_run(
+            sweep_id=uuid.uuid4().hex[:12], kind="profile", model_spec=model, adapter=model.partition(":")[0],
+            model_config=result.description, loops=loop_list[0] if loop_list and len(loop_list) == 1 else None,
+            suite="profile", tasks=[], sampling={"temperature": 0.0, "max_new_tokens": decode_steps}, seed=seed,
+            spec={"lengths": length_list, "loops": loop_list, "batch": batch, "decode_steps": decode_steps},
+            versions=package_versions(), host=host_info(), status="running",
+        )
+        results.add_profile_points(run_id, result.points)
+        results.set_memory_peaks(run_id, result.peaks)
+        results.finish_run(run_id, "finished", wall_seconds=wall)
+        results.close()
+    if as_json:
+        typer.echo(json.dumps({"run_id": run_id, **dataclasses.asdict(result)}, indent=2))
+    elif run_id is not None:
+        typer.echo(f"stored as profile run {run_id}")
+
+
+def _print_point(point: dict[str, Any]) -> None:
+    loops = "-" if point["loops"] is None else point["loops"]
+    typer.echo(
+        f"tokens {point['context_tokens']:>7} batch {point['batch']} loops {loops}: "
+        f"KV analytic {gigabytes(point['kv_bytes_analytic'])} GB, allocated {gigabytes(point['kv_bytes_allocated'])} GB, "
+        f"torch peak {gigabytes(point['torch_allocated_peak'])} GB, NVML process {gigabytes(point['nvml_process_peak'])} GB, "
+        f"RSS {gigabytes(point['rss_peak'])} GB, prefill {point['prefill_seconds']:.3f} s, "
+        f"decode {point['decode_tokens_per_second'] or 0:.1f} tok/s"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("profile")(profile)

@@ -1,0 +1,123 @@
+"""`loopeval profile`: memory and speed against context length, measured beside the analytic KV size.
+
+For each loop count and each context length L, a batch of L-token prompts is prefilled and decoded
+for a few greedy steps while the memory sampler runs; each point records the same measures as an
+evaluation run, plus prefill time, decode throughput and the KV bytes `adapters.memory.estimate`
+predicts for L + steps tokens. The MELT paper's "memory at 32k tokens" is the point L = 32768.
+
+Only torch, psutil and nvidia-ml-py are imported here (no lighteval, no sqlalchemy), so profiling
+runs on a GPU machine whose Python lacks the evaluation stack.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import adapters
+from adapters.base import AdapterError, Sampling
+from harness.errors import UserError
+from harness.runner import is_looped
+from harness.sampler import DEFAULT_INTERVAL, MEASURES, MemorySampler
+
+DECODE_STEPS = 8
+
+
+@dataclass
+class ProfileResult:
+    model: str
+    description: dict[str, Any]  # Adapter.describe() of the first loop count
+    points: list[dict[str, Any]]  # one per (loops, length): the columns of `profile_points`
+    peaks: dict[str, int | None] = field(default_factory=dict)  # over all points, DESIGN.md names
+
+
+def analytic_kv_bytes(description: dict[str, Any], tokens: int, batch: int) -> int | None:
+    """What `adapters.memory.estimate` predicts, for engine models (those that describe a LoopConfig)."""
+    from adapters.config import LoopConfig
+    from adapters.memory import estimate
+
+    try:
+        config = LoopConfig.from_dict(description["config"])
+        return estimate(config, tokens, batch=batch, loops=description.get("loops"), dtype=description["dtype"]).kv_bytes
+    except (KeyError, TypeError, AdapterError):
+        return None
+
+
+def _prompt(vocab_size: int, length: int, seed: int) -> list[int]:
+    """Token ids from the upper half of the vocabulary: never the special ids (pad, bos, eos) at the bottom."""
+    rng = random.Random(seed)
+    return [rng.randrange(vocab_size // 2, vocab_size) for _ in range(length)]
+
+
+def _free_device_memory() -> None:
+    """Release cached blocks so NVML's per-process figure reflects this point, not the previous one."""
+    gc.collect()
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def profile_model(
+    spec: str,
+    lengths: Sequence[int],
+    loops: Sequence[int] | None = None,
+    batch: int = 1,
+    *,
+    seed: int = 0,
+    decode_steps: int = DECODE_STEPS,
+    interval: float = DEFAULT_INTERVAL,
+    on_point: Callable[[dict[str, Any]], None] = lambda point: None,
+) -> ProfileResult:
+    """Measure every (loops, length) point; loop counts are ignored for a model that does not loop."""
+    if not lengths or any(n < 1 for n in lengths):
+        raise UserError(f"--lengths must be positive integers, got {list(lengths)}")
+    if batch < 1:
+        raise UserError(f"--batch must be a positive integer, got {batch}")
+    if loops is not None and any(r < 1 for r in loops):
+        raise UserError(f"--loops must be positive integers, got {list(loops)}")
+    first = adapters.load(spec, seed=seed)
+    description = first.describe()
+    loop_counts: list[int | None] = list(loops) if loops and is_looped(description) else [None]
+    del first
+    points: list[dict[str, Any]] = []
+    peaks: dict[str, int | None] = dict.fromkeys(MEASURES)
+    for r in loop_counts:
+        adapter = adapters.load(spec, seed=seed, **({"loops": r} if r is not None else {}))
+        info = adapter.describe()
+        vocab = (info.get("config") or {}).get("vocab_size") or len(adapter.tokenizer)
+        for length in lengths:
+            if length + decode_steps > adapter.max_context:
+                raise UserError(
+                    f"--lengths {length}: with {decode_steps} decode steps it exceeds {spec}'s context of {adapter.max_context} tokens"
+                )
+            _free_device_memory()
+            sampler = MemorySampler(adapter, interval=interval)
+            with sampler:
+                generations = adapter.generate([_prompt(vocab, length, seed)] * batch, Sampling(temperature=0.0, max_new_tokens=decode_steps))
+            point_peaks = sampler.peaks()
+            decode_seconds = max(g.decode_seconds for g in generations)
+            generated = sum(g.generated_tokens for g in generations)
+            point = {
+                "context_tokens": length,
+                "batch": batch,
+                "loops": info.get("loops") if r is not None else None,
+                "weights_bytes": point_peaks["weights_bytes"],
+                "kv_bytes_analytic": analytic_kv_bytes(info, length + decode_steps, batch),
+                # the adapter's exact allocated peak, since one cache may live shorter than a sampler tick
+                "kv_bytes_allocated": point_peaks["kv_bytes_peak"],
+                "kv_bytes_used": point_peaks["kv_bytes_used"],
+                **{name: point_peaks[name] for name in MEASURES if name.endswith("_peak") and name != "kv_bytes_peak"},
+                "prefill_seconds": max(g.prefill_seconds for g in generations),
+                "decode_tokens_per_second": generated / decode_seconds if decode_seconds > 0 else None,
+            }
+            points.append(point)
+            for name, value in point_peaks.items():
+                if value is not None:
+                    peaks[name] = value if peaks[name] is None else max(peaks[name], value)
+            on_point(point)
+        del adapter
+    return ProfileResult(spec, description, points, peaks)
