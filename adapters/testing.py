@@ -9,9 +9,9 @@ new tokens), so the kit runs in seconds on a tiny model; every failure names the
 asked, and what came back. The checks:
 
 - protocol: `spec`, `tokenizer`, `max_context`, and the four methods exist;
-- greedy: temperature 0 gives the same tokens for different seeds and batchings, and each greedy
-  token is the argmax of `forward_logits` over prompt + tokens so far (catches an adapter that
-  ignores temperature or samples from the wrong logits);
+- greedy: temperature 0 gives the same tokens for different seeds and batchings, and the first
+  greedy token of each prompt is the argmax of `forward_logits` (catches an adapter that ignores
+  temperature or samples from the wrong logits);
 - seed: a seed reproduces at temperature 1; two seeds differ (given enough tokens to tell);
 - top_p: a tiny top-p at temperature 1 equals greedy (only the top token is in the nucleus);
 - max_new_tokens: never exceeded; "length" means exactly max_new_tokens were generated;
@@ -28,6 +28,7 @@ asked, and what came back. The checks:
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -46,6 +47,7 @@ class CheckResult:
     name: str
     status: str  # "pass", "fail" or "skip"
     message: str = ""
+    seconds: float = 0.0
 
 
 @dataclass
@@ -66,7 +68,7 @@ class ConformanceReport:
 
     def __str__(self) -> str:
         lines = [f"conformance of {self.spec}: {'PASS' if self.ok else f'{len(self.failures)} FAILED'}"]
-        lines += [f"  [{r.status}] {r.name}" + (f": {r.message}" if r.message else "") for r in self.results]
+        lines += [f"  [{r.status}] {r.name} ({r.seconds:.1f} s)" + (f": {r.message}" if r.message else "") for r in self.results]
         return "\n".join(lines)
 
 
@@ -119,23 +121,28 @@ class _Kit:
         alone = self.gen(self.prompts[-1:], temperature=0, seed=1)[0]
         _expect(alone.token_ids == first[-1].token_ids,
                 f"greedy output of prompt {len(self.prompts) - 1} depends on batching: {first[-1].token_ids[:8]} in a batch, {alone.token_ids[:8]} alone")
-        self._greedy_is_argmax(self.prompts[0], first[0])
+        for prompt, g in zip(self.prompts, first):
+            self._first_token_is_argmax(prompt, g)
         self.greedy_outputs = first
 
-    def _greedy_is_argmax(self, prompt: Prompt, g: Generation) -> None:
+    def _first_token_is_argmax(self, prompt: Prompt, g: Generation) -> None:
+        """The first greedy token must be the argmax of forward_logits at the prompt's last position.
+
+        Only the first token: later ones come from cached decoding, which for some looped models
+        (MELT's chunk-wise prefill vs token-by-token decoding) legitimately differs from a full forward.
+        """
         import torch
 
         ids = self._ids(prompt)
-        tokens = g.token_ids[: max(1, min(len(g.token_ids), 16))]
-        logits = self.adapter.forward_logits(torch.tensor([ids + tokens[:-1]]))
-        _expect(tuple(logits.shape[:2]) == (1, len(ids) + len(tokens) - 1),
-                f"forward_logits([1, {len(ids) + len(tokens) - 1}]) returned shape {tuple(logits.shape)}")
-        for k, token in enumerate(tokens):
-            row = logits[0, len(ids) - 1 + k].float()
-            best = float(row.max())
-            _expect(float(row[token]) >= best - self.tol * (1 + abs(best)),
-                    f"greedy token {k} is {token} (logit {float(row[token]):.4f}) but forward_logits' argmax is {int(row.argmax())} "
-                    f"(logit {best:.4f}): temperature 0 must pick the most likely token")
+        if not g.token_ids:
+            raise _Failed(f"greedy generation of {len(ids)}-token prompt returned no tokens")
+        logits = self.adapter.forward_logits(torch.tensor([ids]))
+        _expect(tuple(logits.shape[:2]) == (1, len(ids)), f"forward_logits([1, {len(ids)}]) returned shape {tuple(logits.shape)}")
+        row = logits[0, -1].float()
+        best, token = float(row.max()), g.token_ids[0]
+        _expect(float(row[token]) >= best - self.tol * (1 + abs(best)),
+                f"the first greedy token is {token} (logit {float(row[token]):.4f}) but forward_logits' argmax is {int(row.argmax())} "
+                f"(logit {best:.4f}): temperature 0 must pick the most likely token")
 
     def seed(self) -> None:
         kw = dict(temperature=1.0, top_p=1.0, max_new_tokens=max(self.max_new, 16))
@@ -183,16 +190,18 @@ class _Kit:
             raise _Skipped("the adapter has no tokenizer, so text stop strings do not apply")
         # A seeded sample (the seed check passed, so it reproduces) has varied text to cut; greedy text of a
         # random-weight model is often one repeated character.
-        kw = dict(temperature=1.0, top_p=1.0, seed=7, max_new_tokens=max(self.max_new, 24))
-        base = self.gen(self.prompts[:1], **kw)[0]
-        text = base.text or ""
-        # a 2-character stop string whose first occurrence is inside the text, not at its start
-        starts = [k for k in range(1, len(text) - 2) if text[k:k + 2].strip() and text.find(text[k:k + 2]) == k]
-        if not starts:
-            raise _Skipped(f"the sampled text {text[:40]!r} has no usable 2-character stop string")
+        kw = dict(temperature=1.0, top_p=1.0, seed=7, n=4, max_new_tokens=max(self.max_new, 24))
+        for index, base in enumerate(self.gen(self.prompts, **kw)):
+            text = base.text or ""
+            # a 2-character stop string whose first occurrence is inside the text, not at its start
+            starts = [k for k in range(1, len(text) - 2) if text[k:k + 2].strip() and text.find(text[k:k + 2]) == k]
+            if starts:
+                break
+        else:
+            raise _Skipped(f"none of {len(self.prompts) * 4} seeded samples had a usable 2-character stop string")
         start = starts[len(starts) // 2]
         stop = text[start:start + 2]
-        s = self.gen(self.prompts[:1], stop=(stop,), **kw)[0]
+        s = self.gen(self.prompts, stop=(stop,), **kw)[index]
         _expect(s.finish_reason == "stop", f"stop={stop!r} occurs at character {start} of the sampled text {text[:start + 8]!r}... "
                 f"but the same sampling with that stop string finished {s.finish_reason!r} with text {(s.text or '')[:start + 8]!r}")
         got = s.text or ""
@@ -205,7 +214,7 @@ class _Kit:
         if not eos:
             raise _Skipped("the adapter names no EOS token (eos_token_id / tokenizer.eos_token_id)")
         seen = 0
-        for seed in range(6):
+        for seed in range(3):
             out = self.gen(self.prompts[:2], temperature=20.0, top_p=1.0, n=4, seed=100 + seed, max_new_tokens=64)
             for k, g in enumerate(out):
                 inner = [pos for pos, t in enumerate(g.token_ids[:-1]) if t in eos]
@@ -217,7 +226,7 @@ class _Kit:
                     seen += 1
             if seen:
                 return
-        raise _Skipped(f"EOS {eos} never drawn in {6 * 8} samples at temperature 20 (vocabulary too large to exercise it)")
+        raise _Skipped(f"EOS {eos} never drawn in {3 * 8} samples of 64 tokens at temperature 20 (vocabulary too large to exercise it)")
 
     def memory(self) -> None:
         before = self._memory("before generating")
@@ -260,17 +269,20 @@ class _Kit:
         _expect(abs(weights - expected) <= 0.01 * expected, f"memory()['weights_bytes']={weights} but {how} {expected} bytes")
 
     def errors(self) -> None:
+        problems = []
         for what, prompt in (("an empty prompt", "" if self.adapter.tokenizer is not None else []),
                              (f"a prompt of {self.adapter.max_context + 1} tokens (max_context {self.adapter.max_context})",
                               [self._ids(self.prompts[0])[0]] * (self.adapter.max_context + 1))):
             try:
                 self.adapter.generate([prompt], Sampling(temperature=0, max_new_tokens=2))
             except AdapterError as exc:
-                _expect(bool(str(exc).strip()) and "\n" not in str(exc).strip(), f"{what}: AdapterError must carry a one-line message, got {str(exc)!r}")
-                continue
+                if not str(exc).strip() or "\n" in str(exc).strip():
+                    problems.append(f"{what}: AdapterError must carry a one-line message, got {str(exc)!r}")
             except Exception as exc:
-                raise _Failed(f"{what} raised {type(exc).__name__}: {str(exc)[:120]}; it must raise AdapterError with a clear message") from exc
-            raise _Failed(f"{what} was accepted; it must raise AdapterError with a clear message")
+                problems.append(f"{what} raised {type(exc).__name__}: {str(exc)[:120]}; it must raise AdapterError with a clear message")
+            else:
+                problems.append(f"{what} was accepted; it must raise AdapterError with a clear message")
+        _expect(not problems, "; ".join(problems))
 
     def bridge(self) -> None:
         try:
@@ -336,16 +348,19 @@ def check_adapter(
         if name == "stop" and report.status("seed") != "pass":
             report.results.append(CheckResult(name, "skip", "needs the seed check to pass"))
             continue
+        start = time.perf_counter()
         try:
             getattr(kit, name)()
         except _Failed as exc:
-            report.results.append(CheckResult(name, "fail", str(exc)))
+            result = CheckResult(name, "fail", str(exc))
         except _Skipped as exc:
-            report.results.append(CheckResult(name, "skip", str(exc)))
+            result = CheckResult(name, "skip", str(exc))
         except Exception as exc:  # an adapter crashing inside a check is a failure of that check, not of the kit
-            report.results.append(CheckResult(name, "fail", f"raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
+            result = CheckResult(name, "fail", f"raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
         else:
-            report.results.append(CheckResult(name, "pass"))
+            result = CheckResult(name, "pass")
+        result.seconds = time.perf_counter() - start
+        report.results.append(result)
     if strict and not report.ok:
         raise ConformanceError(str(report))
     return report
