@@ -7,6 +7,7 @@ sqlalchemy) are imported inside the commands so `loopeval --help` stays instant.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -14,6 +15,7 @@ from typing import Any, Optional
 import typer
 
 from harness.errors import UserError
+from harness.runner import DEFAULTS
 
 DB_HELP = (
     "Results database: a SQLAlchemy URL or a SQLite file path. "
@@ -49,16 +51,16 @@ def gigabytes(value: int | float | None) -> str:
 
 
 def run(
-    model: Optional[list[str]] = typer.Option(None, "--model", help="Model spec, repeatable (e.g. preset:ouro-tiny, zoo:NAME, ouro:/path). Default: the tiny presets."),
-    suite: Optional[str] = typer.Option(None, "--suite", help="Suite name (see `loopeval suites`). Default: synthetic."),
+    model: Optional[list[str]] = typer.Option(None, "--model", help=f"Model spec, repeatable (see `loopeval models`). Default: {', '.join(DEFAULTS.models)}."),
+    suite: Optional[str] = typer.Option(None, "--suite", help=f"Suite name (see `loopeval suites`). Default: {DEFAULTS.suite}."),
     tasks: Optional[str] = typer.Option(None, "--tasks", help="Comma-separated task names of the suite. Default: all."),
-    loops: Optional[str] = typer.Option(None, "--loops", help="Comma-separated loop counts for looped models. Default: 1,2,4,8."),
-    samples: Optional[int] = typer.Option(None, "--samples", help="Samples per problem (pass@1 is their mean)."),
-    temperature: Optional[float] = typer.Option(None, "--temperature", help="Sampling temperature, >= 0 (0 = greedy). Default 1.0."),
-    top_p: Optional[float] = typer.Option(None, "--top-p", help="Nucleus top-p in (0, 1]. Default 0.7."),
-    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="New tokens per sample. Default: 8 on synthetic, 32768 elsewhere."),
-    limit: Optional[int] = typer.Option(None, "--limit", help="Docs per task. Default: 20 on synthetic, all elsewhere."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Prompts per generate call."),
+    loops: Optional[str] = typer.Option(None, "--loops", help=f"Comma-separated loop counts for looped models. Default: {','.join(map(str, DEFAULTS.loops))}."),
+    samples: Optional[int] = typer.Option(None, "--samples", help=f"Samples per problem (pass@1 is their mean). Default: {DEFAULTS.samples} on synthetic, the suite's own elsewhere."),
+    temperature: Optional[float] = typer.Option(None, "--temperature", help=f"Sampling temperature, >= 0 (0 = greedy). Default: {DEFAULTS.temperature} on synthetic, the suite's own elsewhere."),
+    top_p: Optional[float] = typer.Option(None, "--top-p", help=f"Nucleus top-p in (0, 1]. Default: {DEFAULTS.top_p} on synthetic, the suite's own elsewhere."),
+    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help=f"New tokens per sample. Default: {DEFAULTS.max_new_tokens} on synthetic, the suite's own elsewhere (32768 for paper)."),
+    limit: Optional[int] = typer.Option(None, "--limit", help=f"Docs per task. Default: {DEFAULTS.limit} on synthetic, all elsewhere."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help=f"Prompts per generate call. Default: {DEFAULTS.batch_size}."),
     seed: int = typer.Option(0, "--seed", help="Seed for weights of random presets and for sampling."),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
     data_dir: Optional[str] = typer.Option(None, "--data-dir", help="Directory with local copies of suite datasets (JSONL or parquet)."),
@@ -71,6 +73,9 @@ def run(
     paper sampling (temperature 1.0, top-p 0.7).
     """
     from harness.runner import RunSpec, prepare_sweep, resume_run, run_sweep
+
+    # LightEval warns on every run that --limit makes numbers partial; the table says what was run.
+    logging.getLogger("lighteval").setLevel(logging.ERROR)
 
     spec = RunSpec.build(
         models=model, suite=suite, tasks=[t.strip() for t in tasks.split(",") if t.strip()] if tasks else None,
@@ -92,7 +97,7 @@ def run(
     ids = {o.run_id for o in outcomes}
     _print_table([r for r in store.run_summaries() if r["id"] in ids])
     url = resolve_db_url(db)
-    typer.echo(f"results: {store.url}  (loopeval results --db {url})")
+    typer.echo(f"results: {store.url}  (show them: loopeval results{'' if db is None else f' --db {db}'})")
     store.close()
     if report:
         from dashboards.report import write_report

@@ -46,7 +46,7 @@ class RunDefaults:
     temperature: float = 1.0  # paper protocol
     top_p: float = 0.7  # paper protocol
     max_new_tokens: int = 8  # synthetic answers are a few digits
-    limit: int | None = 20  # docs per task
+    limit: int | None = 10  # docs per task
     batch_size: int = 32
 
 
@@ -423,6 +423,12 @@ def _execute(
         sampler.stop()
         _store_memory(store, run_id, sampler, previous)
         wall = time.perf_counter() - began
+        overhead = sampler.overhead()
+        log(
+            f"run {run_id} {status} in {wall:.1f} s ({timed.generate_seconds:.1f} s inside generate); memory sampler: "
+            f"{overhead['ticks']:.0f} ticks, {1e3 * overhead['seconds_per_tick']:.2f} ms each, "
+            f"{100 * overhead['busy_fraction']:.2f}% of wall"
+        )
         store.finish_run(
             run_id,
             status,
