@@ -136,10 +136,11 @@ class _NoSampleCache:
 
 
 class _Bars:
-    """Progress bars over batches on a given rich `Progress`, on one of our own, or none."""
+    """Progress bars over batches on a given rich `Progress` (they stay there, one per call), on our own, or none."""
 
-    def __init__(self, progress: bool | Progress | None) -> None:
+    def __init__(self, progress: bool | Progress | None, label: str) -> None:
         self.progress = progress
+        self.label = label
 
     @contextmanager
     def bar(self, description: str, total: int) -> Iterator[Callable[[], None]]:
@@ -149,10 +150,8 @@ class _Bars:
         owned = not isinstance(self.progress, Progress)
         progress = Progress(transient=True) if owned else self.progress
         with progress if owned else nullcontext():
-            task_id = progress.add_task(description, total=total)
+            task_id = progress.add_task(f"{self.label}: {description}", total=total)
             yield lambda: progress.advance(task_id)
-            if not owned:
-                progress.remove_task(task_id)
 
 
 class AdapterModel(LightevalModel):
@@ -176,7 +175,7 @@ class AdapterModel(LightevalModel):
         self.sampling = sampling
         self.batch_size = batch_size
         self.sink = sink
-        self.bars = _Bars(progress)
+        self.bars = _Bars(progress, adapter.spec)
         self.config = ModelConfig(model_name=adapter.spec)
         self._cache = _NoSampleCache()
         template = getattr(adapter.tokenizer, "chat_template", None)
