@@ -227,7 +227,7 @@ class AdapterModel(LightevalModel):
         batch_numbers: collections.Counter[str] = collections.Counter()
         with self.bars.bar("generating", len(batches)) as advance:
             for task, chunk, finished in batches:
-                self._generate_batch(task, batch_numbers[task], [docs[i] for i in chunk], finished, responses, chunk)
+                self._generate_batch(task, batch_numbers[task], docs, chunk, finished, responses)
                 batch_numbers[task] += 1
                 advance()
         return responses  # type: ignore[return-value]  (every slot is filled above)
@@ -243,11 +243,13 @@ class AdapterModel(LightevalModel):
         self,
         task: str,
         batch_index: int,
-        batch: list[Doc],
+        docs: list[Doc],
+        slots: list[int],
         finished: dict[tuple[str, int], SampleRecord],
         responses: list[ModelResponse | None],
-        slots: list[int],
     ) -> None:
+        """Generate for `docs[slots]`, fill their `responses` and send the new records to the sink."""
+        batch = [docs[i] for i in slots]
         if self.sink is not None:
             self.sink.on_batch_start(task, batch_index, len(batch))
         sampling = self._sampling_for(batch[0], task)

@@ -40,11 +40,11 @@ class ProjectRegistry(Registry):
         self.task_to_configs = self._update_task_configs()
 
 
-def _read_rows(path: Path) -> list[dict]:
+def _read(path: Path) -> Dataset:
     if path.suffix == ".jsonl":
         with path.open(encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
-    return pd.read_parquet(path).to_dict(orient="records")
+            return Dataset.from_list([json.loads(line) for line in f if line.strip()])
+    return Dataset.from_pandas(pd.read_parquet(path), preserve_index=False)  # keeps list columns as lists
 
 
 def load_task_dataset(config: LightevalTaskConfig) -> DatasetDict:
@@ -56,12 +56,12 @@ def load_task_dataset(config: LightevalTaskConfig) -> DatasetDict:
             "load the suite with --data-dir DIR holding a copy (nothing is downloaded at run time)"
         )
     try:
-        rows = _read_rows(path)
+        rows = _read(path)
     except (OSError, ValueError) as exc:
         raise SuiteError(f"task {config.name}: cannot read {path}: {exc}") from exc
-    if not rows:
+    if len(rows) == 0:
         raise SuiteError(f"task {config.name}: {path} holds no rows")
-    dataset = DatasetDict({config.evaluation_splits[0]: Dataset.from_list(rows)})
+    dataset = DatasetDict({config.evaluation_splits[0]: rows})
     return dataset.filter(config.hf_filter) if config.hf_filter is not None else dataset
 
 

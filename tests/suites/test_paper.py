@@ -135,7 +135,8 @@ def data_dir(tmp_path: Path) -> Path:
     jsonl("math_500", MATH500)
     jsonl("olympiadbench", OLYMPIAD)
     pd.DataFrame(GPQA).to_parquet(tmp_path / "gpqa_diamond.parquet")
-    jsonl("mmlu_redux/anatomy", MMLU_ANATOMY)
+    (tmp_path / "mmlu_redux").mkdir()
+    pd.DataFrame(MMLU_ANATOMY).to_parquet(tmp_path / "mmlu_redux" / "anatomy.parquet")  # a list column in parquet
     jsonl("hle", HLE)
     return tmp_path
 
