@@ -112,14 +112,14 @@ class TransformersAdapter:
 
     def encode(self, index: int, prompt: Prompt) -> list[int]:
         """Token ids of one prompt; empty prompts and prompts that fill the context are user errors."""
+        if len(prompt) == 0:  # checked before tokenizing: a BOS-adding tokenizer would hide it
+            raise AdapterError(f"prompt {index} is empty: give at least one character or token")
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise AdapterError(f"{self.spec} has no tokenizer: pass prompt {index} as token ids")
             ids = self.tokenizer.encode(prompt)
         else:
             ids = [int(t) for t in prompt]
-        if not ids:
-            raise AdapterError(f"prompt {index} is empty (0 tokens): give at least one token")
         if len(ids) >= self.max_context:
             raise AdapterError(
                 f"prompt {index} has {len(ids)} tokens but {self.spec} holds at most {self.max_context} "
@@ -345,8 +345,8 @@ def load_transformers(
     try:
         model = AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=torch_dtype, local_files_only=True,
                                                      trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, KeyError) as exc:
-        raise AdapterError(f"{spec}: cannot load the model: {str(exc).splitlines()[0]}") from exc
+    except Exception as exc:  # corrupt or mismatched files fail in many ways (SafetensorError, RuntimeError, OSError...)
+        raise AdapterError(f"{spec}: cannot load the model: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
     model.to(device).eval()
     source_generation_config = model.generation_config.to_diff_dict() if model.generation_config is not None else {}
     model.generation_config = GenerationConfig()  # neutral: only the Sampling we are given applies

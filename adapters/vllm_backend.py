@@ -205,9 +205,9 @@ class VLLMAdapter:
 
         requests: list[Any] = []
         for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise AdapterError(f"prompt {i} is empty: give at least one character or token")
             ids = self.tokenizer.encode(p) if isinstance(p, str) else [int(t) for t in p]
-            if not ids:
-                raise AdapterError(f"prompt {i} is empty (0 tokens): give at least one token")
             if len(ids) >= self.max_context:
                 raise AdapterError(f"prompt {i} has {len(ids)} tokens but {self.spec} holds at most {self.max_context} (max_model_len)")
             requests.append({"prompt_token_ids": ids})
