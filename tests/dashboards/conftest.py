@@ -12,9 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, select, update
+from sqlalchemy import create_engine, update
 from sqlalchemy.orm import Session
 
+from db import queries
 from db.models import Sample
 
 LOOPEVAL = Path(sys.executable).with_name("loopeval")
@@ -49,10 +50,14 @@ def results_url(results_db: Path, tmp_path: Path) -> str:
 
 @pytest.fixture()
 def payload_url(results_url: str) -> str:
-    """The sweep's database with one stored output replaced by script-injection markup."""
+    """The sweep's database with one stored output replaced by script-injection markup.
+
+    The sample chosen is the first the dashboards list (newest run first), so it is on the first
+    page of the app's table.
+    """
     engine = create_engine(results_url)
+    first = int(queries.samples(engine, limit=1)["sample_id"].iloc[0])
     with Session(engine) as session, session.begin():
-        first = session.scalars(select(Sample.id).order_by(Sample.id).limit(1)).one()
         session.execute(update(Sample).where(Sample.id == first).values(output=PAYLOAD))
     engine.dispose()
     return results_url

@@ -3,7 +3,7 @@
 Debian's /usr/bin/chromium is used through Playwright's `executable_path` (browser downloads fail
 offline). Run as a script to regenerate the committed screenshots from a results database:
 
-    .venv/bin/python tests/dashboards/dashboard_browser.py --db results/loopeval.sqlite --out docs/img
+    .venv/bin/python tests/dashboards/dashboards_browser_helpers.py --db results/loopeval.sqlite --out docs/img
 """
 
 from __future__ import annotations

@@ -1,0 +1,115 @@
+"""The report and the served app in headless Chromium: plots render, points match the database,
+the memory measure switches, untrusted output stays text, and the report never touches the network."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from dashboards.report import write_report
+from dashboards_browser_helpers import (CHROMIUM, VIEWPORT, launch, open_app, open_report, point_count, record,
+                                        screenshot_app, screenshot_report, served_app, x_axis_title)
+
+from conftest import PAYLOAD
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is absent (scripts/install.sh installs Debian's chromium)"),
+]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = launch(playwright)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture()
+def page(browser):
+    context = browser.new_context(viewport=VIEWPORT)
+    yield context.new_page()
+    context.close()
+
+
+def _points_with(url: str, measure: str) -> int:
+    """(model, loops) pairs of the default suite with a stored value of `measure`, counted in plain SQL."""
+    with create_engine(url).connect() as conn:
+        return conn.execute(text(
+            "SELECT COUNT(DISTINCT r.model_spec || '/' || COALESCE(r.loops, 1)) FROM runs r "
+            "JOIN memory_peaks p ON p.run_id = r.id JOIN task_metrics m ON m.run_id = r.id AND m.task = 'all' "
+            "WHERE r.kind = 'eval' AND p.measure = :measure AND p.value IS NOT NULL"), {"measure": measure}).scalar_one()
+
+
+def _payload_shown_as_text(page) -> None:
+    cell = page.get_by_text(PAYLOAD, exact=True)
+    assert cell.count() >= 1, "the stored markup appears literally"
+    assert page.evaluate("window.pwned") is None
+    assert page.locator("img[src='x']").count() == 0
+
+
+def test_report_renders_offline_with_points_from_the_database(page, payload_url: str, tmp_path: Path) -> None:
+    report = write_report(payload_url, tmp_path / "report.html")
+    seen = record(page)
+    page.add_init_script("window.cspViolations = []; document.addEventListener('securitypolicyviolation',"
+                         " (e) => window.cspViolations.push(e.blockedURI));")
+    png = screenshot_report(page, report, tmp_path / "report.png")
+    assert png.stat().st_size > 10_000
+
+    measure = page.locator("#measure").input_value()
+    assert point_count(page) == _points_with(payload_url, measure) > 0
+    assert "decimal" in x_axis_title(page)
+    # Every other selectable measure draws its own axis (or says it is unavailable).
+    page.select_option("#measure", "rss_peak")
+    page.wait_for_function("document.querySelector('#accuracy-memory .xtitle').textContent.includes('RSS')")
+    assert point_count(page) == _points_with(payload_url, "rss_peak")
+
+    page.locator("#samples").scroll_into_view_if_needed()
+    _payload_shown_as_text(page)
+    assert seen["requests"] == [report.resolve().as_uri()], "the report made a network request"
+    assert page.evaluate("window.cspViolations") == []
+    assert seen["errors"] == []
+
+
+def test_report_sample_filters_hide_rows(page, results_url: str, tmp_path: Path) -> None:
+    report = write_report(results_url, tmp_path / "report.html")
+    open_report(page, report)
+    rows = page.locator("#samples tbody tr")
+    total = rows.count()
+    task = page.locator("#sample-task option").nth(1).get_attribute("value")
+    page.select_option("#sample-task", task)
+    visible = page.locator("#samples tbody tr:not([hidden])")
+    with create_engine(results_url).connect() as conn:
+        expected = conn.execute(text("SELECT COUNT(*) FROM samples WHERE task = :t"), {"t": task}).scalar_one()
+    assert 0 < visible.count() == expected < total
+    page.select_option("#sample-verdict", "correct")
+    assert visible.count() == sum(1 for s in visible.all() if s.get_attribute("data-verdict") == "correct")
+
+
+def test_served_app_switches_measure_and_shows_output_as_text(page, payload_url: str, tmp_path: Path) -> None:
+    with served_app(payload_url) as url:
+        assert url.startswith("http://127.0.0.1:")
+        seen = record(page)
+        screenshot_app(page, url, tmp_path / "app.png")
+        assert (tmp_path / "app.png").stat().st_size > 10_000
+        measure = page.locator("#measure input:checked").get_attribute("value")
+        assert point_count(page) == _points_with(payload_url, measure) > 0
+        before = x_axis_title(page)
+
+        page.get_by_label("process RSS peak (CPU)").check()
+        page.wait_for_function("document.querySelector('#accuracy-memory .xtitle').textContent.includes('RSS')")
+        assert x_axis_title(page) != before and "decimal" in x_axis_title(page)
+        assert point_count(page) == _points_with(payload_url, "rss_peak")
+
+        page.get_by_label("NVML process peak").check()
+        page.wait_for_function("document.querySelector('#accuracy-memory').textContent.includes('unavailable')")
+        assert point_count(page) == _points_with(payload_url, "nvml_process_peak")
+
+        _payload_shown_as_text(page)
+        assert all(request.startswith(url) for request in seen["requests"]), "the app reached outside itself"
+        assert seen["errors"] == []

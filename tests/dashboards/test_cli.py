@@ -1,0 +1,60 @@
+"""`loopeval dashboard` through the real command: the report file, and one line + exit 2 with nothing to show."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import LOOPEVAL, PAYLOAD
+from db.session import open_engine
+
+
+def _dashboard(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(LOOPEVAL), "dashboard", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def _one_error_line(result: subprocess.CompletedProcess[str], *words: str) -> None:
+    assert result.returncode == 2, result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("loopeval: error:"), result.stderr
+    assert "Traceback" not in result.stderr
+    for word in words:
+        assert word in lines[0]
+
+
+@pytest.mark.parametrize("serve", [False, True])
+def test_missing_database_is_one_line_and_not_created(tmp_path: Path, serve: bool) -> None:
+    missing = tmp_path / "nowhere" / "results.sqlite"
+    result = _dashboard("--db", str(missing), *(["--serve", "--port", "1"] if serve else []), cwd=tmp_path)
+    _one_error_line(result, str(missing))
+    assert not missing.exists() and not missing.parent.exists()
+    assert not (tmp_path / "report.html").exists()
+
+
+def test_empty_databases_are_one_line(tmp_path: Path) -> None:
+    blank = tmp_path / "blank.sqlite"
+    blank.touch()
+    _one_error_line(_dashboard("--db", str(blank), cwd=tmp_path), "no loopeval results")
+    assert blank.stat().st_size == 0, "reading must not write"
+
+    no_runs = tmp_path / "no_runs.sqlite"
+    open_engine(str(no_runs)).dispose()  # the real schema, migrated, without a run
+    _one_error_line(_dashboard("--db", str(no_runs), cwd=tmp_path), "no runs")
+
+    not_sqlite = tmp_path / "notes.sqlite"
+    not_sqlite.write_text("not a database\n" * 100)
+    _one_error_line(_dashboard("--db", str(not_sqlite), cwd=tmp_path), "cannot read")
+
+
+def test_report_is_one_self_contained_file_with_escaped_outputs(payload_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "out" / "report.html"
+    result = _dashboard("--db", payload_url, "--out", str(out), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert str(out.resolve()) in result.stdout
+    html = out.read_text(encoding="utf-8")
+    assert "plotly.js" in html.lower() and len(html) > 1_000_000, "plotly.js is embedded"
+    assert not re.search(r"<(script|link|img|iframe)[^>]*\s(src|href)=", html, re.IGNORECASE), "no external resource"
+    assert PAYLOAD not in html and "&lt;script&gt;window.pwned=1&lt;/script&gt;" in html
