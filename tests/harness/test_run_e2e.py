@@ -85,14 +85,15 @@ def test_sweep_stores_runs_samples_metrics_and_memory(tmp_path: Path, capsys: py
     assert "GB = 1e9 bytes" in table and "preset:ouro-tiny" in table
 
 
-def test_resume_after_a_real_interrupt_stores_every_sample_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_resume_after_a_real_interrupt_stores_every_sample_once(signum: int, tmp_path: Path) -> None:
     db = tmp_path / "r.sqlite"
-    argv = [LOOPEVAL, "run", "--model", "preset:ouro-tiny", "--loops", "2", "--tasks", "addition,chain2", "--limit", "25",
+    argv = [LOOPEVAL, "run", "--model", "preset:ouro-tiny", "--loops", "2", "--tasks", "addition,chain2", "--limit", "10",
             "--samples", "1", "--max-new-tokens", "6", "--batch-size", "1", "--db", str(db), "--no-report"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     committed = 0
     deadline = time.monotonic() + 120
-    while committed < 5 and time.monotonic() < deadline and proc.poll() is None:
+    while committed < 3 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.1)
         if db.exists():
             try:
@@ -100,18 +101,18 @@ def test_resume_after_a_real_interrupt_stores_every_sample_once(tmp_path: Path) 
             except sqlite3.OperationalError:  # schema not created yet
                 pass
     assert proc.poll() is None, f"run ended before it could be interrupted: {proc.communicate()}"
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     ((run_id, status),) = query(db, "SELECT id, status FROM runs")
     assert status == "interrupted"
     assert f"--resume {run_id}" in out + err
     kept = query(db, "SELECT id, task, doc_id, sample_index, output FROM samples ORDER BY id")
-    assert 5 <= len(kept) < 50
+    assert 3 <= len(kept) < 20
 
     assert main(["run", "--resume", str(run_id), "--db", str(db), "--no-report"]) == 0
     rows = query(db, "SELECT id, task, doc_id, sample_index, output FROM samples ORDER BY id")
-    assert len(rows) == 50 and len({r[1:4] for r in rows}) == 50  # 2 tasks x 25 docs, each exactly once
+    assert len(rows) == 20 and len({r[1:4] for r in rows}) == 20  # 2 tasks x 10 docs, each exactly once
     assert rows[: len(kept)] == kept  # what was committed before the interrupt is untouched
     assert query(db, "SELECT status FROM runs") == [("finished",)]
     assert {m[0] for m in query(db, "SELECT task FROM task_metrics")} == {"addition", "chain2", "all"}

@@ -1,0 +1,41 @@
+"""`loopeval profile` on tiny presets: measured KV equals the analytic model, stored as a profile run."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+
+
+def test_profile_points_match_the_analytic_kv_and_are_stored(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "p.sqlite"
+    assert main(["profile", "preset:ouro-tiny", "--lengths", "16,48", "--loops", "1,2", "--batch", "2",
+                 "--decode-steps", "2", "--json", "--db", str(db)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    points = result["points"]
+    assert [(p["loops"], p["context_tokens"]) for p in points] == [(1, 16), (1, 48), (2, 16), (2, 48)]
+    for p in points:
+        assert p["kv_bytes_analytic"] == p["kv_bytes_allocated"] > 0
+        assert p["batch"] == 2 and p["prefill_seconds"] > 0 and p["rss_peak"] > 0
+        assert p["nvml_process_peak"] is None or p["nvml_process_peak"] > 0
+    by_key = {(p["loops"], p["context_tokens"]): p["kv_bytes_allocated"] for p in points}
+    assert by_key[(2, 48)] == 2 * by_key[(1, 48)]  # per_loop KV grows with r
+
+    conn = sqlite3.connect(db)
+    ((run_id, kind, model),) = conn.execute("SELECT id, kind, model_spec FROM runs").fetchall()
+    assert (run_id, kind, model) == (result["run_id"], "profile", "preset:ouro-tiny")
+    stored = conn.execute("SELECT loops, context_tokens, kv_bytes_analytic FROM profile_points ORDER BY id").fetchall()
+    assert stored == [(p["loops"], p["context_tokens"], p["kv_bytes_analytic"]) for p in points]
+    peaks = dict(conn.execute("SELECT measure, value FROM memory_peaks").fetchall())
+    assert peaks["kv_bytes_peak"] == max(by_key.values())
+
+
+def test_gated_kv_does_not_grow_with_loops(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["profile", "preset:melt-tiny", "--lengths", "40", "--loops", "1,4", "--decode-steps", "1", "--json", "--no-store"]) == 0
+    points = json.loads(capsys.readouterr().out)["points"]
+    assert len({p["kv_bytes_allocated"] for p in points}) == 1
+    assert all(p["kv_bytes_allocated"] == p["kv_bytes_analytic"] for p in points)
