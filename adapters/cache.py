@@ -30,6 +30,7 @@ class KVCache:
         shape = (entries, batch, config.num_kv_heads, length, config.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.entry_k, self.entry_v = list(self.k.unbind(0)), list(self.v.unbind(0))  # views: no per-step indexing
         self.latent = None
         if self.strategy == "gated":
             chunk = min(config.chunk_size, length)

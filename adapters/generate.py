@@ -2,7 +2,9 @@
 
 Prompts of different lengths are left-padded to a common length; each row keeps its own positions
 (0 at its first real token) and a key mask hides the padding, so a row's tokens are the same as if
-it ran alone. Gated (MELT) models prefill chunk by chunk (the config's chunk size).
+it ran alone. Gated (MELT) models prefill chunk by chunk (the config's chunk size); the chunks are
+counted back from the prompt's last token, so that left padding does not move a row's chunk
+boundaries (a 10-token prompt with chunk 4 runs as 2 + 4 + 4).
 
 Ouro exit policies: every token still runs all r loops, because later tokens attend to its K/V
 entries of every loop; the policy only picks which loop's output is sampled from (the fixed loop,
@@ -60,6 +62,12 @@ def sample(logits: Tensor, sampling: Sampling, generator: torch.Generator | None
         sorted_logits = sorted_logits.masked_fill(outside, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
     return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator).squeeze(-1)
+
+
+def prefill_chunks(width: int, chunk: int) -> list[tuple[int, int]]:
+    """Slot ranges of the prefill, aligned to the prompt's end: every row (left-padded) then sees the
+    same chunks of its own tokens as when it runs alone. Only the first chunk may be shorter."""
+    return [(max(0, end - chunk), end) for end in range(width, 0, -chunk)][::-1]
 
 
 def _pick_loop(out: Any, model: LoopedLM, policy: ExitPolicy) -> tuple[Tensor, Tensor | None]:
@@ -125,9 +133,7 @@ def generate(
     try:
         with torch.inference_mode():
             t0 = time.perf_counter()
-            chunk = cache.chunk
-            for s0 in range(0, width, chunk):
-                s1 = min(width, s0 + chunk)
+            for s0, s1 in prefill_chunks(width, cache.chunk):
                 mask = None
                 if padded or s0 > 0:
                     causal = torch.arange(s1, device=device)[None, :] <= torch.arange(s0, s1, device=device)[:, None]

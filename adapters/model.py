@@ -22,7 +22,7 @@ MELT choices the method leaves open (also in the README):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -45,10 +45,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        x32 = x if x.dtype == torch.float32 else x.float()
+        return self.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
 
 class Rotary:
@@ -77,13 +75,30 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotated * sin
 
 
+def fused(module: nn.Module, name: str, tensors: tuple[Tensor, ...]) -> Tensor:
+    """`torch.cat(tensors)`, kept on `module` while no tensor changes (optimizer steps bump `_version`).
+
+    Decoding a small model costs per-op overhead, not FLOPs: one matmul for q, k and v (and one
+    for gate and up) instead of three (two). With autograd on, the concatenation is rebuilt every
+    call so gradients flow to the separate parameters, which keep HF's names.
+    """
+    if torch.is_grad_enabled():
+        return torch.cat(tensors)
+    key = tuple((t.data_ptr(), t._version) for t in tensors)
+    store = module.__dict__.setdefault("_fused", {})
+    hit = store.get(name)
+    if hit is None or hit[0] != key:
+        hit = store[name] = (key, torch.cat(tensors))
+    return hit[1]
+
+
 class Attention(nn.Module):
-    """GQA attention; queries and keys/values are projected separately because MELT takes K/V from h."""
+    """GQA attention; K/V may be projected from another input than q, because MELT takes them from h."""
 
     def __init__(self, cfg: LoopConfig) -> None:
         super().__init__()
         d, hd = cfg.hidden_size, cfg.head_dim
-        self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, hd
+        self.n_heads, self.n_kv, self.head_dim, self.eps = cfg.num_heads, cfg.num_kv_heads, hd, cfg.norm_eps
         self.q_proj = nn.Linear(d, cfg.num_heads * hd, bias=False)
         self.k_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=False)
         self.v_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=False)
@@ -91,14 +106,27 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
 
-    def query(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
+    def project(self, x: Tensor, rope: tuple[Tensor, Tensor], src: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """q from x, k and v from `src` (default x): q [B,H,n,D], k, v [B,Hkv,n,D], with q/k norm and RoPE."""
         b, n, _ = x.shape
-        q = self.q_proj(x).view(b, n, self.n_heads, self.head_dim)
-        if self.q_norm is not None:
-            q = self.q_norm(q)
-        return apply_rope(q.transpose(1, 2), *rope)
+        h, kv, d = self.n_heads, self.n_kv, self.head_dim
+        if src is None:
+            qkv = F.linear(x, fused(self, "qkv", (self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)))
+            qkv = qkv.view(b, n, h + 2 * kv, d)
+            qk, v = qkv[:, :, : h + kv], qkv[:, :, h + kv :]
+        else:
+            q = self.q_proj(x).view(b, n, h, d)
+            kv_ = F.linear(src, fused(self, "kv", (self.k_proj.weight, self.v_proj.weight))).view(b, n, 2 * kv, d)
+            qk, v = torch.cat((q, kv_[:, :, :kv]), dim=2), kv_[:, :, kv:]
+        if self.q_norm is not None:  # per-head RMSNorm of q and k in one pass (weights stacked per head)
+            weight = fused(self, "qk_norm", (self.q_norm.weight.expand(h, d), self.k_norm.weight.expand(kv, d)))
+            qk32 = qk.float()
+            qk = weight * (qk32 * torch.rsqrt(qk32.pow(2).mean(-1, keepdim=True) + self.eps)).to(qk.dtype)
+        qk = apply_rope(qk.transpose(1, 2), *rope)
+        return qk[:, :h], qk[:, h:], v.transpose(1, 2)
 
     def keys_values(self, src: Tensor, rope: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        """k, v [B,Hkv,n,D] from `src` alone (MELT rows when q and the LoopLM's K/V come from x)."""
         b, n, _ = src.shape
         k = self.k_proj(src).view(b, n, self.n_kv, self.head_dim)
         if self.k_norm is not None:
@@ -121,7 +149,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.ffn_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = F.linear(x, fused(self, "gate_up", (self.gate_proj.weight, self.up_proj.weight))).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class MeltGate(nn.Module):
@@ -267,14 +296,15 @@ class LoopedLM(nn.Module):
         tokens: Tensor,
         *,
         loops: int | None = None,
-        chunk_size: int | None = None,
+        chunk_size: int | Sequence[int] | None = None,
         kv_mix: float | None = None,
         return_loop_logits: bool = False,
         return_attn_outputs: bool = False,
     ) -> ForwardOutput:
         """Full-sequence forward without cache (autograd works). tokens [B, N], no padding.
 
-        Gated models run chunk-wise (`chunk_size`, default the config's) and blend attention's K/V as
+        Gated models run chunk-wise (`chunk_size`, default the config's, or a list of chunk lengths
+        summing to N, e.g. a prefill's chunks followed by 1s for decoded tokens) and blend attention's K/V as
         `kv_mix * KV_melt + (1 - kv_mix) * KV_looplm` (default 1: pure MELT; 0 reproduces the LoopLM
         with the same weights exactly). Other strategies ignore both arguments.
         """
@@ -284,12 +314,19 @@ class LoopedLM(nn.Module):
         gated = cfg.kv_strategy == "gated"
         a = (1.0 if kv_mix is None else float(kv_mix)) if gated else 0.0
         chunk = (chunk_size or cfg.chunk_size) if gated else n
+        if isinstance(chunk, int):
+            bounds = [(s0, min(n, s0 + chunk)) for s0 in range(0, n, chunk)]
+        else:
+            ends = torch.tensor(list(chunk)).cumsum(0).tolist()
+            if ends[-1] != n or min(chunk) < 1:
+                raise ValueError(f"chunk lengths {list(chunk)} must be positive and sum to the sequence length {n}")
+            bounds = list(zip([0] + ends[:-1], ends))
         h = self.model.embed_tokens(tokens)
         positions = torch.arange(n, device=tokens.device).expand(b, n)
         rope = self.rotary(positions, h.dtype)
 
         def full(attn: Attention) -> Mix:
-            return lambda x: attn.attend(attn.query(x, rope), *attn.keys_values(x, rope), None, causal=True)
+            return lambda x: attn.attend(*attn.project(x, rope), None, causal=True)
 
         for layer in self.prelude:
             h = layer(h, full(layer.self_attn))
@@ -300,8 +337,7 @@ class LoopedLM(nn.Module):
         loop_states: list[list[Tensor]] = [[] for _ in range(r)]
         attn_outs: list[list[list[Tensor]]] = [[[] for _ in range(s)] for _ in range(r)]
         outputs: list[Tensor] = []
-        for s0 in range(0, n, chunk):
-            s1 = min(n, s0 + chunk)
+        for s0, s1 in bounds:
             more = s1 < n
             hc = h[:, s0:s1]
             rope_c = (rope[0][:, :, s0:s1], rope[1][:, :, s0:s1])
@@ -312,33 +348,30 @@ class LoopedLM(nn.Module):
 
                     def mix(x: Tensor, t: int = t, j: int = j, layer: Block = layer) -> Tensor:
                         attn = layer.self_attn
-                        parts_k, parts_v = [], []
-                        if a < 1:
-                            kl, vl = attn.keys_values(x, rope_c)
-                            if more:
-                                loop_rows[t][j].append((kl, vl))
                         if a > 0:
                             latent[j] = x if t == 0 else layer.melt_gate(x, latent[j], t)
-                            km, vm = attn.keys_values(latent[j], rope_c)
-                            if more and t == r - 1:
-                                final_rows[j].append((km, vm))
-                        k_cur = km if a == 1 else kl if a == 0 else a * km + (1 - a) * kl
-                        v_cur = vm if a == 1 else vl if a == 0 else a * vm + (1 - a) * vl
-                        if s0 > 0:
-                            prev = []
+                        if a < 1:
+                            q, kl, vl = attn.project(x, rope_c)
                             if a > 0:
-                                prev.append([torch.cat(z, dim=2) for z in zip(*final_rows[j])])
+                                km, vm = attn.keys_values(latent[j], rope_c)
+                        else:
+                            q, km, vm = attn.project(x, rope_c, latent[j])
+                        k_all = km if a == 1 else kl if a == 0 else a * km + (1 - a) * kl
+                        v_all = vm if a == 1 else vl if a == 0 else a * vm + (1 - a) * vl
+                        if s0 > 0:  # earlier chunks: MELT final rows and/or the LoopLM's loop-t rows
+                            k_prev, v_prev = 0.0, 0.0
+                            if a > 0:
+                                k_prev = a * torch.cat([k for k, _ in final_rows[j]], dim=2)
+                                v_prev = a * torch.cat([v for _, v in final_rows[j]], dim=2)
                             if a < 1:
-                                prev.append([torch.cat(z, dim=2) for z in zip(*loop_rows[t][j])])
-                            if len(prev) == 1:
-                                k_prev, v_prev = prev[0]
-                            else:
-                                k_prev = a * prev[0][0] + (1 - a) * prev[1][0]
-                                v_prev = a * prev[0][1] + (1 - a) * prev[1][1]
-                            parts_k, parts_v = [k_prev], [v_prev]
-                        k_all = torch.cat(parts_k + [k_cur], dim=2) if parts_k else k_cur
-                        v_all = torch.cat(parts_v + [v_cur], dim=2) if parts_v else v_cur
-                        out = attn.attend(attn.query(x, rope_c), k_all, v_all, mask, causal=mask is None)
+                                k_prev = k_prev + (1 - a) * torch.cat([k for k, _ in loop_rows[t][j]], dim=2)
+                                v_prev = v_prev + (1 - a) * torch.cat([v for _, v in loop_rows[t][j]], dim=2)
+                            k_all, v_all = torch.cat((k_prev, k_all), dim=2), torch.cat((v_prev, v_all), dim=2)
+                        if more and a < 1:
+                            loop_rows[t][j].append((kl, vl))
+                        if more and a > 0 and t == r - 1:
+                            final_rows[j].append((km, vm))
+                        out = attn.attend(q, k_all, v_all, mask, causal=mask is None)
                         if return_attn_outputs:
                             attn_outs[t][j].append(out)
                         return out
@@ -380,15 +413,15 @@ class LoopedLM(nn.Module):
 
         def cached(attn: Attention, entry: int, latent: int | None = None, loop: int = 0, gate: MeltGate | None = None) -> Mix:
             def mix(x: Tensor) -> Tensor:
-                src = x
+                src = None
                 if latent is not None:
-                    lat = cache.latent[latent, :, :n]
-                    lat.copy_(x if loop == 0 else gate(x, lat, loop))
-                    src = lat
-                k, v = attn.keys_values(src, rope)
-                cache.k[entry, :, :, slot:end] = k
-                cache.v[entry, :, :, slot:end] = v
-                return attn.attend(attn.query(x, rope), cache.k[entry, :, :, :end], cache.v[entry, :, :, :end], mask, causal)
+                    src = cache.latent[latent, :, :n]
+                    src.copy_(x if loop == 0 else gate(x, src, loop))
+                q, k, v = attn.project(x, rope, src)
+                k_cache, v_cache = cache.entry_k[entry], cache.entry_v[entry]
+                k_cache[:, :, slot:end] = k
+                v_cache[:, :, slot:end] = v
+                return attn.attend(q, k_cache[:, :, :end], v_cache[:, :, :end], mask, causal)
 
             return mix
 

@@ -1,0 +1,153 @@
+"""Engine vs transformers decode speed, and (with --gpu --full) full-size memory at a 32000-token context.
+
+CPU mode (default): one tiny Qwen3 config and one set of random weights, loaded both as a
+transformers `Qwen3ForCausalLM` and into the engine (through the HF directory loader, so the
+weights are the same); the same prompts and sampling (temperature 1.0, top-p 0.7, fixed new-token
+count, EOS disabled) at batch 1 and batch 8. Prints JSON with decode tokens/s of both and the ratio.
+
+GPU mode (`--gpu --full`): for each full-size preset (random bf16 weights), prefill batch 1 to
+32000 tokens and report weights, KV (allocated), torch-allocated peak and NVML process bytes, then
+decode tokens/s at batch 1 and 32. Needs only torch, transformers and nvidia-ml-py.
+
+    python bench/bench_engine.py                  # CPU, tiny Qwen3
+    python bench/bench_engine.py --gpu --full     # GPU, full-size presets
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from adapters.base import Sampling  # noqa: E402
+from adapters.engine_adapter import EngineAdapter, _checkpoint_factory, load_preset  # noqa: E402
+
+
+def tiny_qwen3_dir(directory: str, seed: int = 0) -> "torch.nn.Module":
+    """A random tiny Qwen3 (the qwen3-tiny preset's shape) saved as transformers writes it."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from adapters.config import preset
+
+    cfg = preset("qwen3-tiny")
+    torch.manual_seed(seed)
+    hf = Qwen3ForCausalLM(
+        Qwen3Config(
+            vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.ffn_size,
+            num_hidden_layers=cfg.shared_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim, max_position_embeddings=cfg.max_position, tie_word_embeddings=cfg.tie_embeddings,
+            rope_parameters={"rope_theta": cfg.rope_theta, "rope_type": "default"}, rms_norm_eps=cfg.norm_eps,
+        )
+    ).eval()
+    hf.save_pretrained(directory)
+    return hf
+
+
+def bench_cpu(new_tokens: int, prompt_len: int, repeats: int) -> dict:
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as directory:
+        hf = tiny_qwen3_dir(directory)
+        engine: EngineAdapter = _checkpoint_factory("qwen3")(directory, dtype="fp32", device="cpu")
+    sampling = Sampling(temperature=1.0, top_p=0.7, max_new_tokens=new_tokens, seed=0)
+    engine.config.extra["eos_token_ids"] = []  # the same fixed token count on both sides
+    engine.config.eos_token_id = None
+    results = {"threads": torch.get_num_threads(), "new_tokens": new_tokens, "prompt_tokens": prompt_len, "batches": {}}
+    for batch in (1, 8):
+        prompts = torch.randint(3, engine.config.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(batch))
+        engine_tps, hf_tps = [], []
+        for _ in range(repeats):
+            gens = engine.generate(prompts.tolist(), sampling)
+            engine_tps.append(sum(g.generated_tokens - 1 for g in gens) / gens[0].decode_seconds)
+            hf_tps.append(_hf_decode_tps(hf, prompts, sampling))
+        e, h = max(engine_tps), max(hf_tps)
+        results["batches"][str(batch)] = {"engine_decode_tok_s": round(e, 1), "transformers_decode_tok_s": round(h, 1), "ratio": round(e / h, 2)}
+    return results
+
+
+def _hf_decode_tps(hf: "torch.nn.Module", prompts: torch.Tensor, sampling: Sampling) -> float:
+    """transformers' decode tokens/s: (generate time - one-token generate time) over the tokens after the first."""
+    kwargs = dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0, eos_token_id=None, pad_token_id=0)
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        hf.generate(prompts, max_new_tokens=1, min_new_tokens=1, **kwargs)
+        first = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        out = hf.generate(prompts, max_new_tokens=sampling.max_new_tokens, min_new_tokens=sampling.max_new_tokens, **kwargs)
+        total = time.perf_counter() - t0
+    new = out.shape[1] - prompts.shape[1]
+    return prompts.shape[0] * (new - 1) / max(total - first, 1e-9)
+
+
+def bench_gpu(context: int, new_tokens: int) -> dict:
+    import pynvml
+
+    from adapters.config import PRESETS
+    from adapters.memory import estimate
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+
+    def nvml_process() -> int:
+        for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            if proc.pid == os.getpid():
+                return int(proc.usedGpuMemory or 0)
+        return 0
+
+    out = {"device": torch.cuda.get_device_name(), "context": context, "new_tokens": new_tokens, "models": {}}
+    for name in [n for n in PRESETS if not n.endswith("-tiny") and n != "ouro-1.4b-thinking"]:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        adapter = load_preset(name, dtype="bf16", device="cuda", max_batch=32)
+        adapter.config.eos_token_id = None
+        adapter.config.extra["eos_token_ids"] = []
+        row: dict = {"analytic": estimate(adapter.config, context + new_tokens, 1, dtype="bf16").__dict__}
+        prompt = torch.randint(0, adapter.config.vocab_size, (context,)).tolist()
+        gens = adapter.generate([prompt], Sampling(temperature=1.0, top_p=0.7, max_new_tokens=new_tokens))
+        torch.cuda.synchronize()
+        mem = adapter.memory()
+        row.update(
+            weights_bytes=mem["weights_bytes"], kv_bytes=mem["kv_bytes_peak"], torch_allocated_peak=torch.cuda.max_memory_allocated(),
+            nvml_process=nvml_process(), prefill_seconds=round(gens[0].prefill_seconds, 3),
+            decode_tok_s_batch1_at_context=round((gens[0].generated_tokens - 1) / gens[0].decode_seconds, 1),
+        )
+        for batch in (1, 32):
+            prompts = torch.randint(0, adapter.config.vocab_size, (batch, 64)).tolist()
+            gens = adapter.generate(prompts, Sampling(temperature=1.0, top_p=0.7, max_new_tokens=128))
+            row[f"decode_tok_s_batch{batch}"] = round(sum(g.generated_tokens - 1 for g in gens) / gens[0].decode_seconds, 1)
+        out["models"][name] = row
+        del adapter
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpu", action="store_true", help="run on CUDA")
+    parser.add_argument("--full", action="store_true", help="full-size presets at a long context (GPU)")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--context", type=int, default=32000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.gpu or args.full:
+        if not (args.gpu and args.full):
+            parser.error("GPU mode is --gpu --full")
+        if not torch.cuda.is_available():
+            parser.error("--gpu needs CUDA")
+        print(json.dumps(bench_gpu(args.context, args.new_tokens), indent=2))
+    else:
+        print(json.dumps(bench_cpu(args.new_tokens, args.prompt_tokens, args.repeats), indent=2))
+
+
+if __name__ == "__main__":
+    main()
