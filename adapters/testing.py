@@ -28,6 +28,7 @@ asked, and what came back. The checks:
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -219,7 +220,7 @@ class _Kit:
             raise _Skipped("the adapter names no EOS token (eos_token_id / tokenizer.eos_token_id)")
         seen = 0
         for seed in range(3):
-            out = self.gen(self.prompts[:2], temperature=20.0, top_p=1.0, n=4, seed=100 + seed, max_new_tokens=64)
+            out = self.gen(self.prompts[:2], temperature=20.0, top_p=1.0, n=4, seed=100 + seed, max_new_tokens=32)
             for k, g in enumerate(out):
                 inner = [pos for pos, t in enumerate(g.token_ids[:-1]) if t in eos]
                 if inner:
@@ -230,47 +231,56 @@ class _Kit:
                     seen += 1
             if seen:
                 return
-        raise _Skipped(f"EOS {eos} never drawn in {3 * 8} samples of 64 tokens at temperature 20 (vocabulary too large to exercise it)")
+        raise _Skipped(f"EOS {eos} never drawn in {3 * 8} samples of 32 tokens at temperature 20 (vocabulary too large to exercise it)")
 
     def memory(self) -> None:
-        before = self._memory("before generating")
-        self._expected_weights(before["weights_bytes"])
+        problems: list[str] = []
+        before = self._memory("before generating", problems)
+        if isinstance(before["weights_bytes"], int) and before["weights_bytes"] > 0:
+            self._expected_weights(before["weights_bytes"], problems)
         self.gen(self.prompts[:1], temperature=0, max_new_tokens=2)
-        short = self._memory("after 2 new tokens")
+        short = self._memory("after 2 new tokens", problems)
         self.gen(self.prompts[:1], temperature=0, max_new_tokens=self.max_new)
-        long = self._memory(f"after {self.max_new} new tokens")
-        _expect(long["kv_bytes_peak"] not in (None, 0), f"kv_bytes_peak is {long['kv_bytes_peak']} after a generation: KV did not grow")
-        _expect(short["kv_bytes_peak"] is None or long["kv_bytes_peak"] >= short["kv_bytes_peak"],
-                f"kv_bytes_peak fell from {short['kv_bytes_peak']} to {long['kv_bytes_peak']}: a peak never decreases")
-        _expect(before["kv_bytes_peak"] is None or long["kv_bytes_peak"] >= before["kv_bytes_peak"],
-                f"kv_bytes_peak fell from {before['kv_bytes_peak']} to {long['kv_bytes_peak']}")
+        long = self._memory(f"after {self.max_new} new tokens", problems)
+        if long["kv_bytes_peak"] in (None, 0):
+            problems.append(f"kv_bytes_peak is {long['kv_bytes_peak']} after a generation: KV did not grow")
+        for earlier, when in ((short, "2"), (before, "0")):
+            if earlier["kv_bytes_peak"] is not None and (long["kv_bytes_peak"] or 0) < earlier["kv_bytes_peak"]:
+                problems.append(f"kv_bytes_peak fell from {earlier['kv_bytes_peak']} (after {when} new tokens) to {long['kv_bytes_peak']}: a peak never decreases")
+        _expect(not problems, "; ".join(dict.fromkeys(problems)))
 
-    def _memory(self, when: str) -> dict[str, int | None]:
+    def _memory(self, when: str, problems: list[str]) -> dict[str, int | None]:
         m = self.adapter.memory()
         missing = [k for k in MEMORY_KEYS if k not in m]
         _expect(not missing, f"memory() {when} lacks {', '.join(missing)} (required: {', '.join(MEMORY_KEYS)})")
         for k in MEMORY_KEYS:
-            _expect(m[k] is None or (isinstance(m[k], int) and m[k] >= 0), f"memory()[{k!r}] {when} must be bytes (int >= 0) or None, got {m[k]!r}")
-        _expect(isinstance(m["weights_bytes"], int) and m["weights_bytes"] > 0, f"memory()['weights_bytes'] {when} is {m['weights_bytes']!r}: must be > 0")
+            if not (m[k] is None or (isinstance(m[k], int) and m[k] >= 0)):
+                problems.append(f"memory()[{k!r}] {when} must be bytes (int >= 0) or None, got {m[k]!r}")
+                m[k] = None
+        if not (isinstance(m["weights_bytes"], int) and m["weights_bytes"] > 0):
+            problems.append(f"memory()['weights_bytes'] {when} is {m['weights_bytes']!r}: must be > 0")
         used, alloc, peak = m["kv_bytes_used"], m["kv_bytes_allocated"], m["kv_bytes_peak"]
-        _expect(used is None or alloc is None or used <= alloc, f"memory() {when}: kv_bytes_used={used} exceeds kv_bytes_allocated={alloc}")
-        _expect(peak is None or alloc is None or alloc <= peak, f"memory() {when}: kv_bytes_allocated={alloc} exceeds kv_bytes_peak={peak}")
+        if used is not None and alloc is not None and used > alloc:
+            problems.append(f"memory() {when}: kv_bytes_used={used} exceeds kv_bytes_allocated={alloc}")
+        if peak is not None and alloc is not None and alloc > peak:
+            problems.append(f"memory() {when}: kv_bytes_allocated={alloc} exceeds kv_bytes_peak={peak}")
         return m
 
-    def _expected_weights(self, weights: int) -> None:
+    def _expected_weights(self, weights: int, problems: list[str]) -> None:
         import torch
 
         model = getattr(self.adapter, "model", None)
         if isinstance(model, torch.nn.Module):
-            params = {id(p): p.numel() * p.element_size() for p in model.parameters()}
-            expected, how = sum(params.values()), "its model's parameters hold"
+            expected = sum(p.numel() * p.element_size() for p in model.parameters())
+            how = "its model's parameters hold"
         else:
             d = self.adapter.describe()
             size = _DTYPE_BYTES.get(str(d.get("dtype", "")).removeprefix("torch."))
             if not isinstance(d.get("params"), int) or size is None:
                 return
             expected, how = d["params"] * size, f"describe() gives params={d['params']} x {d['dtype']}"
-        _expect(abs(weights - expected) <= 0.01 * expected, f"memory()['weights_bytes']={weights} but {how} {expected} bytes")
+        if abs(weights - expected) > 0.01 * expected:
+            problems.append(f"memory()['weights_bytes']={weights} but {how} {expected} bytes")
 
     def errors(self) -> None:
         problems = []
@@ -294,10 +304,18 @@ class _Kit:
             from suites.registry import load_suite
         except ImportError as exc:
             raise _Skipped(f"the LightEval bridge is not importable here ({exc})") from exc
-        tasks = load_suite("synthetic")
-        result = run_suite(self.adapter, tasks[:1], Sampling(temperature=0, max_new_tokens=8), limit=2, batch_size=2, progress=False)
-        samples = getattr(result, "samples", None)
-        _expect(samples is None or len(samples) >= 2, f"the bridge ran task {getattr(tasks[0], 'name', tasks[0])} on 2 docs but stored {len(samples or [])} samples")
+        task = load_suite("synthetic")[0]
+        quiet = logging.getLogger("lighteval")
+        level, quiet.level = quiet.level, logging.ERROR  # LightEval warns that limited runs are partial; 2 docs are meant
+        try:
+            result = run_suite(self.adapter, [task], Sampling(temperature=0, max_new_tokens=8), limit=2, batch_size=2, progress=False)
+        finally:
+            quiet.setLevel(level)
+        name = next(iter(result.n_docs), task.name)
+        _expect(sum(result.n_docs.values()) == 2, f"the bridge ran task {task.name} with limit 2 but LightEval saw {result.n_docs} docs")
+        _expect(len(result.scores) == 2 and all(v in (0.0, 1.0) for v in result.scores.values()),
+                f"the bridge scored {len(result.scores)} samples of {name} ({result.scores}); expected 2 scores of 0 or 1")
+        _expect("all" in result.metrics, f"the bridge returned no suite average: metrics {sorted(result.metrics)}")
 
     # --- helpers --------------------------------------------------------------------------------
 
