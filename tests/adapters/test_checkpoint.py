@@ -1,0 +1,111 @@
+"""Checkpoints: engine round trip, HF Ouro-format and MELT directories written here, and clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import adapters
+from adapters.base import AdapterError, Sampling
+from adapters.checkpoint import random_model, save_checkpoint
+from adapters.config import preset
+from adapters.tokenizer import char_tokenizer
+
+GREEDY = Sampling(temperature=0, max_new_tokens=8)
+IDS = torch.tensor([[1, 40, 41, 42, 43, 44]])
+
+
+def test_engine_round_trip(tmp_path):
+    source = adapters.load("preset:melt-tiny", seed=7, dtype="fp32", device="cpu")
+    save_checkpoint(source.model, tmp_path / "ckpt", source.tokenizer)
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) >= ["config.json", "model.safetensors", "tokenizer.json"]
+    loaded = adapters.load(f"melt:{tmp_path / 'ckpt'}", dtype="fp32", device="cpu")
+    assert loaded.config == source.config
+    torch.testing.assert_close(loaded.forward_logits(IDS), source.forward_logits(IDS), rtol=0, atol=0)
+    assert loaded.generate(["12+3="], GREEDY)[0].token_ids == source.generate(["12+3="], GREEDY)[0].token_ids
+    assert loaded.tokenizer.decode(loaded.tokenizer("a+b")["input_ids"], skip_special_tokens=True) == "a+b"
+    bf16 = adapters.load(f"melt:{tmp_path / 'ckpt'}", dtype="bf16", device="cpu")
+    assert bf16.describe()["dtype"] == "bf16" and bf16.memory()["weights_bytes"] * 2 == loaded.memory()["weights_bytes"]
+
+
+def _write_ouro_dir(path, model, gates: bool = False) -> None:
+    """An Ouro checkpoint as the HF release lays it out: Qwen2-style config + total_ut_steps, HF tensor names."""
+    cfg = model.config
+    path.mkdir()
+    tensors = {k: v.contiguous() for k, v in model.state_dict().items() if gates or "melt_gate" not in k}
+    save_file(tensors, str(path / "model.safetensors"))
+    config = {
+        "architectures": ["OuroForCausalLM"], "model_type": "ouro", "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.ffn_size, "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
+        "num_hidden_layers": cfg.shared_layers, "vocab_size": cfg.vocab_size, "rms_norm_eps": cfg.norm_eps,
+        "rope_theta": cfg.rope_theta, "max_position_embeddings": cfg.max_position, "tie_word_embeddings": False,
+        "total_ut_steps": cfg.loops, "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32",
+    }
+    if gates:
+        config["melt_gate_variant"] = cfg.gate_variant
+        config["melt_chunk_size"] = cfg.chunk_size
+    (path / "config.json").write_text(json.dumps(config))
+
+
+def test_hf_ouro_directory_loads_and_runs(tmp_path):
+    engine = random_model("ouro-tiny", 3, torch.float32, "cpu")
+    names = set(engine.state_dict())
+    assert {"model.layers.1.input_layernorm_2.weight", "model.layers.0.post_attention_layernorm_2.weight",
+            "model.early_exit_gate.bias", "lm_head.weight", "model.norm.weight"} <= names
+    _write_ouro_dir(tmp_path / "ouro", engine)
+    char_tokenizer().save_pretrained(str(tmp_path / "ouro"))
+    ouro = adapters.load(f"ouro:{tmp_path / 'ouro'}", dtype="fp32", device="cpu", loops=3)
+    d = ouro.describe()
+    assert (d["family"], d["kv_strategy"], d["trained_loops"], d["loops"]) == ("ouro", "per_loop", 4, 3)
+    with torch.no_grad():
+        torch.testing.assert_close(ouro.forward_logits(IDS), engine(IDS, loops=3).logits)
+    gen = ouro.generate(["7*6="], GREEDY)[0]
+    assert gen.generated_tokens >= 1 and gen.loops_used == [3] * gen.generated_tokens and isinstance(gen.text, str)
+
+
+def test_melt_from_ouro_directory_with_gate_tensors(tmp_path):
+    melt = random_model(preset("melt-tiny").replace(chunk_size=2), 4, torch.float32, "cpu")
+    _write_ouro_dir(tmp_path / "melt", melt, gates=True)
+    loaded = adapters.load(f"melt:{tmp_path / 'melt'}", dtype="fp32", device="cpu")
+    assert loaded.tokenizer is None and loaded.config.kv_strategy == "gated" and loaded.config.chunk_size == 2
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.forward_logits(IDS), melt(IDS).logits)
+    assert loaded.generate([[1, 5, 6]], GREEDY)[0].text is None
+    _write_ouro_dir(tmp_path / "gateless", random_model("ouro-tiny", 4, torch.float32, "cpu"))
+    cfg = json.loads((tmp_path / "gateless" / "config.json").read_text())
+    (tmp_path / "gateless" / "config.json").write_text(json.dumps({**cfg, "melt_gate_variant": "elementwise"}))
+    with pytest.raises(AdapterError, match="melt_gate"):
+        adapters.load(f"melt:{tmp_path / 'gateless'}", device="cpu")
+
+
+def test_unreadable_checkpoints_name_the_path(tmp_path):
+    with pytest.raises(AdapterError, match="missing.*not a directory"):
+        adapters.load(f"qwen3:{tmp_path / 'missing'}", device="cpu")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(AdapterError, match="empty.*config.json"):
+        adapters.load(f"ouro:{tmp_path / 'empty'}", device="cpu")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text("{not json")
+    with pytest.raises(AdapterError, match="bad.*JSON"):
+        adapters.load(f"qwen3:{bad}", device="cpu")
+    noweights = tmp_path / "noweights"
+    save_checkpoint(random_model("qwen3-tiny", 0, torch.float32, "cpu"), noweights)
+    (noweights / "model.safetensors").unlink()
+    with pytest.raises(AdapterError, match="noweights.*safetensors"):
+        adapters.load(f"qwen3:{noweights}", device="cpu")
+    (noweights / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(AdapterError, match="cannot read safetensors"):
+        adapters.load(f"qwen3:{noweights}", device="cpu")
+    wrong = tmp_path / "wrong"
+    save_checkpoint(random_model("qwen3-tiny", 0, torch.float32, "cpu"), wrong)
+    cfg = json.loads((wrong / "config.json").read_text())
+    cfg["config"]["ffn_size"] = 128
+    (wrong / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(AdapterError, match="shape"):
+        adapters.load(f"qwen3:{wrong}", device="cpu")
+    with pytest.raises(AdapterError, match="kv_strategy"):
+        adapters.load(f"melt:{noweights.parent / 'wrong'}", device="cpu")

@@ -1,0 +1,69 @@
+"""`loopeval estimate` and the analytic memory model behind it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from adapters.config import preset
+from adapters.memory import estimate
+from harness.cli import main
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(["estimate", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_matches_the_analytic_model(capsys):
+    code, out, _ = run(capsys, "ouro-1.4b", "--tokens", "32000", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data == estimate(preset("ouro-1.4b"), 32000).__dict__
+    assert data["kv_bytes"] == 24 * 4 * 2 * 16 * 128 * 2 * 32000  # 96 entries x K and V x heads x dim x bf16
+    code, out, _ = run(capsys, "melt-1.6b", "--tokens", "1000", "--batch", "4", "--loops", "8", "--dtype", "fp32", "--json")
+    assert json.loads(out)["kv_bytes"] == estimate(preset("melt-1.6b"), 1000, 4, 8, "fp32").kv_bytes
+    code, out, _ = run(capsys, "qwen3-1.7b", "--tokens", "1", "--json")
+    assert json.loads(out)["params"] == 1_720_574_976
+
+
+def test_table_in_decimal_gb_and_config_files(capsys, tmp_path):
+    code, out, _ = run(capsys, "qwen3-1.7b", "--tokens", "32000")
+    assert code == 0 and "GB (1e9 bytes)" in out and "3.670" in out and "3.441" in out  # KV and weights
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"format": "loopeval-engine", "config": preset("ouro-tiny").replace(loops=2).to_dict()}))
+    code, out, _ = run(capsys, str(path), "--tokens", "100", "--json")
+    assert code == 0 and json.loads(out) == estimate(preset("ouro-tiny").replace(loops=2), 100).__dict__
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["nope", "--tokens", "5"], "unknown preset 'nope'"),
+        (["qwen3-1.7b", "--tokens", "0"], "--tokens"),
+        (["qwen3-1.7b", "--tokens", "many"], "--tokens"),
+        (["qwen3-1.7b"], "--tokens"),
+        (["qwen3-1.7b", "--tokens", "5", "--batch", "0"], "--batch"),
+        (["ouro-1.4b", "--tokens", "5", "--loops", "0"], "--loops"),
+        (["qwen3-1.7b", "--tokens", "5", "--loops", "2"], "standard"),
+        (["qwen3-1.7b", "--tokens", "5", "--dtype", "int8"], "bf16, fp16, fp32"),
+        (["/no/such/config.json", "--tokens", "5"], "/no/such/config.json"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(capsys, args, needle):
+    code, out, err = run(capsys, *args)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and needle in err
+
+
+def test_estimate_imports_no_heavy_library():
+    code = (
+        "import sys; from harness.cli import main; rc = main(['estimate', 'melt-1.6b', '--tokens', '64', '--json']);"
+        "heavy = [m for m in ('torch', 'lighteval', 'dash', 'vllm') if m in sys.modules]; print(rc, heavy)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "0 []"
