@@ -19,8 +19,10 @@ from adapters.base import AdapterError
 
 COMMAND_MODULES: tuple[str, ...] = (
     "harness.cmd_dashboard",
+    "harness.cmd_estimate",
     "harness.cmd_run",
     "harness.cmd_profile",
+    "harness.cmd_zoo",
 )
 
 app = typer.Typer(
