@@ -114,24 +114,29 @@ def accuracy_vs_memory(points: pd.DataFrame, measure: str, task: str = "all", la
     unit, scale = byte_unit(shown[measure])
     shown["memory"] = shown[measure] / scale
     shown["stderr"] = shown["stderr"].astype(float)
+    shown["spread"] = [f" ± {e:.3f}" if np.isfinite(e) else "" for e in shown["stderr"]]
+    shown["frontier"] = pareto_mask(shown["memory"], shown["accuracy"])
     fig = px.scatter(
         shown, x="memory", y="accuracy", error_y="stderr", color="model", text="loops",
-        custom_data=["model", "loops", "accuracy", "memory", "n_samples", "stderr"],
+        custom_data=["model", "loops", "accuracy", "memory", "n_samples", "spread", "frontier"],
         color_discrete_sequence=_PALETTE, title=title,
     )
     fig.update_traces(
-        mode="markers+text", textposition="top center", texttemplate="r=%{text}", marker={"size": 11},
+        mode="markers+text", textposition="top center", texttemplate="r=%{text}",
         hovertemplate=(
-            "model %{customdata[0]}<br>loops %{customdata[1]}<br>accuracy %{customdata[2]:.3f}"
-            " ± %{customdata[5]:.3f}<br>%{customdata[3]:.3f} " + unit + "<br>samples %{customdata[4]}"
-            "<extra></extra>"
+            "model %{customdata[0]}<br>loops %{customdata[1]}<br>accuracy %{customdata[2]:.3f}%{customdata[5]}"
+            "<br>%{customdata[3]:.4g} " + unit + "<br>samples %{customdata[4]}<extra></extra>"
         ),
     )
-    front = shown[pareto_mask(shown["memory"], shown["accuracy"])].sort_values(["memory", "accuracy"])
+    for trace in fig.data:  # ring the frontier's points, so a one-point frontier still shows
+        trace.marker = {"size": 11, "line": {"color": "#222", "width": [2.5 if row[6] else 0 for row in trace.customdata]}}
+    front = shown[shown["frontier"]].sort_values(["memory", "accuracy"])
     fig.add_trace(go.Scatter(
         x=front["memory"], y=front["accuracy"], mode="lines", line={"shape": "hv", "dash": "dot", "color": "#222"},
-        name="Pareto frontier", hoverinfo="skip",
+        name="Pareto frontier (ringed)", hoverinfo="skip",
     ))
+    top = max(1.0, float((shown["accuracy"] + shown["stderr"].fillna(0)).max()))
+    fig.update_yaxes(range=[-0.05, top + 0.05])
     fig.update_layout(
         xaxis_title=unit_title(label, unit, scale), yaxis_title=f"accuracy ({shown['metric'].iloc[0]})",
         legend_title_text="model",
@@ -170,8 +175,8 @@ def accuracy_vs_loops(points: pd.DataFrame, measure: str, task: str = "all", lab
             ), secondary_y=True)
     fig.update_layout(title=title, xaxis_title="loops (r)", legend_title_text="solid: accuracy · dashed: memory")
     fig.update_xaxes(type="log", dtick=math.log10(2))
-    fig.update_yaxes(title_text=f"accuracy ({points['metric'].iloc[0]})", secondary_y=False)
-    fig.update_yaxes(title_text=unit_title(label, unit, scale), secondary_y=True)
+    fig.update_yaxes(title_text=f"accuracy ({points['metric'].iloc[0]})", range=[-0.05, 1.05], secondary_y=False)
+    fig.update_yaxes(title_text=unit_title(label, unit, scale), rangemode="tozero", showgrid=False, secondary_y=True)
     note = DECIMAL_NOTE if has_memory else f"{label}: unavailable for every run"
     return _message(fig, note, y=-0.22).update_layout(margin={"b": 110})
 

@@ -13,7 +13,9 @@ def register(app: typer.Typer) -> None:
     def dashboard(
         db: Optional[str] = typer.Option(
             None, "--db", help="Results database URL or SQLite path (default: $LOOPEVAL_DB, else results/loopeval.sqlite)."),
-        out: Path = typer.Option(Path("report.html"), "--out", help="Where the static report goes (one offline HTML file)."),
+        out: Optional[Path] = typer.Option(
+            None, "--out", help="Where the static report goes (one offline HTML file). Default: beside the database, "
+            "as `loopeval run` writes it."),
         serve: bool = typer.Option(False, "--serve", help="Serve the live Dash app instead of writing a report."),
         host: str = typer.Option("127.0.0.1", "--host", help="Interface the app binds to (only with --serve)."),
         port: int = typer.Option(8050, "--port", min=1, max=65535, help="Port of the app (only with --serve)."),
@@ -30,6 +32,7 @@ def register(app: typer.Typer) -> None:
             dash_app.run(host=host, port=port, debug=False)
             return
         from dashboards.report import write_report
+        from harness.cmd_run import report_path
 
-        path = write_report(url, out)
+        path = write_report(url, out or report_path(url))
         print(f"loopeval dashboard: wrote {path.resolve()}")

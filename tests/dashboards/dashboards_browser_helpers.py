@@ -13,6 +13,7 @@ import contextlib
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -130,15 +131,12 @@ def main() -> None:
 
     url = resolve_db_url(args.db)
     args.out.mkdir(parents=True, exist_ok=True)
-    report = write_report(url, args.out / "report.html.tmp")
-    try:
-        with sync_playwright() as playwright, served_app(url) as app_url:
-            browser = launch(playwright)
-            print(screenshot_report(browser.new_page(viewport=VIEWPORT), report, args.out / "report.png"))
-            print(screenshot_app(browser.new_page(viewport=VIEWPORT), app_url, args.out / "app.png"))
-            browser.close()
-    finally:
-        report.unlink()
+    with tempfile.TemporaryDirectory() as scratch, sync_playwright() as playwright, served_app(url) as app_url:
+        report = write_report(url, Path(scratch) / "report.html")
+        browser = launch(playwright)
+        print(screenshot_report(browser.new_page(viewport=VIEWPORT), report, args.out / "report.png"))
+        print(screenshot_app(browser.new_page(viewport=VIEWPORT), app_url, args.out / "app.png"))
+        browser.close()
 
 
 if __name__ == "__main__":

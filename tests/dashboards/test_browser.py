@@ -85,10 +85,13 @@ def test_report_sample_filters_hide_rows(page, results_url: str, tmp_path: Path)
     page.select_option("#sample-task", task)
     visible = page.locator("#samples tbody tr:not([hidden])")
     with create_engine(results_url).connect() as conn:
-        expected = conn.execute(text("SELECT COUNT(*) FROM samples WHERE task = :t"), {"t": task}).scalar_one()
-    assert 0 < visible.count() == expected < total
-    page.select_option("#sample-verdict", "correct")
-    assert visible.count() == sum(1 for s in visible.all() if s.get_attribute("data-verdict") == "correct")
+        def count(where: str) -> int:
+            return conn.execute(text(f"SELECT COUNT(*) FROM samples WHERE task = :t {where}"), {"t": task}).scalar_one()
+
+        assert 0 < visible.count() == count("") < total
+        for verdict, where in (("wrong", "AND score < 1"), ("correct", "AND score >= 1")):
+            page.select_option("#sample-verdict", verdict)
+            assert visible.count() == count(where)
 
 
 def test_served_app_switches_measure_and_shows_output_as_text(page, payload_url: str, tmp_path: Path) -> None:

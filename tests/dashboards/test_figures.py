@@ -29,7 +29,7 @@ def _marker_points(fig: go.Figure) -> list[tuple[float, float]]:
 
 
 def _frontier(fig: go.Figure) -> go.Scatter:
-    (front,) = [trace for trace in fig.data if trace.name == "Pareto frontier"]
+    (front,) = [trace for trace in fig.data if trace.name.startswith("Pareto frontier")]
     return front
 
 
@@ -88,6 +88,9 @@ def test_frontier_is_exactly_the_non_dominated_points(engine, results_url: str) 
         front = _frontier(fig)
         assert set(zip(front.x, front.y)) == _brute_force_frontier(plotted), measure
         assert list(front.x) == sorted(front.x), "the frontier is drawn left to right"
+        ringed = {(x, y) for trace in fig.data if trace.customdata is not None
+                  for x, y, width in zip(trace.x, trace.y, trace.marker.line.width) if width > 0}
+        assert ringed == set(zip(front.x, front.y))
 
 
 def test_pareto_mask_against_brute_force_with_ties() -> None:
