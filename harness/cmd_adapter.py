@@ -1,0 +1,57 @@
+"""`loopeval adapter new NAME [--dir DIR]` and `loopeval adapter check SPEC`: add a model, then check it.
+
+`new` writes a package that registers the prefix NAME and passes its own conformance test unchanged;
+`check` runs the conformance kit (adapters.testing) on any spec, built-in or plugin, and exits 1 if
+a check fails.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+adapter_app = typer.Typer(help="Add and check model adapters.", no_args_is_help=True, add_completion=False)
+
+
+@adapter_app.command("new")
+def new(
+    name: str = typer.Argument(..., help="The adapter's spec prefix (lowercase letters, digits, _), e.g. myarch."),
+    directory: str = typer.Option(".", "--dir", help="Where to write the package folder loopeval-NAME/."),
+) -> None:
+    """Write a working adapter package: module, entry-point stanza, README and a conformance test."""
+    from adapters.scaffold import write_scaffold
+
+    root = write_scaffold(name, directory)
+    typer.echo(f"wrote {root}")
+    typer.echo(f"next: cd {root} && pip install -e . && python -m pytest   (then: loopeval run --model {name}:tiny --limit 2)")
+
+
+@adapter_app.command("check")
+def check(
+    spec: str = typer.Argument(..., help="Model spec to check, e.g. myarch:tiny or transformers:/path/to/model."),
+    bridge: bool = typer.Option(True, "--bridge/--no-bridge", help="Also run 2 synthetic docs through the LightEval bridge."),
+    max_new_tokens: int = typer.Option(12, "--max-new-tokens", help="New tokens per check generation (fewer is faster)."),
+    adapters_dir: Optional[list[str]] = typer.Option(None, "--adapters-dir", help="Extra folder of adapter plugins (repeatable)."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="transformers: run code shipped in the model directory."),
+) -> None:
+    """Run the conformance kit on SPEC and print one line per check; exit 1 if any check fails."""
+    from rich.console import Console
+
+    from adapters.registry import load, load_plugins
+    from adapters.testing import check_adapter
+
+    load_plugins(adapters_dir or ())
+    console = Console(stderr=True)
+    with console.status(f"loading {spec}"):
+        adapter = load(spec, trust_remote_code=True) if trust_remote_code else load(spec)
+    with console.status("checking") as status:
+        report = check_adapter(adapter, bridge=bridge, strict=False, max_new_tokens=max_new_tokens,
+                               progress=lambda name: status.update(f"checking {name}"))
+    typer.echo(str(report))
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(adapter_app, name="adapter")
