@@ -51,16 +51,17 @@ def sample(logits: Tensor, sampling: Sampling, generator: torch.Generator | None
     """
     if sampling.greedy:
         return logits.argmax(dim=-1)
-    logits = logits.float() / sampling.temperature
+    if logits.dtype != torch.float32:
+        logits = logits.float()
+    if sampling.temperature != 1.0:
+        logits = logits / sampling.temperature
     if sampling.top_k is not None and sampling.top_k < logits.shape[-1]:
         kth = torch.topk(logits, sampling.top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    if sampling.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        outside = (probs.cumsum(dim=-1) - probs) >= sampling.top_p
-        sorted_logits = sorted_logits.masked_fill(outside, float("-inf"))
-        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    if sampling.top_p < 1.0:  # sample in sorted order, then map back: no scatter
+        probs, order = torch.sort(torch.softmax(logits, dim=-1), dim=-1, descending=True)
+        probs = probs.masked_fill(probs.cumsum(dim=-1) - probs >= sampling.top_p, 0.0)
+        return order.gather(-1, torch.multinomial(probs, 1, generator=generator)).squeeze(-1)
     return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator).squeeze(-1)
 
 
@@ -145,39 +146,32 @@ def generate(
             logits = model.logits(state)
             prefill_seconds = time.perf_counter() - t0
 
+            # Decode: one step per token; the only host sync is reading the sampled ids back.
             t0 = time.perf_counter()
-            new_tokens = torch.empty((b, capacity - width), dtype=torch.long, device=device)
-            exit_loops = torch.full((b, capacity - width), loops, dtype=torch.long, device=device)
-            eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device)
-            done = torch.zeros(b, dtype=torch.bool, device=device)
+            budget = capacity - width
+            new_tokens: list[list[int]] = [[] for _ in range(b)]
+            exit_loops: list[list[int]] = [[] for _ in range(b)]
             finish: list[str | None] = [None] * b
-            ends = [capacity - width] * b
             stop_window = max((len(s) for s in sampling.stop), default=0) + 2
             pos = positions[:, -1:] + 1
-            steps = 0
-            for i in range(capacity - width):
+            for i in range(budget):
                 nxt = sample(logits, sampling, generator)
-                new_tokens[:, i] = nxt
-                if exit_loop is not None:
-                    exit_loops[:, i] = exit_loop
-                steps = i + 1
-                hit_eos = torch.isin(nxt, eos) & ~done
-                if sampling.stop or bool(hit_eos.any()):
-                    for row in range(b):
-                        if finish[row] is not None:
-                            continue
-                        if hit_eos[row]:
-                            finish[row], ends[row] = "eos", i + 1
-                        elif sampling.stop:
-                            tail = tokenizer.decode(new_tokens[row, max(0, i + 1 - stop_window) : i + 1].tolist(), skip_special_tokens=True)
-                            if any(s in tail for s in sampling.stop):
-                                finish[row], ends[row] = "stop", i + 1
-                    done = torch.tensor([f is not None for f in finish], device=device)
-                    if bool(done.all()):
-                        break
-                slot = width + i
-                if slot >= capacity:
+                ids = nxt.tolist()
+                chosen = exit_loop.tolist() if exit_loop is not None else [loops] * b
+                for row in range(b):
+                    if finish[row] is not None:
+                        continue  # finished rows keep decoding with the batch; their tokens are dropped
+                    new_tokens[row].append(ids[row])
+                    exit_loops[row].append(chosen[row])
+                    if ids[row] in eos_ids:
+                        finish[row] = "eos"
+                    elif sampling.stop:
+                        tail = tokenizer.decode(new_tokens[row][-stop_window:], skip_special_tokens=True)
+                        if any(s in tail for s in sampling.stop):
+                            finish[row] = "stop"
+                if i + 1 == budget or all(f is not None for f in finish):
                     break
+                slot = width + i
                 mask = valid[:, None, None, : slot + 1] if padded else None
                 out = model.step(nxt[:, None], pos, cache, slot, mask, loops, keep_loops)
                 cache.length = slot + 1
@@ -189,11 +183,8 @@ def generate(
         on_cache(None)
 
     results = []
-    all_new = new_tokens[:, :steps].tolist()
-    all_loops = exit_loops[:, :steps].tolist()
     for row in range(b):
-        end = min(ends[row], steps)
-        ids = all_new[row][:end]
+        ids = new_tokens[row]
         text = None
         if tokenizer is not None:
             text = tokenizer.decode(ids, skip_special_tokens=True)
@@ -206,7 +197,7 @@ def generate(
                 finish_reason=finish[row] or "length",
                 prompt_tokens=lengths[row],
                 generated_tokens=len(ids),
-                loops_used=all_loops[row][:end] if looped else None,
+                loops_used=exit_loops[row] if looped else None,
                 prefill_seconds=prefill_seconds,
                 decode_seconds=decode_seconds,
             )

@@ -45,50 +45,65 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        x32 = x if x.dtype == torch.float32 else x.float()
-        return self.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        if x.dtype == torch.float32:  # one call: decoding small models is bound by per-op overhead
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return self.weight * rms(x, self.eps)
+
+
+def rms(x: Tensor, eps: float) -> Tensor:
+    """x / rms(x) over the last dim, computed in float32 and cast back (transformers' Qwen3RMSNorm order)."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, x.shape[-1:], None, eps)
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 class Rotary:
-    """RoPE tables (rotate-half convention, float32), grown on demand and indexed by position."""
+    """RoPE tables (rotate-half convention, computed in float32, cast once per dtype), indexed by position.
+
+    The sine table carries rotate-half's sign (-sin on the first half), so applying RoPE is
+    `x * cos + roll(x, D/2) * sin`: four ops, exactly transformers' `x * cos + rotate_half(x) * sin`.
+    """
 
     def __init__(self, head_dim: int, theta: float) -> None:
         self.head_dim, self.theta = head_dim, theta
-        self.cos = self.sin = torch.empty(0, device="cpu")  # plain tensors, not buffers: never in checkpoints
+        self.tables: dict[tuple[torch.device, torch.dtype], tuple[Tensor, Tensor]] = {}  # not buffers: never saved
 
-    def __call__(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """positions [B, n] -> cos, sin [B, 1, n, head_dim] in `dtype`."""
-        need = int(positions.max()) + 1
-        if self.cos.shape[0] < need or self.cos.device != positions.device:
-            size = max(need, 2 * self.cos.shape[0], 256)
+    def __call__(self, positions: Tensor, dtype: torch.dtype, length: int | None = None) -> tuple[Tensor, Tensor]:
+        """positions [B, n] (all < `length` when given) -> cos, signed sin [B, 1, n, head_dim] in `dtype`."""
+        need = int(positions.max()) + 1 if length is None else length
+        key = (positions.device, dtype)
+        table = self.tables.get(key)
+        if table is None or table[0].shape[0] < need:
+            size = max(need, 2 * (0 if table is None else table[0].shape[0]), 256)
             device = positions.device
             inv_freq = 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=device) / self.head_dim))
             freqs = torch.outer(torch.arange(size, dtype=torch.float32, device=device), inv_freq)
-            emb = torch.cat((freqs, freqs), dim=-1)
-            self.cos, self.sin = emb.cos(), emb.sin()
-        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
+            cos, sin = freqs.cos(), freqs.sin()
+            table = self.tables[key] = (torch.cat((cos, cos), -1).to(dtype), torch.cat((-sin, sin), -1).to(dtype))
+        index = positions[:, None, :]
+        return table[0][index], table[1][index]
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
-def fused(module: nn.Module, name: str, tensors: tuple[Tensor, ...]) -> Tensor:
+def fused(module: nn.Module, name: str, tensors: tuple[Tensor, ...], build: Callable[[], Tensor] | None = None) -> Tensor:
     """`torch.cat(tensors)`, kept on `module` while no tensor changes (optimizer steps bump `_version`).
 
     Decoding a small model costs per-op overhead, not FLOPs: one matmul for q, k and v (and one
     for gate and up) instead of three (two). With autograd on, the concatenation is rebuilt every
     call so gradients flow to the separate parameters, which keep HF's names.
     """
+    make = build or (lambda: torch.cat(tensors))
     if torch.is_grad_enabled():
-        return torch.cat(tensors)
+        return make()
     key = tuple((t.data_ptr(), t._version) for t in tensors)
     store = module.__dict__.setdefault("_fused", {})
     hit = store.get(name)
     if hit is None or hit[0] != key:
-        hit = store[name] = (key, torch.cat(tensors))
+        hit = store[name] = (key, make())
     return hit[1]
 
 
@@ -119,9 +134,9 @@ class Attention(nn.Module):
             kv_ = F.linear(src, fused(self, "kv", (self.k_proj.weight, self.v_proj.weight))).view(b, n, 2 * kv, d)
             qk, v = torch.cat((q, kv_[:, :, :kv]), dim=2), kv_[:, :, kv:]
         if self.q_norm is not None:  # per-head RMSNorm of q and k in one pass (weights stacked per head)
-            weight = fused(self, "qk_norm", (self.q_norm.weight.expand(h, d), self.k_norm.weight.expand(kv, d)))
-            qk32 = qk.float()
-            qk = weight * (qk32 * torch.rsqrt(qk32.pow(2).mean(-1, keepdim=True) + self.eps)).to(qk.dtype)
+            qw, kw = self.q_norm.weight, self.k_norm.weight
+            weight = fused(self, "qk_norm", (qw, kw), lambda: torch.cat((qw.expand(h, d), kw.expand(kv, d))))
+            qk = weight * rms(qk, self.eps)
         qk = apply_rope(qk.transpose(1, 2), *rope)
         return qk[:, :h], qk[:, h:], v.transpose(1, 2)
 
@@ -407,8 +422,8 @@ class LoopedLM(nn.Module):
         per_loop, gated = cfg.kv_strategy == "per_loop", cfg.kv_strategy == "gated"
         n = tokens.shape[1]
         h = self.model.embed_tokens(tokens)
-        rope = self.rotary(positions, h.dtype)
         end = slot + n
+        rope = self.rotary(positions, h.dtype, length=end)  # positions never exceed slots
         causal = mask is None and n > 1
 
         def cached(attn: Attention, entry: int, latent: int | None = None, loop: int = 0, gate: MeltGate | None = None) -> Mix:
