@@ -36,10 +36,11 @@ from adapters.base import Adapter, AdapterError
 Factory = Callable[..., Adapter]
 
 # Modules whose import registers built-in prefixes.
-BUILTIN_MODULES: tuple[str, ...] = ("adapters.engine_adapter", "adapters.hf_backend", "adapters.vllm_backend")
+BUILTIN_MODULES: tuple[str, ...] = ("adapters.engine_adapter", "adapters.hf_backend", "adapters.vllm_backend", "adapters.zoo")
 
 ENTRY_POINT_GROUP = "loopeval.adapters"
 ENV_VAR = "LOOPEVAL_ADAPTERS"
+PLUGIN_NAMESPACE = "loopeval_plugins"  # folder plugins are imported as loopeval_plugins.<name>
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,9 @@ def _scan_dirs(dirs: Iterable[str | os.PathLike[str]]) -> None:
 
 def _import_path(path: Path) -> None:
     """Import a plugin file or package under a private module name, so it cannot shadow installed modules."""
-    name = f"loopeval_plugins.{path.stem}"
+    # the parent package must exist for a plugin package's relative imports to resolve
+    sys.modules.setdefault(PLUGIN_NAMESPACE, types.ModuleType(PLUGIN_NAMESPACE, "adapter plugins loaded from folders"))
+    name = f"{PLUGIN_NAMESPACE}.{path.stem}"
     if path.is_dir():
         spec = importlib.util.spec_from_file_location(name, path / "__init__.py", submodule_search_locations=[str(path)])
     else:
