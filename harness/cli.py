@@ -22,7 +22,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "harness.cmd_estimate",
     "harness.cmd_run",
     "harness.cmd_profile",
-    "harness.cmd_zoo",
     "harness.cmd_adapter",
 )
 
