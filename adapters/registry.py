@@ -163,11 +163,14 @@ def _import_path(path: Path) -> None:
 def _register_entry_point(ep: importlib.metadata.EntryPoint) -> None:
     """A module entry point registers on import; a callable one is registered as the factory for `ep.name`."""
     obj = ep.load()
-    if callable(obj) and not isinstance(obj, types.ModuleType):
+    if isinstance(obj, types.ModuleType):
+        if ep.name not in _REGISTRY:
+            raise AdapterError(f"module {ep.value} was imported but registered no adapter named {ep.name!r}")
+    elif callable(obj):
         doc = (obj.__doc__ or "").strip().splitlines()
         register(ep.name, doc[0] if doc else f"plugin adapter {ep.value}")(obj)
-    elif ep.name not in _REGISTRY:
-        raise AdapterError(f"module {ep.value} was imported but registered no adapter named {ep.name!r}")
+    else:
+        raise AdapterError(f"entry point {ep.value} must name a module that registers {ep.name!r} or a factory, got {type(obj).__name__}")
 
 
 @contextmanager

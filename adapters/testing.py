@@ -93,6 +93,7 @@ class _Kit:
         self.prompts = list(prompts)
         self.max_new = max_new_tokens
         self.tol = logit_tolerance
+        self.greedy_outputs: list[Generation] = []  # set by the greedy check, compared with by top_p
 
     def gen(self, prompts: Sequence[Prompt], **sampling: Any) -> list[Generation]:
         sampling.setdefault("max_new_tokens", self.max_new)
