@@ -24,7 +24,7 @@ def new(
 
     root = write_scaffold(name, directory)
     typer.echo(f"wrote {root}")
-    typer.echo(f"next: cd {root} && pip install -e . && python -m pytest   (then: loopeval run --model {name}:tiny --limit 2)")
+    typer.echo(f"next: cd {root} && pip install --no-deps --no-build-isolation -e . && python -m pytest   (then: loopeval run --model {name}:tiny --limit 2)")
 
 
 @adapter_app.command("check")

@@ -126,8 +126,12 @@ def _install_entry_point_plugin(target: Path, source: Path) -> None:
 
 
 def test_plugins_from_an_entry_point_and_a_folder_run_end_to_end(tmp_path: Path) -> None:
-    """`loopeval run` on two plugin models (one installed with an entry point, one in LOOPEVAL_ADAPTERS)."""
+    """One `loopeval run` sweep over two plugin models (one installed with an entry point, one in
+    LOOPEVAL_ADAPTERS) and the transformers backend on a local checkpoint."""
+    from adapters.testing import save_tiny_qwen3
+
     site, folder, db = tmp_path / "site", tmp_path / "plugins", tmp_path / "runs.db"
+    checkpoint = save_tiny_qwen3(tmp_path / "tiny-qwen3")
     _install_entry_point_plugin(site, tmp_path / "epdemo-src")
     _write(folder, "folderarch.py", FOLDER_PLUGIN)
     env = {**os.environ, "PYTHONPATH": str(site), "LOOPEVAL_ADAPTERS": str(folder), "HF_HUB_OFFLINE": "1"}
@@ -139,13 +143,14 @@ def test_plugins_from_an_entry_point_and_a_folder_run_end_to_end(tmp_path: Path)
     assert "adapter plugin 'epbroken' from entry point epdemo (epdemo.broken) skipped: ModuleNotFoundError" in listed.stderr
 
     run = subprocess.run(
-        [LOOPEVAL, "run", "--model", "epdemo:tiny", "--model", "folderarch:tiny", "--tasks", "lookup", "--limit", "2",
+        [LOOPEVAL, "run", "--model", "epdemo:tiny", "--model", "folderarch:tiny", "--model", f"transformers:{checkpoint}", "--tasks", "lookup", "--limit", "2",
          "--samples", "1", "--max-new-tokens", "8", "--db", f"sqlite:///{db}", "--no-report"],
         capture_output=True, text=True, env=env, timeout=600,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     with sqlite3.connect(db) as con:
         runs = con.execute("select id, model_spec, status from runs order by id").fetchall()
-        assert [(spec, status) for _, spec, status in runs] == [("epdemo:tiny", "finished"), ("folderarch:tiny", "finished")]
+        assert [(spec, status) for _, spec, status in runs] == [
+            ("epdemo:tiny", "finished"), ("folderarch:tiny", "finished"), (f"transformers:{checkpoint}", "finished")]
         for run_id, _, _ in runs:
             assert con.execute("select count(*) from samples where run_id = ?", (run_id,)).fetchone()[0] == 2
