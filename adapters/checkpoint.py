@@ -80,7 +80,7 @@ def save_checkpoint(model: LoopedLM, directory: str | Path, tokenizer: Any | Non
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}  # clone: packed weights share storage
     save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
     (directory / "config.json").write_text(json.dumps({"format": ENGINE_FORMAT, "config": model.config.to_dict()}, indent=2))
     if tokenizer is not None:

@@ -82,6 +82,8 @@ class EngineAdapter:
 
     def _encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
+            if not prompt:
+                raise AdapterError("empty prompt: every prompt needs at least one character or token")
             if self.tokenizer is None:
                 raise AdapterError(f"{self.spec} has no tokenizer: pass prompts as lists of token ids")
             return list(self.tokenizer(prompt)["input_ids"])

@@ -89,22 +89,36 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
-def fused(module: nn.Module, name: str, tensors: tuple[Tensor, ...], build: Callable[[], Tensor] | None = None) -> Tensor:
-    """`torch.cat(tensors)`, kept on `module` while no tensor changes (optimizer steps bump `_version`).
+def packed(module: nn.Module, name: str, params: tuple[Tensor, ...]) -> Tensor:
+    """The row-wise concatenation of `params` as one tensor whose row blocks ARE the parameters.
 
-    Decoding a small model costs per-op overhead, not FLOPs: one matmul for q, k and v (and one
-    for gate and up) instead of three (two). With autograd on, the concatenation is rebuilt every
-    call so gradients flow to the separate parameters, which keep HF's names.
+    Decoding a small model costs per-op overhead, not FLOPs: one matmul for q, k and v (and one for
+    gate and up) instead of three (two). The first call moves the parameters into one buffer and
+    makes them views of it, so there is no second copy of the weights, and in-place optimizer
+    steps keep the buffer current; if the parameters are replaced later (`.to()`, assigning
+    loads) the pointers no longer line up and the buffer is rebuilt. With autograd on it returns
+    `torch.cat(params)`, so gradients reach the separate parameters (which keep HF's names).
     """
-    make = build or (lambda: torch.cat(tensors))
     if torch.is_grad_enabled():
-        return make()
-    key = tuple((t.data_ptr(), t._version) for t in tensors)
-    store = module.__dict__.setdefault("_fused", {})
-    hit = store.get(name)
-    if hit is None or hit[0] != key:
-        hit = store[name] = (key, make())
-    return hit[1]
+        return torch.cat(params)
+    store = module.__dict__.setdefault("_packed", {})  # LoopedLM._apply clears it when weights move
+    buf = store.get(name)
+    if buf is not None and buf.dtype == params[0].dtype:
+        ptr = buf.data_ptr()
+        for p in params:
+            if p.data_ptr() != ptr:
+                break
+            ptr += p.numel() * p.element_size()
+        else:
+            return buf
+    with torch.inference_mode(False), torch.no_grad():  # parameters must stay ordinary (trainable) tensors
+        buf = torch.cat([p.detach() for p in params])
+        offset = 0
+        for p in params:
+            p.data = buf[offset : offset + p.shape[0]]
+            offset += p.shape[0]
+    store[name] = buf
+    return buf
 
 
 class Attention(nn.Module):
@@ -126,19 +140,29 @@ class Attention(nn.Module):
         b, n, _ = x.shape
         h, kv, d = self.n_heads, self.n_kv, self.head_dim
         if src is None:
-            qkv = F.linear(x, fused(self, "qkv", (self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)))
+            qkv = F.linear(x, packed(self, "qkv", (self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)))
             qkv = qkv.view(b, n, h + 2 * kv, d)
             qk, v = qkv[:, :, : h + kv], qkv[:, :, h + kv :]
         else:
             q = self.q_proj(x).view(b, n, h, d)
-            kv_ = F.linear(src, fused(self, "kv", (self.k_proj.weight, self.v_proj.weight))).view(b, n, 2 * kv, d)
+            kv_ = F.linear(src, packed(self, "kv", (self.k_proj.weight, self.v_proj.weight))).view(b, n, 2 * kv, d)
             qk, v = torch.cat((q, kv_[:, :, :kv]), dim=2), kv_[:, :, kv:]
         if self.q_norm is not None:  # per-head RMSNorm of q and k in one pass (weights stacked per head)
-            qw, kw = self.q_norm.weight, self.k_norm.weight
-            weight = fused(self, "qk_norm", (qw, kw), lambda: torch.cat((qw.expand(h, d), kw.expand(kv, d))))
-            qk = weight * rms(qk, self.eps)
+            qk = self._qk_norm_weight() * rms(qk, self.eps)
         qk = apply_rope(qk.transpose(1, 2), *rope)
         return qk[:, :h], qk[:, h:], v.transpose(1, 2)
+
+    def _qk_norm_weight(self) -> Tensor:
+        """q_norm and k_norm weights stacked per head [H + Hkv, D], so one multiply norms q and k together."""
+        qw, kw = self.q_norm.weight, self.k_norm.weight
+        stacked = lambda: torch.cat((qw.expand(self.n_heads, -1), kw.expand(self.n_kv, -1)))  # noqa: E731
+        if torch.is_grad_enabled():
+            return stacked()
+        key = (qw.data_ptr(), qw._version, kw.data_ptr(), kw._version)
+        cached = self.__dict__.get("_qk_norm")
+        if cached is None or cached[0] != key:
+            cached = self.__dict__["_qk_norm"] = (key, stacked())
+        return cached[1]
 
     def keys_values(self, src: Tensor, rope: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         """k, v [B,Hkv,n,D] from `src` alone (MELT rows when q and the LoopLM's K/V come from x)."""
@@ -164,7 +188,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.ffn_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        gate, up = F.linear(x, fused(self, "gate_up", (self.gate_proj.weight, self.up_proj.weight))).chunk(2, dim=-1)
+        gate, up = F.linear(x, packed(self, "gate_up", (self.gate_proj.weight, self.up_proj.weight))).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -274,6 +298,13 @@ class LoopedLM(nn.Module):
         self.coda = list(self.model.layers[p + s :])
 
     # ----------------------------------------------------------------------------------- helpers
+    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001 (nn.Module's signature)
+        """Moving or casting weights (`.to`, `.cuda`, `.half`) drops the packed inference buffers first."""
+        for module in self.modules():
+            module.__dict__.pop("_packed", None)
+            module.__dict__.pop("_qk_norm", None)
+        return super()._apply(fn, recurse)
+
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator, std: float = 0.02) -> None:
         """Seeded random init: normal(0, std) matrices and embeddings, unit norms, zero biases."""

@@ -131,8 +131,8 @@ def test_gated_with_kv_mix_zero_is_the_looplm():
     assert (mixed - ref.logits).abs().max().item() > 1e-4
     # gradients reach the gates when MELT rows are used, and the exit distribution sums to one per token
     melt.train()
-    loss = melt(ids, kv_mix=0.5).logits.logsumexp(-1).mean()
-    loss.backward()
+    with torch.enable_grad():  # importing LightEval turns autograd off process-wide
+        melt(ids, kv_mix=0.5).logits.logsumexp(-1).mean().backward()
     assert melt.shared[0].melt_gate.w_z.weight.grad.abs().sum() > 0
     torch.testing.assert_close(ref.exit_probs.sum(0), torch.ones(2, 14))
 
@@ -370,3 +370,28 @@ def test_generate_function_pads_left_and_reports_counts():
     model = tiny("qwen3-tiny")
     gens = generate(model, [[1, 5], [1, 5, 6, 7, 8]], GREEDY, loops=1, eos_ids=set(), exit_policy=ExitPolicy())
     assert [g.prompt_tokens for g in gens] == [2, 5] and all(g.generated_tokens == 12 for g in gens)
+
+
+def test_packed_inference_weights_share_storage_and_follow_training():
+    """Inference packs q/k/v and gate/up into single buffers without copying the weights, and stays
+    current through optimizer steps and dtype moves."""
+    model = tiny("ouro-tiny")
+    ids = torch.randint(3, 99, (2, 10), generator=torch.Generator().manual_seed(8))
+    with torch.inference_mode():
+        before = model(ids).logits
+    attn = model.shared[0].self_attn
+    assert attn.q_proj.weight.untyped_storage().data_ptr() == attn.v_proj.weight.untyped_storage().data_ptr()
+    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
+    assert sum(storages.values()) == sum(p.numel() * p.element_size() for p in model.parameters())
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    with torch.enable_grad():  # importing LightEval turns autograd off process-wide
+        model(ids).logits.logsumexp(-1).mean().backward()
+        opt.step()
+        cat_path = model(ids).logits.detach()  # autograd on: concatenates the parameters afresh
+    with torch.no_grad():
+        packed_path = model(ids).logits
+    torch.testing.assert_close(packed_path, cat_path)
+    assert (packed_path - before).abs().max() > 1e-3
+    model.to(torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, model.float()(ids).logits.double(), atol=1e-5, rtol=0)
