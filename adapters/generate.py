@@ -23,6 +23,7 @@ from torch import Tensor
 
 from adapters.base import AdapterError, Generation, Sampling
 from adapters.cache import KVCache
+from adapters.memory import kv_bytes
 from adapters.model import LoopedLM, exit_probabilities
 
 
@@ -129,6 +130,14 @@ def generate(
     keep_loops = exit_policy.kind != "none"
     looped = cfg.shared_layers > 0 and (loops > 1 or cfg.loops > 1)
 
+    if device.type == "cuda":  # a clear error instead of an allocator OOM for a cache that cannot fit
+        need = kv_bytes(cfg, capacity, b, loops, {torch.float32: "fp32", torch.float16: "fp16"}.get(dtype, "bf16"))
+        free = torch.cuda.mem_get_info(device)[0]
+        if need > free:
+            raise AdapterError(
+                f"the KV cache for {b} sequences x {capacity} tokens needs {need / 1e9:.2f} GB but {free / 1e9:.2f} GB is free: "
+                "lower max_new_tokens or the batch (max_batch)"
+            )
     cache = KVCache(cfg, b, capacity, loops, dtype, device)
     on_cache(cache)
     try:

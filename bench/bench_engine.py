@@ -11,6 +11,7 @@ decode tokens/s at batch 1 and 32. Needs only torch, transformers and nvidia-ml-
 
     python bench/bench_engine.py                  # CPU, tiny Qwen3
     python bench/bench_engine.py --gpu --full     # GPU, full-size presets
+    python bench/bench_engine.py --full --presets qwen3-tiny,melt-tiny --context 300 --new-tokens 16   # CPU dry run
 """
 
 from __future__ import annotations
@@ -86,45 +87,56 @@ def _hf_decode_tps(hf: "torch.nn.Module", prompts: torch.Tensor, sampling: Sampl
     return prompts.shape[0] * (new - 1) / max(total - first, 1e-9)
 
 
-def bench_gpu(context: int, new_tokens: int) -> dict:
-    import pynvml
-
-    from adapters.config import PRESETS
+def bench_memory(device: str, names: list[str], context: int, new_tokens: int, batches: tuple[int, ...]) -> dict:
+    """Prefill batch 1 to `context` tokens per preset and account its memory, then decode speed per batch size."""
     from adapters.memory import estimate
 
-    pynvml.nvmlInit()
-    handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
-
-    def nvml_process() -> int:
-        for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-            if proc.pid == os.getpid():
-                return int(proc.usedGpuMemory or 0)
-        return 0
-
-    out = {"device": torch.cuda.get_device_name(), "context": context, "new_tokens": new_tokens, "models": {}}
-    for name in [n for n in PRESETS if not n.endswith("-tiny") and n != "ouro-1.4b-thinking"]:
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        adapter = load_preset(name, dtype="bf16", device="cuda", max_batch=32)
-        adapter.config.eos_token_id = None
+    cuda = device.startswith("cuda")
+    nvml = _nvml_process_bytes() if cuda else None
+    out = {"device": torch.cuda.get_device_name() if cuda else "cpu", "context": context, "new_tokens": new_tokens, "models": {}}
+    for name in names:
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        adapter = load_preset(name, dtype="bf16", device=device, max_batch=max(batches))
+        adapter.config.eos_token_id = None  # fixed token counts
         adapter.config.extra["eos_token_ids"] = []
+        vocab = adapter.config.vocab_size
         row: dict = {"analytic": estimate(adapter.config, context + new_tokens, 1, dtype="bf16").__dict__}
-        prompt = torch.randint(0, adapter.config.vocab_size, (context,)).tolist()
-        gens = adapter.generate([prompt], Sampling(temperature=1.0, top_p=0.7, max_new_tokens=new_tokens))
-        torch.cuda.synchronize()
+        prompt = torch.randint(3, vocab, (context,)).tolist()
+        gen = adapter.generate([prompt], Sampling(temperature=1.0, top_p=0.7, max_new_tokens=new_tokens))[0]
         mem = adapter.memory()
         row.update(
-            weights_bytes=mem["weights_bytes"], kv_bytes=mem["kv_bytes_peak"], torch_allocated_peak=torch.cuda.max_memory_allocated(),
-            nvml_process=nvml_process(), prefill_seconds=round(gens[0].prefill_seconds, 3),
-            decode_tok_s_batch1_at_context=round((gens[0].generated_tokens - 1) / gens[0].decode_seconds, 1),
+            weights_bytes=mem["weights_bytes"], kv_bytes=mem["kv_bytes_peak"], prefill_seconds=round(gen.prefill_seconds, 3),
+            decode_tok_s_at_context=round((gen.generated_tokens - 1) / gen.decode_seconds, 1),
+            torch_allocated_peak=torch.cuda.max_memory_allocated() if cuda else None, nvml_process=nvml() if nvml else None,
         )
-        for batch in (1, 32):
-            prompts = torch.randint(0, adapter.config.vocab_size, (batch, 64)).tolist()
-            gens = adapter.generate(prompts, Sampling(temperature=1.0, top_p=0.7, max_new_tokens=128))
+        for batch in batches:
+            prompts = torch.randint(3, vocab, (batch, 64)).tolist()
+            gens = adapter.generate(prompts, Sampling(temperature=1.0, top_p=0.7, max_new_tokens=new_tokens))
             row[f"decode_tok_s_batch{batch}"] = round(sum(g.generated_tokens - 1 for g in gens) / gens[0].decode_seconds, 1)
         out["models"][name] = row
         del adapter
     return out
+
+
+def _nvml_process_bytes():
+    """A function returning this process's GPU memory as NVML reports it (None where NVML is unavailable)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+    except Exception:  # noqa: BLE001 (no driver or no nvidia-ml-py: report None, measure the rest)
+        return None
+
+    def read() -> int | None:
+        for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            if proc.pid == os.getpid():
+                return int(proc.usedGpuMemory or 0)
+        return None
+
+    return read
 
 
 def main() -> None:
@@ -136,15 +148,19 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=32000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--presets", default="qwen3-1.7b,ouro-1.4b,ouro-2.6b,melt-1.6b", help="--full: comma-separated presets")
+    parser.add_argument("--device", default=None, help="--full without --gpu: run the memory path on this device (a dry run)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.gpu or args.full:
-        if not (args.gpu and args.full):
-            parser.error("GPU mode is --gpu --full")
-        if not torch.cuda.is_available():
+    if args.full:
+        if args.gpu and not torch.cuda.is_available():
             parser.error("--gpu needs CUDA")
-        print(json.dumps(bench_gpu(args.context, args.new_tokens), indent=2))
+        device = "cuda" if args.gpu else (args.device or "cpu")
+        batches = (1, 32) if args.gpu else (1, 4)
+        print(json.dumps(bench_memory(device, args.presets.split(","), args.context, args.new_tokens, batches), indent=2))
+    elif args.gpu:
+        parser.error("GPU mode is --gpu --full")
     else:
         print(json.dumps(bench_cpu(args.new_tokens, args.prompt_tokens, args.repeats), indent=2))
 
