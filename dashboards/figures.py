@@ -116,13 +116,17 @@ def accuracy_vs_memory(points: pd.DataFrame, measure: str, task: str = "all", la
     shown["stderr"] = shown["stderr"].astype(float)
     shown["spread"] = [f" ± {e:.3f}" if np.isfinite(e) else "" for e in shown["stderr"]]
     shown["frontier"] = pareto_mask(shown["memory"], shown["accuracy"])
+    # Loop counts that land on the same spot (MELT's KV does not grow with r) share one label.
+    same_spot = shown.groupby(["model", "memory", "accuracy"], sort=False)["loops"]
+    shown["label"] = same_spot.transform(lambda loops: "r=" + ",".join(str(int(r)) for r in sorted(loops)))
+    shown.loc[same_spot.cumcount() > 0, "label"] = ""
     fig = px.scatter(
-        shown, x="memory", y="accuracy", error_y="stderr", color="model", text="loops",
+        shown, x="memory", y="accuracy", error_y="stderr", color="model", text="label",
         custom_data=["model", "loops", "accuracy", "memory", "n_samples", "spread", "frontier"],
         color_discrete_sequence=_PALETTE, title=title,
     )
     fig.update_traces(
-        mode="markers+text", textposition="top center", texttemplate="r=%{text}",
+        mode="markers+text", textposition="top center",
         hovertemplate=(
             "model %{customdata[0]}<br>loops %{customdata[1]}<br>accuracy %{customdata[2]:.3f}%{customdata[5]}"
             "<br>%{customdata[3]:.4g} " + unit + "<br>samples %{customdata[4]}<extra></extra>"
@@ -204,7 +208,9 @@ def memory_over_run(series: pd.DataFrame, measures: Sequence[str], title: str = 
     fig.update_layout(title=title, legend_title_text="measure")
     fig.update_xaxes(title_text="time since start (s)", row=1, col=1)
     fig.update_xaxes(title_text="generated tokens", row=1, col=2)
-    fig.update_yaxes(title_text=unit_title("memory", unit, scale), row=1, col=1)
+    # Log scale: on a CPU the process RSS is ~1000x the KV cache, and both must stay readable.
+    fig.update_yaxes(type="log")
+    fig.update_yaxes(title_text=unit_title("memory", unit, scale) + ", log scale", row=1, col=1)
     notes = [DECIMAL_NOTE] + ([f"unavailable: {', '.join(missing)}"] if missing else [])
     return _message(fig, " · ".join(notes), y=-0.25).update_layout(margin={"b": 110})
 
@@ -246,6 +252,6 @@ def memory_vs_context(profile: pd.DataFrame, measures: Sequence[str]) -> go.Figu
                 ))
     fig.update_layout(title=title, legend_title_text="markers: measured · lines: analytic")
     fig.update_xaxes(title_text="context length (tokens)", type="log")
-    fig.update_yaxes(title_text=unit_title("memory", unit, scale))
+    fig.update_yaxes(title_text=unit_title("memory", unit, scale) + ", log scale", type="log")
     notes = [DECIMAL_NOTE] + ([f"unavailable: {', '.join(missing)}"] if missing else [])
     return _message(fig, " · ".join(notes), y=-0.25).update_layout(margin={"b": 110})
