@@ -46,7 +46,6 @@ def _layout(engine: Engine) -> html.Div:
     measure = figures.default_measure(accuracy_points(engine, suite)) if suite else "kv_bytes_peak"
     run_options = [{"label": f"run {r.run_id}: {r.model} r={r.loops} ({r.suite})", "value": r.run_id}
                    for r in eval_runs.itertuples()]
-    samples = queries.samples(engine)
     return html.Div([
         html.H1("loopeval"),
         html.P(f"Accuracy per gigabyte, live from the results database. {figures.DECIMAL_NOTE}. "
@@ -71,7 +70,7 @@ def _layout(engine: Engine) -> html.Div:
         dcc.Graph(id="memory-context", style={"height": "480px"}),
         html.H2("Samples"),
         html.Div([
-            _labelled("task", dcc.Dropdown(sorted(samples["task"].unique()), None, id="sample-task",
+            _labelled("task", dcc.Dropdown(queries.sample_tasks(engine), None, id="sample-task",
                                            placeholder="all tasks")),
             _labelled("model", dcc.Dropdown(models, None, id="sample-model", placeholder="all models"), "20em"),
             _labelled("show", dcc.RadioItems(

@@ -178,7 +178,7 @@ def write_report(db_url: str, out: Path) -> Path:
 
 _TEMPLATE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'; img-src data:; font-src data:">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; font-src data:">
 <title>loopeval report</title>
 <style>
 body {{ font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }}

@@ -107,6 +107,12 @@ def tasks(engine: Engine, suite: str | None = None) -> list[str]:
     return sorted(names, key=lambda name: name != "all")
 
 
+def sample_tasks(engine: Engine) -> list[str]:
+    """Task names that have samples, sorted (an interrupted run has samples before it has metrics)."""
+    with engine.connect() as conn:
+        return [row[0] for row in conn.execute(select(Sample.task).distinct().order_by(Sample.task))]
+
+
 def metrics(engine: Engine, suite: str | None = None) -> pd.DataFrame:
     """Every stored metric of every evaluated run: run, model, loops, task, metric, value, stderr."""
     statement = (
