@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,8 +17,7 @@ from sqlalchemy.orm import Session
 from db import queries
 from db.models import Sample
 
-LOOPEVAL = Path(sys.executable).with_name("loopeval")
-PAYLOAD = '<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'
+from dashboards_browser_helpers import LOOPEVAL, PAYLOAD
 
 
 def _loopeval(*args: str, cwd: Path) -> None:

@@ -28,6 +28,8 @@ CHROMIUM_ARGS = [
 VIEWPORT = {"width": 1400, "height": 1000}
 POINTS = "#accuracy-memory .scatterlayer path.point"  # one SVG path per plotted (model, loops) marker
 LOOPEVAL = Path(sys.executable).with_name("loopeval")
+# Stored as a model output by the tests: it must be displayed as text and never run.
+PAYLOAD = '<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'
 
 
 def launch(playwright: Any) -> Any:

@@ -9,10 +9,9 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from dashboards.report import write_report
-from dashboards_browser_helpers import (CHROMIUM, VIEWPORT, launch, open_app, open_report, point_count, record,
+from dashboards_browser_helpers import (CHROMIUM, PAYLOAD, VIEWPORT, launch, open_app, open_report, point_count, record,
                                         screenshot_app, screenshot_report, served_app, x_axis_title)
 
-from conftest import PAYLOAD
 
 pytestmark = [
     pytest.mark.browser,

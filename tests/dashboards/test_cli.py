@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LOOPEVAL, PAYLOAD
+from dashboards_browser_helpers import LOOPEVAL, PAYLOAD
 from db.session import open_engine
 
 
