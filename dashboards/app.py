@@ -136,7 +136,3 @@ def create_app(db_url: str) -> Dash:
 
     return app
 
-
-def serve(db_url: str, host: str = "127.0.0.1", port: int = 8050) -> None:
-    """Serve the app until interrupted (Flask's server, debug off: no reloader, no outside requests)."""
-    create_app(db_url).run(host=host, port=port, debug=False)

@@ -31,8 +31,7 @@ PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 
 def _script_json(value: Any) -> str:
     """JSON safe to place inside <script>: no stored string can end the element or open a comment."""
-    text = value if isinstance(value, str) else json.dumps(value)
-    return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+    return json.dumps(value).replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
 
 
 def _figure_json(fig: go.Figure) -> Any:
