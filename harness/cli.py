@@ -22,6 +22,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "harness.cmd_estimate",
     "harness.cmd_run",
     "harness.cmd_profile",
+    "harness.cmd_zoo",
     "harness.cmd_adapter",
 )
 

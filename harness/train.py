@@ -1,0 +1,409 @@
+"""Training the tiny zoo on the CPU: recipes, data, the loop, checkpoints and loss curves.
+
+One function, `train(recipe, out_dir)`, trains every zoo model. What differs between models lives in
+the recipe (adapters/zoo_data/recipes.toml) and in the objective it selects:
+
+- `lm`: a plain transformer (Qwen3 layout), masked cross-entropy on the answer;
+- `looplm`: an Ouro-style LoopLM, Ouro's entropy-regularised exit-gate objective over loops;
+- `melt`: LoopLM -> MELT conversion from a frozen teacher, the two stages of DESIGN.md
+  (chunk-wise forward with KV interpolation `a` ramped 0 -> 1 and per-loop distillation; then
+  the post-attention alignment loss with weight beta added).
+
+The loop is plain AdamW with linear warmup, cosine decay and gradient clipping. Every batch is drawn
+from a generator seeded by (seed, step), so a run resumed from its `train_state.pt` continues with
+exactly the batches it would have seen. Loss curves go to `losses.jsonl`, the final weights to an
+engine checkpoint directory (safetensors + config.json + tokenizer.json) with `train_info.json`
+(steps, tokens, CPU minutes, validation accuracy) beside them.
+
+Only the synthetic suite's train split is read; a slice of it is held out as validation for
+choices. The test split is never touched here.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from adapters import training as T
+from adapters.config import LoopConfig, preset
+from adapters.model import LoopedLM
+from harness.errors import UserError
+
+RECIPES_PATH = Path(__file__).resolve().parent.parent / "adapters" / "zoo_data" / "recipes.toml"
+KINDS = ("lm", "looplm", "melt")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything that decides one zoo model; the fields are documented in recipes.toml."""
+
+    name: str
+    kind: str
+    preset: str
+    config: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+    seed: int = 0
+    steps: int = 1000
+    batch_size: int = 64
+    lr: float = 3e-3
+    warmup_steps: int = 50
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    min_lr_ratio: float = 0.1
+    tasks: tuple[str, ...] = ("addition", "chain2", "chain3", "chain4", "lookup")
+    val_items: int = 200
+    log_every: int = 25
+    save_every: int = 200
+    # looplm
+    entropy_weight: float = 0.05
+    exit_bias_init: float = 0.0
+    # melt
+    teacher: str = ""
+    gate_variant: str = "elementwise"
+    chunk_size: int = 4
+    chunkwise: bool = True
+    ramp_steps: int = 200
+    stage2_start: int = 400
+    beta: float = 1.0
+    distill_temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise UserError(f"recipe {self.name}: kind {self.kind!r} is not one of {', '.join(KINDS)}")
+        if self.steps < 1 or self.batch_size < 1:
+            raise UserError(f"recipe {self.name}: steps and batch_size must be >= 1")
+        if self.kind == "melt" and not self.teacher:
+            raise UserError(f"recipe {self.name}: a melt recipe needs a teacher")
+
+    def with_overrides(self, **changes: Any) -> "Recipe":
+        """A copy with some fields changed (None values are ignored: CLI options left unset)."""
+        known = set(self.__dataclass_fields__)
+        unknown = set(changes) - known
+        if unknown:
+            raise UserError(f"unknown recipe field(s) {', '.join(sorted(unknown))}")
+        data = asdict(self)
+        data.update({k: v for k, v in changes.items() if v is not None})
+        data["tasks"] = tuple(data["tasks"])
+        return Recipe(**data)
+
+    def model_config(self) -> LoopConfig:
+        return preset(self.preset).replace(**self.config)
+
+
+def load_recipes(path: Path = RECIPES_PATH) -> dict[str, Recipe]:
+    """Every recipe in the TOML file: `[defaults]` merged under each `[models.NAME]` table."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise UserError(f"cannot read recipes file {path}: {exc}") from exc
+    defaults = data.get("defaults", {})
+    recipes = {}
+    for name, table in data.get("models", {}).items():
+        merged = {**defaults, **table, "name": name}
+        if "tasks" in merged:
+            merged["tasks"] = tuple(merged["tasks"])
+        try:
+            recipes[name] = Recipe(**merged)
+        except TypeError as exc:
+            raise UserError(f"recipes file {path}, model {name}: {exc}") from exc
+    return recipes
+
+
+def get_recipe(name: str, path: Path = RECIPES_PATH) -> Recipe:
+    recipes = load_recipes(path)
+    if name not in recipes:
+        raise UserError(f"unknown zoo model {name!r} (known: {', '.join(recipes)})")
+    return recipes[name]
+
+
+# --------------------------------------------------------------------------------------- data
+@dataclass
+class Batch:
+    inputs: torch.Tensor  # [B, N] token ids (right-padded)
+    targets: torch.Tensor  # [B, N] next tokens
+    answer_mask: torch.Tensor  # [B, N] 1 where the target is an answer or stop token
+    token_mask: torch.Tensor  # [B, N] 1 where the target is a real token (not padding)
+
+
+class TaskData:
+    """Tokenised synthetic train items, split into train and a held-out validation slice.
+
+    Each item is `<bos> prompt answer "\\n"`: exactly what the model sees and must produce at
+    evaluation (the harness stops at "\\n"). The last `val_items` items of each task are held out.
+    """
+
+    def __init__(self, tasks: tuple[str, ...], tokenizer: Any, val_items: int, items: dict[str, list[dict]] | None = None) -> None:
+        from suites import synthetic
+
+        self.pad_id = tokenizer.pad_token_id
+        self.train: list[tuple[list[int], int]] = []  # (ids, prompt length including <bos>)
+        self.val: dict[str, list[tuple[list[int], int]]] = {}
+        for task in tasks:
+            rows = items[task] if items is not None else synthetic.load_split(task, "train")
+            encoded = []
+            for row in rows:
+                prompt = tokenizer.encode(row["prompt"])
+                answer = tokenizer.encode(row["answer"] + synthetic.STOP, add_special_tokens=False)
+                encoded.append((prompt + answer, len(prompt)))
+            cut = max(0, len(encoded) - val_items)
+            self.train += encoded[:cut]
+            self.val[task] = encoded[cut:]
+        if not self.train:
+            raise UserError("no training items: check the recipe's tasks and the synthetic train split")
+
+    def collate(self, rows: list[tuple[list[int], int]], device: str) -> Batch:
+        n = max(len(ids) for ids, _ in rows) - 1
+        inputs = torch.full((len(rows), n), self.pad_id, dtype=torch.long)
+        targets = torch.full((len(rows), n), self.pad_id, dtype=torch.long)
+        answer = torch.zeros(len(rows), n)
+        real = torch.zeros(len(rows), n)
+        for i, (ids, plen) in enumerate(rows):
+            m = len(ids) - 1
+            inputs[i, :m] = torch.tensor(ids[:-1])
+            targets[i, :m] = torch.tensor(ids[1:])
+            answer[i, plen - 1 : m] = 1
+            real[i, :m] = 1
+        return Batch(inputs.to(device), targets.to(device), answer.to(device), real.to(device))
+
+    def batch(self, seed: int, step: int, size: int, device: str) -> Batch:
+        """The batch of `step`: a pure function of (seed, step), which is what makes resuming exact."""
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+        idx = torch.randint(len(self.train), (size,), generator=gen).tolist()
+        return self.collate([self.train[i] for i in idx], device)
+
+
+@torch.no_grad()
+def answer_accuracy(model: LoopedLM, data: TaskData, device: str, loops: int | None = None, batch_size: int = 200) -> dict[str, float]:
+    """Validation exact match per task: every answer token (and the stop) is the argmax.
+
+    With teacher forcing this equals greedy decoding's exact match: if each next token is the
+    argmax given the correct prefix, greedy decoding produces exactly the answer.
+    """
+    model.eval()
+    accuracy = {}
+    for task, rows in data.val.items():
+        correct = 0
+        for i in range(0, len(rows), batch_size):
+            b = data.collate(rows[i : i + batch_size], device)
+            pred = model(b.inputs, loops=loops).logits.argmax(-1)
+            ok = ((pred == b.targets) | (b.answer_mask == 0)).all(dim=1)
+            correct += int(ok.sum())
+        accuracy[task] = correct / max(1, len(rows))
+    model.train()
+    accuracy["average"] = sum(accuracy.values()) / max(1, len(accuracy))
+    return accuracy
+
+
+# ---------------------------------------------------------------------------------- objectives
+Objective = Callable[[LoopedLM, Batch, int], tuple[torch.Tensor, dict[str, float]]]
+
+
+def make_objective(recipe: Recipe, teacher: LoopedLM | None) -> Objective:
+    """The loss of one training step for the recipe's kind (see the module docstring)."""
+    if recipe.kind == "lm":
+
+        def lm(model: LoopedLM, b: Batch, step: int) -> tuple[torch.Tensor, dict[str, float]]:
+            loss = T.lm_loss(model(b.inputs).logits, b.targets, b.answer_mask)
+            return loss, {}
+
+        return lm
+
+    if recipe.kind == "looplm":
+
+        def looplm(model: LoopedLM, b: Batch, step: int) -> tuple[torch.Tensor, dict[str, float]]:
+            out = model(b.inputs, return_loop_logits=True)
+            if out.exit_probs is None:  # no exit gate: plain loss on the last loop
+                return T.lm_loss(out.logits, b.targets, b.answer_mask), {}
+            return T.exit_gate_loss(out.loop_logits, out.exit_probs, b.targets, b.answer_mask, recipe.entropy_weight)
+
+        return looplm
+
+    assert teacher is not None
+
+    def melt(model: LoopedLM, b: Batch, step: int) -> tuple[torch.Tensor, dict[str, float]]:
+        stage2 = step >= recipe.stage2_start
+        a = T.kv_mix(step, recipe.ramp_steps)
+        chunk = recipe.chunk_size if recipe.chunkwise else b.inputs.shape[1]
+        with torch.no_grad():
+            ref = teacher(b.inputs, return_loop_logits=True, return_attn_outputs=stage2)
+        out = model(b.inputs, chunk_size=chunk, kv_mix=a, return_loop_logits=True, return_attn_outputs=stage2)
+        distill = T.distill_loss(out.loop_logits, ref.loop_logits, b.token_mask, recipe.distill_temperature)
+        info = {"kv_mix": a, "distill": distill.item()}
+        loss = distill
+        if stage2:
+            align = T.alignment_loss(
+                [o for row in out.attn_outputs for o in row], [o for row in ref.attn_outputs for o in row], b.token_mask
+            )
+            info["align"] = align.item()
+            loss = loss + recipe.beta * align
+        return loss, info
+
+    return melt
+
+
+# -------------------------------------------------------------------------------------- models
+def build_model(recipe: Recipe, device: str, teacher: LoopedLM | None) -> LoopedLM:
+    """A seeded fresh model, or for `melt` the teacher's weights with fresh gates (DESIGN.md stage 1 start)."""
+    gen = torch.Generator().manual_seed(recipe.seed)
+    if recipe.kind == "melt":
+        assert teacher is not None
+        # every variant prefills with the same chunk size at evaluation, whatever it was trained with
+        student = teacher.to_melt(recipe.gate_variant, chunk_size=recipe.chunk_size, generator=gen)
+        return student.to(device)
+    model = LoopedLM(recipe.model_config())
+    model.init_weights(gen)
+    if model.model.early_exit_gate is not None:
+        with torch.no_grad():  # a negative bias puts the first exits' mass on the last loop
+            model.model.early_exit_gate.bias.fill_(recipe.exit_bias_init)
+    return model.to(device)
+
+
+def load_teacher(spec: str, device: str) -> LoopedLM:
+    """The frozen LoopLM teacher: a zoo name (`ouro-tiny`) or any spec the engine loads (`ouro:PATH`)."""
+    import adapters
+
+    adapter = adapters.load(spec if ":" in spec else f"zoo:{spec}", device=device, dtype="float32")
+    model = adapter.model
+    if model.config.kv_strategy != "per_loop" or model.config.shared_layers == 0:
+        raise UserError(f"teacher {spec!r} is not a LoopLM (needs shared layers and kv_strategy per_loop)")
+    model.requires_grad_(False)
+    return model.eval()
+
+
+def count_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+# ---------------------------------------------------------------------------------------- loop
+def _log_line(path: Path, record: dict[str, Any]) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def _truncate_log(path: Path, before_step: int) -> None:
+    """Drop loss records from steps at or after `before_step` (they will be redone on resume)."""
+    if not path.is_file():
+        return
+    keep = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] < before_step]
+    path.write_text("".join(line + "\n" for line in keep))
+
+
+def train(
+    recipe: Recipe,
+    out_dir: Path,
+    *,
+    device: str = "cpu",
+    resume: bool = True,
+    progress: bool = True,
+    teacher_spec: str | None = None,
+    save_dtype: str = "bfloat16",
+    items: dict[str, list[dict]] | None = None,
+    until: int | None = None,
+) -> dict[str, Any] | None:
+    """Train one zoo model into `out_dir` and return its train_info (also written as train_info.json).
+
+    `out_dir` receives `train_state.pt` (resume point), `losses.jsonl` (loss curve) and, at the end,
+    the engine checkpoint. `teacher_spec` overrides a melt recipe's teacher (e.g. `ouro:/ckpt`).
+    `items` replaces the synthetic train split (tests use it to stay small). `until` stops after that
+    many steps with the resume point saved and returns None (a planned interruption).
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from adapters.checkpoint import save_checkpoint
+    from adapters.tokenizer import char_tokenizer
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda asked for, but torch sees no CUDA device")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(recipe.seed)
+    teacher = load_teacher(teacher_spec or recipe.teacher, device) if recipe.kind == "melt" else None
+    model = build_model(recipe, device, teacher)
+    tokenizer = char_tokenizer()
+    data = TaskData(recipe.tasks, tokenizer, recipe.val_items, items)
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": recipe.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=recipe.lr, betas=(0.9, 0.95),
+    )
+    objective = make_objective(recipe, teacher)
+
+    state_path, log_path = out_dir / "train_state.pt", out_dir / "losses.jsonl"
+    start, cpu_seconds, wall_seconds, tokens = 0, 0.0, 0.0, 0
+    if resume and state_path.is_file():
+        state = torch.load(state_path, map_location=device, weights_only=False)
+        if state["recipe"] != asdict(recipe) | {"tasks": list(recipe.tasks)}:
+            raise UserError(f"{state_path} was written by a different recipe; use a fresh --out or --no-resume")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start, cpu_seconds, wall_seconds, tokens = state["step"], state["cpu_seconds"], state["wall_seconds"], state["tokens"]
+    else:
+        log_path.unlink(missing_ok=True)
+    _truncate_log(log_path, start)
+
+    def save_state(step: int) -> None:
+        tmp = state_path.with_suffix(".tmp")
+        torch.save(
+            {
+                "recipe": asdict(recipe) | {"tasks": list(recipe.tasks)}, "step": step, "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(), "cpu_seconds": cpu_seconds, "wall_seconds": wall_seconds, "tokens": tokens,
+            },
+            tmp,
+        )
+        os.replace(tmp, state_path)
+
+    model.train()
+    columns = [TextColumn(f"[bold]{recipe.name}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"), TimeRemainingColumn()]
+    with Progress(*columns, disable=not progress) as bar:
+        task_id = bar.add_task("train", total=recipe.steps, completed=start, info="")
+        for step in range(start, min(recipe.steps, until or recipe.steps)):
+            t_cpu, t_wall = time.process_time(), time.perf_counter()
+            lr = T.lr_at(step, recipe.steps, recipe.lr, recipe.warmup_steps, recipe.min_lr_ratio)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            b = data.batch(recipe.seed, step, recipe.batch_size, device)
+            loss, info = objective(model, b, step)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, recipe.grad_clip)
+            optimizer.step()
+            tokens += int(b.token_mask.sum())
+            cpu_seconds += time.process_time() - t_cpu
+            wall_seconds += time.perf_counter() - t_wall
+            if step % recipe.log_every == 0 or step == recipe.steps - 1:
+                record = {"step": step, "loss": loss.item(), "lr": lr, "grad_norm": float(grad_norm), **info}
+                _log_line(log_path, record)
+                bar.update(task_id, info=f"loss {loss.item():.4f}")
+                if not progress:
+                    print(json.dumps(record), flush=True)
+            bar.advance(task_id)
+            if (step + 1) % recipe.save_every == 0 and step + 1 < recipe.steps:
+                save_state(step + 1)
+    if until is not None and until < recipe.steps:
+        save_state(max(start, until))
+        return None
+    save_state(recipe.steps)
+
+    val = answer_accuracy(model, data, device)
+    info = {
+        "name": recipe.name, "kind": recipe.kind, "params": count_params(model), "steps": recipe.steps,
+        "batch_size": recipe.batch_size, "tokens": tokens, "cpu_minutes": round(cpu_seconds / 60, 2),
+        "wall_minutes": round(wall_seconds / 60, 2), "seed": recipe.seed, "device": device,
+        "teacher": (teacher_spec or recipe.teacher) if recipe.kind == "melt" else None,
+        "validation_accuracy": {k: round(v, 4) for k, v in val.items()},
+        "final_loss": json.loads(log_path.read_text().splitlines()[-1])["loss"],
+    }
+    model.config.extra = {**model.config.extra, "zoo": recipe.name}
+    shipped = copy.deepcopy(model).to(getattr(torch, save_dtype))  # bf16 halves the package size
+    save_checkpoint(shipped, out_dir, tokenizer=tokenizer)
+    (out_dir / "train_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    return info

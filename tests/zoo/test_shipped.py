@@ -1,0 +1,80 @@
+"""The shipped zoo: every checkpoint loads as zoo:NAME and generates, `loopeval zoo list` matches the files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from safetensors import safe_open
+
+import adapters
+from adapters.zoo import ZOO_DIR, zoo_names
+from harness.cli import main
+from harness.train import load_recipes
+
+SHIPPED = zoo_names()
+EXPECTED = {"qwen3-tiny-small", "qwen3-tiny-deep", "ouro-tiny", "melt-tiny"}
+
+
+def test_the_four_main_models_and_their_recipes_are_shipped() -> None:
+    assert EXPECTED <= set(SHIPPED)
+    assert set(SHIPPED) <= set(load_recipes()), "every shipped model must be reproducible from a recipe"
+
+
+def test_shipped_files_are_small_enough_to_commit() -> None:
+    total = sum(p.stat().st_size for p in ZOO_DIR.rglob("*") if p.is_file())
+    assert total < 10_000_000, f"zoo package data is {total} bytes"
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_checkpoint_loads_and_generates(name: str) -> None:
+    adapter = adapters.load(f"zoo:{name}")
+    assert adapter.spec == f"zoo:{name}"
+    out = adapter.generate(["a=3;b=7;b=?", "12+34="], adapters.Sampling(temperature=0, max_new_tokens=6, stop=("\n",)))
+    assert len(out) == 2 and all(g.generated_tokens >= 1 and isinstance(g.text, str) for g in out)
+    assert adapter.memory()["weights_bytes"] > 0
+
+
+def test_melt_keeps_one_kv_row_per_layer_a_quarter_of_ouro() -> None:
+    """KV bytes per token of melt-tiny are exactly 1/T of ouro-tiny's at r = T."""
+    ouro = adapters.load("zoo:ouro-tiny").describe()
+    melt = adapters.load("zoo:melt-tiny").describe()
+    loops = ouro["config"]["loops"]
+    assert melt["kv_bytes_per_token"] * loops == ouro["kv_bytes_per_token"]
+
+
+def test_zoo_list_matches_the_shipped_files(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["zoo", "list", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in rows] == SHIPPED
+    for row in rows:
+        path = Path(ZOO_DIR / row["name"])
+        with safe_open(str(path / "model.safetensors"), "pt") as f:
+            params = sum(_numel(f.get_slice(k).get_shape()) for k in f.keys())
+        assert row["params"] == params
+        info = json.loads((path / "train_info.json").read_text())
+        assert row["steps"] == info["steps"] and row["cpu_minutes"] == info["cpu_minutes"]
+        config = json.loads((path / "config.json").read_text())["config"]
+        assert row["kv_strategy"] == config["kv_strategy"]
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def test_zoo_list_prints_a_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["zoo", "list"]) == 0
+    text = capsys.readouterr().out
+    for name in SHIPPED:
+        assert name in text
+
+
+def test_unknown_zoo_model_is_one_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(adapters.AdapterError, match="unknown zoo model 'nope'.*ouro-tiny"):
+        adapters.load("zoo:nope")
+    assert main(["zoo", "train", "nope", "--out", "/tmp/x"]) == 2
+    assert "unknown zoo model" in capsys.readouterr().err

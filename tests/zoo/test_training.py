@@ -1,0 +1,138 @@
+"""Training and conversion on real tensors with tiny shapes: losses fall, resume is exact, MELT starts as its teacher."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import adapters
+from adapters import training as T
+from adapters.model import LoopedLM
+from harness.train import TaskData, get_recipe, load_teacher, train
+from suites import synthetic
+
+# 32-wide models and a few hundred items keep every run here to seconds on two cores.
+TINY = {"hidden_size": 32, "num_heads": 2, "num_kv_heads": 1, "head_dim": 16, "ffn_size": 64, "vocab_size": 99}
+TASKS = ("chain2", "lookup")
+
+
+@pytest.fixture(scope="module")
+def items() -> dict[str, list[dict]]:
+    return {task: synthetic.load_split(task, "train")[:240] for task in TASKS}
+
+
+def tiny(name: str, steps: int, **changes) -> object:
+    recipe = get_recipe(name)
+    config = {**recipe.config, **TINY}
+    return recipe.with_overrides(config=config, steps=steps, batch_size=16, tasks=TASKS, val_items=40, warmup_steps=5, log_every=1, save_every=1000, **changes)
+
+
+def losses(out: Path) -> list[float]:
+    import json
+
+    return [json.loads(line)["loss"] for line in (out / "losses.jsonl").read_text().splitlines()]
+
+
+def falls(values: list[float]) -> bool:
+    """The mean of the last quarter is clearly below the mean of the first quarter."""
+    q = max(1, len(values) // 4)
+    return sum(values[-q:]) / q < 0.8 * sum(values[:q]) / q
+
+
+@pytest.fixture(scope="module")
+def teacher_dir(tmp_path_factory: pytest.TempPathFactory, items: dict) -> Path:
+    """A tiny ouro-tiny trained for a few steps: the LoopLM the MELT tests convert."""
+    out = tmp_path_factory.mktemp("zoo") / "ouro"
+    train(tiny("ouro-tiny", 40), out, progress=False, items=items)
+    return out
+
+
+@pytest.mark.parametrize("name", ["qwen3-tiny-small", "ouro-tiny"])
+def test_loss_falls_for_plain_and_looped_models(name: str, tmp_path: Path, items: dict) -> None:
+    info = train(tiny(name, 40), tmp_path / name, progress=False, items=items)
+    assert falls(losses(tmp_path / name)), losses(tmp_path / name)
+    assert info["steps"] == 40 and info["tokens"] > 0 and info["params"] > 0
+
+
+def test_looped_loss_trains_every_loop_and_the_exit_gate(teacher_dir: Path) -> None:
+    import json
+
+    records = [json.loads(line) for line in (teacher_dir / "losses.jsonl").read_text().splitlines()]
+    assert {"ce_loop1", "ce_loop4", "mean_exit_loop"} <= set(records[0])
+    assert records[-1]["ce_loop4"] < records[0]["ce_loop4"]
+    assert 1.0 <= records[-1]["mean_exit_loop"] <= 4.0
+
+
+@pytest.mark.parametrize("chunkwise", [True, False])
+def test_melt_conversion_loss_falls(chunkwise: bool, tmp_path: Path, items: dict, teacher_dir: Path) -> None:
+    recipe = tiny("melt-tiny", 30, ramp_steps=10, stage2_start=15, chunkwise=chunkwise, lr=3e-3)
+    info = train(recipe, tmp_path / "melt", progress=False, items=items, teacher_spec=f"ouro:{teacher_dir}")
+    values = losses(tmp_path / "melt")
+    stage1 = values[10:15]  # a has reached 1, alignment not yet added
+    assert min(stage1) < max(values[:10]) or falls(values[:15]), values
+    model = adapters.load(f"melt:{tmp_path / 'melt'}", dtype="float32").model
+    assert model.config.kv_strategy == "gated" and model.config.chunk_size == recipe.chunk_size
+    assert info["teacher"] == f"ouro:{teacher_dir}"
+
+
+def test_stage1_at_a0_reproduces_the_teacher(teacher_dir: Path, items: dict) -> None:
+    """With kv_mix 0 the converted model, chunk-wise, computes exactly its LoopLM teacher's logits."""
+    teacher = load_teacher(f"ouro:{teacher_dir}", "cpu")
+    student = teacher.to_melt("elementwise", chunk_size=4)
+    data = TaskData(TASKS, adapters.load(f"ouro:{teacher_dir}").tokenizer, 0, {k: v[:8] for k, v in items.items()})
+    batch = data.collate(data.train, "cpu")
+    with torch.no_grad():
+        ref = teacher(batch.inputs, return_loop_logits=True)
+        out = student(batch.inputs, chunk_size=4, kv_mix=0.0, return_loop_logits=True)
+    for s, t in zip(out.loop_logits, ref.loop_logits):
+        torch.testing.assert_close(s, t, atol=1e-5, rtol=1e-5)
+    assert T.distill_loss(out.loop_logits, ref.loop_logits, batch.token_mask).item() < 1e-6
+    # and at a = 1 it is a different model (the gated K/V), which the ramp moves towards
+    with torch.no_grad():
+        melt = student(batch.inputs, chunk_size=4, kv_mix=1.0, return_loop_logits=True)
+    assert (melt.logits - ref.logits).abs().max() > 1e-4
+
+
+def test_chunk_size_one_training_forward_matches_decoding(teacher_dir: Path) -> None:
+    """The training forward at chunk size 1 and the engine's token-by-token decoding give the same greedy text."""
+    teacher = load_teacher(f"ouro:{teacher_dir}", "cpu")
+    student: LoopedLM = teacher.to_melt("elementwise", chunk_size=1, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():  # make the gate matter, so that a wrong latent would show
+        for layer in student.shared:
+            layer.melt_gate.w_z.bias.fill_(0.5)
+    out = Path(teacher_dir).parent / "melt-chunk1"
+    from adapters.checkpoint import save_checkpoint
+
+    save_checkpoint(student, out, tokenizer=adapters.load(f"ouro:{teacher_dir}").tokenizer)
+    adapter = adapters.load(f"melt:{out}", dtype="float32", chunk_size=1)
+    prompt = "a=3;b=a+4;b=?"
+    gen = adapter.generate([prompt], adapters.Sampling(temperature=0, max_new_tokens=6))[0]
+    ids = adapter.tokenizer.encode(prompt)
+    with torch.no_grad():
+        for _ in range(gen.generated_tokens):
+            logits = student(torch.tensor([ids]), chunk_size=1, kv_mix=1.0).logits[0, -1]
+            ids.append(int(logits.argmax()))
+            decoded = torch.tensor(ids[-1:])
+            if int(decoded) == adapter.tokenizer.eos_token_id:
+                break
+    assert ids[len(adapter.tokenizer.encode(prompt)) :][: len(gen.token_ids)] == gen.token_ids
+
+
+def test_train_round_trips_and_resumes_exactly(tmp_path: Path, items: dict) -> None:
+    """An interrupted run resumed from train_state.pt ends with the same weights as an uninterrupted one."""
+    recipe = tiny("qwen3-tiny-small", 6)
+    train(recipe, tmp_path / "straight", progress=False, items=items)
+    assert train(recipe, tmp_path / "resumed", progress=False, items=items, until=3) is None
+    assert not (tmp_path / "resumed" / "model.safetensors").exists()
+    train(recipe, tmp_path / "resumed", progress=False, items=items)
+    a = torch.load(tmp_path / "straight" / "train_state.pt", weights_only=False)["model"]
+    b = torch.load(tmp_path / "resumed" / "train_state.pt", weights_only=False)["model"]
+    for key in a:
+        torch.testing.assert_close(a[key], b[key])
+    assert losses(tmp_path / "straight") == pytest.approx(losses(tmp_path / "resumed"))
+    # the shipped checkpoint is the trained weights in bf16, loadable by the engine
+    loaded = adapters.load(f"qwen3:{tmp_path / 'straight'}", dtype="float32").model.state_dict()
+    for key, value in a.items():
+        torch.testing.assert_close(loaded[key], value.to(torch.bfloat16).float())
