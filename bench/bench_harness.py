@@ -1,0 +1,115 @@
+"""Harness overhead: wall time of `loopeval run` against the adapter's own time for the same generate calls.
+
+A recording adapter (registered through the public registry as `bench:<spec>`) runs a fixed tiny
+workload through the real `loopeval run` (LightEval pipeline, SQLite store, memory sampler, progress
+off) in this process and keeps every (prompts, sampling) call it received. The same calls are then
+replayed on a fresh adapter with nothing around it. The ratio run wall / replay time is the
+harness's cost; the target is < 1.10 on the synthetic suite. A warm-up run first pays the one-off
+imports (torch, LightEval), which are reported separately. Run and replay alternate for a few
+rounds and the fastest of each is compared, since a shared machine makes single timings noisy.
+`ratio_wall_to_inside_generate` is the same question asked of the run alone: its wall time over
+the time it spent inside `Adapter.generate`.
+
+    .venv/bin/python bench/bench_harness.py            # prints JSON
+    .venv/bin/python bench/bench_harness.py --limit 40 --loops 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import adapters  # noqa: E402
+from adapters.base import Generation, Prompt, Sampling  # noqa: E402
+from harness.cli import main  # noqa: E402
+
+CALLS: list[tuple[list[Prompt], Sampling]] = []
+
+
+class Recording:
+    """The wrapped adapter, unchanged except that each generate call is remembered for the replay."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.spec, self.tokenizer, self.max_context = inner.spec, inner.tokenizer, inner.max_context
+
+    def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[Generation]:
+        CALLS.append((list(prompts), sampling))
+        return self.inner.generate(prompts, sampling)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@adapters.register("bench", "benchmark wrapper: bench:<spec> records the generate calls of <spec>", source="bench_harness")
+def _load_recording(spec: str, **overrides: Any) -> Recording:
+    return Recording(adapters.load(spec, **overrides))
+
+
+def run_cli(argv: list[str]) -> float:
+    began = time.perf_counter()
+    code = main(argv)
+    if code != 0:
+        raise SystemExit(f"loopeval {' '.join(argv)} exited {code}")
+    return time.perf_counter() - began
+
+
+def replay(adapter: Any) -> float:
+    """Seconds the bare adapter takes for the recorded calls."""
+    began = time.perf_counter()
+    for prompts, sampling in CALLS:
+        adapter.generate(prompts, sampling)
+    return time.perf_counter() - began
+
+
+def main_bench() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="preset:ouro-tiny")
+    parser.add_argument("--loops", type=int, default=2)
+    parser.add_argument("--limit", type=int, default=20, help="docs per task (5 synthetic tasks)")
+    parser.add_argument("--samples", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3, help="run/replay pairs, interleaved; the minimum of each is reported")
+    args = parser.parse_args()
+
+    from db.store import Store
+
+    common = ["run", "--model", f"bench:{args.model}", "--loops", str(args.loops), "--samples", str(args.samples),
+              "--max-new-tokens", str(args.max_new_tokens), "--batch-size", str(args.batch_size), "--no-report"]
+    bare = adapters.load(args.model, loops=args.loops, seed=0)
+    walls, inside, replays = [], [], []
+    with tempfile.TemporaryDirectory() as scratch:
+        cold = run_cli([*common, "--limit", "1", "--tasks", "lookup", "--db", f"{scratch}/warm.sqlite"])
+        bare.generate(*CALLS[0])  # the bare adapter warm too
+        for round_ in range(args.rounds):
+            CALLS.clear()
+            db = f"{scratch}/bench{round_}.sqlite"
+            walls.append(run_cli([*common, "--limit", str(args.limit), "--db", db]))
+            (summary,) = Store.open(db).run_summaries()
+            inside.append(summary["generate_seconds"])
+            replays.append(replay(bare))
+
+    best_wall, best_replay = min(walls), min(replays)
+    print(json.dumps({
+        "workload": {**vars(args), "suite": "synthetic", "generate_calls": len(CALLS), "samples_stored": summary["n_samples"]},
+        "loopeval_run_wall_seconds": [round(w, 3) for w in walls],
+        "adapter_generate_seconds_same_calls": [round(r, 3) for r in replays],
+        "ratio": round(best_wall / best_replay, 3),
+        "harness_overhead_percent": round(100 * (best_wall / best_replay - 1), 1),
+        "inside_generate_during_run_seconds": [round(g, 3) for g in inside],
+        "ratio_wall_to_inside_generate": round(min(w / g for w, g in zip(walls, inside)), 3),
+        "cold_start_seconds_first_run": round(cold, 3),
+        "target_ratio": 1.10,
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main_bench()
