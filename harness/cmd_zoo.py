@@ -25,10 +25,13 @@ def _table(rows: list[dict], columns: list[tuple[str, str]], title: str) -> None
 
     table = Table(title=title)
     for _, header in columns:
-        table.add_column(header)
+        table.add_column(header, no_wrap=True)
     for row in rows:
-        table.add_row(*(str(row.get(key, "")) for key, _ in columns))
-    Console().print(table)
+        table.add_row(*("" if row.get(key) is None else str(row[key]) for key, _ in columns))
+    console = Console()
+    if not console.is_terminal:  # pipes and logs get the whole table, not a squeezed one
+        console = Console(width=200)
+    console.print(table)
 
 
 def zoo_rows() -> list[dict]:
