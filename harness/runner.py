@@ -37,16 +37,16 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class RunDefaults:
-    """The default `loopeval run`: every tiny model on the synthetic suite, in a few minutes on 2 CPU cores."""
+    """The default `loopeval run`: the trained tiny zoo on the synthetic suite, in a few minutes on 2 CPU cores."""
 
-    models: tuple[str, ...] = ("preset:qwen3-tiny", "preset:ouro-tiny", "preset:melt-tiny")
+    models: tuple[str, ...] = ("zoo:qwen3-tiny-small", "zoo:qwen3-tiny-deep", "zoo:ouro-tiny", "zoo:melt-tiny")
     suite: str = "synthetic"
     loops: tuple[int, ...] = (1, 2, 4, 8)
-    samples: int = 2  # n samples per problem for pass@1
+    samples: int = 4  # n samples per problem for pass@1
     temperature: float = 1.0  # paper protocol
     top_p: float = 0.7  # paper protocol
     max_new_tokens: int = 8  # synthetic answers are a few digits
-    limit: int | None = 10  # docs per task
+    limit: int | None = None  # docs per task: all 200 of the test split
     batch_size: int = 32
 
 
