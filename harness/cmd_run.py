@@ -66,6 +66,7 @@ def run(
     data_dir: Optional[str] = typer.Option(None, "--data-dir", help="Directory with local copies of suite datasets (JSONL or parquet)."),
     resume: Optional[int] = typer.Option(None, "--resume", help="Continue the stopped run RUN_ID with its stored settings (other options are ignored)."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write the HTML report beside the database at the end."),
+    adapters_dir: Optional[list[str]] = typer.Option(None, "--adapters-dir", help="Folder of adapter plugin modules, repeatable (also LOOPEVAL_ADAPTERS)."),
 ) -> None:
     """Evaluate models x loop counts on a suite, storing every sample, metric and memory trace.
 
@@ -76,6 +77,10 @@ def run(
 
     # LightEval warns on every run that --limit makes numbers partial; the table says what was run.
     logging.getLogger("lighteval").setLevel(logging.ERROR)
+    if adapters_dir:
+        from adapters.registry import load_plugins
+
+        load_plugins(adapters_dir)  # before --model is resolved, so plugin prefixes are known
 
     spec = RunSpec.build(
         models=model, suite=suite, tasks=[t.strip() for t in tasks.split(",") if t.strip()] if tasks else None,
