@@ -66,6 +66,7 @@ def run(
     data_dir: Optional[str] = typer.Option(None, "--data-dir", help="Directory with local copies of suite datasets (JSONL or parquet)."),
     resume: Optional[int] = typer.Option(None, "--resume", help="Continue the stopped run RUN_ID with its stored settings (other options are ignored)."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write the HTML report beside the database at the end."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Let transformers:/vllm: models run code shipped in their directory (prints a warning)."),
     adapters_dir: Optional[list[str]] = typer.Option(None, "--adapters-dir", help="Folder of adapter plugin modules, repeatable (also LOOPEVAL_ADAPTERS)."),
 ) -> None:
     """Evaluate models x loop counts on a suite, storing every sample, metric and memory trace.
@@ -86,6 +87,7 @@ def run(
         models=model, suite=suite, tasks=[t.strip() for t in tasks.split(",") if t.strip()] if tasks else None,
         loops=parse_int_list(loops, "--loops"), samples=samples, temperature=temperature, top_p=top_p,
         max_new_tokens=max_new_tokens, limit=limit, batch_size=batch_size, seed=seed, db_url=db, data_dir=data_dir,
+        trust_remote_code=trust_remote_code,
     )
     from db.session import resolve_db_url
     from db.store import Store

@@ -66,6 +66,10 @@ def _suite_sampling(suite: str) -> dict[str, float | int]:
         raise UserError(str(exc)) from None
 
 
+# Backends that can run code shipped inside a model directory, and so take trust_remote_code.
+REMOTE_CODE_PREFIXES = ("transformers", "vllm")
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """A validated request for one sweep. Construct it with `RunSpec.build()` from CLI values."""
@@ -81,6 +85,7 @@ class RunSpec:
     db_url: str | None = None
     data_dir: str | None = None
     sampler_interval: float = DEFAULT_INTERVAL
+    trust_remote_code: bool = False  # only for transformers:/vllm: specs; their loaders warn when used
 
     @classmethod
     def build(
@@ -100,6 +105,7 @@ class RunSpec:
         db_url: str | None = None,
         data_dir: str | None = None,
         sampler_interval: float = DEFAULT_INTERVAL,
+        trust_remote_code: bool = False,
     ) -> RunSpec:
         """Fill unset values and check every field; UserError names the bad option.
 
@@ -148,7 +154,15 @@ class RunSpec:
             db_url=db_url,
             data_dir=data_dir,
             sampler_interval=sampler_interval,
+            trust_remote_code=trust_remote_code,
         )
+
+    def load_overrides(self, model: str) -> dict[str, Any]:
+        """Overrides every adapter of this sweep is loaded with (the engine rejects unknown ones)."""
+        overrides: dict[str, Any] = {"seed": self.seed}
+        if self.trust_remote_code and model.partition(":")[0] in REMOTE_CODE_PREFIXES:
+            overrides["trust_remote_code"] = True
+        return overrides
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -318,7 +332,7 @@ def prepare_sweep(spec: RunSpec) -> SweepPlan:
     task_configs = _load_tasks(spec)
     runs: list[tuple[str, int | None]] = []
     for model in spec.models:
-        description = adapters.load(model, seed=spec.seed).describe()
+        description = adapters.load(model, **spec.load_overrides(model)).describe()
         if is_looped(description):
             runs.extend((model, r) for r in spec.loops)
         else:
@@ -392,7 +406,7 @@ def _execute(
     import adapters
     from harness.bridge import run_suite
 
-    overrides: dict[str, Any] = {"seed": spec.seed}
+    overrides = spec.load_overrides(model)
     if loops is not None:
         overrides["loops"] = loops
     adapter = adapters.load(model, **overrides)

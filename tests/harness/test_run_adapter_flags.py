@@ -1,4 +1,4 @@
-"""`loopeval run --adapters-dir DIR` makes a folder plugin's prefix usable for that run."""
+"""`loopeval run` flags that reach the adapter registry: `--adapters-dir` and `--trust-remote-code`."""
 
 from __future__ import annotations
 
@@ -37,3 +37,16 @@ def test_missing_adapters_dir_is_one_line_exit_2(tmp_path: Path, capsys: pytest.
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "nope" in err
     assert not (tmp_path / "r.sqlite").exists()
+
+
+def test_trust_remote_code_flag_reaches_only_the_transformers_backend(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from adapters.testing import save_tiny_qwen3
+
+    model_dir = save_tiny_qwen3(tmp_path / "qwen3")
+    db = tmp_path / "r.sqlite"
+    argv = ["run", "--trust-remote-code", "--model", f"transformers:{model_dir}", "--model", "preset:qwen3-tiny",
+            "--tasks", "lookup", "--limit", "1", "--samples", "1", "--max-new-tokens", "3", "--db", str(db), "--no-report"]
+    assert main(argv) == 0
+    assert "trust_remote_code=True" in capsys.readouterr().err
+    with sqlite3.connect(db) as con:
+        assert sorted(s for (s,) in con.execute("select status from runs")) == ["finished", "finished"]
