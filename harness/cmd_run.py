@@ -59,7 +59,7 @@ def run(
     temperature: Optional[float] = typer.Option(None, "--temperature", help=f"Sampling temperature, >= 0 (0 = greedy). Default: {DEFAULTS.temperature} on synthetic, the suite's own elsewhere."),
     top_p: Optional[float] = typer.Option(None, "--top-p", help=f"Nucleus top-p in (0, 1]. Default: {DEFAULTS.top_p} on synthetic, the suite's own elsewhere."),
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help=f"New tokens per sample. Default: {DEFAULTS.max_new_tokens} on synthetic, the suite's own elsewhere (32768 for paper)."),
-    limit: Optional[int] = typer.Option(None, "--limit", help=f"Docs per task. Default: {DEFAULTS.limit} on synthetic, all elsewhere."),
+    limit: Optional[int] = typer.Option(None, "--limit", help=f"Docs per task. Default: {DEFAULTS.limit or 'all'} on synthetic, all elsewhere."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help=f"Prompts per generate call. Default: {DEFAULTS.batch_size}."),
     seed: int = typer.Option(0, "--seed", help="Seed for weights of random presets and for sampling."),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
