@@ -296,6 +296,7 @@ def _truncate_log(path: Path, before_step: int) -> None:
     path.write_text("".join(line + "\n" for line in keep))
 
 
+@torch.enable_grad()  # LightEval 0.13 turns autograd off process-wide when imported; training needs it
 def train(
     recipe: Recipe,
     out_dir: Path,

@@ -17,3 +17,9 @@ def _offline_hub(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(autouse=True)
+def _grad_enabled() -> None:
+    """LightEval 0.13 calls torch.set_grad_enabled(False) at import; tests that train need autograd back."""
+    torch.set_grad_enabled(True)
