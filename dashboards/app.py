@@ -89,7 +89,7 @@ def _layout(engine: Engine) -> html.Div:
 
 
 def create_app(db_url: str) -> Dash:
-    """The Dash app reading `db_url`; raises UserError when the database is missing or holds no runs."""
+    """The Dash app reading `db_url`; raises db.ResultsError when the database is missing or holds no runs."""
     engine = queries.connect(db_url)
     queries.require_results(engine)
     app = Dash(__name__, title="loopeval", serve_locally=True)

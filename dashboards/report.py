@@ -161,7 +161,7 @@ def build_report(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -
 def write_report(db_url: str, out: Path) -> Path:
     """Write the static report of the database at `db_url` to `out`; return its path.
 
-    Raises `UserError` (one line, exit 2 in the CLI) when the database is missing or holds no runs;
+    Raises `db.ResultsError` (one line, exit 2 in the CLI) when the database is missing or holds no runs;
     a missing SQLite file is not created.
     """
     engine = queries.connect(db_url)

@@ -17,7 +17,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DatabaseError
 
 from db.models import MemoryPeak, MemorySample, ProfilePoint, Run, Sample, TaskMetric
-from harness.errors import UserError
+from db import ResultsError
 
 # The sampler's per-tick columns (MemorySample), in the order the memory-over-a-run figure draws them.
 SERIES_MEASURES: tuple[str, ...] = (
@@ -39,28 +39,28 @@ def connect(url: str) -> Engine:
     try:
         parsed = make_url(url)
     except ArgumentError as exc:
-        raise UserError(f"not a database URL: {url!r} ({exc})") from None
+        raise ResultsError(f"not a database URL: {url!r} ({exc})") from None
     if parsed.get_backend_name() == "sqlite":
         path = parsed.database or ""
         if path in ("", ":memory:") or path.startswith("file:"):
-            raise UserError(f"no results database file in {url!r}; run `loopeval run` first")
+            raise ResultsError(f"no results database file in {url!r}; run `loopeval run` first")
         if not Path(path).is_file():
-            raise UserError(f"no results database at {path}; run `loopeval run` first")
+            raise ResultsError(f"no results database at {path}; run `loopeval run` first")
     return create_engine(parsed)
 
 
 def require_results(engine: Engine) -> int:
-    """Return the number of runs; raise UserError when there is nothing to show."""
+    """Return the number of runs; raise ResultsError when there is nothing to show."""
     where = engine.url.render_as_string(hide_password=True)
     try:
         if not inspect(engine).has_table(Run.__tablename__):
-            raise UserError(f"the database {where} holds no loopeval results; run `loopeval run` first")
+            raise ResultsError(f"the database {where} holds no loopeval results; run `loopeval run` first")
         with engine.connect() as conn:
             count = conn.execute(select(func.count()).select_from(Run)).scalar_one()
     except DatabaseError as exc:
-        raise UserError(f"cannot read {where}: {str(exc.orig).splitlines()[0]}") from None
+        raise ResultsError(f"cannot read {where}: {str(exc.orig).splitlines()[0]}") from None
     if count == 0:
-        raise UserError(f"the database {where} holds no runs yet; run `loopeval run` first")
+        raise ResultsError(f"the database {where} holds no runs yet; run `loopeval run` first")
     return count
 
 

@@ -19,7 +19,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
 
-from harness.errors import UserError
+from db import ResultsError
 
 DB_ENV = "LOOPEVAL_DB"
 DEFAULT_DB_PATH = Path("results") / "loopeval.sqlite"
@@ -74,25 +74,25 @@ def _check_sqlite_file(path: Path) -> None:
     """Refuse a path loopeval cannot write, or a file that is not SQLite; reads only, never writes it."""
     if path.exists():
         if not path.is_file():
-            raise UserError(f"database {path} is not a file")
+            raise ResultsError(f"database {path} is not a file")
         with path.open("rb") as fh:
             header = fh.read(len(_SQLITE_HEADER))
         if header and header != _SQLITE_HEADER:
-            raise UserError(f"database {path} is not a SQLite database (left untouched)")
+            raise ResultsError(f"database {path} is not a SQLite database (left untouched)")
         if not os.access(path, os.W_OK):
-            raise UserError(f"database {path} is not writable")
+            raise ResultsError(f"database {path} is not writable")
         directory = path.parent
     else:
         directory = path.parent
         try:
             directory.mkdir(parents=True, exist_ok=True)
         except (FileExistsError, NotADirectoryError):
-            raise UserError(f"cannot create the database directory {directory}: a file is in the way") from None
+            raise ResultsError(f"cannot create the database directory {directory}: a file is in the way") from None
         except OSError as exc:
-            raise UserError(f"cannot create the database directory {directory}: {exc.strerror or exc}") from None
+            raise ResultsError(f"cannot create the database directory {directory}: {exc.strerror or exc}") from None
     # WAL keeps -wal and -shm files beside the database, so the directory must be writable too.
     if not os.access(directory, os.W_OK):
-        raise UserError(f"database directory {directory} is not writable")
+        raise ResultsError(f"database directory {directory} is not writable")
 
 
 def _check_revision(engine: Engine, where: str) -> None:
@@ -103,12 +103,12 @@ def _check_revision(engine: Engine, where: str) -> None:
         current = MigrationContext.configure(conn).get_current_revision()
         tables = set(inspect(conn).get_table_names())
     if current is not None and current not in _known_revisions():
-        raise UserError(
+        raise ResultsError(
             f"database {where} has schema revision {current}, newer than this loopeval knows "
             f"(head {head_revision()}); upgrade loopeval to read it"
         )
     if current is None and "runs" in tables:
-        raise UserError(f"database {where} has a 'runs' table but no loopeval schema version; use another --db")
+        raise ResultsError(f"database {where} has a 'runs' table but no loopeval schema version; use another --db")
 
 
 def _tune_sqlite(engine: Engine) -> None:
@@ -145,12 +145,12 @@ def _upgrade(engine: Engine) -> None:
 
 
 def open_engine(url: str | None = None) -> Engine:
-    """Open (creating or upgrading as needed) the results database; UserError on anything unusable."""
+    """Open (creating or upgrading as needed) the results database; ResultsError on anything unusable."""
     url = resolve_db_url(url)
     try:
         parsed = make_url(url)
     except ArgumentError:
-        raise UserError(f"--db {url!r} is not a SQLAlchemy URL (e.g. sqlite:///results/loopeval.sqlite)") from None
+        raise ResultsError(f"--db {url!r} is not a SQLAlchemy URL (e.g. sqlite:///results/loopeval.sqlite)") from None
     path = _sqlite_path(url)
     try:
         if path is not None:
@@ -165,14 +165,14 @@ def open_engine(url: str | None = None) -> Engine:
         try:
             engine = create_engine(url)
         except (NoSuchModuleError, ImportError):
-            raise UserError(f"--db {parsed.drivername!r}: no SQLAlchemy driver installed for it") from None
+            raise ResultsError(f"--db {parsed.drivername!r}: no SQLAlchemy driver installed for it") from None
         if parsed.get_backend_name() == "sqlite":
             _tune_sqlite(engine)
         if path is None:
             _check_revision(engine, parsed.render_as_string(hide_password=True))
         _upgrade(engine)
     except DBAPIError as exc:
-        raise UserError(f"cannot open database {parsed.render_as_string(hide_password=True)}: {exc.orig}") from None
+        raise ResultsError(f"cannot open database {parsed.render_as_string(hide_password=True)}: {exc.orig}") from None
     return engine
 
 

@@ -16,6 +16,8 @@ import typer
 from typer.exceptions import TyperException
 
 from adapters.base import AdapterError
+from db import ResultsError
+from suites import SuiteError
 
 COMMAND_MODULES: tuple[str, ...] = (
     "harness.cmd_dashboard",
@@ -60,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         print(f"loopeval: error: {exc.format_message()}", file=sys.stderr)
         return 2
-    except AdapterError as exc:  # includes harness.errors.UserError
+    except (AdapterError, ResultsError, SuiteError) as exc:  # includes harness.errors.UserError
         print(f"loopeval: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -27,7 +27,7 @@ def register(app: typer.Typer) -> None:
         if serve:
             from dashboards.app import create_app  # lazy: dash is heavy and absent on the GPU machine
 
-            dash_app = create_app(url)  # raises UserError before binding when there is nothing to show
+            dash_app = create_app(url)  # raises ResultsError before binding when there is nothing to show
             print(f"loopeval dashboard: serving {url} at http://{host}:{port}/ (Ctrl+C stops)")
             dash_app.run(host=host, port=port, debug=False)
             return

@@ -17,7 +17,7 @@ from sqlalchemy import create_engine, inspect
 from db.models import Base
 from db.session import alembic_config, head_revision, open_engine
 from db.store import Store
-from harness.errors import UserError
+from db import ResultsError
 
 RUN = dict(sweep_id="s1", model_spec="preset:qwen3-tiny", adapter="preset", suite="synthetic")
 
@@ -68,7 +68,7 @@ def test_not_a_database_is_refused_and_left_byte_identical(tmp_path: Path) -> No
     path = tmp_path / "notes.sqlite"
     content = b"these are my notes, not a database\n" * 100
     path.write_bytes(content)
-    with pytest.raises(UserError, match="not a SQLite database"):
+    with pytest.raises(ResultsError, match="not a SQLite database"):
         open_engine(str(path))
     assert path.read_bytes() == content
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.sqlite"]
@@ -80,7 +80,7 @@ def test_newer_schema_is_refused_and_left_byte_identical(tmp_path: Path) -> None
     conn.executescript("CREATE TABLE alembic_version (version_num VARCHAR(32) PRIMARY KEY); INSERT INTO alembic_version VALUES ('9999');")
     conn.close()
     before = path.read_bytes()
-    with pytest.raises(UserError, match="newer than this loopeval"):
+    with pytest.raises(ResultsError, match="newer than this loopeval"):
         open_engine(str(path))
     assert path.read_bytes() == before
 
@@ -88,7 +88,7 @@ def test_newer_schema_is_refused_and_left_byte_identical(tmp_path: Path) -> None
 def test_unwritable_location_is_refused(tmp_path: Path) -> None:
     blocker = tmp_path / "file.txt"
     blocker.write_text("x")
-    with pytest.raises(UserError, match="cannot create the database directory"):
+    with pytest.raises(ResultsError, match="cannot create the database directory"):
         open_engine(str(blocker / "sub" / "r.sqlite"))
     assert blocker.read_text() == "x"
 
