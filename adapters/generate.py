@@ -59,11 +59,21 @@ def sample(logits: Tensor, sampling: Sampling, generator: torch.Generator | None
     if sampling.top_k is not None and sampling.top_k < logits.shape[-1]:
         kth = torch.topk(logits, sampling.top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    if sampling.top_p < 1.0:  # sample in sorted order, then map back: no scatter
+    if sampling.top_p < 1.0:  # draw in sorted order, then map back: no scatter
         probs, order = torch.sort(torch.softmax(logits, dim=-1), dim=-1, descending=True)
         probs = probs.masked_fill(probs.cumsum(dim=-1) - probs >= sampling.top_p, 0.0)
-        return order.gather(-1, torch.multinomial(probs, 1, generator=generator)).squeeze(-1)
-    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator).squeeze(-1)
+        return order.gather(-1, draw(probs, generator)[:, None]).squeeze(-1)
+    return draw(torch.softmax(logits, dim=-1), generator)
+
+
+def draw(probs: Tensor, generator: torch.Generator | None) -> Tensor:
+    """One index per row with probability proportional to `probs` [B, V] (rows need not sum to 1).
+
+    The exponential race, as gpt-fast samples: argmax of probs / E with E ~ Exp(1) i.i.d. picks index
+    i with probability probs_i / sum(probs). Two cheap kernels instead of `torch.multinomial`, which
+    costs more than a whole layer of a tiny model on the CPU and synchronises the host on a GPU.
+    """
+    return (probs / torch.empty_like(probs).exponential_(generator=generator)).argmax(dim=-1)
 
 
 def prefill_chunks(width: int, chunk: int) -> list[tuple[int, int]]:
@@ -140,6 +150,7 @@ def generate(
             )
     cache = KVCache(cfg, b, capacity, loops, dtype, device)
     on_cache(cache)
+    model.prepare_inference()
     try:
         with torch.inference_mode():
             t0 = time.perf_counter()

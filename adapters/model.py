@@ -41,12 +41,12 @@ class RMSNorm(nn.Module):
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
-        self.eps = eps
+        self.eps, self.shape = eps, (dim,)
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
         if x.dtype == torch.float32:  # one call: decoding small models is bound by per-op overhead
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+            return torch.rms_norm(x, self.shape, self.weight, self.eps)
         return self.weight * rms(x, self.eps)
 
 
@@ -89,36 +89,37 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
-def packed(module: nn.Module, name: str, params: tuple[Tensor, ...]) -> Tensor:
+def packed(module: nn.Module, key: str, params: tuple[Tensor, ...]) -> Tensor:
     """The row-wise concatenation of `params` as one tensor whose row blocks ARE the parameters.
 
     Decoding a small model costs per-op overhead, not FLOPs: one matmul for q, k and v (and one for
-    gate and up) instead of three (two). The first call moves the parameters into one buffer and
-    makes them views of it, so there is no second copy of the weights, and in-place optimizer
-    steps keep the buffer current; if the parameters are replaced later (`.to()`, assigning
-    loads) the pointers no longer line up and the buffer is rebuilt. With autograd on it returns
-    `torch.cat(params)`, so gradients reach the separate parameters (which keep HF's names).
+    gate and up) instead of three (two). With autograd off, the parameters are moved into one buffer
+    and made views of it, so there is no second copy of the weights and in-place updates (optimizer
+    steps, `load_state_dict`) keep it current. The buffer is kept in `module.__dict__[key]`; the
+    per-token path only looks it up, and `LoopedLM.prepare_inference` (once per generate call)
+    drops it if the parameters were replaced since. With autograd on it returns `torch.cat(params)`,
+    so gradients reach the separate parameters (which keep HF's names).
     """
     if torch.is_grad_enabled():
         return torch.cat(params)
-    store = module.__dict__.setdefault("_packed", {})  # LoopedLM._apply clears it when weights move
-    buf = store.get(name)
-    if buf is not None and buf.dtype == params[0].dtype:
-        ptr = buf.data_ptr()
-        for p in params:
-            if p.data_ptr() != ptr:
-                break
-            ptr += p.numel() * p.element_size()
-        else:
-            return buf
     with torch.inference_mode(False), torch.no_grad():  # parameters must stay ordinary (trainable) tensors
         buf = torch.cat([p.detach() for p in params])
         offset = 0
         for p in params:
             p.data = buf[offset : offset + p.shape[0]]
             offset += p.shape[0]
-    store[name] = buf
+    module.__dict__[key] = buf
     return buf
+
+
+def still_packed(buf: Tensor, params: tuple[Tensor, ...]) -> bool:
+    """Whether `params` are still the consecutive row blocks of `buf` (False once one was replaced)."""
+    ptr = buf.data_ptr()
+    for p in params:
+        if p.data_ptr() != ptr or p.dtype != buf.dtype:
+            return False
+        ptr += p.numel() * p.element_size()
+    return True
 
 
 class Attention(nn.Module):
@@ -135,49 +136,58 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
 
+    def qkv_weight(self) -> Tensor:
+        """q, k and v projections as one [(H + 2 Hkv) D, d] matrix (see `packed`)."""
+        w = None if torch.is_grad_enabled() else self.__dict__.get("_qkv")
+        return w if w is not None else packed(self, "_qkv", self.packed_params()["_qkv"])
+
+    def packed_params(self) -> dict[str, tuple[Tensor, ...]]:
+        return {"_qkv": (self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)}
+
     def project(self, x: Tensor, rope: tuple[Tensor, Tensor], src: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """q from x, k and v from `src` (default x): q [B,H,n,D], k, v [B,Hkv,n,D], with q/k norm and RoPE."""
         b, n, _ = x.shape
         h, kv, d = self.n_heads, self.n_kv, self.head_dim
+        w = self.qkv_weight()
         if src is None:
-            qkv = F.linear(x, packed(self, "qkv", (self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)))
-            qkv = qkv.view(b, n, h + 2 * kv, d)
+            qkv = F.linear(x, w).view(b, n, h + 2 * kv, d)
             qk, v = qkv[:, :, : h + kv], qkv[:, :, h + kv :]
         else:
-            q = self.q_proj(x).view(b, n, h, d)
-            kv_ = F.linear(src, packed(self, "kv", (self.k_proj.weight, self.v_proj.weight))).view(b, n, 2 * kv, d)
+            q = F.linear(x, w[: h * d]).view(b, n, h, d)
+            kv_ = F.linear(src, w[h * d :]).view(b, n, 2 * kv, d)
             qk, v = torch.cat((q, kv_[:, :, :kv]), dim=2), kv_[:, :, kv:]
         if self.q_norm is not None:  # per-head RMSNorm of q and k in one pass (weights stacked per head)
-            qk = self._qk_norm_weight() * rms(qk, self.eps)
+            qk = self.qk_norm_weight() * rms(qk, self.eps)
         qk = apply_rope(qk.transpose(1, 2), *rope)
         return qk[:, :h], qk[:, h:], v.transpose(1, 2)
 
-    def _qk_norm_weight(self) -> Tensor:
-        """q_norm and k_norm weights stacked per head [H + Hkv, D], so one multiply norms q and k together."""
-        qw, kw = self.q_norm.weight, self.k_norm.weight
-        stacked = lambda: torch.cat((qw.expand(self.n_heads, -1), kw.expand(self.n_kv, -1)))  # noqa: E731
-        if torch.is_grad_enabled():
-            return stacked()
-        key = (qw.data_ptr(), qw._version, kw.data_ptr(), kw._version)
-        cached = self.__dict__.get("_qk_norm")
-        if cached is None or cached[0] != key:
-            cached = self.__dict__["_qk_norm"] = (key, stacked())
-        return cached[1]
+    def qk_norm_weight(self) -> Tensor:
+        """q_norm and k_norm weights stacked per head [H + Hkv, D], so one multiply norms q and k together.
+
+        With autograd off the stack is kept (a copy: `LoopedLM.prepare_inference` rebuilds it once per
+        generate call, so weights changed in between are seen).
+        """
+        w = None if torch.is_grad_enabled() else self.__dict__.get("_qk_norm")
+        if w is None:
+            w = torch.cat((self.q_norm.weight.expand(self.n_heads, -1), self.k_norm.weight.expand(self.n_kv, -1)))
+            if not torch.is_grad_enabled():
+                self.__dict__["_qk_norm"] = w
+        return w
 
     def keys_values(self, src: Tensor, rope: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         """k, v [B,Hkv,n,D] from `src` alone (MELT rows when q and the LoopLM's K/V come from x)."""
         b, n, _ = src.shape
-        k = self.k_proj(src).view(b, n, self.n_kv, self.head_dim)
+        kv_ = F.linear(src, self.qkv_weight()[self.n_heads * self.head_dim :]).view(b, n, 2 * self.n_kv, self.head_dim)
+        k, v = kv_[:, :, : self.n_kv], kv_[:, :, self.n_kv :]
         if self.k_norm is not None:
             k = self.k_norm(k)
-        v = self.v_proj(src).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
-        return apply_rope(k.transpose(1, 2), *rope), v
+        return apply_rope(k.transpose(1, 2), *rope), v.transpose(1, 2)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool = False) -> Tensor:
         """q [B,H,n,D], k/v [B,Hkv,L,D], mask bool [B,1,n,L] (True = attend) -> [B,n,d]."""
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=self.n_heads != self.n_kv)
         b, _, n, _ = q.shape
-        return self.o_proj(y.transpose(1, 2).reshape(b, n, self.n_heads * self.head_dim))
+        return F.linear(y.transpose(1, 2).reshape(b, n, self.n_heads * self.head_dim), self.o_proj.weight)
 
 
 class MLP(nn.Module):
@@ -187,9 +197,15 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.ffn_size, bias=False)
         self.down_proj = nn.Linear(cfg.ffn_size, cfg.hidden_size, bias=False)
 
+    def packed_params(self) -> dict[str, tuple[Tensor, ...]]:
+        return {"_gate_up": (self.gate_proj.weight, self.up_proj.weight)}
+
     def forward(self, x: Tensor) -> Tensor:
-        gate, up = F.linear(x, packed(self, "gate_up", (self.gate_proj.weight, self.up_proj.weight))).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        w = None if torch.is_grad_enabled() else self.__dict__.get("_gate_up")
+        if w is None:
+            w = packed(self, "_gate_up", self.packed_params()["_gate_up"])
+        gate, up = F.linear(x, w).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down_proj.weight)
 
 
 class MeltGate(nn.Module):
@@ -300,10 +316,26 @@ class LoopedLM(nn.Module):
     # ----------------------------------------------------------------------------------- helpers
     def _apply(self, fn, recurse: bool = True):  # noqa: ANN001 (nn.Module's signature)
         """Moving or casting weights (`.to`, `.cuda`, `.half`) drops the packed inference buffers first."""
-        for module in self.modules():
-            module.__dict__.pop("_packed", None)
-            module.__dict__.pop("_qk_norm", None)
+        self._drop_inference_buffers(everything=True)
         return super()._apply(fn, recurse)
+
+    def prepare_inference(self) -> None:
+        """Make the kept inference buffers safe to use without checks for one generate call or forward.
+
+        Packed projections whose parameters were replaced since (e.g. `load_state_dict(assign=True)`)
+        are dropped and rebuilt on first use; the stacked q/k-norm weights, being copies, are always
+        rebuilt. The per-token path then only looks them up.
+        """
+        self._drop_inference_buffers(everything=False)
+
+    def _drop_inference_buffers(self, everything: bool) -> None:
+        for module in self.modules():
+            module.__dict__.pop("_qk_norm", None)
+            if isinstance(module, (Attention, MLP)):
+                for key, params in module.packed_params().items():
+                    buf = module.__dict__.get(key)
+                    if buf is not None and (everything or not still_packed(buf, params)):
+                        del module.__dict__[key]
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator, std: float = 0.02) -> None:
@@ -357,6 +389,8 @@ class LoopedLM(nn.Module):
         cfg = self.config
         r = cfg.check_loops(loops if loops is not None else cfg.loops)
         b, n = tokens.shape
+        if not torch.is_grad_enabled():
+            self.prepare_inference()
         gated = cfg.kv_strategy == "gated"
         a = (1.0 if kv_mix is None else float(kv_mix)) if gated else 0.0
         chunk = (chunk_size or cfg.chunk_size) if gated else n
@@ -446,7 +480,8 @@ class LoopedLM(nn.Module):
         """Run tokens [B, n] at cache slots slot..slot+n-1 (positions [B, n]), writing K/V in place.
 
         `mask` [B,1,n,slot+n] bool, or None for plain causal attention. For gated caches n must not
-        exceed the cache's latent chunk. Returns the last position's normed state(s).
+        exceed the cache's latent chunk. Returns the last position's normed state(s). Callers run
+        `prepare_inference()` once before a series of steps (`adapters.generate.generate` does).
         """
         cfg = self.config
         p, s = cfg.prelude_layers, cfg.shared_layers

@@ -395,3 +395,17 @@ def test_packed_inference_weights_share_storage_and_follow_training():
     model.to(torch.float64)
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, model.float()(ids).logits.double(), atol=1e-5, rtol=0)
+
+
+def test_packed_weights_follow_replaced_parameters():
+    """Replacing parameters (load_state_dict(assign=True), as checkpoint loading does) between calls
+    drops the packed buffers, so the next forward uses the new weights, as a cat-path forward does."""
+    model = tiny("ouro-tiny")
+    other = random_model(preset("ouro-tiny"), seed=5, dtype=torch.float32, device="cpu")
+    ids = torch.randint(3, 99, (1, 8), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        model(ids)  # packs q/k/v and gate/up
+        model.load_state_dict({k: v.clone() for k, v in other.state_dict().items()}, assign=True)
+        replaced = model(ids).logits
+        expected = other(ids).logits
+    torch.testing.assert_close(replaced, expected, rtol=0, atol=0)
