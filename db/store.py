@@ -11,7 +11,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sqlalchemy import Engine, delete, func, select
+from sqlalchemy import Engine, delete, func, insert, select, update
 
 from db.models import MemoryPeak, MemorySample, ProfilePoint, Run, Sample, TaskMetric, utcnow
 from db.session import open_engine, session_factory
@@ -79,30 +79,34 @@ class Store:
         if not rows:
             return 0
         with self._session.begin() as session:
-            tasks = {row["task"] for row in rows}
             existing = set(
                 session.execute(
                     select(Sample.task, Sample.doc_id, Sample.sample_index).where(
-                        Sample.run_id == run_id, Sample.task.in_(tasks)
+                        Sample.run_id == run_id,
+                        Sample.task.in_({row["task"] for row in rows}),
+                        Sample.doc_id.in_({str(row["doc_id"]) for row in rows}),
                     )
                 ).all()
             )
-            new: list[Sample] = []
+            new: list[dict[str, Any]] = []
             for row in rows:
                 key = (row["task"], str(row["doc_id"]), int(row["sample_index"]))
                 if key not in existing:
                     existing.add(key)
-                    new.append(Sample(run_id=run_id, **{**row, "doc_id": key[1]}))
-            session.add_all(new)
+                    new.append({**row, "run_id": run_id, "doc_id": key[1]})
+            if new:  # one executemany INSERT: the ORM's per-object flush costs more than a tiny model's batch
+                session.execute(insert(Sample), new)
             return len(new)
 
     def set_sample_scores(self, run_id: int, scores: Mapping[tuple[str, str, int], float | None]) -> None:
         """Fill in scores once the suite is scored: (task, doc_id, sample_index) -> score."""
         with self._session.begin() as session:
-            for sample in session.scalars(select(Sample).where(Sample.run_id == run_id)):
-                key = (sample.task, sample.doc_id, sample.sample_index)
-                if key in scores:
-                    sample.score = scores[key]
+            keys = session.execute(
+                select(Sample.id, Sample.task, Sample.doc_id, Sample.sample_index).where(Sample.run_id == run_id)
+            )
+            updates = [{"id": id_, "score": scores[(task, doc, idx)]} for id_, task, doc, idx in keys if (task, doc, idx) in scores]
+            if updates:  # ORM bulk UPDATE by primary key, one executemany
+                session.execute(update(Sample), updates)
 
     def samples(self, run_id: int, task: str | None = None) -> list[Sample]:
         with self._session() as session:
@@ -124,8 +128,10 @@ class Store:
             )
 
     def add_memory_samples(self, run_id: int, rows: Iterable[Mapping[str, Any]]) -> None:
-        with self._session.begin() as session:
-            session.add_all(MemorySample(run_id=run_id, **row) for row in rows)
+        rows = [{**row, "run_id": run_id} for row in rows]
+        if rows:
+            with self._session.begin() as session:
+                session.execute(insert(MemorySample), rows)
 
     def set_memory_peaks(self, run_id: int, peaks: Mapping[str, int | None]) -> None:
         """Replace the run's peaks: measure name -> bytes, None where the source was unavailable."""

@@ -276,7 +276,7 @@ class StoreSink:
         self.sampler.set_phase(f"task:{task} batch:{batch_index}")
 
     def on_records(self, records: list[Any]) -> None:
-        self.store.add_samples(self.run_id, [dataclasses.asdict(record) for record in records])
+        self.store.add_samples(self.run_id, [vars(record) for record in records])  # shallow: asdict deep-copies
 
 
 @contextmanager
