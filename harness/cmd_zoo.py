@@ -141,9 +141,12 @@ def register(app: typer.Typer) -> None:
         lr: Optional[float] = typer.Option(None, "--lr", min=0.0),
         batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1),
         data: Optional[Path] = typer.Option(None, "--data", help="JSONL of {prompt, answer} to train on (default: the synthetic train split)."),
+        threads: Optional[int] = typer.Option(None, "--threads", min=1, help="torch CPU threads."),
         resume: bool = typer.Option(True, "--resume/--no-resume"),
     ) -> None:
         """Convert a LoopLM into MELT with the paper's two stages (DESIGN.md)."""
+        import torch
+
         from adapters.config import GATE_VARIANTS
         from harness.train import get_recipe, train
 
@@ -151,6 +154,8 @@ def register(app: typer.Typer) -> None:
             raise UserError(f"--device must be cpu or cuda, got {device!r}")
         if gate is not None and gate not in GATE_VARIANTS:
             raise UserError(f"--gate must be one of {', '.join(GATE_VARIANTS)}, got {gate!r}")
+        if threads:
+            torch.set_num_threads(threads)
         recipe = get_recipe(recipe_name)
         if recipe.kind != "melt":
             raise UserError(f"--recipe {recipe_name} is a {recipe.kind} recipe; conversion needs a melt recipe")

@@ -1,0 +1,66 @@
+"""README tables from `loopeval results --json`: accuracy per task and average, weights, KV peak, KV per token.
+
+The zoo section of the README is this script's output for the default run, so its numbers are
+exactly what `loopeval results` prints:
+
+    .venv/bin/loopeval results --json | .venv/bin/python scripts/results_tables.py
+    .venv/bin/loopeval results --db ablations.sqlite --json | .venv/bin/python scripts/results_tables.py --no-memory
+
+KV bytes per token is what one more token of context adds to the KV cache at the run's loop count,
+from the model's config (`adapters.memory.kv_bytes`, in the dtype the run used: float32 here), so it
+excludes the MELT latent state, which does not grow with the context.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from adapters.config import LoopConfig, preset, read_config  # noqa: E402
+from adapters.memory import kv_bytes  # noqa: E402
+from adapters.zoo import zoo_path  # noqa: E402
+
+
+def kv_per_token(model: str, loops: int | None, dtype: str = "fp32") -> int | None:
+    """Marginal KV bytes of one token for a preset, zoo or checkpoint spec (None where no config is found)."""
+    kind, _, rest = model.partition(":")
+    if kind == "preset":
+        cfg: LoopConfig = preset(rest)
+    else:
+        path = zoo_path(rest) if kind == "zoo" else Path(rest)
+        if not (path / "config.json").is_file():
+            return None
+        cfg = read_config(path)
+    return kv_bytes(cfg, 2, 1, loops, dtype) - kv_bytes(cfg, 1, 1, loops, dtype)
+
+
+def table(runs: list[dict], memory: bool) -> str:
+    tasks = sorted({task for run in runs for task in run["metrics"] if task != "all"})
+    head = ["model", "loops", *tasks, "average"] + (["weights_bytes", "kv_bytes_peak", "KV bytes/token"] if memory else [])
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for run in runs:
+        score = lambda task: next(iter(run["metrics"].get(task, {}).values()), None)  # noqa: E731 (one metric per task)
+        cells = [run["model"], "-" if run["loops"] is None else str(run["loops"])]
+        cells += [f"{score(t):.3f}" if score(t) is not None else "n/a" for t in [*tasks, "all"]]
+        if memory:
+            per_token = kv_per_token(run["model"], run["loops"])
+            cells += [f"{run['memory'].get(k) or 0:,}" for k in ("weights_bytes", "kv_bytes_peak")]
+            cells.append(f"{per_token:,}" if per_token is not None else "n/a")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--no-memory", action="store_true", help="accuracy columns only (the ablation table)")
+    args = parser.parse_args()
+    runs = [run for run in json.load(sys.stdin) if run["status"] == "finished"]
+    print(table(runs, memory=not args.no_memory))
+
+
+if __name__ == "__main__":
+    main()
