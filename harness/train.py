@@ -22,6 +22,7 @@ choices. The test split is never touched here.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import time
@@ -131,6 +132,16 @@ class Batch:
     targets: torch.Tensor  # [B, N] next tokens
     answer_mask: torch.Tensor  # [B, N] 1 where the target is an answer or stop token
     token_mask: torch.Tensor  # [B, N] 1 where the target is a real token (not padding)
+    prompt_length: int | None = None  # set when every row's prompt (with <bos>) has this length
+
+    def decode_chunks(self, chunk_size: int) -> list[int]:
+        """Chunk lengths that reproduce MELT decoding on this batch: the prompt in chunks counted back
+        from its end (as `adapters.generate` prefills), then every later token alone (as it is decoded)."""
+        from adapters.generate import prefill_chunks
+
+        assert self.prompt_length is not None, "decode-aligned chunks need a batch of one prompt length"
+        prefill = [s1 - s0 for s0, s1 in prefill_chunks(self.prompt_length, chunk_size)]
+        return prefill + [1] * (self.inputs.shape[1] - self.prompt_length)
 
 
 class TaskData:
@@ -161,6 +172,7 @@ class TaskData:
 
     def collate(self, rows: list[tuple[list[int], int]], device: str) -> Batch:
         n = max(len(ids) for ids, _ in rows) - 1
+        lengths = {plen for _, plen in rows}
         inputs = torch.full((len(rows), n), self.pad_id, dtype=torch.long)
         targets = torch.full((len(rows), n), self.pad_id, dtype=torch.long)
         answer = torch.zeros(len(rows), n)
@@ -171,13 +183,29 @@ class TaskData:
             targets[i, :m] = torch.tensor(ids[1:])
             answer[i, plen - 1 : m] = 1
             real[i, :m] = 1
-        return Batch(inputs.to(device), targets.to(device), answer.to(device), real.to(device))
+        prompt_length = lengths.pop() if len(lengths) == 1 else None
+        return Batch(inputs.to(device), targets.to(device), answer.to(device), real.to(device), prompt_length)
 
-    def batch(self, seed: int, step: int, size: int, device: str) -> Batch:
-        """The batch of `step`: a pure function of (seed, step), which is what makes resuming exact."""
+    def batch(self, seed: int, step: int, size: int, device: str, one_prompt_length: bool = False) -> Batch:
+        """The batch of `step`: a pure function of (seed, step), which is what makes resuming exact.
+
+        `one_prompt_length` draws every row from the prompt-length group of one random item (so
+        groups come up in proportion to their size), for MELT's decode-aligned chunks.
+        """
         gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
-        idx = torch.randint(len(self.train), (size,), generator=gen).tolist()
-        return self.collate([self.train[i] for i in idx], device)
+        if not one_prompt_length:
+            idx = torch.randint(len(self.train), (size,), generator=gen).tolist()
+            return self.collate([self.train[i] for i in idx], device)
+        group = self._by_prompt_length[self.train[int(torch.randint(len(self.train), (1,), generator=gen))][1]]
+        idx = torch.randint(len(group), (size,), generator=gen).tolist()
+        return self.collate([self.train[group[i]] for i in idx], device)
+
+    @functools.cached_property
+    def _by_prompt_length(self) -> dict[int, list[int]]:
+        groups: dict[int, list[int]] = {}
+        for i, (_, plen) in enumerate(self.train):
+            groups.setdefault(plen, []).append(i)
+        return groups
 
 
 @torch.no_grad()
@@ -185,17 +213,23 @@ def answer_accuracy(model: LoopedLM, data: TaskData, device: str, loops: int | N
     """Validation exact match per task: every answer token (and the stop) is the argmax.
 
     With teacher forcing this equals greedy decoding's exact match: if each next token is the
-    argmax given the correct prefix, greedy decoding produces exactly the answer.
+    argmax given the correct prefix, greedy decoding produces exactly the answer. Gated (MELT)
+    models run with the chunks decoding uses (`Batch.decode_chunks`), rows grouped by prompt
+    length, so the figure is their greedy decoding accuracy too.
     """
     model.eval()
+    gated = model.config.kv_strategy == "gated"
     accuracy = {}
     for task, rows in data.val.items():
+        groups = [rows] if not gated else [[r for r in rows if r[1] == n] for n in sorted({r[1] for r in rows})]
         correct = 0
-        for i in range(0, len(rows), batch_size):
-            b = data.collate(rows[i : i + batch_size], device)
-            pred = model(b.inputs, loops=loops).logits.argmax(-1)
-            ok = ((pred == b.targets) | (b.answer_mask == 0)).all(dim=1)
-            correct += int(ok.sum())
+        for group in groups:
+            for i in range(0, len(group), batch_size):
+                b = data.collate(group[i : i + batch_size], device)
+                chunks = b.decode_chunks(model.config.chunk_size) if gated else None
+                pred = model(b.inputs, loops=loops, chunk_size=chunks).logits.argmax(-1)
+                ok = ((pred == b.targets) | (b.answer_mask == 0)).all(dim=1)
+                correct += int(ok.sum())
         accuracy[task] = correct / max(1, len(rows))
     model.train()
     accuracy["average"] = sum(accuracy.values()) / max(1, len(accuracy))
@@ -231,7 +265,7 @@ def make_objective(recipe: Recipe, teacher: LoopedLM | None) -> Objective:
     def melt(model: LoopedLM, b: Batch, step: int) -> tuple[torch.Tensor, dict[str, float]]:
         stage2 = step >= recipe.stage2_start
         a = T.kv_mix(step, recipe.ramp_steps)
-        chunk = recipe.chunk_size if recipe.chunkwise else b.inputs.shape[1]
+        chunk = b.decode_chunks(recipe.chunk_size) if recipe.chunkwise else b.inputs.shape[1]
         with torch.no_grad():
             ref = teacher(b.inputs, return_loop_logits=True, return_attn_outputs=stage2)
         out = model(b.inputs, chunk_size=chunk, kv_mix=a, return_loop_logits=True, return_attn_outputs=stage2)
@@ -371,7 +405,7 @@ def train(
             lr = T.lr_at(step, recipe.steps, recipe.lr, recipe.warmup_steps, recipe.min_lr_ratio)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            b = data.batch(recipe.seed, step, recipe.batch_size, device)
+            b = data.batch(recipe.seed, step, recipe.batch_size, device, one_prompt_length=recipe.kind == "melt" and recipe.chunkwise)
             loss, info = objective(model, b, step)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
