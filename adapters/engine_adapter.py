@@ -16,7 +16,7 @@ from adapters.base import AdapterError, Generation, Prompt, Sampling
 from adapters.cache import KVCache
 from adapters.config import LoopConfig, preset
 from adapters.generate import ExitPolicy, generate
-from adapters.memory import count_params
+from adapters.memory import analytic_terms, count_params
 from adapters.model import LoopedLM
 from adapters.registry import register
 
@@ -144,6 +144,7 @@ class EngineAdapter:
             "dtype": DTYPE_NAMES.get(self.dtype, str(self.dtype)),
             "device": str(self.device),
             "kv_bytes_per_token": 2 * cfg.kv_entries(self.loops) * cfg.num_kv_heads * cfg.head_dim * size,
+            "analytic": analytic_terms(cfg, self.loops, DTYPE_NAMES[self.dtype]) if self.dtype in DTYPE_NAMES else None,
             "exit_policy": {"kind": self.exit_policy.kind, "loop": self.exit_policy.loop, "threshold": self.exit_policy.threshold},
             "config": cfg.to_dict(),
         }

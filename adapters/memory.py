@@ -58,3 +58,22 @@ def estimate(cfg: LoopConfig, tokens: int, batch: int = 1, loops: int | None = N
     weights = params * dtype_bytes(dtype)
     kv = kv_bytes(cfg, tokens, batch, loops, dtype)
     return MemoryEstimate(params=params, weights_bytes=weights, kv_bytes=kv, total_bytes=weights + kv)
+
+
+def analytic_terms(cfg: LoopConfig, loops: int | None = None, dtype: str = "bf16") -> dict[str, int]:
+    """`estimate(cfg, T, batch=1, loops, dtype).total_bytes` as stored coefficients, for every T >= 1:
+
+        weights_bytes + kv_bytes_per_token * T + latent_bytes_per_token * min(latent_tokens, T)
+
+    Engine adapters put these in `describe()`, so readers of the results database (the dashboards)
+    evaluate the formula at any context length without importing the engine's packages.
+    """
+    size = dtype_bytes(dtype)
+    r = cfg.check_loops(cfg.loops if loops is None else loops)
+    gated = cfg.kv_strategy == "gated"
+    return {
+        "weights_bytes": count_params(cfg) * size,
+        "kv_bytes_per_token": 2 * cfg.kv_entries(r) * cfg.num_kv_heads * cfg.head_dim * size,
+        "latent_bytes_per_token": cfg.shared_layers * cfg.hidden_size * size if gated else 0,
+        "latent_tokens": cfg.chunk_size if gated else 0,
+    }

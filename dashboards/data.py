@@ -2,8 +2,9 @@
 
 Two measures are not stored but computed here: `weights_bytes + kv_bytes_peak` (what the model
 itself holds, without allocator slack or CUDA context) and `analytic` (the bytes the model's config
-implies at a chosen context length, from `adapters.memory.estimate`, the same formula `loopeval
-estimate` prints). Either is NULL where an input is unavailable.
+implies at a chosen context length: the same formula `loopeval estimate` prints, evaluated from the
+coefficients engine adapters store with each run, `adapters.memory.analytic_terms`). Either is NULL
+where an input is unavailable.
 """
 
 from __future__ import annotations
@@ -20,22 +21,22 @@ from db import queries
 DEFAULT_CONTEXT_TOKENS = 32768  # the MELT paper's "memory at 32k tokens"
 
 
-def analytic_bytes(model_config: Any, context_tokens: int, loops: int | None) -> float:
+def analytic_bytes(model_config: Any, context_tokens: int) -> float:
     """Weights + KV bytes the stored `Adapter.describe()` implies at `context_tokens`, batch 1; NaN if unknown.
 
-    Only engine adapters store a `LoopConfig` under "config"; for others (a transformers checkpoint)
-    the formula does not apply and the measure is unavailable rather than guessed.
+    Engine adapters store the formula's coefficients under "analytic", for the run's loops and
+    dtype; for others (a transformers checkpoint) the formula does not
+    apply and the measure is unavailable rather than guessed.
     """
-    if not isinstance(model_config, dict) or not isinstance(model_config.get("config"), dict):
+    terms = model_config.get("analytic") if isinstance(model_config, dict) else None
+    if not isinstance(terms, dict):
         return float("nan")
-    from adapters.config import LoopConfig  # lazy and light: the analytic formula needs no torch
-    from adapters.memory import estimate
-
     try:
-        config = LoopConfig.from_dict(model_config["config"])
-        return float(estimate(config, tokens=context_tokens, batch=1, loops=loops,
-                              dtype=model_config.get("dtype") or "bf16").total_bytes)
-    except (ValueError, TypeError):  # AdapterError is a ValueError: a config the formula cannot read
+        return float(
+            terms["weights_bytes"] + terms["kv_bytes_per_token"] * context_tokens
+            + terms["latent_bytes_per_token"] * min(terms["latent_tokens"], context_tokens)
+        )
+    except (KeyError, TypeError):  # written by another version: unavailable, not guessed
         return float("nan")
 
 
@@ -46,10 +47,7 @@ def with_derived_measures(points: pd.DataFrame, context_tokens: int = DEFAULT_CO
         if column not in points:
             points[column] = np.nan
     points[WEIGHTS_PLUS_KV] = points["weights_bytes"] + points["kv_bytes_peak"]
-    points[ANALYTIC] = [
-        analytic_bytes(config, context_tokens, None if pd.isna(loops) else int(loops))
-        for config, loops in zip(points.get("model_config", []), points["loops"])
-    ]
+    points[ANALYTIC] = [analytic_bytes(config, context_tokens) for config in points.get("model_config", [])]
     points[ANALYTIC] = points[ANALYTIC].astype("float64")
     return points
 

@@ -1,7 +1,7 @@
 """`loopeval adapter new NAME [--dir DIR]` and `loopeval adapter check SPEC`: add a model, then check it.
 
 `new` writes a package that registers the prefix NAME and passes its own conformance test unchanged;
-`check` runs the conformance kit (adapters.testing) on any spec, built-in or plugin, and exits 1 if
+`check` runs the conformance kit (harness.conformance) on any spec, built-in or plugin, and exits 1 if
 a check fails.
 """
 
@@ -39,7 +39,7 @@ def check(
     from rich.console import Console
 
     from adapters.registry import load, load_plugins
-    from adapters.testing import check_adapter
+    from harness.conformance import check_adapter
 
     load_plugins(adapters_dir or ())
     console = Console(stderr=True)

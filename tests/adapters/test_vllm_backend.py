@@ -165,7 +165,7 @@ def _vllm_and_gpu() -> str | None:
 
 @pytest.mark.skipif(_vllm_and_gpu() is not None, reason=_vllm_and_gpu() or "")
 def test_vllm_integration_passes_the_kit(tiny_qwen3: Path) -> None:
-    from adapters.testing import check_adapter
+    from harness.conformance import check_adapter
 
     adapter = adapters.load(f"vllm:{tiny_qwen3}", gpu_memory_utilization=0.2, max_model_len=128)
     report = check_adapter(adapter, bridge=False)

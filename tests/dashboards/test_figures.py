@@ -133,7 +133,21 @@ def test_analytic_measure_follows_the_stored_config(engine) -> None:
     long = accuracy_points(engine, queries.suites(engine)[0], context_tokens=4096)
     assert short[figures.ANALYTIC].notna().all(), "engine presets store a LoopConfig, so the estimate exists"
     assert (long[figures.ANALYTIC] > short[figures.ANALYTIC]).all(), "more context, more KV"
-    assert math.isnan(analytic_bytes({"family": "transformers", "config": {"model_type": "x"}}, 1024, 1))
+    assert math.isnan(analytic_bytes({"family": "transformers", "config": {"model_type": "x"}}, 1024))
+
+
+@pytest.mark.parametrize("spec,loops", [("preset:melt-tiny", 3), ("preset:ouro-tiny", 8), ("preset:qwen3-tiny", None)])
+def test_analytic_coefficients_reproduce_the_estimate(spec: str, loops: int | None) -> None:
+    """The dashboards evaluate the stored coefficients; at every context (below and above MELT's
+    chunk) they give exactly what `loopeval estimate` computes from the config."""
+    import adapters
+    from adapters.memory import estimate
+
+    adapter = adapters.load(spec, loops=loops) if loops else adapters.load(spec)
+    described = adapter.describe()
+    for tokens in (1, 5, 16, 17, 1024, 32768):
+        expected = estimate(adapter.config, tokens, 1, loops, described["dtype"]).total_bytes
+        assert analytic_bytes(described, tokens) == expected, (spec, tokens)
 
 
 def test_accuracy_vs_loops_has_accuracy_and_memory_per_model(engine) -> None:

@@ -11,7 +11,8 @@ import pytest
 
 import adapters
 from adapters import Generation, Sampling
-from adapters.testing import ConformanceError, check_adapter, save_tiny_qwen3
+from adapters.testing import save_tiny_qwen3
+from harness.conformance import ConformanceError, check_adapter
 
 
 @pytest.fixture(scope="module")
