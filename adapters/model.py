@@ -99,8 +99,8 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
-def packed(module: nn.Module, key: str, params: tuple[Tensor, ...]) -> Tensor:
-    """The row-wise concatenation of `params` as one tensor whose row blocks ARE the parameters.
+def packed(module: "Attention | MLP", key: str) -> Tensor:
+    """The row-wise concatenation of `module.packed_params()[key]`, whose row blocks ARE the parameters.
 
     Decoding a small model costs per-op overhead, not FLOPs: one matmul for q, k and v (and one for
     gate and up) instead of three (two). With autograd off, the parameters are moved into one buffer
@@ -111,7 +111,11 @@ def packed(module: nn.Module, key: str, params: tuple[Tensor, ...]) -> Tensor:
     so gradients reach the separate parameters (which keep HF's names).
     """
     if torch.is_grad_enabled():
-        return torch.cat(params)
+        return torch.cat(module.packed_params()[key])
+    buf = module.__dict__.get(key)
+    if buf is not None:
+        return buf
+    params = module.packed_params()[key]
     with torch.inference_mode(False), torch.no_grad():  # parameters must stay ordinary (trainable) tensors
         buf = torch.cat([p.detach() for p in params])
         offset = 0
@@ -146,11 +150,6 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
 
-    def qkv_weight(self) -> Tensor:
-        """q, k and v projections as one [(H + 2 Hkv) D, d] matrix (see `packed`)."""
-        w = None if torch.is_grad_enabled() else self.__dict__.get("_qkv")
-        return w if w is not None else packed(self, "_qkv", self.packed_params()["_qkv"])
-
     def packed_params(self) -> dict[str, tuple[Tensor, ...]]:
         return {"_qkv": (self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)}
 
@@ -158,7 +157,7 @@ class Attention(nn.Module):
         """q from x, k and v from `src` (default x): q [B,H,n,D], k, v [B,Hkv,n,D], with q/k norm and RoPE."""
         b, n, _ = x.shape
         h, kv, d = self.n_heads, self.n_kv, self.head_dim
-        w = self.qkv_weight()
+        w = packed(self, "_qkv")  # q, k and v projections as one [(H + 2 Hkv) D, d] matrix
         if src is None:
             qkv = F.linear(x, w).view(b, n, h + 2 * kv, d)
             qk, v = qkv[:, :, : h + kv], qkv[:, :, h + kv :]
@@ -187,7 +186,7 @@ class Attention(nn.Module):
     def keys_values(self, src: Tensor, rope: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         """k, v [B,Hkv,n,D] from `src` alone (MELT rows when q and the LoopLM's K/V come from x)."""
         b, n, _ = src.shape
-        kv_ = F.linear(src, self.qkv_weight()[self.n_heads * self.head_dim :]).view(b, n, 2 * self.n_kv, self.head_dim)
+        kv_ = F.linear(src, packed(self, "_qkv")[self.n_heads * self.head_dim :]).view(b, n, 2 * self.n_kv, self.head_dim)
         k, v = kv_[:, :, : self.n_kv], kv_[:, :, self.n_kv :]
         if self.k_norm is not None:
             k = self.k_norm(k)
@@ -211,10 +210,7 @@ class MLP(nn.Module):
         return {"_gate_up": (self.gate_proj.weight, self.up_proj.weight)}
 
     def forward(self, x: Tensor) -> Tensor:
-        w = None if torch.is_grad_enabled() else self.__dict__.get("_gate_up")
-        if w is None:
-            w = packed(self, "_gate_up", self.packed_params()["_gate_up"])
-        gate, up = F.linear(x, w).chunk(2, dim=-1)
+        gate, up = F.linear(x, packed(self, "_gate_up")).chunk(2, dim=-1)
         return F.linear(F.silu(gate) * up, self.down_proj.weight)
 
 

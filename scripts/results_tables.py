@@ -7,8 +7,8 @@ exactly what `loopeval results` prints:
     .venv/bin/loopeval results --db ablations.sqlite --json | .venv/bin/python scripts/results_tables.py --no-memory
 
 KV bytes per token is what one more token of context adds to the KV cache at the run's loop count,
-from the model's config (`adapters.memory.kv_bytes`, in the dtype the run used: float32 here), so it
-excludes the MELT latent state, which does not grow with the context.
+from the model's config (`adapters.memory.analytic_terms`, in the dtype the run used: float32 here),
+so it excludes the MELT latent state, which does not grow with the context.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from adapters.config import LoopConfig, preset, read_config  # noqa: E402
-from adapters.memory import kv_bytes  # noqa: E402
+from adapters.memory import analytic_terms  # noqa: E402
 from adapters.zoo import zoo_path  # noqa: E402
 
 
@@ -35,8 +35,7 @@ def kv_per_token(model: str, loops: int | None, dtype: str = "fp32") -> int | No
         if not (path / "config.json").is_file():
             return None
         cfg = read_config(path)
-    far = 4096  # past any chunk: the MELT latent no longer grows, only the K/V rows do
-    return kv_bytes(cfg, far + 1, 1, loops, dtype) - kv_bytes(cfg, far, 1, loops, dtype)
+    return analytic_terms(cfg, loops, dtype)["kv_bytes_per_token"]
 
 
 def table(runs: list[dict], memory: bool) -> str:
