@@ -87,7 +87,7 @@ def main_bench() -> None:
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=5, help="run/replay pairs after the warm-up, interleaved")
+    parser.add_argument("--rounds", type=int, default=9, help="run/replay pairs after the warm-up, interleaved")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own choice)")
     args = parser.parse_args()
     if args.threads:
