@@ -90,7 +90,10 @@ def test_resume_after_a_real_interrupt_stores_every_sample_once(signum: int, tmp
     db = tmp_path / "r.sqlite"
     argv = [LOOPEVAL, "run", "--model", "preset:ouro-tiny", "--loops", "2", "--tasks", "addition,chain2", "--limit", "10",
             "--samples", "1", "--max-new-tokens", "6", "--batch-size", "1", "--db", str(db), "--no-report"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C must reach the run even when pytest itself was started in the background (`cmd &`),
+    # where the shell hands children SIGINT ignored and Python then never raises KeyboardInterrupt
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     committed = 0
     deadline = time.monotonic() + 120
     while committed < 3 and time.monotonic() < deadline and proc.poll() is None:
