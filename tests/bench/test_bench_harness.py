@@ -28,5 +28,4 @@ def test_bench_harness_reports_consistent_ratios() -> None:
     assert all(0 < g < w for g, w in zip(inside, walls))  # time inside generate is part of the run's wall time
     # the end-to-end ratio is the median of the paired rounds (an odd count: rounding commutes with it)
     assert report["ratio"] == statistics.median(report["ratio_per_round"])
-    assert all(abs(p / (w / r) - 1) < 0.01 for p, w, r in zip(report["ratio_per_round"], walls, replays))
     assert report["ratio_wall_to_inside_generate"] > 1
