@@ -16,8 +16,9 @@ same work varies by 10-30% from one minute to the next and adjacent timings drif
 `--threads 1` steadies them further when other work shares the cores.
 `ratio_wall_to_inside_generate` is the same question asked of the run alone: its wall time over the
 time it spent inside `Adapter.generate`; `ratio_inside_generate_to_replay` asks whether the harness's
-threads (memory sampler, progress bars) slow generation itself (1.0: they do not). The two multiply
-to `ratio` and each is steadier than it, as each compares timings taken seconds apart.
+threads (memory sampler, progress bars) slow generation itself (1.0: they do not). In each round the
+two multiply to run / replay, and each is steadier than that, as it compares timings taken at the
+same time or seconds apart.
 
     .venv/bin/python bench/bench_harness.py            # prints JSON
     .venv/bin/python bench/bench_harness.py --limit 40 --loops 4 --threads 1
