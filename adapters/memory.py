@@ -42,12 +42,8 @@ def count_params(cfg: LoopConfig) -> int:
 
 def kv_bytes(cfg: LoopConfig, tokens: int, batch: int = 1, loops: int | None = None, dtype: str = "bf16") -> int:
     """Bytes of the static cache for `batch` sequences of `tokens` slots at `loops` (default: trained T)."""
-    r = cfg.check_loops(cfg.loops if loops is None else loops)
-    size = dtype_bytes(dtype)
-    total = 2 * cfg.kv_entries(r) * batch * tokens * cfg.num_kv_heads * cfg.head_dim * size
-    if cfg.kv_strategy == "gated":  # MELT latent state h for the tokens in flight
-        total += cfg.shared_layers * batch * min(cfg.chunk_size, tokens) * cfg.hidden_size * size
-    return total
+    t = analytic_terms(cfg, loops, dtype)
+    return batch * (t["kv_bytes_per_token"] * tokens + t["latent_bytes_per_token"] * min(t["latent_tokens"], tokens))
 
 
 def estimate(cfg: LoopConfig, tokens: int, batch: int = 1, loops: int | None = None, dtype: str = "bf16") -> MemoryEstimate:

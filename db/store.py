@@ -181,6 +181,8 @@ class Store:
                 "metrics": {task: dict(values) for task, values in metrics[run.id].items()},
                 "stderr": {task: dict(values) for task, values in stderrs[run.id].items()},
                 "memory": dict(memory[run.id]),
+                # what one more token of context adds to the KV cache, as the adapter described it (None if it did not)
+                "kv_bytes_per_token": (run.model_config or {}).get("kv_bytes_per_token"),
                 "started_at": run.started_at.isoformat() if run.started_at else None,
                 "wall_seconds": run.wall_seconds,
                 "generate_seconds": run.generate_seconds,

@@ -6,9 +6,9 @@ exactly what `loopeval results` prints:
     .venv/bin/loopeval results --json | .venv/bin/python scripts/results_tables.py
     .venv/bin/loopeval results --db ablations.sqlite --json | .venv/bin/python scripts/results_tables.py --no-memory
 
-KV bytes per token is what one more token of context adds to the KV cache at the run's loop count,
-from the model's config (`adapters.memory.analytic_terms`, in the dtype the run used: float32 here),
-so it excludes the MELT latent state, which does not grow with the context.
+KV bytes per token is what one more token of context adds to the KV cache at the run's loop count
+and dtype, as the engine adapter described it when the run was stored; it excludes the MELT latent
+state, which does not grow with the context.
 """
 
 from __future__ import annotations
@@ -16,26 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-
-from adapters.config import LoopConfig, preset, read_config  # noqa: E402
-from adapters.memory import analytic_terms  # noqa: E402
-from adapters.zoo import zoo_path  # noqa: E402
-
-
-def kv_per_token(model: str, loops: int | None, dtype: str = "fp32") -> int | None:
-    """Marginal KV bytes of one token for a preset, zoo or checkpoint spec (None where no config is found)."""
-    kind, _, rest = model.partition(":")
-    if kind == "preset":
-        cfg: LoopConfig = preset(rest)
-    else:
-        path = zoo_path(rest) if kind == "zoo" else Path(rest)
-        if not (path / "config.json").is_file():
-            return None
-        cfg = read_config(path)
-    return analytic_terms(cfg, loops, dtype)["kv_bytes_per_token"]
 
 
 def table(runs: list[dict], memory: bool) -> str:
@@ -47,7 +27,7 @@ def table(runs: list[dict], memory: bool) -> str:
         cells = [run["model"], "-" if run["loops"] is None else str(run["loops"])]
         cells += [f"{score(t):.3f}" if score(t) is not None else "n/a" for t in [*tasks, "all"]]
         if memory:
-            per_token = kv_per_token(run["model"], run["loops"])
+            per_token = run["kv_bytes_per_token"]
             cells += [f"{run['memory'].get(k) or 0:,}" for k in ("weights_bytes", "kv_bytes_peak")]
             cells.append(f"{per_token:,}" if per_token is not None else "n/a")
         lines.append("| " + " | ".join(cells) + " |")

@@ -80,6 +80,9 @@ def test_sweep_stores_runs_samples_metrics_and_memory(tmp_path: Path, capsys: py
         assert set(entry["metrics"]) == {"addition", "lookup", "all"}
         assert set(entry["memory"]) == set(MEASURES)
         assert entry["memory"]["rss_peak"] > 0
+    # KV per token as each run's adapter described it: per-loop KV grows with the loop count
+    per_token = {(e["model"], e["loops"]): e["kv_bytes_per_token"] for e in listed}
+    assert per_token[("preset:ouro-tiny", 2)] == 2 * per_token[("preset:ouro-tiny", 1)] > 0
     assert main(["results", "--db", str(db)]) == 0
     table = capsys.readouterr().out
     assert "GB = 1e9 bytes" in table and "preset:ouro-tiny" in table
