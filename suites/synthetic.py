@@ -1,4 +1,4 @@
-"""The bundled `synthetic` suite: small arithmetic and variable-chain problems where more loops should help.
+"""The bundled `synthetic` suite: small arithmetic and variable-chain problems, plus a lookup control.
 
 Every item is a short printable-ASCII prompt and a short number answer, followed by the stop
 sequence "\\n", so that character-level tiny models can learn them in a few CPU minutes:
@@ -9,8 +9,10 @@ sequence "\\n", so that character-level tiny models can learn them in a few CPU 
     chain4     "..."                         4 hops
     lookup     "k=7;m=2;q=5;m=?"             -> "2"     (one-step retrieval: the control task)
 
-Hop count is the depth of sequential computation; a looped model can spend more loops on it,
-while `lookup` needs a single step and should not improve with loops.
+The chains are stated in order, so each operand sits at a fixed offset before the question: one
+attention layer can gather them all and the feed-forward layers compose the operations, which a
+2-layer model does well (README, zoo results). They test composing 2-4 operations, not following
+names by content; `lookup` is a single retrieval by name.
 
 The items come from a seeded generator (`generate_split`) and are committed under
 `suites/data/synthetic/{task}.{split}.jsonl`, so that evaluation never depends on the generator's
