@@ -12,8 +12,21 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, Sequence, runtime_chec
 if TYPE_CHECKING:
     import torch
 
-# The accounted memory measures every adapter reports (DESIGN.md "Memory measures").
+# The accounted memory measures every adapter reports (a subset of `db.measures.PEAK_MEASURES`).
 MEMORY_KEYS: tuple[str, ...] = ("weights_bytes", "kv_bytes_allocated", "kv_bytes_used", "kv_bytes_peak")
+
+# Dtypes by the short names users type, with their sizes; `MODEL_DTYPES` are those a model runs in
+# (short name -> torch's name). `_DTYPE_SPELLINGS` maps what configs and libraries write for the same
+# types (torch names, safetensors' "BF16", vLLM's "half"), so every backend accepts the same names.
+DTYPE_BYTES: dict[str, int] = {
+    "fp64": 8, "fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int64": 8, "int32": 4, "int16": 2, "int8": 1, "bool": 1,
+}
+MODEL_DTYPES: dict[str, str] = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+_DTYPE_SPELLINGS: dict[str, str] = {
+    "float64": "fp64", "float32": "fp32", "float": "fp32", "f32": "fp32", "bfloat16": "bf16", "float16": "fp16",
+    "half": "fp16", "f16": "fp16", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "f8_e4m3": "fp8", "f8_e5m2": "fp8",
+    "f64": "fp64", "i64": "int64", "i32": "int32", "i16": "int16", "i8": "int8", "u8": "int8", "uint8": "int8",
+}
 
 FinishReason = Literal["eos", "stop", "length"]
 Prompt = str | Sequence[int]
@@ -24,6 +37,19 @@ class AdapterError(ValueError):
 
     The CLI prints its message as one line and exits with code 2.
     """
+
+
+def dtype_short(name: Any, model: bool = False) -> str:
+    """The short name (fp32, bf16, ...) of any spelling of a dtype: a torch dtype, "torch.bfloat16", "BF16", "half".
+
+    With `model=True` only the dtypes a model runs in (`MODEL_DTYPES`) are accepted.
+    """
+    key = str(name).removeprefix("torch.").lower()
+    key = _DTYPE_SPELLINGS.get(key, key)
+    allowed = MODEL_DTYPES if model else DTYPE_BYTES
+    if key not in allowed:
+        raise AdapterError(f"dtype {name!r} is not one of {', '.join(allowed)}")
+    return key
 
 
 @dataclass(frozen=True)

@@ -37,13 +37,12 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from adapters.base import MEMORY_KEYS, AdapterError, Generation, Prompt, Sampling
+from adapters.base import MEMORY_KEYS, MODEL_DTYPES, AdapterError, Generation, Prompt, Sampling, dtype_short
 from adapters.registry import register
 
 if TYPE_CHECKING:
     import torch
 
-DTYPE_NAMES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16"}
 CACHE_KINDS = ("dynamic", "static")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
@@ -58,9 +57,7 @@ def _resolve_dtype(dtype: Any, checkpoint_dtype: "torch.dtype | None", device: s
         return checkpoint_dtype
     if isinstance(dtype, torch.dtype):
         return dtype
-    if dtype not in DTYPE_NAMES:
-        raise AdapterError(f"dtype {dtype!r} is not supported (allowed: {', '.join(sorted(DTYPE_NAMES))})")
-    return getattr(torch, DTYPE_NAMES[dtype])
+    return getattr(torch, MODEL_DTYPES[dtype_short(dtype, model=True)])
 
 
 class TransformersAdapter:

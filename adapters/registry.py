@@ -36,7 +36,7 @@ from adapters.base import Adapter, AdapterError
 Factory = Callable[..., Adapter]
 
 # Modules whose import registers built-in prefixes.
-BUILTIN_MODULES: tuple[str, ...] = ("adapters.engine_adapter", "adapters.hf_backend", "adapters.vllm_backend", "adapters.zoo")
+BUILTIN_MODULES: tuple[str, ...] = ("adapters.engine.adapter", "adapters.hf_backend", "adapters.vllm_backend", "adapters.zoo")
 
 ENTRY_POINT_GROUP = "loopeval.adapters"
 ENV_VAR = "LOOPEVAL_ADAPTERS"

@@ -17,7 +17,7 @@ def save_tiny_qwen3(folder: str | Path, *, seed: int = 0, max_position: int = 12
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from adapters.tokenizer import CHAR_VOCAB_SIZE, char_tokenizer
+    from adapters.engine.tokenizer import CHAR_VOCAB_SIZE, char_tokenizer
 
     tokenizer = char_tokenizer()
     config = Qwen3Config(vocab_size=CHAR_VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

@@ -34,16 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from adapters.base import MEMORY_KEYS, AdapterError, FinishReason, Generation, Prompt, Sampling
+from adapters.base import DTYPE_BYTES, MEMORY_KEYS, AdapterError, FinishReason, Generation, Prompt, Sampling, dtype_short
 from adapters.registry import register
 
 # The pins of the `vllm` extra (pyproject.toml); vLLM 0.33 brings these torch/transformers versions.
 VLLM_PINS: tuple[str, ...] = ("vllm==0.33.0", "torch==2.14.0", "transformers>=4.56,<5.21")
-DTYPE_BYTES: dict[str, int] = {
-    "float32": 4, "float": 4, "fp32": 4, "F32": 4,
-    "bfloat16": 2, "bf16": 2, "BF16": 2, "float16": 2, "half": 2, "fp16": 2, "F16": 2,
-    "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "F8_E4M3": 1, "F8_E5M2": 1, "int8": 1, "I8": 1, "U8": 1,
-}
 
 
 # --- pure arithmetic and mappings (unit-tested without vLLM) -----------------------------------------
@@ -83,10 +78,7 @@ class KVLayout:
 def kv_dtype_bytes(cache_dtype: str, model_dtype: str) -> int:
     """Bytes per KV element: vLLM's `kv_cache_dtype="auto"` stores K/V in the model dtype."""
     name = model_dtype if cache_dtype == "auto" else cache_dtype
-    name = str(name).removeprefix("torch.")
-    if name not in DTYPE_BYTES:
-        raise AdapterError(f"unknown KV cache dtype {name!r} (known: {', '.join(sorted(DTYPE_BYTES))})")
-    return DTYPE_BYTES[name]
+    return DTYPE_BYTES[dtype_short(name)]
 
 
 def used_bytes(usage_fraction: float, pool_bytes: int) -> int:
@@ -135,7 +127,7 @@ def safetensors_weight_bytes(folder: str | Path, dtype: str | None = None) -> in
     if not files:
         raise AdapterError(f"{folder}: no *.safetensors files to count weights from")
     total = 0
-    target = DTYPE_BYTES[dtype] if dtype is not None else None
+    target = DTYPE_BYTES[dtype_short(dtype)] if dtype is not None else None
     for file in files:
         with open(file, "rb") as fh:
             (length,) = struct.unpack("<Q", fh.read(8))
@@ -144,7 +136,7 @@ def safetensors_weight_bytes(folder: str | Path, dtype: str | None = None) -> in
             if name == "__metadata__":
                 continue
             count = math.prod(info["shape"])
-            stored = DTYPE_BYTES.get(info["dtype"], 1)
+            stored = DTYPE_BYTES[dtype_short(info["dtype"])]
             floating = info["dtype"].startswith(("F", "BF"))
             total += count * (target if target is not None and floating else stored)
     return total

@@ -3,7 +3,8 @@
 Each model is an engine checkpoint directory under `adapters/zoo_data/NAME/` (model.safetensors in
 bf16, config.json, tokenizer.json) plus `train_info.json`, the budget it was trained with (steps,
 tokens, CPU minutes, held-out validation accuracy). The recipes that produced them are in
-`adapters/zoo_data/recipes.toml`; `loopeval zoo train NAME` reproduces one from its seed.
+`adapters/zoo_data/recipes.toml` (`Recipe`, read here); `loopeval zoo train NAME` reproduces one from
+its seed with `adapters.engine.training.train`.
 
 Loading goes through the engine's own checkpoint factories (`qwen3:`, `ouro:`, `melt:` by the
 checkpoint's family), so a zoo model is exactly what a user would get from the files themselves;
@@ -13,10 +14,14 @@ only the adapter's `spec` is rewritten to `zoo:NAME` so that results name the mo
 from __future__ import annotations
 
 import json
+import tomllib
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from adapters.base import Adapter, AdapterError
+from adapters.engine.config import LoopConfig
+from adapters.engine.presets import preset
 from adapters.registry import load, register
 
 ZOO_DIR = Path(__file__).resolve().parent / "zoo_data"
@@ -55,3 +60,91 @@ def load_zoo(name: str, **overrides: Any) -> Adapter:
     adapter = load(f"{family}:{path}", **overrides)
     adapter.spec = f"zoo:{name}"
     return adapter
+
+
+# ------------------------------------------------------------------------------------ recipes
+RECIPES_PATH = ZOO_DIR / "recipes.toml"
+KINDS = ("lm", "looplm", "melt")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything that decides one zoo model; the fields are documented in recipes.toml."""
+
+    name: str
+    kind: str
+    preset: str
+    config: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+    seed: int = 0
+    steps: int = 1000
+    batch_size: int = 64
+    lr: float = 3e-3
+    warmup_steps: int = 50
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    min_lr_ratio: float = 0.1
+    tasks: tuple[str, ...] = ("addition", "chain2", "chain3", "chain4", "lookup")
+    val_items: int = 200
+    log_every: int = 25
+    save_every: int = 200
+    # looplm
+    entropy_weight: float = 0.05
+    exit_bias_init: float = 0.0
+    # melt
+    teacher: str = ""
+    gate_variant: str = "elementwise"
+    chunk_size: int = 4
+    chunkwise: bool = True
+    ramp_steps: int = 200
+    stage2_start: int = 400
+    beta: float = 1.0
+    distill_temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise AdapterError(f"recipe {self.name}: kind {self.kind!r} is not one of {', '.join(KINDS)}")
+        if self.steps < 1 or self.batch_size < 1:
+            raise AdapterError(f"recipe {self.name}: steps and batch_size must be >= 1")
+        if self.kind == "melt" and not self.teacher:
+            raise AdapterError(f"recipe {self.name}: a melt recipe needs a teacher")
+
+    def with_overrides(self, **changes: Any) -> "Recipe":
+        """A copy with some fields changed (None values are ignored: CLI options left unset)."""
+        known = set(self.__dataclass_fields__)
+        unknown = set(changes) - known
+        if unknown:
+            raise AdapterError(f"unknown recipe field(s) {', '.join(sorted(unknown))}")
+        data = asdict(self)
+        data.update({k: v for k, v in changes.items() if v is not None})
+        data["tasks"] = tuple(data["tasks"])
+        return Recipe(**data)
+
+    def model_config(self) -> LoopConfig:
+        return preset(self.preset).replace(**self.config)
+
+
+def load_recipes(path: Path = RECIPES_PATH) -> dict[str, Recipe]:
+    """Every recipe in the TOML file: `[defaults]` merged under each `[models.NAME]` table."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise AdapterError(f"cannot read recipes file {path}: {exc}") from exc
+    defaults = data.get("defaults", {})
+    recipes = {}
+    for name, table in data.get("models", {}).items():
+        merged = {**defaults, **table, "name": name}
+        if "tasks" in merged:
+            merged["tasks"] = tuple(merged["tasks"])
+        try:
+            recipes[name] = Recipe(**merged)
+        except TypeError as exc:
+            raise AdapterError(f"recipes file {path}, model {name}: {exc}") from exc
+    return recipes
+
+
+def get_recipe(name: str, path: Path = RECIPES_PATH) -> Recipe:
+    recipes = load_recipes(path)
+    if name not in recipes:
+        raise AdapterError(f"unknown zoo model {name!r} (known: {', '.join(recipes)})")
+    return recipes[name]

@@ -29,14 +29,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from adapters.base import Sampling  # noqa: E402
-from adapters.engine_adapter import EngineAdapter, _checkpoint_factory, load_preset  # noqa: E402
+from adapters.engine.adapter import EngineAdapter, _checkpoint_factory, load_preset  # noqa: E402
 
 
 def tiny_qwen3_dir(directory: str, seed: int = 0) -> "torch.nn.Module":
     """A random tiny Qwen3 (the qwen3-tiny preset's shape) saved as transformers writes it."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from adapters.config import preset
+    from adapters.engine.presets import preset
 
     cfg = preset("qwen3-tiny")
     torch.manual_seed(seed)
@@ -89,7 +89,7 @@ def _hf_decode_tps(hf: "torch.nn.Module", prompts: torch.Tensor, sampling: Sampl
 
 def bench_memory(device: str, names: list[str], context: int, new_tokens: int, batches: tuple[int, ...]) -> dict:
     """Prefill batch 1 to `context` tokens per preset and account its memory, then decode speed per batch size."""
-    from adapters.memory import estimate
+    from adapters.engine.memory import estimate
 
     cuda = device.startswith("cuda")
     nvml = _nvml_process_bytes() if cuda else None

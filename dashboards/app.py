@@ -15,7 +15,8 @@ from sqlalchemy import Engine
 
 from dashboards import figures
 from dashboards.data import DEFAULT_CONTEXT_TOKENS, accuracy_points
-from db import queries
+from db import measures, queries
+from db.session import open_existing
 
 REFRESH_SECONDS = 10
 MAX_TABLE_SAMPLES = 1000  # newest matching samples in the browser table
@@ -90,7 +91,7 @@ def _layout(engine: Engine) -> html.Div:
 
 def create_app(db_url: str) -> Dash:
     """The Dash app reading `db_url`; raises db.ResultsError when the database is missing or holds no runs."""
-    engine = queries.connect(db_url)
+    engine = open_existing(db_url)
     queries.require_results(engine)
     app = Dash(__name__, title="loopeval", serve_locally=True)
     app.layout = lambda: _layout(engine)
@@ -116,11 +117,11 @@ def create_app(db_url: str) -> Dash:
     @app.callback(Output("memory-run", "figure"), Input("run", "value"), Input("refresh", "n_intervals"))
     def _memory_run(run_id: int | None, _tick: int | None) -> Any:
         series = queries.memory_series(engine, run_id) if run_id is not None else pd.DataFrame()
-        return figures.memory_over_run(series, queries.SERIES_MEASURES, f"Memory over run {run_id}")
+        return figures.memory_over_run(series, measures.SERIES_MEASURES, f"Memory over run {run_id}")
 
     @app.callback(Output("memory-context", "figure"), Input("refresh", "n_intervals"))
     def _memory_context(_tick: int | None) -> Any:
-        return figures.memory_vs_context(queries.profile_points(engine), queries.PROFILE_MEASURES)
+        return figures.memory_vs_context(queries.profile_points(engine), measures.PROFILE_MEASURES)
 
     @app.callback(
         Output("samples", "data"), Output("sample-count", "children"),

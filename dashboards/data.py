@@ -3,7 +3,7 @@
 Two measures are not stored but computed here: `weights_bytes + kv_bytes_peak` (what the model
 itself holds, without allocator slack or CUDA context) and `analytic` (the bytes the model's config
 implies at a chosen context length: the same formula `loopeval estimate` prints, evaluated from the
-coefficients engine adapters store with each run, `adapters.memory.analytic_terms`). Either is NULL
+coefficients engine adapters store with each run, `adapters.engine.memory.analytic_terms`). Either is NULL
 where an input is unavailable.
 """
 

@@ -22,7 +22,8 @@ from sqlalchemy import Engine
 
 from dashboards import figures
 from dashboards.data import DEFAULT_CONTEXT_TOKENS, accuracy_points
-from db import queries
+from db import measures, queries
+from db.session import open_existing
 
 MAX_REPORT_SAMPLES = 2000  # newest first; the served app browses all of them
 MAX_SERIES_POINTS = 1500  # per run: longer series are reduced to bucket maxima (peaks survive)
@@ -43,7 +44,7 @@ def _reduce_series(series: pd.DataFrame, limit: int = MAX_SERIES_POINTS) -> pd.D
     if len(series) <= limit:
         return series
     bucket = pd.Series(range(len(series)), index=series.index) * limit // len(series)
-    aggregations = {column: ("max" if column in queries.SERIES_MEASURES else "first") for column in series.columns}
+    aggregations = {column: ("max" if column in measures.SERIES_MEASURES else "first") for column in series.columns}
     return series.groupby(bucket.to_numpy()).agg(aggregations)
 
 
@@ -121,8 +122,8 @@ def report_figures(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS)
     for row in queries.runs(engine).itertuples():
         series = _reduce_series(queries.memory_series(engine, row.run_id))
         title = f"Memory over run {row.run_id}: {row.model} r={row.loops} ({row.suite})"
-        blobs[f"run|{row.run_id}"] = _figure_json(figures.memory_over_run(series, queries.SERIES_MEASURES, title))
-    blobs["profile"] = _figure_json(figures.memory_vs_context(queries.profile_points(engine), queries.PROFILE_MEASURES))
+        blobs[f"run|{row.run_id}"] = _figure_json(figures.memory_over_run(series, measures.SERIES_MEASURES, title))
+    blobs["profile"] = _figure_json(figures.memory_vs_context(queries.profile_points(engine), measures.PROFILE_MEASURES))
     return blobs
 
 
@@ -164,7 +165,7 @@ def write_report(db_url: str, out: Path) -> Path:
     Raises `db.ResultsError` (one line, exit 2 in the CLI) when the database is missing or holds no runs;
     a missing SQLite file is not created.
     """
-    engine = queries.connect(db_url)
+    engine = open_existing(db_url)
     try:
         text = build_report(engine)
     finally:

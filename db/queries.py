@@ -1,52 +1,25 @@
 """Read-side queries for the dashboards: plain pandas DataFrames, one row per thing plotted.
 
 Nothing here writes. A run without a loop count (a plain transformer) reads as loops = 1, which is
-what it is (DESIGN.md: a plain transformer is T = 1), so it sits on the same axes as looped models. `connect` opens an existing database without creating it (a mistyped SQLite
+what it is (a plain transformer is T = 1), so it sits on the same axes as looped models. Readers open the database with `db.session.open_existing`, which never creates it (a mistyped SQLite
 path must not leave an empty file behind). Byte counts stay NULL (NaN in a DataFrame) where the
 source was unavailable, so the figures can say "unavailable" instead of plotting zero.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Iterable
 
 import pandas as pd
-from sqlalchemy import Engine, case, create_engine, func, inspect, select
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, DatabaseError
+from sqlalchemy import Engine, case, func, inspect, select
+from sqlalchemy.exc import DatabaseError
 
+from db.measures import PROFILE_MEASURES, SERIES_MEASURES
 from db.models import MemoryPeak, MemorySample, ProfilePoint, Run, Sample, TaskMetric
 from db import ResultsError
 
-# The sampler's per-tick columns (MemorySample), in the order the memory-over-a-run figure draws them.
-SERIES_MEASURES: tuple[str, ...] = (
-    "kv_bytes_used", "kv_bytes_allocated", "torch_allocated", "torch_reserved",
-    "nvml_process", "nvml_device", "rss",
-)
-# The peaks `loopeval profile` records per context length (ProfilePoint), measured ones only.
-PROFILE_MEASURES: tuple[str, ...] = (
-    "kv_bytes_allocated", "kv_bytes_used", "torch_allocated_peak", "torch_reserved_peak",
-    "nvml_process_peak", "nvml_device_peak", "rss_peak",
-)
-
 # Profile runs keep NULL: they span several loop counts, recorded per point.
 _LOOPS = case((Run.kind == "eval", func.coalesce(Run.loops, 1)), else_=Run.loops).label("loops")
-
-
-def connect(url: str) -> Engine:
-    """Open an existing results database for reading; never creates a missing SQLite file."""
-    try:
-        parsed = make_url(url)
-    except ArgumentError as exc:
-        raise ResultsError(f"not a database URL: {url!r} ({exc})") from None
-    if parsed.get_backend_name() == "sqlite":
-        path = parsed.database or ""
-        if path in ("", ":memory:") or path.startswith("file:"):
-            raise ResultsError(f"no results database file in {url!r}; run `loopeval run` first")
-        if not Path(path).is_file():
-            raise ResultsError(f"no results database at {path}; run `loopeval run` first")
-    return create_engine(parsed)
 
 
 def require_results(engine: Engine) -> int:

@@ -1,6 +1,7 @@
 """Opening the results database: URL resolution, safety checks, SQLite tuning and automatic migration.
 
-`open_engine()` is the one door to the database. It resolves the URL (`--db`, else `LOOPEVAL_DB`,
+This module is the one door to the database: `open_engine()` for the writers (the run store),
+`open_existing()` for readers (dashboards, reports), which never creates anything. It resolves the URL (`--db`, else `LOOPEVAL_DB`,
 else `results/loopeval.sqlite` under the working directory), refuses files it must not touch
 (not SQLite, unwritable, written by a newer loopeval) *before* anything writes to them, tunes SQLite
 for several writers (WAL, busy timeout, `BEGIN IMMEDIATE`) and upgrades the schema to Alembic head.
@@ -62,7 +63,7 @@ def _known_revisions() -> set[str]:
     return {script.revision for script in ScriptDirectory.from_config(alembic_config()).walk_revisions()}
 
 
-def _sqlite_path(url: str) -> Path | None:
+def sqlite_path(url: str) -> Path | None:
     """The file behind a SQLite URL; None for other backends and in-memory databases."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
@@ -156,7 +157,7 @@ def open_engine(url: str | None = None) -> Engine:
         parsed = make_url(url)
     except ArgumentError:
         raise ResultsError(f"--db {url!r} is not a SQLAlchemy URL (e.g. sqlite:///results/loopeval.sqlite)") from None
-    path = _sqlite_path(url)
+    path = sqlite_path(url)
     try:
         if path is not None:
             _check_sqlite_file(path)
@@ -179,6 +180,21 @@ def open_engine(url: str | None = None) -> Engine:
     except DBAPIError as exc:
         raise ResultsError(f"cannot open database {parsed.render_as_string(hide_password=True)}: {exc.orig}") from None
     return engine
+
+
+def open_existing(url: str) -> Engine:
+    """Open an existing results database for reading; never creates a missing SQLite file."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise ResultsError(f"not a database URL: {url!r} ({exc})") from None
+    if parsed.get_backend_name() == "sqlite":
+        path = parsed.database or ""
+        if path in ("", ":memory:") or path.startswith("file:"):
+            raise ResultsError(f"no results database file in {url!r}; run `loopeval run` first")
+        if not Path(path).is_file():
+            raise ResultsError(f"no results database at {path}; run `loopeval run` first")
+    return create_engine(parsed)
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:

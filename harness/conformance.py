@@ -36,10 +36,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from adapters.base import MEMORY_KEYS, Adapter, AdapterError, Generation, Prompt, Sampling
+from adapters.base import DTYPE_BYTES, MEMORY_KEYS, Adapter, AdapterError, Generation, Prompt, Sampling, dtype_short
 
 DEFAULT_PROMPTS: tuple[str, ...] = ("The answer is", "1+1=", "abc")
-_DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float64": 8, "int8": 1}
 
 
 class ConformanceError(AssertionError):
@@ -278,8 +277,11 @@ class _Kit:
             how = "its model's parameters hold"
         else:
             d = self.adapter.describe()
-            size = _DTYPE_BYTES.get(str(d.get("dtype", "")).removeprefix("torch."))
-            if not isinstance(d.get("params"), int) or size is None:
+            try:
+                size = DTYPE_BYTES[dtype_short(d.get("dtype"))]
+            except AdapterError:
+                return
+            if not isinstance(d.get("params"), int):
                 return
             expected, how = d["params"] * size, f"describe() gives params={d['params']} x {d['dtype']}"
         if abs(weights - expected) > 0.01 * expected:

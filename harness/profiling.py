@@ -2,7 +2,7 @@
 
 For each loop count and each context length L, a batch of L-token prompts is prefilled and decoded
 for a few greedy steps while the memory sampler runs; each point records the same measures as an
-evaluation run, plus prefill time, decode throughput and the KV bytes `adapters.memory.estimate`
+evaluation run, plus prefill time, decode throughput and the KV bytes `adapters.engine.memory.estimate`
 predicts for L + steps tokens. The MELT paper's "memory at 32k tokens" is the point L = 32768.
 
 Only torch, psutil and nvidia-ml-py are imported here (no lighteval, no sqlalchemy), so profiling
@@ -20,8 +20,9 @@ from typing import Any
 import adapters
 from adapters.base import AdapterError, Sampling
 from harness.errors import UserError
-from harness.runner import is_looped
-from harness.sampler import DEFAULT_INTERVAL, MEASURES, MemorySampler
+from harness.spec import is_looped
+from db.measures import PEAK_MEASURES
+from harness.sampler import DEFAULT_INTERVAL, MemorySampler
 
 DECODE_STEPS = 8
 
@@ -35,9 +36,9 @@ class ProfileResult:
 
 
 def analytic_kv_bytes(description: dict[str, Any], tokens: int, batch: int) -> int | None:
-    """What `adapters.memory.estimate` predicts, for engine models (those that describe a LoopConfig)."""
-    from adapters.config import LoopConfig
-    from adapters.memory import estimate
+    """What `adapters.engine.memory.estimate` predicts, for engine models (those that describe a LoopConfig)."""
+    from adapters.engine.config import LoopConfig
+    from adapters.engine.memory import estimate
 
     try:
         config = LoopConfig.from_dict(description["config"])
@@ -84,7 +85,7 @@ def profile_model(
     loop_counts: list[int | None] = list(loops) if loops and is_looped(description) else [None]
     del first
     points: list[dict[str, Any]] = []
-    peaks: dict[str, int | None] = dict.fromkeys(MEASURES)
+    peaks: dict[str, int | None] = dict.fromkeys(PEAK_MEASURES)
     for r in loop_counts:
         adapter = adapters.load(spec, seed=seed, **({"loops": r} if r is not None else {}))
         info = adapter.describe()
@@ -110,7 +111,7 @@ def profile_model(
                 # the adapter's exact allocated peak, since one cache may live shorter than a sampler tick
                 "kv_bytes_allocated": point_peaks["kv_bytes_peak"],
                 "kv_bytes_used": point_peaks["kv_bytes_used"],
-                **{name: point_peaks[name] for name in MEASURES if name.endswith("_peak") and name != "kv_bytes_peak"},
+                **{name: point_peaks[name] for name in PEAK_MEASURES if name.endswith("_peak") and name != "kv_bytes_peak"},
                 "prefill_seconds": max(g.prefill_seconds for g in generations),
                 "decode_tokens_per_second": generated / decode_seconds if decode_seconds > 0 else None,
             }

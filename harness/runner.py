@@ -6,8 +6,7 @@ runs once. While a run generates, a `MemorySampler` thread records memory, every
 committed at once through `StoreSink` (so Ctrl-C, SIGTERM or a crash keep finished work), and
 `--resume RUN_ID` continues a run by skipping the samples already stored.
 
-`DEFAULTS` holds the sizes of the no-argument `loopeval run` in one place, so they can be tuned
-(for example when trained zoo models replace the random-weight presets).
+What a run is (`RunSpec`, the defaults, each suite's sampling) lives in `harness.spec`.
 """
 
 from __future__ import annotations
@@ -25,164 +24,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from adapters.base import AdapterError, Generation, Prompt, Sampling
+from adapters.base import Generation, Prompt, Sampling
 from harness.errors import UserError
-from harness.sampler import DEFAULT_INTERVAL, MemorySampler
+from harness.sampler import MemorySampler
+from harness.spec import RunSpec, is_looped
 
 if TYPE_CHECKING:
     from rich.progress import Progress
 
     from db.store import Store
-
-
-@dataclass(frozen=True)
-class RunDefaults:
-    """The default `loopeval run`: the trained tiny zoo on the synthetic suite, in a few minutes on 2 CPU cores."""
-
-    models: tuple[str, ...] = ("zoo:qwen3-tiny-small", "zoo:qwen3-tiny-deep", "zoo:ouro-tiny", "zoo:melt-tiny")
-    suite: str = "synthetic"
-    loops: tuple[int, ...] = (1, 2, 4, 8)
-    samples: int = 4  # n samples per problem for pass@1
-    temperature: float = 1.0  # paper protocol
-    top_p: float = 0.7  # paper protocol
-    max_new_tokens: int = 8  # synthetic answers are a few digits
-    limit: int | None = None  # docs per task: all 200 of the test split
-    batch_size: int = 32
-
-
-DEFAULTS = RunDefaults()
-
-
-def _suite_sampling(suite: str) -> dict[str, float | int]:
-    """temperature, top_p, max_new_tokens and n to use where the user gave none."""
-    from suites import SuiteError
-    from suites.registry import default_sampling
-
-    if suite == DEFAULTS.suite:
-        return {"temperature": DEFAULTS.temperature, "top_p": DEFAULTS.top_p, "max_new_tokens": DEFAULTS.max_new_tokens, "n": DEFAULTS.samples}
-    try:
-        return default_sampling(suite)
-    except SuiteError as exc:
-        raise UserError(str(exc)) from None
-
-
-# Backends that can run code shipped inside a model directory, and so take trust_remote_code.
-REMOTE_CODE_PREFIXES = ("transformers", "vllm")
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """A validated request for one sweep. Construct it with `RunSpec.build()` from CLI values."""
-
-    models: tuple[str, ...]
-    suite: str
-    tasks: tuple[str, ...] | None  # None: every task of the suite
-    loops: tuple[int, ...]
-    sampling: Sampling
-    limit: int | None
-    batch_size: int
-    seed: int
-    db_url: str | None = None
-    data_dir: str | None = None
-    sampler_interval: float = DEFAULT_INTERVAL
-    trust_remote_code: bool = False  # only for transformers:/vllm: specs; their loaders warn when used
-
-    @classmethod
-    def build(
-        cls,
-        *,
-        models: Sequence[str] | None = None,
-        suite: str | None = None,
-        tasks: Sequence[str] | None = None,
-        loops: Sequence[int] | None = None,
-        samples: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        max_new_tokens: int | None = None,
-        limit: int | None = None,
-        batch_size: int | None = None,
-        seed: int = 0,
-        db_url: str | None = None,
-        data_dir: str | None = None,
-        sampler_interval: float = DEFAULT_INTERVAL,
-        trust_remote_code: bool = False,
-    ) -> RunSpec:
-        """Fill unset values and check every field; UserError names the bad option.
-
-        On the default suite unset values come from DEFAULTS; on any other suite from the suite's
-        own default sampling (the paper protocol for `paper`) and all of its docs.
-        """
-        suite = suite or DEFAULTS.suite
-        suite_sampling = _suite_sampling(suite)
-        models = tuple(models or DEFAULTS.models)
-        loops = tuple(loops or DEFAULTS.loops)
-        if samples is not None and samples < 1:
-            raise UserError(f"--samples must be a positive integer, got {samples}")
-        if any(r < 1 for r in loops):
-            raise UserError(f"--loops must be positive integers, got {','.join(map(str, loops))}")
-        if limit is not None and limit < 1:
-            raise UserError(f"--limit must be a positive integer, got {limit}")
-        if max_new_tokens is not None and max_new_tokens < 1:
-            raise UserError(f"--max-new-tokens must be a positive integer, got {max_new_tokens}")
-        batch_size = DEFAULTS.batch_size if batch_size is None else batch_size
-        if batch_size < 1:
-            raise UserError(f"--batch-size must be a positive integer, got {batch_size}")
-        if data_dir is not None and not os.path.isdir(data_dir):
-            raise UserError(f"--data-dir {data_dir} is not a directory")
-        try:
-            sampling = Sampling(
-                temperature=suite_sampling["temperature"] if temperature is None else temperature,
-                top_p=suite_sampling["top_p"] if top_p is None else top_p,
-                max_new_tokens=max_new_tokens or int(suite_sampling["max_new_tokens"]),
-                n=samples or int(suite_sampling["n"]),
-                seed=seed,
-            )
-        except AdapterError as exc:  # name the CLI option, not the dataclass field
-            message = str(exc).replace("top_p", "--top-p").replace("temperature", "--temperature")
-            raise UserError(message) from None
-        if limit is None and suite == DEFAULTS.suite:
-            limit = DEFAULTS.limit
-        return cls(
-            models=models,
-            suite=suite,
-            tasks=tuple(tasks) if tasks else None,
-            loops=tuple(sorted(set(loops))),
-            sampling=sampling,
-            limit=limit,
-            batch_size=batch_size,
-            seed=seed,
-            db_url=db_url,
-            data_dir=data_dir,
-            sampler_interval=sampler_interval,
-            trust_remote_code=trust_remote_code,
-        )
-
-    def load_overrides(self, model: str) -> dict[str, Any]:
-        """Overrides every adapter of this sweep is loaded with (the engine rejects unknown ones)."""
-        overrides: dict[str, Any] = {"seed": self.seed}
-        if self.trust_remote_code and model.partition(":")[0] in REMOTE_CODE_PREFIXES:
-            overrides["trust_remote_code"] = True
-        return overrides
-
-    def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["sampling"] = dataclasses.asdict(self.sampling)
-        data.pop("db_url")  # where it was stored is not part of what was run
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], db_url: str | None) -> RunSpec:
-        fields = {**data, "db_url": db_url}
-        fields["sampling"] = Sampling(**data["sampling"])
-        for name in ("models", "loops", "tasks"):
-            if fields.get(name) is not None:
-                fields[name] = tuple(fields[name])
-        return cls(**fields)
-
-
-def is_looped(description: dict[str, Any]) -> bool:
-    """Whether loop counts mean anything for this model (per_loop / gated KV, or a trained T > 1)."""
-    return description.get("kv_strategy", "standard") != "standard" or (description.get("loops") or 1) > 1
 
 
 def package_versions() -> dict[str, str]:

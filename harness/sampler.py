@@ -7,7 +7,7 @@ current phase ("task:addition batch:3") and the run's generated-token count so f
 cannot be read here is None in every tick and in its peak, never 0: "no GPU" must not look like
 "used no GPU memory".
 
-Peaks carry DESIGN.md's measure names (`MEASURES`). Where a source keeps its own exact peak (the
+Peaks carry the measure names of `db.measures`. Where a source keeps its own exact peak (the
 torch caching allocator, the adapter's `kv_bytes_peak`) that is used instead of the sampled maximum,
 which could miss a spike shorter than the interval. The sampler times its own ticks, so its
 overhead is reported with the run (`overhead()`).
@@ -25,32 +25,8 @@ from typing import Any
 
 import psutil
 
-# DESIGN.md "Memory measures": the peaks stored per run, in this order.
-MEASURES: tuple[str, ...] = (
-    "weights_bytes",
-    "kv_bytes_allocated",
-    "kv_bytes_used",
-    "kv_bytes_peak",
-    "torch_allocated_peak",
-    "torch_reserved_peak",
-    "nvml_process_peak",
-    "nvml_device_peak",
-    "rss_peak",
-)
-# The per-tick readings (columns of `memory_samples`).
-SERIES: tuple[str, ...] = (
-    "kv_bytes_used", "kv_bytes_allocated", "torch_allocated", "torch_reserved", "nvml_process", "nvml_device", "rss",
-)
-# The sampled series whose maximum is the peak measure of the same meaning.
-_PEAK_OF_SERIES = {
-    "kv_bytes_used": "kv_bytes_used",
-    "kv_bytes_allocated": "kv_bytes_allocated",
-    "torch_allocated": "torch_allocated_peak",
-    "torch_reserved": "torch_reserved_peak",
-    "nvml_process": "nvml_process_peak",
-    "nvml_device": "nvml_device_peak",
-    "rss": "rss_peak",
-}
+from db.measures import PEAK_MEASURES, PEAK_OF_SERIES, SERIES_MEASURES
+
 DEFAULT_INTERVAL = 0.02
 DEFAULT_MAX_ROWS = 2000  # series rows stored per run; peaks stay exact whatever the downsampling
 
@@ -142,8 +118,8 @@ class MemorySampler:
         return False
 
     def read(self) -> dict[str, Any]:
-        """One tick: every SERIES reading (None where unavailable) plus phase and token count."""
-        tick: dict[str, Any] = dict.fromkeys(SERIES)
+        """One tick: every SERIES_MEASURES reading (None where unavailable) plus phase and token count."""
+        tick: dict[str, Any] = dict.fromkeys(SERIES_MEASURES)
         tick["t"] = time.perf_counter() - self._t0
         tick["phase"] = self.phase
         tick["generated_tokens"] = self.generated_tokens
@@ -188,7 +164,7 @@ class MemorySampler:
         self._wall = time.perf_counter() - self._t0
         final: dict[str, int | None] = {}
         if self.adapter is not None:
-            final.update({k: v for k, v in self.adapter.memory().items() if k in MEASURES})
+            final.update({k: v for k, v in self.adapter.memory().items() if k in PEAK_MEASURES})
         if self._cuda:
             import torch
 
@@ -220,10 +196,10 @@ class MemorySampler:
     # --- results ------------------------------------------------------------------------------
 
     def peaks(self) -> dict[str, int | None]:
-        """Every MEASURES name -> bytes, None where the source was unavailable during the whole run."""
-        peaks: dict[str, int | None] = dict.fromkeys(MEASURES)
+        """Every PEAK_MEASURES name -> bytes, None where the source was unavailable during the whole run."""
+        peaks: dict[str, int | None] = dict.fromkeys(PEAK_MEASURES)
         for tick in self.ticks:
-            for series, measure in _PEAK_OF_SERIES.items():
+            for series, measure in PEAK_OF_SERIES.items():
                 peaks[measure] = _max(peaks[measure], tick[series])
         for measure, value in self._final.items():
             if measure in ("torch_allocated_peak", "torch_reserved_peak", "weights_bytes"):
@@ -251,7 +227,7 @@ class MemorySampler:
             return list(self.ticks)
         step = len(self.ticks) / max_rows
         keep = {int(i * step) for i in range(max_rows)} | {len(self.ticks) - 1}
-        for series in SERIES:
+        for series in SERIES_MEASURES:
             values = [(tick[series], i) for i, tick in enumerate(self.ticks) if tick[series] is not None]
             if values:
                 keep.add(max(values)[1])

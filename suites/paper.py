@@ -27,9 +27,6 @@ if TYPE_CHECKING:
     from lighteval.tasks.lighteval_task import LightevalTaskConfig
     from lighteval.tasks.requests import Doc
 
-# The paper protocol (DESIGN.md): the default sampling of this suite.
-SAMPLING: dict[str, float | int] = {"temperature": 1.0, "top_p": 0.7, "max_new_tokens": 32768, "n": 4}
-
 MMLU_REDUX_SUBJECTS: tuple[str, ...] = (
     "abstract_algebra", "anatomy", "astronomy", "business_ethics", "clinical_knowledge", "college_biology",
     "college_chemistry", "college_computer_science", "college_mathematics", "college_medicine",
@@ -77,14 +74,14 @@ def _hle_answer_matches(doc: "Doc", model_response) -> float:
     return float(bool(found) and found[-1].strip().lower() == doc.get_golds()[0].strip().lower())
 
 
-def _pass_at_1(metric_name: str, samples: int):
-    """One of LightEval's pass@k metrics (a `Metrics` member name) at k=1 over `samples` samples."""
+def _pass_at_1(metric_name: str):
+    """One of LightEval's pass@k metrics (a `Metrics` member name) at k=1."""
     from lighteval.metrics.metrics import Metrics
 
-    return Metrics[metric_name](sample_params={"k": 1, "n": samples})
+    return Metrics[metric_name](sample_params={"k": 1, "n": 1})
 
 
-def _hle_pass_at_1(samples: int):
+def _hle_pass_at_1():
     import numpy as np
     from lighteval.metrics.metrics_sample import PassAtK
     from lighteval.metrics.utils.metric_utils import SampleLevelMetric
@@ -97,11 +94,14 @@ def _hle_pass_at_1(samples: int):
         corpus_level_fn=np.mean,
         higher_is_better=True,
     )
-    return metric(sample_params={"k": 1, "n": samples})
+    return metric(sample_params={"k": 1, "n": 1})
 
 
-def task_configs(samples: int = int(SAMPLING["n"])) -> list["LightevalTaskConfig"]:
-    """Every task of the suite, against its public dataset name; `load_suite` points them at local files."""
+def task_configs() -> list["LightevalTaskConfig"]:
+    """Every task of the suite, against its public dataset name; `load_suite` points them at local files.
+
+    pass@1 metrics count one sample here; the run sets their n (`suites.loader.with_samples`).
+    """
     from lighteval.metrics.metrics import Metrics
     from lighteval.tasks.lighteval_task import LightevalTaskConfig
     from lighteval.tasks.tasks.aime import aime_prompt
@@ -124,7 +124,7 @@ def task_configs(samples: int = int(SAMPLING["n"])) -> list["LightevalTaskConfig
             metrics=metrics,
         )
 
-    math = [_pass_at_1("pass_at_k_math", samples)]
+    math = [_pass_at_1("pass_at_k_math")]
     configs = [
         task("aime24", aime_prompt, "HuggingFaceH4/aime_2024", "default", "train", math),
         task("aime25", aime_prompt, "yentinglin/aime_2025", "default", "train", math),
@@ -133,15 +133,15 @@ def task_configs(samples: int = int(SAMPLING["n"])) -> list["LightevalTaskConfig
         task("olympiadbench", _olympiad_prompt, "Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train", math),
         task(
             "gpqa_diamond", gpqa_instruct_prompt, "Idavidrein/gpqa", "gpqa_diamond", "train",
-            [_pass_at_1("gpqa_instruct_pass_at_k", samples)], 32768,
+            [_pass_at_1("gpqa_instruct_pass_at_k")], 32768,
         ),
     ]  # fmt: skip
     configs += [
         task(
             f"mmlu_redux:{subject}", mmlu_redux_2_prompt(subject), "edinburgh-dawg/mmlu-redux-2.0", subject, "test",
-            [Metrics.loglikelihood_acc, _pass_at_1("pass_at_k_letters", samples)], 1, ["\n"],
+            [Metrics.loglikelihood_acc, _pass_at_1("pass_at_k_letters")], 1, ["\n"],
         )
         for subject in MMLU_REDUX_SUBJECTS
     ]  # fmt: skip
-    configs.append(task("hle", hle_text_only, "cais/hle", "default", "test", [_hle_pass_at_1(samples)], 8192))
+    configs.append(task("hle", hle_text_only, "cais/hle", "default", "test", [_hle_pass_at_1()], 8192))
     return configs

@@ -24,14 +24,6 @@ _DESCRIPTIONS: dict[str, str] = {
 }
 _MODULES = {"synthetic": synthetic, "paper": paper}
 
-# Default sampling per suite, as plain values (suites may not import adapters): the runner builds its
-# `Sampling` from these where the user gave no value. Synthetic answers are a few characters, so greedy.
-_SAMPLING: dict[str, dict[str, float | int]] = {
-    "synthetic": {"temperature": 0.0, "top_p": 1.0, "max_new_tokens": synthetic.GENERATION_SIZE, "n": 1},
-    "paper": dict(paper.SAMPLING),
-}
-
-
 def list_suites() -> dict[str, str]:
     """Suite name -> one-line description."""
     return dict(_DESCRIPTIONS)
@@ -46,12 +38,6 @@ def suite_tasks(name: str) -> list[str]:
     """The selectable task names of a suite (groups such as `mmlu_redux` stand for their subtasks)."""
     _check_suite(name)
     return list(_MODULES[name].TASKS)
-
-
-def default_sampling(name: str) -> dict[str, float | int]:
-    """temperature, top_p, max_new_tokens and n (samples per doc) the suite is meant to run with."""
-    _check_suite(name)
-    return dict(_SAMPLING[name])
 
 
 def _select(name: str, configs: list["LightevalTaskConfig"], tasks: list[str] | None) -> list["LightevalTaskConfig"]:
@@ -91,12 +77,14 @@ def load_suite(
 ) -> list["LightevalTaskConfig"]:
     """The suite's LightEval task configs, optionally only `tasks`, reading local copies from `data_dir`.
 
+    Their pass@k metrics count one sample; the run sets its n with `suites.loader.with_samples`.
+
     Every returned config's `hf_repo` is a local JSONL or parquet file (see `suites.loader`): the
     synthetic suite reads its bundled test split unless `data_dir` holds `<task>.jsonl`/`.parquet`;
     the paper suite needs `data_dir`, since nothing is downloaded at run time.
     """
     _check_suite(name)
-    configs = _select(name, _MODULES[name].task_configs(int(_SAMPLING[name]["n"])), tasks)
+    configs = _select(name, _MODULES[name].task_configs(), tasks)
     if data_dir is not None:
         data_dir = Path(data_dir)
         if not data_dir.is_dir():

@@ -172,10 +172,10 @@ def synthetic_prompt(line: dict, task_name: str | None = None) -> "Doc":
     return Doc(task_name=task_name or "", query=line["prompt"], choices=[line["answer"]], gold_index=0)
 
 
-def task_configs(samples: int = 1) -> list["LightevalTaskConfig"]:
+def task_configs() -> list["LightevalTaskConfig"]:
     """One LightEval task per synthetic task, reading the committed test split.
 
-    Scored with LightEval's pass@k at k=1 over `samples` samples, whose per-sample check is
+    Scored with LightEval's pass@k at k=1 (over the run's n samples, set by `suites.loader.with_samples`), whose per-sample check is
     LightEval's exact match on the stripped output (the answers are bare numbers, so extraction
     would only add ways to be lenient); with one sample it is plain exact match.
     """
@@ -193,7 +193,7 @@ def task_configs(samples: int = 1) -> list["LightevalTaskConfig"]:
             few_shots_split="test",  # unused (no few-shot); naming it keeps LightEval from warning
             generation_size=GENERATION_SIZE,
             stop_sequence=[STOP],
-            metrics=[Metrics.pass_at_k(sample_params={"k": 1, "n": samples})],
+            metrics=[Metrics.pass_at_k(sample_params={"k": 1, "n": 1})],
             version=0,
         )
         for task in TASKS

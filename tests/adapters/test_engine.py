@@ -8,13 +8,14 @@ import pytest
 import torch
 
 from adapters.base import AdapterError, Sampling
-from adapters.cache import KVCache
-from adapters.checkpoint import random_model
-from adapters.config import PRESETS, LoopConfig, preset
-from adapters.engine_adapter import EngineAdapter, _checkpoint_factory, load_preset
-from adapters.generate import ExitPolicy, generate, sample
-from adapters.memory import count_params, estimate, kv_bytes
-from adapters.model import LoopedLM
+from adapters.engine.cache import KVCache
+from adapters.engine.checkpoint import random_model
+from adapters.engine.config import LoopConfig
+from adapters.engine.presets import PRESETS, preset
+from adapters.engine.adapter import EngineAdapter, _checkpoint_factory, load_preset
+from adapters.engine.generate import ExitPolicy, generate, sample
+from adapters.engine.memory import count_params, estimate, kv_bytes
+from adapters.engine.model import LoopedLM
 
 GREEDY = Sampling(temperature=0.0, max_new_tokens=12)
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from adapters.config import preset
-from adapters.memory import estimate
+from adapters.engine.presets import preset
+from adapters.engine.memory import estimate
 from harness.cli import main
 
 

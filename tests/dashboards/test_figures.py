@@ -13,12 +13,13 @@ from sqlalchemy import create_engine, text
 
 from dashboards import figures
 from dashboards.data import accuracy_points, analytic_bytes
-from db import queries
+from db import measures, queries
+from db.session import open_existing
 
 
 @pytest.fixture()
 def engine(results_url: str):
-    engine = queries.connect(results_url)
+    engine = open_existing(results_url)
     yield engine
     engine.dispose()
 
@@ -141,7 +142,7 @@ def test_analytic_coefficients_reproduce_the_estimate(spec: str, loops: int | No
     """The dashboards evaluate the stored coefficients; at every context (below and above MELT's
     chunk) they give exactly what `loopeval estimate` computes from the config."""
     import adapters
-    from adapters.memory import estimate
+    from adapters.engine.memory import estimate
 
     adapter = adapters.load(spec, loops=loops) if loops else adapters.load(spec)
     described = adapter.describe()
@@ -166,10 +167,10 @@ def test_memory_over_run_draws_each_available_measure_against_time_and_tokens(en
     run_id = int(queries.runs(engine)["run_id"].iloc[-1])
     series = queries.memory_series(engine, run_id)
     assert len(series) > 0, "the sampler wrote a time series"
-    available = [m for m in queries.SERIES_MEASURES if series[m].notna().any()]
-    missing = [m for m in queries.SERIES_MEASURES if m not in available]
+    available = [m for m in measures.SERIES_MEASURES if series[m].notna().any()]
+    missing = [m for m in measures.SERIES_MEASURES if m not in available]
     assert "rss" in available and "kv_bytes_allocated" in available
-    fig = figures.memory_over_run(series, queries.SERIES_MEASURES)
+    fig = figures.memory_over_run(series, measures.SERIES_MEASURES)
     assert sorted(t.name for t in fig.data) == sorted(available * 2)
     assert {t.xaxis for t in fig.data} == {"x", "x2"}
     for trace in fig.data:
@@ -183,12 +184,12 @@ def test_memory_over_run_draws_each_available_measure_against_time_and_tokens(en
 def test_memory_vs_context_shows_measured_points_beside_analytic_lines(engine) -> None:
     profile = queries.profile_points(engine)
     assert len(profile) > 0, "loopeval profile wrote points"
-    fig = figures.memory_vs_context(profile, queries.PROFILE_MEASURES)
+    fig = figures.memory_vs_context(profile, measures.PROFILE_MEASURES)
     lines = [t for t in fig.data if t.mode == "lines"]
     markers = [t for t in fig.data if t.mode == "markers"]
     groups = profile.groupby(["model", "loops", "batch"]).ngroups
     assert len(lines) == 2 * groups  # analytic KV and analytic weights + KV per (model, loops, batch)
-    measured = [m for m in queries.PROFILE_MEASURES if profile[m].notna().any()]
+    measured = [m for m in measures.PROFILE_MEASURES if profile[m].notna().any()]
     assert sum(len(t.x) for t in markers) == sum(int(profile[m].notna().sum()) for m in measured)
     assert fig.layout.xaxis.title.text == "context length (tokens)"
     assert "decimal" in fig.layout.yaxis.title.text or "bytes" in fig.layout.yaxis.title.text
@@ -205,8 +206,8 @@ def test_byte_units_scale_to_the_largest_value() -> None:
 def test_empty_inputs_say_so() -> None:
     empty = pd.DataFrame(columns=["model", "loops", "accuracy", "stderr", "metric", "n_samples", "kv_bytes_peak"])
     for fig in (figures.accuracy_vs_memory(empty, "kv_bytes_peak"), figures.accuracy_vs_loops(empty, "kv_bytes_peak"),
-                figures.memory_over_run(pd.DataFrame(), queries.SERIES_MEASURES),
-                figures.memory_vs_context(pd.DataFrame(), queries.PROFILE_MEASURES)):
+                figures.memory_over_run(pd.DataFrame(), measures.SERIES_MEASURES),
+                figures.memory_vs_context(pd.DataFrame(), measures.PROFILE_MEASURES)):
         assert len(fig.data) == 0 and _annotations(fig)
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.sampler import MEASURES
+from db.measures import PEAK_MEASURES as MEASURES
 
 pytestmark = pytest.mark.slow
 LOOPEVAL = str(Path(sys.executable).with_name("loopeval"))

@@ -9,7 +9,8 @@ import torch
 
 import adapters
 from adapters import Sampling
-from harness.sampler import MEASURES, MemorySampler
+from db.measures import PEAK_MEASURES as MEASURES
+from harness.sampler import MemorySampler
 
 MB = 1_000_000
 

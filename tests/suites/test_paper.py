@@ -95,7 +95,7 @@ class ReferenceAdapter:
     max_context = 4096
 
     def __init__(self, wrong: bool = False) -> None:
-        from adapters.tokenizer import char_tokenizer
+        from adapters.engine.tokenizer import char_tokenizer
 
         self.tokenizer = char_tokenizer()
         self.wrong = wrong  # then every reply is well-formed but wrong
@@ -158,7 +158,11 @@ def test_paper_needs_local_copies_and_names_the_missing_file(tmp_path: Path):
 
 
 def test_paper_configs_follow_the_protocol(data_dir: Path):
-    configs = {c.name: c for c in load_suite("paper", tasks=TASKS, data_dir=data_dir)}
+    from harness.spec import PAPER_PROTOCOL
+    from suites.loader import with_samples
+
+    loaded = with_samples(load_suite("paper", tasks=TASKS, data_dir=data_dir), int(PAPER_PROTOCOL["n"]))
+    configs = {c.name: c for c in loaded}
     assert list(configs) == TASKS
     assert configs["aime25"].hf_repo == str(data_dir / "aime25.parquet")
     assert configs["math_500"].generation_size == 32768

@@ -9,21 +9,20 @@ from pathlib import Path
 import pytest
 
 from suites import SuiteError
-from suites.registry import default_sampling, list_suites, load_suite, suite_tasks
+from suites.registry import list_suites, load_suite, suite_tasks
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_list_and_tasks_without_importing_lighteval():
     code = (
-        "import sys; from suites.registry import list_suites, suite_tasks, default_sampling;"
-        "print(sorted(list_suites()), suite_tasks('synthetic'), default_sampling('paper'));"
+        "import sys; from suites.registry import list_suites, suite_tasks;"
+        "print(sorted(list_suites()), suite_tasks('synthetic'));"
         "print('lighteval' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert out.splitlines() == [
-        "['paper', 'synthetic'] ['addition', 'chain2', 'chain3', 'chain4', 'lookup'] "
-        "{'temperature': 1.0, 'top_p': 0.7, 'max_new_tokens': 32768, 'n': 4}",
+        "['paper', 'synthetic'] ['addition', 'chain2', 'chain3', 'chain4', 'lookup']",
         "False",
     ]
     assert all(list_suites().values())
@@ -35,10 +34,17 @@ def test_unknown_suite_and_task_name_the_valid_ones():
         load_suite("bogus")
     with pytest.raises(SuiteError, match=r"unknown suite 'bogus'"):
         suite_tasks("bogus")
-    with pytest.raises(SuiteError, match=r"unknown suite 'bogus'"):
-        default_sampling("bogus")
     with pytest.raises(SuiteError, match=r"unknown task 'chain9' in suite 'synthetic' \(tasks: addition, chain2, chain3, chain4, lookup\)"):
         load_suite("synthetic", tasks=["chain2", "chain9"])
+
+
+def test_every_suite_has_its_sampling_and_paper_runs_the_paper_protocol():
+    from harness.spec import PAPER_PROTOCOL, SUITE_SAMPLING, RunSpec
+
+    assert set(SUITE_SAMPLING) == set(list_suites())
+    assert PAPER_PROTOCOL == {"temperature": 1.0, "top_p": 0.7, "max_new_tokens": 32768, "n": 4}
+    spec = RunSpec.build(suite="paper")
+    assert (spec.sampling.temperature, spec.sampling.top_p, spec.sampling.max_new_tokens, spec.sampling.n) == (1.0, 0.7, 32768, 4)
 
 
 def test_synthetic_configs_read_the_bundled_test_split():

@@ -11,7 +11,7 @@ from safetensors import safe_open
 import adapters
 from adapters.zoo import ZOO_DIR, zoo_names
 from harness.cli import main
-from harness.train import load_recipes
+from adapters.zoo import load_recipes
 
 SHIPPED = zoo_names()
 EXPECTED = {"qwen3-tiny-small", "qwen3-tiny-deep", "ouro-tiny", "melt-tiny"}

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 import adapters
-from adapters import training as T
-from adapters.model import LoopedLM
-from harness.train import TaskData, get_recipe, load_teacher, train
+from adapters.engine import objectives as T
+from adapters.engine.model import LoopedLM
+from adapters.engine.training import TaskData, load_teacher, train
+from adapters.zoo import get_recipe
 from suites import synthetic
 
 # 32-wide models and a few hundred items keep every run here to seconds on two cores.
@@ -47,13 +48,13 @@ def falls(values: list[float]) -> bool:
 def teacher_dir(tmp_path_factory: pytest.TempPathFactory, items: dict) -> Path:
     """A tiny ouro-tiny trained for a few steps: the LoopLM the MELT tests convert."""
     out = tmp_path_factory.mktemp("zoo") / "ouro"
-    train(tiny("ouro-tiny", 30), out, progress=False, items=items)
+    train(tiny("ouro-tiny", 30), out, progress=False, items=items, stop=synthetic.STOP)
     return out
 
 
 @pytest.mark.parametrize("name", ["qwen3-tiny-small", "ouro-tiny"])
 def test_loss_falls_for_plain_and_looped_models(name: str, tmp_path: Path, items: dict) -> None:
-    info = train(tiny(name, 30), tmp_path / name, progress=False, items=items)
+    info = train(tiny(name, 30), tmp_path / name, progress=False, items=items, stop=synthetic.STOP)
     assert falls(losses(tmp_path / name)), losses(tmp_path / name)
     assert info["steps"] == 30 and info["tokens"] > 0 and info["params"] > 0
 
@@ -71,7 +72,7 @@ def test_looped_loss_trains_every_loop_and_the_exit_gate(teacher_dir: Path) -> N
 def test_melt_conversion_brings_pure_melt_closer_to_the_teacher(chunkwise: bool, tmp_path: Path, items: dict, teacher_dir: Path) -> None:
     """The two stages run (a ramps from the teacher, stage 2 adds alignment) and leave a pure MELT model (a = 1) that tracks its teacher."""
     recipe = tiny("melt-tiny", 20, ramp_steps=8, stage2_start=12, chunkwise=chunkwise, lr=3e-3)
-    info = train(recipe, tmp_path / "melt", progress=False, items=items, teacher_spec=f"ouro:{teacher_dir}")
+    info = train(recipe, tmp_path / "melt", progress=False, items=items, stop=synthetic.STOP, teacher_spec=f"ouro:{teacher_dir}")
     values = losses(tmp_path / "melt")
     assert values[0] < 1e-4, "at a = 0 the converted model is its teacher"
     assert any("align" in line for line in (tmp_path / "melt" / "losses.jsonl").read_text().splitlines()[12:])
@@ -81,7 +82,7 @@ def test_melt_conversion_brings_pure_melt_closer_to_the_teacher(chunkwise: bool,
     assert shipped.config.kv_strategy == "gated" and shipped.config.chunk_size == recipe.chunk_size
     trained = teacher.to_melt("elementwise", chunk_size=recipe.chunk_size)  # float32 weights, not the bf16 files
     trained.load_state_dict(torch.load(tmp_path / "melt" / "train_state.pt", weights_only=False)["model"])
-    data = TaskData(TASKS, adapters.load(f"ouro:{teacher_dir}").tokenizer, 0, {k: v[:16] for k, v in items.items()})
+    data = TaskData(TASKS, adapters.load(f"ouro:{teacher_dir}").tokenizer, 0, {k: v[:16] for k, v in items.items()}, synthetic.STOP)
     batch = data.collate(data.train, "cpu")
     chunk = recipe.chunk_size if chunkwise else batch.inputs.shape[1]
     with torch.no_grad():
@@ -98,7 +99,7 @@ def test_stage1_at_a0_reproduces_the_teacher(teacher_dir: Path, items: dict) -> 
     """With kv_mix 0 the converted model, chunk-wise, computes exactly its LoopLM teacher's logits."""
     teacher = load_teacher(f"ouro:{teacher_dir}", "cpu")
     student = teacher.to_melt("elementwise", chunk_size=4)
-    data = TaskData(TASKS, adapters.load(f"ouro:{teacher_dir}").tokenizer, 0, {k: v[:8] for k, v in items.items()})
+    data = TaskData(TASKS, adapters.load(f"ouro:{teacher_dir}").tokenizer, 0, {k: v[:8] for k, v in items.items()}, synthetic.STOP)
     batch = data.collate(data.train, "cpu")
     with torch.no_grad():
         ref = teacher(batch.inputs, return_loop_logits=True)
@@ -120,7 +121,7 @@ def test_chunk_size_one_training_forward_matches_decoding(teacher_dir: Path) -> 
         for layer in student.shared:
             layer.melt_gate.w_z.bias.fill_(0.5)
     out = Path(teacher_dir).parent / "melt-chunk1"
-    from adapters.checkpoint import save_checkpoint
+    from adapters.engine.checkpoint import save_checkpoint
 
     save_checkpoint(student, out, tokenizer=adapters.load(f"ouro:{teacher_dir}").tokenizer)
     adapter = adapters.load(f"melt:{out}", dtype="float32", chunk_size=1)
@@ -140,10 +141,10 @@ def test_chunk_size_one_training_forward_matches_decoding(teacher_dir: Path) -> 
 def test_train_round_trips_and_resumes_exactly(tmp_path: Path, items: dict) -> None:
     """An interrupted run resumed from train_state.pt ends with the same weights as an uninterrupted one."""
     recipe = tiny("qwen3-tiny-small", 6)
-    train(recipe, tmp_path / "straight", progress=False, items=items)
-    assert train(recipe, tmp_path / "resumed", progress=False, items=items, until=3) is None
+    train(recipe, tmp_path / "straight", progress=False, items=items, stop=synthetic.STOP)
+    assert train(recipe, tmp_path / "resumed", progress=False, items=items, stop=synthetic.STOP, until=3) is None
     assert not (tmp_path / "resumed" / "model.safetensors").exists()
-    train(recipe, tmp_path / "resumed", progress=False, items=items)
+    train(recipe, tmp_path / "resumed", progress=False, items=items, stop=synthetic.STOP)
     a = torch.load(tmp_path / "straight" / "train_state.pt", weights_only=False)["model"]
     b = torch.load(tmp_path / "resumed" / "train_state.pt", weights_only=False)["model"]
     for key in a:
@@ -159,9 +160,9 @@ def test_decode_aligned_chunks_reproduce_melt_decoding(tmp_path: Path) -> None:
     """MELT trains and validates with `Batch.decode_chunks`: the prompt chunked back from its end, then
     one token at a time. Teacher-forced on the engine's own greedy output, that forward predicts
     exactly the tokens the engine decoded (chunk size 4, random weights so that tokens vary)."""
-    from adapters.checkpoint import random_model, save_checkpoint
-    from adapters.config import preset
-    from adapters.tokenizer import char_tokenizer
+    from adapters.engine.checkpoint import random_model, save_checkpoint
+    from adapters.engine.presets import preset
+    from adapters.engine.tokenizer import char_tokenizer
 
     student = random_model(preset("melt-tiny").replace(chunk_size=4), seed=2, dtype=torch.float32, device="cpu")
     with torch.no_grad():
@@ -172,7 +173,7 @@ def test_decode_aligned_chunks_reproduce_melt_decoding(tmp_path: Path) -> None:
     adapter = adapters.load(f"melt:{tmp_path}", dtype="float32")
     prompt = tokenizer.encode("k=4;f=k+6;o=?")  # 14 tokens with <bos>: chunks 2 + 4 + 4 + 4
     gen = adapter.generate([prompt], adapters.Sampling(temperature=0, max_new_tokens=8))[0]
-    data = TaskData(("chain2",), tokenizer, 0, {"chain2": [{"prompt": "a=1;a=?", "answer": "1"}]})
+    data = TaskData(("chain2",), tokenizer, 0, {"chain2": [{"prompt": "a=1;a=?", "answer": "1"}]}, synthetic.STOP)
     batch = data.collate([(prompt + gen.token_ids, len(prompt))], "cpu")
     chunks = batch.decode_chunks(4)
     assert chunks == [2, 4, 4, 4] + [1] * (len(gen.token_ids) - 1)

@@ -1,6 +1,6 @@
 """`loopeval estimate`: weights, KV and total bytes of a preset or config at a context length, from the config alone.
 
-Imports only the analytic memory model and the config reader (no torch, lighteval, dash or vllm),
+Imports only the analytic memory model and the config reader (no lighteval, dash or vllm),
 so it runs anywhere, the GPU machine included.
 """
 
@@ -12,9 +12,8 @@ from typing import Optional
 
 import typer
 
+from harness.cli.common import GB, JsonFlag, print_table
 from harness.errors import UserError
-
-GB = 1e9  # decimal gigabytes, as the MELT paper reports them
 
 
 def estimate(
@@ -23,16 +22,15 @@ def estimate(
     batch: int = typer.Option(1, "--batch", help="Sequences held at once."),
     loops: Optional[int] = typer.Option(None, "--loops", help="Loops at inference (r); default the trained loop count."),
     dtype: str = typer.Option("bf16", "--dtype", help="bf16, fp16 or fp32."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON (params, weights_bytes, kv_bytes, total_bytes)."),
+    as_json: JsonFlag = False,
 ) -> None:
     """Predict memory: weights from the parameter shapes, KV for (tokens, batch, loops, dtype)."""
-    from adapters.config import PRESETS, preset, read_config
-    from adapters.memory import dtype_bytes
-    from adapters.memory import estimate as analytic
+    from adapters.engine.presets import PRESETS, preset
+    from adapters.base import MODEL_DTYPES
+    from adapters.engine.memory import estimate as analytic
 
-    if dtype not in ("bf16", "fp16", "fp32"):
-        raise UserError(f"--dtype must be one of bf16, fp16, fp32, got {dtype!r}")
-    dtype_bytes(dtype)
+    if dtype not in MODEL_DTYPES:
+        raise UserError(f"--dtype must be one of {', '.join(MODEL_DTYPES)}, got {dtype!r}")
     if tokens < 1:
         raise UserError(f"--tokens must be >= 1, got {tokens}")
     if batch < 1:
@@ -42,6 +40,8 @@ def estimate(
     if model in PRESETS:
         config = preset(model)
     elif Path(model).exists() or "/" in model or model.endswith(".json"):
+        from adapters.engine.checkpoint import read_config  # torch only for files, not presets
+
         config = read_config(model)
     else:
         raise UserError(f"unknown preset {model!r} (presets: {', '.join(PRESETS)}; or give a config.json or checkpoint directory)")
@@ -49,19 +49,9 @@ def estimate(
     if as_json:
         print(json.dumps({"params": result.params, "weights_bytes": result.weights_bytes, "kv_bytes": result.kv_bytes, "total_bytes": result.total_bytes}))
         return
-    from rich.console import Console
-    from rich.table import Table
-
     r = config.loops if loops is None else loops
-    table = Table(title=f"{model}: {tokens} tokens x batch {batch}, loops {r}, {dtype} ({config.kv_strategy} KV)")
-    table.add_column("measure")
-    table.add_column("bytes", justify="right")
-    table.add_column("GB (1e9 bytes)", justify="right")
-    table.add_row("parameters", f"{result.params:,}", "")
-    for name, value in (("weights", result.weights_bytes), ("KV cache", result.kv_bytes), ("total", result.total_bytes)):
-        table.add_row(name, f"{value:,}", f"{value / GB:.3f}")
-    Console().print(table)
-
-
-def register(app: typer.Typer) -> None:
-    app.command("estimate")(estimate)
+    rows = [["parameters", f"{result.params:,}", ""]]
+    rows += [[name, f"{value:,}", f"{value / GB:.3f}"] for name, value in
+             (("weights", result.weights_bytes), ("KV cache", result.kv_bytes), ("total", result.total_bytes))]
+    title = f"{model}: {tokens} tokens x batch {batch}, loops {r}, {dtype} ({config.kv_strategy} KV)"
+    print_table(title, ["measure", "bytes", "GB (1e9 bytes)"], rows, right=("bytes", "GB (1e9 bytes)"))

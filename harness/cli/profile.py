@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 import typer
 
-from harness.cmd_run import DB_HELP, gigabytes, parse_int_list
+from harness.cli.common import DbOption, JsonFlag, gigabytes, parse_int_list
 from harness.errors import UserError
 from harness.profiling import DECODE_STEPS, profile_model
 
@@ -22,8 +22,8 @@ def profile(
     batch: int = typer.Option(1, "--batch", help="Sequences per point."),
     decode_steps: int = typer.Option(DECODE_STEPS, "--decode-steps", help="Greedy decode steps after each prefill."),
     seed: int = typer.Option(0, "--seed", help="Seed for random preset weights and the prompt tokens."),
-    as_json: bool = typer.Option(False, "--json", help="Print the points as JSON."),
-    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    as_json: JsonFlag = False,
+    db: DbOption = None,
     store: bool = typer.Option(True, "--store/--no-store", help="Store the points as a run of kind 'profile'."),
 ) -> None:
     """Prefill to each length and decode a few steps: memory measures (GB = 1e9 bytes) beside the analytic KV."""
@@ -70,7 +70,3 @@ def _print_point(point: dict[str, Any]) -> None:
         f"RSS {gigabytes(point['rss_peak'])} GB, prefill {point['prefill_seconds']:.3f} s, "
         f"decode {point['decode_tokens_per_second'] or 0:.1f} tok/s"
     )
-
-
-def register(app: typer.Typer) -> None:
-    app.command("profile")(profile)

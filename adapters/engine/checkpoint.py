@@ -21,8 +21,69 @@ from typing import Any
 import torch
 
 from adapters.base import AdapterError
-from adapters.config import ENGINE_FORMAT, LoopConfig, preset, read_config, read_json
-from adapters.model import LoopedLM
+from adapters.engine.config import ENGINE_FORMAT, LoopConfig
+from adapters.engine.model import LoopedLM
+from adapters.engine.presets import preset
+
+
+# ----------------------------------------------------------------------- config.json files
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise AdapterError(f"{path} not found: expected a checkpoint directory with config.json and model.safetensors") from exc
+    except (OSError, ValueError) as exc:
+        raise AdapterError(f"cannot read {path} as JSON: {exc}") from exc
+
+
+def _first(value: Any) -> int | None:
+    return value[0] if isinstance(value, list) and value else value if isinstance(value, int) else None
+
+
+def _hf_config(raw: dict[str, Any], family: str) -> LoopConfig:
+    """Map a Qwen2/Qwen3/Ouro-style HF config.json onto LoopConfig."""
+    try:
+        heads = raw["num_attention_heads"]
+        hidden = raw["hidden_size"]
+        rope = raw.get("rope_parameters") or {}
+        eos = raw.get("eos_token_id")
+        cfg = dict(
+            vocab_size=raw["vocab_size"], hidden_size=hidden, num_heads=heads,
+            num_kv_heads=raw.get("num_key_value_heads") or heads, head_dim=raw.get("head_dim") or hidden // heads,
+            ffn_size=raw["intermediate_size"], rope_theta=float(rope.get("rope_theta") or raw.get("rope_theta") or 10000.0),
+            norm_eps=raw.get("rms_norm_eps", 1e-6), tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            max_position=raw.get("max_position_embeddings", 32768), bos_token_id=_first(raw.get("bos_token_id")),
+            eos_token_id=_first(eos), pad_token_id=_first(raw.get("pad_token_id")),
+            extra={"eos_token_ids": eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else []},
+        )
+        layers = raw["num_hidden_layers"]
+    except KeyError as exc:
+        raise AdapterError(f"HF config.json lacks field {exc.args[0]!r}") from exc
+    if family == "qwen3":
+        return LoopConfig(family="qwen3", shared_layers=layers, loops=1, norm_layout="pre", qk_norm=True, kv_strategy="standard", **cfg)
+    gated = family == "melt"
+    return LoopConfig(
+        family=family, shared_layers=layers, loops=int(raw.get("total_ut_steps", 4)), norm_layout="sandwich",
+        qk_norm=False, kv_strategy="gated" if gated else "per_loop", exit_gate=True,
+        gate_variant=raw.get("melt_gate_variant", "elementwise"), chunk_size=int(raw.get("melt_chunk_size", 64)), **cfg,
+    )
+
+
+def read_config(path: str | Path, family: str | None = None) -> LoopConfig:
+    """LoopConfig of a checkpoint directory or config.json (engine or HF); `family` picks the HF mapping."""
+    path = Path(path)
+    file = path / "config.json" if path.is_dir() else path
+    if not path.exists():
+        raise AdapterError(f"{path} not found: expected a preset name, a checkpoint directory or a config.json")
+    raw = read_json(file)
+    if raw.get("format") == ENGINE_FORMAT:
+        return LoopConfig.from_dict(raw["config"])
+    if family is None:
+        model_type = str(raw.get("model_type", "")).lower()
+        family = "qwen3" if model_type.startswith("qwen") else "melt" if "melt_gate_variant" in raw else "ouro" if "total_ut_steps" in raw else ""
+        if not family:
+            raise AdapterError(f"{file}: neither an engine config nor an HF Qwen3/Ouro config (model_type={raw.get('model_type')!r})")
+    return _hf_config(raw, family)
 
 
 def _read_tensors(directory: Path) -> dict[str, torch.Tensor]:

@@ -7,14 +7,11 @@ a check fails.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
-adapter_app = typer.Typer(help="Add and check model adapters.", no_args_is_help=True, add_completion=False)
+from harness.cli.common import AdaptersDirOption, TrustRemoteCodeFlag
 
 
-@adapter_app.command("new")
 def new(
     name: str = typer.Argument(..., help="The adapter's spec prefix (lowercase letters, digits, _), e.g. myarch."),
     directory: str = typer.Option(".", "--dir", help="Where to write the package folder loopeval-NAME/."),
@@ -27,13 +24,12 @@ def new(
     typer.echo(f"next: cd {root} && pip install --no-deps --no-build-isolation -e . && python -m pytest   (then: loopeval run --model {name}:tiny --limit 2)")
 
 
-@adapter_app.command("check")
 def check(
     spec: str = typer.Argument(..., help="Model spec to check, e.g. myarch:tiny or transformers:/path/to/model."),
     bridge: bool = typer.Option(True, "--bridge/--no-bridge", help="Also run 2 synthetic docs through the LightEval bridge."),
     max_new_tokens: int = typer.Option(12, "--max-new-tokens", help="New tokens per check generation (fewer is faster)."),
-    adapters_dir: Optional[list[str]] = typer.Option(None, "--adapters-dir", help="Extra folder of adapter plugins (repeatable)."),
-    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="transformers: run code shipped in the model directory."),
+    adapters_dir: AdaptersDirOption = None,
+    trust_remote_code: TrustRemoteCodeFlag = False,
 ) -> None:
     """Run the conformance kit on SPEC and print one line per check; exit 1 if any check fails."""
     from rich.console import Console
@@ -51,7 +47,3 @@ def check(
     typer.echo(str(report))
     if not report.ok:
         raise typer.Exit(1)
-
-
-def register(app: typer.Typer) -> None:
-    app.add_typer(adapter_app, name="adapter")

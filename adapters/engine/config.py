@@ -10,9 +10,7 @@ config reaches users through presets, checkpoints' config.json and `--loops` ove
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from adapters.base import AdapterError
@@ -148,104 +146,3 @@ class LoopConfig:
         if unknown:
             raise AdapterError(f"unknown config field(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(names))})")
         return cls(**data)
-
-
-# Token ids of the character tokenizer (adapters/tokenizer.py) shared by the tiny presets.
-_CHAR = dict(vocab_size=99, pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position=512)
-_TINY = dict(hidden_size=128, num_heads=4, num_kv_heads=2, head_dim=32, ffn_size=384, rope_theta=10_000.0, **_CHAR)
-_OURO = dict(
-    family="ouro", vocab_size=49152, hidden_size=2048, num_heads=16, num_kv_heads=16, head_dim=128, ffn_size=5632,
-    loops=4, rope_theta=1_000_000.0, norm_eps=1e-6, tie_embeddings=False, norm_layout="sandwich",
-    kv_strategy="per_loop", exit_gate=True, max_position=65536, bos_token_id=0, eos_token_id=0, pad_token_id=0,
-)
-
-PRESETS: dict[str, LoopConfig] = {
-    "qwen3-1.7b": LoopConfig(
-        family="qwen3", vocab_size=151936, hidden_size=2048, num_heads=16, num_kv_heads=8, head_dim=128,
-        ffn_size=6144, shared_layers=28, loops=1, rope_theta=1_000_000.0, norm_eps=1e-6, tie_embeddings=True,
-        norm_layout="pre", qk_norm=True, kv_strategy="standard", max_position=40960,
-        bos_token_id=151643, eos_token_id=151645, pad_token_id=151643,
-    ),
-    "ouro-1.4b": LoopConfig(shared_layers=24, **_OURO),
-    "ouro-1.4b-thinking": LoopConfig(shared_layers=24, **_OURO),
-    "ouro-2.6b": LoopConfig(shared_layers=48, **_OURO),
-    "melt-1.6b": LoopConfig(shared_layers=24, **{**_OURO, "family": "melt", "kv_strategy": "gated"}),
-    "qwen3-tiny": LoopConfig(
-        family="qwen3", shared_layers=4, loops=1, tie_embeddings=True, norm_layout="pre", qk_norm=True,
-        kv_strategy="standard", **_TINY,
-    ),
-    "ouro-tiny": LoopConfig(
-        family="ouro", shared_layers=2, loops=4, norm_layout="sandwich", kv_strategy="per_loop", exit_gate=True, **_TINY,
-    ),
-    "melt-tiny": LoopConfig(
-        family="melt", shared_layers=2, loops=4, norm_layout="sandwich", kv_strategy="gated", exit_gate=True,
-        chunk_size=16, **_TINY,
-    ),
-}
-
-
-def preset(name: str) -> LoopConfig:
-    """A fresh copy of a preset config (callers may mutate it)."""
-    if name not in PRESETS:
-        raise AdapterError(f"unknown preset {name!r} (known: {', '.join(PRESETS)})")
-    return dataclasses.replace(PRESETS[name], extra=dict(PRESETS[name].extra))
-
-
-# ------------------------------------------------------------- config.json files (no torch needed)
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise AdapterError(f"{path} not found: expected a checkpoint directory with config.json and model.safetensors") from exc
-    except (OSError, ValueError) as exc:
-        raise AdapterError(f"cannot read {path} as JSON: {exc}") from exc
-
-
-def _first(value: Any) -> int | None:
-    return value[0] if isinstance(value, list) and value else value if isinstance(value, int) else None
-
-
-def _hf_config(raw: dict[str, Any], family: str) -> LoopConfig:
-    """Map a Qwen2/Qwen3/Ouro-style HF config.json onto LoopConfig."""
-    try:
-        heads = raw["num_attention_heads"]
-        hidden = raw["hidden_size"]
-        rope = raw.get("rope_parameters") or {}
-        eos = raw.get("eos_token_id")
-        cfg = dict(
-            vocab_size=raw["vocab_size"], hidden_size=hidden, num_heads=heads,
-            num_kv_heads=raw.get("num_key_value_heads") or heads, head_dim=raw.get("head_dim") or hidden // heads,
-            ffn_size=raw["intermediate_size"], rope_theta=float(rope.get("rope_theta") or raw.get("rope_theta") or 10000.0),
-            norm_eps=raw.get("rms_norm_eps", 1e-6), tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            max_position=raw.get("max_position_embeddings", 32768), bos_token_id=_first(raw.get("bos_token_id")),
-            eos_token_id=_first(eos), pad_token_id=_first(raw.get("pad_token_id")),
-            extra={"eos_token_ids": eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else []},
-        )
-        layers = raw["num_hidden_layers"]
-    except KeyError as exc:
-        raise AdapterError(f"HF config.json lacks field {exc.args[0]!r}") from exc
-    if family == "qwen3":
-        return LoopConfig(family="qwen3", shared_layers=layers, loops=1, norm_layout="pre", qk_norm=True, kv_strategy="standard", **cfg)
-    gated = family == "melt"
-    return LoopConfig(
-        family=family, shared_layers=layers, loops=int(raw.get("total_ut_steps", 4)), norm_layout="sandwich",
-        qk_norm=False, kv_strategy="gated" if gated else "per_loop", exit_gate=True,
-        gate_variant=raw.get("melt_gate_variant", "elementwise"), chunk_size=int(raw.get("melt_chunk_size", 64)), **cfg,
-    )
-
-
-def read_config(path: str | Path, family: str | None = None) -> LoopConfig:
-    """LoopConfig of a checkpoint directory or config.json (engine or HF); `family` picks the HF mapping."""
-    path = Path(path)
-    file = path / "config.json" if path.is_dir() else path
-    if not path.exists():
-        raise AdapterError(f"{path} not found: expected a preset name, a checkpoint directory or a config.json")
-    raw = read_json(file)
-    if raw.get("format") == ENGINE_FORMAT:
-        return LoopConfig.from_dict(raw["config"])
-    if family is None:
-        model_type = str(raw.get("model_type", "")).lower()
-        family = "qwen3" if model_type.startswith("qwen") else "melt" if "melt_gate_variant" in raw else "ouro" if "total_ut_steps" in raw else ""
-        if not family:
-            raise AdapterError(f"{file}: neither an engine config nor an HF Qwen3/Ouro config (model_type={raw.get('model_type')!r})")
-    return _hf_config(raw, family)

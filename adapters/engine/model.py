@@ -8,7 +8,7 @@ Layers run as prelude (p), shared (s) x loops (r), coda (c). Two entry points sh
   conversion training); it can return per-loop logits, per-(loop, shared layer) attention outputs
   (stage-2 alignment loss) and Ouro's exit probabilities.
 - `LoopedLM.step(tokens, positions, cache, slot, mask, loops)`: one prefill chunk or decode step
-  against a preallocated `adapters.cache.KVCache`, written in place.
+  against a preallocated `adapters.engine.cache.KVCache`, written in place.
 
 MELT choices the method leaves open (also in the README):
 - The latent state h of a shared layer starts as the first loop's normalised input x (loop 1 gives
@@ -28,10 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from adapters.config import LoopConfig
+from adapters.engine.config import LoopConfig
 
 if TYPE_CHECKING:
-    from adapters.cache import KVCache
+    from adapters.engine.cache import KVCache
 
 Mix = Callable[[Tensor], Tensor]  # normalised block input x -> attention output (after o_proj)
 
@@ -493,7 +493,7 @@ class LoopedLM(nn.Module):
 
         `mask` [B,1,n,slot+n] bool, or None for plain causal attention. For gated caches n must not
         exceed the cache's latent chunk. Returns the last position's normed state(s). Callers run
-        `prepare_inference()` once before a series of steps (`adapters.generate.generate` does).
+        `prepare_inference()` once before a series of steps (`adapters.engine.generate.generate` does).
         """
         cfg = self.config
         p, s = cfg.prelude_layers, cfg.shared_layers

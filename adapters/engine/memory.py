@@ -1,17 +1,15 @@
 """Analytic memory model: parameters, weight bytes and KV bytes from a `LoopConfig` alone.
 
 It never reads stored figures: the tests check it against the bytes the engine's caches allocate
-(`adapters.cache.KVCache.kv_bytes_allocated`) and the parameters the model holds.
+(`adapters.engine.cache.KVCache.kv_bytes_allocated`) and the parameters the model holds.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from adapters.base import AdapterError
-from adapters.config import LoopConfig
-
-DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
+from adapters.base import DTYPE_BYTES, AdapterError, dtype_short
+from adapters.engine.config import LoopConfig
 
 
 @dataclass(frozen=True)
@@ -23,13 +21,11 @@ class MemoryEstimate:
 
 
 def dtype_bytes(dtype: str) -> int:
-    if dtype not in DTYPE_BYTES:
-        raise AdapterError(f"dtype {dtype!r} is not one of bf16, fp16, fp32")
-    return DTYPE_BYTES[dtype]
+    return DTYPE_BYTES[dtype_short(dtype, model=True)]
 
 
 def count_params(cfg: LoopConfig) -> int:
-    """Parameters of `adapters.model.LoopedLM(cfg)`, shape by shape."""
+    """Parameters of `adapters.engine.model.LoopedLM(cfg)`, shape by shape."""
     d, hd = cfg.hidden_size, cfg.head_dim
     attn = d * hd * (2 * cfg.num_heads + 2 * cfg.num_kv_heads) + (2 * hd if cfg.qk_norm else 0)
     norms = (4 if cfg.norm_layout == "sandwich" else 2) * d

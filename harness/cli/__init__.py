@@ -1,15 +1,15 @@
-"""The `loopeval` command line.
+"""The `loopeval` command line: one module per command, every command registered here.
 
-Each command lives in its own module under `harness/` and registers itself with `register(app)`;
-command modules import heavy libraries (torch, lighteval, dash) inside the command body only, so
-`loopeval estimate` stays fast and runs where lighteval is not installed.
+Command modules import heavy libraries (torch, lighteval, dash) inside the command body only, so
+`loopeval --help` is instant and `loopeval estimate` runs where lighteval is not installed. What
+several commands share (option definitions, parsing, tables) is in `harness.cli.common`; no command
+module imports another.
 
 Every error the user can fix ends as one line on stderr and exit code 2, never a traceback.
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
 
 import typer
@@ -17,16 +17,8 @@ from typer.exceptions import TyperException
 
 from adapters.base import AdapterError
 from db import ResultsError
+from harness.cli import adapter, dashboard, estimate, profile, results, run, show_models, show_suites, zoo
 from suites import SuiteError
-
-COMMAND_MODULES: tuple[str, ...] = (
-    "harness.cmd_dashboard",
-    "harness.cmd_estimate",
-    "harness.cmd_run",
-    "harness.cmd_profile",
-    "harness.cmd_zoo",
-    "harness.cmd_adapter",
-)
 
 app = typer.Typer(
     name="loopeval",
@@ -36,15 +28,24 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+app.command("run")(run.run)
+app.command("results")(results.results)
+app.command("suites")(show_suites.suites)
+app.command("models")(show_models.models)
+app.command("estimate")(estimate.estimate)
+app.command("profile")(profile.profile)
+app.command("dashboard")(dashboard.dashboard)
 
-for _module in COMMAND_MODULES:
-    importlib.import_module(_module).register(app)
+zoo_app = typer.Typer(help="The tiny model zoo: list, retrain, convert a LoopLM to MELT.", no_args_is_help=True)
+zoo_app.command("list")(zoo.list_models)
+zoo_app.command("train")(zoo.train)
+zoo_app.command("convert")(zoo.convert)
+app.add_typer(zoo_app, name="zoo")
 
-
-def fail(message: str) -> "typer.Exit":
-    """Print one error line and return the exit to raise (code 2)."""
-    print(f"loopeval: error: {message}", file=sys.stderr)
-    return typer.Exit(2)
+adapter_app = typer.Typer(help="Add and check model adapters.", no_args_is_help=True, add_completion=False)
+adapter_app.command("new")(adapter.new)
+adapter_app.command("check")(adapter.check)
+app.add_typer(adapter_app, name="adapter")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         result = app(args=argv, standalone_mode=False)
     except typer.Exit as exc:
         return exc.exit_code
-    except typer.Abort:
+    except (typer.Abort, KeyboardInterrupt):
         print("loopeval: interrupted", file=sys.stderr)
         return 130
     except TyperException as exc:  # usage errors: unknown option, bad value, missing argument
@@ -65,9 +66,6 @@ def main(argv: list[str] | None = None) -> int:
     except (AdapterError, ResultsError, SuiteError) as exc:  # includes harness.errors.UserError
         print(f"loopeval: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("loopeval: interrupted", file=sys.stderr)
-        return 130
     return result if isinstance(result, int) else 0
 
 

@@ -21,10 +21,10 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from adapters.base import AdapterError, Generation, Sampling
-from adapters.cache import KVCache
-from adapters.memory import kv_bytes
-from adapters.model import LoopedLM, exit_probabilities
+from adapters.base import AdapterError, Generation, Sampling, dtype_short
+from adapters.engine.cache import KVCache
+from adapters.engine.memory import kv_bytes
+from adapters.engine.model import LoopedLM, exit_probabilities
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,7 @@ def generate(
     looped = cfg.shared_layers > 0 and (loops > 1 or cfg.loops > 1)
 
     if device.type == "cuda":  # a clear error instead of an allocator OOM for a cache that cannot fit
-        need = kv_bytes(cfg, capacity, b, loops, {torch.float32: "fp32", torch.float16: "fp16"}.get(dtype, "bf16"))
+        need = kv_bytes(cfg, capacity, b, loops, dtype_short(dtype))
         free = torch.cuda.mem_get_info(device)[0]
         if need > free:
             raise AdapterError(

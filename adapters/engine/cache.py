@@ -10,7 +10,7 @@ Layout: `k` and `v` are [entries, batch, kv_heads, length, head_dim]. The entry 
 
 `kv_bytes_allocated` counts the K/V tensors plus the MELT latent; `kv_bytes_used` counts the slots
 written so far (every row of the batch, padding included, because those slots are occupied) plus
-the latent once anything is written. `adapters.memory.estimate` predicts the same numbers from the
+the latent once anything is written. `adapters.engine.memory.estimate` predicts the same numbers from the
 config alone.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from adapters.config import LoopConfig
+from adapters.engine.config import LoopConfig
 
 
 class KVCache:

@@ -1,11 +1,12 @@
-"""Training the tiny zoo on the CPU: recipes, data, the loop, checkpoints and loss curves.
+"""Training engine models on the CPU (or a GPU): data, the loop, checkpoints and loss curves.
 
-One function, `train(recipe, out_dir)`, trains every zoo model. What differs between models lives in
-the recipe (adapters/zoo_data/recipes.toml) and in the objective it selects:
+One function, `train(recipe, out_dir, items, stop=...)`, trains every zoo model. What differs between
+models lives in the recipe (`adapters.zoo.Recipe`, read from adapters/zoo_data/recipes.toml) and in
+the objective it selects (the losses are in `adapters.engine.objectives`):
 
 - `lm`: a plain transformer (Qwen3 layout), masked cross-entropy on the answer;
 - `looplm`: an Ouro-style LoopLM, Ouro's entropy-regularised exit-gate objective over loops;
-- `melt`: LoopLM -> MELT conversion from a frozen teacher, the two stages of DESIGN.md
+- `melt`: LoopLM -> MELT conversion from a frozen teacher, the paper's two stages
   (chunk-wise forward with KV interpolation `a` ramped 0 -> 1 and per-loop distillation; then
   the post-attention alignment loss with weight beta added).
 
@@ -15,8 +16,9 @@ exactly the batches it would have seen. Loss curves go to `losses.jsonl`, the fi
 engine checkpoint directory (safetensors + config.json + tokenizer.json) with `train_info.json`
 (steps, tokens, CPU minutes, validation accuracy) beside them.
 
-Only the synthetic suite's train split is read; a slice of it is held out as validation for
-choices. The test split is never touched here.
+The caller hands in the items (prompt/answer rows per task: `loopeval zoo` reads the synthetic
+suite's train split) and the stop string answers end with; a slice of each task is held out as
+validation for choices. The engine never reads a suite itself.
 """
 
 from __future__ import annotations
@@ -26,104 +28,18 @@ import functools
 import json
 import os
 import time
-import tomllib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from adapters import training as T
-from adapters.config import LoopConfig, preset
-from adapters.model import LoopedLM
-from harness.errors import UserError
+from adapters.base import AdapterError
+from adapters.engine import objectives as T
+from adapters.engine.model import LoopedLM
 
-RECIPES_PATH = Path(__file__).resolve().parent.parent / "adapters" / "zoo_data" / "recipes.toml"
-KINDS = ("lm", "looplm", "melt")
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """Everything that decides one zoo model; the fields are documented in recipes.toml."""
-
-    name: str
-    kind: str
-    preset: str
-    config: dict[str, Any] = field(default_factory=dict)
-    description: str = ""
-    seed: int = 0
-    steps: int = 1000
-    batch_size: int = 64
-    lr: float = 3e-3
-    warmup_steps: int = 50
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    min_lr_ratio: float = 0.1
-    tasks: tuple[str, ...] = ("addition", "chain2", "chain3", "chain4", "lookup")
-    val_items: int = 200
-    log_every: int = 25
-    save_every: int = 200
-    # looplm
-    entropy_weight: float = 0.05
-    exit_bias_init: float = 0.0
-    # melt
-    teacher: str = ""
-    gate_variant: str = "elementwise"
-    chunk_size: int = 4
-    chunkwise: bool = True
-    ramp_steps: int = 200
-    stage2_start: int = 400
-    beta: float = 1.0
-    distill_temperature: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise UserError(f"recipe {self.name}: kind {self.kind!r} is not one of {', '.join(KINDS)}")
-        if self.steps < 1 or self.batch_size < 1:
-            raise UserError(f"recipe {self.name}: steps and batch_size must be >= 1")
-        if self.kind == "melt" and not self.teacher:
-            raise UserError(f"recipe {self.name}: a melt recipe needs a teacher")
-
-    def with_overrides(self, **changes: Any) -> "Recipe":
-        """A copy with some fields changed (None values are ignored: CLI options left unset)."""
-        known = set(self.__dataclass_fields__)
-        unknown = set(changes) - known
-        if unknown:
-            raise UserError(f"unknown recipe field(s) {', '.join(sorted(unknown))}")
-        data = asdict(self)
-        data.update({k: v for k, v in changes.items() if v is not None})
-        data["tasks"] = tuple(data["tasks"])
-        return Recipe(**data)
-
-    def model_config(self) -> LoopConfig:
-        return preset(self.preset).replace(**self.config)
-
-
-def load_recipes(path: Path = RECIPES_PATH) -> dict[str, Recipe]:
-    """Every recipe in the TOML file: `[defaults]` merged under each `[models.NAME]` table."""
-    try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise UserError(f"cannot read recipes file {path}: {exc}") from exc
-    defaults = data.get("defaults", {})
-    recipes = {}
-    for name, table in data.get("models", {}).items():
-        merged = {**defaults, **table, "name": name}
-        if "tasks" in merged:
-            merged["tasks"] = tuple(merged["tasks"])
-        try:
-            recipes[name] = Recipe(**merged)
-        except TypeError as exc:
-            raise UserError(f"recipes file {path}, model {name}: {exc}") from exc
-    return recipes
-
-
-def get_recipe(name: str, path: Path = RECIPES_PATH) -> Recipe:
-    recipes = load_recipes(path)
-    if name not in recipes:
-        raise UserError(f"unknown zoo model {name!r} (known: {', '.join(recipes)})")
-    return recipes[name]
-
+if TYPE_CHECKING:
+    from adapters.zoo import Recipe
 
 # --------------------------------------------------------------------------------------- data
 @dataclass
@@ -136,8 +52,8 @@ class Batch:
 
     def decode_chunks(self, chunk_size: int) -> list[int]:
         """Chunk lengths that reproduce MELT decoding on this batch: the prompt in chunks counted back
-        from its end (as `adapters.generate` prefills), then every later token alone (as it is decoded)."""
-        from adapters.generate import prefill_chunks
+        from its end (as `adapters.engine.generate` prefills), then every later token alone (as it is decoded)."""
+        from adapters.engine.generate import prefill_chunks
 
         assert self.prompt_length is not None, "decode-aligned chunks need a batch of one prompt length"
         prefill = [s1 - s0 for s0, s1 in prefill_chunks(self.prompt_length, chunk_size)]
@@ -145,30 +61,29 @@ class Batch:
 
 
 class TaskData:
-    """Tokenised synthetic train items, split into train and a held-out validation slice.
+    """Tokenised train items, split into train and a held-out validation slice.
 
-    Each item is `<bos> prompt answer "\\n"`: exactly what the model sees and must produce at
-    evaluation (the harness stops at "\\n"). The last `val_items` items of each task are held out.
+    Each item is `<bos> prompt answer stop`: exactly what the model sees and must produce at
+    evaluation (the harness cuts the answer at the stop). The last `val_items` items of each task
+    are held out.
     """
 
-    def __init__(self, tasks: tuple[str, ...], tokenizer: Any, val_items: int, items: dict[str, list[dict]] | None = None) -> None:
-        from suites import synthetic
-
+    def __init__(self, tasks: tuple[str, ...], tokenizer: Any, val_items: int, items: dict[str, list[dict]], stop: str) -> None:
         self.pad_id = tokenizer.pad_token_id
         self.train: list[tuple[list[int], int]] = []  # (ids, prompt length including <bos>)
         self.val: dict[str, list[tuple[list[int], int]]] = {}
         for task in tasks:
-            rows = items[task] if items is not None else synthetic.load_split(task, "train")
+            rows = items[task]
             encoded = []
             for row in rows:
                 prompt = tokenizer.encode(row["prompt"])
-                answer = tokenizer.encode(row["answer"] + synthetic.STOP, add_special_tokens=False)
+                answer = tokenizer.encode(row["answer"] + stop, add_special_tokens=False)
                 encoded.append((prompt + answer, len(prompt)))
             cut = max(0, len(encoded) - val_items)
             self.train += encoded[:cut]
             self.val[task] = encoded[cut:]
         if not self.train:
-            raise UserError("no training items: check the recipe's tasks and the synthetic train split")
+            raise AdapterError("no training items: check the recipe's tasks and the items given")
 
     def collate(self, rows: list[tuple[list[int], int]], device: str) -> Batch:
         n = max(len(ids) for ids, _ in rows) - 1
@@ -307,7 +222,7 @@ def load_teacher(spec: str, device: str) -> LoopedLM:
     adapter = adapters.load(spec if ":" in spec else f"zoo:{spec}", device=device, dtype="float32")
     model = adapter.model
     if model.config.kv_strategy != "per_loop" or model.config.shared_layers == 0:
-        raise UserError(f"teacher {spec!r} is not a LoopLM (needs shared layers and kv_strategy per_loop)")
+        raise AdapterError(f"teacher {spec!r} is not a LoopLM (needs shared layers and kv_strategy per_loop)")
     model.requires_grad_(False)
     return model.eval()
 
@@ -334,35 +249,37 @@ def _truncate_log(path: Path, before_step: int) -> None:
 def train(
     recipe: Recipe,
     out_dir: Path,
+    items: dict[str, list[dict]],
     *,
+    stop: str,
     device: str = "cpu",
     resume: bool = True,
     progress: bool = True,
     teacher_spec: str | None = None,
     save_dtype: str = "bfloat16",
-    items: dict[str, list[dict]] | None = None,
     until: int | None = None,
 ) -> dict[str, Any] | None:
     """Train one zoo model into `out_dir` and return its train_info (also written as train_info.json).
 
     `out_dir` receives `train_state.pt` (resume point), `losses.jsonl` (loss curve) and, at the end,
     the engine checkpoint. `teacher_spec` overrides a melt recipe's teacher (e.g. `ouro:/ckpt`).
-    `items` replaces the synthetic train split (tests use it to stay small). `until` stops after that
+    `items` maps each of the recipe's tasks to its prompt/answer rows; `stop` ends every answer.
+    `until` stops after that
     many steps with the resume point saved and returns None (a planned interruption).
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from adapters.checkpoint import save_checkpoint
-    from adapters.tokenizer import char_tokenizer
+    from adapters.engine.checkpoint import save_checkpoint
+    from adapters.engine.tokenizer import char_tokenizer
 
     if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda asked for, but torch sees no CUDA device")
+        raise AdapterError("--device cuda asked for, but torch sees no CUDA device")
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(recipe.seed)
     teacher = load_teacher(teacher_spec or recipe.teacher, device) if recipe.kind == "melt" else None
     model = build_model(recipe, device, teacher)
     tokenizer = char_tokenizer()
-    data = TaskData(recipe.tasks, tokenizer, recipe.val_items, items)
+    data = TaskData(recipe.tasks, tokenizer, recipe.val_items, items, stop)
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
@@ -377,7 +294,7 @@ def train(
     if resume and state_path.is_file():
         state = torch.load(state_path, map_location=device, weights_only=False)
         if state["recipe"] != asdict(recipe) | {"tasks": list(recipe.tasks)}:
-            raise UserError(f"{state_path} was written by a different recipe; use a fresh --out or --no-resume")
+            raise AdapterError(f"{state_path} was written by a different recipe; use a fresh --out or --no-resume")
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start, cpu_seconds, wall_seconds, tokens = state["step"], state["cpu_seconds"], state["wall_seconds"], state["tokens"]

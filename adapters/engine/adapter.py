@@ -12,27 +12,23 @@ from typing import Any, Sequence
 
 import torch
 
-from adapters.base import AdapterError, Generation, Prompt, Sampling
-from adapters.cache import KVCache
-from adapters.config import LoopConfig, preset
-from adapters.generate import ExitPolicy, generate
-from adapters.memory import analytic_terms, count_params
-from adapters.model import LoopedLM
+from adapters.base import MODEL_DTYPES, AdapterError, Generation, Prompt, Sampling, dtype_short
+from adapters.engine.cache import KVCache
+from adapters.engine.config import LoopConfig
+from adapters.engine.presets import preset
+from adapters.engine.generate import ExitPolicy, generate
+from adapters.engine.memory import analytic_terms, count_params
+from adapters.engine.model import LoopedLM
 from adapters.registry import register
 
-DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
-DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 OVERRIDES = ("loops", "dtype", "device", "seed", "chunk_size", "max_batch", "exit_policy", "exit_loop", "exit_threshold")
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
+    """bf16 on a GPU and fp32 on the CPU by default (bf16 matmuls crawl on CPUs)."""
     if dtype is None:
         return torch.bfloat16 if device.startswith("cuda") else torch.float32
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype not in DTYPES:
-        raise AdapterError(f"dtype {dtype!r} is not one of fp32, bf16, fp16")
-    return DTYPES[dtype]
+    return getattr(torch, MODEL_DTYPES[dtype_short(dtype, model=True)])
 
 
 def resolve_device(device: str | None) -> str:
@@ -141,10 +137,10 @@ class EngineAdapter:
             "trained_loops": cfg.loops,
             "kv_strategy": cfg.kv_strategy,
             "gate": cfg.gate_variant if cfg.kv_strategy == "gated" else None,
-            "dtype": DTYPE_NAMES.get(self.dtype, str(self.dtype)),
+            "dtype": dtype_short(self.dtype),
             "device": str(self.device),
             "kv_bytes_per_token": 2 * cfg.kv_entries(self.loops) * cfg.num_kv_heads * cfg.head_dim * size,
-            "analytic": analytic_terms(cfg, self.loops, DTYPE_NAMES[self.dtype]) if self.dtype in DTYPE_NAMES else None,
+            "analytic": analytic_terms(cfg, self.loops, dtype_short(self.dtype)),
             "exit_policy": {"kind": self.exit_policy.kind, "loop": self.exit_policy.loop, "threshold": self.exit_policy.threshold},
             "config": cfg.to_dict(),
         }
@@ -167,8 +163,8 @@ def _build(spec: str, model_fn: Any, tokenizer_fn: Any, overrides: dict[str, Any
 
 @register("preset", "engine preset with seeded random weights (qwen3-tiny, ouro-tiny, melt-tiny, qwen3-1.7b, ...)")
 def load_preset(name: str, **overrides: Any) -> EngineAdapter:
-    from adapters.checkpoint import random_model
-    from adapters.tokenizer import char_tokenizer
+    from adapters.engine.checkpoint import random_model
+    from adapters.engine.tokenizer import char_tokenizer
 
     cfg = preset(name)
     seed = int(overrides.pop("seed", 0))
@@ -180,8 +176,8 @@ def _checkpoint_factory(family: str) -> Any:
     def load(path: str, **overrides: Any) -> EngineAdapter:
         from pathlib import Path
 
-        from adapters.checkpoint import load_model
-        from adapters.tokenizer import load_tokenizer
+        from adapters.engine.checkpoint import load_model
+        from adapters.engine.tokenizer import load_tokenizer
 
         overrides.pop("seed", None)  # weights come from the checkpoint
         return _build(f"{family}:{path}", lambda dtype, device: load_model(path, family, dtype, device), lambda: load_tokenizer(Path(path)), overrides)

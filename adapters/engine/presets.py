@@ -1,0 +1,51 @@
+"""Named shapes: the public models' configs and the CPU-sized tiny ones the tests and zoo use.
+
+`preset(name)` returns a fresh copy; `PRESETS` is the table `loopeval models` lists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from adapters.base import AdapterError
+from adapters.engine.config import LoopConfig
+
+# Token ids of the character tokenizer (adapters/engine/tokenizer.py) shared by the tiny presets.
+_CHAR = dict(vocab_size=99, pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position=512)
+_TINY = dict(hidden_size=128, num_heads=4, num_kv_heads=2, head_dim=32, ffn_size=384, rope_theta=10_000.0, **_CHAR)
+_OURO = dict(
+    family="ouro", vocab_size=49152, hidden_size=2048, num_heads=16, num_kv_heads=16, head_dim=128, ffn_size=5632,
+    loops=4, rope_theta=1_000_000.0, norm_eps=1e-6, tie_embeddings=False, norm_layout="sandwich",
+    kv_strategy="per_loop", exit_gate=True, max_position=65536, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+)
+
+PRESETS: dict[str, LoopConfig] = {
+    "qwen3-1.7b": LoopConfig(
+        family="qwen3", vocab_size=151936, hidden_size=2048, num_heads=16, num_kv_heads=8, head_dim=128,
+        ffn_size=6144, shared_layers=28, loops=1, rope_theta=1_000_000.0, norm_eps=1e-6, tie_embeddings=True,
+        norm_layout="pre", qk_norm=True, kv_strategy="standard", max_position=40960,
+        bos_token_id=151643, eos_token_id=151645, pad_token_id=151643,
+    ),
+    "ouro-1.4b": LoopConfig(shared_layers=24, **_OURO),
+    "ouro-1.4b-thinking": LoopConfig(shared_layers=24, **_OURO),
+    "ouro-2.6b": LoopConfig(shared_layers=48, **_OURO),
+    "melt-1.6b": LoopConfig(shared_layers=24, **{**_OURO, "family": "melt", "kv_strategy": "gated"}),
+    "qwen3-tiny": LoopConfig(
+        family="qwen3", shared_layers=4, loops=1, tie_embeddings=True, norm_layout="pre", qk_norm=True,
+        kv_strategy="standard", **_TINY,
+    ),
+    "ouro-tiny": LoopConfig(
+        family="ouro", shared_layers=2, loops=4, norm_layout="sandwich", kv_strategy="per_loop", exit_gate=True, **_TINY,
+    ),
+    "melt-tiny": LoopConfig(
+        family="melt", shared_layers=2, loops=4, norm_layout="sandwich", kv_strategy="gated", exit_gate=True,
+        chunk_size=16, **_TINY,
+    ),
+}
+
+
+def preset(name: str) -> LoopConfig:
+    """A fresh copy of a preset config (callers may mutate it)."""
+    if name not in PRESETS:
+        raise AdapterError(f"unknown preset {name!r} (known: {', '.join(PRESETS)})")
+    return dataclasses.replace(PRESETS[name], extra=dict(PRESETS[name].extra))

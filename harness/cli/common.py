@@ -1,0 +1,119 @@
+"""What several commands share: option definitions, number parsing, byte formatting and tables.
+
+Command modules import from here and never from each other, so each command reads on its own.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from harness.errors import UserError
+
+GB = 1e9  # decimal gigabytes, as the MELT paper reports them
+
+DbOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--db",
+        help="Results database: a SQLAlchemy URL or a SQLite file path. "
+        "Default: $LOOPEVAL_DB, else results/loopeval.sqlite under the working directory.",
+    ),
+]
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+AdaptersDirOption = Annotated[
+    Optional[list[str]],
+    typer.Option("--adapters-dir", help="Folder of adapter plugin modules, repeatable (also LOOPEVAL_ADAPTERS)."),
+]
+TrustRemoteCodeFlag = Annotated[
+    bool,
+    typer.Option("--trust-remote-code", help="Let transformers:/vllm: models run code shipped in their directory (prints a warning)."),
+]
+DeviceOption = Annotated[str, typer.Option("--device", help="cpu or cuda.")]
+ThreadsOption = Annotated[Optional[int], typer.Option("--threads", min=1, help="torch CPU threads.")]
+
+
+def parse_int_list(value: str | None, option: str) -> list[int] | None:
+    """'1,2,4' -> [1, 2, 4]; UserError naming the option on anything else."""
+    if value is None:
+        return None
+    try:
+        items = [int(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        raise UserError(f"{option} must be comma-separated positive integers, got {value!r}") from None
+    if not items or any(item < 1 for item in items):
+        raise UserError(f"{option} must be comma-separated positive integers, got {value!r}")
+    return items
+
+
+def gigabytes(value: int | float | None) -> str:
+    """Decimal GB with 4 significant digits, so tiny models' megabytes still show."""
+    return "n/a" if value is None else f"{value / GB:.4g}"
+
+
+def report_path(db_url: str) -> Path:
+    """The HTML report goes beside a SQLite database file, else to results/report.html."""
+    from db.session import DEFAULT_DB_PATH, sqlite_path
+
+    path = sqlite_path(db_url)
+    return (path.parent if path is not None else DEFAULT_DB_PATH.parent) / "report.html"
+
+
+def check_device(device: str) -> None:
+    if device not in ("cpu", "cuda"):
+        raise UserError(f"--device must be cpu or cuda, got {device!r}")
+
+
+def set_threads(threads: int | None) -> None:
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def progress() -> Any:
+    """The progress display of long commands: one bar per task, counts and elapsed time."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=False)
+
+
+def print_table(title: str | None, columns: list[str], rows: list[list[str]], right: tuple[str, ...] = (), caption: str | None = None) -> None:
+    """A rich table; piped output gets the whole table (220 columns), not one squeezed to 80."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, caption=caption)
+    for column in columns:
+        table.add_column(column, justify="right" if column in right else "left")
+    for row in rows:
+        table.add_row(*row)
+    Console(width=None if sys.stdout.isatty() else 220).print(table)
+
+
+def _headline(metrics: dict[str, dict[str, float | None]]) -> str:
+    """The suite average ('all') of the first metric, as the table's accuracy column."""
+    overall = metrics.get("all") or {}
+    if not overall:
+        return "n/a"
+    name, value = next(iter(sorted(overall.items())))
+    return f"{name} {value:.3f}" if value is not None else f"{name} n/a"
+
+
+def print_runs(runs: list[dict[str, Any]]) -> None:
+    """Stored runs as a table (what `loopeval run` ends with and `loopeval results` prints)."""
+    columns = ["id", "sweep", "model", "loops", "suite", "status", "samples", "accuracy (all)",
+               "weights", "kv peak", "torch alloc peak", "nvml proc peak", "rss peak"]
+    rows = []
+    for r in runs:
+        memory = r["memory"]
+        rows.append([
+            str(r["id"]), r["sweep_id"], r["model"], "-" if r["loops"] is None else str(r["loops"]), r["suite"],
+            r["status"], str(r["n_samples"]), _headline(r["metrics"]), gigabytes(memory.get("weights_bytes")),
+            gigabytes(memory.get("kv_bytes_peak")), gigabytes(memory.get("torch_allocated_peak")),
+            gigabytes(memory.get("nvml_process_peak")), gigabytes(memory.get("rss_peak")),
+        ])
+    print_table(None, columns, rows, right=("id", "loops", "samples"), caption="memory in GB = 1e9 bytes; n/a = source unavailable here")

@@ -1,0 +1,36 @@
+"""`loopeval dashboard`: write the static report, or serve the live app with `--serve`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from harness.cli.common import DbOption, report_path
+
+
+def dashboard(
+    db: DbOption = None,
+    out: Optional[Path] = typer.Option(
+        None, "--out", help="Where the static report goes (one offline HTML file). Default: beside the database, "
+        "as `loopeval run` writes it."),
+    serve: bool = typer.Option(False, "--serve", help="Serve the live Dash app instead of writing a report."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface the app binds to (only with --serve)."),
+    port: int = typer.Option(8050, "--port", min=1, max=65535, help="Port of the app (only with --serve)."),
+) -> None:
+    """Accuracy against gigabytes, memory traces, loop sweeps and samples: a report file or a served app."""
+    from db.session import resolve_db_url
+
+    url = resolve_db_url(db)
+    if serve:
+        from dashboards.app import create_app  # lazy: dash is heavy and absent on the GPU machine
+
+        dash_app = create_app(url)  # raises ResultsError before binding when there is nothing to show
+        print(f"loopeval dashboard: serving {url} at http://{host}:{port}/ (Ctrl+C stops)")
+        dash_app.run(host=host, port=port, debug=False)
+        return
+    from dashboards.report import write_report
+
+    path = write_report(url, out or report_path(url))
+    print(f"loopeval dashboard: wrote {path.resolve()}")

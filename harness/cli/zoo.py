@@ -1,0 +1,158 @@
+"""`loopeval zoo`: list the shipped tiny models, retrain them from their recipes, convert a LoopLM to MELT.
+
+- `loopeval zoo list [--json]`: the shipped models with parameter counts and training budgets.
+- `loopeval zoo train [NAME ...] [--out DIR] [--steps N] [--device cpu|cuda]`: reproduce zoo models
+  from adapters/zoo_data/recipes.toml (all of them, in dependency order, when no name is given).
+- `loopeval zoo convert --teacher ouro:PATH --out DIR [--device cuda] ...`: the MELT conversion of
+  any LoopLM the engine loads, with the melt-tiny recipe's two stages and overridable
+  hyper-parameters; the zoo's melt-tiny is this command's CPU-sized run.
+
+The training itself is the engine's (`adapters.engine.training.train`); this module only reads the
+synthetic suite's train split (or the user's JSONL) and hands the items over.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from harness.cli.common import DeviceOption, JsonFlag, ThreadsOption, check_device, print_table, set_threads
+from harness.errors import UserError
+
+_LIST_COLUMNS = [("name", "model"), ("family", "family"), ("kv_strategy", "KV"), ("gate", "gate"), ("layers", "layers"),
+                 ("loops", "T"), ("params", "params"), ("steps", "steps"), ("tokens", "tokens"),
+                 ("cpu_minutes", "CPU min"), ("val_accuracy", "val acc"), ("teacher", "teacher")]
+
+
+def zoo_rows() -> list[dict]:
+    """One plain row per shipped model: what `loopeval zoo list` prints."""
+    from adapters.zoo import zoo_info, zoo_names
+
+    rows = []
+    for name in zoo_names():
+        info = zoo_info(name)
+        cfg, train = info["config"], info["train"]
+        gate = cfg["gate_variant"] if cfg["kv_strategy"] == "gated" else ""
+        rows.append({
+            "name": name, "family": cfg["family"], "kv_strategy": cfg["kv_strategy"], "gate": gate,
+            "layers": cfg["shared_layers"] + cfg["prelude_layers"] + cfg["coda_layers"], "loops": cfg["loops"],
+            "params": train.get("params"), "steps": train.get("steps"), "tokens": train.get("tokens"),
+            "cpu_minutes": train.get("cpu_minutes"), "teacher": train.get("teacher"),
+            "val_accuracy": (train.get("validation_accuracy") or {}).get("average"), "file_bytes": info["file_bytes"],
+        })
+    return rows
+
+
+def _train_order(names: list[str], recipes: dict) -> list[str]:
+    """Teachers before their students, so `zoo train` with no names can run the whole zoo."""
+    ordered: list[str] = []
+    for name in names:
+        teacher = recipes[name].teacher
+        if teacher in recipes and teacher in names and teacher not in ordered:
+            ordered.append(teacher)
+        if name not in ordered:
+            ordered.append(name)
+    return ordered
+
+
+def _synthetic_items(tasks: tuple[str, ...]) -> dict[str, list[dict]]:
+    """The synthetic suite's train split of each task (the test split is never trained on)."""
+    from suites import synthetic
+
+    return {task: synthetic.load_split(task, "train") for task in tasks}
+
+
+def _read_items(path: Path) -> dict[str, list[dict]]:
+    """A user's JSONL training file: one {"prompt": ..., "answer": ...} object per line."""
+    try:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"cannot read --data file {path}: {exc}") from exc
+    if not rows or not all(isinstance(r, dict) and {"prompt", "answer"} <= set(r) for r in rows):
+        raise UserError(f"--data file {path} must hold JSON objects with \"prompt\" and \"answer\", one per line")
+    return {"data": rows}
+
+
+def list_models(as_json: JsonFlag = False) -> None:
+    """The shipped models (loadable as zoo:NAME) with parameter counts and training budgets."""
+    rows = zoo_rows()
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    cells = [["" if row.get(key) is None else str(row[key]) for key, _ in _LIST_COLUMNS] for row in rows]
+    print_table("loopeval zoo (zoo:NAME)", [header for _, header in _LIST_COLUMNS], cells)
+
+
+def train(
+    names: Optional[list[str]] = typer.Argument(None, help="Zoo models to train (default: all recipes)."),
+    out: Path = typer.Option(Path("zoo-out"), "--out", help="Each model is written to OUT/NAME."),
+    steps: Optional[int] = typer.Option(None, "--steps", min=1, help="Override the recipe's step count."),
+    device: DeviceOption = "cpu",
+    teacher: Optional[str] = typer.Option(None, "--teacher", help="MELT teacher spec (default: OUT/ouro-tiny when trained in this call, else the shipped zoo model)."),
+    threads: ThreadsOption = None,
+    resume: bool = typer.Option(True, "--resume/--no-resume", help="Continue from OUT/NAME/train_state.pt when present."),
+) -> None:
+    """Reproduce zoo models from their recipes (adapters/zoo_data/recipes.toml)."""
+    from adapters.engine.training import train as train_model
+    from adapters.zoo import load_recipes
+    from suites.synthetic import STOP
+
+    check_device(device)
+    set_threads(threads)
+    recipes = load_recipes()
+    unknown = [n for n in names or [] if n not in recipes]
+    if unknown:
+        raise UserError(f"unknown zoo model(s) {', '.join(unknown)} (recipes: {', '.join(recipes)})")
+    trained: dict[str, Path] = {}
+    for name in _train_order(list(names or recipes), recipes):
+        recipe = recipes[name].with_overrides(steps=steps)
+        spec = teacher
+        if recipe.kind == "melt" and spec is None and recipe.teacher in trained:
+            spec = f"ouro:{trained[recipe.teacher]}"
+        info = train_model(recipe, out / name, _synthetic_items(recipe.tasks), stop=STOP, device=device, resume=resume, teacher_spec=spec)
+        trained[name] = out / name
+        print(f"{name}: {info['steps']} steps, {info['cpu_minutes']} CPU min, validation accuracy "
+              f"{info['validation_accuracy']['average']:.3f} -> {out / name}")
+
+
+def convert(
+    teacher: str = typer.Option(..., "--teacher", help="The LoopLM to convert: ouro:PATH, zoo:ouro-tiny, ..."),
+    out: Path = typer.Option(..., "--out", help="Directory for the MELT checkpoint and its loss curve."),
+    recipe_name: str = typer.Option("melt-tiny", "--recipe", help="Recipe whose hyper-parameters are the defaults."),
+    device: DeviceOption = "cpu",
+    steps: Optional[int] = typer.Option(None, "--steps", min=1),
+    gate: Optional[str] = typer.Option(None, "--gate", help="elementwise, scalar, last, mean or ema."),
+    chunk_size: Optional[int] = typer.Option(None, "--chunk-size", min=1),
+    ramp_steps: Optional[int] = typer.Option(None, "--ramp-steps", min=0),
+    stage2_start: Optional[int] = typer.Option(None, "--stage2-start", min=0),
+    beta: Optional[float] = typer.Option(None, "--beta", min=0.0),
+    lr: Optional[float] = typer.Option(None, "--lr", min=0.0),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1),
+    data: Optional[Path] = typer.Option(None, "--data", help="JSONL of {prompt, answer} to train on (default: the synthetic train split)."),
+    threads: ThreadsOption = None,
+    resume: bool = typer.Option(True, "--resume/--no-resume"),
+) -> None:
+    """Convert a LoopLM into MELT with the paper's two stages (KV interpolation, then alignment)."""
+    from adapters.engine.config import GATE_VARIANTS
+    from adapters.engine.training import train as train_model
+    from adapters.zoo import get_recipe
+    from suites.synthetic import STOP
+
+    check_device(device)
+    if gate is not None and gate not in GATE_VARIANTS:
+        raise UserError(f"--gate must be one of {', '.join(GATE_VARIANTS)}, got {gate!r}")
+    set_threads(threads)
+    recipe = get_recipe(recipe_name)
+    if recipe.kind != "melt":
+        raise UserError(f"--recipe {recipe_name} is a {recipe.kind} recipe; conversion needs a melt recipe")
+    items: dict[str, Any] = _read_items(data) if data is not None else _synthetic_items(recipe.tasks)
+    recipe = recipe.with_overrides(
+        name=out.name, teacher=teacher, steps=steps, gate_variant=gate, chunk_size=chunk_size, ramp_steps=ramp_steps,
+        stage2_start=stage2_start, beta=beta, lr=lr, batch_size=batch_size, tasks=tuple(items),
+    )
+    info = train_model(recipe, out, items, stop=STOP, device=device, resume=resume, teacher_spec=teacher)
+    print(f"MELT checkpoint written to {out} ({info['steps']} steps, validation accuracy "
+          f"{info['validation_accuracy']['average']:.3f}); load it as melt:{out}")

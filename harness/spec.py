@@ -1,0 +1,168 @@
+"""What a run is: the defaults of `loopeval run`, each suite's sampling, and `RunSpec`.
+
+Every setting a run takes has its home here. `SUITE_SAMPLING` holds each suite's sampling (the
+paper protocol for `paper`: temperature 1.0, top-p 0.7, up to 32768 new tokens, pass@1 over n = 4
+samples), `DEFAULTS` the rest of the no-argument `loopeval run`, and `RunSpec.build` fills what the
+user left unset from them and validates everything before anything is loaded or written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from adapters.base import AdapterError, Sampling
+from harness.errors import UserError
+from harness.sampler import DEFAULT_INTERVAL
+from suites import synthetic
+
+# The MELT paper's protocol: the sampling its table reports pass@1 with.
+PAPER_PROTOCOL: dict[str, float | int] = {"temperature": 1.0, "top_p": 0.7, "max_new_tokens": 32768, "n": 4}
+
+# Sampling where the user gave none, per suite. Synthetic answers are a few characters, so the
+# paper's sampling with a short budget.
+SUITE_SAMPLING: dict[str, dict[str, float | int]] = {
+    "synthetic": {**PAPER_PROTOCOL, "max_new_tokens": synthetic.GENERATION_SIZE},
+    "paper": PAPER_PROTOCOL,
+}
+
+
+@dataclass(frozen=True)
+class RunDefaults:
+    """The default `loopeval run`: the trained tiny zoo on the synthetic suite, in about a minute on 2 CPU cores."""
+
+    models: tuple[str, ...] = ("zoo:qwen3-tiny-small", "zoo:qwen3-tiny-deep", "zoo:ouro-tiny", "zoo:melt-tiny")
+    suite: str = "synthetic"
+    loops: tuple[int, ...] = (1, 2, 4, 8)
+    limit: int | None = None  # docs per task: all of them
+    batch_size: int = 32
+
+
+DEFAULTS = RunDefaults()
+
+
+def suite_sampling(suite: str) -> dict[str, float | int]:
+    """temperature, top_p, max_new_tokens and n for `suite` where the user gave none."""
+    if suite not in SUITE_SAMPLING:
+        raise UserError(f"unknown suite {suite!r} (suites: {', '.join(SUITE_SAMPLING)})")
+    return dict(SUITE_SAMPLING[suite])
+
+
+# Backends that can run code shipped inside a model directory, and so take trust_remote_code.
+REMOTE_CODE_PREFIXES = ("transformers", "vllm")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """A validated request for one sweep. Construct it with `RunSpec.build()` from CLI values."""
+
+    models: tuple[str, ...]
+    suite: str
+    tasks: tuple[str, ...] | None  # None: every task of the suite
+    loops: tuple[int, ...]
+    sampling: Sampling
+    limit: int | None
+    batch_size: int
+    seed: int
+    db_url: str | None = None
+    data_dir: str | None = None
+    sampler_interval: float = DEFAULT_INTERVAL
+    trust_remote_code: bool = False  # only for transformers:/vllm: specs; their loaders warn when used
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        models: Sequence[str] | None = None,
+        suite: str | None = None,
+        tasks: Sequence[str] | None = None,
+        loops: Sequence[int] | None = None,
+        samples: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        max_new_tokens: int | None = None,
+        limit: int | None = None,
+        batch_size: int | None = None,
+        seed: int = 0,
+        db_url: str | None = None,
+        data_dir: str | None = None,
+        sampler_interval: float = DEFAULT_INTERVAL,
+        trust_remote_code: bool = False,
+    ) -> RunSpec:
+        """Fill unset values and check every field; UserError names the bad option.
+
+        Unset sampling values come from the suite's entry in SUITE_SAMPLING, the rest from DEFAULTS.
+        """
+        suite = suite or DEFAULTS.suite
+        defaults = suite_sampling(suite)
+        models = tuple(models or DEFAULTS.models)
+        loops = tuple(loops or DEFAULTS.loops)
+        if samples is not None and samples < 1:
+            raise UserError(f"--samples must be a positive integer, got {samples}")
+        if any(r < 1 for r in loops):
+            raise UserError(f"--loops must be positive integers, got {','.join(map(str, loops))}")
+        if limit is not None and limit < 1:
+            raise UserError(f"--limit must be a positive integer, got {limit}")
+        if max_new_tokens is not None and max_new_tokens < 1:
+            raise UserError(f"--max-new-tokens must be a positive integer, got {max_new_tokens}")
+        batch_size = DEFAULTS.batch_size if batch_size is None else batch_size
+        if batch_size < 1:
+            raise UserError(f"--batch-size must be a positive integer, got {batch_size}")
+        if data_dir is not None and not os.path.isdir(data_dir):
+            raise UserError(f"--data-dir {data_dir} is not a directory")
+        try:
+            sampling = Sampling(
+                temperature=defaults["temperature"] if temperature is None else temperature,
+                top_p=defaults["top_p"] if top_p is None else top_p,
+                max_new_tokens=max_new_tokens or int(defaults["max_new_tokens"]),
+                n=samples or int(defaults["n"]),
+                seed=seed,
+            )
+        except AdapterError as exc:  # name the CLI option, not the dataclass field
+            message = str(exc).replace("top_p", "--top-p").replace("temperature", "--temperature")
+            raise UserError(message) from None
+        limit = DEFAULTS.limit if limit is None else limit
+        return cls(
+            models=models,
+            suite=suite,
+            tasks=tuple(tasks) if tasks else None,
+            loops=tuple(sorted(set(loops))),
+            sampling=sampling,
+            limit=limit,
+            batch_size=batch_size,
+            seed=seed,
+            db_url=db_url,
+            data_dir=data_dir,
+            sampler_interval=sampler_interval,
+            trust_remote_code=trust_remote_code,
+        )
+
+    def load_overrides(self, model: str) -> dict[str, Any]:
+        """Overrides every adapter of this sweep is loaded with (the engine rejects unknown ones)."""
+        overrides: dict[str, Any] = {"seed": self.seed}
+        if self.trust_remote_code and model.partition(":")[0] in REMOTE_CODE_PREFIXES:
+            overrides["trust_remote_code"] = True
+        return overrides
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["sampling"] = dataclasses.asdict(self.sampling)
+        data.pop("db_url")  # where it was stored is not part of what was run
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], db_url: str | None) -> RunSpec:
+        fields = {**data, "db_url": db_url}
+        fields["sampling"] = Sampling(**data["sampling"])
+        for name in ("models", "loops", "tasks"):
+            if fields.get(name) is not None:
+                fields[name] = tuple(fields[name])
+        return cls(**fields)
+
+
+def is_looped(description: dict[str, Any]) -> bool:
+    """Whether loop counts mean anything for this model (per_loop / gated KV, or a trained T > 1)."""
+    return description.get("kv_strategy", "standard") != "standard" or (description.get("loops") or 1) > 1
