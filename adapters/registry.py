@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterable, Iterator
 from adapters.base import Adapter, AdapterError
 
 Factory = Callable[..., Adapter]
+Inspector = Callable[..., dict[str, Any]]  # (arg, **overrides) -> describe()-like facts, no weights loaded
 
 # Modules whose import registers built-in prefixes.
 BUILTIN_MODULES: tuple[str, ...] = ("adapters.engine.adapter", "adapters.hf_backend", "adapters.vllm_backend", "adapters.zoo")
@@ -49,6 +50,7 @@ class AdapterEntry:
     factory: Factory
     description: str
     source: str  # "builtin", or where the plugin came from: "entry point DIST (VALUE)", "folder PATH"
+    inspect: Inspector | None = None
 
 
 @dataclass(frozen=True)
@@ -68,11 +70,14 @@ _scanned_dirs: set[Path] = set()
 _current_source: str | None = None  # set while a plugin is being imported, so its `register` calls are attributed
 
 
-def register(prefix: str, description: str, source: str | None = None) -> Callable[[Factory], Factory]:
+def register(prefix: str, description: str, source: str | None = None, inspect: Inspector | None = None) -> Callable[[Factory], Factory]:
     """Decorator: `@register("preset", "random-init engine preset")` on `factory(arg, **overrides)`.
 
     `source` defaults to the plugin being loaded, else "builtin" for the modules in BUILTIN_MODULES,
     else the factory's module name. A plugin may not take over a prefix someone else registered.
+    `inspect(arg, **overrides)`, when given, validates a spec and returns what `describe()` would
+    say about loops and KV (at least `kv_strategy` and `loops`) from config files alone, so a sweep
+    can plan its runs without loading weights.
     """
 
     def wrap(factory: Factory) -> Factory:
@@ -82,7 +87,7 @@ def register(prefix: str, description: str, source: str | None = None) -> Callab
         existing = _REGISTRY.get(prefix)
         if existing is not None and existing.source != origin and origin != "builtin":
             raise AdapterError(f"adapter prefix {prefix!r} is already registered by {existing.source}")
-        _REGISTRY[prefix] = AdapterEntry(prefix, factory, description, origin)
+        _REGISTRY[prefix] = AdapterEntry(prefix, factory, description, origin, inspect)
         return factory
 
     return wrap
@@ -203,8 +208,8 @@ def available() -> list[AdapterEntry]:
     return sorted(_REGISTRY.values(), key=lambda e: e.prefix)
 
 
-def load(spec: str, **overrides: Any) -> Adapter:
-    """Build the adapter a spec names. Overrides include `loops`, `dtype`, `device`, `seed`."""
+def _entry(spec: str) -> tuple[AdapterEntry, str]:
+    """The registry entry of a spec's prefix and the spec's argument; AdapterError naming the known prefixes."""
     _ensure_builtins()
     prefix, sep, arg = spec.partition(":")
     if not sep or not arg:
@@ -212,4 +217,16 @@ def load(spec: str, **overrides: Any) -> Adapter:
     entry = _REGISTRY.get(prefix)
     if entry is None:
         raise AdapterError(f"unknown model prefix {prefix!r} in {spec!r} (known: {', '.join(sorted(_REGISTRY))})")
+    return entry, arg
+
+
+def load(spec: str, **overrides: Any) -> Adapter:
+    """Build the adapter a spec names. Overrides include `loops`, `dtype`, `device`, `seed`."""
+    entry, arg = _entry(spec)
     return entry.factory(arg, **overrides)
+
+
+def inspect(spec: str, **overrides: Any) -> dict[str, Any] | None:
+    """Validate a spec from its config alone: describe()-like facts, or None where the adapter can only tell once loaded."""
+    entry, arg = _entry(spec)
+    return None if entry.inspect is None else entry.inspect(arg, **overrides)

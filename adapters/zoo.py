@@ -22,7 +22,7 @@ from typing import Any
 from adapters.base import Adapter, AdapterError
 from adapters.engine.config import LoopConfig
 from adapters.engine.presets import preset
-from adapters.registry import load, register
+from adapters.registry import inspect, load, register
 
 ZOO_DIR = Path(__file__).resolve().parent / "zoo_data"
 
@@ -52,12 +52,20 @@ def zoo_info(name: str) -> dict[str, Any]:
     return {"name": name, "path": str(path), "config": config, "train": info, "file_bytes": weight_bytes}
 
 
-@register("zoo", "trained tiny models shipped with loopeval (qwen3-tiny-small, qwen3-tiny-deep, ouro-tiny, melt-tiny, ablations)")
+def engine_spec(name: str) -> str:
+    """The engine spec of a shipped model: its family's prefix and its directory."""
+    path = zoo_path(name)
+    return f"{json.loads((path / 'config.json').read_text())['config']['family']}:{path}"
+
+
+def inspect_zoo(name: str, **overrides: Any) -> dict[str, Any] | None:
+    return inspect(engine_spec(name), **overrides)
+
+
+@register("zoo", "trained tiny models shipped with loopeval (qwen3-tiny-small, qwen3-tiny-deep, ouro-tiny, melt-tiny, ablations)", inspect=inspect_zoo)
 def load_zoo(name: str, **overrides: Any) -> Adapter:
     """Load a shipped model by name with the engine adapter of its family (overrides as for any engine spec)."""
-    path = zoo_path(name)
-    family = json.loads((path / "config.json").read_text())["config"]["family"]
-    adapter = load(f"{family}:{path}", **overrides)
+    adapter = load(engine_spec(name), **overrides)
     adapter.spec = f"zoo:{name}"
     return adapter
 

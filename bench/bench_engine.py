@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from adapters.base import Sampling  # noqa: E402
-from adapters.engine.adapter import EngineAdapter, _checkpoint_factory, load_preset  # noqa: E402
+from adapters.engine.adapter import EngineAdapter, load_preset  # noqa: E402
 
 
 def tiny_qwen3_dir(directory: str, seed: int = 0) -> "torch.nn.Module":
@@ -56,7 +56,7 @@ def bench_cpu(new_tokens: int, prompt_len: int, repeats: int) -> dict:
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as directory:
         hf = tiny_qwen3_dir(directory)
-        engine: EngineAdapter = _checkpoint_factory("qwen3")(directory, dtype="fp32", device="cpu")
+        engine: EngineAdapter = adapters.load(f"qwen3:{directory}", dtype="fp32", device="cpu")
     sampling = Sampling(temperature=1.0, top_p=0.7, max_new_tokens=new_tokens, seed=0)
     engine.config.extra["eos_token_ids"] = []  # the same fixed token count on both sides
     engine.config.eos_token_id = None

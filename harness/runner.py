@@ -169,35 +169,67 @@ def _load_tasks(spec: RunSpec) -> list[Any]:
 
 @dataclass
 class SweepPlan:
-    """What a sweep will run, worked out before anything is written: task configs and (model, loops) pairs."""
+    """What a sweep will run, worked out before anything is written: task configs and (model, loops) pairs.
+
+    `loaded` keeps the adapters that had to be loaded to learn whether they loop (specs whose
+    adapter cannot describe itself from its config), so the sweep does not load them twice.
+    """
 
     task_configs: list[Any]
     runs: list[tuple[str, int | None]]
+    loaded: dict[str, Any] = field(default_factory=dict)
 
 
 def prepare_sweep(spec: RunSpec) -> SweepPlan:
-    """Load the suite and each model once (to learn whether it loops); bad names fail here as UserError."""
+    """Check the suite and every model spec from configs, without loading weights where the adapter allows.
+
+    Bad names fail here as UserError. Engine and zoo specs are described from their config files;
+    other adapters are loaded once and kept for the sweep.
+    """
     import adapters
 
-    task_configs = _load_tasks(spec)
-    runs: list[tuple[str, int | None]] = []
+    plan = SweepPlan(_load_tasks(spec), [])
     for model in spec.models:
-        description = adapters.load(model, **spec.load_overrides(model)).describe()
+        overrides = spec.load_overrides(model)
+        description = adapters.inspect(model, **overrides)
+        if description is None:
+            plan.loaded[model] = adapters.load(model, **overrides)
+            description = plan.loaded[model].describe()
         if is_looped(description):
-            runs.extend((model, r) for r in spec.loops)
+            plan.runs.extend((model, r) for r in spec.loops)
         else:
-            runs.append((model, None))
-    return SweepPlan(task_configs, runs)
+            plan.runs.append((model, None))
+    return plan
+
+
+def _at_loops(adapter: Any, model: str, loops: int | None, spec: RunSpec) -> Any:
+    """The sweep's adapter set to run `loops`: changed in place where the adapter allows it (the engine),
+    else loaded again with the override. A second full load would double load time on a GPU and can
+    inflate NVML peaks, so engine models are loaded once per sweep."""
+    import adapters
+
+    if adapter is not None and (loops is None or hasattr(adapter, "loops")):
+        if loops is not None:
+            adapter.loops = loops
+        if hasattr(adapter, "reset_memory_peak"):
+            adapter.reset_memory_peak()
+        return adapter
+    overrides = spec.load_overrides(model) | ({} if loops is None else {"loops": loops})
+    return adapters.load(model, **overrides)
 
 
 def run_sweep(
     spec: RunSpec, plan: SweepPlan, store: Store, progress: Progress | None = None, log: Callable[[str], None] = print
 ) -> list[RunOutcome]:
-    """Run every (model, loops) of the plan as one sweep; returns one outcome per run, in order."""
+    """Run every (model, loops) of the plan as one sweep, each model loaded once; one outcome per run, in order."""
     sweep_id = uuid.uuid4().hex[:12]
     outcomes = []
     overall = progress.add_task(f"sweep {sweep_id}", total=len(plan.runs)) if progress is not None else None
+    adapter, current = None, None
     for model, loops in plan.runs:
+        if model != current:  # runs are model-major: the previous model is done with
+            adapter, current = plan.loaded.pop(model, None), model
+        adapter = _at_loops(adapter, model, loops, spec)
         run_id = store.create_run(
             sweep_id=sweep_id,
             kind="eval",
@@ -215,7 +247,7 @@ def run_sweep(
             status="running",
         )
         log(f"run {run_id}: {model}" + (f" loops={loops}" if loops is not None else "") + f" on {spec.suite}")
-        outcomes.append(_execute(spec, store, run_id, model, loops, plan.task_configs, progress, log))
+        outcomes.append(_execute(spec, store, run_id, (model, loops), adapter, plan.task_configs, progress, log))
         if progress is not None and overall is not None:
             progress.advance(overall)
     return outcomes
@@ -236,30 +268,26 @@ def resume_run(
         raise UserError(f"--resume {run_id}: run was stored without its spec and cannot be resumed")
     spec = RunSpec.from_dict(run.spec, db_url)
     task_configs = _load_tasks(spec)
+    adapter = _at_loops(None, run.model_spec, run.loops, spec)
     store.update_run(run_id, status="running", error=None)
     log(f"run {run_id}: resuming {run.model_spec}" + (f" loops={run.loops}" if run.loops is not None else ""))
-    return _execute(spec, store, run_id, run.model_spec, run.loops, task_configs, progress, log, previous=run)
+    return _execute(spec, store, run_id, (run.model_spec, run.loops), adapter, task_configs, progress, log, previous=run)
 
 
 def _execute(
     spec: RunSpec,
     store: Store,
     run_id: int,
-    model: str,
-    loops: int | None,
+    run: tuple[str, int | None],
+    adapter: Any,
     task_configs: list[Any],
     progress: Progress | None,
     log: Callable[[str], None],
     previous: Any | None = None,
 ) -> RunOutcome:
-    """Generate and score one run, keeping the store current whatever happens."""
-    import adapters
+    """Generate and score one run, (model spec, loops), with `adapter`, keeping the store current whatever happens."""
     from harness.bridge import run_suite
 
-    overrides = spec.load_overrides(model)
-    if loops is not None:
-        overrides["loops"] = loops
-    adapter = adapters.load(model, **overrides)
     store.update_run(run_id, model_config=adapter.describe())
     sampler = MemorySampler(adapter, interval=spec.sampler_interval)
     timed = TimedAdapter(adapter, sampler)
@@ -300,7 +328,7 @@ def _execute(
             wall_seconds=wall + ((previous.wall_seconds or 0.0) if previous else 0.0),
             generate_seconds=timed.generate_seconds + ((previous.generate_seconds or 0.0) if previous else 0.0),
         )
-    return RunOutcome(run_id, model, loops, status, metrics)
+    return RunOutcome(run_id, *run, status, metrics)
 
 
 def _store_memory(store: Store, run_id: int, sampler: MemorySampler, previous: Any | None) -> None:

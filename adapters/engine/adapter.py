@@ -146,10 +146,23 @@ class EngineAdapter:
         }
 
 
-def _build(spec: str, model_fn: Any, tokenizer_fn: Any, overrides: dict[str, Any]) -> EngineAdapter:
+def _check_overrides(overrides: dict[str, Any]) -> None:
     unknown = set(overrides) - set(OVERRIDES)
     if unknown:
         raise AdapterError(f"unknown override(s) {', '.join(sorted(unknown))} (allowed: {', '.join(OVERRIDES)})")
+
+
+def config_facts(cfg: LoopConfig, overrides: dict[str, Any]) -> dict[str, Any]:
+    """What `describe()` will say about loops and KV, from the config alone: a sweep plans its runs
+    with it before any weights are loaded (`adapters.inspect`)."""
+    _check_overrides(overrides)
+    loops = cfg.loops if overrides.get("loops") is None else cfg.check_loops(overrides["loops"])
+    return {"family": cfg.family, "kv_strategy": cfg.kv_strategy, "loops": loops, "trained_loops": cfg.loops,
+            "max_context": cfg.max_position}
+
+
+def _build(spec: str, model_fn: Any, tokenizer_fn: Any, overrides: dict[str, Any]) -> EngineAdapter:
+    _check_overrides(overrides)
     device = resolve_device(overrides.get("device"))
     dtype = resolve_dtype(overrides.get("dtype"), device)
     model: LoopedLM = model_fn(dtype, device)
@@ -161,7 +174,11 @@ def _build(spec: str, model_fn: Any, tokenizer_fn: Any, overrides: dict[str, Any
     return EngineAdapter(spec, model, tokenizer_fn(), loops=overrides.get("loops"), max_batch=int(overrides.get("max_batch", 64)), exit_policy=policy)
 
 
-@register("preset", "engine preset with seeded random weights (qwen3-tiny, ouro-tiny, melt-tiny, qwen3-1.7b, ...)")
+def inspect_preset(name: str, **overrides: Any) -> dict[str, Any]:
+    return config_facts(preset(name), overrides)
+
+
+@register("preset", "engine preset with seeded random weights (qwen3-tiny, ouro-tiny, melt-tiny, qwen3-1.7b, ...)", inspect=inspect_preset)
 def load_preset(name: str, **overrides: Any) -> EngineAdapter:
     from adapters.engine.checkpoint import random_model
     from adapters.engine.tokenizer import char_tokenizer
@@ -186,6 +203,19 @@ def _checkpoint_factory(family: str) -> Any:
     return load
 
 
-register("qwen3", "Qwen3 checkpoint: HF directory (save_pretrained) or engine checkpoint")(_checkpoint_factory("qwen3"))
-register("ouro", "Ouro checkpoint: HF-format directory (no remote code) or engine checkpoint")(_checkpoint_factory("ouro"))
-register("melt", "MELT checkpoint: engine checkpoint or Ouro-format directory plus gate tensors")(_checkpoint_factory("melt"))
+def _checkpoint_inspector(family: str) -> Any:
+    def inspect(path: str, **overrides: Any) -> dict[str, Any]:
+        from adapters.engine.checkpoint import read_config
+
+        overrides.pop("seed", None)
+        return config_facts(read_config(path, family), overrides)
+
+    return inspect
+
+
+for _family, _description in (
+    ("qwen3", "Qwen3 checkpoint: HF directory (save_pretrained) or engine checkpoint"),
+    ("ouro", "Ouro checkpoint: HF-format directory (no remote code) or engine checkpoint"),
+    ("melt", "MELT checkpoint: engine checkpoint or Ouro-format directory plus gate tensors"),
+):
+    register(_family, _description, inspect=_checkpoint_inspector(_family))(_checkpoint_factory(_family))

@@ -70,20 +70,32 @@ def _hf_config(raw: dict[str, Any], family: str) -> LoopConfig:
 
 
 def read_config(path: str | Path, family: str | None = None) -> LoopConfig:
-    """LoopConfig of a checkpoint directory or config.json (engine or HF); `family` picks the HF mapping."""
+    """LoopConfig of a checkpoint directory or config.json (engine or HF); `family` picks the HF mapping.
+
+    `melt` asks for a gated model: an engine config of another strategy is refused here, before any
+    weights are read.
+    """
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
     if not path.exists():
         raise AdapterError(f"{path} not found: expected a preset name, a checkpoint directory or a config.json")
     raw = read_json(file)
     if raw.get("format") == ENGINE_FORMAT:
-        return LoopConfig.from_dict(raw["config"])
-    if family is None:
-        model_type = str(raw.get("model_type", "")).lower()
-        family = "qwen3" if model_type.startswith("qwen") else "melt" if "melt_gate_variant" in raw else "ouro" if "total_ut_steps" in raw else ""
-        if not family:
-            raise AdapterError(f"{file}: neither an engine config nor an HF Qwen3/Ouro config (model_type={raw.get('model_type')!r})")
-    return _hf_config(raw, family)
+        cfg = LoopConfig.from_dict(raw["config"])
+    else:
+        cfg = _hf_config(raw, family or _hf_family(raw, file))
+    if family == "melt" and cfg.kv_strategy != "gated":
+        raise AdapterError(f"{path}: melt: needs a gated checkpoint (engine config with kv_strategy 'gated' or an Ouro-format dir with gate tensors)")
+    return cfg
+
+
+def _hf_family(raw: dict[str, Any], file: Path) -> str:
+    """qwen3, melt or ouro, from an HF config's fields."""
+    model_type = str(raw.get("model_type", "")).lower()
+    family = "qwen3" if model_type.startswith("qwen") else "melt" if "melt_gate_variant" in raw else "ouro" if "total_ut_steps" in raw else ""
+    if not family:
+        raise AdapterError(f"{file}: neither an engine config nor an HF Qwen3/Ouro config (model_type={raw.get('model_type')!r})")
+    return family
 
 
 def _read_tensors(directory: Path) -> dict[str, torch.Tensor]:
@@ -111,9 +123,7 @@ def load_model(path: str | Path, family: str, dtype: torch.dtype, device: str | 
     directory = Path(path)
     if not directory.is_dir():
         raise AdapterError(f"{directory} is not a directory: expected a checkpoint directory (config.json + model.safetensors)")
-    cfg = read_config(directory, family)  # engine configs ignore `family`
-    if family == "melt" and cfg.kv_strategy != "gated":
-        raise AdapterError(f"{directory}: melt: needs a gated checkpoint (engine config with kv_strategy 'gated' or an Ouro-format dir with gate tensors)")
+    cfg = read_config(directory, family)
     tensors = _read_tensors(directory)
     if cfg.exit_gate and "model.early_exit_gate.weight" not in tensors:  # HF Ouro dirs without the gate still run
         cfg = cfg.replace(exit_gate=False)

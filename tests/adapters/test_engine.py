@@ -12,7 +12,7 @@ from adapters.engine.cache import KVCache
 from adapters.engine.checkpoint import random_model
 from adapters.engine.config import LoopConfig
 from adapters.engine.presets import PRESETS, preset
-from adapters.engine.adapter import EngineAdapter, _checkpoint_factory, load_preset
+from adapters.engine.adapter import EngineAdapter, load_preset
 from adapters.engine.generate import ExitPolicy, generate, sample
 from adapters.engine.memory import count_params, estimate, kv_bytes
 from adapters.engine.model import LoopedLM
@@ -55,7 +55,7 @@ def hf_qwen3(tmp_path_factory):
 
 def test_hf_qwen3_logits_and_greedy_match(hf_qwen3):
     hf, path = hf_qwen3
-    engine = _checkpoint_factory("qwen3")(str(path), dtype="fp32", device="cpu")
+    engine = adapters.load(f"qwen3:{path}", dtype="fp32", device="cpu")
     assert engine.config.head_dim == 24 and engine.config.num_kv_heads == 2
     ids = torch.randint(3, 99, (2, 19), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
