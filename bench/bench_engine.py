@@ -28,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+import adapters  # noqa: E402
 from adapters.base import Sampling  # noqa: E402
 from adapters.engine.adapter import EngineAdapter, load_preset  # noqa: E402
 

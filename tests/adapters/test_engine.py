@@ -7,6 +7,8 @@ import threading
 import pytest
 import torch
 
+import adapters
+
 from adapters.base import AdapterError, Sampling
 from adapters.engine.cache import KVCache
 from adapters.engine.checkpoint import random_model

@@ -125,6 +125,7 @@ def _install_entry_point_plugin(target: Path, source: Path) -> None:
     subprocess.run(pip, check=True, capture_output=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_plugins_from_an_entry_point_and_a_folder_run_end_to_end(tmp_path: Path) -> None:
     """One `loopeval run` sweep over two plugin models (one installed with an entry point, one in
     LOOPEVAL_ADAPTERS) and the transformers backend on a local checkpoint."""

@@ -3,6 +3,8 @@ found from its folder (LOOPEVAL_ADAPTERS) as well as through its entry point."""
 
 from __future__ import annotations
 
+import pytest
+
 import os
 import subprocess
 import sys
@@ -10,6 +12,8 @@ import tomllib
 from pathlib import Path
 
 from adapters import registry
+
+pytestmark = pytest.mark.slow  # end to end: the fast tier (-m 'not slow') skips it
 
 LOOPEVAL = str(Path(sys.executable).with_name("loopeval"))
 

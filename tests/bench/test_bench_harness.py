@@ -6,11 +6,15 @@ changes; its timings are not asserted (they are what it measures, on a noisy mac
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+pytestmark = pytest.mark.slow  # end to end: the fast tier (-m 'not slow') skips it
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_harness.py"
 

@@ -11,6 +11,8 @@ import pytest
 from dashboards_browser_helpers import LOOPEVAL, PAYLOAD
 from db.session import open_engine
 
+pytestmark = pytest.mark.slow  # end to end: the fast tier (-m 'not slow') skips it
+
 
 def _dashboard(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(LOOPEVAL), "dashboard", *args], cwd=cwd, capture_output=True, text=True, timeout=120)

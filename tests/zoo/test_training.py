@@ -14,6 +14,8 @@ from adapters.engine.training import TaskData, load_teacher, train
 from adapters.zoo import get_recipe
 from suites import synthetic
 
+pytestmark = pytest.mark.slow  # end to end: the fast tier (-m 'not slow') skips it
+
 # 32-wide models and a few hundred items keep every run here to seconds on two cores.
 TINY = {"hidden_size": 32, "num_heads": 2, "num_kv_heads": 1, "head_dim": 16, "ffn_size": 64, "vocab_size": 99}
 TASKS = ("chain2", "lookup")
