@@ -118,7 +118,7 @@ class MemorySample(Base):
 
 
 class MemoryPeak(Base):
-    """Peak (or fixed) value of one DESIGN.md measure over a run: weights_bytes, kv_bytes_peak, nvml_process_peak, ..."""
+    """Peak (or fixed) value of one db.measures measure over a run: weights_bytes, kv_bytes_peak, nvml_process_peak, ..."""
 
     __tablename__ = "memory_peaks"
     __table_args__ = (UniqueConstraint("run_id", "measure"),)

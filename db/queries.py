@@ -103,7 +103,7 @@ def metrics(engine: Engine, suite: str | None = None) -> pd.DataFrame:
 
 
 def memory_peaks(engine: Engine, run_ids: Iterable[int] | None = None) -> pd.DataFrame:
-    """Peaks as a wide table: one row per run, one column per DESIGN.md measure (NaN = unavailable)."""
+    """Peaks as a wide table: one row per run, one column per db.measures measure (NaN = unavailable)."""
     statement = select(MemoryPeak.run_id, MemoryPeak.measure, MemoryPeak.value)
     if run_ids is not None:
         statement = statement.where(MemoryPeak.run_id.in_(list(run_ids)))

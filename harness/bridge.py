@@ -397,7 +397,7 @@ class _ProjectPipeline(Pipeline):
     """LightEval's Pipeline with its task set-up reading only the given configs and their local files.
 
     `Pipeline._init_tasks_and_requests` would build LightEval's default `Registry` (every built-in
-    task module; see DESIGN.md) and fetch datasets from the hub; this does the same steps on
+    task module; see docs/architecture.md) and fetch datasets from the hub; this does the same steps on
     `ProjectRegistry` and `load_task_dataset`.
     """
 

@@ -1,7 +1,7 @@
 """The conformance kit: one call checks that an adapter behaves the way loopeval relies on.
 
 It lives in the harness because its last check drives the adapter through the LightEval bridge
-(DESIGN.md: adapters never import harness or suites).
+(docs/architecture.md: adapters never import harness or suites).
 
     from harness.conformance import check_adapter
     check_adapter("myarch:tiny")              # raises ConformanceError listing every failure

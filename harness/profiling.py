@@ -32,7 +32,7 @@ class ProfileResult:
     model: str
     description: dict[str, Any]  # Adapter.describe() of the first loop count
     points: list[dict[str, Any]]  # one per (loops, length): the columns of `profile_points`
-    peaks: dict[str, int | None] = field(default_factory=dict)  # over all points, DESIGN.md names
+    peaks: dict[str, int | None] = field(default_factory=dict)  # over all points, db.measures names
 
 
 def analytic_kv_bytes(description: dict[str, Any], tokens: int, batch: int) -> int | None:

@@ -1,7 +1,7 @@
 """LightEval objects made from this project's task configs only: the registry, the datasets, the sample count.
 
 LightEval 0.13's `Registry()` imports every built-in task module, and its tinyBenchmarks module
-downloads a file at import time, which fails offline (DESIGN.md, pitfalls). `ProjectRegistry`
+downloads a file at import time, which fails offline (docs/architecture.md, pitfalls). `ProjectRegistry`
 holds exactly the configs it is given. Datasets are read from the local JSONL or parquet file a
 config's `hf_repo` names (`load_suite` sets it), never from the hub.
 """

@@ -3,7 +3,7 @@
 Layout: `k` and `v` are [entries, batch, kv_heads, length, head_dim]. The entry of a token's K/V:
 - `standard`: one per layer (prelude, shared, coda in order).
 - `per_loop` (LoopLM / Ouro): prelude entries, then loop t of shared layer i at `p + t * s + i`
-  (DESIGN.md's `t * num_hidden_layers + i` when p = 0), then coda entries. Grows with the loops r.
+  (HF Ouro's own `t * num_hidden_layers + i` when p = 0), then coda entries. Grows with the loops r.
 - `gated` (MELT): one per layer, shared rows overwritten at every loop, plus `latent`
   [s, batch, chunk, hidden]: the gate's state h for the tokens in flight (a prefill chunk or the
   decoded token). Independent of r.

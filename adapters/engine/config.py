@@ -2,7 +2,7 @@
 
 Qwen3 is a plain stack (`s` layers, `T = 1`, `standard` KV); Ouro is `p = c = 0` with `s` shared
 layers looped 4 times, sandwich norms and a `per_loop` KV cache; MELT is Ouro plus a per-layer
-gate and a `gated` KV cache whose size does not depend on the loop count. See DESIGN.md for the
+gate and a `gated` KV cache whose size does not depend on the loop count. See docs/architecture.md for the
 vocabulary. Validation raises `AdapterError` naming the field and the allowed values, because the
 config reaches users through presets, checkpoints' config.json and `--loops` overrides.
 """

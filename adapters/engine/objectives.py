@@ -4,7 +4,7 @@ Everything here is pure tensor math over what the engine's training forward retu
 logits, exit-gate probabilities, per-(layer, loop) post-attention outputs), so the same functions
 train a 0.4M-parameter zoo model on the CPU and convert Ouro-1.4B into MELT-1.6B on GPUs.
 
-The objectives (DESIGN.md, "MELT training from a LoopLM"):
+The objectives (docs/architecture.md, "MELT conversion"):
 
 - language modelling: cross-entropy on the target tokens, masked (`lm_loss`);
 - Ouro's exit gate: the expected loss under the exit distribution minus an entropy bonus

@@ -200,7 +200,7 @@ def make_objective(recipe: Recipe, teacher: LoopedLM | None) -> Objective:
 
 # -------------------------------------------------------------------------------------- models
 def build_model(recipe: Recipe, device: str, teacher: LoopedLM | None) -> LoopedLM:
-    """A seeded fresh model, or for `melt` the teacher's weights with fresh gates (DESIGN.md stage 1 start)."""
+    """A seeded fresh model, or for `melt` the teacher's weights with fresh gates (the start of MELT stage 1)."""
     gen = torch.Generator().manual_seed(recipe.seed)
     if recipe.kind == "melt":
         assert teacher is not None

@@ -66,7 +66,7 @@ def test_pool_tokens_match_vllm_v1_log_line() -> None:
 
 
 def test_qwen3_block_and_used_kv_agree_with_the_design_measurement() -> None:
-    # Qwen3-1.7B (DESIGN.md): 28 layers, 8 KV heads, head dim 128, bf16; measured KV at 32000 tokens: 3.67 GB.
+    # Qwen3-1.7B (docs/benchmarks.md): 28 layers, 8 KV heads, head dim 128, bf16; measured KV at 32000 tokens: 3.67 GB.
     qwen3 = KVLayout(block_size=16, num_layers=28, num_kv_heads=8, head_dim=128, dtype_bytes=kv_dtype_bytes("auto", "bfloat16"))
     assert qwen3.block_bytes == 1_835_008
     blocks = qwen3.blocks_for(32000)
