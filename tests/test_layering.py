@@ -30,6 +30,7 @@ SCRIPT_FOLDERS = ("bench", "scripts")  # entry points: may import any package, p
 FIRST_PARTY = set(PACKAGES) | set(SCRIPT_FOLDERS) | {"tests"}
 STDLIB = set(sys.stdlib_module_names)
 
+
 # What the GPU machine's Python lacks (it has torch, transformers, nvidia-ml-py and psutil), and the
 # modules that must import none of it because that machine runs them.
 HEAVY = ("lighteval", "datasets", "sqlalchemy", "alembic", "pandas", "plotly", "dash", "vllm")
@@ -45,6 +46,7 @@ LIGHT_MODULES = (
 )
 LIGHT_SCRIPTS = ("bench/bench_engine.py",)
 
+
 @dataclass(frozen=True)
 class Import:
     file: str  # relative to the repo root
@@ -59,8 +61,10 @@ class Import:
     def __str__(self) -> str:
         return f"from {self.module} import {', '.join(self.names)}" if self.names else f"import {self.module}"
 
+
 def _module_name(path: Path) -> str:
     return ".".join(path.relative_to(ROOT).with_suffix("").parts)
+
 
 def _imports(path: Path) -> list[Import]:
     rel = path.relative_to(ROOT).as_posix()
@@ -79,10 +83,13 @@ def _imports(path: Path) -> list[Import]:
             found.append(Import(rel, node.lineno, module, tuple(alias.name for alias in node.names)))
     return found
 
+
 def _files(*folders: str) -> list[Path]:
     return sorted(p for folder in folders for p in (ROOT / folder).rglob("*.py"))
 
+
 ALL_IMPORTS = {folder: [i for p in _files(folder) for i in _imports(p)] for folder in PACKAGES + SCRIPT_FOLDERS}
+
 
 @functools.cache
 def _allowed_from_doc() -> dict[str, tuple[set[str], set[str] | None]]:
@@ -111,14 +118,17 @@ def _allowed_from_doc() -> dict[str, tuple[set[str], set[str] | None]]:
     assert set(rows) >= set(PACKAGES), f"{DOC.relative_to(ROOT)}: the import-rules table lacks rows for {set(PACKAGES) - set(rows)}"
     return rows
 
+
 def _report(violations: list[str], rule: str) -> None:
     if violations:
         pytest.fail(f"rule broken: {rule} (docs/architecture.md)\n" + "\n".join(violations), pytrace=False)
+
 
 def test_sources_are_found() -> None:
     """Guards the other tests against passing on nothing."""
     assert len(_files(*PACKAGES)) > 40
     assert sum(len(v) for v in ALL_IMPORTS.values()) > 400
+
 
 @pytest.mark.parametrize("package", PACKAGES)
 def test_project_imports(package: str) -> None:
@@ -129,6 +139,7 @@ def test_project_imports(package: str) -> None:
         if i.top in FIRST_PARTY and i.top not in allowed
     ]
     _report(violations, f"{package}/ imports only {', '.join(sorted(allowed))} among the project's packages")
+
 
 @pytest.mark.parametrize("package", PACKAGES)
 def test_third_party_imports(package: str) -> None:
@@ -142,6 +153,7 @@ def test_third_party_imports(package: str) -> None:
     ]
     _report(violations, f"{package}/ imports only {', '.join(sorted(allowed))} outside the standard library")
 
+
 def test_vllm_only_in_its_backend() -> None:
     violations = [
         f"{i.file}:{i.line}: {i}"
@@ -151,6 +163,7 @@ def test_vllm_only_in_its_backend() -> None:
     ]
     _report(violations, "vllm is imported in adapters/vllm_backend.py only")
 
+
 def test_dashboards_take_sqlalchemy_engine_only() -> None:
     violations = [
         f"{i.file}:{i.line}: {i}"
@@ -158,6 +171,7 @@ def test_dashboards_take_sqlalchemy_engine_only() -> None:
         if i.top == "sqlalchemy" and (i.module != "sqlalchemy" or set(i.names) - {"Engine"})
     ]
     _report(violations, "dashboards/ use sqlalchemy only for the `Engine` type; they read through db.queries")
+
 
 def _private_imports() -> list[tuple[Import, str]]:
     """(import, private name) for every import of a `_name` from another top-level folder of the project."""
@@ -170,12 +184,14 @@ def _private_imports() -> list[tuple[Import, str]]:
             found += [(i, part) for part in parts if part.startswith("_") and not part.startswith("__")]
     return found
 
+
 def test_no_private_names_across_packages() -> None:
     violations = [
         f"{i.file}:{i.line}: {i} (private name {name})"
         for i, name in _private_imports()
     ]
     _report(violations, "no module imports a private name (_x) from another top-level package")
+
 
 def test_cli_commands_import_no_other_command() -> None:
     violations = []
@@ -187,6 +203,7 @@ def test_cli_commands_import_no_other_command() -> None:
         elif i.module.startswith("harness.cli.") and i.module != "harness.cli.common":
             violations.append(f"{i.file}:{i.line}: {i}")
     _report(violations, "a harness/cli/ command module imports harness.cli.common, never another command module")
+
 
 _PROBE = r"""
 import importlib, importlib.util, json, sys, traceback
@@ -212,6 +229,7 @@ for current in scripts:
 loaded = sorted(heavy & {name.partition(".")[0] for name in sys.modules})
 print(json.dumps({"already": already, "loaded": loaded, "culprits": culprits}))
 """
+
 
 def test_light_modules_import_no_evaluation_stack() -> None:
     """The modules the GPU machine runs import none of HEAVY when they are imported."""
