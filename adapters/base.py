@@ -6,6 +6,7 @@ this file, so a user's adapter that satisfies `Adapter` gets the same treatment 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, Sequence, runtime_checkable
 
@@ -69,8 +70,8 @@ class Sampling:
     stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise AdapterError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature < math.inf:
+            raise AdapterError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise AdapterError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k is not None and self.top_k < 1:

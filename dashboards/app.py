@@ -37,6 +37,11 @@ def _filtered(points: pd.DataFrame, models: list[str] | None, loops: list[int] |
     return points[points["model"].isin(models or []) & points["loops"].isin(loops or [])]
 
 
+def _secure(response: Any) -> Any:
+    response.headers.update(APP_HEADERS)
+    return response
+
+
 def _layout(engine: Engine) -> html.Div:
     """Built on every page load, so a reload sees runs added since the server started."""
     suite_names = queries.suites(engine)
@@ -89,12 +94,25 @@ def _layout(engine: Engine) -> html.Div:
     ], style={"fontFamily": "system-ui, sans-serif", "margin": "1.5em"})
 
 
+# Dash serves its own scripts and inline bootstrap; nothing may come from elsewhere, and the app may not be framed.
+APP_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self' 'unsafe-inline' 'unsafe-eval'; style-src 'self' 'unsafe-inline'; "
+        "img-src 'self' data: blob:; font-src 'self' data:; connect-src 'self'; form-action 'none'; base-uri 'none'; "
+        "frame-ancestors 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+}
+
+
 def create_app(db_url: str) -> Dash:
     """The Dash app reading `db_url`; raises db.ResultsError when the database is missing or holds no runs."""
     engine = open_existing(db_url)
     queries.require_results(engine)
     app = Dash(__name__, title="loopeval", serve_locally=True)
     app.layout = lambda: _layout(engine)
+    app.server.after_request(_secure)
 
     @app.callback(Output("task", "options"), Output("task", "value"), Input("suite", "value"))
     def _tasks(suite: str | None) -> tuple[list[str], str | None]:

@@ -3,10 +3,15 @@
 The static report and the served app draw the same figures from the same functions. Bytes are
 scaled to one decimal unit per axis (B, KB, MB, GB; 1 GB = 1e9 bytes, as the MELT paper counts),
 and a NULL measure is never drawn as zero: the figure names what was unavailable instead.
+
+Stored strings (model specs, task and metric names) come from users and plugins. Plotly renders a
+subset of HTML in legends, titles and hovers, `<a href>` included, so every stored string is
+escaped (`plain`) before it reaches a figure: it shows as the text it is, never as markup.
 """
 
 from __future__ import annotations
 
+import html
 import math
 from collections.abc import Sequence
 
@@ -30,6 +35,22 @@ MEMORY_MEASURES: dict[str, str] = {
 DECIMAL_NOTE = "GB are decimal (1 GB = 1e9 bytes)"
 _UNITS: tuple[tuple[str, float], ...] = (("GB", 1e9), ("MB", 1e6), ("KB", 1e3), ("B", 1.0))
 _PALETTE = px.colors.qualitative.Plotly
+
+
+_STORED_TEXT = ("model", "task", "metric", "suite", "phase")
+
+
+def plain(value: object) -> str:
+    """A stored string as Plotly text: markup characters escaped, so `<a href=...>` shows as written."""
+    return html.escape(str(value))
+
+
+def _plain_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """A copy whose stored-string columns are escaped for Plotly (see `plain`)."""
+    present = [c for c in _STORED_TEXT if c in frame]
+    if not present or frame.empty:
+        return frame
+    return frame.assign(**{c: frame[c].map(plain) for c in present})
 
 
 def byte_unit(values: Sequence[float] | pd.Series | np.ndarray) -> tuple[str, float]:
@@ -101,7 +122,8 @@ def accuracy_vs_memory(points: pd.DataFrame, measure: str, task: str = "all", la
     `dashboards.data.with_derived_measures`). Points whose measure is NULL are named, not plotted.
     """
     label = label or measure_label(measure)
-    title = f"Accuracy against memory: {task}, {label}"
+    title = f"Accuracy against memory: {plain(task)}, {label}"
+    points = _plain_frame(points)
     if points.empty:
         return _empty(title, "no evaluated runs with this task yet")
     if measure not in points:
@@ -157,7 +179,8 @@ def accuracy_vs_loops(points: pd.DataFrame, measure: str, task: str = "all", lab
     Where the accuracy line flattens while the memory line keeps rising, extra depth stopped paying.
     """
     label = label or measure_label(measure)
-    title = f"Accuracy and memory against loops: {task}"
+    title = f"Accuracy and memory against loops: {plain(task)}"
+    points = _plain_frame(points)
     if points.empty:
         return _empty(title, "no evaluated runs with this task yet")
     has_memory = measure in points and points[measure].notna().any()
@@ -186,7 +209,11 @@ def accuracy_vs_loops(points: pd.DataFrame, measure: str, task: str = "all", lab
 
 
 def memory_over_run(series: pd.DataFrame, measures: Sequence[str], title: str = "Memory over a run") -> go.Figure:
-    """Each measure of the sampler against time (left) and against generated tokens (right), one line per measure."""
+    """Each measure of the sampler against time (left) and against generated tokens (right), one line per measure.
+
+    `title` may name stored strings (the run's model): it is shown as plain text.
+    """
+    title = plain(title)
     if series.empty:
         return _empty(title, "this run has no memory samples")
     present = [m for m in measures if m in series and series[m].notna().any()]
@@ -220,6 +247,7 @@ def memory_vs_context(profile: pd.DataFrame, measures: Sequence[str]) -> go.Figu
     title = "Memory against context length (loopeval profile)"
     if profile.empty:
         return _empty(title, "no `loopeval profile` runs yet")
+    profile = _plain_frame(profile)
     present = [m for m in measures if m in profile and profile[m].notna().any()]
     missing = [m for m in measures if m not in present]
     analytic = profile["kv_bytes_analytic"]

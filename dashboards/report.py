@@ -140,6 +140,7 @@ def build_report(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -
     first_points = accuracy_points(engine, suite_names[0], "all", context_tokens) if suite_names else pd.DataFrame()
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return _TEMPLATE.format(
+        csp=REPORT_CSP,
         plotlyjs=get_plotlyjs(),
         generated=html.escape(generated),
         runs_table=_runs_table(engine),
@@ -176,9 +177,13 @@ def write_report(db_url: str, out: Path) -> Path:
     return out
 
 
+# The report runs offline: nothing may be fetched, framed, submitted or used as a base for links.
+REPORT_CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; "
+              "font-src data:; form-action 'none'; base-uri 'none'")
+
 _TEMPLATE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; font-src data:">
+<meta http-equiv="Content-Security-Policy" content="{csp}">
 <title>loopeval report</title>
 <style>
 body {{ font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }}
@@ -216,6 +221,8 @@ label {{ margin-right: 1em; }} .plot {{ height: 520px; }} section {{ margin-top:
 <script id="figures" type="application/json">{figures_json}</script>
 <script id="plot-config" type="application/json">{config_json}</script>
 <script>
+// No link in this page may leave it: stored strings are escaped, and any anchor a library draws is inert.
+document.addEventListener("click", (event) => {{ if (event.target.closest("a[href]")) event.preventDefault(); }}, true);
 const FIGURES = JSON.parse(document.getElementById("figures").textContent);
 const CONFIG = JSON.parse(document.getElementById("plot-config").textContent);
 const value = (id) => document.getElementById(id).value;

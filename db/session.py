@@ -71,15 +71,20 @@ def sqlite_path(url: str) -> Path | None:
     return Path(parsed.database)
 
 
+def _check_sqlite_header(path: Path) -> None:
+    """Refuse a path that is not a file, or a file that is not SQLite (an empty file is a new database)."""
+    if not path.is_file():
+        raise ResultsError(f"database {path} is not a file")
+    with path.open("rb") as fh:
+        header = fh.read(len(_SQLITE_HEADER))
+    if header and header != _SQLITE_HEADER:
+        raise ResultsError(f"database {path} is not a SQLite database (left untouched)")
+
+
 def _check_sqlite_file(path: Path) -> None:
     """Refuse a path loopeval cannot write, or a file that is not SQLite; reads only, never writes it."""
     if path.exists():
-        if not path.is_file():
-            raise ResultsError(f"database {path} is not a file")
-        with path.open("rb") as fh:
-            header = fh.read(len(_SQLITE_HEADER))
-        if header and header != _SQLITE_HEADER:
-            raise ResultsError(f"database {path} is not a SQLite database (left untouched)")
+        _check_sqlite_header(path)
         if not os.access(path, os.W_OK):
             raise ResultsError(f"database {path} is not writable")
         directory = path.parent
@@ -96,20 +101,36 @@ def _check_sqlite_file(path: Path) -> None:
         raise ResultsError(f"database directory {directory} is not writable")
 
 
-def _check_revision(engine: Engine, where: str) -> None:
-    """Refuse a database whose schema is newer than this loopeval, or that only looks like ours."""
+def _revision(engine: Engine, where: str) -> str | None:
+    """The loopeval schema revision of a database; None for an empty one (no tables yet).
+
+    Refuses what is not loopeval's: a database holding another application's tables, or a revision
+    this loopeval does not know (written by a newer loopeval). Reads only.
+    """
     from alembic.runtime.migration import MigrationContext
 
     with engine.connect() as conn:
         current = MigrationContext.configure(conn).get_current_revision()
-        tables = set(inspect(conn).get_table_names())
+        tables = sorted(set(inspect(conn).get_table_names()) - {"alembic_version"})
+    if current is None and tables:
+        shown = ", ".join(tables[:4]) + (", ..." if len(tables) > 4 else "")
+        raise ResultsError(f"database {where} is not a loopeval database (it holds tables {shown}); "
+                           "it is left untouched: use another --db")
     if current is not None and current not in _known_revisions():
         raise ResultsError(
-            f"database {where} has schema revision {current}, newer than this loopeval knows "
-            f"(head {head_revision()}); upgrade loopeval to read it"
+            f"database {where} has schema revision {current}, which this loopeval does not know (head {head_revision()}): "
+            "written by a newer loopeval, or not a loopeval database"
         )
-    if current is None and "runs" in tables:
-        raise ResultsError(f"database {where} has a 'runs' table but no loopeval schema version; use another --db")
+    return current
+
+
+def _readonly_revision(path: Path) -> str | None:
+    """`_revision` of a SQLite file through a read-only connection: a refused file stays byte-identical."""
+    readonly = create_engine(f"sqlite:///file:{path.resolve()}?mode=ro&uri=true")
+    try:
+        return _revision(readonly, str(path))
+    finally:
+        readonly.dispose()
 
 
 def _tune_sqlite(engine: Engine) -> None:
@@ -150,51 +171,71 @@ def _upgrade(engine: Engine) -> None:
         command.upgrade(config, "head")
 
 
-def open_engine(url: str | None = None) -> Engine:
-    """Open (creating or upgrading as needed) the results database; ResultsError on anything unusable."""
-    url = resolve_db_url(url)
+def _parse(url: str) -> Any:
     try:
-        parsed = make_url(url)
+        return make_url(url)
     except ArgumentError:
         raise ResultsError(f"--db {url!r} is not a SQLAlchemy URL (e.g. sqlite:///results/loopeval.sqlite)") from None
+
+
+def _create_engine(url: str) -> Engine:
+    try:
+        engine = create_engine(url)
+    except (NoSuchModuleError, ImportError):
+        raise ResultsError(f"--db {make_url(url).drivername!r}: no SQLAlchemy driver installed for it") from None
+    if engine.url.get_backend_name() == "sqlite":
+        _tune_sqlite(engine)
+    return engine
+
+
+def open_engine(url: str | None = None) -> Engine:
+    """Open (creating or upgrading as needed) the results database for writing; ResultsError on anything unusable.
+
+    Only a loopeval database, an empty one or a new file is ever written; anything else is refused
+    before the first write, through a read-only connection.
+    """
+    url = resolve_db_url(url)
+    where = _parse(url).render_as_string(hide_password=True)
     path = sqlite_path(url)
     try:
         if path is not None:
             _check_sqlite_file(path)
             if path.exists() and path.stat().st_size > 0:
-                # Inspect through a read-only connection: a refused database must stay byte-identical.
-                readonly = create_engine(f"sqlite:///file:{path.resolve()}?mode=ro&uri=true")
-                try:
-                    _check_revision(readonly, str(path))
-                finally:
-                    readonly.dispose()
-        try:
-            engine = create_engine(url)
-        except (NoSuchModuleError, ImportError):
-            raise ResultsError(f"--db {parsed.drivername!r}: no SQLAlchemy driver installed for it") from None
-        if parsed.get_backend_name() == "sqlite":
-            _tune_sqlite(engine)
+                _readonly_revision(path)
+        engine = _create_engine(url)
         if path is None:
-            _check_revision(engine, parsed.render_as_string(hide_password=True))
+            _revision(engine, where)
         _upgrade(engine)
     except DBAPIError as exc:
-        raise ResultsError(f"cannot open database {parsed.render_as_string(hide_password=True)}: {exc.orig}") from None
+        raise ResultsError(f"cannot open database {where}: {exc.orig}") from None
     return engine
 
 
-def open_existing(url: str) -> Engine:
-    """Open an existing results database for reading; never creates a missing SQLite file."""
-    try:
-        parsed = make_url(url)
-    except ArgumentError as exc:
-        raise ResultsError(f"not a database URL: {url!r} ({exc})") from None
-    if parsed.get_backend_name() == "sqlite":
-        path = parsed.database or ""
-        if path in ("", ":memory:") or path.startswith("file:"):
-            raise ResultsError(f"no results database file in {url!r}; run `loopeval run` first")
-        if not Path(path).is_file():
+def open_existing(url: str | None = None) -> Engine:
+    """Open an existing loopeval database for reading: never creates a file, a folder or a table.
+
+    A missing SQLite file, an empty database or another application's database is one clear
+    ResultsError; an older loopeval schema is upgraded first (it is loopeval's own file).
+    """
+    url = resolve_db_url(url)
+    where = _parse(url).render_as_string(hide_password=True)
+    path = sqlite_path(url)
+    if path is not None:
+        if not path.exists():
             raise ResultsError(f"no results database at {path}; run `loopeval run` first")
-    return create_engine(parsed)
+        _check_sqlite_header(path)
+    try:
+        revision = _readonly_revision(path) if path is not None else None
+        engine = _create_engine(url)
+        if path is None:
+            revision = _revision(engine, where)
+        if revision is None:
+            raise ResultsError(f"the database {where} holds no loopeval results; run `loopeval run` first")
+        if revision != head_revision():
+            _upgrade(engine)
+    except DBAPIError as exc:
+        raise ResultsError(f"cannot open database {where}: {str(exc.orig).splitlines()[0]}") from None
+    return engine
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import Engine, delete, func, insert, select, update
 
 from db.models import MemoryPeak, MemorySample, ProfilePoint, Run, Sample, TaskMetric, utcnow
-from db.session import open_engine, session_factory
+from db.session import open_engine, open_existing, session_factory
 
 SAMPLE_FIELDS = (
     "task", "doc_id", "sample_index", "prompt", "output", "gold", "score", "prompt_tokens",
@@ -23,7 +23,8 @@ SAMPLE_FIELDS = (
 
 
 class Store:
-    """One results database. `Store.open(url)` validates, creates or migrates it first."""
+    """One results database. `Store.open(url)` validates, creates or migrates it first; `Store.read(url)`
+    opens an existing one for a read command and never creates anything."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -32,6 +33,10 @@ class Store:
     @classmethod
     def open(cls, url: str | None = None) -> Store:
         return cls(open_engine(url))
+
+    @classmethod
+    def read(cls, url: str | None = None) -> Store:
+        return cls(open_existing(url))
 
     @property
     def url(self) -> str:

@@ -43,6 +43,25 @@ class RunDefaults:
 
 DEFAULTS = RunDefaults()
 
+# Bounds that catch typos before anything is loaded or written. Stored integers end in signed 64-bit
+# columns; the others are far beyond any real run (the paper uses n <= 64 and r <= 8).
+MAX_STORED_INT = 2**63 - 1
+BOUNDS: dict[str, tuple[int, int]] = {
+    "--samples": (1, 1024),
+    "--loops": (1, 1024),
+    "--limit": (1, MAX_STORED_INT),
+    "--max-new-tokens": (1, 1 << 20),
+    "--batch-size": (1, 1 << 16),
+    "--seed": (0, MAX_STORED_INT),
+}
+
+
+def check_int(option: str, value: int | None) -> None:
+    """UserError naming the option when `value` is outside its BOUNDS (None: not given)."""
+    low, high = BOUNDS[option]
+    if value is not None and not low <= value <= high:
+        raise UserError(f"{option} must be an integer from {low} to {high}, got {value}")
+
 
 def suite_sampling(suite: str) -> dict[str, float | int]:
     """temperature, top_p, max_new_tokens and n for `suite` where the user gave none."""
@@ -100,17 +119,10 @@ class RunSpec:
         defaults = suite_sampling(suite)
         models = tuple(models or DEFAULTS.models)
         loops = tuple(loops or DEFAULTS.loops)
-        if samples is not None and samples < 1:
-            raise UserError(f"--samples must be a positive integer, got {samples}")
-        if any(r < 1 for r in loops):
-            raise UserError(f"--loops must be positive integers, got {','.join(map(str, loops))}")
-        if limit is not None and limit < 1:
-            raise UserError(f"--limit must be a positive integer, got {limit}")
-        if max_new_tokens is not None and max_new_tokens < 1:
-            raise UserError(f"--max-new-tokens must be a positive integer, got {max_new_tokens}")
         batch_size = DEFAULTS.batch_size if batch_size is None else batch_size
-        if batch_size < 1:
-            raise UserError(f"--batch-size must be a positive integer, got {batch_size}")
+        for option, value in (("--samples", samples), ("--limit", limit), ("--max-new-tokens", max_new_tokens),
+                              ("--batch-size", batch_size), ("--seed", seed), *(("--loops", r) for r in loops)):
+            check_int(option, value)
         if data_dir is not None and not os.path.isdir(data_dir):
             raise UserError(f"--data-dir {data_dir} is not a directory")
         try:

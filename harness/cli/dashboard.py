@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -27,6 +28,9 @@ def dashboard(
         from dashboards.app import create_app  # lazy: dash is heavy and absent on the GPU machine
 
         dash_app = create_app(url)  # raises ResultsError before binding when there is nothing to show
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            print(f"loopeval dashboard: warning: --host {host} serves the results to other machines on the network "
+                  "(no login); use 127.0.0.1 to keep them on this one", file=sys.stderr)
         print(f"loopeval dashboard: serving {url} at http://{host}:{port}/ (Ctrl+C stops)")
         dash_app.run(host=host, port=port, debug=False)
         return

@@ -14,7 +14,7 @@ def results(db: DbOption = None, as_json: JsonFlag = False) -> None:
     from db.measures import PEAK_MEASURES
     from db.store import Store
 
-    store = Store.open(db)
+    store = Store.read(db)
     runs = store.run_summaries()
     store.close()
     for summary in runs:

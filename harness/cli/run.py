@@ -61,7 +61,7 @@ def run(
     from db.store import Store
 
     if resume is not None:
-        store = Store.open(db)
+        store = Store.read(db)  # resuming never creates a database
         with progress() as bars:
             outcomes = [resume_run(resume, store, db, progress=bars, log=bars.console.print)]
     else:

@@ -48,7 +48,7 @@ def test_empty_databases_are_one_line(tmp_path: Path) -> None:
 
     not_sqlite = tmp_path / "notes.sqlite"
     not_sqlite.write_text("not a database\n" * 100)
-    _one_error_line(_dashboard("--db", str(not_sqlite), cwd=tmp_path), "cannot read")
+    _one_error_line(_dashboard("--db", str(not_sqlite), cwd=tmp_path), "is not a SQLite database")
 
 
 def test_report_is_one_self_contained_file_with_escaped_outputs(payload_url: str, tmp_path: Path) -> None:
