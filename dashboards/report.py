@@ -22,7 +22,7 @@ from sqlalchemy import Engine
 
 from dashboards import figures
 from dashboards.data import DEFAULT_CONTEXT_TOKENS, accuracy_points
-from db import measures, queries
+from db import ResultsError, measures, queries
 from db.session import open_existing
 
 MAX_REPORT_SAMPLES = 2000  # newest first; the served app browses all of them
@@ -172,8 +172,11 @@ def write_report(db_url: str, out: Path) -> Path:
     finally:
         engine.dispose()
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text, encoding="utf-8")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise ResultsError(f"cannot write the report to {out}: {exc.strerror or exc}") from None
     return out
 
 

@@ -20,7 +20,8 @@ from typing import Any
 import adapters
 from adapters.base import AdapterError, Sampling
 from harness.errors import UserError
-from harness.spec import is_looped
+from harness.capacity import check_fits
+from harness.spec import check_int, is_looped
 from db.measures import PEAK_MEASURES
 from harness.sampler import DEFAULT_INTERVAL, MemorySampler
 
@@ -62,6 +63,40 @@ def _free_device_memory() -> None:
         torch.cuda.empty_cache()
 
 
+def _plan(spec: str, lengths: Sequence[int], loops: Sequence[int] | None, batch: int, seed: int,
+          decode_steps: int) -> tuple[list[int | None], Any]:
+    """The loop counts to measure, after checking every point; and the adapter, when one had to be
+    loaded to learn its context (adapters that cannot describe themselves from their config)."""
+    for option, values in (("--lengths", lengths), ("--loops", loops or ()), ("--batch", [batch]), ("--decode-steps", [decode_steps])):
+        for value in values:
+            check_int(option, value)
+    if not lengths:
+        raise UserError("--lengths needs at least one context length")
+    adapter, facts = None, adapters.inspect(spec, seed=seed)
+    if facts is None:
+        adapter = adapters.load(spec, seed=seed)
+        facts = adapter.describe() | {"max_context": adapter.max_context}
+    longest = max(lengths) + decode_steps
+    if longest > facts["max_context"]:
+        raise UserError(f"--lengths {max(lengths)}: with {decode_steps} decode steps it exceeds {spec}'s context of "
+                        f"{facts['max_context']} tokens (`loopeval models` and `loopeval zoo list` show each context)")
+    counts: list[int | None] = list(loops) if loops and is_looped(facts) else [None]
+    for r in counts:
+        at_r = adapters.inspect(spec, seed=seed, **({} if r is None else {"loops": r}))
+        if at_r is not None:
+            check_fits(spec + ("" if r is None else f" at loops={r}"), at_r, longest, batch, "--lengths, --batch or --loops")
+    return counts, adapter
+
+
+def _at_loops(adapter: Any, spec: str, seed: int, loops: int | None) -> Any:
+    """The profiled adapter at `loops`: changed in place where the adapter allows it, else loaded with the override."""
+    if adapter is not None and (loops is None or hasattr(adapter, "loops")):
+        if loops is not None:
+            adapter.loops = loops
+        return adapter
+    return adapters.load(spec, seed=seed, **({} if loops is None else {"loops": loops}))
+
+
 def profile_model(
     spec: str,
     lengths: Sequence[int],
@@ -73,28 +108,20 @@ def profile_model(
     interval: float = DEFAULT_INTERVAL,
     on_point: Callable[[dict[str, Any]], None] = lambda point: None,
 ) -> ProfileResult:
-    """Measure every (loops, length) point; loop counts are ignored for a model that does not loop."""
-    if not lengths or any(n < 1 for n in lengths):
-        raise UserError(f"--lengths must be positive integers, got {list(lengths)}")
-    if batch < 1:
-        raise UserError(f"--batch must be a positive integer, got {batch}")
-    if loops is not None and any(r < 1 for r in loops):
-        raise UserError(f"--loops must be positive integers, got {list(loops)}")
-    first = adapters.load(spec, seed=seed)
-    description = first.describe()
-    loop_counts: list[int | None] = list(loops) if loops and is_looped(description) else [None]
-    del first
+    """Measure every (loops, length) point; loop counts are ignored for a model that does not loop.
+
+    Every point is checked against the model's context and the machine's memory before the first is
+    measured, and the model is loaded once (loops changed in place where the adapter allows).
+    """
+    loop_counts, adapter = _plan(spec, lengths, loops, batch, seed, decode_steps)
+    description: dict[str, Any] = {}
     points: list[dict[str, Any]] = []
     peaks: dict[str, int | None] = dict.fromkeys(PEAK_MEASURES)
     for r in loop_counts:
-        adapter = adapters.load(spec, seed=seed, **({"loops": r} if r is not None else {}))
+        adapter = _at_loops(adapter, spec, seed, r)
         info = adapter.describe()
         vocab = (info.get("config") or {}).get("vocab_size") or len(adapter.tokenizer)
         for length in lengths:
-            if length + decode_steps > adapter.max_context:
-                raise UserError(
-                    f"--lengths {length}: with {decode_steps} decode steps it exceeds {spec}'s context of {adapter.max_context} tokens"
-                )
             _free_device_memory()
             sampler = MemorySampler(adapter, interval=interval)
             with sampler:
@@ -120,5 +147,5 @@ def profile_model(
                 if value is not None:
                     peaks[name] = value if peaks[name] is None else max(peaks[name], value)
             on_point(point)
-        del adapter
+        description = description or info
     return ProfileResult(spec, description, points, peaks)

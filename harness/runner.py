@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from adapters.base import Generation, Prompt, Sampling
+from harness.capacity import check_fits
 from harness.errors import UserError
 from harness.sampler import MemorySampler
 from harness.spec import RunSpec, is_looped
@@ -195,11 +196,24 @@ def prepare_sweep(spec: RunSpec) -> SweepPlan:
         if description is None:
             plan.loaded[model] = adapters.load(model, **overrides)
             description = plan.loaded[model].describe()
-        if is_looped(description):
-            plan.runs.extend((model, r) for r in spec.loops)
-        else:
-            plan.runs.append((model, None))
+        runs = [(model, r) for r in spec.loops] if is_looped(description) else [(model, None)]
+        for _, loops in runs:
+            _check_fits(spec, model, loops)
+        plan.runs.extend(runs)
     return plan
+
+
+def _check_fits(spec: RunSpec, model: str, loops: int | None) -> None:
+    """Refuse a run whose weights and KV cache cannot fit the machine (new tokens only: a lower bound)."""
+    import adapters
+
+    facts = adapters.inspect(model, **spec.load_overrides(model), **({} if loops is None else {"loops": loops}))
+    if facts is None:
+        return
+    tokens = min(spec.sampling.max_new_tokens, facts["max_context"])
+    sequences = min(spec.batch_size * spec.sampling.n, facts["max_batch"])
+    what = model + ("" if loops is None else f" at loops={loops}")
+    check_fits(what, facts, tokens, sequences, "--loops, --samples, --batch-size or --max-new-tokens")
 
 
 def _at_loops(adapter: Any, model: str, loops: int | None, spec: RunSpec) -> Any:

@@ -53,6 +53,9 @@ BOUNDS: dict[str, tuple[int, int]] = {
     "--max-new-tokens": (1, 1 << 20),
     "--batch-size": (1, 1 << 16),
     "--seed": (0, MAX_STORED_INT),
+    "--batch": (1, 1 << 16),  # profile: sequences per point
+    "--lengths": (1, 1 << 24),  # profile: context lengths
+    "--decode-steps": (1, 1 << 16),
 }
 
 

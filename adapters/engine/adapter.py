@@ -21,6 +21,7 @@ from adapters.engine.memory import analytic_terms, count_params
 from adapters.engine.model import LoopedLM
 from adapters.registry import register
 
+DEFAULT_MAX_BATCH = 64  # sequences per generate batch
 OVERRIDES = ("loops", "dtype", "device", "seed", "chunk_size", "max_batch", "exit_policy", "exit_loop", "exit_threshold")
 
 
@@ -42,7 +43,7 @@ def resolve_device(device: str | None) -> str:
 class EngineAdapter:
     """One engine model behind the Adapter protocol. `loops` may be changed between calls."""
 
-    def __init__(self, spec: str, model: LoopedLM, tokenizer: Any | None, *, loops: int | None = None, max_batch: int = 64,
+    def __init__(self, spec: str, model: LoopedLM, tokenizer: Any | None, *, loops: int | None = None, max_batch: int = DEFAULT_MAX_BATCH,
                  exit_policy: ExitPolicy = ExitPolicy()) -> None:
         self.spec = spec
         self.model = model
@@ -153,12 +154,15 @@ def _check_overrides(overrides: dict[str, Any]) -> None:
 
 
 def config_facts(cfg: LoopConfig, overrides: dict[str, Any]) -> dict[str, Any]:
-    """What `describe()` will say about loops and KV, from the config alone: a sweep plans its runs
-    with it before any weights are loaded (`adapters.inspect`)."""
+    """What `describe()` will say about loops, KV and memory, from the config alone: a sweep plans its
+    runs and checks they fit with it before any weights are loaded (`adapters.inspect`)."""
     _check_overrides(overrides)
     loops = cfg.loops if overrides.get("loops") is None else cfg.check_loops(overrides["loops"])
+    device = resolve_device(overrides.get("device"))
+    dtype = dtype_short(resolve_dtype(overrides.get("dtype"), device))
     return {"family": cfg.family, "kv_strategy": cfg.kv_strategy, "loops": loops, "trained_loops": cfg.loops,
-            "max_context": cfg.max_position}
+            "max_context": cfg.max_position, "device": device, "dtype": dtype,
+            "max_batch": int(overrides.get("max_batch", DEFAULT_MAX_BATCH)), "analytic": analytic_terms(cfg, loops, dtype)}
 
 
 def _build(spec: str, model_fn: Any, tokenizer_fn: Any, overrides: dict[str, Any]) -> EngineAdapter:
@@ -171,7 +175,8 @@ def _build(spec: str, model_fn: Any, tokenizer_fn: Any, overrides: dict[str, Any
     policy = ExitPolicy(
         kind=overrides.get("exit_policy") or "none", loop=overrides.get("exit_loop"), threshold=float(overrides.get("exit_threshold", 1.0))
     )
-    return EngineAdapter(spec, model, tokenizer_fn(), loops=overrides.get("loops"), max_batch=int(overrides.get("max_batch", 64)), exit_policy=policy)
+    return EngineAdapter(spec, model, tokenizer_fn(), loops=overrides.get("loops"), max_batch=int(overrides.get("max_batch", DEFAULT_MAX_BATCH)),
+                         exit_policy=policy)
 
 
 def inspect_preset(name: str, **overrides: Any) -> dict[str, Any]:

@@ -34,14 +34,18 @@ def char_tokenizer() -> Any:
 
 
 def load_tokenizer(directory: Path) -> Any | None:
-    """The tokenizer saved in a checkpoint directory (tokenizer.json), or None when there is none."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    """The tokenizer saved in a checkpoint directory (tokenizer.json), or None when there is none.
+
+    It is always read as a fast tokenizer from tokenizer.json (special tokens from
+    tokenizer_config.json), never through `AutoTokenizer`: a folder's config or tokenizer config may
+    name Python shipped in the folder (`auto_map`, as real Ouro checkpoints do), and the engine runs
+    no code from a model folder.
+    """
+    from transformers import PreTrainedTokenizerFast
 
     if not (directory / "tokenizer.json").is_file():
         return None
     try:
-        if (directory / "tokenizer_config.json").is_file():
-            return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
-        return PreTrainedTokenizerFast(tokenizer_file=str(directory / "tokenizer.json"))
+        return PreTrainedTokenizerFast.from_pretrained(str(directory), local_files_only=True, trust_remote_code=False)
     except Exception as exc:  # noqa: BLE001 (any parse failure is the user's file)
         raise AdapterError(f"cannot read tokenizer in {directory}: {exc}") from exc

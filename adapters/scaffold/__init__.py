@@ -42,13 +42,19 @@ def check_name(name: str) -> None:
 def write_scaffold(name: str, directory: str | Path = ".") -> Path:
     """Write the package `loopeval-NAME/` under `directory` and return its path; refuses to overwrite."""
     check_name(name)
-    root = Path(directory).expanduser() / f"loopeval-{name}"
+    parent = Path(directory).expanduser()
+    if not parent.is_dir():
+        raise AdapterError(f"--dir {directory} is not an existing directory")
+    root = parent / f"loopeval-{name}"
     if root.exists():
         raise AdapterError(f"{root} already exists; remove it or pass another --dir")
     values = {"name": name, "Name": "".join(part.capitalize() for part in name.split("_"))}
     templates = resources.files(__package__)
-    for template, target in FILES.items():
-        path = root / Template(target).substitute(values)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(Template(templates.joinpath(template).read_text()).substitute(values))
+    try:
+        for template, target in FILES.items():
+            path = root / Template(target).substitute(values)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(Template(templates.joinpath(template).read_text()).substitute(values))
+    except OSError as exc:
+        raise AdapterError(f"cannot write the adapter package under {parent}: {exc.strerror or exc}") from None
     return root

@@ -1,0 +1,47 @@
+"""Will it fit? A run's weights and KV cache against the memory the machine has, checked before anything
+is loaded or written.
+
+The figures come from the adapter's config alone (`adapters.inspect`: the analytic memory model's
+coefficients at the run's loops and dtype), so `--loops 1000` on a per-loop cache, or a batch of a
+billion sequences, is one clear line instead of an allocator failure halfway through a sweep.
+Adapters that cannot describe themselves without loading are not checked here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.errors import UserError
+
+
+def available_bytes(device: str) -> int:
+    """Memory a new allocation can take on `device`: free GPU memory, or the host's available RAM."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.mem_get_info(torch.device(device))[0]
+    import psutil
+
+    return psutil.virtual_memory().available
+
+
+def needed_bytes(facts: dict[str, Any], tokens: int, sequences: int) -> int | None:
+    """Weights plus the KV cache of `sequences` sequences of `tokens` tokens; None without analytic terms."""
+    terms = facts.get("analytic")
+    if not terms:
+        return None
+    latent = terms["latent_bytes_per_token"] * min(terms["latent_tokens"], tokens)
+    return terms["weights_bytes"] + sequences * (terms["kv_bytes_per_token"] * tokens + latent)
+
+
+def check_fits(what: str, facts: dict[str, Any], tokens: int, sequences: int, hint: str) -> None:
+    """UserError when `what` (a model at some loops) cannot fit the machine; `hint` names the options to lower."""
+    need = needed_bytes(facts, tokens, sequences)
+    if need is None:
+        return
+    free = available_bytes(facts.get("device", "cpu"))
+    if need > free:
+        raise UserError(
+            f"{what}: weights and the KV cache of {sequences} sequences x {tokens} tokens need {need / 1e9:.3g} GB, "
+            f"but {free / 1e9:.3g} GB is free on {facts.get('device', 'cpu')}: lower {hint}"
+        )
