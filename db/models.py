@@ -41,12 +41,15 @@ class Run(Base):
     spec: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # the full RunSpec, so --resume can rebuild it
     versions: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)  # package -> version
     host: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # hostname, cpu, gpu, ...
-    status: Mapped[str] = mapped_column(String(16), default="running")  # running, finished, failed, interrupted
+    # pending (stored with its sweep, not started), running, finished, failed, interrupted
+    status: Mapped[str] = mapped_column(String(16), default="running")
     error: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     wall_seconds: Mapped[float | None] = mapped_column(Float)
     generate_seconds: Mapped[float | None] = mapped_column(Float)  # time spent inside Adapter.generate
+    lease_owner: Mapped[str | None] = mapped_column(String(128))  # "host:pid:token" of the process running it
+    lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # renewed every second while it runs
 
     samples: Mapped[list[Sample]] = relationship(back_populates="run", cascade="all, delete-orphan")
     metrics: Mapped[list[TaskMetric]] = relationship(back_populates="run", cascade="all, delete-orphan")

@@ -8,7 +8,8 @@ The store takes and returns plain values (dicts, ints); harness types stay in th
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from sqlalchemy import Engine, delete, func, insert, select, update
@@ -20,6 +21,11 @@ SAMPLE_FIELDS = (
     "task", "doc_id", "sample_index", "prompt", "output", "gold", "score", "prompt_tokens",
     "generated_tokens", "loops_used", "finish_reason", "latency_seconds",
 )
+
+
+def _aware(moment: datetime | None) -> datetime | None:
+    """SQLite hands timezone-aware columns back naive; they were written in UTC."""
+    return moment.replace(tzinfo=timezone.utc) if moment is not None and moment.tzinfo is None else moment
 
 
 class Store:
@@ -66,6 +72,33 @@ class Store:
     def finish_run(self, run_id: int, status: str, *, error: str | None = None, **fields: Any) -> None:
         """Close a run with its final status (finished, failed, interrupted) and timings."""
         self.update_run(run_id, status=status, error=error, finished_at=utcnow(), **fields)
+
+    def sweep_runs(self, sweep_id: str) -> list[Run]:
+        """Every run of a sweep, in the order they were stored (the order the sweep runs them)."""
+        with self._session() as session:
+            return list(session.scalars(select(Run).where(Run.sweep_id == sweep_id).order_by(Run.id)))
+
+    def take_lease(self, run_id: int, owner: str, seconds: float, lapsed: Callable[[str], bool]) -> str | None:
+        """Hold run `run_id` for `owner` for `seconds`; returns None, or the other owner holding it.
+
+        A lease passes to a new owner when it has expired or `lapsed(holder)` says its holder is gone
+        (a killed process on this machine). Done in one write transaction, so two processes racing for
+        one run cannot both win.
+        """
+        now = utcnow()
+        with self._session.begin() as session:
+            run = session.get(Run, run_id, with_for_update=True)
+            if run is None:
+                raise KeyError(f"no run {run_id}")
+            holder, until = run.lease_owner, _aware(run.lease_until)
+            if holder and holder != owner and until is not None and until > now and not lapsed(holder):
+                return holder
+            run.lease_owner, run.lease_until = owner, now + timedelta(seconds=seconds)
+        return None
+
+    def release_lease(self, run_id: int, owner: str) -> None:
+        with self._session.begin() as session:
+            session.execute(update(Run).where(Run.id == run_id, Run.lease_owner == owner).values(lease_owner=None, lease_until=None))
 
     def get_run(self, run_id: int) -> Run | None:
         """The run row (detached, attributes loaded), or None."""
@@ -137,6 +170,17 @@ class Store:
         if rows:
             with self._session.begin() as session:
                 session.execute(insert(MemorySample), rows)
+
+    def merge_memory_peaks(self, run_id: int, peaks: Mapping[str, int | None]) -> None:
+        """Keep, per measure, the larger of the stored peak and `peaks` (a resumed run keeps earlier stretches').
+
+        `weights_bytes` is not a peak but a size: the newest value replaces the stored one.
+        """
+        merged = dict(self.memory_peaks(run_id))
+        for name, value in peaks.items():
+            old = merged.get(name)
+            merged[name] = value if name == "weights_bytes" or old is None else old if value is None else max(old, value)
+        self.set_memory_peaks(run_id, merged)
 
     def set_memory_peaks(self, run_id: int, peaks: Mapping[str, int | None]) -> None:
         """Replace the run's peaks: measure name -> bytes, None where the source was unavailable."""

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from adapters.base import Generation, Prompt, Sampling
 from harness.capacity import check_fits
 from harness.errors import UserError
+from harness.recorder import RunRecorder
 from harness.sampler import MemorySampler
 from harness.spec import RunSpec, is_looped
 
@@ -232,60 +233,69 @@ def _at_loops(adapter: Any, model: str, loops: int | None, spec: RunSpec) -> Any
     return adapters.load(model, **overrides)
 
 
+def store_sweep(spec: RunSpec, plan: SweepPlan, store: Store) -> list[tuple[int, str, int | None]]:
+    """Store every run of the sweep up front (status "pending"): a killed sweep is then completed by
+    `--resume` of any of its runs. Returns (run id, model spec, loops) in the order they run."""
+    sweep_id = uuid.uuid4().hex[:12]
+    common = dict(
+        sweep_id=sweep_id, kind="eval", suite=spec.suite, tasks=[t.name for t in plan.task_configs],
+        sampling=dataclasses.asdict(spec.sampling), seed=spec.seed, limit=spec.limit, spec=spec.to_dict(),
+        versions=package_versions(), host=host_info(), status="pending",
+    )
+    return [
+        (store.create_run(model_spec=model, adapter=model.partition(":")[0], loops=loops, **common), model, loops)
+        for model, loops in plan.runs
+    ]
+
+
 def run_sweep(
     spec: RunSpec, plan: SweepPlan, store: Store, progress: Progress | None = None, log: Callable[[str], None] = print
 ) -> list[RunOutcome]:
-    """Run every (model, loops) of the plan as one sweep, each model loaded once; one outcome per run, in order."""
-    sweep_id = uuid.uuid4().hex[:12]
-    outcomes = []
-    overall = progress.add_task(f"sweep {sweep_id}", total=len(plan.runs)) if progress is not None else None
-    adapter, current = None, None
-    for model, loops in plan.runs:
-        if model != current:  # runs are model-major: the previous model is done with
-            adapter, current = plan.loaded.pop(model, None), model
-        adapter = _at_loops(adapter, model, loops, spec)
-        run_id = store.create_run(
-            sweep_id=sweep_id,
-            kind="eval",
-            model_spec=model,
-            adapter=model.partition(":")[0],
-            loops=loops,
-            suite=spec.suite,
-            tasks=[t.name for t in plan.task_configs],
-            sampling=dataclasses.asdict(spec.sampling),
-            seed=spec.seed,
-            limit=spec.limit,
-            spec=spec.to_dict(),
-            versions=package_versions(),
-            host=host_info(),
-            status="running",
-        )
-        log(f"run {run_id}: {model}" + (f" loops={loops}" if loops is not None else "") + f" on {spec.suite}")
-        outcomes.append(_execute(spec, store, run_id, (model, loops), adapter, plan.task_configs, progress, log))
-        if progress is not None and overall is not None:
-            progress.advance(overall)
-    return outcomes
+    """Store the sweep, then run every (model, loops) of it, each model loaded once; one outcome per run, in order."""
+    runs = store_sweep(spec, plan, store)
+    return _run_stored(spec, runs, plan.task_configs, store, progress, log, plan.loaded)
 
 
 def resume_run(
     run_id: int, store: Store, db_url: str | None, progress: Progress | None = None, log: Callable[[str], None] = print
-) -> RunOutcome:
-    """Continue a stopped run: same spec, samples already stored are not generated again."""
+) -> list[RunOutcome]:
+    """Complete the sweep of run `run_id`: that run and every other unfinished run of its sweep, in order.
+
+    Samples already stored are not generated again; each run's memory trace and timings continue
+    from where the stopped process last wrote them.
+    """
     run = store.get_run(run_id)
     if run is None:
         raise UserError(f"--resume {run_id}: no such run in {store.url}")
     if run.kind != "eval":
         raise UserError(f"--resume {run_id}: run is a {run.kind} run, only eval runs resume")
-    if run.status == "finished":
-        raise UserError(f"--resume {run_id}: run already finished")
     if not run.spec:
         raise UserError(f"--resume {run_id}: run was stored without its spec and cannot be resumed")
+    todo = [(r.id, r.model_spec, r.loops) for r in store.sweep_runs(run.sweep_id) if r.status != "finished"]
+    if not todo:
+        raise UserError(f"--resume {run_id}: run {run_id} and the rest of its sweep {run.sweep_id} already finished")
     spec = RunSpec.from_dict(run.spec, db_url)
-    task_configs = _load_tasks(spec)
-    adapter = _at_loops(None, run.model_spec, run.loops, spec)
-    store.update_run(run_id, status="running", error=None)
-    log(f"run {run_id}: resuming {run.model_spec}" + (f" loops={run.loops}" if run.loops is not None else ""))
-    return _execute(spec, store, run_id, (run.model_spec, run.loops), adapter, task_configs, progress, log, previous=run)
+    log(f"resuming sweep {run.sweep_id}: run(s) {', '.join(str(r[0]) for r in todo)}")
+    return _run_stored(spec, todo, _load_tasks(spec), store, progress, log)
+
+
+def _run_stored(
+    spec: RunSpec, runs: list[tuple[int, str, int | None]], task_configs: list[Any], store: Store,
+    progress: Progress | None, log: Callable[[str], None], loaded: dict[str, Any] | None = None,
+) -> list[RunOutcome]:
+    """Execute stored runs in order, loading each model once (runs are model-major)."""
+    outcomes = []
+    overall = progress.add_task("sweep", total=len(runs)) if progress is not None else None
+    adapter, current = None, None
+    for run_id, model, loops in runs:
+        if model != current:  # the previous model is done with
+            adapter, current = (loaded or {}).pop(model, None), model
+        adapter = _at_loops(adapter, model, loops, spec)
+        log(f"run {run_id}: {model}" + (f" loops={loops}" if loops is not None else "") + f" on {spec.suite}")
+        outcomes.append(_execute(spec, store, run_id, (model, loops), adapter, task_configs, progress, log))
+        if progress is not None and overall is not None:
+            progress.advance(overall)
+    return outcomes
 
 
 def _execute(
@@ -297,22 +307,25 @@ def _execute(
     task_configs: list[Any],
     progress: Progress | None,
     log: Callable[[str], None],
-    previous: Any | None = None,
 ) -> RunOutcome:
-    """Generate and score one run, (model spec, loops), with `adapter`, keeping the store current whatever happens."""
+    """Generate and score one stored run, (model spec, loops), with `adapter`, keeping the store current
+    whatever happens: samples are committed as they finish, the recorder writes memory, timings and
+    the run's lease every second, so a kill -9 loses at most the last second."""
     from harness.bridge import run_suite
 
-    store.update_run(run_id, model_config=adapter.describe())
     sampler = MemorySampler(adapter, interval=spec.sampler_interval)
     timed = TimedAdapter(adapter, sampler)
-    sink = StoreSink(store, run_id, sampler)
-    began = time.perf_counter()
+    recorder = RunRecorder(store, run_id, sampler, timed, previous=store.get_run(run_id))
+    recorder.acquire()  # refuses a run another live process is running
+    store.update_run(run_id, status="running", error=None, model_config=adapter.describe())
     status, error, metrics = "failed", None, {}
     sampler.start()
+    recorder.start()
     try:
         with sigterm_as_interrupt():
             result = run_suite(
-                timed, task_configs, spec.sampling, sink=sink, limit=spec.limit, batch_size=spec.batch_size, progress=progress
+                timed, task_configs, spec.sampling, sink=StoreSink(store, run_id, sampler), limit=spec.limit,
+                batch_size=spec.batch_size, progress=progress,
             )
         metrics = {task: {name: value for name, (value, _) in by_metric.items()} for task, by_metric in result.metrics.items()}
         store.set_sample_scores(run_id, result.scores)
@@ -327,38 +340,18 @@ def _execute(
         raise
     finally:
         sampler.stop()
-        _store_memory(store, run_id, sampler, previous)
-        wall = time.perf_counter() - began
-        overhead = sampler.overhead()
-        log(
-            f"run {run_id} {status} in {wall:.1f} s ({timed.generate_seconds:.1f} s inside generate); memory sampler: "
-            f"{overhead['ticks']:.0f} ticks, {1e3 * overhead['seconds_per_tick']:.2f} ms each, "
-            f"{100 * overhead['busy_fraction']:.2f}% of wall"
-        )
-        store.finish_run(
-            run_id,
-            status,
-            error=error,
-            wall_seconds=wall + ((previous.wall_seconds or 0.0) if previous else 0.0),
-            generate_seconds=timed.generate_seconds + ((previous.generate_seconds or 0.0) if previous else 0.0),
-        )
+        recorder.stop()
+        _record_sampler(store, run_id, sampler, log, f"run {run_id} {status} in {recorder.wall_seconds:.1f} s "
+                        f"({timed.generate_seconds:.1f} s inside generate this time)")
+        store.finish_run(run_id, status, error=error)
     return RunOutcome(run_id, *run, status, metrics)
 
 
-def _store_memory(store: Store, run_id: int, sampler: MemorySampler, previous: Any | None) -> None:
-    """Write the series and peaks (a resumed run keeps the larger of old and new peaks)."""
-    peaks = sampler.peaks()
-    offset = 0.0
-    if previous is not None:
-        for measure, value in store.memory_peaks(run_id).items():
-            if measure != "weights_bytes" and value is not None:
-                peaks[measure] = value if peaks.get(measure) is None else max(value, peaks[measure])
-        offset = previous.wall_seconds or 0.0
-    rows = [{**tick, "t": tick["t"] + offset} for tick in sampler.series()]
-    store.add_memory_samples(run_id, rows)
-    store.set_memory_peaks(run_id, peaks)
+def _record_sampler(store: Store, run_id: int, sampler: MemorySampler, log: Callable[[str], None], headline: str) -> None:
+    """Log and store what the memory sampler cost (its overhead is part of what a run reports)."""
     overhead = sampler.overhead()
+    log(f"{headline}; memory sampler: {overhead['ticks']:.0f} ticks, {1e3 * overhead['seconds_per_tick']:.2f} ms each, "
+        f"{100 * overhead['busy_fraction']:.2f}% of wall")
     host = dict(store.get_run(run_id).host or {})
     host["sampler"] = {**overhead, "interval": sampler.interval, "unavailable": sampler.unavailable}
     store.update_run(run_id, host=host)
-

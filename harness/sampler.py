@@ -28,7 +28,6 @@ import psutil
 from db.measures import PEAK_MEASURES, PEAK_OF_SERIES, SERIES_MEASURES
 
 DEFAULT_INTERVAL = 0.02
-DEFAULT_MAX_ROWS = 2000  # series rows stored per run; peaks stay exact whatever the downsampling
 
 
 def _max(a: int | None, b: int | None) -> int | None:
@@ -95,6 +94,7 @@ class MemorySampler:
         self._t0 = 0.0
         self._wall = 0.0
         self._busy = 0.0
+        self._running = dict.fromkeys(PEAK_OF_SERIES.values())  # sampled maxima, updated every tick
         self._final: dict[str, int | None] = {}
 
     # --- sources ------------------------------------------------------------------------------
@@ -162,15 +162,19 @@ class MemorySampler:
             self._thread = None
         self._tick()
         self._wall = time.perf_counter() - self._t0
-        final: dict[str, int | None] = {}
+        self._final = self._exact()
+
+    def _exact(self) -> dict[str, int | None]:
+        """The peaks the sources keep themselves (the adapter's accounting, torch's allocator), read now."""
+        exact: dict[str, int | None] = {}
         if self.adapter is not None:
-            final.update({k: v for k, v in self.adapter.memory().items() if k in PEAK_MEASURES})
+            exact.update({k: v for k, v in self.adapter.memory().items() if k in PEAK_MEASURES})
         if self._cuda:
             import torch
 
-            final["torch_allocated_peak"] = torch.cuda.max_memory_allocated()
-            final["torch_reserved_peak"] = torch.cuda.max_memory_reserved()
-        self._final = final
+            exact["torch_allocated_peak"] = torch.cuda.max_memory_allocated()
+            exact["torch_reserved_peak"] = torch.cuda.max_memory_reserved()
+        return exact
 
     def __enter__(self) -> MemorySampler:
         return self.start()
@@ -184,7 +188,10 @@ class MemorySampler:
 
     def _tick(self) -> None:
         began = time.perf_counter()
-        self.ticks.append(self.read())
+        tick = self.read()
+        for series, measure in PEAK_OF_SERIES.items():
+            self._running[measure] = _max(self._running[measure], tick[series])
+        self.ticks.append(tick)
         self._busy += time.perf_counter() - began
 
     def set_phase(self, phase: str | None) -> None:
@@ -196,12 +203,13 @@ class MemorySampler:
     # --- results ------------------------------------------------------------------------------
 
     def peaks(self) -> dict[str, int | None]:
-        """Every PEAK_MEASURES name -> bytes, None where the source was unavailable during the whole run."""
+        """Every PEAK_MEASURES name -> bytes, None where the source was unavailable during the whole run.
+
+        While the sampler runs this is the peak so far (a run's recorder stores it every second).
+        """
         peaks: dict[str, int | None] = dict.fromkeys(PEAK_MEASURES)
-        for tick in self.ticks:
-            for series, measure in PEAK_OF_SERIES.items():
-                peaks[measure] = _max(peaks[measure], tick[series])
-        for measure, value in self._final.items():
+        peaks.update(self._running)
+        for measure, value in (self._final or self._exact()).items():
             if measure in ("torch_allocated_peak", "torch_reserved_peak", "weights_bytes"):
                 peaks[measure] = value if value is not None else peaks[measure]
             else:
@@ -221,14 +229,16 @@ class MemorySampler:
             "wall_seconds": wall,
         }
 
-    def series(self, max_rows: int = DEFAULT_MAX_ROWS) -> list[dict[str, Any]]:
-        """The ticks to store: evenly thinned to about `max_rows`, always keeping each series' peak tick."""
-        if len(self.ticks) <= max_rows:
-            return list(self.ticks)
-        step = len(self.ticks) / max_rows
-        keep = {int(i * step) for i in range(max_rows)} | {len(self.ticks) - 1}
+    def series(self, start: int = 0, end: int | None = None, max_rows: int | None = None) -> list[dict[str, Any]]:
+        """The ticks `start:end`, evenly thinned to about `max_rows` (None: all), always keeping each
+        series' peak tick, so stored traces stay small while their maxima stay exact."""
+        ticks = self.ticks[start:end]
+        if max_rows is None or len(ticks) <= max_rows:
+            return ticks
+        step = len(ticks) / max_rows
+        keep = {int(i * step) for i in range(max_rows)} | {len(ticks) - 1}
         for series in SERIES_MEASURES:
-            values = [(tick[series], i) for i, tick in enumerate(self.ticks) if tick[series] is not None]
+            values = [(tick[series], i) for i, tick in enumerate(ticks) if tick[series] is not None]
             if values:
                 keep.add(max(values)[1])
-        return [self.ticks[i] for i in sorted(keep)]
+        return [ticks[i] for i in sorted(keep)]

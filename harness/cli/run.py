@@ -63,7 +63,7 @@ def run(
     if resume is not None:
         store = Store.read(db)  # resuming never creates a database
         with progress() as bars:
-            outcomes = [resume_run(resume, store, db, progress=bars, log=bars.console.print)]
+            outcomes = resume_run(resume, store, db, progress=bars, log=bars.console.print)
     else:
         plan = prepare_sweep(spec)  # unknown suite, task or model fails here, before the database opens
         store = Store.open(db)
