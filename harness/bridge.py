@@ -34,6 +34,7 @@ from lighteval.tasks.requests import Doc, SamplingMethod
 from rich.progress import Progress
 
 from adapters.base import Adapter, AdapterError, Generation, Sampling
+from db.headline import HEADLINE, SUITE, headline
 from suites.loader import ProjectRegistry, load_task_dataset, with_samples
 
 # The sample index of a multiple-choice doc's log-likelihood pick (the choice with the highest
@@ -81,8 +82,8 @@ class SuiteResult:
     """What a suite run measured.
 
     `metrics`: task -> metric name -> (value, stderr or None), with LightEval's values per task,
-    an entry per task group (`mmlu_redux`: mean of its subtasks) and `all`: per metric, the mean
-    over top-level tasks (a group counts once).
+    an entry per task group (`mmlu_redux`: mean of its subtasks) and `all`: {"pass@1": the
+    unweighted mean over benchmarks of their pass@1, a group counting once} (`db.headline`).
     `scores`: (task, doc_id, sample_index) -> 1.0/0.0 correctness of that sample, judged by the
     per-sample check of the task's first metric (for pass@k, the same check pass@k counts); for a
     metric without a per-sample check, the doc's score is given to each of its samples. Log-likelihood
@@ -447,7 +448,7 @@ def _sample_scores(pipeline: _ProjectPipeline) -> dict[tuple[str, str, int], flo
 
 
 def _metrics(pipeline: _ProjectPipeline) -> dict[str, dict[str, tuple[float, float | None]]]:
-    """LightEval's aggregated metrics by task name, plus group means and the `all` mean over top-level tasks."""
+    """LightEval's aggregated metrics by task name, plus group means and `all`: the suite mean of pass@1 (`db.headline`)."""
     aggregated = pipeline.evaluation_tracker.metrics_logger.metric_aggregated
     metrics: dict[str, dict[str, tuple[float, float | None]]] = {}
     for full_name in pipeline.tasks_dict:
@@ -468,12 +469,11 @@ def _metrics(pipeline: _ProjectPipeline) -> dict[str, dict[str, tuple[float, flo
     groups: dict[str, list[str]] = collections.defaultdict(list)
     for task in list(metrics):
         groups[task.split(":")[0]].append(task)
-    top_level = []
     for group, members in groups.items():
         if len(members) > 1 or members[0] != group:
             metrics[group] = mean_of(members)
-        top_level.append(group)
-    metrics["all"] = mean_of(top_level)
+    suite_mean = headline({task: {name: value for name, (value, _) in by_name.items()} for task, by_name in metrics.items()})
+    metrics[SUITE] = {HEADLINE: (suite_mean.mean, None)}
     return metrics
 
 
