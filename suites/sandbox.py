@@ -101,7 +101,7 @@ def _bwrap_command(workdir: Path) -> list[str]:
             command += ["--perms", "0755", "--dir", str(parent)]
         command += ["--ro-bind", str(prefix), str(prefix)]
     command += [
-        "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", str(workdir), INSIDE_WORKDIR,
+        "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp", "--bind", str(workdir), INSIDE_WORKDIR,
         "--chdir", INSIDE_WORKDIR, "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", INSIDE_WORKDIR,
         "--setenv", "LANG", "C.UTF-8",
     ]  # fmt: skip
