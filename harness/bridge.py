@@ -41,6 +41,9 @@ from suites.loader import ProjectRegistry, load_task_dataset, with_samples
 # log-probability); generated samples are 0..n-1, so a task that both generates and ranks choices
 # (MMLU-Redux) never stores two records under one key.
 LOGLIKELIHOOD_SAMPLE_INDEX = -1
+# The finish reason stored for a sample that stopped at the end of the model's context before its
+# new-token budget (the adapter reports "length" and generated fewer than max_new_tokens tokens).
+CONTEXT_LIMIT = "context_limit"
 
 
 @dataclass
@@ -84,6 +87,7 @@ class SuiteResult:
     `metrics`: task -> metric name -> (value, stderr or None), with LightEval's values per task,
     an entry per task group (`mmlu_redux`: mean of its subtasks) and `all`: {"pass@1": the
     unweighted mean over benchmarks of their pass@1, a group counting once} (`db.headline`).
+    `context_cut`: how many samples generated here stopped at the context (`CONTEXT_LIMIT`).
     `scores`: (task, doc_id, sample_index) -> 1.0/0.0 correctness of that sample, judged by the
     per-sample check of the task's first metric (for pass@k, the same check pass@k counts); for a
     metric without a per-sample check, the doc's score is given to each of its samples. Log-likelihood
@@ -93,6 +97,7 @@ class SuiteResult:
     metrics: dict[str, dict[str, tuple[float, float | None]]]
     scores: dict[tuple[str, str, int], float]
     n_docs: dict[str, int] = field(default_factory=dict)
+    context_cut: int = 0  # samples generated in this call whose finish reason is CONTEXT_LIMIT
 
 
 def batch_seed(run_seed: int, task: str, first_doc_id: str) -> int:
@@ -177,6 +182,7 @@ class AdapterModel(LightevalModel):
         self.batch_size = batch_size
         self.sink = sink
         self.bars = _Bars(progress, adapter.spec)
+        self.context_cut = 0
         self.config = ModelConfig(model_name=adapter.spec)
         self._cache = _NoSampleCache()
         template = getattr(adapter.tokenizer, "chat_template", None)
@@ -273,7 +279,8 @@ class AdapterModel(LightevalModel):
                     continue
                 text = _cut_at_stop(self._text(generation), sampling.stop)
                 texts.append(text)
-                records.append(self._record(task, doc, j, prompt, text, generation, latency))
+                records.append(self._record(task, doc, j, prompt, text, generation, sampling, latency))
+                self.context_cut += records[-1].finish_reason == CONTEXT_LIMIT
             token_ids = [list(g.token_ids) for g in generations[k * n : (k + 1) * n]]
             responses[slot] = ModelResponse(input=prompt, text=texts, output_tokens=token_ids)
         if self.sink is not None and records:
@@ -286,9 +293,10 @@ class AdapterModel(LightevalModel):
 
     @staticmethod
     def _record(
-        task: str, doc: Doc, index: int, prompt: str, text: str, generation: Generation, latency: float
+        task: str, doc: Doc, index: int, prompt: str, text: str, generation: Generation, sampling: Sampling, latency: float
     ) -> SampleRecord:
         loops = generation.loops_used
+        cut = generation.finish_reason == "length" and generation.generated_tokens < sampling.max_new_tokens
         return SampleRecord(
             task=task,
             doc_id=doc.id,
@@ -299,7 +307,7 @@ class AdapterModel(LightevalModel):
             prompt_tokens=generation.prompt_tokens,
             generated_tokens=generation.generated_tokens,
             loops_used=sum(loops) / len(loops) if loops else None,
-            finish_reason=generation.finish_reason,
+            finish_reason=CONTEXT_LIMIT if cut else generation.finish_reason,
             latency_seconds=latency,
         )
 
@@ -515,4 +523,5 @@ def run_suite(
         metrics=_metrics(pipeline),
         scores=_sample_scores(pipeline),
         n_docs={name.rsplit("|", 1)[0]: len(docs) for name, docs in pipeline.documents_dict.items()},
+        context_cut=model.context_cut,
     )

@@ -304,6 +304,19 @@ class RunOutcome:
     loops: int | None
     status: str
     metrics: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    error: str | None = None
+
+
+def failure_summary(outcomes: Sequence[RunOutcome]) -> list[str]:
+    """The lines that end a sweep with failed runs (none when every run finished)."""
+    failed = [o for o in outcomes if o.status == "failed"]
+    if not failed:
+        return []
+    lines = [f"{len(failed)} of {len(outcomes)} runs failed:"]
+    lines += [
+        f"  run {o.run_id} {o.model}" + (f" loops={o.loops}" if o.loops is not None else "") + f": {o.error}" for o in failed
+    ]
+    return lines
 
 
 def _load_tasks(spec: RunSpec) -> list[Any]:
@@ -343,7 +356,10 @@ def prepare_sweep(spec: RunSpec) -> SweepPlan:
 def run_sweep(
     spec: RunSpec, plan: SweepPlan, store: Store, progress: Progress | None = None, log: Callable[[str], None] = print
 ) -> list[RunOutcome]:
-    """Run every (model, loops) of the plan as one sweep; returns one outcome per run, in order."""
+    """Run every (model, loops) of the plan as one sweep; returns one outcome per run, in order.
+
+    A run that fails is stored as failed with its reason and the sweep goes on; Ctrl-C stops it.
+    """
     sweep_id = uuid.uuid4().hex[:12]
     outcomes = []
     overall = progress.add_task(f"sweep {sweep_id}", total=len(plan.runs)) if progress is not None else None
@@ -365,7 +381,13 @@ def run_sweep(
             status="running",
         )
         log(f"run {run_id}: {model}" + (f" loops={loops}" if loops is not None else "") + f" on {spec.suite}")
-        outcomes.append(_execute(spec, store, run_id, model, loops, plan.task_configs, progress, log))
+        try:
+            outcomes.append(_execute(spec, store, run_id, model, loops, plan.task_configs, progress, log))
+        except Exception as exc:  # stored as failed with its reason; the next (model, loops) still runs
+            error = _error(exc)
+            store.finish_run(run_id, "failed", error=error)
+            log(f"run {run_id} failed: {error}")
+            outcomes.append(RunOutcome(run_id, model, loops, "failed", error=error))
         if progress is not None and overall is not None:
             progress.advance(overall)
     return outcomes
@@ -404,7 +426,7 @@ def _execute(
 ) -> RunOutcome:
     """Generate and score one run, keeping the store current whatever happens."""
     import adapters
-    from harness.bridge import run_suite
+    from harness.bridge import CONTEXT_LIMIT, run_suite
 
     overrides = spec.load_overrides(model)
     if loops is not None:
@@ -422,6 +444,11 @@ def _execute(
             result = run_suite(
                 timed, task_configs, spec.sampling, sink=sink, limit=spec.limit, batch_size=spec.batch_size, progress=progress
             )
+        if result.context_cut:
+            log(
+                f"run {run_id}: {result.context_cut} samples reached the end of {model}'s context ({adapter.max_context} "
+                f"tokens) before max_new_tokens={spec.sampling.max_new_tokens}; their finish reason is {CONTEXT_LIMIT!r}"
+            )
         metrics = {task: {name: value for name, (value, _) in by_metric.items()} for task, by_metric in result.metrics.items()}
         store.set_sample_scores(run_id, result.scores)
         store.set_metrics(run_id, result.metrics)
@@ -431,7 +458,7 @@ def _execute(
         log(f"run {run_id} interrupted; finished samples are stored. Continue with: loopeval run --resume {run_id}")
         raise
     except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
+        error = _error(exc)
         raise
     finally:
         sampler.stop()
@@ -451,6 +478,10 @@ def _execute(
             generate_seconds=timed.generate_seconds + ((previous.generate_seconds or 0.0) if previous else 0.0),
         )
     return RunOutcome(run_id, model, loops, status, metrics)
+
+
+def _error(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _store_memory(store: Store, run_id: int, sampler: MemorySampler, previous: Any | None) -> None:
