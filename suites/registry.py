@@ -20,7 +20,7 @@ DEFAULT_SUITE = "synthetic"
 
 _DESCRIPTIONS: dict[str, str] = {
     "synthetic": "bundled: multi-digit addition, 2/3/4-hop variable chains and a lookup control (200 items each)",
-    "paper": "AIME24, AIME25, AMC23, MATH-500, OlympiadBench, GPQA-Diamond, MMLU-Redux, HLE (local copies via --data-dir)",
+    "paper": "AIME24/25/26, AMC23, MATH-500, OlympiadBench, GPQA-Diamond, MMLU-Redux, HumanEval, HLE (local copies via --data-dir)",
 }
 _MODULES = {"synthetic": synthetic, "paper": paper}
 
