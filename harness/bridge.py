@@ -42,7 +42,8 @@ from suites.loader import ProjectRegistry, load_task_dataset, with_samples
 # (MMLU-Redux) never stores two records under one key.
 LOGLIKELIHOOD_SAMPLE_INDEX = -1
 # The finish reason stored for a sample that stopped at the end of the model's context before its
-# new-token budget (the adapter reports "length" and generated fewer than max_new_tokens tokens).
+# new-token budget: the adapter reports "length" with fewer than max_new_tokens tokens generated, in a batch
+# whose longest prompt plus max_new_tokens does not fit the context.
 CONTEXT_LIMIT = "context_limit"
 
 
@@ -269,6 +270,8 @@ class AdapterModel(LightevalModel):
             raise AdapterError(
                 f"{self.adapter.spec} returned {len(generations)} generations for {len(prompts)} prompts x n={n}"
             )
+        # The context cannot hold the longest prompt plus the whole budget: "length" may mean the context.
+        squeezed = max(g.prompt_tokens for g in generations) + sampling.max_new_tokens > self.max_length
         records = []
         for k, (doc, prompt, slot) in enumerate(zip(batch, prompts, slots)):
             texts = []
@@ -279,7 +282,8 @@ class AdapterModel(LightevalModel):
                     continue
                 text = _cut_at_stop(self._text(generation), sampling.stop)
                 texts.append(text)
-                records.append(self._record(task, doc, j, prompt, text, generation, sampling, latency))
+                cut = squeezed and generation.finish_reason == "length" and generation.generated_tokens < sampling.max_new_tokens
+                records.append(self._record(task, doc, j, prompt, text, generation, latency, cut))
                 self.context_cut += records[-1].finish_reason == CONTEXT_LIMIT
             token_ids = [list(g.token_ids) for g in generations[k * n : (k + 1) * n]]
             responses[slot] = ModelResponse(input=prompt, text=texts, output_tokens=token_ids)
@@ -293,10 +297,10 @@ class AdapterModel(LightevalModel):
 
     @staticmethod
     def _record(
-        task: str, doc: Doc, index: int, prompt: str, text: str, generation: Generation, sampling: Sampling, latency: float
+        task: str, doc: Doc, index: int, prompt: str, text: str, generation: Generation, latency: float, cut: bool
     ) -> SampleRecord:
+        """The sample's record; `cut`: the context ended it before its budget (finish reason CONTEXT_LIMIT)."""
         loops = generation.loops_used
-        cut = generation.finish_reason == "length" and generation.generated_tokens < sampling.max_new_tokens
         return SampleRecord(
             task=task,
             doc_id=doc.id,

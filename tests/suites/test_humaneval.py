@@ -131,3 +131,43 @@ def test_without_bubblewrap_it_refuses_in_one_line(monkeypatch: pytest.MonkeyPat
             humaneval.passes(humaneval.prompt(TRUNCATE, "humaneval"), ModelResponse(text=["    return 0.5\n"]))
     finally:
         sandbox.check_available.cache_clear()
+
+
+NON_ROOT_CHECK = """
+import os, socket, sys
+sys.path.insert(0, {repo!r})
+from suites import sandbox
+assert os.getuid() != 0
+limits = sandbox.Limits(wall_seconds=4, cpu_seconds=2)
+ok = sandbox.run_python("import os; print(os.getuid(), sorted(os.environ))", limits)
+assert ok.passed and "['HOME', 'LANG', 'PATH', 'PWD']" in ok.output, ok
+with socket.socket() as server:
+    server.bind(("127.0.0.1", 0)); server.listen(); server.settimeout(1.0)
+    code = "import socket; socket.create_connection(('127.0.0.1', %d), timeout=2)" % server.getsockname()[1]
+    assert not sandbox.run_python(code, limits).passed
+    try:
+        server.accept()
+        raise SystemExit("a connection reached the host")
+    except socket.timeout:
+        pass
+assert not sandbox.run_python("while True: pass", limits).passed
+print("non-root sandbox ok")
+"""
+
+
+def test_the_user_namespace_sandbox_of_a_non_root_caller():
+    """As root, the same checks run once more as `nobody` with the system Python: the non-root path."""
+    import os
+    import shutil
+    import subprocess
+
+    repo = str(Path(__file__).resolve().parents[2])
+    drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c"]
+    if os.geteuid() != 0 or shutil.which("setpriv") is None or not Path("/usr/bin/python3").is_file():
+        pytest.skip("needs root, setpriv and /usr/bin/python3 to act as a non-root caller")
+    probe = subprocess.run([*drop, f"import sys; sys.path.insert(0, {repo!r}); import suites.sandbox"], cwd="/",
+                           capture_output=True, text=True)  # fmt: skip
+    if probe.returncode != 0:
+        pytest.skip(f"nobody cannot import this checkout: {probe.stderr.strip().splitlines()[-1]}")
+    done = subprocess.run([*drop, NON_ROOT_CHECK.format(repo=repo)], cwd="/", capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "non-root sandbox ok" in done.stdout, done.stderr
