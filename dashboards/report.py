@@ -66,12 +66,11 @@ def _runs_table(engine: Engine) -> str:
     table = queries.runs(engine, kind=None)
     peaks = queries.memory_peaks(engine)
     table = table.merge(peaks, on="run_id", how="left")
-    averages = queries.metrics(engine)
-    averages = averages[averages["task"] == "all"].drop_duplicates("run_id")
+    averages = queries.suite_means(queries.metrics(engine))
     table = table.merge(averages[["run_id", "metric", "value"]], on="run_id", how="left")
     columns = ["nvml_process_peak", "torch_allocated_peak", "weights_bytes", "kv_bytes_peak", "rss_peak"]
     head = "".join(f"<th>{html.escape(c)}</th>" for c in
-                   ["run", "sweep", "kind", "model", "loops", "suite", "status", "samples", "accuracy (all)", *columns])
+                   ["run", "sweep", "kind", "model", "loops", "suite", "status", "samples", "pass@1 (suite mean)", *columns])
     rows = []
     for row in table.to_dict("records"):
         accuracy = "" if pd.isna(row.get("value")) else f"{row['value']:.3f} ({row['metric']})"

@@ -14,6 +14,7 @@ import pandas as pd
 from sqlalchemy import Engine, case, func, inspect, select
 from sqlalchemy.exc import DatabaseError
 
+from db.headline import HEADLINE, SUITE, headline, headline_metric
 from db.measures import PROFILE_MEASURES, SERIES_MEASURES
 from db.models import MemoryPeak, MemorySample, ProfilePoint, Run, Sample, TaskMetric
 from db import ResultsError
@@ -115,19 +116,39 @@ def memory_peaks(engine: Engine, run_ids: Iterable[int] | None = None) -> pd.Dat
     return wide.reset_index()
 
 
+def suite_means(table: pd.DataFrame) -> pd.DataFrame:
+    """Rows of `metrics()` for task "all": per run, the mean pass@1 over benchmarks (`db.headline`).
+
+    Computed from the per-task rows rather than read from the stored "all", so runs stored before
+    the suite mean had one metric show the same number as new ones.
+    """
+    rows = []
+    for run_id, run in table[table["task"] != SUITE].groupby("run_id", sort=True):
+        by_task: dict[str, dict[str, float | None]] = {}
+        for row in run.itertuples():
+            by_task.setdefault(row.task, {})[row.metric] = None if pd.isna(row.value) else row.value
+        first = run.iloc[0]
+        rows.append({**{c: first[c] for c in ("run_id", "sweep_id", "model", "loops", "suite")}, "task": SUITE,
+                     "metric": HEADLINE, "value": headline(by_task).mean, "stderr": None})
+    return pd.DataFrame(rows, columns=list(table.columns))
+
+
 def accuracy_memory(
     engine: Engine, suite: str | None = None, task: str = "all", metric: str | None = None
 ) -> pd.DataFrame:
     """One row per (model, loops): accuracy on `task` with stderr, sample count and every memory peak.
 
     When a (model, loops) pair was run more than once the latest run with this metric wins, so a
-    rerun replaces an older point rather than stacking on it. `metric` defaults to the task's first
-    metric name in alphabetical order; the chosen name is in the `metric` column.
+    rerun replaces an older point rather than stacking on it. `metric` defaults to the task's
+    headline (`db.headline`: its pass@1; for "all" the suite mean over benchmarks); the chosen
+    name is in the `metric` column.
     """
     table = metrics(engine, suite)
-    table = table[(table["task"] == task) & table["value"].notna()]
+    table = suite_means(table) if task == SUITE else table[table["task"] == task]
+    table = table[table["value"].notna()]
     if metric is None and not table.empty:
-        metric = sorted(table["metric"].unique())[0]
+        names = sorted(table["metric"].unique())
+        metric = headline_metric(names) or names[0]
     table = table[table["metric"] == metric]
     table = table.sort_values("run_id").drop_duplicates(["model", "loops"], keep="last")
     table = table.rename(columns={"value": "accuracy"})

@@ -7,6 +7,7 @@ The store takes and returns plain values (dicts, ints); harness types stay in th
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta, timezone
@@ -14,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import Engine, delete, func, insert, select, update
 
+from db.headline import headline
 from db.models import MemoryPeak, MemorySample, ProfilePoint, Run, Sample, TaskMetric, utcnow
 from db.session import open_engine, open_existing, session_factory
 
@@ -228,6 +230,8 @@ class Store:
                 "status": run.status,
                 "n_samples": counts.get(run.id, 0),
                 "metrics": {task: dict(values) for task, values in metrics[run.id].items()},
+                # one pass@1 per benchmark and their unweighted mean (db.headline), what the tables show
+                "pass_at_1": dataclasses.asdict(headline(metrics[run.id])),
                 "stderr": {task: dict(values) for task, values in stderrs[run.id].items()},
                 "memory": dict(memory[run.id]),
                 # what one more token of context adds to the KV cache, as the adapter described it (None if it did not)

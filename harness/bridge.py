@@ -34,12 +34,17 @@ from lighteval.tasks.requests import Doc, SamplingMethod
 from rich.progress import Progress
 
 from adapters.base import Adapter, AdapterError, Generation, Sampling
+from db.headline import HEADLINE, SUITE, headline
 from suites.loader import ProjectRegistry, load_task_dataset, with_samples
 
 # The sample index of a multiple-choice doc's log-likelihood pick (the choice with the highest
 # log-probability); generated samples are 0..n-1, so a task that both generates and ranks choices
 # (MMLU-Redux) never stores two records under one key.
 LOGLIKELIHOOD_SAMPLE_INDEX = -1
+# The finish reason stored for a sample that stopped at the end of the model's context before its
+# new-token budget: the adapter reports "length" with fewer than max_new_tokens tokens generated, in a batch
+# whose longest prompt plus max_new_tokens does not fit the context.
+CONTEXT_LIMIT = "context_limit"
 
 
 @dataclass
@@ -81,8 +86,9 @@ class SuiteResult:
     """What a suite run measured.
 
     `metrics`: task -> metric name -> (value, stderr or None), with LightEval's values per task,
-    an entry per task group (`mmlu_redux`: mean of its subtasks) and `all`: per metric, the mean
-    over top-level tasks (a group counts once).
+    an entry per task group (`mmlu_redux`: mean of its subtasks) and `all`: {"pass@1": the
+    unweighted mean over benchmarks of their pass@1, a group counting once} (`db.headline`).
+    `context_cut`: how many samples generated here stopped at the context (`CONTEXT_LIMIT`).
     `scores`: (task, doc_id, sample_index) -> 1.0/0.0 correctness of that sample, judged by the
     per-sample check of the task's first metric (for pass@k, the same check pass@k counts); for a
     metric without a per-sample check, the doc's score is given to each of its samples. Log-likelihood
@@ -92,6 +98,7 @@ class SuiteResult:
     metrics: dict[str, dict[str, tuple[float, float | None]]]
     scores: dict[tuple[str, str, int], float]
     n_docs: dict[str, int] = field(default_factory=dict)
+    context_cut: int = 0  # samples generated in this call whose finish reason is CONTEXT_LIMIT
 
 
 def batch_seed(run_seed: int, task: str, first_doc_id: str) -> int:
@@ -176,6 +183,7 @@ class AdapterModel(LightevalModel):
         self.batch_size = batch_size
         self.sink = sink
         self.bars = _Bars(progress, adapter.spec)
+        self.context_cut = 0
         self.config = ModelConfig(model_name=adapter.spec)
         self._cache = _NoSampleCache()
         template = getattr(adapter.tokenizer, "chat_template", None)
@@ -262,6 +270,8 @@ class AdapterModel(LightevalModel):
             raise AdapterError(
                 f"{self.adapter.spec} returned {len(generations)} generations for {len(prompts)} prompts x n={n}"
             )
+        # The context cannot hold the longest prompt plus the whole budget: "length" may mean the context.
+        squeezed = max(g.prompt_tokens for g in generations) + sampling.max_new_tokens > self.max_length
         records = []
         for k, (doc, prompt, slot) in enumerate(zip(batch, prompts, slots)):
             texts = []
@@ -272,7 +282,9 @@ class AdapterModel(LightevalModel):
                     continue
                 text = _cut_at_stop(self._text(generation), sampling.stop)
                 texts.append(text)
-                records.append(self._record(task, doc, j, prompt, text, generation, latency))
+                cut = squeezed and generation.finish_reason == "length" and generation.generated_tokens < sampling.max_new_tokens
+                records.append(self._record(task, doc, j, prompt, text, generation, latency, cut))
+                self.context_cut += records[-1].finish_reason == CONTEXT_LIMIT
             token_ids = [list(g.token_ids) for g in generations[k * n : (k + 1) * n]]
             responses[slot] = ModelResponse(input=prompt, text=texts, output_tokens=token_ids)
         if self.sink is not None and records:
@@ -285,8 +297,9 @@ class AdapterModel(LightevalModel):
 
     @staticmethod
     def _record(
-        task: str, doc: Doc, index: int, prompt: str, text: str, generation: Generation, latency: float
+        task: str, doc: Doc, index: int, prompt: str, text: str, generation: Generation, latency: float, cut: bool
     ) -> SampleRecord:
+        """The sample's record; `cut`: the context ended it before its budget (finish reason CONTEXT_LIMIT)."""
         loops = generation.loops_used
         return SampleRecord(
             task=task,
@@ -298,7 +311,7 @@ class AdapterModel(LightevalModel):
             prompt_tokens=generation.prompt_tokens,
             generated_tokens=generation.generated_tokens,
             loops_used=sum(loops) / len(loops) if loops else None,
-            finish_reason=generation.finish_reason,
+            finish_reason=CONTEXT_LIMIT if cut else generation.finish_reason,
             latency_seconds=latency,
         )
 
@@ -447,7 +460,7 @@ def _sample_scores(pipeline: _ProjectPipeline) -> dict[tuple[str, str, int], flo
 
 
 def _metrics(pipeline: _ProjectPipeline) -> dict[str, dict[str, tuple[float, float | None]]]:
-    """LightEval's aggregated metrics by task name, plus group means and the `all` mean over top-level tasks."""
+    """LightEval's aggregated metrics by task name, plus group means and `all`: the suite mean of pass@1 (`db.headline`)."""
     aggregated = pipeline.evaluation_tracker.metrics_logger.metric_aggregated
     metrics: dict[str, dict[str, tuple[float, float | None]]] = {}
     for full_name in pipeline.tasks_dict:
@@ -468,12 +481,11 @@ def _metrics(pipeline: _ProjectPipeline) -> dict[str, dict[str, tuple[float, flo
     groups: dict[str, list[str]] = collections.defaultdict(list)
     for task in list(metrics):
         groups[task.split(":")[0]].append(task)
-    top_level = []
     for group, members in groups.items():
         if len(members) > 1 or members[0] != group:
             metrics[group] = mean_of(members)
-        top_level.append(group)
-    metrics["all"] = mean_of(top_level)
+    suite_mean = headline({task: {name: value for name, (value, _) in by_name.items()} for task, by_name in metrics.items()})
+    metrics[SUITE] = {HEADLINE: (suite_mean.mean, None)}
     return metrics
 
 
@@ -515,4 +527,5 @@ def run_suite(
         metrics=_metrics(pipeline),
         scores=_sample_scores(pipeline),
         n_docs={name.rsplit("|", 1)[0]: len(docs) for name, docs in pipeline.documents_dict.items()},
+        context_cut=model.context_cut,
     )

@@ -28,6 +28,10 @@ LEASE_SECONDS = 30.0  # how long a holder that stopped renewing (a lost machine)
 ROWS_PER_FLUSH = 8  # memory rows stored per flush: a few per second, whatever the sampling interval
 
 
+class RunBusy(UserError):
+    """The run is leased to another live process."""
+
+
 def lease_owner() -> str:
     """This process, as a lease holder: host, pid and a token (pids are reused)."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -65,7 +69,7 @@ class RunRecorder:
         """Take the run's lease; UserError when another live process holds it."""
         holder = self.store.take_lease(self.run_id, self.owner, LEASE_SECONDS, holder_is_gone)
         if holder is not None:
-            raise UserError(f"run {self.run_id} is being run by {holder}; two processes never run one run at once")
+            raise RunBusy(f"run {self.run_id} is being run by {holder}; two processes never run one run at once")
 
     def start(self) -> RunRecorder:
         self._began = time.perf_counter()

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from adapters.base import Generation, Prompt, Sampling
 from harness.capacity import check_fits
 from harness.errors import UserError
-from harness.recorder import RunRecorder
+from harness.recorder import RunBusy, RunRecorder
 from harness.sampler import MemorySampler
 from harness.spec import RunSpec, is_looped
 
@@ -156,6 +156,19 @@ class RunOutcome:
     loops: int | None
     status: str
     metrics: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    error: str | None = None
+
+
+def failure_summary(outcomes: Sequence[RunOutcome]) -> list[str]:
+    """The lines that end a sweep with failed runs (none when every run finished)."""
+    failed = [o for o in outcomes if o.status in ("failed", "busy")]
+    if not failed:
+        return []
+    lines = [f"{len(failed)} of {len(outcomes)} runs failed:"]
+    lines += [
+        f"  run {o.run_id} {o.model}" + (f" loops={o.loops}" if o.loops is not None else "") + f": {o.error}" for o in failed
+    ]
+    return lines
 
 
 def _load_tasks(spec: RunSpec) -> list[Any]:
@@ -251,7 +264,10 @@ def store_sweep(spec: RunSpec, plan: SweepPlan, store: Store) -> list[tuple[int,
 def run_sweep(
     spec: RunSpec, plan: SweepPlan, store: Store, progress: Progress | None = None, log: Callable[[str], None] = print
 ) -> list[RunOutcome]:
-    """Store the sweep, then run every (model, loops) of it, each model loaded once; one outcome per run, in order."""
+    """Store the sweep, then run every (model, loops) of it, each model loaded once; one outcome per run, in order.
+
+    A run that fails is stored as failed with its reason and the sweep goes on; Ctrl-C stops it.
+    """
     runs = store_sweep(spec, plan, store)
     return _run_stored(spec, runs, plan.task_configs, store, progress, log, plan.loaded)
 
@@ -288,11 +304,21 @@ def _run_stored(
     overall = progress.add_task("sweep", total=len(runs)) if progress is not None else None
     adapter, current = None, None
     for run_id, model, loops in runs:
-        if model != current:  # the previous model is done with
-            adapter, current = (loaded or {}).pop(model, None), model
-        adapter = _at_loops(adapter, model, loops, spec)
         log(f"run {run_id}: {model}" + (f" loops={loops}" if loops is not None else "") + f" on {spec.suite}")
-        outcomes.append(_execute(spec, store, run_id, (model, loops), adapter, task_configs, progress, log))
+        try:
+            if model != current:  # the previous model is done with
+                adapter, current = (loaded or {}).pop(model, None), model
+            adapter = _at_loops(adapter, model, loops, spec)
+            outcomes.append(_execute(spec, store, run_id, (model, loops), adapter, task_configs, progress, log))
+        except RunBusy as exc:  # another live process runs it: leave its row alone
+            log(f"run {run_id} skipped: {exc}")
+            outcomes.append(RunOutcome(run_id, model, loops, "busy", error=str(exc)))
+        except Exception as exc:  # stored as failed with its reason; the next (model, loops) still runs
+            error = _error(exc)
+            store.finish_run(run_id, "failed", error=error)
+            log(f"run {run_id} failed: {error}")
+            outcomes.append(RunOutcome(run_id, model, loops, "failed", error=error))
+            adapter, current = None, None
         if progress is not None and overall is not None:
             progress.advance(overall)
     return outcomes
@@ -311,7 +337,7 @@ def _execute(
     """Generate and score one stored run, (model spec, loops), with `adapter`, keeping the store current
     whatever happens: samples are committed as they finish, the recorder writes memory, timings and
     the run's lease every second, so a kill -9 loses at most the last second."""
-    from harness.bridge import run_suite
+    from harness.bridge import CONTEXT_LIMIT, run_suite
 
     sampler = MemorySampler(adapter, interval=spec.sampler_interval)
     timed = TimedAdapter(adapter, sampler)
@@ -327,6 +353,11 @@ def _execute(
                 timed, task_configs, spec.sampling, sink=StoreSink(store, run_id, sampler), limit=spec.limit,
                 batch_size=spec.batch_size, progress=progress,
             )
+        if result.context_cut:
+            log(
+                f"run {run_id}: {result.context_cut} samples reached the end of {run[0]}'s context ({adapter.max_context} "
+                f"tokens) before max_new_tokens={spec.sampling.max_new_tokens}; their finish reason is {CONTEXT_LIMIT!r}"
+            )
         metrics = {task: {name: value for name, (value, _) in by_metric.items()} for task, by_metric in result.metrics.items()}
         store.set_sample_scores(run_id, result.scores)
         store.set_metrics(run_id, result.metrics)
@@ -336,7 +367,7 @@ def _execute(
         log(f"run {run_id} interrupted; finished samples are stored. Continue with: loopeval run --resume {run_id}")
         raise
     except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
+        error = _error(exc)
         raise
     finally:
         sampler.stop()
@@ -345,6 +376,10 @@ def _execute(
                         f"({timed.generate_seconds:.1f} s inside generate this time)")
         store.finish_run(run_id, status, error=error)
     return RunOutcome(run_id, *run, status, metrics)
+
+
+def _error(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _record_sampler(store: Store, run_id: int, sampler: MemorySampler, log: Callable[[str], None], headline: str) -> None:

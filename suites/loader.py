@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import copy
 import json
+import numbers
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from datasets import Dataset, DatasetDict
@@ -38,6 +41,96 @@ class ProjectRegistry(Registry):
         self._task_registry = {config.name: config for config in configs}
         self.tasks_list = [f"{config.name}|{config.num_fewshots}" for config in configs]
         self.task_to_configs = self._update_task_configs()
+
+
+def _text(value: Any) -> str:
+    """A text cell; numbers become their usual spelling (27.0 -> "27"), since answers are compared as text."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"expected text, got {type(value).__name__} {value!r}")
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def _integer(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"expected an integer, got {value!r}")
+    if isinstance(value, numbers.Integral) or (isinstance(value, float) and value.is_integer()):
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    raise ValueError(f"expected an integer, got {type(value).__name__} {value!r}")
+
+
+def _flag(value: Any) -> bool:
+    if isinstance(value, bool) or value in (0, 1):
+        return bool(value)
+    raise ValueError(f"expected true or false, got {value!r}")
+
+
+def _texts(value: Any) -> list[str]:
+    if hasattr(value, "tolist"):  # a numpy array, as parquet list columns may arrive
+        value = value.tolist()
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise ValueError(f"expected a list of texts, got {type(value).__name__} {value!r}")
+    return [_text(item) for item in value]
+
+
+# Column kinds a suite's COLUMNS may name, each a coercion that raises ValueError on a value it cannot take.
+_KINDS: dict[str, Callable[[Any], Any]] = {"text": _text, "int": _integer, "flag": _flag, "texts": _texts}
+
+
+def coerce_row(row: Mapping[str, Any], columns: Mapping[str, str]) -> dict[str, Any]:
+    """`row` with each named column checked and coerced to its kind ("text", "int", "flag", "texts";
+    a trailing "?" also allows null). Raises KeyError for a missing column, ValueError(column) else."""
+    result = dict(row)
+    for column, kind in columns.items():
+        value = row[column]
+        if value is None and kind.endswith("?"):
+            continue
+        try:
+            result[column] = _KINDS[kind.rstrip("?")](value)
+        except ValueError as exc:
+            raise ValueError(f"column {column!r}: {exc}") from None
+    return result
+
+
+class CoercedPrompt:
+    """A task's prompt function that first coerces the row's columns, as they were checked before the run."""
+
+    def __init__(self, prompt: Callable[..., Any], columns: Mapping[str, str]) -> None:
+        self.prompt = prompt
+        self.columns = dict(columns)
+        self.__name__ = getattr(prompt, "__name__", type(prompt).__name__)  # LightEval logs the function's name
+
+    def __call__(self, line: dict, task_name: str | None = None) -> Any:
+        return self.prompt(coerce_row(line, self.columns), task_name)
+
+
+def check_rows(config: LightevalTaskConfig, path: Path, columns: Mapping[str, str], source: str) -> None:
+    """Open `path` and check every row has `columns` of the right kinds; SuiteError (one line) names
+    the file, the column and `source`, the public dataset to copy, at the first problem."""
+    copy = f"copy {source} there unchanged"
+    try:
+        rows = _read(path)
+    except (OSError, ValueError) as exc:
+        raise SuiteError(f"task {config.name}: cannot read {path} ({_first_line(exc)}); {copy}") from None
+    if len(rows) == 0:
+        raise SuiteError(f"task {config.name}: {path} holds no rows; {copy}")
+    missing = [column for column in columns if column not in rows.column_names]
+    if missing:
+        raise SuiteError(
+            f"task {config.name}: {path} has no column {missing[0]!r} (it has {', '.join(rows.column_names)}); {copy}"
+        )
+    for index, row in enumerate(rows):
+        try:
+            coerce_row(row, columns)
+        except ValueError as exc:
+            raise SuiteError(f"task {config.name}: {path} row {index + 1}, {exc}; {copy}") from None
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _read(path: Path) -> Dataset:

@@ -1,31 +1,57 @@
-"""The `paper` suite: the reasoning benchmarks of the MELT and Ouro papers, as LightEval defines them.
+"""The `paper` suite: the ten benchmarks of the MELT paper's table, as LightEval defines them.
 
 Prompt functions and metrics are LightEval's own, imported from the specific LightEval modules
 that hold them (never through LightEval's default registry, which imports every task module and
 downloads at import time). Each task names its public dataset (`hf_repo`, `hf_subset`, split);
 nothing is downloaded: `load_suite("paper", data_dir=DIR)` reads local copies, one file per task,
 `DIR/<task>.jsonl` or `DIR/<task>.parquet` holding the public split's rows unchanged, and for
-MMLU-Redux one file per subject, `DIR/mmlu_redux/<subject>.jsonl`.
+MMLU-Redux one file per subject, `DIR/mmlu_redux/<subject>.jsonl`. Before anything runs, every file
+is opened and checked for the columns in `COLUMNS` (numbers in a text column become text).
 
-Scores are pass@1 averaged over n samples (LightEval's pass@k with k=1), where each sample is
-judged by the check LightEval uses for that benchmark: math-verify extraction for the math sets,
-letter extraction for GPQA and MMLU-Redux. Departures from LightEval, each forced by running offline:
-- AMC23 has no LightEval task; it uses LightEval's AIME prompt and metric on `math-ai/amc23`.
+Each benchmark's headline is pass@1 averaged over n samples (LightEval's pass@k with k=1, the
+unbiased estimator), where each sample is judged by the check LightEval uses for that benchmark:
+math-verify extraction for the math sets, letter extraction for GPQA and MMLU-Redux.
+
+Departures from LightEval (the one place they are listed; the README's paper-suite section matches):
+- AIME26 and AMC23 have no LightEval task; they use LightEval's AIME prompt and metric on
+  `MathArena/aime_2026` and `math-ai/amc23` (whose answers are numbers, read as text).
+- MATH-500: LightEval's prompt asks for a final line `ANSWER: $ANSWER`, which math-verify reads as
+  the first number when the answer is bare LaTeX (`ANSWER: 3\\sqrt{13}` -> 3). A final `ANSWER:`
+  line whose answer has no math delimiters is read as `\\boxed{answer}`.
 - OlympiadBench keeps the English, text-only, open-ended maths subset (`OE_TO_maths_en_COMP`) and
   is scored with math-verify extraction (LightEval's offline metric there is a whole-output exact
-  match, which a reasoning trace never meets); several final answers are joined into one gold.
-- HLE's LightEval metric is an OpenAI-judged one; here a sample counts as correct when its last
-  "Answer:" line equals the gold answer (case and surrounding spaces ignored).
+  match, which a reasoning trace never meets). Each final answer is put in `$...$` when it has no
+  math delimiters, and several are joined by ", ": bare, math-verify reads the list `1,3,5` as the
+  decimal 1.3 and `1, 3, 5, 15` as its last number; in `$...$` it reads the set {1, 3, 5}.
+- GPQA-Diamond and MMLU-Redux: the chosen letter is found by `choice_letter` (after any
+  `</think>`: the last `Answer: X` / `answer is X` / `\\boxed{X}`, else the last standalone letter,
+  so `B`, ` B`, `(B)`, `B)`, `**B**`, `Answer: C) <option text>` all read as the letter) and
+  handed to LightEval's letter metric as `Answer: X`; LightEval alone skips a leading space, reads
+  letters inside the option text after `Answer: C)`, and fails `B)`.
+- MMLU-Redux under the paper protocol is generative with room to reason (no 1-token limit, no
+  newline stop: the run's max_new_tokens), scored by pass@1 over the letter; LightEval's
+  log-likelihood accuracy is kept as its own metric, `loglikelihood_acc`, outside the headline.
+- HumanEval has no LightEval task: the `openai_humaneval` prompt is asked for as a completed
+  function, and each sample is executed against the item's tests in a sandbox (`suites.humaneval`,
+  `suites.sandbox`); pass@1 is LightEval's pass@k estimator over those verdicts.
+- HLE's LightEval metric is an OpenAI-judged one; offline, a sample is correct when its answer
+  (the last "Answer:" line, else the last line) equals the gold after `hle_normalise`: `**` and `$`
+  removed, whitespace runs collapsed, trailing `.,;:!?` dropped, case ignored.
 """
 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
+
+from suites import sandbox
 
 if TYPE_CHECKING:
+    from lighteval.metrics.utils.metric_utils import SampleLevelMetric
+    from lighteval.models.model_output import ModelResponse
     from lighteval.tasks.lighteval_task import LightevalTaskConfig
     from lighteval.tasks.requests import Doc
+
 
 MMLU_REDUX_SUBJECTS: tuple[str, ...] = (
     "abstract_algebra", "anatomy", "astronomy", "business_ethics", "clinical_knowledge", "college_biology",
@@ -45,43 +71,138 @@ MMLU_REDUX_SUBJECTS: tuple[str, ...] = (
 
 # Top-level task names; "mmlu_redux" stands for its 57 subject tasks "mmlu_redux:<subject>".
 TASKS: tuple[str, ...] = (
-    "aime24", "aime25", "amc23", "math_500", "olympiadbench", "gpqa_diamond", "mmlu_redux", "hle",
+    "aime24", "aime25", "aime26", "amc23", "math_500", "olympiadbench", "gpqa_diamond", "mmlu_redux", "humaneval",
+    "hle",
 )  # fmt: skip
 
-
-def _amc23_prompt(line: dict, task_name: str | None = None) -> "Doc":
-    """math-ai/amc23 names the problem `question` and stores numeric answers: reuse LightEval's AIME prompt."""
-    from lighteval.tasks.tasks.aime import aime_prompt
-
-    return aime_prompt({"problem": line["question"], "answer": str(line["answer"])}, task_name)
-
-
-def _olympiad_prompt(line: dict, task_name: str | None = None) -> "Doc":
-    """LightEval's OlympiadBench prompt; its gold is the list `final_answer`, joined so pass@k sees one gold."""
-    from lighteval.tasks.tasks.olympiade_bench import olympiad_bench_prompt
-
-    doc = olympiad_bench_prompt(line, task_name or "")
-    doc.choices = [", ".join(line["final_answer"])]
-    return doc
-
-
-_ANSWER_LINE = re.compile(r"answer\s*:\s*(.+)", re.IGNORECASE)
-
-
-def _hle_answer_matches(doc: "Doc", model_response) -> float:
-    """1.0 when the last "Answer:" line of the output equals the gold (case-insensitive), else 0.0."""
-    found = _ANSWER_LINE.findall(model_response.final_text[0])
-    return float(bool(found) and found[-1].strip().lower() == doc.get_golds()[0].strip().lower())
+# The columns each task's prompt and metric read, by top-level task (see `suites.loader.coerce_row`
+# for the kinds): every local file is checked against them before a run starts.
+_AIME = {"problem": "text", "answer": "text"}
+COLUMNS: dict[str, dict[str, str]] = {
+    "aime24": _AIME,
+    "aime25": _AIME,
+    "aime26": _AIME,
+    "amc23": {"question": "text", "answer": "text"},
+    "math_500": {"problem": "text", "solution": "text"},
+    "olympiadbench": {
+        "question": "text", "final_answer": "texts", "subject": "text", "language": "text", "unit": "text?",
+        "is_multiple_answer": "flag", "answer_type": "text",
+    },
+    "gpqa_diamond": {
+        "Question": "text", "Correct Answer": "text", "Incorrect Answer 1": "text", "Incorrect Answer 2": "text",
+        "Incorrect Answer 3": "text",
+    },
+    "mmlu_redux": {"question": "text", "choices": "texts", "answer": "int"},
+    "humaneval": {"task_id": "text", "prompt": "text", "canonical_solution": "text", "test": "text", "entry_point": "text"},
+    "hle": {"question": "text", "answer": "text", "image": "text?"},
+}  # fmt: skip
 
 
-def _pass_at_1(metric_name: str):
-    """One of LightEval's pass@k metrics (a `Metrics` member name) at k=1."""
+# Checks a task needs to pass before it runs: HumanEval refuses to start where the sandbox cannot be set up.
+PREFLIGHT: dict[str, Callable[[], None]] = {"humaneval": sandbox.check_available}
+
+
+# ------------------------------------------------------------------------------- answer extraction
+_ANSWER_LINE_PREFIX = re.compile(r"(\s*(?:\*\*)?answer(?:\*\*)?\s*:\s*)(?:\*\*)?(.+?)(?:\*\*)?[\s.]*", re.I)
+_MATH_DELIMITERS = ("$", "\\(", "\\[", "\\boxed")
+
+
+def boxed_final_answer(text: str) -> str:
+    """`text` with its last line, when that is `ANSWER: <bare LaTeX>`, read as `ANSWER: \\boxed{<LaTeX>}`.
+
+    math-verify reads undelimited LaTeX after "answer:" as its first number; the boxed form is
+    parsed whole (and, being the last box, wins). Answers already in `$`, `\\(`, `\\[` or `\\boxed`
+    and replies whose last line is something else are left alone.
+    """
+    head, newline, last = text.rstrip().rpartition("\n")
+    match = _ANSWER_LINE_PREFIX.fullmatch(last)
+    if match is None or any(delimiter in match.group(2) for delimiter in _MATH_DELIMITERS):
+        return text
+    return f"{head}{newline}{match.group(1)}\\boxed{{{match.group(2)}}}"
+
+
+_MATH_DELIMITED = re.compile(r"^\s*(\$|\\\(|\\\[)")
+
+
+def olympiad_gold(final_answers: list[str]) -> str:
+    """OlympiadBench's final answers as one gold: each in `$...$` unless delimited, joined by ", "."""
+    return ", ".join(a.strip() if _MATH_DELIMITED.match(a) else f"${a.strip()}$" for a in final_answers)
+
+
+def choice_letter(text: str, n_choices: int) -> str | None:
+    """The option letter a reply chose, or None: see the module docstring for the forms read."""
+    letters = "ABCDEFGHIJ"[:n_choices]
+    reply = text.rsplit("</think>", 1)[-1]
+    letter = rf"\(?\s*([{letters}])\s*\)?(?![A-Za-z0-9])"
+    anchored = re.findall(
+        rf"(?i:answer)(?:\s+is)?\s*(?:\*\*)?\s*[:：]?\s*(?:\*\*)?\s*{letter}|\\boxed\{{\s*(?:\\text\{{)?{letter}", reply
+    )
+    if anchored:
+        return next(group for group in anchored[-1] if group)
+    standalone = re.findall(rf"(?<![A-Za-z0-9]){letter}", reply)
+    return standalone[-1] if standalone else None
+
+
+def hle_normalise(text: str) -> str:
+    """An HLE answer as compared offline: no `**` or `$`, single spaces, no trailing .,;:!?, lower case."""
+    text = " ".join(text.replace("**", "").replace("$", "").split())
+    return text.rstrip(".,;:!? ").lower()
+
+
+_ANSWER_LINE = re.compile(r"answer\s*:\s*(.*)", re.IGNORECASE)
+
+
+def hle_answer(text: str) -> str:
+    """The answer of an HLE reply: its last "Answer:" line, else its last non-empty line."""
+    found = _ANSWER_LINE.findall(text.rsplit("</think>", 1)[-1])
+    if found:
+        return found[-1]
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+# ----------------------------------------------------------------------------------------- metrics
+class _ReadPrediction:
+    """A LightEval per-sample check that first rewrites each prediction (see the module docstring).
+
+    It replaces the `compute_score` of LightEval's own `PassAtK`, so pass@k, its estimator and the
+    bridge's per-sample scores all see the same reading of the sample.
+    """
+
+    def __init__(self, check: Callable[..., float], read: Callable[["Doc", str], str]) -> None:
+        self.check = check
+        self.read = read
+
+    def __call__(self, doc: "Doc", model_response: "ModelResponse") -> float:
+        from lighteval.models.model_output import ModelResponse
+
+        texts = [self.read(doc, text) for text in model_response.final_text]
+        return float(self.check(doc=doc, model_response=ModelResponse(text=texts)))
+
+
+def _as_answer_letter(doc: "Doc", text: str) -> str:
+    letter = choice_letter(text, len(doc.choices))
+    return text if letter is None else f"Answer: {letter}"
+
+
+def _pass_at_1(metric_name: str, read: Callable[["Doc", str], str] | None = None) -> "SampleLevelMetric":
+    """One of LightEval's pass@k metrics (a `Metrics` member name) at k=1; the run sets its n."""
     from lighteval.metrics.metrics import Metrics
 
-    return Metrics[metric_name](sample_params={"k": 1, "n": 1})
+    metric = Metrics[metric_name](sample_params={"k": 1, "n": 1})  # a fresh copy
+    if read is not None:
+        metric.sample_level_fn.compute_score = _ReadPrediction(metric.sample_level_fn.compute_score, read)
+    return metric
 
 
-def _hle_pass_at_1():
+def _hle_matches(doc: "Doc", model_response: "ModelResponse") -> float:
+    """1.0 when the reply's answer equals the gold under `hle_normalise`, else 0.0."""
+    answer = hle_normalise(hle_answer(model_response.final_text[0]))
+    return float(answer != "" and answer == hle_normalise(doc.get_golds()[0]))
+
+
+def custom_pass_at_1(check: Callable[["Doc", "ModelResponse"], float]) -> "SampleLevelMetric":
+    """LightEval's pass@k (k=1, its unbiased estimator over the run's n) around a per-sample check of ours."""
     import numpy as np
     from lighteval.metrics.metrics_sample import PassAtK
     from lighteval.metrics.utils.metric_utils import SampleLevelMetric
@@ -89,7 +210,7 @@ def _hle_pass_at_1():
 
     metric = SampleLevelMetric(
         metric_name="pass@k",
-        sample_level_fn=PassAtK(sample_scoring_function=_hle_answer_matches),
+        sample_level_fn=PassAtK(sample_scoring_function=check),
         category=SamplingMethod.GENERATIVE,
         corpus_level_fn=np.mean,
         higher_is_better=True,
@@ -97,12 +218,36 @@ def _hle_pass_at_1():
     return metric(sample_params={"k": 1, "n": 1})
 
 
-def task_configs() -> list["LightevalTaskConfig"]:
-    """Every task of the suite, against its public dataset name; `load_suite` points them at local files.
+def _loglikelihood_acc() -> "SampleLevelMetric":
+    """LightEval's log-likelihood accuracy under a name that cannot pass for a generative score."""
+    import copy
 
-    pass@1 metrics count one sample here; the run sets their n (`suites.loader.with_samples`).
-    """
     from lighteval.metrics.metrics import Metrics
+
+    metric = copy.deepcopy(Metrics.loglikelihood_acc.value)
+    metric.metric_name = "loglikelihood_acc"
+    return metric
+
+
+# ----------------------------------------------------------------------------------------- prompts
+def _amc23_prompt(line: dict, task_name: str | None = None) -> "Doc":
+    """math-ai/amc23 names the problem `question`: reuse LightEval's AIME prompt."""
+    from lighteval.tasks.tasks.aime import aime_prompt
+
+    return aime_prompt({"problem": line["question"], "answer": line["answer"]}, task_name)
+
+
+def _olympiad_prompt(line: dict, task_name: str | None = None) -> "Doc":
+    """LightEval's OlympiadBench prompt; its gold is `olympiad_gold` of the list `final_answer`."""
+    from lighteval.tasks.tasks.olympiade_bench import olympiad_bench_prompt
+
+    doc = olympiad_bench_prompt(line, task_name or "")
+    doc.choices = [olympiad_gold(line["final_answer"])]
+    return doc
+
+
+def task_configs() -> list["LightevalTaskConfig"]:
+    """Every task of the suite, against its public dataset name; `load_suite` points them at local files."""
     from lighteval.tasks.lighteval_task import LightevalTaskConfig
     from lighteval.tasks.tasks.aime import aime_prompt
     from lighteval.tasks.tasks.gpqa import gpqa_instruct_prompt
@@ -110,7 +255,9 @@ def task_configs() -> list["LightevalTaskConfig"]:
     from lighteval.tasks.tasks.math_500 import math_500_prompt
     from lighteval.tasks.tasks.mmlu_redux import mmlu_redux_2_prompt
 
-    def task(name, prompt, repo, subset, split, metrics, generation_size=None, stop=()) -> LightevalTaskConfig:
+    from suites import humaneval
+
+    def task(name, prompt, repo, subset, split, metrics, generation_size=None) -> LightevalTaskConfig:
         return LightevalTaskConfig(
             name=name,
             prompt_function=prompt,
@@ -120,28 +267,30 @@ def task_configs() -> list["LightevalTaskConfig"]:
             evaluation_splits=[split],
             few_shots_split=split,  # unused (zero-shot); naming it keeps LightEval from warning
             generation_size=generation_size,
-            stop_sequence=list(stop),
+            stop_sequence=[],
             metrics=metrics,
         )
 
     math = [_pass_at_1("pass_at_k_math")]
+    math_500 = [_pass_at_1("pass_at_k_math", lambda doc, text: boxed_final_answer(text))]
+    gpqa = [_pass_at_1("gpqa_instruct_pass_at_k", _as_answer_letter)]
+    mmlu = [_loglikelihood_acc(), _pass_at_1("pass_at_k_letters", _as_answer_letter)]
     configs = [
         task("aime24", aime_prompt, "HuggingFaceH4/aime_2024", "default", "train", math),
         task("aime25", aime_prompt, "yentinglin/aime_2025", "default", "train", math),
+        task("aime26", aime_prompt, "MathArena/aime_2026", "default", "train", math),
         task("amc23", _amc23_prompt, "math-ai/amc23", "default", "test", math),
-        task("math_500", math_500_prompt, "HuggingFaceH4/MATH-500", "default", "test", math, 32768),
+        task("math_500", math_500_prompt, "HuggingFaceH4/MATH-500", "default", "test", math_500, 32768),
         task("olympiadbench", _olympiad_prompt, "Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train", math),
-        task(
-            "gpqa_diamond", gpqa_instruct_prompt, "Idavidrein/gpqa", "gpqa_diamond", "train",
-            [_pass_at_1("gpqa_instruct_pass_at_k")], 32768,
-        ),
+        task("gpqa_diamond", gpqa_instruct_prompt, "Idavidrein/gpqa", "gpqa_diamond", "train", gpqa, 32768),
     ]  # fmt: skip
     configs += [
-        task(
-            f"mmlu_redux:{subject}", mmlu_redux_2_prompt(subject), "edinburgh-dawg/mmlu-redux-2.0", subject, "test",
-            [Metrics.loglikelihood_acc, _pass_at_1("pass_at_k_letters")], 1, ["\n"],
-        )
+        task(f"mmlu_redux:{subject}", mmlu_redux_2_prompt(subject), "edinburgh-dawg/mmlu-redux-2.0", subject, "test", mmlu)
         for subject in MMLU_REDUX_SUBJECTS
     ]  # fmt: skip
-    configs.append(task("hle", hle_text_only, "cais/hle", "default", "test", [_hle_pass_at_1()], 8192))
+    configs += [
+        task("humaneval", humaneval.prompt, "openai/openai_humaneval", "openai_humaneval", "test",
+             [custom_pass_at_1(humaneval.passes)]),
+        task("hle", hle_text_only, "cais/hle", "default", "test", [custom_pass_at_1(_hle_matches)], 8192),
+    ]  # fmt: skip
     return configs

@@ -20,7 +20,7 @@ DEFAULT_SUITE = "synthetic"
 
 _DESCRIPTIONS: dict[str, str] = {
     "synthetic": "bundled: multi-digit addition, 2/3/4-hop variable chains and a lookup control (200 items each)",
-    "paper": "AIME24, AIME25, AMC23, MATH-500, OlympiadBench, GPQA-Diamond, MMLU-Redux, HLE (local copies via --data-dir)",
+    "paper": "AIME24/25/26, AMC23, MATH-500, OlympiadBench, GPQA-Diamond, MMLU-Redux, HumanEval, HLE (local copies via --data-dir)",
 }
 _MODULES = {"synthetic": synthetic, "paper": paper}
 
@@ -58,18 +58,21 @@ def local_candidates(config: "LightevalTaskConfig", data_dir: Path) -> list[Path
     return [data_dir / f"{stem}.jsonl", data_dir / f"{stem}.parquet"]
 
 
-def _localize(config: "LightevalTaskConfig", data_dir: Path) -> "LightevalTaskConfig":
-    """Point a task at its local copy, or say exactly which file is missing and how to make it."""
+def _localize(config: "LightevalTaskConfig", data_dir: Path, columns: dict[str, str]) -> "LightevalTaskConfig":
+    """Point a task at its local copy after checking its `columns`, or say exactly what to fix (one line)."""
+    from suites.loader import CoercedPrompt, check_rows
+
     candidates = local_candidates(config, data_dir)
     found = next((path for path in candidates if path.is_file()), None)
+    split = config.evaluation_splits[0]
     if found is None:
-        split = config.evaluation_splits[0]
         raise SuiteError(
             f"task {config.name}: no local copy of {config.hf_repo} (subset {config.hf_subset}, split {split}); "
             f"looked for {candidates[0]} and {candidates[1]}; save that split there, e.g. "
             f"datasets.load_dataset({config.hf_repo!r}, {config.hf_subset!r}, split={split!r}).to_json({str(candidates[0])!r})"
         )
-    return dataclasses.replace(config, hf_repo=str(found))
+    check_rows(config, found, columns, f"the {split!r} split of {config.hf_repo} (subset {config.hf_subset})")
+    return dataclasses.replace(config, hf_repo=str(found), prompt_function=CoercedPrompt(config.prompt_function, columns))
 
 
 def load_suite(
@@ -89,7 +92,8 @@ def load_suite(
         data_dir = Path(data_dir)
         if not data_dir.is_dir():
             raise SuiteError(f"data directory {data_dir} does not exist")
-        configs = [_localize(c, data_dir) for c in configs]
+        columns = _MODULES[name].COLUMNS
+        configs = [_localize(c, data_dir, columns[c.name.split(":")[0]]) for c in configs]
     elif name == "paper":
         first = configs[0]
         raise SuiteError(
@@ -97,4 +101,6 @@ def load_suite(
             f"(e.g. {local_candidates(first, Path('DIR'))[0]} with the {first.evaluation_splits[0]!r} split of "
             f"{first.hf_repo}); nothing is downloaded at run time"
         )
+    for task in dict.fromkeys(c.name.split(":")[0] for c in configs):
+        getattr(_MODULES[name], "PREFLIGHT", {}).get(task, lambda: None)()
     return configs

@@ -94,25 +94,23 @@ def print_table(title: str | None, columns: list[str], rows: list[list[str]], ri
     Console(width=None if sys.stdout.isatty() else 220).print(table)
 
 
-def _headline(metrics: dict[str, dict[str, float | None]]) -> str:
-    """The suite average ('all') of the first metric, as the table's accuracy column."""
-    overall = metrics.get("all") or {}
-    if not overall:
-        return "n/a"
-    name, value = next(iter(sorted(overall.items())))
-    return f"{name} {value:.3f}" if value is not None else f"{name} n/a"
+def _headline(pass_at_1: dict[str, Any]) -> str:
+    """The suite mean of pass@1 over benchmarks, then one line per benchmark (see db.headline)."""
+    lines = [f"mean {'n/a' if pass_at_1['mean'] is None else format(pass_at_1['mean'], '.3f')}"]
+    lines += [f"{name} {'n/a' if value is None else f'{value:.3f}'}" for name, value in pass_at_1["benchmarks"].items()]
+    return "\n".join(lines)
 
 
 def print_runs(runs: list[dict[str, Any]]) -> None:
     """Stored runs as a table (what `loopeval run` ends with and `loopeval results` prints)."""
-    columns = ["id", "sweep", "model", "loops", "suite", "status", "samples", "accuracy (all)",
+    columns = ["id", "sweep", "model", "loops", "suite", "status", "samples", "pass@1 (suite mean; per benchmark)",
                "weights", "kv peak", "torch alloc peak", "nvml proc peak", "rss peak"]
     rows = []
     for r in runs:
         memory = r["memory"]
         rows.append([
             str(r["id"]), r["sweep_id"], r["model"], "-" if r["loops"] is None else str(r["loops"]), r["suite"],
-            r["status"], str(r["n_samples"]), _headline(r["metrics"]), gigabytes(memory.get("weights_bytes")),
+            r["status"], str(r["n_samples"]), _headline(r["pass_at_1"]), gigabytes(memory.get("weights_bytes")),
             gigabytes(memory.get("kv_bytes_peak")), gigabytes(memory.get("torch_allocated_peak")),
             gigabytes(memory.get("nvml_process_peak")), gigabytes(memory.get("rss_peak")),
         ])

@@ -41,7 +41,7 @@ def run(
     With no arguments: the tiny zoo on the synthetic suite, loops 1,2,4,8 for looped models,
     paper sampling (temperature 1.0, top-p 0.7).
     """
-    from harness.runner import prepare_sweep, resume_run, run_sweep
+    from harness.runner import failure_summary, prepare_sweep, resume_run, run_sweep
     from harness.spec import RunSpec
 
     # LightEval warns on every run that --limit makes numbers partial; the table says what was run.
@@ -78,3 +78,7 @@ def run(
         from dashboards.report import write_report
 
         typer.echo(f"report: {write_report(url, report_path(url))}")
+    failed = failure_summary(outcomes)
+    if failed:
+        typer.echo("\n".join(failed), err=True)
+        raise typer.Exit(1)

@@ -80,7 +80,7 @@ def test_gold_scores_one_wrong_scores_zero_and_settings_reach_generate(configs):
 
     assert result.metrics["addition"]["pass@k:k=1&n=2"][0] == 1.0
     assert result.metrics["chain3"]["pass@k:k=1&n=2"] == (1.0, 0.0)
-    assert result.metrics["all"] == {"pass@k:k=1&n=2": (1.0, None)}
+    assert result.metrics["all"] == {"pass@1": (1.0, None)}
     assert result.n_docs == {"addition": 10, "chain3": 10}
     assert len(result.scores) == 40 and set(result.scores.values()) == {1.0}
 
@@ -105,7 +105,7 @@ def test_gold_scores_one_wrong_scores_zero_and_settings_reach_generate(configs):
     assert [b[:2] for b in sink.batches] == [("addition", 0), ("addition", 1), ("addition", 2), ("chain3", 0), ("chain3", 1), ("chain3", 2)]
 
     wrong = run_suite(ScriptedAdapter(right_samples=set()), configs, run, limit=10, progress=False)
-    assert wrong.metrics["all"]["pass@k:k=1&n=2"][0] == 0.0 and set(wrong.scores.values()) == {0.0}
+    assert wrong.metrics["all"]["pass@1"][0] == 0.0 and set(wrong.scores.values()) == {0.0}
 
 
 def test_pass_at_1_averages_samples_and_scores_each_sample(configs):

@@ -1,0 +1,55 @@
+"""The headline numbers of a run: one pass@1 per benchmark and their unweighted mean over the suite.
+
+Pure functions over a run's stored metrics (task -> metric name -> value), shared by the bridge (which
+stores the mean as task "all", metric "pass@1"), `loopeval results` and the dashboards, so every
+place shows the same numbers. A benchmark is a top-level task: a group such as `mmlu_redux` counts
+once, as the mean of its subtasks. Its headline is its generative pass@1 (LightEval's pass@k with
+k=1, averaged over n samples, as the MELT paper reports); other metrics, such as MMLU-Redux's
+`loglikelihood_acc`, never enter it. No imports: `db` stays free of harness and LightEval.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+SUITE = "all"  # the task name under which the suite mean is stored
+HEADLINE = "pass@1"  # its metric name
+_PASS_AT_1 = re.compile(r"^(?:\w+_)?pass@k:k=1(?:&|$)")  # pass@k:k=1&n=4, gpqa_pass@k:k=1&n=4
+
+
+@dataclass(frozen=True)
+class Headline:
+    """`benchmarks`: benchmark -> pass@1 (None where it has none); `mean`: over benchmarks, None unless all have one."""
+
+    benchmarks: dict[str, float | None]
+    mean: float | None
+
+
+def headline_metric(names: Iterable[str]) -> str | None:
+    """Which of a task's metric names is its headline pass@1, if any."""
+    return next((name for name in sorted(names) if _PASS_AT_1.match(name)), None)
+
+
+def _task_value(metrics: Mapping[str, float | None]) -> float | None:
+    name = headline_metric(metrics)
+    return None if name is None else metrics[name]
+
+
+def headline(metrics: Mapping[str, Mapping[str, float | None]]) -> Headline:
+    """One pass@1 per benchmark from a run's per-task metrics, and the suite mean (stored `all` is ignored)."""
+    leaves: dict[str, list[float | None]] = {}
+    groups = {task.split(":")[0] for task in metrics if ":" in task}
+    for task, values in metrics.items():
+        benchmark = task.split(":")[0]
+        if task == SUITE or (task == benchmark and benchmark in groups):
+            continue  # the stored mean, or a group entry whose subtasks are here
+        leaves.setdefault(benchmark, []).append(_task_value(values))
+    benchmarks = {
+        name: None if any(v is None for v in values) else sum(values) / len(values)  # type: ignore[arg-type]
+        for name, values in leaves.items()
+    }
+    values = list(benchmarks.values())
+    mean = None if not values or any(v is None for v in values) else sum(values) / len(values)  # type: ignore[arg-type]
+    return Headline(benchmarks, mean)

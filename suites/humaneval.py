@@ -1,0 +1,81 @@
+"""HumanEval (`openai/openai_humaneval`): the prompt, the program a reply makes, and its sandboxed check.
+
+LightEval 0.13 has no HumanEval task. A row holds `task_id`, `prompt` (imports, signature and
+docstring), `canonical_solution` (the body), `test` (a `check(candidate)` function) and
+`entry_point`. The model is asked for the completed function; its reply becomes a program:
+- the code is the last ```python (or bare ```) block of the reply after any `</think>`, else the
+  whole reply after it;
+- when that code defines `entry_point`, the program is the prompt followed by that code (the new
+  definition replaces the prompt's, whose imports and helper functions stay); otherwise the code is
+  taken as the body that continues the prompt, as in the original HumanEval protocol;
+- the item's `test` and `check(entry_point)` follow.
+The program passes when it exits with status 0 inside `suites.sandbox` within its limits.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import TYPE_CHECKING
+
+from suites import SuiteError, sandbox
+
+if TYPE_CHECKING:
+    from lighteval.models.model_output import ModelResponse
+    from lighteval.tasks.requests import Doc
+
+PROMPT = (
+    "Complete the following Python function. Reply with the complete function, in one ```python code block.\n\n"
+    "```python\n{prompt}```"
+)
+_FENCED = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
+
+
+class Gold(str):
+    """The canonical solution (what the store shows as the gold), carrying what the check needs.
+
+    LightEval's pass@k hands its per-sample check a new Doc with the golds only, so the prompt,
+    tests and entry point travel on the gold string itself.
+    """
+
+    def __new__(cls, solution: str, prompt: str, test: str, entry_point: str) -> Gold:
+        gold = super().__new__(cls, solution)
+        gold.prompt, gold.test, gold.entry_point = prompt, test, entry_point
+        return gold
+
+    def __getnewargs__(self) -> tuple[str, str, str, str]:  # copies and pickles keep the fields
+        return str(self), self.prompt, self.test, self.entry_point
+
+
+def prompt(line: dict, task_name: str | None = None) -> "Doc":
+    """LightEval prompt function for one `openai_humaneval` row."""
+    from lighteval.tasks.requests import Doc
+
+    gold = Gold(line["canonical_solution"], line["prompt"], line["test"], line["entry_point"])
+    return Doc(task_name=task_name or "", query=PROMPT.format(prompt=line["prompt"]), choices=[gold], gold_index=0)
+
+
+def program(reply: str, gold: Gold) -> str:
+    """The program that tests `reply` (see the module docstring)."""
+    reply = reply.rsplit("</think>", 1)[-1]
+    blocks = _FENCED.findall(reply)
+    code = blocks[-1] if blocks else reply
+    if re.search(rf"^def\s+{re.escape(gold.entry_point)}\s*\(", code, re.MULTILINE):
+        body = f"{gold.prompt}\n\n{code}"
+    else:
+        body = gold.prompt + code
+    return f"{body}\n\n{gold.test}\n\ncheck({gold.entry_point})\n"
+
+
+@functools.lru_cache(maxsize=4096)
+def _passes(source: str) -> bool:
+    """One sandboxed execution per distinct program: LightEval and the bridge both ask for each sample."""
+    return sandbox.run_python(source).passed
+
+
+def passes(doc: "Doc", model_response: "ModelResponse") -> float:
+    """1.0 when the reply's program passes the item's tests in the sandbox, else 0.0."""
+    gold = doc.get_golds()[0]
+    if not isinstance(gold, Gold):
+        raise SuiteError("humaneval: the gold lost its tests on the way to the metric; cannot score")
+    return float(_passes(program(model_response.final_text[0], gold)))

@@ -1,0 +1,173 @@
+"""HumanEval in the sandbox: canonical solutions pass, broken ones fail, hostile programs are contained.
+
+Everything runs for real under bubblewrap; a test that checks containment also proves on the host
+that the forbidden effect (a file written outside the work folder, a TCP connection) did not happen.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from lighteval.models.model_output import ModelResponse
+
+from paper_data import HUMANEVAL
+from suites import humaneval, sandbox
+from suites.loader import with_samples
+from suites.paper import task_configs
+
+LIMITS = sandbox.Limits(wall_seconds=4, cpu_seconds=2)
+TRUNCATE = HUMANEVAL[1]  # truncate_number(3.5) == 0.5
+
+
+def gold(row: dict) -> humaneval.Gold:
+    return humaneval.prompt(row, "humaneval").choices[0]
+
+
+def run(row: dict, reply: str) -> sandbox.Outcome:
+    return sandbox.run_python(humaneval.program(reply, gold(row)), LIMITS)
+
+
+def body(statements: str) -> str:
+    """A completion of truncate_number that runs `statements` first, then returns the right answer."""
+    return "".join(f"    {line}\n" for line in statements.splitlines()) + "    return number % 1.0\n"
+
+
+def test_canonical_solutions_pass_and_broken_ones_fail():
+    (config,) = with_samples([c for c in task_configs() if c.name == "humaneval"], 2)
+    fn = config.metrics[0].sample_level_fn
+    for row in HUMANEVAL:
+        doc = humaneval.prompt(row, "humaneval")
+        full = f"```python\n{row['prompt']}{row['canonical_solution']}```"
+        assert fn.compute(doc=doc, model_response=ModelResponse(text=[row["canonical_solution"], full])) == 1.0
+        broken = ["    return None\n", "```python\ndef " + row["entry_point"] + "(*args):\n    return 1 / 0\n```"]
+        assert fn.compute(doc=doc, model_response=ModelResponse(text=broken)) == 0.0
+        # pass@1 over n=2 with one right sample is LightEval's unbiased estimate: 1/2.
+        assert fn.compute(doc=doc, model_response=ModelResponse(text=[broken[0], full])) == 0.5
+
+
+def test_reply_forms_make_the_expected_program():
+    g = gold(TRUNCATE)
+    completion = humaneval.program("    return number % 1.0\n", g)
+    assert completion.startswith(TRUNCATE["prompt"] + "    return number % 1.0\n")
+    fenced = humaneval.program("<think>```python\nx = 1\n```</think>Sure:\n```python\ndef truncate_number(n):\n    return n % 1\n```", g)
+    assert "x = 1" not in fenced and "def truncate_number(n):\n    return n % 1" in fenced
+    assert fenced.rstrip().endswith("check(truncate_number)")
+
+
+@pytest.mark.parametrize(
+    "statements",
+    [
+        "while True:\n    pass",  # CPU loop
+        "import time\ntime.sleep(60)",  # wall clock
+        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",  # fork bomb
+        "hog = bytearray(8 << 30)",  # large allocation
+    ],
+    ids=["infinite-loop", "sleep", "fork-bomb", "large-allocation"],
+)
+def test_runaway_programs_are_stopped_and_score_0(statements: str):
+    began = time.monotonic()
+    outcome = run(TRUNCATE, body(statements))
+    assert not outcome.passed
+    assert time.monotonic() - began < LIMITS.wall_seconds + 5
+
+
+def test_a_fork_bomb_leaves_no_process_behind():
+    run(TRUNCATE, body("import os\nfor _ in range(10000):\n    try:\n        os.fork()\n    except OSError:\n        pass"))
+    time.sleep(0.5)
+    leftover = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _is_sandboxed(p)]
+    assert leftover == []
+
+
+def _is_sandboxed(proc: Path) -> bool:
+    try:
+        return b"program.py" in (proc / "cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def test_a_connection_attempt_never_reaches_the_host(tmp_path: Path):
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        server.settimeout(1.0)
+        port = server.getsockname()[1]
+        outcome = run(TRUNCATE, body(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2).send(b'x')"))
+        with pytest.raises(socket.timeout):
+            server.accept()
+    assert not outcome.passed  # and the listening socket above never accepted anything
+
+
+def test_a_write_outside_the_work_folder_does_not_happen(tmp_path: Path):
+    marker = tmp_path / f"escaped-{uuid.uuid4().hex}"
+    in_tmp = Path("/tmp") / f"escaped-{uuid.uuid4().hex}"
+    outcome = run(TRUNCATE, body(f"open({str(marker)!r}, 'w').write('x')"))
+    assert not outcome.passed and not marker.exists()
+    # /tmp inside is the sandbox's own tmpfs: the program may write there, the host never sees it.
+    inside = run(TRUNCATE, body(f"open({str(in_tmp)!r}, 'w').write('x')"))
+    assert inside.passed and not in_tmp.exists()
+
+
+def test_environment_secrets_are_not_readable(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("LOOPEVAL_TEST_SECRET", "hunter2")
+    # The completion is right only if it can see the secret: contained, it scores 0.
+    outcome = run(TRUNCATE, body("import os\nassert os.environ.get('LOOPEVAL_TEST_SECRET', '').startswith('hunt')"))
+    assert not outcome.passed and "hunter2" not in outcome.output
+    spy = run(TRUNCATE, body("import os\nprint(sorted(os.environ))\nprint(open('/proc/1/environ').read())"))
+    assert "LOOPEVAL_TEST_SECRET" not in spy.output and "hunter2" not in spy.output
+
+
+def test_without_bubblewrap_it_refuses_in_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on the PATH
+    sandbox.check_available.cache_clear()
+    try:
+        with pytest.raises(sandbox.SandboxUnavailable) as info:
+            sandbox.check_available()
+        assert "bubblewrap" in str(info.value) and "\n" not in str(info.value)
+        with pytest.raises(sandbox.SandboxUnavailable):
+            humaneval.passes(humaneval.prompt(TRUNCATE, "humaneval"), ModelResponse(text=["    return 0.5\n"]))
+    finally:
+        sandbox.check_available.cache_clear()
+
+
+NON_ROOT_CHECK = """
+import os, socket, sys
+sys.path.insert(0, {repo!r})
+from suites import sandbox
+assert os.getuid() != 0
+limits = sandbox.Limits(wall_seconds=4, cpu_seconds=2)
+ok = sandbox.run_python("import os; print(os.getuid(), sorted(os.environ))", limits)
+assert ok.passed and "['HOME', 'LANG', 'PATH', 'PWD']" in ok.output, ok
+with socket.socket() as server:
+    server.bind(("127.0.0.1", 0)); server.listen(); server.settimeout(1.0)
+    code = "import socket; socket.create_connection(('127.0.0.1', %d), timeout=2)" % server.getsockname()[1]
+    assert not sandbox.run_python(code, limits).passed
+    try:
+        server.accept()
+        raise SystemExit("a connection reached the host")
+    except socket.timeout:
+        pass
+assert not sandbox.run_python("while True: pass", limits).passed
+print("non-root sandbox ok")
+"""
+
+
+def test_the_user_namespace_sandbox_of_a_non_root_caller():
+    """As root, the same checks run once more as `nobody` with the system Python: the non-root path."""
+    import os
+    import shutil
+    import subprocess
+
+    repo = str(Path(__file__).resolve().parents[2])
+    drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c"]
+    if os.geteuid() != 0 or shutil.which("setpriv") is None or not Path("/usr/bin/python3").is_file():
+        pytest.skip("needs root, setpriv and /usr/bin/python3 to act as a non-root caller")
+    probe = subprocess.run([*drop, f"import sys; sys.path.insert(0, {repo!r}); import suites.sandbox"], cwd="/",
+                           capture_output=True, text=True)  # fmt: skip
+    if probe.returncode != 0:
+        pytest.skip(f"nobody cannot import this checkout: {probe.stderr.strip().splitlines()[-1]}")
+    done = subprocess.run([*drop, NON_ROOT_CHECK.format(repo=repo)], cwd="/", capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "non-root sandbox ok" in done.stdout, done.stderr

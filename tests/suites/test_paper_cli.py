@@ -1,0 +1,79 @@
+"""`loopeval run --suite paper --data-dir DIR` on fixtures of all ten benchmarks, then `loopeval results`.
+
+The model is `ReferenceAdapter` (paper_data.py) loaded as a folder plugin: `reference:right` answers
+every item correctly in the forms reasoning models write, `reference:wrong` answers every item
+wrongly in the same forms. Real pipeline, real sandbox, real SQLite file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from db import queries
+from db.session import open_existing
+from harness.cli import main
+from paper_data import write_data_dir
+from suites.paper import TASKS
+
+PLUGIN = '''
+import sys
+
+sys.path.insert(0, {folder!r})
+from adapters import register
+from paper_data import ReferenceAdapter
+
+
+@register("reference", "answers the paper fixtures: reference:right or reference:wrong")
+def make(arg, **overrides):
+    return ReferenceAdapter(wrong=arg == "wrong")
+'''
+
+
+def test_paper_suite_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = write_data_dir(tmp_path / "data")
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "reference.py").write_text(PLUGIN.format(folder=str(Path(__file__).parent)))
+    db = tmp_path / "r.sqlite"
+    argv = ["run", "--adapters-dir", str(plugins), "--suite", "paper", "--data-dir", str(data), "--model", "reference:right",
+            "--model", "reference:wrong", "--samples", "2", "--db", str(db), "--no-report"]  # fmt: skip
+    assert main(argv) == 0
+    capsys.readouterr()
+
+    assert main(["results", "--db", str(db), "--json"]) == 0
+    right, wrong = json.loads(capsys.readouterr().out)
+    assert right["status"] == wrong["status"] == "finished"
+    assert list(right["pass_at_1"]["benchmarks"]) == list(TASKS)  # ten, MMLU-Redux counted once
+    assert set(right["pass_at_1"]["benchmarks"].values()) == {1.0} and right["pass_at_1"]["mean"] == 1.0
+    assert set(wrong["pass_at_1"]["benchmarks"].values()) == {0.0} and wrong["pass_at_1"]["mean"] == 0.0
+    assert right["metrics"]["all"] == {"pass@1": 1.0}
+    assert "loglikelihood_acc" in right["metrics"]["mmlu_redux"]  # kept, but outside the headline
+
+    assert main(["results", "--db", str(db)]) == 0
+    table = capsys.readouterr().out
+    assert "pass@1 (suite mean; per benchmark)" in table
+    assert table.count("mean 1.000") == 1 and table.count("mean 0.000") == 1
+    for task in TASKS:
+        assert table.count(f"{task} 1.000") == 1 and table.count(f"{task} 0.000") == 1, task
+
+    engine = open_existing(f"sqlite:///{db}")
+    points = queries.accuracy_memory(engine, task="all")  # what the dashboards plot
+    assert dict(zip(points["model"], points["accuracy"])) == {"reference:right": 1.0, "reference:wrong": 0.0}
+    assert set(points["metric"]) == {"pass@1"}
+    assert set(queries.accuracy_memory(engine, task="mmlu_redux")["metric"]) == {"pass@k:k=1&n=2"}
+
+
+def test_a_bad_data_file_stops_before_anything_is_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = write_data_dir(tmp_path / "data", subjects=())
+    (data / "aime26.jsonl").write_text('{"problem_idx": 1, "problem": "p", "answer": [1, 2]}\n')
+    db = tmp_path / "r.sqlite"
+    argv = ["run", "--suite", "paper", "--tasks", "aime24,aime26", "--data-dir", str(data), "--model", "preset:qwen3-tiny",
+            "--db", str(db), "--no-report"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("loopeval: error: task aime26: ")
+    assert "aime26.jsonl row 1, column 'answer': expected text, got list [1, 2]" in err and "MathArena/aime_2026" in err
+    assert not db.exists()
