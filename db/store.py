@@ -98,6 +98,14 @@ class Store:
             run.lease_owner, run.lease_until = owner, now + timedelta(seconds=seconds)
         return None
 
+    def lease_holder(self, run_id: int, lapsed: Callable[[str], bool]) -> str | None:
+        """Who holds run `run_id` now (an unexpired lease whose holder is not `lapsed`), or None."""
+        run = self.get_run(run_id)
+        until = _aware(run.lease_until) if run is not None else None
+        if run is None or not run.lease_owner or until is None or until <= utcnow() or lapsed(run.lease_owner):
+            return None
+        return run.lease_owner
+
     def release_lease(self, run_id: int, owner: str) -> None:
         with self._session.begin() as session:
             session.execute(update(Run).where(Run.id == run_id, Run.lease_owner == owner).values(lease_owner=None, lease_until=None))

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from adapters.base import Generation, Prompt, Sampling
 from harness.capacity import check_fits
 from harness.errors import UserError
-from harness.recorder import RunBusy, RunRecorder
+from harness.recorder import RunBusy, RunRecorder, holder_is_gone
 from harness.sampler import MemorySampler
 from harness.spec import RunSpec, is_looped
 
@@ -287,6 +287,9 @@ def resume_run(
         raise UserError(f"--resume {run_id}: run is a {run.kind} run, only eval runs resume")
     if not run.spec:
         raise UserError(f"--resume {run_id}: run was stored without its spec and cannot be resumed")
+    holder = store.lease_holder(run_id, holder_is_gone)
+    if holder is not None:
+        raise UserError(f"--resume {run_id}: the run is being run by {holder} right now; two processes never run one run at once")
     todo = [(r.id, r.model_spec, r.loops) for r in store.sweep_runs(run.sweep_id) if r.status != "finished"]
     if not todo:
         raise UserError(f"--resume {run_id}: run {run_id} and the rest of its sweep {run.sweep_id} already finished")

@@ -1,0 +1,109 @@
+"""kill -9 at five points of a run, and in the middle of a sweep: after `--resume`, every sample is
+stored exactly once, every run of the sweep is finished, the memory peaks are real and the memory
+trace covers both the killed stretch and the resumed one. Two processes never run one run at once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow  # end to end: the fast tier (-m 'not slow') skips it
+
+LOOPEVAL = str(Path(sys.executable).with_name("loopeval"))
+PLUGINS = Path(__file__).with_name("plugins")
+BATCHES = 8  # 2 tasks x 8 docs, 2 prompts per generate call
+RUN = ["run", "--model", "killer:ouro-tiny", "--tasks", "addition,chain2", "--limit", "8", "--samples", "1",
+       "--max-new-tokens", "4", "--batch-size", "2", "--no-report"]
+
+
+def _env(kill_at: str = "") -> dict[str, str]:
+    env = {**os.environ, "LOOPEVAL_ADAPTERS": str(PLUGINS), "LOOPEVAL_KILL_BATCHES": str(BATCHES)}
+    env.pop("LOOPEVAL_KILL_AT", None)
+    return env | ({"LOOPEVAL_KILL_AT": kill_at} if kill_at else {})
+
+
+def _loopeval(args: list[str], kill_at: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run([LOOPEVAL, *args], capture_output=True, text=True, env=_env(kill_at), timeout=600)
+
+
+def query(db: Path, sql: str) -> list[tuple]:
+    with sqlite3.connect(db) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def _samples(db: Path) -> int:
+    """Samples committed so far (0 while the database or its schema does not exist yet)."""
+    try:
+        return query(db, "SELECT COUNT(*) FROM samples")[0][0] if db.exists() else 0
+    except sqlite3.OperationalError:
+        return 0
+
+
+def _check_completed(db: Path, walls_before: dict[int, float | None], killed_stretch_traced: bool) -> None:
+    """Every run finished, every sample once, peaks real, traces on both sides of the kill."""
+    runs = query(db, "SELECT id, status, wall_seconds FROM runs ORDER BY id")
+    assert [status for _, status, _ in runs] == ["finished"] * len(runs)
+    for run_id, _, wall in runs:
+        keys = query(db, f"SELECT task, doc_id, sample_index FROM samples WHERE run_id = {run_id}")
+        assert len(keys) == 16 and len(set(keys)) == 16, f"run {run_id}: every sample exactly once"
+        peaks = dict(query(db, f"SELECT measure, value FROM memory_peaks WHERE run_id = {run_id}"))
+        assert peaks["kv_bytes_peak"] > 0 and peaks["rss_peak"] > 0 and peaks["weights_bytes"] > 0
+        ts = [t for (t,) in query(db, f"SELECT t FROM memory_samples WHERE run_id = {run_id} ORDER BY t")]
+        before = walls_before.get(run_id) or 0.0
+        assert ts and ts[-1] > before, f"run {run_id}: the trace covers the resumed stretch"
+        assert wall >= before
+        if killed_stretch_traced and before:
+            assert ts[0] <= before, f"run {run_id}: the killed stretch's trace survived"
+
+
+@pytest.mark.parametrize("kill_at", ["load", "generate:3", "generate:5", f"generate:{BATCHES}", "scoring"],
+                         ids=["load", "early", "mid", "late", "scoring"])
+def test_kill9_then_resume_loses_and_duplicates_nothing(kill_at: str, tmp_path: Path) -> None:
+    db = tmp_path / "r.sqlite"
+    killed = _loopeval([*RUN, "--loops", "2", "--db", str(db)], kill_at)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    ((run_id, status, wall, owner),) = query(db, "SELECT id, status, wall_seconds, lease_owner FROM runs")
+    assert status in ("pending", "running") and owner, "a killed run keeps its state and its dead holder's lease"
+    stored = query(db, "SELECT COUNT(*) FROM samples")[0][0]
+    if kill_at not in ("load",):
+        assert wall is not None and wall > 0, "timings were written while the run went"
+        assert query(db, f"SELECT value FROM memory_peaks WHERE run_id = {run_id} AND measure = 'kv_bytes_peak'")[0][0] > 0
+    resumed = _loopeval(["run", "--resume", str(run_id), "--db", str(db), "--no-report"])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert query(db, "SELECT COUNT(*) FROM samples")[0][0] == 16 >= stored
+    _check_completed(db, {run_id: wall}, killed_stretch_traced=kill_at != "load")
+
+
+def test_a_killed_sweep_is_completed_by_resuming_any_of_its_runs(tmp_path: Path) -> None:
+    db = tmp_path / "r.sqlite"
+    killed = _loopeval([*RUN, "--loops", "2,4", "--db", str(db)], "generate:5")
+    assert killed.returncode == -signal.SIGKILL
+    runs = query(db, "SELECT id, loops, status, wall_seconds FROM runs ORDER BY id")
+    assert [(loops, status) for _, loops, status, _ in runs] == [(2, "running"), (4, "pending")], "stored whole up front"
+    resumed = _loopeval(["run", "--resume", str(runs[1][0]), "--db", str(db), "--no-report"])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    _check_completed(db, {run_id: wall for run_id, _, _, wall in runs}, killed_stretch_traced=True)
+    assert _loopeval(["run", "--resume", str(runs[0][0]), "--db", str(db), "--no-report"]).returncode == 2
+
+
+def test_a_run_in_progress_cannot_be_resumed_by_a_second_process(tmp_path: Path) -> None:
+    db = tmp_path / "r.sqlite"
+    first = subprocess.Popen([LOOPEVAL, *RUN, "--loops", "2", "--db", str(db)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=_env())
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and first.poll() is None and _samples(db) < 2:
+        time.sleep(0.2)
+    assert first.poll() is None, first.communicate()
+    second = _loopeval(["run", "--resume", "1", "--db", str(db), "--no-report"])
+    assert second.returncode == 2
+    lines = second.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is being run by" in lines[0], second.stderr
+    assert first.wait(timeout=300) == 0
+    _check_completed(db, {}, killed_stretch_traced=False)
