@@ -25,6 +25,7 @@ SAMPLE_COLUMNS = {
     "output": "output", "gold": "gold", "score": "score", "prompt_tokens": "prompt tokens",
     "generated_tokens": "generated tokens",
 }
+GRAPH_CONFIG = {"displaylogo": False}  # Plotly's logo links to plotly.com: no link in the page may leave it
 _ROW = {"display": "flex", "gap": "2em", "flexWrap": "wrap", "alignItems": "flex-start", "margin": "0.5em 0"}
 
 
@@ -67,13 +68,13 @@ def _layout(engine: Engine) -> html.Div:
             _labelled("analytic context (tokens)", dcc.Input(
                 id="context", type="number", min=1, step=1, value=DEFAULT_CONTEXT_TOKENS, debounce=True)),
         ], style=_ROW),
-        dcc.Graph(id="accuracy-memory", style={"height": "560px"}),
-        dcc.Graph(id="accuracy-loops", style={"height": "520px"}),
+        dcc.Graph(id="accuracy-memory", config=GRAPH_CONFIG, style={"height": "560px"}),
+        dcc.Graph(id="accuracy-loops", config=GRAPH_CONFIG, style={"height": "520px"}),
         html.H2("Memory over a run"),
         dcc.Dropdown(run_options, run_options[0]["value"] if run_options else None, id="run", clearable=False),
-        dcc.Graph(id="memory-run", style={"height": "480px"}),
+        dcc.Graph(id="memory-run", config=GRAPH_CONFIG, style={"height": "480px"}),
         html.H2("Memory against context length"),
-        dcc.Graph(id="memory-context", style={"height": "480px"}),
+        dcc.Graph(id="memory-context", config=GRAPH_CONFIG, style={"height": "480px"}),
         html.H2("Samples"),
         html.Div([
             _labelled("task", dcc.Dropdown(queries.sample_tasks(engine), None, id="sample-task",

@@ -41,8 +41,12 @@ _STORED_TEXT = ("model", "task", "metric", "suite", "phase")
 
 
 def plain(value: object) -> str:
-    """A stored string as Plotly text: markup characters escaped, so `<a href=...>` shows as written."""
-    return html.escape(str(value))
+    """A stored string as Plotly text: markup characters escaped, so `<a href=...>` shows as written.
+
+    Quotes become numeric references: Plotly decodes `&#34;` but knows no `&quot;`, which it would
+    show as those six characters.
+    """
+    return html.escape(str(value)).replace("&quot;", "&#34;")
 
 
 def _plain_frame(frame: pd.DataFrame) -> pd.DataFrame:

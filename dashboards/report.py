@@ -223,8 +223,9 @@ label {{ margin-right: 1em; }} .plot {{ height: 520px; }} section {{ margin-top:
 <script id="figures" type="application/json">{figures_json}</script>
 <script id="plot-config" type="application/json">{config_json}</script>
 <script>
-// No link in this page may leave it: stored strings are escaped, and any anchor a library draws is inert.
-document.addEventListener("click", (event) => {{ if (event.target.closest("a[href]")) event.preventDefault(); }}, true);
+// No link in this page may leave it: stored strings are escaped, and any anchor a library draws is inert
+// (Plotly's SVG anchors carry xlink:href, not href, so every <a> is matched).
+document.addEventListener("click", (event) => {{ if (event.target.closest("a")) event.preventDefault(); }}, true);
 const FIGURES = JSON.parse(document.getElementById("figures").textContent);
 const CONFIG = JSON.parse(document.getElementById("plot-config").textContent);
 const value = (id) => document.getElementById(id).value;

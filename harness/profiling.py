@@ -67,7 +67,8 @@ def _plan(spec: str, lengths: Sequence[int], loops: Sequence[int] | None, batch:
           decode_steps: int) -> tuple[list[int | None], Any]:
     """The loop counts to measure, after checking every point; and the adapter, when one had to be
     loaded to learn its context (adapters that cannot describe themselves from their config)."""
-    for option, values in (("--lengths", lengths), ("--loops", loops or ()), ("--batch", [batch]), ("--decode-steps", [decode_steps])):
+    for option, values in (("--lengths", lengths), ("--loops", loops or ()), ("--batch", [batch]),
+                           ("--decode-steps", [decode_steps]), ("--seed", [seed])):  # the seed is stored in a 64-bit column
         for value in values:
             check_int(option, value)
     if not lengths:

@@ -62,6 +62,14 @@ def _integer(value: Any) -> int:
     raise ValueError(f"expected an integer, got {type(value).__name__} {value!r}")
 
 
+def _prompt(value: Any) -> str:
+    """A question the model is asked: text with something in it (an empty one would be scored as if asked)."""
+    text = _text(value)
+    if not text.strip():
+        raise ValueError(f"expected a non-empty question, got {text!r}")
+    return text
+
+
 def _flag(value: Any) -> bool:
     if isinstance(value, bool) or value in (0, 1):
         return bool(value)
@@ -77,11 +85,11 @@ def _texts(value: Any) -> list[str]:
 
 
 # Column kinds a suite's COLUMNS may name, each a coercion that raises ValueError on a value it cannot take.
-_KINDS: dict[str, Callable[[Any], Any]] = {"text": _text, "int": _integer, "flag": _flag, "texts": _texts}
+_KINDS: dict[str, Callable[[Any], Any]] = {"text": _text, "prompt": _prompt, "int": _integer, "flag": _flag, "texts": _texts}
 
 
 def coerce_row(row: Mapping[str, Any], columns: Mapping[str, str]) -> dict[str, Any]:
-    """`row` with each named column checked and coerced to its kind ("text", "int", "flag", "texts";
+    """`row` with each named column checked and coerced to its kind ("text", "prompt", "int", "flag", "texts";
     a trailing "?" also allows null). Raises KeyError for a missing column, ValueError(column) else."""
     result = dict(row)
     for column, kind in columns.items():
@@ -136,7 +144,11 @@ def _first_line(exc: Exception) -> str:
 def _read(path: Path) -> Dataset:
     if path.suffix == ".jsonl":
         with path.open(encoding="utf-8") as f:
-            return Dataset.from_list([json.loads(line) for line in f if line.strip()])
+            rows = [(number, json.loads(line)) for number, line in enumerate(f, 1) if line.strip()]
+        for number, row in rows:
+            if not isinstance(row, dict):  # Dataset.from_list fails on these with an AttributeError
+                raise ValueError(f"line {number} is a JSON {type(row).__name__}, not an object")
+        return Dataset.from_list([row for _, row in rows])
     return Dataset.from_pandas(pd.read_parquet(path), preserve_index=False)  # keeps list columns as lists
 
 

@@ -77,24 +77,24 @@ TASKS: tuple[str, ...] = (
 
 # The columns each task's prompt and metric read, by top-level task (see `suites.loader.coerce_row`
 # for the kinds): every local file is checked against them before a run starts.
-_AIME = {"problem": "text", "answer": "text"}
+_AIME = {"problem": "prompt", "answer": "text"}
 COLUMNS: dict[str, dict[str, str]] = {
     "aime24": _AIME,
     "aime25": _AIME,
     "aime26": _AIME,
-    "amc23": {"question": "text", "answer": "text"},
-    "math_500": {"problem": "text", "solution": "text"},
+    "amc23": {"question": "prompt", "answer": "text"},
+    "math_500": {"problem": "prompt", "solution": "text"},
     "olympiadbench": {
-        "question": "text", "final_answer": "texts", "subject": "text", "language": "text", "unit": "text?",
+        "question": "prompt", "final_answer": "texts", "subject": "text", "language": "text", "unit": "text?",
         "is_multiple_answer": "flag", "answer_type": "text",
     },
     "gpqa_diamond": {
-        "Question": "text", "Correct Answer": "text", "Incorrect Answer 1": "text", "Incorrect Answer 2": "text",
+        "Question": "prompt", "Correct Answer": "text", "Incorrect Answer 1": "text", "Incorrect Answer 2": "text",
         "Incorrect Answer 3": "text",
     },
-    "mmlu_redux": {"question": "text", "choices": "texts", "answer": "int"},
-    "humaneval": {"task_id": "text", "prompt": "text", "canonical_solution": "text", "test": "text", "entry_point": "text"},
-    "hle": {"question": "text", "answer": "text", "image": "text?"},
+    "mmlu_redux": {"question": "prompt", "choices": "texts", "answer": "int"},
+    "humaneval": {"task_id": "text", "prompt": "prompt", "canonical_solution": "text", "test": "text", "entry_point": "text"},
+    "hle": {"question": "prompt", "answer": "text", "image": "text?"},
 }  # fmt: skip
 
 

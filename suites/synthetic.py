@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 DATA_DIR = Path(__file__).parent / "data" / "synthetic"
 TASKS: tuple[str, ...] = ("addition", "chain2", "chain3", "chain4", "lookup")
-COLUMNS: dict[str, dict[str, str]] = {task: {"prompt": "text", "answer": "text"} for task in TASKS}  # read by the prompt
+COLUMNS: dict[str, dict[str, str]] = {task: {"prompt": "prompt", "answer": "text"} for task in TASKS}  # read by the prompt
 SPLITS: tuple[str, ...] = ("train", "test")
 TEST_SIZE = 200  # items per task in the committed test split
 TRAIN_SIZE = 8000  # items per task in the committed train split (5 tasks: 40k items, about 2 MB)

@@ -274,7 +274,6 @@ def train(
 
     if device == "cuda" and not torch.cuda.is_available():
         raise AdapterError("--device cuda asked for, but torch sees no CUDA device")
-    out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(recipe.seed)
     teacher = load_teacher(teacher_spec or recipe.teacher, device) if recipe.kind == "melt" else None
     model = build_model(recipe, device, teacher)
@@ -289,6 +288,7 @@ def train(
     )
     objective = make_objective(recipe, teacher)
 
+    out_dir.mkdir(parents=True, exist_ok=True)  # only now: a teacher that fails to load leaves no empty folder
     state_path, log_path = out_dir / "train_state.pt", out_dir / "losses.jsonl"
     start, cpu_seconds, wall_seconds, tokens = 0, 0.0, 0.0, 0
     if resume and state_path.is_file():

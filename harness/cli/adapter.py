@@ -33,13 +33,14 @@ def check(
 ) -> None:
     """Run the conformance kit on SPEC and print one line per check; exit 1 if any check fails."""
     from rich.console import Console
+    from rich.text import Text
 
     from adapters.registry import load, load_plugins
     from harness.conformance import check_adapter
 
     load_plugins(adapters_dir or ())
     console = Console(stderr=True)
-    with console.status(f"loading {spec}"):
+    with console.status(Text(f"loading {spec}")):  # Text: a spec such as `x:[/b]` is not console markup
         adapter = load(spec, trust_remote_code=True) if trust_remote_code else load(spec)
     with console.status("checking") as status:
         report = check_adapter(adapter, bridge=bridge, strict=False, max_new_tokens=max_new_tokens,

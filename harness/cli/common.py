@@ -5,6 +5,7 @@ Command modules import from here and never from each other, so each command read
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -67,6 +68,17 @@ def check_device(device: str) -> None:
         raise UserError(f"--device must be cpu or cuda, got {device!r}")
 
 
+def check_out_dir(path: Path, option: str) -> None:
+    """UserError when `path` cannot become a writable folder; checked before training starts, creating nothing."""
+    existing = path
+    while not existing.exists():  # the nearest ancestor that exists ("." and "/" always do)
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"{option} {path}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"{option} {path}: {existing} is not writable")
+
+
 def set_threads(threads: int | None) -> None:
     if threads:
         import torch
@@ -78,19 +90,26 @@ def progress() -> Any:
     """The progress display of long commands: one bar per task, counts and elapsed time."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=False)
+    # Descriptions name models and tasks, which are stored strings: shown as written, never as console markup.
+    return Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    transient=False)
 
 
 def print_table(title: str | None, columns: list[str], rows: list[list[str]], right: tuple[str, ...] = (), caption: str | None = None) -> None:
-    """A rich table; piped output gets the whole table (220 columns), not one squeezed to 80."""
+    """A rich table; piped output gets the whole table (220 columns), not one squeezed to 80.
+
+    Cells and title are `Text`, not markup: a stored model name such as `[/bold]` is printed as written
+    instead of styling the table or failing it with a MarkupError.
+    """
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=title, caption=caption)
+    table = Table(title=None if title is None else Text(title), caption=caption)
     for column in columns:
         table.add_column(column, justify="right" if column in right else "left")
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(Text(cell) for cell in row))
     Console(width=None if sys.stdout.isatty() else 220).print(table)
 
 

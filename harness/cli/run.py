@@ -62,18 +62,25 @@ def run(
 
     if resume is not None:
         store = Store.read(db)  # resuming never creates a database
-        with progress() as bars:
-            outcomes = resume_run(resume, store, db, progress=bars, log=bars.console.print)
     else:
         plan = prepare_sweep(spec)  # unknown suite, task or model fails here, before the database opens
         store = Store.open(db)
+    # Closed on every way out: an open SQLite connection leaves -wal and -shm files beside the database.
+    try:
         with progress() as bars:
-            outcomes = run_sweep(spec, plan, store, progress=bars, log=bars.console.print)
-    ids = {o.run_id for o in outcomes}
-    print_runs([r for r in store.run_summaries() if r["id"] in ids])
+            def log(line: str) -> None:  # names models and errors: plain text, never console markup
+                bars.console.print(line, markup=False)
+
+            if resume is not None:
+                outcomes = resume_run(resume, store, db, progress=bars, log=log)
+            else:
+                outcomes = run_sweep(spec, plan, store, progress=bars, log=log)
+        ids = {o.run_id for o in outcomes}
+        print_runs([r for r in store.run_summaries() if r["id"] in ids])
+        typer.echo(f"results: {store.url}  (show them: loopeval results{'' if db is None else f' --db {db}'})")
+    finally:
+        store.close()
     url = resolve_db_url(db)
-    typer.echo(f"results: {store.url}  (show them: loopeval results{'' if db is None else f' --db {db}'})")
-    store.close()
     if report:
         from dashboards.report import write_report
 

@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 import typer
 
-from harness.cli.common import DeviceOption, JsonFlag, ThreadsOption, check_device, print_table, set_threads
+from harness.cli.common import DeviceOption, JsonFlag, ThreadsOption, check_device, check_out_dir, print_table, set_threads
 from harness.errors import UserError
 
 _LIST_COLUMNS = [("name", "model"), ("family", "family"), ("kv_strategy", "KV"), ("gate", "gate"), ("layers", "layers"),
@@ -101,6 +101,7 @@ def train(
     from suites.synthetic import STOP
 
     check_device(device)
+    check_out_dir(out, "--out")
     set_threads(threads)
     recipes = load_recipes()
     unknown = [n for n in names or [] if n not in recipes]
@@ -144,6 +145,7 @@ def convert(
     check_device(device)
     if gate is not None and gate not in GATE_VARIANTS:
         raise UserError(f"--gate must be one of {', '.join(GATE_VARIANTS)}, got {gate!r}")
+    check_out_dir(out, "--out")
     set_threads(threads)
     recipe = get_recipe(recipe_name)
     if recipe.kind != "melt":

@@ -1,0 +1,288 @@
+"""Hostile input to every command: one line on stderr, exit code 2, and the folder exactly as it was.
+
+Each case runs the real CLI (`harness.cli.main`, in-process) inside a fresh folder that already holds
+a loopeval database with runs, an empty one, a non-SQLite file and two other applications' SQLite
+files. After the command the test compares the sha256 of every file in the folder, so databases and
+foreign files must stay byte-identical, and the whole listing: read commands (results, dashboard,
+suites, models, estimate, zoo list, run --resume) may never create a file or folder, not even the
+default results/ folder or SQLite's -wal and -shm files, and a refused write command (run, profile,
+zoo train and convert, adapter new) is refused before its first write, so it creates none either.
+Paths in the cases are relative to that folder, the working directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from db.store import Store
+from harness.cli import main
+from harness.spec import RunSpec
+
+FAST = ["--tasks", "lookup", "--limit", "1", "--samples", "1", "--max-new-tokens", "1", "--loops", "1", "--no-report"]
+TINY = ["--model", "preset:qwen3-tiny"]
+KEPT = "kept.sqlite"  # a loopeval database: run 1 finished (eval), run 2 a profile run
+PAPER = ["--suite", "paper", "--tasks", "aime24", "--limit", "1", "--samples", "1", "--max-new-tokens", "1", "--no-report",
+         "--model", "preset:qwen3-tiny", "--db", KEPT]
+PROFILE = ["profile", "preset:qwen3-tiny", "--db", KEPT]
+AIME_ROW = {"id": 60, "problem": "Find the number of ways alpha.", "solution": "...", "answer": "204", "url": "u", "year": "2024"}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One hostile command line and a piece of the one error line it must end with."""
+
+    id: str
+    argv: list[str]
+    fragment: str  # a piece of the one error line, so the test knows the right check refused it
+    setup: Callable[[Path], None] | None = None  # extra hostile files, written before the snapshot
+
+
+def _aime(rows: list[object] | None = None, raw: bytes | None = None, name: str = "aime24.jsonl") -> Callable[[Path], None]:
+    """A --data-dir `data` for the paper suite whose AIME24 file holds `rows` (one JSON value a line) or `raw` bytes."""
+
+    def setup(root: Path) -> None:
+        (root / "data").mkdir()
+        body = raw if raw is not None else "".join(json.dumps(row) + "\n" for row in rows or []).encode()
+        (root / "data" / name).write_bytes(body)
+
+    return setup
+
+
+def _existing_package(root: Path) -> None:
+    """An earlier `adapter new mine` the user edited: a second `new` must not touch it."""
+    (root / "loopeval-mine").mkdir()
+    (root / "loopeval-mine" / "edited.py").write_text("# the user's own work\n")
+
+
+RUN_OPTIONS = [
+    Case("loops-huge", ["run", *TINY, *FAST, "--loops", "10000000", "--db", KEPT], "--loops must be an integer from 1 to 1024"),
+    Case("loops-zero-in-list", ["run", *TINY, *FAST, "--loops", "0,2", "--db", KEPT], "--loops must be comma-separated positive integers"),
+    Case("loops-word", ["run", *TINY, *FAST, "--loops", "two", "--db", KEPT], "--loops must be comma-separated positive integers"),
+    Case("limit-beyond-64-bit", ["run", *TINY, *FAST, "--limit", "99999999999999999999", "--db", KEPT], "--limit must be an integer from 1 to"),
+    Case("limit-zero", ["run", *TINY, *FAST, "--limit", "0", "--db", KEPT], "--limit must be an integer from 1 to"),
+    Case("seed-negative", ["run", *TINY, *FAST, "--seed", "-1", "--db", KEPT], "--seed must be an integer from 0 to"),
+    Case("seed-2-64", ["run", *TINY, *FAST, "--seed", str(2**64), "--db", KEPT], "--seed must be an integer from 0 to"),
+    Case("samples-trillion", ["run", *TINY, *FAST, "--samples", "1000000000000", "--db", KEPT], "--samples must be an integer from 1 to 1024"),
+    Case("temperature-inf", ["run", *TINY, *FAST, "--temperature", "inf", "--db", KEPT], "--temperature must be a finite number >= 0"),
+    Case("temperature-nan", ["run", *TINY, *FAST, "--temperature", "nan", "--db", KEPT], "--temperature must be a finite number >= 0"),
+    Case("temperature-negative", ["run", *TINY, *FAST, "--temperature", "-0.5", "--db", KEPT], "--temperature must be a finite number >= 0"),
+    Case("top-p-nan", ["run", *TINY, *FAST, "--top-p", "nan", "--db", KEPT], "--top-p must be in (0, 1]"),
+    Case("top-p-zero", ["run", *TINY, *FAST, "--top-p", "0", "--db", KEPT], "--top-p must be in (0, 1]"),
+    Case("top-p-above-one", ["run", *TINY, *FAST, "--top-p", "1.5", "--db", KEPT], "--top-p must be in (0, 1]"),
+    Case("max-new-tokens-zero", ["run", *TINY, *FAST, "--max-new-tokens", "0", "--db", KEPT], "--max-new-tokens must be an integer from 1 to"),
+    Case("batch-size-zero", ["run", *TINY, *FAST, "--batch-size", "0", "--db", KEPT], "--batch-size must be an integer from 1 to"),
+    Case("samples-not-a-number", ["run", *TINY, *FAST, "--samples", "many", "--db", KEPT], "Invalid value for '--samples'"),
+    Case("unknown-option", ["run", *TINY, *FAST, "--loop", "2", "--db", KEPT], "No such option: --loop"),
+]
+RUN_NAMES = [
+    Case("unknown-suite", ["run", *TINY, *FAST, "--suite", "nosuch", "--db", KEPT], "unknown suite 'nosuch'"),
+    Case("unknown-task", ["run", *TINY, *FAST, "--tasks", "nosuch", "--db", KEPT], "unknown task 'nosuch'"),
+    Case("unknown-model-prefix", ["run", *FAST, "--model", "nosuch:thing", "--db", KEPT], "unknown model prefix 'nosuch'"),
+    Case("unknown-preset", ["run", *FAST, "--model", "preset:no-such-preset", "--db", KEPT], "unknown preset 'no-such-preset'"),
+    Case("unknown-zoo-model", ["run", *FAST, "--model", "zoo:no-such-model", "--db", KEPT], "no-such-model"),
+    Case("model-without-prefix", ["run", *FAST, "--model", "qwen3-tiny", "--db", KEPT], "must look like PREFIX:NAME_OR_PATH"),
+    Case("model-name-console-markup", ["run", *FAST, "--model", "preset:[/b]", "--db", KEPT], "unknown preset '[/b]'"),
+    Case("missing-checkpoint", ["run", *FAST, "--model", "ouro:missing-checkpoint", "--db", KEPT], "missing-checkpoint"),
+]
+RUN_DATA = [
+    Case("data-dir-missing", ["run", *PAPER, "--data-dir", "nowhere"], "--data-dir nowhere is not a directory"),
+    Case("data-dir-is-a-file", ["run", *PAPER, "--data-dir", "notes.txt"], "--data-dir notes.txt is not a directory"),
+    Case("data-dir-without-the-file", ["run", *PAPER, "--data-dir", "data"], "looked for", setup=lambda root: (root / "data").mkdir()),
+    Case("data-bad-json", ["run", *PAPER, "--data-dir", "data"], "cannot read", setup=_aime(raw=b'{"problem": "half an object\n')),
+    Case("data-empty-file", ["run", *PAPER, "--data-dir", "data"], "holds no rows", setup=_aime(raw=b"")),
+    Case("data-binary-file", ["run", *PAPER, "--data-dir", "data"], "cannot read", setup=_aime(raw=bytes(range(256)) * 8)),
+    Case("data-binary-parquet", ["run", *PAPER, "--data-dir", "data"], "cannot read",
+         setup=_aime(raw=b"PAR1" + bytes(range(256)) * 8, name="aime24.parquet")),
+    Case("data-missing-column", ["run", *PAPER, "--data-dir", "data"], "has no column 'problem'",
+         setup=_aime([{k: v for k, v in AIME_ROW.items() if k != "problem"}])),
+    Case("data-non-string-prompt", ["run", *PAPER, "--data-dir", "data"], "column 'problem'",
+         setup=_aime([{**AIME_ROW, "problem": {"nested": ["not", "text"]}}])),
+    Case("data-empty-prompt", ["run", *PAPER, "--data-dir", "data"], "expected a non-empty question", setup=_aime([{**AIME_ROW, "problem": ""}])),
+    Case("data-rows-not-objects", ["run", *PAPER, "--data-dir", "data"], "line 1 is a JSON list, not an object", setup=_aime([[1, 2, 3]])),
+]
+RESUME = [
+    Case("resume-missing-run", ["run", "--resume", "999", "--db", KEPT], "--resume 999: no such run"),
+    Case("resume-finished-run", ["run", "--resume", "1", "--db", KEPT], "already finished"),
+    Case("resume-profile-run", ["run", "--resume", "2", "--db", KEPT], "is a profile run"),
+    Case("resume-missing-database", ["run", "--resume", "1", "--db", "typo_dir/typo.sqlite"], "no results database"),
+    Case("resume-default-database", ["run", "--resume", "1"], "no results database"),
+    Case("resume-foreign-database", ["run", "--resume", "1", "--db", "users.sqlite"], "not a loopeval database"),
+]
+DATABASES = [
+    Case("run-db-not-sqlite", ["run", *TINY, *FAST, "--db", "notes.txt"], "is not a SQLite database"),
+    Case("run-db-foreign-users", ["run", *TINY, *FAST, "--db", "users.sqlite"], "not a loopeval database (it holds tables users)"),
+    Case("run-db-foreign-runs", ["run", *TINY, *FAST, "--db", "runs.sqlite"], "not a loopeval database (it holds tables runs)"),
+    Case("run-db-directory-is-a-file", ["run", *TINY, *FAST, "--db", "notes.txt/r.sqlite"], "cannot create the database directory"),
+    Case("run-db-is-a-directory", ["run", *TINY, *FAST, "--db", "folder"], "is not a file", setup=lambda root: (root / "folder").mkdir()),
+    Case("run-db-unknown-driver", ["run", *TINY, *FAST, "--db", "nosuchdriver://x"], "no SQLAlchemy driver"),
+    Case("results-typo-directory", ["results", "--db", "typo_dir/typo.sqlite"], "no results database"),
+    Case("results-default-database", ["results"], "no results database"),
+    Case("results-not-sqlite", ["results", "--db", "notes.txt"], "is not a SQLite database"),
+    Case("results-foreign-users", ["results", "--db", "users.sqlite"], "not a loopeval database"),
+    Case("results-foreign-runs", ["results", "--db", "runs.sqlite"], "not a loopeval database"),
+    Case("results-empty-file", ["results", "--db", "empty.sqlite"], "holds no loopeval results"),
+    Case("results-directory-is-a-file", ["results", "--db", "notes.txt/r.sqlite"], "no results database"),
+    Case("results-unknown-driver", ["results", "--db", "nosuchdriver://x"], "no SQLAlchemy driver"),
+    Case("results-db-is-root", ["results", "--db", "sqlite:////"], "is not a file"),
+]
+DASHBOARD = [
+    Case("dashboard-out-under-a-file", ["dashboard", "--db", KEPT, "--out", "notes.txt/report.html"], "cannot write the report"),
+    Case("dashboard-out-is-a-directory", ["dashboard", "--db", KEPT, "--out", "folder"], "cannot write the report",
+         setup=lambda root: (root / "folder").mkdir()),
+    Case("dashboard-db-missing", ["dashboard", "--db", "typo_dir/typo.sqlite"], "no results database"),
+    Case("dashboard-db-empty-file", ["dashboard", "--db", "empty.sqlite"], "holds no loopeval results"),
+    Case("dashboard-db-no-runs", ["dashboard", "--db", "blank.sqlite"], "run `loopeval run` first"),
+    Case("dashboard-db-foreign", ["dashboard", "--db", "users.sqlite"], "not a loopeval database"),
+    Case("dashboard-db-not-sqlite", ["dashboard", "--db", "notes.txt"], "is not a SQLite database"),
+    Case("dashboard-serve-db-missing", ["dashboard", "--serve", "--db", "typo_dir/typo.sqlite"], "no results database"),
+    Case("dashboard-serve-port-zero", ["dashboard", "--serve", "--db", KEPT, "--port", "0"], "--port"),
+    Case("dashboard-serve-port-too-big", ["dashboard", "--serve", "--db", KEPT, "--port", "70000"], "--port"),
+]
+PROFILE_CASES = [
+    Case("profile-batch-huge", [*PROFILE, "--lengths", "8", "--batch", "99999999999"], "--batch must be an integer from 1 to"),
+    Case("profile-batch-zero", [*PROFILE, "--lengths", "8", "--batch", "0"], "--batch must be an integer from 1 to"),
+    Case("profile-length-beyond-context", [*PROFILE, "--lengths", "8,100000"], "exceeds"),
+    Case("profile-length-zero", [*PROFILE, "--lengths", "0"], "--lengths must be"),
+    Case("profile-length-word", [*PROFILE, "--lengths", "abc"], "--lengths must be"),
+    Case("profile-loops-zero", [*PROFILE, "--lengths", "8", "--loops", "0"], "--loops must be"),
+    Case("profile-decode-steps-zero", [*PROFILE, "--lengths", "8", "--decode-steps", "0"], "--decode-steps must be"),
+    Case("profile-seed-negative", [*PROFILE, "--lengths", "8", "--seed", "-1"], "--seed must be an integer from 0 to"),
+    Case("profile-unknown-model", ["profile", "nosuch:thing", "--lengths", "8", "--db", KEPT], "unknown model prefix 'nosuch'"),
+    Case("profile-db-foreign", ["profile", "preset:qwen3-tiny", "--lengths", "8", "--db", "runs.sqlite"], "not a loopeval database"),
+]
+ESTIMATE = [
+    Case("estimate-unknown-preset", ["estimate", "no-such-preset", "--tokens", "8"], "unknown preset 'no-such-preset'"),
+    Case("estimate-tokens-zero", ["estimate", "qwen3-tiny", "--tokens", "0"], "--tokens must be"),
+    Case("estimate-dtype-int8", ["estimate", "qwen3-tiny", "--tokens", "8", "--dtype", "int8"], "--dtype must be one of"),
+    Case("estimate-batch-zero", ["estimate", "qwen3-tiny", "--tokens", "8", "--batch", "0"], "--batch must be"),
+    Case("estimate-loops-zero", ["estimate", "qwen3-tiny", "--tokens", "8", "--loops", "0"], "--loops must be"),
+    Case("estimate-missing-config", ["estimate", "nowhere/config.json", "--tokens", "8"], "nowhere"),
+    Case("estimate-config-not-json", ["estimate", "notes.txt", "--tokens", "8"], "notes.txt"),
+]
+ADAPTER = [
+    Case("adapter-new-uppercase-name", ["adapter", "new", "Bad-Name"], "must be lowercase letters"),
+    Case("adapter-new-path-name", ["adapter", "new", "../escape"], "must be lowercase letters"),
+    Case("adapter-new-builtin-prefix", ["adapter", "new", "preset"], "already a registered prefix"),
+    Case("adapter-new-dir-under-a-file", ["adapter", "new", "mine", "--dir", "notes.txt/sub"], "is not an existing directory"),
+    Case("adapter-new-existing-folder", ["adapter", "new", "mine"], "already exists", setup=_existing_package),
+    Case("adapter-check-unknown-spec", ["adapter", "check", "nosuch:thing"], "unknown model prefix 'nosuch'"),
+    Case("adapter-check-markup-spec", ["adapter", "check", "nosuch:[/b]"], "unknown model prefix 'nosuch'"),
+    Case("adapter-check-without-prefix", ["adapter", "check", "qwen3-tiny"], "must look like PREFIX:NAME_OR_PATH"),
+]
+ZOO_AND_LISTS = [
+    Case("zoo-train-unknown", ["zoo", "train", "nosuch"], "unknown zoo model(s) nosuch"),
+    Case("zoo-train-device-tpu", ["zoo", "train", "ouro-tiny", "--device", "tpu"], "--device must be cpu or cuda"),
+    Case("zoo-convert-missing-teacher", ["zoo", "convert", "--teacher", "ouro:/nonexistent", "--out", "melt-out", "--steps", "1"],
+         "/nonexistent"),
+    Case("zoo-convert-gate-bogus", ["zoo", "convert", "--teacher", "zoo:ouro-tiny", "--out", "melt-out", "--gate", "bogus"],
+         "--gate must be one of"),
+    Case("zoo-convert-device-tpu", ["zoo", "convert", "--teacher", "zoo:ouro-tiny", "--out", "melt-out", "--device", "tpu"],
+         "--device must be cpu or cuda"),
+    Case("zoo-convert-data-missing", ["zoo", "convert", "--teacher", "zoo:ouro-tiny", "--out", "melt-out", "--data", "nowhere.jsonl"],
+         "cannot read --data file"),
+    Case("zoo-convert-data-bad-json", ["zoo", "convert", "--teacher", "zoo:ouro-tiny", "--out", "melt-out", "--data", "notes.txt"],
+         "cannot read --data file notes.txt"),
+    Case("zoo-convert-out-under-a-file", ["zoo", "convert", "--teacher", "zoo:ouro-tiny", "--out", "notes.txt/melt", "--steps", "1"],
+         "--out notes.txt/melt"),
+    Case("zoo-train-out-is-a-file", ["zoo", "train", "ouro-tiny", "--out", "notes.txt", "--steps", "1"], "--out notes.txt"),
+    Case("zoo-train-steps-zero", ["zoo", "train", "ouro-tiny", "--steps", "0"], "Invalid value for '--steps'"),
+    Case("zoo-list-unknown-option", ["zoo", "list", "--jsn"], "No such option: --jsn"),
+    Case("suites-extra-argument", ["suites", "paper"], "unexpected extra argument"),
+    Case("models-unknown-option", ["models", "--all"], "No such option: --all"),
+    Case("unknown-command", ["evaluate"], "No such command 'evaluate'"),
+]
+CASES = RUN_OPTIONS + RUN_NAMES + RUN_DATA + RESUME + DATABASES + DASHBOARD + PROFILE_CASES + ESTIMATE + ADAPTER + ZOO_AND_LISTS
+
+
+def _foreign_sqlite(path: Path, table: str) -> None:
+    """Another application's SQLite file: loopeval must refuse it without writing a byte."""
+    with sqlite3.connect(path) as conn:
+        conn.execute(f"CREATE TABLE {table} (id INTEGER PRIMARY KEY, name TEXT)")
+        conn.execute(f"INSERT INTO {table} (name) VALUES ('alice')")
+    conn.close()
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The files every case starts with: loopeval databases (with runs, without runs, empty) and foreign files."""
+    root = tmp_path_factory.mktemp("template")
+    store = Store.open(str(root / KEPT))
+    spec = RunSpec.build(models=["preset:qwen3-tiny"], tasks=["lookup"], loops=[1], samples=1, max_new_tokens=1, limit=1)
+    finished = store.create_run(sweep_id="kept", model_spec="preset:qwen3-tiny", adapter="preset", suite="synthetic",
+                                spec=spec.to_dict())
+    store.add_samples(finished, [dict(task="lookup", doc_id="0", sample_index=0, prompt="p", output="o")])
+    store.finish_run(finished, "finished")
+    profiled = store.create_run(sweep_id="profiled", kind="profile", model_spec="preset:qwen3-tiny", adapter="preset",
+                                suite="profile", spec={"lengths": [8]})
+    store.finish_run(profiled, "finished")
+    store.close()
+    Store.open(str(root / "blank.sqlite")).close()  # loopeval's schema, no runs
+    (root / "empty.sqlite").write_bytes(b"")
+    (root / "notes.txt").write_text("a user's notes, not a database\n")
+    _foreign_sqlite(root / "users.sqlite", "users")
+    _foreign_sqlite(root / "runs.sqlite", "runs")
+    return root
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every path under `root` -> sha256 of its bytes ("dir" for folders): what a refused command must keep."""
+    return {str(p.relative_to(root)): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*"))}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_hostile_input(case: Case, template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                       capfd: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "work"
+    shutil.copytree(template, root)
+    if case.setup is not None:
+        case.setup(root)
+    monkeypatch.chdir(root)
+    monkeypatch.delenv("LOOPEVAL_DB", raising=False)
+    monkeypatch.delenv("LOOPEVAL_ADAPTERS", raising=False)
+    before = snapshot(root)
+
+    code = main(case.argv)
+
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err, err
+    lines = err.strip().splitlines()
+    assert code == 2, f"exit {code}; stderr: {err}"
+    assert len(lines) == 1 and lines[0].startswith("loopeval: error: "), f"stderr is not one error line:\n{err}"
+    assert case.fragment in lines[0], lines[0]
+    after = snapshot(root)
+    changed = {path for path, digest in before.items() if after.get(path) != digest}
+    assert not changed, f"changed or removed: {sorted(changed)}"
+    assert sorted(after) == sorted(before), f"the refused command created {sorted(set(after) - set(before))}"
+
+
+def test_enough_cases_across_every_command() -> None:
+    """The issue asks for at least 60 hostile inputs, and every command must face some."""
+    commands = {" ".join(c.argv[:2]) if c.argv[0] in ("zoo", "adapter") else c.argv[0] for c in CASES}
+    assert len(CASES) >= 60
+    assert {"run", "results", "suites", "models", "estimate", "profile", "dashboard", "zoo list", "zoo train",
+            "zoo convert", "adapter new", "adapter check"} <= commands
+
+
+def test_stored_names_that_look_like_console_markup_print_as_written(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """A database copied from elsewhere may name a model `[/b]`: rich would read it as a closing tag and fail
+    the whole table with a MarkupError, or style it. `loopeval results` prints it as written."""
+    path = tmp_path / "names.sqlite"
+    store = Store.open(str(path))
+    for model in ("e:[/b]x", "e:[red]y"):
+        store.finish_run(store.create_run(sweep_id="s", model_spec=model, adapter="e", suite="synthetic"), "finished")
+    store.close()
+    before = snapshot(tmp_path)
+
+    assert main(["results", "--db", str(path)]) == 0
+    out, err = capfd.readouterr()
+    assert err == "" and "e:[/b]x" in out and "e:[red]y" in out, out + err
+    assert snapshot(tmp_path) == before
