@@ -107,11 +107,16 @@ APP_HEADERS = {
 }
 
 
+# A last line of defence, as in the report: no anchor drawn in the page (Plotly's SVG ones included) navigates.
+INERT_LINKS = 'document.addEventListener("click", (e) => { if (e.target.closest("a")) e.preventDefault(); }, true);'
+
+
 def create_app(db_url: str) -> Dash:
     """The Dash app reading `db_url`; raises db.ResultsError when the database is missing or holds no runs."""
     engine = open_existing(db_url)
     queries.require_results(engine)
     app = Dash(__name__, title="loopeval", serve_locally=True)
+    app.index_string = app.index_string.replace("</body>", f"<script>{INERT_LINKS}</script></body>")
     app.layout = lambda: _layout(engine)
     app.server.after_request(_secure)
 

@@ -27,38 +27,47 @@ def profile(
     store: bool = typer.Option(True, "--store/--no-store", help="Store the points as a run of kind 'profile'."),
 ) -> None:
     """Prefill to each length and decode a few steps: memory measures (GB = 1e9 bytes) beside the analytic KV."""
-    from harness.runner import host_info, package_versions
-
     if decode_steps < 1:
         raise UserError(f"--decode-steps must be a positive integer, got {decode_steps}")
     length_list = parse_int_list(lengths, "--lengths")
     loop_list = parse_int_list(loops, "--loops")
-    began = time.perf_counter()
-    result = profile_model(
-        model, length_list or [], loop_list, batch, seed=seed, decode_steps=decode_steps,
-        on_point=(lambda point: None) if as_json else _print_point,
-    )
-    wall = time.perf_counter() - began
-    run_id = None
-    if store:
+    results = None
+    if store:  # a database that cannot take the result is refused before any measuring
         from db.store import Store
 
         results = Store.open(db)
-        run_id = results.create_run(
-            sweep_id=uuid.uuid4().hex[:12], kind="profile", model_spec=model, adapter=model.partition(":")[0],
-            model_config=result.description, loops=loop_list[0] if loop_list and len(loop_list) == 1 else None,
-            suite="profile", tasks=[], sampling={"temperature": 0.0, "max_new_tokens": decode_steps}, seed=seed,
-            spec={"lengths": length_list, "loops": loop_list, "batch": batch, "decode_steps": decode_steps},
-            versions=package_versions(), host=host_info(), status="running",
+    began = time.perf_counter()
+    try:
+        result = profile_model(
+            model, length_list or [], loop_list, batch, seed=seed, decode_steps=decode_steps,
+            on_point=(lambda point: None) if as_json else _print_point,
         )
-        results.add_profile_points(run_id, result.points)
-        results.set_memory_peaks(run_id, result.peaks)
-        results.finish_run(run_id, "finished", wall_seconds=wall)
-        results.close()
+        settings = {"lengths": length_list, "loops": loop_list, "batch": batch, "decode_steps": decode_steps}
+        run_id = None if results is None else _store(results, model, result, settings, seed, time.perf_counter() - began)
+    finally:
+        if results is not None:
+            results.close()
     if as_json:
         typer.echo(json.dumps({"run_id": run_id, **dataclasses.asdict(result)}, indent=2))
     elif run_id is not None:
         typer.echo(f"stored as profile run {run_id}")
+
+
+def _store(results: Any, model: str, result: Any, settings: dict[str, Any], seed: int, wall: float) -> int:
+    """Store the points as one finished run of kind "profile" (with the settings that made them); returns its id."""
+    from harness.runner import host_info, package_versions
+
+    loops = settings["loops"]
+    run_id = results.create_run(
+        sweep_id=uuid.uuid4().hex[:12], kind="profile", model_spec=model, adapter=model.partition(":")[0],
+        model_config=result.description, loops=loops[0] if loops and len(loops) == 1 else None, suite="profile",
+        tasks=[], sampling={"temperature": 0.0, "max_new_tokens": settings["decode_steps"]}, seed=seed, spec=settings,
+        versions=package_versions(), host=host_info(), status="running",
+    )
+    results.add_profile_points(run_id, result.points)
+    results.set_memory_peaks(run_id, result.peaks)
+    results.finish_run(run_id, "finished", wall_seconds=wall)
+    return run_id
 
 
 def _print_point(point: dict[str, Any]) -> None:
