@@ -3,20 +3,23 @@
 This module is the one door to the database: `open_engine()` for the writers (the run store),
 `open_existing()` for readers (dashboards, reports), which never creates anything. It resolves the URL (`--db`, else `LOOPEVAL_DB`,
 else `results/loopeval.sqlite` under the working directory), refuses files it must not touch
-(not SQLite, unwritable, written by a newer loopeval) *before* anything writes to them, tunes SQLite
-for several writers (WAL, busy timeout, `BEGIN IMMEDIATE`) and upgrades the schema to Alembic head.
-The Alembic config is built in code so that migrations work from an installed package, with no
-alembic.ini on disk.
+(not SQLite, unwritable, on a network filesystem, written by a newer loopeval) *before* anything
+writes to them, tunes SQLite for several writers (WAL, busy timeout, `BEGIN IMMEDIATE`) and upgrades
+the schema to Alembic head. Postgres is the store that several machines share: a `postgresql://`
+URL uses psycopg 3 (the `postgres` extra), and writers that open a database at once take turns to
+migrate it. The Alembic config is built in code so that migrations work from an installed package,
+with no alembic.ini on disk.
 """
 
 from __future__ import annotations
 
 import os
+import zlib
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, inspect
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -27,6 +30,18 @@ DEFAULT_DB_PATH = Path("results") / "loopeval.sqlite"
 BUSY_TIMEOUT_MS = 60_000  # a writer waits this long for another process's transaction
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 _SQLITE_HEADER = b"SQLite format 3\x00"
+# Where the kernel lists this process's mounts (a module constant so tests can give sample lines).
+MOUNTINFO = Path("/proc/self/mountinfo")
+# Filesystems whose locking SQLite cannot rely on (and where WAL's shared memory does not work
+# between machines): https://www.sqlite.org/wal.html and https://www.sqlite.org/lockingv3.html.
+NETWORK_FILESYSTEMS = frozenset({
+    "nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "afs", "ceph", "glusterfs", "lustre", "gpfs", "beegfs",
+    "fuse.sshfs", "fuse.glusterfs", "fuse.cephfs", "fuse.s3fs", "fuse.gcsfuse", "fuse.rclone", "davfs", "fuse.davfs2",
+})
+# Postgres URLs without a driver use psycopg 3, the driver loopeval supports (the `postgres` extra).
+POSTGRES_DRIVER = "postgresql+psycopg"
+# Key of the Postgres advisory lock that writers opening one database at once migrate under.
+_MIGRATION_LOCK = zlib.crc32(b"loopeval schema migration")
 
 
 def resolve_db_url(url: str | None = None) -> str:
@@ -38,6 +53,14 @@ def resolve_db_url(url: str | None = None) -> str:
     if "://" not in url:
         url = f"sqlite:///{Path(url).expanduser()}"
     return url
+
+
+def engine_url(url: str) -> URL:
+    """The SQLAlchemy URL to connect with: `postgres://` and `postgresql://` get the psycopg 3 driver."""
+    parsed = make_url(url)
+    if parsed.drivername in ("postgres", "postgresql"):
+        parsed = parsed.set(drivername=POSTGRES_DRIVER)
+    return parsed
 
 
 def alembic_config() -> Any:
@@ -71,8 +94,49 @@ def sqlite_path(url: str) -> Path | None:
     return Path(parsed.database)
 
 
+def _unescape_mount(field: str) -> str:
+    """mountinfo writes space, tab, newline and backslash in paths as octal escapes (\\040 ...)."""
+    for code in ("040", "011", "012", "134"):
+        field = field.replace(f"\\{code}", chr(int(code, 8)))
+    return field
+
+
+def filesystem_type(path: Path, mountinfo: str) -> str | None:
+    """The filesystem type of the mount holding `path` (absolute, resolved), from mountinfo lines.
+
+    The deepest mount point containing the path wins; of equal ones the last listed, which is the
+    one mounted over the others.
+    """
+    best: tuple[int, str] | None = None
+    for line in mountinfo.splitlines():
+        fields, _, rest = line.partition(" - ")
+        parts = fields.split()
+        if len(parts) < 5 or not rest:
+            continue
+        mount = Path(_unescape_mount(parts[4]))
+        if (mount == path or mount in path.parents) and (best is None or len(mount.parts) >= best[0]):
+            best = (len(mount.parts), rest.split()[0])
+    return best[1] if best else None
+
+
+def network_filesystem(path: Path) -> str | None:
+    """The network filesystem type `path` lies on (nfs4, cifs, ...), or None when local or unknown."""
+    try:
+        mountinfo = MOUNTINFO.read_text(encoding="utf-8", errors="replace")
+    except OSError:  # not Linux: nothing to tell
+        return None
+    kind = filesystem_type(path.resolve(), mountinfo)
+    return kind if kind in NETWORK_FILESYSTEMS else None
+
+
 def _check_sqlite_file(path: Path) -> None:
-    """Refuse a path loopeval cannot write, or a file that is not SQLite; reads only, never writes it."""
+    """Refuse a path loopeval cannot write, a file that is not SQLite, or one on a network filesystem; never writes it."""
+    kind = network_filesystem(path)
+    if kind is not None:
+        raise ResultsError(
+            f"database {path} is on a network filesystem ({kind}), where SQLite's locking is not safe; use a local "
+            f"path, or a Postgres URL for a store shared between machines (--db postgresql://USER@HOST/DATABASE)"
+        )
     if path.exists():
         if not path.is_file():
             raise ResultsError(f"database {path} is not a file")
@@ -141,11 +205,18 @@ def _tune_sqlite(engine: Engine) -> None:
 
 
 def _upgrade(engine: Engine) -> None:
-    """Bring the schema to Alembic head inside one transaction (a no-op when it is already there)."""
+    """Bring the schema to Alembic head inside one transaction (a no-op when it is already there).
+
+    On Postgres, writers that open a new database at once would all create the tables and all but
+    one fail; an advisory lock held to the end of the transaction makes them take turns (SQLite's
+    `BEGIN IMMEDIATE` does the same there).
+    """
     from alembic import command
 
     config = alembic_config()
     with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})")
         config.attributes["connection"] = conn
         command.upgrade(config, "head")
 
@@ -154,7 +225,7 @@ def open_engine(url: str | None = None) -> Engine:
     """Open (creating or upgrading as needed) the results database; ResultsError on anything unusable."""
     url = resolve_db_url(url)
     try:
-        parsed = make_url(url)
+        parsed = engine_url(url)
     except ArgumentError:
         raise ResultsError(f"--db {url!r} is not a SQLAlchemy URL (e.g. sqlite:///results/loopeval.sqlite)") from None
     path = sqlite_path(url)
@@ -168,10 +239,7 @@ def open_engine(url: str | None = None) -> Engine:
                     _check_revision(readonly, str(path))
                 finally:
                     readonly.dispose()
-        try:
-            engine = create_engine(url)
-        except (NoSuchModuleError, ImportError):
-            raise ResultsError(f"--db {parsed.drivername!r}: no SQLAlchemy driver installed for it") from None
+        engine = _create(parsed)
         if parsed.get_backend_name() == "sqlite":
             _tune_sqlite(engine)
         if path is None:
@@ -182,10 +250,21 @@ def open_engine(url: str | None = None) -> Engine:
     return engine
 
 
+def _create(parsed: URL) -> Engine:
+    """An engine for `parsed`; a server database checks its connections before use, since a sweep
+    keeps them open for hours and servers drop idle ones."""
+    server = parsed.get_backend_name() != "sqlite"
+    try:
+        return create_engine(parsed, pool_pre_ping=server)
+    except (NoSuchModuleError, ImportError):
+        extra = " (pip install 'loopeval[postgres]')" if parsed.get_backend_name() == "postgresql" else ""
+        raise ResultsError(f"--db {parsed.drivername!r}: no SQLAlchemy driver installed for it{extra}") from None
+
+
 def open_existing(url: str) -> Engine:
     """Open an existing results database for reading; never creates a missing SQLite file."""
     try:
-        parsed = make_url(url)
+        parsed = engine_url(url)
     except ArgumentError as exc:
         raise ResultsError(f"not a database URL: {url!r} ({exc})") from None
     if parsed.get_backend_name() == "sqlite":
@@ -194,7 +273,7 @@ def open_existing(url: str) -> Engine:
             raise ResultsError(f"no results database file in {url!r}; run `loopeval run` first")
         if not Path(path).is_file():
             raise ResultsError(f"no results database at {path}; run `loopeval run` first")
-    return create_engine(parsed)
+    return _create(parsed)
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:

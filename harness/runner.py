@@ -218,11 +218,46 @@ def _at_loops(adapter: Any, model: str, loops: int | None, spec: RunSpec) -> Any
     return adapters.load(model, **overrides)
 
 
+def new_sweep_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def create_run_row(
+    store: Store, spec: RunSpec, plan: SweepPlan, run: tuple[str, int | None], sweep_id: str, status: str = "running"
+) -> int:
+    """The `runs` row of one (model, loops) of a sweep, with the full spec so the run can be resumed by id."""
+    model, loops = run
+    return store.create_run(
+        sweep_id=sweep_id,
+        kind="eval",
+        model_spec=model,
+        adapter=model.partition(":")[0],
+        loops=loops,
+        suite=spec.suite,
+        tasks=[t.name for t in plan.task_configs],
+        sampling=dataclasses.asdict(spec.sampling),
+        seed=spec.seed,
+        limit=spec.limit,
+        spec=spec.to_dict(),
+        versions=package_versions(),
+        host=host_info(),
+        status=status,
+    )
+
+
 def run_sweep(
-    spec: RunSpec, plan: SweepPlan, store: Store, progress: Progress | None = None, log: Callable[[str], None] = print
+    spec: RunSpec,
+    plan: SweepPlan,
+    store: Store,
+    progress: Progress | None = None,
+    log: Callable[[str], None] = print,
+    sweep_id: str | None = None,
 ) -> list[RunOutcome]:
-    """Run every (model, loops) of the plan as one sweep, each model loaded once; one outcome per run, in order."""
-    sweep_id = uuid.uuid4().hex[:12]
+    """Run every (model, loops) of the plan as one sweep, each model loaded once; one outcome per run, in order.
+
+    `sweep_id` joins this spec's runs to others' (a sweep file with several seeds is one sweep).
+    """
+    sweep_id = sweep_id or new_sweep_id()
     outcomes = []
     overall = progress.add_task(f"sweep {sweep_id}", total=len(plan.runs)) if progress is not None else None
     adapter, current = None, None
@@ -230,22 +265,7 @@ def run_sweep(
         if model != current:  # runs are model-major: the previous model is done with
             adapter, current = plan.loaded.pop(model, None), model
         adapter = _at_loops(adapter, model, loops, spec)
-        run_id = store.create_run(
-            sweep_id=sweep_id,
-            kind="eval",
-            model_spec=model,
-            adapter=model.partition(":")[0],
-            loops=loops,
-            suite=spec.suite,
-            tasks=[t.name for t in plan.task_configs],
-            sampling=dataclasses.asdict(spec.sampling),
-            seed=spec.seed,
-            limit=spec.limit,
-            spec=spec.to_dict(),
-            versions=package_versions(),
-            host=host_info(),
-            status="running",
-        )
+        run_id = create_run_row(store, spec, plan, (model, loops), sweep_id)
         log(f"run {run_id}: {model}" + (f" loops={loops}" if loops is not None else "") + f" on {spec.suite}")
         outcomes.append(_execute(spec, store, run_id, (model, loops), adapter, plan.task_configs, progress, log))
         if progress is not None and overall is not None:
@@ -253,10 +273,8 @@ def run_sweep(
     return outcomes
 
 
-def resume_run(
-    run_id: int, store: Store, db_url: str | None, progress: Progress | None = None, log: Callable[[str], None] = print
-) -> RunOutcome:
-    """Continue a stopped run: same spec, samples already stored are not generated again."""
+def resumable_run(store: Store, run_id: int) -> Any:
+    """The stored run `run_id` if it can be continued (an eval run, with its spec, not finished); else UserError."""
     run = store.get_run(run_id)
     if run is None:
         raise UserError(f"--resume {run_id}: no such run in {store.url}")
@@ -266,11 +284,23 @@ def resume_run(
         raise UserError(f"--resume {run_id}: run already finished")
     if not run.spec:
         raise UserError(f"--resume {run_id}: run was stored without its spec and cannot be resumed")
+    return run
+
+
+def resume_run(
+    run_id: int, store: Store, db_url: str | None, progress: Progress | None = None, log: Callable[[str], None] = print
+) -> RunOutcome:
+    """Continue a stopped run: same spec, samples already stored are not generated again.
+
+    A queued run (created by the Ray executor, not started yet) goes the same way, from no samples.
+    """
+    run = resumable_run(store, run_id)
     spec = RunSpec.from_dict(run.spec, db_url)
     task_configs = _load_tasks(spec)
     adapter = _at_loops(None, run.model_spec, run.loops, spec)
     store.update_run(run_id, status="running", error=None)
-    log(f"run {run_id}: resuming {run.model_spec}" + (f" loops={run.loops}" if run.loops is not None else ""))
+    verb = "starting" if run.status == "queued" else "resuming"
+    log(f"run {run_id}: {verb} {run.model_spec}" + (f" loops={run.loops}" if run.loops is not None else ""))
     return _execute(spec, store, run_id, (run.model_spec, run.loops), adapter, task_configs, progress, log, previous=run)
 
 
