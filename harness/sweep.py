@@ -229,7 +229,7 @@ def build_request(flags: Mapping[str, Any], config: str | None = None) -> SweepR
     if executor != "ray":
         for key, value in ray.items():
             if value is not None:
-                raise UserError(f"--{key.replace('_', '-')} applies only to --executor ray")
+                raise UserError(f"--{key.replace('_', '-')} ({key} in a sweep file) applies only to --executor ray")
     if ray["gpus_per_run"] is not None:
         _gpus("--gpus-per-run", ray["gpus_per_run"])
     seeds = values.pop("seeds", None) or [0]
