@@ -3,12 +3,14 @@
 A sweep of four runs goes to Ray from a sweep file; one worker is killed (SIGKILL) in the middle of
 its run; Ray retries the task, which resumes the run. Every run must end finished with every sample
 stored exactly once, and the same sweep file on the local executor must store identical samples.
+A run interrupted on the local executor resumes on Ray, into a SQLite file given by a relative path.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -17,7 +19,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, inspect, text
 
-pytestmark = pytest.mark.slow
+from harness.cli import main
+from harness.ray_executor import resources
+from harness.spec import RunSpec
+
 LOOPEVAL = str(Path(sys.executable).with_name("loopeval"))
 
 # 2 models x loops 1, 2 = 4 runs, each 2 tasks x 12 docs x 1 sample, one doc per batch so a run
@@ -69,6 +74,7 @@ def kill_a_worker_mid_run(url: str, proc: subprocess.Popen[str], timeout: float 
     raise AssertionError(f"no run was caught mid-way: {proc.poll()=}")
 
 
+@pytest.mark.slow
 def test_a_killed_worker_is_resumed_and_the_sweep_matches_the_local_executor(
     tmp_path: Path, ray_address: str, postgres_server: object
 ) -> None:
@@ -101,3 +107,37 @@ def test_a_killed_worker_is_resumed_and_the_sweep_matches_the_local_executor(
                            capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert local.returncode == 0, local.stdout + local.stderr
     assert samples(here) == stored
+
+
+@pytest.mark.slow
+def test_an_interrupted_run_resumes_on_ray(tmp_path: Path, ray_address: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # `--db r.sqlite` is relative to here; Ray's workers run elsewhere
+    argv = [LOOPEVAL, "run", "--model", "preset:ouro-tiny", "--loops", "2", "--tasks", "addition,chain2", "--limit", "10",
+            "--samples", "1", "--max-new-tokens", "6", "--batch-size", "1", "--db", "r.sqlite", "--no-report"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    committed, deadline = 0, time.monotonic() + 120
+    while committed < 3 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+        try:
+            committed = sqlite3.connect("r.sqlite").execute("SELECT COUNT(*) FROM samples").fetchone()[0]
+        except sqlite3.OperationalError:  # no schema yet
+            pass
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    (run_id, status), = sqlite3.connect("r.sqlite").execute("SELECT id, status FROM runs").fetchall()
+    assert status == "interrupted"
+
+    assert main(["run", "--resume", str(run_id), "--executor", "ray", "--db", "r.sqlite", "--no-report"]) == 0  # this process's Ray
+    conn = sqlite3.connect("r.sqlite")
+    assert conn.execute("SELECT status FROM runs").fetchall() == [("finished",)]
+    assert conn.execute("SELECT COUNT(*), COUNT(DISTINCT task || doc_id || sample_index) FROM samples").fetchone() == (20, 20)
+    conn.close()
+
+
+def test_a_run_asks_ray_for_its_gpus_and_a_tensor_parallel_model_for_all_of_them() -> None:
+    spec = RunSpec.build(models=["preset:qwen3-tiny", "vllm:/models/qwen3"], model_overrides={"vllm:/models/qwen3": {"tensor_parallel_size": 4}})
+    assert resources(spec, "preset:qwen3-tiny", 0.0) == {"num_cpus": 1}
+    assert resources(spec, "preset:qwen3-tiny", 0.5) == {"num_cpus": 1, "num_gpus": 0.5}
+    assert resources(spec, "vllm:/models/qwen3", 1.0) == {"num_cpus": 1, "num_gpus": 4.0}
+    assert resources(spec, "vllm:/models/qwen3", 8.0) == {"num_cpus": 1, "num_gpus": 8.0}
