@@ -162,11 +162,16 @@ def _check_sqlite_file(path: Path) -> None:
 
 def _check_revision(engine: Engine, where: str) -> None:
     """Refuse a database whose schema is newer than this loopeval, or that only looks like ours."""
+    with engine.connect() as conn:
+        _check_revision_on(conn, where)
+
+
+def _check_revision_on(conn: Any, where: str) -> None:
+    """`_check_revision` on an open connection (on a server, inside the migration's transaction)."""
     from alembic.runtime.migration import MigrationContext
 
-    with engine.connect() as conn:
-        current = MigrationContext.configure(conn).get_current_revision()
-        tables = set(inspect(conn).get_table_names())
+    current = MigrationContext.configure(conn).get_current_revision()
+    tables = set(inspect(conn).get_table_names())
     if current is not None and current not in _known_revisions():
         raise ResultsError(
             f"database {where} has schema revision {current}, newer than this loopeval knows "
@@ -204,12 +209,14 @@ def _tune_sqlite(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def _upgrade(engine: Engine) -> None:
+def _upgrade(engine: Engine, where: str | None = None) -> None:
     """Bring the schema to Alembic head inside one transaction (a no-op when it is already there).
 
-    On Postgres, writers that open a new database at once would all create the tables and all but
-    one fail; an advisory lock held to the end of the transaction makes them take turns (SQLite's
-    `BEGIN IMMEDIATE` does the same there).
+    `where` names a server database, whose revision is checked first in the same transaction. On
+    Postgres, writers that open a new database at once would all create the tables and all but one
+    fail; an advisory lock held to the end of the transaction makes them take turns (SQLite's
+    `BEGIN IMMEDIATE` does the same there). The check must come after the lock: outside it, a writer
+    could read "no revision" and then see the tables another writer has just committed.
     """
     from alembic import command
 
@@ -217,6 +224,8 @@ def _upgrade(engine: Engine) -> None:
     with engine.begin() as conn:
         if engine.dialect.name == "postgresql":
             conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})")
+        if where is not None:
+            _check_revision_on(conn, where)
         config.attributes["connection"] = conn
         command.upgrade(config, "head")
 
@@ -242,9 +251,7 @@ def open_engine(url: str | None = None) -> Engine:
         engine = _create(parsed)
         if parsed.get_backend_name() == "sqlite":
             _tune_sqlite(engine)
-        if path is None:
-            _check_revision(engine, parsed.render_as_string(hide_password=True))
-        _upgrade(engine)
+        _upgrade(engine, parsed.render_as_string(hide_password=True) if path is None else None)
     except DBAPIError as exc:
         raise ResultsError(f"cannot open database {parsed.render_as_string(hide_password=True)}: {exc.orig}") from None
     return engine
