@@ -125,12 +125,14 @@ class RayExecutor:
 
             dirs = [str(Path(d).resolve()) for d in plugin_dirs] + [d for d in os.environ.get(ENV_VAR, "").split(os.pathsep) if d]
             kwargs["runtime_env"] = {"env_vars": {ENV_VAR: os.pathsep.join(dirs)}}
-        if address is None and not os.environ.get("RAY_ADDRESS"):
+        where = address or os.environ.get("RAY_ADDRESS")
+        if where is None:
             kwargs["include_dashboard"] = False  # a local instance only for this sweep
+        else:
+            _check_reachable(where)
         try:
             ray.init(address=address, **kwargs)
         except (ConnectionError, RuntimeError, ValueError) as exc:
-            where = address or os.environ.get("RAY_ADDRESS")
             raise UserError(f"cannot connect to Ray at {where}: {str(exc).splitlines()[0]}") from None
         try:
             yield cls(ray)
@@ -213,8 +215,11 @@ class RayExecutor:
         """Log how a finished task ended; a run whose last worker died is marked interrupted, ready to resume."""
         try:
             status = self.ray.get(ref)
-        except self.ray.exceptions.RayTaskError as exc:  # the run raised: _execute stored it as failed
-            log(f"{job.label}: failed: {str(exc.cause if exc.cause is not None else exc).splitlines()[0]}")
+        except self.ray.exceptions.RayTaskError as exc:  # the run raised: _execute stored it as failed, unless loading did
+            error = str(exc.cause if exc.cause is not None else exc).splitlines()[0]
+            if store.run_progress([job.run_id])[job.run_id][0] in ("queued", "running"):
+                store.finish_run(job.run_id, "failed", error=f"{type(exc.cause).__name__}: {error}")
+            log(f"{job.label}: failed: {error}")
             return
         except self.ray.exceptions.RayError as exc:  # its worker died more often than Ray retries
             store.finish_run(job.run_id, "interrupted", error=f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
@@ -232,6 +237,17 @@ class RayExecutor:
                 store.finish_run(job.run_id, "interrupted", error="sweep interrupted")
         if jobs:
             log(f"interrupted; continue each run with: loopeval run --resume RUN_ID ({', '.join(str(j.run_id) for j in jobs)})")
+
+
+def _check_reachable(address: str) -> None:
+    """Fail at once on a HOST:PORT nothing listens on: Ray itself retries such an address for minutes."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():  # "auto", "local": Ray's own lookup
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=10).close()
+    except OSError as exc:
+        raise UserError(f"cannot connect to Ray at {address}: {exc.strerror or exc}") from None
 
 
 def resources(spec: RunSpec, model: str, gpus_per_run: float) -> dict[str, float]:

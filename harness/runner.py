@@ -219,6 +219,7 @@ def _at_loops(adapter: Any, model: str, loops: int | None, spec: RunSpec) -> Any
 
 
 def new_sweep_id() -> str:
+    """The id that groups a sweep's runs (all seeds of a sweep file, all Ray tasks of one submission)."""
     return uuid.uuid4().hex[:12]
 
 

@@ -141,3 +141,24 @@ def test_a_run_asks_ray_for_its_gpus_and_a_tensor_parallel_model_for_all_of_them
     assert resources(spec, "preset:qwen3-tiny", 0.5) == {"num_cpus": 1, "num_gpus": 0.5}
     assert resources(spec, "vllm:/models/qwen3", 1.0) == {"num_cpus": 1, "num_gpus": 4.0}
     assert resources(spec, "vllm:/models/qwen3", 8.0) == {"num_cpus": 1, "num_gpus": 8.0}
+
+
+@pytest.mark.slow
+def test_a_run_that_fails_in_its_worker_is_stored_as_failed_and_the_others_finish(
+    tmp_path: Path, ray_address: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A vLLM spec passes planning here (its folder is checked, vLLM is not needed to plan) but cannot load in a
+    worker without vLLM: that run fails, with its error stored, while the sweep's other run finishes."""
+    from adapters.testing import save_tiny_qwen3
+
+    model = save_tiny_qwen3(tmp_path / "tiny-qwen3")
+    db = tmp_path / "r.sqlite"
+    rc = main(["run", "--executor", "ray", "--model", f"vllm:{model}", "--model", "preset:qwen3-tiny", "--tasks", "lookup",
+               "--limit", "2", "--samples", "1", "--max-new-tokens", "2", "--db", str(db), "--no-report"])
+    captured = capsys.readouterr()
+    assert rc == 1 and "did not finish" in captured.err
+    conn = sqlite3.connect(db)
+    runs = conn.execute("SELECT model_spec, status, error FROM runs ORDER BY id").fetchall()
+    conn.close()
+    assert [(m, s) for m, s, _ in runs] == [(f"vllm:{model}", "failed"), ("preset:qwen3-tiny", "finished")]
+    assert "vLLM is not installed" in runs[0][2]

@@ -161,6 +161,15 @@ def test_executor_ray_without_ray_installed_says_how_to_install(tmp_path: Path) 
     assert not (tmp_path / "r.sqlite").exists()
 
 
+def test_a_ray_address_nothing_listens_on_is_one_line_at_once(tmp_path: Path) -> None:
+    """Ray itself would retry it for minutes; a fresh interpreter, so no Ray connection of this session is reused."""
+    result = subprocess.run([str(Path(sys.executable).with_name("loopeval")), "run", "--executor", "ray", "--ray-address", "127.0.0.1:1",
+                             "--model", "preset:qwen3-tiny", "--tasks", "lookup", "--db", str(tmp_path / "r.sqlite")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == ["loopeval: error: cannot connect to Ray at 127.0.0.1:1: Connection refused"]
+    assert not (tmp_path / "r.sqlite").exists()
+
+
 @pytest.mark.slow
 def test_a_run_from_the_file_stores_the_spec_the_flags_store_and_never_imports_ray(tmp_path: Path) -> None:
     """Real runs, in a fresh interpreter each: the local executor must work where Ray is not installed."""
