@@ -32,7 +32,7 @@ def bin_dir() -> Path | None:
     """The folder of initdb and pg_ctl: on PATH, else the newest /usr/lib/postgresql/N/bin (Debian keeps them there)."""
     found = shutil.which("initdb")
     if found:
-        return Path(found).parent
+        return Path(found).resolve().parent  # a symlink on PATH: the folder that holds the rest too
     candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(Path(p).parts[-3]) if Path(p).parts[-3].isdigit() else 0)
     return Path(candidates[-1]).parent if candidates else None
 

@@ -152,6 +152,7 @@ def test_bad_executor_and_config_options(args: list[str], fragment: str, stored_
     assert len(lines) == 1 and lines[0].startswith("loopeval: error:") and fragment in lines[0], lines
 
 
+@pytest.mark.slow  # a fresh interpreter plans the sweep (LightEval's import) before it fails
 def test_executor_ray_without_ray_installed_says_how_to_install(tmp_path: Path) -> None:
     code = ("import sys; sys.modules['ray'] = None\n"  # Ray unimportable, as in the main job's install
             "from harness.cli import main\n"
@@ -161,6 +162,7 @@ def test_executor_ray_without_ray_installed_says_how_to_install(tmp_path: Path) 
     assert not (tmp_path / "r.sqlite").exists()
 
 
+@pytest.mark.slow  # a fresh interpreter plans the sweep (LightEval's import) before it fails
 def test_a_ray_address_nothing_listens_on_is_one_line_at_once(tmp_path: Path) -> None:
     """Ray itself would retry it for minutes; a fresh interpreter, so no Ray connection of this session is reused."""
     result = subprocess.run([str(Path(sys.executable).with_name("loopeval")), "run", "--executor", "ray", "--ray-address", "127.0.0.1:1",
