@@ -64,7 +64,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="alternating local / ray rounds")
     args = parser.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    scratch = Path(tempfile.mkdtemp(prefix="loopeval-bench-executors-"))
+    with tempfile.TemporaryDirectory(prefix="loopeval-bench-executors-") as scratch:
+        report = measure(args, Path(scratch))
+    print(json.dumps(report, indent=2))
+
+
+def measure(args: argparse.Namespace, scratch: Path) -> dict[str, object]:
+    """Every variant once per round, in `scratch` (the databases and the Ray instance's files)."""
     sweep = sweep_args(args.limit)
     report: dict[str, object] = {"workload": {"runs": 4, "limit": args.limit, "tasks": 2, "samples": 1, "ray_cpus": args.cpus}}
     report["ray_own_instance"] = timed([*sweep, "--executor", "ray"], scratch / "own.sqlite")
@@ -84,7 +90,7 @@ def main() -> None:
     report.update(local=local, ray_connected=connected, ratio_per_round=[round(r, 3) for r in ratios],
                   ratio=round(statistics.median(ratios), 3),
                   ray_extra_seconds_per_run=round(statistics.median(r["wall_seconds"] - l["wall_seconds"] for l, r in zip(local, connected)) / 4, 2))
-    print(json.dumps(report, indent=2))
+    return report
 
 
 if __name__ == "__main__":
