@@ -21,6 +21,10 @@ if it used the whole GPU:
   `kv_bytes_peak` is the largest value seen, and at least the blocks the last batch needed;
 - NVML totals (`nvml()`): device and process used bytes, which include the whole reserved pool,
   CUDA graphs and the allocator's slack.
+
+With `tensor_parallel_size = T` (the `tensor_parallel_size` override, for a model spread over T GPUs)
+each GPU holds its share of the KV heads of every block, and the KV bytes above are the sum over the
+T GPUs, like `weights_bytes`.
 """
 
 from __future__ import annotations
@@ -182,12 +186,14 @@ class VLLMAdapter:
         )
         self.num_gpu_blocks: int | None = cache_config.num_gpu_blocks
         self.gpu_memory_utilization = float(cache_config.gpu_memory_utilization)
+        self.tensor_parallel_size = int(parallel.tensor_parallel_size)  # GPUs holding this model
         self.weights_bytes = safetensors_weight_bytes(path, self.dtype)
         self._kv_peak = 0
 
     @property
     def pool_bytes(self) -> int | None:
-        return self.layout.pool_bytes(self.num_gpu_blocks) if self.num_gpu_blocks else None
+        """The KV pool over all of the model's GPUs: with tensor parallelism each GPU holds its heads' share of every block."""
+        return self.layout.pool_bytes(self.num_gpu_blocks) * self.tensor_parallel_size if self.num_gpu_blocks else None
 
     def forward_logits(self, input_ids: Any) -> Any:
         raise AdapterError(f"{self.spec}: vLLM does not expose full-sequence logits; use transformers:PATH for loglikelihood tasks")
@@ -211,7 +217,7 @@ class VLLMAdapter:
         seconds = time.perf_counter() - start
         needed = sum(self.layout.blocks_for(len(o.prompt_token_ids) + len(c.token_ids)) for o in outputs for c in o.outputs)
         if self.num_gpu_blocks:
-            self._kv_peak = max(self._kv_peak, min(needed, self.num_gpu_blocks) * self.layout.block_bytes)
+            self._kv_peak = max(self._kv_peak, min(needed, self.num_gpu_blocks) * self.layout.block_bytes * self.tensor_parallel_size)
         return [
             Generation(token_ids=list(c.token_ids), text=c.text, finish_reason=finish_reason(c.finish_reason, c.stop_reason),
                        prompt_tokens=len(o.prompt_token_ids), generated_tokens=len(c.token_ids), decode_seconds=seconds)
@@ -238,7 +244,8 @@ class VLLMAdapter:
         """The three measures side by side, as the module docstring explains them."""
         return {
             "reserved_kv_pool": {"bytes": self.pool_bytes, "num_gpu_blocks": self.num_gpu_blocks, "block_bytes": self.layout.block_bytes,
-                                 "block_size": self.layout.block_size, "gpu_memory_utilization": self.gpu_memory_utilization},
+                                 "block_size": self.layout.block_size, "gpu_memory_utilization": self.gpu_memory_utilization,
+                                 "tensor_parallel_size": self.tensor_parallel_size},
             "kv_used": {"bytes": self.memory()["kv_bytes_used"], "peak_bytes": self._kv_peak, "source": "vllm:kv_cache_usage_perc"},
             "nvml": nvml(),
         }
@@ -249,10 +256,42 @@ class VLLMAdapter:
         return {"family": "vllm", "vllm_version": vllm.__version__, "params": None, "loops": 1, "kv_strategy": "standard",
                 "dtype": self.dtype, "device": "cuda", "max_context": self.max_context, "weights_bytes": self.weights_bytes,
                 "kv_layout": self.layout.__dict__, "num_gpu_blocks": self.num_gpu_blocks,
-                "gpu_memory_utilization": self.gpu_memory_utilization}
+                "gpu_memory_utilization": self.gpu_memory_utilization,
+                "tensor_parallel_size": self.tensor_parallel_size}
 
 
-@register("vllm", "a local checkpoint through vLLM (optional extra loopeval[vllm]; GPU)")
+def inspect_vllm(
+    path: str,
+    *,
+    dtype: str | None = None,
+    device: str | None = None,
+    loops: int | None = None,
+    seed: int | None = None,
+    gpu_memory_utilization: float = 0.9,
+    max_model_len: int | None = None,
+    trust_remote_code: bool = False,
+    tensor_parallel_size: int = 1,
+) -> dict[str, Any]:
+    """Check a `vllm:PATH` spec and its overrides without vLLM or a GPU: a vLLM model never loops.
+
+    Planning a sweep then never loads the model in the submitting process, which on a Ray cluster
+    may have neither.
+    """
+    spec = f"vllm:{path}"
+    if not (Path(path).expanduser() / "config.json").is_file():
+        raise AdapterError(f"{spec}: not a model directory (no config.json)")
+    if loops not in (None, 1):
+        raise AdapterError(f"{spec}: a vLLM model does not loop; loops must be 1, got {loops}")
+    if device not in (None, "cuda"):
+        raise AdapterError(f"{spec}: the vLLM backend runs on CUDA only, got device={device!r}")
+    if not 0 < gpu_memory_utilization <= 1:
+        raise AdapterError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    if isinstance(tensor_parallel_size, bool) or not isinstance(tensor_parallel_size, int) or tensor_parallel_size < 1:
+        raise AdapterError(f"tensor_parallel_size must be a positive integer (GPUs for one model), got {tensor_parallel_size!r}")
+    return {"family": "vllm", "loops": 1, "kv_strategy": "standard", "device": "cuda", "tensor_parallel_size": tensor_parallel_size}
+
+
+@register("vllm", "a local checkpoint through vLLM (optional extra loopeval[vllm]; GPU)", inspect=inspect_vllm)
 def load_vllm(
     path: str,
     *,
@@ -263,17 +302,13 @@ def load_vllm(
     gpu_memory_utilization: float = 0.9,
     max_model_len: int | None = None,
     trust_remote_code: bool = False,
+    tensor_parallel_size: int = 1,
 ) -> VLLMAdapter:
-    """Load `vllm:PATH`. `gpu_memory_utilization` and `max_model_len` go straight to `vllm.LLM`."""
+    """Load `vllm:PATH`. `gpu_memory_utilization`, `max_model_len` and `tensor_parallel_size` (GPUs that
+    share one model) go straight to `vllm.LLM`."""
     spec = f"vllm:{path}"
-    if not (Path(path).expanduser() / "config.json").is_file():
-        raise AdapterError(f"{spec}: not a model directory (no config.json)")
-    if loops not in (None, 1):
-        raise AdapterError(f"{spec}: a vLLM model does not loop; loops must be 1, got {loops}")
-    if device not in (None, "cuda"):
-        raise AdapterError(f"{spec}: the vLLM backend runs on CUDA only, got device={device!r}")
-    if not 0 < gpu_memory_utilization <= 1:
-        raise AdapterError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    inspect_vllm(path, loops=loops, device=device, gpu_memory_utilization=gpu_memory_utilization,
+                 tensor_parallel_size=tensor_parallel_size)
     try:
         from vllm import LLM
     except ImportError as exc:
@@ -281,5 +316,6 @@ def load_vllm(
     if trust_remote_code:
         print(f"loopeval: warning: trust_remote_code=True runs Python code shipped in {path}", file=sys.stderr)
     llm = LLM(model=str(Path(path).expanduser()), dtype=dtype or "auto", seed=seed or 0, gpu_memory_utilization=gpu_memory_utilization,
-              max_model_len=max_model_len, trust_remote_code=trust_remote_code, disable_log_stats=False)
+              max_model_len=max_model_len, trust_remote_code=trust_remote_code, tensor_parallel_size=tensor_parallel_size,
+              disable_log_stats=False)
     return VLLMAdapter(spec, llm, path=str(Path(path).expanduser()))

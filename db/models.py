@@ -41,7 +41,7 @@ class Run(Base):
     spec: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # the full RunSpec, so --resume can rebuild it
     versions: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)  # package -> version
     host: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # hostname, cpu, gpu, ...
-    # pending (stored with its sweep, not started), running, finished, failed, interrupted
+    # queued (stored with its sweep, not started yet), running, finished, failed, interrupted
     status: Mapped[str] = mapped_column(String(16), default="running")
     error: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -3,20 +3,23 @@
 This module is the one door to the database: `open_engine()` for the writers (the run store),
 `open_existing()` for readers (dashboards, reports), which never creates anything. It resolves the URL (`--db`, else `LOOPEVAL_DB`,
 else `results/loopeval.sqlite` under the working directory), refuses files it must not touch
-(not SQLite, unwritable, written by a newer loopeval) *before* anything writes to them, tunes SQLite
-for several writers (WAL, busy timeout, `BEGIN IMMEDIATE`) and upgrades the schema to Alembic head.
-The Alembic config is built in code so that migrations work from an installed package, with no
-alembic.ini on disk.
+(not SQLite, unwritable, on a network filesystem, written by a newer loopeval) *before* anything
+writes to them, tunes SQLite for several writers (WAL, busy timeout, `BEGIN IMMEDIATE`) and upgrades
+the schema to Alembic head. Postgres is the store that several machines share: a `postgresql://`
+URL uses psycopg 3 (the `postgres` extra), and writers that open a database at once take turns to
+migrate it. The Alembic config is built in code so that migrations work from an installed package,
+with no alembic.ini on disk.
 """
 
 from __future__ import annotations
 
 import os
+import zlib
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, inspect
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -27,6 +30,18 @@ DEFAULT_DB_PATH = Path("results") / "loopeval.sqlite"
 BUSY_TIMEOUT_MS = 60_000  # a writer waits this long for another process's transaction
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 _SQLITE_HEADER = b"SQLite format 3\x00"
+# Where the kernel lists this process's mounts (a module constant so tests can give sample lines).
+MOUNTINFO = Path("/proc/self/mountinfo")
+# Filesystems whose locking SQLite cannot rely on (and where WAL's shared memory does not work
+# between machines): https://www.sqlite.org/wal.html and https://www.sqlite.org/lockingv3.html.
+NETWORK_FILESYSTEMS = frozenset({
+    "nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "afs", "ceph", "glusterfs", "lustre", "gpfs", "beegfs",
+    "fuse.sshfs", "fuse.glusterfs", "fuse.cephfs", "fuse.s3fs", "fuse.gcsfuse", "fuse.rclone", "davfs", "fuse.davfs2",
+})
+# Postgres URLs without a driver use psycopg 3, the driver loopeval supports (the `postgres` extra).
+POSTGRES_DRIVER = "postgresql+psycopg"
+# Key of the Postgres advisory lock that writers opening one database at once migrate under.
+_MIGRATION_LOCK = zlib.crc32(b"loopeval schema migration")
 
 
 def resolve_db_url(url: str | None = None) -> str:
@@ -38,6 +53,14 @@ def resolve_db_url(url: str | None = None) -> str:
     if "://" not in url:
         url = f"sqlite:///{Path(url).expanduser()}"
     return url
+
+
+def engine_url(url: str) -> URL:
+    """The SQLAlchemy URL to connect with: `postgres://` and `postgresql://` get the psycopg 3 driver."""
+    parsed = make_url(url)
+    if parsed.drivername in ("postgres", "postgresql"):
+        parsed = parsed.set(drivername=POSTGRES_DRIVER)
+    return parsed
 
 
 def alembic_config() -> Any:
@@ -71,6 +94,41 @@ def sqlite_path(url: str) -> Path | None:
     return Path(parsed.database)
 
 
+def _unescape_mount(field: str) -> str:
+    """mountinfo writes space, tab, newline and backslash in paths as octal escapes (\\040 ...)."""
+    for code in ("040", "011", "012", "134"):
+        field = field.replace(f"\\{code}", chr(int(code, 8)))
+    return field
+
+
+def filesystem_type(path: Path, mountinfo: str) -> str | None:
+    """The filesystem type of the mount holding `path` (absolute, resolved), from mountinfo lines.
+
+    The deepest mount point containing the path wins; of equal ones the last listed, which is the
+    one mounted over the others.
+    """
+    best: tuple[int, str] | None = None
+    for line in mountinfo.splitlines():
+        fields, _, rest = line.partition(" - ")
+        parts = fields.split()
+        if len(parts) < 5 or not rest:
+            continue
+        mount = Path(_unescape_mount(parts[4]))
+        if (mount == path or mount in path.parents) and (best is None or len(mount.parts) >= best[0]):
+            best = (len(mount.parts), rest.split()[0])
+    return best[1] if best else None
+
+
+def network_filesystem(path: Path) -> str | None:
+    """The network filesystem type `path` lies on (nfs4, cifs, ...), or None when local or unknown."""
+    try:
+        mountinfo = MOUNTINFO.read_text(encoding="utf-8", errors="replace")
+    except OSError:  # not Linux: nothing to tell
+        return None
+    kind = filesystem_type(path.resolve(), mountinfo)
+    return kind if kind in NETWORK_FILESYSTEMS else None
+
+
 def _check_sqlite_header(path: Path) -> None:
     """Refuse a path that is not a file, or a file that is not SQLite (an empty file is a new database)."""
     if not path.is_file():
@@ -82,7 +140,13 @@ def _check_sqlite_header(path: Path) -> None:
 
 
 def _check_sqlite_file(path: Path) -> None:
-    """Refuse a path loopeval cannot write, or a file that is not SQLite; reads only, never writes it."""
+    """Refuse a path loopeval cannot write, a file that is not SQLite, or one on a network filesystem; never writes it."""
+    kind = network_filesystem(path)
+    if kind is not None:
+        raise ResultsError(
+            f"database {path} is on a network filesystem ({kind}), where SQLite's locking is not safe; use a local "
+            f"path, or a Postgres URL for a store shared between machines (--db postgresql://USER@HOST/DATABASE)"
+        )
     if path.exists():
         _check_sqlite_header(path)
         if not os.access(path, os.W_OK):
@@ -102,16 +166,22 @@ def _check_sqlite_file(path: Path) -> None:
 
 
 def _revision(engine: Engine, where: str) -> str | None:
+    """`_revision_on` a new connection of `engine`."""
+    with engine.connect() as conn:
+        return _revision_on(conn, where)
+
+
+def _revision_on(conn: Any, where: str) -> str | None:
     """The loopeval schema revision of a database; None for an empty one (no tables yet).
 
     Refuses what is not loopeval's: a database holding another application's tables, or a revision
-    this loopeval does not know (written by a newer loopeval). Reads only.
+    this loopeval does not know (written by a newer loopeval). Reads only; on a server it runs inside
+    the migration's transaction (see `_upgrade`).
     """
     from alembic.runtime.migration import MigrationContext
 
-    with engine.connect() as conn:
-        current = MigrationContext.configure(conn).get_current_revision()
-        tables = sorted(set(inspect(conn).get_table_names()) - {"alembic_version"})
+    current = MigrationContext.configure(conn).get_current_revision()
+    tables = sorted(set(inspect(conn).get_table_names()) - {"alembic_version"})
     if current is None and tables:
         shown = ", ".join(tables[:4]) + (", ..." if len(tables) > 4 else "")
         raise ResultsError(f"database {where} is not a loopeval database (it holds tables {shown}); "
@@ -161,28 +231,47 @@ def _tune_sqlite(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def _upgrade(engine: Engine) -> None:
-    """Bring the schema to Alembic head inside one transaction (a no-op when it is already there)."""
+def _upgrade(engine: Engine, where: str | None = None) -> None:
+    """Bring the schema to Alembic head inside one transaction (a no-op when it is already there).
+
+    `where` names a server database, whose revision is checked first in the same transaction. On
+    Postgres, writers that open a new database at once would all create the tables and all but one
+    fail; an advisory lock held to the end of the transaction makes them take turns (SQLite's
+    `BEGIN IMMEDIATE` does the same there). The check must come after the lock: outside it, a writer
+    could read "no revision" and then see the tables another writer has just committed.
+    """
     from alembic import command
 
     config = alembic_config()
     with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})")
+        if where is not None:
+            _revision_on(conn, where)
         config.attributes["connection"] = conn
         command.upgrade(config, "head")
 
 
-def _parse(url: str) -> Any:
+def _parse(url: str) -> URL:
     try:
-        return make_url(url)
+        return engine_url(url)
     except ArgumentError:
         raise ResultsError(f"--db {url!r} is not a SQLAlchemy URL (e.g. sqlite:///results/loopeval.sqlite)") from None
 
 
-def _create_engine(url: str) -> Engine:
+def _create(parsed: URL) -> Engine:
+    """An engine for `parsed`; a server database checks its connections before use, since a sweep
+    keeps them open for hours and servers drop idle ones."""
+    server = parsed.get_backend_name() != "sqlite"
     try:
-        engine = create_engine(url)
+        return create_engine(parsed, pool_pre_ping=server)
     except (NoSuchModuleError, ImportError):
-        raise ResultsError(f"--db {make_url(url).drivername!r}: no SQLAlchemy driver installed for it") from None
+        extra = " (pip install 'loopeval[postgres]')" if parsed.get_backend_name() == "postgresql" else ""
+        raise ResultsError(f"--db {parsed.drivername!r}: no SQLAlchemy driver installed for it{extra}") from None
+
+
+def _create_engine(url: str) -> Engine:
+    engine = _create(_parse(url))
     if engine.url.get_backend_name() == "sqlite":
         _tune_sqlite(engine)
     return engine
@@ -203,9 +292,7 @@ def open_engine(url: str | None = None) -> Engine:
             if path.exists() and path.stat().st_size > 0:
                 _readonly_revision(path)
         engine = _create_engine(url)
-        if path is None:
-            _revision(engine, where)
-        _upgrade(engine)
+        _upgrade(engine, where if path is None else None)
     except DBAPIError as exc:
         raise ResultsError(f"cannot open database {where}: {exc.orig}") from None
     return engine

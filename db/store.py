@@ -1,7 +1,8 @@
 """The write API of the results store, plus the run summary that `loopeval results` prints.
 
 Each call is one short transaction, so a run commits samples as they finish and several processes
-can share one SQLite file (db.session serialises writers with `BEGIN IMMEDIATE` and a busy timeout).
+can share one SQLite file (db.session serialises writers with `BEGIN IMMEDIATE` and a busy timeout)
+or, across machines, one Postgres database.
 The store takes and returns plain values (dicts, ints); harness types stay in the harness.
 """
 
@@ -143,8 +144,18 @@ class Store:
                     existing.add(key)
                     new.append({**row, "run_id": run_id, "doc_id": key[1]})
             if new:  # one executemany INSERT: the ORM's per-object flush costs more than a tiny model's batch
-                session.execute(insert(Sample), new)
+                session.execute(self._insert_samples(), new)
             return len(new)
+
+    def _insert_samples(self) -> Any:
+        """The samples INSERT. On Postgres it skips rows another transaction stored meanwhile: two workers
+        can hold one run when a Ray node is lost but its process lives on, and the second must not fail.
+        (SQLite's `BEGIN IMMEDIATE` already makes the check above and this insert one atomic step.)"""
+        if self.engine.dialect.name == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert as postgres_insert
+
+            return postgres_insert(Sample).on_conflict_do_nothing(index_elements=["run_id", "task", "doc_id", "sample_index"])
+        return insert(Sample)
 
     def set_sample_scores(self, run_id: int, scores: Mapping[tuple[str, str, int], float | None]) -> None:
         """Fill in scores once the suite is scored: (task, doc_id, sample_index) -> score."""
@@ -162,6 +173,18 @@ class Store:
             if task is not None:
                 query = query.where(Sample.task == task)
             return list(session.scalars(query.order_by(Sample.task, Sample.doc_id, Sample.sample_index)))
+
+    def run_progress(self, run_ids: Iterable[int]) -> dict[int, tuple[str, int]]:
+        """Status and stored sample count of each run: what a sweep's submitter polls to show progress."""
+        ids = list(run_ids)
+        with self._session() as session:
+            counts = dict(
+                session.execute(
+                    select(Sample.run_id, func.count()).where(Sample.run_id.in_(ids)).group_by(Sample.run_id)
+                ).all()
+            )
+            statuses = session.execute(select(Run.id, Run.status).where(Run.id.in_(ids))).all()
+        return {run_id: (status, counts.get(run_id, 0)) for run_id, status in statuses}
 
     # --- metrics, memory, profile -----------------------------------------------------------
 

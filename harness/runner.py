@@ -246,39 +246,47 @@ def _at_loops(adapter: Any, model: str, loops: int | None, spec: RunSpec) -> Any
     return adapters.load(model, **overrides)
 
 
-def store_sweep(spec: RunSpec, plan: SweepPlan, store: Store) -> list[tuple[int, str, int | None]]:
-    """Store every run of the sweep up front (status "pending"): a killed sweep is then completed by
-    `--resume` of any of its runs. Returns (run id, model spec, loops) in the order they run."""
-    sweep_id = uuid.uuid4().hex[:12]
-    common = dict(
-        sweep_id=sweep_id, kind="eval", suite=spec.suite, tasks=[t.name for t in plan.task_configs],
-        sampling=dataclasses.asdict(spec.sampling), seed=spec.seed, limit=spec.limit, spec=spec.to_dict(),
-        versions=package_versions(), host=host_info(), status="pending",
+def new_sweep_id() -> str:
+    """The id that groups a sweep's runs (all seeds of a sweep file, all Ray tasks of one submission)."""
+    return uuid.uuid4().hex[:12]
+
+
+def create_run_row(
+    store: Store, spec: RunSpec, plan: SweepPlan, run: tuple[str, int | None], sweep_id: str, status: str = "queued"
+) -> int:
+    """The `runs` row of one (model, loops) of a sweep, with the full spec so the run can be resumed by id."""
+    model, loops = run
+    return store.create_run(
+        sweep_id=sweep_id, kind="eval", model_spec=model, adapter=model.partition(":")[0], loops=loops,
+        suite=spec.suite, tasks=[t.name for t in plan.task_configs], sampling=dataclasses.asdict(spec.sampling),
+        seed=spec.seed, limit=spec.limit, spec=spec.to_dict(), versions=package_versions(), host=host_info(),
+        status=status,
     )
-    return [
-        (store.create_run(model_spec=model, adapter=model.partition(":")[0], loops=loops, **common), model, loops)
-        for model, loops in plan.runs
-    ]
+
+
+def store_sweep(spec: RunSpec, plan: SweepPlan, store: Store, sweep_id: str) -> list[tuple[int, str, int | None]]:
+    """Store every run of the sweep up front (status "queued"): a killed sweep is then completed by
+    `--resume` of any of its runs. Returns (run id, model spec, loops) in the order they run."""
+    return [(create_run_row(store, spec, plan, run, sweep_id), *run) for run in plan.runs]
 
 
 def run_sweep(
-    spec: RunSpec, plan: SweepPlan, store: Store, progress: Progress | None = None, log: Callable[[str], None] = print
+    spec: RunSpec, plan: SweepPlan, store: Store, progress: Progress | None = None, log: Callable[[str], None] = print,
+    sweep_id: str | None = None,
 ) -> list[RunOutcome]:
     """Store the sweep, then run every (model, loops) of it, each model loaded once; one outcome per run, in order.
 
     A run that fails is stored as failed with its reason and the sweep goes on; Ctrl-C stops it.
+    `sweep_id` joins this spec's runs to others' (a sweep file with several seeds is one sweep).
     """
-    runs = store_sweep(spec, plan, store)
+    runs = store_sweep(spec, plan, store, sweep_id or new_sweep_id())
     return _run_stored(spec, runs, plan.task_configs, store, progress, log, plan.loaded)
 
 
-def resume_run(
-    run_id: int, store: Store, db_url: str | None, progress: Progress | None = None, log: Callable[[str], None] = print
-) -> list[RunOutcome]:
-    """Complete the sweep of run `run_id`: that run and every other unfinished run of its sweep, in order.
+def resumable_run(store: Store, run_id: int) -> Any:
+    """The stored run `run_id` if it is an eval run stored with its spec; else UserError.
 
-    Samples already stored are not generated again; each run's memory trace and timings continue
-    from where the stopped process last wrote them.
+    A run that another live process holds (its lease) is refused: two processes never run one run.
     """
     run = store.get_run(run_id)
     if run is None:
@@ -290,12 +298,35 @@ def resume_run(
     holder = store.lease_holder(run_id, holder_is_gone)
     if holder is not None:
         raise UserError(f"--resume {run_id}: the run is being run by {holder} right now; two processes never run one run at once")
+    return run
+
+
+def resume_run(
+    run_id: int, store: Store, db_url: str | None, progress: Progress | None = None, log: Callable[[str], None] = print
+) -> list[RunOutcome]:
+    """Complete the sweep of run `run_id`: that run and every other unfinished run of its sweep, in order.
+
+    Samples already stored are not generated again; each run's memory trace and timings continue
+    from where the stopped process last wrote them.
+    """
+    run = resumable_run(store, run_id)
     todo = [(r.id, r.model_spec, r.loops) for r in store.sweep_runs(run.sweep_id) if r.status != "finished"]
     if not todo:
         raise UserError(f"--resume {run_id}: run {run_id} and the rest of its sweep {run.sweep_id} already finished")
     spec = RunSpec.from_dict(run.spec, db_url)
     log(f"resuming sweep {run.sweep_id}: run(s) {', '.join(str(r[0]) for r in todo)}")
     return _run_stored(spec, todo, _load_tasks(spec), store, progress, log)
+
+
+def run_one(run_id: int, store: Store, db_url: str | None, log: Callable[[str], None] = print) -> RunOutcome:
+    """Run, or continue, exactly the stored run `run_id` (what one Ray task does); stored samples are skipped."""
+    run = resumable_run(store, run_id)
+    if run.status == "finished":
+        raise UserError(f"--resume {run_id}: run already finished")
+    spec = RunSpec.from_dict(run.spec, db_url)
+    log(f"run {run_id}: {'starting' if run.status == 'queued' else 'resuming'} {run.model_spec}"
+        + (f" loops={run.loops}" if run.loops is not None else ""))
+    return _run_stored(spec, [(run.id, run.model_spec, run.loops)], _load_tasks(spec), store, None, log)[0]
 
 
 def _run_stored(

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from adapters.base import AdapterError, Sampling
@@ -75,6 +75,8 @@ def suite_sampling(suite: str) -> dict[str, float | int]:
 
 # Backends that can run code shipped inside a model directory, and so take trust_remote_code.
 REMOTE_CODE_PREFIXES = ("transformers", "vllm")
+# Set for the whole sweep, never per model: loops are what a sweep varies, the seed what makes it repeatable.
+SWEEP_WIDE_OVERRIDES = ("loops", "seed")
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,9 @@ class RunSpec:
     data_dir: str | None = None
     sampler_interval: float = DEFAULT_INTERVAL
     trust_remote_code: bool = False  # only for transformers:/vllm: specs; their loaders warn when used
+    # model spec -> load overrides of that model only (a sweep file's `{spec = ..., overrides = {...}}`);
+    # runs stored before this field existed have none, which from_dict keeps working.
+    model_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -113,6 +118,7 @@ class RunSpec:
         data_dir: str | None = None,
         sampler_interval: float = DEFAULT_INTERVAL,
         trust_remote_code: bool = False,
+        model_overrides: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> RunSpec:
         """Fill unset values and check every field; UserError names the bad option.
 
@@ -140,6 +146,7 @@ class RunSpec:
             message = str(exc).replace("top_p", "--top-p").replace("temperature", "--temperature")
             raise UserError(message) from None
         limit = DEFAULTS.limit if limit is None else limit
+        per_model = _checked_model_overrides(models, model_overrides or {})
         return cls(
             models=models,
             suite=suite,
@@ -153,11 +160,12 @@ class RunSpec:
             data_dir=data_dir,
             sampler_interval=sampler_interval,
             trust_remote_code=trust_remote_code,
+            model_overrides=per_model,
         )
 
     def load_overrides(self, model: str) -> dict[str, Any]:
-        """Overrides every adapter of this sweep is loaded with (the engine rejects unknown ones)."""
-        overrides: dict[str, Any] = {"seed": self.seed}
+        """Overrides `model` is loaded with: the sweep's seed, then its own (the adapter rejects unknown ones)."""
+        overrides: dict[str, Any] = {"seed": self.seed, **self.model_overrides.get(model, {})}
         if self.trust_remote_code and model.partition(":")[0] in REMOTE_CODE_PREFIXES:
             overrides["trust_remote_code"] = True
         return overrides
@@ -176,6 +184,20 @@ class RunSpec:
             if fields.get(name) is not None:
                 fields[name] = tuple(fields[name])
         return cls(**fields)
+
+
+def _checked_model_overrides(models: Sequence[str], overrides: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per-model overrides as stored: only for models of the sweep, never a sweep-wide setting, empty ones dropped."""
+    checked = {}
+    for model, values in overrides.items():
+        if model not in models:
+            raise UserError(f"overrides are given for {model}, which is not one of the sweep's models")
+        for key in SWEEP_WIDE_OVERRIDES:
+            if key in values:
+                raise UserError(f"overrides of {model}: {key} is set for the whole sweep, not per model")
+        if values:
+            checked[model] = dict(values)
+    return checked
 
 
 def is_looped(description: dict[str, Any]) -> bool:

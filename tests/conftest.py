@@ -1,8 +1,15 @@
-"""Shared pytest fixtures. Tests run on the CPU with real tensors, real SQLite files and the real LightEval pipeline."""
+"""Shared pytest fixtures. Tests run on the CPU with real tensors, real SQLite files and the real LightEval pipeline.
+
+Services are real too: a throwaway Postgres server (`postgres_server`, `postgres_url`; tests/pg.py)
+and a local Ray instance with 2 CPUs (`ray_address`), never mocks of either. Where one cannot run,
+its tests skip with the reason (or fail, with LOOPEVAL_REQUIRE_SERVICES set, as .ci/run does).
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -23,3 +30,57 @@ def _offline_hub(monkeypatch: pytest.MonkeyPatch) -> None:
 def _grad_enabled() -> None:
     """LightEval 0.13 calls torch.set_grad_enabled(False) at import; tests that train need autograd back."""
     torch.set_grad_enabled(True)
+
+
+def _service_missing(reason: str) -> None:
+    """Skip a test that needs a missing service, or fail where CI requires every service (.ci/run)."""
+    if os.environ.get("LOOPEVAL_REQUIRE_SERVICES"):
+        pytest.fail(f"LOOPEVAL_REQUIRE_SERVICES is set but {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[Any]:
+    """A throwaway Postgres cluster for the whole session (tests/pg.py), stopped and deleted at the end."""
+    import pg
+
+    reason = pg.unavailable()
+    if reason:
+        _service_missing(reason)
+    server = pg.PostgresServer()
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+@pytest.fixture()
+def postgres_url(postgres_server: Any, request: pytest.FixtureRequest) -> str:
+    """A fresh, empty database on the session's Postgres server, as a SQLAlchemy URL (psycopg 3)."""
+    name = "t_" + "".join(c if c.isalnum() else "_" for c in request.node.name.lower())[:50] + f"_{os.getpid()}_{id(request)}"
+    return postgres_server.database(name[:63])
+
+
+@pytest.fixture(scope="session")
+def ray_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A local Ray instance with 2 CPUs for the session, its temp files and logs under pytest's tmp; its GCS address.
+
+    Workers inherit this process's environment, so the hub stays offline in them too.
+    """
+    try:
+        import ray
+    except ImportError:
+        _service_missing("Ray is not installed (pip install -e '.[test]')")
+    offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+    saved = {name: os.environ.get(name) for name in offline}
+    os.environ.update(offline)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=str(tmp_path_factory.mktemp("ray")))
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

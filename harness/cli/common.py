@@ -37,16 +37,17 @@ DeviceOption = Annotated[str, typer.Option("--device", help="cpu or cuda.")]
 ThreadsOption = Annotated[Optional[int], typer.Option("--threads", min=1, help="torch CPU threads.")]
 
 
-def parse_int_list(value: str | None, option: str) -> list[int] | None:
-    """'1,2,4' -> [1, 2, 4]; UserError naming the option on anything else."""
+def parse_int_list(value: str | None, option: str, minimum: int = 1) -> list[int] | None:
+    """'1,2,4' -> [1, 2, 4]; UserError naming the option on anything else (or on an item below `minimum`)."""
     if value is None:
         return None
+    words = "positive integers" if minimum == 1 else f"integers >= {minimum}"
     try:
         items = [int(part) for part in value.split(",") if part.strip()]
     except ValueError:
-        raise UserError(f"{option} must be comma-separated positive integers, got {value!r}") from None
-    if not items or any(item < 1 for item in items):
-        raise UserError(f"{option} must be comma-separated positive integers, got {value!r}")
+        raise UserError(f"{option} must be comma-separated {words}, got {value!r}") from None
+    if not items or any(item < minimum for item in items):
+        raise UserError(f"{option} must be comma-separated {words}, got {value!r}")
     return items
 
 

@@ -1,13 +1,15 @@
 """`loopeval run`: evaluate models x loop counts on a suite, storing every sample, metric and memory trace.
 
-Options are parsed here and validated by `RunSpec.build` before anything is loaded or written;
-torch, lighteval and sqlalchemy are imported inside the command so `loopeval --help` stays instant.
+Options, or a sweep file (`--config`, see `harness.sweep`), are validated by `RunSpec.build` before
+anything is loaded or written; torch, lighteval, sqlalchemy and Ray are imported inside the command
+so `loopeval --help` stays instant. `--executor local` (the default) runs the sweep in this process;
+`--executor ray` submits each run as a Ray task (`harness.ray_executor`).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -28,21 +30,24 @@ def run(
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help=f"New tokens per sample. Default: the suite's ({_SYNTHETIC['max_new_tokens']} on {DEFAULTS.suite}, 32768 on paper)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Docs per task. Default: all."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help=f"Prompts per generate call. Default: {DEFAULTS.batch_size}."),
-    seed: int = typer.Option(0, "--seed", help="Seed for weights of random presets and for sampling."),
+    seed: Optional[str] = typer.Option(None, "--seed", help="Seed for weights of random presets and for sampling; comma-separated seeds run the sweep once per seed. Default: 0."),
     db: DbOption = None,
     data_dir: Optional[str] = typer.Option(None, "--data-dir", help="Directory with local copies of suite datasets (JSONL or parquet)."),
-    resume: Optional[int] = typer.Option(None, "--resume", help="Continue the stopped run RUN_ID with its stored settings (other options are ignored)."),
+    resume: Optional[int] = typer.Option(None, "--resume", help="Continue the stopped run RUN_ID with its stored settings (other sweep options are ignored)."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write the HTML report beside the database at the end."),
     trust_remote_code: TrustRemoteCodeFlag = False,
     adapters_dir: AdaptersDirOption = None,
-) -> None:
+    config: Optional[str] = typer.Option(None, "--config", help="Sweep file (TOML) with the same settings as these options, plus per-model overrides; an option given beside it overrides its key."),
+    executor: Optional[str] = typer.Option(None, "--executor", help="local: the runs one after another in this process (default). ray: each run a Ray task."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster to submit to (--executor ray). Default: $RAY_ADDRESS, else a new local Ray instance."),
+    gpus_per_run: Optional[float] = typer.Option(None, "--gpus-per-run", help="GPUs each run requests (--executor ray; a fraction shares a GPU). Default: 1 on a cluster with GPUs, else one CPU per run."),
+) -> int:
     """Evaluate models x loop counts on a suite, storing every sample, metric and memory trace.
 
     With no arguments: the tiny zoo on the synthetic suite, loops 1,2,4,8 for looped models,
     paper sampling (temperature 1.0, top-p 0.7).
     """
-    from harness.runner import failure_summary, prepare_sweep, resume_run, run_sweep
-    from harness.spec import RunSpec
+    from harness.sweep import build_request
 
     # LightEval warns on every run that --limit makes numbers partial; the table says what was run.
     logging.getLogger("lighteval").setLevel(logging.ERROR)
@@ -51,41 +56,91 @@ def run(
 
         load_plugins(adapters_dir)  # before --model is resolved, so plugin prefixes are known
 
-    spec = RunSpec.build(
+    flags = dict(
         models=model, suite=suite, tasks=[t.strip() for t in tasks.split(",") if t.strip()] if tasks else None,
         loops=parse_int_list(loops, "--loops"), samples=samples, temperature=temperature, top_p=top_p,
-        max_new_tokens=max_new_tokens, limit=limit, batch_size=batch_size, seed=seed, db_url=db, data_dir=data_dir,
-        trust_remote_code=trust_remote_code,
+        max_new_tokens=max_new_tokens, limit=limit, batch_size=batch_size, seeds=parse_int_list(seed, "--seed", minimum=0),
+        db_url=db, data_dir=data_dir, trust_remote_code=trust_remote_code or None,
+        executor=executor, ray_address=ray_address, gpus_per_run=gpus_per_run,
     )
-    from db.session import resolve_db_url
-    from db.store import Store
-
-    if resume is not None:
-        store = Store.read(db)  # resuming never creates a database
+    request = build_request(flags, config)
+    if request.executor == "ray":
+        store, outcomes = _on_ray(request, resume, adapters_dir or [])
     else:
-        plan = prepare_sweep(spec)  # unknown suite, task or model fails here, before the database opens
-        store = Store.open(db)
-    # Closed on every way out: an open SQLite connection leaves -wal and -shm files beside the database.
+        store, outcomes = _here(request, resume)
+    return _summarise(store, outcomes, request.db, report)
+
+
+def _plain_log(bars: Any) -> Any:
+    """A log line printer for the progress console: lines name models and errors, so plain text, never markup."""
+    return lambda line: bars.console.print(line, markup=False)
+
+
+def _here(request: Any, resume: int | None) -> tuple[Any, list[Any]]:
+    """The local executor: every run in this process, one after another, each model loaded once.
+
+    `--resume` completes every unfinished run of the resumed run's sweep and never creates a database.
+    """
+    from db.store import Store
+    from harness.runner import new_sweep_id, prepare_sweep, resume_run, run_sweep
+
+    plans = [] if resume is not None else [prepare_sweep(spec) for spec in request.specs]  # bad names fail here
+    store = Store.read(request.db) if resume is not None else Store.open(request.db)
     try:
         with progress() as bars:
-            def log(line: str) -> None:  # names models and errors: plain text, never console markup
-                bars.console.print(line, markup=False)
-
             if resume is not None:
-                outcomes = resume_run(resume, store, db, progress=bars, log=log)
-            else:
-                outcomes = run_sweep(spec, plan, store, progress=bars, log=log)
+                return store, resume_run(resume, store, request.db, progress=bars, log=_plain_log(bars))
+            sweep_id = new_sweep_id()
+            return store, [
+                outcome
+                for spec, plan in zip(request.specs, plans)
+                for outcome in run_sweep(spec, plan, store, progress=bars, log=_plain_log(bars), sweep_id=sweep_id)
+            ]
+    except BaseException:
+        store.close()  # an open SQLite connection would leave -wal and -shm files beside the database
+        raise
+
+
+def _on_ray(request: Any, resume: int | None, plugin_dirs: list[str]) -> tuple[Any, list[Any]]:
+    """The Ray executor: plan here, then every run as a Ray task writing to the shared store."""
+    from db.store import Store
+    from harness.ray_executor import RayExecutor, worker_db_url
+    from harness.runner import prepare_sweep
+
+    plans = [] if resume is not None else [prepare_sweep(spec) for spec in request.specs]
+    url = worker_db_url(request.db)
+    with RayExecutor.connect(request.ray_address, plugin_dirs) as ray:
+        ray.check_store(url)  # a SQLite file other machines cannot see fails here, before it is written
+        store = Store.read(request.db) if resume is not None else Store.open(request.db)
+        try:
+            with progress() as bars:
+                if resume is not None:
+                    return store, ray.resume(resume, store, url, request.gpus_per_run, progress=bars, log=_plain_log(bars))
+                return store, ray.run_sweep(request, plans, store, url, progress=bars, log=_plain_log(bars))
+        except BaseException:
+            store.close()
+            raise
+
+
+def _summarise(store: Any, outcomes: list[Any], db: str | None, report: bool) -> int:
+    """The table of this sweep's runs, where they are stored, the report; exit 1 naming the runs that did not finish."""
+    from db.session import resolve_db_url
+    from harness.runner import failure_summary
+
+    try:
         ids = {o.run_id for o in outcomes}
         print_runs([r for r in store.run_summaries() if r["id"] in ids])
-        typer.echo(f"results: {store.url}  (show them: loopeval results{'' if db is None else f' --db {db}'})")
+        typer.echo(f"results: {store.url}  (show them: loopeval results{'' if db is None else f' --db {store.url}'})")  # password hidden
     finally:
         store.close()
-    url = resolve_db_url(db)
     if report:
         from dashboards.report import write_report
 
+        url = resolve_db_url(db)
         typer.echo(f"report: {write_report(url, report_path(url))}")
-    failed = failure_summary(outcomes)
-    if failed:
-        typer.echo("\n".join(failed), err=True)
-        raise typer.Exit(1)
+    unfinished = [str(o.run_id) for o in outcomes if o.status != "finished"]
+    if not unfinished:
+        return 0
+    lines = failure_summary(outcomes) + [f"runs {', '.join(unfinished)} did not finish; continue with: loopeval run --resume RUN_ID"]
+    typer.echo("\n".join(lines), err=True)
+    return 1

@@ -151,6 +151,21 @@ def test_bad_vllm_arguments_are_user_errors(tiny_qwen3: Path, tmp_path: Path) ->
         adapters.load(f"vllm:{tiny_qwen3}", gpu_memory_utilization=1.5)
     with pytest.raises(AdapterError, match="loops must be 1"):
         adapters.load(f"vllm:{tiny_qwen3}", loops=4)
+    with pytest.raises(AdapterError, match="tensor_parallel_size must be a positive integer"):
+        adapters.load(f"vllm:{tiny_qwen3}", tensor_parallel_size=0)
+
+
+def test_a_sweep_plans_a_vllm_model_without_loading_it(tiny_qwen3: Path) -> None:
+    """The submitter of a Ray sweep may have neither vLLM nor a GPU: the spec is checked from its folder."""
+    from harness.runner import prepare_sweep
+    from harness.spec import RunSpec
+
+    spec = f"vllm:{tiny_qwen3}"
+    assert adapters.inspect(spec, tensor_parallel_size=2)["tensor_parallel_size"] == 2
+    plan = prepare_sweep(RunSpec.build(models=[spec], tasks=["lookup"], loops=[1, 4], model_overrides={spec: {"tensor_parallel_size": 2}}))
+    assert plan.runs == [(spec, None)] and plan.loaded == {}  # a vLLM model does not loop, and nothing was loaded
+    with pytest.raises(AdapterError, match="tensor_parallel_size must be a positive integer"):
+        adapters.inspect(spec, tensor_parallel_size=1.5)
 
 
 def _vllm_and_gpu() -> str | None:

@@ -16,7 +16,7 @@ from dashboards_browser_helpers import (CHROMIUM, PAYLOAD, VIEWPORT, launch, ope
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is absent (scripts/install.sh installs Debian's chromium)"),
+    pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is absent (scripts/install.sh --test installs Debian's chromium)"),
 ]
 
 

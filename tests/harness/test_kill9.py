@@ -70,7 +70,7 @@ def test_kill9_then_resume_loses_and_duplicates_nothing(kill_at: str, tmp_path: 
     killed = _loopeval([*RUN, "--loops", "2", "--db", str(db)], kill_at)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     ((run_id, status, wall, owner),) = query(db, "SELECT id, status, wall_seconds, lease_owner FROM runs")
-    assert status in ("pending", "running") and owner, "a killed run keeps its state and its dead holder's lease"
+    assert status in ("queued", "running") and owner, "a killed run keeps its state and its dead holder's lease"
     stored = query(db, "SELECT COUNT(*) FROM samples")[0][0]
     if kill_at not in ("load",):
         assert wall is not None and wall > 0, "timings were written while the run went"
@@ -86,7 +86,7 @@ def test_a_killed_sweep_is_completed_by_resuming_any_of_its_runs(tmp_path: Path)
     killed = _loopeval([*RUN, "--loops", "2,4", "--db", str(db)], "generate:5")
     assert killed.returncode == -signal.SIGKILL
     runs = query(db, "SELECT id, loops, status, wall_seconds FROM runs ORDER BY id")
-    assert [(loops, status) for _, loops, status, _ in runs] == [(2, "running"), (4, "pending")], "stored whole up front"
+    assert [(loops, status) for _, loops, status, _ in runs] == [(2, "running"), (4, "queued")], "stored whole up front"
     resumed = _loopeval(["run", "--resume", str(runs[1][0]), "--db", str(db), "--no-report"])
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     _check_completed(db, {run_id: wall for run_id, _, _, wall in runs}, killed_stretch_traced=True)

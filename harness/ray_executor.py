@@ -1,0 +1,289 @@
+"""The Ray executor (`loopeval run --executor ray`): each (model, loops) run of a sweep is one Ray task.
+
+The submitting process plans the sweep as the local executor does, creates every run's row up front
+(status `queued`, with the full spec) and submits one task per run with its resource request: its
+GPUs (`--gpus-per-run`, at least the model's `tensor_parallel_size`), or one CPU on a cluster
+without GPUs. A task opens the store by URL in its worker and runs the stored run through
+`harness.runner.run_one`, the local path (`_execute`, `StoreSink`): samples are committed as they
+finish, so a worker that dies (killed process, lost node) leaves a resumable run, and Ray's retry of
+the task resumes it without storing a sample twice. Each task gets a fresh worker process
+(`max_calls=1`), so a run's RSS, CUDA and NVML peaks are its own and its GPU memory is freed after
+it. The submitter polls the store for every run's status and sample count to draw the progress bars.
+
+Ray is imported only in this module, and only when `--executor ray` is used. See
+docs/architecture.md ("Executors") for what each executor guarantees.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from harness.errors import UserError
+from harness.runner import (
+    RunOutcome,
+    SweepPlan,
+    create_run_row,
+    host_info,
+    new_sweep_id,
+    package_versions,
+    resumable_run,
+    run_one,
+)
+from harness.spec import RunSpec
+from harness.sweep import SweepRequest
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from db.store import Store
+
+RETRIES = 3  # Ray re-runs a task whose worker died this many times; every retry resumes the run
+POLL_SECONDS = 1.0  # how often the submitter reads the store's progress
+CANCEL_GRACE_SECONDS = 30.0  # after Ctrl-C, how long running tasks get to mark their runs interrupted
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run as submitted: its row, what the bars call it, and its Ray resource request."""
+
+    run_id: int
+    model: str
+    loops: int | None
+    resources: dict[str, float]
+
+    @property
+    def label(self) -> str:
+        return f"run {self.run_id} {self.model}" + (f" r={self.loops}" if self.loops is not None else "")
+
+
+def run_in_worker(run_id: int, db_url: str) -> str:
+    """One Ray task: run, or continue, the stored run `run_id` in this worker; returns its final status.
+
+    A retried task finds the samples its dead predecessor committed and skips them (`run_one`).
+    The run's host is rewritten with this worker's, with its pid and Ray node.
+    """
+    import ray
+
+    from db.models import utcnow
+    from db.store import Store
+
+    logging.getLogger("lighteval").setLevel(logging.ERROR)
+    store = Store.open(db_url)
+    try:
+        run = store.get_run(run_id)
+        if run is not None and run.status == "finished":  # the worker died after storing the whole run
+            return run.status
+        host = {**host_info(), "pid": os.getpid(), "ray_node": ray.get_runtime_context().get_node_id()}
+        started = {"started_at": utcnow()} if run is not None and run.status == "queued" else {}
+        store.update_run(run_id, host=host, versions=package_versions(), **started)
+        return run_one(run_id, store, db_url, log=print).status
+    finally:
+        store.close()
+
+
+def worker_db_url(db: str | None) -> str:
+    """The store's URL as workers must open it: with its password, and a SQLite file by absolute path
+    (a worker's working directory is not the submitter's)."""
+    from db.session import resolve_db_url, sqlite_path
+
+    url = resolve_db_url(db)
+    path = sqlite_path(url)
+    return url if path is None else f"sqlite:///{path.resolve()}"
+
+
+class RayExecutor:
+    """A connection to a Ray cluster that runs sweeps; make one with `RayExecutor.connect`."""
+
+    def __init__(self, ray: Any) -> None:
+        self.ray = ray
+
+    @classmethod
+    @contextmanager
+    def connect(cls, address: str | None, plugin_dirs: Sequence[str] = ()) -> Iterator[RayExecutor]:
+        """Connect to `address` (else $RAY_ADDRESS, else a new local instance); a connection opened here closes here.
+
+        Plugin folders reach the workers through LOOPEVAL_ADAPTERS, since each worker loads its own adapter.
+        """
+        try:
+            import ray
+        except ImportError:
+            raise UserError("--executor ray needs Ray: pip install 'loopeval[ray]'") from None
+        if ray.is_initialized():  # the caller (a notebook, a test) is connected already
+            yield cls(ray)
+            return
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        kwargs: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
+        if plugin_dirs:
+            from adapters.registry import ENV_VAR
+
+            dirs = [str(Path(d).resolve()) for d in plugin_dirs] + [d for d in os.environ.get(ENV_VAR, "").split(os.pathsep) if d]
+            kwargs["runtime_env"] = {"env_vars": {ENV_VAR: os.pathsep.join(dirs)}}
+        where = address or os.environ.get("RAY_ADDRESS")
+        if where is None:
+            kwargs["include_dashboard"] = False  # a local instance only for this sweep
+        else:
+            _check_reachable(where)
+        try:
+            ray.init(address=address, **kwargs)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise UserError(f"cannot connect to Ray at {where}: {str(exc).splitlines()[0]}") from None
+        try:
+            yield cls(ray)
+        finally:
+            ray.shutdown()
+
+    def check_store(self, db_url: str) -> None:
+        """Refuse a SQLite store when a worker could run on another machine, where that file does not exist."""
+        from db.session import sqlite_path
+
+        path = sqlite_path(db_url)
+        here = socket.gethostname()
+        others = {n["NodeManagerHostname"] for n in self.ray.nodes() if n.get("Alive") and n["NodeManagerHostname"] != here}
+        if path is not None and others:
+            raise UserError(
+                f"the Ray cluster has nodes on other machines ({', '.join(sorted(others))}) but the store is the SQLite "
+                f"file {path} on this one; give a Postgres URL (--db postgresql://USER@HOST/DATABASE)"
+            )
+
+    def default_gpus(self, gpus_per_run: float | None) -> float:
+        """GPUs per run: as given, else one where the cluster has GPUs, else none (the run takes one CPU)."""
+        if gpus_per_run is not None:
+            return gpus_per_run
+        return 1.0 if self.ray.cluster_resources().get("GPU", 0) > 0 else 0.0
+
+    def run_sweep(
+        self, request: SweepRequest, plans: Sequence[SweepPlan], store: Store, db_url: str,
+        progress: Progress | None = None, log: Callable[[str], None] = print,
+    ) -> list[RunOutcome]:
+        """Queue every run of every spec (one per seed) as one sweep, submit them all, and wait for them."""
+        sweep_id = new_sweep_id()
+        gpus = self.default_gpus(request.gpus_per_run)
+        jobs = []
+        for spec, plan in zip(request.specs, plans):
+            plan.loaded.clear()  # adapters loaded to plan are not needed here: every worker loads its own
+            for model, loops in plan.runs:
+                run_id = create_run_row(store, spec, plan, (model, loops), sweep_id, status="queued")
+                jobs.append(Job(run_id, model, loops, resources(spec, model, gpus)))
+        where = self.ray.get_runtime_context().gcs_address
+        log(f"sweep {sweep_id}: {len(jobs)} runs queued on Ray at {where}, {_describe(jobs[0].resources)} each")
+        return self.execute(jobs, store, db_url, progress, log, title=f"sweep {sweep_id}")
+
+    def resume(
+        self, run_id: int, store: Store, db_url: str, gpus_per_run: float | None,
+        progress: Progress | None = None, log: Callable[[str], None] = print,
+    ) -> list[RunOutcome]:
+        """Continue the stopped run `run_id` as one Ray task."""
+        run = resumable_run(store, run_id)
+        if run.status == "finished":
+            raise UserError(f"--resume {run_id}: run already finished")
+        spec = RunSpec.from_dict(run.spec, db_url)
+        job = Job(run_id, run.model_spec, run.loops, resources(spec, run.model_spec, self.default_gpus(gpus_per_run)))
+        return self.execute([job], store, db_url, progress, log, title=f"resume run {run_id}")
+
+    def execute(
+        self, jobs: list[Job], store: Store, db_url: str, progress: Progress | None, log: Callable[[str], None], title: str,
+    ) -> list[RunOutcome]:
+        """Submit one task per job and wait for all of them, drawing progress from the store; outcomes in job order.
+
+        Ctrl-C cancels the tasks (running ones mark their runs interrupted) and queued runs are marked
+        interrupted too, so every run of the sweep can be continued with `--resume`.
+        """
+        refs = {self._task(job.resources).remote(job.run_id, db_url): job for job in jobs}
+        bars = _Bars(progress, jobs, title)
+        pending = list(refs)
+        try:
+            while pending:
+                done, pending = self.ray.wait(pending, num_returns=len(pending), timeout=POLL_SECONDS)
+                for ref in done:
+                    self._settle(ref, refs[ref], store, log)
+                bars.update(store.run_progress(job.run_id for job in jobs))
+        except KeyboardInterrupt:
+            self._cancel(pending, [refs[ref] for ref in pending], store, log)
+            raise
+        final = {run_id: status for run_id, (status, _) in store.run_progress(job.run_id for job in jobs).items()}
+        return [RunOutcome(job.run_id, job.model, job.loops, final[job.run_id]) for job in jobs]
+
+    def _task(self, resources: dict[str, float]) -> Any:
+        return self.ray.remote(max_retries=RETRIES, max_calls=1, **resources)(run_in_worker)
+
+    def _settle(self, ref: Any, job: Job, store: Store, log: Callable[[str], None]) -> None:
+        """Log how a finished task ended; a run whose last worker died is marked interrupted, ready to resume."""
+        try:
+            status = self.ray.get(ref)
+        except self.ray.exceptions.RayTaskError as exc:  # the run raised: _execute stored it as failed, unless loading did
+            error = str(exc.cause if exc.cause is not None else exc).splitlines()[0]
+            if store.run_progress([job.run_id])[job.run_id][0] in ("queued", "running"):
+                store.finish_run(job.run_id, "failed", error=f"{type(exc.cause).__name__}: {error}")
+            log(f"{job.label}: failed: {error}")
+            return
+        except self.ray.exceptions.RayError as exc:  # its worker died more often than Ray retries
+            store.finish_run(job.run_id, "interrupted", error=f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
+            log(f"{job.label}: its worker died {RETRIES + 1} times; continue with: loopeval run --resume {job.run_id}")
+            return
+        log(f"{job.label}: {status}")
+
+    def _cancel(self, refs: list[Any], jobs: list[Job], store: Store, log: Callable[[str], None]) -> None:
+        for ref in refs:
+            self.ray.cancel(ref)
+        self.ray.wait(refs, num_returns=len(refs), timeout=CANCEL_GRACE_SECONDS)
+        states = store.run_progress(job.run_id for job in jobs)
+        for job in jobs:
+            if states.get(job.run_id, ("",))[0] in ("queued", "running"):
+                store.finish_run(job.run_id, "interrupted", error="sweep interrupted")
+        if jobs:
+            log(f"interrupted; continue each run with: loopeval run --resume RUN_ID ({', '.join(str(j.run_id) for j in jobs)})")
+
+
+def _check_reachable(address: str) -> None:
+    """Fail at once on a HOST:PORT nothing listens on: Ray itself retries such an address for minutes."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():  # "auto", "local": Ray's own lookup
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=10).close()
+    except OSError as exc:
+        raise UserError(f"cannot connect to Ray at {address}: {exc.strerror or exc}") from None
+
+
+def resources(spec: RunSpec, model: str, gpus_per_run: float) -> dict[str, float]:
+    """The Ray resource request of one run of `model`: its GPUs (at least the model's tensor-parallel size), else one CPU."""
+    tensor_parallel = spec.model_overrides.get(model, {}).get("tensor_parallel_size", 1)
+    gpus = max(gpus_per_run, float(tensor_parallel) if isinstance(tensor_parallel, (int, float)) and tensor_parallel > 1 else 0.0)
+    return {"num_cpus": 1, "num_gpus": gpus} if gpus else {"num_cpus": 1}
+
+
+def _describe(resources: dict[str, float]) -> str:
+    gpus = resources.get("num_gpus")
+    return f"{gpus:g} GPU" if gpus else f"{resources['num_cpus']:g} CPU"
+
+
+class _Bars:
+    """The sweep's progress in the submitting terminal: one bar for runs done, one per run (samples stored)."""
+
+    def __init__(self, progress: Progress | None, jobs: list[Job], title: str) -> None:
+        self.progress = progress
+        self.jobs = {job.run_id: job for job in jobs}
+        if progress is None:
+            return
+        self.overall = progress.add_task(f"{title}: runs done", total=len(jobs))
+        self.bars = {job.run_id: progress.add_task(f"{job.label}: queued", total=None) for job in jobs}
+
+    def update(self, states: dict[int, tuple[str, int]]) -> None:
+        if self.progress is None:
+            return
+        done = 0
+        for run_id, (status, samples) in states.items():
+            ended = status not in ("queued", "running")
+            done += ended
+            self.progress.update(
+                self.bars[run_id], completed=samples, total=samples if ended else None,
+                description=f"{self.jobs[run_id].label}: {status}",
+            )
+        self.progress.update(self.overall, completed=done)

@@ -1,0 +1,237 @@
+"""What `loopeval run` is asked to do, from its flags or a sweep file (`--config sweep.toml`).
+
+A sweep file is the long form of the flags: TOML with one key per flag of `loopeval run` (the flag's
+name with underscores, `--max-new-tokens` is `max_new_tokens`), a list where the flag takes several
+values, plus what flags cannot say: a model entry may be `{spec = "zoo:ouro-tiny", overrides =
+{max_batch = 8}}`. The file's values are checked here (one line naming the key), merged with the
+flags (a flag given beside `--config` overrides that key) and passed to the same `RunSpec.build`
+call the flags use, so the stored RunSpec is identical either way and `harness.spec` stays the one
+home of the defaults. Several seeds make one RunSpec each, run as one sweep.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.errors import UserError
+from harness.spec import SUITE_SAMPLING, SWEEP_WIDE_OVERRIDES, RunSpec
+
+EXECUTORS = ("local", "ray")
+RAY_ONLY = ("ray_address", "gpus_per_run")  # settings that mean nothing to the local executor
+
+
+@dataclass(frozen=True)
+class SweepRequest:
+    """One validated `loopeval run`: a RunSpec per seed, and where the runs execute."""
+
+    specs: tuple[RunSpec, ...]
+    executor: str = "local"
+    ray_address: str | None = None
+    gpus_per_run: float | None = None
+
+    @property
+    def db(self) -> str | None:
+        return self.specs[0].db_url
+
+
+# --- checks of single values: (name, value) -> value, UserError naming the key ----------------------
+
+
+def _bad(name: str, what: str, value: Any) -> UserError:
+    return UserError(f"{name} must be {what}, got {value!r}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if not _is_int(value) or value < 1:
+        raise _bad(name, "a positive integer", value)
+    return value
+
+
+def _int_list(name: str, value: Any, minimum: int, words: str) -> list[int]:
+    if not isinstance(value, list) or not value or not all(_is_int(v) and v >= minimum for v in value):
+        raise _bad(name, f"a non-empty list of {words}", value)
+    return value
+
+
+def _positive_ints(name: str, value: Any) -> list[int]:
+    return _int_list(name, value, 1, "positive integers")
+
+
+def _seeds(name: str, value: Any) -> list[int]:
+    return _int_list(name, value, 0, "non-negative integers")
+
+
+def _seed(name: str, value: Any) -> list[int]:
+    if not _is_int(value) or value < 0:
+        raise _bad(name, "a non-negative integer", value)
+    return [value]
+
+
+def _temperature(name: str, value: Any) -> float:
+    if not _is_number(value) or value < 0:
+        raise _bad(name, "a number >= 0", value)
+    return float(value)
+
+
+def _top_p(name: str, value: Any) -> float:
+    if not _is_number(value) or not 0 < value <= 1:
+        raise _bad(name, "a number in (0, 1]", value)
+    return float(value)
+
+
+def _gpus(name: str, value: Any) -> float:
+    if not _is_number(value) or value < 0:
+        raise _bad(name, "a number >= 0", value)
+    return float(value)
+
+
+def _string(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise _bad(name, "a non-empty string", value)
+    return value
+
+
+def _suite(name: str, value: Any) -> str:
+    if value not in SUITE_SAMPLING:
+        raise _bad(name, f"one of {', '.join(SUITE_SAMPLING)}", value)
+    return value
+
+
+def _directory(name: str, value: Any) -> str:
+    if not Path(_string(name, value)).expanduser().is_dir():
+        raise UserError(f"{name}: {value} is not a directory")
+    return value
+
+
+def _strings(name: str, value: Any) -> list[str]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v.strip() for v in value):
+        raise _bad(name, "a non-empty list of strings", value)
+    return value
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _bad(name, "true or false", value)
+    return value
+
+
+def _executor(name: str, value: Any) -> str:
+    if value not in EXECUTORS:
+        raise _bad(name, " or ".join(EXECUTORS), value)
+    return value
+
+
+def _models(name: str, value: Any) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """`models`: specs, or `{spec, overrides}` tables; returns the specs and their overrides."""
+    if not isinstance(value, list) or not value:
+        raise _bad(name, "a non-empty list of model specs or {spec, overrides} tables", value)
+    specs: list[str] = []
+    overrides: dict[str, dict[str, Any]] = {}
+    for i, entry in enumerate(value):
+        where = f"{name}[{i}]"
+        if isinstance(entry, dict):
+            unknown = sorted(set(entry) - {"spec", "overrides"})
+            if unknown:
+                raise UserError(f"{where}: unknown key {unknown[0]!r} (a model entry has spec and overrides)")
+            spec = _string(f"{where}.spec", entry.get("spec"))
+            overrides[spec] = _overrides(f"{where}.overrides", entry.get("overrides", {}))
+        else:
+            spec = _string(where, entry)
+        if spec in specs:
+            raise UserError(f"{where}: {spec} is listed twice")
+        specs.append(spec)
+    return specs, overrides
+
+
+def _overrides(name: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _bad(name, "a table of load overrides", value)
+    for key, item in value.items():
+        if key in SWEEP_WIDE_OVERRIDES:
+            raise UserError(f"{name}.{key}: {key} is set for the whole sweep (the top-level {key} key), not per model")
+        if not isinstance(item, (str, int, float, bool)):
+            raise _bad(f"{name}.{key}", "a string, number or boolean", item)
+    return dict(value)
+
+
+# Sweep-file key -> (check, keyword it becomes). `models` is special: it also gives `model_overrides`.
+KEYS: dict[str, tuple[Callable[[str, Any], Any], str]] = {
+    "models": (_models, "models"),
+    "suite": (_suite, "suite"),
+    "tasks": (_strings, "tasks"),
+    "loops": (_positive_ints, "loops"),
+    "samples": (_positive_int, "samples"),
+    "temperature": (_temperature, "temperature"),
+    "top_p": (_top_p, "top_p"),
+    "max_new_tokens": (_positive_int, "max_new_tokens"),
+    "limit": (_positive_int, "limit"),
+    "batch_size": (_positive_int, "batch_size"),
+    "seed": (_seed, "seeds"),
+    "seeds": (_seeds, "seeds"),
+    "data_dir": (_directory, "data_dir"),
+    "trust_remote_code": (_flag, "trust_remote_code"),
+    "db": (_string, "db_url"),
+    "executor": (_executor, "executor"),
+    "ray_address": (_string, "ray_address"),
+    "gpus_per_run": (_gpus, "gpus_per_run"),
+}
+
+
+def read_sweep_file(path: str | Path) -> dict[str, Any]:
+    """The sweep file's settings as keyword values of `build_request`; UserError names the file and the key."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"--config {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"--config {path}: cannot read it ({exc})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{path}: not valid TOML: {exc}") from None
+    if "seed" in data and "seeds" in data:
+        raise UserError(f"{path}: give seed or seeds, not both")
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in KEYS:
+            raise UserError(f"{path}: unknown key {key!r} (keys: {', '.join(KEYS)})")
+        check, keyword = KEYS[key]
+        try:
+            checked = check(key, value)
+        except UserError as exc:
+            raise UserError(f"{path}: {exc}") from None
+        if key == "models":
+            values["models"], values["model_overrides"] = checked
+        else:
+            values[keyword] = checked
+    return values
+
+
+def build_request(flags: Mapping[str, Any], config: str | None = None) -> SweepRequest:
+    """Flags (None = not given) over the sweep file's values, validated into one RunSpec per seed."""
+    values = read_sweep_file(config) if config else {}
+    values.update({key: value for key, value in flags.items() if value is not None})
+    if "model_overrides" in values:  # --model replaces the file's models: keep the overrides of those still run
+        values["model_overrides"] = {m: o for m, o in values["model_overrides"].items() if m in values["models"]}
+    executor = _executor("--executor", values.pop("executor", "local"))
+    ray = {key: values.pop(key, None) for key in RAY_ONLY}
+    if executor != "ray":
+        for key, value in ray.items():
+            if value is not None:
+                raise UserError(f"--{key.replace('_', '-')} ({key} in a sweep file) applies only to --executor ray")
+    if ray["gpus_per_run"] is not None:
+        _gpus("--gpus-per-run", ray["gpus_per_run"])
+    seeds = values.pop("seeds", None) or [0]
+    specs = tuple(RunSpec.build(**values, seed=seed) for seed in dict.fromkeys(seeds))
+    return SweepRequest(specs, executor, ray["ray_address"], ray["gpus_per_run"])

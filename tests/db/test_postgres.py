@@ -1,0 +1,123 @@
+"""The results store on a real, throwaway Postgres server (tests/pg.py): migrations, the psycopg 3 driver, concurrent writers.
+
+Every test gets a fresh database on the session's server; without a Postgres server here they skip
+with the reason (LOOPEVAL_REQUIRE_SERVICES turns that into a failure, as in .ci/run).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import create_engine, inspect
+from sqlalchemy.engine import make_url
+
+from db.models import Base
+from db.session import alembic_config, head_revision, open_engine, open_existing
+from db.store import Store
+
+RUN = dict(sweep_id="s1", model_spec="preset:qwen3-tiny", adapter="preset", suite="synthetic")
+
+
+def test_head_creates_exactly_the_declared_schema(postgres_url: str) -> None:
+    engine = open_engine(postgres_url)
+    with engine.connect() as conn:
+        context = MigrationContext.configure(conn, opts={"compare_type": True})
+        assert context.get_current_revision() == head_revision()
+        assert compare_metadata(context, Base.metadata) == []
+    assert set(inspect(engine).get_table_names()) == set(Base.metadata.tables) | {"alembic_version"}
+    engine.dispose()
+
+
+def test_older_database_is_upgraded_and_keeps_its_rows(postgres_url: str) -> None:
+    engine = create_engine(postgres_url)
+    config = alembic_config()
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, "0001")
+        conn.exec_driver_sql(
+            "INSERT INTO runs (sweep_id, kind, model_spec, adapter, model_config, suite, tasks, sampling, seed,"
+            " versions, host, status, started_at) VALUES ('old', 'eval', 'm', 'preset', '{}', 'synthetic', '[]',"
+            " '{}', 0, '{}', '{}', 'finished', '2026-11-30 00:00:00+00')"
+        )
+    engine.dispose()
+    store = Store.open(postgres_url)
+    (summary,) = store.run_summaries()
+    assert summary["sweep_id"] == "old" and summary["status"] == "finished"
+    assert store.get_run(summary["id"]).spec == {}
+    with store.engine.connect() as conn:
+        assert MigrationContext.configure(conn).get_current_revision() == head_revision()
+    store.close()
+
+
+def test_a_plain_postgresql_url_uses_psycopg_3_and_never_shows_the_password(postgres_url: str) -> None:
+    plain = make_url(postgres_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    store = Store.open(plain)
+    assert store.engine.dialect.driver == "psycopg"
+    assert make_url(postgres_url).password not in store.url and "***" in store.url
+    run_id = store.create_run(**RUN)
+    store.add_samples(run_id, [dict(task="t", doc_id="0", sample_index=0, prompt="p", output="o")])
+    store.close()
+    reader = open_existing(plain.replace("postgresql://", "postgres://"))
+    assert reader.dialect.driver == "psycopg"
+    reader.dispose()
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys
+    from db.store import Store
+    store = Store.open(sys.argv[1])  # every writer opens the new database at once: they take turns to migrate it
+    run_id = store.create_run(sweep_id=sys.argv[2], model_spec="m", adapter="preset", suite="synthetic")
+    for doc in range(150):
+        store.add_samples(run_id, [dict(task="t", doc_id=str(doc), sample_index=0, prompt="p", output="o")])
+    store.finish_run(run_id, "finished")
+    """
+)
+
+
+def test_three_processes_create_and_write_one_database_at_once(postgres_url: str) -> None:
+    procs = [
+        subprocess.Popen([sys.executable, "-c", WRITER, postgres_url, f"writer{i}"], stderr=subprocess.PIPE, text=True)
+        for i in range(3)
+    ]
+    errors = [p.communicate(timeout=180)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], errors
+    store = Store.open(postgres_url)
+    assert sorted((r["sweep_id"], r["status"], r["n_samples"]) for r in store.run_summaries()) == [
+        ("writer0", "finished", 150), ("writer1", "finished", 150), ("writer2", "finished", 150)
+    ]
+    store.close()
+
+
+SAME_RUN = textwrap.dedent(
+    """
+    import random, sys
+    from db.store import Store
+    store = Store.open(sys.argv[1])
+    docs = list(range(200))
+    random.Random(int(sys.argv[3])).shuffle(docs)
+    for start in range(0, 200, 5):
+        batch = docs[start:start + 5]
+        store.add_samples(int(sys.argv[2]), [dict(task="t", doc_id=str(d), sample_index=0, prompt="p", output="o") for d in batch])
+    """
+)
+
+
+def test_two_workers_holding_one_run_store_each_sample_once(postgres_url: str) -> None:
+    """What a lost Ray node leaves behind: its worker still writes while the retry writes the same samples."""
+    store = Store.open(postgres_url)
+    run_id = store.create_run(**RUN)
+    procs = [
+        subprocess.Popen([sys.executable, "-c", SAME_RUN, postgres_url, str(run_id), str(seed)], stderr=subprocess.PIPE, text=True)
+        for seed in range(3)
+    ]
+    errors = [p.communicate(timeout=180)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], errors
+    rows = store.samples(run_id)
+    assert len(rows) == 200 and len({r.doc_id for r in rows}) == 200
+    store.close()
