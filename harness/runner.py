@@ -224,8 +224,8 @@ def _check_fits(spec: RunSpec, model: str, loops: int | None) -> None:
     facts = adapters.inspect(model, **spec.load_overrides(model), **({} if loops is None else {"loops": loops}))
     if facts is None:
         return
-    tokens = min(spec.sampling.max_new_tokens, facts["max_context"])
-    sequences = min(spec.batch_size * spec.sampling.n, facts["max_batch"])
+    tokens = min(spec.sampling.max_new_tokens, facts.get("max_context", spec.sampling.max_new_tokens))
+    sequences = min(spec.batch_size * spec.sampling.n, facts.get("max_batch", spec.batch_size * spec.sampling.n))
     what = model + ("" if loops is None else f" at loops={loops}")
     check_fits(what, facts, tokens, sequences, "--loops, --samples, --batch-size or --max-new-tokens")
 

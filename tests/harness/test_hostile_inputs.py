@@ -68,7 +68,7 @@ RUN_OPTIONS = [
     Case("loops-word", ["run", *TINY, *FAST, "--loops", "two", "--db", KEPT], "--loops must be comma-separated positive integers"),
     Case("limit-beyond-64-bit", ["run", *TINY, *FAST, "--limit", "99999999999999999999", "--db", KEPT], "--limit must be an integer from 1 to"),
     Case("limit-zero", ["run", *TINY, *FAST, "--limit", "0", "--db", KEPT], "--limit must be an integer from 1 to"),
-    Case("seed-negative", ["run", *TINY, *FAST, "--seed", "-1", "--db", KEPT], "--seed must be an integer from 0 to"),
+    Case("seed-negative", ["run", *TINY, *FAST, "--seed", "-1", "--db", KEPT], "--seed must be comma-separated integers >= 0"),
     Case("seed-2-64", ["run", *TINY, *FAST, "--seed", str(2**64), "--db", KEPT], "--seed must be an integer from 0 to"),
     Case("samples-trillion", ["run", *TINY, *FAST, "--samples", "1000000000000", "--db", KEPT], "--samples must be an integer from 1 to 1024"),
     Case("temperature-inf", ["run", *TINY, *FAST, "--temperature", "inf", "--db", KEPT], "--temperature must be a finite number >= 0"),
