@@ -27,6 +27,7 @@ because those slots are occupied) plus the latent once anything is written.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Callable, Protocol
 
 import torch
@@ -117,7 +118,7 @@ class ChunkCache:
     def __init__(self, config: LoopConfig, loops: int, strategy: str | None = None) -> None:
         strategy = strategy or config.kv_strategy
         self.entries = entry_table(config, loops, strategy)
-        self.rows: list[dict[int, tuple[Tensor, Tensor]]] = [{} for _ in range(max(map(max, self.entries)) + 1)]
+        self.rows: defaultdict[int, dict[int, tuple[Tensor, Tensor]]] = defaultdict(dict)  # entry -> chunk's slot -> rows
         self.gated = strategy == "gated"
         self.latent: dict[int, Tensor] = {}  # layer -> h of the current chunk
 

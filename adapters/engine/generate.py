@@ -1,5 +1,8 @@
 """Batched generation on a static cache: left-padded prefill, then one decode loop on one page.
 
+`generate` reads as the prefill (`Decoder.prefill`), the decode step (`Decoder.step`: one token per
+row through `LoopedLM.step`) and the decode loop that samples, records (`Transcript`) and stops.
+
 Prompts of different lengths are left-padded to a common length; each row keeps its own positions
 (0 at its first real token) and a key mask hides the padding, so a row's tokens are the same as if
 it ran alone. Gated (MELT) models prefill chunk by chunk (the config's chunk size); the chunks are

@@ -140,7 +140,7 @@ def _split_fused(module: nn.Module, state: dict[str, Tensor], prefix: str, *_: A
 def _join_fused(module: nn.Module, state: dict[str, Tensor], prefix: str, *_: Any) -> None:
     fused, parts = module.fused
     names = [f"{prefix}{name}.weight" for name in parts]
-    if all(name in state for name in names):  # else loading reports the missing parts by their HF names
+    if all(name in state for name in names):  # else loading reports the fused weight missing
         state[f"{prefix}{fused}.weight"] = torch.cat([state.pop(name) for name in names])
 
 
@@ -388,11 +388,11 @@ class LoopedLM(nn.Module):
         with the same weights exactly). Other strategies ignore both arguments.
         """
         r = self.config.check_loops(loops if loops is not None else self.config.loops)
-        b, _ = tokens.shape
+        b, n = tokens.shape
         cache = self._forward_cache(r, kv_mix)
         per_loop = bool(self.shared) and (return_loop_logits or self.model.early_exit_gate is not None)
         finals, states, attn = [], [], []
-        for s0, s1 in self._chunks(tokens.shape[1], chunk_size):
+        for s0, s1 in self._chunks(n, chunk_size):
             h = self.model.embed_tokens(tokens[:, s0:s1])
             positions = torch.arange(s0, s1, device=tokens.device).expand(b, -1)
             span = Span(self.rotary(positions, h.dtype), s0, None if s0 == 0 else causal_mask(s0, s1, tokens.device))

@@ -263,7 +263,10 @@ class Trainer:
         if state["recipe"] != self._recipe_record():
             raise AdapterError(f"{self.state_path} was written by a different recipe; use a fresh --out or --no-resume")
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+        except ValueError as exc:  # one entry per parameter: states written before q/k/v and gate/up were fused differ
+            raise AdapterError(f"{self.state_path}: its optimizer state does not fit this engine's parameters ({exc}); use --no-resume") from exc
         self.step, self.cpu_seconds, self.wall_seconds, self.tokens = state["step"], state["cpu_seconds"], state["wall_seconds"], state["tokens"]
         _truncate_log(self.log_path, self.step)
 
