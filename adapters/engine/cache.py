@@ -133,7 +133,8 @@ class ChunkCache:
         rows[slot] = (k, v)
         if len(rows) == 1:
             return k, v
-        return torch.cat([k for k, _ in rows.values()], dim=2), torch.cat([v for _, v in rows.values()], dim=2)
+        keys, values = zip(*rows.values())
+        return torch.cat(keys, dim=2), torch.cat(values, dim=2)
 
 
 class MixedCache:
