@@ -148,6 +148,7 @@ class Decoder:
     def __init__(self, model: LoopedLM, prompts: Prompts, cache: KVCache, loops: int, policy: ExitPolicy) -> None:
         self.model, self.prompts, self.cache, self.loops, self.policy = model, prompts, cache, loops, policy
         self.keep_loops = policy.kind != "none"
+        self.positions = prompts.positions[:, -1:] + 1  # [B, 1] of the next token
 
     def prefill(self) -> tuple[Tensor, Tensor | None]:
         p = self.prompts
@@ -159,11 +160,10 @@ class Decoder:
 
     def step(self, tokens: Tensor) -> tuple[Tensor, Tensor | None]:
         """One more token per row, tokens [B], at the next slot."""
-        p, slot = self.prompts, self.cache.length
-        mask = p.valid[:, None, None, : slot + 1] if p.padded else None
-        positions = p.positions[:, -1:] + (slot + 1 - p.width)
+        slot, positions = self.cache.length, self.positions
+        mask = self.prompts.valid[:, None, None, : slot + 1] if self.prompts.padded else None
         out = self.model.step(tokens[:, None], positions, self.cache, slot, mask, self.loops, self.keep_loops)
-        self.cache.length = slot + 1
+        self.cache.length, self.positions = slot + 1, positions + 1
         return self._read(out)
 
     def _read(self, out: StepOutput) -> tuple[Tensor, Tensor | None]:

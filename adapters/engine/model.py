@@ -159,8 +159,12 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
         fuse_projections(self, "qkv_proj", {"q_proj": q, "k_proj": kv, "v_proj": kv})
 
-    def forward(self, x: Tensor, src: Tensor | None, span: Span, cache: Cache, layer: int, loop: int) -> Tensor:
-        """x [B,n,d] -> [B,n,d]: attend over the rows `cache` holds for (layer, loop) plus this call's, which it keeps."""
+    def attend(self, x: Tensor, src: Tensor | None, span: Span, cache: Cache, layer: int, loop: int) -> Tensor:
+        """x [B,n,d] -> [B,n,d]: attend over the rows `cache` holds for (layer, loop) plus this call's, which it keeps.
+
+        A plain method rather than `forward`: a decode step calls it once per layer and loop, and
+        `nn.Module.__call__`'s hook handling would cost more than some of its kernels.
+        """
         q, k, v = self.project(x, src, span.rope)
         k, v = cache.update(layer, loop, k, v, span.slot)
         b, _, n, _ = q.shape
@@ -172,20 +176,21 @@ class Attention(nn.Module):
         """q [B,H,n,D] from x; k, v [..., B,Hkv,n,D] from `src` [..., B,n,d] (default x); q/k norm and RoPE applied."""
         b, n, _ = x.shape
         h, kv, d = self.n_heads, self.n_kv, self.head_dim
+        weight, q_norm, k_norm = self.qkv_proj.weight, self.q_norm, self.k_norm
         if src is None:  # one matmul, and q and k normed and rotated together
-            qkv = F.linear(x, self.qkv_proj.weight).view(b, n, h + 2 * kv, d)
+            qkv = F.linear(x, weight).view(b, n, h + 2 * kv, d)
             qk, v = qkv[:, :, : h + kv], qkv[:, :, h + kv :]
-            if self.q_norm is not None:  # q and k normed per head in one pass, then each scaled by its weight
-                qk = rms(qk, self.q_norm.eps)
-                qk[:, :, :h].mul_(self.q_norm.weight)
-                qk[:, :, h:].mul_(self.k_norm.weight)
+            if q_norm is not None:  # q and k normed per head in one pass, then each scaled by its weight
+                qk = rms(qk, q_norm.eps)
+                qk[:, :, :h].mul_(q_norm.weight)
+                qk[:, :, h:].mul_(k_norm.weight)
             qk = apply_rope(qk.transpose(1, 2), *rope)
             return qk[:, :h], qk[:, h:], v.transpose(1, 2)
-        w_q, w_kv = self.qkv_proj.weight.split((h * d, 2 * kv * d))
+        w_q, w_kv = weight.split((h * d, 2 * kv * d))
         q = F.linear(x, w_q).view(b, n, h, d)
         k, v = F.linear(src, w_kv).unflatten(-1, (2 * kv, d)).split(kv, dim=-2)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+        if q_norm is not None:
+            q, k = q_norm(q), k_norm(k)
         return apply_rope(q.transpose(1, 2), *rope), apply_rope(k.transpose(-3, -2), *rope), v.transpose(-3, -2)
 
 
@@ -250,7 +255,7 @@ class Block(nn.Module):
         """(the next state, the attention output). A gated layer's K/V come from the source the cache keeps."""
         x = self.input_layernorm(h)
         src = None if self.melt_gate is None else cache.kv_source(layer, loop, x, self.melt_gate)
-        a = self.self_attn(x, src, span, cache, layer, loop)
+        a = self.self_attn.attend(x, src, span, cache, layer, loop)
         h = h + (self.input_layernorm_2(a) if self.sandwich else a)
         m = self.mlp(self.post_attention_layernorm(h))
         return h + (self.post_attention_layernorm_2(m) if self.sandwich else m), a
