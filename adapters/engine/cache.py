@@ -1,8 +1,8 @@
 """K/V caches: where attention finds the rows of earlier tokens, and MELT its latent state h.
 
-Every attention call goes through one (`adapters.engine.model.Attention.forward`): it asks the
-cache for the K/V source of a gated layer (`kv_source`), then hands it the call's rows and gets
-back every row the call attends to (`update`). Three implementations:
+Every attention call goes through one: a gated layer first asks it for the source of its K/V
+(`kv_source`: MELT's latent h), then `adapters.engine.model.Attention.attend` hands it the call's
+rows and gets back every row the call attends to (`update`). Three implementations:
 
 - `KVCache`: the static cache of a generate call, preallocated once, written in place and
   accounted to the byte.
