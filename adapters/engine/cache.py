@@ -1,27 +1,66 @@
-"""Static KV caches: one preallocation per generate call, written in place, accounted to the byte.
+"""K/V caches: where attention finds the rows of earlier tokens, and MELT its latent state h.
 
-Layout: `k` and `v` are [entries, batch, kv_heads, length, head_dim]. The entry of a token's K/V:
+Every attention call goes through one: a gated layer first asks it for the source of its K/V
+(`kv_source`: MELT's latent h), then `adapters.engine.model.Attention.attend` hands it the call's
+rows and gets back every row the call attends to (`update`). Three implementations:
+
+- `KVCache`: the static cache of a generate call, preallocated once, written in place and
+  accounted to the byte.
+- `ChunkCache`: the rows of a full-sequence forward, kept as tensors per chunk (nothing is
+  written in place, so autograd runs through it); same layout and semantics as `KVCache`.
+- `MixedCache`: stage-1 conversion training, `KV = a * KV_melt + (1 - a) * KV_looplm`: a gated
+  model's rows read as MELT and as its LoopLM, both kept, blended for attention.
+
+Layout (entries, `entry_table`): the entry of a token's K/V
 - `standard`: one per layer (prelude, shared, coda in order).
 - `per_loop` (LoopLM / Ouro): prelude entries, then loop t of shared layer i at `p + t * s + i`
   (HF Ouro's own `t * num_hidden_layers + i` when p = 0), then coda entries. Grows with the loops r.
-- `gated` (MELT): one per layer, shared rows overwritten at every loop, plus `latent`
-  [s, batch, chunk, hidden]: the gate's state h for the tokens in flight (a prefill chunk or the
-  decoded token). Independent of r.
+- `gated` (MELT): one per layer, shared rows overwritten at every loop, plus the latent h of each
+  shared layer for the tokens in flight (a prefill chunk or the decoded token). Independent of r.
 
-`kv_bytes_allocated` counts the K/V tensors plus the MELT latent; `kv_bytes_used` counts the slots
-written so far (every row of the batch, padding included, because those slots are occupied) plus
-the latent once anything is written. `adapters.engine.memory.estimate` predicts the same numbers from the
-config alone.
+`KVCache` stores k and v as [entries, batch, kv_heads, length, head_dim] and the latent as
+[s, batch, chunk, hidden]. `kv_bytes_allocated` counts the K/V tensors plus the latent;
+`kv_bytes_used` counts the slots written so far (every row of the batch, padding included,
+because those slots are occupied) plus the latent once anything is written.
+`adapters.engine.memory.estimate` predicts the same numbers from the config alone.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
+from typing import Callable, Protocol
+
 import torch
+from torch import Tensor
 
 from adapters.engine.config import LoopConfig
 
+Gate = Callable[[Tensor, Tensor, int], Tensor]  # MELT's update (x, h, loop) -> new h, for loops >= 1
+
+
+class Cache(Protocol):
+    def kv_source(self, layer: int, loop: int, x: Tensor, gate: Gate) -> Tensor | None:
+        """What a gated layer projects K/V from at `loop` (None: from x itself, as a LoopLM does)."""
+
+    def update(self, layer: int, loop: int, k: Tensor, v: Tensor, slot: int) -> tuple[Tensor, Tensor]:
+        """Keep the rows k, v [B, Hkv, n, D] of slots slot..slot+n-1; return every row up to them."""
+
+
+def entry_table(config: LoopConfig, loops: int, strategy: str) -> list[list[int]]:
+    """`table[layer][loop]`: the entry that holds physical layer `layer`'s rows at `loop` (see the module docstring)."""
+    p, s = config.prelude_layers, config.shared_layers
+
+    def entry(layer: int, loop: int) -> int:
+        if strategy != "per_loop" or layer < p:
+            return layer
+        return layer + s * (loop if layer < p + s else loops - 1)  # coda entries follow every loop's
+
+    return [[entry(layer, loop) for loop in range(loops)] for layer in range(config.num_layers)]
+
 
 class KVCache:
+    """The static cache of one generate call (a batch of `batch` rows, `length` slots, `loops` loops)."""
+
     def __init__(self, config: LoopConfig, batch: int, length: int, loops: int, dtype: torch.dtype, device: torch.device | str) -> None:
         self.strategy = config.kv_strategy
         self.loops = config.check_loops(loops)
@@ -30,14 +69,29 @@ class KVCache:
         shape = (entries, batch, config.num_kv_heads, length, config.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.entry_k, self.entry_v = list(self.k.unbind(0)), list(self.v.unbind(0))  # views: no per-step indexing
-        self.latent = None
+        k, v = self.k.unbind(0), self.v.unbind(0)  # views: no per-step indexing
+        self.rows = [[(k[e], v[e]) for e in row] for row in entry_table(config, loops, self.strategy)]
+        self.prelude, self.latent = config.prelude_layers, None
         if self.strategy == "gated":
             chunk = min(config.chunk_size, length)
             self.latent = torch.zeros((config.shared_layers, batch, chunk, config.hidden_size), dtype=dtype, device=device)
         self.length = 0  # slots written (the generate loop advances it)
         self._slot_bytes = 2 * entries * batch * config.num_kv_heads * config.head_dim * self.k.element_size()
         self._latent_bytes = 0 if self.latent is None else self.latent.numel() * self.latent.element_size()
+
+    def kv_source(self, layer: int, loop: int, x: Tensor, gate: Gate) -> Tensor | None:
+        """The latent h of `layer`'s tokens in flight, updated in place: x at loop 0, then the gate."""
+        if self.latent is None:
+            return None
+        h = self.latent[layer - self.prelude, :, : x.shape[1]]
+        return h.copy_(x if loop == 0 else gate(x, h, loop))
+
+    def update(self, layer: int, loop: int, k: Tensor, v: Tensor, slot: int) -> tuple[Tensor, Tensor]:
+        k_all, v_all = self.rows[layer][loop]
+        end = slot + k.shape[2]
+        k_all[:, :, slot:end] = k
+        v_all[:, :, slot:end] = v
+        return k_all[:, :, :end], v_all[:, :, :end]
 
     @property
     def kv_bytes_allocated(self) -> int:
@@ -51,3 +105,55 @@ class KVCache:
     def chunk(self) -> int:
         """Most tokens one step may process (gated caches hold the latent for this many)."""
         return self.capacity if self.latent is None else self.latent.shape[2]
+
+
+class ChunkCache:
+    """A full-sequence forward's rows, chunk by chunk: `KVCache`'s semantics without writing in place.
+
+    Each entry keeps its rows per chunk (keyed by the chunk's first slot), so a gated layer's later
+    loops replace their chunk's rows as `KVCache` overwrites them, and later chunks see the final
+    ones. `strategy` may differ from the config's: a gated model read with `per_loop` rows is its LoopLM.
+    """
+
+    def __init__(self, config: LoopConfig, loops: int, strategy: str | None = None) -> None:
+        strategy = strategy or config.kv_strategy
+        self.entries = entry_table(config, loops, strategy)
+        self.rows: defaultdict[int, dict[int, tuple[Tensor, Tensor]]] = defaultdict(dict)  # entry -> chunk's slot -> rows
+        self.gated = strategy == "gated"
+        self.latent: dict[int, Tensor] = {}  # layer -> h of the current chunk
+
+    def kv_source(self, layer: int, loop: int, x: Tensor, gate: Gate) -> Tensor | None:
+        if not self.gated:
+            return None
+        h = self.latent[layer] = x if loop == 0 else gate(x, self.latent[layer], loop)
+        return h
+
+    def update(self, layer: int, loop: int, k: Tensor, v: Tensor, slot: int) -> tuple[Tensor, Tensor]:
+        rows = self.rows[self.entries[layer][loop]]
+        rows[slot] = (k, v)
+        if len(rows) == 1:
+            return k, v
+        keys, values = zip(*rows.values())
+        return torch.cat(keys, dim=2), torch.cat(values, dim=2)
+
+
+class MixedCache:
+    """Stage-1 conversion: attention sees `a * KV_melt + (1 - a) * KV_looplm` for 0 < a < 1.
+
+    The K/V source of a gated layer is the pair (h, x) stacked on a leading dim; `melt` keeps the
+    rows from h, `looplm` those from x, each with its own layout, and attention gets their blend.
+    Prelude and coda layers have no latent: their rows are the same in both and kept once.
+    """
+
+    def __init__(self, a: float, melt: ChunkCache, looplm: ChunkCache) -> None:
+        self.a, self.melt, self.looplm = a, melt, looplm
+
+    def kv_source(self, layer: int, loop: int, x: Tensor, gate: Gate) -> Tensor:
+        return torch.stack((self.melt.kv_source(layer, loop, x, gate), x))
+
+    def update(self, layer: int, loop: int, k: Tensor, v: Tensor, slot: int) -> tuple[Tensor, Tensor]:
+        if k.dim() == 4:  # rows from x alone: a prelude or coda layer
+            return self.looplm.update(layer, loop, k, v, slot)
+        k_melt, v_melt = self.melt.update(layer, loop, k[0], v[0], slot)
+        k_loop, v_loop = self.looplm.update(layer, loop, k[1], v[1], slot)
+        return self.a * k_melt + (1 - self.a) * k_loop, self.a * v_melt + (1 - self.a) * v_loop

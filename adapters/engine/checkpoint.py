@@ -1,6 +1,7 @@
 """Checkpoints: the engine's own format, HF Qwen3 and HF Ouro directories, and MELT gate tensors.
 
-Engine format (a directory): `model.safetensors` (the `LoopedLM` state dict, HF tensor names),
+Engine format (a directory): `model.safetensors` (the `LoopedLM` state dict, HF tensor names: the
+fused q/k/v and gate/up parameters are split into HF's tensors by the model's state-dict hooks),
 `config.json` = {"format": "loopeval-engine", "config": LoopConfig fields}, and `tokenizer.json`
 when the model has a tokenizer.
 
@@ -151,7 +152,7 @@ def save_checkpoint(model: LoopedLM, directory: str | Path, tokenizer: Any | Non
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}  # clone: packed weights share storage
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}  # HF names: fused projections come split
     save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
     (directory / "config.json").write_text(json.dumps({"format": ENGINE_FORMAT, "config": model.config.to_dict()}, indent=2))
     if tokenizer is not None:

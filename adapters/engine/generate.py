@@ -1,5 +1,8 @@
 """Batched generation on a static cache: left-padded prefill, then one decode loop on one page.
 
+`generate` reads as the prefill (`Decoder.prefill`), the decode step (`Decoder.step`: one token per
+row through `LoopedLM.step`) and the decode loop that samples, records (`Transcript`) and stops.
+
 Prompts of different lengths are left-padded to a common length; each row keeps its own positions
 (0 at its first real token) and a key mask hides the padding, so a row's tokens are the same as if
 it ran alone. Gated (MELT) models prefill chunk by chunk (the config's chunk size); the chunks are
@@ -24,7 +27,7 @@ from torch import Tensor
 from adapters.base import AdapterError, Generation, Sampling, dtype_short
 from adapters.engine.cache import KVCache
 from adapters.engine.memory import kv_bytes
-from adapters.engine.model import LoopedLM, exit_probabilities
+from adapters.engine.model import LoopedLM, StepOutput, exit_probabilities
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,15 @@ def prefill_chunks(width: int, chunk: int) -> list[tuple[int, int]]:
     return [(max(0, end - chunk), end) for end in range(width, 0, -chunk)][::-1]
 
 
-def _pick_loop(out: Any, model: LoopedLM, policy: ExitPolicy) -> tuple[Tensor, Tensor | None]:
+def prefill_mask(valid: Tensor, s0: int, s1: int) -> Tensor:
+    """Bool [B,1,n,s1] for prompt slots s0..s1-1: causal over each row's real slots; padded queries
+    see themselves, so that their softmax has a key (no NaN)."""
+    keys = torch.arange(s1, device=valid.device)[None, :]
+    queries = torch.arange(s0, s1, device=valid.device)[:, None]
+    return (valid[:, None, None, :s1] & (keys <= queries)) | (keys == queries)
+
+
+def pick_loop(out: StepOutput, policy: ExitPolicy) -> tuple[Tensor, Tensor | None]:
     """Final states [B, d] and the 1-based loop each row exits at (None when the policy is `none`)."""
     if policy.kind == "none" or len(out.states) == 1:
         return out.states[-1], None
@@ -93,10 +104,122 @@ def _pick_loop(out: Any, model: LoopedLM, policy: ExitPolicy) -> tuple[Tensor, T
     else:
         cum = exit_probabilities(out.gate_logits).cumsum(dim=0)
         exit_idx = (cum < policy.threshold).sum(dim=0).clamp(max=r - 1)
-    final = states[exit_idx, torch.arange(b, device=states.device)]
-    if model.coda:
-        raise AdapterError("exit policies need a model without coda layers")
-    return final, exit_idx + 1
+    return states[exit_idx, torch.arange(b, device=states.device)], exit_idx + 1
+
+
+@dataclass
+class Prompts:
+    """A batch of prompts left-padded to one width; each row keeps its own positions (0 at its first real token)."""
+
+    tokens: Tensor  # [B, width] token ids
+    positions: Tensor  # [B, width]
+    valid: Tensor  # [B, capacity] bool: False at padding slots (generated slots are never padding)
+    lengths: list[int]
+
+    @classmethod
+    def left_padded(cls, prompts: Sequence[Sequence[int]], capacity: int, pad_id: int, device: torch.device) -> "Prompts":
+        lengths = [len(p) for p in prompts]
+        width = max(lengths)
+        tokens = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+        valid = torch.ones((len(prompts), capacity), dtype=torch.bool)
+        for i, p in enumerate(prompts):
+            tokens[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
+            valid[i, : width - len(p)] = False
+        offsets = torch.tensor([width - n for n in lengths])
+        positions = (torch.arange(width)[None, :] - offsets[:, None]).clamp(min=0)
+        return cls(tokens.to(device), positions.to(device), valid.to(device), lengths)
+
+    @property
+    def width(self) -> int:
+        return self.tokens.shape[1]
+
+    @property
+    def padded(self) -> bool:
+        return min(self.lengths) < self.width
+
+
+class Decoder:
+    """A batch's model calls on its static cache: `prefill`, then one `step` per token.
+
+    Both return the logits to sample from [B, V] and the 1-based loop each row exits at (None
+    unless an exit policy picks one).
+    """
+
+    def __init__(self, model: LoopedLM, prompts: Prompts, cache: KVCache, loops: int, policy: ExitPolicy) -> None:
+        self.model, self.prompts, self.cache, self.loops, self.policy = model, prompts, cache, loops, policy
+        self.keep_loops = policy.kind != "none"
+        self.positions = prompts.positions[:, -1:] + 1  # [B, 1] of the next token
+
+    def prefill(self) -> tuple[Tensor, Tensor | None]:
+        p = self.prompts
+        for s0, s1 in prefill_chunks(p.width, self.cache.chunk):
+            mask = prefill_mask(p.valid, s0, s1) if p.padded or s0 > 0 else None
+            out = self.model.step(p.tokens[:, s0:s1], p.positions[:, s0:s1], self.cache, s0, mask, self.loops, self.keep_loops)
+            self.cache.length = s1
+        return self._read(out)
+
+    def step(self, tokens: Tensor) -> tuple[Tensor, Tensor | None]:
+        """One more token per row, tokens [B], at the next slot."""
+        slot, positions = self.cache.length, self.positions
+        mask = self.prompts.valid[:, None, None, : slot + 1] if self.prompts.padded else None
+        out = self.model.step(tokens[:, None], positions, self.cache, slot, mask, self.loops, self.keep_loops)
+        self.cache.length, self.positions = slot + 1, positions + 1
+        return self._read(out)
+
+    def _read(self, out: StepOutput) -> tuple[Tensor, Tensor | None]:
+        state, exit_loop = pick_loop(out, self.policy)
+        return self.model.logits(state), exit_loop
+
+
+class Transcript:
+    """What each row of a batch has generated, with the loop it read each token from, and why it stopped."""
+
+    def __init__(self, batch: int, sampling: Sampling, eos_ids: set[int], tokenizer: Any | None) -> None:
+        self.sampling, self.eos_ids, self.tokenizer = sampling, eos_ids, tokenizer
+        self.tokens: list[list[int]] = [[] for _ in range(batch)]
+        self.loops: list[list[int]] = [[] for _ in range(batch)]
+        self.finish: list[str | None] = [None] * batch  # "eos", "stop", or None while running
+        self.stop_window = max((len(s) for s in sampling.stop), default=0) + 2
+
+    def add(self, tokens: list[int], loops: list[int]) -> bool:
+        """Record one token per running row; True once every row has finished.
+
+        Finished rows keep decoding with the batch; their tokens are dropped here.
+        """
+        for row, (token, loop) in enumerate(zip(tokens, loops)):
+            if self.finish[row] is None:
+                self.tokens[row].append(token)
+                self.loops[row].append(loop)
+                self.finish[row] = self._stopped(row, token)
+        return all(f is not None for f in self.finish)
+
+    def _stopped(self, row: int, token: int) -> str | None:
+        if token in self.eos_ids:
+            return "eos"
+        if self.sampling.stop:
+            tail = self.tokenizer.decode(self.tokens[row][-self.stop_window :], skip_special_tokens=True)
+            if any(s in tail for s in self.sampling.stop):
+                return "stop"
+        return None
+
+    def generations(self, lengths: list[int], looped: bool, prefill_seconds: float, decode_seconds: float) -> list[Generation]:
+        return [
+            Generation(
+                token_ids=ids, text=self._text(row), finish_reason=self.finish[row] or "length", prompt_tokens=lengths[row],
+                generated_tokens=len(ids), loops_used=self.loops[row] if looped else None,
+                prefill_seconds=prefill_seconds, decode_seconds=decode_seconds,
+            )
+            for row, ids in enumerate(self.tokens)
+        ]
+
+    def _text(self, row: int) -> str | None:
+        """The row's text, cut before the first stop string when one ended it."""
+        if self.tokenizer is None:
+            return None
+        text = self.tokenizer.decode(self.tokens[row], skip_special_tokens=True)
+        if self.finish[row] == "stop":
+            text = text[: min(text.find(s) for s in self.sampling.stop if s in text)]
+        return text
 
 
 def generate(
@@ -113,113 +236,55 @@ def generate(
     pad_id: int = 0,
 ) -> list[Generation]:
     """Generate one continuation per prompt (token ids) in one batch. `on_cache` sees the live cache."""
-    cfg = model.config
-    device = model.model.embed_tokens.weight.device
-    dtype = model.model.embed_tokens.weight.dtype
-    b = len(prompts)
-    lengths = [len(p) for p in prompts]
-    if min(lengths) < 1:
-        raise AdapterError("empty prompt: every prompt needs at least one token")
-    width = max(lengths)
-    if width >= cfg.max_position:
-        raise AdapterError(f"prompt of {width} tokens does not fit the model's context of {cfg.max_position} tokens")
-    capacity = min(width + sampling.max_new_tokens, cfg.max_position)
-    if sampling.stop and tokenizer is None:
-        raise AdapterError("stop strings need a tokenizer; this model has none (use eos or max_new_tokens)")
-
-    tokens = torch.full((b, width), pad_id, dtype=torch.long)
-    valid = torch.zeros((b, capacity), dtype=torch.bool)
-    for i, p in enumerate(prompts):
-        tokens[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
-        valid[i, width - len(p) :] = True
-    valid[:, width:] = True  # generated slots are never padding
-    offsets = torch.tensor([width - n for n in lengths])
-    positions = (torch.arange(width)[None, :] - offsets[:, None]).clamp(min=0)
-    tokens, valid, positions, offsets = tokens.to(device), valid.to(device), positions.to(device), offsets.to(device)
-    padded = bool((offsets > 0).any())
-    keep_loops = exit_policy.kind != "none"
-    looped = cfg.shared_layers > 0 and (loops > 1 or cfg.loops > 1)
-
-    if device.type == "cuda":  # a clear error instead of an allocator OOM for a cache that cannot fit
-        need = kv_bytes(cfg, capacity, b, loops, dtype_short(dtype))
-        free = torch.cuda.mem_get_info(device)[0]
-        if need > free:
-            raise AdapterError(
-                f"the KV cache for {b} sequences x {capacity} tokens needs {need / 1e9:.2f} GB but {free / 1e9:.2f} GB is free: "
-                "lower max_new_tokens or the batch (max_batch)"
-            )
-    cache = KVCache(cfg, b, capacity, loops, dtype, device)
+    capacity = _capacity(model, prompts, sampling, tokenizer, exit_policy)
+    weight = model.model.embed_tokens.weight
+    batch = Prompts.left_padded(prompts, capacity, pad_id, weight.device)
+    cache = _allocate(model, len(prompts), capacity, loops)
+    decoder = Decoder(model, batch, cache, loops, exit_policy)
+    transcript = Transcript(len(prompts), sampling, eos_ids, tokenizer)
     on_cache(cache)
-    model.prepare_inference()
     try:
         with torch.inference_mode():
             t0 = time.perf_counter()
-            for s0, s1 in prefill_chunks(width, cache.chunk):
-                mask = None
-                if padded or s0 > 0:
-                    causal = torch.arange(s1, device=device)[None, :] <= torch.arange(s0, s1, device=device)[:, None]
-                    own = torch.arange(s1, device=device)[None, :] == torch.arange(s0, s1, device=device)[:, None]
-                    mask = ((valid[:, None, None, :s1] & causal) | own)  # padded queries see themselves (no NaN)
-                out = model.step(tokens[:, s0:s1], positions[:, s0:s1], cache, s0, mask, loops, keep_loops)
-                cache.length = s1
-            state, exit_loop = _pick_loop(out, model, exit_policy)
-            logits = model.logits(state)
-            prefill_seconds = time.perf_counter() - t0
-
-            # Decode: one step per token; the only host sync is reading the sampled ids back.
-            t0 = time.perf_counter()
-            budget = capacity - width
-            new_tokens: list[list[int]] = [[] for _ in range(b)]
-            exit_loops: list[list[int]] = [[] for _ in range(b)]
-            finish: list[str | None] = [None] * b
-            stop_window = max((len(s) for s in sampling.stop), default=0) + 2
-            pos = positions[:, -1:] + 1
-            for i in range(budget):
-                nxt = sample(logits, sampling, generator)
-                ids = nxt.tolist()
-                chosen = exit_loop.tolist() if exit_loop is not None else [loops] * b
-                for row in range(b):
-                    if finish[row] is not None:
-                        continue  # finished rows keep decoding with the batch; their tokens are dropped
-                    new_tokens[row].append(ids[row])
-                    exit_loops[row].append(chosen[row])
-                    if ids[row] in eos_ids:
-                        finish[row] = "eos"
-                    elif sampling.stop:
-                        tail = tokenizer.decode(new_tokens[row][-stop_window:], skip_special_tokens=True)
-                        if any(s in tail for s in sampling.stop):
-                            finish[row] = "stop"
-                if i + 1 == budget or all(f is not None for f in finish):
+            logits, exit_loop = decoder.prefill()
+            t1 = time.perf_counter()
+            budget = capacity - batch.width
+            for i in range(budget):  # the only host sync per token is reading the sampled ids back
+                tokens = sample(logits, sampling, generator)
+                chosen = [loops] * len(prompts) if exit_loop is None else exit_loop.tolist()
+                if transcript.add(tokens.tolist(), chosen) or i + 1 == budget:
                     break
-                slot = width + i
-                mask = valid[:, None, None, : slot + 1] if padded else None
-                out = model.step(nxt[:, None], pos, cache, slot, mask, loops, keep_loops)
-                cache.length = slot + 1
-                pos = pos + 1
-                state, exit_loop = _pick_loop(out, model, exit_policy)
-                logits = model.logits(state)
-            decode_seconds = time.perf_counter() - t0
+                logits, exit_loop = decoder.step(tokens)
+            t2 = time.perf_counter()
     finally:
         on_cache(None)
+    looped = model.config.shared_layers > 0 and (loops > 1 or model.config.loops > 1)
+    return transcript.generations(batch.lengths, looped, t1 - t0, t2 - t1)
 
-    results = []
-    for row in range(b):
-        ids = new_tokens[row]
-        text = None
-        if tokenizer is not None:
-            text = tokenizer.decode(ids, skip_special_tokens=True)
-            if finish[row] == "stop":
-                text = text[: min(text.find(s) for s in sampling.stop if s in text)]
-        results.append(
-            Generation(
-                token_ids=ids,
-                text=text,
-                finish_reason=finish[row] or "length",
-                prompt_tokens=lengths[row],
-                generated_tokens=len(ids),
-                loops_used=exit_loops[row] if looped else None,
-                prefill_seconds=prefill_seconds,
-                decode_seconds=decode_seconds,
+
+def _capacity(model: LoopedLM, prompts: Sequence[Sequence[int]], sampling: Sampling, tokenizer: Any | None, policy: ExitPolicy) -> int:
+    """Slots the cache needs (the longest prompt plus the new tokens, within the context), after checking the request."""
+    width = max(len(p) for p in prompts)
+    if min(len(p) for p in prompts) < 1:
+        raise AdapterError("empty prompt: every prompt needs at least one token")
+    if width >= model.config.max_position:
+        raise AdapterError(f"prompt of {width} tokens does not fit the model's context of {model.config.max_position} tokens")
+    if sampling.stop and tokenizer is None:
+        raise AdapterError("stop strings need a tokenizer; this model has none (use eos or max_new_tokens)")
+    if policy.kind != "none" and model.coda:
+        raise AdapterError("exit policies need a model without coda layers")
+    return min(width + sampling.max_new_tokens, model.config.max_position)
+
+
+def _allocate(model: LoopedLM, batch: int, capacity: int, loops: int) -> KVCache:
+    """The batch's static cache; on a GPU, a clear error instead of an allocator OOM when it cannot fit."""
+    cfg, weight = model.config, model.model.embed_tokens.weight
+    if weight.device.type == "cuda":
+        need = kv_bytes(cfg, capacity, batch, loops, dtype_short(weight.dtype))
+        free = torch.cuda.mem_get_info(weight.device)[0]
+        if need > free:
+            raise AdapterError(
+                f"the KV cache for {batch} sequences x {capacity} tokens needs {need / 1e9:.2f} GB but {free / 1e9:.2f} GB is free: "
+                "lower max_new_tokens or the batch (max_batch)"
             )
-        )
-    return results
+    return KVCache(cfg, batch, capacity, loops, weight.dtype, weight.device)

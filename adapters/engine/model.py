@@ -1,14 +1,17 @@
 """The looped decoder: Qwen3, Ouro (LoopLM) and MELT from one `LoopConfig`, gpt-fast style.
 
-Layers run as prelude (p), shared (s) x loops (r), coda (c). Two entry points share the blocks:
+Layers run as prelude (p), shared (s) x loops (r), coda (c) in `LoopedLM.run`, and every attention
+call takes its earlier rows from a cache (`adapters.engine.cache`). Two entry points share them:
 
-- `LoopedLM.forward(tokens, ...)`: cache-free, autograd-friendly full-sequence pass used by
-  `forward_logits` and by training. Gated (MELT) models run it chunk by chunk, exactly like prefill,
-  and may blend the K/V attention sees, `KV = a * KV_melt + (1 - a) * KV_looplm` (stage-1
-  conversion training); it can return per-loop logits, per-(loop, shared layer) attention outputs
-  (stage-2 alignment loss) and Ouro's exit probabilities.
+- `LoopedLM.forward(tokens, ...)`: full-sequence pass (autograd works) used by `forward_logits` and
+  by training; its rows live in a `ChunkCache`. Gated (MELT) models run it chunk by chunk, exactly
+  like prefill, and may blend the K/V attention sees, `KV = a * KV_melt + (1 - a) * KV_looplm`
+  (stage-1 conversion training, a `MixedCache`); it can return per-loop logits, per-(loop, shared
+  layer) attention outputs (stage-2 alignment loss) and Ouro's exit probabilities.
 - `LoopedLM.step(tokens, positions, cache, slot, mask, loops)`: one prefill chunk or decode step
   against a preallocated `adapters.engine.cache.KVCache`, written in place.
+
+q/k/v and gate/up are each one parameter (one matmul); state dicts name HF's separate tensors.
 
 MELT choices the method leaves open (also in the README):
 - The latent state h of a shared layer starts as the first loop's normalised input x (loop 1 gives
@@ -21,51 +24,55 @@ MELT choices the method leaves open (also in the README):
 
 from __future__ import annotations
 
+import functools
+import itertools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from adapters.engine.cache import Cache, ChunkCache, KVCache, MixedCache
 from adapters.engine.config import LoopConfig
 
-if TYPE_CHECKING:
-    from adapters.engine.cache import KVCache
-
-Mix = Callable[[Tensor], Tensor]  # normalised block input x -> attention output (after o_proj)
+Rope = tuple[Tensor, Tensor]  # cos, signed sin [B, 1, n, head_dim]
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm computed in float32 and cast back, as transformers' Qwen3RMSNorm does."""
-
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        return rms(x, self.eps, self.weight, self.__dict__.get("_eps"))
+        return rms(x, self.eps, self.weight)
 
 
-def rms(x: Tensor, eps: float, weight: Tensor | None = None, eps_tensor: Tensor | None = None) -> Tensor:
-    """x / sqrt(mean(x^2) + eps) over the last dim, times `weight`; float32 inside, cast back.
+def rms(x: Tensor, eps: float, weight: Tensor | None = None) -> Tensor:
+    """x / sqrt(mean(x^2) + eps) over the last dim, times `weight` when given.
 
-    Decoding in float32 with `eps_tensor` (eps as a 0-dim tensor, which `LoopedLM.prepare_inference`
-    makes) takes a five-kernel form built on `vector_norm`: on the CPU `torch.rms_norm` is a
+    float32 takes a five-kernel form built on `vector_norm`: on the CPU `torch.rms_norm` is a
     composite of about ten small kernels, and a tiny model runs 13 norms per decoded token, so this
-    is ~5% of its decode speed. It agrees with the textbook form to float rounding (~1e-6).
-    Training and other dtypes use the textbook form (transformers' order).
+    is ~5% of its decode speed. It agrees with the textbook form to float rounding (~1e-6), and
+    autograd runs through it. Other dtypes compute in float32 and cast back, as transformers'
+    Qwen3RMSNorm does.
     """
-    if x.dtype == torch.float32:
-        if eps_tensor is None or torch.is_grad_enabled():
-            return F.rms_norm(x, x.shape[-1:], weight, eps)
-        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)  # sqrt(sum x^2)
-        y = x.div(torch.addcmul(eps_tensor, norm, norm, value=1 / x.shape[-1]).sqrt_())
-        return y if weight is None else y.mul_(weight)
-    x32 = x.float()
-    y = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    return y if weight is None else weight * y
+    if x.dtype != torch.float32:
+        x32 = x.float()
+        y = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+        return y if weight is None else weight * y
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)  # sqrt(sum x^2)
+    mean_square = torch.addcmul(constant(eps, x.device, x.dtype), norm, norm, value=1 / x.shape[-1])  # + eps
+    y = x.div(mean_square.sqrt_())
+    return y if weight is None else y.mul_(weight)
+
+
+@functools.cache
+def constant(value: float, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """`value` as a 0-dim tensor, made once per device and dtype (a fresh one per call costs a kernel)."""
+    with torch.inference_mode(False):  # an ordinary tensor, usable by autograd whenever it was first asked for
+        return torch.tensor(value, device=device, dtype=dtype)
 
 
 class Rotary:
@@ -77,9 +84,9 @@ class Rotary:
 
     def __init__(self, head_dim: int, theta: float) -> None:
         self.head_dim, self.theta = head_dim, theta
-        self.tables: dict[tuple[torch.device, torch.dtype], tuple[Tensor, Tensor]] = {}  # not buffers: never saved
+        self.tables: dict[tuple[torch.device, torch.dtype], Rope] = {}  # constants, not buffers: never saved
 
-    def __call__(self, positions: Tensor, dtype: torch.dtype, length: int | None = None) -> tuple[Tensor, Tensor]:
+    def __call__(self, positions: Tensor, dtype: torch.dtype, length: int | None = None) -> Rope:
         """positions [B, n] (all < `length` when given) -> cos, signed sin [B, 1, n, head_dim] in `dtype`."""
         need = int(positions.max()) + 1 if length is None else length
         key = (positions.device, dtype)
@@ -99,118 +106,103 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
-def packed(module: "Attention | MLP", key: str) -> Tensor:
-    """The row-wise concatenation of `module.packed_params()[key]`, whose row blocks ARE the parameters.
+@dataclass
+class Span:
+    """Where one call's n tokens sit: their RoPE tables, the first cache slot they fill, and the
+    slots each may see (bool [B, 1, n, slot + n], True = attend). `mask` None means causal among
+    the n tokens, which callers use only when nothing precedes them (slot 0) or for one token."""
+
+    rope: Rope
+    slot: int
+    mask: Tensor | None
+
+
+# ------------------------------------------------------------------------ fused projections
+def fuse_projections(module: nn.Module, fused: str, parts: dict[str, int]) -> None:
+    """Declare `module.<fused>` the row-wise stack of HF's projections `parts` (name -> rows), in order.
 
     Decoding a small model costs per-op overhead, not FLOPs: one matmul for q, k and v (and one for
-    gate and up) instead of three (two). With autograd off, the parameters are moved into one buffer
-    and made views of it, so there is no second copy of the weights and in-place updates (optimizer
-    steps, `load_state_dict`) keep it current. The buffer is kept in `module.__dict__[key]`; the
-    per-token path only looks it up, and `LoopedLM.prepare_inference` (once per generate call)
-    drops it if the parameters were replaced since. With autograd on it returns `torch.cat(params)`,
-    so gradients reach the separate parameters (which keep HF's names).
+    gate and up) instead of three (two). The parameter IS the stack, so training and optimizers see
+    one tensor; state dicts keep HF's names: saving splits it, loading stacks the parts.
     """
-    if torch.is_grad_enabled():
-        return torch.cat(module.packed_params()[key])
-    buf = module.__dict__.get(key)
-    if buf is not None:
-        return buf
-    params = module.packed_params()[key]
-    with torch.inference_mode(False), torch.no_grad():  # parameters must stay ordinary (trainable) tensors
-        buf = torch.cat([p.detach() for p in params])
-        offset = 0
-        for p in params:
-            p.data = buf[offset : offset + p.shape[0]]
-            offset += p.shape[0]
-    module.__dict__[key] = buf
-    return buf
+    module.fused = (fused, parts)
+    module.register_state_dict_post_hook(_split_fused)
+    module.register_load_state_dict_pre_hook(_join_fused)
 
 
-def still_packed(buf: Tensor, params: tuple[Tensor, ...]) -> bool:
-    """Whether `params` are still the consecutive row blocks of `buf` (False once one was replaced)."""
-    ptr = buf.data_ptr()
-    for p in params:
-        if p.data_ptr() != ptr or p.dtype != buf.dtype:
-            return False
-        ptr += p.numel() * p.element_size()
-    return True
+def _split_fused(module: nn.Module, state: dict[str, Tensor], prefix: str, *_: Any) -> None:
+    fused, parts = module.fused
+    weight = state.pop(f"{prefix}{fused}.weight")
+    for name, rows in zip(parts, weight.split(list(parts.values()))):
+        state[f"{prefix}{name}.weight"] = rows.clone()  # a copy: safetensors refuses tensors sharing storage
 
 
+def _join_fused(module: nn.Module, state: dict[str, Tensor], prefix: str, *_: Any) -> None:
+    fused, parts = module.fused
+    names = [f"{prefix}{name}.weight" for name in parts]
+    if all(name in state for name in names):  # else loading reports the fused weight missing
+        state[f"{prefix}{fused}.weight"] = torch.cat([state.pop(name) for name in names])
+
+
+# ---------------------------------------------------------------------------------- modules
 class Attention(nn.Module):
-    """GQA attention; K/V may be projected from another input than q, because MELT takes them from h."""
+    """GQA attention over the rows a cache holds; K/V may come from another input than q (MELT's latent h)."""
 
     def __init__(self, cfg: LoopConfig) -> None:
         super().__init__()
         d, hd = cfg.hidden_size, cfg.head_dim
-        self.n_heads, self.n_kv, self.head_dim, self.eps = cfg.num_heads, cfg.num_kv_heads, hd, cfg.norm_eps
-        self.q_proj = nn.Linear(d, cfg.num_heads * hd, bias=False)
-        self.k_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=False)
-        self.v_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=False)
-        self.o_proj = nn.Linear(cfg.num_heads * hd, d, bias=False)
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, hd
+        q, kv = cfg.num_heads * hd, cfg.num_kv_heads * hd
+        self.qkv_proj = nn.Linear(d, q + 2 * kv, bias=False)
+        self.o_proj = nn.Linear(q, d, bias=False)
         self.q_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
+        fuse_projections(self, "qkv_proj", {"q_proj": q, "k_proj": kv, "v_proj": kv})
 
-    def packed_params(self) -> dict[str, tuple[Tensor, ...]]:
-        return {"_qkv": (self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)}
+    def attend(self, x: Tensor, src: Tensor | None, span: Span, cache: Cache, layer: int, loop: int) -> Tensor:
+        """x [B,n,d] -> [B,n,d]: attend over the rows `cache` holds for (layer, loop) plus this call's, which it keeps.
 
-    def project(self, x: Tensor, rope: tuple[Tensor, Tensor], src: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """q from x, k and v from `src` (default x): q [B,H,n,D], k, v [B,Hkv,n,D], with q/k norm and RoPE."""
+        A plain method rather than `forward`: a decode step calls it once per layer and loop, and
+        `nn.Module.__call__`'s hook handling would cost more than some of its kernels.
+        """
+        q, k, v = self.project(x, src, span.rope)
+        k, v = cache.update(layer, loop, k, v, span.slot)
+        b, _, n, _ = q.shape
+        causal = span.mask is None and n > 1
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=span.mask, is_causal=causal, enable_gqa=self.n_heads != self.n_kv)
+        return F.linear(y.transpose(1, 2).reshape(b, n, self.n_heads * self.head_dim), self.o_proj.weight)
+
+    def project(self, x: Tensor, src: Tensor | None, rope: Rope) -> tuple[Tensor, Tensor, Tensor]:
+        """q [B,H,n,D] from x; k, v [..., B,Hkv,n,D] from `src` [..., B,n,d] (default x); q/k norm and RoPE applied."""
         b, n, _ = x.shape
         h, kv, d = self.n_heads, self.n_kv, self.head_dim
-        w = packed(self, "_qkv")  # q, k and v projections as one [(H + 2 Hkv) D, d] matrix
-        if src is None:
-            qkv = F.linear(x, w).view(b, n, h + 2 * kv, d)
+        weight, q_norm, k_norm = self.qkv_proj.weight, self.q_norm, self.k_norm
+        if src is None:  # one matmul, and q and k normed and rotated together
+            qkv = F.linear(x, weight).view(b, n, h + 2 * kv, d)
             qk, v = qkv[:, :, : h + kv], qkv[:, :, h + kv :]
-        else:
-            q = F.linear(x, w[: h * d]).view(b, n, h, d)
-            kv_ = F.linear(src, w[h * d :]).view(b, n, 2 * kv, d)
-            qk, v = torch.cat((q, kv_[:, :, :kv]), dim=2), kv_[:, :, kv:]
-        if self.q_norm is not None:  # per-head RMSNorm of q and k in one pass (weights stacked per head)
-            qk = self.qk_norm_weight() * rms(qk, self.eps, None, self.__dict__.get("_eps"))
-        qk = apply_rope(qk.transpose(1, 2), *rope)
-        return qk[:, :h], qk[:, h:], v.transpose(1, 2)
-
-    def qk_norm_weight(self) -> Tensor:
-        """q_norm and k_norm weights stacked per head [H + Hkv, D], so one multiply norms q and k together.
-
-        With autograd off the stack is kept (a copy: `LoopedLM.prepare_inference` rebuilds it once per
-        generate call, so weights changed in between are seen).
-        """
-        w = None if torch.is_grad_enabled() else self.__dict__.get("_qk_norm")
-        if w is None:
-            w = torch.cat((self.q_norm.weight.expand(self.n_heads, -1), self.k_norm.weight.expand(self.n_kv, -1)))
-            if not torch.is_grad_enabled():
-                self.__dict__["_qk_norm"] = w
-        return w
-
-    def keys_values(self, src: Tensor, rope: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
-        """k, v [B,Hkv,n,D] from `src` alone (MELT rows when q and the LoopLM's K/V come from x)."""
-        b, n, _ = src.shape
-        kv_ = F.linear(src, packed(self, "_qkv")[self.n_heads * self.head_dim :]).view(b, n, 2 * self.n_kv, self.head_dim)
-        k, v = kv_[:, :, : self.n_kv], kv_[:, :, self.n_kv :]
-        if self.k_norm is not None:
-            k = self.k_norm(k)
-        return apply_rope(k.transpose(1, 2), *rope), v.transpose(1, 2)
-
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool = False) -> Tensor:
-        """q [B,H,n,D], k/v [B,Hkv,L,D], mask bool [B,1,n,L] (True = attend) -> [B,n,d]."""
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=self.n_heads != self.n_kv)
-        b, _, n, _ = q.shape
-        return F.linear(y.transpose(1, 2).reshape(b, n, self.n_heads * self.head_dim), self.o_proj.weight)
+            if q_norm is not None:  # q and k normed per head in one pass, then each scaled by its weight
+                qk = rms(qk, q_norm.eps)
+                qk[:, :, :h].mul_(q_norm.weight)
+                qk[:, :, h:].mul_(k_norm.weight)
+            qk = apply_rope(qk.transpose(1, 2), *rope)
+            return qk[:, :h], qk[:, h:], v.transpose(1, 2)
+        w_q, w_kv = weight.split((h * d, 2 * kv * d))
+        q = F.linear(x, w_q).view(b, n, h, d)
+        k, v = F.linear(src, w_kv).unflatten(-1, (2 * kv, d)).split(kv, dim=-2)
+        if q_norm is not None:
+            q, k = q_norm(q), k_norm(k)
+        return apply_rope(q.transpose(1, 2), *rope), apply_rope(k.transpose(-3, -2), *rope), v.transpose(-3, -2)
 
 
 class MLP(nn.Module):
     def __init__(self, cfg: LoopConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.ffn_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.ffn_size, bias=False)
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.ffn_size, bias=False)
         self.down_proj = nn.Linear(cfg.ffn_size, cfg.hidden_size, bias=False)
-
-    def packed_params(self) -> dict[str, tuple[Tensor, ...]]:
-        return {"_gate_up": (self.gate_proj.weight, self.up_proj.weight)}
+        fuse_projections(self, "gate_up_proj", {"gate_proj": cfg.ffn_size, "up_proj": cfg.ffn_size})
 
     def forward(self, x: Tensor) -> Tensor:
-        gate, up = F.linear(x, packed(self, "_gate_up")).chunk(2, dim=-1)
+        gate, up = F.linear(x, self.gate_up_proj.weight).chunk(2, dim=-1)
         return F.linear(F.silu(gate) * up, self.down_proj.weight)
 
 
@@ -259,11 +251,14 @@ class Block(nn.Module):
             self.input_layernorm_2, self.post_attention_layernorm_2 = RMSNorm(d, eps), RMSNorm(d, eps)
         self.melt_gate = MeltGate(cfg) if gated else None
 
-    def forward(self, h: Tensor, mix: Mix) -> Tensor:
-        a = mix(self.input_layernorm(h))
+    def forward(self, h: Tensor, span: Span, cache: Cache, layer: int, loop: int) -> tuple[Tensor, Tensor]:
+        """(the next state, the attention output). A gated layer's K/V come from the source the cache keeps."""
+        x = self.input_layernorm(h)
+        src = None if self.melt_gate is None else cache.kv_source(layer, loop, x, self.melt_gate)
+        a = self.self_attn.attend(x, src, span, cache, layer, loop)
         h = h + (self.input_layernorm_2(a) if self.sandwich else a)
         m = self.mlp(self.post_attention_layernorm(h))
-        return h + (self.post_attention_layernorm_2(m) if self.sandwich else m)
+        return h + (self.post_attention_layernorm_2(m) if self.sandwich else m), a
 
 
 class Backbone(nn.Module):
@@ -281,7 +276,7 @@ class Backbone(nn.Module):
 
 @dataclass
 class ForwardOutput:
-    """What the cache-free forward returns. Lists are indexed by loop t (0-based)."""
+    """What the full-sequence forward returns. Lists are indexed by loop t (0-based)."""
 
     logits: Tensor  # [B, N, V] from the final state
     loop_logits: list[Tensor] | None = None  # r x [B, N, V]: each loop's normed state through lm_head
@@ -319,36 +314,6 @@ class LoopedLM(nn.Module):
         self.shared = list(self.model.layers[p : p + s])
         self.coda = list(self.model.layers[p + s :])
 
-    # ----------------------------------------------------------------------------------- helpers
-    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001 (nn.Module's signature)
-        """Moving or casting weights (`.to`, `.cuda`, `.half`) drops the packed inference buffers first."""
-        self._drop_inference_buffers(everything=True)
-        return super()._apply(fn, recurse)
-
-    def prepare_inference(self) -> None:
-        """Make the kept inference buffers safe to use without checks for one generate call or forward.
-
-        Packed projections whose parameters were replaced since (e.g. `load_state_dict(assign=True)`)
-        are dropped and rebuilt on first use; the stacked q/k-norm weights, being copies, are always
-        rebuilt; each norm gets its eps as a 0-dim tensor on the weights' device (see `rms`). The
-        per-token path then only looks them up.
-        """
-        self._drop_inference_buffers(everything=False)
-        weight = self.model.embed_tokens.weight
-        for module in self.modules():
-            if isinstance(module, (RMSNorm, Attention)):
-                module.__dict__["_eps"] = torch.tensor(module.eps, dtype=weight.dtype, device=weight.device)
-
-    def _drop_inference_buffers(self, everything: bool) -> None:
-        for module in self.modules():
-            module.__dict__.pop("_qk_norm", None)
-            module.__dict__.pop("_eps", None)
-            if isinstance(module, (Attention, MLP)):
-                for key, params in module.packed_params().items():
-                    buf = module.__dict__.get(key)
-                    if buf is not None and (everything or not still_packed(buf, params)):
-                        del module.__dict__[key]
-
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator, std: float = 0.02) -> None:
         """Seeded random init: normal(0, std) matrices and embeddings, unit norms, zero biases."""
@@ -367,20 +332,49 @@ class LoopedLM(nn.Module):
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(normed, weight)
 
-    def _final(self, h: Tensor) -> Tensor:
-        """State after the coda; sandwich models are already normed unless coda layers ran after the last loop."""
-        if self.config.norm_layout == "sandwich" and not self.coda:
-            return h
-        return self.model.norm(h)
+    def exit_gate_logits(self, states: list[Tensor]) -> Tensor | None:
+        """[r, ...] Ouro exit-gate logits of each loop's normed state (None without an exit gate)."""
+        gate = self.model.early_exit_gate
+        return None if gate is None else torch.stack([gate(z).squeeze(-1) for z in states])
 
-    def _loop_end(self, h: Tensor) -> tuple[Tensor, Tensor]:
-        """(state fed to the next loop, the loop's normed state read by the exit gate / per-loop logits)."""
+    # ------------------------------------------------------------------------------- layers
+    def run(self, h: Tensor, span: Span, cache: Cache, loops: int, per_loop: bool, attn_outputs: list[Tensor] | None = None) -> tuple[Tensor, list[Tensor]]:
+        """Prelude, shared x loops, coda over one call's states h [B, n, d].
+
+        Returns the normed final state and, with `per_loop`, each loop's normed state (what per-loop
+        logits and the exit gate read). Shared layers' attention outputs are appended to
+        `attn_outputs`, loop-major, when it is given.
+        """
+        p, s = len(self.prelude), len(self.shared)
+        for i, layer in enumerate(self.prelude):
+            h, _ = layer(h, span, cache, i, 0)
+        states = []
+        for t in range(loops if s else 0):
+            for j, layer in enumerate(self.shared):
+                h, a = layer(h, span, cache, p + j, t)
+                if attn_outputs is not None:
+                    attn_outputs.append(a)
+            h, normed = self._loop_end(h, per_loop)
+            if per_loop:
+                states.append(normed)
+        for k, layer in enumerate(self.coda):
+            h, _ = layer(h, span, cache, p + s + k, 0)
+        return self._final(h), states
+
+    def _loop_end(self, h: Tensor, normed: bool) -> tuple[Tensor, Tensor | None]:
+        """(state fed to the next loop, the loop's normed state when asked): sandwich models norm after every loop."""
         if self.config.norm_layout == "sandwich":
             h = self.model.norm(h)
             return h, h
-        return h, self.model.norm(h)
+        return h, self.model.norm(h) if normed else None
 
-    # ----------------------------------------------------------------------- cache-free forward
+    def _final(self, h: Tensor) -> Tensor:
+        """Normed state after the coda; sandwich models are already normed unless coda layers ran after the last loop."""
+        if self.config.norm_layout == "sandwich" and self.shared and not self.coda:
+            return h
+        return self.model.norm(h)
+
+    # ------------------------------------------------------------------- full-sequence forward
     def forward(
         self,
         tokens: Tensor,
@@ -391,153 +385,79 @@ class LoopedLM(nn.Module):
         return_loop_logits: bool = False,
         return_attn_outputs: bool = False,
     ) -> ForwardOutput:
-        """Full-sequence forward without cache (autograd works). tokens [B, N], no padding.
+        """Full-sequence forward (autograd works). tokens [B, N], no padding.
 
         Gated models run chunk-wise (`chunk_size`, default the config's, or a list of chunk lengths
         summing to N, e.g. a prefill's chunks followed by 1s for decoded tokens) and blend attention's K/V as
         `kv_mix * KV_melt + (1 - kv_mix) * KV_looplm` (default 1: pure MELT; 0 reproduces the LoopLM
         with the same weights exactly). Other strategies ignore both arguments.
         """
-        cfg = self.config
-        r = cfg.check_loops(loops if loops is not None else cfg.loops)
+        r = self.config.check_loops(loops if loops is not None else self.config.loops)
         b, n = tokens.shape
-        if not torch.is_grad_enabled():
-            self.prepare_inference()
-        gated = cfg.kv_strategy == "gated"
-        a = (1.0 if kv_mix is None else float(kv_mix)) if gated else 0.0
-        chunk = (chunk_size or cfg.chunk_size) if gated else n
+        cache = self._forward_cache(r, kv_mix)
+        per_loop = bool(self.shared) and (return_loop_logits or self.model.early_exit_gate is not None)
+        finals, states, attn = [], [], []
+        for s0, s1 in self._chunks(n, chunk_size):
+            h = self.model.embed_tokens(tokens[:, s0:s1])
+            positions = torch.arange(s0, s1, device=tokens.device).expand(b, -1)
+            span = Span(self.rotary(positions, h.dtype), s0, None if s0 == 0 else causal_mask(s0, s1, tokens.device))
+            attn.append([] if return_attn_outputs else None)
+            final, loop_states = self.run(h, span, cache, r, per_loop, attn[-1])
+            finals.append(final)
+            states.append(loop_states)
+        return self._forward_output(finals, states, attn if return_attn_outputs else None, return_loop_logits)
+
+    def _forward_cache(self, loops: int, kv_mix: float | None) -> ChunkCache | MixedCache:
+        """A forward's rows: the model's own, or a gated model's read as its LoopLM (kv_mix 0) or as both blended."""
+        a = 1.0 if kv_mix is None else float(kv_mix)
+        if self.config.kv_strategy != "gated" or a == 1:
+            return ChunkCache(self.config, loops)
+        looplm = ChunkCache(self.config, loops, "per_loop")
+        return looplm if a == 0 else MixedCache(a, ChunkCache(self.config, loops), looplm)
+
+    def _chunks(self, n: int, chunk_size: int | Sequence[int] | None) -> list[tuple[int, int]]:
+        """(start, end) of each chunk a forward over n tokens runs: one unless the model is gated."""
+        if self.config.kv_strategy != "gated":
+            return [(0, n)]
+        chunk = chunk_size or self.config.chunk_size
         if isinstance(chunk, int):
-            bounds = [(s0, min(n, s0 + chunk)) for s0 in range(0, n, chunk)]
-        else:
-            ends = torch.tensor(list(chunk)).cumsum(0).tolist()
-            if ends[-1] != n or min(chunk) < 1:
-                raise ValueError(f"chunk lengths {list(chunk)} must be positive and sum to the sequence length {n}")
-            bounds = list(zip([0] + ends[:-1], ends))
-        h = self.model.embed_tokens(tokens)
-        positions = torch.arange(n, device=tokens.device).expand(b, n)
-        rope = self.rotary(positions, h.dtype)
+            return [(s0, min(n, s0 + chunk)) for s0 in range(0, n, chunk)]
+        ends = list(itertools.accumulate(chunk))
+        if ends[-1] != n or min(chunk) < 1:
+            raise ValueError(f"chunk lengths {list(chunk)} must be positive and sum to the sequence length {n}")
+        return list(zip([0] + ends[:-1], ends))
 
-        def full(attn: Attention) -> Mix:
-            return lambda x: attn.attend(*attn.project(x, rope), None, causal=True)
+    def _forward_output(self, finals: list[Tensor], states: list[list[Tensor]], attn: list[list[Tensor]] | None, loop_logits: bool) -> ForwardOutput:
+        """The chunks' results joined along the sequence."""
 
-        for layer in self.prelude:
-            h = layer(h, full(layer.self_attn))
+        def join(parts: Sequence[Tensor]) -> Tensor:
+            return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
-        s = len(self.shared)
-        final_rows: list[list[tuple[Tensor, Tensor]]] = [[] for _ in range(s)]  # MELT rows after the last loop
-        loop_rows: list[list[list[tuple[Tensor, Tensor]]]] = [[[] for _ in range(s)] for _ in range(r)]  # LoopLM rows
-        loop_states: list[list[Tensor]] = [[] for _ in range(r)]
-        attn_outs: list[list[list[Tensor]]] = [[[] for _ in range(s)] for _ in range(r)]
-        outputs: list[Tensor] = []
-        for s0, s1 in bounds:
-            more = s1 < n
-            hc = h[:, s0:s1]
-            rope_c = (rope[0][:, :, s0:s1], rope[1][:, :, s0:s1])
-            mask = None if s0 == 0 else causal_mask(s0, s1, tokens.device)
-            latent: list[Tensor | None] = [None] * s
-            for t in range(r):
-                for j, layer in enumerate(self.shared):
-
-                    def mix(x: Tensor, t: int = t, j: int = j, layer: Block = layer) -> Tensor:
-                        attn = layer.self_attn
-                        if a > 0:
-                            latent[j] = x if t == 0 else layer.melt_gate(x, latent[j], t)
-                        if a < 1:
-                            q, kl, vl = attn.project(x, rope_c)
-                            if a > 0:
-                                km, vm = attn.keys_values(latent[j], rope_c)
-                        else:
-                            q, km, vm = attn.project(x, rope_c, latent[j])
-                        k_all = km if a == 1 else kl if a == 0 else a * km + (1 - a) * kl
-                        v_all = vm if a == 1 else vl if a == 0 else a * vm + (1 - a) * vl
-                        if s0 > 0:  # earlier chunks: MELT final rows and/or the LoopLM's loop-t rows
-                            k_prev, v_prev = 0.0, 0.0
-                            if a > 0:
-                                k_prev = a * torch.cat([k for k, _ in final_rows[j]], dim=2)
-                                v_prev = a * torch.cat([v for _, v in final_rows[j]], dim=2)
-                            if a < 1:
-                                k_prev = k_prev + (1 - a) * torch.cat([k for k, _ in loop_rows[t][j]], dim=2)
-                                v_prev = v_prev + (1 - a) * torch.cat([v for _, v in loop_rows[t][j]], dim=2)
-                            k_all, v_all = torch.cat((k_prev, k_all), dim=2), torch.cat((v_prev, v_all), dim=2)
-                        if more and a < 1:
-                            loop_rows[t][j].append((kl, vl))
-                        if more and a > 0 and t == r - 1:
-                            final_rows[j].append((km, vm))
-                        out = attn.attend(q, k_all, v_all, mask, causal=mask is None)
-                        if return_attn_outputs:
-                            attn_outs[t][j].append(out)
-                        return out
-
-                    hc = layer(hc, mix)
-                hc, normed = self._loop_end(hc)
-                if return_loop_logits or self.model.early_exit_gate is not None:
-                    loop_states[t].append(normed)
-            outputs.append(hc)
-        h = torch.cat(outputs, dim=1) if len(outputs) > 1 else outputs[0]
-        for layer in self.coda:
-            h = layer(h, full(layer.self_attn))
-        out = ForwardOutput(logits=self.logits(self._final(h)))
-        if s and (return_loop_logits or self.model.early_exit_gate is not None):
-            states = [torch.cat(z, dim=1) for z in loop_states]
-            if return_loop_logits:
-                out.loop_logits = [self.logits(z) for z in states]
-            if self.model.early_exit_gate is not None:
-                out.exit_probs = exit_probabilities(torch.stack([self.model.early_exit_gate(z).squeeze(-1) for z in states]))
-        if return_attn_outputs and s:
-            out.attn_outputs = [[torch.cat(z, dim=1) for z in row] for row in attn_outs]
+        out = ForwardOutput(logits=self.logits(join(finals)))
+        per_loop = [join(chunks) for chunks in zip(*states)]  # r x [B, N, d]
+        if per_loop:
+            out.loop_logits = [self.logits(z) for z in per_loop] if loop_logits else None
+            gate_logits = self.exit_gate_logits(per_loop)
+            out.exit_probs = None if gate_logits is None else exit_probabilities(gate_logits)
+        if attn is not None:
+            s, outputs = len(self.shared), [join(chunks) for chunks in zip(*attn)]
+            out.attn_outputs = [outputs[i : i + s] for i in range(0, len(outputs), s)]
         return out
 
     # ------------------------------------------------------------------------------ cached step
-    def step(self, tokens: Tensor, positions: Tensor, cache: "KVCache", slot: int, mask: Tensor | None, loops: int, keep_loops: bool = False) -> StepOutput:
+    def step(self, tokens: Tensor, positions: Tensor, cache: KVCache, slot: int, mask: Tensor | None, loops: int, keep_loops: bool = False) -> StepOutput:
         """Run tokens [B, n] at cache slots slot..slot+n-1 (positions [B, n]), writing K/V in place.
 
         `mask` [B,1,n,slot+n] bool, or None for plain causal attention. For gated caches n must not
-        exceed the cache's latent chunk. Returns the last position's normed state(s). Callers run
-        `prepare_inference()` once before a series of steps (`adapters.engine.generate.generate` does).
+        exceed the cache's latent chunk. Returns the last position's normed state(s).
         """
-        cfg = self.config
-        p, s = cfg.prelude_layers, cfg.shared_layers
-        per_loop, gated = cfg.kv_strategy == "per_loop", cfg.kv_strategy == "gated"
-        n = tokens.shape[1]
         h = self.model.embed_tokens(tokens)
-        end = slot + n
-        rope = self.rotary(positions, h.dtype, length=end)  # positions never exceed slots
-        causal = mask is None and n > 1
-
-        def cached(attn: Attention, entry: int, latent: int | None = None, loop: int = 0, gate: MeltGate | None = None) -> Mix:
-            def mix(x: Tensor) -> Tensor:
-                src = None
-                if latent is not None:
-                    src = cache.latent[latent, :, :n]
-                    src.copy_(x if loop == 0 else gate(x, src, loop))
-                q, k, v = attn.project(x, rope, src)
-                k_cache, v_cache = cache.entry_k[entry], cache.entry_v[entry]
-                k_cache[:, :, slot:end] = k
-                v_cache[:, :, slot:end] = v
-                return attn.attend(q, k_cache[:, :, :end], v_cache[:, :, :end], mask, causal)
-
-            return mix
-
-        for i, layer in enumerate(self.prelude):
-            h = layer(h, cached(layer.self_attn, i))
-        states, gates = [], []
-        for t in range(loops):
-            for j, layer in enumerate(self.shared):
-                entry = p + (t * s + j if per_loop else j)
-                h = layer(h, cached(layer.self_attn, entry, j if gated else None, t, layer.melt_gate))
-            if s and keep_loops:
-                h, normed = self._loop_end(h)
-                states.append(normed[:, -1])
-                if self.model.early_exit_gate is not None:
-                    gates.append(self.model.early_exit_gate(normed[:, -1]).squeeze(-1))
-            elif s and cfg.norm_layout == "sandwich":
-                h = self.model.norm(h)
-        base = p + (s * loops if per_loop else s)
-        for k, layer in enumerate(self.coda):
-            h = layer(h, cached(layer.self_attn, base + k))
+        span = Span(self.rotary(positions, h.dtype, length=slot + tokens.shape[1]), slot, mask)  # positions never exceed slots
+        final, states = self.run(h, span, cache, loops, keep_loops and bool(self.shared))
         if not states:
-            states = [self._final(h[:, -1:])[:, -1]]
-        return StepOutput(states=states, gate_logits=torch.stack(gates) if gates else None)
+            return StepOutput(states=[final[:, -1]], gate_logits=None)
+        last = [z[:, -1] for z in states]
+        return StepOutput(states=last, gate_logits=self.exit_gate_logits(last))
 
     # ------------------------------------------------------------------------------ conversion
     def to_melt(self, gate_variant: str = "elementwise", chunk_size: int | None = None, generator: torch.Generator | None = None) -> "LoopedLM":
@@ -569,4 +489,3 @@ def causal_mask(s0: int, s1: int, device: torch.device) -> Tensor:
     """Bool [1,1,n,s1]: query at slot s0+i sees keys 0..s0+i."""
     q = torch.arange(s0, s1, device=device)[:, None]
     return (torch.arange(s1, device=device)[None, :] <= q)[None, None]
-

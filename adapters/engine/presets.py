@@ -37,6 +37,11 @@ PRESETS: dict[str, LoopConfig] = {
     "ouro-tiny": LoopConfig(
         family="ouro", shared_layers=2, loops=4, norm_layout="sandwich", kv_strategy="per_loop", exit_gate=True, **_TINY,
     ),
+    # The recurrence study's CoreLoop shape p + s x T + c at tiny width: 1 + 2 x 4 + 1, pre-norm, LoopLM cache.
+    "coreloop-tiny": LoopConfig(
+        family="custom", prelude_layers=1, shared_layers=2, coda_layers=1, loops=4, norm_layout="pre",
+        kv_strategy="per_loop", **_TINY,
+    ),
     "melt-tiny": LoopConfig(
         family="melt", shared_layers=2, loops=4, norm_layout="sandwich", kv_strategy="gated", exit_gate=True,
         chunk_size=16, **_TINY,

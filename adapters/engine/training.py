@@ -232,6 +232,108 @@ def count_params(model: torch.nn.Module) -> int:
 
 
 # ---------------------------------------------------------------------------------------- loop
+class Trainer:
+    """One training run: the model, AdamW over its trainable parameters, the data and the budget spent.
+
+    `out_dir` receives `train_state.pt` (the resume point: weights, optimizer, step, budget) and
+    `losses.jsonl` (the loss curve).
+    """
+
+    def __init__(self, recipe: Recipe, out_dir: Path, model: LoopedLM, objective: Objective, data: TaskData, device: str) -> None:
+        self.recipe, self.model, self.objective, self.data, self.device = recipe, model, objective, data, device
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        decay = [p for p in self.params if p.dim() >= 2]
+        no_decay = [p for p in self.params if p.dim() < 2]
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": recipe.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=recipe.lr, betas=(0.9, 0.95),
+        )
+        self.state_path, self.log_path = out_dir / "train_state.pt", out_dir / "losses.jsonl"
+        self.step, self.cpu_seconds, self.wall_seconds, self.tokens = 0, 0.0, 0.0, 0
+
+    def _recipe_record(self) -> dict[str, Any]:
+        return asdict(self.recipe) | {"tasks": list(self.recipe.tasks)}
+
+    def resume(self) -> None:
+        """Continue from train_state.pt when there is one; else start afresh (an old loss curve is dropped)."""
+        if not self.state_path.is_file():
+            self.log_path.unlink(missing_ok=True)
+            return
+        state = torch.load(self.state_path, map_location=self.device, weights_only=False)
+        if state["recipe"] != self._recipe_record():
+            raise AdapterError(f"{self.state_path} was written by a different recipe; use a fresh --out or --no-resume")
+        self.model.load_state_dict(state["model"])
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+        except ValueError as exc:  # one entry per parameter: states written before q/k/v and gate/up were fused differ
+            raise AdapterError(f"{self.state_path}: its optimizer state does not fit this engine's parameters ({exc}); use --no-resume") from exc
+        self.step, self.cpu_seconds, self.wall_seconds, self.tokens = state["step"], state["cpu_seconds"], state["wall_seconds"], state["tokens"]
+        _truncate_log(self.log_path, self.step)
+
+    def save(self) -> None:
+        tmp = self.state_path.with_suffix(".tmp")
+        torch.save(
+            {
+                "recipe": self._recipe_record(), "step": self.step, "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "cpu_seconds": self.cpu_seconds, "wall_seconds": self.wall_seconds,
+                "tokens": self.tokens,
+            },
+            tmp,
+        )
+        os.replace(tmp, self.state_path)
+
+    def train_step(self) -> dict[str, Any] | None:
+        """One optimizer step on the step's batch; its loss record on logging steps, else None."""
+        recipe, step = self.recipe, self.step
+        t_cpu, t_wall = time.process_time(), time.perf_counter()
+        lr = T.lr_at(step, recipe.steps, recipe.lr, recipe.warmup_steps, recipe.min_lr_ratio)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        b = self.data.batch(recipe.seed, step, recipe.batch_size, self.device, one_prompt_length=recipe.kind == "melt" and recipe.chunkwise)
+        loss, info = self.objective(self.model, b, step)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, recipe.grad_clip)
+        self.optimizer.step()
+        self.step, self.tokens = step + 1, self.tokens + int(b.token_mask.sum())
+        self.cpu_seconds += time.process_time() - t_cpu
+        self.wall_seconds += time.perf_counter() - t_wall
+        if step % recipe.log_every and step != recipe.steps - 1:
+            return None
+        return {"step": step, "loss": loss.item(), "lr": lr, "grad_norm": float(grad_norm), **info}
+
+    def run(self, until: int, progress: bool) -> None:
+        """Train up to step `until`, logging the loss curve and saving the resume point every `save_every` steps."""
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        recipe = self.recipe
+        self.model.train()
+        columns = [TextColumn(f"[bold]{recipe.name}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"), TimeRemainingColumn()]
+        with Progress(*columns, disable=not progress) as bar:
+            task_id = bar.add_task("train", total=recipe.steps, completed=self.step, info="")
+            while self.step < until:
+                record = self.train_step()
+                if record is not None:
+                    _log_line(self.log_path, record)
+                    bar.update(task_id, info=f"loss {record['loss']:.4f}")
+                    if not progress:
+                        print(json.dumps(record), flush=True)
+                bar.advance(task_id)
+                if self.step % recipe.save_every == 0 and self.step < recipe.steps:
+                    self.save()
+
+    def info(self, teacher: str | None) -> dict[str, Any]:
+        """train_info.json: the budget spent and held-out validation accuracy."""
+        recipe, val = self.recipe, answer_accuracy(self.model, self.data, self.device)
+        return {
+            "name": recipe.name, "kind": recipe.kind, "params": count_params(self.model), "steps": recipe.steps,
+            "batch_size": recipe.batch_size, "tokens": self.tokens, "cpu_minutes": round(self.cpu_seconds / 60, 2),
+            "wall_minutes": round(self.wall_seconds / 60, 2), "seed": recipe.seed, "device": self.device, "teacher": teacher,
+            "validation_accuracy": {k: round(v, 4) for k, v in val.items()},
+            "final_loss": json.loads(self.log_path.read_text().splitlines()[-1])["loss"],
+        }
+
+
 def _log_line(path: Path, record: dict[str, Any]) -> None:
     with path.open("a") as f:
         f.write(json.dumps(record) + "\n")
@@ -264,96 +366,31 @@ def train(
     `out_dir` receives `train_state.pt` (resume point), `losses.jsonl` (loss curve) and, at the end,
     the engine checkpoint. `teacher_spec` overrides a melt recipe's teacher (e.g. `ouro:/ckpt`).
     `items` maps each of the recipe's tasks to its prompt/answer rows; `stop` ends every answer.
-    `until` stops after that
-    many steps with the resume point saved and returns None (a planned interruption).
+    `until` stops after that many steps with the resume point saved and returns None (a planned
+    interruption).
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
     from adapters.engine.checkpoint import save_checkpoint
     from adapters.engine.tokenizer import char_tokenizer
 
     if device == "cuda" and not torch.cuda.is_available():
         raise AdapterError("--device cuda asked for, but torch sees no CUDA device")
     torch.manual_seed(recipe.seed)
-    teacher = load_teacher(teacher_spec or recipe.teacher, device) if recipe.kind == "melt" else None
+    teacher_name = (teacher_spec or recipe.teacher) if recipe.kind == "melt" else None
+    teacher = load_teacher(teacher_name, device) if recipe.kind == "melt" else None
     model = build_model(recipe, device, teacher)
     tokenizer = char_tokenizer()
     data = TaskData(recipe.tasks, tokenizer, recipe.val_items, items, stop)
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": recipe.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=recipe.lr, betas=(0.9, 0.95),
-    )
-    objective = make_objective(recipe, teacher)
-
     out_dir.mkdir(parents=True, exist_ok=True)  # only now: a teacher that fails to load leaves no empty folder
-    state_path, log_path = out_dir / "train_state.pt", out_dir / "losses.jsonl"
-    start, cpu_seconds, wall_seconds, tokens = 0, 0.0, 0.0, 0
-    if resume and state_path.is_file():
-        state = torch.load(state_path, map_location=device, weights_only=False)
-        if state["recipe"] != asdict(recipe) | {"tasks": list(recipe.tasks)}:
-            raise AdapterError(f"{state_path} was written by a different recipe; use a fresh --out or --no-resume")
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start, cpu_seconds, wall_seconds, tokens = state["step"], state["cpu_seconds"], state["wall_seconds"], state["tokens"]
+    trainer = Trainer(recipe, out_dir, model, make_objective(recipe, teacher), data, device)
+    if resume:
+        trainer.resume()
     else:
-        log_path.unlink(missing_ok=True)
-    _truncate_log(log_path, start)
-
-    def save_state(step: int) -> None:
-        tmp = state_path.with_suffix(".tmp")
-        torch.save(
-            {
-                "recipe": asdict(recipe) | {"tasks": list(recipe.tasks)}, "step": step, "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(), "cpu_seconds": cpu_seconds, "wall_seconds": wall_seconds, "tokens": tokens,
-            },
-            tmp,
-        )
-        os.replace(tmp, state_path)
-
-    model.train()
-    columns = [TextColumn(f"[bold]{recipe.name}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"), TimeRemainingColumn()]
-    with Progress(*columns, disable=not progress) as bar:
-        task_id = bar.add_task("train", total=recipe.steps, completed=start, info="")
-        for step in range(start, min(recipe.steps, until or recipe.steps)):
-            t_cpu, t_wall = time.process_time(), time.perf_counter()
-            lr = T.lr_at(step, recipe.steps, recipe.lr, recipe.warmup_steps, recipe.min_lr_ratio)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            b = data.batch(recipe.seed, step, recipe.batch_size, device, one_prompt_length=recipe.kind == "melt" and recipe.chunkwise)
-            loss, info = objective(model, b, step)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, recipe.grad_clip)
-            optimizer.step()
-            tokens += int(b.token_mask.sum())
-            cpu_seconds += time.process_time() - t_cpu
-            wall_seconds += time.perf_counter() - t_wall
-            if step % recipe.log_every == 0 or step == recipe.steps - 1:
-                record = {"step": step, "loss": loss.item(), "lr": lr, "grad_norm": float(grad_norm), **info}
-                _log_line(log_path, record)
-                bar.update(task_id, info=f"loss {loss.item():.4f}")
-                if not progress:
-                    print(json.dumps(record), flush=True)
-            bar.advance(task_id)
-            if (step + 1) % recipe.save_every == 0 and step + 1 < recipe.steps:
-                save_state(step + 1)
+        trainer.log_path.unlink(missing_ok=True)
+    trainer.run(min(recipe.steps, until or recipe.steps), progress)
+    trainer.save()
     if until is not None and until < recipe.steps:
-        save_state(max(start, until))
         return None
-    save_state(recipe.steps)
-
-    val = answer_accuracy(model, data, device)
-    info = {
-        "name": recipe.name, "kind": recipe.kind, "params": count_params(model), "steps": recipe.steps,
-        "batch_size": recipe.batch_size, "tokens": tokens, "cpu_minutes": round(cpu_seconds / 60, 2),
-        "wall_minutes": round(wall_seconds / 60, 2), "seed": recipe.seed, "device": device,
-        "teacher": (teacher_spec or recipe.teacher) if recipe.kind == "melt" else None,
-        "validation_accuracy": {k: round(v, 4) for k, v in val.items()},
-        "final_loss": json.loads(log_path.read_text().splitlines()[-1])["loss"],
-    }
+    info = trainer.info(teacher_name)
     model.config.extra = {**model.config.extra, "zoo": recipe.name}
     shipped = copy.deepcopy(model).to(getattr(torch, save_dtype))  # bf16 halves the package size
     save_checkpoint(shipped, out_dir, tokenizer=tokenizer)

@@ -95,7 +95,7 @@ def _decode_logits(model: LoopedLM, ids: torch.Tensor, prefill: int, loops: int,
 
 @pytest.mark.parametrize(
     "name,loops",
-    [("qwen3-tiny", 1), ("ouro-tiny", 4), ("ouro-tiny", 2), ("melt-tiny", 4), ("melt-tiny", 3)],
+    [("qwen3-tiny", 1), ("ouro-tiny", 4), ("ouro-tiny", 2), ("melt-tiny", 4), ("melt-tiny", 3), ("coreloop-tiny", 4), ("coreloop-tiny", 2)],
 )
 def test_cached_decoding_equals_full_recompute(name, loops):
     model = tiny(name, chunk_size=1)
@@ -167,7 +167,7 @@ def test_params_match_the_model_for_every_preset():
     assert count_params(preset("qwen3-1.7b")) == 1_720_574_976
 
 
-@pytest.mark.parametrize("name", ["qwen3-tiny", "ouro-tiny", "melt-tiny", "qwen3-1.7b", "ouro-1.4b", "melt-1.6b"])
+@pytest.mark.parametrize("name", ["qwen3-tiny", "ouro-tiny", "melt-tiny", "coreloop-tiny", "qwen3-1.7b", "ouro-1.4b", "melt-1.6b"])
 def test_analytic_kv_equals_allocated(name):
     cfg = preset(name)
     loop_counts = [1] if cfg.kv_strategy == "standard" else [1, 2, 4, 8]
@@ -179,8 +179,9 @@ def test_analytic_kv_equals_allocated(name):
             by_r = [kv_bytes(cfg, tokens, batch, r, "bf16") for r in loop_counts]
             if cfg.kv_strategy == "gated":
                 assert len(set(by_r)) == 1
-            if cfg.kv_strategy == "per_loop":  # p = c = 0: exactly proportional to r
-                assert [b * 8 // r for b, r in zip(by_r, loop_counts)] == [by_r[-1]] * 4
+            if cfg.kv_strategy == "per_loop":  # one entry per executed layer, p + s * r + c (for p = c = 0 proportional to r)
+                per_entry = by_r[0] // cfg.kv_entries(1)
+                assert by_r == [per_entry * (cfg.prelude_layers + cfg.shared_layers * r + cfg.coda_layers) for r in loop_counts]
 
 
 def test_generate_allocates_what_the_estimate_says_and_tracks_usage():
@@ -217,7 +218,7 @@ def test_generate_allocates_what_the_estimate_says_and_tracks_usage():
 
 
 # ------------------------------------------------------------------------------ generation
-@pytest.mark.parametrize("name", ["qwen3-tiny", "ouro-tiny", "melt-tiny"])
+@pytest.mark.parametrize("name", ["qwen3-tiny", "ouro-tiny", "melt-tiny", "coreloop-tiny"])
 def test_batched_greedy_equals_one_by_one(name):
     adapter = load_preset(name, dtype="fp32", device="cpu", seed=3)
     adapter.config.eos_token_id = None
@@ -375,39 +376,58 @@ def test_generate_function_pads_left_and_reports_counts():
     assert [g.prompt_tokens for g in gens] == [2, 5] and all(g.generated_tokens == 12 for g in gens)
 
 
-def test_packed_inference_weights_share_storage_and_follow_training():
-    """Inference packs q/k/v and gate/up into single buffers without copying the weights, and stays
+def test_coreloop_fills_one_entry_per_executed_layer():
+    """Prelude and coda layers run once around the loop: the per_loop cache holds p + s * r + c
+    entries (1 + 2 * 3 + 1 here), every one written by the prefill; exit policies, which read a
+    loop's state as the output, refuse a model whose coda runs after the loop."""
+    adapter = load_preset("coreloop-tiny", dtype="fp32", device="cpu", loops=3)
+    caches: list[KVCache | None] = []
+    generate(adapter.model, [[1, 5, 6]], GREEDY, loops=3, eos_ids=set(), on_cache=caches.append)
+    assert caches[0].k.shape[0] == 8
+    assert all(caches[0].k[e, :, :, :3].abs().sum() > 0 for e in range(8))
+    with pytest.raises(AdapterError, match="coda"):
+        generate(adapter.model, [[1, 5]], GREEDY, loops=3, eos_ids=set(), exit_policy=ExitPolicy("fixed", loop=2))
+
+
+def test_fused_projections_are_the_parameters_and_follow_training():
+    """q/k/v and gate/up are each one parameter (one matmul, no second copy of the weights) whose row
+    blocks are HF's tensors in state dicts; inference and training run the same forward, so it stays
     current through optimizer steps and dtype moves."""
     model = tiny("ouro-tiny")
     ids = torch.randint(3, 99, (2, 10), generator=torch.Generator().manual_seed(8))
     with torch.inference_mode():
         before = model(ids).logits
-    attn = model.shared[0].self_attn
-    assert attn.q_proj.weight.untyped_storage().data_ptr() == attn.v_proj.weight.untyped_storage().data_ptr()
+    state, layer = model.state_dict(), model.shared[0]
+    qkv = [state[f"model.layers.0.self_attn.{name}_proj.weight"] for name in "qkv"]
+    gate_up = [state[f"model.layers.0.mlp.{name}_proj.weight"] for name in ("gate", "up")]
+    torch.testing.assert_close(layer.self_attn.qkv_proj.weight.detach(), torch.cat(qkv), rtol=0, atol=0)
+    torch.testing.assert_close(layer.mlp.gate_up_proj.weight.detach(), torch.cat(gate_up), rtol=0, atol=0)
+    assert not any(name.endswith(("q_proj.weight", "gate_proj.weight")) for name, _ in model.named_parameters())
     storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
     assert sum(storages.values()) == sum(p.numel() * p.element_size() for p in model.parameters())
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     with torch.enable_grad():  # importing LightEval turns autograd off process-wide
         model(ids).logits.logsumexp(-1).mean().backward()
         opt.step()
-        cat_path = model(ids).logits.detach()  # autograd on: concatenates the parameters afresh
+        grad_path = model(ids).logits.detach()
     with torch.no_grad():
-        packed_path = model(ids).logits
-    torch.testing.assert_close(packed_path, cat_path)
-    assert (packed_path - before).abs().max() > 1e-3
+        no_grad_path = model(ids).logits
+    torch.testing.assert_close(no_grad_path, grad_path)
+    assert (no_grad_path - before).abs().max() > 1e-3
     model.to(torch.float64)
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, model.float()(ids).logits.double(), atol=1e-5, rtol=0)
 
 
-def test_packed_weights_follow_replaced_parameters():
-    """Replacing parameters (load_state_dict(assign=True), as checkpoint loading does) between calls
-    drops the packed buffers, so the next forward uses the new weights, as a cat-path forward does."""
+def test_forward_follows_replaced_parameters():
+    """Replacing parameters between calls (load_state_dict(assign=True), as checkpoint loading does,
+    which also stacks HF's q/k/v and gate/up tensors) leaves nothing stale: the next forward uses
+    the new weights exactly."""
     model = tiny("ouro-tiny")
     other = random_model(preset("ouro-tiny"), seed=5, dtype=torch.float32, device="cpu")
     ids = torch.randint(3, 99, (1, 8), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        model(ids)  # packs q/k/v and gate/up
+        model(ids)
         model.load_state_dict({k: v.clone() for k, v in other.state_dict().items()}, assign=True)
         replaced = model(ids).logits
         expected = other(ids).logits
