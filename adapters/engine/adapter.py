@@ -14,7 +14,7 @@ import torch
 
 from adapters.base import MODEL_DTYPES, AdapterError, Generation, Prompt, Sampling, dtype_short
 from adapters.engine.cache import KVCache
-from adapters.engine.config import LoopConfig
+from adapters.engine.config import CONDITIONING_FIELDS, LoopConfig
 from adapters.engine.presets import preset
 from adapters.engine.generate import ExitPolicy, generate
 from adapters.engine.memory import analytic_terms, count_params
@@ -22,7 +22,7 @@ from adapters.engine.model import LoopedLM
 from adapters.registry import register
 
 DEFAULT_MAX_BATCH = 64  # sequences per generate batch
-OVERRIDES = ("loops", "dtype", "device", "seed", "chunk_size", "max_batch", "exit_policy", "exit_loop", "exit_threshold")
+OVERRIDES = ("loops", "dtype", "device", "seed", "chunk_size", "max_batch", "exit_policy", "exit_loop", "exit_threshold", *CONDITIONING_FIELDS)
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
@@ -153,10 +153,16 @@ def _check_overrides(overrides: dict[str, Any]) -> None:
         raise AdapterError(f"unknown override(s) {', '.join(sorted(unknown))} (allowed: {', '.join(OVERRIDES)})")
 
 
+def conditioning(overrides: dict[str, Any]) -> dict[str, Any]:
+    """The loop conditioning fields among load overrides (a loaded model gains them zero-initialised)."""
+    return {k: overrides[k] for k in CONDITIONING_FIELDS if overrides.get(k) is not None}
+
+
 def config_facts(cfg: LoopConfig, overrides: dict[str, Any]) -> dict[str, Any]:
     """What `describe()` will say about loops, KV and memory, from the config alone: a sweep plans its
     runs and checks they fit with it before any weights are loaded (`adapters.inspect`)."""
     _check_overrides(overrides)
+    cfg = cfg.replace(**conditioning(overrides))
     loops = cfg.loops if overrides.get("loops") is None else cfg.check_loops(overrides["loops"])
     device = resolve_device(overrides.get("device"))
     dtype = dtype_short(resolve_dtype(overrides.get("dtype"), device))
@@ -172,6 +178,8 @@ def _build(spec: str, model_fn: Any, tokenizer_fn: Any, overrides: dict[str, Any
     model: LoopedLM = model_fn(dtype, device)
     if overrides.get("chunk_size") is not None:
         model.config = model.config.replace(chunk_size=int(overrides["chunk_size"]))
+    if conditioning(overrides):
+        model = model.with_conditioning(**conditioning(overrides))
     policy = ExitPolicy(
         kind=overrides.get("exit_policy") or "none", loop=overrides.get("exit_loop"), threshold=float(overrides.get("exit_threshold", 1.0))
     )
