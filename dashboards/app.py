@@ -14,7 +14,7 @@ from dash import Dash, Input, Output, dash_table, dcc, html
 from sqlalchemy import Engine
 
 from dashboards import figures
-from dashboards.data import DEFAULT_CONTEXT_TOKENS, accuracy_points
+from dashboards.data import DEFAULT_CONTEXT_TOKENS, accuracy_points, depth_points, probe_title
 from db import measures, queries
 from db.session import open_existing
 
@@ -53,6 +53,7 @@ def _layout(engine: Engine) -> html.Div:
     measure = figures.default_measure(accuracy_points(engine, suite)) if suite else "kv_bytes_peak"
     run_options = [{"label": f"run {r.run_id}: {r.model} r={r.loops} ({r.suite})", "value": r.run_id}
                    for r in eval_runs.itertuples()]
+    probe_options = [{"label": probe_title(rows), "value": run_id} for run_id, rows in queries.probe_values(engine).groupby("run_id")]
     return html.Div([
         html.H1("loopeval"),
         html.P(f"Accuracy per gigabyte, live from the results database. {figures.DECIMAL_NOTE}. "
@@ -70,9 +71,13 @@ def _layout(engine: Engine) -> html.Div:
         ], style=_ROW),
         dcc.Graph(id="accuracy-memory", config=GRAPH_CONFIG, style={"height": "560px"}),
         dcc.Graph(id="accuracy-loops", config=GRAPH_CONFIG, style={"height": "520px"}),
+        dcc.Graph(id="depth", config=GRAPH_CONFIG, style={"height": "480px"}),
         html.H2("Memory over a run"),
         dcc.Dropdown(run_options, run_options[0]["value"] if run_options else None, id="run", clearable=False),
         dcc.Graph(id="memory-run", config=GRAPH_CONFIG, style={"height": "480px"}),
+        html.H2("Loop probes"),
+        dcc.Dropdown(probe_options, probe_options[0]["value"] if probe_options else None, id="probe", clearable=False),
+        dcc.Graph(id="probe-values", config=GRAPH_CONFIG, style={"height": "640px"}),
         html.H2("Memory against context length"),
         dcc.Graph(id="memory-context", config=GRAPH_CONFIG, style={"height": "480px"}),
         html.H2("Samples"),
@@ -137,6 +142,16 @@ def create_app(db_url: str) -> Dash:
         label = figures.measure_label(measure, context)
         return (figures.accuracy_vs_memory(points, measure, task or "all", label),
                 figures.accuracy_vs_loops(points, measure, task or "all", label))
+
+    @app.callback(Output("depth", "figure"), Input("suite", "value"), Input("refresh", "n_intervals"))
+    def _depth(suite: str | None, _tick: int | None) -> Any:
+        return figures.accuracy_vs_depth(depth_points(engine, suite) if suite else pd.DataFrame(), suite or "")
+
+    @app.callback(Output("probe-values", "figure"), Input("probe", "value"), Input("refresh", "n_intervals"))
+    def _probe(run_id: int | None, _tick: int | None) -> Any:
+        values = queries.probe_values(engine)
+        values = values[values["run_id"] == run_id]
+        return figures.loop_probes(values, probe_title(values) if not values.empty else "Loop probes")
 
     @app.callback(Output("memory-run", "figure"), Input("run", "value"), Input("refresh", "n_intervals"))
     def _memory_run(run_id: int | None, _tick: int | None) -> Any:

@@ -17,6 +17,7 @@ from sqlalchemy import Engine
 
 from dashboards.figures import ANALYTIC, WEIGHTS_PLUS_KV
 from db import queries
+from db.headline import SUITE, group_means, headline
 
 DEFAULT_CONTEXT_TOKENS = 32768  # the MELT paper's "memory at 32k tokens"
 
@@ -57,3 +58,34 @@ def accuracy_points(
 ) -> pd.DataFrame:
     """One row per (model, loops) with accuracy and every selectable memory measure."""
     return with_derived_measures(queries.accuracy_memory(engine, suite=suite, task=task), context_tokens)
+
+
+def depth_points(engine: Engine, suite: str) -> pd.DataFrame:
+    """Depth extrapolation: one row per (model, loops r, task group) with the group's mean pass@1 and the
+    model's trained loop count T ("all" is the suite mean; groups from `db.headline.TASK_GROUPS`).
+
+    The latest run of a (model, r) pair wins, as in the accuracy figures. T comes from what the adapter
+    described (`trained_loops`); NaN where it did not say, and the figure then marks no T.
+    """
+    table = queries.metrics(engine, suite)
+    info = queries.runs(engine).set_index("run_id")
+    rows = []
+    for run_id, run in table[table["task"] != SUITE].groupby("run_id", sort=True):
+        by_task: dict[str, dict[str, float | None]] = {}
+        for row in run.itertuples():
+            by_task.setdefault(row.task, {})[row.metric] = None if pd.isna(row.value) else row.value
+        result = headline(by_task, suite)
+        config = info.at[run_id, "model_config"]
+        trained = config.get("trained_loops") if isinstance(config, dict) else None
+        for group, value in {SUITE: result.mean, **group_means(result.benchmarks, suite)}.items():
+            rows.append({"run_id": run_id, "model": run["model"].iloc[0], "loops": int(run["loops"].iloc[0]), "group": group,
+                         "accuracy": value, "trained_loops": np.nan if trained is None else float(trained)})
+    frame = pd.DataFrame(rows, columns=["run_id", "model", "loops", "group", "accuracy", "trained_loops"])
+    frame = frame.sort_values("run_id").drop_duplicates(["model", "loops", "group"], keep="last")
+    return frame.sort_values(["model", "group", "loops"]).reset_index(drop=True)
+
+
+def probe_title(values: pd.DataFrame) -> str:
+    """How figures and selectors name a probe run: its id, model, what was probed and the loops r."""
+    first = values.iloc[0]
+    return f"probe run {first['run_id']}: {first['model']} on {first['suite']}, r = 1..{int(values['loop'].max())}"

@@ -37,7 +37,7 @@ _UNITS: tuple[tuple[str, float], ...] = (("GB", 1e9), ("MB", 1e6), ("KB", 1e3), 
 _PALETTE = px.colors.qualitative.Plotly
 
 
-_STORED_TEXT = ("model", "task", "metric", "suite", "phase")
+_STORED_TEXT = ("model", "task", "metric", "suite", "phase", "group")
 
 
 def plain(value: object) -> str:
@@ -210,6 +210,58 @@ def accuracy_vs_loops(points: pd.DataFrame, measure: str, task: str = "all", lab
     fig.update_yaxes(title_text=unit_title(label, unit, scale), rangemode="tozero", showgrid=False, secondary_y=True)
     note = DECIMAL_NOTE if has_memory else f"{label}: unavailable for every run"
     return _message(fig, note, y=-0.22).update_layout(margin={"b": 110})
+
+
+def _mark_trained_loops(fig: go.Figure, trained: pd.Series, colors: dict[str, str]) -> None:
+    """A dotted vertical line at each model's trained T, in the model's colour, on every panel."""
+    for model, value in trained.dropna().items():
+        fig.add_vline(x=float(value), line_dash="dot", line_color=colors[model], opacity=0.8, row="all", col="all")
+
+
+def accuracy_vs_depth(points: pd.DataFrame, suite: str) -> go.Figure:
+    """Depth extrapolation: pass@1 against the loop count r, one panel per task group, the trained T dotted.
+
+    `points` are `dashboards.data.depth_points` rows. Beyond T the model runs loops it never trained on;
+    panels per group keep a knowledge drop from hiding inside the suite mean.
+    """
+    title = f"Depth extrapolation: accuracy against loops r ({plain(suite)}; dotted: trained T)"
+    points = _plain_frame(points)
+    if points.empty:
+        return _empty(title, "no evaluated runs of this suite yet")
+    groups = ["all", *sorted(g for g in points["group"].unique() if g != "all")]
+    colors = {model: _PALETTE[i % len(_PALETTE)] for i, model in enumerate(sorted(points["model"].unique()))}
+    fig = px.line(points, x="loops", y="accuracy", color="model", facet_col="group", markers=True,
+                  category_orders={"group": groups, "model": list(colors)}, color_discrete_map=colors,
+                  labels={"loops": "loops (r)", "accuracy": "pass@1"}, hover_data=["run_id", "trained_loops"])
+    _mark_trained_loops(fig, points.groupby("model")["trained_loops"].max(), colors)
+    fig.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))  # "group=knowledge" -> "knowledge"
+    fig.update_yaxes(range=[-0.05, 1.05])
+    return fig.update_layout(title=title)
+
+
+PROBE_LABELS = {"angular_distance": "angular distance / pi", "relative_update": "relative update norm",
+                "state_variance": "normalised state variance", "interaction": "interaction (by lag k)"}
+
+
+def loop_probes(values: pd.DataFrame, title: str) -> go.Figure:
+    """`loopeval probe` values of one run against the loop index l, one panel per metric, the trained T dotted.
+
+    `values` are `db.queries.probe_values` rows of one run; interaction has one line per lag k (the loop
+    skipped is l - k). Loops right of the dotted line run beyond the depth the model was trained to.
+    """
+    title, values = plain(title), _plain_frame(values)
+    if values.empty:
+        return _empty(title, "no probe values stored yet: run `loopeval probe MODEL`")
+    values = values.assign(panel=values["metric"].map(lambda m: PROBE_LABELS.get(m, plain(m))),
+                           series=[f"lag {int(k)}" if pd.notna(k) else "per loop" for k in values["lag"]])
+    colors = {model: _PALETTE[i % len(_PALETTE)] for i, model in enumerate(sorted(values["model"].unique()))}
+    fig = px.line(values, x="loop", y="value", color="series", facet_col="panel", facet_col_wrap=2, markers=True,
+                  category_orders={"panel": [p for p in PROBE_LABELS.values() if p in set(values["panel"])]},
+                  labels={"loop": "loop l", "value": ""}, hover_data=["model", "lag"])
+    _mark_trained_loops(fig, values.groupby("model")["trained_loops"].max(), colors)
+    fig.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))
+    fig.update_yaxes(matches=None, showticklabels=True, rangemode="tozero")
+    return fig.update_layout(title=f"{title} (dotted: trained T)", legend_title_text="")
 
 
 def memory_over_run(series: pd.DataFrame, measures: Sequence[str], title: str = "Memory over a run") -> go.Figure:

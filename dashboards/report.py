@@ -21,7 +21,7 @@ from plotly.offline import get_plotlyjs
 from sqlalchemy import Engine
 
 from dashboards import figures
-from dashboards.data import DEFAULT_CONTEXT_TOKENS, accuracy_points
+from dashboards.data import DEFAULT_CONTEXT_TOKENS, accuracy_points, depth_points, probe_title
 from db import ResultsError, measures, queries
 from db.session import open_existing
 
@@ -110,6 +110,7 @@ def report_figures(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS)
     """Every figure the report can show, as Plotly JSON keyed by what the selectors pick."""
     blobs: dict[str, Any] = {}
     for suite in queries.suites(engine):
+        blobs[f"depth|{suite}"] = _figure_json(figures.accuracy_vs_depth(depth_points(engine, suite), suite))
         for task in queries.tasks(engine, suite):
             points = accuracy_points(engine, suite, task, context_tokens)
             for measure in figures.MEMORY_MEASURES:
@@ -122,8 +123,15 @@ def report_figures(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS)
         series = _reduce_series(queries.memory_series(engine, row.run_id))
         title = f"Memory over run {row.run_id}: {row.model} r={row.loops} ({row.suite})"
         blobs[f"run|{row.run_id}"] = _figure_json(figures.memory_over_run(series, measures.SERIES_MEASURES, title))
+    for run_id, values in queries.probe_values(engine).groupby("run_id"):
+        blobs[f"probe|{run_id}"] = _figure_json(figures.loop_probes(values, probe_title(values)))
     blobs["profile"] = _figure_json(figures.memory_vs_context(queries.profile_points(engine), measures.PROFILE_MEASURES))
     return blobs
+
+
+def _probe_options(engine: Engine) -> str:
+    probes = queries.probe_values(engine).drop_duplicates("run_id")
+    return _options(probes["run_id"].tolist(), [probe_title(rows) for _, rows in probes.groupby("run_id", sort=False)])
 
 
 def build_report(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -> str:
@@ -148,6 +156,7 @@ def build_report(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -
         measure_options=_options(list(figures.MEMORY_MEASURES), measure_labels,
                                  selected=figures.default_measure(first_points)),
         run_options=_options(eval_runs["run_id"].tolist(), run_labels),
+        probe_options=_probe_options(engine),
         sample_task_options=_options(["*", *sample_tasks], ["all tasks", *sample_tasks]),
         sample_model_options=_options(["*", *sample_models], ["all models", *sample_models]),
         samples_table=samples_html,
@@ -204,6 +213,7 @@ label {{ margin-right: 1em; }} .plot {{ height: 520px; }} section {{ margin-top:
 <label>memory measure <select id="measure">{measure_options}</select></label>
 <div id="accuracy-memory" class="plot"></div>
 <div id="accuracy-loops" class="plot"></div>
+<div id="depth" class="plot"></div>
 </section>
 <section><h2>Memory over a run</h2>
 <label>run <select id="run">{run_options}</select></label>
@@ -211,6 +221,10 @@ label {{ margin-right: 1em; }} .plot {{ height: 520px; }} section {{ margin-top:
 </section>
 <section><h2>Memory against context length</h2>
 <div id="memory-context" class="plot"></div>
+</section>
+<section><h2>Loop probes</h2>
+<label>probe run <select id="probe">{probe_options}</select></label>
+<div id="probe-values" class="plot"></div>
 </section>
 <section><h2>Runs</h2>{runs_table}</section>
 <section><h2>Samples</h2>
@@ -237,6 +251,7 @@ function drawAccuracy() {{
   const key = [value("suite"), value("task"), value("measure")].join("|");
   draw("accuracy-memory", "acc|" + key);
   draw("accuracy-loops", "loops|" + key);
+  draw("depth", "depth|" + value("suite"));
 }}
 function filterSamples() {{
   const task = value("sample-task"), model = value("sample-model"), verdict = value("sample-verdict");
@@ -247,9 +262,11 @@ function filterSamples() {{
 }}
 for (const id of ["suite", "task", "measure"]) document.getElementById(id).addEventListener("change", drawAccuracy);
 document.getElementById("run").addEventListener("change", () => draw("memory-run", "run|" + value("run")));
+document.getElementById("probe").addEventListener("change", () => draw("probe-values", "probe|" + value("probe")));
 for (const id of ["sample-task", "sample-model", "sample-verdict"]) document.getElementById(id).addEventListener("change", filterSamples);
 drawAccuracy();
 if (value("run")) draw("memory-run", "run|" + value("run"));
+draw("probe-values", "probe|" + value("probe"));
 draw("memory-context", "profile");
 </script>
 </body></html>

@@ -16,7 +16,7 @@ from sqlalchemy.exc import DatabaseError
 
 from db.headline import HEADLINE, SUITE, headline, headline_metric
 from db.measures import PROFILE_MEASURES, SERIES_MEASURES
-from db.models import MemoryPeak, MemorySample, ProfilePoint, Run, Sample, TaskMetric
+from db.models import MemoryPeak, MemorySample, ProbeValue, ProfilePoint, Run, Sample, TaskMetric
 from db import ResultsError
 
 # Profile runs keep NULL: they span several loop counts, recorded per point.
@@ -221,3 +221,18 @@ def count_samples(engine: Engine) -> int:
     """Total stored samples (the report says how many it shows out of how many)."""
     with engine.connect() as conn:
         return conn.execute(select(func.count()).select_from(Sample)).scalar_one()
+
+
+def probe_values(engine: Engine) -> pd.DataFrame:
+    """Every `loopeval probe` value with its run: run_id, model, suite (what was probed), trained_loops
+    (T, NaN where the adapter did not say), loop, metric, lag, value (NaN = undefined)."""
+    statement = (
+        select(ProbeValue.run_id, Run.model_spec.label("model"), Run.suite, Run.model_config,
+               ProbeValue.loop, ProbeValue.metric, ProbeValue.lag, ProbeValue.value)
+        .join(Run)
+        .order_by(ProbeValue.run_id, ProbeValue.metric, ProbeValue.lag, ProbeValue.loop)
+    )
+    frame = _frame(engine, statement)
+    trained = [c.get("trained_loops") if isinstance(c, dict) else None for c in frame["model_config"]]
+    frame = frame.drop(columns="model_config").assign(trained_loops=pd.Series(trained, dtype="float64", index=frame.index))
+    return frame.astype({"value": "float64"})
