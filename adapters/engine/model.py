@@ -437,16 +437,9 @@ class LoopedLM(nn.Module):
         states = []
         for t in range(loops if s else 0):
             if trace is not None and t in trace.skip:
-                trace.record(h)
-                continue
-            x = h if cond is None else cond.loop_input(h, e, diffs)
-            y = x
-            for j, layer in enumerate(self.shared):
-                y, a = layer(y, span, cache, p + j, t)
-                if attn_outputs is not None:
-                    attn_outputs.append(a)
-            y = y if cond is None else cond.gated(x, y, t)
-            y, normed = self._loop_end(y, per_loop)
+                y, normed = h, self.model.norm(h) if per_loop else None
+            else:
+                y, normed = self._loop(h, e, diffs, span, cache, t, per_loop, attn_outputs)
             if cond is not None and t > 0:  # the history excludes e: the first difference is h_2 - h_1
                 diffs.appendleft(y - h)
             h = y
@@ -457,6 +450,18 @@ class LoopedLM(nn.Module):
         for k, layer in enumerate(self.coda):
             h, _ = layer(h, span, cache, p + s + k, 0)
         return self._final(h), states
+
+    def _loop(self, h: Tensor, e: Tensor, diffs: Sequence[Tensor], span: Span, cache: Cache, t: int, per_loop: bool,
+              attn_outputs: list[Tensor] | None) -> tuple[Tensor, Tensor | None]:
+        """Loop t (0-based) of the shared layers from state h: (the state it hands on, its normed state when asked)."""
+        cond, p = self.model.loop_conditioning, len(self.prelude)
+        x = h if cond is None else cond.loop_input(h, e, diffs)
+        y = x
+        for j, layer in enumerate(self.shared):
+            y, a = layer(y, span, cache, p + j, t)
+            if attn_outputs is not None:
+                attn_outputs.append(a)
+        return self._loop_end(y if cond is None else cond.gated(x, y, t), per_loop)
 
     def _loop_end(self, h: Tensor, normed: bool) -> tuple[Tensor, Tensor | None]:
         """(state fed to the next loop, the loop's normed state when asked): sandwich models norm after every loop."""

@@ -10,6 +10,9 @@ For token states h_0 (entering loop 1: the prelude's output, or the embeddings w
 - `interaction` at lag k: how much loop l's update u_l = h_l - h_{l-1} changes when loop l - k is
   skipped (its input handed on unchanged), as a ratio of mean norms: mean ||u_l' - u_l|| / mean ||u_l||.
   0 means loop l does the same whatever loop l - k did; it needs one extra forward per skipped loop.
+  Without injection or Loop Gating the core is the same function at every loop, so skipping any
+  earlier loop only delays the trajectory: the interaction then depends on l alone, not on k.
+  A gated (MELT) model's loop 1 is never skipped (`first_skip`).
 
 Values are per loop l = 1..r (1-based, as in the figures), accumulated over all texts; `lag` is None
 except for `interaction`. Everything runs through `LoopedLM.forward` with a `LoopTrace`, so gated
@@ -29,6 +32,7 @@ from torch import Tensor
 from adapters.engine.model import LoopedLM, LoopTrace
 
 METRICS = ("angular_distance", "relative_update", "state_variance", "interaction")
+ROUNDING = 1e-6  # an update smaller than this times the state's norm is float32 rounding, not an update
 
 
 @dataclass(frozen=True)
@@ -36,7 +40,7 @@ class ProbeValue:
     loop: int  # 1-based loop index l
     metric: str  # one of METRICS
     lag: int | None  # k for `interaction`, else None
-    value: float  # NaN where undefined (an interaction with a loop whose update is zero)
+    value: float  # NaN where undefined (an interaction with a loop whose update is below ROUNDING)
 
 
 def _states(model: LoopedLM, ids: Tensor, loops: int, skip: frozenset[int] = frozenset()) -> Tensor:
@@ -71,6 +75,12 @@ class _Sums:
         return sorted(out, key=lambda v: (METRICS.index(v.metric), v.loop, v.lag or 0))
 
 
+def first_skip(model: LoopedLM) -> int:
+    """The first loop (0-based) a probe may skip: a gated (MELT) model's loop 1 sets its latent h = x, so
+    it always runs, and interactions with loop 1 are not measured there."""
+    return 1 if model.config.kv_strategy == "gated" else 0
+
+
 @torch.no_grad()
 def probe(model: LoopedLM, texts: Iterable[Tensor], loops: int) -> list[ProbeValue]:
     """Every metric of every loop 1..`loops` over the token ids of `texts` (each [n], run one at a time)."""
@@ -87,9 +97,12 @@ def probe(model: LoopedLM, texts: Iterable[Tensor], loops: int) -> list[ProbeVal
             ratio = updates[l - 1].norm(dim=-1) / before.norm(dim=-1).clamp_min(1e-12)
             sums.add((l, "relative_update", None), float(ratio.sum()), after.shape[0])
             sums.add_states(l, after)
-        for skipped in range(loops - 1):  # 0-based loop index; the last loop has no later loop to affect
+        for skipped in range(first_skip(model), loops - 1):  # 0-based; the last loop has no later loop to affect
             h_skip = _states(model, ids, loops, frozenset({skipped}))
             for l in range(skipped + 2, loops + 1):
                 change = (h_skip[l] - h_skip[l - 1]) - updates[l - 1]
-                sums.add((l, "interaction", l - skipped - 1), float(change.norm(dim=-1).sum()), float(updates[l - 1].norm(dim=-1).sum()))
+                size = float(updates[l - 1].norm(dim=-1).sum())
+                if size <= ROUNDING * float(h[l - 1].norm(dim=-1).sum()):
+                    size = 0.0  # rounding, not an update: nothing to interact with (NaN unless other texts have one)
+                sums.add((l, "interaction", l - skipped - 1), float(change.norm(dim=-1).sum()) if size else 0.0, size)
     return sums.values()
