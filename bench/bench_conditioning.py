@@ -4,8 +4,8 @@ and decode tokens/s relative to the plain looped model, all in one process.
 Every variant is the same preset with the same seeded weights plus zero-initialised conditioning
 (`LoopedLM.with_conditioning` through the `injection`, `history`, `history_window` and `loop_gate`
 load overrides), so all generate the same tokens; EOS is off, so every run decodes the same count.
-Variants are timed round-robin (`--rounds` rounds, best round per variant), so machine noise hits
-them alike. Bytes held are the adapter's own accounting (`kv_bytes_peak`: K/V plus the history
+Each variant is timed back to back with the plain model, in alternating order, `--rounds` times:
+the ratio is the median of these paired ratios, and its range is printed, so machine noise shows. Bytes held are the adapter's own accounting (`kv_bytes_peak`: K/V plus the history
 buffer), beside the weights the parameters add.
 
     python bench/bench_conditioning.py                       # coreloop-tiny (1 + 2 x 4 + 1), batch 1 and 8
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -54,6 +55,16 @@ def decode_tok_s(adapter: EngineAdapter, prompts: list[list[int]], sampling: Sam
     return sum(g.generated_tokens - 1 for g in gens) / gens[0].decode_seconds, adapter.memory()["kv_bytes_peak"]
 
 
+def paired(plain: EngineAdapter, variant: EngineAdapter, prompts: list[list[int]], sampling: Sampling,
+           flip: bool) -> tuple[tuple[float, int], tuple[float, int]]:
+    """(plain's, the variant's) `decode_tok_s`, timed back to back (the variant first when `flip`)."""
+    if flip:
+        measured = decode_tok_s(variant, prompts, sampling)
+        return decode_tok_s(plain, prompts, sampling), measured
+    measured = decode_tok_s(plain, prompts, sampling)
+    return measured, decode_tok_s(variant, prompts, sampling)
+
+
 def bench(preset: str, loops: int, batches: list[int], prompt_len: int, new_tokens: int, rounds: int) -> dict:
     adapters = {name: load(preset, loops, options) for name, options in VARIANTS.items()}
     plain = adapters["plain"]
@@ -66,18 +77,19 @@ def bench(preset: str, loops: int, batches: list[int], prompt_len: int, new_toke
                                  "weights_bytes_added": adapter.memory()["weights_bytes"] - plain.memory()["weights_bytes"]}
     for batch in batches:
         prompts = torch.randint(3, plain.config.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(batch)).tolist()
-        best: dict[str, float] = {}
-        held: dict[str, int] = {}
-        for name, adapter in adapters.items():
+        for adapter in adapters.values():
             decode_tok_s(adapter, prompts, sampling)  # warm-up
-        for _ in range(rounds):
-            for name, adapter in adapters.items():
-                tps, held[name] = decode_tok_s(adapter, prompts, sampling)
-                best[name] = max(best.get(name, 0.0), tps)
-        for name in adapters:
+        for name, adapter in adapters.items():
+            ratios, speeds = [], []
+            for i in range(rounds):
+                (base, held_plain), (tps, held) = paired(plain, adapter, prompts, sampling, flip=i % 2 == 1)
+                ratios.append(tps / base)
+                speeds.append(tps)
             out["variants"][name][f"batch {batch}"] = {
-                "decode_tok_s": round(best[name], 1), "ratio_vs_plain": round(best[name] / best["plain"], 3),
-                "decode_bytes_held": held[name], "decode_bytes_added": held[name] - held["plain"],
+                "decode_tok_s": round(statistics.median(speeds), 1),
+                "ratio_vs_plain": round(statistics.median(ratios), 3),
+                "ratio_range": [round(min(ratios), 3), round(max(ratios), 3)],
+                "decode_bytes_held": held, "decode_bytes_added": held - held_plain,
             }
     return out
 
