@@ -331,6 +331,8 @@ def test_exit_policies_record_loops_and_read_that_loop():
     probs = thr.model(torch.tensor([prompt + gen.token_ids])).exit_probs[:, 0, len(prompt) - 1 : -1]
     expected = ((probs.cumsum(0) < 0.5).sum(0) + 1).clamp(max=4).tolist()
     assert gen.loops_used == expected[: len(gen.loops_used)] and len(set(expected)) > 1
+    alone = load_preset("ouro-tiny", exit_threshold=0.5).describe()["exit_policy"]  # a threshold below 1 is the policy
+    assert (alone["kind"], alone["threshold"]) == ("threshold", 0.5)
 
 
 def test_loop_override_changes_output_and_cache():
@@ -362,6 +364,9 @@ def test_loop_override_changes_output_and_cache():
         (dict(norm_layout="post"), "norm_layout"),
         (dict(kv_strategy="standard", loops=4), "standard"),
         (dict(hidden_size=0), "hidden_size"),
+        (dict(exit_threshold=1.5), "early_exit_threshold"),
+        (dict(exit_threshold="0.5"), "early_exit_threshold"),
+        (dict(exit_threshold=0.5, exit_gate=False), "exit gate"),
     ],
 )
 def test_invalid_configs_name_the_field(changes, field):
