@@ -307,3 +307,19 @@ def test_sample_filters_partition_the_scored_samples(engine) -> None:
     for task, model in itertools.islice(everything[["task", "model"]].drop_duplicates().itertuples(index=False), 3):
         subset = queries.samples(engine, task=task, model=model)
         assert len(subset) == ((everything.task == task) & (everything.model == model)).sum()
+
+
+def test_report_texts_carry_no_markdown(engine) -> None:
+    """Plotly shows backticks as they are: no title, note or answer the report can show has one."""
+    from dashboards.report import report_figures
+
+    blobs = report_figures(engine)
+    texts = [blob for blob in blobs.values() if isinstance(blob, str)]
+    for blob in blobs.values():
+        if isinstance(blob, dict):
+            texts += [note["text"] for note in blob["layout"].get("annotations", [])]
+            texts.append(blob["layout"].get("title", {}).get("text", ""))
+    empty = [figures.memory_vs_context(pd.DataFrame(), measures.PROFILE_MEASURES),
+             figures.memory_over_run(pd.DataFrame(), measures.SERIES_MEASURES)]
+    texts += [note.text for fig in empty for note in fig.layout.annotations]
+    assert len(texts) > 100 and not [text for text in texts if "`" in text]
