@@ -148,7 +148,8 @@ def answer(points: pd.DataFrame, measure: str, label: str | None = None) -> str:
     """
     label = label or measure_label(measure)
     shown, _ = _measured(points, measure)
-    shown = shown[shown[measure] > 0]
+    if not shown.empty:
+        shown = shown[shown[measure] > 0]
     if shown.empty:
         return f"{label} is unavailable for every run with this task; pick another memory measure."
     unit, scale = byte_unit(shown[measure])
