@@ -8,11 +8,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from plotly.offline import get_plotlyjs
-
 from dashboards import figures
 from dashboards.data import accuracy_points, browse_samples
-from dashboards.report import SAMPLE_PAGE_ROWS, write_report
+from dashboards.report import SAMPLE_PAGE_ROWS, packed_plotlyjs, write_report
 from db.session import open_existing
 from db.store import Store
 from dashboards_browser_helpers import (CHROMIUM, PAYLOAD, VIEWPORT, launch, open_app, open_report, point_count, record,
@@ -109,7 +107,7 @@ def test_report_stays_short_and_light_with_many_long_samples(page, results_url: 
     store.finish_run(run, "finished", wall_seconds=1.0)
     store.close()
     report = write_report(results_url, tmp_path / "report.html")
-    assert report.stat().st_size - len(get_plotlyjs()) < 1_500_000, "the samples are a budget, not the whole table"
+    assert report.stat().st_size - len(packed_plotlyjs()) < 1_500_000, "the samples are a budget, not the whole table"
     open_report(page, report)
     assert page.evaluate("document.body.scrollHeight") < 6000
 
