@@ -10,8 +10,9 @@ k=1, averaged over n samples, as the MELT paper reports); other metrics, such as
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 SUITE = "all"  # the task name under which the suite mean is stored
@@ -37,8 +38,8 @@ def _task_value(metrics: Mapping[str, float | None]) -> float | None:
     return None if name is None else metrics[name]
 
 
-def headline(metrics: Mapping[str, Mapping[str, float | None]]) -> Headline:
-    """One pass@1 per benchmark from a run's per-task metrics, and the suite mean (stored `all` is ignored)."""
+def _leaves(metrics: Mapping[str, Mapping[str, float | None]]) -> dict[str, list[float | None]]:
+    """Benchmark -> the headline value of each of its tasks (a group's subtasks, or the task itself)."""
     leaves: dict[str, list[float | None]] = {}
     groups = {task.split(":")[0] for task in metrics if ":" in task}
     for task, values in metrics.items():
@@ -46,10 +47,33 @@ def headline(metrics: Mapping[str, Mapping[str, float | None]]) -> Headline:
         if task == SUITE or (task == benchmark and benchmark in groups):
             continue  # the stored mean, or a group entry whose subtasks are here
         leaves.setdefault(benchmark, []).append(_task_value(values))
-    benchmarks = {
-        name: None if any(v is None for v in values) else sum(values) / len(values)  # type: ignore[arg-type]
-        for name, values in leaves.items()
-    }
-    values = list(benchmarks.values())
-    mean = None if not values or any(v is None for v in values) else sum(values) / len(values)  # type: ignore[arg-type]
-    return Headline(benchmarks, mean)
+    return leaves
+
+
+def _combine(values: list[float | None], combine: Callable[[list[float]], float]) -> float | None:
+    return None if not values or any(v is None for v in values) else combine(values)  # type: ignore[arg-type]
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _mean_stderr(stderrs: list[float]) -> float:
+    """Standard error of an unweighted mean of independent estimates: sqrt(sum of squares) / n."""
+    return math.sqrt(sum(e * e for e in stderrs)) / len(stderrs)
+
+
+def headline(metrics: Mapping[str, Mapping[str, float | None]]) -> Headline:
+    """One pass@1 per benchmark from a run's per-task metrics, and the suite mean (stored `all` is ignored)."""
+    benchmarks = {name: _combine(values, _mean) for name, values in _leaves(metrics).items()}
+    return Headline(benchmarks, _combine(list(benchmarks.values()), _mean))
+
+
+def headline_stderr(stderrs: Mapping[str, Mapping[str, float | None]]) -> float | None:
+    """The suite mean's standard error, from each task's headline stderr (same shape as `headline`'s input).
+
+    Benchmarks are different problems, so their estimates are independent and the errors add in
+    quadrature, a group's subtasks first, then the suite's benchmarks. None unless every task has one.
+    """
+    benchmarks = [_combine(values, _mean_stderr) for values in _leaves(stderrs).values()]
+    return _combine(benchmarks, _mean_stderr)
