@@ -10,8 +10,9 @@ k=1, averaged over n samples, as the MELT paper reports); other metrics, such as
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 SUITE = "all"  # the task name under which the suite mean is stored
@@ -39,10 +40,6 @@ class Headline:
     groups: dict[str, float | None] = field(default_factory=dict)
 
 
-def _mean(values: list[float | None]) -> float | None:
-    return None if not values or any(v is None for v in values) else sum(values) / len(values)  # type: ignore[arg-type]
-
-
 def headline_metric(names: Iterable[str]) -> str | None:
     """Which of a task's metric names is its headline pass@1, if any."""
     return next((name for name in sorted(names) if _PASS_AT_1.match(name)), None)
@@ -53,9 +50,8 @@ def _task_value(metrics: Mapping[str, float | None]) -> float | None:
     return None if name is None else metrics[name]
 
 
-def headline(metrics: Mapping[str, Mapping[str, float | None]], suite: str | None = None) -> Headline:
-    """One pass@1 per benchmark from a run's per-task metrics, the suite mean (stored `all` is ignored)
-    and, when `suite` has task groups (`TASK_GROUPS`), the mean of each group present."""
+def _leaves(metrics: Mapping[str, Mapping[str, float | None]]) -> dict[str, list[float | None]]:
+    """Benchmark -> the headline value of each of its tasks (a group's subtasks, or the task itself)."""
     leaves: dict[str, list[float | None]] = {}
     groups = {task.split(":")[0] for task in metrics if ":" in task}
     for task, values in metrics.items():
@@ -63,11 +59,27 @@ def headline(metrics: Mapping[str, Mapping[str, float | None]], suite: str | Non
         if task == SUITE or (task == benchmark and benchmark in groups):
             continue  # the stored mean, or a group entry whose subtasks are here
         leaves.setdefault(benchmark, []).append(_task_value(values))
-    benchmarks = {
-        name: None if any(v is None for v in values) else sum(values) / len(values)  # type: ignore[arg-type]
-        for name, values in leaves.items()
-    }
-    return Headline(benchmarks, _mean(list(benchmarks.values())), group_means(benchmarks, suite))
+    return leaves
+
+
+def _combine(values: list[float | None], combine: Callable[[list[float]], float]) -> float | None:
+    return None if not values or any(v is None for v in values) else combine(values)  # type: ignore[arg-type]
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _mean_stderr(stderrs: list[float]) -> float:
+    """Standard error of an unweighted mean of independent estimates: sqrt(sum of squares) / n."""
+    return math.sqrt(sum(e * e for e in stderrs)) / len(stderrs)
+
+
+def headline(metrics: Mapping[str, Mapping[str, float | None]], suite: str | None = None) -> Headline:
+    """One pass@1 per benchmark from a run's per-task metrics, the suite mean (stored `all` is ignored)
+    and, when `suite` has task groups (`TASK_GROUPS`), the mean of each group present."""
+    benchmarks = {name: _combine(values, _mean) for name, values in _leaves(metrics).items()}
+    return Headline(benchmarks, _combine(list(benchmarks.values()), _mean), group_means(benchmarks, suite))
 
 
 def group_means(benchmarks: Mapping[str, float | None], suite: str | None) -> dict[str, float | None]:
@@ -79,4 +91,14 @@ def group_means(benchmarks: Mapping[str, float | None], suite: str | None) -> di
     grouped: dict[str, list[float | None]] = {}
     for name, value in benchmarks.items():
         grouped.setdefault(table.get(name, name), []).append(value)
-    return {group: _mean(values) for group, values in grouped.items()}
+    return {group: _combine(values, _mean) for group, values in grouped.items()}
+
+
+def headline_stderr(stderrs: Mapping[str, Mapping[str, float | None]]) -> float | None:
+    """The suite mean's standard error, from each task's headline stderr (same shape as `headline`'s input).
+
+    Benchmarks are different problems, so their estimates are independent and the errors add in
+    quadrature, a group's subtasks first, then the suite's benchmarks. None unless every task has one.
+    """
+    benchmarks = [_combine(values, _mean_stderr) for values in _leaves(stderrs).values()]
+    return _combine(benchmarks, _mean_stderr)

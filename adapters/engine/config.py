@@ -56,6 +56,7 @@ class LoopConfig:
     history: str = "none"  # history-state injection: loop l input += sum_j B_j (h_{l-j} - h_{l-j-1}) (MIX_KINDS)
     history_window: int = 1  # w, the lags the history injection reads
     loop_gate: bool = False  # Loop Gating: loop t's net update scaled by 1 + tanh(g_t), g_t of LOOP_GATE_DIM per loop position
+    exit_threshold: float | None = None  # Ouro's early_exit_threshold: the default exit policy (adapters.engine.adapter)
     max_position: int = 40960  # longest context (prompt + generated) the model accepts
     bos_token_id: int | None = None
     eos_token_id: int | None = None
@@ -132,6 +133,11 @@ class LoopConfig:
             )
         if self.exit_gate and self.shared_layers == 0:
             raise AdapterError("config exit_gate needs shared_layers >= 1 (it reads each loop's state)")
+        threshold = self.exit_threshold
+        if threshold is not None and not (self.exit_gate and type(threshold) in (int, float) and 0 < threshold <= 1):
+            raise AdapterError(
+                f"config field exit_threshold (Ouro's early_exit_threshold) must be in (0, 1] on a model with an exit gate, got {self.exit_threshold!r}"
+            )
         if not 0 <= self.ema_decay < 1:
             raise AdapterError(f"config field ema_decay must be in [0, 1), got {self.ema_decay}")
         if self.rope_theta <= 0 or self.norm_eps <= 0:
