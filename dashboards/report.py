@@ -147,8 +147,8 @@ def _run_label(run: Any) -> str:
 
 
 def _probe_options(engine: Engine) -> str:
-    probes = queries.probe_values(engine).drop_duplicates("run_id")
-    return _options(probes["run_id"].tolist(), [probe_title(rows) for _, rows in probes.groupby("run_id", sort=False)])
+    runs = list(queries.probe_values(engine).groupby("run_id"))
+    return _options([run_id for run_id, _ in runs], [probe_title(rows) for _, rows in runs])
 
 
 def build_report(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -> str:
