@@ -21,6 +21,7 @@ from harness.cli.common import DbOption, parse_int_list, print_table
 from harness.errors import UserError
 
 PROBE_SUITES = ("synthetic",)  # suites whose texts ship with loopeval; others need --text-file
+MAX_PROBE_LOOPS = 64  # the interaction needs one forward per skipped loop: r forwards of r loops per text
 
 
 def probe(
@@ -42,6 +43,8 @@ def probe(
     source, texts = _texts(suite, tasks, text_file, limit)
     adapter = _engine_adapter(model)
     r = max(loop_list) if loop_list else 2 * adapter.model.config.loops
+    if r > MAX_PROBE_LOOPS:
+        raise UserError(f"--loops: probe runs at most r = {MAX_PROBE_LOOPS} (its cost grows as r^2), got {r}")
     adapter.model.config.check_loops(r)
     results = _open_store(db) if store else None  # refused before measuring
     try:

@@ -44,6 +44,7 @@ def test_probe_stores_what_the_engine_measures(tmp_path: Path, capsys: pytest.Ca
         (["--suite", "paper"], "probe reads the texts of synthetic"),
         (["--tasks", "chain9"], "unknown task 'chain9' of synthetic"),
         (["--loops", "3-1"], "--loops must be comma-separated positive integers or ranges"),
+        (["--loops", "1-65"], "probe runs at most r = 64"),
     ],
 )
 def test_probe_refusals_are_one_line_and_write_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
