@@ -23,7 +23,7 @@ from harness.cli.common import DeviceOption, JsonFlag, ThreadsOption, check_devi
 from harness.errors import UserError
 
 _LIST_COLUMNS = [("name", "model"), ("family", "family"), ("kv_strategy", "KV"), ("gate", "gate"), ("layers", "layers"),
-                 ("loops", "T"), ("params", "params"), ("steps", "steps"), ("tokens", "tokens"),
+                 ("loops", "T"), ("context", "context"), ("params", "params"), ("steps", "steps"), ("tokens", "tokens"),
                  ("cpu_minutes", "CPU min"), ("val_accuracy", "val acc"), ("teacher", "teacher")]
 
 
@@ -39,7 +39,7 @@ def zoo_rows() -> list[dict]:
         rows.append({
             "name": name, "family": cfg["family"], "kv_strategy": cfg["kv_strategy"], "gate": gate,
             "layers": cfg["shared_layers"] + cfg["prelude_layers"] + cfg["coda_layers"], "loops": cfg["loops"],
-            "params": train.get("params"), "steps": train.get("steps"), "tokens": train.get("tokens"),
+            "context": cfg["max_position"], "params": train.get("params"), "steps": train.get("steps"), "tokens": train.get("tokens"),
             "cpu_minutes": train.get("cpu_minutes"), "teacher": train.get("teacher"),
             "val_accuracy": (train.get("validation_accuracy") or {}).get("average"), "file_bytes": info["file_bytes"],
         })
