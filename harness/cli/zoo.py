@@ -96,12 +96,14 @@ def train(
     resume: bool = typer.Option(True, "--resume/--no-resume", help="Continue from OUT/NAME/train_state.pt when present."),
 ) -> None:
     """Reproduce zoo models from their recipes (adapters/zoo_data/recipes.toml)."""
+    from adapters import resolve
     from adapters.engine.training import train as train_model
     from adapters.zoo import load_recipes
     from suites.synthetic import STOP
 
     check_device(device)
     check_out_dir(out, "--out")
+    teacher = None if teacher is None else resolve(teacher)  # the specs every command takes; bare names refused when shared
     set_threads(threads)
     recipes = load_recipes()
     unknown = [n for n in names or [] if n not in recipes]
@@ -120,7 +122,7 @@ def train(
 
 
 def convert(
-    teacher: str = typer.Option(..., "--teacher", help="The LoopLM to convert: ouro:PATH, zoo:ouro-tiny, ..."),
+    teacher: str = typer.Option(..., "--teacher", help="The LoopLM to convert: ouro:PATH, zoo:ouro-tiny, ... (see `loopeval models`)"),
     out: Path = typer.Option(..., "--out", help="Directory for the MELT checkpoint and its loss curve."),
     recipe_name: str = typer.Option("melt-tiny", "--recipe", help="Recipe whose hyper-parameters are the defaults."),
     device: DeviceOption = "cpu",
@@ -137,6 +139,7 @@ def convert(
     resume: bool = typer.Option(True, "--resume/--no-resume"),
 ) -> None:
     """Convert a LoopLM into MELT with the paper's two stages (KV interpolation, then alignment)."""
+    from adapters import resolve
     from adapters.engine.config import GATE_VARIANTS
     from adapters.engine.training import train as train_model
     from adapters.zoo import get_recipe
@@ -146,6 +149,7 @@ def convert(
     if gate is not None and gate not in GATE_VARIANTS:
         raise UserError(f"--gate must be one of {', '.join(GATE_VARIANTS)}, got {gate!r}")
     check_out_dir(out, "--out")
+    teacher = resolve(teacher)  # the specs every command takes; bare names refused when shared
     set_threads(threads)
     recipe = get_recipe(recipe_name)
     if recipe.kind != "melt":

@@ -72,6 +72,7 @@ def test_run_specs_store_the_full_spec_and_key_overrides_by_it() -> None:
     ["profile", "ouro-tiny", "--lengths", "8"],
     ["estimate", "ouro-tiny", "--tokens", "8"],
     ["adapter", "check", "ouro-tiny"],
+    ["zoo", "convert", "--teacher", "ouro-tiny", "--out", "melt-out", "--steps", "1"],
 ])
 def test_every_command_refuses_a_shared_name_alike_before_any_work(argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
