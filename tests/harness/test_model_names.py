@@ -43,6 +43,7 @@ def test_every_shipped_name_is_listed_and_only_shared_ones_are_ambiguous() -> No
 
 def test_a_plugin_name_that_collides_makes_the_bare_name_ambiguous() -> None:
     """The rule is the registry's, not the engine's: a plugin listing `qwen3-1.7b` takes the bare name away."""
+    registry.available()  # built-ins loaded before the snapshot, so restoring it keeps them
     saved = dict(registry._REGISTRY)
     try:
         registry.register("mine", "a plugin with named models", names=lambda: ["qwen3-1.7b", "mine-small"])(lambda arg, **o: None)
