@@ -14,6 +14,7 @@ import pytest
 
 import adapters
 from adapters import AdapterError, registry
+from adapters.engine.config import LoopConfig
 from adapters.engine.presets import PRESETS
 from adapters.zoo import zoo_info, zoo_names
 from harness.cli import main
@@ -59,7 +60,8 @@ def test_python_api_takes_bare_names() -> None:
     adapter = adapters.load("qwen3-tiny", seed=3)
     assert adapter.spec == "preset:qwen3-tiny"
     assert adapters.inspect("ouro-1.4b", loops=2) == adapters.inspect("preset:ouro-1.4b", loops=2)
-    assert adapters.inspect("qwen3-tiny-deep")["config"] == zoo_info("qwen3-tiny-deep")["config"]
+    shipped = LoopConfig.from_dict(zoo_info("qwen3-tiny-deep")["config"])
+    assert LoopConfig.from_dict(adapters.inspect("qwen3-tiny-deep")["config"]) == shipped
 
 
 def test_run_specs_store_the_full_spec_and_key_overrides_by_it() -> None:
