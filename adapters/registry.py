@@ -1,5 +1,11 @@
 """Adapter registry: a spec `PREFIX:ARG` picks a factory by prefix (`preset:qwen3-tiny`, `ouro:/ckpt`).
 
+A bare name stands for the one spec that has it (`ouro-1.4b` is `preset:ouro-1.4b`): prefixes that
+know names (presets, the zoo) list them through `register(..., names=...)`, and `resolve` turns a
+name into its full spec, so `run`, `profile`, `estimate` and the Python API accept the same
+specs. A name two prefixes share (`ouro-tiny` is a preset and a zoo model) is refused with both
+candidates rather than guessed.
+
 Built-in adapters register themselves when their module is imported; `BUILTIN_MODULES` lists
 those modules so that `load` and `available` can import them on demand, keeping `import adapters`
 light.
@@ -20,6 +26,7 @@ rolled back, and every other adapter still loads.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -35,6 +42,7 @@ from adapters.base import Adapter, AdapterError
 
 Factory = Callable[..., Adapter]
 Inspector = Callable[..., dict[str, Any]]  # (arg, **overrides) -> describe()-like facts, no weights loaded
+Names = Callable[[], Iterable[str]]  # the bare names a prefix knows: preset and zoo model names
 
 # Modules whose import registers built-in prefixes.
 BUILTIN_MODULES: tuple[str, ...] = ("adapters.engine.adapter", "adapters.hf_backend", "adapters.vllm_backend", "adapters.zoo")
@@ -51,6 +59,7 @@ class AdapterEntry:
     description: str
     source: str  # "builtin", or where the plugin came from: "entry point DIST (VALUE)", "folder PATH"
     inspect: Inspector | None = None
+    names: Names | None = None
 
 
 @dataclass(frozen=True)
@@ -70,14 +79,16 @@ _scanned_dirs: set[Path] = set()
 _current_source: str | None = None  # set while a plugin is being imported, so its `register` calls are attributed
 
 
-def register(prefix: str, description: str, source: str | None = None, inspect: Inspector | None = None) -> Callable[[Factory], Factory]:
+def register(prefix: str, description: str, source: str | None = None, inspect: Inspector | None = None,
+             names: Names | None = None) -> Callable[[Factory], Factory]:
     """Decorator: `@register("preset", "random-init engine preset")` on `factory(arg, **overrides)`.
 
     `source` defaults to the plugin being loaded, else "builtin" for the modules in BUILTIN_MODULES,
     else the factory's module name. A plugin may not take over a prefix someone else registered.
     `inspect(arg, **overrides)`, when given, validates a spec and returns what `describe()` would
     say about loops and KV (at least `kv_strategy` and `loops`) from config files alone, so a sweep
-    can plan its runs without loading weights.
+    can plan its runs without loading weights. `names()`, when given, lists the arguments a user may
+    give without the prefix (see `resolve`).
     """
 
     def wrap(factory: Factory) -> Factory:
@@ -87,7 +98,7 @@ def register(prefix: str, description: str, source: str | None = None, inspect: 
         existing = _REGISTRY.get(prefix)
         if existing is not None and existing.source != origin and origin != "builtin":
             raise AdapterError(f"adapter prefix {prefix!r} is already registered by {existing.source}")
-        _REGISTRY[prefix] = AdapterEntry(prefix, factory, description, origin, inspect)
+        _REGISTRY[prefix] = AdapterEntry(prefix, factory, description, origin, inspect, names)
         return factory
 
     return wrap
@@ -208,20 +219,53 @@ def available() -> list[AdapterEntry]:
     return sorted(_REGISTRY.values(), key=lambda e: e.prefix)
 
 
-def _entry(spec: str) -> tuple[AdapterEntry, str]:
-    """The registry entry of a spec's prefix and the spec's argument; AdapterError naming the known prefixes."""
+def named_models() -> dict[str, list[str]]:
+    """Every bare name a prefix knows, with the full specs it may stand for (two or more: ambiguous)."""
+    _ensure_builtins()
+    specs: dict[str, list[str]] = {}
+    for entry in sorted(_REGISTRY.values(), key=lambda e: e.prefix):
+        for name in entry.names() if entry.names is not None else ():
+            specs.setdefault(name, []).append(f"{entry.prefix}:{name}")
+    return specs
+
+
+def resolve(spec: str) -> str:
+    """The full spec a model name stands for: `PREFIX:ARG` as given, a bare name as the one spec that has it.
+
+    AdapterError (one line) for an unknown prefix, an unknown name, or a name two prefixes share,
+    listing the candidates, so every command that takes a model refuses it the same way.
+    """
     _ensure_builtins()
     prefix, sep, arg = spec.partition(":")
-    if not sep or not arg:
-        raise AdapterError(f"model spec {spec!r} must look like PREFIX:NAME_OR_PATH (prefixes: {', '.join(sorted(_REGISTRY))})")
-    entry = _REGISTRY.get(prefix)
-    if entry is None:
-        raise AdapterError(f"unknown model prefix {prefix!r} in {spec!r} (known: {', '.join(sorted(_REGISTRY))})")
-    return entry, arg
+    if sep and prefix in _REGISTRY and arg:
+        return spec
+    if sep:
+        known = ", ".join(sorted(_REGISTRY))
+        if not arg or not prefix:
+            raise AdapterError(f"model spec {spec!r} must look like PREFIX:NAME_OR_PATH (prefixes: {known})")
+        raise AdapterError(f"unknown model prefix {prefix!r} in {spec!r} (known: {known})")
+    candidates = named_models().get(spec, [])
+    if len(candidates) == 1:
+        return candidates[0]
+    if candidates:
+        raise AdapterError(f"model name {spec!r} is ambiguous: give one of {', '.join(candidates)}")
+    if os.path.exists(spec):
+        raise AdapterError(f"model {spec!r} is a path: give it with its adapter's prefix, e.g. ouro:{spec} "
+                           f"(prefixes: {', '.join(sorted(_REGISTRY))})")
+    close = difflib.get_close_matches(spec, named_models(), n=3)
+    hint = f"; close: {', '.join(close)}" if close else ""
+    raise AdapterError(f"unknown model {spec!r}: give PREFIX:NAME_OR_PATH (prefixes: {', '.join(sorted(_REGISTRY))}) "
+                       f"or a name `loopeval models` lists{hint}")
+
+
+def _entry(spec: str) -> tuple[AdapterEntry, str]:
+    """The registry entry of a spec (or bare name, see `resolve`) and the spec's argument."""
+    prefix, _, arg = resolve(spec).partition(":")
+    return _REGISTRY[prefix], arg
 
 
 def load(spec: str, **overrides: Any) -> Adapter:
-    """Build the adapter a spec names. Overrides include `loops`, `dtype`, `device`, `seed`."""
+    """Build the adapter a spec (or bare name) names. Overrides include `loops`, `dtype`, `device`, `seed`."""
     entry, arg = _entry(spec)
     return entry.factory(arg, **overrides)
 

@@ -1,10 +1,11 @@
-"""Will it fit? A run's weights and KV cache against the memory the machine has, checked before anything
-is loaded or written.
+"""Will it fit? Token counts against the model's context, and a run's weights and KV cache against the
+memory the machine has, checked before anything is loaded, measured or written.
 
 The figures come from the adapter's config alone (`adapters.inspect`: the analytic memory model's
 coefficients at the run's loops and dtype), so `--loops 1000` on a per-loop cache, or a batch of a
 billion sequences, is one clear line instead of an allocator failure halfway through a sweep.
-Adapters that cannot describe themselves without loading are not checked here.
+Adapters that cannot describe themselves without loading are not checked here. Every command that
+takes token counts (`profile --lengths`, `estimate --tokens`) checks them with `check_context`.
 """
 
 from __future__ import annotations
@@ -45,3 +46,14 @@ def check_fits(what: str, facts: dict[str, Any], tokens: int, sequences: int, hi
             f"{what}: weights and the KV cache of {sequences} sequences x {tokens} tokens need {need / 1e9:.3g} GB, "
             f"but {free / 1e9:.3g} GB is free on {facts.get('device', 'cpu')}: lower {hint}"
         )
+
+
+def check_context(spec: str, facts: dict[str, Any], option: str, tokens: int, generated: int = 0) -> None:
+    """UserError when `tokens` given by `option`, plus `generated` new tokens, exceed the model's context
+    (`max_context` of its facts; facts without one are not checked), naming the most that fits."""
+    context = facts.get("max_context")
+    if context is None or tokens + generated <= context:
+        return
+    plus = f" plus {generated} generated tokens" if generated else ""
+    raise UserError(f"{option} {tokens}{plus} exceeds {spec}'s context of {context} tokens: at most {context - generated} fits "
+                    "(`loopeval models` and `loopeval zoo list` show each model's context)")

@@ -20,7 +20,7 @@ from typing import Any
 import adapters
 from adapters.base import AdapterError, Sampling
 from harness.errors import UserError
-from harness.capacity import check_fits
+from harness.capacity import check_context, check_fits
 from harness.spec import check_int, is_looped
 from db.measures import PEAK_MEASURES
 from harness.sampler import DEFAULT_INTERVAL, MemorySampler
@@ -63,30 +63,41 @@ def _free_device_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def _plan(spec: str, lengths: Sequence[int], loops: Sequence[int] | None, batch: int, seed: int,
-          decode_steps: int) -> tuple[list[int | None], Any]:
-    """The loop counts to measure, after checking every point; and the adapter, when one had to be
-    loaded to learn its context (adapters that cannot describe themselves from their config)."""
+@dataclass
+class ProfilePlan:
+    """Every point of a profile, checked before the first is measured (`plan_profile`)."""
+
+    spec: str  # the full spec (a bare name resolved)
+    lengths: list[int]
+    loop_counts: list[int | None]  # [None]: the model's own loops (a plain model, or --loops not given)
+    batch: int
+    seed: int
+    decode_steps: int
+    adapter: Any = None  # loaded here only when the adapter could not describe itself from its config
+
+
+def plan_profile(spec: str, lengths: Sequence[int], loops: Sequence[int] | None = None, batch: int = 1, *,
+                 seed: int = 0, decode_steps: int = DECODE_STEPS) -> ProfilePlan:
+    """Check every option and every point (context, memory) before anything is measured or stored."""
     for option, values in (("--lengths", lengths), ("--loops", loops or ()), ("--batch", [batch]),
                            ("--decode-steps", [decode_steps]), ("--seed", [seed])):  # the seed is stored in a 64-bit column
         for value in values:
             check_int(option, value)
     if not lengths:
         raise UserError("--lengths needs at least one context length")
+    spec = adapters.resolve(spec)
     adapter, facts = None, adapters.inspect(spec, seed=seed)
     if facts is None:
         adapter = adapters.load(spec, seed=seed)
         facts = adapter.describe() | {"max_context": adapter.max_context}
+    check_context(spec, facts, "--lengths", max(lengths), generated=decode_steps)
     longest = max(lengths) + decode_steps
-    if longest > facts["max_context"]:
-        raise UserError(f"--lengths {max(lengths)}: with {decode_steps} decode steps it exceeds {spec}'s context of "
-                        f"{facts['max_context']} tokens (`loopeval models` and `loopeval zoo list` show each context)")
     counts: list[int | None] = list(loops) if loops and is_looped(facts) else [None]
     for r in counts:
         at_r = adapters.inspect(spec, seed=seed, **({} if r is None else {"loops": r}))
         if at_r is not None:
             check_fits(spec + ("" if r is None else f" at loops={r}"), at_r, longest, batch, "--lengths, --batch or --loops")
-    return counts, adapter
+    return ProfilePlan(spec, list(lengths), counts, batch, seed, decode_steps, adapter)
 
 
 def _at_loops(adapter: Any, spec: str, seed: int, loops: int | None) -> Any:
@@ -99,30 +110,22 @@ def _at_loops(adapter: Any, spec: str, seed: int, loops: int | None) -> Any:
 
 
 def profile_model(
-    spec: str,
-    lengths: Sequence[int],
-    loops: Sequence[int] | None = None,
-    batch: int = 1,
+    plan: ProfilePlan,
     *,
-    seed: int = 0,
-    decode_steps: int = DECODE_STEPS,
     interval: float = DEFAULT_INTERVAL,
     on_point: Callable[[dict[str, Any]], None] = lambda point: None,
 ) -> ProfileResult:
-    """Measure every (loops, length) point; loop counts are ignored for a model that does not loop.
-
-    Every point is checked against the model's context and the machine's memory before the first is
-    measured, and the model is loaded once (loops changed in place where the adapter allows).
-    """
-    loop_counts, adapter = _plan(spec, lengths, loops, batch, seed, decode_steps)
+    """Measure every (loops, length) point of a checked plan; the model is loaded once (loops changed
+    in place where the adapter allows)."""
+    spec, seed, batch, decode_steps, adapter = plan.spec, plan.seed, plan.batch, plan.decode_steps, plan.adapter
     description: dict[str, Any] = {}
     points: list[dict[str, Any]] = []
     peaks: dict[str, int | None] = dict.fromkeys(PEAK_MEASURES)
-    for r in loop_counts:
+    for r in plan.loop_counts:
         adapter = _at_loops(adapter, spec, seed, r)
         info = adapter.describe()
         vocab = (info.get("config") or {}).get("vocab_size") or len(adapter.tokenizer)
-        for length in lengths:
+        for length in plan.lengths:
             _free_device_memory()
             sampler = MemorySampler(adapter, interval=interval)
             with sampler:

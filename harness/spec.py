@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import adapters
 from adapters.base import AdapterError, Sampling
 from harness.errors import UserError
 from harness.sampler import DEFAULT_INTERVAL
@@ -126,7 +127,7 @@ class RunSpec:
         """
         suite = suite or DEFAULTS.suite
         defaults = suite_sampling(suite)
-        models = tuple(models or DEFAULTS.models)
+        models = tuple(adapters.resolve(model) for model in models or DEFAULTS.models)  # stored by their full specs
         loops = tuple(loops or DEFAULTS.loops)
         batch_size = DEFAULTS.batch_size if batch_size is None else batch_size
         for option, value in (("--samples", samples), ("--limit", limit), ("--max-new-tokens", max_new_tokens),
@@ -146,7 +147,7 @@ class RunSpec:
             message = str(exc).replace("top_p", "--top-p").replace("temperature", "--temperature")
             raise UserError(message) from None
         limit = DEFAULTS.limit if limit is None else limit
-        per_model = _checked_model_overrides(models, model_overrides or {})
+        per_model = _checked_model_overrides(models, {adapters.resolve(m): o for m, o in (model_overrides or {}).items()})
         return cls(
             models=models,
             suite=suite,

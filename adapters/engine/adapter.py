@@ -16,7 +16,7 @@ import torch
 from adapters.base import MODEL_DTYPES, AdapterError, Generation, Prompt, Sampling, dtype_short
 from adapters.engine.cache import KVCache
 from adapters.engine.config import CONDITIONING_FIELDS, LoopConfig
-from adapters.engine.presets import preset
+from adapters.engine.presets import PRESETS, preset
 from adapters.engine.generate import ExitPolicy, generate
 from adapters.engine.memory import analytic_terms, count_params
 from adapters.engine.model import LoopedLM
@@ -161,15 +161,19 @@ def conditioning(overrides: dict[str, Any]) -> dict[str, Any]:
 
 def config_facts(cfg: LoopConfig, overrides: dict[str, Any]) -> dict[str, Any]:
     """What `describe()` will say about loops, KV and memory, from the config alone: a sweep plans its
-    runs and checks they fit with it before any weights are loaded (`adapters.inspect`)."""
+    runs and checks they fit with it before any weights are loaded (`adapters.inspect`), and
+    `loopeval estimate` reads the config from it."""
     _check_overrides(overrides)
     cfg = cfg.replace(**conditioning(overrides))
+    if overrides.get("chunk_size") is not None:  # as _build applies it
+        cfg = cfg.replace(chunk_size=int(overrides["chunk_size"]))
     loops = cfg.loops if overrides.get("loops") is None else cfg.check_loops(overrides["loops"])
     device = resolve_device(overrides.get("device"))
     dtype = dtype_short(resolve_dtype(overrides.get("dtype"), device))
     return {"family": cfg.family, "kv_strategy": cfg.kv_strategy, "loops": loops, "trained_loops": cfg.loops,
             "max_context": cfg.max_position, "device": device, "dtype": dtype,
-            "max_batch": int(overrides.get("max_batch", DEFAULT_MAX_BATCH)), "analytic": analytic_terms(cfg, loops, dtype)}
+            "max_batch": int(overrides.get("max_batch", DEFAULT_MAX_BATCH)), "analytic": analytic_terms(cfg, loops, dtype),
+            "config": cfg.to_dict()}
 
 
 def _build(spec: str, model_fn: Any, tokenizer_fn: Any, overrides: dict[str, Any]) -> EngineAdapter:
@@ -199,7 +203,8 @@ def inspect_preset(name: str, **overrides: Any) -> dict[str, Any]:
     return config_facts(preset(name), overrides)
 
 
-@register("preset", "engine preset with seeded random weights (qwen3-tiny, ouro-tiny, melt-tiny, qwen3-1.7b, ...)", inspect=inspect_preset)
+@register("preset", "engine preset with seeded random weights (qwen3-tiny, ouro-tiny, melt-tiny, qwen3-1.7b, ...)", inspect=inspect_preset,
+          names=lambda: PRESETS)
 def load_preset(name: str, **overrides: Any) -> EngineAdapter:
     from adapters.engine.checkpoint import random_model
     from adapters.engine.tokenizer import char_tokenizer

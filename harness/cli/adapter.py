@@ -7,9 +7,11 @@ a check fails.
 
 from __future__ import annotations
 
+import shlex
+
 import typer
 
-from harness.cli.common import AdaptersDirOption, TrustRemoteCodeFlag
+from harness.cli.common import AdaptersDirOption, TrustRemoteCodeFlag, env_command
 
 
 def new(
@@ -21,7 +23,9 @@ def new(
 
     root = write_scaffold(name, directory)
     typer.echo(f"wrote {root}")
-    typer.echo(f"next: cd {root} && pip install --no-deps --no-build-isolation -e . && python -m pytest   (then: loopeval run --model {name}:tiny --limit 2)")
+    python = env_command("python")
+    typer.echo(f"next: cd {shlex.quote(str(root))} && {python} -m pip install --no-deps --no-build-isolation -e . && {python} -m pytest"
+               f"   (then: {env_command('loopeval')} run --model {name}:tiny --limit 2)")
 
 
 def check(

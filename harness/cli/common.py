@@ -6,6 +6,8 @@ Command modules import from here and never from each other, so each command read
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -35,6 +37,21 @@ TrustRemoteCodeFlag = Annotated[
 ]
 DeviceOption = Annotated[str, typer.Option("--device", help="cpu or cuda.")]
 ThreadsOption = Annotated[Optional[int], typer.Option("--threads", min=1, help="torch CPU threads.")]
+
+
+def env_command(name: str) -> str:
+    """This environment's `name` (loopeval, python) as a hint the user can paste and run: the bare name
+    when the shell finds this very script, else its full path.
+
+    The README starts with `.venv/bin/loopeval run` without activating the venv, where a bare `loopeval`
+    is not found and a bare `pip` or `python` is the system's. Paths are not resolved: a venv's python is
+    a link to the system's, and only the link knows its venv.
+    """
+    script = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), name)
+    found = shutil.which(name)
+    if (found and os.path.abspath(found) == script) or not os.path.exists(script):
+        return name
+    return shlex.quote(script)
 
 
 def parse_int_list(value: str | None, option: str, minimum: int = 1) -> list[int] | None:

@@ -1,13 +1,14 @@
-"""`loopeval estimate`: weights, KV and total bytes of a preset or config at a context length, from the config alone.
+"""`loopeval estimate`: weights, KV and total bytes of a model at a context length, from its config alone.
 
-Imports only the analytic memory model and the config reader (no lighteval, dash or vllm),
-so it runs anywhere, the GPU machine included.
+It takes the model specs every command takes (`adapters.resolve`: `preset:ouro-1.4b`, bare
+`ouro-1.4b`, `zoo:melt-tiny`, `ouro:/ckpt`) and reads the engine config through `adapters.inspect`,
+without loading weights; no lighteval, dash or vllm is imported, so it runs anywhere, the GPU
+machine included.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Optional
 
 import typer
@@ -17,17 +18,19 @@ from harness.errors import UserError
 
 
 def estimate(
-    model: str = typer.Argument(..., help="A preset name (qwen3-1.7b, ouro-1.4b, melt-1.6b, ...-tiny) or a config.json / checkpoint directory."),
-    tokens: int = typer.Option(..., "--tokens", help="Context length: prompt + generated tokens per sequence."),
+    model: str = typer.Argument(..., help="Model spec: ouro-1.4b, preset:melt-1.6b, zoo:melt-tiny, ouro:/path/to/checkpoint ... (see `loopeval models`)."),
+    tokens: int = typer.Option(..., "--tokens", help="Context length: prompt + generated tokens per sequence (at most the model's context)."),
     batch: int = typer.Option(1, "--batch", help="Sequences held at once."),
     loops: Optional[int] = typer.Option(None, "--loops", help="Loops at inference (r); default the trained loop count."),
     dtype: str = typer.Option("bf16", "--dtype", help="bf16, fp16 or fp32."),
     as_json: JsonFlag = False,
 ) -> None:
     """Predict memory: weights from the parameter shapes, KV for (tokens, batch, loops, dtype)."""
-    from adapters.engine.presets import PRESETS, preset
+    import adapters
     from adapters.base import MODEL_DTYPES
+    from adapters.engine.config import LoopConfig
     from adapters.engine.memory import estimate as analytic
+    from harness.capacity import check_context
 
     if dtype not in MODEL_DTYPES:
         raise UserError(f"--dtype must be one of {', '.join(MODEL_DTYPES)}, got {dtype!r}")
@@ -37,14 +40,12 @@ def estimate(
         raise UserError(f"--batch must be >= 1, got {batch}")
     if loops is not None and loops < 1:
         raise UserError(f"--loops must be >= 1, got {loops}")
-    if model in PRESETS:
-        config = preset(model)
-    elif Path(model).exists() or "/" in model or model.endswith(".json"):
-        from adapters.engine.checkpoint import read_config  # torch only for files, not presets
-
-        config = read_config(model)
-    else:
-        raise UserError(f"unknown preset {model!r} (presets: {', '.join(PRESETS)}; or give a config.json or checkpoint directory)")
+    spec = adapters.resolve(model)
+    facts = adapters.inspect(spec, **({} if loops is None else {"loops": loops}))
+    if facts is None or "config" not in facts:
+        raise UserError(f"{spec}: estimate reads an engine config (preset:, zoo:, qwen3:, ouro:, melt: specs); this adapter has none")
+    check_context(spec, facts, "--tokens", tokens)
+    config = LoopConfig.from_dict(facts["config"])
     result = analytic(config, tokens, batch=batch, loops=loops, dtype=dtype)
     if as_json:
         print(json.dumps({"params": result.params, "weights_bytes": result.weights_bytes, "kv_bytes": result.kv_bytes, "total_bytes": result.total_bytes}))
@@ -53,5 +54,5 @@ def estimate(
     rows = [["parameters", f"{result.params:,}", ""]]
     rows += [[name, f"{value:,}", f"{value / GB:.3f}"] for name, value in
              (("weights", result.weights_bytes), ("KV cache", result.kv_bytes), ("total", result.total_bytes))]
-    title = f"{model}: {tokens} tokens x batch {batch}, loops {r}, {dtype} ({config.kv_strategy} KV)"
+    title = f"{spec}: {tokens} tokens x batch {batch}, loops {r}, {dtype} ({config.kv_strategy} KV)"
     print_table(title, ["measure", "bytes", "GB (1e9 bytes)"], rows, right=("bytes", "GB (1e9 bytes)"))

@@ -12,12 +12,12 @@ import typer
 
 from harness.cli.common import DbOption, JsonFlag, gigabytes, parse_int_list
 from harness.errors import UserError
-from harness.profiling import DECODE_STEPS, profile_model
+from harness.profiling import DECODE_STEPS, plan_profile, profile_model
 
 
 def profile(
-    model: str = typer.Argument(..., help="Model spec, e.g. preset:melt-tiny or ouro:/path/to/checkpoint."),
-    lengths: str = typer.Option(..., "--lengths", help="Comma-separated context lengths to prefill, e.g. 1024,4096,32768."),
+    model: str = typer.Argument(..., help="Model spec, e.g. zoo:melt-tiny, ouro-1.4b or ouro:/path/to/checkpoint (see `loopeval models`)."),
+    lengths: str = typer.Option(..., "--lengths", help="Comma-separated context lengths to prefill, e.g. 64,256,448; each plus --decode-steps must fit the model's context."),
     loops: Optional[str] = typer.Option(None, "--loops", help="Comma-separated loop counts or ranges such as 1-12 (looped models only). Default: the model's own."),
     batch: int = typer.Option(1, "--batch", help="Sequences per point."),
     decode_steps: int = typer.Option(DECODE_STEPS, "--decode-steps", help="Greedy decode steps after each prefill."),
@@ -29,21 +29,18 @@ def profile(
     """Prefill to each length and decode a few steps: memory measures (GB = 1e9 bytes) beside the analytic KV."""
     if decode_steps < 1:
         raise UserError(f"--decode-steps must be a positive integer, got {decode_steps}")
-    length_list = parse_int_list(lengths, "--lengths")
     loop_list = parse_int_list(loops, "--loops")
+    plan = plan_profile(model, parse_int_list(lengths, "--lengths") or [], loop_list, batch, seed=seed, decode_steps=decode_steps)
     results = None
-    if store:  # a database that cannot take the result is refused before any measuring
+    if store:  # opened (a new file created) only once every option and point is checked, and before measuring
         from db.store import Store
 
         results = Store.open(db)
     began = time.perf_counter()
     try:
-        result = profile_model(
-            model, length_list or [], loop_list, batch, seed=seed, decode_steps=decode_steps,
-            on_point=(lambda point: None) if as_json else _print_point,
-        )
-        settings = {"lengths": length_list, "loops": loop_list, "batch": batch, "decode_steps": decode_steps}
-        run_id = None if results is None else _store(results, model, result, settings, seed, time.perf_counter() - began)
+        result = profile_model(plan, on_point=(lambda point: None) if as_json else _print_point)
+        settings = {"lengths": plan.lengths, "loops": loop_list, "batch": batch, "decode_steps": decode_steps}
+        run_id = None if results is None else _store(results, plan.spec, result, settings, seed, time.perf_counter() - began)
     finally:
         if results is not None:
             results.close()

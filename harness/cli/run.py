@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import typer
 
-from harness.cli.common import AdaptersDirOption, DbOption, TrustRemoteCodeFlag, parse_int_list, print_runs, progress, report_path
+from harness.cli.common import AdaptersDirOption, DbOption, TrustRemoteCodeFlag, env_command, parse_int_list, print_runs, progress, report_path
 from harness.spec import DEFAULTS, SUITE_SAMPLING
 
 _SYNTHETIC = SUITE_SAMPLING[DEFAULTS.suite]
@@ -130,7 +130,7 @@ def _summarise(store: Any, outcomes: list[Any], db: str | None, report: bool) ->
     try:
         ids = {o.run_id for o in outcomes}
         print_runs([r for r in store.run_summaries() if r["id"] in ids])
-        typer.echo(f"results: {store.url}  (show them: loopeval results{'' if db is None else f' --db {store.url}'})")  # password hidden
+        typer.echo(f"results: {store.url}  (show them: {env_command('loopeval')} results{'' if db is None else f' --db {store.url}'})")  # password hidden
     finally:
         store.close()
     if report:
@@ -141,6 +141,6 @@ def _summarise(store: Any, outcomes: list[Any], db: str | None, report: bool) ->
     unfinished = [str(o.run_id) for o in outcomes if o.status != "finished"]
     if not unfinished:
         return 0
-    lines = failure_summary(outcomes) + [f"runs {', '.join(unfinished)} did not finish; continue with: loopeval run --resume RUN_ID"]
+    lines = failure_summary(outcomes) + [f"runs {', '.join(unfinished)} did not finish; continue with: {env_command('loopeval')} run --resume RUN_ID"]
     typer.echo("\n".join(lines), err=True)
     return 1

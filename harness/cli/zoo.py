@@ -23,7 +23,7 @@ from harness.cli.common import DeviceOption, JsonFlag, ThreadsOption, check_devi
 from harness.errors import UserError
 
 _LIST_COLUMNS = [("name", "model"), ("family", "family"), ("kv_strategy", "KV"), ("gate", "gate"), ("layers", "layers"),
-                 ("loops", "T"), ("params", "params"), ("steps", "steps"), ("tokens", "tokens"),
+                 ("loops", "T"), ("context", "context"), ("params", "params"), ("steps", "steps"), ("tokens", "tokens"),
                  ("cpu_minutes", "CPU min"), ("val_accuracy", "val acc"), ("teacher", "teacher")]
 
 
@@ -39,7 +39,7 @@ def zoo_rows() -> list[dict]:
         rows.append({
             "name": name, "family": cfg["family"], "kv_strategy": cfg["kv_strategy"], "gate": gate,
             "layers": cfg["shared_layers"] + cfg["prelude_layers"] + cfg["coda_layers"], "loops": cfg["loops"],
-            "params": train.get("params"), "steps": train.get("steps"), "tokens": train.get("tokens"),
+            "context": cfg["max_position"], "params": train.get("params"), "steps": train.get("steps"), "tokens": train.get("tokens"),
             "cpu_minutes": train.get("cpu_minutes"), "teacher": train.get("teacher"),
             "val_accuracy": (train.get("validation_accuracy") or {}).get("average"), "file_bytes": info["file_bytes"],
         })
@@ -96,12 +96,14 @@ def train(
     resume: bool = typer.Option(True, "--resume/--no-resume", help="Continue from OUT/NAME/train_state.pt when present."),
 ) -> None:
     """Reproduce zoo models from their recipes (adapters/zoo_data/recipes.toml)."""
+    from adapters import resolve
     from adapters.engine.training import train as train_model
     from adapters.zoo import load_recipes
     from suites.synthetic import STOP
 
     check_device(device)
     check_out_dir(out, "--out")
+    teacher = None if teacher is None else resolve(teacher)  # the specs every command takes; bare names refused when shared
     set_threads(threads)
     recipes = load_recipes()
     unknown = [n for n in names or [] if n not in recipes]
@@ -120,7 +122,7 @@ def train(
 
 
 def convert(
-    teacher: str = typer.Option(..., "--teacher", help="The LoopLM to convert: ouro:PATH, zoo:ouro-tiny, ..."),
+    teacher: str = typer.Option(..., "--teacher", help="The LoopLM to convert: ouro:PATH, zoo:ouro-tiny, ... (see `loopeval models`)"),
     out: Path = typer.Option(..., "--out", help="Directory for the MELT checkpoint and its loss curve."),
     recipe_name: str = typer.Option("melt-tiny", "--recipe", help="Recipe whose hyper-parameters are the defaults."),
     device: DeviceOption = "cpu",
@@ -137,6 +139,7 @@ def convert(
     resume: bool = typer.Option(True, "--resume/--no-resume"),
 ) -> None:
     """Convert a LoopLM into MELT with the paper's two stages (KV interpolation, then alignment)."""
+    from adapters import resolve
     from adapters.engine.config import GATE_VARIANTS
     from adapters.engine.training import train as train_model
     from adapters.zoo import get_recipe
@@ -146,6 +149,7 @@ def convert(
     if gate is not None and gate not in GATE_VARIANTS:
         raise UserError(f"--gate must be one of {', '.join(GATE_VARIANTS)}, got {gate!r}")
     check_out_dir(out, "--out")
+    teacher = resolve(teacher)  # the specs every command takes; bare names refused when shared
     set_threads(threads)
     recipe = get_recipe(recipe_name)
     if recipe.kind != "melt":

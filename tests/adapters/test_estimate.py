@@ -8,8 +8,10 @@ import sys
 
 import pytest
 
+from adapters.engine.config import LoopConfig
 from adapters.engine.presets import preset
 from adapters.engine.memory import estimate
+from adapters.zoo import zoo_info
 from harness.cli import main
 
 
@@ -36,14 +38,31 @@ def test_table_in_decimal_gb_and_config_files(capsys, tmp_path):
     assert code == 0 and "GB (1e9 bytes)" in out and "3.670" in out and "3.441" in out  # KV and weights
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"format": "loopeval-engine", "config": preset("ouro-tiny").replace(loops=2).to_dict()}))
-    code, out, _ = run(capsys, str(path), "--tokens", "100", "--json")
+    code, out, _ = run(capsys, f"ouro:{path}", "--tokens", "100", "--json")
     assert code == 0 and json.loads(out) == estimate(preset("ouro-tiny").replace(loops=2), 100).__dict__
+
+
+def test_takes_every_command_s_specs(capsys):
+    """preset:NAME, the bare NAME and zoo:NAME, as `run` and `profile` take them."""
+    code, bare, _ = run(capsys, "ouro-1.4b", "--tokens", "32000", "--json")
+    code2, prefixed, _ = run(capsys, "preset:ouro-1.4b", "--tokens", "32000", "--json")
+    assert code == code2 == 0 and bare == prefixed
+    code, out, _ = run(capsys, "zoo:melt-tiny", "--tokens", "256", "--loops", "8", "--json")
+    shipped = LoopConfig.from_dict(zoo_info("melt-tiny")["config"])
+    assert code == 0 and json.loads(out) == estimate(shipped, 256, loops=8).__dict__
+    code, out, _ = run(capsys, "zoo:melt-tiny", "--tokens", "256")
+    assert code == 0 and "zoo:melt-tiny: 256 tokens" in out
 
 
 @pytest.mark.parametrize(
     "args,needle",
     [
-        (["nope", "--tokens", "5"], "unknown preset 'nope'"),
+        (["nope", "--tokens", "5"], "unknown model 'nope'"),
+        (["ouro-1.4c", "--tokens", "5"], "close: ouro-1.4b"),
+        (["melt-tiny", "--tokens", "5"], "ambiguous: give one of preset:melt-tiny, zoo:melt-tiny"),
+        (["zoo:melt-tiny", "--tokens", "513"], "--tokens 513 exceeds zoo:melt-tiny's context of 512 tokens"),
+        (["preset:qwen3-tiny", "--tokens", "600"], "context of 512"),
+        (["transformers:/nowhere", "--tokens", "5"], "estimate reads an engine config"),
         (["qwen3-1.7b", "--tokens", "0"], "--tokens"),
         (["qwen3-1.7b", "--tokens", "many"], "--tokens"),
         (["qwen3-1.7b"], "--tokens"),
@@ -51,7 +70,8 @@ def test_table_in_decimal_gb_and_config_files(capsys, tmp_path):
         (["ouro-1.4b", "--tokens", "5", "--loops", "0"], "--loops"),
         (["qwen3-1.7b", "--tokens", "5", "--loops", "2"], "standard"),
         (["qwen3-1.7b", "--tokens", "5", "--dtype", "int8"], "bf16, fp16, fp32"),
-        (["/no/such/config.json", "--tokens", "5"], "/no/such/config.json"),
+        (["ouro:/no/such/config.json", "--tokens", "5"], "/no/such/config.json"),
+        (["/no/such/config.json", "--tokens", "5"], "unknown model '/no/such/config.json'"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(capsys, args, needle):
@@ -60,10 +80,11 @@ def test_bad_arguments_exit_2_with_one_line(capsys, args, needle):
     assert len(err.strip().splitlines()) == 1 and needle in err
 
 
-def test_estimate_imports_no_heavy_library():
+def test_estimate_imports_no_evaluation_stack():
+    """The GPU machine's Python has torch but not lighteval, sqlalchemy, dash or vllm."""
     code = (
         "import sys; from harness.cli import main; rc = main(['estimate', 'melt-1.6b', '--tokens', '64', '--json']);"
-        "heavy = [m for m in ('torch', 'lighteval', 'dash', 'vllm') if m in sys.modules]; print(rc, heavy)"
+        "heavy = [m for m in ('lighteval', 'sqlalchemy', 'pandas', 'dash', 'vllm') if m in sys.modules]; print(rc, heavy)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "0 []"

@@ -27,6 +27,11 @@ def test_scaffold_passes_its_own_test_and_is_discoverable(tmp_path: Path) -> Non
     assert made.returncode == 0, made.stderr
     root = tmp_path / "loopeval-myarch"
     assert f"wrote {root}" in made.stdout
+    # the hint's pip is this environment's (a bare `pip` would be the system's when the venv is not active)
+    next_line = made.stdout.splitlines()[-1]
+    assert next_line.startswith(f"next: cd {root} && ") and " pip install" not in next_line.replace(" -m pip install", "")
+    python = next_line.split(" && ")[1].split(" -m pip ")[0]
+    assert python == "python" or Path(python).parent == Path(LOOPEVAL).parent
     project = tomllib.loads((root / "pyproject.toml").read_text())
     assert project["project"]["entry-points"]["loopeval.adapters"] == {"myarch": "loopeval_myarch"}
     assert "python -m pytest" in (root / "README.md").read_text()
@@ -37,6 +42,7 @@ def test_scaffold_passes_its_own_test_and_is_discoverable(tmp_path: Path) -> Non
     assert "1 passed" in tested.stdout
 
     # the same folder, not installed, is found through LOOPEVAL_ADAPTERS / --adapters-dir (a package loaded by path)
+    registry.available()  # built-ins loaded before the snapshot, so restoring it keeps them for later tests
     saved = dict(registry._REGISTRY)
     try:
         assert not [f for f in registry.load_plugins([root]) if f.name == "loopeval_myarch"]

@@ -40,7 +40,9 @@ def expect_usage_error(argv: list[str], fragment: str, capsys: pytest.CaptureFix
     [
         (["--model", "nosuch:thing"], "unknown model prefix 'nosuch'"),
         (["--model", "preset:no-such-preset"], "unknown preset 'no-such-preset'"),
-        (["--model", "qwen3-tiny"], "must look like PREFIX:NAME_OR_PATH"),
+        (["--model", "ouro-tiny"], "model name 'ouro-tiny' is ambiguous: give one of preset:ouro-tiny, zoo:ouro-tiny"),
+        (["--model", "qwen3-tiny-smal"], "unknown model 'qwen3-tiny-smal'"),
+        (["--model", "/tmp"], "model '/tmp' is a path: give it with its adapter's prefix"),
         (["--suite", "nosuch"], "unknown suite 'nosuch'"),
         (["--tasks", "nosuch"], "unknown task 'nosuch'"),
         (["--temperature", "-0.5"], "--temperature must be a finite number >= 0"),

@@ -88,7 +88,9 @@ RUN_NAMES = [
     Case("unknown-model-prefix", ["run", *FAST, "--model", "nosuch:thing", "--db", KEPT], "unknown model prefix 'nosuch'"),
     Case("unknown-preset", ["run", *FAST, "--model", "preset:no-such-preset", "--db", KEPT], "unknown preset 'no-such-preset'"),
     Case("unknown-zoo-model", ["run", *FAST, "--model", "zoo:no-such-model", "--db", KEPT], "no-such-model"),
-    Case("model-without-prefix", ["run", *FAST, "--model", "qwen3-tiny", "--db", KEPT], "must look like PREFIX:NAME_OR_PATH"),
+    Case("model-name-two-prefixes-share", ["run", *FAST, "--model", "ouro-tiny", "--db", KEPT],
+         "model name 'ouro-tiny' is ambiguous: give one of preset:ouro-tiny, zoo:ouro-tiny"),
+    Case("model-name-unknown", ["run", *FAST, "--model", "qwen3-tiny-smal", "--db", KEPT], "unknown model 'qwen3-tiny-smal'"),
     Case("model-name-console-markup", ["run", *FAST, "--model", "preset:[/b]", "--db", KEPT], "unknown preset '[/b]'"),
     Case("missing-checkpoint", ["run", *FAST, "--model", "ouro:missing-checkpoint", "--db", KEPT], "missing-checkpoint"),
 ]
@@ -159,13 +161,14 @@ PROFILE_CASES = [
     Case("profile-db-foreign", ["profile", "preset:qwen3-tiny", "--lengths", "8", "--db", "runs.sqlite"], "not a loopeval database"),
 ]
 ESTIMATE = [
-    Case("estimate-unknown-preset", ["estimate", "no-such-preset", "--tokens", "8"], "unknown preset 'no-such-preset'"),
+    Case("estimate-unknown-name", ["estimate", "no-such-preset", "--tokens", "8"], "unknown model 'no-such-preset'"),
+    Case("estimate-tokens-beyond-context", ["estimate", "zoo:melt-tiny", "--tokens", "1024"], "exceeds zoo:melt-tiny's context of 512"),
     Case("estimate-tokens-zero", ["estimate", "qwen3-tiny", "--tokens", "0"], "--tokens must be"),
     Case("estimate-dtype-int8", ["estimate", "qwen3-tiny", "--tokens", "8", "--dtype", "int8"], "--dtype must be one of"),
     Case("estimate-batch-zero", ["estimate", "qwen3-tiny", "--tokens", "8", "--batch", "0"], "--batch must be"),
     Case("estimate-loops-zero", ["estimate", "qwen3-tiny", "--tokens", "8", "--loops", "0"], "--loops must be"),
-    Case("estimate-missing-config", ["estimate", "nowhere/config.json", "--tokens", "8"], "nowhere"),
-    Case("estimate-config-not-json", ["estimate", "notes.txt", "--tokens", "8"], "notes.txt"),
+    Case("estimate-missing-config", ["estimate", "ouro:nowhere/config.json", "--tokens", "8"], "nowhere"),
+    Case("estimate-config-not-json", ["estimate", "ouro:notes.txt", "--tokens", "8"], "notes.txt"),
 ]
 ADAPTER = [
     Case("adapter-new-uppercase-name", ["adapter", "new", "Bad-Name"], "must be lowercase letters"),
@@ -175,7 +178,7 @@ ADAPTER = [
     Case("adapter-new-existing-folder", ["adapter", "new", "mine"], "already exists", setup=_existing_package),
     Case("adapter-check-unknown-spec", ["adapter", "check", "nosuch:thing"], "unknown model prefix 'nosuch'"),
     Case("adapter-check-markup-spec", ["adapter", "check", "nosuch:[/b]"], "unknown model prefix 'nosuch'"),
-    Case("adapter-check-without-prefix", ["adapter", "check", "qwen3-tiny"], "must look like PREFIX:NAME_OR_PATH"),
+    Case("adapter-check-shared-name", ["adapter", "check", "melt-tiny"], "ambiguous: give one of preset:melt-tiny, zoo:melt-tiny"),
 ]
 ZOO_AND_LISTS = [
     Case("zoo-train-unknown", ["zoo", "train", "nosuch"], "unknown zoo model(s) nosuch"),

@@ -39,3 +39,27 @@ def test_gated_kv_does_not_grow_with_loops(capsys: pytest.CaptureFixture[str]) -
     points = json.loads(capsys.readouterr().out)["points"]
     assert len({p["kv_bytes_allocated"] for p in points}) == 1
     assert all(p["kv_bytes_allocated"] == p["kv_bytes_analytic"] for p in points)
+
+
+def test_every_length_is_checked_against_the_context_before_any_point_or_database(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`profile zoo:melt-tiny --lengths 256,1024` used to measure 256, create the database, then refuse 1024."""
+    monkeypatch.chdir(tmp_path)  # where the default database (results/loopeval.sqlite) would be created
+    assert main(["profile", "zoo:melt-tiny", "--lengths", "256,1024"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""  # no point measured: each is printed as soon as it is
+    assert err == ("loopeval: error: --lengths 1024 plus 8 generated tokens exceeds zoo:melt-tiny's context of 512 tokens: "
+                   "at most 504 fits (`loopeval models` and `loopeval zoo list` show each model's context)\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_longest_length_that_fits_is_measured_and_a_bare_name_is_stored_by_its_full_spec(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "p.sqlite"
+    assert main(["profile", "qwen3-tiny", "--lengths", "511", "--decode-steps", "1", "--json", "--db", str(db)]) == 0
+    (point,) = json.loads(capsys.readouterr().out)["points"]
+    assert point["context_tokens"] == 511 and point["kv_bytes_allocated"] == point["kv_bytes_analytic"]
+    stored = sqlite3.connect(db).execute("SELECT model_spec, adapter FROM runs").fetchall()
+    assert stored == [("preset:qwen3-tiny", "preset")]
+    assert main(["profile", "qwen3-tiny", "--lengths", "511", "--decode-steps", "2", "--no-store"]) == 2
+    assert "at most 510 fits" in capsys.readouterr().err
