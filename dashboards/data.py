@@ -9,16 +9,18 @@ where an input is unavailable.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import pandas as pd
 from sqlalchemy import Engine
 
-from dashboards.figures import ANALYTIC, WEIGHTS_PLUS_KV
+from dashboards.figures import ANALYTIC, WEIGHTS_PLUS_KV, pareto_mask
 from db import queries
 
 DEFAULT_CONTEXT_TOKENS = 32768  # the MELT paper's "memory at 32k tokens"
+GB = 1e9  # decimal, as the MELT paper counts
 
 
 def analytic_bytes(model_config: Any, context_tokens: int) -> float:
@@ -53,7 +55,25 @@ def with_derived_measures(points: pd.DataFrame, context_tokens: int = DEFAULT_CO
 
 
 def accuracy_points(
-    engine: Engine, suite: str | None, task: str = "all", context_tokens: int = DEFAULT_CONTEXT_TOKENS
+    engine: Engine, set_id: str | None, task: str = "all", context_tokens: int = DEFAULT_CONTEXT_TOKENS,
+    run_ids: Iterable[int] | None = None,
 ) -> pd.DataFrame:
-    """One row per (model, loops) with accuracy and every selectable memory measure."""
-    return with_derived_measures(queries.accuracy_memory(engine, suite=suite, task=task), context_tokens)
+    """One row per (model, loops) of one evaluation set (None: the latest), optionally of `run_ids` only,
+    with accuracy and every selectable measure."""
+    points = queries.accuracy_memory(engine, set_id=set_id, task=task, run_ids=run_ids)
+    return with_derived_measures(points, context_tokens)
+
+
+def ranked(points: pd.DataFrame, measure: str) -> pd.DataFrame:
+    """`accuracy_points` rows with `memory` (bytes of `measure`), `per_gb` (accuracy per decimal GB) and
+    `frontier` (on the Pareto frontier of memory against accuracy, as the figure rings it), best per GB first.
+
+    Points without the measure or without accuracy have NaN there, are never on the frontier, and come last.
+    """
+    table = points.copy()
+    table["memory"] = table[measure].astype("float64") if measure in table else np.nan
+    table["per_gb"] = table["accuracy"].astype("float64") / (table["memory"] / GB)
+    table["frontier"] = False
+    known = table["memory"].notna() & table["accuracy"].notna()
+    table.loc[known, "frontier"] = pareto_mask(table.loc[known, "memory"], table.loc[known, "accuracy"])
+    return table.sort_values(["per_gb", "accuracy"], ascending=False, na_position="last").reset_index(drop=True)

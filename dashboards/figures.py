@@ -21,6 +21,8 @@ import plotly.express as px
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from db.measures import BYTE_UNITS
+
 # Selectable memory measures of the accuracy-against-memory plot: key (a DataFrame column) -> label.
 WEIGHTS_PLUS_KV = "weights_bytes + kv_bytes_peak"
 ANALYTIC = "analytic"
@@ -33,7 +35,6 @@ MEMORY_MEASURES: dict[str, str] = {
     "rss_peak": "process RSS peak (CPU)",
 }
 DECIMAL_NOTE = "GB are decimal (1 GB = 1e9 bytes)"
-_UNITS: tuple[tuple[str, float], ...] = (("GB", 1e9), ("MB", 1e6), ("KB", 1e3), ("B", 1.0))
 _PALETTE = px.colors.qualitative.Plotly
 
 
@@ -61,7 +62,7 @@ def byte_unit(values: Sequence[float] | pd.Series | np.ndarray) -> tuple[str, fl
     """The largest decimal unit (GB, MB, KB, B) that keeps the biggest finite value at or above 1."""
     finite = [abs(float(v)) for v in values if v is not None and np.isfinite(v)]
     largest = max(finite, default=0.0)
-    for unit, scale in _UNITS:
+    for unit, scale in BYTE_UNITS:
         if largest >= scale:
             return unit, scale
     return "GB", 1e9  # nothing to scale: label the axis in the unit people expect
@@ -115,6 +116,13 @@ def _empty(title: str, text: str) -> go.Figure:
     return _message(fig, text)
 
 
+def _with_set(title: str, points: pd.DataFrame) -> str:
+    """The title with the evaluation set its points belong to (`db.sets`; one set per figure) as a subtitle."""
+    if "set_label" not in points or points.empty:
+        return title
+    return f"{title}<br><sup>{plain(points['set_label'].iloc[0])}</sup>"
+
+
 def _point_names(frame: pd.DataFrame) -> str:
     return ", ".join(f"{row.model} r={row.loops}" for row in frame.itertuples())
 
@@ -122,11 +130,12 @@ def _point_names(frame: pd.DataFrame) -> str:
 def accuracy_vs_memory(points: pd.DataFrame, measure: str, task: str = "all", label: str | None = None) -> go.Figure:
     """Accuracy against memory, one marker per (model, loops), with error bars and the Pareto frontier.
 
-    `points` is `queries.accuracy_memory(...)` with the `measure` column present (see
-    `dashboards.data.with_derived_measures`). Points whose measure is NULL are named, not plotted.
+    `points` is `queries.accuracy_memory(...)` (one evaluation set, named in the title) with the
+    `measure` column present (see `dashboards.data.with_derived_measures`). Points whose measure is
+    NULL are named, not plotted.
     """
     label = label or measure_label(measure)
-    title = f"Accuracy against memory: {plain(task)}, {label}"
+    title = _with_set(f"Accuracy against memory: {plain(task)}, {label}", points)
     points = _plain_frame(points)
     if points.empty:
         return _empty(title, "no evaluated runs with this task yet")
@@ -183,7 +192,7 @@ def accuracy_vs_loops(points: pd.DataFrame, measure: str, task: str = "all", lab
     Where the accuracy line flattens while the memory line keeps rising, extra depth stopped paying.
     """
     label = label or measure_label(measure)
-    title = f"Accuracy and memory against loops: {plain(task)}"
+    title = _with_set(f"Accuracy and memory against loops: {plain(task)}", points)
     points = _plain_frame(points)
     if points.empty:
         return _empty(title, "no evaluated runs with this task yet")

@@ -10,6 +10,7 @@ k=1, averaged over n samples, as the MELT paper reports); other metrics, such as
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -37,19 +38,39 @@ def _task_value(metrics: Mapping[str, float | None]) -> float | None:
     return None if name is None else metrics[name]
 
 
-def headline(metrics: Mapping[str, Mapping[str, float | None]]) -> Headline:
-    """One pass@1 per benchmark from a run's per-task metrics, and the suite mean (stored `all` is ignored)."""
-    leaves: dict[str, list[float | None]] = {}
+def _benchmark_tasks(metrics: Mapping[str, object]) -> dict[str, list[str]]:
+    """benchmark -> its leaf tasks: a group counts once, through its subtasks; the stored `all` is left out."""
+    leaves: dict[str, list[str]] = {}
     groups = {task.split(":")[0] for task in metrics if ":" in task}
-    for task, values in metrics.items():
+    for task in metrics:
         benchmark = task.split(":")[0]
         if task == SUITE or (task == benchmark and benchmark in groups):
             continue  # the stored mean, or a group entry whose subtasks are here
-        leaves.setdefault(benchmark, []).append(_task_value(values))
-    benchmarks = {
-        name: None if any(v is None for v in values) else sum(values) / len(values)  # type: ignore[arg-type]
-        for name, values in leaves.items()
-    }
-    values = list(benchmarks.values())
-    mean = None if not values or any(v is None for v in values) else sum(values) / len(values)  # type: ignore[arg-type]
-    return Headline(benchmarks, mean)
+        leaves.setdefault(benchmark, []).append(task)
+    return leaves
+
+
+def _mean(values: list[float | None]) -> float | None:
+    return None if not values or any(v is None for v in values) else sum(values) / len(values)  # type: ignore[arg-type]
+
+
+def _mean_stderr(values: list[float | None]) -> float | None:
+    """The standard error of a mean of independent estimates: sqrt(sum se^2) / count."""
+    return None if not values or any(v is None for v in values) else math.sqrt(sum(v * v for v in values)) / len(values)  # type: ignore[operator]
+
+
+def headline(metrics: Mapping[str, Mapping[str, float | None]]) -> Headline:
+    """One pass@1 per benchmark from a run's per-task metrics, and the suite mean (stored `all` is ignored)."""
+    benchmarks = {name: _mean([_task_value(metrics[t]) for t in tasks]) for name, tasks in _benchmark_tasks(metrics).items()}
+    return Headline(benchmarks, _mean(list(benchmarks.values())))
+
+
+def benchmark_stderrs(stderrs: Mapping[str, Mapping[str, float | None]]) -> dict[str, float | None]:
+    """The standard error of each benchmark's pass@1 from the stored stderr of its tasks (a group's subtasks
+    scored independently). `stderrs` is shaped like `headline`'s metrics: task -> metric -> stderr."""
+    return {name: _mean_stderr([_task_value(stderrs[t]) for t in tasks]) for name, tasks in _benchmark_tasks(stderrs).items()}
+
+
+def headline_stderr(stderrs: Mapping[str, Mapping[str, float | None]]) -> float | None:
+    """The standard error of the suite mean (None where a benchmark has none)."""
+    return _mean_stderr(list(benchmark_stderrs(stderrs).values()))
