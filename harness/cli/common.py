@@ -204,7 +204,8 @@ def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = No
                     right=("#", "r", "pass@1 ±95%", "memory", "pass@1/GB", "run"), fold=("model",),
                     caption=f"memory: {label}, decimal units (1 GB = 1e9 bytes); n/a = unavailable here. "
                             "± is the 95% interval; * marks the Pareto frontier (no point has less memory and more accuracy).")
-    others = [f"  {label} ({sum(r['set_id'] == other for r in evals)} runs)" for other, label in sets.items() if other != chosen]
+    counts = {other: sum(r["set_id"] == other for r in evals) for other in sets}
+    others = [f"  {label} ({counts[other]} run{'s' * (counts[other] > 1)})" for other, label in sets.items() if other != chosen]
     if others:
         out.print("other evaluation sets, never mixed with this one (loopeval results --set ID):\n" + "\n".join(others),
                   markup=False, highlight=False)
