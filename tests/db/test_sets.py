@@ -7,14 +7,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from alembic import command
-from sqlalchemy import create_engine
-
 from db import queries
 from db.headline import benchmark_stderrs, headline_stderr
-from db.session import alembic_config
 from db.sets import EvalSet, run_key, run_set
 from db.store import Store
+from test_store import older_database
 
 SAMPLING = {"temperature": 1.0, "top_p": 0.7, "top_k": None, "max_new_tokens": 8, "n": 4, "seed": 0, "stop": []}
 FIVE = ["addition", "chain2", "chain3", "chain4", "lookup"]
@@ -78,17 +75,7 @@ def test_the_mixed_set_case_gives_two_sets_never_one_merged_point(tmp_path: Path
 
 def test_a_database_from_before_fingerprints_still_reads_with_a_set_of_its_own(tmp_path: Path) -> None:
     path = tmp_path / "old.sqlite"
-    engine = create_engine(f"sqlite:///{path}")
-    config = alembic_config()
-    with engine.begin() as conn:
-        config.attributes["connection"] = conn
-        command.upgrade(config, "0003")
-        conn.exec_driver_sql(
-            "INSERT INTO runs (sweep_id, kind, model_spec, adapter, model_config, suite, tasks, sampling, seed,"
-            " versions, host, status, started_at, spec) VALUES ('old', 'eval', 'zoo:ouro-tiny', 'zoo', '{}', 'synthetic',"
-            " '[\"lookup\"]', '{\"n\": 4, \"temperature\": 1.0}', 0, '{}', '{}', 'finished', '2026-11-30 00:00:00', '{}')"
-        )
-    engine.dispose()
+    older_database(path, "0003", model="zoo:ouro-tiny", tasks='["lookup"]', sampling='{"n": 4, "temperature": 1.0}')
     store = Store.open(str(path))  # upgrades to 0004: the old run keeps its row and gets a NULL fingerprint
     (summary,) = store.run_summaries()
     assert summary["data_fingerprint"] is None and "data not fingerprinted" in summary["set_label"]
