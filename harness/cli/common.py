@@ -158,8 +158,6 @@ def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = No
     """
     from dashboards import figures
     from dashboards.data import accuracy_points, ranked
-    from db.headline import benchmark_stderrs
-    from db.measures import byte_text
 
     evals = [r for r in runs if r["kind"] == "eval"]
     sets = _order_sets(evals)
@@ -182,30 +180,43 @@ def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = No
     out = console()
     out.print(sets[chosen], markup=False, highlight=False)
     if per_task:
-        rows = []
-        for row in table.itertuples():
-            run = in_set[row.run_id]
-            errors = benchmark_stderrs(run["stderr"])
-            for index, (name, value) in enumerate(run["pass_at_1"]["benchmarks"].items()):
-                first = index == 0
-                rows.append([row.model if first else "", str(int(row.loops)) if first else "", name,
-                             _accuracy_text(value, errors.get(name)), str(row.run_id) if first else ""])
-            rows.append(["", "", "mean", _accuracy_text(row.accuracy, row.stderr), ""])
-        print_table(None, ["model", "r", "task", "pass@1 ±95%", "run"], rows, right=("r", "pass@1 ±95%", "run"),
-                    fold=("model",))
+        print_table(None, ["model", "r", "task", "pass@1 ±95%", "run"], _task_rows(table, in_set),
+                    right=("r", "pass@1 ±95%", "run"), fold=("model",))
     else:
-        rows = [[str(rank) if row.per_gb == row.per_gb else "", row.model, str(int(row.loops)),
-                 _accuracy_text(row.accuracy, row.stderr), byte_text(row.memory), _per_gb_text(row.per_gb),
-                 "*" if row.frontier else "", str(row.run_id)] for rank, row in enumerate(table.itertuples(), 1)]
-        rows += [["", r["model"], str(_loops(r)), r["status"], byte_text(r["memory"].get(measure)), "n/a", "", str(r["id"])]
-                 for r in unscored]
-        label = figures.measure_label(measure)
-        print_table(None, ["#", "model", "r", "pass@1 ±95%", "memory", "pass@1/GB", "front", "run"], rows,
-                    right=("#", "r", "pass@1 ±95%", "memory", "pass@1/GB", "run"), fold=("model",),
-                    caption=f"memory: {label}, decimal units (1 GB = 1e9 bytes); n/a = unavailable here. "
-                            "± is the 95% interval; * marks the Pareto frontier (no point has less memory and more accuracy).")
+        print_table(None, ["#", "model", "r", "pass@1 ±95%", "memory", "pass@1/GB", "front", "run"],
+                    _ranking_rows(table, unscored, measure), right=("#", "r", "pass@1 ±95%", "memory", "pass@1/GB", "run"),
+                    fold=("model",),
+                    caption=f"memory: {figures.measure_label(measure)}, decimal units (1 GB = 1e9 bytes); n/a = unavailable "
+                            "here. ± is the 95% interval; * marks the Pareto frontier (no point has less memory and more accuracy).")
     counts = {other: sum(r["set_id"] == other for r in evals) for other in sets}
     others = [f"  {label} ({counts[other]} run{'s' * (counts[other] > 1)})" for other, label in sets.items() if other != chosen]
     if others:
         out.print("other evaluation sets, never mixed with this one (loopeval results --set ID):\n" + "\n".join(others),
                   markup=False, highlight=False)
+
+
+def _ranking_rows(table: Any, unscored: list[dict[str, Any]], measure: str) -> list[list[str]]:
+    """`dashboards.data.ranked` rows, ranked where accuracy per GB is known, then runs of the set without a score."""
+    from db.measures import byte_text
+
+    rows = [[str(rank) if row.per_gb == row.per_gb else "", row.model, str(int(row.loops)),
+             _accuracy_text(row.accuracy, row.stderr), byte_text(row.memory), _per_gb_text(row.per_gb),
+             "*" if row.frontier else "", str(row.run_id)] for rank, row in enumerate(table.itertuples(), 1)]
+    return rows + [["", r["model"], str(_loops(r)), r["status"], byte_text(r["memory"].get(measure)), "n/a", "", str(r["id"])]
+                   for r in unscored]
+
+
+def _task_rows(table: Any, runs: dict[int, dict[str, Any]]) -> list[list[str]]:
+    """Per ranked (model, loops): each benchmark's pass@1 with its interval (`db.headline`), then the mean."""
+    from db.headline import benchmark_stderrs
+
+    rows = []
+    for row in table.itertuples():
+        run = runs[row.run_id]
+        errors = benchmark_stderrs(run["stderr"])
+        for index, (name, value) in enumerate(run["pass_at_1"]["benchmarks"].items()):
+            first = index == 0
+            rows.append([row.model if first else "", str(int(row.loops)) if first else "", name,
+                         _accuracy_text(value, errors.get(name)), str(row.run_id) if first else ""])
+        rows.append(["", "", "mean", _accuracy_text(row.accuracy, row.stderr), ""])
+    return rows
