@@ -104,7 +104,7 @@ def _here(request: Any, resume: int | None, rerun: bool) -> tuple[Any, list[Any]
             sweep_id = new_sweep_id()
             return store, skipped + [
                 outcome
-                for spec, plan in zip(request.specs, plans)
+                for spec, plan in zip(request.specs, plans) if plan.runs  # none left when all were stored
                 for outcome in run_sweep(spec, plan, store, progress=bars, log=_plain_log(bars), sweep_id=sweep_id)
             ]
     except BaseException:
