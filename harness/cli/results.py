@@ -36,6 +36,9 @@ def results(
     store = Store.read(db)
     try:
         runs = _filtered(store.run_summaries(), sweep, model, suite, last)
+        if set_id is not None and all(r["set_id"] != set_id for r in runs):
+            sets = sorted({r["set_id"] for r in runs if r["set_id"]})
+            raise UserError(f"--set {set_id}: no such evaluation set among these runs (sets: {', '.join(sets) or 'none'})")
         if as_json:
             typer.echo(json.dumps([r for r in runs if set_id is None or r["set_id"] == set_id], indent=2))
         elif profiles:
