@@ -77,3 +77,33 @@ def ranked(points: pd.DataFrame, measure: str) -> pd.DataFrame:
     known = table["memory"].notna() & table["accuracy"].notna()
     table.loc[known, "frontier"] = pareto_mask(table.loc[known, "memory"], table.loc[known, "accuracy"])
     return table.sort_values(["per_gb", "accuracy"], ascending=False, na_position="last").reset_index(drop=True)
+
+
+def profile_points(engine: Engine) -> pd.DataFrame:
+    """`queries.profile_points` with each point's loop count known: a profile run at the model's own loops stores
+    none per point, so it is read from the run's stored config (the r it ran at; 1 for a plain transformer)."""
+    points = queries.profile_points(engine)
+    configs = queries.runs(engine, kind="profile").set_index("run_id")["model_config"]
+    ran_at = pd.to_numeric(points["run_id"].map(
+        lambda run_id: configs[run_id].get("loops") if isinstance(configs.get(run_id), dict) else None))
+    return points.assign(loops=points["loops"].astype("float64").fillna(ran_at))
+
+
+SAMPLE_BUDGET = 600  # samples the browsers hold, spread over runs, tasks and verdicts (queries.sample_spread)
+SAMPLE_TEXT_CHARS = 1500  # of each prompt, output and gold: a 32k-token answer must not weigh down the page
+
+
+def clip(text: object, limit: int = SAMPLE_TEXT_CHARS) -> str | None:
+    """The text, cut at `limit` characters with a note of how many more there were."""
+    if text is None or (isinstance(text, float) and np.isnan(text)):
+        return None
+    text = str(text)
+    return text if len(text) <= limit else f"{text[:limit]}… [{len(text) - limit} more characters]"
+
+
+def browse_samples(
+    engine: Engine, task: str | None = None, model: str | None = None, correct: bool | None = None
+) -> pd.DataFrame:
+    """What the report's and the app's sample browsers list: `queries.sample_spread`, texts clipped."""
+    rows = queries.sample_spread(engine, SAMPLE_BUDGET, task=task, model=model, correct=correct)
+    return rows.assign(**{column: rows[column].map(clip) for column in ("prompt", "output", "gold")})

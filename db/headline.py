@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 SUITE = "all"  # the task name under which the suite mean is stored
@@ -38,39 +38,47 @@ def _task_value(metrics: Mapping[str, float | None]) -> float | None:
     return None if name is None else metrics[name]
 
 
-def _benchmark_tasks(metrics: Mapping[str, object]) -> dict[str, list[str]]:
-    """benchmark -> its leaf tasks: a group counts once, through its subtasks; the stored `all` is left out."""
-    leaves: dict[str, list[str]] = {}
+def _leaves(metrics: Mapping[str, Mapping[str, float | None]]) -> dict[str, list[float | None]]:
+    """Benchmark -> the headline value of each of its tasks (a group's subtasks, or the task itself)."""
+    leaves: dict[str, list[float | None]] = {}
     groups = {task.split(":")[0] for task in metrics if ":" in task}
-    for task in metrics:
+    for task, values in metrics.items():
         benchmark = task.split(":")[0]
         if task == SUITE or (task == benchmark and benchmark in groups):
             continue  # the stored mean, or a group entry whose subtasks are here
-        leaves.setdefault(benchmark, []).append(task)
+        leaves.setdefault(benchmark, []).append(_task_value(values))
     return leaves
 
 
-def _mean(values: list[float | None]) -> float | None:
-    return None if not values or any(v is None for v in values) else sum(values) / len(values)  # type: ignore[arg-type]
+def _combine(values: list[float | None], combine: Callable[[list[float]], float]) -> float | None:
+    return None if not values or any(v is None for v in values) else combine(values)  # type: ignore[arg-type]
 
 
-def _mean_stderr(values: list[float | None]) -> float | None:
-    """The standard error of a mean of independent estimates: sqrt(sum se^2) / count."""
-    return None if not values or any(v is None for v in values) else math.sqrt(sum(v * v for v in values)) / len(values)  # type: ignore[operator]
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _mean_stderr(stderrs: list[float]) -> float:
+    """Standard error of an unweighted mean of independent estimates: sqrt(sum of squares) / n."""
+    return math.sqrt(sum(e * e for e in stderrs)) / len(stderrs)
 
 
 def headline(metrics: Mapping[str, Mapping[str, float | None]]) -> Headline:
     """One pass@1 per benchmark from a run's per-task metrics, and the suite mean (stored `all` is ignored)."""
-    benchmarks = {name: _mean([_task_value(metrics[t]) for t in tasks]) for name, tasks in _benchmark_tasks(metrics).items()}
-    return Headline(benchmarks, _mean(list(benchmarks.values())))
+    benchmarks = {name: _combine(values, _mean) for name, values in _leaves(metrics).items()}
+    return Headline(benchmarks, _combine(list(benchmarks.values()), _mean))
 
 
 def benchmark_stderrs(stderrs: Mapping[str, Mapping[str, float | None]]) -> dict[str, float | None]:
-    """The standard error of each benchmark's pass@1 from the stored stderr of its tasks (a group's subtasks
-    scored independently). `stderrs` is shaped like `headline`'s metrics: task -> metric -> stderr."""
-    return {name: _mean_stderr([_task_value(stderrs[t]) for t in tasks]) for name, tasks in _benchmark_tasks(stderrs).items()}
+    """Each benchmark's standard error, from its tasks' headline stderr (same shape as `headline`'s input);
+    a group's subtasks add in quadrature. None where a task has none."""
+    return {name: _combine(values, _mean_stderr) for name, values in _leaves(stderrs).items()}
 
 
 def headline_stderr(stderrs: Mapping[str, Mapping[str, float | None]]) -> float | None:
-    """The standard error of the suite mean (None where a benchmark has none)."""
-    return _mean_stderr(list(benchmark_stderrs(stderrs).values()))
+    """The suite mean's standard error, from each task's headline stderr (same shape as `headline`'s input).
+
+    Benchmarks are different problems, so their estimates are independent and the errors add in
+    quadrature, a group's subtasks first, then the suite's benchmarks. None unless every task has one.
+    """
+    return _combine(list(benchmark_stderrs(stderrs).values()), _mean_stderr)

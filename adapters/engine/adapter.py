@@ -2,7 +2,8 @@
 
 Overrides (all optional): `loops` (inference r), `dtype` (fp32/bf16/fp16), `device`, `seed`
 (random init of presets), `chunk_size` (MELT prefill chunk), `max_batch` (sequences per generate
-batch), `exit_policy` ("none", "fixed", "threshold") with `exit_loop` / `exit_threshold`.
+batch), `exit_policy` ("none", "fixed", "threshold") with `exit_loop` / `exit_threshold` (default:
+the checkpoint's `early_exit_threshold`, see `exit_policy`).
 """
 
 from __future__ import annotations
@@ -172,11 +173,18 @@ def _build(spec: str, model_fn: Any, tokenizer_fn: Any, overrides: dict[str, Any
     model: LoopedLM = model_fn(dtype, device)
     if overrides.get("chunk_size") is not None:
         model.config = model.config.replace(chunk_size=int(overrides["chunk_size"]))
-    policy = ExitPolicy(
-        kind=overrides.get("exit_policy") or "none", loop=overrides.get("exit_loop"), threshold=float(overrides.get("exit_threshold", 1.0))
-    )
     return EngineAdapter(spec, model, tokenizer_fn(), loops=overrides.get("loops"), max_batch=int(overrides.get("max_batch", DEFAULT_MAX_BATCH)),
-                         exit_policy=policy)
+                         exit_policy=exit_policy(model.config, overrides))
+
+
+def exit_policy(cfg: LoopConfig, overrides: dict[str, Any]) -> ExitPolicy:
+    """The overrides' exit policy, else the checkpoint's. A threshold (`exit_threshold`, else Ouro's
+    `early_exit_threshold`) below 1 selects `threshold`, as the official Ouro modelling code applies its
+    config's threshold at every forward; 1 (what the Ouro releases ship) reads the last loop, as `none` does."""
+    given = overrides.get("exit_threshold")
+    threshold = cfg.exit_threshold if given is None else float(given)
+    kind = overrides.get("exit_policy") or ("threshold" if threshold is not None and threshold < 1 else "none")
+    return ExitPolicy(kind=kind, loop=overrides.get("exit_loop"), threshold=1.0 if threshold is None else threshold)
 
 
 def inspect_preset(name: str, **overrides: Any) -> dict[str, Any]:

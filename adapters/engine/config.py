@@ -47,6 +47,7 @@ class LoopConfig:
     ema_decay: float = 0.5  # decay of the "ema" gate variant
     chunk_size: int = 64  # MELT prefill chunk (tokens processed in parallel); 1 == token by token
     exit_gate: bool = False  # Ouro's early-exit gate Linear(d, 1) on each loop's normed state
+    exit_threshold: float | None = None  # Ouro's early_exit_threshold: the default exit policy (adapters.engine.adapter)
     max_position: int = 40960  # longest context (prompt + generated) the model accepts
     bos_token_id: int | None = None
     eos_token_id: int | None = None
@@ -120,6 +121,11 @@ class LoopConfig:
             )
         if self.exit_gate and self.shared_layers == 0:
             raise AdapterError("config exit_gate needs shared_layers >= 1 (it reads each loop's state)")
+        threshold = self.exit_threshold
+        if threshold is not None and not (self.exit_gate and type(threshold) in (int, float) and 0 < threshold <= 1):
+            raise AdapterError(
+                f"config field exit_threshold (Ouro's early_exit_threshold) must be in (0, 1] on a model with an exit gate, got {self.exit_threshold!r}"
+            )
         if not 0 <= self.ema_decay < 1:
             raise AdapterError(f"config field ema_decay must be in [0, 1), got {self.ema_decay}")
         if self.rope_theta <= 0 or self.norm_eps <= 0:

@@ -389,8 +389,10 @@ class LoopedLM(nn.Module):
     ) -> ForwardOutput:
         """Full-sequence forward (autograd works). tokens [B, N], no padding.
 
-        Gated models run chunk-wise (`chunk_size`, default the config's, or a list of chunk lengths
-        summing to N, e.g. a prefill's chunks followed by 1s for decoded tokens) and blend attention's K/V as
+        Gated models run chunk-wise: `chunk_size` (default the config's) is cut as generation's prefill
+        cuts a prompt (`prefill_chunks`: counted back from the last token, so the last position's
+        logits are the first generated token's), or is a list of chunk lengths summing to N (e.g. a
+        prompt's chunks followed by 1s for decoded tokens). They blend attention's K/V as
         `kv_mix * KV_melt + (1 - kv_mix) * KV_looplm` (default 1: pure MELT; 0 reproduces the LoopLM
         with the same weights exactly). Other strategies ignore both arguments.
         """
@@ -423,7 +425,7 @@ class LoopedLM(nn.Module):
             return [(0, n)]
         chunk = chunk_size or self.config.chunk_size
         if isinstance(chunk, int):
-            return [(s0, min(n, s0 + chunk)) for s0 in range(0, n, chunk)]
+            return prefill_chunks(n, chunk)
         ends = list(itertools.accumulate(chunk))
         if ends[-1] != n or min(chunk) < 1:
             raise ValueError(f"chunk lengths {list(chunk)} must be positive and sum to the sequence length {n}")
@@ -485,6 +487,14 @@ def fresh_gate(gate: MeltGate, generator: torch.Generator, std: float = 0.02) ->
         gate.w_z.bias.fill_(-2.0)
     elif gate.variant == "scalar":
         gate.logit.fill_(-2.0)
+
+
+def prefill_chunks(length: int, chunk: int) -> list[tuple[int, int]]:
+    """(start, end) of each chunk of a `length`-token prompt, counted back from its last token: only the
+    first chunk may be shorter (10 tokens, chunk 4: 2 + 4 + 4). Generation's prefill and `LoopedLM.forward`
+    both use it, so a forward's last position gives the logits the first token is sampled from, and left
+    padding never moves a row's chunks."""
+    return [(max(0, end - chunk), end) for end in range(length, 0, -chunk)][::-1]
 
 
 def causal_mask(s0: int, s1: int, device: torch.device) -> Tensor:
