@@ -51,7 +51,7 @@ def _secure(response: Any) -> Any:
 
 def _layout(engine: Engine) -> html.Div:
     """Built on every page load, so a reload sees runs added since the server started."""
-    sets = queries.eval_sets(engine)  # newest first: the latest sweep's set is the default
+    sets = queries.eval_sets(engine)  # the default first: the set of the newest scored run
     set_options = [{"label": f"{s.set_label} ({s.runs} runs)", "value": s.set_id} for s in sets.itertuples()]
     eval_runs = queries.runs(engine)
     models = sorted(eval_runs["model"].unique().tolist())

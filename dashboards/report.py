@@ -142,7 +142,7 @@ def build_report(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -
     queries.require_results(engine)
     blobs = report_figures(engine, context_tokens)
     template = _shared_template(blobs)
-    sets = queries.eval_sets(engine)  # newest first: the latest sweep's set is the default
+    sets = queries.eval_sets(engine)  # the default first: the set of the newest scored run
     task_names = sorted({key.split("|")[2] for key in blobs if key.startswith("acc|")}, key=lambda t: t != "all")
     eval_runs = queries.runs(engine)
     samples = _sample_rows(engine)

@@ -1,7 +1,7 @@
 """Read-side queries for the dashboards: plain pandas DataFrames, one row per thing plotted.
 
 Accuracy is read one evaluation set at a time (`db.sets`: suite, tasks, limit, sampling, data): a
-point never mixes runs of two sets, and the default set is that of the latest evaluation run.
+point never mixes runs of two sets, and the default set is that of the newest run with scores.
 
 Nothing here writes. A run without a loop count (a plain transformer) reads as loops = 1, which is
 what it is (a plain transformer is T = 1), so it sits on the same axes as looped models. Readers open the database with `db.session.open_existing`, which never creates it (a mistyped SQLite
@@ -79,14 +79,23 @@ def run_sets(engine: Engine) -> pd.DataFrame:
 
 
 def eval_sets(engine: Engine) -> pd.DataFrame:
-    """One row per evaluation set, newest first (the first is the default): set_id, set_label, runs, last_run_id."""
+    """One row per evaluation set, the default first: set_id, set_label, runs, last_run_id.
+
+    The default is the set of the newest run with scores (a sweep's queued or failed runs have
+    none, and a set without scores has nothing to plot), then sets by their newest run.
+    """
     table = run_sets(engine)
-    grouped = table.groupby(["set_id", "set_label"], sort=False)["run_id"].agg(runs="count", last_run_id="max")
-    return grouped.reset_index().sort_values("last_run_id", ascending=False).reset_index(drop=True)
+    with engine.connect() as conn:
+        scored = {row[0] for row in conn.execute(select(TaskMetric.run_id).distinct())}
+    table = table.assign(scored_run_id=table["run_id"].where(table["run_id"].isin(scored)))
+    grouped = table.groupby(["set_id", "set_label"], sort=False).agg(
+        runs=("run_id", "count"), last_run_id=("run_id", "max"), last_scored=("scored_run_id", "max"))
+    grouped = grouped.reset_index().sort_values(["last_scored", "last_run_id"], ascending=False, na_position="last")
+    return grouped.drop(columns="last_scored").reset_index(drop=True)
 
 
 def latest_set(engine: Engine) -> str | None:
-    """The set of the newest evaluation run: what every view shows until another set is chosen."""
+    """The default set (`eval_sets`): what every view shows until another set is chosen."""
     sets = eval_sets(engine)
     return None if sets.empty else str(sets["set_id"].iloc[0])
 

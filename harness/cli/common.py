@@ -143,8 +143,9 @@ def _loops(run: dict[str, Any]) -> int:
 
 
 def _order_sets(runs: list[dict[str, Any]]) -> dict[str, str]:
-    """set id -> label for the evaluation sets of `runs`, the set of the newest run first."""
-    return {r["set_id"]: r["set_label"] for r in sorted(runs, key=lambda r: -r["id"])}
+    """set id -> label for the evaluation sets of `runs`, the default first: the set of the newest run with
+    scores, as `db.queries.eval_sets` orders them."""
+    return {r["set_id"]: r["set_label"] for r in sorted(runs, key=lambda r: (bool(r["metrics"]), r["id"]), reverse=True)}
 
 
 def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = None, measure: str | None = None,

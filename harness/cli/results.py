@@ -25,7 +25,7 @@ def results(
     model: Optional[list[str]] = typer.Option(None, "--model", help="Only this model spec, repeatable."),
     suite: Optional[str] = typer.Option(None, "--suite", help="Only runs of this suite."),
     last: Optional[int] = typer.Option(None, "--last", min=1, help="Only the N most recently stored runs (after the other filters)."),
-    set_id: Optional[str] = typer.Option(None, "--set", help="The evaluation set to show (its id, listed under the table). Default: the latest run's."),
+    set_id: Optional[str] = typer.Option(None, "--set", help="The evaluation set to show (its id, listed under the table). Default: the newest scored run's."),
     measure: Optional[str] = typer.Option(None, "--measure", help="Memory measure: kv_bytes_peak, 'weights_bytes + kv_bytes_peak', nvml_process_peak, ... Default: the first one the runs have."),
     tasks: bool = typer.Option(False, "--tasks", help="pass@1 of each benchmark instead of memory."),
     profiles: bool = typer.Option(False, "--profiles", help="The `loopeval profile` runs: memory against context length."),

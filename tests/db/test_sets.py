@@ -93,3 +93,15 @@ def test_the_suite_mean_has_the_standard_error_of_a_mean_of_benchmarks() -> None
     assert benchmark_stderrs(stderrs) == {"aime24": 0.03, "mmlu_redux": group}
     assert math.isclose(headline_stderr(stderrs), math.sqrt(0.03**2 + group**2) / 2)
     assert headline_stderr({"aime24": {"pass@k:k=1&n=4": None}}) is None
+
+
+def test_the_default_set_is_the_newest_with_scores(tmp_path: Path) -> None:
+    """A sweep whose runs are still queued (or all failed) has nothing to plot: the default stays on scored runs."""
+    store = Store.open(str(tmp_path / "r.sqlite"))
+    scored = _run(store, "zoo:ouro-tiny", 4, FIVE, None, 0.578, 1_300_000, "full")
+    store.create_run(sweep_id="queued", model_spec="zoo:ouro-tiny", adapter="zoo", loops=4, suite="synthetic",
+                     tasks=["chain3"], limit=5, sampling=SAMPLING, status="queued")
+    sets = queries.eval_sets(store.engine)
+    assert sets["runs"].tolist() == [1, 1] and sets["last_run_id"].tolist() == [scored, scored + 1]
+    assert queries.accuracy_memory(store.engine)["run_id"].tolist() == [scored]
+    store.close()
