@@ -52,7 +52,7 @@ def _secure(response: Any) -> Any:
 def _layout(engine: Engine) -> html.Div:
     """Built on every page load, so a reload sees runs added since the server started."""
     sets = queries.eval_sets(engine)  # the default first: the set of the newest scored run
-    set_options = [{"label": f"{s.set_label} ({s.runs} runs)", "value": s.set_id} for s in sets.itertuples()]
+    set_options = [{"label": f"{s.set_label} ({s.runs} run{'s' * (s.runs != 1)})", "value": s.set_id} for s in sets.itertuples()]
     eval_runs = queries.runs(engine)
     models = sorted(eval_runs["model"].unique().tolist())
     loops = sorted(int(x) for x in eval_runs["loops"].dropna().unique())

@@ -160,7 +160,7 @@ def build_report(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -
         answer=html.escape(blobs.get(f"answer|{sets['set_id'].iloc[0]}|all|{measure}", "") if len(sets) else
                            "No evaluated runs yet."),
         runs_table=_runs_table(engine),
-        set_options=_options(sets["set_id"].tolist(), [f"{s.set_label} ({s.runs} runs)" for s in sets.itertuples()]),
+        set_options=_options(sets["set_id"].tolist(), [f"{s.set_label} ({s.runs} run{'s' * (s.runs != 1)})" for s in sets.itertuples()]),
         task_options=_options(task_names),
         measure_options=_options(list(figures.MEMORY_MEASURES), measure_labels, selected=measure),
         run_options=_options(eval_runs["run_id"].tolist(), [_run_label(r) for r in eval_runs.itertuples()]),
