@@ -51,12 +51,12 @@ def _secure(response: Any) -> Any:
 
 def _layout(engine: Engine) -> html.Div:
     """Built on every page load, so a reload sees runs added since the server started."""
-    suite_names = queries.suites(engine)
-    suite = suite_names[0] if suite_names else None
+    sets = queries.eval_sets(engine)  # the default first: the set of the newest scored run
+    set_options = [{"label": f"{s.set_label} ({s.runs} run{'s' * (s.runs != 1)})", "value": s.set_id} for s in sets.itertuples()]
     eval_runs = queries.runs(engine)
     models = sorted(eval_runs["model"].unique().tolist())
     loops = sorted(int(x) for x in eval_runs["loops"].dropna().unique())
-    measure = figures.default_measure(accuracy_points(engine, suite)) if suite else "kv_bytes_peak"
+    measure = figures.default_measure(accuracy_points(engine, None))
     run_options = [{"label": f"run {r.run_id}: {r.model} {figures.loops_label(r.loops)} ({r.suite})", "value": r.run_id}
                    for r in eval_runs.itertuples()]
     probe_options = [{"label": probe_title(rows), "value": run_id} for run_id, rows in queries.probe_values(engine).groupby("run_id")]
@@ -65,7 +65,8 @@ def _layout(engine: Engine) -> html.Div:
         html.P(f"Accuracy per gigabyte, live from the results database. {figures.DECIMAL_NOTE}. "
                "Unavailable measures are named, never drawn as zero."),
         html.Div([
-            _labelled("suite", dcc.Dropdown(suite_names, suite, id="suite", clearable=False)),
+            _labelled("evaluation set", dcc.Dropdown(
+                set_options, set_options[0]["value"] if set_options else None, id="set", clearable=False), "32em"),
             _labelled("task", dcc.Dropdown([], None, id="task", clearable=False)),
             _labelled("models", dcc.Checklist(models, models, id="models")),
             _labelled("loops", dcc.Checklist(loops, loops, id="loops", inline=True)),
@@ -132,27 +133,27 @@ def create_app(db_url: str) -> Dash:
     app.layout = lambda: _layout(engine)
     app.server.after_request(_secure)
 
-    @app.callback(Output("task", "options"), Output("task", "value"), Input("suite", "value"))
-    def _tasks(suite: str | None) -> tuple[list[str], str | None]:
-        names = queries.tasks(engine, suite) if suite else []
+    @app.callback(Output("task", "options"), Output("task", "value"), Input("set", "value"))
+    def _tasks(set_id: str | None) -> tuple[list[str], str | None]:
+        names = queries.tasks(engine, set_id) if set_id else []
         return names, names[0] if names else None
 
     @app.callback(
         Output("answer", "children"), Output("accuracy-memory", "figure"), Output("accuracy-loops", "figure"),
-        Input("suite", "value"), Input("task", "value"), Input("models", "value"), Input("loops", "value"),
+        Input("set", "value"), Input("task", "value"), Input("models", "value"), Input("loops", "value"),
         Input("measure", "value"), Input("context", "value"), Input("refresh", "n_intervals"),
     )
-    def _accuracy(suite: str | None, task: str | None, models: list[str], loops: list[int], measure: str,
+    def _accuracy(set_id: str | None, task: str | None, models: list[str], loops: list[int], measure: str,
                   context: int | None, _tick: int | None) -> tuple[str, Any, Any]:
         context = int(context) if context and context > 0 else DEFAULT_CONTEXT_TOKENS
-        points = _filtered(accuracy_points(engine, suite, task or "all", context), models, loops)
+        points = _filtered(accuracy_points(engine, set_id, task or "all", context), models, loops)
         label = figures.measure_label(measure, context)
         return (figures.answer(points, measure, label), figures.accuracy_vs_memory(points, measure, task or "all", label),
                 figures.accuracy_vs_loops(points, measure, task or "all", label))
 
-    @app.callback(Output("depth", "figure"), Input("suite", "value"), Input("refresh", "n_intervals"))
-    def _depth(suite: str | None, _tick: int | None) -> Any:
-        return figures.accuracy_vs_depth(depth_points(engine, suite) if suite else pd.DataFrame(), suite or "")
+    @app.callback(Output("depth", "figure"), Input("set", "value"), Input("refresh", "n_intervals"))
+    def _depth(set_id: str | None, _tick: int | None) -> Any:
+        return figures.accuracy_vs_depth(depth_points(engine, set_id) if set_id else pd.DataFrame())
 
     @app.callback(Output("probe-values", "figure"), Input("probe", "value"), Input("refresh", "n_intervals"))
     def _probe(run_id: int | None, _tick: int | None) -> Any:

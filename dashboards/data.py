@@ -9,17 +9,19 @@ where an input is unavailable.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import pandas as pd
 from sqlalchemy import Engine
 
-from dashboards.figures import ANALYTIC, WEIGHTS_PLUS_KV
+from dashboards.figures import ANALYTIC, WEIGHTS_PLUS_KV, pareto_mask
 from db import queries
 from db.headline import SUITE, group_means, headline
 
 DEFAULT_CONTEXT_TOKENS = 32768  # the MELT paper's "memory at 32k tokens"
+GB = 1e9  # decimal, as the MELT paper counts
 
 
 def analytic_bytes(model_config: Any, context_tokens: int) -> float:
@@ -54,10 +56,28 @@ def with_derived_measures(points: pd.DataFrame, context_tokens: int = DEFAULT_CO
 
 
 def accuracy_points(
-    engine: Engine, suite: str | None, task: str = "all", context_tokens: int = DEFAULT_CONTEXT_TOKENS
+    engine: Engine, set_id: str | None, task: str = "all", context_tokens: int = DEFAULT_CONTEXT_TOKENS,
+    run_ids: Iterable[int] | None = None,
 ) -> pd.DataFrame:
-    """One row per (model, loops) with accuracy and every selectable memory measure."""
-    return with_derived_measures(queries.accuracy_memory(engine, suite=suite, task=task), context_tokens)
+    """One row per (model, loops) of one evaluation set (None: the latest), optionally of `run_ids` only,
+    with accuracy and every selectable measure."""
+    points = queries.accuracy_memory(engine, set_id=set_id, task=task, run_ids=run_ids)
+    return with_derived_measures(points, context_tokens)
+
+
+def ranked(points: pd.DataFrame, measure: str) -> pd.DataFrame:
+    """`accuracy_points` rows with `memory` (bytes of `measure`), `per_gb` (accuracy per decimal GB) and
+    `frontier` (on the Pareto frontier of memory against accuracy, as the figure rings it), best per GB first.
+
+    Points without the measure or without accuracy have NaN there, are never on the frontier, and come last.
+    """
+    table = points.copy()
+    table["memory"] = table[measure].astype("float64") if measure in table else np.nan
+    table["per_gb"] = table["accuracy"].astype("float64") / (table["memory"] / GB)
+    table["frontier"] = False
+    known = table["memory"].notna() & table["accuracy"].notna()
+    table.loc[known, "frontier"] = pareto_mask(table.loc[known, "memory"], table.loc[known, "accuracy"])
+    return table.sort_values(["per_gb", "accuracy"], ascending=False, na_position="last").reset_index(drop=True)
 
 
 def profile_points(engine: Engine) -> pd.DataFrame:
@@ -88,27 +108,30 @@ def browse_samples(
     """What the report's and the app's sample browsers list: `queries.sample_spread`, texts clipped."""
     rows = queries.sample_spread(engine, SAMPLE_BUDGET, task=task, model=model, correct=correct)
     return rows.assign(**{column: rows[column].map(clip) for column in ("prompt", "output", "gold")})
-def depth_points(engine: Engine, suite: str) -> pd.DataFrame:
-    """Depth extrapolation: one row per (model, loops r, task group) with the group's mean pass@1 and the
-    model's trained loop count T ("all" is the suite mean; groups from `db.headline.TASK_GROUPS`).
+def depth_points(engine: Engine, set_id: str) -> pd.DataFrame:
+    """Depth extrapolation: one row per (model, loops r, task group) of one evaluation set with the group's
+    mean pass@1 and the model's trained loop count T ("all" is the suite mean; groups from
+    `db.headline.TASK_GROUPS`).
 
-    The latest run of a (model, r) pair wins, as in the accuracy figures. T comes from what the adapter
-    described (`trained_loops`); NaN where it did not say, and the figure then marks no T.
+    The latest run of a (model, r) pair within the set wins, as in the accuracy figures. T comes from what
+    the adapter described (`trained_loops`); NaN where it did not say, and the figure then marks no T.
     """
-    table = queries.metrics(engine, suite)
+    table = queries.metrics(engine, set_id)
     info = queries.runs(engine).set_index("run_id")
     rows = []
     for run_id, run in table[table["task"] != SUITE].groupby("run_id", sort=True):
         by_task: dict[str, dict[str, float | None]] = {}
         for row in run.itertuples():
             by_task.setdefault(row.task, {})[row.metric] = None if pd.isna(row.value) else row.value
+        suite = info.at[run_id, "suite"]
         result = headline(by_task, suite)
         config = info.at[run_id, "model_config"]
         trained = config.get("trained_loops") if isinstance(config, dict) else None
         for group, value in {SUITE: result.mean, **group_means(result.benchmarks, suite)}.items():
             rows.append({"run_id": run_id, "model": run["model"].iloc[0], "loops": int(run["loops"].iloc[0]), "group": group,
-                         "accuracy": value, "trained_loops": np.nan if trained is None else float(trained)})
-    frame = pd.DataFrame(rows, columns=["run_id", "model", "loops", "group", "accuracy", "trained_loops"])
+                         "accuracy": value, "trained_loops": np.nan if trained is None else float(trained),
+                         "set_label": info.at[run_id, "set_label"]})
+    frame = pd.DataFrame(rows, columns=["run_id", "model", "loops", "group", "accuracy", "trained_loops", "set_label"])
     frame = frame.sort_values("run_id").drop_duplicates(["model", "loops", "group"], keep="last")
     return frame.sort_values(["model", "group", "loops"]).reset_index(drop=True)
 

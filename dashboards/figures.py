@@ -21,6 +21,8 @@ import plotly.express as px
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from db.measures import BYTE_UNITS
+
 # Selectable memory measures of the accuracy-against-memory plot: key (a DataFrame column) -> label.
 WEIGHTS_PLUS_KV = "weights_bytes + kv_bytes_peak"
 ANALYTIC = "analytic"
@@ -33,7 +35,6 @@ MEMORY_MEASURES: dict[str, str] = {
     "rss_peak": "process RSS peak (CPU)",
 }
 DECIMAL_NOTE = "GB are decimal (1 GB = 1e9 bytes)"
-_UNITS: tuple[tuple[str, float], ...] = (("GB", 1e9), ("MB", 1e6), ("KB", 1e3), ("B", 1.0))
 _PALETTE = px.colors.qualitative.Plotly
 _SYMBOLS = ("circle", "square", "diamond", "triangle-up", "pentagon", "star", "hexagon", "triangle-down", "cross", "x")
 
@@ -62,7 +63,7 @@ def byte_unit(values: Sequence[float] | pd.Series | np.ndarray) -> tuple[str, fl
     """The largest decimal unit (GB, MB, KB, B) that keeps the biggest finite value at or above 1."""
     finite = [abs(float(v)) for v in values if v is not None and np.isfinite(v)]
     largest = max(finite, default=0.0)
-    for unit, scale in _UNITS:
+    for unit, scale in BYTE_UNITS:
         if largest >= scale:
             return unit, scale
     return "GB", 1e9  # nothing to scale: label the axis in the unit people expect
@@ -120,6 +121,13 @@ def _empty(title: str, text: str) -> go.Figure:
     return _message(fig, text)
 
 
+def _with_set(title: str, points: pd.DataFrame) -> str:
+    """The title with the evaluation set its points belong to (`db.sets`; one set per figure) as a subtitle."""
+    if "set_label" not in points or points.empty:
+        return title
+    return f"{title}<br><sup>{plain(points['set_label'].iloc[0])}</sup>"
+
+
 def loops_label(loops: object) -> str:
     """How a loop count reads everywhere: `r=4`. A plain transformer is r=1 (one pass, T = 1), as the
     queries store it; an unknown count (NaN) reads `r=?` rather than `r=nan`."""
@@ -173,14 +181,15 @@ def answer(points: pd.DataFrame, measure: str, label: str | None = None) -> str:
 def accuracy_vs_memory(points: pd.DataFrame, measure: str, task: str = "all", label: str | None = None) -> go.Figure:
     """Accuracy against memory, one marker per (model, loops), with error bars and the Pareto frontier.
 
-    `points` is `queries.accuracy_memory(...)` with the `measure` column present (see
-    `dashboards.data.with_derived_measures`). Points whose measure is NULL are named, not plotted.
+    `points` is `queries.accuracy_memory(...)` (one evaluation set, named in the title) with the
+    `measure` column present (see `dashboards.data.with_derived_measures`). Points whose measure is
+    NULL are named, not plotted.
     Colour is the model and the marker's shape its loop count (a legend entry per shape), so no text
     label sits beside a point to collide with its neighbours. The memory axis starts at zero: a few
     MB of noise on a 900 MB process must not look like a difference.
     """
     label = label or measure_label(measure)
-    title = f"Accuracy against memory: {plain(task)}, {label}"
+    title = _with_set(f"Accuracy against memory: {plain(task)}, {label}", points)
     points = _plain_frame(points)
     if points.empty:
         return _empty(title, "no evaluated runs with this task yet")
@@ -231,7 +240,7 @@ def accuracy_vs_loops(points: pd.DataFrame, measure: str, task: str = "all", lab
     Where the accuracy line flattens while the memory line keeps rising, extra depth stopped paying.
     """
     label = label or measure_label(measure)
-    title = f"Accuracy and memory against loops: {plain(task)}"
+    title = _with_set(f"Accuracy and memory against loops: {plain(task)}", points)
     points = _plain_frame(points)
     if points.empty:
         return _empty(title, "no evaluated runs with this task yet")
@@ -267,16 +276,16 @@ def _mark_trained_loops(fig: go.Figure, trained: pd.Series, colors: dict[str, st
         fig.add_vline(x=float(value), line_dash="dot", line_color=colors[model], opacity=0.8, row="all", col="all")
 
 
-def accuracy_vs_depth(points: pd.DataFrame, suite: str) -> go.Figure:
+def accuracy_vs_depth(points: pd.DataFrame) -> go.Figure:
     """Depth extrapolation: pass@1 against the loop count r, one panel per task group, the trained T dotted.
 
     `points` are `dashboards.data.depth_points` rows. Beyond T the model runs loops it never trained on;
     panels per group keep a knowledge drop from hiding inside the suite mean.
     """
-    title = f"Depth extrapolation: accuracy against loops r ({plain(suite)}; dotted: trained T)"
+    title = _with_set("Depth extrapolation: accuracy against loops r (dotted: trained T)", points)
     points = _plain_frame(points)
     if points.empty:
-        return _empty(title, "no evaluated runs of this suite yet")
+        return _empty(title, "no evaluated runs in this evaluation set yet")
     groups = ["all", *sorted(g for g in points["group"].unique() if g != "all")]
     colors = {model: _PALETTE[i % len(_PALETTE)] for i, model in enumerate(sorted(points["model"].unique()))}
     fig = px.line(points, x="loops", y="accuracy", color="model", facet_col="group", markers=True,

@@ -64,13 +64,6 @@ def _options(values: list[Any], labels: list[str] | None = None, selected: Any =
                    f'{html.escape(label)}</option>' for v, label in zip(values, labels))
 
 
-def _bytes(value: float) -> str:
-    if pd.isna(value):
-        return "unavailable"
-    unit, scale = figures.byte_unit([value])
-    return f"{value / scale:.3f} {unit}" if unit != "B" else f"{int(value)} B"
-
-
 def _runs_table(engine: Engine) -> str:
     """Every run with status, samples, suite-average accuracy and memory peaks (escaped text only)."""
     table = queries.runs(engine, kind=None)
@@ -80,13 +73,14 @@ def _runs_table(engine: Engine) -> str:
     table = table.merge(averages[["run_id", "metric", "value"]], on="run_id", how="left")
     columns = ["nvml_process_peak", "torch_allocated_peak", "weights_bytes", "kv_bytes_peak", "rss_peak"]
     head = "".join(f"<th>{html.escape(c)}</th>" for c in
-                   ["run", "sweep", "kind", "model", "loops", "suite", "status", "samples", "pass@1 (suite mean)", *columns])
+                   ["run", "sweep", "kind", "model", "loops", "suite", "set", "status", "samples", "pass@1 (suite mean)", *columns])
     rows = []
     for row in table.to_dict("records"):
         accuracy = "" if pd.isna(row.get("value")) else f"{row['value']:.3f} ({row['metric']})"
         cells = [row["run_id"], row["sweep_id"], row["kind"], row["model"],
-                 "" if pd.isna(row["loops"]) else int(row["loops"]), row["suite"], row["status"],
-                 row["n_samples"], accuracy, *(_bytes(row.get(c, float("nan"))) for c in columns)]
+                 "" if pd.isna(row["loops"]) else int(row["loops"]), row["suite"],
+                 "" if pd.isna(row["set_id"]) else row["set_id"], row["status"],
+                 row["n_samples"], accuracy, *(measures.byte_text(row.get(c)) for c in columns)]
         rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
     return f"<table class='runs'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
@@ -121,16 +115,16 @@ def _shared_template(blobs: dict[str, Any]) -> Any:
 def report_figures(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -> dict[str, Any]:
     """Every figure (Plotly JSON) and headline sentence the report can show, keyed by what the selectors pick."""
     blobs: dict[str, Any] = {}
-    for suite in queries.suites(engine):
-        blobs[f"depth|{suite}"] = _figure_json(figures.accuracy_vs_depth(depth_points(engine, suite), suite))
-        for task in queries.tasks(engine, suite):
-            points = accuracy_points(engine, suite, task, context_tokens)
+    for set_id in queries.eval_sets(engine)["set_id"]:
+        blobs[f"depth|{set_id}"] = _figure_json(figures.accuracy_vs_depth(depth_points(engine, set_id)))
+        for task in queries.tasks(engine, set_id):
+            points = accuracy_points(engine, set_id, task, context_tokens)
             for measure in figures.MEMORY_MEASURES:
                 label = figures.measure_label(measure, context_tokens)
-                blobs[f"answer|{suite}|{task}|{measure}"] = figures.answer(points, measure, label)
-                blobs[f"acc|{suite}|{task}|{measure}"] = _figure_json(
+                blobs[f"answer|{set_id}|{task}|{measure}"] = figures.answer(points, measure, label)
+                blobs[f"acc|{set_id}|{task}|{measure}"] = _figure_json(
                     figures.accuracy_vs_memory(points, measure, task, label))
-                blobs[f"loops|{suite}|{task}|{measure}"] = _figure_json(
+                blobs[f"loops|{set_id}|{task}|{measure}"] = _figure_json(
                     figures.accuracy_vs_loops(points, measure, task, label))
     for row in queries.runs(engine).itertuples():
         series = _reduce_series(queries.memory_series(engine, row.run_id))
@@ -156,7 +150,7 @@ def build_report(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -
     queries.require_results(engine)
     blobs = report_figures(engine, context_tokens)
     template = _shared_template(blobs)
-    suite_names = queries.suites(engine)
+    sets = queries.eval_sets(engine)  # the default first: the set of the newest scored run
     task_names = sorted({key.split("|")[2] for key in blobs if key.startswith("acc|")}, key=lambda t: t != "all")
     eval_runs = queries.runs(engine)
     samples = _sample_rows(engine)
@@ -164,17 +158,17 @@ def build_report(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -
     sample_models = sorted({row[1] for row in samples})
     total = queries.count_samples(engine)
     measure_labels = [figures.measure_label(m, context_tokens) for m in figures.MEMORY_MEASURES]
-    first_points = accuracy_points(engine, suite_names[0], "all", context_tokens) if suite_names else pd.DataFrame()
+    first_points = accuracy_points(engine, None, "all", context_tokens)
     measure = figures.default_measure(first_points)
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return _TEMPLATE.format(
         csp=REPORT_CSP,
         plotlyjs=packed_plotlyjs(),
         generated=html.escape(generated),
-        answer=html.escape(blobs.get(f"answer|{suite_names[0]}|all|{measure}", "") if suite_names else
+        answer=html.escape(blobs.get(f"answer|{sets['set_id'].iloc[0]}|all|{measure}", "") if len(sets) else
                            "No evaluated runs yet."),
         runs_table=_runs_table(engine),
-        suite_options=_options(suite_names),
+        set_options=_options(sets["set_id"].tolist(), [f"{s.set_label} ({s.runs} run{'s' * (s.runs != 1)})" for s in sets.itertuples()]),
         task_options=_options(task_names),
         measure_options=_options(list(figures.MEMORY_MEASURES), measure_labels, selected=measure),
         run_options=_options(eval_runs["run_id"].tolist(), [_run_label(r) for r in eval_runs.itertuples()]),
@@ -236,7 +230,7 @@ label {{ margin-right: 1em; }} .plot {{ height: 520px; }} section {{ margin-top:
 <p class="note">Generated {generated}. {decimal_note}. Unavailable measures are named, never drawn as zero.</p>
 <p id="answer" class="answer">{answer}</p>
 <section><h2>Accuracy per gigabyte</h2>
-<label>suite <select id="suite">{suite_options}</select></label>
+<label>evaluation set <select id="set">{set_options}</select></label>
 <label>task <select id="task">{task_options}</select></label>
 <label>memory measure <select id="measure">{measure_options}</select></label>
 <div id="accuracy-memory" class="plot"></div>
@@ -287,11 +281,11 @@ function draw(div, key) {{
   Plotly.react(div, fig.data, {{...fig.layout, template: TEMPLATE}}, CONFIG);
 }}
 function drawAccuracy() {{
-  const key = [value("suite"), value("task"), value("measure")].join("|");
+  const key = [value("set"), value("task"), value("measure")].join("|");
   document.getElementById("answer").textContent = FIGURES["answer|" + key] || "No runs for this selection.";
   draw("accuracy-memory", "acc|" + key);
   draw("accuracy-loops", "loops|" + key);
-  draw("depth", "depth|" + value("suite"));
+  draw("depth", "depth|" + value("set"));
 }}
 // The sample browser draws one page of the filtered rows; cells are set as text, never as markup.
 const column = (name) => SAMPLES.columns.indexOf(name);
@@ -317,7 +311,7 @@ function drawSamples() {{
   document.getElementById("sample-page").textContent =
     rows.length ? `rows ${{first + 1}}-${{first + shown.length}} of ${{rows.length}} (page ${{samplePage + 1}} of ${{pages}})` : "no samples match";
 }}
-for (const id of ["suite", "task", "measure"]) document.getElementById(id).addEventListener("change", drawAccuracy);
+for (const id of ["set", "task", "measure"]) document.getElementById(id).addEventListener("change", drawAccuracy);
 document.getElementById("run").addEventListener("change", () => draw("memory-run", "run|" + value("run")));
 document.getElementById("probe").addEventListener("change", () => draw("probe-values", "probe|" + value("probe")));
 for (const id of ["sample-task", "sample-model", "sample-verdict"])

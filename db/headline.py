@@ -94,11 +94,16 @@ def group_means(benchmarks: Mapping[str, float | None], suite: str | None) -> di
     return {group: _combine(values, _mean) for group, values in grouped.items()}
 
 
+def benchmark_stderrs(stderrs: Mapping[str, Mapping[str, float | None]]) -> dict[str, float | None]:
+    """Each benchmark's standard error, from its tasks' headline stderr (same shape as `headline`'s input);
+    a group's subtasks add in quadrature. None where a task has none."""
+    return {name: _combine(values, _mean_stderr) for name, values in _leaves(stderrs).items()}
+
+
 def headline_stderr(stderrs: Mapping[str, Mapping[str, float | None]]) -> float | None:
     """The suite mean's standard error, from each task's headline stderr (same shape as `headline`'s input).
 
     Benchmarks are different problems, so their estimates are independent and the errors add in
     quadrature, a group's subtasks first, then the suite's benchmarks. None unless every task has one.
     """
-    benchmarks = [_combine(values, _mean_stderr) for values in _leaves(stderrs).values()]
-    return _combine(benchmarks, _mean_stderr)
+    return _combine(list(benchmark_stderrs(stderrs).values()), _mean_stderr)

@@ -37,3 +37,16 @@ PROFILE_MEASURES: tuple[str, ...] = (
     "kv_bytes_allocated", "kv_bytes_used", "torch_allocated_peak", "torch_reserved_peak",
     "nvml_process_peak", "nvml_device_peak", "rss_peak",
 )
+# Decimal byte units, largest first: every view scales bytes with these (1 GB = 1e9 bytes).
+BYTE_UNITS: tuple[tuple[str, float], ...] = (("GB", 1e9), ("MB", 1e6), ("KB", 1e3), ("B", 1.0))
+
+
+def byte_text(value: float | None) -> str:
+    """Bytes in the largest decimal unit that keeps them at or above 1, 3 significant digits: '1.28 MB'.
+
+    None (and NaN) is an unavailable source and reads "n/a", never "0".
+    """
+    if value is None or value != value:
+        return "n/a"
+    unit, scale = next(((u, s) for u, s in BYTE_UNITS if abs(value) >= s), BYTE_UNITS[-1])
+    return f"{int(value)} B" if unit == "B" else f"{value / scale:.3g} {unit}"

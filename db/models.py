@@ -38,6 +38,8 @@ class Run(Base):
     sampling: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # Sampling as a dict
     seed: Mapped[int] = mapped_column(Integer, default=0)
     limit: Mapped[int | None] = mapped_column(Integer)
+    # sha256 of the task files evaluated (suites.registry.data_fingerprint); NULL for runs stored before it existed
+    data_fingerprint: Mapped[str | None] = mapped_column(String(64))
     spec: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # the full RunSpec, so --resume can rebuild it
     versions: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)  # package -> version
     host: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # hostname, cpu, gpu, ...

@@ -1,5 +1,8 @@
 """Read-side queries for the dashboards: plain pandas DataFrames, one row per thing plotted.
 
+Accuracy is read one evaluation set at a time (`db.sets`: suite, tasks, limit, sampling, data): a
+point never mixes runs of two sets, and the default set is that of the newest run with scores.
+
 Nothing here writes. A run without a loop count (a plain transformer) reads as loops = 1, which is
 what it is (a plain transformer is T = 1), so it sits on the same axes as looped models. Readers open the database with `db.session.open_existing`, which never creates it (a mistyped SQLite
 path must not leave an empty file behind). Byte counts stay NULL (NaN in a DataFrame) where the
@@ -17,6 +20,7 @@ from sqlalchemy.exc import DatabaseError
 from db.headline import HEADLINE, SUITE, headline, headline_metric, headline_stderr
 from db.measures import PROFILE_MEASURES, SERIES_MEASURES
 from db.models import MemoryPeak, MemorySample, ProbeValue, ProfilePoint, Run, Sample, TaskMetric
+from db.sets import run_set
 from db import ResultsError
 
 # Profile runs keep NULL: they span several loop counts, recorded per point.
@@ -46,7 +50,7 @@ def _frame(engine: Engine, statement: Any) -> pd.DataFrame:
 
 
 def runs(engine: Engine, kind: str | None = "eval") -> pd.DataFrame:
-    """One row per run (of `kind`, or all kinds when None) with its sample count."""
+    """One row per run (of `kind`, or all kinds when None) with its sample count and evaluation set."""
     n_samples = (
         select(Sample.run_id, func.count().label("n_samples")).group_by(Sample.run_id).subquery()
     )
@@ -61,21 +65,51 @@ def runs(engine: Engine, kind: str | None = "eval") -> pd.DataFrame:
     )
     if kind is not None:
         statement = statement.where(Run.kind == kind)
-    return _frame(engine, statement)
+    return _frame(engine, statement).merge(run_sets(engine), on="run_id", how="left")
 
 
-def suites(engine: Engine) -> list[str]:
-    """Suites that have at least one evaluated run, sorted."""
+def run_sets(engine: Engine) -> pd.DataFrame:
+    """The evaluation set of every eval run: run_id, set_id, set_label (db.sets)."""
+    statement = select(Run.id, Run.suite, Run.tasks, Run.limit, Run.sampling, Run.data_fingerprint).where(
+        Run.kind == "eval").order_by(Run.id)
     with engine.connect() as conn:
-        rows = conn.execute(select(Run.suite).where(Run.kind == "eval").distinct().order_by(Run.suite))
-        return [row[0] for row in rows]
+        sets = [(row.id, run_set(row._mapping)) for row in conn.execute(statement)]
+    frame = pd.DataFrame([(run_id, s.id, s.label) for run_id, s in sets], columns=["run_id", "set_id", "set_label"])
+    return frame.astype({"run_id": "int64"})
 
 
-def tasks(engine: Engine, suite: str | None = None) -> list[str]:
-    """Task names with metrics (the suite average `all` first), optionally within one suite."""
+def eval_sets(engine: Engine) -> pd.DataFrame:
+    """One row per evaluation set, the default first: set_id, set_label, runs, last_run_id.
+
+    The default is the set of the newest run with scores (a sweep's queued or failed runs have
+    none, and a set without scores has nothing to plot), then sets by their newest run.
+    """
+    table = run_sets(engine)
+    with engine.connect() as conn:
+        scored = {row[0] for row in conn.execute(select(TaskMetric.run_id).distinct())}
+    table = table.assign(scored_run_id=table["run_id"].where(table["run_id"].isin(scored)))
+    grouped = table.groupby(["set_id", "set_label"], sort=False).agg(
+        runs=("run_id", "count"), last_run_id=("run_id", "max"), last_scored=("scored_run_id", "max"))
+    grouped = grouped.reset_index().sort_values(["last_scored", "last_run_id"], ascending=False, na_position="last")
+    return grouped.drop(columns="last_scored").reset_index(drop=True)
+
+
+def latest_set(engine: Engine) -> str | None:
+    """The default set (`eval_sets`): what every view shows until another set is chosen."""
+    sets = eval_sets(engine)
+    return None if sets.empty else str(sets["set_id"].iloc[0])
+
+
+def _set_run_ids(engine: Engine, set_id: str) -> list[int]:
+    table = run_sets(engine)
+    return table.loc[table["set_id"] == set_id, "run_id"].tolist()
+
+
+def tasks(engine: Engine, set_id: str | None = None) -> list[str]:
+    """Task names with metrics (the suite average `all` first), optionally within one evaluation set."""
     statement = select(TaskMetric.task).join(Run).distinct()
-    if suite is not None:
-        statement = statement.where(Run.suite == suite)
+    if set_id is not None:
+        statement = statement.where(Run.id.in_(_set_run_ids(engine, set_id)))
     with engine.connect() as conn:
         names = sorted(row[0] for row in conn.execute(statement))
     return sorted(names, key=lambda name: name != "all")
@@ -87,8 +121,8 @@ def sample_tasks(engine: Engine) -> list[str]:
         return [row[0] for row in conn.execute(select(Sample.task).distinct().order_by(Sample.task))]
 
 
-def metrics(engine: Engine, suite: str | None = None) -> pd.DataFrame:
-    """Every stored metric of every evaluated run: run, model, loops, task, metric, value, stderr."""
+def metrics(engine: Engine, set_id: str | None = None) -> pd.DataFrame:
+    """Every stored metric of every evaluated run (of one set when given): run, model, loops, task, metric, value, stderr."""
     statement = (
         select(
             Run.id.label("run_id"), Run.sweep_id, Run.model_spec.label("model"), _LOOPS, Run.suite,
@@ -98,8 +132,8 @@ def metrics(engine: Engine, suite: str | None = None) -> pd.DataFrame:
         .where(Run.kind == "eval")
         .order_by(Run.id, TaskMetric.task, TaskMetric.metric)
     )
-    if suite is not None:
-        statement = statement.where(Run.suite == suite)
+    if set_id is not None:
+        statement = statement.where(Run.id.in_(_set_run_ids(engine, set_id)))
     return _frame(engine, statement)
 
 
@@ -136,16 +170,22 @@ def suite_means(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def accuracy_memory(
-    engine: Engine, suite: str | None = None, task: str = "all", metric: str | None = None
+    engine: Engine, set_id: str | None = None, task: str = "all", metric: str | None = None,
+    run_ids: Iterable[int] | None = None,
 ) -> pd.DataFrame:
-    """One row per (model, loops): accuracy on `task` with stderr, sample count and every memory peak.
+    """One row per (model, loops) of one evaluation set: accuracy on `task` with stderr, sample count, every memory peak.
 
-    When a (model, loops) pair was run more than once the latest run with this metric wins, so a
-    rerun replaces an older point rather than stacking on it. `metric` defaults to the task's
+    `set_id` defaults to the latest set (`latest_set`); runs of other sets never enter, nor, when
+    given, runs outside `run_ids` (`loopeval results` filters). When a
+    (model, loops) pair was run more than once in the set, the latest run with this metric wins,
+    so a rerun replaces an older point rather than stacking on it. `metric` defaults to the task's
     headline (`db.headline`: its pass@1; for "all" the suite mean over benchmarks); the chosen
     name is in the `metric` column.
     """
-    table = metrics(engine, suite)
+    set_id = set_id or latest_set(engine)
+    table = metrics(engine, set_id or "")
+    if run_ids is not None:
+        table = table[table["run_id"].isin(list(run_ids))]
     table = suite_means(table) if task == SUITE else table[table["task"] == task]
     table = table[table["value"].notna()]
     if metric is None and not table.empty:
@@ -154,7 +194,7 @@ def accuracy_memory(
     table = table[table["metric"] == metric]
     table = table.sort_values("run_id").drop_duplicates(["model", "loops"], keep="last")
     table = table.rename(columns={"value": "accuracy"})
-    info = runs(engine)[["run_id", "n_samples", "model_config", "status"]]
+    info = runs(engine)[["run_id", "n_samples", "model_config", "status", "set_id", "set_label"]]
     table = table.merge(info, on="run_id", how="left")
     table = table.merge(memory_peaks(engine, table["run_id"].tolist()), on="run_id", how="left")
     return table.sort_values(["model", "loops"]).reset_index(drop=True)

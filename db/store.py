@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import Engine, delete, func, insert, select, update
 
 from db.headline import headline
+from db.sets import run_key, run_set
 from db.models import MemoryPeak, MemorySample, ProbeValue, ProfilePoint, Run, Sample, TaskMetric, utcnow
 from db.session import open_engine, open_existing, session_factory
 
@@ -30,6 +31,14 @@ SAMPLE_FIELDS = (
 def _aware(moment: datetime | None) -> datetime | None:
     """SQLite hands timezone-aware columns back naive; they were written in UTC."""
     return moment.replace(tzinfo=timezone.utc) if moment is not None and moment.tzinfo is None else moment
+
+
+def _set_fields(run: Run) -> dict[str, str | None]:
+    """A run's evaluation set (db.sets), id and label: only runs of one set are compared. Profiles have none."""
+    if run.kind != "eval":
+        return {"set_id": None, "set_label": None}
+    evaluation = run_set(vars(run))
+    return {"set_id": evaluation.id, "set_label": evaluation.label}
 
 
 class Store:
@@ -111,6 +120,14 @@ class Store:
     def release_lease(self, run_id: int, owner: str) -> None:
         with self._session.begin() as session:
             session.execute(update(Run).where(Run.id == run_id, Run.lease_owner == owner).values(lease_owner=None, lease_until=None))
+
+    def finished_run_keys(self) -> dict[str, int]:
+        """`db.sets.run_key` of every finished eval run -> the newest such run's id (what a rerun would repeat)."""
+        columns = [Run.id, Run.model_spec, Run.loops, Run.suite, Run.tasks, Run.limit, Run.sampling,
+                   Run.data_fingerprint, Run.seed, Run.spec]
+        with self._session() as session:
+            rows = session.execute(select(*columns).where(Run.kind == "eval", Run.status == "finished").order_by(Run.id))
+            return {run_key(row._mapping): row.id for row in rows}
 
     def get_run(self, run_id: int) -> Run | None:
         """The run row (detached, attributes loaded), or None."""
@@ -265,7 +282,13 @@ class Store:
                 "loops": run.loops,
                 "suite": run.suite,
                 "tasks": run.tasks,
+                "limit": run.limit,
+                "sampling": run.sampling,
+                "seed": run.seed,
+                "data_fingerprint": run.data_fingerprint,
+                **_set_fields(run),
                 "status": run.status,
+                "error": run.error,
                 "n_samples": counts.get(run.id, 0),
                 "metrics": {task: dict(values) for task, values in metrics[run.id].items()},
                 # one pass@1 per benchmark and their unweighted mean (db.headline), what the tables show

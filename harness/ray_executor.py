@@ -171,6 +171,8 @@ class RayExecutor:
             for model, loops in plan.runs:
                 run_id = create_run_row(store, spec, plan, (model, loops), sweep_id, status="queued")
                 jobs.append(Job(run_id, model, loops, resources(spec, model, gpus)))
+        if not jobs:  # every run was already stored finished (runner.skip_stored)
+            return []
         where = self.ray.get_runtime_context().gcs_address
         log(f"sweep {sweep_id}: {len(jobs)} runs queued on Ray at {where}, {_describe(jobs[0].resources)} each")
         return self.execute(jobs, store, db_url, progress, log, title=f"sweep {sweep_id}")

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from adapters.base import Generation, Prompt, Sampling
+from db.sets import run_key
 from harness.capacity import check_fits
 from harness.errors import UserError
 from harness.recorder import RunBusy, RunRecorder, holder_is_gone
@@ -193,6 +194,7 @@ class SweepPlan:
     task_configs: list[Any]
     runs: list[tuple[str, int | None]]
     loaded: dict[str, Any] = field(default_factory=dict)
+    fingerprint: str | None = None  # of the task files (`suites.registry.data_fingerprint`), part of the runs' set
 
 
 def prepare_sweep(spec: RunSpec) -> SweepPlan:
@@ -202,8 +204,10 @@ def prepare_sweep(spec: RunSpec) -> SweepPlan:
     other adapters are loaded once and kept for the sweep.
     """
     import adapters
+    from suites.registry import data_fingerprint
 
-    plan = SweepPlan(_load_tasks(spec), [])
+    configs = _load_tasks(spec)
+    plan = SweepPlan(configs, [], fingerprint=data_fingerprint(configs))
     for model in spec.models:
         overrides = spec.load_overrides(model)
         description = adapters.inspect(model, **overrides)
@@ -251,17 +255,58 @@ def new_sweep_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
+def _run_fields(spec: RunSpec, plan: SweepPlan, run: tuple[str, int | None]) -> dict[str, Any]:
+    """What a run of the sweep is, as the `runs` row stores it: the fields that make its set and its key."""
+    model, loops = run
+    return dict(
+        model_spec=model, loops=loops, suite=spec.suite, tasks=[t.name for t in plan.task_configs],
+        sampling=dataclasses.asdict(spec.sampling), seed=spec.seed, limit=spec.limit, spec=spec.to_dict(),
+        data_fingerprint=plan.fingerprint,
+    )
+
+
 def create_run_row(
     store: Store, spec: RunSpec, plan: SweepPlan, run: tuple[str, int | None], sweep_id: str, status: str = "queued"
 ) -> int:
     """The `runs` row of one (model, loops) of a sweep, with the full spec so the run can be resumed by id."""
-    model, loops = run
     return store.create_run(
-        sweep_id=sweep_id, kind="eval", model_spec=model, adapter=model.partition(":")[0], loops=loops,
-        suite=spec.suite, tasks=[t.name for t in plan.task_configs], sampling=dataclasses.asdict(spec.sampling),
-        seed=spec.seed, limit=spec.limit, spec=spec.to_dict(), versions=package_versions(), host=host_info(),
-        status=status,
+        sweep_id=sweep_id, kind="eval", adapter=run[0].partition(":")[0], versions=package_versions(), host=host_info(),
+        status=status, **_run_fields(spec, plan, run),
     )
+
+
+def skip_stored(spec: RunSpec, plan: SweepPlan, store: Store, log: Callable[[str], None]) -> list[RunOutcome]:
+    """Take out of `plan` every run identical to a finished one (same model, overrides, loops, set and seed).
+
+    Says which stored runs they match ("identical to runs 13-15") and returns those runs' outcomes, so
+    the summary shows their results; `loopeval run --rerun` does not call this.
+    """
+    stored = store.finished_run_keys()
+    kept, skipped = [], []
+    for run in plan.runs:
+        twin = stored.get(run_key(_run_fields(spec, plan, run)))
+        if twin is None:
+            kept.append(run)
+        else:
+            skipped.append(RunOutcome(twin, *run, "finished"))
+    if skipped:
+        ids = sorted(o.run_id for o in skipped)
+        what = f"{len(skipped)} of {len(plan.runs)} runs" if kept else f"all {len(plan.runs)} runs"
+        log(f"{what} identical to finished run{'s' if len(ids) > 1 else ''} {_ranges(ids)} "
+            "(same model, overrides, loops, evaluation set and seed): skipped; --rerun runs them again")
+    plan.runs = kept
+    return skipped
+
+
+def _ranges(ids: Sequence[int]) -> str:
+    """[13, 14, 15, 18] -> '13-15, 18'."""
+    spans: list[list[int]] = []
+    for run_id in ids:
+        if spans and run_id == spans[-1][1] + 1:
+            spans[-1][1] = run_id
+        else:
+            spans.append([run_id, run_id])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def store_sweep(spec: RunSpec, plan: SweepPlan, store: Store, sweep_id: str) -> list[tuple[int, str, int | None]]:

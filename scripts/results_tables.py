@@ -6,6 +6,9 @@ exactly what `loopeval results` prints:
     .venv/bin/loopeval results --json | .venv/bin/python scripts/results_tables.py
     .venv/bin/loopeval results --db ablations.sqlite --json | .venv/bin/python scripts/results_tables.py --no-memory
 
+Only runs of one evaluation set are tabled (the set of the latest finished run, or `--set ID`; see
+`loopeval results`), so every row was scored on the same items in the same way.
+
 KV bytes per token is what one more token of context adds to the KV cache at the run's loop count
 and dtype, as the engine adapter described it when the run was stored; it excludes the MELT latent
 state, which does not grow with the context.
@@ -34,12 +37,21 @@ def table(runs: list[dict], memory: bool) -> str:
     return "\n".join(lines)
 
 
+def one_set(runs: list[dict], set_id: str | None) -> list[dict]:
+    """The finished evaluation runs of `set_id`, or of the latest finished run's set."""
+    runs = [run for run in runs if run.get("kind", "eval") == "eval" and run["status"] == "finished"]
+    chosen = set_id or (runs[-1].get("set_id") if runs else None)
+    if set_id is not None and not any(run.get("set_id") == set_id for run in runs):
+        sys.exit(f"results_tables.py: no finished run of set {set_id}")
+    return [run for run in runs if run.get("set_id") == chosen]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-memory", action="store_true", help="accuracy columns only (the ablation table)")
+    parser.add_argument("--set", dest="set_id", help="the evaluation set to table (default: the latest finished run's)")
     args = parser.parse_args()
-    runs = [run for run in json.load(sys.stdin) if run["status"] == "finished"]
-    print(table(runs, memory=not args.no_memory))
+    print(table(one_set(json.load(sys.stdin), args.set_id), memory=not args.no_memory))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ A task name is either a task (`chain3`, `mmlu_redux:anatomy`) or a group, the pa
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -104,3 +105,15 @@ def load_suite(
     for task in dict.fromkeys(c.name.split(":")[0] for c in configs):
         getattr(_MODULES[name], "PREFLIGHT", {}).get(task, lambda: None)()
     return configs
+
+
+def data_fingerprint(configs: list["LightevalTaskConfig"]) -> str:
+    """sha256 over each task's name and the bytes of the file it reads: two runs with the same
+    fingerprint evaluated the same items (an edited or re-downloaded copy changes it)."""
+    digest = hashlib.sha256()
+    for config in sorted(configs, key=lambda c: c.name):
+        digest.update(config.name.encode() + b"\0")
+        path = Path(config.hf_repo)
+        digest.update(path.read_bytes() if path.is_file() else config.hf_repo.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()

@@ -106,44 +106,128 @@ def progress() -> Any:
                     transient=False)
 
 
-def print_table(title: str | None, columns: list[str], rows: list[list[str]], right: tuple[str, ...] = (), caption: str | None = None) -> None:
-    """A rich table; piped output gets the whole table (220 columns), not one squeezed to 80.
+def console() -> Any:
+    """The console tables print to: the terminal's width, or $COLUMNS; piped output without $COLUMNS gets
+    the whole table (220 columns), not one squeezed to 80."""
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 220)
+
+
+def print_table(title: str | None, columns: list[str], rows: list[list[str]], right: tuple[str, ...] = (),
+                caption: str | None = None, fold: tuple[str, ...] = ()) -> None:
+    """A rich table. Columns in `fold` wrap long values onto more lines instead of cutting them to `zoo:…`.
 
     Cells and title are `Text`, not markup: a stored model name such as `[/bold]` is printed as written
     instead of styling the table or failing it with a MarkupError.
     """
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title=None if title is None else Text(title), caption=caption)
+    table = Table(title=None if title is None else Text(title), caption=caption, caption_justify="left")
     for column in columns:
-        table.add_column(column, justify="right" if column in right else "left")
+        table.add_column(column, justify="right" if column in right else "left",
+                         overflow="fold" if column in fold else "ellipsis")
     for row in rows:
         table.add_row(*(Text(cell) for cell in row))
-    Console(width=None if sys.stdout.isatty() else 220).print(table)
+    console().print(table)
 
 
-def _headline(pass_at_1: dict[str, Any]) -> str:
-    """The suite mean of pass@1 over benchmarks, each task group's mean, then one line per benchmark (see db.headline)."""
-    def line(name: str, value: float | None) -> str:
-        return f"{name} {'n/a' if value is None else f'{value:.3f}'}"
-
-    groups = [line(f"[{name}]", value) for name, value in pass_at_1.get("groups", {}).items()]
-    return "\n".join([line("mean", pass_at_1["mean"]), *groups, *(line(n, v) for n, v in pass_at_1["benchmarks"].items())])
+Z95 = 1.96  # the accuracy interval printed is the normal 95% interval, accuracy ± 1.96 standard errors
 
 
-def print_runs(runs: list[dict[str, Any]]) -> None:
-    """Stored runs as a table (what `loopeval run` ends with and `loopeval results` prints)."""
-    columns = ["id", "sweep", "model", "loops", "suite", "status", "samples", "pass@1 (suite mean; per benchmark)",
-               "weights", "kv peak", "torch alloc peak", "nvml proc peak", "rss peak"]
+def _accuracy_text(accuracy: float | None, stderr: float | None) -> str:
+    if accuracy is None or accuracy != accuracy:
+        return "n/a"
+    return f"{accuracy:.3f}" + ("" if stderr is None or stderr != stderr else f" ± {Z95 * stderr:.3f}")
+
+
+def _per_gb_text(value: float) -> str:
+    if value != value:
+        return "n/a"
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def _loops(run: dict[str, Any]) -> int:
+    return run["loops"] or 1  # a plain model runs once, as db.queries reads it
+
+
+def _order_sets(runs: list[dict[str, Any]]) -> dict[str, str]:
+    """set id -> label for the evaluation sets of `runs`, the default first: the set of the newest run with
+    scores, as `db.queries.eval_sets` orders them."""
+    return {r["set_id"]: r["set_label"] for r in sorted(runs, key=lambda r: (bool(r["metrics"]), r["id"]), reverse=True)}
+
+
+def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = None, measure: str | None = None,
+                 per_task: bool = False) -> None:
+    """How much accuracy per gigabyte: one evaluation set of `runs` (run summaries, already filtered).
+
+    Per (model, loops), the latest run of the set: pass@1 (suite mean) with its 95% interval, memory at
+    `measure` (default: the first measure the runs have, as the report's), accuracy per decimal GB,
+    best first, the Pareto frontier marked. `per_task` prints each benchmark's pass@1 instead.
+    Only runs of one set are compared (`db.sets`); the others are listed below the table.
+    """
+    from dashboards import figures
+    from dashboards.data import accuracy_points, ranked
+
+    evals = [r for r in runs if r["kind"] == "eval"]
+    sets = _order_sets(evals)
+    if measure is not None and measure not in figures.MEMORY_MEASURES:
+        raise UserError(f"--measure must be one of {', '.join(figures.MEMORY_MEASURES)}, got {measure!r}")
+    if not evals:
+        typer.echo("no evaluation runs match" + ("" if runs else "; try `loopeval run`"))
+        return
+    chosen = set_id or next(iter(sets))
+    in_set = {r["id"]: r for r in evals if r["set_id"] == chosen}
+    points = accuracy_points(store.engine, chosen, run_ids=list(in_set))
+    measure = measure or figures.default_measure(points)
+    table = ranked(points, measure)
+    shown = {(row.model, int(row.loops)) for row in table.itertuples()}
+    latest = {(r["model"], _loops(r)): r for r in in_set.values()}  # by id order: the newest run wins
+    unscored = [r for key, r in latest.items() if key not in shown]
+
+    out = console()
+    out.print(sets[chosen], markup=False, highlight=False)
+    if per_task:
+        print_table(None, ["model", "r", "task", "pass@1 ±95%", "run"], _task_rows(table, in_set),
+                    right=("r", "pass@1 ±95%", "run"), fold=("model",))
+    else:
+        print_table(None, ["#", "model", "r", "pass@1 ±95%", "memory", "pass@1/GB", "front", "run"],
+                    _ranking_rows(table, unscored, measure), right=("#", "r", "pass@1 ±95%", "memory", "pass@1/GB", "run"),
+                    fold=("model",),
+                    caption=f"memory: {figures.measure_label(measure)}, decimal units (1 GB = 1e9 bytes); n/a = unavailable "
+                            "here. ± is the 95% interval; * marks the Pareto frontier (no point has less memory and more accuracy).")
+    counts = {other: sum(r["set_id"] == other for r in evals) for other in sets}
+    others = [f"  {label} ({counts[other]} run{'s' * (counts[other] > 1)})" for other, label in sets.items() if other != chosen]
+    if others:
+        out.print("other evaluation sets, never mixed with this one (loopeval results --set ID):\n" + "\n".join(others),
+                  markup=False, highlight=False)
+
+
+def _ranking_rows(table: Any, unscored: list[dict[str, Any]], measure: str) -> list[list[str]]:
+    """`dashboards.data.ranked` rows, ranked where accuracy per GB is known, then runs of the set without a score."""
+    from db.measures import byte_text
+
+    rows = [[str(rank) if row.per_gb == row.per_gb else "", row.model, str(int(row.loops)),
+             _accuracy_text(row.accuracy, row.stderr), byte_text(row.memory), _per_gb_text(row.per_gb),
+             "*" if row.frontier else "", str(row.run_id)] for rank, row in enumerate(table.itertuples(), 1)]
+    return rows + [["", r["model"], str(_loops(r)), r["status"], byte_text(r["memory"].get(measure)), "n/a", "", str(r["id"])]
+                   for r in unscored]
+
+
+def _task_rows(table: Any, runs: dict[int, dict[str, Any]]) -> list[list[str]]:
+    """Per ranked (model, loops): each benchmark's pass@1 with its interval (`db.headline`), each task
+    group's mean (`db.headline.TASK_GROUPS`), then the suite mean."""
+    from db.headline import benchmark_stderrs
+
     rows = []
-    for r in runs:
-        memory = r["memory"]
-        rows.append([
-            str(r["id"]), r["sweep_id"], r["model"], "-" if r["loops"] is None else str(r["loops"]), r["suite"],
-            r["status"], str(r["n_samples"]), _headline(r["pass_at_1"]), gigabytes(memory.get("weights_bytes")),
-            gigabytes(memory.get("kv_bytes_peak")), gigabytes(memory.get("torch_allocated_peak")),
-            gigabytes(memory.get("nvml_process_peak")), gigabytes(memory.get("rss_peak")),
-        ])
-    print_table(None, columns, rows, right=("id", "loops", "samples"), caption="memory in GB = 1e9 bytes; n/a = source unavailable here")
+    for row in table.itertuples():
+        run = runs[row.run_id]
+        errors = benchmark_stderrs(run["stderr"])
+        for index, (name, value) in enumerate(run["pass_at_1"]["benchmarks"].items()):
+            first = index == 0
+            rows.append([row.model if first else "", str(int(row.loops)) if first else "", name,
+                         _accuracy_text(value, errors.get(name)), str(row.run_id) if first else ""])
+        rows += [["", "", f"[{name}]", _accuracy_text(value, None), ""] for name, value in run["pass_at_1"].get("groups", {}).items()]
+        rows.append(["", "", "mean", _accuracy_text(row.accuracy, row.stderr), ""])
+    return rows

@@ -1,27 +1,95 @@
-"""`loopeval results`: the stored runs with their metrics and memory peaks (GB = 1e9 bytes)."""
+"""`loopeval results`: how much accuracy per gigabyte, one evaluation set at a time.
+
+The table answers the project's question for the latest sweep's evaluation set (`db.sets`), or the
+one `--set` names: per (model, loops), pass@1 with its 95% interval, memory in auto-scaled decimal
+units, accuracy per GB, best first, the Pareto frontier marked. Filters narrow the runs first;
+`--tasks` shows each benchmark, `--profiles` the `loopeval profile` runs, and `--json` every field
+of every matching run.
+"""
 
 from __future__ import annotations
 
 import json
+from typing import Any, Optional
 
 import typer
 
-from harness.cli.common import DbOption, JsonFlag, print_runs
+from harness.cli.common import DbOption, JsonFlag, console, print_answer, print_table
+from harness.errors import UserError
 
 
-def results(db: DbOption = None, as_json: JsonFlag = False) -> None:
-    """Stored runs with sweep, model, loops, suite, status, samples, metrics and memory peaks (GB = 1e9 bytes)."""
-    from db.measures import PEAK_MEASURES
+def results(
+    db: DbOption = None,
+    as_json: JsonFlag = False,
+    sweep: Optional[str] = typer.Option(None, "--sweep", help="Only the runs of this sweep (its id, or the start of it)."),
+    model: Optional[list[str]] = typer.Option(None, "--model", help="Only this model spec, repeatable."),
+    suite: Optional[str] = typer.Option(None, "--suite", help="Only runs of this suite."),
+    last: Optional[int] = typer.Option(None, "--last", min=1, help="Only the N most recently stored runs (after the other filters)."),
+    set_id: Optional[str] = typer.Option(None, "--set", help="The evaluation set to show (its id, listed under the table). Default: the newest scored run's."),
+    measure: Optional[str] = typer.Option(None, "--measure", help="Memory measure: kv_bytes_peak, 'weights_bytes + kv_bytes_peak', nvml_process_peak, ... Default: the first one the runs have."),
+    tasks: bool = typer.Option(False, "--tasks", help="pass@1 of each benchmark instead of memory."),
+    profiles: bool = typer.Option(False, "--profiles", help="The `loopeval profile` runs: memory against context length."),
+) -> None:
+    """How much accuracy per gigabyte: per (model, loops), pass@1 ± 95%, memory and pass@1 per GB, frontier marked."""
     from db.store import Store
 
     store = Store.read(db)
-    runs = store.run_summaries()
-    store.close()
-    for summary in runs:
-        summary["memory"] = {name: summary["memory"].get(name) for name in PEAK_MEASURES}
-    if as_json:
-        typer.echo(json.dumps(runs, indent=2))
-    elif runs:
-        print_runs(runs)
-    else:
-        typer.echo("no runs stored yet: try `loopeval run`")
+    try:
+        runs = _filtered(store.run_summaries(), sweep, model, suite, last)
+        if set_id is not None and all(r["set_id"] != set_id for r in runs):
+            sets = sorted({r["set_id"] for r in runs if r["set_id"]})
+            raise UserError(f"--set {set_id}: no such evaluation set among these runs (sets: {', '.join(sets) or 'none'})")
+        if as_json:
+            typer.echo(json.dumps([r for r in runs if set_id is None or r["set_id"] == set_id], indent=2))
+        elif profiles:
+            _print_profiles(store, [r["id"] for r in runs if r["kind"] == "profile"])
+        else:
+            print_answer(store, runs, set_id, measure, per_task=tasks)
+            count = sum(r["kind"] == "profile" for r in runs)
+            if count:
+                console().print(f"{count} profile run{'s' * (count > 1)}: loopeval results --profiles", highlight=False)
+    finally:
+        store.close()
+
+
+def _filtered(runs: list[dict[str, Any]], sweep: str | None, models: list[str] | None, suite: str | None,
+              last: int | None) -> list[dict[str, Any]]:
+    """The runs the filters keep, oldest first; UserError when a filter names nothing stored."""
+    if sweep is not None:
+        runs = [r for r in runs if r["sweep_id"].startswith(sweep)]
+        if not runs:
+            raise UserError(f"--sweep {sweep}: no stored sweep has that id")
+    if models:
+        unknown = sorted(set(models) - {r["model"] for r in runs})
+        if unknown:
+            raise UserError(f"--model {unknown[0]}: no stored run of that model" + (" in that sweep" if sweep else ""))
+        runs = [r for r in runs if r["model"] in models]
+    if suite is not None:
+        runs = [r for r in runs if r["suite"] == suite]
+        if not runs:
+            raise UserError(f"--suite {suite}: no stored run of that suite matches")
+    return runs[-last:] if last is not None else runs
+
+
+def _print_profiles(store: Any, run_ids: list[int]) -> None:
+    """One row per profiled (run, loops, batch) at its longest context: the analytic KV beside the measured peaks."""
+    from db import queries
+    from db.measures import byte_text
+
+    points = queries.profile_points(store.engine)
+    points = points[points["run_id"].isin(run_ids)]
+    if points.empty:
+        typer.echo("no profile runs match; try `loopeval profile MODEL`")
+        return
+    rows = []
+    for (run_id, loops, batch), group in points.groupby(["run_id", "loops", "batch"], dropna=False, sort=True):
+        longest = group.sort_values("context_tokens").iloc[-1]
+        peak = next((m for m in ("nvml_process_peak", "torch_allocated_peak", "rss_peak") if longest[m] == longest[m]), None)
+        rows.append([str(run_id), longest["model"], "-" if loops != loops else str(int(loops)), str(int(batch)),
+                     f"{int(group['context_tokens'].min())}-{int(longest['context_tokens'])}", byte_text(longest["weights_bytes"]),
+                     byte_text(longest["kv_bytes_analytic"]), byte_text(longest["kv_bytes_allocated"]),
+                     "n/a" if peak is None else f"{byte_text(longest[peak])} {peak.removesuffix('_peak')}"])
+    print_table(None, ["run", "model", "r", "batch", "tokens", "weights", "KV analytic", "KV allocated", "peak"], rows,
+                right=("run", "r", "batch", "weights", "KV analytic", "KV allocated"), fold=("model",),
+                caption="at the longest context profiled; decimal units (1 GB = 1e9 bytes). "
+                        "All points: loopeval dashboard (memory against context length).")

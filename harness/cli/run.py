@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import typer
 
-from harness.cli.common import AdaptersDirOption, DbOption, TrustRemoteCodeFlag, env_command, parse_int_list, print_runs, progress, report_path
+from harness.cli.common import AdaptersDirOption, DbOption, TrustRemoteCodeFlag, env_command, parse_int_list, print_answer, progress, report_path
 from harness.spec import DEFAULTS, SUITE_SAMPLING
 
 _SYNTHETIC = SUITE_SAMPLING[DEFAULTS.suite]
@@ -34,6 +34,7 @@ def run(
     db: DbOption = None,
     data_dir: Optional[str] = typer.Option(None, "--data-dir", help="Directory with local copies of suite datasets (JSONL or parquet)."),
     resume: Optional[int] = typer.Option(None, "--resume", help="Continue the stopped run RUN_ID with its stored settings (other sweep options are ignored)."),
+    rerun: bool = typer.Option(False, "--rerun", help="Run again what is already stored finished (same model, overrides, loops, evaluation set and seed); by default it is reported and skipped."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write the HTML report beside the database at the end."),
     trust_remote_code: TrustRemoteCodeFlag = False,
     adapters_dir: AdaptersDirOption = None,
@@ -65,9 +66,9 @@ def run(
     )
     request = build_request(flags, config)
     if request.executor == "ray":
-        store, outcomes = _on_ray(request, resume, adapters_dir or [])
+        store, outcomes = _on_ray(request, resume, adapters_dir or [], rerun)
     else:
-        store, outcomes = _here(request, resume)
+        store, outcomes = _here(request, resume, rerun)
     return _summarise(store, outcomes, request.db, report)
 
 
@@ -76,7 +77,16 @@ def _plain_log(bars: Any) -> Any:
     return lambda line: bars.console.print(line, markup=False)
 
 
-def _here(request: Any, resume: int | None) -> tuple[Any, list[Any]]:
+def _skip_stored(request: Any, plans: list[Any], store: Any, rerun: bool) -> list[Any]:
+    """Take runs already stored finished out of the plans (unless --rerun); their outcomes, for the summary."""
+    from harness.runner import skip_stored
+
+    if rerun:
+        return []
+    return [outcome for spec, plan in zip(request.specs, plans) for outcome in skip_stored(spec, plan, store, typer.echo)]
+
+
+def _here(request: Any, resume: int | None, rerun: bool) -> tuple[Any, list[Any]]:
     """The local executor: every run in this process, one after another, each model loaded once.
 
     `--resume` completes every unfinished run of the resumed run's sweep and never creates a database.
@@ -87,13 +97,14 @@ def _here(request: Any, resume: int | None) -> tuple[Any, list[Any]]:
     plans = [] if resume is not None else [prepare_sweep(spec) for spec in request.specs]  # bad names fail here
     store = Store.read(request.db) if resume is not None else Store.open(request.db)
     try:
+        skipped = _skip_stored(request, plans, store, rerun)
         with progress() as bars:
             if resume is not None:
                 return store, resume_run(resume, store, request.db, progress=bars, log=_plain_log(bars))
             sweep_id = new_sweep_id()
-            return store, [
+            return store, skipped + [
                 outcome
-                for spec, plan in zip(request.specs, plans)
+                for spec, plan in zip(request.specs, plans) if plan.runs  # none left when all were stored
                 for outcome in run_sweep(spec, plan, store, progress=bars, log=_plain_log(bars), sweep_id=sweep_id)
             ]
     except BaseException:
@@ -101,7 +112,7 @@ def _here(request: Any, resume: int | None) -> tuple[Any, list[Any]]:
         raise
 
 
-def _on_ray(request: Any, resume: int | None, plugin_dirs: list[str]) -> tuple[Any, list[Any]]:
+def _on_ray(request: Any, resume: int | None, plugin_dirs: list[str], rerun: bool) -> tuple[Any, list[Any]]:
     """The Ray executor: plan here, then every run as a Ray task writing to the shared store."""
     from db.store import Store
     from harness.ray_executor import RayExecutor, worker_db_url
@@ -113,10 +124,11 @@ def _on_ray(request: Any, resume: int | None, plugin_dirs: list[str]) -> tuple[A
         ray.check_store(url)  # a SQLite file other machines cannot see fails here, before it is written
         store = Store.read(request.db) if resume is not None else Store.open(request.db)
         try:
+            skipped = _skip_stored(request, plans, store, rerun)
             with progress() as bars:
                 if resume is not None:
                     return store, ray.resume(resume, store, url, request.gpus_per_run, progress=bars, log=_plain_log(bars))
-                return store, ray.run_sweep(request, plans, store, url, progress=bars, log=_plain_log(bars))
+                return store, skipped + ray.run_sweep(request, plans, store, url, progress=bars, log=_plain_log(bars))
         except BaseException:
             store.close()
             raise
@@ -129,7 +141,7 @@ def _summarise(store: Any, outcomes: list[Any], db: str | None, report: bool) ->
 
     try:
         ids = {o.run_id for o in outcomes}
-        print_runs([r for r in store.run_summaries() if r["id"] in ids])
+        print_answer(store, [r for r in store.run_summaries() if r["id"] in ids])
         typer.echo(f"results: {store.url}  (show them: {env_command('loopeval')} results{'' if db is None else f' --db {store.url}'})")  # password hidden
     finally:
         store.close()

@@ -40,6 +40,25 @@ def results_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def two_sets_db(results_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sweep's database, then the case that once merged sets: one (model, loops) of it run again on
+    fewer tasks and items (a later sweep, so its set is the default one)."""
+    workdir = tmp_path_factory.mktemp("two-sets")
+    path = workdir / "results.sqlite"
+    shutil.copy(results_db, path)
+    _loopeval("run", "--model", "zoo:ouro-tiny", "--loops", "2", "--tasks", "chain2", "--limit", "1", "--samples", "1",
+              "--max-new-tokens", "4", "--db", str(path), "--no-report", cwd=workdir)
+    return path
+
+
+@pytest.fixture()
+def two_sets_url(two_sets_db: Path, tmp_path: Path) -> str:
+    copy = tmp_path / "two-sets.sqlite"
+    shutil.copy(two_sets_db, copy)
+    return f"sqlite:///{copy}"
+
+
 @pytest.fixture()
 def results_url(results_db: Path, tmp_path: Path) -> str:
     """A private copy of the sweep's database (tests may change it) as a SQLAlchemy URL."""

@@ -13,7 +13,7 @@ from dashboards.data import accuracy_points, browse_samples
 from dashboards.report import SAMPLE_PAGE_ROWS, packed_plotlyjs, write_report
 from db.session import open_existing
 from db.store import Store
-from dashboards_browser_helpers import (CHROMIUM, PAYLOAD, VIEWPORT, launch, open_app, open_report, point_count, record,
+from dashboards_browser_helpers import (CHROMIUM, PAYLOAD, POINTS, VIEWPORT, launch, open_app, open_report, point_count, record,
                                         screenshot_app, screenshot_report, served_app, x_axis_title)
 
 
@@ -70,8 +70,8 @@ def test_report_renders_offline_with_points_from_the_database(page, payload_url:
     assert "decimal" in x_axis_title(page)
     # Every other selectable measure draws its own axis (or says it is unavailable).
     engine = open_existing(payload_url)
-    suite = page.locator("#suite").input_value()
-    assert page.locator("#answer").text_content() == figures.answer(accuracy_points(engine, suite), measure)
+    set_id = page.locator("#set").input_value()
+    assert page.locator("#answer").text_content() == figures.answer(accuracy_points(engine, set_id), measure)
     engine.dispose()
     page.select_option("#measure", "rss_peak")
     page.wait_for_function("document.querySelector('#accuracy-memory .xtitle').textContent.includes('RSS')")
@@ -138,7 +138,7 @@ def test_served_app_switches_measure_and_shows_output_as_text(page, payload_url:
         measure = page.locator("#measure input:checked").get_attribute("value")
         assert point_count(page) == _points_with(payload_url, measure) > 0
         engine = open_existing(payload_url)
-        answer = figures.answer(accuracy_points(engine, page.locator("#suite").text_content()), measure)
+        answer = figures.answer(accuracy_points(engine, None), measure)  # the default set: the latest
         engine.dispose()
         assert page.locator("#answer").text_content() == answer
         before = x_axis_title(page)
@@ -155,3 +155,46 @@ def test_served_app_switches_measure_and_shows_output_as_text(page, payload_url:
         _payload_shown_as_text(page)
         assert all(request.startswith(url) for request in seen["requests"]), "the app reached outside itself"
         assert seen["errors"] == []
+
+
+def _points_in_set(url: str, run_ids: list[int], measure: str) -> int:
+    """(model, loops) pairs among `run_ids` with a stored `measure`, counted in plain SQL."""
+    with create_engine(url).connect() as conn:
+        return conn.execute(text(
+            "SELECT COUNT(DISTINCT r.model_spec || '/' || COALESCE(r.loops, 1)) FROM runs r "
+            "JOIN memory_peaks p ON p.run_id = r.id WHERE p.measure = :measure AND p.value IS NOT NULL "
+            f"AND r.id IN ({','.join(map(str, run_ids))})"), {"measure": measure}).scalar_one()
+
+
+def _set_runs(url: str) -> tuple[list[int], list[int]]:
+    """The run ids of the latest sweep's set (one run) and of the first sweep's set (every other eval run)."""
+    with create_engine(url).connect() as conn:
+        ids = [row[0] for row in conn.execute(text("SELECT id FROM runs WHERE kind = 'eval' ORDER BY id"))]
+    return ids[-1:], ids[:-1]
+
+
+def test_report_switches_evaluation_sets(page, two_sets_url: str, tmp_path: Path) -> None:
+    latest, older = _set_runs(two_sets_url)
+    open_report(page, write_report(two_sets_url, tmp_path / "report.html"))
+    measure = page.locator("#measure").input_value()
+    title = "#accuracy-memory .gtitle"
+    assert point_count(page) == _points_in_set(two_sets_url, latest, measure) == 1
+    first, second = page.locator("#set option").evaluate_all("options => options.map(o => o.value)")
+    assert f"set {first}:" in page.locator(title).text_content()
+    page.select_option("#set", second)
+    page.wait_for_function(f"document.querySelector('{title}').textContent.includes('set {second}:')")
+    assert point_count(page) == _points_in_set(two_sets_url, older, measure) > 1
+
+
+def test_served_app_switches_evaluation_sets(page, two_sets_url: str) -> None:
+    latest, older = _set_runs(two_sets_url)
+    with served_app(two_sets_url) as url:
+        open_app(page, url)
+        measure = page.locator("#measure input:checked").get_attribute("value")
+        title = "#accuracy-memory .gtitle"
+        assert point_count(page) == _points_in_set(two_sets_url, latest, measure) == 1
+        page.locator("#set").click()
+        page.get_by_text("first 2 per task").click()
+        page.wait_for_function(f"document.querySelector('{title}').textContent.includes('first 2 per task')")
+        page.wait_for_function(f"document.querySelectorAll('{POINTS}').length > 1")
+        assert point_count(page) == _points_in_set(two_sets_url, older, measure)

@@ -164,7 +164,9 @@ def _names_shown_as_text(page: Any) -> None:
 
 def _task_figure_shows(page: Any, task: str) -> None:
     """After choosing `task`: its title and the y-axis (its metric's name) show the stored markup as text."""
-    page.wait_for_function("(t) => document.querySelector('#accuracy-memory .gtitle').textContent.includes(t)", arg=task)
+    # The subtitle (the evaluation set) names every task, so wait on the y-axis: the chosen task's metric.
+    page.wait_for_function("(m) => document.querySelector('#accuracy-memory .g-ytitle').textContent.includes(m)",
+                           arg=METRICS[task])
     assert task in _texts(page, "#accuracy-memory .gtitle")[0]
     assert METRICS[task] in _texts(page, "#accuracy-memory .g-ytitle")[0]
     assert any(METRICS[task] in text for text in _texts(page, "#accuracy-loops .g-ytitle"))

@@ -54,8 +54,7 @@ def _stored_peaks(url: str, measure: str) -> dict[tuple[str, int], float]:
 
 
 def test_accuracy_vs_memory_has_one_point_per_model_and_loops(engine, results_url: str) -> None:
-    suite = queries.suites(engine)[0]
-    points = accuracy_points(engine, suite)
+    points = accuracy_points(engine, None)  # the latest set: the sweep's only one
     peaks = _stored_peaks(results_url, "kv_bytes_peak")
     assert len(peaks) >= 4, "the sweep should give several (model, loops) pairs with accounted KV"
 
@@ -72,6 +71,7 @@ def test_accuracy_vs_memory_has_one_point_per_model_and_loops(engine, results_ur
     assert fig.layout.xaxis.rangemode == "tozero"
     assert f"decimal {unit}" in fig.layout.xaxis.title.text and "bytes" in fig.layout.xaxis.title.text
     assert "decimal" in _annotations(fig)
+    assert fig.layout.title.text.endswith(f"<sup>{figures.plain(points['set_label'].iloc[0])}</sup>"), "the title names the set"
     hover = fig.data[0].hovertemplate
     for field in ("model", "accuracy", unit, "samples"):
         assert field in hover
@@ -80,7 +80,7 @@ def test_accuracy_vs_memory_has_one_point_per_model_and_loops(engine, results_ur
 
 def test_marker_shape_is_the_loop_count(engine) -> None:
     """Each (model, r) marker's shape is its loop count's, and the legend has one entry per shape."""
-    points = accuracy_points(engine, queries.suites(engine)[0])
+    points = accuracy_points(engine, None)
     fig = figures.accuracy_vs_memory(points, "kv_bytes_peak")
     key = {trace.name: trace.marker.symbol for trace in fig.data if trace.legendgroup == "loops"}
     assert sorted(key) == sorted(figures.loops_label(r) for r in points["loops"].unique())
@@ -97,7 +97,7 @@ def test_frontier_is_exactly_the_non_dominated_points(engine, results_url: str) 
         for run_id, value in zip(run_ids, np.random.default_rng(1).permutation(len(run_ids)) / len(run_ids)):
             conn.execute(text("UPDATE task_metrics SET value = :v WHERE run_id = :r"),  # every task: the mean is v
                          {"v": float(value), "r": run_id})
-    points = accuracy_points(engine, queries.suites(engine)[0])
+    points = accuracy_points(engine, None)
     assert points["accuracy"].nunique() == len(points) > 2
     for measure in ("kv_bytes_peak", figures.WEIGHTS_PLUS_KV, "rss_peak", figures.ANALYTIC):
         fig = figures.accuracy_vs_memory(points, measure)
@@ -123,7 +123,7 @@ def test_pareto_mask_against_brute_force_with_ties() -> None:
 
 
 def test_unavailable_measure_is_named_not_drawn_as_zero(engine, results_url: str) -> None:
-    points = accuracy_points(engine, queries.suites(engine)[0])
+    points = accuracy_points(engine, None)
     unavailable = [m for m in ("nvml_process_peak", "torch_allocated_peak") if not _stored_peaks(results_url, m)]
     if not unavailable:
         pytest.skip("NVML and torch peaks were measured here (a GPU machine); nothing is unavailable")
@@ -137,7 +137,7 @@ def test_unavailable_measure_is_named_not_drawn_as_zero(engine, results_url: str
 
 
 def test_partly_unavailable_measure_names_the_missing_points(engine) -> None:
-    points = accuracy_points(engine, queries.suites(engine)[0])
+    points = accuracy_points(engine, None)
     points.loc[points.index[0], "kv_bytes_peak"] = math.nan
     fig = figures.accuracy_vs_memory(points, "kv_bytes_peak")
     assert len(_marker_points(fig)) == len(points) - 1
@@ -147,7 +147,7 @@ def test_partly_unavailable_measure_names_the_missing_points(engine) -> None:
 
 def test_long_unavailable_notes_wrap_inside_the_plot(engine) -> None:
     """Naming every run an unavailable measure misses takes several lines, none wider than the plot holds."""
-    points = accuracy_points(engine, queries.suites(engine)[0])
+    points = accuracy_points(engine, None)
     points = pd.concat([points.assign(model=points["model"] + f"-copy{i}") for i in range(4)], ignore_index=True)
     fig = figures.accuracy_vs_memory(points.assign(nvml_process_peak=math.nan), "nvml_process_peak")
     (note,) = fig.layout.annotations
@@ -164,7 +164,7 @@ def test_suite_mean_has_the_combined_stderr(engine, results_url: str) -> None:
         stderrs: dict[tuple[str, int], list[float]] = {}
         for model, loops, stderr in rows:
             stderrs.setdefault((model, loops), []).append(stderr)
-    points = accuracy_points(engine, queries.suites(engine)[0])
+    points = accuracy_points(engine, None)
     assert len(points) == len(stderrs)
     for row in points.itertuples():
         errors = stderrs[(row.model, row.loops)]
@@ -179,7 +179,7 @@ def test_answer_names_the_best_accuracy_per_gb_and_the_frontier(engine, results_
         run_ids = [row[0] for row in conn.execute(text("SELECT run_id FROM task_metrics WHERE task = 'all'"))]
         for run_id, value in zip(run_ids, np.random.default_rng(2).permutation(len(run_ids)) / len(run_ids)):
             conn.execute(text("UPDATE task_metrics SET value = :v WHERE run_id = :r"), {"v": float(value), "r": run_id})
-    points = accuracy_points(engine, queries.suites(engine)[0])
+    points = accuracy_points(engine, None)
     for measure in ("kv_bytes_peak", "rss_peak", figures.WEIGHTS_PLUS_KV):
         sentence = figures.answer(points, measure)
         per_gb = {(m, r): a / (v / 1e9) for m, r, a, v in zip(points.model, points.loops, points.accuracy, points[measure])}
@@ -195,8 +195,8 @@ def test_answer_names_the_best_accuracy_per_gb_and_the_frontier(engine, results_
 
 
 def test_analytic_measure_follows_the_stored_config(engine) -> None:
-    short = accuracy_points(engine, queries.suites(engine)[0], context_tokens=1024)
-    long = accuracy_points(engine, queries.suites(engine)[0], context_tokens=4096)
+    short = accuracy_points(engine, None, context_tokens=1024)
+    long = accuracy_points(engine, None, context_tokens=4096)
     assert short[figures.ANALYTIC].notna().all(), "engine presets store a LoopConfig, so the estimate exists"
     assert (long[figures.ANALYTIC] > short[figures.ANALYTIC]).all(), "more context, more KV"
     assert math.isnan(analytic_bytes({"family": "transformers", "config": {"model_type": "x"}}, 1024))
@@ -218,7 +218,7 @@ def test_analytic_coefficients_reproduce_the_estimate(spec: str, loops: int | No
 
 def test_accuracy_vs_loops_labels_every_loop_count(engine) -> None:
     """Loop counts that are not powers of two get a tick too (Plotly's own log ticks skip them)."""
-    points = accuracy_points(engine, queries.suites(engine)[0])
+    points = accuracy_points(engine, None)
     points.loc[points.index[-1], "loops"] = 3
     fig = figures.accuracy_vs_loops(points, "kv_bytes_peak")
     assert list(fig.layout.xaxis.tickvals) == sorted(points["loops"].unique())
@@ -226,7 +226,7 @@ def test_accuracy_vs_loops_labels_every_loop_count(engine) -> None:
 
 
 def test_accuracy_vs_loops_has_accuracy_and_memory_per_model(engine) -> None:
-    points = accuracy_points(engine, queries.suites(engine)[0])
+    points = accuracy_points(engine, None)
     fig = figures.accuracy_vs_loops(points, "kv_bytes_peak")
     accuracy = [t for t in fig.data if t.yaxis in (None, "y")]
     memory = [t for t in fig.data if t.yaxis == "y2"]

@@ -52,12 +52,12 @@ def test_headline_splits_task_groups() -> None:
 
 def test_depth_points_give_each_group_against_r_with_the_trained_t(db: str) -> None:
     engine = open_existing(db)
-    points = depth_points(engine, "synthetic")
+    points = depth_points(engine, queries.latest_set(engine))
     by = {(row.group, row.loops): row.accuracy for row in points.itertuples()}
     assert by[("computation", 2)] == pytest.approx(0.7) and by[("recall", 3)] == pytest.approx(0.2)
     assert by[("all", 1)] == pytest.approx((0.2 + 0.4 + 0.8) / 3)
     assert set(points["trained_loops"]) == {2.0}
-    fig = figures.accuracy_vs_depth(points, "synthetic")
+    fig = figures.accuracy_vs_depth(points)
     assert [a.text for a in fig.layout.annotations] == ["all", "computation", "recall"]  # one panel per group, "all" first
     assert {shape.x0 for shape in fig.layout.shapes} == {2.0} and len(fig.layout.shapes) == 3  # T on every panel
     assert all("<b>" not in trace.name for trace in fig.data)  # stored model names are escaped

@@ -35,19 +35,24 @@ def test_head_creates_exactly_the_declared_schema(tmp_path: Path) -> None:
     assert set(inspect(engine).get_table_names()) == set(Base.metadata.tables) | {"alembic_version"}
 
 
-def test_older_database_is_upgraded_and_keeps_its_rows(tmp_path: Path) -> None:
-    path = tmp_path / "old.sqlite"
+def older_database(path: Path, revision: str, model: str = "m", tasks: str = "[]", sampling: str = "{}") -> None:
+    """A SQLite file at schema `revision` holding one finished eval run, as an older loopeval wrote it."""
     engine = create_engine(f"sqlite:///{path}")
     config = alembic_config()
     with engine.begin() as conn:
         config.attributes["connection"] = conn
-        command.upgrade(config, "0001")
+        command.upgrade(config, revision)
         conn.exec_driver_sql(
             "INSERT INTO runs (sweep_id, kind, model_spec, adapter, model_config, suite, tasks, sampling, seed,"
-            " versions, host, status, started_at) VALUES ('old', 'eval', 'm', 'preset', '{}', 'synthetic', '[]',"
-            " '{}', 0, '{}', '{}', 'finished', '2026-11-30 00:00:00')"
+            " versions, host, status, started_at) VALUES ('old', 'eval', ?, 'preset', '{}', 'synthetic', ?,"
+            " ?, 0, '{}', '{}', 'finished', '2026-11-30 00:00:00')", (model, tasks, sampling)
         )
     engine.dispose()
+
+
+def test_older_database_is_upgraded_and_keeps_its_rows(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite"
+    older_database(path, "0001")
     store = Store.open(str(path))
     (summary,) = store.run_summaries()
     assert summary["sweep_id"] == "old" and summary["status"] == "finished"

@@ -1,8 +1,8 @@
 """Add probe_values: `loopeval probe` stores per-loop metrics (angular distance, relative update,
 state variance, computational interaction by lag) of a run of kind "probe".
 
-Revision ID: 0004_probes
-Revises: 0003
+Revision ID: 0005
+Revises: 0004
 Create Date: 2026-12-01
 
 """
@@ -13,8 +13,8 @@ import sqlalchemy as sa
 
 
 # revision identifiers, used by Alembic.
-revision: str = '0004_probes'
-down_revision: Union[str, Sequence[str], None] = '0003'
+revision: str = '0005'
+down_revision: Union[str, Sequence[str], None] = '0004'
 branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 

@@ -1,0 +1,93 @@
+"""Evaluation sets: which runs may be compared, and the one label every view gives them.
+
+Two accuracies are comparable only when they were measured on the same items in the same way: the
+same suite, tasks, docs per task (`--limit`), sampling (temperature, top-p, top-k, new-token budget,
+stop sequences, n) and data (the fingerprint of the task files, `suites.registry.data_fingerprint`,
+stored per run). That tuple is a run's evaluation set. The seed is not part of it: seeds are
+repeats of one measurement. Figures, reports and `loopeval results` show one set at a time, never a
+point merged from two. Runs stored before fingerprints existed still get a set, labelled as such.
+
+`run_key` adds what makes two runs the same experiment (model, loops, per-model overrides, seed),
+which is how `loopeval run` recognises a run already stored. Pure functions of stored values (no
+sqlalchemy), so the store, the queries and the harness compute them alike.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+_NOT_OF_THE_SET = ("seed",)  # sampling fields that vary between repeats of one set
+
+
+def _digest(value: Any, length: int) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    """The evaluation set of a run, from its stored columns (`runs.suite`, `tasks`, `limit`, `sampling`, `data_fingerprint`)."""
+
+    suite: str
+    tasks: tuple[str, ...]
+    limit: int | None
+    sampling: tuple[tuple[str, Any], ...]  # without the seed
+    fingerprint: str | None
+
+    @classmethod
+    def of(cls, suite: str, tasks: Sequence[str] | None, limit: int | None, sampling: Mapping[str, Any] | None,
+           fingerprint: str | None) -> EvalSet:
+        kept = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in (sampling or {}).items()
+                            if k not in _NOT_OF_THE_SET))
+        return cls(suite, tuple(sorted(tasks or ())), None if limit is None else int(limit), kept, fingerprint)
+
+    @property
+    def id(self) -> str:
+        """A short stable id (8 hex digits, the same in every database): what `--set` and the selectors take."""
+        return _digest([self.suite, self.tasks, self.limit, self.sampling, self.fingerprint], 8)
+
+    @property
+    def label(self) -> str:
+        """What the set is, in one line: 'set 1a2b3c4d: synthetic · chain3, chain4 · first 50 per task · n=4 T=1 ...'."""
+        items = "all items" if self.limit is None else f"first {self.limit} per task"
+        data = f"data {self.fingerprint[:8]}" if self.fingerprint else "data not fingerprinted"
+        return f"set {self.id}: " + " · ".join([self.suite, self._tasks_text(), items, self._sampling_text(), data])
+
+    def _tasks_text(self) -> str:
+        """Task names, a group's subtasks counted once (`mmlu_redux:*` -> `mmlu_redux`); many become a count."""
+        names = sorted({task.split(":")[0] for task in self.tasks})
+        if not names:
+            return "tasks unknown"
+        return ", ".join(names) if len(names) <= 4 else f"{len(names)} tasks"
+
+    def _sampling_text(self) -> str:
+        sampling = dict(self.sampling)
+        if not sampling:
+            return "sampling unknown"
+        number = lambda key: isinstance(sampling.get(key), (int, float))  # noqa: E731
+        parts = [f"n={sampling.get('n', '?')}", f"T={sampling['temperature']:g}" if number("temperature") else "T=?"]
+        if number("top_p") and sampling["top_p"] != 1:
+            parts.append(f"top-p {sampling['top_p']:g}")
+        if sampling.get("top_k") is not None:
+            parts.append(f"top-k {sampling['top_k']}")
+        if sampling.get("max_new_tokens") is not None:
+            parts.append(f"{sampling['max_new_tokens']} new tokens")
+        return " ".join(parts)
+
+
+def run_set(run: Mapping[str, Any]) -> EvalSet:
+    """The set of a run given as its `runs` columns (a dict, or a row's `_mapping`)."""
+    return EvalSet.of(run["suite"], run["tasks"], run["limit"], run["sampling"], run["data_fingerprint"])
+
+
+def run_key(run: Mapping[str, Any]) -> str:
+    """Two runs with the same key are the same experiment (model, loops, that model's overrides, set, seed):
+    `loopeval run` skips the second unless `--rerun`. `run` holds the `runs` columns, `spec` included."""
+    model = run["model_spec"]
+    overrides = ((run.get("spec") or {}).get("model_overrides") or {}).get(model, {})
+    return _digest({"model": model, "loops": run["loops"], "overrides": overrides, "set": run_set(run).id,
+                    "seed": run["seed"]}, 16)

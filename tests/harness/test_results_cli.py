@@ -1,0 +1,146 @@
+"""`loopeval results` as the answer: accuracy per GB ranked within one evaluation set, the frontier marked,
+memory in readable units, filters, per-task scores, profiles apart, `--json` with every field, 100 columns."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from db.sets import run_set
+from db.store import Store
+from harness.cli import main
+
+SAMPLING = {"temperature": 1.0, "top_p": 0.7, "top_k": None, "max_new_tokens": 8, "n": 4, "seed": 0, "stop": []}
+LONG = "transformers:/models/checkpoints/a-rather-long-directory-name/ouro-1.4b-thinking-step-120000"
+TASKS = ["addition", "chain2", "lookup"]
+
+
+def _run(store: Store, sweep: str, model: str, loops: int | None, scores: dict[str, float], kv: int,
+         limit: int | None = None, status: str = "finished") -> int:
+    run_id = store.create_run(sweep_id=sweep, model_spec=model, adapter=model.partition(":")[0], loops=loops,
+                              suite="synthetic", tasks=list(scores) or TASKS, limit=limit, sampling=SAMPLING, seed=0,
+                              data_fingerprint="d" * 64, status=status)
+    if status == "finished":
+        store.set_metrics(run_id, {t: {"pass@k:k=1&n=4": (v, 0.05)} for t, v in scores.items()})
+    store.set_memory_peaks(run_id, {"weights_bytes": 1_000_000, "kv_bytes_peak": kv, "nvml_process_peak": None})
+    return run_id
+
+
+@pytest.fixture()
+def db(tmp_path: Path) -> str:
+    """Two sweeps on one set, a third on another (fewer items), a failed run and a profile."""
+    path = tmp_path / "r.sqlite"
+    store = Store.open(str(path))
+    _run(store, "aaaa1111", "zoo:ouro-tiny", 2, dict(zip(TASKS, (0.2, 0.6, 1.0))), 400_000)
+    _run(store, "aaaa1111", "zoo:ouro-tiny", 4, dict(zip(TASKS, (0.3, 0.7, 1.0))), 800_000)
+    _run(store, "bbbb2222", LONG, None, dict(zip(TASKS, (0.5, 0.9, 1.0))), 3_000_000_000)
+    _run(store, "bbbb2222", "zoo:melt-tiny", 4, dict(zip(TASKS, (0.1, 0.5, 1.0))), 200_000)
+    _run(store, "bbbb2222", "zoo:melt-tiny", 8, {}, 0, status="failed")
+    profile = store.create_run(sweep_id="cccc3333", kind="profile", model_spec="preset:melt-tiny", adapter="preset", suite="profile")
+    store.add_profile_points(profile, [dict(context_tokens=n, batch=1, loops=2, weights_bytes=1_000_000, kv_bytes_analytic=100 * n,
+                                            kv_bytes_allocated=100 * n, rss_peak=200_000_000) for n in (16, 64)])
+    store.finish_run(profile, "finished")
+    _run(store, "dddd4444", "zoo:ouro-tiny", 4, {"chain2": 0.9}, 800_000, limit=5)  # the latest sweep: another set
+    store.close()
+    return str(path)
+
+
+def _results(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    assert main(["results", *args]) == 0
+    return capsys.readouterr().out
+
+
+def _rows(out: str) -> list[list[str]]:
+    """The table's body rows as cells (rich's box characters stripped)."""
+    return [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines() if line.startswith("│")]
+
+
+def test_the_latest_set_is_shown_and_the_others_named(db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    out = _results(capsys, "--db", db)
+    assert out.splitlines()[0].startswith("set ") and "chain2 · first 5 per task" in out.splitlines()[0]
+    assert [row[1:4] for row in _rows(out)] == [["zoo:ouro-tiny", "4", "0.900 ± 0.098"]]
+    assert "other evaluation sets" in out and "addition, chain2, lookup · all items" in out and "(5 runs)" in out
+    assert "1 profile run: loopeval results --profiles" in out
+
+
+def test_one_set_is_ranked_by_accuracy_per_gb_with_the_frontier(db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    store = Store.read(db)
+    older = next(r["set_id"] for r in store.run_summaries() if r["sweep_id"] == "aaaa1111")
+    store.close()
+    out = _results(capsys, "--db", db, "--set", older, "--measure", "weights_bytes + kv_bytes_peak")
+    # accuracy = mean over the three tasks, ± 1.96 x its stderr; memory = 1 MB weights + KV; per GB = accuracy / (bytes / 1e9)
+    assert _rows(out) == [
+        ["1", "zoo:melt-tiny", "4", "0.533 ± 0.057", "1.2 MB", "444", "*", "4"],
+        ["2", "zoo:ouro-tiny", "2", "0.600 ± 0.057", "1.4 MB", "429", "*", "1"],
+        ["3", "zoo:ouro-tiny", "4", "0.667 ± 0.057", "1.8 MB", "370", "*", "2"],
+        ["4", LONG, "1", "0.800 ± 0.057", "3 GB", "0.267", "*", "3"],
+        ["", "zoo:melt-tiny", "8", "failed", "n/a", "n/a", "", "5"],  # no score: listed last, never ranked
+    ]
+    assert "memory: weights + KV cache peak, decimal units" in out
+    assert "pass@k" not in out
+
+
+def test_filters_narrow_the_runs(db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    out = _results(capsys, "--db", db, "--sweep", "aaaa")
+    assert [(row[1], row[2]) for row in _rows(out)] == [("zoo:ouro-tiny", "2"), ("zoo:ouro-tiny", "4")]
+    assert "other evaluation sets" not in out
+    out = _results(capsys, "--db", db, "--model", "zoo:melt-tiny")
+    assert {row[1] for row in _rows(out)} == {"zoo:melt-tiny"}
+    out = _results(capsys, "--db", db, "--last", "2")  # the profile and the latest run
+    assert len(_rows(out)) == 1 and "1 profile run" in out
+    out = _results(capsys, "--db", db, "--suite", "synthetic", "--tasks")
+    assert [row[2:4] for row in _rows(out)] == [["chain2", "0.900 ± 0.098"], ["mean", "0.900 ± 0.098"]]
+
+
+def test_per_task_scores_and_profiles_have_their_own_views(db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    out = _results(capsys, "--db", db, "--sweep", "aaaa", "--tasks")
+    assert [row[:4] for row in _rows(out)][:4] == [["zoo:ouro-tiny", "2", "addition", "0.200 ± 0.098"],
+                                                  ["", "", "chain2", "0.600 ± 0.098"], ["", "", "lookup", "1.000 ± 0.098"],
+                                                  ["", "", "mean", "0.600 ± 0.057"]]
+    out = _results(capsys, "--db", db, "--profiles")
+    assert _rows(out) == [["6", "preset:melt-tiny", "2", "1", "16-64", "1 MB", "6.4 KB", "6.4 KB", "200 MB rss"]]
+
+
+def test_json_keeps_every_field_and_follows_the_filters(db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    runs = json.loads(_results(capsys, "--db", db, "--json"))
+    assert [r["id"] for r in runs] == [1, 2, 3, 4, 5, 6, 7]
+    first = runs[0]
+    for key in ("sweep_id", "model", "loops", "suite", "tasks", "status", "n_samples", "metrics", "pass_at_1", "stderr",
+                "memory", "kv_bytes_per_token", "limit", "sampling", "seed", "data_fingerprint", "set_id", "set_label"):
+        assert key in first, key
+    assert first["set_id"] == run_set(dict(suite="synthetic", tasks=TASKS, limit=None, sampling=SAMPLING,
+                                           data_fingerprint="d" * 64)).id
+    assert runs[5]["kind"] == "profile" and runs[5]["set_id"] is None
+    only = json.loads(_results(capsys, "--db", db, "--json", "--set", first["set_id"], "--model", "zoo:ouro-tiny"))
+    assert [r["id"] for r in only] == [1, 2]
+
+
+def test_fits_100_columns_without_cutting_names(db: str, capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "100")
+    for args in ([], ["--sweep", "bbbb"], ["--sweep", "bbbb", "--tasks"], ["--profiles"]):
+        out = _results(capsys, "--db", db, *args)
+        assert max(len(line) for line in out.splitlines()) <= 100, out
+        assert "…" not in out, out
+    folded = "".join(re.sub(r"\s", "", row[1]) for row in _rows(_results(capsys, "--db", db, "--sweep", "bbbb")))
+    assert LONG in folded, "the long model name is wrapped, never cut"
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--sweep", "zzzz"], "--sweep zzzz: no stored sweep"),
+    (["--model", "zoo:nope"], "--model zoo:nope: no stored run"),
+    (["--suite", "paper"], "--suite paper: no stored run"),
+    (["--set", "00000000"], "--set 00000000: no such evaluation set"),
+    (["--measure", "bogus"], "--measure must be one of"),
+])
+def test_a_filter_that_matches_nothing_is_one_line_and_exit_2(db: str, capsys: pytest.CaptureFixture[str], args: list[str],
+                                                               words: str) -> None:
+    for json_flag in ([], ["--json"]):
+        if json_flag and args[0] == "--measure":
+            continue  # --json prints every field, the measure is not chosen there
+        assert main(["results", "--db", db, *args, *json_flag]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], err
