@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.errors import UserError
+from harness.hints import env_command
 from harness.runner import (
     RunOutcome,
     SweepPlan,
@@ -227,7 +228,7 @@ class RayExecutor:
             return
         except self.ray.exceptions.RayError as exc:  # its worker died more often than Ray retries
             store.finish_run(job.run_id, "interrupted", error=f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
-            log(f"{job.label}: its worker died {RETRIES + 1} times; continue with: loopeval run --resume {job.run_id}")
+            log(f"{job.label}: its worker died {RETRIES + 1} times; continue with: {env_command('loopeval')} run --resume {job.run_id}")
             return
         log(f"{job.label}: {status}")
 
@@ -240,7 +241,7 @@ class RayExecutor:
             if states.get(job.run_id, ("",))[0] in ("queued", "running"):
                 store.finish_run(job.run_id, "interrupted", error="sweep interrupted")
         if jobs:
-            log(f"interrupted; continue each run with: loopeval run --resume RUN_ID ({', '.join(str(j.run_id) for j in jobs)})")
+            log(f"interrupted; continue each run with: {env_command('loopeval')} run --resume RUN_ID ({', '.join(str(j.run_id) for j in jobs)})")
 
 
 def _check_reachable(address: str) -> None:

@@ -28,6 +28,7 @@ from adapters.base import Generation, Prompt, Sampling
 from db.sets import run_key
 from harness.capacity import check_fits
 from harness.errors import UserError
+from harness.hints import env_command
 from harness.recorder import RunBusy, RunRecorder, holder_is_gone
 from harness.sampler import MemorySampler
 from harness.spec import RunSpec, is_looped
@@ -443,7 +444,7 @@ def _execute(
         status = "finished"
     except KeyboardInterrupt:
         status = "interrupted"
-        log(f"run {run_id} interrupted; finished samples are stored. Continue with: loopeval run --resume {run_id}")
+        log(f"run {run_id} interrupted; finished samples are stored. Continue with: {env_command('loopeval')} run --resume {run_id}")
         raise
     except Exception as exc:
         error = _error(exc)

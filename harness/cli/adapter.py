@@ -11,7 +11,8 @@ import shlex
 
 import typer
 
-from harness.cli.common import AdaptersDirOption, TrustRemoteCodeFlag, env_command
+from harness.cli.common import AdaptersDirOption, TrustRemoteCodeFlag
+from harness.hints import env_command
 
 
 def new(

@@ -6,8 +6,6 @@ Command modules import from here and never from each other, so each command read
 from __future__ import annotations
 
 import os
-import shlex
-import shutil
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -15,6 +13,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from harness.errors import UserError
+from harness.hints import env_command
 
 GB = 1e9  # decimal gigabytes, as the MELT paper reports them
 
@@ -37,21 +36,6 @@ TrustRemoteCodeFlag = Annotated[
 ]
 DeviceOption = Annotated[str, typer.Option("--device", help="cpu or cuda.")]
 ThreadsOption = Annotated[Optional[int], typer.Option("--threads", min=1, help="torch CPU threads.")]
-
-
-def env_command(name: str) -> str:
-    """This environment's `name` (loopeval, python) as a hint the user can paste and run: the bare name
-    when the shell finds this very script, else its full path.
-
-    The README starts with `.venv/bin/loopeval run` without activating the venv, where a bare `loopeval`
-    is not found and a bare `pip` or `python` is the system's. Paths are not resolved: a venv's python is
-    a link to the system's, and only the link knows its venv.
-    """
-    script = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), name)
-    found = shutil.which(name)
-    if (found and os.path.abspath(found) == script) or not os.path.exists(script):
-        return name
-    return shlex.quote(script)
 
 
 def parse_int_list(value: str | None, option: str, minimum: int = 1) -> list[int] | None:
@@ -175,7 +159,7 @@ def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = No
     if measure is not None and measure not in figures.MEMORY_MEASURES:
         raise UserError(f"--measure must be one of {', '.join(figures.MEMORY_MEASURES)}, got {measure!r}")
     if not evals:
-        typer.echo("no evaluation runs match" + ("" if runs else "; try `loopeval run`"))
+        typer.echo("no evaluation runs match" + ("" if runs else f"; try `{env_command('loopeval')} run`"))
         return
     chosen = set_id or next(iter(sets))
     in_set = {r["id"]: r for r in evals if r["set_id"] == chosen}
@@ -200,7 +184,7 @@ def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = No
     counts = {other: sum(r["set_id"] == other for r in evals) for other in sets}
     others = [f"  {label} ({counts[other]} run{'s' * (counts[other] > 1)})" for other, label in sets.items() if other != chosen]
     if others:
-        out.print("other evaluation sets, never mixed with this one (loopeval results --set ID):\n" + "\n".join(others),
+        out.print(f"other evaluation sets, never mixed with this one ({env_command('loopeval')} results --set ID):\n" + "\n".join(others),
                   markup=False, highlight=False)
 
 

@@ -16,6 +16,7 @@ import typer
 
 from harness.cli.common import DbOption, JsonFlag, console, print_answer, print_table
 from harness.errors import UserError
+from harness.hints import env_command
 
 
 def results(
@@ -79,7 +80,7 @@ def _print_profiles(store: Any, run_ids: list[int]) -> None:
     points = queries.profile_points(store.engine)
     points = points[points["run_id"].isin(run_ids)]
     if points.empty:
-        typer.echo("no profile runs match; try `loopeval profile MODEL`")
+        typer.echo(f"no profile runs match; try `{env_command('loopeval')} profile MODEL`")
         return
     rows = []
     for (run_id, loops, batch), group in points.groupby(["run_id", "loops", "batch"], dropna=False, sort=True):

@@ -13,7 +13,8 @@ from typing import Any, Optional
 
 import typer
 
-from harness.cli.common import AdaptersDirOption, DbOption, TrustRemoteCodeFlag, env_command, parse_int_list, print_answer, progress, report_path
+from harness.cli.common import AdaptersDirOption, DbOption, TrustRemoteCodeFlag, parse_int_list, print_answer, progress, report_path
+from harness.hints import env_command
 from harness.spec import DEFAULTS, SUITE_SAMPLING
 
 _SYNTHETIC = SUITE_SAMPLING[DEFAULTS.suite]

@@ -18,7 +18,7 @@ from adapters.engine.config import LoopConfig
 from adapters.engine.presets import PRESETS
 from adapters.zoo import zoo_info, zoo_names
 from harness.cli import main
-from harness.cli.common import env_command
+from harness.hints import env_command
 from harness.spec import RunSpec
 
 
