@@ -241,8 +241,8 @@ def test_engine_preset_end_to_end(tmp_path: Path):
     adapter = adapters.load("preset:qwen3-tiny")
     sink = MemorySink()
     result = run_suite(adapter, load_suite("synthetic"), Sampling(temperature=1.0, n=2, seed=1), sink=sink, limit=3, batch_size=8, progress=False)
-    assert set(result.metrics) == set(synthetic.TASKS) | {"all"}
-    for task in synthetic.TASKS:
+    assert set(result.metrics) == set(synthetic.DEFAULT_TASKS) | {"all"}
+    for task in synthetic.DEFAULT_TASKS:
         value, stderr = result.metrics[task]["pass@k:k=1&n=2"]
         assert 0.0 <= value <= 1.0 and stderr is not None and not math.isnan(stderr)
     assert len(sink.received) == len(result.scores) == 5 * 3 * 2
