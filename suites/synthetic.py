@@ -217,7 +217,7 @@ def task_configs() -> list["LightevalTaskConfig"]:
     """One LightEval task per synthetic task (all of TASKS), reading the committed test split.
 
     Scored with LightEval's pass@k at k=1 (over the run's n samples, set by `suites.loader.with_samples`), whose per-sample check is
-    LightEval's exact match on the stripped output (the answers are bare numbers, so extraction
+    LightEval's exact match on the stripped output (the answers are bare numbers or bit strings, so extraction
     would only add ways to be lenient); with one sample it is plain exact match.
     """
     from lighteval.metrics.metrics import Metrics
