@@ -215,6 +215,9 @@ def prepare_sweep(spec: RunSpec) -> SweepPlan:
         if description is None:
             plan.loaded[model] = adapters.load(model, **overrides)
             description = plan.loaded[model].describe()
+        if description.get("has_tokenizer") is False:
+            raise UserError(f"{model} has no tokenizer, so it cannot read a suite's prompts: evaluate a checkpoint "
+                            "(e.g. qwen3:PATH) or a zoo model; real-size presets are for `loopeval profile` and `estimate`")
         runs = [(model, r) for r in spec.loops] if is_looped(description) else [(model, None)]
         for _, loops in runs:
             _check_fits(spec, model, loops)

@@ -86,7 +86,7 @@ class RunSpec:
 
     models: tuple[str, ...]
     suite: str
-    tasks: tuple[str, ...] | None  # None: every task of the suite
+    tasks: tuple[str, ...] | None  # None: the suite's DEFAULT_TASKS
     loops: tuple[int, ...]
     sampling: Sampling
     limit: int | None

@@ -74,6 +74,7 @@ TASKS: tuple[str, ...] = (
     "aime24", "aime25", "aime26", "amc23", "math_500", "olympiadbench", "gpqa_diamond", "mmlu_redux", "humaneval",
     "hle",
 )  # fmt: skip
+DEFAULT_TASKS = TASKS  # a run without --tasks evaluates all of them
 
 # The columns each task's prompt and metric read, by top-level task (see `suites.loader.coerce_row`
 # for the kinds): every local file is checked against them before a run starts.

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 DEFAULT_SUITE = "synthetic"
 
 _DESCRIPTIONS: dict[str, str] = {
-    "synthetic": "bundled: multi-digit addition, 2/3/4-hop variable chains and a lookup control (200 items each)",
+    "synthetic": "bundled: multi-digit addition, 2/3/4-hop variable chains and a lookup control (200 items each); cellular-automaton depth tasks r30k3..r30k8, r110k4 by name",
     "paper": "AIME24/25/26, AMC23, MATH-500, OlympiadBench, GPQA-Diamond, MMLU-Redux, HumanEval, HLE (local copies via --data-dir)",
 }
 _MODULES = {"synthetic": synthetic, "paper": paper}
@@ -42,8 +42,8 @@ def suite_tasks(name: str) -> list[str]:
 
 
 def _select(name: str, configs: list["LightevalTaskConfig"], tasks: list[str] | None) -> list["LightevalTaskConfig"]:
-    if tasks is None:
-        return configs
+    """The configs of `tasks`, or of the suite's DEFAULT_TASKS when None."""
+    tasks = list(_MODULES[name].DEFAULT_TASKS) if tasks is None else tasks
     chosen: set[str] = set()
     for task in tasks:
         matches = {c.name for c in configs if c.name == task or c.name.split(":")[0] == task}
@@ -79,7 +79,7 @@ def _localize(config: "LightevalTaskConfig", data_dir: Path, columns: dict[str, 
 def load_suite(
     name: str, *, tasks: list[str] | None = None, data_dir: Path | None = None
 ) -> list["LightevalTaskConfig"]:
-    """The suite's LightEval task configs, optionally only `tasks`, reading local copies from `data_dir`.
+    """The suite's LightEval task configs (`tasks`, else its DEFAULT_TASKS), reading local copies from `data_dir`.
 
     Their pass@k metrics count one sample; the run sets its n with `suites.loader.with_samples`.
 

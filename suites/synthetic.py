@@ -1,18 +1,27 @@
-"""The bundled `synthetic` suite: small arithmetic and variable-chain problems, plus a lookup control.
+"""The bundled `synthetic` suite: small arithmetic and variable-chain problems, a lookup control,
+and cellular-automaton steps that need depth.
 
-Every item is a short printable-ASCII prompt and a short number answer, followed by the stop
-sequence "\\n", so that character-level tiny models can learn them in a few CPU minutes:
+Every item is a short printable-ASCII prompt and a short answer, followed by the stop sequence
+"\\n", so that character-level tiny models can learn them in a few CPU minutes:
 
     addition   "47+385="                     -> "432"   (2-3 digit operands, at least one carry)
     chain2     "q=3;f=q+4;k=f*2;k=?"          -> "14"    (the value flows through 2 hops)
     chain3     "..."                         3 hops
     chain4     "..."                         4 hops
     lookup     "k=7;m=2;q=5;m=?"             -> "2"     (one-step retrieval: the control task)
+    r30k4      "r30 k4 0110100111010001:"    -> 16 bits (rule 30 run 4 steps on a ring of 16 cells)
+    r30k3, r30k5, r30k6, r30k8               the same at other depths; r110k4 with rule 110
 
 The chains are stated in order, so each operand sits at a fixed offset before the question: one
 attention layer can gather them all and the feed-forward layers compose the operations, which a
 2-layer model does well (README, zoo results). They test composing 2-4 operations, not following
 names by content; `lookup` is a single retrieval by name.
+
+The cellular-automaton tasks close that shortcut: every step is local and the same at every cell,
+so output bit i after k steps depends on the 2k + 1 input bits around it, and each step costs the
+model some depth. k is stated in the prompt. They are selectable by name; the suite's default task
+list (`DEFAULT_TASKS`, what a run without --tasks evaluates) is still the first five, which the
+shipped zoo was trained on (docs/zoo-trials.md, section 6, has the trials on these tasks).
 
 The items come from a seeded generator (`generate_split`) and are committed under
 `suites/data/synthetic/{task}.{split}.jsonl`, so that evaluation never depends on the generator's
@@ -39,14 +48,23 @@ if TYPE_CHECKING:
     from lighteval.tasks.requests import Doc
 
 DATA_DIR = Path(__file__).parent / "data" / "synthetic"
-TASKS: tuple[str, ...] = ("addition", "chain2", "chain3", "chain4", "lookup")
+DEFAULT_TASKS: tuple[str, ...] = ("addition", "chain2", "chain3", "chain4", "lookup")  # a run without --tasks
+CA_TASKS: tuple[tuple[int, int], ...] = ((30, 3), (30, 4), (30, 5), (30, 6), (30, 8), (110, 4))  # (rule, steps)
+DEPTH_TASKS: tuple[str, ...] = tuple(f"r{rule}k{steps}" for rule, steps in CA_TASKS)
+TASKS: tuple[str, ...] = DEFAULT_TASKS + DEPTH_TASKS  # every selectable task
 COLUMNS: dict[str, dict[str, str]] = {task: {"prompt": "prompt", "answer": "text"} for task in TASKS}  # read by the prompt
 SPLITS: tuple[str, ...] = ("train", "test")
 TEST_SIZE = 200  # items per task in the committed test split
-TRAIN_SIZE = 8000  # items per task in the committed train split (5 tasks: 40k items, about 2 MB)
+TRAIN_SIZE = 8000  # items per task in the committed train split (11 tasks: 88k items, about 5 MB)
 SEED = 0
 STOP = "\n"  # every answer ends here; also the evaluation stop sequence
-GENERATION_SIZE = 8  # new tokens allowed: the longest answer is 4 characters, plus the stop
+GENERATION_SIZE = 20  # new tokens a run allows: the longest answer is 16 characters (a CA state), plus the stop
+
+
+def generation_size(task: str) -> int:
+    """New tokens a task's docs allow: 8 for the first five (answers of at most 4 characters), 20 for the
+    depth tasks. A cap per task keeps the default run as fast as before the 16-cell answers came."""
+    return GENERATION_SIZE if task in DEPTH_TASKS else 8
 
 _NAMES = "abcdefghijklmnopqrstuvwxyz"
 _MAX_VALUE = 99  # chain values stay in 0..99 so that answers are at most two digits
@@ -89,12 +107,40 @@ def _lookup(rng: random.Random) -> tuple[str, str]:
     return f"{pairs};{names[asked]}=?", str(values[asked])
 
 
+CA_CELLS = 16  # ring size of the cellular-automaton tasks
+
+
+def ca_step(cells: str, rule: int) -> str:
+    """One step of an elementary cellular automaton on a ring: cell i reads cells i-1, i, i+1 (Wolfram numbering)."""
+    n = len(cells)
+    return "".join(str(rule >> int(cells[i - 1] + cells[i] + cells[(i + 1) % n], 2) & 1) for i in range(n))
+
+
+def _automaton(rule: int, steps: int) -> Callable[[random.Random], tuple[str, str]]:
+    """A random ring of CA_CELLS bits and its state after `steps` steps of `rule`: `r30 k4 0110...:` -> 16 bits.
+
+    Every step is local and the same everywhere: output bit i depends on the 2k + 1 input bits
+    around it, so k steps need depth that grows with k, and no single attention layer can gather
+    the answer.
+    """
+
+    def make(rng: random.Random) -> tuple[str, str]:
+        cells = "".join(rng.choice("01") for _ in range(CA_CELLS))
+        state = cells
+        for _ in range(steps):
+            state = ca_step(state, rule)
+        return f"r{rule} k{steps} {cells}:", state
+
+    return make
+
+
 _MAKERS: dict[str, Callable[[random.Random], tuple[str, str]]] = {
     "addition": _addition,
     "chain2": _chain(2),
     "chain3": _chain(3),
     "chain4": _chain(4),
     "lookup": _lookup,
+    **{task: _automaton(rule, steps) for task, (rule, steps) in zip(DEPTH_TASKS, CA_TASKS)},
 }
 
 
@@ -174,10 +220,10 @@ def synthetic_prompt(line: dict, task_name: str | None = None) -> "Doc":
 
 
 def task_configs() -> list["LightevalTaskConfig"]:
-    """One LightEval task per synthetic task, reading the committed test split.
+    """One LightEval task per synthetic task (all of TASKS), reading the committed test split.
 
     Scored with LightEval's pass@k at k=1 (over the run's n samples, set by `suites.loader.with_samples`), whose per-sample check is
-    LightEval's exact match on the stripped output (the answers are bare numbers, so extraction
+    LightEval's exact match on the stripped output (the answers are bare numbers or bit strings, so extraction
     would only add ways to be lenient); with one sample it is plain exact match.
     """
     from lighteval.metrics.metrics import Metrics
@@ -192,7 +238,7 @@ def task_configs() -> list["LightevalTaskConfig"]:
             hf_avail_splits=["test"],
             evaluation_splits=["test"],
             few_shots_split="test",  # unused (no few-shot); naming it keeps LightEval from warning
-            generation_size=GENERATION_SIZE,
+            generation_size=generation_size(task),
             stop_sequence=[STOP],
             metrics=[Metrics.pass_at_k(sample_params={"k": 1, "n": 1})],
             version=0,

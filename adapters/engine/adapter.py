@@ -200,7 +200,13 @@ def exit_policy(cfg: LoopConfig, overrides: dict[str, Any]) -> ExitPolicy:
 
 
 def inspect_preset(name: str, **overrides: Any) -> dict[str, Any]:
-    return config_facts(preset(name), overrides)
+    """Config facts, plus whether the preset can read text: only the tiny presets share the character
+    tokenizer; the real-size shapes exist for memory and speed and take token ids only."""
+    return {**config_facts(preset(name), overrides), "has_tokenizer": _tiny(name)}
+
+
+def _tiny(name: str) -> bool:
+    return name.endswith("-tiny")
 
 
 @register("preset", "engine preset with seeded random weights (qwen3-tiny, ouro-tiny, melt-tiny, qwen3-1.7b, ...)", inspect=inspect_preset,
@@ -211,8 +217,7 @@ def load_preset(name: str, **overrides: Any) -> EngineAdapter:
 
     cfg = preset(name)
     seed = int(overrides.pop("seed", 0))
-    tiny = name.endswith("-tiny")
-    return _build(f"preset:{name}", lambda dtype, device: random_model(cfg, seed, dtype, device), char_tokenizer if tiny else (lambda: None), overrides)
+    return _build(f"preset:{name}", lambda dtype, device: random_model(cfg, seed, dtype, device), char_tokenizer if _tiny(name) else (lambda: None), overrides)
 
 
 def _checkpoint_factory(family: str) -> Any:

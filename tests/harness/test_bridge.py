@@ -90,7 +90,7 @@ def test_gold_scores_one_wrong_scores_zero_and_settings_reach_generate(configs):
         task = "addition" if prompts[0].endswith("=") else "chain3"
         first = next(r.doc_id for r in sink.received if r.prompt == prompts[0])
         assert sampling.n == 2  # the doc's num_samples (pass@1 over the run's n)
-        assert sampling.max_new_tokens == synthetic.GENERATION_SIZE  # the doc's generation_size caps the run's
+        assert sampling.max_new_tokens == synthetic.generation_size(task)  # the doc's generation_size caps the run's
         assert sampling.stop == ("###", "\n")  # run stops, then the doc's
         assert (sampling.temperature, sampling.top_p) == (0.6, 0.9)
         assert sampling.seed == batch_seed(11, task, first)
@@ -264,8 +264,8 @@ def test_engine_preset_end_to_end(tmp_path: Path):
     adapter = adapters.load("preset:qwen3-tiny")
     sink = MemorySink()
     result = run_suite(adapter, load_suite("synthetic"), Sampling(temperature=1.0, n=2, seed=1), sink=sink, limit=3, batch_size=8, progress=False)
-    assert set(result.metrics) == set(synthetic.TASKS) | {"all"}
-    for task in synthetic.TASKS:
+    assert set(result.metrics) == set(synthetic.DEFAULT_TASKS) | {"all"}
+    for task in synthetic.DEFAULT_TASKS:
         value, stderr = result.metrics[task]["pass@k:k=1&n=2"]
         assert 0.0 <= value <= 1.0 and stderr is not None and not math.isnan(stderr)
     assert len(sink.received) == len(result.scores) == 5 * 3 * 2

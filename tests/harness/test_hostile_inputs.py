@@ -93,6 +93,8 @@ RUN_NAMES = [
     Case("model-name-unknown", ["run", *FAST, "--model", "qwen3-tiny-smal", "--db", KEPT], "unknown model 'qwen3-tiny-smal'"),
     Case("model-name-console-markup", ["run", *FAST, "--model", "preset:[/b]", "--db", KEPT], "unknown preset '[/b]'"),
     Case("missing-checkpoint", ["run", *FAST, "--model", "ouro:missing-checkpoint", "--db", KEPT], "missing-checkpoint"),
+    Case("preset-without-tokenizer", ["run", *FAST, "--model", "preset:qwen3-1.7b", "--db", KEPT],
+         "preset:qwen3-1.7b has no tokenizer, so it cannot read a suite's prompts"),
 ]
 RUN_DATA = [
     Case("data-dir-missing", ["run", *PAPER, "--data-dir", "nowhere"], "--data-dir nowhere is not a directory"),

@@ -22,7 +22,7 @@ def test_list_and_tasks_without_importing_lighteval():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert out.splitlines() == [
-        "['paper', 'synthetic'] ['addition', 'chain2', 'chain3', 'chain4', 'lookup']",
+        "['paper', 'synthetic'] ['addition', 'chain2', 'chain3', 'chain4', 'lookup', 'r30k3', 'r30k4', 'r30k5', 'r30k6', 'r30k8', 'r110k4']",
         "False",
     ]
     assert all(list_suites().values())
@@ -34,7 +34,7 @@ def test_unknown_suite_and_task_name_the_valid_ones():
         load_suite("bogus")
     with pytest.raises(SuiteError, match=r"unknown suite 'bogus'"):
         suite_tasks("bogus")
-    with pytest.raises(SuiteError, match=r"unknown task 'chain9' in suite 'synthetic' \(tasks: addition, chain2, chain3, chain4, lookup\)"):
+    with pytest.raises(SuiteError, match=r"unknown task 'chain9' in suite 'synthetic' \(tasks: addition, chain2, chain3, chain4, lookup, r30k3, "):
         load_suite("synthetic", tasks=["chain2", "chain9"])
 
 
@@ -52,8 +52,18 @@ def test_synthetic_configs_read_the_bundled_test_split():
     assert [c.name for c in configs] == ["chain2", "lookup"]  # suite order
     for config in configs:
         assert Path(config.hf_repo) == REPO / "suites" / "data" / "synthetic" / f"{config.name}.test.jsonl"
-        assert list(config.stop_sequence) == ["\n"] and config.generation_size == 8
+        assert list(config.stop_sequence) == ["\n"] and config.generation_size == 8  # chain2, lookup: answers of at most 4 characters
         assert [m.metric_name for m in config.metrics] == ["pass@k:k=1&n=1"]
+
+
+def test_synthetic_runs_its_default_tasks_unless_depth_tasks_are_named():
+    assert [c.name for c in load_suite("synthetic")] == ["addition", "chain2", "chain3", "chain4", "lookup"]
+    assert [c.name for c in load_suite("synthetic", tasks=["r110k4", "r30k5"])] == ["r30k5", "r110k4"]
+    from suites import paper
+    from suites.registry import _select
+
+    every = paper.task_configs()
+    assert [c.name for c in _select("paper", every, None)] == [c.name for c in every]  # paper's default is all of it
 
 
 def test_synthetic_reads_a_data_dir_copy(tmp_path: Path):

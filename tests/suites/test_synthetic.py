@@ -10,11 +10,25 @@ from suites import SuiteError
 from suites import synthetic as syn
 
 
-def solve(prompt: str) -> int:
-    """An independent solver for the three prompt shapes (addition, chain, lookup)."""
+def run_automaton(rule: int, steps: int, cells: list[int]) -> list[int]:
+    """Elementary CA on a ring, written from the rule's truth table rather than bit arithmetic."""
+    table = {(l, c, r): int(bit) for (l, c, r), bit in zip(
+        [(1, 1, 1), (1, 1, 0), (1, 0, 1), (1, 0, 0), (0, 1, 1), (0, 1, 0), (0, 0, 1), (0, 0, 0)], f"{rule:08b}")}
+    n = len(cells)
+    for _ in range(steps):
+        cells = [table[cells[(i - 1) % n], cells[i], cells[(i + 1) % n]] for i in range(n)]
+    return cells
+
+
+def solve(prompt: str) -> str:
+    """An independent solver for the four prompt shapes (addition, chain, lookup, automaton)."""
+    automaton = re.fullmatch(r"r(\d+) k(\d+) ([01]+):", prompt)
+    if automaton:
+        rule, steps, cells = int(automaton[1]), int(automaton[2]), [int(c) for c in automaton[3]]
+        return "".join(map(str, run_automaton(rule, steps, cells)))
     if prompt.endswith("="):
         a, b = prompt[:-1].split("+")
-        return int(a) + int(b)
+        return str(int(a) + int(b))
     *statements, question = prompt.split(";")
     assert question.endswith("=?")
     env: dict[str, int] = {}
@@ -26,7 +40,7 @@ def solve(prompt: str) -> int:
         else:
             var, op, operand = match.group(1), match.group(2), int(match.group(3))
             env[name] = {"+": env[var] + operand, "-": env[var] - operand, "*": env[var] * operand}[op]
-    return env[question[:-2]]
+    return str(env[question[:-2]])
 
 
 def test_generator_is_deterministic_and_seeded():
@@ -53,12 +67,12 @@ def test_splits_disjoint_answers_correct_and_tokenizer_friendly():
         assert len(test_prompts) == len(test) and len(train_prompts) == len(train)  # no repeats inside a split
         assert not test_prompts & train_prompts
         for item in test + train:
-            assert int(item["answer"]) == solve(item["prompt"]), item
+            assert item["answer"] == solve(item["prompt"]), item
             text = syn.training_text(item)
             assert text.endswith(syn.STOP) and all(32 <= ord(c) <= 126 for c in text[:-1])
-            assert len(item["answer"]) + 1 <= syn.GENERATION_SIZE
+            assert len(item["answer"]) + 1 <= syn.generation_size(task) <= syn.GENERATION_SIZE
         total_bytes += syn.data_path(task, "test").stat().st_size + syn.data_path(task, "train").stat().st_size
-    assert total_bytes < 4_000_000
+    assert total_bytes < 6_000_000
 
 
 def test_tasks_have_their_shape():
@@ -67,6 +81,26 @@ def test_tasks_have_their_shape():
     for item in syn.generate_split("addition", "test", 100):
         a, b = item["prompt"][:-1].split("+")
         assert any(int(x) + int(y) >= 10 for x, y in zip(a[::-1], b[::-1])), "every addition needs a carry"
+
+
+def test_automaton_tasks_state_rule_and_depth():
+    assert syn.DEPTH_TASKS == ("r30k3", "r30k4", "r30k5", "r30k6", "r30k8", "r110k4")
+    for task in syn.DEPTH_TASKS:
+        for item in syn.generate_split(task, "test", 20):
+            assert item["prompt"].startswith(f"r{task[1:].split('k')[0]} k{task.split('k')[1]} ")
+            assert len(item["answer"]) == syn.CA_CELLS and set(item["answer"]) <= {"0", "1"}
+    # rule 30 grows a single live cell into the familiar 111 / 11001 rows
+    assert syn.ca_step("0000000100000000", 30) == "0000001110000000"
+    assert syn.ca_step("0000001110000000", 30) == "0000011001000000"
+    # each output bit depends on the 2k + 1 cells around it: flipping a cell 5 away leaves bit 0 alone at k = 4
+    base = "0110100111010001"
+    flipped = base[:5] + str(1 - int(base[5])) + base[6:]
+    assert run_automaton(30, 4, [int(c) for c in base])[0] == run_automaton(30, 4, [int(c) for c in flipped])[0]
+
+
+def test_default_tasks_are_the_first_five():
+    assert syn.DEFAULT_TASKS == ("addition", "chain2", "chain3", "chain4", "lookup")
+    assert syn.TASKS == syn.DEFAULT_TASKS + syn.DEPTH_TASKS
 
 
 def test_bad_requests_raise_suite_error():
