@@ -70,6 +70,7 @@ class BlockPool:
     def allocate(self) -> int:
         block = self.free.popleft()
         self.refs[block], self.filled[block] = 1, 0
+        self.peak_allocated = max(self.peak_allocated, self.kv_bytes_allocated)
         return block
 
     def share(self, blocks: list[int]) -> None:
@@ -95,6 +96,10 @@ class BlockPool:
         """Block `block` now holds `filled` slots (writes only ever extend a block)."""
         self.tokens_held += filled - self.filled[block]
         self.filled[block] = filled
+
+    def begin_step(self, tokens: int) -> None:
+        """A step of `tokens` tokens starts: a gated model's latent now holds their rows."""
+        self.in_flight = tokens if self.latent is not None else 0
         self.peak_allocated = max(self.peak_allocated, self.kv_bytes_allocated)
 
     def blocks_for(self, tokens: int) -> int:
@@ -133,7 +138,7 @@ class PagedStep:
     def __init__(self, pool: BlockPool, slots: Tensor, table: Tensor, rows: int, tokens: int) -> None:
         self.pool, self.slots, self.table = pool, slots, table
         self.rows, self.tokens = rows, tokens
-        pool.in_flight = rows * tokens if pool.latent is not None else 0
+        pool.begin_step(rows * tokens)
 
     def kv_source(self, layer: int, loop: int, x: Tensor, gate: Gate) -> Tensor | None:
         """The latent h of `layer`'s tokens in flight, updated in place: x at loop 0, then the gate."""

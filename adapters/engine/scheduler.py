@@ -114,9 +114,9 @@ class Scheduler:
         """Prefill the group's prompt once into the first sequence's blocks; the others share the full blocks."""
         began, first, pool = time.perf_counter(), group[0], self.pool
         length = first.prompt_len
-        first.blocks = [pool.allocate() for _ in range(pool.blocks_for(length))]
         prompt = torch.tensor(first.tokens[:length], device=self.device)
         for s0, s1 in prefill_chunks(length, self.chunk or length):
+            first.blocks += [pool.allocate() for _ in range(pool.blocks_for(s1) - len(first.blocks))]  # held as filled
             out = self._step([first], prompt[None, s0:s1])
         full, tail = divmod(length, pool.block_size)
         for seq in group[1:]:
