@@ -76,7 +76,7 @@ class EngineAdapter:
         self.dtype, self.device = weight.dtype, weight.device
         self._weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         self._live: KVCache | BlockPool | None = None  # the KV store of the call in progress
-        self._peak = 0
+        self._peak = self._reserved = 0
         self.preemptions = 0  # sequences the scheduler preempted (and recomputed) so far
         self._lock = threading.Lock()  # one generate at a time: the KV store is per call
 
@@ -152,6 +152,7 @@ class EngineAdapter:
         finally:
             self.preemptions += scheduler.preemptions
             self._peak = max(self._peak, pool.peak_allocated)
+            self._reserved = max(self._reserved, pool.kv_bytes_reserved)
             self._live = None
 
     def _run_static(self, sequences: list[Seq], on_finished: Callable[[list[Finished]], None]) -> None:
@@ -196,23 +197,27 @@ class EngineAdapter:
         self._live = cache
         if cache is not None:
             self._peak = max(self._peak, cache.kv_bytes_allocated)
+            self._reserved = max(self._reserved, cache.kv_bytes_reserved)
 
     def memory(self) -> dict[str, int | None]:
+        """The live KV store's bytes; `kv_bytes_peak` and `kv_bytes_reserved` (the largest pool, a peak
+        measure) are kept across calls until `reset_memory_peak`."""
         live = self._live  # one read: the generate thread may swap it
         if live is None:
             return {"weights_bytes": self._weights_bytes, "kv_bytes_allocated": 0, "kv_bytes_used": 0, "kv_bytes_peak": self._peak,
-                    "kv_bytes_reserved": 0}
+                    "kv_bytes_reserved": self._reserved}
         return {
             "weights_bytes": self._weights_bytes,
             "kv_bytes_allocated": live.kv_bytes_allocated,
             "kv_bytes_used": live.kv_bytes_used,
             "kv_bytes_peak": max(self._peak, live.peak_allocated),
-            "kv_bytes_reserved": live.kv_bytes_reserved,
+            "kv_bytes_reserved": max(self._reserved, live.kv_bytes_reserved),
         }
 
     def reset_memory_peak(self) -> None:
         live = self._live
         self._peak = 0 if live is None else live.kv_bytes_allocated
+        self._reserved = 0 if live is None else live.kv_bytes_reserved
         if isinstance(live, BlockPool):
             live.peak_allocated = live.kv_bytes_allocated
 
