@@ -9,10 +9,11 @@ Batching mode (`--batching`): one tiny preset and one workload whose generation 
 long-tailed, run with static batches and with the continuous-batching scheduler at the same
 concurrency cap, alternating, in one process. The preset's end-of-sequence id is one of ~99 tokens
 a random model samples about uniformly, so lengths are geometric (mean ~90, cut at
---new-tokens), and fixed by the seed: both modes produce the same tokens (checked). Prints useful
+--new-tokens), and fixed by the seed: both modes produce the same tokens, up to float rounding
+(the sequences that differ are counted). Prints useful
 tokens/s (generated tokens over wall time) of both and the ratio, the length distribution, the
-peak KV each held, and the largest gap between KV held and KV used seen by a 1 ms reader, in
-blocks per running sequence at most.
+peak KV each held, and the largest gap between KV held and KV used seen by a 1 ms reader, in blocks
+(at most one per running sequence, so at most the cap).
 
 GPU mode (`--gpu --full`): for each full-size preset (random bf16 weights), prefill batch 1 to
 32000 tokens and report weights, KV (allocated), torch-allocated peak and NVML process bytes, then
@@ -166,13 +167,13 @@ def bench_batching(name: str, prompts: int, samples: int, cap: int, new_tokens: 
         "preset": name, "threads": torch.get_num_threads(), "cap": cap, "sequences": prompts * samples, "new_tokens": new_tokens,
         "lengths": {"mean": round(statistics.mean(lengths), 1), "median": lengths[len(lengths) // 2], "p90": lengths[int(0.9 * len(lengths))],
                     "max": lengths[-1]},
-        "identical_outputs": outputs["static"] == outputs["continuous"],
+        "sequences_differing_from_static": sum(a != b for a, b in zip(outputs["static"], outputs["continuous"])),
         "useful_tok_s": {mode: [round(r["tokens"] / r["wall"], 1) for r in rs] for mode, rs in runs.items()},
         "ratio_best": round(best["continuous"] / best["static"], 2),
         "ratio_per_round": [round((c["tokens"] / c["wall"]) / (s["tokens"] / s["wall"]), 2) for s, c in zip(runs["static"], runs["continuous"])],
         "kv_peak_bytes": {mode: rs[0]["kv_peak"] for mode, rs in runs.items()},
         "kv_reserved_bytes": {mode: rs[0]["kv_reserved"] for mode, rs in runs.items()},
-        "continuous_max_held_minus_used_blocks": round(max(r["slack"] for r in runs["continuous"]) / block_bytes, 2),
+        "continuous_max_held_minus_used_blocks": round(max(r["slack"] for r in runs["continuous"]) / block_bytes, 2),  # <= sequences running <= cap
         "preemptions": adapter.preemptions,
     }
 
