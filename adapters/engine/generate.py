@@ -224,16 +224,17 @@ class Decoder:
         return read_logits(self.model, out, self.policy)
 
 
-def stop_reason(tokens: Sequence[int], eos_ids: set[int], sampling: Sampling, tokenizer: Any | None) -> str | None:
+def stop_reason(tokens: Sequence[int], eos_ids: set[int], sampling: Sampling, tokenizer: Any | None, start: int = 0) -> str | None:
     """Why a sequence whose last token is `tokens[-1]` stops there: "eos", "stop", or None (it goes on).
 
-    Stop strings are looked for in the decoded tail, a few tokens longer than the longest stop.
+    Stop strings are looked for in the decoded tail of the generated tokens (`tokens[start:]`), a few
+    tokens longer than the longest stop.
     """
     if tokens[-1] in eos_ids:
         return "eos"
     if sampling.stop:
         window = max(len(s) for s in sampling.stop) + 2
-        tail = tokenizer.decode(tokens[-window:], skip_special_tokens=True)
+        tail = tokenizer.decode(tokens[max(start, len(tokens) - window) :], skip_special_tokens=True)
         if any(s in tail for s in sampling.stop):
             return "stop"
     return None

@@ -203,7 +203,7 @@ class Scheduler:
         for seq, token, loop in zip(seqs, ids.tolist(), loops):
             seq.tokens.append(token)
             seq.loops.append(loop)
-            seq.finish = stop_reason(seq.tokens, self.eos_ids, seq.sampling, self.tokenizer)
+            seq.finish = stop_reason(seq.tokens, self.eos_ids, seq.sampling, self.tokenizer, start=seq.prompt_len)
             if seq.finish is None and (seq.generated >= seq.sampling.max_new_tokens or len(seq.tokens) >= seq.capacity):
                 seq.finish = "length"
             if seq.finish is not None:
