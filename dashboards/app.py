@@ -14,18 +14,19 @@ from dash import Dash, Input, Output, dash_table, dcc, html
 from sqlalchemy import Engine
 
 from dashboards import figures
-from dashboards.data import DEFAULT_CONTEXT_TOKENS, accuracy_points
+from dashboards.data import (DEFAULT_CONTEXT_TOKENS, SAMPLE_BUDGET, SAMPLE_TEXT_CHARS, accuracy_points, browse_samples,
+                             depth_points, probe_title, profile_points)
 from db import measures, queries
 from db.session import open_existing
 
 REFRESH_SECONDS = 10
-MAX_TABLE_SAMPLES = 1000  # newest matching samples in the browser table
 SAMPLE_COLUMNS = {
-    "run_id": "run", "model": "model", "loops": "loops", "task": "task", "doc_id": "doc", "prompt": "prompt",
-    "output": "output", "gold": "gold", "score": "score", "prompt_tokens": "prompt tokens",
-    "generated_tokens": "generated tokens",
+    "run_id": "run", "model": "model", "loops": "loops", "task": "task", "doc_id": "doc", "sample_index": "sample",
+    "prompt": "prompt", "output": "output", "gold": "gold", "score": "score", "prompt_tokens": "prompt tokens",
+    "generated_tokens": "generated tokens", "verdict": "verdict",
 }
 GRAPH_CONFIG = {"displaylogo": False}  # Plotly's logo links to plotly.com: no link in the page may leave it
+ANSWER_STYLE = {"fontSize": "1.1em", "background": "#f2f6fc", "borderLeft": "4px solid #3a6fc4", "padding": "0.7em 1em"}
 _ROW = {"display": "flex", "gap": "2em", "flexWrap": "wrap", "alignItems": "flex-start", "margin": "0.5em 0"}
 
 
@@ -36,6 +37,11 @@ def _labelled(label: str, control: Any, width: str | None = None) -> html.Div:
 def _filtered(points: pd.DataFrame, models: list[str] | None, loops: list[int] | None) -> pd.DataFrame:
     """Keep the selected models and loop counts (an empty selection keeps nothing, as the checkboxes show)."""
     return points[points["model"].isin(models or []) & points["loops"].isin(loops or [])]
+
+
+def _doc_number(doc_id: str) -> int | str:
+    """A numeric doc id as a number, so the table's sort puts doc 10 after doc 9."""
+    return int(doc_id) if doc_id.isdigit() else doc_id
 
 
 def _secure(response: Any) -> Any:
@@ -51,8 +57,9 @@ def _layout(engine: Engine) -> html.Div:
     models = sorted(eval_runs["model"].unique().tolist())
     loops = sorted(int(x) for x in eval_runs["loops"].dropna().unique())
     measure = figures.default_measure(accuracy_points(engine, suite)) if suite else "kv_bytes_peak"
-    run_options = [{"label": f"run {r.run_id}: {r.model} r={r.loops} ({r.suite})", "value": r.run_id}
+    run_options = [{"label": f"run {r.run_id}: {r.model} {figures.loops_label(r.loops)} ({r.suite})", "value": r.run_id}
                    for r in eval_runs.itertuples()]
+    probe_options = [{"label": probe_title(rows), "value": run_id} for run_id, rows in queries.probe_values(engine).groupby("run_id")]
     return html.Div([
         html.H1("loopeval"),
         html.P(f"Accuracy per gigabyte, live from the results database. {figures.DECIMAL_NOTE}. "
@@ -68,11 +75,16 @@ def _layout(engine: Engine) -> html.Div:
             _labelled("analytic context (tokens)", dcc.Input(
                 id="context", type="number", min=1, step=1, value=DEFAULT_CONTEXT_TOKENS, debounce=True)),
         ], style=_ROW),
+        html.P(id="answer", style=ANSWER_STYLE),
         dcc.Graph(id="accuracy-memory", config=GRAPH_CONFIG, style={"height": "560px"}),
         dcc.Graph(id="accuracy-loops", config=GRAPH_CONFIG, style={"height": "520px"}),
+        dcc.Graph(id="depth", config=GRAPH_CONFIG, style={"height": "480px"}),
         html.H2("Memory over a run"),
         dcc.Dropdown(run_options, run_options[0]["value"] if run_options else None, id="run", clearable=False),
         dcc.Graph(id="memory-run", config=GRAPH_CONFIG, style={"height": "480px"}),
+        html.H2("Loop probes"),
+        dcc.Dropdown(probe_options, probe_options[0]["value"] if probe_options else None, id="probe", clearable=False),
+        dcc.Graph(id="probe-values", config=GRAPH_CONFIG, style={"height": "640px"}),
         html.H2("Memory against context length"),
         dcc.Graph(id="memory-context", config=GRAPH_CONFIG, style={"height": "480px"}),
         html.H2("Samples"),
@@ -126,17 +138,27 @@ def create_app(db_url: str) -> Dash:
         return names, names[0] if names else None
 
     @app.callback(
-        Output("accuracy-memory", "figure"), Output("accuracy-loops", "figure"),
+        Output("answer", "children"), Output("accuracy-memory", "figure"), Output("accuracy-loops", "figure"),
         Input("suite", "value"), Input("task", "value"), Input("models", "value"), Input("loops", "value"),
         Input("measure", "value"), Input("context", "value"), Input("refresh", "n_intervals"),
     )
     def _accuracy(suite: str | None, task: str | None, models: list[str], loops: list[int], measure: str,
-                  context: int | None, _tick: int | None) -> tuple[Any, Any]:
+                  context: int | None, _tick: int | None) -> tuple[str, Any, Any]:
         context = int(context) if context and context > 0 else DEFAULT_CONTEXT_TOKENS
         points = _filtered(accuracy_points(engine, suite, task or "all", context), models, loops)
         label = figures.measure_label(measure, context)
-        return (figures.accuracy_vs_memory(points, measure, task or "all", label),
+        return (figures.answer(points, measure, label), figures.accuracy_vs_memory(points, measure, task or "all", label),
                 figures.accuracy_vs_loops(points, measure, task or "all", label))
+
+    @app.callback(Output("depth", "figure"), Input("suite", "value"), Input("refresh", "n_intervals"))
+    def _depth(suite: str | None, _tick: int | None) -> Any:
+        return figures.accuracy_vs_depth(depth_points(engine, suite) if suite else pd.DataFrame(), suite or "")
+
+    @app.callback(Output("probe-values", "figure"), Input("probe", "value"), Input("refresh", "n_intervals"))
+    def _probe(run_id: int | None, _tick: int | None) -> Any:
+        values = queries.probe_values(engine)
+        values = values[values["run_id"] == run_id]
+        return figures.loop_probes(values, probe_title(values) if not values.empty else "Loop probes")
 
     @app.callback(Output("memory-run", "figure"), Input("run", "value"), Input("refresh", "n_intervals"))
     def _memory_run(run_id: int | None, _tick: int | None) -> Any:
@@ -145,7 +167,7 @@ def create_app(db_url: str) -> Dash:
 
     @app.callback(Output("memory-context", "figure"), Input("refresh", "n_intervals"))
     def _memory_context(_tick: int | None) -> Any:
-        return figures.memory_vs_context(queries.profile_points(engine), measures.PROFILE_MEASURES)
+        return figures.memory_vs_context(profile_points(engine), measures.PROFILE_MEASURES)
 
     @app.callback(
         Output("samples", "data"), Output("sample-count", "children"),
@@ -154,9 +176,11 @@ def create_app(db_url: str) -> Dash:
     )
     def _samples(task: str | None, model: str | None, verdict: str, _tick: int | None) -> tuple[list[dict], str]:
         correct = {"correct": True, "wrong": False}.get(verdict)
-        rows = queries.samples(engine, task=task, model=model, correct=correct, limit=MAX_TABLE_SAMPLES)
+        rows = browse_samples(engine, task=task, model=model, correct=correct)
+        rows = rows.assign(loops=rows["loops"].map(figures.loops_label), doc_id=rows["doc_id"].map(_doc_number))
         rows = rows[list(SAMPLE_COLUMNS)].astype(object).where(rows[list(SAMPLE_COLUMNS)].notna(), None)
-        note = f"{len(rows)} samples" + (f" (the newest {MAX_TABLE_SAMPLES})" if len(rows) == MAX_TABLE_SAMPLES else "")
+        note = (f"{len(rows)} samples, spread evenly over every run, task and verdict that matches (at most about "
+                f"{SAMPLE_BUDGET}); texts over {SAMPLE_TEXT_CHARS} characters are cut")
         return rows.to_dict("records"), note
 
     return app

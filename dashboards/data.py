@@ -17,6 +17,7 @@ from sqlalchemy import Engine
 
 from dashboards.figures import ANALYTIC, WEIGHTS_PLUS_KV
 from db import queries
+from db.headline import SUITE, group_means, headline
 
 DEFAULT_CONTEXT_TOKENS = 32768  # the MELT paper's "memory at 32k tokens"
 
@@ -57,3 +58,62 @@ def accuracy_points(
 ) -> pd.DataFrame:
     """One row per (model, loops) with accuracy and every selectable memory measure."""
     return with_derived_measures(queries.accuracy_memory(engine, suite=suite, task=task), context_tokens)
+
+
+def profile_points(engine: Engine) -> pd.DataFrame:
+    """`queries.profile_points` with each point's loop count known: a profile run at the model's own loops stores
+    none per point, so it is read from the run's stored config (the r it ran at; 1 for a plain transformer)."""
+    points = queries.profile_points(engine)
+    configs = queries.runs(engine, kind="profile").set_index("run_id")["model_config"]
+    ran_at = pd.to_numeric(points["run_id"].map(
+        lambda run_id: configs[run_id].get("loops") if isinstance(configs.get(run_id), dict) else None))
+    return points.assign(loops=points["loops"].astype("float64").fillna(ran_at))
+
+
+SAMPLE_BUDGET = 600  # samples the browsers hold, spread over runs, tasks and verdicts (queries.sample_spread)
+SAMPLE_TEXT_CHARS = 1500  # of each prompt, output and gold: a 32k-token answer must not weigh down the page
+
+
+def clip(text: object, limit: int = SAMPLE_TEXT_CHARS) -> str | None:
+    """The text, cut at `limit` characters with a note of how many more there were."""
+    if text is None or (isinstance(text, float) and np.isnan(text)):
+        return None
+    text = str(text)
+    return text if len(text) <= limit else f"{text[:limit]}… [{len(text) - limit} more characters]"
+
+
+def browse_samples(
+    engine: Engine, task: str | None = None, model: str | None = None, correct: bool | None = None
+) -> pd.DataFrame:
+    """What the report's and the app's sample browsers list: `queries.sample_spread`, texts clipped."""
+    rows = queries.sample_spread(engine, SAMPLE_BUDGET, task=task, model=model, correct=correct)
+    return rows.assign(**{column: rows[column].map(clip) for column in ("prompt", "output", "gold")})
+def depth_points(engine: Engine, suite: str) -> pd.DataFrame:
+    """Depth extrapolation: one row per (model, loops r, task group) with the group's mean pass@1 and the
+    model's trained loop count T ("all" is the suite mean; groups from `db.headline.TASK_GROUPS`).
+
+    The latest run of a (model, r) pair wins, as in the accuracy figures. T comes from what the adapter
+    described (`trained_loops`); NaN where it did not say, and the figure then marks no T.
+    """
+    table = queries.metrics(engine, suite)
+    info = queries.runs(engine).set_index("run_id")
+    rows = []
+    for run_id, run in table[table["task"] != SUITE].groupby("run_id", sort=True):
+        by_task: dict[str, dict[str, float | None]] = {}
+        for row in run.itertuples():
+            by_task.setdefault(row.task, {})[row.metric] = None if pd.isna(row.value) else row.value
+        result = headline(by_task, suite)
+        config = info.at[run_id, "model_config"]
+        trained = config.get("trained_loops") if isinstance(config, dict) else None
+        for group, value in {SUITE: result.mean, **group_means(result.benchmarks, suite)}.items():
+            rows.append({"run_id": run_id, "model": run["model"].iloc[0], "loops": int(run["loops"].iloc[0]), "group": group,
+                         "accuracy": value, "trained_loops": np.nan if trained is None else float(trained)})
+    frame = pd.DataFrame(rows, columns=["run_id", "model", "loops", "group", "accuracy", "trained_loops"])
+    frame = frame.sort_values("run_id").drop_duplicates(["model", "loops", "group"], keep="last")
+    return frame.sort_values(["model", "group", "loops"]).reset_index(drop=True)
+
+
+def probe_title(values: pd.DataFrame) -> str:
+    """How figures and selectors name a probe run: its id, model, what was probed and the loops r."""
+    first = values.iloc[0]
+    return f"probe run {first['run_id']}: {first['model']} on {first['suite']}, r = 1..{int(values['loop'].max())}"

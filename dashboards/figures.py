@@ -12,7 +12,7 @@ escaped (`plain`) before it reaches a figure: it shows as the text it is, never 
 from __future__ import annotations
 
 import html
-import math
+import textwrap
 from collections.abc import Sequence
 
 import numpy as np
@@ -35,9 +35,10 @@ MEMORY_MEASURES: dict[str, str] = {
 DECIMAL_NOTE = "GB are decimal (1 GB = 1e9 bytes)"
 _UNITS: tuple[tuple[str, float], ...] = (("GB", 1e9), ("MB", 1e6), ("KB", 1e3), ("B", 1.0))
 _PALETTE = px.colors.qualitative.Plotly
+_SYMBOLS = ("circle", "square", "diamond", "triangle-up", "pentagon", "star", "hexagon", "triangle-down", "cross", "x")
 
 
-_STORED_TEXT = ("model", "task", "metric", "suite", "phase")
+_STORED_TEXT = ("model", "task", "metric", "suite", "phase", "group")
 
 
 def plain(value: object) -> str:
@@ -102,9 +103,13 @@ def pareto_mask(memory: Sequence[float], accuracy: Sequence[float]) -> np.ndarra
     return ~(no_worse & better).any(axis=1)
 
 
+MESSAGE_WIDTH = 90  # characters per line of a note: a long list of runs wraps instead of running off both edges
+
+
 def _message(fig: go.Figure, text: str, y: float = 0.5) -> go.Figure:
-    """Write a note inside the plot area (empty data, unavailable measures)."""
-    fig.add_annotation(text=text, xref="paper", yref="paper", x=0.5, y=y, showarrow=False,
+    """Write a note inside the plot area (empty data, unavailable measures), wrapped to fit it."""
+    lines = textwrap.wrap(text, MESSAGE_WIDTH, break_long_words=False, break_on_hyphens=False)
+    fig.add_annotation(text="<br>".join(lines), xref="paper", yref="paper", x=0.5, y=y, showarrow=False,
                        font={"size": 13, "color": "#555"})
     return fig
 
@@ -115,8 +120,54 @@ def _empty(title: str, text: str) -> go.Figure:
     return _message(fig, text)
 
 
+def loops_label(loops: object) -> str:
+    """How a loop count reads everywhere: `r=4`. A plain transformer is r=1 (one pass, T = 1), as the
+    queries store it; an unknown count (NaN) reads `r=?` rather than `r=nan`."""
+    return "r=?" if pd.isna(loops) else f"r={int(loops)}"
+
+
 def _point_names(frame: pd.DataFrame) -> str:
-    return ", ".join(f"{row.model} r={row.loops}" for row in frame.itertuples())
+    return ", ".join(f"{row.model} {loops_label(row.loops)}" for row in frame.itertuples())
+
+
+def _measured(points: pd.DataFrame, measure: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(points with the measure, points without it): the second are named, never drawn as zero."""
+    if measure not in points:
+        return points.iloc[0:0], points
+    return points[points[measure].notna()].copy(), points[points[measure].isna()]
+
+
+FRONTIER_NAMED = 6  # points of the frontier the answer names; more are counted
+
+
+def answer(points: pd.DataFrame, measure: str, label: str | None = None) -> str:
+    """The report's answer in one sentence: the (model, loops) with the most accuracy per GB of `measure`,
+    and the Pareto frontier from least memory to most accuracy.
+
+    `points` as for `accuracy_vs_memory`. Plain text: the report escapes it, Dash renders it as text.
+    """
+    label = label or measure_label(measure)
+    shown, _ = _measured(points, measure)
+    if not shown.empty:
+        shown = shown[shown[measure] > 0]
+    if shown.empty:
+        return f"{label} is unavailable for every run with this task; pick another memory measure."
+    unit, scale = byte_unit(shown[measure])
+    rows = shown.assign(per_gb=shown["accuracy"] / (shown[measure] / 1e9)).to_dict("records")
+
+    def named(row: dict) -> str:
+        return f"{row['model']} {loops_label(row['loops'])} ({row['accuracy']:.3f} at {row[measure] / scale:.3g} {unit})"
+
+    best = max(rows, key=lambda row: row["per_gb"])
+    metric = rows[0]["metric"]
+    if best["per_gb"] <= 0:
+        lead = f"No run scores above 0 {metric} yet"
+    else:
+        lead = f"Best accuracy per GB of {label}: {named(best)}, {best['per_gb']:.3g} {metric} per GB"
+    front = sorted((row for row, keep in zip(rows, pareto_mask(shown[measure], shown["accuracy"])) if keep),
+                   key=lambda row: (row[measure], row["accuracy"]))
+    more = f" and {len(front) - FRONTIER_NAMED} more" if len(front) > FRONTIER_NAMED else ""
+    return f"{lead}; the frontier: {' → '.join(named(row) for row in front[:FRONTIER_NAMED])}{more}."
 
 
 def accuracy_vs_memory(points: pd.DataFrame, measure: str, task: str = "all", label: str | None = None) -> go.Figure:
@@ -124,16 +175,16 @@ def accuracy_vs_memory(points: pd.DataFrame, measure: str, task: str = "all", la
 
     `points` is `queries.accuracy_memory(...)` with the `measure` column present (see
     `dashboards.data.with_derived_measures`). Points whose measure is NULL are named, not plotted.
+    Colour is the model and the marker's shape its loop count (a legend entry per shape), so no text
+    label sits beside a point to collide with its neighbours. The memory axis starts at zero: a few
+    MB of noise on a 900 MB process must not look like a difference.
     """
     label = label or measure_label(measure)
     title = f"Accuracy against memory: {plain(task)}, {label}"
     points = _plain_frame(points)
     if points.empty:
         return _empty(title, "no evaluated runs with this task yet")
-    if measure not in points:
-        return _empty(title, f"{label}: unavailable for every run")
-    shown = points[points[measure].notna()].copy()
-    missing = points[points[measure].isna()]
+    shown, missing = _measured(points, measure)
     if shown.empty:
         return _empty(title, f"{label}: unavailable for every run ({_point_names(missing)})")
 
@@ -141,36 +192,33 @@ def accuracy_vs_memory(points: pd.DataFrame, measure: str, task: str = "all", la
     shown["memory"] = shown[measure] / scale
     shown["stderr"] = shown["stderr"].astype(float)
     shown["spread"] = [f" ± {e:.3f}" if np.isfinite(e) else "" for e in shown["stderr"]]
-    shown["frontier"] = pareto_mask(shown["memory"], shown["accuracy"])
-    # Loop counts that land on the same spot (MELT's KV does not grow with r) share one label.
-    same_spot = shown.groupby(["model", "memory", "accuracy"], sort=False)["loops"]
-    shown["label"] = same_spot.transform(lambda loops: "r=" + ",".join(str(int(r)) for r in sorted(loops)))
-    shown.loc[same_spot.cumcount() > 0, "label"] = ""
-    fig = px.scatter(
-        shown, x="memory", y="accuracy", error_y="stderr", color="model", text="label",
-        custom_data=["model", "loops", "accuracy", "memory", "n_samples", "spread", "frontier"],
-        color_discrete_sequence=_PALETTE, title=title,
-    )
-    fig.update_traces(
-        mode="markers+text", textposition="top center",
-        hovertemplate=(
-            "model %{customdata[0]}<br>loops %{customdata[1]}<br>accuracy %{customdata[2]:.3f}%{customdata[5]}"
-            "<br>%{customdata[3]:.4g} " + unit + "<br>samples %{customdata[4]}<extra></extra>"
-        ),
-    )
-    for trace in fig.data:  # ring the frontier's points, so a one-point frontier still shows
-        trace.marker = {"size": 11, "line": {"color": "#222", "width": [2.5 if row[6] else 0 for row in trace.customdata]}}
-    front = shown[shown["frontier"]].sort_values(["memory", "accuracy"])
+    shown["r"] = shown["loops"].map(loops_label)
+    frontier = pareto_mask(shown["memory"], shown["accuracy"])
+    symbols = {r: _SYMBOLS[i % len(_SYMBOLS)] for i, r in enumerate(sorted(shown["loops"].unique()))}
+    fig = go.Figure()
+    for index, (model, rows) in enumerate(shown.groupby("model", sort=True)):
+        ringed = frontier[shown.index.get_indexer(rows.index)]
+        fig.add_trace(go.Scatter(
+            x=rows["memory"], y=rows["accuracy"], error_y={"type": "data", "array": rows["stderr"]},
+            mode="markers", name=model, legendgroup="model", legendgrouptitle_text="model",
+            marker={"color": _PALETTE[index % len(_PALETTE)], "size": 12, "symbol": rows["loops"].map(symbols).tolist(),
+                    "line": {"color": "#222", "width": [2.5 if ring else 0 for ring in ringed]}},
+            customdata=rows[["r", "spread", "n_samples"]],
+            hovertemplate=(f"model {model}<br>%{{customdata[0]}}<br>accuracy %{{y:.3f}}%{{customdata[1]}}"
+                           f"<br>%{{x:.4g}} {unit}<br>samples %{{customdata[2]}}<extra></extra>"),
+        ))
+    for loops, symbol in symbols.items():  # the shape key: drawn in the legend only
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=loops_label(loops), legendgroup="loops",
+                                 legendgrouptitle_text="loops (shape)", marker={"color": "#777", "size": 10, "symbol": symbol}))
+    front = shown[frontier].sort_values(["memory", "accuracy"])
     fig.add_trace(go.Scatter(
         x=front["memory"], y=front["accuracy"], mode="lines", line={"shape": "hv", "dash": "dot", "color": "#222"},
         name="Pareto frontier (ringed)", hoverinfo="skip",
     ))
     top = max(1.0, float((shown["accuracy"] + shown["stderr"].fillna(0)).max()))
-    fig.update_yaxes(range=[-0.05, top + 0.05])
-    fig.update_layout(
-        xaxis_title=unit_title(label, unit, scale), yaxis_title=f"accuracy ({shown['metric'].iloc[0]})",
-        legend_title_text="model",
-    )
+    fig.update_yaxes(range=[-0.05, top + 0.05], title_text=f"accuracy ({shown['metric'].iloc[0]})")
+    fig.update_xaxes(rangemode="tozero", title_text=unit_title(label, unit, scale))
+    fig.update_layout(title=title, legend={"groupclick": "toggleitem"})
     notes = [DECIMAL_NOTE]
     if not missing.empty:
         notes.append(f"{label} unavailable: {_point_names(missing)}")
@@ -205,11 +253,64 @@ def accuracy_vs_loops(points: pd.DataFrame, measure: str, task: str = "all", lab
                 hovertemplate=f"{model}<br>loops %{{x}}<br>%{{y:.3f}} {unit}<extra></extra>",
             ), secondary_y=True)
     fig.update_layout(title=title, xaxis_title="loops (r)", legend_title_text="solid: accuracy · dashed: memory")
-    fig.update_xaxes(type="log", dtick=math.log10(2))
+    loop_counts = sorted(int(r) for r in points["loops"].dropna().unique())
+    fig.update_xaxes(type="log", tickvals=loop_counts, ticktext=[str(r) for r in loop_counts])  # every r run, labelled
     fig.update_yaxes(title_text=f"accuracy ({points['metric'].iloc[0]})", range=[-0.05, 1.05], secondary_y=False)
     fig.update_yaxes(title_text=unit_title(label, unit, scale), rangemode="tozero", showgrid=False, secondary_y=True)
     note = DECIMAL_NOTE if has_memory else f"{label}: unavailable for every run"
     return _message(fig, note, y=-0.22).update_layout(margin={"b": 110})
+
+
+def _mark_trained_loops(fig: go.Figure, trained: pd.Series, colors: dict[str, str]) -> None:
+    """A dotted vertical line at each model's trained T, in the model's colour, on every panel."""
+    for model, value in trained.dropna().items():
+        fig.add_vline(x=float(value), line_dash="dot", line_color=colors[model], opacity=0.8, row="all", col="all")
+
+
+def accuracy_vs_depth(points: pd.DataFrame, suite: str) -> go.Figure:
+    """Depth extrapolation: pass@1 against the loop count r, one panel per task group, the trained T dotted.
+
+    `points` are `dashboards.data.depth_points` rows. Beyond T the model runs loops it never trained on;
+    panels per group keep a knowledge drop from hiding inside the suite mean.
+    """
+    title = f"Depth extrapolation: accuracy against loops r ({plain(suite)}; dotted: trained T)"
+    points = _plain_frame(points)
+    if points.empty:
+        return _empty(title, "no evaluated runs of this suite yet")
+    groups = ["all", *sorted(g for g in points["group"].unique() if g != "all")]
+    colors = {model: _PALETTE[i % len(_PALETTE)] for i, model in enumerate(sorted(points["model"].unique()))}
+    fig = px.line(points, x="loops", y="accuracy", color="model", facet_col="group", markers=True,
+                  category_orders={"group": groups, "model": list(colors)}, color_discrete_map=colors,
+                  labels={"loops": "loops (r)", "accuracy": "pass@1"}, hover_data=["run_id", "trained_loops"])
+    _mark_trained_loops(fig, points.groupby("model")["trained_loops"].max(), colors)
+    fig.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))  # "group=knowledge" -> "knowledge"
+    fig.update_yaxes(range=[-0.05, 1.05])
+    return fig.update_layout(title=title)
+
+
+PROBE_LABELS = {"angular_distance": "angular distance / pi", "relative_update": "relative update norm",
+                "state_variance": "normalised state variance", "interaction": "interaction (by lag k)"}
+
+
+def loop_probes(values: pd.DataFrame, title: str) -> go.Figure:
+    """`loopeval probe` values of one run against the loop index l, one panel per metric, the trained T dotted.
+
+    `values` are `db.queries.probe_values` rows of one run; interaction has one line per lag k (the loop
+    skipped is l - k). Loops right of the dotted line run beyond the depth the model was trained to.
+    """
+    title, values = plain(title), _plain_frame(values)
+    if values.empty:
+        return _empty(title, "no probe values stored yet: run `loopeval probe MODEL`")
+    values = values.assign(panel=values["metric"].map(lambda m: PROBE_LABELS.get(m, plain(m))),
+                           series=[f"lag {int(k)}" if pd.notna(k) else "per loop" for k in values["lag"]])
+    colors = {model: _PALETTE[i % len(_PALETTE)] for i, model in enumerate(sorted(values["model"].unique()))}
+    fig = px.line(values, x="loop", y="value", color="series", facet_col="panel", facet_col_wrap=2, markers=True,
+                  category_orders={"panel": [p for p in PROBE_LABELS.values() if p in set(values["panel"])]},
+                  labels={"loop": "loop l", "value": ""}, hover_data=["model", "lag"])
+    _mark_trained_loops(fig, values.groupby("model")["trained_loops"].max(), colors)
+    fig.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))
+    fig.update_yaxes(matches=None, showticklabels=True, rangemode="tozero")
+    return fig.update_layout(title=f"{title} (dotted: trained T)", legend_title_text="")
 
 
 def memory_over_run(series: pd.DataFrame, measures: Sequence[str], title: str = "Memory over a run") -> go.Figure:
@@ -250,7 +351,7 @@ def memory_vs_context(profile: pd.DataFrame, measures: Sequence[str]) -> go.Figu
     """`loopeval profile` points: measured memory (markers) beside the analytic lines, against context length."""
     title = "Memory against context length (loopeval profile)"
     if profile.empty:
-        return _empty(title, "no `loopeval profile` runs yet")
+        return _empty(title, "no profile runs yet: loopeval profile MODEL --lengths 1024,4096 measures some")
     profile = _plain_frame(profile)
     present = [m for m in measures if m in profile and profile[m].notna().any()]
     missing = [m for m in measures if m not in present]
@@ -263,7 +364,7 @@ def memory_vs_context(profile: pd.DataFrame, measures: Sequence[str]) -> go.Figu
     groups = profile.groupby(["model", "loops", "batch"], dropna=False, sort=True)
     for index, ((model, loops, batch), rows) in enumerate(groups):
         color = _PALETTE[index % len(_PALETTE)]
-        name = f"{model} r={loops} b={batch}"
+        name = f"{model} {loops_label(loops)} b={batch}"
         rows = rows.sort_values("context_tokens")
         for kind, values, dash in (("analytic KV", rows["kv_bytes_analytic"], "dot"),
                                    ("analytic weights + KV", rows["weights_bytes"] + rows["kv_bytes_analytic"], "dash")):

@@ -1,13 +1,17 @@
 """The static report: one self-contained HTML file that opens offline.
 
-plotly.js is embedded once, every figure is embedded as JSON and drawn by a few lines of inline
-script when a selector changes, so the file makes no network request of any kind. Everything that
+plotly.js is embedded once (gzipped, unpacked by the page), every figure is embedded as JSON and
+drawn by a few lines of inline script when a selector changes, so the file makes no network request
+of any kind. Everything that
 came from the database (model outputs above all, which are untrusted) is HTML-escaped, and the JSON
 blobs escape `<`, `>` and `&` so no stored text can close the script element that holds them.
 """
 
 from __future__ import annotations
 
+import base64
+import functools
+import gzip
 import html
 import json
 from datetime import datetime, timezone
@@ -21,18 +25,24 @@ from plotly.offline import get_plotlyjs
 from sqlalchemy import Engine
 
 from dashboards import figures
-from dashboards.data import DEFAULT_CONTEXT_TOKENS, accuracy_points
+from dashboards.data import (DEFAULT_CONTEXT_TOKENS, SAMPLE_TEXT_CHARS, accuracy_points, browse_samples, depth_points,
+                             probe_title, profile_points)
 from db import ResultsError, measures, queries
 from db.session import open_existing
 
-MAX_REPORT_SAMPLES = 2000  # newest first; the served app browses all of them
-MAX_SERIES_POINTS = 1500  # per run: longer series are reduced to bucket maxima (peaks survive)
+MAX_SERIES_POINTS = 500  # per run: longer series are reduced to bucket maxima (peaks survive)
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 
 
 def _script_json(value: Any) -> str:
     """JSON safe to place inside <script>: no stored string can end the element or open a comment."""
     return json.dumps(value).replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+
+
+@functools.cache
+def packed_plotlyjs() -> str:
+    """plotly.js gzipped and base64-encoded: 1.9 MB in the page instead of 4.8 MB; the page unpacks it."""
+    return base64.b64encode(gzip.compress(get_plotlyjs().encode(), 9, mtime=0)).decode("ascii")
 
 
 def _figure_json(fig: go.Figure) -> Any:
@@ -81,80 +91,105 @@ def _runs_table(engine: Engine) -> str:
     return f"<table class='runs'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
 
-def _samples_table(engine: Engine) -> tuple[str, list[str], list[str], int, int]:
-    """The sample browser's rows; every cell is escaped text, filters read only data attributes."""
-    frame = queries.samples(engine, limit=MAX_REPORT_SAMPLES)
-    rows = []
-    for row in frame.to_dict("records"):
-        verdict = "unscored" if pd.isna(row["score"]) else ("correct" if row["score"] >= 1.0 else "wrong")
-        cells = [row["run_id"], row["model"], row["loops"], row["task"], row["doc_id"], row["sample_index"]]
-        texts = [row["prompt"], row["output"], row["gold"]]
-        numbers = ["" if pd.isna(row["score"]) else f"{row['score']:g}",
-                   *("" if pd.isna(row[c]) else int(row[c]) for c in ("prompt_tokens", "generated_tokens"))]
-        rows.append(
-            f'<tr data-task="{html.escape(str(row["task"]))}" data-model="{html.escape(str(row["model"]))}" '
-            f'data-verdict="{verdict}">'
-            + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells)
-            + "".join(f"<td><pre>{html.escape('' if t is None else str(t))}</pre></td>" for t in texts)
-            + "".join(f"<td>{html.escape(str(c))}</td>" for c in numbers)
-            + f"<td>{verdict}</td></tr>"
-        )
-    head = "".join(f"<th>{c}</th>" for c in ["run", "model", "loops", "task", "doc", "sample", "prompt", "output",
-                                               "gold", "score", "prompt tokens", "generated tokens", "verdict"])
-    table = f"<table id='samples'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
-    return (table, sorted(frame["task"].unique().tolist()), sorted(frame["model"].unique().tolist()),
-            len(frame), queries.count_samples(engine))
+SAMPLE_COLUMNS = ("run", "model", "loops", "task", "doc", "sample", "prompt", "output", "gold", "score",
+                  "prompt tokens", "generated tokens", "verdict")
+SAMPLE_PAGE_ROWS = 20  # the browser draws one page of rows at a time, so the page stays short
+
+
+def _sample_rows(engine: Engine) -> list[list[Any]]:
+    """The sample browser's rows (`data.browse_samples`), as JSON lists in SAMPLE_COLUMNS order.
+
+    The page's script puts each cell in with textContent, so stored text never becomes markup.
+    """
+    frame = browse_samples(engine)
+    number = lambda value, kind=int: None if pd.isna(value) else kind(value)  # noqa: E731
+    return [[row["run_id"], row["model"], figures.loops_label(row["loops"]), row["task"], row["doc_id"],
+             row["sample_index"], row["prompt"], row["output"], row["gold"], number(row["score"], float),
+             number(row["prompt_tokens"]), number(row["generated_tokens"]), row["verdict"]]
+            for row in frame.to_dict("records")]
+
+
+def _shared_template(blobs: dict[str, Any]) -> Any:
+    """Take the layout template out of every figure (about 7 KB each, the same in all): the page puts it back once."""
+    template = next((blob["layout"].get("template") for blob in blobs.values() if isinstance(blob, dict)), None)
+    for blob in blobs.values():
+        if isinstance(blob, dict) and blob["layout"].get("template") == template:
+            blob["layout"].pop("template", None)
+    return template
 
 
 def report_figures(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -> dict[str, Any]:
-    """Every figure the report can show, as Plotly JSON keyed by what the selectors pick."""
+    """Every figure (Plotly JSON) and headline sentence the report can show, keyed by what the selectors pick."""
     blobs: dict[str, Any] = {}
     for suite in queries.suites(engine):
+        blobs[f"depth|{suite}"] = _figure_json(figures.accuracy_vs_depth(depth_points(engine, suite), suite))
         for task in queries.tasks(engine, suite):
             points = accuracy_points(engine, suite, task, context_tokens)
             for measure in figures.MEMORY_MEASURES:
                 label = figures.measure_label(measure, context_tokens)
+                blobs[f"answer|{suite}|{task}|{measure}"] = figures.answer(points, measure, label)
                 blobs[f"acc|{suite}|{task}|{measure}"] = _figure_json(
                     figures.accuracy_vs_memory(points, measure, task, label))
                 blobs[f"loops|{suite}|{task}|{measure}"] = _figure_json(
                     figures.accuracy_vs_loops(points, measure, task, label))
     for row in queries.runs(engine).itertuples():
         series = _reduce_series(queries.memory_series(engine, row.run_id))
-        title = f"Memory over run {row.run_id}: {row.model} r={row.loops} ({row.suite})"
+        title = f"Memory over {_run_label(row)}"
         blobs[f"run|{row.run_id}"] = _figure_json(figures.memory_over_run(series, measures.SERIES_MEASURES, title))
-    blobs["profile"] = _figure_json(figures.memory_vs_context(queries.profile_points(engine), measures.PROFILE_MEASURES))
+    for run_id, values in queries.probe_values(engine).groupby("run_id"):
+        blobs[f"probe|{run_id}"] = _figure_json(figures.loop_probes(values, probe_title(values)))
+    blobs["profile"] = _figure_json(figures.memory_vs_context(profile_points(engine), measures.PROFILE_MEASURES))
     return blobs
+
+
+def _run_label(run: Any) -> str:
+    return f"run {run.run_id}: {run.model} {figures.loops_label(run.loops)} ({run.suite})"
+
+
+def _probe_options(engine: Engine) -> str:
+    runs = list(queries.probe_values(engine).groupby("run_id"))
+    return _options([run_id for run_id, _ in runs], [probe_title(rows) for _, rows in runs])
 
 
 def build_report(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -> str:
     """The whole report as one HTML string (plotly.js inlined, no external reference)."""
     queries.require_results(engine)
     blobs = report_figures(engine, context_tokens)
+    template = _shared_template(blobs)
     suite_names = queries.suites(engine)
     task_names = sorted({key.split("|")[2] for key in blobs if key.startswith("acc|")}, key=lambda t: t != "all")
     eval_runs = queries.runs(engine)
-    run_labels = [f"run {r.run_id}: {r.model} r={r.loops} ({r.suite})" for r in eval_runs.itertuples()]
-    samples_html, sample_tasks, sample_models, shown, total = _samples_table(engine)
+    samples = _sample_rows(engine)
+    sample_tasks = sorted({row[3] for row in samples})
+    sample_models = sorted({row[1] for row in samples})
+    total = queries.count_samples(engine)
     measure_labels = [figures.measure_label(m, context_tokens) for m in figures.MEMORY_MEASURES]
     first_points = accuracy_points(engine, suite_names[0], "all", context_tokens) if suite_names else pd.DataFrame()
+    measure = figures.default_measure(first_points)
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return _TEMPLATE.format(
         csp=REPORT_CSP,
-        plotlyjs=get_plotlyjs(),
+        plotlyjs=packed_plotlyjs(),
         generated=html.escape(generated),
+        answer=html.escape(blobs.get(f"answer|{suite_names[0]}|all|{measure}", "") if suite_names else
+                           "No evaluated runs yet."),
         runs_table=_runs_table(engine),
         suite_options=_options(suite_names),
         task_options=_options(task_names),
-        measure_options=_options(list(figures.MEMORY_MEASURES), measure_labels,
-                                 selected=figures.default_measure(first_points)),
-        run_options=_options(eval_runs["run_id"].tolist(), run_labels),
+        measure_options=_options(list(figures.MEMORY_MEASURES), measure_labels, selected=measure),
+        run_options=_options(eval_runs["run_id"].tolist(), [_run_label(r) for r in eval_runs.itertuples()]),
+        probe_options=_probe_options(engine),
         sample_task_options=_options(["*", *sample_tasks], ["all tasks", *sample_tasks]),
         sample_model_options=_options(["*", *sample_models], ["all models", *sample_models]),
-        samples_table=samples_html,
-        samples_note=html.escape(f"showing the newest {shown} of {total} samples" if shown < total
-                                 else f"{total} samples"),
+        sample_head="".join(f"<th>{html.escape(c)}</th>" for c in SAMPLE_COLUMNS),
+        samples_note=html.escape(
+            f"{len(samples)} of {total} samples, spread evenly over every run, task and verdict "
+            f"(the served app filters them in the database)" if len(samples) < total else f"all {total} samples")
+            + html.escape(f"; texts over {SAMPLE_TEXT_CHARS} characters are cut"),
         decimal_note=html.escape(figures.DECIMAL_NOTE),
         figures_json=_script_json(blobs),
+        template_json=_script_json(template),
+        samples_json=_script_json({"columns": SAMPLE_COLUMNS, "rows": samples, "pageRows": SAMPLE_PAGE_ROWS}),
         config_json=_script_json(PLOT_CONFIG),
     )
 
@@ -190,20 +225,23 @@ _TEMPLATE = """<!DOCTYPE html>
 <style>
 body {{ font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }}
 h1 {{ margin-bottom: 0.2em; }} .note {{ color: #555; }}
+.answer {{ font-size: 1.1em; background: #f2f6fc; border-left: 4px solid #3a6fc4; padding: 0.7em 1em; max-width: 75em; }}
 table {{ border-collapse: collapse; font-size: 13px; }} th, td {{ border: 1px solid #ddd; padding: 3px 6px; vertical-align: top; }}
 th {{ background: #f3f3f3; }} pre {{ margin: 0; white-space: pre-wrap; max-width: 32em; max-height: 12em; overflow: auto; }}
 label {{ margin-right: 1em; }} .plot {{ height: 520px; }} section {{ margin-top: 2em; }}
 </style>
-<script>{plotlyjs}</script>
+<script id="plotlyjs" type="application/gzip;base64">{plotlyjs}</script>
 </head><body>
 <h1>loopeval report</h1>
 <p class="note">Generated {generated}. {decimal_note}. Unavailable measures are named, never drawn as zero.</p>
+<p id="answer" class="answer">{answer}</p>
 <section><h2>Accuracy per gigabyte</h2>
 <label>suite <select id="suite">{suite_options}</select></label>
 <label>task <select id="task">{task_options}</select></label>
 <label>memory measure <select id="measure">{measure_options}</select></label>
 <div id="accuracy-memory" class="plot"></div>
 <div id="accuracy-loops" class="plot"></div>
+<div id="depth" class="plot"></div>
 </section>
 <section><h2>Memory over a run</h2>
 <label>run <select id="run">{run_options}</select></label>
@@ -212,45 +250,87 @@ label {{ margin-right: 1em; }} .plot {{ height: 520px; }} section {{ margin-top:
 <section><h2>Memory against context length</h2>
 <div id="memory-context" class="plot"></div>
 </section>
+<section><h2>Loop probes</h2>
+<label>probe run <select id="probe">{probe_options}</select></label>
+<div id="probe-values" class="plot"></div>
+</section>
 <section><h2>Runs</h2>{runs_table}</section>
 <section><h2>Samples</h2>
 <p class="note">{samples_note}. Model outputs are shown as plain text.</p>
 <label>task <select id="sample-task">{sample_task_options}</select></label>
 <label>model <select id="sample-model">{sample_model_options}</select></label>
 <label>show <select id="sample-verdict"><option value="*">all</option><option value="correct">correct</option><option value="wrong">wrong</option></select></label>
-{samples_table}
+<button id="sample-previous">previous</button> <span id="sample-page"></span> <button id="sample-next">next</button>
+<table id="samples"><thead><tr>{sample_head}</tr></thead><tbody></tbody></table>
 </section>
 <script id="figures" type="application/json">{figures_json}</script>
+<script id="template" type="application/json">{template_json}</script>
+<script id="sample-data" type="application/json">{samples_json}</script>
 <script id="plot-config" type="application/json">{config_json}</script>
 <script>
 // No link in this page may leave it: stored strings are escaped, and any anchor a library draws is inert
 // (Plotly's SVG anchors carry xlink:href, not href, so every <a> is matched).
 document.addEventListener("click", (event) => {{ if (event.target.closest("a")) event.preventDefault(); }}, true);
-const FIGURES = JSON.parse(document.getElementById("figures").textContent);
-const CONFIG = JSON.parse(document.getElementById("plot-config").textContent);
+const json = (id) => JSON.parse(document.getElementById(id).textContent);
+// plotly.js comes gzipped (a third of its 4.8 MB): unpack it in the browser and run it as an inline script.
+async function loadPlotly() {{
+  const packed = Uint8Array.from(atob(document.getElementById("plotlyjs").textContent), (c) => c.charCodeAt(0));
+  const stream = new Blob([packed]).stream().pipeThrough(new DecompressionStream("gzip"));
+  const script = document.createElement("script");
+  script.textContent = await new Response(stream).text();
+  document.head.append(script);
+}}
+const FIGURES = json("figures"), TEMPLATE = json("template"), CONFIG = json("plot-config"), SAMPLES = json("sample-data");
 const value = (id) => document.getElementById(id).value;
 function draw(div, key) {{
   const fig = FIGURES[key] || {{data: [], layout: {{title: {{text: "no data for this selection"}}}}}};
-  Plotly.react(div, fig.data, fig.layout, CONFIG);
+  Plotly.react(div, fig.data, {{...fig.layout, template: TEMPLATE}}, CONFIG);
 }}
 function drawAccuracy() {{
   const key = [value("suite"), value("task"), value("measure")].join("|");
+  document.getElementById("answer").textContent = FIGURES["answer|" + key] || "No runs for this selection.";
   draw("accuracy-memory", "acc|" + key);
   draw("accuracy-loops", "loops|" + key);
+  draw("depth", "depth|" + value("suite"));
 }}
-function filterSamples() {{
-  const task = value("sample-task"), model = value("sample-model"), verdict = value("sample-verdict");
-  for (const row of document.querySelectorAll("#samples tbody tr")) {{
-    row.hidden = !((task === "*" || row.dataset.task === task) && (model === "*" || row.dataset.model === model)
-                   && (verdict === "*" || row.dataset.verdict === verdict));
-  }}
+// The sample browser draws one page of the filtered rows; cells are set as text, never as markup.
+const column = (name) => SAMPLES.columns.indexOf(name);
+const TEXT_COLUMNS = new Set(["prompt", "output", "gold"].map(column));
+let samplePage = 0;
+function drawSamples() {{
+  const wanted = [["sample-task", column("task")], ["sample-model", column("model")], ["sample-verdict", column("verdict")]]
+    .map(([id, index]) => [value(id), index]);
+  const rows = SAMPLES.rows.filter((row) => wanted.every(([want, index]) => want === "*" || row[index] === want));
+  const pages = Math.max(1, Math.ceil(rows.length / SAMPLES.pageRows));
+  samplePage = Math.min(Math.max(samplePage, 0), pages - 1);
+  const first = samplePage * SAMPLES.pageRows, shown = rows.slice(first, first + SAMPLES.pageRows);
+  const body = document.querySelector("#samples tbody");
+  body.replaceChildren(...shown.map((row) => {{
+    const tr = document.createElement("tr");
+    row.forEach((cell, index) => {{
+      const td = tr.insertCell(), text = cell === null ? "" : String(cell);
+      if (TEXT_COLUMNS.has(index)) {{ const pre = document.createElement("pre"); pre.textContent = text; td.append(pre); }}
+      else td.textContent = text;
+    }});
+    return tr;
+  }}));
+  document.getElementById("sample-page").textContent =
+    rows.length ? `rows ${{first + 1}}-${{first + shown.length}} of ${{rows.length}} (page ${{samplePage + 1}} of ${{pages}})` : "no samples match";
 }}
 for (const id of ["suite", "task", "measure"]) document.getElementById(id).addEventListener("change", drawAccuracy);
 document.getElementById("run").addEventListener("change", () => draw("memory-run", "run|" + value("run")));
-for (const id of ["sample-task", "sample-model", "sample-verdict"]) document.getElementById(id).addEventListener("change", filterSamples);
-drawAccuracy();
-if (value("run")) draw("memory-run", "run|" + value("run"));
-draw("memory-context", "profile");
+document.getElementById("probe").addEventListener("change", () => draw("probe-values", "probe|" + value("probe")));
+for (const id of ["sample-task", "sample-model", "sample-verdict"])
+  document.getElementById(id).addEventListener("change", () => {{ samplePage = 0; drawSamples(); }});
+document.getElementById("sample-previous").addEventListener("click", () => {{ samplePage -= 1; drawSamples(); }});
+document.getElementById("sample-next").addEventListener("click", () => {{ samplePage += 1; drawSamples(); }});
+drawSamples();
+loadPlotly().then(() => {{
+  drawAccuracy();
+  if (value("run")) draw("memory-run", "run|" + value("run"));
+  draw("probe-values", "probe|" + value("probe"));
+  draw("memory-context", "profile");
+}});
 </script>
 </body></html>
 """

@@ -10,21 +10,34 @@ k=1, averaged over n samples, as the MELT paper reports); other metrics, such as
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 
 SUITE = "all"  # the task name under which the suite mean is stored
 HEADLINE = "pass@1"  # its metric name
 _PASS_AT_1 = re.compile(r"^(?:\w+_)?pass@k:k=1(?:&|$)")  # pass@k:k=1&n=4, gpqa_pass@k:k=1&n=4
 
 
+_MATHS_REASONING = ("aime24", "aime25", "aime26", "amc23", "math_500", "olympiadbench", "gpqa_diamond", "hle")
+# suite -> benchmark -> task group. A suite mean averages a knowledge drop away (deeper loops may help
+# maths while MMLU-Redux falls), so the headline also gives each group's mean, and the depth
+# extrapolation figure plots them apart. Kept here, beside the mean, because the dashboards read only `db`.
+TASK_GROUPS: dict[str, dict[str, str]] = {
+    "paper": {**dict.fromkeys(_MATHS_REASONING, "maths/reasoning"), "mmlu_redux": "knowledge", "humaneval": "code"},
+    "synthetic": {"addition": "computation", "chain2": "computation", "chain3": "computation", "chain4": "computation", "lookup": "recall"},
+}
+
+
 @dataclass(frozen=True)
 class Headline:
-    """`benchmarks`: benchmark -> pass@1 (None where it has none); `mean`: over benchmarks, None unless all have one."""
+    """`benchmarks`: benchmark -> pass@1 (None where it has none); `mean`: over benchmarks, None unless all have one;
+    `groups`: task group -> the mean over its benchmarks (None unless all have one), for suites with groups."""
 
     benchmarks: dict[str, float | None]
     mean: float | None
+    groups: dict[str, float | None] = field(default_factory=dict)
 
 
 def headline_metric(names: Iterable[str]) -> str | None:
@@ -37,8 +50,8 @@ def _task_value(metrics: Mapping[str, float | None]) -> float | None:
     return None if name is None else metrics[name]
 
 
-def headline(metrics: Mapping[str, Mapping[str, float | None]]) -> Headline:
-    """One pass@1 per benchmark from a run's per-task metrics, and the suite mean (stored `all` is ignored)."""
+def _leaves(metrics: Mapping[str, Mapping[str, float | None]]) -> dict[str, list[float | None]]:
+    """Benchmark -> the headline value of each of its tasks (a group's subtasks, or the task itself)."""
     leaves: dict[str, list[float | None]] = {}
     groups = {task.split(":")[0] for task in metrics if ":" in task}
     for task, values in metrics.items():
@@ -46,10 +59,46 @@ def headline(metrics: Mapping[str, Mapping[str, float | None]]) -> Headline:
         if task == SUITE or (task == benchmark and benchmark in groups):
             continue  # the stored mean, or a group entry whose subtasks are here
         leaves.setdefault(benchmark, []).append(_task_value(values))
-    benchmarks = {
-        name: None if any(v is None for v in values) else sum(values) / len(values)  # type: ignore[arg-type]
-        for name, values in leaves.items()
-    }
-    values = list(benchmarks.values())
-    mean = None if not values or any(v is None for v in values) else sum(values) / len(values)  # type: ignore[arg-type]
-    return Headline(benchmarks, mean)
+    return leaves
+
+
+def _combine(values: list[float | None], combine: Callable[[list[float]], float]) -> float | None:
+    return None if not values or any(v is None for v in values) else combine(values)  # type: ignore[arg-type]
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _mean_stderr(stderrs: list[float]) -> float:
+    """Standard error of an unweighted mean of independent estimates: sqrt(sum of squares) / n."""
+    return math.sqrt(sum(e * e for e in stderrs)) / len(stderrs)
+
+
+def headline(metrics: Mapping[str, Mapping[str, float | None]], suite: str | None = None) -> Headline:
+    """One pass@1 per benchmark from a run's per-task metrics, the suite mean (stored `all` is ignored)
+    and, when `suite` has task groups (`TASK_GROUPS`), the mean of each group present."""
+    benchmarks = {name: _combine(values, _mean) for name, values in _leaves(metrics).items()}
+    return Headline(benchmarks, _combine(list(benchmarks.values()), _mean), group_means(benchmarks, suite))
+
+
+def group_means(benchmarks: Mapping[str, float | None], suite: str | None) -> dict[str, float | None]:
+    """Task group -> mean pass@1 of its benchmarks among `benchmarks`; {} for a suite without groups.
+    A benchmark the table does not know (a newer task) forms a group of its own, so nothing is dropped."""
+    table = TASK_GROUPS.get(suite or "")
+    if not table:
+        return {}
+    grouped: dict[str, list[float | None]] = {}
+    for name, value in benchmarks.items():
+        grouped.setdefault(table.get(name, name), []).append(value)
+    return {group: _combine(values, _mean) for group, values in grouped.items()}
+
+
+def headline_stderr(stderrs: Mapping[str, Mapping[str, float | None]]) -> float | None:
+    """The suite mean's standard error, from each task's headline stderr (same shape as `headline`'s input).
+
+    Benchmarks are different problems, so their estimates are independent and the errors add in
+    quadrature, a group's subtasks first, then the suite's benchmarks. None unless every task has one.
+    """
+    benchmarks = [_combine(values, _mean_stderr) for values in _leaves(stderrs).values()]
+    return _combine(benchmarks, _mean_stderr)

@@ -28,7 +28,7 @@ class Run(Base):
 
     id: Mapped[int] = mapped_column(primary_key=True)
     sweep_id: Mapped[str] = mapped_column(String(64), index=True)
-    kind: Mapped[str] = mapped_column(String(16), default="eval")  # "eval" or "profile"
+    kind: Mapped[str] = mapped_column(String(16), default="eval")  # "eval", "profile" or "probe"
     model_spec: Mapped[str] = mapped_column(String(512))
     adapter: Mapped[str] = mapped_column(String(64))  # spec prefix: preset, zoo, ouro, transformers, ...
     model_config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # Adapter.describe()
@@ -56,6 +56,7 @@ class Run(Base):
     memory_series: Mapped[list[MemorySample]] = relationship(back_populates="run", cascade="all, delete-orphan")
     memory_peaks: Mapped[list[MemoryPeak]] = relationship(back_populates="run", cascade="all, delete-orphan")
     profile_points: Mapped[list[ProfilePoint]] = relationship(back_populates="run", cascade="all, delete-orphan")
+    probe_values: Mapped[list[ProbeValue]] = relationship(back_populates="run", cascade="all, delete-orphan")
 
 
 class TaskMetric(Base):
@@ -157,3 +158,22 @@ class ProfilePoint(Base):
     decode_tokens_per_second: Mapped[float | None] = mapped_column(Float)
 
     run: Mapped[Run] = relationship(back_populates="profile_points")
+
+
+class ProbeValue(Base):
+    """One value of `loopeval probe`: a metric of loop `loop` (1-based) of a "probe" run.
+
+    Metrics are `adapters.engine.probes.METRICS`; `lag` is set for "interaction" only; `value` NULL
+    where the metric is undefined (an interaction with a loop whose update is zero).
+    """
+
+    __tablename__ = "probe_values"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    loop: Mapped[int] = mapped_column(Integer)
+    metric: Mapped[str] = mapped_column(String(32))
+    lag: Mapped[int | None] = mapped_column(Integer)
+    value: Mapped[float | None] = mapped_column(Float)
+
+    run: Mapped[Run] = relationship(back_populates="probe_values")

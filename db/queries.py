@@ -14,9 +14,9 @@ import pandas as pd
 from sqlalchemy import Engine, case, func, inspect, select
 from sqlalchemy.exc import DatabaseError
 
-from db.headline import HEADLINE, SUITE, headline, headline_metric
+from db.headline import HEADLINE, SUITE, headline, headline_metric, headline_stderr
 from db.measures import PROFILE_MEASURES, SERIES_MEASURES
-from db.models import MemoryPeak, MemorySample, ProfilePoint, Run, Sample, TaskMetric
+from db.models import MemoryPeak, MemorySample, ProbeValue, ProfilePoint, Run, Sample, TaskMetric
 from db import ResultsError
 
 # Profile runs keep NULL: they span several loop counts, recorded per point.
@@ -117,19 +117,21 @@ def memory_peaks(engine: Engine, run_ids: Iterable[int] | None = None) -> pd.Dat
 
 
 def suite_means(table: pd.DataFrame) -> pd.DataFrame:
-    """Rows of `metrics()` for task "all": per run, the mean pass@1 over benchmarks (`db.headline`).
+    """Rows of `metrics()` for task "all": per run, the mean pass@1 over benchmarks and its stderr (`db.headline`).
 
     Computed from the per-task rows rather than read from the stored "all", so runs stored before
     the suite mean had one metric show the same number as new ones.
     """
     rows = []
     for run_id, run in table[table["task"] != SUITE].groupby("run_id", sort=True):
-        by_task: dict[str, dict[str, float | None]] = {}
+        values: dict[str, dict[str, float | None]] = {}
+        stderrs: dict[str, dict[str, float | None]] = {}
         for row in run.itertuples():
-            by_task.setdefault(row.task, {})[row.metric] = None if pd.isna(row.value) else row.value
+            values.setdefault(row.task, {})[row.metric] = None if pd.isna(row.value) else row.value
+            stderrs.setdefault(row.task, {})[row.metric] = None if pd.isna(row.stderr) else row.stderr
         first = run.iloc[0]
         rows.append({**{c: first[c] for c in ("run_id", "sweep_id", "model", "loops", "suite")}, "task": SUITE,
-                     "metric": HEADLINE, "value": headline(by_task).mean, "stderr": None})
+                     "metric": HEADLINE, "value": headline(values).mean, "stderr": headline_stderr(stderrs)})
     return pd.DataFrame(rows, columns=list(table.columns))
 
 
@@ -204,6 +206,13 @@ def samples(
         .join(Run)
         .order_by(Run.id.desc(), Sample.task, Sample.doc_id, Sample.sample_index)
     )
+    statement = _sample_filters(statement, task, model, correct)
+    if limit is not None:
+        statement = statement.limit(limit)
+    return _frame(engine, statement)
+
+
+def _sample_filters(statement: Any, task: str | None, model: str | None, correct: bool | None) -> Any:
     if task is not None:
         statement = statement.where(Sample.task == task)
     if model is not None:
@@ -212,8 +221,43 @@ def samples(
         statement = statement.where(Sample.score >= 1.0)
     elif correct is False:
         statement = statement.where(Sample.score < 1.0)
-    if limit is not None:
-        statement = statement.limit(limit)
+    return statement
+
+
+# A sample's stratum in `sample_spread`: its run (model and loops), its task and its verdict.
+_VERDICT = case((Sample.score.is_(None), "unscored"), (Sample.score >= 1.0, "correct"), else_="wrong").label("verdict")
+_STRATUM = (Sample.run_id, Sample.task, _VERDICT)
+
+
+def sample_spread(
+    engine: Engine, budget: int, task: str | None = None, model: str | None = None, correct: bool | None = None
+) -> pd.DataFrame:
+    """About `budget` samples spread evenly over every (run, task, verdict) that has any, in SQL.
+
+    Each stratum gives the same number (budget // strata, at least one), its first doc ids first
+    (shortest id, then text: numeric ids in numeric order), first samples of a doc before its
+    repeats, so every model and loop count shows correct and wrong answers side by side. Filters
+    as for `samples`; rows come in (run, task, doc id, sample) order with a `verdict` column.
+    """
+    strata = _sample_filters(select(*_STRATUM).join(Run).distinct(), task, model, correct).subquery()
+    with engine.connect() as conn:
+        n_strata = conn.execute(select(func.count()).select_from(strata)).scalar_one()
+    rank = func.row_number().over(
+        partition_by=_STRATUM, order_by=(Sample.sample_index, func.length(Sample.doc_id), Sample.doc_id)
+    ).label("rank")
+    ranked = _sample_filters(
+        select(Sample.id.label("sample_id"), _VERDICT, rank).join(Run), task, model, correct).subquery()
+    statement = (
+        select(
+            Sample.id.label("sample_id"), Sample.run_id, Run.model_spec.label("model"), _LOOPS, Run.suite,
+            Sample.task, Sample.doc_id, Sample.sample_index, Sample.prompt, Sample.output, Sample.gold,
+            Sample.score, ranked.c.verdict, Sample.prompt_tokens, Sample.generated_tokens,
+        )
+        .join(Run)
+        .join(ranked, ranked.c.sample_id == Sample.id)
+        .where(ranked.c.rank <= max(1, budget // max(1, n_strata)))
+        .order_by(Sample.run_id, Sample.task, func.length(Sample.doc_id), Sample.doc_id, Sample.sample_index)
+    )
     return _frame(engine, statement)
 
 
@@ -221,3 +265,18 @@ def count_samples(engine: Engine) -> int:
     """Total stored samples (the report says how many it shows out of how many)."""
     with engine.connect() as conn:
         return conn.execute(select(func.count()).select_from(Sample)).scalar_one()
+
+
+def probe_values(engine: Engine) -> pd.DataFrame:
+    """Every `loopeval probe` value with its run: run_id, model, suite (what was probed), trained_loops
+    (T, NaN where the adapter did not say), loop, metric, lag, value (NaN = undefined)."""
+    statement = (
+        select(ProbeValue.run_id, Run.model_spec.label("model"), Run.suite, Run.model_config,
+               ProbeValue.loop, ProbeValue.metric, ProbeValue.lag, ProbeValue.value)
+        .join(Run)
+        .order_by(ProbeValue.run_id, ProbeValue.metric, ProbeValue.lag, ProbeValue.loop)
+    )
+    frame = _frame(engine, statement)
+    trained = [c.get("trained_loops") if isinstance(c, dict) else None for c in frame["model_config"]]
+    frame = frame.drop(columns="model_config").assign(trained_loops=pd.Series(trained, dtype="float64", index=frame.index))
+    return frame.astype({"value": "float64"})

@@ -9,6 +9,7 @@ The store takes and returns plain values (dicts, ints); harness types stay in th
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta, timezone
@@ -17,7 +18,7 @@ from typing import Any
 from sqlalchemy import Engine, delete, func, insert, select, update
 
 from db.headline import headline
-from db.models import MemoryPeak, MemorySample, ProfilePoint, Run, Sample, TaskMetric, utcnow
+from db.models import MemoryPeak, MemorySample, ProbeValue, ProfilePoint, Run, Sample, TaskMetric, utcnow
 from db.session import open_engine, open_existing, session_factory
 
 SAMPLE_FIELDS = (
@@ -230,6 +231,12 @@ class Store:
         with self._session.begin() as session:
             session.add_all(ProfilePoint(run_id=run_id, **row) for row in rows)
 
+    def add_probe_values(self, run_id: int, rows: Iterable[Mapping[str, Any]]) -> None:
+        """`loopeval probe` values (loop, metric, lag, value), NaN stored as NULL."""
+        with self._session.begin() as session:
+            session.add_all(ProbeValue(run_id=run_id, **{**row, "value": None if math.isnan(row["value"]) else row["value"]})
+                            for row in rows)
+
     # --- reading ----------------------------------------------------------------------------
 
     def run_summaries(self, kind: str | None = None) -> list[dict[str, Any]]:
@@ -262,7 +269,7 @@ class Store:
                 "n_samples": counts.get(run.id, 0),
                 "metrics": {task: dict(values) for task, values in metrics[run.id].items()},
                 # one pass@1 per benchmark and their unweighted mean (db.headline), what the tables show
-                "pass_at_1": dataclasses.asdict(headline(metrics[run.id])),
+                "pass_at_1": dataclasses.asdict(headline(metrics[run.id], run.suite)),
                 "stderr": {task: dict(values) for task, values in stderrs[run.id].items()},
                 "memory": dict(memory[run.id]),
                 # what one more token of context adds to the KV cache, as the adapter described it (None if it did not)

@@ -378,10 +378,10 @@ class AdapterModel(LightevalModel):
 
     # ---------------------------------------------------------------------------------- log-likelihood
     def loglikelihood(self, docs: list[Doc]) -> list[ModelResponse]:
-        """Sum of log-probabilities of each choice after the prompt, from one uncached forward per batch.
+        """Sum of log-probabilities of each choice after the prompt, from uncached forwards.
 
-        `batch_size` docs go in one forward (all their choices, right-padded: causal attention keeps
-        padding out of the scored positions); sequences longer than the context keep their tail.
+        A batch of `batch_size` docs (all their choices) runs as one forward per sequence length
+        (`_logprobs`); sequences longer than the context keep their tail.
         """
         if self.tokenizer is None:
             raise AdapterError(f"{self.adapter.spec} has no tokenizer: multiple-choice tasks need one")
@@ -423,16 +423,13 @@ class AdapterModel(LightevalModel):
                 rows.append((position, list(context), list(continuation)))
         limit = self.max_length + 1  # the last token is only a target
         sequences = [(context + continuation)[-limit:] for _, context, continuation in rows]
-        longest = max(len(s) for s in sequences) - 1
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        input_ids = torch.tensor([s[:-1] + [pad] * (longest - len(s) + 1) for s in sequences], dtype=torch.long)
-        logprobs = torch.log_softmax(self.adapter.forward_logits(input_ids).float(), dim=-1).cpu()
+        logprobs = self._logprobs(sequences)
 
         per_doc: list[list[tuple[float, bool, list[int]]]] = [[] for _ in docs]
         for row, ((position, _, continuation), sequence) in enumerate(zip(rows, sequences)):
             k = min(len(continuation), len(sequence) - 1)
             targets = torch.tensor(sequence[-k:], dtype=torch.long)
-            scored = logprobs[row, len(sequence) - 1 - k : len(sequence) - 1]
+            scored = logprobs[row][-k:]
             picked = scored.gather(-1, targets[:, None]).sum().item()
             greedy = bool((scored.argmax(-1) == targets).all())
             per_doc[position].append((picked, greedy, continuation))
@@ -445,6 +442,23 @@ class AdapterModel(LightevalModel):
             ))
             for prompt, choices in zip(prompts, per_doc)
         ]  # fmt: skip
+
+    def _logprobs(self, sequences: list[list[int]]) -> list[torch.Tensor]:
+        """[len - 1, vocab] log-probabilities of each sequence's next tokens, one forward per length.
+
+        No row is padded: padding would change what a MELT model computes for the real tokens, whose
+        chunks are counted back from the sequence's last token (as generation's prefill counts them).
+        """
+        by_length: dict[int, list[int]] = collections.defaultdict(list)
+        for row, sequence in enumerate(sequences):
+            by_length[len(sequence)].append(row)
+        out: list[torch.Tensor] = [torch.empty(0)] * len(sequences)
+        for rows in by_length.values():
+            input_ids = torch.tensor([sequences[row][:-1] for row in rows], dtype=torch.long)
+            logprobs = torch.log_softmax(self.adapter.forward_logits(input_ids).float(), dim=-1).cpu()
+            for row, values in zip(rows, logprobs):
+                out[row] = values
+        return out
 
     @staticmethod
     def _choice_record(task: str, doc: Doc, prompt: str, response: ModelResponse, latency: float) -> SampleRecord:

@@ -69,6 +69,39 @@ def _positive_ints(name: str, value: Any) -> list[int]:
     return _int_list(name, value, 1, "positive integers")
 
 
+MAX_RANGE = 1024  # values one range may expand to (no loop count or seed list is longer)
+
+
+def int_ranges(value: str, name: str, minimum: int = 1) -> list[int]:
+    """'1,2,4' or '1-12' or '1-4,8,16' -> the integers in order (a range includes both ends), duplicates dropped.
+
+    Depth extrapolation sweeps every r from 1 past the trained T, so `--loops 1-12` is the short form.
+    UserError naming `name` on anything else, on an item below `minimum` and on a reversed range.
+    """
+    words = "positive integers" if minimum == 1 else f"integers >= {minimum}"
+    bad = UserError(f"{name} must be comma-separated {words} or ranges such as 1-12, got {value!r}")
+    items: list[int] = []
+    for part in (p.strip() for p in value.split(",")):
+        if not part:
+            continue
+        first, dash, last = part.partition("-") if not part.startswith("-") else (part, "", "")
+        try:
+            low, high = int(first), int(last) if dash else int(first)
+        except ValueError:
+            raise bad from None
+        if low < minimum or high < low or high - low >= MAX_RANGE:
+            raise bad
+        items.extend(range(low, high + 1))
+    if not items:
+        raise bad
+    return list(dict.fromkeys(items))
+
+
+def _loops(name: str, value: Any) -> list[int]:
+    """A sweep file's loops: a list of positive integers, or a string of them and ranges ("1-12")."""
+    return int_ranges(value, name) if isinstance(value, str) else _positive_ints(name, value)
+
+
 def _seeds(name: str, value: Any) -> list[int]:
     return _int_list(name, value, 0, "non-negative integers")
 
@@ -171,7 +204,7 @@ KEYS: dict[str, tuple[Callable[[str, Any], Any], str]] = {
     "models": (_models, "models"),
     "suite": (_suite, "suite"),
     "tasks": (_strings, "tasks"),
-    "loops": (_positive_ints, "loops"),
+    "loops": (_loops, "loops"),
     "samples": (_positive_int, "samples"),
     "temperature": (_temperature, "temperature"),
     "top_p": (_top_p, "top_p"),

@@ -11,7 +11,8 @@ Overrides (all optional): `loops` (inference r), `dtype` (fp32/bf16/fp16), `devi
 once: the scheduler's cap, or the static batch), `batching` ("continuous" or "static"),
 `kv_budget` (GB of KV pool; default: what the workload needs at the cap without preemption, and on
 a GPU at most `KV_FRACTION` of free memory), `block_size` (tokens per KV block), `exit_policy`
-("none", "fixed", "threshold") with `exit_loop` / `exit_threshold`.
+("none", "fixed", "threshold") with `exit_loop` / `exit_threshold` (default: the checkpoint's
+`early_exit_threshold`, see `exit_policy`), and the loop conditioning fields.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 
 from adapters.base import MODEL_DTYPES, AdapterError, Finished, Generation, Prompt, Request, Sampling, dtype_short
 from adapters.engine.cache import KVCache
-from adapters.engine.config import LoopConfig
+from adapters.engine.config import CONDITIONING_FIELDS, LoopConfig
 from adapters.engine.presets import preset
 from adapters.engine.generate import ExitPolicy, check_request, generate, stream_key
 from adapters.engine.memory import analytic_terms, count_params
@@ -38,7 +39,7 @@ DEFAULT_MAX_BATCH = 64  # sequences decoding at once
 KV_FRACTION = 0.9  # of the GPU's free memory, the most a default pool takes
 BATCHING = ("continuous", "static")
 OVERRIDES = ("loops", "dtype", "device", "seed", "chunk_size", "max_batch", "batching", "kv_budget", "block_size",
-             "exit_policy", "exit_loop", "exit_threshold")
+             "exit_policy", "exit_loop", "exit_threshold", *CONDITIONING_FIELDS)
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
@@ -177,7 +178,7 @@ class EngineAdapter:
         size, dtype = self.block_size, dtype_short(self.dtype)
         longest = max(-(-s.capacity // size) for s in sequences)
         rows = min(self.max_batch, len(sequences))
-        latent = max(rows, self.config.chunk_size) if self.config.kv_strategy == "gated" else 0
+        latent = max(rows, self.config.chunk_size if self.config.kv_strategy == "gated" else 1)  # tokens one step may hold in flight
         if self.kv_budget is not None:
             blocks = pool_blocks(self.config, self.loops, int(self.kv_budget * 1e9), size, latent, dtype)
         else:
@@ -264,10 +265,16 @@ def _check_overrides(overrides: dict[str, Any]) -> None:
         raise AdapterError(f"unknown override(s) {', '.join(sorted(unknown))} (allowed: {', '.join(OVERRIDES)})")
 
 
+def conditioning(overrides: dict[str, Any]) -> dict[str, Any]:
+    """The loop conditioning fields among load overrides (a loaded model gains them zero-initialised)."""
+    return {k: overrides[k] for k in CONDITIONING_FIELDS if overrides.get(k) is not None}
+
+
 def config_facts(cfg: LoopConfig, overrides: dict[str, Any]) -> dict[str, Any]:
     """What `describe()` will say about loops, KV and memory, from the config alone: a sweep plans its
     runs and checks they fit with it before any weights are loaded (`adapters.inspect`)."""
     _check_overrides(overrides)
+    cfg = cfg.replace(**conditioning(overrides))
     loops = cfg.loops if overrides.get("loops") is None else cfg.check_loops(overrides["loops"])
     device = resolve_device(overrides.get("device"))
     dtype = dtype_short(resolve_dtype(overrides.get("dtype"), device))
@@ -283,12 +290,21 @@ def _build(spec: str, model_fn: Any, tokenizer_fn: Any, overrides: dict[str, Any
     model: LoopedLM = model_fn(dtype, device)
     if overrides.get("chunk_size") is not None:
         model.config = model.config.replace(chunk_size=int(overrides["chunk_size"]))
-    policy = ExitPolicy(
-        kind=overrides.get("exit_policy") or "none", loop=overrides.get("exit_loop"), threshold=float(overrides.get("exit_threshold", 1.0))
-    )
+    if conditioning(overrides):
+        model = model.with_conditioning(**conditioning(overrides))
     max_batch, batching, kv_budget, block_size = _batching_overrides(overrides)
-    return EngineAdapter(spec, model, tokenizer_fn(), loops=overrides.get("loops"), max_batch=max_batch, exit_policy=policy,
-                         batching=batching, kv_budget=kv_budget, block_size=block_size)
+    return EngineAdapter(spec, model, tokenizer_fn(), loops=overrides.get("loops"), max_batch=max_batch,
+                         exit_policy=exit_policy(model.config, overrides), batching=batching, kv_budget=kv_budget, block_size=block_size)
+
+
+def exit_policy(cfg: LoopConfig, overrides: dict[str, Any]) -> ExitPolicy:
+    """The overrides' exit policy, else the checkpoint's. A threshold (`exit_threshold`, else Ouro's
+    `early_exit_threshold`) below 1 selects `threshold`, as the official Ouro modelling code applies its
+    config's threshold at every forward; 1 (what the Ouro releases ship) reads the last loop, as `none` does."""
+    given = overrides.get("exit_threshold")
+    threshold = cfg.exit_threshold if given is None else float(given)
+    kind = overrides.get("exit_policy") or ("threshold" if threshold is not None and threshold < 1 else "none")
+    return ExitPolicy(kind=kind, loop=overrides.get("exit_loop"), threshold=1.0 if threshold is None else threshold)
 
 
 def inspect_preset(name: str, **overrides: Any) -> dict[str, Any]:

@@ -19,7 +19,8 @@ Layout (entries, `entry_table`): the entry of a token's K/V
   shared layer for the tokens in flight (a prefill chunk or the decoded token). Independent of r.
 
 `KVCache` stores k and v as [entries, batch, kv_heads, length, head_dim] and the latent as
-[s, batch, chunk, hidden]. `kv_bytes_allocated` counts the K/V tensors plus the latent;
+[s, batch, chunk, hidden]. `kv_bytes_allocated` counts the K/V tensors plus the latent and the
+history buffer of the loop conditioning (`history_bytes`);
 `kv_bytes_used` counts the slots written so far (every row of the batch, padding included,
 because those slots are occupied) plus the latent once anything is written.
 `adapters.engine.memory.estimate` predicts the same numbers from the config alone.
@@ -34,6 +35,7 @@ import torch
 from torch import Tensor
 
 from adapters.engine.config import LoopConfig
+from adapters.engine.memory import history_bytes
 
 Gate = Callable[[Tensor, Tensor, int], Tensor]  # MELT's update (x, h, loop) -> new h, for loops >= 1
 
@@ -78,6 +80,7 @@ class KVCache:
         self.length = 0  # slots written (the generate loop advances it)
         self._slot_bytes = 2 * entries * batch * config.num_kv_heads * config.head_dim * self.k.element_size()
         self._latent_bytes = 0 if self.latent is None else self.latent.numel() * self.latent.element_size()
+        self._latent_bytes += history_bytes(config, batch * (self.latent.shape[2] if self.latent is not None else 1), self.k.element_size())
 
     def kv_source(self, layer: int, loop: int, x: Tensor, gate: Gate) -> Tensor | None:
         """The latent h of `layer`'s tokens in flight, updated in place: x at loop 0, then the gate."""

@@ -10,7 +10,8 @@ mapped onto `LoopConfig` and the safetensors (single file or sharded with an ind
 engine, whose tensor names are HF's. MELT gates in an Ouro-format directory are extra tensors:
 `model.layers.{i}.melt_gate.w_z.weight` (W_z, d x d), `.w_z.bias` (b_z), `.u_z.weight` (U_z) for
 the elementwise gate, `.melt_gate.logit` for the scalar one; config.json may carry
-`melt_gate_variant` and `melt_chunk_size`.
+`melt_gate_variant` and `melt_chunk_size`. Ouro's `early_exit_threshold` becomes
+`LoopConfig.exit_threshold`, the adapter's default exit policy.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def _hf_config(raw: dict[str, Any], family: str) -> LoopConfig:
     gated = family == "melt"
     return LoopConfig(
         family=family, shared_layers=layers, loops=int(raw.get("total_ut_steps", 4)), norm_layout="sandwich",
-        qk_norm=False, kv_strategy="gated" if gated else "per_loop", exit_gate=True,
+        qk_norm=False, kv_strategy="gated" if gated else "per_loop", exit_gate=True, exit_threshold=raw.get("early_exit_threshold"),
         gate_variant=raw.get("melt_gate_variant", "elementwise"), chunk_size=int(raw.get("melt_chunk_size", 64)), **cfg,
     )
 

@@ -19,6 +19,9 @@ KV_STRATEGIES = ("standard", "per_loop", "gated")
 NORM_LAYOUTS = ("pre", "sandwich")
 GATE_VARIANTS = ("elementwise", "scalar", "last", "mean", "ema")
 FAMILIES = ("qwen3", "ouro", "melt", "custom")
+MIX_KINDS = ("none", "scalar", "channel", "dense")  # shape of an injection matrix: 1, d or d x d parameters
+CONDITIONING_FIELDS = ("injection", "history", "history_window", "loop_gate")  # also load overrides of engine specs
+LOOP_GATE_DIM = 8  # Loop Gating: one learned vector of this size per loop position, one entry per channel group
 ENGINE_FORMAT = "loopeval-engine"  # config.json of engine checkpoints: {"format": ENGINE_FORMAT, "config": {...}}
 
 
@@ -47,6 +50,13 @@ class LoopConfig:
     ema_decay: float = 0.5  # decay of the "ema" gate variant
     chunk_size: int = 64  # MELT prefill chunk (tokens processed in parallel); 1 == token by token
     exit_gate: bool = False  # Ouro's early-exit gate Linear(d, 1) on each loop's normed state
+    # Loop conditioning (the recurrence study's options; all off by default, all zero-initialised so a
+    # converted model starts unchanged; model.LoopConditioning has the formulas):
+    injection: str = "none"  # initial-state injection: loop input += A e, e the state entering loop 1 (MIX_KINDS)
+    history: str = "none"  # history-state injection: loop l input += sum_j B_j (h_{l-j} - h_{l-j-1}) (MIX_KINDS)
+    history_window: int = 1  # w, the lags the history injection reads
+    loop_gate: bool = False  # Loop Gating: loop t's net update scaled by 1 + tanh(g_t), g_t of LOOP_GATE_DIM per loop position
+    exit_threshold: float | None = None  # Ouro's early_exit_threshold: the default exit policy (adapters.engine.adapter)
     max_position: int = 40960  # longest context (prompt + generated) the model accepts
     bos_token_id: int | None = None
     eos_token_id: int | None = None
@@ -94,7 +104,7 @@ class LoopConfig:
             if getattr(self, name) not in allowed:
                 raise AdapterError(f"config field {name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
 
-        for name in ("vocab_size", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "ffn_size", "chunk_size", "max_position"):
+        for name in ("vocab_size", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "ffn_size", "chunk_size", "max_position", "history_window"):
             positive(name)
         for name in ("prelude_layers", "shared_layers", "coda_layers"):
             non_negative(name)
@@ -104,6 +114,9 @@ class LoopConfig:
         one_of("kv_strategy", KV_STRATEGIES)
         one_of("norm_layout", NORM_LAYOUTS)
         one_of("gate_variant", GATE_VARIANTS)
+        one_of("injection", MIX_KINDS)
+        one_of("history", MIX_KINDS)
+        self._validate_conditioning()
         if self.num_heads % self.num_kv_heads:
             raise AdapterError(
                 f"config field num_heads={self.num_heads} must be divisible by num_kv_heads={self.num_kv_heads} (grouped-query attention)"
@@ -120,6 +133,11 @@ class LoopConfig:
             )
         if self.exit_gate and self.shared_layers == 0:
             raise AdapterError("config exit_gate needs shared_layers >= 1 (it reads each loop's state)")
+        threshold = self.exit_threshold
+        if threshold is not None and not (self.exit_gate and type(threshold) in (int, float) and 0 < threshold <= 1):
+            raise AdapterError(
+                f"config field exit_threshold (Ouro's early_exit_threshold) must be in (0, 1] on a model with an exit gate, got {self.exit_threshold!r}"
+            )
         if not 0 <= self.ema_decay < 1:
             raise AdapterError(f"config field ema_decay must be in [0, 1), got {self.ema_decay}")
         if self.rope_theta <= 0 or self.norm_eps <= 0:
@@ -128,6 +146,17 @@ class LoopConfig:
             value = getattr(self, name)
             if value is not None and not 0 <= value < self.vocab_size:
                 raise AdapterError(f"config field {name}={value} must be in [0, vocab_size={self.vocab_size})")
+
+    @property
+    def conditioned(self) -> bool:
+        """Whether any loop conditioning option is on (the model then carries `LoopConditioning`)."""
+        return self.injection != "none" or self.history != "none" or self.loop_gate
+
+    def _validate_conditioning(self) -> None:
+        if self.conditioned and self.shared_layers == 0:
+            raise AdapterError("config fields injection, history and loop_gate need shared_layers >= 1 (they condition the loops)")
+        if self.loop_gate and self.hidden_size % LOOP_GATE_DIM:
+            raise AdapterError(f"config loop_gate needs hidden_size divisible by {LOOP_GATE_DIM} (one gate entry per channel group), got {self.hidden_size}")
 
     def replace(self, **changes: Any) -> "LoopConfig":
         """A validated copy with some fields changed (unknown fields raise AdapterError)."""

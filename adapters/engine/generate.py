@@ -37,7 +37,7 @@ from torch import Tensor
 from adapters.base import AdapterError, Generation, Sampling, dtype_short
 from adapters.engine.cache import KVCache
 from adapters.engine.memory import kv_bytes
-from adapters.engine.model import LoopedLM, StepOutput, exit_probabilities
+from adapters.engine.model import LoopedLM, StepOutput, exit_probabilities, prefill_chunks
 
 
 @dataclass(frozen=True)
@@ -125,12 +125,6 @@ def draw(probs: Tensor, noise: Tensor) -> Tensor:
     synchronises the host on a GPU.
     """
     return (probs / noise).argmax(dim=-1)
-
-
-def prefill_chunks(width: int, chunk: int) -> list[tuple[int, int]]:
-    """Slot ranges of the prefill, aligned to the prompt's end: every row (left-padded) then sees the
-    same chunks of its own tokens as when it runs alone. Only the first chunk may be shorter."""
-    return [(max(0, end - chunk), end) for end in range(width, 0, -chunk)][::-1]
 
 
 def prefill_mask(valid: Tensor, s0: int, s1: int) -> Tensor:

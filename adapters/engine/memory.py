@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from adapters.base import DTYPE_BYTES, AdapterError, dtype_short
-from adapters.engine.config import LoopConfig
+from adapters.engine.config import LOOP_GATE_DIM, LoopConfig
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,23 @@ def count_params(cfg: LoopConfig) -> int:
     gate = {"elementwise": 2 * d * d + d, "scalar": 1}.get(cfg.gate_variant, 0) if cfg.kv_strategy == "gated" else 0
     total = cfg.num_layers * layer + cfg.shared_layers * gate
     total += cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2) + d  # embeddings, lm_head, final norm
-    return total + (d + 1 if cfg.exit_gate else 0)
+    return total + (d + 1 if cfg.exit_gate else 0) + conditioning_params(cfg)
+
+
+def conditioning_params(cfg: LoopConfig) -> int:
+    """Parameters the loop conditioning adds (`model.LoopConditioning`): A, the w maps B_j, T x 8 gates."""
+    d = cfg.hidden_size
+    size = {"none": 0, "scalar": 1, "channel": d, "dense": d * d}
+    return size[cfg.injection] + cfg.history_window * size[cfg.history] + (cfg.loops * LOOP_GATE_DIM if cfg.loop_gate else 0)
+
+
+def history_bytes(config: LoopConfig, tokens: int, size: int) -> int:
+    """Bytes of the history buffer for `tokens` tokens in flight: the last w loop differences, w x d each.
+
+    Loops of one token run in sequence, so decoding keeps them for the token being decoded only (a
+    gated prefill for its chunk). `LoopedLM.run` holds them as activations; `KVCache` accounts them with the latent.
+    """
+    return config.history_window * config.hidden_size * tokens * size if config.history != "none" else 0
 
 
 def kv_bytes(cfg: LoopConfig, tokens: int, batch: int = 1, loops: int | None = None, dtype: str = "bf16") -> int:
@@ -59,13 +75,16 @@ def analytic_terms(cfg: LoopConfig, loops: int | None = None, dtype: str = "bf16
 
     Engine adapters put these in `describe()`, so readers of the results database (the dashboards)
     evaluate the formula at any context length without importing the engine's packages.
+    The "latent" is the state kept per token in flight: MELT's h of each shared layer, for a prefill
+    chunk, plus the history buffer of the loop conditioning (w x d, for one decoded token unless gated).
     """
     size = dtype_bytes(dtype)
     r = cfg.check_loops(cfg.loops if loops is None else loops)
     gated = cfg.kv_strategy == "gated"
+    history = history_bytes(cfg, 1, size)
     return {
         "weights_bytes": count_params(cfg) * size,
         "kv_bytes_per_token": 2 * cfg.kv_entries(r) * cfg.num_kv_heads * cfg.head_dim * size,
-        "latent_bytes_per_token": cfg.shared_layers * cfg.hidden_size * size if gated else 0,
-        "latent_tokens": cfg.chunk_size if gated else 0,
+        "latent_bytes_per_token": (cfg.shared_layers * cfg.hidden_size * size if gated else 0) + history,
+        "latent_tokens": cfg.chunk_size if gated else (1 if history else 0),
     }

@@ -25,8 +25,9 @@ MELT choices the method leaves open (also in the README):
 
 from __future__ import annotations
 
+import collections
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
@@ -34,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from adapters.engine.cache import Cache, ChunkCache, MixedCache
-from adapters.engine.config import LoopConfig
+from adapters.engine.config import LOOP_GATE_DIM, LoopConfig
 
 Rope = tuple[Tensor, Tensor]  # cos, signed sin [B, 1, n, head_dim]
 
@@ -264,6 +265,59 @@ class Block(nn.Module):
         return h + (self.post_attention_layernorm_2(m) if self.sandwich else m), a
 
 
+class Mix(nn.Module):
+    """`count` zero-initialised maps of a state [.., d]: scalar (count), channel-wise (count x d) or dense (count x d x d)."""
+
+    def __init__(self, kind: str, count: int, d: int) -> None:
+        super().__init__()
+        self.kind = kind
+        shape = {"scalar": (count, 1), "channel": (count, d), "dense": (count, d, d)}[kind]
+        self.weight = nn.Parameter(torch.zeros(shape))
+
+    def forward(self, j: int, x: Tensor) -> Tensor:
+        """Map number j applied to x."""
+        return F.linear(x, self.weight[j]) if self.kind == "dense" else x * self.weight[j]
+
+
+class LoopConditioning(nn.Module):
+    """What the recurrence study adds around the shared core; every option starts as the identity.
+
+    With e the state entering loop 1 (the prelude's output, or the embeddings when p = 0) and h_l the
+    state loop l hands on (h_0 = e), loop l (1-based) runs the core on
+
+        x_l = h_{l-1} + A e + sum_{j=1..w} B_j (h_{l-j} - h_{l-j-1})      (terms with l-j-1 < 1 dropped)
+
+    and hands on h_l = x_l + (1 + tanh(g_l)) * (core(x_l) - x_l). The history excludes the embedding
+    state, so loops 1 and 2 see none and loop 3 sees B_1 (h_2 - h_1). A and B_j are scalar, channel-
+    wise or dense (`Mix`); g_l is an 8-vector per loop position (`LOOP_GATE_DIM`), entry k scaling the
+    k-th of 8 equal channel groups of the net update; loops beyond the trained T reuse the last row.
+    With A = B = g = 0 (their initialisation) x_l = h_{l-1} and h_l = core(x_l): the plain model.
+    """
+
+    def __init__(self, cfg: LoopConfig) -> None:
+        super().__init__()
+        d = cfg.hidden_size
+        self.window = cfg.history_window
+        self.injection = None if cfg.injection == "none" else Mix(cfg.injection, 1, d)
+        self.history = None if cfg.history == "none" else Mix(cfg.history, cfg.history_window, d)
+        self.gate = nn.Parameter(torch.zeros(cfg.loops, LOOP_GATE_DIM)) if cfg.loop_gate else None
+
+    def loop_input(self, h: Tensor, e: Tensor, diffs: Sequence[Tensor]) -> Tensor:
+        """x_l from h_{l-1}, e and the newest-first differences h_{l-1} - h_{l-2}, ... (at most w)."""
+        x = h if self.injection is None else h + self.injection(0, e)
+        for j, diff in enumerate(diffs if self.history is not None else ()):
+            x = x + self.history(j, diff)
+        return x
+
+    def gated(self, x: Tensor, y: Tensor, loop: int) -> Tensor:
+        """x + (1 + tanh(g_loop)) * (y - x), per channel group; y itself without Loop Gating."""
+        if self.gate is None:
+            return y
+        g = self.gate[min(loop, self.gate.shape[0] - 1)]
+        extra = torch.tanh(g).repeat_interleave(x.shape[-1] // LOOP_GATE_DIM).to(x.dtype)
+        return y + extra * (y - x)  # = x + (1 + tanh g)(y - x), written so that g = 0 gives y bit for bit
+
+
 class Backbone(nn.Module):
     """Holds the tensors under HF's `model.` prefix so checkpoints map one to one."""
 
@@ -275,6 +329,7 @@ class Backbone(nn.Module):
         self.layers = nn.ModuleList(Block(cfg, gated and p <= i < p + s) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.early_exit_gate = nn.Linear(cfg.hidden_size, 1) if cfg.exit_gate else None
+        self.loop_conditioning = LoopConditioning(cfg) if cfg.conditioned else None
 
 
 @dataclass
@@ -285,6 +340,26 @@ class ForwardOutput:
     loop_logits: list[Tensor] | None = None  # r x [B, N, V]: each loop's normed state through lm_head
     attn_outputs: list[list[Tensor]] | None = None  # [t][j] -> [B, N, d]: shared layer j's o_proj output at loop t
     exit_probs: Tensor | None = None  # [r, B, N]: Ouro exit distribution over loops
+
+
+@dataclass
+class LoopTrace:
+    """What `LoopedLM.run` records for the probes: `states[0]` enters loop 1 (e), `states[l]` is loop l's
+    output, each [B, n, d] as the next loop reads it; loops in `skip` (0-based) hand their input on.
+    Chunked (gated) forwards record one list per chunk; `joined` puts them back along the sequence."""
+
+    skip: frozenset[int] = frozenset()
+    chunks: list[list[Tensor]] = field(default_factory=list)
+
+    def begin(self, e: Tensor) -> None:
+        """A new call (chunk) starts with e, the state entering loop 1."""
+        self.chunks.append([e.detach()])
+
+    def record(self, h: Tensor) -> None:
+        self.chunks[-1].append(h.detach())
+
+    def joined(self) -> list[Tensor]:
+        return [torch.cat(parts, dim=1) for parts in zip(*self.chunks)]
 
 
 @dataclass
@@ -330,6 +405,9 @@ class LoopedLM(nn.Module):
         for layer in self.shared:
             if layer.melt_gate is not None:
                 fresh_gate(layer.melt_gate, generator, std)
+        if self.model.loop_conditioning is not None:
+            for param in self.model.loop_conditioning.parameters():
+                param.zero_()  # the identity: conditioning starts as the plain looped model
 
     def logits(self, normed: Tensor) -> Tensor:
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
@@ -341,28 +419,50 @@ class LoopedLM(nn.Module):
         return None if gate is None else torch.stack([gate(z).squeeze(-1) for z in states])
 
     # ------------------------------------------------------------------------------- layers
-    def run(self, h: Tensor, span: Span, cache: Cache, loops: int, per_loop: bool, attn_outputs: list[Tensor] | None = None) -> tuple[Tensor, list[Tensor]]:
+    def run(self, h: Tensor, span: Span, cache: Cache, loops: int, per_loop: bool, attn_outputs: list[Tensor] | None = None,
+            trace: LoopTrace | None = None) -> tuple[Tensor, list[Tensor]]:
         """Prelude, shared x loops, coda over one call's states h [B, n, d].
 
         Returns the normed final state and, with `per_loop`, each loop's normed state (what per-loop
         logits and the exit gate read). Shared layers' attention outputs are appended to
-        `attn_outputs`, loop-major, when it is given.
+        `attn_outputs`, loop-major, when it is given. A `trace` (probes) records the state entering
+        loop 1 and each loop's output, and may skip loops: a skipped loop hands its input on unchanged.
         """
         p, s = len(self.prelude), len(self.shared)
         for i, layer in enumerate(self.prelude):
             h, _ = layer(h, span, cache, i, 0)
+        cond = self.model.loop_conditioning
+        e, diffs = h, collections.deque(maxlen=cond.window if cond is not None else 1)  # diffs: h_{l-1} - h_{l-2}, newest first
+        if trace is not None:
+            trace.begin(h)
         states = []
         for t in range(loops if s else 0):
-            for j, layer in enumerate(self.shared):
-                h, a = layer(h, span, cache, p + j, t)
-                if attn_outputs is not None:
-                    attn_outputs.append(a)
-            h, normed = self._loop_end(h, per_loop)
+            if trace is not None and t in trace.skip:
+                y, normed = h, self.model.norm(h) if per_loop else None
+            else:
+                y, normed = self._loop(h, e, diffs, span, cache, t, per_loop, attn_outputs)
+            if cond is not None and t > 0:  # the history excludes e: the first difference is h_2 - h_1
+                diffs.appendleft(y - h)
+            h = y
+            if trace is not None:
+                trace.record(h)
             if per_loop:
                 states.append(normed)
         for k, layer in enumerate(self.coda):
             h, _ = layer(h, span, cache, p + s + k, 0)
         return self._final(h), states
+
+    def _loop(self, h: Tensor, e: Tensor, diffs: Sequence[Tensor], span: Span, cache: Cache, t: int, per_loop: bool,
+              attn_outputs: list[Tensor] | None) -> tuple[Tensor, Tensor | None]:
+        """Loop t (0-based) of the shared layers from state h: (the state it hands on, its normed state when asked)."""
+        cond, p = self.model.loop_conditioning, len(self.prelude)
+        x = h if cond is None else cond.loop_input(h, e, diffs)
+        y = x
+        for j, layer in enumerate(self.shared):
+            y, a = layer(y, span, cache, p + j, t)
+            if attn_outputs is not None:
+                attn_outputs.append(a)
+        return self._loop_end(y if cond is None else cond.gated(x, y, t), per_loop)
 
     def _loop_end(self, h: Tensor, normed: bool) -> tuple[Tensor, Tensor | None]:
         """(state fed to the next loop, the loop's normed state when asked): sandwich models norm after every loop."""
@@ -387,13 +487,17 @@ class LoopedLM(nn.Module):
         kv_mix: float | None = None,
         return_loop_logits: bool = False,
         return_attn_outputs: bool = False,
+        trace: LoopTrace | None = None,
     ) -> ForwardOutput:
         """Full-sequence forward (autograd works). tokens [B, N], no padding.
 
-        Gated models run chunk-wise (`chunk_size`, default the config's, or a list of chunk lengths
-        summing to N, e.g. a prefill's chunks followed by 1s for decoded tokens) and blend attention's K/V as
+        Gated models run chunk-wise: `chunk_size` (default the config's) is cut as generation's prefill
+        cuts a prompt (`prefill_chunks`: counted back from the last token, so the last position's
+        logits are the first generated token's), or is a list of chunk lengths summing to N (e.g. a
+        prompt's chunks followed by 1s for decoded tokens). They blend attention's K/V as
         `kv_mix * KV_melt + (1 - kv_mix) * KV_looplm` (default 1: pure MELT; 0 reproduces the LoopLM
-        with the same weights exactly). Other strategies ignore both arguments.
+        with the same weights exactly). Other strategies ignore both arguments. `trace` records (and
+        may skip) loops for the probes (`LoopTrace`).
         """
         r = self.config.check_loops(loops if loops is not None else self.config.loops)
         b, n = tokens.shape
@@ -405,7 +509,7 @@ class LoopedLM(nn.Module):
             positions = torch.arange(s0, s1, device=tokens.device).expand(b, -1)
             span = Span(self.rotary(positions, h.dtype), s0, None if s0 == 0 else causal_mask(s0, s1, tokens.device))
             attn.append([] if return_attn_outputs else None)
-            final, loop_states = self.run(h, span, cache, r, per_loop, attn[-1])
+            final, loop_states = self.run(h, span, cache, r, per_loop, attn[-1], trace)
             finals.append(final)
             states.append(loop_states)
         return self._forward_output(finals, states, attn if return_attn_outputs else None, return_loop_logits)
@@ -424,7 +528,7 @@ class LoopedLM(nn.Module):
             return [(0, n)]
         chunk = chunk_size or self.config.chunk_size
         if isinstance(chunk, int):
-            return [(s0, min(n, s0 + chunk)) for s0 in range(0, n, chunk)]
+            return prefill_chunks(n, chunk)
         ends = list(itertools.accumulate(chunk))
         if ends[-1] != n or min(chunk) < 1:
             raise ValueError(f"chunk lengths {list(chunk)} must be positive and sum to the sequence length {n}")
@@ -465,6 +569,16 @@ class LoopedLM(nn.Module):
         return StepOutput(states=last, gate_logits=self.exit_gate_logits(last))
 
     # ------------------------------------------------------------------------------ conversion
+    def with_conditioning(self, **fields: Any) -> "LoopedLM":
+        """This model with loop conditioning options changed (`LoopConfig` fields injection, history,
+        history_window, loop_gate): new conditioning tensors start at zero, so the logits are unchanged."""
+        cfg = self.config.replace(**fields)
+        weight = self.model.embed_tokens.weight
+        model = LoopedLM(cfg).to(device=weight.device, dtype=weight.dtype)  # conditioning tensors are built as zeros
+        own = model.state_dict()
+        model.load_state_dict({k: v for k, v in self.state_dict().items() if k in own and own[k].shape == v.shape}, strict=False)
+        return model.train(self.training)
+
     def to_melt(self, gate_variant: str = "elementwise", chunk_size: int | None = None, generator: torch.Generator | None = None) -> "LoopedLM":
         """A gated MELT model with this LoopLM's weights and fresh gates (the starting point of conversion training)."""
         cfg = self.config.replace(
@@ -488,6 +602,14 @@ def fresh_gate(gate: MeltGate, generator: torch.Generator, std: float = 0.02) ->
         gate.w_z.bias.fill_(-2.0)
     elif gate.variant == "scalar":
         gate.logit.fill_(-2.0)
+
+
+def prefill_chunks(length: int, chunk: int) -> list[tuple[int, int]]:
+    """(start, end) of each chunk of a `length`-token prompt, counted back from its last token: only the
+    first chunk may be shorter (10 tokens, chunk 4: 2 + 4 + 4). Generation's prefill and `LoopedLM.forward`
+    both use it, so a forward's last position gives the logits the first token is sampled from, and left
+    padding never moves a row's chunks."""
+    return [(max(0, end - chunk), end) for end in range(length, 0, -chunk)][::-1]
 
 
 def causal_mask(s0: int, s1: int, device: torch.device) -> Tensor:

@@ -15,9 +15,11 @@ B, n and L, which is what a captured decode step needs.
 
 Accounting, exact (`adapters.engine.memory.analytic_terms` gives the same coefficients):
 - `kv_bytes_used`: tokens held (each slot written once, shared blocks once) x bytes per token, plus
-  the latent of the tokens in flight;
+  the latent of the tokens in flight (MELT's h, and the history buffer of history injection, which
+  `LoopedLM.run` keeps as activations);
 - `kv_bytes_allocated`: blocks held x block_size x bytes per token, plus the same latent;
-- `kv_bytes_reserved`: the whole pool and latent buffer, held from the first step to the last.
+- `kv_bytes_reserved`: the whole pool and the latent state of the largest step, held from the first
+  step to the last.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class BlockPool:
         shape = (config.kv_entries(loops), num_blocks * block_size, config.num_kv_heads, config.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.prelude = config.prelude_layers
+        self.prelude, self.latent_tokens = config.prelude_layers, latent_tokens
         self.latent = None
         if config.kv_strategy == "gated":
             self.latent = torch.zeros((config.shared_layers, latent_tokens, config.hidden_size), dtype=dtype, device=device)
@@ -63,7 +65,7 @@ class BlockPool:
         self.refs = [0] * num_blocks
         self.filled = [0] * num_blocks  # slots written in each block
         self.tokens_held = 0  # sum of `filled` over held blocks
-        self.in_flight = 0  # tokens of the current step (their latent is live)
+        self.in_flight = 0  # tokens of the current step (their latent state is live)
         self.peak_allocated = 0
 
     # ------------------------------------------------------------------------------ blocks
@@ -98,8 +100,8 @@ class BlockPool:
         self.filled[block] = filled
 
     def begin_step(self, tokens: int) -> None:
-        """A step of `tokens` tokens starts: a gated model's latent now holds their rows."""
-        self.in_flight = tokens if self.latent is not None else 0
+        """A step of `tokens` tokens starts: their latent state (MELT's h, the history buffer) is live."""
+        self.in_flight = tokens
         self.peak_allocated = max(self.peak_allocated, self.kv_bytes_allocated)
 
     def blocks_for(self, tokens: int) -> int:
@@ -124,8 +126,7 @@ class BlockPool:
 
     @property
     def kv_bytes_reserved(self) -> int:
-        latent = 0 if self.latent is None else self.latent.numel() * self.latent.element_size()
-        return self.k.numel() * self.k.element_size() * 2 + latent
+        return self.k.numel() * self.k.element_size() * 2 + self.latent_bytes_per_token * self.latent_tokens
 
 
 class PagedStep:

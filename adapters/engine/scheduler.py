@@ -26,8 +26,8 @@ import torch
 from torch import Tensor
 
 from adapters.base import Finished, Generation, Sampling
-from adapters.engine.generate import ExitPolicy, is_looped, output_text, prefill_chunks, read_logits, sample, stop_reason
-from adapters.engine.model import LoopedLM, StepOutput
+from adapters.engine.generate import ExitPolicy, is_looped, output_text, read_logits, sample, stop_reason
+from adapters.engine.model import LoopedLM, StepOutput, prefill_chunks
 from adapters.engine.paged import BlockPool, PagedStep
 
 

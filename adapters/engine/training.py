@@ -36,7 +36,7 @@ import torch
 
 from adapters.base import AdapterError
 from adapters.engine import objectives as T
-from adapters.engine.model import LoopedLM
+from adapters.engine.model import LoopedLM, prefill_chunks
 
 if TYPE_CHECKING:
     from adapters.zoo import Recipe
@@ -53,8 +53,6 @@ class Batch:
     def decode_chunks(self, chunk_size: int) -> list[int]:
         """Chunk lengths that reproduce MELT decoding on this batch: the prompt in chunks counted back
         from its end (as `adapters.engine.generate` prefills), then every later token alone (as it is decoded)."""
-        from adapters.engine.generate import prefill_chunks
-
         assert self.prompt_length is not None, "decode-aligned chunks need a batch of one prompt length"
         prefill = [s1 - s0 for s0, s1 in prefill_chunks(self.prompt_length, chunk_size)]
         return prefill + [1] * (self.inputs.shape[1] - self.prompt_length)

@@ -17,7 +17,7 @@ from typer.exceptions import TyperException
 
 from adapters.base import AdapterError
 from db import ResultsError
-from harness.cli import adapter, dashboard, estimate, profile, results, run, show_models, show_suites, zoo
+from harness.cli import adapter, dashboard, estimate, probe, profile, results, run, show_models, show_suites, zoo
 from suites import SuiteError
 
 app = typer.Typer(
@@ -34,6 +34,7 @@ app.command("suites")(show_suites.suites)
 app.command("models")(show_models.models)
 app.command("estimate")(estimate.estimate)
 app.command("profile")(profile.profile)
+app.command("probe")(probe.probe)
 app.command("dashboard")(dashboard.dashboard)
 
 zoo_app = typer.Typer(help="The tiny model zoo: list, retrain, convert a LoopLM to MELT.", no_args_is_help=True)

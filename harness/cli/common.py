@@ -38,17 +38,10 @@ ThreadsOption = Annotated[Optional[int], typer.Option("--threads", min=1, help="
 
 
 def parse_int_list(value: str | None, option: str, minimum: int = 1) -> list[int] | None:
-    """'1,2,4' -> [1, 2, 4]; UserError naming the option on anything else (or on an item below `minimum`)."""
-    if value is None:
-        return None
-    words = "positive integers" if minimum == 1 else f"integers >= {minimum}"
-    try:
-        items = [int(part) for part in value.split(",") if part.strip()]
-    except ValueError:
-        raise UserError(f"{option} must be comma-separated {words}, got {value!r}") from None
-    if not items or any(item < minimum for item in items):
-        raise UserError(f"{option} must be comma-separated {words}, got {value!r}")
-    return items
+    """'1,2,4' -> [1, 2, 4], ranges included ('1-12'); UserError naming the option on anything else."""
+    from harness.sweep import int_ranges
+
+    return None if value is None else int_ranges(value, option, minimum)
 
 
 def gigabytes(value: int | float | None) -> str:
@@ -115,10 +108,12 @@ def print_table(title: str | None, columns: list[str], rows: list[list[str]], ri
 
 
 def _headline(pass_at_1: dict[str, Any]) -> str:
-    """The suite mean of pass@1 over benchmarks, then one line per benchmark (see db.headline)."""
-    lines = [f"mean {'n/a' if pass_at_1['mean'] is None else format(pass_at_1['mean'], '.3f')}"]
-    lines += [f"{name} {'n/a' if value is None else f'{value:.3f}'}" for name, value in pass_at_1["benchmarks"].items()]
-    return "\n".join(lines)
+    """The suite mean of pass@1 over benchmarks, each task group's mean, then one line per benchmark (see db.headline)."""
+    def line(name: str, value: float | None) -> str:
+        return f"{name} {'n/a' if value is None else f'{value:.3f}'}"
+
+    groups = [line(f"[{name}]", value) for name, value in pass_at_1.get("groups", {}).items()]
+    return "\n".join([line("mean", pass_at_1["mean"]), *groups, *(line(n, v) for n, v in pass_at_1["benchmarks"].items())])
 
 
 def print_runs(runs: list[dict[str, Any]]) -> None:

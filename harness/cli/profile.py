@@ -18,7 +18,7 @@ from harness.profiling import DECODE_STEPS, profile_model
 def profile(
     model: str = typer.Argument(..., help="Model spec, e.g. preset:melt-tiny or ouro:/path/to/checkpoint."),
     lengths: str = typer.Option(..., "--lengths", help="Comma-separated context lengths to prefill, e.g. 1024,4096,32768."),
-    loops: Optional[str] = typer.Option(None, "--loops", help="Comma-separated loop counts (looped models only). Default: the model's own."),
+    loops: Optional[str] = typer.Option(None, "--loops", help="Comma-separated loop counts or ranges such as 1-12 (looped models only). Default: the model's own."),
     batch: int = typer.Option(1, "--batch", help="Sequences per point."),
     decode_steps: int = typer.Option(DECODE_STEPS, "--decode-steps", help="Greedy decode steps after each prefill."),
     seed: int = typer.Option(0, "--seed", help="Seed for random preset weights and the prompt tokens."),

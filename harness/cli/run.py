@@ -23,7 +23,7 @@ def run(
     model: Optional[list[str]] = typer.Option(None, "--model", help=f"Model spec, repeatable (see `loopeval models`). Default: {', '.join(DEFAULTS.models)}."),
     suite: Optional[str] = typer.Option(None, "--suite", help=f"Suite name (see `loopeval suites`). Default: {DEFAULTS.suite}."),
     tasks: Optional[str] = typer.Option(None, "--tasks", help="Comma-separated task names of the suite. Default: all."),
-    loops: Optional[str] = typer.Option(None, "--loops", help=f"Comma-separated loop counts for looped models. Default: {','.join(map(str, DEFAULTS.loops))}."),
+    loops: Optional[str] = typer.Option(None, "--loops", help=f"Comma-separated loop counts for looped models; ranges too (1-12: depth extrapolation). Default: {','.join(map(str, DEFAULTS.loops))}."),
     samples: Optional[int] = typer.Option(None, "--samples", help=f"Samples per problem (pass@1 is their mean). Default: the suite's ({_SYNTHETIC['n']} on {DEFAULTS.suite})."),
     temperature: Optional[float] = typer.Option(None, "--temperature", help=f"Sampling temperature, >= 0 (0 = greedy). Default: the suite's ({_SYNTHETIC['temperature']} on {DEFAULTS.suite})."),
     top_p: Optional[float] = typer.Option(None, "--top-p", help=f"Nucleus top-p in (0, 1]. Default: the suite's ({_SYNTHETIC['top_p']} on {DEFAULTS.suite})."),

@@ -31,8 +31,8 @@ def test_engine_round_trip(tmp_path):
     assert bf16.describe()["dtype"] == "bf16" and bf16.memory()["weights_bytes"] * 2 == loaded.memory()["weights_bytes"]
 
 
-def _write_ouro_dir(path, model, gates: bool = False) -> None:
-    """An Ouro checkpoint as the HF release lays it out: Qwen2-style config + total_ut_steps, HF tensor names."""
+def _write_ouro_dir(path, model, gates: bool = False, **fields) -> None:
+    """An Ouro checkpoint as the HF release lays it out: Qwen2-style config + total_ut_steps (+ `fields`), HF tensor names."""
     cfg = model.config
     path.mkdir()
     tensors = {k: v.contiguous() for k, v in model.state_dict().items() if gates or "melt_gate" not in k}
@@ -42,7 +42,7 @@ def _write_ouro_dir(path, model, gates: bool = False) -> None:
         "intermediate_size": cfg.ffn_size, "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
         "num_hidden_layers": cfg.shared_layers, "vocab_size": cfg.vocab_size, "rms_norm_eps": cfg.norm_eps,
         "rope_theta": cfg.rope_theta, "max_position_embeddings": cfg.max_position, "tie_word_embeddings": False,
-        "total_ut_steps": cfg.loops, "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32",
+        "total_ut_steps": cfg.loops, "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32", **fields,
     }
     if gates:
         config["melt_gate_variant"] = cfg.gate_variant
@@ -64,6 +64,35 @@ def test_hf_ouro_directory_loads_and_runs(tmp_path):
         torch.testing.assert_close(ouro.forward_logits(IDS), engine(IDS, loops=3).logits)
     gen = ouro.generate(["7*6="], GREEDY)[0]
     assert gen.generated_tokens >= 1 and gen.loops_used == [3] * gen.generated_tokens and isinstance(gen.text, str)
+
+
+@pytest.mark.parametrize("threshold,loop", [(0.75, 2), (0.8, 3), (1.0, 4), (None, 4)])
+def test_ouro_early_exit_threshold_reads_the_loop_the_reference_does(tmp_path, threshold, loop):
+    """config.json's early_exit_threshold is the default exit policy, applied as the official Ouro code does.
+
+    With the exit gate's weight and bias at 0 every loop's lambda is 1/2: exit probabilities 1/2, 1/4,
+    1/8, 1/8, running sums 0.5, 0.75, 0.875, 1. Each token is read from the first loop whose running sum
+    reaches the threshold (0.75: loop 2, at the boundary; 0.8: loop 3); 1 and no threshold read the last.
+    """
+    engine = random_model("ouro-tiny", 3, torch.float32, "cpu")
+    with torch.no_grad():
+        engine.model.early_exit_gate.weight.zero_()
+        engine.model.early_exit_gate.bias.zero_()
+    _write_ouro_dir(tmp_path / "ouro", engine, **({} if threshold is None else {"early_exit_threshold": threshold}))
+    ouro = adapters.load(f"ouro:{tmp_path / 'ouro'}", dtype="fp32", device="cpu")
+    ouro.config.eos_token_id, ouro.config.extra["eos_token_ids"] = None, []  # all 8 tokens
+    assert ouro.config.exit_threshold == threshold
+    assert ouro.describe()["exit_policy"]["kind"] == ("threshold" if loop < 4 else "none")
+    prompt = [1, 40, 41, 42]
+    gen = ouro.generate([prompt], GREEDY)[0]
+    assert gen.loops_used == [loop] * 8
+    with torch.no_grad():
+        out = engine(torch.tensor([prompt + gen.token_ids]), return_loop_logits=True)
+    assert out.exit_probs[:, 0, 0].tolist() == [0.5, 0.25, 0.125, 0.125]
+    greedy = [z[0, len(prompt) - 1 : -1].argmax(-1).tolist() for z in out.loop_logits]
+    assert greedy[loop - 1] == gen.token_ids and any(g != gen.token_ids for g in greedy)
+    if loop < 4:  # an explicit policy overrides the checkpoint's
+        assert adapters.load(f"ouro:{tmp_path / 'ouro'}", dtype="fp32", device="cpu", exit_policy="none").describe()["exit_policy"]["kind"] == "none"
 
 
 def test_melt_from_ouro_directory_with_gate_tensors(tmp_path):

@@ -15,7 +15,7 @@ from adapters.engine.checkpoint import random_model
 from adapters.engine.config import LoopConfig
 from adapters.engine.presets import PRESETS, preset
 from adapters.engine.adapter import EngineAdapter, load_preset
-from adapters.engine.generate import ExitPolicy, generate, sample
+from adapters.engine.generate import Decoder, ExitPolicy, Prompts, generate, sample
 from adapters.engine.memory import count_params, estimate, kv_bytes
 from adapters.engine.model import LoopedLM
 
@@ -118,6 +118,26 @@ def test_melt_chunked_prefill_matches_chunkwise_forward():
         cached = _decode_logits(model, ids[:, :end], prefill=end, loops=4, chunk=4)
         assert (cached[:, 0] - full[:, end - 1]).abs().max().item() < 1e-4
     assert (one_chunk - full).abs().max().item() > 1e-3  # chunking changes what later tokens see
+
+
+@pytest.mark.parametrize("spec,chunk", [("zoo:melt-tiny", None), ("preset:melt-tiny", 5)])
+def test_forward_chunks_a_prompt_as_the_prefill_does(spec, chunk):
+    """forward() (log-likelihood scoring, the conformance first-token check) gives the logits the first
+    token is sampled from: random prompts whose lengths are not multiples of the chunk, one batch
+    left-padded, on the shipped trained MELT (chunk 4) and a random one (chunk 5)."""
+    adapter = adapters.load(spec, dtype="fp32", device="cpu", chunk_size=chunk)
+    model, cfg = adapter.model, adapter.config
+    gen = torch.Generator().manual_seed(6)
+    lengths = [n for n in torch.randint(2, 30, (12,), generator=gen).tolist() if n % cfg.chunk_size]
+    prompts = [torch.randint(3, 99, (n,), generator=gen).tolist() for n in lengths]
+    batch = Prompts.left_padded(prompts, max(lengths), 0, torch.device("cpu"))
+    cache = KVCache(cfg, len(prompts), max(lengths), adapter.loops, torch.float32, "cpu")
+    with torch.inference_mode():
+        prefill, _ = Decoder(model, batch, cache, adapter.loops, ExitPolicy()).prefill()
+        forward = torch.stack([adapter.forward_logits(torch.tensor([p]))[0, -1] for p in prompts])
+    assert len(prompts) >= 8
+    assert (forward - prefill).abs().max().item() < 1e-4
+    assert forward.argmax(-1).tolist() == prefill.argmax(-1).tolist()
 
 
 def test_gated_with_kv_mix_zero_is_the_looplm():
@@ -311,6 +331,8 @@ def test_exit_policies_record_loops_and_read_that_loop():
     probs = thr.model(torch.tensor([prompt + gen.token_ids])).exit_probs[:, 0, len(prompt) - 1 : -1]
     expected = ((probs.cumsum(0) < 0.5).sum(0) + 1).clamp(max=4).tolist()
     assert gen.loops_used == expected[: len(gen.loops_used)] and len(set(expected)) > 1
+    alone = load_preset("ouro-tiny", exit_threshold=0.5).describe()["exit_policy"]  # a threshold below 1 is the policy
+    assert (alone["kind"], alone["threshold"]) == ("threshold", 0.5)
 
 
 def test_loop_override_changes_output_and_cache():
@@ -342,6 +364,9 @@ def test_loop_override_changes_output_and_cache():
         (dict(norm_layout="post"), "norm_layout"),
         (dict(kv_strategy="standard", loops=4), "standard"),
         (dict(hidden_size=0), "hidden_size"),
+        (dict(exit_threshold=1.5), "early_exit_threshold"),
+        (dict(exit_threshold="0.5"), "early_exit_threshold"),
+        (dict(exit_threshold=0.5, exit_gate=False), "exit gate"),
     ],
 )
 def test_invalid_configs_name_the_field(changes, field):

@@ -31,7 +31,7 @@ def tiny_budget(adapter: EngineAdapter, blocks: int) -> float:
     """kv_budget in GB for a pool of `blocks` blocks (and the latent buffer) for PROMPTS x SAMPLED at the adapter's settings."""
     terms = analytic_terms(adapter.config, adapter.loops, "fp32")
     rows = min(adapter.max_batch, len(PROMPTS) * SAMPLED.n)  # the latent buffer holds the largest step's tokens
-    latent = max(rows, adapter.config.chunk_size) if adapter.config.kv_strategy == "gated" else 0
+    latent = max(rows, adapter.config.chunk_size if adapter.config.kv_strategy == "gated" else 1)
     return (blocks * adapter.block_size * terms["kv_bytes_per_token"] + latent * terms["latent_bytes_per_token"]) / 1e9
 
 

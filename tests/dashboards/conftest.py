@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import create_engine, update
 from sqlalchemy.orm import Session
 
-from db import queries
+from dashboards.data import browse_samples
 from db.models import Sample
 
 from dashboards_browser_helpers import LOOPEVAL, PAYLOAD
@@ -27,7 +27,8 @@ def _loopeval(*args: str, cwd: Path) -> None:
 
 @pytest.fixture(scope="session")
 def results_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A SQLite file filled by a real tiny sweep (every tiny preset, loops 1 and 2) and a real profile."""
+    """A SQLite file filled by a real tiny sweep (every tiny preset, loops 1 and 2) and real profiles (a looped
+    model at chosen loops, a plain one at its own)."""
     workdir = tmp_path_factory.mktemp("sweep")
     path = workdir / "results.sqlite"
     _loopeval("run", "--limit", "2", "--max-new-tokens", "4", "--loops", "1,2", "--samples", "1",
@@ -35,6 +36,7 @@ def results_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
               cwd=workdir)
     _loopeval("profile", "preset:melt-tiny", "--lengths", "16,32,64", "--loops", "1,2", "--db", str(path),
               cwd=workdir)
+    _loopeval("profile", "preset:qwen3-tiny", "--lengths", "16,32", "--db", str(path), cwd=workdir)  # at its own loops
     return path
 
 
@@ -50,11 +52,11 @@ def results_url(results_db: Path, tmp_path: Path) -> str:
 def payload_url(results_url: str) -> str:
     """The sweep's database with one stored output replaced by script-injection markup.
 
-    The sample chosen is the first the dashboards list (newest run first), so it is on the first
-    page of the app's table.
+    The sample chosen is the first the sample browsers list, so it is on the first page of the
+    report's and the app's tables.
     """
     engine = create_engine(results_url)
-    first = int(queries.samples(engine, limit=1)["sample_id"].iloc[0])
+    first = int(browse_samples(engine)["sample_id"].iloc[0])
     with Session(engine) as session, session.begin():
         session.execute(update(Sample).where(Sample.id == first).values(output=PAYLOAD))
     engine.dispose()

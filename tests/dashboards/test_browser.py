@@ -8,7 +8,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from dashboards.report import write_report
+from dashboards import figures
+from dashboards.data import accuracy_points, browse_samples
+from dashboards.report import SAMPLE_PAGE_ROWS, packed_plotlyjs, write_report
+from db.session import open_existing
+from db.store import Store
 from dashboards_browser_helpers import (CHROMIUM, PAYLOAD, VIEWPORT, launch, open_app, open_report, point_count, record,
                                         screenshot_app, screenshot_report, served_app, x_axis_title)
 
@@ -65,9 +69,21 @@ def test_report_renders_offline_with_points_from_the_database(page, payload_url:
     assert point_count(page) == _points_with(payload_url, measure) > 0
     assert "decimal" in x_axis_title(page)
     # Every other selectable measure draws its own axis (or says it is unavailable).
+    engine = open_existing(payload_url)
+    suite = page.locator("#suite").input_value()
+    assert page.locator("#answer").text_content() == figures.answer(accuracy_points(engine, suite), measure)
+    engine.dispose()
     page.select_option("#measure", "rss_peak")
     page.wait_for_function("document.querySelector('#accuracy-memory .xtitle').textContent.includes('RSS')")
     assert point_count(page) == _points_with(payload_url, "rss_peak")
+    assert page.evaluate("document.getElementById('accuracy-memory')._fullLayout.xaxis.range[0]") <= 0, "RSS from 0"
+    if _points_with(payload_url, "nvml_process_peak") == 0:  # a CPU machine: the note names every run, inside the plot
+        page.select_option("#measure", "nvml_process_peak")
+        page.wait_for_function("document.querySelector('#accuracy-memory').textContent.includes('unavailable')")
+        plot = page.locator("#accuracy-memory .main-svg").first.bounding_box()
+        note = page.locator("#accuracy-memory .annotation").first.bounding_box()
+        assert plot["x"] <= note["x"] and note["x"] + note["width"] <= plot["x"] + plot["width"], (note, plot)
+        assert "unavailable" in page.locator("#answer").text_content()
 
     page.locator("#samples").scroll_into_view_if_needed()
     _payload_shown_as_text(page)
@@ -76,22 +92,41 @@ def test_report_renders_offline_with_points_from_the_database(page, payload_url:
     assert seen["errors"] == []
 
 
-def test_report_sample_filters_hide_rows(page, results_url: str, tmp_path: Path) -> None:
-    report = write_report(results_url, tmp_path / "report.html")
-    open_report(page, report)
-    rows = page.locator("#samples tbody tr")
-    total = rows.count()
-    task = page.locator("#sample-task option").nth(1).get_attribute("value")
-    page.select_option("#sample-task", task)
-    visible = page.locator("#samples tbody tr:not([hidden])")
-    with create_engine(results_url).connect() as conn:
-        def count(where: str) -> int:
-            return conn.execute(text(f"SELECT COUNT(*) FROM samples WHERE task = :t {where}"), {"t": task}).scalar_one()
+def _cells(page, column: int) -> list[str]:
+    return page.locator(f"#samples tbody tr td:nth-child({column})").all_text_contents()
 
-        assert 0 < visible.count() == count("") < total
-        for verdict, where in (("wrong", "AND score < 1"), ("correct", "AND score >= 1")):
-            page.select_option("#sample-verdict", verdict)
-            assert visible.count() == count(where)
+
+def test_report_stays_short_and_light_with_many_long_samples(page, results_url: str, tmp_path: Path) -> None:
+    """3000 more samples of 3000 characters each: the report grows by its share of them, and stays one screenful
+    of samples tall, paging through the rest."""
+    store = Store.open(results_url)
+    run = store.create_run(sweep_id="big", model_spec="preset:big", adapter="engine", loops=1, suite="synthetic",
+                           tasks=["addition"])
+    store.add_samples(run, [dict(task="addition", doc_id=str(doc), sample_index=0, prompt="p", output="o" * 3000,
+                                 gold="g", score=float(doc % 2)) for doc in range(3000)])
+    store.finish_run(run, "finished", wall_seconds=1.0)
+    store.close()
+    report = write_report(results_url, tmp_path / "report.html")
+    assert report.stat().st_size - len(packed_plotlyjs()) < 1_500_000, "the samples are a budget, not the whole table"
+    open_report(page, report)
+    assert page.evaluate("document.body.scrollHeight") < 6000
+
+    engine = open_existing(results_url)
+    listed = browse_samples(engine)
+    engine.dispose()
+    assert page.locator("#samples tbody tr").count() == SAMPLE_PAGE_ROWS
+    assert f"of {len(listed)} " in page.locator("#sample-page").text_content()
+    page.click("#sample-next")
+    assert _cells(page, 1)[0] == str(listed["run_id"].iloc[SAMPLE_PAGE_ROWS])
+
+    page.select_option("#sample-model", "preset:big")
+    page.select_option("#sample-verdict", "wrong")
+    big = listed[(listed.model == "preset:big") & (listed.verdict == "wrong")]
+    assert 0 < len(big) < 3000 and f"of {len(big)} " in page.locator("#sample-page").text_content()
+    docs = _cells(page, 5)
+    assert docs == [str(doc) for doc in big["doc_id"].head(SAMPLE_PAGE_ROWS)]
+    assert [int(doc) for doc in docs] == sorted(int(doc) for doc in docs), "numeric order: 9 before 11"
+    assert set(_cells(page, 13)) == {"wrong"}
 
 
 def test_served_app_switches_measure_and_shows_output_as_text(page, payload_url: str, tmp_path: Path) -> None:
@@ -102,6 +137,10 @@ def test_served_app_switches_measure_and_shows_output_as_text(page, payload_url:
         assert (tmp_path / "app.png").stat().st_size > 10_000
         measure = page.locator("#measure input:checked").get_attribute("value")
         assert point_count(page) == _points_with(payload_url, measure) > 0
+        engine = open_existing(payload_url)
+        answer = figures.answer(accuracy_points(engine, page.locator("#suite").text_content()), measure)
+        engine.dispose()
+        assert page.locator("#answer").text_content() == answer
         before = x_axis_title(page)
 
         page.get_by_label("process RSS peak (CPU)").check()

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from dashboards import figures
-from dashboards.data import accuracy_points, analytic_bytes
+from dashboards.data import accuracy_points, analytic_bytes, profile_points
 from db import measures, queries
 from db.session import open_existing
 
@@ -25,8 +25,9 @@ def engine(results_url: str):
 
 
 def _marker_points(fig: go.Figure) -> list[tuple[float, float]]:
-    """(x, y) of every plotted marker (the frontier is a line-only trace)."""
-    return [(x, y) for trace in fig.data if "markers" in (trace.mode or "") for x, y in zip(trace.x, trace.y)]
+    """(x, y) of every plotted marker (the frontier is a line-only trace, the shape key legend-only)."""
+    return [(x, y) for trace in fig.data if "markers" in (trace.mode or "") for x, y in zip(trace.x, trace.y)
+            if x is not None]
 
 
 def _frontier(fig: go.Figure) -> go.Scatter:
@@ -65,13 +66,28 @@ def test_accuracy_vs_memory_has_one_point_per_model_and_loops(engine, results_ur
     stored = sorted((value / scale, acc) for (model, loops), value in peaks.items()
                     for acc in points.loc[(points.model == model) & (points.loops == loops), "accuracy"])
     assert np.allclose(plotted, stored)
-    # One trace per model, plus the frontier line.
-    assert len(fig.data) == points["model"].nunique() + 1
+    # One trace per model, a legend-only shape key per loop count, and the frontier line; no text beside points.
+    assert len(fig.data) == points["model"].nunique() + points["loops"].nunique() + 1
+    assert all(trace.mode in ("markers", "lines") and not trace.text for trace in fig.data)
+    assert fig.layout.xaxis.rangemode == "tozero"
     assert f"decimal {unit}" in fig.layout.xaxis.title.text and "bytes" in fig.layout.xaxis.title.text
     assert "decimal" in _annotations(fig)
     hover = fig.data[0].hovertemplate
-    for field in ("model", "loops", "accuracy", unit, "samples"):
+    for field in ("model", "accuracy", unit, "samples"):
         assert field in hover
+    assert all(r.startswith("r=") for r in fig.data[0].customdata[:, 0])
+
+
+def test_marker_shape_is_the_loop_count(engine) -> None:
+    """Each (model, r) marker's shape is its loop count's, and the legend has one entry per shape."""
+    points = accuracy_points(engine, queries.suites(engine)[0])
+    fig = figures.accuracy_vs_memory(points, "kv_bytes_peak")
+    key = {trace.name: trace.marker.symbol for trace in fig.data if trace.legendgroup == "loops"}
+    assert sorted(key) == sorted(figures.loops_label(r) for r in points["loops"].unique())
+    assert len(set(key.values())) == len(key), "every loop count has its own shape"
+    for trace in fig.data:
+        if trace.legendgroup == "model":
+            assert [key[r] for r in trace.customdata[:, 0]] == list(trace.marker.symbol)
 
 
 def test_frontier_is_exactly_the_non_dominated_points(engine, results_url: str) -> None:
@@ -129,6 +145,55 @@ def test_partly_unavailable_measure_names_the_missing_points(engine) -> None:
     assert f"{first.model} r={first.loops}" in _annotations(fig)
 
 
+def test_long_unavailable_notes_wrap_inside_the_plot(engine) -> None:
+    """Naming every run an unavailable measure misses takes several lines, none wider than the plot holds."""
+    points = accuracy_points(engine, queries.suites(engine)[0])
+    points = pd.concat([points.assign(model=points["model"] + f"-copy{i}") for i in range(4)], ignore_index=True)
+    fig = figures.accuracy_vs_memory(points.assign(nvml_process_peak=math.nan), "nvml_process_peak")
+    (note,) = fig.layout.annotations
+    lines = note.text.split("<br>")
+    assert len(lines) > 2 and max(map(len, lines)) <= figures.MESSAGE_WIDTH
+    assert all(f"{row.model} r={row.loops}" in " ".join(lines) for row in points.itertuples())
+
+
+def test_suite_mean_has_the_combined_stderr(engine, results_url: str) -> None:
+    """"all" gets error bars: the suite mean's stderr is sqrt(sum of the tasks' squared stderrs) / n."""
+    with create_engine(results_url).connect() as conn:
+        rows = conn.execute(text("SELECT r.model_spec, COALESCE(r.loops, 1), m.stderr FROM runs r "
+                                 "JOIN task_metrics m ON m.run_id = r.id WHERE m.task != 'all' AND m.metric LIKE 'pass@k:k=1%'"))
+        stderrs: dict[tuple[str, int], list[float]] = {}
+        for model, loops, stderr in rows:
+            stderrs.setdefault((model, loops), []).append(stderr)
+    points = accuracy_points(engine, queries.suites(engine)[0])
+    assert len(points) == len(stderrs)
+    for row in points.itertuples():
+        errors = stderrs[(row.model, row.loops)]
+        assert row.stderr == pytest.approx(math.sqrt(sum(e * e for e in errors)) / len(errors))
+    fig = figures.accuracy_vs_memory(points, "kv_bytes_peak")
+    bars = [e for trace in fig.data if trace.legendgroup == "model" for e in trace.error_y.array]
+    assert len(bars) == len(points) and all(np.isfinite(bars))
+
+
+def test_answer_names_the_best_accuracy_per_gb_and_the_frontier(engine, results_url: str) -> None:
+    with create_engine(results_url).begin() as conn:  # spread the accuracies, as in the frontier test
+        run_ids = [row[0] for row in conn.execute(text("SELECT run_id FROM task_metrics WHERE task = 'all'"))]
+        for run_id, value in zip(run_ids, np.random.default_rng(2).permutation(len(run_ids)) / len(run_ids)):
+            conn.execute(text("UPDATE task_metrics SET value = :v WHERE run_id = :r"), {"v": float(value), "r": run_id})
+    points = accuracy_points(engine, queries.suites(engine)[0])
+    for measure in ("kv_bytes_peak", "rss_peak", figures.WEIGHTS_PLUS_KV):
+        sentence = figures.answer(points, measure)
+        per_gb = {(m, r): a / (v / 1e9) for m, r, a, v in zip(points.model, points.loops, points.accuracy, points[measure])}
+        best_model, best_loops = max(per_gb, key=per_gb.get)
+        assert sentence.startswith(f"Best accuracy per GB of {figures.measure_label(measure)}: {best_model} r={best_loops} (")
+        front = _brute_force_frontier(list(zip(points[measure], points["accuracy"])))
+        named = sentence.split("the frontier: ")[1]
+        on_front = [(m, r) for m, r, v, a in zip(points.model, points.loops, points[measure], points.accuracy)
+                    if (v, a) in front]
+        assert named.count(" → ") == len(on_front) - 1
+        assert all(f"{m} r={r} (" in named for m, r in on_front)
+    assert "unavailable" in figures.answer(points.assign(nvml_process_peak=math.nan), "nvml_process_peak")
+
+
 def test_analytic_measure_follows_the_stored_config(engine) -> None:
     short = accuracy_points(engine, queries.suites(engine)[0], context_tokens=1024)
     long = accuracy_points(engine, queries.suites(engine)[0], context_tokens=4096)
@@ -149,6 +214,15 @@ def test_analytic_coefficients_reproduce_the_estimate(spec: str, loops: int | No
     for tokens in (1, 5, 16, 17, 1024, 32768):
         expected = estimate(adapter.config, tokens, 1, loops, described["dtype"]).total_bytes
         assert analytic_bytes(described, tokens) == expected, (spec, tokens)
+
+
+def test_accuracy_vs_loops_labels_every_loop_count(engine) -> None:
+    """Loop counts that are not powers of two get a tick too (Plotly's own log ticks skip them)."""
+    points = accuracy_points(engine, queries.suites(engine)[0])
+    points.loc[points.index[-1], "loops"] = 3
+    fig = figures.accuracy_vs_loops(points, "kv_bytes_peak")
+    assert list(fig.layout.xaxis.tickvals) == sorted(points["loops"].unique())
+    assert list(fig.layout.xaxis.ticktext) == [str(r) for r in sorted(points["loops"].unique())]
 
 
 def test_accuracy_vs_loops_has_accuracy_and_memory_per_model(engine) -> None:
@@ -181,8 +255,20 @@ def test_memory_over_run_draws_each_available_measure_against_time_and_tokens(en
     assert f"decimal {unit}" in fig.layout.yaxis.title.text
 
 
+def test_memory_vs_context_names_the_loops_each_profile_ran_at(engine) -> None:
+    """A profile at the model's own loops stores no per-point count: the legend reads the r it ran at, never r=nan."""
+    stored = queries.profile_points(engine)
+    assert stored["loops"].isna().any(), "the fixture profiles a plain model at its own loops"
+    profile = profile_points(engine)
+    assert profile["loops"].notna().all()
+    assert set(profile.loc[profile["model"] == "preset:qwen3-tiny", "loops"]) == {1}
+    names = [trace.name for trace in figures.memory_vs_context(profile, measures.PROFILE_MEASURES).data]
+    assert not any("nan" in name for name in names)
+    assert any(name.startswith("preset:qwen3-tiny r=1 ") for name in names)
+
+
 def test_memory_vs_context_shows_measured_points_beside_analytic_lines(engine) -> None:
-    profile = queries.profile_points(engine)
+    profile = profile_points(engine)
     assert len(profile) > 0, "loopeval profile wrote points"
     fig = figures.memory_vs_context(profile, measures.PROFILE_MEASURES)
     lines = [t for t in fig.data if t.mode == "lines"]
@@ -221,3 +307,19 @@ def test_sample_filters_partition_the_scored_samples(engine) -> None:
     for task, model in itertools.islice(everything[["task", "model"]].drop_duplicates().itertuples(index=False), 3):
         subset = queries.samples(engine, task=task, model=model)
         assert len(subset) == ((everything.task == task) & (everything.model == model)).sum()
+
+
+def test_report_texts_carry_no_markdown(engine) -> None:
+    """Plotly shows backticks as they are: no title, note or answer the report can show has one."""
+    from dashboards.report import report_figures
+
+    blobs = report_figures(engine)
+    texts = [blob for blob in blobs.values() if isinstance(blob, str)]
+    for blob in blobs.values():
+        if isinstance(blob, dict):
+            texts += [note["text"] for note in blob["layout"].get("annotations", [])]
+            texts.append(blob["layout"].get("title", {}).get("text", ""))
+    empty = [figures.memory_vs_context(pd.DataFrame(), measures.PROFILE_MEASURES),
+             figures.memory_over_run(pd.DataFrame(), measures.SERIES_MEASURES)]
+    texts += [note.text for fig in empty for note in fig.layout.annotations]
+    assert len(texts) > 100 and not [text for text in texts if "`" in text]

@@ -235,6 +235,29 @@ def test_loglikelihood_ranks_choices_with_forward_logits(tmp_path: Path):
     assert len(resumed.received) == 2 and again.metrics["mc"]["acc"][0] == pytest.approx(3 / 5)
 
 
+def test_melt_choice_scores_do_not_depend_on_the_batch():
+    """A MELT model's chunks count back from a sequence's last token, so a padded row would score
+    differently: choices of different lengths, scored in one batch, get the scores they get alone."""
+    import adapters
+    from lighteval.tasks.requests import Doc
+
+    from harness.bridge import AdapterModel
+
+    adapter = adapters.load("zoo:melt-tiny", dtype="fp32", device="cpu")
+    model = AdapterModel(adapter, Sampling(), progress=False)
+    docs = [Doc(task_name="mc", query=q, choices=[" 7", " 12", " 512", " 3;"], gold_index=0, id=str(i))
+            for i, q in enumerate(["a=4;b=a+3;b=?", "x=5;y=x+7;z=?"])]
+
+    def alone(doc: Doc, choice: str) -> float:
+        (context,), (continuation,) = model.tok_encode_pair(model.prompt_manager.prepare_prompt(doc), [choice], pairwise=True)
+        ids = list(context) + list(continuation)
+        logprobs = torch.log_softmax(adapter.forward_logits(torch.tensor([ids[:-1]])), dim=-1)[0, -len(continuation) :]
+        return logprobs.gather(-1, torch.tensor(continuation)[:, None]).sum().item()
+
+    together = [response.logprobs for _, response in model._score_choices(docs)]
+    assert together == [pytest.approx([alone(doc, c) for c in doc.choices], abs=1e-4) for doc in docs]
+
+
 def test_engine_preset_end_to_end(tmp_path: Path):
     import adapters
 

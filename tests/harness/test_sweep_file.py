@@ -98,7 +98,8 @@ def stored_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     [
         ("limt = 3", "unknown key 'limt'"),
         ("limit = 0", "limit must be a positive integer, got 0"),
-        ("loops = '1,2'", "loops must be a non-empty list of positive integers"),
+        ("loops = '1,two'", "loops must be comma-separated positive integers or ranges such as 1-12, got '1,two'"),
+        ("loops = 4", "loops must be a non-empty list of positive integers"),
         ("loops = [1, 0]", "loops must be a non-empty list of positive integers"),
         ("samples = 1.5", "samples must be a positive integer"),
         ("top_p = 1.5", "top_p must be a number in (0, 1]"),
