@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol, Sequence, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
@@ -109,6 +109,39 @@ class Generation:
     @property
     def decode_tokens_per_second(self) -> float:
         return self.generated_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Request:
+    """One prompt of a workload handed over whole (`Scheduling.generate_requests`).
+
+    `sampling.seed` keys this prompt's random streams (sample j draws from its own stream of that
+    seed), so a prompt's samples are the same whatever else the workload holds. `samples` are the
+    sample indices to generate (default all of 0..n-1: a resumed run asks only for the missing ones).
+    """
+
+    prompt: Prompt
+    sampling: Sampling
+    samples: tuple[int, ...] | None = None
+
+    @property
+    def indices(self) -> tuple[int, ...]:
+        return tuple(range(self.sampling.n)) if self.samples is None else self.samples
+
+
+# A sample that just finished: (index of its request in the workload, sample index, its generation).
+Finished = tuple[int, int, Generation]
+
+
+@runtime_checkable
+class Scheduling(Protocol):
+    """An optional adapter extra: take a whole workload at once and report each sample as it finishes.
+
+    The LightEval bridge hands such an adapter every prompt of a task in one call, so a continuous
+    batcher keeps its running set full, and commits each group of finished samples as it arrives.
+    """
+
+    def generate_requests(self, requests: Sequence[Request], on_finished: Callable[[list[Finished]], None]) -> None: ...
 
 
 @runtime_checkable

@@ -1,9 +1,19 @@
-"""Engine vs transformers decode speed, and (with --gpu --full) full-size memory at a 32000-token context.
+"""Engine vs transformers decode speed, continuous vs static batching, and (with --gpu --full) full-size memory at 32000 tokens.
 
 CPU mode (default): one tiny Qwen3 config and one set of random weights, loaded both as a
 transformers `Qwen3ForCausalLM` and into the engine (through the HF directory loader, so the
 weights are the same); the same prompts and sampling (temperature 1.0, top-p 0.7, fixed new-token
 count, EOS disabled) at batch 1 and batch 8. Prints JSON with decode tokens/s of both and the ratio.
+
+Batching mode (`--batching`): one tiny preset and one workload whose generation lengths are
+long-tailed, run with static batches and with the continuous-batching scheduler at the same
+concurrency cap, alternating, in one process. The preset's end-of-sequence id is one of ~99 tokens
+a random model samples about uniformly, so lengths are geometric (mean ~90, cut at
+--new-tokens), and fixed by the seed: both modes produce the same tokens, up to float rounding
+(the sequences that differ are counted). Prints useful
+tokens/s (generated tokens over wall time) of both and the ratio, the length distribution, the
+peak KV each held, and the largest gap between KV held and KV used seen by a 1 ms reader, in blocks
+(at most one per running sequence, so at most the cap).
 
 GPU mode (`--gpu --full`): for each full-size preset (random bf16 weights), prefill batch 1 to
 32000 tokens and report weights, KV (allocated), torch-allocated peak and NVML process bytes, then
@@ -12,6 +22,7 @@ decode tokens/s at batch 1 and 32. Needs only torch, transformers and nvidia-ml-
     python bench/bench_engine.py                  # CPU, tiny Qwen3
     python bench/bench_engine.py --gpu --full     # GPU, full-size presets
     python bench/bench_engine.py --full --presets qwen3-tiny,melt-tiny --context 300 --new-tokens 16   # CPU dry run
+    python bench/bench_engine.py --batching --threads 1 --new-tokens 512   # continuous vs static, CPU
 """
 
 from __future__ import annotations
@@ -20,7 +31,9 @@ import argparse
 import json
 import os
 import sys
+import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -121,6 +134,55 @@ def bench_memory(device: str, names: list[str], context: int, new_tokens: int, b
     return out
 
 
+def bench_batching(name: str, prompts: int, samples: int, cap: int, new_tokens: int, repeats: int) -> dict:
+    """Useful tokens/s of static and continuous batching at the same cap on one long-tailed workload."""
+    adapter = load_preset(name, dtype="fp32", device="cpu", max_batch=cap)
+    rng = torch.Generator().manual_seed(0)
+    workload = [[1] + torch.randint(5, adapter.config.vocab_size, (int(torch.randint(16, 33, (1,), generator=rng)),), generator=rng).tolist()
+                for _ in range(prompts)]
+    sampling = Sampling(temperature=1.0, top_p=0.7, max_new_tokens=new_tokens, n=samples, seed=0)
+    runs: dict[str, list[dict]] = {"static": [], "continuous": []}
+    outputs: dict[str, list[list[int]]] = {}
+    for _ in range(repeats):
+        for mode in runs:
+            adapter.batching = mode
+            adapter.reset_memory_peak()
+            seen: list[dict] = []
+            stop = threading.Event()
+            reader = threading.Thread(target=_read_memory, args=(adapter, seen, stop))
+            reader.start()
+            began = time.perf_counter()
+            gens = adapter.generate(workload, sampling)
+            wall = time.perf_counter() - began
+            stop.set()
+            reader.join()
+            outputs[mode] = [g.token_ids for g in gens]
+            memory = adapter.memory()
+            runs[mode].append({"wall": wall, "tokens": sum(g.generated_tokens for g in gens), "kv_peak": memory["kv_bytes_peak"],
+                               "kv_reserved": memory["kv_bytes_reserved"], "slack": max((m["kv_bytes_allocated"] - m["kv_bytes_used"] for m in seen), default=0)})
+    lengths = sorted(len(ids) for ids in outputs["continuous"])
+    block_bytes = adapter.block_size * adapter.describe()["kv_bytes_per_token"]
+    best = {mode: max(r["tokens"] / r["wall"] for r in rs) for mode, rs in runs.items()}
+    return {
+        "preset": name, "threads": torch.get_num_threads(), "cap": cap, "sequences": prompts * samples, "new_tokens": new_tokens,
+        "lengths": {"mean": round(statistics.mean(lengths), 1), "median": lengths[len(lengths) // 2], "p90": lengths[int(0.9 * len(lengths))],
+                    "max": lengths[-1]},
+        "sequences_differing_from_static": sum(a != b for a, b in zip(outputs["static"], outputs["continuous"])),
+        "useful_tok_s": {mode: [round(r["tokens"] / r["wall"], 1) for r in rs] for mode, rs in runs.items()},
+        "ratio_best": round(best["continuous"] / best["static"], 2),
+        "ratio_per_round": [round((c["tokens"] / c["wall"]) / (s["tokens"] / s["wall"]), 2) for s, c in zip(runs["static"], runs["continuous"])],
+        "kv_peak_bytes": {mode: rs[0]["kv_peak"] for mode, rs in runs.items()},
+        "kv_reserved_bytes": {mode: rs[0]["kv_reserved"] for mode, rs in runs.items()},
+        "continuous_max_held_minus_used_blocks": round(max(r["slack"] for r in runs["continuous"]) / block_bytes, 2),  # <= sequences running <= cap
+        "preemptions": adapter.preemptions,
+    }
+
+
+def _read_memory(adapter: EngineAdapter, seen: list[dict], stop: threading.Event) -> None:
+    while not stop.wait(0.001):
+        seen.append(adapter.memory())
+
+
 def _nvml_process_bytes():
     """A function returning this process's GPU memory as NVML reports it (None where NVML is unavailable)."""
     try:
@@ -151,10 +213,17 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--presets", default="qwen3-1.7b,ouro-1.4b,ouro-2.6b,melt-1.6b", help="--full: comma-separated presets")
     parser.add_argument("--device", default=None, help="--full without --gpu: run the memory path on this device (a dry run)")
+    parser.add_argument("--batching", action="store_true", help="continuous vs static batching on a long-tailed workload (CPU)")
+    parser.add_argument("--preset", default="qwen3-tiny", help="--batching: the tiny preset")
+    parser.add_argument("--prompts", type=int, default=32, help="--batching: prompts in the workload")
+    parser.add_argument("--samples", type=int, default=4, help="--batching: samples per prompt")
+    parser.add_argument("--cap", type=int, default=16, help="--batching: sequences decoding at once (both modes)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.full:
+    if args.batching:
+        print(json.dumps(bench_batching(args.preset, args.prompts, args.samples, args.cap, args.new_tokens, args.repeats), indent=2))
+    elif args.full:
         if args.gpu and not torch.cuda.is_available():
             parser.error("--gpu needs CUDA")
         device = "cuda" if args.gpu else (args.device or "cpu")

@@ -12,6 +12,7 @@ PEAK_MEASURES: tuple[str, ...] = (
     "kv_bytes_allocated",
     "kv_bytes_used",
     "kv_bytes_peak",
+    "kv_bytes_reserved",
     "torch_allocated_peak",
     "torch_reserved_peak",
     "nvml_process_peak",

@@ -5,9 +5,13 @@ with its own metrics; this module only turns docs into `Adapter.generate` / `for
 and reports what finished to a `SampleSink`, so the runner can store samples as they finish and
 resume an interrupted run without generating or storing anything twice.
 
-Per batch, the adapter gets the run's `Sampling` with the doc's needs merged in: `n` = the doc's
+The adapter gets the run's `Sampling` with the doc's needs merged in: `n` = the doc's
 `num_samples` (what its metrics need), `max_new_tokens` capped by the doc's `generation_size`, the
 doc's `stop_sequences` added to the run's, and a seed derived from the run seed (`batch_seed`).
+An adapter that schedules a whole workload itself (`adapters.base.Scheduling`: the engine) gets
+every unfinished doc of a task in one call, each with its own seed, and asks only for the samples
+not stored yet; each group of samples is sent to the sink as the adapter reports it finished.
+Other adapters get `batch_size` docs per `generate` call, and each batch is sent when it returns.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from lighteval.tasks.prompt_manager import PromptManager
 from lighteval.tasks.requests import Doc, SamplingMethod
 from rich.progress import Progress
 
-from adapters.base import Adapter, AdapterError, Generation, Sampling
+from adapters.base import Adapter, AdapterError, Finished, Generation, Request, Sampling, Scheduling
 from db.headline import HEADLINE, SUITE, headline
 from suites.loader import ProjectRegistry, load_task_dataset, with_samples
 
@@ -102,7 +106,8 @@ class SuiteResult:
 
 
 def batch_seed(run_seed: int, task: str, first_doc_id: str) -> int:
-    """The seed of one batch: fixed by the run seed and the batch's first doc.
+    """The seed of one batch, fixed by the run seed and the batch's first doc (of one doc, for an adapter
+    that takes the whole workload: `Scheduling`).
 
     Batches then draw independent random streams (one shared seed would reuse the same draws for
     every batch), and rerunning with the same seed repeats every batch exactly.
@@ -215,7 +220,7 @@ class AdapterModel(LightevalModel):
     def greedy_until(self, docs: list[Doc]) -> list[ModelResponse]:
         """Sample every doc `num_samples` times (greedy when the run's temperature is 0), skipping finished docs."""
         responses: list[ModelResponse | None] = [None] * len(docs)
-        batches: list[tuple[str, list[int], dict[tuple[str, int], SampleRecord]]] = []
+        workloads: list[tuple[str, list[int], dict[tuple[str, int], SampleRecord]]] = []
         for task, indices in self._by_task(docs).items():
             finished = self._finished(task)
             todo = []
@@ -226,12 +231,21 @@ class AdapterModel(LightevalModel):
                     responses[i] = ModelResponse(input=prompt, text=[r.output for r in stored])
                 else:
                     todo.append(i)
+            workloads.append((task, todo, finished))
+        if isinstance(self.adapter, Scheduling):
+            with self.bars.bar("generating", sum(len(todo) for _, todo, _ in workloads)) as advance:
+                for task, todo, finished in workloads:
+                    if todo:
+                        self._generate_workload(task, docs, todo, finished, responses, advance)
+            return responses  # type: ignore[return-value]  (every slot is filled above)
+
+        batches = []
+        for task, todo, finished in workloads:
             # Docs of one task share their generation settings; group anyway so a batch has one Sampling.
             groups = collections.defaultdict(list)
             for i in todo:
                 groups[(docs[i].num_samples, docs[i].generation_size, tuple(docs[i].stop_sequences or ()))].append(i)
             batches += [(task, chunk, finished) for group in groups.values() for chunk in _chunks(group, self.batch_size)]
-
         batch_numbers: collections.Counter[str] = collections.Counter()
         with self.bars.bar("generating", len(batches)) as advance:
             for task, chunk, finished in batches:
@@ -239,6 +253,42 @@ class AdapterModel(LightevalModel):
                 batch_numbers[task] += 1
                 advance()
         return responses  # type: ignore[return-value]  (every slot is filled above)
+
+    def _generate_workload(
+        self,
+        task: str,
+        docs: list[Doc],
+        todo: list[int],
+        finished: dict[tuple[str, int], SampleRecord],
+        responses: list[ModelResponse | None],
+        advance: Callable[[], None],
+    ) -> None:
+        """Hand every unfinished sample of `docs[todo]` to the adapter at once; store samples as they finish."""
+        if self.sink is not None:
+            self.sink.on_batch_start(task, 0, len(todo))
+        prompts = [self.prompt_manager.prepare_prompt(docs[i]) for i in todo]
+        samplings = [self._sampling_for(docs[i], task) for i in todo]
+        texts = [[stored.output if stored else None for stored in (finished.get((docs[i].id, j)) for j in range(s.n))]
+                 for i, s in zip(todo, samplings)]
+        tokens: list[list[list[int]]] = [[[] for _ in range(s.n)] for s in samplings]
+        requests = [Request(prompt, sampling, samples=tuple(j for j, text in enumerate(done) if text is None))
+                    for prompt, sampling, done in zip(prompts, samplings, texts)]
+
+        def on_finished(done: list[Finished]) -> None:
+            records = []
+            for r, j, generation in done:
+                doc = docs[todo[r]]
+                text, record = self._sample(task, doc, j, prompts[r], generation, samplings[r], generation.prompt_tokens,
+                                            generation.prefill_seconds + generation.decode_seconds)
+                texts[r][j], tokens[r][j] = text, list(generation.token_ids)
+                records.append(record)
+                if all(t is not None for t in texts[r]):
+                    responses[todo[r]] = ModelResponse(input=prompts[r], text=texts[r], output_tokens=tokens[r])
+                    advance()
+            if self.sink is not None:
+                self.sink.on_records(records)
+
+        self.adapter.generate_requests(requests, on_finished)
 
     @staticmethod
     def _by_task(docs: list[Doc]) -> dict[str, list[int]]:
@@ -270,8 +320,7 @@ class AdapterModel(LightevalModel):
             raise AdapterError(
                 f"{self.adapter.spec} returned {len(generations)} generations for {len(prompts)} prompts x n={n}"
             )
-        # The context cannot hold the longest prompt plus the whole budget: "length" may mean the context.
-        squeezed = max(g.prompt_tokens for g in generations) + sampling.max_new_tokens > self.max_length
+        longest = max(g.prompt_tokens for g in generations)
         records = []
         for k, (doc, prompt, slot) in enumerate(zip(batch, prompts, slots)):
             texts = []
@@ -280,15 +329,27 @@ class AdapterModel(LightevalModel):
                 if stored is not None:  # a partly finished doc keeps what was stored
                     texts.append(stored.output)
                     continue
-                text = _cut_at_stop(self._text(generation), sampling.stop)
+                text, record = self._sample(task, doc, j, prompt, generation, sampling, longest, latency)
                 texts.append(text)
-                cut = squeezed and generation.finish_reason == "length" and generation.generated_tokens < sampling.max_new_tokens
-                records.append(self._record(task, doc, j, prompt, text, generation, latency, cut))
-                self.context_cut += records[-1].finish_reason == CONTEXT_LIMIT
+                records.append(record)
             token_ids = [list(g.token_ids) for g in generations[k * n : (k + 1) * n]]
             responses[slot] = ModelResponse(input=prompt, text=texts, output_tokens=token_ids)
         if self.sink is not None and records:
             self.sink.on_records(records)
+
+    def _sample(self, task: str, doc: Doc, index: int, prompt: str, generation: Generation, sampling: Sampling, longest: int,
+                latency: float) -> tuple[str, SampleRecord]:
+        """A generated sample's text (cut at the first stop) and record.
+
+        A sample that stopped at "length" before its budget, where the context cannot hold the longest
+        prompt it ran with (`longest`, the batch's in a static batch) plus the budget, stopped at the
+        context: its finish reason is CONTEXT_LIMIT.
+        """
+        text = _cut_at_stop(self._text(generation), sampling.stop)
+        cut = (longest + sampling.max_new_tokens > self.max_length and generation.finish_reason == "length"
+               and generation.generated_tokens < sampling.max_new_tokens)
+        self.context_cut += cut
+        return text, self._record(task, doc, index, prompt, text, generation, latency, cut)
 
     def _text(self, generation: Generation) -> str:
         if generation.text is None:

@@ -101,12 +101,18 @@ def plan_profile(spec: str, lengths: Sequence[int], loops: Sequence[int] | None 
 
 
 def _at_loops(adapter: Any, spec: str, seed: int, loops: int | None) -> Any:
-    """The profiled adapter at `loops`: changed in place where the adapter allows it, else loaded with the override."""
-    if adapter is not None and (loops is None or hasattr(adapter, "loops")):
-        if loops is not None:
-            adapter.loops = loops
-        return adapter
-    return adapters.load(spec, seed=seed, **({} if loops is None else {"loops": loops}))
+    """The profiled adapter at `loops`: changed in place where the adapter allows it, else loaded with the override.
+
+    An engine adapter runs static batches here: one cache of exactly the point's size, so its KV is
+    the paper's single-sequence memory at that context, not a pool's blocks (`adapters.engine.adapter`).
+    """
+    if adapter is None or (loops is not None and not hasattr(adapter, "loops")):
+        adapter = adapters.load(spec, seed=seed, **({} if loops is None else {"loops": loops}))
+    elif loops is not None:
+        adapter.loops = loops
+    if hasattr(adapter, "batching"):
+        adapter.batching = "static"
+    return adapter
 
 
 def profile_model(

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from adapters.base import Generation, Prompt, Sampling
+from adapters.base import Finished, Generation, Prompt, Request, Sampling, Scheduling
 from db.sets import run_key
 from harness.capacity import check_fits
 from harness.errors import UserError
@@ -86,6 +86,21 @@ class TimedAdapter:
         self.spec = adapter.spec
         self.tokenizer = adapter.tokenizer
         self.max_context = adapter.max_context
+        if isinstance(adapter, Scheduling):  # the bridge hands such an adapter whole workloads
+            self.generate_requests = self._generate_requests
+
+    def _generate_requests(self, requests: Sequence[Request], on_finished: Callable[[list[Finished]], None]) -> None:
+        """`generate_requests`, timed, counting each finished sample's tokens as it arrives."""
+
+        def counted(done: list[Finished]) -> None:
+            self.sampler.add_generated_tokens(sum(g.generated_tokens for _, _, g in done))
+            on_finished(done)
+
+        began = time.perf_counter()
+        try:
+            self.inner.generate_requests(requests, counted)
+        finally:
+            self.generate_seconds += time.perf_counter() - began
 
     def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[Generation]:
         began = time.perf_counter()
@@ -110,7 +125,7 @@ class TimedAdapter:
 
 
 class StoreSink:
-    """The bridge's SampleSink on top of the store: resume lookups, phase tags, commits per batch."""
+    """The bridge's SampleSink on top of the store: resume lookups, phase tags, a commit per group of finished samples."""
 
     def __init__(self, store: Store, run_id: int, sampler: MemorySampler) -> None:
         self.store = store

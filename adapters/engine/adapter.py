@@ -1,29 +1,45 @@
 """The engine as an `Adapter`: specs `preset:NAME`, `qwen3:PATH`, `ouro:PATH`, `melt:PATH`.
 
+Generation runs on the continuous-batching scheduler (`adapters.engine.scheduler`) over a paged KV
+pool; the adapter also takes a whole workload at once (`generate_requests`, the `Scheduling` extra)
+and reports each sample as it finishes. `batching="static"` runs static batches on a preallocated
+cache instead: what `loopeval profile` measures (one cache of known size) and the baseline the
+scheduler is benchmarked against.
+
 Overrides (all optional): `loops` (inference r), `dtype` (fp32/bf16/fp16), `device`, `seed`
-(random init of presets), `chunk_size` (MELT prefill chunk), `max_batch` (sequences per generate
-batch), `exit_policy` ("none", "fixed", "threshold") with `exit_loop` / `exit_threshold` (default:
-the checkpoint's `early_exit_threshold`, see `exit_policy`).
+(random init of presets), `chunk_size` (MELT prefill chunk), `max_batch` (sequences decoding at
+once: the scheduler's cap, or the static batch), `batching` ("continuous" or "static"),
+`kv_budget` (GB of KV pool; default: what the workload needs at the cap without preemption, and on
+a GPU at most `KV_FRACTION` of free memory), `block_size` (tokens per KV block), `exit_policy`
+("none", "fixed", "threshold") with `exit_loop` / `exit_threshold` (default: the checkpoint's
+`early_exit_threshold`, see `exit_policy`), and the loop conditioning fields.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
-from adapters.base import MODEL_DTYPES, AdapterError, Generation, Prompt, Sampling, dtype_short
+from adapters.base import MODEL_DTYPES, AdapterError, Finished, Generation, Prompt, Request, Sampling, dtype_short
 from adapters.engine.cache import KVCache
 from adapters.engine.config import CONDITIONING_FIELDS, LoopConfig
 from adapters.engine.presets import PRESETS, preset
-from adapters.engine.generate import ExitPolicy, generate
+from adapters.engine.generate import ExitPolicy, check_request, generate, stream_key
 from adapters.engine.memory import analytic_terms, count_params
 from adapters.engine.model import LoopedLM
+from adapters.engine.paged import DEFAULT_BLOCK_SIZE, BlockPool, pool_blocks
+from adapters.engine.scheduler import Scheduler
+from adapters.engine.scheduler import Sequence as Seq
 from adapters.registry import register
 
-DEFAULT_MAX_BATCH = 64  # sequences per generate batch
-OVERRIDES = ("loops", "dtype", "device", "seed", "chunk_size", "max_batch", "exit_policy", "exit_loop", "exit_threshold", *CONDITIONING_FIELDS)
+DEFAULT_MAX_BATCH = 64  # sequences decoding at once
+KV_FRACTION = 0.9  # of the GPU's free memory, the most a default pool takes
+BATCHING = ("continuous", "static")
+OVERRIDES = ("loops", "dtype", "device", "seed", "chunk_size", "max_batch", "batching", "kv_budget", "block_size",
+             "exit_policy", "exit_loop", "exit_threshold", *CONDITIONING_FIELDS)
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
@@ -45,25 +61,25 @@ class EngineAdapter:
     """One engine model behind the Adapter protocol. `loops` may be changed between calls."""
 
     def __init__(self, spec: str, model: LoopedLM, tokenizer: Any | None, *, loops: int | None = None, max_batch: int = DEFAULT_MAX_BATCH,
-                 exit_policy: ExitPolicy = ExitPolicy()) -> None:
+                 exit_policy: ExitPolicy = ExitPolicy(), batching: str = "continuous", kv_budget: float | None = None,
+                 block_size: int = DEFAULT_BLOCK_SIZE) -> None:
         self.spec = spec
         self.model = model
         self.tokenizer = tokenizer
         self.config: LoopConfig = model.config
         self.max_context = self.config.max_position
         self.loops = self.config.loops if loops is None else loops
-        if max_batch < 1:
-            raise AdapterError(f"max_batch must be >= 1, got {max_batch}")
-        self.max_batch = max_batch
+        self.max_batch, self.batching, self.kv_budget, self.block_size = check_batching(max_batch, batching, kv_budget, block_size)
         if exit_policy.kind != "none" and not self.config.exit_gate and exit_policy.kind == "threshold":
             raise AdapterError("exit_policy 'threshold' needs a model with an exit gate (Ouro)")
         self.exit_policy = exit_policy
         weight = model.model.embed_tokens.weight
         self.dtype, self.device = weight.dtype, weight.device
         self._weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        self._cache: KVCache | None = None
-        self._peak = 0
-        self._lock = threading.Lock()  # one generate at a time: the cache is per call
+        self._live: KVCache | BlockPool | None = None  # the KV store of the call in progress
+        self._peak = self._reserved = 0
+        self.preemptions = 0  # sequences the scheduler preempted (and recomputed) so far
+        self._lock = threading.Lock()  # one generate at a time: the KV store is per call
 
     @property
     def loops(self) -> int:
@@ -97,37 +113,114 @@ class EngineAdapter:
             ids.add(self.tokenizer.eos_token_id)
         return {i for i in ids if i is not None}
 
+    def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[Generation]:
+        """`len(prompts) * n` generations, prompt-major. Prompt i's samples draw from streams of seed
+        `stream_key(sampling.seed, i)`, so they do not depend on the other prompts or the batching."""
+        requests = [Request(p, dataclasses.replace(sampling, seed=stream_key(sampling.seed, i))) for i, p in enumerate(prompts)]
+        results: dict[tuple[int, int], Generation] = {}
+        self.generate_requests(requests, lambda done: results.update(((r, j), g) for r, j, g in done))
+        return [results[(i, j)] for i in range(len(prompts)) for j in range(sampling.n)]
+
+    def generate_requests(self, requests: Sequence[Request], on_finished: Callable[[list[Finished]], None]) -> None:
+        """Generate every requested sample, calling `on_finished` with each group of samples as they finish."""
+        sequences = self._sequences(requests)
+        if not sequences:
+            return
+        with self._lock:
+            if self.batching == "static":
+                self._run_static(sequences, on_finished)
+            else:
+                self._run_continuous(sequences, on_finished)
+
+    def _sequences(self, requests: Sequence[Request]) -> list[Seq]:
+        """One sequence per requested sample, every request checked before anything runs."""
+        sequences = []
+        for r, request in enumerate(requests):
+            ids = self._encode(request.prompt)
+            capacity = check_request(self.model, ids, request.sampling, self.tokenizer, self.exit_policy)
+            for j in request.indices:
+                key = stream_key(request.sampling.seed, j)
+                sequences.append(Seq(r, j, key, len(ids), list(ids), capacity, request.sampling))
+        return sequences
+
+    def _run_continuous(self, sequences: list[Seq], on_finished: Callable[[list[Finished]], None]) -> None:
+        pool = self._pool(sequences)
+        scheduler = Scheduler(self.model, pool, loops=self.loops, policy=self.exit_policy, eos_ids=self._eos_ids(), tokenizer=self.tokenizer,
+                              max_seqs=self.max_batch, on_finished=on_finished)
+        self._live = pool
+        try:
+            scheduler.run(sequences)
+        finally:
+            self.preemptions += scheduler.preemptions
+            self._peak = max(self._peak, pool.peak_allocated)
+            self._reserved = max(self._reserved, pool.kv_bytes_reserved)
+            self._live = None
+
+    def _run_static(self, sequences: list[Seq], on_finished: Callable[[list[Finished]], None]) -> None:
+        """Static batches of `max_batch` sequences sharing a Sampling (their streams are their own), each
+        decoding until its longest row ends, all its rows reported when it does."""
+        pad = self.config.pad_token_id if self.config.pad_token_id is not None else 0
+        groups: dict[Sampling, list[Seq]] = {}
+        for seq in sequences:
+            groups.setdefault(dataclasses.replace(seq.sampling, seed=0), []).append(seq)
+        for sampling, group in groups.items():
+            for start in range(0, len(group), self.max_batch):
+                batch = group[start : start + self.max_batch]
+                generations = generate(
+                    self.model, [s.tokens for s in batch], sampling, loops=self.loops, eos_ids=self._eos_ids(), keys=[s.key for s in batch],
+                    tokenizer=self.tokenizer, exit_policy=self.exit_policy, on_cache=self._track, pad_id=pad,
+                )
+                on_finished([(s.request, s.sample, g) for s, g in zip(batch, generations)])
+
+    def _pool(self, sequences: list[Seq]) -> BlockPool:
+        """The call's block pool: `kv_budget`, else what the workload needs at the cap (on a GPU at most
+        `KV_FRACTION` of free memory); never smaller than one sequence at its full length."""
+        size, dtype = self.block_size, dtype_short(self.dtype)
+        longest = max(-(-s.capacity // size) for s in sequences)
+        rows = min(self.max_batch, len(sequences))
+        latent = max(rows, self.config.chunk_size if self.config.kv_strategy == "gated" else 1)  # tokens one step may hold in flight
+        if self.kv_budget is not None:
+            blocks = pool_blocks(self.config, self.loops, int(self.kv_budget * 1e9), size, latent, dtype)
+        else:
+            blocks = rows * longest
+            if self.device.type == "cuda":
+                free = int(torch.cuda.mem_get_info(self.device)[0] * KV_FRACTION)
+                blocks = min(blocks, pool_blocks(self.config, self.loops, free, size, latent, dtype))
+        if blocks < longest:
+            per_token = analytic_terms(self.config, self.loops, dtype)["kv_bytes_per_token"]
+            raise AdapterError(
+                f"the KV pool holds {max(blocks, 0) * size} tokens ({max(blocks, 0) * size * per_token / 1e9:.3f} GB) but one sequence "
+                f"needs {longest * size}: raise kv_budget, or lower max_new_tokens or the loops"
+            )
+        return BlockPool(self.config, self.loops, blocks, size, latent, self.dtype, self.device)
+
     def _track(self, cache: KVCache | None) -> None:
-        self._cache = cache
+        self._live = cache
         if cache is not None:
             self._peak = max(self._peak, cache.kv_bytes_allocated)
-
-    def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[Generation]:
-        """`len(prompts) * n` generations, prompt-major, in batches of at most `max_batch` sequences."""
-        encoded = [ids for p in prompts for ids in [self._encode(p)] * sampling.n]
-        generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
-        pad = self.config.pad_token_id if self.config.pad_token_id is not None else 0
-        results: list[Generation] = []
-        with self._lock:
-            for start in range(0, len(encoded), self.max_batch):
-                results += generate(
-                    self.model, encoded[start : start + self.max_batch], sampling, loops=self.loops, eos_ids=self._eos_ids(),
-                    tokenizer=self.tokenizer, exit_policy=self.exit_policy, generator=generator, on_cache=self._track, pad_id=pad,
-                )
-        return results
+            self._reserved = max(self._reserved, cache.kv_bytes_reserved)
 
     def memory(self) -> dict[str, int | None]:
-        cache = self._cache  # one read: the generate thread may swap it
+        """The live KV store's bytes; `kv_bytes_peak` and `kv_bytes_reserved` (the largest pool, a peak
+        measure) are kept across calls until `reset_memory_peak`."""
+        live = self._live  # one read: the generate thread may swap it
+        if live is None:
+            return {"weights_bytes": self._weights_bytes, "kv_bytes_allocated": 0, "kv_bytes_used": 0, "kv_bytes_peak": self._peak,
+                    "kv_bytes_reserved": self._reserved}
         return {
             "weights_bytes": self._weights_bytes,
-            "kv_bytes_allocated": cache.kv_bytes_allocated if cache is not None else 0,
-            "kv_bytes_used": cache.kv_bytes_used if cache is not None else 0,
-            "kv_bytes_peak": self._peak,
+            "kv_bytes_allocated": live.kv_bytes_allocated,
+            "kv_bytes_used": live.kv_bytes_used,
+            "kv_bytes_peak": max(self._peak, live.peak_allocated),
+            "kv_bytes_reserved": max(self._reserved, live.kv_bytes_reserved),
         }
 
     def reset_memory_peak(self) -> None:
-        cache = self._cache
-        self._peak = cache.kv_bytes_allocated if cache is not None else 0
+        live = self._live
+        self._peak = 0 if live is None else live.kv_bytes_allocated
+        self._reserved = 0 if live is None else live.kv_bytes_reserved
+        if isinstance(live, BlockPool):
+            live.peak_allocated = live.kv_bytes_allocated
 
     def describe(self) -> dict[str, Any]:
         cfg = self.config
@@ -144,8 +237,26 @@ class EngineAdapter:
             "kv_bytes_per_token": 2 * cfg.kv_entries(self.loops) * cfg.num_kv_heads * cfg.head_dim * size,
             "analytic": analytic_terms(cfg, self.loops, dtype_short(self.dtype)),
             "exit_policy": {"kind": self.exit_policy.kind, "loop": self.exit_policy.loop, "threshold": self.exit_policy.threshold},
+            "batching": {"mode": self.batching, "max_batch": self.max_batch, "block_size": self.block_size, "kv_budget": self.kv_budget},
             "config": cfg.to_dict(),
         }
+
+
+def check_batching(max_batch: Any, batching: Any, kv_budget: Any, block_size: Any) -> tuple[int, str, float | None, int]:
+    """The batching overrides, checked: (max_batch, batching, kv_budget in GB or None, block_size)."""
+    for name, value in (("max_batch", max_batch), ("block_size", block_size)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise AdapterError(f"{name} must be a positive integer, got {value!r}")
+    if batching not in BATCHING:
+        raise AdapterError(f"batching {batching!r} is not one of {', '.join(BATCHING)}")
+    if kv_budget is not None and (isinstance(kv_budget, bool) or not isinstance(kv_budget, (int, float)) or not 0 < kv_budget < float("inf")):
+        raise AdapterError(f"kv_budget must be a positive number of GB, got {kv_budget!r}")
+    return max_batch, batching, None if kv_budget is None else float(kv_budget), block_size
+
+
+def _batching_overrides(overrides: dict[str, Any]) -> tuple[int, str, float | None, int]:
+    return check_batching(overrides.get("max_batch", DEFAULT_MAX_BATCH), overrides.get("batching", "continuous"),
+                          overrides.get("kv_budget"), overrides.get("block_size", DEFAULT_BLOCK_SIZE))
 
 
 def _check_overrides(overrides: dict[str, Any]) -> None:
@@ -172,7 +283,7 @@ def config_facts(cfg: LoopConfig, overrides: dict[str, Any]) -> dict[str, Any]:
     dtype = dtype_short(resolve_dtype(overrides.get("dtype"), device))
     return {"family": cfg.family, "kv_strategy": cfg.kv_strategy, "loops": loops, "trained_loops": cfg.loops,
             "max_context": cfg.max_position, "device": device, "dtype": dtype,
-            "max_batch": int(overrides.get("max_batch", DEFAULT_MAX_BATCH)), "analytic": analytic_terms(cfg, loops, dtype),
+            "max_batch": _batching_overrides(overrides)[0], "analytic": analytic_terms(cfg, loops, dtype),
             "config": cfg.to_dict()}
 
 
@@ -185,8 +296,9 @@ def _build(spec: str, model_fn: Any, tokenizer_fn: Any, overrides: dict[str, Any
         model.config = model.config.replace(chunk_size=int(overrides["chunk_size"]))
     if conditioning(overrides):
         model = model.with_conditioning(**conditioning(overrides))
-    return EngineAdapter(spec, model, tokenizer_fn(), loops=overrides.get("loops"), max_batch=int(overrides.get("max_batch", DEFAULT_MAX_BATCH)),
-                         exit_policy=exit_policy(model.config, overrides))
+    max_batch, batching, kv_budget, block_size = _batching_overrides(overrides)
+    return EngineAdapter(spec, model, tokenizer_fn(), loops=overrides.get("loops"), max_batch=max_batch,
+                         exit_policy=exit_policy(model.config, overrides), batching=batching, kv_budget=kv_budget, block_size=block_size)
 
 
 def exit_policy(cfg: LoopConfig, overrides: dict[str, Any]) -> ExitPolicy:

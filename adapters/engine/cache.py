@@ -105,6 +105,15 @@ class KVCache:
         return self._slot_bytes * self.length + (self._latent_bytes if self.length else 0)
 
     @property
+    def peak_allocated(self) -> int:
+        """A static cache holds its whole allocation from start to end (the same interface as a block pool)."""
+        return self.kv_bytes_allocated
+
+    @property
+    def kv_bytes_reserved(self) -> int:
+        return self.kv_bytes_allocated
+
+    @property
     def chunk(self) -> int:
         """Most tokens one step may process (gated caches hold the latent for this many)."""
         return self.capacity if self.latent is None else self.latent.shape[2]

@@ -1,4 +1,13 @@
-"""Batched generation on a static cache: left-padded prefill, then one decode loop on one page.
+"""Static batches on a preallocated cache, and what every generation path shares (sampling, stops).
+
+`adapters.engine.scheduler` is the engine's generation path (continuous batching on paged KV);
+this static path stays for what needs one cache of known size: `loopeval profile`'s
+single-sequence memory at a given context (the analytic figure, to the byte) and the static
+baseline the scheduler is measured and tested against (`batching="static"`).
+
+Sampling draws from one random stream per sample (`stream_key`: the prompt's seed and the sample's
+index; `exponential_noise`: a pure function of key, step and token id), so a sample's tokens do not
+depend on the batch it runs in, the order it is admitted in, preemption or resume.
 
 `generate` reads as the prefill (`Decoder.prefill`), the decode step (`Decoder.step`: one token per
 row through `LoopedLM.step`) and the decode loop that samples, records (`Transcript`) and stops.
@@ -18,6 +27,7 @@ or the first loop whose cumulative exit probability reaches the threshold) and r
 from __future__ import annotations
 
 import time
+import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -47,11 +57,46 @@ class ExitPolicy:
             raise AdapterError(f"exit policy 'threshold' needs exit_threshold in (0, 1], got {self.threshold}")
 
 
-def sample(logits: Tensor, sampling: Sampling, generator: torch.Generator | None) -> Tensor:
+def stream_key(seed: int, index: int) -> int:
+    """The 32-bit key of one random stream: sample `index` of the prompt (or request) seeded `seed`."""
+    return zlib.crc32(f"{seed}:{index}".encode())
+
+
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(x: Tensor) -> Tensor:
+    """A 32-bit integer hash (two xorshift-multiply rounds) on int64 values in [0, 2**32).
+
+    The multipliers are odd and below 2**31, so every product stays below 2**63 and int64 never
+    overflows on any device; each round is a bijection of the 32-bit values.
+    """
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x5BD1E995) & _M32
+    return x ^ (x >> 16)
+
+
+def exponential_noise(keys: Tensor, steps: Tensor, vocab: int) -> Tensor:
+    """Exp(1) draws [B, vocab] for rows with stream `keys` [B] at token index `steps` [B] (int64).
+
+    A counter-based generator: the draw for (key, step, token id) is a hash of the three, so a row
+    needs no generator state and a batch of rows is one set of kernels, whatever the batch holds.
+    The top 24 bits give a uniform u in (0, 1) exactly representable in float32; -log(u) ~ Exp(1).
+    """
+    row = _mix32(keys ^ _mix32(steps & _M32))
+    col = _mix32(_mix32(torch.arange(vocab, device=keys.device)))
+    bits = _mix32(row[:, None] ^ col[None, :])
+    return -torch.log(((bits >> 8).float() + 0.5) * 2.0**-24)
+
+
+def sample(logits: Tensor, sampling: Sampling, keys: Tensor, steps: Tensor) -> Tensor:
     """[B, V] logits -> [B] token ids: greedy at temperature 0, else temperature, top-k, then top-p (nucleus).
 
-    The nucleus keeps the most probable tokens up to and including the first one at which the
-    cumulative probability reaches top_p.
+    Row b draws from stream `keys[b]` at token index `steps[b]` (`exponential_noise`). The nucleus
+    keeps the most probable tokens up to and including the first one at which the cumulative
+    probability reaches top_p.
     """
     if sampling.greedy:
         return logits.argmax(dim=-1)
@@ -62,21 +107,24 @@ def sample(logits: Tensor, sampling: Sampling, generator: torch.Generator | None
     if sampling.top_k is not None and sampling.top_k < logits.shape[-1]:
         kth = torch.topk(logits, sampling.top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    if sampling.top_p < 1.0:  # draw in sorted order, then map back: no scatter
-        probs, order = torch.sort(torch.softmax(logits, dim=-1), dim=-1, descending=True)
-        probs = probs.masked_fill(probs.cumsum(dim=-1) - probs >= sampling.top_p, 0.0)
-        return order.gather(-1, draw(probs, generator)[:, None]).squeeze(-1)
-    return draw(torch.softmax(logits, dim=-1), generator)
+    noise = exponential_noise(keys, steps, logits.shape[-1])
+    probs = torch.softmax(logits, dim=-1)
+    if sampling.top_p < 1.0:  # outside the nucleus a token's probability is 0: it never wins the race
+        ranked, order = torch.sort(probs, dim=-1, descending=True)
+        cut = ranked.masked_fill(ranked.cumsum(dim=-1) - ranked >= sampling.top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, cut)
+    return draw(probs, noise)
 
 
-def draw(probs: Tensor, generator: torch.Generator | None) -> Tensor:
+def draw(probs: Tensor, noise: Tensor) -> Tensor:
     """One index per row with probability proportional to `probs` [B, V] (rows need not sum to 1).
 
-    The exponential race, as gpt-fast samples: argmax of probs / E with E ~ Exp(1) i.i.d. picks index
-    i with probability probs_i / sum(probs). Two cheap kernels instead of `torch.multinomial`, which
-    costs more than a whole layer of a tiny model on the CPU and synchronises the host on a GPU.
+    The exponential race, as gpt-fast samples: argmax of probs / E with E ~ Exp(1) i.i.d. (`noise`)
+    picks index i with probability probs_i / sum(probs). Two cheap kernels instead of
+    `torch.multinomial`, which costs more than a whole layer of a tiny model on the CPU and
+    synchronises the host on a GPU.
     """
-    return (probs / torch.empty_like(probs).exponential_(generator=generator)).argmax(dim=-1)
+    return (probs / noise).argmax(dim=-1)
 
 
 def prefill_mask(valid: Tensor, s0: int, s1: int) -> Tensor:
@@ -99,6 +147,12 @@ def pick_loop(out: StepOutput, policy: ExitPolicy) -> tuple[Tensor, Tensor | Non
         cum = exit_probabilities(out.gate_logits).cumsum(dim=0)
         exit_idx = (cum < policy.threshold).sum(dim=0).clamp(max=r - 1)
     return states[exit_idx, torch.arange(b, device=states.device)], exit_idx + 1
+
+
+def read_logits(model: LoopedLM, out: StepOutput, policy: ExitPolicy) -> tuple[Tensor, Tensor | None]:
+    """The logits to sample from [B, V], read from the loop the policy picks, and that loop (1-based; None for `none`)."""
+    state, exit_loop = pick_loop(out, policy)
+    return model.logits(state), exit_loop
 
 
 @dataclass
@@ -161,8 +215,38 @@ class Decoder:
         return self._read(out)
 
     def _read(self, out: StepOutput) -> tuple[Tensor, Tensor | None]:
-        state, exit_loop = pick_loop(out, self.policy)
-        return self.model.logits(state), exit_loop
+        return read_logits(self.model, out, self.policy)
+
+
+def stop_reason(tokens: Sequence[int], eos_ids: set[int], sampling: Sampling, tokenizer: Any | None, start: int = 0) -> str | None:
+    """Why a sequence whose last token is `tokens[-1]` stops there: "eos", "stop", or None (it goes on).
+
+    Stop strings are looked for in the decoded tail of the generated tokens (`tokens[start:]`), a few
+    tokens longer than the longest stop.
+    """
+    if tokens[-1] in eos_ids:
+        return "eos"
+    if sampling.stop:
+        window = max(len(s) for s in sampling.stop) + 2
+        tail = tokenizer.decode(tokens[max(start, len(tokens) - window) :], skip_special_tokens=True)
+        if any(s in tail for s in sampling.stop):
+            return "stop"
+    return None
+
+
+def output_text(tokens: Sequence[int], finish: str, sampling: Sampling, tokenizer: Any | None) -> str | None:
+    """A sequence's text, cut before the first stop string when one ended it (None without a tokenizer)."""
+    if tokenizer is None:
+        return None
+    text = tokenizer.decode(tokens, skip_special_tokens=True)
+    if finish == "stop":
+        text = text[: min(text.find(s) for s in sampling.stop if s in text)]
+    return text
+
+
+def is_looped(model: LoopedLM, loops: int) -> bool:
+    """Whether generations record the loops each token used (models whose shared layers loop)."""
+    return model.config.shared_layers > 0 and (loops > 1 or model.config.loops > 1)
 
 
 class Transcript:
@@ -173,7 +257,6 @@ class Transcript:
         self.tokens: list[list[int]] = [[] for _ in range(batch)]
         self.loops: list[list[int]] = [[] for _ in range(batch)]
         self.finish: list[str | None] = [None] * batch  # "eos", "stop", or None while running
-        self.stop_window = max((len(s) for s in sampling.stop), default=0) + 2
 
     def add(self, tokens: list[int], loops: list[int]) -> bool:
         """Record one token per running row; True once every row has finished.
@@ -184,36 +267,18 @@ class Transcript:
             if self.finish[row] is None:
                 self.tokens[row].append(token)
                 self.loops[row].append(loop)
-                self.finish[row] = self._stopped(row, token)
+                self.finish[row] = stop_reason(self.tokens[row], self.eos_ids, self.sampling, self.tokenizer)
         return all(f is not None for f in self.finish)
-
-    def _stopped(self, row: int, token: int) -> str | None:
-        if token in self.eos_ids:
-            return "eos"
-        if self.sampling.stop:
-            tail = self.tokenizer.decode(self.tokens[row][-self.stop_window :], skip_special_tokens=True)
-            if any(s in tail for s in self.sampling.stop):
-                return "stop"
-        return None
 
     def generations(self, lengths: list[int], looped: bool, prefill_seconds: float, decode_seconds: float) -> list[Generation]:
         return [
             Generation(
-                token_ids=ids, text=self._text(row), finish_reason=self.finish[row] or "length", prompt_tokens=lengths[row],
-                generated_tokens=len(ids), loops_used=self.loops[row] if looped else None,
-                prefill_seconds=prefill_seconds, decode_seconds=decode_seconds,
+                token_ids=ids, text=output_text(ids, self.finish[row] or "length", self.sampling, self.tokenizer),
+                finish_reason=self.finish[row] or "length", prompt_tokens=lengths[row], generated_tokens=len(ids),
+                loops_used=self.loops[row] if looped else None, prefill_seconds=prefill_seconds, decode_seconds=decode_seconds,
             )
             for row, ids in enumerate(self.tokens)
         ]
-
-    def _text(self, row: int) -> str | None:
-        """The row's text, cut before the first stop string when one ended it."""
-        if self.tokenizer is None:
-            return None
-        text = self.tokenizer.decode(self.tokens[row], skip_special_tokens=True)
-        if self.finish[row] == "stop":
-            text = text[: min(text.find(s) for s in self.sampling.stop if s in text)]
-        return text
 
 
 def generate(
@@ -223,19 +288,24 @@ def generate(
     *,
     loops: int,
     eos_ids: set[int],
+    keys: Sequence[int] | None = None,
     tokenizer: Any | None = None,
     exit_policy: ExitPolicy = ExitPolicy(),
-    generator: torch.Generator | None = None,
     on_cache: Callable[[KVCache | None], None] = lambda cache: None,
     pad_id: int = 0,
 ) -> list[Generation]:
-    """Generate one continuation per prompt (token ids) in one batch. `on_cache` sees the live cache."""
-    capacity = _capacity(model, prompts, sampling, tokenizer, exit_policy)
+    """Generate one continuation per prompt (token ids) in one static batch. `on_cache` sees the live cache.
+
+    Row i samples from stream `keys[i]` (default: `stream_key(sampling.seed, i)`).
+    """
+    capacity = max(check_request(model, p, sampling, tokenizer, exit_policy) for p in prompts)
     weight = model.model.embed_tokens.weight
     batch = Prompts.left_padded(prompts, capacity, pad_id, weight.device)
     cache = _allocate(model, len(prompts), capacity, loops)
     decoder = Decoder(model, batch, cache, loops, exit_policy)
     transcript = Transcript(len(prompts), sampling, eos_ids, tokenizer)
+    keys = [stream_key(sampling.seed, i) for i in range(len(prompts))] if keys is None else keys
+    streams = torch.tensor(keys, dtype=torch.long, device=weight.device)
     on_cache(cache)
     try:
         with torch.inference_mode():
@@ -244,7 +314,7 @@ def generate(
             t1 = time.perf_counter()
             budget = capacity - batch.width
             for i in range(budget):  # the only host sync per token is reading the sampled ids back
-                tokens = sample(logits, sampling, generator)
+                tokens = sample(logits, sampling, streams, torch.full_like(streams, i))
                 chosen = [loops] * len(prompts) if exit_loop is None else exit_loop.tolist()
                 if transcript.add(tokens.tolist(), chosen) or i + 1 == budget:
                     break
@@ -252,22 +322,20 @@ def generate(
             t2 = time.perf_counter()
     finally:
         on_cache(None)
-    looped = model.config.shared_layers > 0 and (loops > 1 or model.config.loops > 1)
-    return transcript.generations(batch.lengths, looped, t1 - t0, t2 - t1)
+    return transcript.generations(batch.lengths, is_looped(model, loops), t1 - t0, t2 - t1)
 
 
-def _capacity(model: LoopedLM, prompts: Sequence[Sequence[int]], sampling: Sampling, tokenizer: Any | None, policy: ExitPolicy) -> int:
-    """Slots the cache needs (the longest prompt plus the new tokens, within the context), after checking the request."""
-    width = max(len(p) for p in prompts)
-    if min(len(p) for p in prompts) < 1:
+def check_request(model: LoopedLM, prompt: Sequence[int], sampling: Sampling, tokenizer: Any | None, policy: ExitPolicy) -> int:
+    """Slots one sequence needs (its prompt plus the new tokens, within the context), after checking the request."""
+    if len(prompt) < 1:
         raise AdapterError("empty prompt: every prompt needs at least one token")
-    if width >= model.config.max_position:
-        raise AdapterError(f"prompt of {width} tokens does not fit the model's context of {model.config.max_position} tokens")
+    if len(prompt) >= model.config.max_position:
+        raise AdapterError(f"prompt of {len(prompt)} tokens does not fit the model's context of {model.config.max_position} tokens")
     if sampling.stop and tokenizer is None:
         raise AdapterError("stop strings need a tokenizer; this model has none (use eos or max_new_tokens)")
     if policy.kind != "none" and model.coda:
         raise AdapterError("exit policies need a model without coda layers")
-    return min(width + sampling.max_new_tokens, model.config.max_position)
+    return min(len(prompt) + sampling.max_new_tokens, model.config.max_position)
 
 
 def _allocate(model: LoopedLM, batch: int, capacity: int, loops: int) -> KVCache:

@@ -9,7 +9,8 @@ call takes its earlier rows from a cache (`adapters.engine.cache`). Two entry po
   (stage-1 conversion training, a `MixedCache`); it can return per-loop logits, per-(loop, shared
   layer) attention outputs (stage-2 alignment loss) and Ouro's exit probabilities.
 - `LoopedLM.step(tokens, positions, cache, slot, mask, loops)`: one prefill chunk or decode step
-  against a preallocated `adapters.engine.cache.KVCache`, written in place.
+  against a preallocated `adapters.engine.cache.KVCache` or a scheduler step's `adapters.engine.paged.PagedStep`,
+  written in place.
 
 q/k/v and gate/up are each one parameter (one matmul); state dicts name HF's separate tensors.
 
@@ -33,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from adapters.engine.cache import Cache, ChunkCache, KVCache, MixedCache
+from adapters.engine.cache import Cache, ChunkCache, MixedCache
 from adapters.engine.config import LOOP_GATE_DIM, LoopConfig
 
 Rope = tuple[Tensor, Tensor]  # cos, signed sin [B, 1, n, head_dim]
@@ -551,14 +552,16 @@ class LoopedLM(nn.Module):
         return out
 
     # ------------------------------------------------------------------------------ cached step
-    def step(self, tokens: Tensor, positions: Tensor, cache: KVCache, slot: int, mask: Tensor | None, loops: int, keep_loops: bool = False) -> StepOutput:
+    def step(self, tokens: Tensor, positions: Tensor, cache: Cache, slot: int, mask: Tensor | None, loops: int, keep_loops: bool = False) -> StepOutput:
         """Run tokens [B, n] at cache slots slot..slot+n-1 (positions [B, n]), writing K/V in place.
 
-        `mask` [B,1,n,slot+n] bool, or None for plain causal attention. For gated caches n must not
-        exceed the cache's latent chunk. Returns the last position's normed state(s).
+        `mask` [B,1,n,L] bool (L: the keys attended, slot + n for a `KVCache`), or None for plain
+        causal attention over slot + n keys. For gated caches n must not exceed the cache's latent
+        chunk. Returns the last position's normed state(s).
         """
         h = self.model.embed_tokens(tokens)
-        span = Span(self.rotary(positions, h.dtype, length=slot + tokens.shape[1]), slot, mask)  # positions never exceed slots
+        keys = slot + tokens.shape[1] if mask is None else mask.shape[-1]
+        span = Span(self.rotary(positions, h.dtype, length=keys), slot, mask)  # a position never reaches the keys' count
         final, states = self.run(h, span, cache, loops, keep_loops and bool(self.shared))
         if not states:
             return StepOutput(states=[final[:, -1]], gate_logits=None)

@@ -30,7 +30,7 @@ def run(
     top_p: Optional[float] = typer.Option(None, "--top-p", help=f"Nucleus top-p in (0, 1]. Default: the suite's ({_SYNTHETIC['top_p']} on {DEFAULTS.suite})."),
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help=f"New tokens per sample. Default: the suite's ({_SYNTHETIC['max_new_tokens']} on {DEFAULTS.suite}, 32768 on paper)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Docs per task. Default: all."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", help=f"Prompts per generate call. Default: {DEFAULTS.batch_size}."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help=f"Prompts per generate call, and docs per log-likelihood forward. The engine schedules its own batches: it takes each task's docs at once and decodes its max_batch override's sequences together. Default: {DEFAULTS.batch_size}."),
     seed: Optional[str] = typer.Option(None, "--seed", help="Seed for weights of random presets and for sampling; comma-separated seeds run the sweep once per seed. Default: 0."),
     db: DbOption = None,
     data_dir: Optional[str] = typer.Option(None, "--data-dir", help="Directory with local copies of suite datasets (JSONL or parquet)."),

@@ -204,8 +204,8 @@ def test_analytic_kv_equals_allocated(name):
                 assert by_r == [per_entry * (cfg.prelude_layers + cfg.shared_layers * r + cfg.coda_layers) for r in loop_counts]
 
 
-def test_generate_allocates_what_the_estimate_says_and_tracks_usage():
-    adapter = load_preset("ouro-tiny", dtype="fp32", device="cpu")
+def test_static_generate_allocates_what_the_estimate_says_and_tracks_usage():
+    adapter = load_preset("ouro-tiny", dtype="fp32", device="cpu", batching="static")
     adapter.config.eos_token_id, adapter.tokenizer = None, None  # no end of sequence: all 60 tokens
     seen: list[dict] = []
     stop = threading.Event()
@@ -278,14 +278,14 @@ def test_seed_reproduces_samples_and_n_is_prompt_major():
 def test_top_p_never_samples_outside_the_nucleus():
     probs = torch.tensor([0.05, 0.4, 0.1, 0.25, 0.15, 0.05])  # nucleus at 0.7: 0.4 + 0.25 + 0.15 (0.65 < 0.7)
     logits = probs.log().expand(4000, -1).contiguous()
-    gen = torch.Generator().manual_seed(0)
-    drawn = sample(logits, Sampling(temperature=1.0, top_p=0.7), gen)
+    keys, steps = torch.arange(4000), torch.zeros(4000, dtype=torch.long)  # 4000 streams, one draw each
+    drawn = sample(logits, Sampling(temperature=1.0, top_p=0.7), keys, steps)
     assert set(drawn.tolist()) == {1, 3, 4}
     frac = torch.bincount(drawn, minlength=6).float() / 4000  # renormalised: 0.4/0.8, 0.25/0.8, 0.15/0.8
     assert abs(frac[1] - 0.5) < 0.04 and abs(frac[3] - 0.3125) < 0.04
-    top_k = sample(logits, Sampling(temperature=1.0, top_p=1.0, top_k=2), gen)
+    top_k = sample(logits, Sampling(temperature=1.0, top_p=1.0, top_k=2), keys, steps + 1)
     assert set(top_k.tolist()) == {1, 3}
-    assert sample(logits[:3], Sampling(temperature=0.0), None).tolist() == [1, 1, 1]
+    assert sample(logits[:3], Sampling(temperature=0.0), keys[:3], steps[:3]).tolist() == [1, 1, 1]
 
 
 def test_stop_strings_eos_and_length():

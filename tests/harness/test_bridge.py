@@ -275,3 +275,39 @@ def test_engine_preset_end_to_end(tmp_path: Path):
     mc = run_suite(adapter, [mc_config(tmp_path, golds=[0, 1, 2, 1])], Sampling(), progress=False)
     assert 0.0 <= mc.metrics["mc"]["acc"][0] <= 1.0
     assert "lighteval.tasks.tasks.tiny_benchmarks" not in sys.modules
+
+
+class CountingSink(MemorySink):
+    """A MemorySink that also keeps each group of records as the bridge sent it."""
+
+    def __init__(self, stored: list[SampleRecord] = ()) -> None:
+        super().__init__(stored)
+        self.groups: list[list[SampleRecord]] = []
+
+    def on_records(self, records: list[SampleRecord]) -> None:
+        super().on_records(records)
+        self.groups.append(records)
+
+
+def test_a_scheduling_adapter_gets_the_whole_task_and_samples_are_stored_as_they_finish():
+    """The engine takes each task's docs in one call; samples reach the sink in groups as they finish,
+    and a resumed run generates only the samples not stored, with the same outputs as an unbroken run."""
+    import adapters
+    from adapters.base import Scheduling
+
+    adapter = adapters.load("preset:ouro-tiny", max_batch=4, seed=2)
+    assert isinstance(adapter, Scheduling)
+    configs = load_suite("synthetic", tasks=["addition"])
+    run = Sampling(temperature=1.0, top_p=0.7, n=3, seed=4)
+    whole = CountingSink()
+    run_suite(adapter, configs, run, sink=whole, limit=6, batch_size=2, progress=False)
+    assert whole.batches == [("addition", 0, 6)]  # one workload, not batches of batch_size docs
+    assert len(whole.received) == 18 and len(whole.groups) > 1  # committed as they finished, not all at the end
+    outputs = {(r.doc_id, r.sample_index): r.output for r in whole.received}
+    assert len(set(outputs.values())) > 1
+
+    kept = [r for r in whole.received if r.sample_index != 1]  # an interrupted run stored samples 0 and 2 of every doc
+    resumed = CountingSink(kept)
+    run_suite(adapter, configs, run, sink=resumed, limit=6, batch_size=2, progress=False)
+    assert sorted((r.doc_id, r.sample_index) for r in resumed.received) == sorted((d, 1) for d, _ in {(r.doc_id, 0) for r in whole.received})
+    assert all(r.output == outputs[(r.doc_id, r.sample_index)] for r in resumed.received)

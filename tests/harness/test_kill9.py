@@ -107,3 +107,20 @@ def test_a_run_in_progress_cannot_be_resumed_by_a_second_process(tmp_path: Path)
     assert len(lines) == 1 and "is being run by" in lines[0], second.stderr
     assert first.wait(timeout=300) == 0
     _check_completed(db, {}, killed_stretch_traced=False)
+
+
+def test_kill9_in_a_workload_then_resume_gives_the_unbroken_run(tmp_path: Path) -> None:
+    """An adapter that takes whole workloads (the engine's scheduler) killed mid-task: the resumed run stores
+    each sample once, and every sample is the one an unbroken run draws (per-sample random streams)."""
+    run = [*RUN, "--loops", "2", "--temperature", "1.0"]
+    run[run.index("killer:ouro-tiny")] = "killer-workload:ouro-tiny"
+    unbroken, db = tmp_path / "whole.sqlite", tmp_path / "r.sqlite"
+    assert _loopeval([*run, "--db", str(unbroken)]).returncode == 0
+    killed = _loopeval([*run, "--db", str(db)], "finished:5")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    stored = query(db, "SELECT COUNT(*) FROM samples")[0][0]
+    assert 0 < stored < 16, "samples were committed as they finished, before the kill"
+    assert _loopeval(["run", "--resume", "1", "--db", str(db), "--no-report"]).returncode == 0
+    _check_completed(db, {}, killed_stretch_traced=False)
+    outputs = "SELECT task, doc_id, sample_index, output FROM samples ORDER BY task, doc_id, sample_index"
+    assert query(db, outputs) == query(unbroken, outputs)

@@ -3,7 +3,9 @@ a chosen point of a run, so tests can check what a `kill -9` leaves behind and w
 
 `LOOPEVAL_KILL_AT` picks the point: `load` (the run's first describe() after planning), `generate:N`
 (as the N-th generate call starts), `scoring` (the first memory reading after the last generate call
-of the run returned, while LightEval scores). Unset: it never kills. Each generate call sleeps
+of the run returned, while LightEval scores). Unset: it never kills. The prefix `killer-workload`
+takes whole workloads (`generate_requests`, two sequences at a time) and also dies at `finished:N`,
+as the N-th group of finished samples arrives, before the bridge stores it. Each generate call sleeps
 `LOOPEVAL_KILL_DELAY` seconds (default 0.5) first, so a run lasts long enough for its recorder to
 write some of its trace before the kill.
 """
@@ -75,3 +77,27 @@ class Killer:
 @adapters.register("killer", "an engine preset that kills its own process at LOOPEVAL_KILL_AT (tests only)")
 def load_killer(name: str, **overrides: Any) -> Killer:
     return Killer(adapters.load(f"preset:{name}", **overrides))
+
+
+class WorkloadKiller(Killer):
+    """A Killer that takes whole workloads, as the engine does, and counts groups of finished samples."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.spec = inner.spec.replace("preset:", "killer-workload:")
+        self.groups = 0
+
+    def generate_requests(self, requests: Any, on_finished: Any) -> None:
+        def counted(done: Any) -> None:
+            self.groups += 1
+            if KILL_AT == f"finished:{self.groups}":
+                _die()
+            time.sleep(DELAY / 4)
+            on_finished(done)
+
+        self.inner.generate_requests(requests, counted)
+
+
+@adapters.register("killer-workload", "an engine preset taking whole workloads that kills its process at LOOPEVAL_KILL_AT (tests only)")
+def load_workload_killer(name: str, **overrides: Any) -> WorkloadKiller:
+    return WorkloadKiller(adapters.load(f"preset:{name}", **{"max_batch": 2, **overrides}))

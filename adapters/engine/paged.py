@@ -1,0 +1,156 @@
+"""Paged KV: a pool of fixed-size blocks, and the `Cache` one scheduler step attends through.
+
+The pool holds every K/V entry of `adapters.engine.cache.entry_table` (so all three strategies:
+`standard`, `per_loop` with r entries per shared layer, `gated` with one row per layer) for
+`num_blocks * block_size` token slots, stored flat as [entries, slots, kv_heads, head_dim]. A
+sequence holds a list of blocks (its block table) and only the blocks its tokens fill; blocks are
+reference-counted, so the n samples of one prompt share its full prefilled blocks (the partly
+filled last one is copied: each sample writes its own tokens there).
+
+A step (`PagedStep`) writes its tokens' K/V to their slots (`index_copy_`) and gathers every
+sequence's rows into [B, kv_heads, L, head_dim] for attention, L the longest context in the step;
+the mask hides the rest. MELT's latent h for the tokens in flight lives in one buffer sized for the
+largest step (the concurrency cap, or a prefill chunk), reused by every step. Shapes depend only on
+B, n and L, which is what a captured decode step needs.
+
+Accounting, exact (`adapters.engine.memory.analytic_terms` gives the same coefficients):
+- `kv_bytes_used`: tokens held (each slot written once, shared blocks once) x bytes per token, plus
+  the latent of the tokens in flight (MELT's h, and the history buffer of history injection, which
+  `LoopedLM.run` keeps as activations);
+- `kv_bytes_allocated`: blocks held x block_size x bytes per token, plus the same latent;
+- `kv_bytes_reserved`: the whole pool and the latent state of the largest step, held from the first
+  step to the last.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+from torch import Tensor
+
+from adapters.base import AdapterError
+from adapters.engine.cache import Gate, entry_table
+from adapters.engine.config import LoopConfig
+from adapters.engine.memory import analytic_terms
+
+DEFAULT_BLOCK_SIZE = 16
+
+
+def pool_blocks(config: LoopConfig, loops: int, budget_bytes: int, block_size: int, latent_tokens: int, dtype: str) -> int:
+    """Blocks a budget of `budget_bytes` holds once the latent buffer of `latent_tokens` is set aside."""
+    terms = analytic_terms(config, loops, dtype)
+    return (budget_bytes - terms["latent_bytes_per_token"] * latent_tokens) // (terms["kv_bytes_per_token"] * block_size)
+
+
+class BlockPool:
+    """K/V blocks for every entry of a model at `loops`, a free list and reference counts."""
+
+    def __init__(self, config: LoopConfig, loops: int, num_blocks: int, block_size: int, latent_tokens: int,
+                 dtype: torch.dtype, device: torch.device | str) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise AdapterError(f"a KV pool needs at least one block of at least one token (got {num_blocks} x {block_size})")
+        self.block_size, self.num_blocks = block_size, num_blocks
+        self.entries = entry_table(config, loops, config.kv_strategy)
+        shape = (config.kv_entries(loops), num_blocks * block_size, config.num_kv_heads, config.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.prelude, self.latent_tokens = config.prelude_layers, latent_tokens
+        self.latent = None
+        if config.kv_strategy == "gated":
+            self.latent = torch.zeros((config.shared_layers, latent_tokens, config.hidden_size), dtype=dtype, device=device)
+        terms = analytic_terms(config, loops, str(dtype))
+        self.bytes_per_token, self.latent_bytes_per_token = terms["kv_bytes_per_token"], terms["latent_bytes_per_token"]
+        self.free: deque[int] = deque(range(num_blocks))
+        self.refs = [0] * num_blocks
+        self.filled = [0] * num_blocks  # slots written in each block
+        self.tokens_held = 0  # sum of `filled` over held blocks
+        self.in_flight = 0  # tokens of the current step (their latent state is live)
+        self.peak_allocated = 0
+
+    # ------------------------------------------------------------------------------ blocks
+    def allocate(self) -> int:
+        block = self.free.popleft()
+        self.refs[block], self.filled[block] = 1, 0
+        self.peak_allocated = max(self.peak_allocated, self.kv_bytes_allocated)
+        return block
+
+    def share(self, blocks: list[int]) -> None:
+        for block in blocks:
+            self.refs[block] += 1
+
+    def release(self, blocks: list[int]) -> None:
+        for block in blocks:
+            self.refs[block] -= 1
+            if self.refs[block] == 0:
+                self.tokens_held -= self.filled[block]
+                self.free.append(block)
+
+    def copy(self, src: int, filled: int) -> int:
+        """A new block holding the first `filled` slots of block `src` (a sample's own copy of a shared tail)."""
+        dst, size = self.allocate(), self.block_size
+        self.k[:, dst * size : dst * size + filled] = self.k[:, src * size : src * size + filled]
+        self.v[:, dst * size : dst * size + filled] = self.v[:, src * size : src * size + filled]
+        self.mark_written(dst, filled)
+        return dst
+
+    def mark_written(self, block: int, filled: int) -> None:
+        """Block `block` now holds `filled` slots (writes only ever extend a block)."""
+        self.tokens_held += filled - self.filled[block]
+        self.filled[block] = filled
+
+    def begin_step(self, tokens: int) -> None:
+        """A step of `tokens` tokens starts: their latent state (MELT's h, the history buffer) is live."""
+        self.in_flight = tokens
+        self.peak_allocated = max(self.peak_allocated, self.kv_bytes_allocated)
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    # -------------------------------------------------------------------------- accounting
+    @property
+    def held_blocks(self) -> int:
+        return self.num_blocks - len(self.free)
+
+    @property
+    def latent_bytes(self) -> int:
+        return self.latent_bytes_per_token * self.in_flight
+
+    @property
+    def kv_bytes_used(self) -> int:
+        return self.tokens_held * self.bytes_per_token + self.latent_bytes
+
+    @property
+    def kv_bytes_allocated(self) -> int:
+        return self.held_blocks * self.block_size * self.bytes_per_token + self.latent_bytes
+
+    @property
+    def kv_bytes_reserved(self) -> int:
+        return self.k.numel() * self.k.element_size() * 2 + self.latent_bytes_per_token * self.latent_tokens
+
+
+class PagedStep:
+    """The `Cache` of one step: B sequences, n tokens each, written at `slots` and read through `table`.
+
+    `slots` [B * n]: the pool slot of each new token, row-major; `table` [B, L]: the slots of each
+    sequence's rows up to the end of this step (padded with any slot; the step's mask hides them).
+    """
+
+    def __init__(self, pool: BlockPool, slots: Tensor, table: Tensor, rows: int, tokens: int) -> None:
+        self.pool, self.slots, self.table = pool, slots, table
+        self.rows, self.tokens = rows, tokens
+        pool.begin_step(rows * tokens)
+
+    def kv_source(self, layer: int, loop: int, x: Tensor, gate: Gate) -> Tensor | None:
+        """The latent h of `layer`'s tokens in flight, updated in place: x at loop 0, then the gate."""
+        if self.pool.latent is None:
+            return None
+        h = self.pool.latent[layer - self.pool.prelude, : self.rows * self.tokens].view(x.shape)
+        return h.copy_(x if loop == 0 else gate(x, h, loop))
+
+    def update(self, layer: int, loop: int, k: Tensor, v: Tensor, slot: int) -> tuple[Tensor, Tensor]:
+        entry = self.pool.entries[layer][loop]
+        k_all, v_all = self.pool.k[entry], self.pool.v[entry]
+        k_all.index_copy_(0, self.slots, k.transpose(1, 2).flatten(0, 1))
+        v_all.index_copy_(0, self.slots, v.transpose(1, 2).flatten(0, 1))
+        return k_all[self.table].transpose(1, 2), v_all[self.table].transpose(1, 2)

@@ -1,0 +1,223 @@
+"""Continuous batching: a queue of sequences, a running set that decodes one token per step, paged KV.
+
+Every sample of every request is a `Sequence`. Sequences wait in a queue; the running set, at most
+`max_seqs` of them, decodes one token each per step (`LoopedLM.step` on a `PagedStep`). A sequence
+that finishes leaves at once and its blocks return to the pool, and waiting ones are admitted in
+its place: the n samples of one prompt are prefilled once (chunked for MELT exactly as the static
+path: chunks counted back from the prompt's end) and then share its full blocks.
+
+When a running sequence needs a block and the pool has none, the youngest running sequence is
+preempted: its blocks are freed and it waits at the head of the queue. On readmission its prompt is
+prefilled again and its generated tokens are fed back one per step (as they were first decoded, so
+a MELT latent sees the same chunks) without sampling, after which it samples on. Its random stream
+is keyed by (request seed, sample index, token index) (`generate.stream_key`, `exponential_noise`),
+so its output is the same as if it had never been preempted, and the same at any concurrency.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from itertools import count
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from adapters.base import Finished, Generation, Sampling
+from adapters.engine.generate import ExitPolicy, is_looped, output_text, read_logits, sample, stop_reason
+from adapters.engine.model import LoopedLM, StepOutput, prefill_chunks
+from adapters.engine.paged import BlockPool, PagedStep
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One sample of one request: its tokens (prompt, then generated), its blocks and how far they are written."""
+
+    request: int  # index of its request in the workload
+    sample: int  # sample index within the request
+    key: int  # its random stream (`stream_key(request seed, sample)`)
+    prompt_len: int
+    tokens: list[int]
+    capacity: int  # prompt + new tokens it may reach (within the context)
+    sampling: Sampling
+    blocks: list[int] = field(default_factory=list)
+    written: int = 0  # tokens whose K/V the blocks hold
+    order: int = -1  # admission order: the largest is the youngest, preempted first
+    loops: list[int] = field(default_factory=list)
+    finish: str | None = None
+    prefill_seconds: float = 0.0
+    decode_began: float = 0.0
+
+    @property
+    def generated(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    @property
+    def fresh(self) -> bool:
+        """Nothing generated yet: a first admission, which may share its prompt's prefill with its siblings."""
+        return len(self.tokens) == self.prompt_len
+
+
+class Scheduler:
+    """Runs sequences to completion on one block pool, reporting each step's finished samples."""
+
+    def __init__(self, model: LoopedLM, pool: BlockPool, *, loops: int, policy: ExitPolicy, eos_ids: set[int],
+                 tokenizer: Any | None, max_seqs: int, on_finished: Callable[[list[Finished]], None]) -> None:
+        self.model, self.pool, self.loops, self.policy = model, pool, loops, policy
+        self.eos_ids, self.tokenizer, self.max_seqs, self.on_finished = eos_ids, tokenizer, max_seqs, on_finished
+        self.device = model.model.embed_tokens.weight.device
+        self.chunk = model.config.chunk_size if model.config.kv_strategy == "gated" else None
+        self.looped = is_looped(model, loops)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.admissions = count()
+        self.preemptions = 0
+
+    def run(self, sequences: list[Sequence]) -> None:
+        self.waiting.extend(sequences)
+        with torch.inference_mode():
+            while self.waiting or self.running:
+                self._admit()
+                if self.running:
+                    self._decode()
+
+    # ----------------------------------------------------------------------------- admission
+    def _admit(self) -> None:
+        """Prefill waiting sequences while the cap and the pool allow, keeping a block of headroom per running sequence."""
+        while self.waiting and len(self.running) < self.max_seqs:
+            group = self._group(self.max_seqs - len(self.running))
+            if not group:
+                return
+            for _ in group:
+                self.waiting.popleft()
+            self._prefill(group)
+
+    def _group(self, room: int) -> list[Sequence]:
+        """The head of the queue and its fresh siblings, as many as the room and the free blocks allow."""
+        head, pool = self.waiting[0], self.pool
+        siblings = [head]
+        if head.fresh:
+            for seq in list(self.waiting)[1:room]:
+                if seq.request != head.request or not seq.fresh:
+                    break
+                siblings.append(seq)
+        need, free = pool.blocks_for(head.prompt_len), len(pool.free) - len(self.running)
+        if need > free:
+            return []
+        if head.prompt_len % pool.block_size:  # each further sibling copies the partly filled last block
+            return siblings[: 1 + free - need]
+        return siblings
+
+    def _prefill(self, group: list[Sequence]) -> None:
+        """Prefill the group's prompt once into the first sequence's blocks; the others share the full blocks."""
+        began, first, pool = time.perf_counter(), group[0], self.pool
+        length = first.prompt_len
+        prompt = torch.tensor(first.tokens[:length], device=self.device)
+        for s0, s1 in prefill_chunks(length, self.chunk or length):
+            first.blocks += [pool.allocate() for _ in range(pool.blocks_for(s1) - len(first.blocks))]  # held as filled
+            out = self._step([first], prompt[None, s0:s1])
+        full, tail = divmod(length, pool.block_size)
+        for seq in group[1:]:
+            pool.share(first.blocks[:full])
+            seq.blocks = first.blocks[:full] + ([pool.copy(first.blocks[full], tail)] if tail else [])
+            seq.written = length
+        elapsed = time.perf_counter() - began
+        for seq in group:
+            seq.order, seq.prefill_seconds, seq.decode_began = next(self.admissions), elapsed, time.perf_counter()
+        self.running.extend(group)
+        ready = [seq for seq in group if seq.fresh]  # a readmitted sequence replays its tokens first
+        if ready:
+            logits, exit_loop = read_logits(self.model, out, self.policy)
+            rows = torch.zeros(len(ready), dtype=torch.long, device=self.device)
+            self._sample(ready, logits[rows], None if exit_loop is None else exit_loop[rows])
+
+    # -------------------------------------------------------------------------------- decode
+    def _decode(self) -> None:
+        """One token per running sequence: the one after its written ones, sampled from or replayed."""
+        self._provision()
+        seqs = list(self.running)
+        tokens = torch.tensor([[seq.tokens[seq.written]] for seq in seqs], device=self.device)
+        out = self._step(seqs, tokens)
+        ready = [i for i, seq in enumerate(seqs) if seq.written == len(seq.tokens)]
+        if ready:
+            logits, exit_loop = read_logits(self.model, out, self.policy)
+            rows = torch.tensor(ready, device=self.device) if len(ready) < len(seqs) else slice(None)
+            self._sample([seqs[i] for i in ready], logits[rows], None if exit_loop is None else exit_loop[rows])
+
+    def _provision(self) -> None:
+        """A slot for every running sequence's next token, oldest first, preempting the youngest when the pool is empty."""
+        size = self.pool.block_size
+        for seq in sorted(self.running, key=lambda s: s.order):
+            if seq.written < len(seq.blocks) * size:
+                continue
+            while not self.pool.free and seq.blocks:  # a lone sequence always fits (the pool holds one at its capacity)
+                self._preempt(max(self.running, key=lambda s: s.order))
+            if seq.blocks:  # not preempted itself
+                seq.blocks.append(self.pool.allocate())
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.pool.release(seq.blocks)
+        seq.blocks, seq.written = [], 0
+        self.running.remove(seq)
+        self.waiting.appendleft(seq)
+        self.preemptions += 1
+
+    def _step(self, seqs: list[Sequence], tokens: Tensor) -> StepOutput:
+        """Run tokens [B, n] of `seqs` at their next slots through the model; their blocks hold them afterwards."""
+        pool, size = self.pool, self.pool.block_size
+        b, n = tokens.shape
+        starts = torch.tensor([seq.written for seq in seqs], device=self.device)
+        end = max(seq.written for seq in seqs) + n
+        width = pool.blocks_for(end)
+        blocks = torch.tensor([seq.blocks[:width] + [0] * (width - len(seq.blocks[:width])) for seq in seqs], device=self.device)
+        table = (blocks[:, :, None] * size + torch.arange(size, device=self.device)).flatten(1)[:, :end]  # [B, end]
+        positions = starts[:, None] + torch.arange(n, device=self.device)  # [B, n]
+        slots = table.gather(1, positions).flatten()
+        mask = None
+        if b > 1 or (n > 1 and seqs[0].written > 0):  # else plain causal attention over the one sequence's rows
+            mask = (torch.arange(end, device=self.device) <= positions[:, :, None])[:, None]  # [B, 1, n, end]
+        out = self.model.step(tokens, positions, PagedStep(pool, slots, table, b, n), end - n, mask, self.loops,
+                              self.policy.kind != "none")
+        for seq in seqs:
+            seq.written += n
+            for block in range((seq.written - n) // size, pool.blocks_for(seq.written)):
+                pool.mark_written(seq.blocks[block], min(size, seq.written - block * size))
+        return out
+
+    # ------------------------------------------------------------------------------ sampling
+    def _sample(self, seqs: list[Sequence], logits: Tensor, exit_loop: Tensor | None) -> None:
+        """Draw each sequence's next token from its own stream, record it, and retire the finished ones."""
+        ids = torch.empty(len(seqs), dtype=torch.long, device=self.device)
+        settings: dict[tuple, list[int]] = {}
+        for i, seq in enumerate(seqs):
+            settings.setdefault((seq.sampling.temperature, seq.sampling.top_p, seq.sampling.top_k), []).append(i)
+        for rows in settings.values():
+            index = torch.tensor(rows, device=self.device)
+            keys = torch.tensor([seqs[i].key for i in rows], device=self.device)
+            steps = torch.tensor([seqs[i].generated for i in rows], device=self.device)
+            ids[index] = sample(logits[index], seqs[rows[0]].sampling, keys, steps)
+        loops = [self.loops] * len(seqs) if exit_loop is None else exit_loop.tolist()
+        done: list[Finished] = []
+        for seq, token, loop in zip(seqs, ids.tolist(), loops):
+            seq.tokens.append(token)
+            seq.loops.append(loop)
+            seq.finish = stop_reason(seq.tokens, self.eos_ids, seq.sampling, self.tokenizer, start=seq.prompt_len)
+            if seq.finish is None and (seq.generated >= seq.sampling.max_new_tokens or len(seq.tokens) >= seq.capacity):
+                seq.finish = "length"
+            if seq.finish is not None:
+                done.append((seq.request, seq.sample, self._retire(seq)))
+        if done:
+            self.on_finished(done)
+
+    def _retire(self, seq: Sequence) -> Generation:
+        self.pool.release(seq.blocks)
+        seq.blocks = []
+        self.running.remove(seq)
+        ids = seq.tokens[seq.prompt_len :]
+        return Generation(
+            token_ids=ids, text=output_text(ids, seq.finish, seq.sampling, self.tokenizer), finish_reason=seq.finish,
+            prompt_tokens=seq.prompt_len, generated_tokens=len(ids), loops_used=seq.loops if self.looped else None,
+            prefill_seconds=seq.prefill_seconds, decode_seconds=time.perf_counter() - seq.decode_began,
+        )

@@ -1,0 +1,183 @@
+"""The continuous-batching scheduler against the static path, against itself at other caps and pool
+sizes, and its paged KV accounting against the analytic model, step by step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from adapters.base import AdapterError, Request, Sampling
+from adapters.engine.adapter import EngineAdapter, load_preset
+from adapters.engine.memory import analytic_terms
+from adapters.engine.paged import BlockPool
+from adapters.engine.scheduler import Scheduler
+
+PROMPTS = ["1+2=", "x", "17*3=51; 4*4=", "abcdefghijklmnopqrstu"]
+SAMPLED = Sampling(temperature=1.0, top_p=0.7, max_new_tokens=20, n=3, seed=5)
+PRESETS = ["qwen3-tiny", "ouro-tiny", "melt-tiny", "coreloop-tiny"]
+
+
+def engine(name: str, **overrides) -> EngineAdapter:
+    adapter = load_preset(name, dtype="fp32", device="cpu", seed=3, **overrides)
+    adapter.config.eos_token_id = None  # lengths set by max_new_tokens: long enough to need several blocks
+    return adapter
+
+
+def outputs(adapter: EngineAdapter, sampling: Sampling, prompts: list[str] = PROMPTS) -> list[list[int]]:
+    return [g.token_ids for g in adapter.generate(prompts, sampling)]
+
+
+def tiny_budget(adapter: EngineAdapter, blocks: int) -> float:
+    """kv_budget in GB for a pool of `blocks` blocks (and the latent buffer) for PROMPTS x SAMPLED at the adapter's settings."""
+    terms = analytic_terms(adapter.config, adapter.loops, "fp32")
+    rows = min(adapter.max_batch, len(PROMPTS) * SAMPLED.n)  # the latent buffer holds the largest step's tokens
+    latent = max(rows, adapter.config.chunk_size if adapter.config.kv_strategy == "gated" else 1)
+    return (blocks * adapter.block_size * terms["kv_bytes_per_token"] + latent * terms["latent_bytes_per_token"]) / 1e9
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_greedy_equals_the_static_path(name):
+    """Every preset, prompts of 1 to 21 characters across block edges: the same tokens as static batches."""
+    adapter = engine(name, block_size=4)
+    greedy = Sampling(temperature=0.0, max_new_tokens=24)
+    continuous = outputs(adapter, greedy)
+    adapter.batching = "static"
+    assert outputs(adapter, greedy) == continuous
+    assert len({tuple(ids) for ids in continuous}) > 1
+
+
+def test_ouro_exit_policy_records_the_same_loops_as_static():
+    adapter = engine("ouro-tiny", exit_policy="threshold", exit_threshold=0.3)
+    greedy = Sampling(temperature=0.0, max_new_tokens=16)
+    continuous = adapter.generate(PROMPTS, greedy)
+    adapter.batching = "static"
+    static = adapter.generate(PROMPTS, greedy)
+    assert [(g.token_ids, g.loops_used) for g in continuous] == [(g.token_ids, g.loops_used) for g in static]
+
+
+@pytest.mark.parametrize("name", ["qwen3-tiny", "ouro-tiny", "melt-tiny"])
+def test_sampled_outputs_do_not_depend_on_the_cap_or_batching(name):
+    adapter = engine(name)
+    by_cap = {}
+    for cap in (1, 4, 32):
+        adapter.max_batch = cap
+        by_cap[cap] = outputs(adapter, SAMPLED)
+    adapter.batching, adapter.max_batch = "static", 5
+    static = outputs(adapter, SAMPLED)
+    assert by_cap[1] == by_cap[4] == by_cap[32] == static
+    assert len({tuple(ids) for ids in by_cap[1][:3]}) > 1  # a prompt's three samples differ
+
+
+@pytest.mark.parametrize("name", ["ouro-tiny", "melt-tiny"])
+def test_preemption_under_a_tiny_pool_changes_nothing(name):
+    adapter = engine(name, block_size=4)
+    expected = outputs(adapter, SAMPLED)
+    longest = max(adapter._sequences([Request(p, SAMPLED) for p in PROMPTS]), key=lambda seq: seq.capacity)
+    one = -(-longest.capacity // 4)  # blocks of one sequence at its longest (the 22-token prompt plus 20)
+    adapter.kv_budget = tiny_budget(adapter, blocks=2 * one)  # room for about two of the twelve sequences
+    assert outputs(adapter, SAMPLED) == expected
+    assert adapter.preemptions > 0
+    adapter.kv_budget = tiny_budget(adapter, blocks=one - 1)
+    with pytest.raises(AdapterError, match=f"one sequence needs {one * 4}"):
+        adapter.generate(PROMPTS, SAMPLED)
+
+
+def test_a_resumed_request_draws_only_the_missing_samples_unchanged():
+    adapter = engine("melt-tiny")
+    request = Request("17*3=51; 4*4=", SAMPLED)
+    whole: dict[int, list[int]] = {}
+    adapter.generate_requests([request], lambda done: whole.update((j, g.token_ids) for _, j, g in done))
+    part: dict[int, list[int]] = {}
+    adapter.generate_requests([Request(request.prompt, SAMPLED, samples=(2, 0))], lambda done: part.update((j, g.token_ids) for _, j, g in done))
+    assert part == {0: whole[0], 2: whole[2]} and whole[0] != whole[2]
+
+
+class Watch:
+    """Checks the pool's accounting after every step of a scheduler, from the scheduler's own state."""
+
+    def __init__(self, scheduler: Scheduler, config, loops: int) -> None:
+        self.scheduler, self.pool, self.steps, self.max_running = scheduler, scheduler.pool, 0, 0
+        self.terms = analytic_terms(config, loops, "fp32")
+        step = scheduler._step
+
+        def checked(seqs, tokens):
+            out = step(seqs, tokens)
+            self.check(seqs, tokens.numel())
+            return out
+
+        scheduler._step = checked
+
+    def check(self, stepped: list, in_flight: int) -> None:
+        """After a step: `stepped` ran (a prefill's sequence joins the running set only afterwards)."""
+        pool, running = self.pool, list({id(seq): seq for seq in self.scheduler.running + stepped}.values())
+        self.steps += 1
+        self.max_running = max(self.max_running, len(running))
+        block_bytes = pool.block_size * self.terms["kv_bytes_per_token"]
+        latent = self.terms["latent_bytes_per_token"] * in_flight
+        distinct = {b for seq in running for b in seq.blocks}
+        assert pool.held_blocks == len(distinct)
+        assert pool.kv_bytes_used == pool.tokens_held * self.terms["kv_bytes_per_token"] + latent
+        assert pool.kv_bytes_allocated == pool.held_blocks * block_bytes + latent
+        assert pool.kv_bytes_used <= pool.kv_bytes_allocated <= pool.kv_bytes_used + len(running) * block_bytes
+        assert pool.kv_bytes_allocated <= pool.peak_allocated <= pool.kv_bytes_reserved
+
+
+@pytest.mark.parametrize("name", ["ouro-tiny", "melt-tiny"])
+def test_kv_accounting_is_exact_and_held_is_at_most_one_block_over_used(name):
+    adapter = engine(name, block_size=8, max_batch=4)
+    sequences = adapter._sequences([Request(p, SAMPLED) for p in PROMPTS])
+    pool = adapter._pool(sequences)
+    finished = []
+    scheduler = Scheduler(adapter.model, pool, loops=adapter.loops, policy=adapter.exit_policy, eos_ids=set(), tokenizer=adapter.tokenizer,
+                          max_seqs=4, on_finished=finished.extend)
+    watch = Watch(scheduler, adapter.config, adapter.loops)
+    scheduler.run(sequences)
+    assert len(finished) == 12 and watch.steps > 20 and watch.max_running == 4
+    assert pool.held_blocks == pool.tokens_held == 0 and len(pool.free) == pool.num_blocks  # everything returned
+    assert pool.kv_bytes_reserved == 2 * pool.k.numel() * 4 + (0 if pool.latent is None else pool.latent.numel() * 4)
+
+
+def test_samples_of_one_prompt_share_its_prefilled_blocks():
+    """20 prompt tokens in blocks of 8: two full blocks shared by three samples, each with its own copy of the third."""
+    adapter = engine("qwen3-tiny", block_size=8)
+    sequences = adapter._sequences([Request([1] + [5] * 19, Sampling(temperature=1.0, max_new_tokens=2, n=3))])
+    pool = adapter._pool(sequences)
+    scheduler = Scheduler(adapter.model, pool, loops=1, policy=adapter.exit_policy, eos_ids=set(), tokenizer=None, max_seqs=3,
+                          on_finished=lambda done: None)
+    with torch.inference_mode():
+        scheduler.waiting.extend(sequences)
+        scheduler._admit()
+    blocks = [seq.blocks for seq in scheduler.running]
+    assert [b[:2] for b in blocks] == [blocks[0][:2]] * 3 and len({b[2] for b in blocks}) == 3
+    assert pool.held_blocks == 5 and pool.tokens_held == 2 * 8 + 3 * 4
+    keys = pool.k[:, [b[2] * 8 + i for b in blocks for i in range(4)]].view(pool.k.shape[0], 3, 4, *pool.k.shape[2:])
+    assert torch.equal(keys[:, 0], keys[:, 1]) and torch.equal(keys[:, 0], keys[:, 2]) and keys.abs().sum() > 0
+
+
+def test_memory_reports_the_live_pool_and_its_peak():
+    adapter = engine("melt-tiny", max_batch=4)
+    seen = []
+    adapter.generate_requests([Request(p, SAMPLED) for p in PROMPTS], lambda done: seen.append(adapter.memory()))
+    after = adapter.memory()
+    assert after["kv_bytes_allocated"] == after["kv_bytes_used"] == 0  # the pool lives only during the call
+    assert after["kv_bytes_reserved"] == max(m["kv_bytes_reserved"] for m in seen) > after["kv_bytes_peak"]
+    assert all(m["kv_bytes_used"] <= m["kv_bytes_allocated"] <= m["kv_bytes_peak"] <= m["kv_bytes_reserved"] for m in seen)
+    assert any(m["kv_bytes_used"] > 0 for m in seen)
+    assert after["kv_bytes_peak"] == max(m["kv_bytes_peak"] for m in seen) > 0
+    adapter.reset_memory_peak()
+    assert adapter.memory()["kv_bytes_peak"] == adapter.memory()["kv_bytes_reserved"] == 0
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"batching": "dynamic"}, "batching 'dynamic' is not one of continuous, static"),
+    ({"block_size": 0}, "block_size must be a positive integer"),
+    ({"kv_budget": -1.0}, "kv_budget must be a positive number of GB"),
+    ({"max_batch": "8"}, "max_batch must be a positive integer"),
+])
+def test_bad_batching_overrides_name_the_override(overrides, message):
+    with pytest.raises(AdapterError, match=message):
+        load_preset("qwen3-tiny", **overrides)
+    with pytest.raises(AdapterError, match=message):
+        import adapters
+
+        adapters.inspect("preset:qwen3-tiny", **overrides)
