@@ -72,6 +72,7 @@ class Scheduler:
         self.looped = is_looped(model, loops)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.prefilling: list[Sequence] = []  # admitted, holding blocks, not yet running
         self.admissions = count()
         self.preemptions = 0
 
@@ -85,17 +86,23 @@ class Scheduler:
 
     # ----------------------------------------------------------------------------- admission
     def _admit(self) -> None:
-        """Prefill waiting sequences while the cap and the pool allow, keeping a block of headroom per running sequence."""
-        while self.waiting and len(self.running) < self.max_seqs:
-            group = self._group(self.max_seqs - len(self.running))
+        """Take waiting groups while the cap and the pool allow (keeping a block of headroom per running
+        sequence), then prefill them together."""
+        groups, room, free = [], self.max_seqs - len(self.running), len(self.pool.free) - len(self.running)
+        while self.waiting and room > 0:
+            group, need = self._group(room, free)
             if not group:
-                return
+                break
             for _ in group:
                 self.waiting.popleft()
-            self._prefill(group)
+            groups.append(group)
+            room, free = room - len(group), free - need
+        if groups:
+            self._prefill(groups)
 
-    def _group(self, room: int) -> list[Sequence]:
-        """The head of the queue and its fresh siblings, as many as the room and the free blocks allow."""
+    def _group(self, room: int, free: int) -> tuple[list[Sequence], int]:
+        """The head of the queue and its fresh siblings, as many as the room and `free` blocks allow, and the
+        blocks they will hold."""
         head, pool = self.waiting[0], self.pool
         siblings = [head]
         if head.fresh:
@@ -103,35 +110,65 @@ class Scheduler:
                 if seq.request != head.request or not seq.fresh:
                     break
                 siblings.append(seq)
-        need, free = pool.blocks_for(head.prompt_len), len(pool.free) - len(self.running)
+        need = pool.blocks_for(head.prompt_len)
         if need > free:
-            return []
+            return [], 0
         if head.prompt_len % pool.block_size:  # each further sibling copies the partly filled last block
-            return siblings[: 1 + free - need]
-        return siblings
+            siblings = siblings[: 1 + free - need]
+            return siblings, need + len(siblings) - 1
+        return siblings, need
 
-    def _prefill(self, group: list[Sequence]) -> None:
-        """Prefill the group's prompt once into the first sequence's blocks; the others share the full blocks."""
-        began, first, pool = time.perf_counter(), group[0], self.pool
-        length = first.prompt_len
-        prompt = torch.tensor(first.tokens[:length], device=self.device)
-        for s0, s1 in prefill_chunks(length, self.chunk or length):
-            first.blocks += [pool.allocate() for _ in range(pool.blocks_for(s1) - len(first.blocks))]  # held as filled
-            out = self._step([first], prompt[None, s0:s1])
-        full, tail = divmod(length, pool.block_size)
+    def _prefill(self, groups: list[list[Sequence]]) -> None:
+        """Prefill each group's prompt once into its first sequence's blocks, all groups together; the
+        other sequences of a group share its full blocks.
+
+        Prompts go chunk by chunk (MELT: chunks counted back from each prompt's end; otherwise the whole
+        prompt is one chunk), the k-th chunks of all prompts in one step per chunk length, so a MELT
+        admission of many prompts costs about as many steps as its longest prompt has chunks.
+        """
+        began, pool = time.perf_counter(), self.pool
+        firsts = self.prefilling = [group[0] for group in groups]
+        plans = [prefill_chunks(seq.prompt_len, self.chunk or seq.prompt_len) for seq in firsts]
+        last: dict[int, tuple[Tensor, Tensor | None]] = {}  # group -> its prompt's next-token logits and exit loop
+        for k in range(max(len(plan) for plan in plans)):
+            by_length: dict[int, list[int]] = {}
+            for i, plan in enumerate(plans):
+                if k < len(plan):
+                    by_length.setdefault(plan[k][1] - plan[k][0], []).append(i)
+            for length, members in by_length.items():
+                for part in self._rows_per_step(members, length):
+                    for i in part:  # held as filled
+                        firsts[i].blocks += [pool.allocate() for _ in range(pool.blocks_for(plans[i][k][1]) - len(firsts[i].blocks))]
+                    tokens = torch.tensor([firsts[i].tokens[slice(*plans[i][k])] for i in part], device=self.device)
+                    out = self._step([firsts[i] for i in part], tokens)
+                    ending = [row for row, i in enumerate(part) if k == len(plans[i]) - 1]
+                    if ending:
+                        logits, exit_loop = read_logits(self.model, out, self.policy)
+                        last.update({part[row]: (logits[row], None if exit_loop is None else exit_loop[row]) for row in ending})
+        elapsed, self.prefilling = time.perf_counter() - began, []
+        for i, group in enumerate(groups):
+            self._share_prompt(group, elapsed)
+            ready = [seq for seq in group if seq.fresh]  # a readmitted sequence replays its tokens first
+            if ready:
+                logits, exit_loop = last[i]
+                self._sample(ready, logits.expand(len(ready), -1), None if exit_loop is None else exit_loop.expand(len(ready)))
+
+    def _rows_per_step(self, members: list[int], length: int) -> list[list[int]]:
+        """`members` split so one step's tokens in flight fit the pool's latent buffer (MELT's h)."""
+        rows = len(members) if self.pool.latent is None else max(1, self.pool.latent_tokens // length)
+        return [members[i : i + rows] for i in range(0, len(members), rows)]
+
+    def _share_prompt(self, group: list[Sequence], elapsed: float) -> None:
+        """The group's siblings share its first sequence's full prompt blocks and copy the partly filled last one."""
+        first, pool = group[0], self.pool
+        full, tail = divmod(first.prompt_len, pool.block_size)
         for seq in group[1:]:
             pool.share(first.blocks[:full])
             seq.blocks = first.blocks[:full] + ([pool.copy(first.blocks[full], tail)] if tail else [])
-            seq.written = length
-        elapsed = time.perf_counter() - began
+            seq.written = first.prompt_len
         for seq in group:
             seq.order, seq.prefill_seconds, seq.decode_began = next(self.admissions), elapsed, time.perf_counter()
         self.running.extend(group)
-        ready = [seq for seq in group if seq.fresh]  # a readmitted sequence replays its tokens first
-        if ready:
-            logits, exit_loop = read_logits(self.model, out, self.policy)
-            rows = torch.zeros(len(ready), dtype=torch.long, device=self.device)
-            self._sample(ready, logits[rows], None if exit_loop is None else exit_loop[rows])
 
     # -------------------------------------------------------------------------------- decode
     def _decode(self) -> None:

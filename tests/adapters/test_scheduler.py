@@ -108,8 +108,9 @@ class Watch:
         scheduler._step = checked
 
     def check(self, stepped: list, in_flight: int) -> None:
-        """After a step: `stepped` ran (a prefill's sequence joins the running set only afterwards)."""
-        pool, running = self.pool, list({id(seq): seq for seq in self.scheduler.running + stepped}.values())
+        """After a step: `stepped` ran (prompts being prefilled join the running set only afterwards)."""
+        scheduler = self.scheduler
+        pool, running = self.pool, list({id(seq): seq for seq in scheduler.running + scheduler.prefilling + stepped}.values())
         self.steps += 1
         self.max_running = max(self.max_running, len(running))
         block_bytes = pool.block_size * self.terms["kv_bytes_per_token"]
