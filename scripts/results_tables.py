@@ -27,7 +27,7 @@ def table(runs: list[dict], memory: bool) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for run in runs:
         score = lambda task: next(iter(run["metrics"].get(task, {}).values()), None)  # noqa: E731 (one metric per task)
-        cells = [run["model"], "-" if run["loops"] is None else str(run["loops"])]
+        cells = [run["model"], str(run["loops"] or 1)]  # a plain model runs once: r = 1, as the report and `results` show it
         cells += [f"{score(t):.3f}" if score(t) is not None else "n/a" for t in [*tasks, "all"]]
         if memory:
             per_token = run["kv_bytes_per_token"]
