@@ -45,11 +45,6 @@ def parse_int_list(value: str | None, option: str, minimum: int = 1) -> list[int
     return None if value is None else int_ranges(value, option, minimum)
 
 
-def gigabytes(value: int | float | None) -> str:
-    """Decimal GB with 4 significant digits, so tiny models' megabytes still show."""
-    return "n/a" if value is None else f"{value / GB:.4g}"
-
-
 def report_path(db_url: str) -> Path:
     """The HTML report goes beside a SQLite database file, else to results/report.html."""
     from db.session import DEFAULT_DB_PATH, sqlite_path

@@ -10,7 +10,8 @@ from typing import Any, Optional
 
 import typer
 
-from harness.cli.common import DbOption, JsonFlag, gigabytes, parse_int_list
+from db.measures import byte_text
+from harness.cli.common import DbOption, JsonFlag, parse_int_list
 from harness.errors import UserError
 from harness.profiling import DECODE_STEPS, plan_profile, profile_model
 
@@ -26,7 +27,7 @@ def profile(
     db: DbOption = None,
     store: bool = typer.Option(True, "--store/--no-store", help="Store the points as a run of kind 'profile'."),
 ) -> None:
-    """Prefill to each length and decode a few steps: memory measures (GB = 1e9 bytes) beside the analytic KV."""
+    """Prefill to each length and decode a few steps: memory measures (decimal units, 1 GB = 1e9 bytes) beside the analytic KV."""
     if decode_steps < 1:
         raise UserError(f"--decode-steps must be a positive integer, got {decode_steps}")
     loop_list = parse_int_list(loops, "--loops")
@@ -71,8 +72,8 @@ def _print_point(point: dict[str, Any]) -> None:
     loops = "-" if point["loops"] is None else point["loops"]
     typer.echo(
         f"tokens {point['context_tokens']:>7} batch {point['batch']} loops {loops}: "
-        f"KV analytic {gigabytes(point['kv_bytes_analytic'])} GB, allocated {gigabytes(point['kv_bytes_allocated'])} GB, "
-        f"torch peak {gigabytes(point['torch_allocated_peak'])} GB, NVML process {gigabytes(point['nvml_process_peak'])} GB, "
-        f"RSS {gigabytes(point['rss_peak'])} GB, prefill {point['prefill_seconds']:.3f} s, "
+        f"KV analytic {byte_text(point['kv_bytes_analytic'])}, allocated {byte_text(point['kv_bytes_allocated'])}, "
+        f"torch peak {byte_text(point['torch_allocated_peak'])}, NVML process {byte_text(point['nvml_process_peak'])}, "
+        f"RSS {byte_text(point['rss_peak'])}, prefill {point['prefill_seconds']:.3f} s, "
         f"decode {point['decode_tokens_per_second'] or 0:.1f} tok/s"
     )
