@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from interrupted_runs import one_at_a_time
 from sqlalchemy import create_engine, inspect, text
 
 from harness.cli import main
@@ -112,8 +113,7 @@ def test_a_killed_worker_is_resumed_and_the_sweep_matches_the_local_executor(
 @pytest.mark.slow
 def test_an_interrupted_run_resumes_on_ray(tmp_path: Path, ray_address: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # `--db r.sqlite` is relative to here; Ray's workers run elsewhere
-    argv = [LOOPEVAL, "run", "--model", "preset:ouro-tiny", "--loops", "2", "--tasks", "addition,chain2", "--limit", "10",
-            "--samples", "1", "--max-new-tokens", "6", "--batch-size", "1", "--db", "r.sqlite", "--no-report"]
+    argv = [LOOPEVAL, "run", "--config", str(one_at_a_time(tmp_path)), "--db", "r.sqlite", "--no-report"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     committed, deadline = 0, time.monotonic() + 120

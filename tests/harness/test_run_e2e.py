@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from interrupted_runs import one_at_a_time
 
 from harness.cli import main
 from db.measures import PEAK_MEASURES as MEASURES
@@ -91,8 +92,7 @@ def test_sweep_stores_runs_samples_metrics_and_memory(tmp_path: Path, capsys: py
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_resume_after_a_real_interrupt_stores_every_sample_once(signum: int, tmp_path: Path) -> None:
     db = tmp_path / "r.sqlite"
-    argv = [LOOPEVAL, "run", "--model", "preset:ouro-tiny", "--loops", "2", "--tasks", "addition,chain2", "--limit", "10",
-            "--samples", "1", "--max-new-tokens", "6", "--batch-size", "1", "--db", str(db), "--no-report"]
+    argv = [LOOPEVAL, "run", "--config", str(one_at_a_time(tmp_path)), "--db", str(db), "--no-report"]
     # Ctrl-C must reach the run even when pytest itself was started in the background (`cmd &`),
     # where the shell hands children SIGINT ignored and Python then never raises KeyboardInterrupt
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
