@@ -224,34 +224,6 @@ def profile_points(engine: Engine) -> pd.DataFrame:
     return frame.astype({name: "float64" for name in byte_columns})
 
 
-def samples(
-    engine: Engine,
-    task: str | None = None,
-    model: str | None = None,
-    correct: bool | None = None,
-    limit: int | None = None,
-) -> pd.DataFrame:
-    """Generated samples with their run's model and loops, newest run first.
-
-    `correct=True` keeps full-credit samples (score >= 1), `False` the rest of the scored ones.
-    The text columns are untrusted model output: callers must display them as text.
-    """
-    statement = (
-        select(
-            Sample.id.label("sample_id"), Sample.run_id, Run.model_spec.label("model"), _LOOPS, Run.suite,
-            Sample.task, Sample.doc_id, Sample.sample_index, Sample.prompt, Sample.output, Sample.gold,
-            Sample.score, Sample.prompt_tokens, Sample.generated_tokens, Sample.loops_used,
-            Sample.latency_seconds,
-        )
-        .join(Run)
-        .order_by(Run.id.desc(), Sample.task, Sample.doc_id, Sample.sample_index)
-    )
-    statement = _sample_filters(statement, task, model, correct)
-    if limit is not None:
-        statement = statement.limit(limit)
-    return _frame(engine, statement)
-
-
 def _sample_filters(statement: Any, task: str | None, model: str | None, correct: bool | None) -> Any:
     if task is not None:
         statement = statement.where(Sample.task == task)
@@ -276,8 +248,8 @@ def sample_spread(
 
     Each stratum gives the same number (budget // strata, at least one), its first doc ids first
     (shortest id, then text: numeric ids in numeric order), first samples of a doc before its
-    repeats, so every model and loop count shows correct and wrong answers side by side. Filters
-    as for `samples`; rows come in (run, task, doc id, sample) order with a `verdict` column.
+    repeats, so every model and loop count shows correct and wrong answers side by side. The
+    filters (task, model, `correct`) apply first; rows come in (run, task, doc id, sample) order with a `verdict` column.
     """
     strata = _sample_filters(select(*_STRATUM).join(Run).distinct(), task, model, correct).subquery()
     with engine.connect() as conn:

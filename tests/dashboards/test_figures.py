@@ -16,6 +16,8 @@ from dashboards.data import accuracy_points, analytic_bytes, profile_points
 from db import measures, queries
 from db.session import open_existing
 
+EVERY = 10**9  # a sample budget larger than any stratum: sample_spread then returns every matching sample
+
 
 @pytest.fixture()
 def engine(results_url: str):
@@ -298,14 +300,14 @@ def test_empty_inputs_say_so() -> None:
 
 
 def test_sample_filters_partition_the_scored_samples(engine) -> None:
-    everything = queries.samples(engine)
+    everything = queries.sample_spread(engine, EVERY)
     assert len(everything) == queries.count_samples(engine) > 0
-    correct = queries.samples(engine, correct=True)
-    wrong = queries.samples(engine, correct=False)
+    correct = queries.sample_spread(engine, EVERY, correct=True)
+    wrong = queries.sample_spread(engine, EVERY, correct=False)
     assert len(correct) + len(wrong) == everything["score"].notna().sum()
     assert (correct["score"] >= 1).all() and (wrong["score"] < 1).all()
     for task, model in itertools.islice(everything[["task", "model"]].drop_duplicates().itertuples(index=False), 3):
-        subset = queries.samples(engine, task=task, model=model)
+        subset = queries.sample_spread(engine, EVERY, task=task, model=model)
         assert len(subset) == ((everything.task == task) & (everything.model == model)).sum()
 
 

@@ -17,6 +17,8 @@ from db import queries
 from db.session import open_existing
 from db.store import Store
 
+EVERY = 10**9  # a sample budget larger than any stratum: sample_spread then returns every matching sample
+
 DOCS, SAMPLES, TASKS = 12, 2, ("t1", "t2")
 RUNS = (("model-a", 1), ("model-a", 2), ("plain-b", None))
 
@@ -100,7 +102,7 @@ def test_long_texts_are_cut_with_a_note(engine) -> None:
 def test_the_sweep_browser_holds_every_run_with_both_verdicts(results_url: str) -> None:
     engine = open_existing(results_url)
     rows = browse_samples(engine)
-    stored = queries.samples(engine)
+    stored = queries.sample_spread(engine, EVERY)
     engine.dispose()
     assert set(rows["run_id"]) == set(stored["run_id"])
     verdicts = stored.assign(verdict=stored["score"].map(_verdict)).groupby("run_id")["verdict"].agg(set)
