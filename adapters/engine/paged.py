@@ -8,7 +8,7 @@ reference-counted, so the n samples of one prompt share its full prefilled block
 filled last one is copied: each sample writes its own tokens there).
 
 A step (`PagedStep`) writes its tokens' K/V to their slots (`index_copy_`) and gathers every
-sequence's rows into [B, kv_heads, L, head_dim] for attention, L the longest context in the step;
+sequence's blocks into [B, kv_heads, L, head_dim] for attention, L the longest context in the step;
 the mask hides the rest. MELT's latent h for the tokens in flight lives in one buffer sized for the
 largest step (the concurrency cap, or a prefill chunk), reused by every step. Shapes depend only on
 B, n and L, which is what a captured decode step needs.
@@ -130,14 +130,16 @@ class BlockPool:
 
 
 class PagedStep:
-    """The `Cache` of one step: B sequences, n tokens each, written at `slots` and read through `table`.
+    """The `Cache` of one step: B sequences, n tokens each, written at `slots` and read block by block.
 
-    `slots` [B * n]: the pool slot of each new token, row-major; `table` [B, L]: the slots of each
-    sequence's rows up to the end of this step (padded with any slot; the step's mask hides them).
+    `slots` [B * n]: the pool slot of each new token, row-major; `blocks` [B, W]: each sequence's
+    block table up to the end of this step (padded with any block; the step's mask hides what is
+    not the sequence's). Attention reads whole blocks (one index per block, not per token) and the
+    first `length` rows of them.
     """
 
-    def __init__(self, pool: BlockPool, slots: Tensor, table: Tensor, rows: int, tokens: int) -> None:
-        self.pool, self.slots, self.table = pool, slots, table
+    def __init__(self, pool: BlockPool, slots: Tensor, blocks: Tensor, length: int, rows: int, tokens: int) -> None:
+        self.pool, self.slots, self.blocks, self.length = pool, slots, blocks, length
         self.rows, self.tokens = rows, tokens
         pool.begin_step(rows * tokens)
 
@@ -149,8 +151,14 @@ class PagedStep:
         return h.copy_(x if loop == 0 else gate(x, h, loop))
 
     def update(self, layer: int, loop: int, k: Tensor, v: Tensor, slot: int) -> tuple[Tensor, Tensor]:
-        entry = self.pool.entries[layer][loop]
-        k_all, v_all = self.pool.k[entry], self.pool.v[entry]
+        entry, pool = self.pool.entries[layer][loop], self.pool
+        k_all, v_all = pool.k[entry], pool.v[entry]
         k_all.index_copy_(0, self.slots, k.transpose(1, 2).flatten(0, 1))
         v_all.index_copy_(0, self.slots, v.transpose(1, 2).flatten(0, 1))
-        return k_all[self.table].transpose(1, 2), v_all[self.table].transpose(1, 2)
+        return self._read(k_all), self._read(v_all)
+
+    def _read(self, rows: Tensor) -> Tensor:
+        """[slots, Hkv, D] -> each sequence's first `length` rows [B, Hkv, length, D], gathered by block."""
+        b, w = self.blocks.shape
+        blocks = rows.view(self.pool.num_blocks, -1).index_select(0, self.blocks.flatten())  # index_select: ~5x faster than [] on CPU
+        return blocks.view(b, w * self.pool.block_size, *rows.shape[1:])[:, : self.length].transpose(1, 2)

@@ -205,17 +205,15 @@ class Scheduler:
         """Run tokens [B, n] of `seqs` at their next slots through the model; their blocks hold them afterwards."""
         pool, size = self.pool, self.pool.block_size
         b, n = tokens.shape
-        starts = torch.tensor([seq.written for seq in seqs], device=self.device)
         end = max(seq.written for seq in seqs) + n
         width = pool.blocks_for(end)
         blocks = torch.tensor([seq.blocks[:width] + [0] * (width - len(seq.blocks[:width])) for seq in seqs], device=self.device)
-        table = (blocks[:, :, None] * size + torch.arange(size, device=self.device)).flatten(1)[:, :end]  # [B, end]
-        positions = starts[:, None] + torch.arange(n, device=self.device)  # [B, n]
-        slots = table.gather(1, positions).flatten()
+        positions = torch.tensor([seq.written for seq in seqs], device=self.device)[:, None] + torch.arange(n, device=self.device)
+        slots = (blocks.gather(1, positions // size) * size + positions % size).flatten()
         mask = None
         if b > 1 or (n > 1 and seqs[0].written > 0):  # else plain causal attention over the one sequence's rows
             mask = (torch.arange(end, device=self.device) <= positions[:, :, None])[:, None]  # [B, 1, n, end]
-        out = self.model.step(tokens, positions, PagedStep(pool, slots, table, b, n), end - n, mask, self.loops,
+        out = self.model.step(tokens, positions, PagedStep(pool, slots, blocks, end, b, n), end - n, mask, self.loops,
                               self.policy.kind != "none")
         for seq in seqs:
             seq.written += n
