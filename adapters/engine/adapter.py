@@ -10,7 +10,8 @@ Overrides (all optional): `loops` (inference r), `dtype` (fp32/bf16/fp16), `devi
 (random init of presets), `chunk_size` (MELT prefill chunk), `max_batch` (sequences decoding at
 once: the scheduler's cap, or the static batch), `batching` ("continuous" or "static"),
 `kv_budget` (GB of KV pool; default: what the workload needs at the cap without preemption, and on
-a GPU at most `KV_FRACTION` of free memory), `block_size` (tokens per KV block), `exit_policy`
+a GPU at most `KV_FRACTION` of free memory), `block_size` (tokens per KV block), `cuda_graphs`
+(default true: on a GPU the scheduler's decode steps replay as CUDA graphs, `adapters.engine.graphs`), `exit_policy`
 ("none", "fixed", "threshold") with `exit_loop` / `exit_threshold` (default: the checkpoint's
 `early_exit_threshold`, see `exit_policy`), and the loop conditioning fields.
 """
@@ -28,6 +29,7 @@ from adapters.engine.cache import KVCache
 from adapters.engine.config import CONDITIONING_FIELDS, LoopConfig
 from adapters.engine.presets import PRESETS, preset
 from adapters.engine.generate import ExitPolicy, check_request, generate, stream_key
+from adapters.engine.graphs import DecodeGraphs
 from adapters.engine.memory import analytic_terms, count_params
 from adapters.engine.model import LoopedLM
 from adapters.engine.paged import DEFAULT_BLOCK_SIZE, BlockPool, pool_blocks
@@ -38,7 +40,7 @@ from adapters.registry import register
 DEFAULT_MAX_BATCH = 64  # sequences decoding at once
 KV_FRACTION = 0.9  # of the GPU's free memory, the most a default pool takes
 BATCHING = ("continuous", "static")
-OVERRIDES = ("loops", "dtype", "device", "seed", "chunk_size", "max_batch", "batching", "kv_budget", "block_size",
+OVERRIDES = ("loops", "dtype", "device", "seed", "chunk_size", "max_batch", "batching", "kv_budget", "block_size", "cuda_graphs",
              "exit_policy", "exit_loop", "exit_threshold", *CONDITIONING_FIELDS)
 
 
@@ -62,7 +64,7 @@ class EngineAdapter:
 
     def __init__(self, spec: str, model: LoopedLM, tokenizer: Any | None, *, loops: int | None = None, max_batch: int = DEFAULT_MAX_BATCH,
                  exit_policy: ExitPolicy = ExitPolicy(), batching: str = "continuous", kv_budget: float | None = None,
-                 block_size: int = DEFAULT_BLOCK_SIZE) -> None:
+                 block_size: int = DEFAULT_BLOCK_SIZE, cuda_graphs: bool = True) -> None:
         self.spec = spec
         self.model = model
         self.tokenizer = tokenizer
@@ -70,6 +72,9 @@ class EngineAdapter:
         self.max_context = self.config.max_position
         self.loops = self.config.loops if loops is None else loops
         self.max_batch, self.batching, self.kv_budget, self.block_size = check_batching(max_batch, batching, kv_budget, block_size)
+        if not isinstance(cuda_graphs, bool):
+            raise AdapterError(f"cuda_graphs must be true or false, got {cuda_graphs!r}")
+        self.cuda_graphs = cuda_graphs
         if exit_policy.kind != "none" and not self.config.exit_gate and exit_policy.kind == "threshold":
             raise AdapterError("exit_policy 'threshold' needs a model with an exit gate (Ouro)")
         self.exit_policy = exit_policy
@@ -144,9 +149,14 @@ class EngineAdapter:
         return sequences
 
     def _run_continuous(self, sequences: list[Seq], on_finished: Callable[[list[Finished]], None]) -> None:
-        pool = self._pool(sequences)
+        capture = self.cuda_graphs and self.device.type == "cuda"
+        pool = self._pool(sequences, spare=capture)
+        graphs = None
+        if capture:
+            graphs = DecodeGraphs(self.model, pool, loops=self.loops, keep_loops=self.exit_policy.kind != "none", max_seqs=self.max_batch,
+                                  max_blocks=pool.blocks_for(max(s.capacity for s in sequences)), capture=True)
         scheduler = Scheduler(self.model, pool, loops=self.loops, policy=self.exit_policy, eos_ids=self._eos_ids(), tokenizer=self.tokenizer,
-                              max_seqs=self.max_batch, on_finished=on_finished)
+                              max_seqs=self.max_batch, on_finished=on_finished, graphs=graphs)
         self._live = pool
         try:
             scheduler.run(sequences)
@@ -172,7 +182,7 @@ class EngineAdapter:
                 )
                 on_finished([(s.request, s.sample, g) for s, g in zip(batch, generations)])
 
-    def _pool(self, sequences: list[Seq]) -> BlockPool:
+    def _pool(self, sequences: list[Seq], spare: bool = False) -> BlockPool:
         """The call's block pool: `kv_budget`, else what the workload needs at the cap (on a GPU at most
         `KV_FRACTION` of free memory); never smaller than one sequence at its full length."""
         size, dtype = self.block_size, dtype_short(self.dtype)
@@ -192,7 +202,7 @@ class EngineAdapter:
                 f"the KV pool holds {max(blocks, 0) * size} tokens ({max(blocks, 0) * size * per_token / 1e9:.3f} GB) but one sequence "
                 f"needs {longest * size}: raise kv_budget, or lower max_new_tokens or the loops"
             )
-        return BlockPool(self.config, self.loops, blocks, size, latent, self.dtype, self.device)
+        return BlockPool(self.config, self.loops, blocks, size, latent, self.dtype, self.device, spare=spare)
 
     def _track(self, cache: KVCache | None) -> None:
         self._live = cache
@@ -298,7 +308,8 @@ def _build(spec: str, model_fn: Any, tokenizer_fn: Any, overrides: dict[str, Any
         model = model.with_conditioning(**conditioning(overrides))
     max_batch, batching, kv_budget, block_size = _batching_overrides(overrides)
     return EngineAdapter(spec, model, tokenizer_fn(), loops=overrides.get("loops"), max_batch=max_batch,
-                         exit_policy=exit_policy(model.config, overrides), batching=batching, kv_budget=kv_budget, block_size=block_size)
+                         exit_policy=exit_policy(model.config, overrides), batching=batching, kv_budget=kv_budget, block_size=block_size,
+                         cuda_graphs=overrides.get("cuda_graphs", True))
 
 
 def exit_policy(cfg: LoopConfig, overrides: dict[str, Any]) -> ExitPolicy:

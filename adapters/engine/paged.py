@@ -18,8 +18,8 @@ Accounting, exact (`adapters.engine.memory.analytic_terms` gives the same coeffi
   the latent of the tokens in flight (MELT's h, and the history buffer of history injection, which
   `LoopedLM.run` keeps as activations);
 - `kv_bytes_allocated`: blocks held x block_size x bytes per token, plus the same latent;
-- `kv_bytes_reserved`: the whole pool and the latent state of the largest step, held from the first
-  step to the last.
+- `kv_bytes_reserved`: the whole pool (with the GPU path's spare block) and the latent state of the
+  largest step, held from the first step to the last.
 """
 
 from __future__ import annotations
@@ -47,12 +47,14 @@ class BlockPool:
     """K/V blocks for every entry of a model at `loops`, a free list and reference counts."""
 
     def __init__(self, config: LoopConfig, loops: int, num_blocks: int, block_size: int, latent_tokens: int,
-                 dtype: torch.dtype, device: torch.device | str) -> None:
+                 dtype: torch.dtype, device: torch.device | str, spare: bool = False) -> None:
         if num_blocks < 1 or block_size < 1:
             raise AdapterError(f"a KV pool needs at least one block of at least one token (got {num_blocks} x {block_size})")
         self.block_size, self.num_blocks = block_size, num_blocks
         self.entries = entry_table(config, loops, config.kv_strategy)
-        shape = (config.kv_entries(loops), num_blocks * block_size, config.num_kv_heads, config.head_dim)
+        # a spare block past the last one, never allocated: padded decode steps (`graphs`) write their padding rows there
+        self.spare = num_blocks if spare else None
+        shape = (config.kv_entries(loops), (num_blocks + spare) * block_size, config.num_kv_heads, config.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.prelude, self.latent_tokens = config.prelude_layers, latent_tokens
@@ -141,7 +143,6 @@ class PagedStep:
     def __init__(self, pool: BlockPool, slots: Tensor, blocks: Tensor, length: int, rows: int, tokens: int) -> None:
         self.pool, self.slots, self.blocks, self.length = pool, slots, blocks, length
         self.rows, self.tokens = rows, tokens
-        pool.begin_step(rows * tokens)
 
     def kv_source(self, layer: int, loop: int, x: Tensor, gate: Gate) -> Tensor | None:
         """The latent h of `layer`'s tokens in flight, updated in place: x at loop 0, then the gate."""
@@ -160,5 +161,5 @@ class PagedStep:
     def _read(self, rows: Tensor) -> Tensor:
         """[slots, Hkv, D] -> each sequence's first `length` rows [B, Hkv, length, D], gathered by block."""
         b, w = self.blocks.shape
-        blocks = rows.view(self.pool.num_blocks, -1).index_select(0, self.blocks.flatten())  # index_select: ~5x faster than [] on CPU
+        blocks = rows.view(-1, self.pool.block_size * rows[0].numel()).index_select(0, self.blocks.flatten())  # index_select: ~5x faster than [] on CPU
         return blocks.view(b, w * self.pool.block_size, *rows.shape[1:])[:, : self.length].transpose(1, 2)

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from adapters.base import Finished, Generation, Sampling
 from adapters.engine.generate import ExitPolicy, is_looped, output_text, read_logits, sample, stop_reason
+from adapters.engine.graphs import DecodeGraphs
 from adapters.engine.model import LoopedLM, StepOutput, prefill_chunks
 from adapters.engine.paged import BlockPool, PagedStep
 
@@ -64,9 +65,11 @@ class Scheduler:
     """Runs sequences to completion on one block pool, reporting each step's finished samples."""
 
     def __init__(self, model: LoopedLM, pool: BlockPool, *, loops: int, policy: ExitPolicy, eos_ids: set[int],
-                 tokenizer: Any | None, max_seqs: int, on_finished: Callable[[list[Finished]], None]) -> None:
+                 tokenizer: Any | None, max_seqs: int, on_finished: Callable[[list[Finished]], None],
+                 graphs: DecodeGraphs | None = None) -> None:
         self.model, self.pool, self.loops, self.policy = model, pool, loops, policy
         self.eos_ids, self.tokenizer, self.max_seqs, self.on_finished = eos_ids, tokenizer, max_seqs, on_finished
+        self.graphs = graphs
         self.device = model.model.embed_tokens.weight.device
         self.chunk = model.config.chunk_size if model.config.kv_strategy == "gated" else None
         self.looped = is_looped(model, loops)
@@ -139,8 +142,7 @@ class Scheduler:
                 for part in self._rows_per_step(members, length):
                     for i in part:  # held as filled
                         firsts[i].blocks += [pool.allocate() for _ in range(pool.blocks_for(plans[i][k][1]) - len(firsts[i].blocks))]
-                    tokens = torch.tensor([firsts[i].tokens[slice(*plans[i][k])] for i in part], device=self.device)
-                    out = self._step([firsts[i] for i in part], tokens)
+                    out = self._step([firsts[i] for i in part], [firsts[i].tokens[slice(*plans[i][k])] for i in part])
                     ending = [row for row, i in enumerate(part) if k == len(plans[i]) - 1]
                     if ending:
                         logits, exit_loop = read_logits(self.model, out, self.policy)
@@ -175,12 +177,11 @@ class Scheduler:
         """One token per running sequence: the one after its written ones, sampled from or replayed."""
         self._provision()
         seqs = list(self.running)
-        tokens = torch.tensor([[seq.tokens[seq.written]] for seq in seqs], device=self.device)
-        out = self._step(seqs, tokens)
+        out = self._step(seqs, [[seq.tokens[seq.written]] for seq in seqs])
         ready = [i for i, seq in enumerate(seqs) if seq.written == len(seq.tokens)]
         if ready:
             logits, exit_loop = read_logits(self.model, out, self.policy)
-            rows = torch.tensor(ready, device=self.device) if len(ready) < len(seqs) else slice(None)
+            rows = self._tensor(ready) if len(ready) < len(seqs) else slice(None)
             self._sample([seqs[i] for i in ready], logits[rows], None if exit_loop is None else exit_loop[rows])
 
     def _provision(self) -> None:
@@ -201,25 +202,39 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.preemptions += 1
 
-    def _step(self, seqs: list[Sequence], tokens: Tensor) -> StepOutput:
-        """Run tokens [B, n] of `seqs` at their next slots through the model; their blocks hold them afterwards."""
+    def _step(self, seqs: list[Sequence], tokens: list[list[int]]) -> StepOutput:
+        """Run `tokens` (n per sequence) of `seqs` at their next slots through the model; their blocks hold them afterwards.
+
+        A decode step (n = 1) goes through `graphs` when there is one (the GPU path), else as it is.
+        """
         pool, size = self.pool, self.pool.block_size
-        b, n = tokens.shape
+        b, n = len(tokens), len(tokens[0])
         end = max(seq.written for seq in seqs) + n
         width = pool.blocks_for(end)
-        blocks = torch.tensor([seq.blocks[:width] + [0] * (width - len(seq.blocks[:width])) for seq in seqs], device=self.device)
-        positions = torch.tensor([seq.written for seq in seqs], device=self.device)[:, None] + torch.arange(n, device=self.device)
-        slots = (blocks.gather(1, positions // size) * size + positions % size).flatten()
-        mask = None
-        if b > 1 or (n > 1 and seqs[0].written > 0):  # else plain causal attention over the one sequence's rows
-            mask = (torch.arange(end, device=self.device) <= positions[:, :, None])[:, None]  # [B, 1, n, end]
-        out = self.model.step(tokens, positions, PagedStep(pool, slots, blocks, end, b, n), end - n, mask, self.loops,
-                              self.policy.kind != "none")
+        blocks = self._tensor([seq.blocks[:width] + [0] * (width - len(seq.blocks[:width])) for seq in seqs])
+        positions = self._tensor([[seq.written + j for j in range(n)] for seq in seqs])
+        pool.begin_step(b * n)
+        if self.graphs is not None and n == 1:
+            out = self.graphs.step(self._tensor(tokens), positions, blocks)
+        else:
+            slots = (blocks.gather(1, positions // size) * size + positions % size).flatten()
+            mask = None
+            if b > 1 or (n > 1 and seqs[0].written > 0):  # else plain causal attention over the one sequence's rows
+                mask = (torch.arange(end, device=self.device) <= positions[:, :, None])[:, None]  # [B, 1, n, end]
+            out = self.model.step(self._tensor(tokens), positions, PagedStep(pool, slots, blocks, end, b, n), end - n, mask,
+                                  self.loops, self.policy.kind != "none")
         for seq in seqs:
             seq.written += n
             for block in range((seq.written - n) // size, pool.blocks_for(seq.written)):
                 pool.mark_written(seq.blocks[block], min(size, seq.written - block * size))
         return out
+
+    def _tensor(self, values: list) -> Tensor:
+        """Host values on the model's device; on a GPU through pinned memory without waiting (the step's
+        one host sync is reading the sampled ids)."""
+        if self.device.type != "cuda":
+            return torch.tensor(values, device=self.device)
+        return torch.tensor(values).pin_memory().to(self.device, non_blocking=True)
 
     # ------------------------------------------------------------------------------ sampling
     def _sample(self, seqs: list[Sequence], logits: Tensor, exit_loop: Tensor | None) -> None:
@@ -229,9 +244,9 @@ class Scheduler:
         for i, seq in enumerate(seqs):
             settings.setdefault((seq.sampling.temperature, seq.sampling.top_p, seq.sampling.top_k), []).append(i)
         for rows in settings.values():
-            index = torch.tensor(rows, device=self.device)
-            keys = torch.tensor([seqs[i].key for i in rows], device=self.device)
-            steps = torch.tensor([seqs[i].generated for i in rows], device=self.device)
+            index = self._tensor(rows)
+            keys = self._tensor([seqs[i].key for i in rows])
+            steps = self._tensor([seqs[i].generated for i in rows])
             ids[index] = sample(logits[index], seqs[rows[0]].sampling, keys, steps)
         loops = [self.loops] * len(seqs) if exit_loop is None else exit_loop.tolist()
         done: list[Finished] = []

@@ -8,6 +8,7 @@ import torch
 
 from adapters.base import AdapterError, Request, Sampling
 from adapters.engine.adapter import EngineAdapter, load_preset
+from adapters.engine.graphs import DecodeGraphs
 from adapters.engine.memory import analytic_terms
 from adapters.engine.paged import BlockPool
 from adapters.engine.scheduler import Scheduler
@@ -102,7 +103,7 @@ class Watch:
 
         def checked(seqs, tokens):
             out = step(seqs, tokens)
-            self.check(seqs, tokens.numel())
+            self.check(seqs, sum(map(len, tokens)))
             return out
 
         scheduler._step = checked
@@ -182,3 +183,26 @@ def test_bad_batching_overrides_name_the_override(overrides, message):
         import adapters
 
         adapters.inspect("preset:qwen3-tiny", **overrides)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_padded_decode_steps_of_the_gpu_path_change_nothing(name):
+    """The GPU path's decode steps padded to (batch, width) buckets, run eagerly (no capture on the CPU):
+    the same samples as unpadded steps, while the running set shrinks through several buckets, and
+    the pool's accounting stays exact (padding rows write only the spare block)."""
+    adapter = engine(name, block_size=4, max_batch=12)
+    requests = [Request(p, Sampling(temperature=1.0, top_p=0.7, max_new_tokens=6 + 5 * i, n=3, seed=i)) for i, p in enumerate(PROMPTS)]
+    runs = {}
+    for padded in (False, True):
+        sequences = adapter._sequences(requests)
+        pool = adapter._pool(sequences, spare=padded)
+        graphs = DecodeGraphs(adapter.model, pool, loops=adapter.loops, keep_loops=False, max_seqs=12,
+                              max_blocks=pool.blocks_for(max(s.capacity for s in sequences)), capture=False) if padded else None
+        done: dict = {}
+        scheduler = Scheduler(adapter.model, pool, loops=adapter.loops, policy=adapter.exit_policy, eos_ids=set(), tokenizer=None,
+                              max_seqs=12, on_finished=lambda f: done.update(((r, j), g.token_ids) for r, j, g in f), graphs=graphs)
+        Watch(scheduler, adapter.config, adapter.loops)
+        scheduler.run(sequences)
+        runs[padded] = done
+    assert len(runs[True]) == 12 and runs[True] == runs[False]
+    assert {b for b, _ in graphs.graphs} == {4, 8, 12} and len({w for _, w in graphs.graphs}) >= 2
