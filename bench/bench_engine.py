@@ -17,7 +17,10 @@ peak KV each held, and the largest gap between KV held and KV used seen by a 1 m
 
 GPU mode (`--gpu --full`): for each full-size preset (random bf16 weights), prefill batch 1 to
 32000 tokens and report weights, KV (allocated), torch-allocated peak and NVML process bytes, then
-decode tokens/s at batch 1 and 32. Needs only torch, transformers and nvidia-ml-py.
+decode tokens/s at batch 1 and 32 (and transformers' `generate` on the Qwen3 shape, same run), and
+`checks`: each target of the engine issue as a ratio (batch-1 decode against 60% of the bandwidth
+bound, batch 32 against transformers, MELT against Ouro, NVML against weights + KV + the CUDA
+context). Needs only torch, transformers and nvidia-ml-py.
 
     python bench/bench_engine.py                  # CPU, tiny Qwen3
     python bench/bench_engine.py --gpu --full     # GPU, full-size presets
@@ -28,6 +31,7 @@ decode tokens/s at batch 1 and 32. Needs only torch, transformers and nvidia-ml-
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -46,15 +50,15 @@ from adapters.base import Sampling  # noqa: E402
 from adapters.engine.adapter import EngineAdapter, load_preset  # noqa: E402
 
 
-def tiny_qwen3_dir(directory: str, seed: int = 0) -> "torch.nn.Module":
-    """A random tiny Qwen3 (the qwen3-tiny preset's shape) saved as transformers writes it."""
+def hf_qwen3(name: str, seed: int = 0) -> "torch.nn.Module":
+    """A transformers `Qwen3ForCausalLM` with a Qwen3 preset's shape and seeded random weights."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from adapters.engine.presets import preset
 
-    cfg = preset("qwen3-tiny")
+    cfg = preset(name)
     torch.manual_seed(seed)
-    hf = Qwen3ForCausalLM(
+    return Qwen3ForCausalLM(
         Qwen3Config(
             vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.ffn_size,
             num_hidden_layers=cfg.shared_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
@@ -62,6 +66,11 @@ def tiny_qwen3_dir(directory: str, seed: int = 0) -> "torch.nn.Module":
             rope_parameters={"rope_theta": cfg.rope_theta, "rope_type": "default"}, rms_norm_eps=cfg.norm_eps,
         )
     ).eval()
+
+
+def tiny_qwen3_dir(directory: str, seed: int = 0) -> "torch.nn.Module":
+    """A random tiny Qwen3 (the qwen3-tiny preset's shape) saved as transformers writes it."""
+    hf = hf_qwen3("qwen3-tiny", seed)
     hf.save_pretrained(directory)
     return hf
 
@@ -96,20 +105,32 @@ def _hf_decode_tps(hf: "torch.nn.Module", prompts: torch.Tensor, sampling: Sampl
         first = time.perf_counter() - t0
         t0 = time.perf_counter()
         out = hf.generate(prompts, max_new_tokens=sampling.max_new_tokens, min_new_tokens=sampling.max_new_tokens, **kwargs)
+        if out.is_cuda:
+            torch.cuda.synchronize()
         total = time.perf_counter() - t0
     new = out.shape[1] - prompts.shape[1]
     return prompts.shape[0] * (new - 1) / max(total - first, 1e-9)
 
 
+# Batch-1 decode targets (tok/s): 60% of the bandwidth bound of one H200 (weights read once per loop).
+BATCH1_TARGETS = {"qwen3-1.7b": 750.0, "ouro-1.4b": 260.0, "melt-1.6b": 260.0}
+CONTEXT_BYTES_NOTE = "NVML process bytes after CUDA initialised and nothing else allocated"
+
+
 def bench_memory(device: str, names: list[str], context: int, new_tokens: int, batches: tuple[int, ...]) -> dict:
-    """Prefill batch 1 to `context` tokens per preset and account its memory, then decode speed per batch size."""
+    """Prefill batch 1 to `context` tokens per preset and account its memory, then decode speed per batch
+    size (and transformers' on the Qwen3 shapes), and check each figure against its target."""
     from adapters.engine.memory import estimate
 
     cuda = device.startswith("cuda")
     nvml = _nvml_process_bytes() if cuda else None
-    out = {"device": torch.cuda.get_device_name() if cuda else "cpu", "context": context, "new_tokens": new_tokens, "models": {}}
+    if cuda:
+        torch.zeros(1, device=device)
+    out = {"device": torch.cuda.get_device_name() if cuda else "cpu", "context": context, "new_tokens": new_tokens,
+           "cuda_context_bytes": nvml() if nvml else None, "models": {}}
     for name in names:
         if cuda:
+            gc.collect()
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
         adapter = load_preset(name, dtype="bf16", device=device, max_batch=max(batches))
@@ -129,9 +150,42 @@ def bench_memory(device: str, names: list[str], context: int, new_tokens: int, b
             prompts = torch.randint(3, vocab, (batch, 64)).tolist()
             gens = adapter.generate(prompts, Sampling(temperature=1.0, top_p=0.7, max_new_tokens=new_tokens))
             row[f"decode_tok_s_batch{batch}"] = round(sum(g.generated_tokens - 1 for g in gens) / gens[0].decode_seconds, 1)
+        del adapter, gen, gens
+        if name.startswith("qwen3"):
+            row.update(_transformers_decode(name, device, vocab, new_tokens, batches))
         out["models"][name] = row
-        del adapter
+    out["checks"] = _checks(out, batches)
     return out
+
+
+def _transformers_decode(name: str, device: str, vocab: int, new_tokens: int, batches: tuple[int, ...]) -> dict:
+    """transformers' decode tok/s on the same shape (its own random weights: speed does not depend on them)."""
+    hf = hf_qwen3(name).to(device=device, dtype=torch.bfloat16)
+    sampling = Sampling(temperature=1.0, top_p=0.7, max_new_tokens=new_tokens)
+    row = {f"transformers_decode_tok_s_batch{batch}": round(_hf_decode_tps(hf, torch.randint(3, vocab, (batch, 64), device=device), sampling), 1)
+           for batch in batches}
+    del hf
+    return row
+
+
+def _checks(out: dict, batches: tuple[int, ...]) -> dict:
+    """Each target of the GPU benchmark against the figures measured: the ratio, and whether it is met."""
+    models, checks = out["models"], {}
+    for name, target in BATCH1_TARGETS.items():
+        if name in models:
+            checks[f"{name} batch-1 decode / {target:.0f} tok/s"] = round(models[name]["decode_tok_s_batch1"] / target, 2)
+    big = max(batches)
+    for name, row in models.items():
+        if f"transformers_decode_tok_s_batch{big}" in row:
+            checks[f"{name} batch-{big} decode / transformers (target 5)"] = round(
+                row[f"decode_tok_s_batch{big}"] / row[f"transformers_decode_tok_s_batch{big}"], 2)
+        if row["nvml_process"] is not None and out["cuda_context_bytes"] is not None:
+            bound = 1.05 * (row["weights_bytes"] + row["kv_bytes"]) + out["cuda_context_bytes"]
+            checks[f"{name} NVML process / (1.05 x (weights + KV) + context) (target <= 1)"] = round(row["nvml_process"] / bound, 3)
+    if "melt-1.6b" in models and "ouro-1.4b" in models:
+        checks["melt-1.6b / ouro-1.4b batch-1 decode (target >= 0.95)"] = round(
+            models["melt-1.6b"]["decode_tok_s_batch1"] / models["ouro-1.4b"]["decode_tok_s_batch1"], 2)
+    return checks
 
 
 def bench_batching(name: str, prompts: int, samples: int, cap: int, new_tokens: int, repeats: int) -> dict:
