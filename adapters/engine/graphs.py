@@ -96,7 +96,7 @@ class DecodeGraphs:
         length = blocks.shape[1] * size
         slots = (blocks.gather(1, positions // size) * size + positions % size).flatten()
         mask = (torch.arange(length, device=blocks.device) <= positions[:, :, None])[:, None]  # [B, 1, 1, length]
-        cache = PagedStep(self.pool, slots, blocks, length, blocks.shape[0], 1)
+        cache = PagedStep(self.pool, slots, positions, blocks, length)
         return self.model.step(entry.tokens, positions, cache, length - 1, mask, self.loops, self.keep_loops)
 
     def _buffers(self, batch: int, width: int) -> _Graph:

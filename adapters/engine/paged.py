@@ -35,6 +35,7 @@ from adapters.engine.config import LoopConfig
 from adapters.engine.memory import analytic_terms
 
 DEFAULT_BLOCK_SIZE = 16
+KEEP_BYTES = 64 * 2**20  # gathered K/V rows a gated step may keep across its loops (`PagedStep`)
 
 
 def pool_blocks(config: LoopConfig, loops: int, budget_bytes: int, block_size: int, latent_tokens: int, dtype: str) -> int:
@@ -57,7 +58,7 @@ class BlockPool:
         shape = (config.kv_entries(loops), (num_blocks + spare) * block_size, config.num_kv_heads, config.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.prelude, self.latent_tokens = config.prelude_layers, latent_tokens
+        self.prelude, self.shared, self.latent_tokens = config.prelude_layers, config.shared_layers, latent_tokens
         self.latent = None
         if config.kv_strategy == "gated":
             self.latent = torch.zeros((config.shared_layers, latent_tokens, config.hidden_size), dtype=dtype, device=device)
@@ -134,15 +135,24 @@ class BlockPool:
 class PagedStep:
     """The `Cache` of one step: B sequences, n tokens each, written at `slots` and read block by block.
 
-    `slots` [B * n]: the pool slot of each new token, row-major; `blocks` [B, W]: each sequence's
-    block table up to the end of this step (padded with any block; the step's mask hides what is
-    not the sequence's). Attention reads whole blocks (one index per block, not per token) and the
-    first `length` rows of them.
+    `slots` [B * n]: the pool slot of each new token, row-major, at `positions` [B, n]; `blocks`
+    [B, W]: each sequence's block table up to the end of this step (padded with any block; the
+    step's mask hides what is not the sequence's). Attention reads whole blocks (one index per block,
+    not per token) and the first `length` rows of them.
+
+    A gated (MELT) layer attends to the same rows at every loop but the step's own, which each loop
+    overwrites. So when the gathered rows of all shared layers fit in `KEEP_BYTES`, the step keeps
+    each layer's gathered rows from loop 1 and later loops write only the new rows into them: one
+    gather per layer instead of one per layer and loop (on the CPU the gathers were a quarter of a
+    long-tailed MELT workload's time). Larger steps gather at every loop, so a step never holds more
+    than `KEEP_BYTES` beyond one layer's rows.
     """
 
-    def __init__(self, pool: BlockPool, slots: Tensor, blocks: Tensor, length: int, rows: int, tokens: int) -> None:
-        self.pool, self.slots, self.blocks, self.length = pool, slots, blocks, length
-        self.rows, self.tokens = rows, tokens
+    def __init__(self, pool: BlockPool, slots: Tensor, positions: Tensor, blocks: Tensor, length: int) -> None:
+        self.pool, self.slots, self.positions, self.blocks, self.length = pool, slots, positions, blocks, length
+        self.rows, self.tokens = positions.shape
+        gathered = 2 * blocks.numel() * pool.block_size * pool.k[0, 0].numel() * pool.k.element_size() * pool.shared
+        self.kept: dict[int, tuple[Tensor, Tensor]] | None = {} if pool.latent is not None and gathered <= KEEP_BYTES else None
 
     def kv_source(self, layer: int, loop: int, x: Tensor, gate: Gate) -> Tensor | None:
         """The latent h of `layer`'s tokens in flight, updated in place: x at loop 0, then the gate."""
@@ -154,12 +164,22 @@ class PagedStep:
     def update(self, layer: int, loop: int, k: Tensor, v: Tensor, slot: int) -> tuple[Tensor, Tensor]:
         entry, pool = self.pool.entries[layer][loop], self.pool
         k_all, v_all = pool.k[entry], pool.v[entry]
-        k_all.index_copy_(0, self.slots, k.transpose(1, 2).flatten(0, 1))
-        v_all.index_copy_(0, self.slots, v.transpose(1, 2).flatten(0, 1))
-        return self._read(k_all), self._read(v_all)
+        k_new, v_new = k.transpose(1, 2), v.transpose(1, 2)  # [B, n, Hkv, D]
+        k_all.index_copy_(0, self.slots, k_new.flatten(0, 1))
+        v_all.index_copy_(0, self.slots, v_new.flatten(0, 1))
+        kept = None if self.kept is None else self.kept.get(entry)
+        if kept is None:
+            kept = (self._read(k_all), self._read(v_all))
+            if self.kept is not None:
+                self.kept[entry] = kept
+        else:
+            rows = torch.arange(self.rows, device=k.device)[:, None]
+            kept[0][rows, self.positions] = k_new
+            kept[1][rows, self.positions] = v_new
+        return kept[0].transpose(1, 2), kept[1].transpose(1, 2)
 
     def _read(self, rows: Tensor) -> Tensor:
-        """[slots, Hkv, D] -> each sequence's first `length` rows [B, Hkv, length, D], gathered by block."""
+        """[slots, Hkv, D] -> each sequence's first `length` rows [B, length, Hkv, D], gathered by block."""
         b, w = self.blocks.shape
         blocks = rows.view(-1, self.pool.block_size * rows[0].numel()).index_select(0, self.blocks.flatten())  # index_select: ~5x faster than [] on CPU
-        return blocks.view(b, w * self.pool.block_size, *rows.shape[1:])[:, : self.length].transpose(1, 2)
+        return blocks.view(b, w * self.pool.block_size, *rows.shape[1:])[:, : self.length]

@@ -221,7 +221,7 @@ class Scheduler:
             mask = None
             if b > 1 or (n > 1 and seqs[0].written > 0):  # else plain causal attention over the one sequence's rows
                 mask = (torch.arange(end, device=self.device) <= positions[:, :, None])[:, None]  # [B, 1, n, end]
-            out = self.model.step(self._tensor(tokens), positions, PagedStep(pool, slots, blocks, end, b, n), end - n, mask,
+            out = self.model.step(self._tensor(tokens), positions, PagedStep(pool, slots, positions, blocks, end), end - n, mask,
                                   self.loops, self.policy.kind != "none")
         for seq in seqs:
             seq.written += n
