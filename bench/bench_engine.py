@@ -218,7 +218,7 @@ def bench_batching(name: str, prompts: int, samples: int, cap: int, new_tokens: 
             outputs[mode] = [g.token_ids for g in gens]
             memory = adapter.memory()
             runs[mode].append({"wall": wall, "tokens": sum(g.generated_tokens for g in gens), "kv_peak": memory["kv_bytes_peak"],
-                               "kv_reserved": memory["kv_bytes_reserved"], "slack": max((m["kv_bytes_allocated"] - m["kv_bytes_used"] for m in seen), default=0)})
+                               "kv_reserved": memory["kv_bytes_reserved_peak"], "slack": max((m["kv_bytes_allocated"] - m["kv_bytes_used"] for m in seen), default=0)})
     lengths = sorted(len(ids) for ids in outputs["continuous"])
     block_bytes = adapter.block_size * adapter.describe()["kv_bytes_per_token"]
     best = {mode: max(r["tokens"] / r["wall"] for r in rs) for mode, rs in runs.items()}

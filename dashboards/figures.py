@@ -30,6 +30,7 @@ MEMORY_MEASURES: dict[str, str] = {
     "nvml_process_peak": "NVML process peak",
     "torch_allocated_peak": "torch allocated peak",
     "kv_bytes_peak": "KV cache peak",
+    "kv_bytes_reserved": "KV pool reserved",
     WEIGHTS_PLUS_KV: "weights + KV cache peak",
     ANALYTIC: "analytic weights + KV",
     "rss_peak": "process RSS peak (CPU)",

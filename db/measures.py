@@ -21,12 +21,13 @@ PEAK_MEASURES: tuple[str, ...] = (
 )
 # The per-tick readings (columns of `memory_samples`), in the order the memory-over-a-run figure draws them.
 SERIES_MEASURES: tuple[str, ...] = (
-    "kv_bytes_used", "kv_bytes_allocated", "torch_allocated", "torch_reserved", "nvml_process", "nvml_device", "rss",
+    "kv_bytes_used", "kv_bytes_allocated", "kv_bytes_reserved", "torch_allocated", "torch_reserved", "nvml_process", "nvml_device", "rss",
 )
 # The sampled series whose maximum is the peak measure of the same meaning.
 PEAK_OF_SERIES: dict[str, str] = {
     "kv_bytes_used": "kv_bytes_used",
     "kv_bytes_allocated": "kv_bytes_allocated",
+    "kv_bytes_reserved": "kv_bytes_reserved",
     "torch_allocated": "torch_allocated_peak",
     "torch_reserved": "torch_reserved_peak",
     "nvml_process": "nvml_process_peak",

@@ -24,7 +24,8 @@ asked, and what came back. The checks:
   high temperature where the vocabulary is small enough to draw EOS; otherwise reported skipped);
 - memory: every MEMORY_KEYS measure is present, weights_bytes matches the parameter bytes where
   the adapter exposes them (a `model` attribute, or `describe()` params x dtype), used <= allocated
-  <= ... <= peak, and the KV measures grow after a generation;
+  <= peak, allocated <= reserved where the adapter reports `kv_bytes_reserved` (optional), and the
+  KV measures grow after a generation;
 - errors: an empty prompt and a prompt longer than `max_context` raise AdapterError with a message;
 - bridge: LightEval drives the adapter end to end (`harness.bridge.run_suite` on 2 synthetic docs).
 """
@@ -266,6 +267,9 @@ class _Kit:
             problems.append(f"memory() {when}: kv_bytes_used={used} exceeds kv_bytes_allocated={alloc}")
         if peak is not None and alloc is not None and alloc > peak:
             problems.append(f"memory() {when}: kv_bytes_allocated={alloc} exceeds kv_bytes_peak={peak}")
+        reserved = m.get("kv_bytes_reserved")  # optional: the KV store reserved now (the engine's pool)
+        if isinstance(reserved, int) and isinstance(alloc, int) and alloc > reserved:
+            problems.append(f"memory() {when}: kv_bytes_allocated={alloc} exceeds kv_bytes_reserved={reserved}")
         return m
 
     def _expected_weights(self, weights: int, problems: list[str]) -> None:

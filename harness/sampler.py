@@ -2,15 +2,16 @@
 
 Every `interval` seconds (20 ms by default) it records one tick: NVML device used memory and this
 process's used memory (NVML's per-process list, matched by pid), torch CUDA allocated and reserved,
-the adapter's live `kv_bytes_used` / `kv_bytes_allocated`, and the process RSS, tagged with the
-current phase ("task:addition batch:3") and the run's generated-token count so far. A source that
-cannot be read here is None in every tick and in its peak, never 0: "no GPU" must not look like
-"used no GPU memory".
+the adapter's live `kv_bytes_used` / `kv_bytes_allocated` / `kv_bytes_reserved` (the engine's KV
+pool while one lives, 0 between calls), and the process RSS, tagged with the current phase
+("task:addition batch:3") and the run's generated-token count so far. A source that cannot be read
+here is None in every tick and in its peak, never 0: "no GPU" must not look like "used no GPU memory".
 
-Peaks carry the measure names of `db.measures`. Where a source keeps its own exact peak (the
-torch caching allocator, the adapter's `kv_bytes_peak`) that is used instead of the sampled maximum,
-which could miss a spike shorter than the interval. The sampler times its own ticks, so its
-overhead is reported with the run (`overhead()`).
+Peaks carry the measure names of `db.measures`. Where a source keeps its own exact peak (the torch
+caching allocator, the adapter's `kv_bytes_peak`, and its `kv_bytes_reserved_peak`, stored as the
+`kv_bytes_reserved` peak) that is used instead of the sampled maximum, which could miss a spike
+shorter than the interval. The sampler times its own ticks, so its overhead is reported with the run
+(`overhead()`).
 
 Only torch, psutil and nvidia-ml-py are needed: `loopeval profile` uses this on machines without
 lighteval or sqlalchemy.
@@ -126,8 +127,8 @@ class MemorySampler:
         tick["rss"] = self._process.memory_info().rss
         if self.adapter is not None:
             accounted = self.adapter.memory()
-            tick["kv_bytes_used"] = accounted.get("kv_bytes_used")
-            tick["kv_bytes_allocated"] = accounted.get("kv_bytes_allocated")
+            for name in ("kv_bytes_used", "kv_bytes_allocated", "kv_bytes_reserved"):
+                tick[name] = accounted.get(name)  # None from adapters without such accounting
         if self._cuda:
             import torch
 
@@ -168,7 +169,9 @@ class MemorySampler:
         """The peaks the sources keep themselves (the adapter's accounting, torch's allocator), read now."""
         exact: dict[str, int | None] = {}
         if self.adapter is not None:
-            exact.update({k: v for k, v in self.adapter.memory().items() if k in PEAK_MEASURES})
+            accounted = self.adapter.memory()
+            exact.update({k: v for k, v in accounted.items() if k in PEAK_MEASURES})
+            exact["kv_bytes_reserved"] = accounted.get("kv_bytes_reserved_peak")  # memory()'s kv_bytes_reserved is live
         if self._cuda:
             import torch
 

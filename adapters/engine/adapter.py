@@ -211,18 +211,21 @@ class EngineAdapter:
             self._reserved = max(self._reserved, cache.kv_bytes_reserved)
 
     def memory(self) -> dict[str, int | None]:
-        """The live KV store's bytes; `kv_bytes_peak` and `kv_bytes_reserved` (the largest pool, a peak
-        measure) are kept across calls until `reset_memory_peak`."""
+        """The live KV store's bytes, `kv_bytes_reserved` included (the whole pool while a call runs, 0
+        between calls); `kv_bytes_peak` and `kv_bytes_reserved_peak` are kept across calls until
+        `reset_memory_peak`."""
         live = self._live  # one read: the generate thread may swap it
         if live is None:
             return {"weights_bytes": self._weights_bytes, "kv_bytes_allocated": 0, "kv_bytes_used": 0, "kv_bytes_peak": self._peak,
-                    "kv_bytes_reserved": self._reserved}
+                    "kv_bytes_reserved": 0, "kv_bytes_reserved_peak": self._reserved}
+        reserved = live.kv_bytes_reserved
         return {
             "weights_bytes": self._weights_bytes,
             "kv_bytes_allocated": live.kv_bytes_allocated,
             "kv_bytes_used": live.kv_bytes_used,
             "kv_bytes_peak": max(self._peak, live.peak_allocated),
-            "kv_bytes_reserved": max(self._reserved, live.kv_bytes_reserved),
+            "kv_bytes_reserved": reserved,
+            "kv_bytes_reserved_peak": max(self._reserved, reserved),
         }
 
     def reset_memory_peak(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -12,7 +13,9 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from dashboards import figures
+from dashboards.app import create_app
 from dashboards.data import accuracy_points, analytic_bytes, profile_points
+from dashboards.report import build_report
 from db import measures, queries
 from db.session import open_existing
 
@@ -78,6 +81,24 @@ def test_accuracy_vs_memory_has_one_point_per_model_and_loops(engine, results_ur
     for field in ("model", "accuracy", unit, "samples"):
         assert field in hover
     assert all(r.startswith("r=") for r in fig.data[0].customdata[:, 0])
+
+
+def test_kv_pool_reserved_is_plotted_from_its_stored_peak_and_offered_by_both_selectors(engine, results_url: str) -> None:
+    """Every engine run of the sweep stores its largest block pool, at least its KV peak; the report's and the
+    app's measure selectors offer it."""
+    points = accuracy_points(engine, None)
+    reserved = _stored_peaks(results_url, "kv_bytes_reserved")
+    assert len(reserved) == len(points) > 0
+    assert all(reserved[(model, loops)] >= peak > 0 for model, loops, peak in zip(points["model"], points["loops"], points["kv_bytes_peak"]))
+    fig = figures.accuracy_vs_memory(points, "kv_bytes_reserved")
+    _, scale = figures.byte_unit(list(reserved.values()))
+    assert sorted(x for x, _ in _marker_points(fig)) == pytest.approx(sorted(value / scale for value in reserved.values()))
+    assert "KV pool reserved" in fig.layout.xaxis.title.text
+
+    options = re.search(r'<select id="measure">(.*?)</select>', build_report(engine)).group(1)
+    assert '<option value="kv_bytes_reserved">KV pool reserved</option>' in options
+    radio = create_app(results_url).layout()["measure"]
+    assert {"label": "KV pool reserved", "value": "kv_bytes_reserved"} in radio.options
 
 
 def test_marker_shape_is_the_loop_count(engine) -> None:
@@ -245,7 +266,10 @@ def test_memory_over_run_draws_each_available_measure_against_time_and_tokens(en
     assert len(series) > 0, "the sampler wrote a time series"
     available = [m for m in measures.SERIES_MEASURES if series[m].notna().any()]
     missing = [m for m in measures.SERIES_MEASURES if m not in available]
-    assert "rss" in available and "kv_bytes_allocated" in available
+    assert "rss" in available and "kv_bytes_allocated" in available and "kv_bytes_reserved" in available
+    kv = series.dropna(subset=["kv_bytes_used", "kv_bytes_allocated", "kv_bytes_reserved"])
+    assert len(kv) == len(series) and (kv["kv_bytes_reserved"] > 0).any()
+    assert ((kv["kv_bytes_used"] <= kv["kv_bytes_allocated"]) & (kv["kv_bytes_allocated"] <= kv["kv_bytes_reserved"])).all()
     fig = figures.memory_over_run(series, measures.SERIES_MEASURES)
     assert sorted(t.name for t in fig.data) == sorted(available * 2)
     assert {t.xaxis for t in fig.data} == {"x", "x2"}

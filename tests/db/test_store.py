@@ -61,6 +61,20 @@ def test_older_database_is_upgraded_and_keeps_its_rows(tmp_path: Path) -> None:
         assert MigrationContext.configure(conn).get_current_revision() == head_revision()
 
 
+def test_memory_ticks_stored_before_0006_keep_their_readings_and_have_no_reserved_reading(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite"
+    older_database(path, "0005")
+    conn = sqlite3.connect(path)
+    conn.execute("INSERT INTO memory_samples (run_id, t, phase, kv_bytes_used, kv_bytes_allocated, rss) VALUES (1, 0.5, 'task:addition', 10, 16, 1000)")
+    conn.commit()
+    conn.close()
+    store = Store.open(str(path))
+    with store.engine.connect() as conn:
+        assert MigrationContext.configure(conn).get_current_revision() == head_revision()
+        rows = conn.exec_driver_sql("SELECT run_id, t, phase, kv_bytes_used, kv_bytes_allocated, kv_bytes_reserved, rss FROM memory_samples").all()
+    assert [tuple(r) for r in rows] == [(1, 0.5, "task:addition", 10, 16, None, 1000)]
+
+
 def test_store_is_wal_with_busy_timeout_and_foreign_keys(tmp_path: Path) -> None:
     engine = open_engine(str(tmp_path / "r.sqlite"))
     with engine.connect() as conn:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import pytest
 
@@ -70,16 +70,32 @@ def test_broken_adapter_fails_with_precise_messages(transformers_adapter) -> Non
     assert message.startswith("conformance of broken:demo:") and "[fail] greedy" in message and "[fail] memory" in message
 
 
+class MemoryLie(BrokenAdapter):
+    """Generates honestly; `memory()` is the real reading changed by `lie`."""
+
+    def __init__(self, inner: Any, lie: Callable[[dict[str, int | None]], dict[str, int | None]]) -> None:
+        super().__init__(inner)
+        self.lie = lie
+
+    def generate(self, prompts: Sequence[Any], sampling: Sampling) -> list[Generation]:
+        return self.inner.generate(prompts, sampling)
+
+    def memory(self) -> dict[str, int | None]:
+        return self.lie(self.inner.memory())
+
+
 def test_memory_lie_about_kv_is_named(transformers_adapter) -> None:
-    class OverUsed(BrokenAdapter):
-        def generate(self, prompts: Sequence[Any], sampling: Sampling) -> list[Generation]:
-            return self.inner.generate(prompts, sampling)
-
-        def memory(self) -> dict[str, int | None]:
-            real = self.inner.memory()
-            return {**real, "kv_bytes_used": (real["kv_bytes_allocated"] or 0) + 1}
-
-    report = check_adapter(OverUsed(transformers_adapter), bridge=False, strict=False, max_new_tokens=6)
+    over_used = MemoryLie(transformers_adapter, lambda real: {**real, "kv_bytes_used": (real["kv_bytes_allocated"] or 0) + 1})
+    report = check_adapter(over_used, bridge=False, strict=False, max_new_tokens=6)
     assert [r.name for r in report.failures] == ["memory"]
     claims = re.findall(r"kv_bytes_used=(\d+) exceeds kv_bytes_allocated=(\d+)", report.failures[0].message)
     assert claims and all(int(used) == int(alloc) + 1 for used, alloc in claims)
+
+
+def test_reserved_below_allocated_is_named(transformers_adapter) -> None:
+    """`kv_bytes_reserved` is optional, but where reported it holds at least what is allocated."""
+    under = MemoryLie(transformers_adapter, lambda real: {**real, "kv_bytes_reserved": max((real["kv_bytes_allocated"] or 0) - 1, 0)})
+    report = check_adapter(under, bridge=False, strict=False, max_new_tokens=6)
+    assert [r.name for r in report.failures] == ["memory"]
+    claims = re.findall(r"kv_bytes_allocated=(\d+) exceeds kv_bytes_reserved=(\d+)", report.failures[0].message)
+    assert claims and all(int(alloc) == int(reserved) + 1 for alloc, reserved in claims)

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import itertools
+import sqlite3
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
 import adapters
 from adapters import Sampling
+from adapters.base import Request
+from adapters.testing import save_tiny_qwen3
 from db.measures import PEAK_MEASURES as MEASURES
+from db.store import Store
 from harness.sampler import MemorySampler
 
 MB = 1_000_000
@@ -91,3 +97,48 @@ def test_downsampled_series_keeps_every_peak_tick() -> None:
     assert len(series) <= 12
     assert max(t["rss"] for t in series) == sampler.peaks()["rss_peak"]
     assert [t["t"] for t in series] == sorted(t["t"] for t in series)
+
+
+def test_reserved_series_shows_each_tasks_pool_and_its_exact_peak_is_stored(tmp_path: Path) -> None:
+    """Two tasks through the continuous-batching scheduler, each with its own block pool (the second
+    workload is larger, so its pool is): the stored ticks show used <= allocated <= reserved, the pool
+    of the task running and 0 between tasks, and the stored peak is the larger pool's bytes."""
+    adapter = adapters.load("preset:ouro-tiny", loops=2, seed=0, max_batch=4, block_size=8)
+    sampling = Sampling(temperature=1.0, top_p=0.7, max_new_tokens=16, n=2, seed=0)
+    pools: dict[str, set[int]] = {}
+    sampler = MemorySampler(adapter, interval=0.001).start()
+    for task, prompts in (("small", ["1+2="]), ("large", ["1+2=", "17*3=51; 4*4=", "abcdefghij"])):
+        sampler.set_phase(f"task:{task}")
+        pool = pools.setdefault(task, set())
+        adapter.generate_requests([Request(p, sampling) for p in prompts],
+                                  lambda done: pool.add(adapter._live.k.nbytes + adapter._live.v.nbytes))  # ouro: no latent
+        sampler.set_phase(None)
+        time.sleep(0.05)
+    sampler.stop()
+    small, large = (pools[task].pop() for task in ("small", "large"))
+    assert 0 < small < large
+
+    store = Store.open(str(tmp_path / "r.sqlite"))
+    run_id = store.create_run(sweep_id="s", model_spec="preset:ouro-tiny", adapter="preset", suite="synthetic")
+    store.add_memory_samples(run_id, sampler.series())
+    store.merge_memory_peaks(run_id, sampler.peaks())
+    conn = sqlite3.connect(tmp_path / "r.sqlite")
+    ticks = conn.execute("SELECT phase, kv_bytes_used, kv_bytes_allocated, kv_bytes_reserved FROM memory_samples "
+                         "WHERE run_id = ? ORDER BY t", (run_id,)).fetchall()
+    (peak,) = conn.execute("SELECT value FROM memory_peaks WHERE run_id = ? AND measure = 'kv_bytes_reserved'", (run_id,)).fetchone()
+    conn.close()
+    assert len(ticks) == len(sampler.ticks)
+    assert all(used <= allocated <= reserved for _, used, allocated, reserved in ticks)
+    assert {reserved for phase, *_, reserved in ticks if phase is None} == {0}
+    assert {reserved for phase, *_, reserved in ticks if phase == "task:small"} - {0} == {small}  # 0 before the pool is made
+    assert {reserved for phase, *_, reserved in ticks if phase == "task:large"} - {0} == {large}
+    assert [held for held, _ in itertools.groupby(reserved > 0 for *_, reserved in ticks)] == [False, True, False, True, False]
+    assert peak == large
+
+
+def test_an_adapter_without_a_reserved_reading_gives_none_not_zero(tmp_path: Path) -> None:
+    adapter = adapters.load(f"transformers:{save_tiny_qwen3(tmp_path)}", device="cpu")
+    with MemorySampler(adapter, interval=0.001) as sampler:
+        adapter.generate(["12+34="], Sampling(temperature=0.0, max_new_tokens=8))
+    assert all(tick["kv_bytes_reserved"] is None for tick in sampler.ticks)
+    assert sampler.peaks()["kv_bytes_reserved"] is None and sampler.peaks()["kv_bytes_peak"] > 0
