@@ -2,7 +2,7 @@
 and decode tokens/s relative to the plain looped model, all in one process.
 
 Every variant is the same preset with the same seeded weights plus zero-initialised conditioning
-(`LoopedLM.with_conditioning` through the `injection`, `history`, `history_window` and `loop_gate`
+(`LoopedLM.with_conditioning` through the `injection`, `history`, `history_window`, `loop_gate` and `branch_gate`
 load overrides), so all generate the same tokens; EOS is off, so every run decodes the same count.
 Every round times each variant once, each round starting at another variant; a variant's speed is
 its best round (other processes only ever add time, so the best round is the least disturbed) and
@@ -38,6 +38,7 @@ VARIANTS: dict[str, dict] = {
     "history dense w=2": {"history": "dense", "history_window": 2},
     "history channel w=4": {"history": "channel", "history_window": 4},
     "loop gate": {"loop_gate": True},
+    "branch gate": {"branch_gate": True},
     "all (dense, w=2, gate)": {"injection": "dense", "history": "dense", "history_window": 2, "loop_gate": True},
 }
 

@@ -20,7 +20,7 @@ NORM_LAYOUTS = ("pre", "sandwich")
 GATE_VARIANTS = ("elementwise", "scalar", "last", "mean", "ema")
 FAMILIES = ("qwen3", "ouro", "melt", "custom")
 MIX_KINDS = ("none", "scalar", "channel", "dense")  # shape of an injection matrix: 1, d or d x d parameters
-CONDITIONING_FIELDS = ("injection", "history", "history_window", "loop_gate")  # also load overrides of engine specs
+CONDITIONING_FIELDS = ("injection", "history", "history_window", "loop_gate", "branch_gate")  # also load overrides of engine specs
 LOOP_GATE_DIM = 8  # Loop Gating: one learned vector of this size per loop position, one entry per channel group
 ENGINE_FORMAT = "loopeval-engine"  # config.json of engine checkpoints: {"format": ENGINE_FORMAT, "config": {...}}
 
@@ -56,6 +56,7 @@ class LoopConfig:
     history: str = "none"  # history-state injection: loop l input += sum_j B_j (h_{l-j} - h_{l-j-1}) (MIX_KINDS)
     history_window: int = 1  # w, the lags the history injection reads
     loop_gate: bool = False  # Loop Gating: loop t's net update scaled by 1 + tanh(g_t), g_t of LOOP_GATE_DIM per loop position
+    branch_gate: bool = False  # branch gating: each shared layer's attention and MLP outputs at loop t scaled the same way, each its own g
     exit_threshold: float | None = None  # Ouro's early_exit_threshold: the default exit policy (adapters.engine.adapter)
     max_position: int = 40960  # longest context (prompt + generated) the model accepts
     bos_token_id: int | None = None
@@ -108,6 +109,9 @@ class LoopConfig:
             positive(name)
         for name in ("prelude_layers", "shared_layers", "coda_layers"):
             non_negative(name)
+        for name in ("tie_embeddings", "qk_norm", "exit_gate", "loop_gate", "branch_gate"):
+            if not isinstance(getattr(self, name), bool):
+                raise AdapterError(f"config field {name} must be true or false, got {getattr(self, name)!r}")
         if not isinstance(self.loops, int) or isinstance(self.loops, bool) or self.loops < 1:
             raise AdapterError(f"config field loops must be a positive integer (1 = no looping), got {self.loops!r}")
         one_of("family", FAMILIES)
@@ -150,13 +154,14 @@ class LoopConfig:
     @property
     def conditioned(self) -> bool:
         """Whether any loop conditioning option is on (the model then carries `LoopConditioning`)."""
-        return self.injection != "none" or self.history != "none" or self.loop_gate
+        return self.injection != "none" or self.history != "none" or self.loop_gate or self.branch_gate
 
     def _validate_conditioning(self) -> None:
         if self.conditioned and self.shared_layers == 0:
-            raise AdapterError("config fields injection, history and loop_gate need shared_layers >= 1 (they condition the loops)")
-        if self.loop_gate and self.hidden_size % LOOP_GATE_DIM:
-            raise AdapterError(f"config loop_gate needs hidden_size divisible by {LOOP_GATE_DIM} (one gate entry per channel group), got {self.hidden_size}")
+            raise AdapterError("config fields injection, history, loop_gate and branch_gate need shared_layers >= 1 (they condition the loops)")
+        for name in ("loop_gate", "branch_gate"):
+            if getattr(self, name) and self.hidden_size % LOOP_GATE_DIM:
+                raise AdapterError(f"config {name} needs hidden_size divisible by {LOOP_GATE_DIM} (one gate entry per channel group), got {self.hidden_size}")
 
     def replace(self, **changes: Any) -> "LoopConfig":
         """A validated copy with some fields changed (unknown fields raise AdapterError)."""

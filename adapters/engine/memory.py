@@ -37,10 +37,12 @@ def count_params(cfg: LoopConfig) -> int:
 
 
 def conditioning_params(cfg: LoopConfig) -> int:
-    """Parameters the loop conditioning adds (`model.LoopConditioning`): A, the w maps B_j, T x 8 gates."""
+    """Parameters the loop conditioning adds (`model.LoopConditioning`): A, the w maps B_j, T x 8 loop
+    gates, and T x s x 2 x 8 branch gates."""
     d = cfg.hidden_size
     size = {"none": 0, "scalar": 1, "channel": d, "dense": d * d}
-    return size[cfg.injection] + cfg.history_window * size[cfg.history] + (cfg.loops * LOOP_GATE_DIM if cfg.loop_gate else 0)
+    gates = cfg.loops * LOOP_GATE_DIM * (int(cfg.loop_gate) + 2 * cfg.shared_layers * int(cfg.branch_gate))
+    return size[cfg.injection] + cfg.history_window * size[cfg.history] + gates
 
 
 def history_bytes(config: LoopConfig, tokens: int, size: int) -> int:

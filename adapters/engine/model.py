@@ -255,14 +255,17 @@ class Block(nn.Module):
             self.input_layernorm_2, self.post_attention_layernorm_2 = RMSNorm(d, eps), RMSNorm(d, eps)
         self.melt_gate = MeltGate(cfg) if gated else None
 
-    def forward(self, h: Tensor, span: Span, cache: Cache, layer: int, loop: int) -> tuple[Tensor, Tensor]:
-        """(the next state, the attention output). A gated layer's K/V come from the source the cache keeps."""
+    def forward(self, h: Tensor, span: Span, cache: Cache, layer: int, loop: int, scales: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """(the next state, the attention output). A gated layer's K/V come from the source the cache keeps;
+        `scales` [2, d] (branch gating) multiply the attention and MLP outputs before they join the residual."""
         x = self.input_layernorm(h)
         src = None if self.melt_gate is None else cache.kv_source(layer, loop, x, self.melt_gate)
         a = self.self_attn.attend(x, src, span, cache, layer, loop)
-        h = h + (self.input_layernorm_2(a) if self.sandwich else a)
+        branch = self.input_layernorm_2(a) if self.sandwich else a
+        h = h + (branch if scales is None else branch * scales[0])
         m = self.mlp(self.post_attention_layernorm(h))
-        return h + (self.post_attention_layernorm_2(m) if self.sandwich else m), a
+        branch = self.post_attention_layernorm_2(m) if self.sandwich else m
+        return h + (branch if scales is None else branch * scales[1]), a
 
 
 class Mix(nn.Module):
@@ -291,6 +294,8 @@ class LoopConditioning(nn.Module):
     state, so loops 1 and 2 see none and loop 3 sees B_1 (h_2 - h_1). A and B_j are scalar, channel-
     wise or dense (`Mix`); g_l is an 8-vector per loop position (`LOOP_GATE_DIM`), entry k scaling the
     k-th of 8 equal channel groups of the net update; loops beyond the trained T reuse the last row.
+    Branch gating scales each shared layer's attention and MLP outputs at loop l the same way, by
+    1 + tanh of their own 8-vectors (T x s x 2 of them), before they join the residual stream.
     With A = B = g = 0 (their initialisation) x_l = h_{l-1} and h_l = core(x_l): the plain model.
     """
 
@@ -301,6 +306,7 @@ class LoopConditioning(nn.Module):
         self.injection = None if cfg.injection == "none" else Mix(cfg.injection, 1, d)
         self.history = None if cfg.history == "none" else Mix(cfg.history, cfg.history_window, d)
         self.gate = nn.Parameter(torch.zeros(cfg.loops, LOOP_GATE_DIM)) if cfg.loop_gate else None
+        self.branch = nn.Parameter(torch.zeros(cfg.loops, cfg.shared_layers, 2, LOOP_GATE_DIM)) if cfg.branch_gate else None
 
     def loop_input(self, h: Tensor, e: Tensor, diffs: Sequence[Tensor]) -> Tensor:
         """x_l from h_{l-1}, e and the newest-first differences h_{l-1} - h_{l-2}, ... (at most w)."""
@@ -316,6 +322,13 @@ class LoopConditioning(nn.Module):
         g = self.gate[min(loop, self.gate.shape[0] - 1)]
         extra = torch.tanh(g).repeat_interleave(x.shape[-1] // LOOP_GATE_DIM).to(x.dtype)
         return y + extra * (y - x)  # = x + (1 + tanh g)(y - x), written so that g = 0 gives y bit for bit
+
+    def branch_scales(self, loop: int, layer: int, d: int) -> Tensor | None:
+        """[2, d]: 1 + tanh(g) per channel group for shared layer `layer`'s attention and MLP outputs at `loop`
+        (exactly 1 at g = 0), or None without branch gating."""
+        if self.branch is None:
+            return None
+        return 1 + torch.tanh(self.branch[min(loop, self.branch.shape[0] - 1), layer]).repeat_interleave(d // LOOP_GATE_DIM, dim=-1)
 
 
 class Backbone(nn.Module):
@@ -459,7 +472,7 @@ class LoopedLM(nn.Module):
         x = h if cond is None else cond.loop_input(h, e, diffs)
         y = x
         for j, layer in enumerate(self.shared):
-            y, a = layer(y, span, cache, p + j, t)
+            y, a = layer(y, span, cache, p + j, t, None if cond is None else cond.branch_scales(t, j, y.shape[-1]))
             if attn_outputs is not None:
                 attn_outputs.append(a)
         return self._loop_end(y if cond is None else cond.gated(x, y, t), per_loop)

@@ -1,5 +1,5 @@
-"""Loop conditioning (initial-state and history injection, Loop Gating): identity at zero init, the history
-formula on a hand-computed case, the gate per channel group, parameters and the bytes decoding keeps."""
+"""Loop conditioning (initial-state and history injection, Loop Gating, branch gating): identity at zero init,
+the history formula on a hand-computed case, the gates per channel group, parameters and the bytes decoding keeps."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from adapters.engine.presets import preset
 OPTIONS = [
     {"injection": "scalar"}, {"injection": "channel"}, {"injection": "dense"},
     {"history": "scalar", "history_window": 1}, {"history": "channel", "history_window": 2}, {"history": "dense", "history_window": 3},
-    {"loop_gate": True},
-    {"injection": "dense", "history": "dense", "history_window": 2, "loop_gate": True},
+    {"loop_gate": True}, {"branch_gate": True},
+    {"injection": "dense", "history": "dense", "history_window": 2, "loop_gate": True, "branch_gate": True},
 ]
 
 
@@ -118,11 +118,37 @@ def test_loop_gate_scales_each_channel_group_of_the_net_update():
     torch.testing.assert_close(h1[..., 32:], core[..., 32:])
 
 
+def _branch_weight(model: LoopedLM, layer: int, branch: int) -> torch.Tensor:
+    """The weight whose rows make shared layer `layer`'s attention (0) or MLP (1) output channels, as the gate sees them."""
+    block = model.shared[layer]
+    if block.sandwich:  # the sublayer's own norm runs before the gate
+        return (block.input_layernorm_2, block.post_attention_layernorm_2)[branch].weight
+    return (block.self_attn.o_proj, block.mlp.down_proj)[branch].weight
+
+
+@pytest.mark.parametrize("name", ["ouro-tiny", "coreloop-tiny"])  # sandwich norms, and pre-norm with prelude and coda
+@pytest.mark.parametrize("branch", [0, 1], ids=["attention", "mlp"])
+def test_branch_gate_scales_each_branch_per_channel_group(name, branch):
+    """A branch gate g on channel groups 0-3 of shared layer 1 at loop 1 scales those channels of that
+    branch by 1 + tanh(g): the same logits as the model whose branch output rows are scaled so (one loop,
+    so no other loop shares the weight). g = -30 removes them (1 + tanh(-30) == 0)."""
+    rows = preset(name).hidden_size // 2  # groups 0-3 of 8: the first half of the channels
+    ids = torch.randint(3, 99, (1, 7), generator=torch.Generator().manual_seed(5))
+    for g in (-30.0, 0.3):
+        gated, scaled = _model(name, branch_gate=True), _model(name)
+        with torch.no_grad():
+            gated.model.loop_conditioning.branch[0, 1, branch, :4] = g
+            _branch_weight(scaled, 1, branch)[:rows] *= 1 + torch.tanh(torch.tensor(g))
+            logits = gated(ids, loops=1).logits
+            torch.testing.assert_close(logits, scaled(ids, loops=1).logits)
+            assert not torch.allclose(logits, _model(name)(ids, loops=1).logits)
+
+
 @pytest.mark.parametrize("name", ["coreloop-tiny", "ouro-tiny", "melt-tiny"])
 def test_parameters_and_the_bytes_decoding_keeps(name):
-    cfg = preset(name).replace(injection="dense", history="channel", history_window=3, loop_gate=True)
+    cfg = preset(name).replace(injection="dense", history="channel", history_window=3, loop_gate=True, branch_gate=True)
     d = cfg.hidden_size
-    assert conditioning_params(cfg) == d * d + 3 * d + cfg.loops * 8
+    assert conditioning_params(cfg) == d * d + 3 * d + cfg.loops * 8 + cfg.loops * cfg.shared_layers * 2 * 8
     assert count_params(cfg) == sum(p.numel() for p in LoopedLM(cfg).parameters())
     plain = KVCache(preset(name), 2, 30, 4, torch.float32, "cpu")
     cache = KVCache(cfg, 2, 30, 4, torch.float32, "cpu")
@@ -145,6 +171,8 @@ def test_conditioned_checkpoint_round_trip(tmp_path):
     "changes,words",
     [({"injection": "matrix"}, "injection='matrix' is not one of"), ({"history_window": 0}, "history_window must be a positive"),
      ({"loop_gate": True, "hidden_size": 100, "head_dim": 25 * 2}, "divisible by 8"),
+     ({"branch_gate": True, "hidden_size": 100, "head_dim": 25 * 2}, "branch_gate needs hidden_size divisible by 8"),
+     ({"branch_gate": "yes"}, "branch_gate must be true or false"), ({"loop_gate": 1}, "loop_gate must be true or false"),
      ({"prelude_layers": 1, "shared_layers": 0, "loops": 1, "kv_strategy": "standard", "history": "scalar"}, "shared_layers >= 1")],
 )
 def test_bad_conditioning_fields_name_the_field(changes, words):
