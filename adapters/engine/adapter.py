@@ -219,11 +219,12 @@ class EngineAdapter:
             return {"weights_bytes": self._weights_bytes, "kv_bytes_allocated": 0, "kv_bytes_used": 0, "kv_bytes_peak": self._peak,
                     "kv_bytes_reserved": 0, "kv_bytes_reserved_peak": self._reserved}
         reserved = live.kv_bytes_reserved
+        used, allocated, peak = live.accounting()
         return {
             "weights_bytes": self._weights_bytes,
-            "kv_bytes_allocated": live.kv_bytes_allocated,
-            "kv_bytes_used": live.kv_bytes_used,
-            "kv_bytes_peak": max(self._peak, live.peak_allocated),
+            "kv_bytes_allocated": allocated,
+            "kv_bytes_used": used,
+            "kv_bytes_peak": max(self._peak, peak),
             "kv_bytes_reserved": reserved,
             "kv_bytes_reserved_peak": max(self._reserved, reserved),
         }

@@ -104,6 +104,10 @@ class KVCache:
     def kv_bytes_used(self) -> int:
         return self._slot_bytes * self.length + (self._latent_bytes if self.length else 0)
 
+    def accounting(self) -> tuple[int, int, int]:
+        """(kv_bytes_used, kv_bytes_allocated, peak_allocated), as `BlockPool.accounting` gives them."""
+        return self.kv_bytes_used, self.kv_bytes_allocated, self.peak_allocated
+
     @property
     def peak_allocated(self) -> int:
         """A static cache holds its whole allocation from start to end (the same interface as a block pool)."""

@@ -24,6 +24,7 @@ Accounting, exact (`adapters.engine.memory.analytic_terms` gives the same coeffi
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 
 import torch
@@ -70,12 +71,14 @@ class BlockPool:
         self.tokens_held = 0  # sum of `filled` over held blocks
         self.in_flight = 0  # tokens of the current step (their latent state is live)
         self.peak_allocated = 0
+        self.lock = threading.Lock()  # the counters change in the generate thread and are read in the sampler's
 
     # ------------------------------------------------------------------------------ blocks
     def allocate(self) -> int:
-        block = self.free.popleft()
-        self.refs[block], self.filled[block] = 1, 0
-        self.peak_allocated = max(self.peak_allocated, self.kv_bytes_allocated)
+        with self.lock:
+            block = self.free.popleft()
+            self.refs[block], self.filled[block] = 1, 0
+            self.peak_allocated = max(self.peak_allocated, self.kv_bytes_allocated)
         return block
 
     def share(self, blocks: list[int]) -> None:
@@ -83,11 +86,12 @@ class BlockPool:
             self.refs[block] += 1
 
     def release(self, blocks: list[int]) -> None:
-        for block in blocks:
-            self.refs[block] -= 1
-            if self.refs[block] == 0:
-                self.tokens_held -= self.filled[block]
-                self.free.append(block)
+        with self.lock:
+            for block in blocks:
+                self.refs[block] -= 1
+                if self.refs[block] == 0:
+                    self.tokens_held -= self.filled[block]
+                    self.free.append(block)
 
     def copy(self, src: int, filled: int) -> int:
         """A new block holding the first `filled` slots of block `src` (a sample's own copy of a shared tail)."""
@@ -99,13 +103,21 @@ class BlockPool:
 
     def mark_written(self, block: int, filled: int) -> None:
         """Block `block` now holds `filled` slots (writes only ever extend a block)."""
-        self.tokens_held += filled - self.filled[block]
-        self.filled[block] = filled
+        with self.lock:
+            self.tokens_held += filled - self.filled[block]
+            self.filled[block] = filled
 
     def begin_step(self, tokens: int) -> None:
         """A step of `tokens` tokens starts: their latent state (MELT's h, the history buffer) is live."""
-        self.in_flight = tokens
-        self.peak_allocated = max(self.peak_allocated, self.kv_bytes_allocated)
+        with self.lock:
+            self.in_flight = tokens
+            self.peak_allocated = max(self.peak_allocated, self.kv_bytes_allocated)
+
+    def accounting(self) -> tuple[int, int, int]:
+        """(kv_bytes_used, kv_bytes_allocated, peak_allocated) read together: another thread's reading never
+        falls between two counter updates (used <= allocated <= peak always holds in it)."""
+        with self.lock:
+            return self.kv_bytes_used, self.kv_bytes_allocated, self.peak_allocated
 
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
