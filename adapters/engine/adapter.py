@@ -71,10 +71,8 @@ class EngineAdapter:
         self.config: LoopConfig = model.config
         self.max_context = self.config.max_position
         self.loops = self.config.loops if loops is None else loops
-        self.max_batch, self.batching, self.kv_budget, self.block_size = check_batching(max_batch, batching, kv_budget, block_size)
-        if not isinstance(cuda_graphs, bool):
-            raise AdapterError(f"cuda_graphs must be true or false, got {cuda_graphs!r}")
-        self.cuda_graphs = cuda_graphs
+        self.max_batch, self.batching, self.kv_budget, self.block_size, self.cuda_graphs = check_batching(
+            max_batch, batching, kv_budget, block_size, cuda_graphs)
         if exit_policy.kind != "none" and not self.config.exit_gate and exit_policy.kind == "threshold":
             raise AdapterError("exit_policy 'threshold' needs a model with an exit gate (Ouro)")
         self.exit_policy = exit_policy
@@ -256,8 +254,8 @@ class EngineAdapter:
         }
 
 
-def check_batching(max_batch: Any, batching: Any, kv_budget: Any, block_size: Any) -> tuple[int, str, float | None, int]:
-    """The batching overrides, checked: (max_batch, batching, kv_budget in GB or None, block_size)."""
+def check_batching(max_batch: Any, batching: Any, kv_budget: Any, block_size: Any, cuda_graphs: Any) -> tuple[int, str, float | None, int, bool]:
+    """The batching overrides, checked: (max_batch, batching, kv_budget in GB or None, block_size, cuda_graphs)."""
     for name, value in (("max_batch", max_batch), ("block_size", block_size)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise AdapterError(f"{name} must be a positive integer, got {value!r}")
@@ -265,12 +263,14 @@ def check_batching(max_batch: Any, batching: Any, kv_budget: Any, block_size: An
         raise AdapterError(f"batching {batching!r} is not one of {', '.join(BATCHING)}")
     if kv_budget is not None and (isinstance(kv_budget, bool) or not isinstance(kv_budget, (int, float)) or not 0 < kv_budget < float("inf")):
         raise AdapterError(f"kv_budget must be a positive number of GB, got {kv_budget!r}")
-    return max_batch, batching, None if kv_budget is None else float(kv_budget), block_size
+    if not isinstance(cuda_graphs, bool):
+        raise AdapterError(f"cuda_graphs must be true or false, got {cuda_graphs!r}")
+    return max_batch, batching, None if kv_budget is None else float(kv_budget), block_size, cuda_graphs
 
 
-def _batching_overrides(overrides: dict[str, Any]) -> tuple[int, str, float | None, int]:
+def _batching_overrides(overrides: dict[str, Any]) -> tuple[int, str, float | None, int, bool]:
     return check_batching(overrides.get("max_batch", DEFAULT_MAX_BATCH), overrides.get("batching", "continuous"),
-                          overrides.get("kv_budget"), overrides.get("block_size", DEFAULT_BLOCK_SIZE))
+                          overrides.get("kv_budget"), overrides.get("block_size", DEFAULT_BLOCK_SIZE), overrides.get("cuda_graphs", True))
 
 
 def _check_overrides(overrides: dict[str, Any]) -> None:
@@ -310,10 +310,10 @@ def _build(spec: str, model_fn: Any, tokenizer_fn: Any, overrides: dict[str, Any
         model.config = model.config.replace(chunk_size=int(overrides["chunk_size"]))
     if conditioning(overrides):
         model = model.with_conditioning(**conditioning(overrides))
-    max_batch, batching, kv_budget, block_size = _batching_overrides(overrides)
+    max_batch, batching, kv_budget, block_size, cuda_graphs = _batching_overrides(overrides)
     return EngineAdapter(spec, model, tokenizer_fn(), loops=overrides.get("loops"), max_batch=max_batch,
                          exit_policy=exit_policy(model.config, overrides), batching=batching, kv_budget=kv_budget, block_size=block_size,
-                         cuda_graphs=overrides.get("cuda_graphs", True))
+                         cuda_graphs=cuda_graphs)
 
 
 def exit_policy(cfg: LoopConfig, overrides: dict[str, Any]) -> ExitPolicy:

@@ -176,6 +176,7 @@ def test_memory_reports_the_live_pool_and_its_peak():
     ({"block_size": 0}, "block_size must be a positive integer"),
     ({"kv_budget": -1.0}, "kv_budget must be a positive number of GB"),
     ({"max_batch": "8"}, "max_batch must be a positive integer"),
+    ({"cuda_graphs": 3}, "cuda_graphs must be true or false"),
 ])
 def test_bad_batching_overrides_name_the_override(overrides, message):
     with pytest.raises(AdapterError, match=message):
