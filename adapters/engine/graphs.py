@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from adapters.engine.model import LoopedLM, StepOutput
-from adapters.engine.paged import BlockPool, PagedStep
+from adapters.engine.paged import BlockPool, PagedStep, key_mask
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
@@ -90,14 +90,10 @@ class DecodeGraphs:
         entry.blocks.fill_(self.pool.spare)[:b, :w].copy_(blocks, non_blocking=True)
 
     def _run(self, entry: _Graph) -> StepOutput:
-        """The padded step: slots and mask from the positions and the table, then the model's step."""
-        size = self.pool.block_size
-        positions, blocks = entry.positions, entry.blocks
-        length = blocks.shape[1] * size
-        slots = (blocks.gather(1, positions // size) * size + positions % size).flatten()
-        mask = (torch.arange(length, device=blocks.device) <= positions[:, :, None])[:, None]  # [B, 1, 1, length]
-        cache = PagedStep(self.pool, slots, positions, blocks, length)
-        return self.model.step(entry.tokens, positions, cache, length - 1, mask, self.loops, self.keep_loops)
+        """The padded step over the whole table width (slots and mask are computed inside the graph too)."""
+        length = entry.blocks.shape[1] * self.pool.block_size
+        cache = PagedStep(self.pool, entry.positions, entry.blocks, length)
+        return self.model.step(entry.tokens, entry.positions, cache, length - 1, key_mask(entry.positions, length), self.loops, self.keep_loops)
 
     def _buffers(self, batch: int, width: int) -> _Graph:
         device = self.pool.k.device

@@ -144,13 +144,18 @@ class BlockPool:
         return self.k.numel() * self.k.element_size() * 2 + self.latent_bytes_per_token * self.latent_tokens
 
 
+def key_mask(positions: Tensor, length: int) -> Tensor:
+    """Bool [B, 1, n, length]: each new token sees the slots of its sequence up to its own position."""
+    return (torch.arange(length, device=positions.device) <= positions[:, :, None])[:, None]
+
+
 class PagedStep:
     """The `Cache` of one step: B sequences, n tokens each, written at `slots` and read block by block.
 
-    `slots` [B * n]: the pool slot of each new token, row-major, at `positions` [B, n]; `blocks`
-    [B, W]: each sequence's block table up to the end of this step (padded with any block; the
-    step's mask hides what is not the sequence's). Attention reads whole blocks (one index per block,
-    not per token) and the first `length` rows of them.
+    `positions` [B, n]: the new tokens' positions; `blocks` [B, W]: each sequence's block table up to
+    the end of this step (padded with any block; the step's mask, `key_mask`, hides what is not the
+    sequence's). The new tokens' K/V go to their pool slots (`slots`, row-major); attention reads
+    whole blocks (one index per block, not per token) and the first `length` rows of them.
 
     A gated (MELT) layer attends to the same rows at every loop but the step's own, which each loop
     overwrites. So when the gathered rows of all shared layers fit in `KEEP_BYTES`, the step keeps
@@ -160,8 +165,10 @@ class PagedStep:
     than `KEEP_BYTES` beyond one layer's rows.
     """
 
-    def __init__(self, pool: BlockPool, slots: Tensor, positions: Tensor, blocks: Tensor, length: int) -> None:
-        self.pool, self.slots, self.positions, self.blocks, self.length = pool, slots, positions, blocks, length
+    def __init__(self, pool: BlockPool, positions: Tensor, blocks: Tensor, length: int) -> None:
+        self.pool, self.positions, self.blocks, self.length = pool, positions, blocks, length
+        size = pool.block_size
+        self.slots = (blocks.gather(1, positions // size) * size + positions % size).flatten()
         self.rows, self.tokens = positions.shape
         gathered = 2 * blocks.numel() * pool.block_size * pool.k[0, 0].numel() * pool.k.element_size() * pool.shared
         self.kept: dict[int, tuple[Tensor, Tensor]] | None = {} if pool.latent is not None and gathered <= KEEP_BYTES else None

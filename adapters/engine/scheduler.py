@@ -29,7 +29,7 @@ from adapters.base import Finished, Generation, Sampling
 from adapters.engine.generate import ExitPolicy, is_looped, output_text, read_logits, sample, stop_reason
 from adapters.engine.graphs import DecodeGraphs
 from adapters.engine.model import LoopedLM, StepOutput, prefill_chunks
-from adapters.engine.paged import BlockPool, PagedStep
+from adapters.engine.paged import BlockPool, PagedStep, key_mask
 
 
 @dataclass(eq=False)
@@ -217,12 +217,9 @@ class Scheduler:
         if self.graphs is not None and n == 1:
             out = self.graphs.step(self._tensor(tokens), positions, blocks)
         else:
-            slots = (blocks.gather(1, positions // size) * size + positions % size).flatten()
-            mask = None
-            if b > 1 or (n > 1 and seqs[0].written > 0):  # else plain causal attention over the one sequence's rows
-                mask = (torch.arange(end, device=self.device) <= positions[:, :, None])[:, None]  # [B, 1, n, end]
-            out = self.model.step(self._tensor(tokens), positions, PagedStep(pool, slots, positions, blocks, end), end - n, mask,
-                                  self.loops, self.policy.kind != "none")
+            plain = b == 1 and (n == 1 or seqs[0].written == 0)  # plain causal attention over the one sequence's rows
+            out = self.model.step(self._tensor(tokens), positions, PagedStep(pool, positions, blocks, end), end - n,
+                                  None if plain else key_mask(positions, end), self.loops, self.policy.kind != "none")
         for seq in seqs:
             seq.written += n
             for block in range((seq.written - n) // size, pool.blocks_for(seq.written)):
