@@ -172,6 +172,8 @@ class PagedStep:
         self.rows, self.tokens = positions.shape
         gathered = 2 * blocks.numel() * pool.block_size * pool.k[0, 0].numel() * pool.k.element_size() * pool.shared
         self.kept: dict[int, tuple[Tensor, Tensor]] | None = {} if pool.latent is not None and gathered <= KEEP_BYTES else None
+        if self.kept is not None:  # with `positions`: where the new rows go in kept K/V
+            self.row_index = torch.arange(self.rows, device=positions.device)[:, None]
 
     def kv_source(self, layer: int, loop: int, x: Tensor, gate: Gate) -> Tensor | None:
         """The latent h of `layer`'s tokens in flight, updated in place: x at loop 0, then the gate."""
@@ -192,9 +194,8 @@ class PagedStep:
             if self.kept is not None:
                 self.kept[entry] = kept
         else:
-            rows = torch.arange(self.rows, device=k.device)[:, None]
-            kept[0][rows, self.positions] = k_new
-            kept[1][rows, self.positions] = v_new
+            kept[0][self.row_index, self.positions] = k_new
+            kept[1][self.row_index, self.positions] = v_new
         return kept[0].transpose(1, 2), kept[1].transpose(1, 2)
 
     def _read(self, rows: Tensor) -> Tensor:

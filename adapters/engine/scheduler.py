@@ -211,7 +211,7 @@ class Scheduler:
         b, n = len(tokens), len(tokens[0])
         end = max(seq.written for seq in seqs) + n
         width = pool.blocks_for(end)
-        blocks = self._tensor([seq.blocks[:width] + [0] * (width - len(seq.blocks[:width])) for seq in seqs])
+        blocks = self._tensor([(seq.blocks + [0] * width)[:width] for seq in seqs])  # padded with block 0, which the mask hides
         positions = self._tensor([[seq.written + j for j in range(n)] for seq in seqs])
         pool.begin_step(b * n)
         if self.graphs is not None and n == 1:
