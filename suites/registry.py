@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 DEFAULT_SUITE = "synthetic"
 
 _DESCRIPTIONS: dict[str, str] = {
-    "synthetic": "bundled: multi-digit addition, 2/3/4-hop variable chains and a lookup control (200 items each); cellular-automaton depth tasks r30k3..r30k8, r110k4 by name",
+    "synthetic": "bundled: multi-digit addition, 2/3/4-hop variable chains and a lookup control (200 items each); cellular-automaton depth tasks r30k3..r30k8, r110k4, c30k2..c30k8, c150k2..c150k7 by name",
     "paper": "AIME24/25/26, AMC23, MATH-500, OlympiadBench, GPQA-Diamond, MMLU-Redux, HumanEval, HLE (local copies via --data-dir)",
 }
 _MODULES = {"synthetic": synthetic, "paper": paper}

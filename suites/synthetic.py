@@ -11,6 +11,10 @@ Every item is a short printable-ASCII prompt and a short answer, followed by the
     lookup     "k=7;m=2;q=5;m=?"             -> "2"     (one-step retrieval: the control task)
     r30k4      "r30 k4 0110100111010001:"    -> 16 bits (rule 30 run 4 steps on a ring of 16 cells)
     r30k3, r30k5, r30k6, r30k8               the same at other depths; r110k4 with rule 110
+    c30k2, c30k4, c30k6, c30k8  "c30 k6 0110...:" -> 16 bits (rule 30 read causally: cell i reads cells
+                                i-2, i-1, i of a line, zeros before the first cell)
+    c150k2, c150k3, c150k5, c150k7  the same with rule 150 (the XOR of the three cells: after k steps
+                                bit i is the parity of up to 2k + 1 input cells)
 
 The chains are stated in order, so each operand sits at a fixed offset before the question: one
 attention layer can gather them all and the feed-forward layers compose the operations, which a
@@ -19,7 +23,10 @@ names by content; `lookup` is a single retrieval by name.
 
 The cellular-automaton tasks close that shortcut: every step is local and the same at every cell,
 so output bit i after k steps depends on the 2k + 1 input bits around it, and each step costs the
-model some depth. k is stated in the prompt. They are selectable by name; the suite's default task
+model some depth. k is stated in the prompt. On the ring a causal model cannot run the steps on the
+prompt (cell i needs cell i+1, which comes after it), so the steps have to happen at the answer;
+the causal tasks (`c30k*`) read only cells at or before i, so every prompt position can hold its
+cell's state after each layer (or loop), one step at a time. They are selectable by name; the suite's default task
 list (`DEFAULT_TASKS`, what a run without --tasks evaluates) is still the first five, which the
 shipped zoo was trained on (docs/zoo-trials.md, section 6, has the trials on these tasks).
 
@@ -49,13 +56,18 @@ if TYPE_CHECKING:
 
 DATA_DIR = Path(__file__).parent / "data" / "synthetic"
 DEFAULT_TASKS: tuple[str, ...] = ("addition", "chain2", "chain3", "chain4", "lookup")  # a run without --tasks
-CA_TASKS: tuple[tuple[int, int], ...] = ((30, 3), (30, 4), (30, 5), (30, 6), (30, 8), (110, 4))  # (rule, steps)
-DEPTH_TASKS: tuple[str, ...] = tuple(f"r{rule}k{steps}" for rule, steps in CA_TASKS)
+# (neighbourhood, rule, steps): "r" reads cells i-1, i, i+1 on a ring; "c" (causal) reads i-2, i-1, i on a line
+CA_TASKS: tuple[tuple[str, int, int], ...] = (
+    ("r", 30, 3), ("r", 30, 4), ("r", 30, 5), ("r", 30, 6), ("r", 30, 8), ("r", 110, 4),
+    ("c", 30, 2), ("c", 30, 4), ("c", 30, 6), ("c", 30, 8),
+    ("c", 150, 2), ("c", 150, 3), ("c", 150, 5), ("c", 150, 7),
+)
+DEPTH_TASKS: tuple[str, ...] = tuple(f"{kind}{rule}k{steps}" for kind, rule, steps in CA_TASKS)
 TASKS: tuple[str, ...] = DEFAULT_TASKS + DEPTH_TASKS  # every selectable task
 COLUMNS: dict[str, dict[str, str]] = {task: {"prompt": "prompt", "answer": "text"} for task in TASKS}  # read by the prompt
 SPLITS: tuple[str, ...] = ("train", "test")
 TEST_SIZE = 200  # items per task in the committed test split
-TRAIN_SIZE = 8000  # items per task in the committed train split (11 tasks: 88k items, about 5 MB)
+TRAIN_SIZE = 8000  # items per task in the committed train split (19 tasks: 156k items, about 9.6 MB)
 SEED = 0
 STOP = "\n"  # every answer ends here; also the evaluation stop sequence
 GENERATION_SIZE = 20  # new tokens a run allows: the longest answer is 16 characters (a CA state), plus the stop
@@ -110,13 +122,21 @@ def _lookup(rng: random.Random) -> tuple[str, str]:
 CA_CELLS = 16  # ring size of the cellular-automaton tasks
 
 
-def ca_step(cells: str, rule: int) -> str:
-    """One step of an elementary cellular automaton on a ring: cell i reads cells i-1, i, i+1 (Wolfram numbering)."""
+def ca_step(cells: str, rule: int, causal: bool = False) -> str:
+    """One step of an elementary cellular automaton (Wolfram numbering).
+
+    On a ring cell i reads cells i-1, i, i+1. Causal: cell i reads cells i-2, i-1, i of a line whose
+    cells before the first are 0, so every cell depends only on cells at or before it, and a causal
+    model can run the steps on the prompt itself, one step per layer (or loop).
+    """
     n = len(cells)
+    if causal:
+        padded = "00" + cells
+        return "".join(str(rule >> int(padded[i : i + 3], 2) & 1) for i in range(n))
     return "".join(str(rule >> int(cells[i - 1] + cells[i] + cells[(i + 1) % n], 2) & 1) for i in range(n))
 
 
-def _automaton(rule: int, steps: int) -> Callable[[random.Random], tuple[str, str]]:
+def _automaton(kind: str, rule: int, steps: int) -> Callable[[random.Random], tuple[str, str]]:
     """A random ring of CA_CELLS bits and its state after `steps` steps of `rule`: `r30 k4 0110...:` -> 16 bits.
 
     Every step is local and the same everywhere: output bit i depends on the 2k + 1 input bits
@@ -128,8 +148,8 @@ def _automaton(rule: int, steps: int) -> Callable[[random.Random], tuple[str, st
         cells = "".join(rng.choice("01") for _ in range(CA_CELLS))
         state = cells
         for _ in range(steps):
-            state = ca_step(state, rule)
-        return f"r{rule} k{steps} {cells}:", state
+            state = ca_step(state, rule, causal=kind == "c")
+        return f"{kind}{rule} k{steps} {cells}:", state
 
     return make
 
@@ -140,7 +160,7 @@ _MAKERS: dict[str, Callable[[random.Random], tuple[str, str]]] = {
     "chain3": _chain(3),
     "chain4": _chain(4),
     "lookup": _lookup,
-    **{task: _automaton(rule, steps) for task, (rule, steps) in zip(DEPTH_TASKS, CA_TASKS)},
+    **{task: _automaton(*spec) for task, spec in zip(DEPTH_TASKS, CA_TASKS)},
 }
 
 

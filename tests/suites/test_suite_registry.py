@@ -22,7 +22,7 @@ def test_list_and_tasks_without_importing_lighteval():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert out.splitlines() == [
-        "['paper', 'synthetic'] ['addition', 'chain2', 'chain3', 'chain4', 'lookup', 'r30k3', 'r30k4', 'r30k5', 'r30k6', 'r30k8', 'r110k4']",
+        "['paper', 'synthetic'] ['addition', 'chain2', 'chain3', 'chain4', 'lookup', 'r30k3', 'r30k4', 'r30k5', 'r30k6', 'r30k8', 'r110k4', 'c30k2', 'c30k4', 'c30k6', 'c30k8', 'c150k2', 'c150k3', 'c150k5', 'c150k7']",
         "False",
     ]
     assert all(list_suites().values())

@@ -10,22 +10,27 @@ from suites import SuiteError
 from suites import synthetic as syn
 
 
-def run_automaton(rule: int, steps: int, cells: list[int]) -> list[int]:
-    """Elementary CA on a ring, written from the rule's truth table rather than bit arithmetic."""
+def run_automaton(rule: int, steps: int, cells: list[int], causal: bool = False) -> list[int]:
+    """Elementary CA written from the rule's truth table rather than bit arithmetic: on a ring, or
+    causal (cell i reads cells i-2, i-1, i; cells before the first read as 0)."""
     table = {(l, c, r): int(bit) for (l, c, r), bit in zip(
         [(1, 1, 1), (1, 1, 0), (1, 0, 1), (1, 0, 0), (0, 1, 1), (0, 1, 0), (0, 0, 1), (0, 0, 0)], f"{rule:08b}")}
     n = len(cells)
     for _ in range(steps):
-        cells = [table[cells[(i - 1) % n], cells[i], cells[(i + 1) % n]] for i in range(n)]
+        if causal:
+            cell = lambda i: cells[i] if i >= 0 else 0  # noqa: E731
+            cells = [table[cell(i - 2), cell(i - 1), cell(i)] for i in range(n)]
+        else:
+            cells = [table[cells[(i - 1) % n], cells[i], cells[(i + 1) % n]] for i in range(n)]
     return cells
 
 
 def solve(prompt: str) -> str:
     """An independent solver for the four prompt shapes (addition, chain, lookup, automaton)."""
-    automaton = re.fullmatch(r"r(\d+) k(\d+) ([01]+):", prompt)
+    automaton = re.fullmatch(r"([rc])(\d+) k(\d+) ([01]+):", prompt)
     if automaton:
-        rule, steps, cells = int(automaton[1]), int(automaton[2]), [int(c) for c in automaton[3]]
-        return "".join(map(str, run_automaton(rule, steps, cells)))
+        rule, steps, cells = int(automaton[2]), int(automaton[3]), [int(c) for c in automaton[4]]
+        return "".join(map(str, run_automaton(rule, steps, cells, causal=automaton[1] == "c")))
     if prompt.endswith("="):
         a, b = prompt[:-1].split("+")
         return str(int(a) + int(b))
@@ -72,7 +77,7 @@ def test_splits_disjoint_answers_correct_and_tokenizer_friendly():
             assert text.endswith(syn.STOP) and all(32 <= ord(c) <= 126 for c in text[:-1])
             assert len(item["answer"]) + 1 <= syn.generation_size(task) <= syn.GENERATION_SIZE
         total_bytes += syn.data_path(task, "test").stat().st_size + syn.data_path(task, "train").stat().st_size
-    assert total_bytes < 6_000_000
+    assert total_bytes < 10_000_000
 
 
 def test_tasks_have_their_shape():
@@ -84,10 +89,11 @@ def test_tasks_have_their_shape():
 
 
 def test_automaton_tasks_state_rule_and_depth():
-    assert syn.DEPTH_TASKS == ("r30k3", "r30k4", "r30k5", "r30k6", "r30k8", "r110k4")
+    assert syn.DEPTH_TASKS == ("r30k3", "r30k4", "r30k5", "r30k6", "r30k8", "r110k4", "c30k2", "c30k4", "c30k6", "c30k8",
+                               "c150k2", "c150k3", "c150k5", "c150k7")
     for task in syn.DEPTH_TASKS:
         for item in syn.generate_split(task, "test", 20):
-            assert item["prompt"].startswith(f"r{task[1:].split('k')[0]} k{task.split('k')[1]} ")
+            assert item["prompt"].startswith(f"{task[0]}{task[1:].split('k')[0]} k{task.split('k')[1]} ")
             assert len(item["answer"]) == syn.CA_CELLS and set(item["answer"]) <= {"0", "1"}
     # rule 30 grows a single live cell into the familiar 111 / 11001 rows
     assert syn.ca_step("0000000100000000", 30) == "0000001110000000"
@@ -96,6 +102,25 @@ def test_automaton_tasks_state_rule_and_depth():
     base = "0110100111010001"
     flipped = base[:5] + str(1 - int(base[5])) + base[6:]
     assert run_automaton(30, 4, [int(c) for c in base])[0] == run_automaton(30, 4, [int(c) for c in flipped])[0]
+
+
+def test_causal_automaton_reads_only_cells_before():
+    # causal rule 30: cell i reads i-2, i-1, i, so a live cell spreads rightwards only
+    assert syn.ca_step("0000000100000000", 30, causal=True) == "0000000111000000"
+    assert syn.ca_step("1000000000000000", 30, causal=True) == "1110000000000000"
+    # bit i after k steps depends on cells i-2k..i: flipping cell 3 leaves bits 0-2 alone and, through
+    # rule 30's XOR with the cell two back, always flips bit 3 + 2k = 15 at k = 6
+    base = [int(c) for c in "0110100111010001"]
+    flipped = base[:3] + [1 - base[3]] + base[4:]
+    before, after = run_automaton(30, 6, base, causal=True), run_automaton(30, 6, flipped, causal=True)
+    assert before[:3] == after[:3] and before[15] != after[15]
+    # ... and a cell 2k + 1 = 13 before bit 15 does not reach it in 6 steps
+    far = base[:2] + [1 - base[2]] + base[3:]
+    assert run_automaton(30, 6, far, causal=True)[15] == before[15]
+    # rule 150 is linear: after 3 steps bit i is the parity of cells i, i-1, i-3, i-5, i-6 ((1 + x + x^2)^3 mod 2)
+    cells = [int(c) for c in "0110100111010001"]
+    expected = [sum(cells[i - d] for d in (0, 1, 3, 5, 6) if i - d >= 0) % 2 for i in range(16)]
+    assert run_automaton(150, 3, cells, causal=True) == expected
 
 
 def test_default_tasks_are_the_first_five():
