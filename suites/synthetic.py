@@ -25,10 +25,11 @@ The cellular-automaton tasks close that shortcut: every step is local and the sa
 so output bit i after k steps depends on the 2k + 1 input bits around it, and each step costs the
 model some depth. k is stated in the prompt. On the ring a causal model cannot run the steps on the
 prompt (cell i needs cell i+1, which comes after it), so the steps have to happen at the answer;
-the causal tasks (`c30k*`) read only cells at or before i, so every prompt position can hold its
-cell's state after each layer (or loop), one step at a time. They are selectable by name; the suite's default task
-list (`DEFAULT_TASKS`, what a run without --tasks evaluates) is still the first five, which the
-shipped zoo was trained on (docs/zoo-trials.md, section 6, has the trials on these tasks).
+the causal tasks (`c30k*`, `c150k*`) read only cells at or before i, so every prompt position can
+hold its cell's state after each layer (or loop), one step at a time. They are selectable by name;
+the suite's default task list (`DEFAULT_TASKS`, what a run without --tasks evaluates) is still the
+first five, which the shipped zoo was trained on (docs/zoo-trials.md, sections 6-10, has the trials
+on these tasks).
 
 The items come from a seeded generator (`generate_split`) and are committed under
 `suites/data/synthetic/{task}.{split}.jsonl`, so that evaluation never depends on the generator's
@@ -119,7 +120,7 @@ def _lookup(rng: random.Random) -> tuple[str, str]:
     return f"{pairs};{names[asked]}=?", str(values[asked])
 
 
-CA_CELLS = 16  # ring size of the cellular-automaton tasks
+CA_CELLS = 16  # cells of the cellular-automaton tasks (ring or line)
 
 
 def ca_step(cells: str, rule: int, causal: bool = False) -> str:
@@ -137,7 +138,7 @@ def ca_step(cells: str, rule: int, causal: bool = False) -> str:
 
 
 def _automaton(kind: str, rule: int, steps: int) -> Callable[[random.Random], tuple[str, str]]:
-    """A random ring of CA_CELLS bits and its state after `steps` steps of `rule`: `r30 k4 0110...:` -> 16 bits.
+    """Random CA_CELLS bits and their state after `steps` steps of `rule`: `r30 k4 0110...:` -> 16 bits.
 
     Every step is local and the same everywhere: output bit i depends on the 2k + 1 input bits
     around it, so k steps need depth that grows with k, and no single attention layer can gather
