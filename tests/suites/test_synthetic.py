@@ -18,8 +18,8 @@ def run_automaton(rule: int, steps: int, cells: list[int], causal: bool = False)
     n = len(cells)
     for _ in range(steps):
         if causal:
-            cell = lambda i: cells[i] if i >= 0 else 0  # noqa: E731
-            cells = [table[cell(i - 2), cell(i - 1), cell(i)] for i in range(n)]
+            line = [0, 0] + cells  # line[i + 2] is cell i
+            cells = [table[line[i], line[i + 1], line[i + 2]] for i in range(n)]
         else:
             cells = [table[cells[(i - 1) % n], cells[i], cells[(i + 1) % n]] for i in range(n)]
     return cells
