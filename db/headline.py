@@ -5,7 +5,8 @@ stores the mean as task "all", metric "pass@1"), `loopeval results` and the dash
 place shows the same numbers. A benchmark is a top-level task: a group such as `mmlu_redux` counts
 once, as the mean of its subtasks. Its headline is its generative pass@1 (LightEval's pass@k with
 k=1, averaged over n samples, as the MELT paper reports); other metrics, such as MMLU-Redux's
-`loglikelihood_acc`, never enter it. No imports: `db` stays free of harness and LightEval.
+`loglikelihood_acc`, never enter it. The only project import is the synthetic suite's task names
+(a module without LightEval): `db` stays free of harness and LightEval.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+
+from suites import synthetic
 
 SUITE = "all"  # the task name under which the suite mean is stored
 HEADLINE = "pass@1"  # its metric name
@@ -26,7 +29,10 @@ _MATHS_REASONING = ("aime24", "aime25", "aime26", "amc23", "math_500", "olympiad
 # extrapolation figure plots them apart. Kept here, beside the mean, because the dashboards read only `db`.
 TASK_GROUPS: dict[str, dict[str, str]] = {
     "paper": {**dict.fromkeys(_MATHS_REASONING, "maths/reasoning"), "mmlu_redux": "knowledge", "humaneval": "code"},
-    "synthetic": {"addition": "computation", "chain2": "computation", "chain3": "computation", "chain4": "computation", "lookup": "recall"},
+    "synthetic": {
+        **dict.fromkeys(("addition", "chain2", "chain3", "chain4"), "arithmetic"), "lookup": "recall",
+        **dict.fromkeys(synthetic.DEPTH_TASKS, "automata"),
+    },
 }
 
 

@@ -26,10 +26,13 @@ so output bit i after k steps depends on the 2k + 1 input bits around it, and ea
 model some depth. k is stated in the prompt. On the ring a causal model cannot run the steps on the
 prompt (cell i needs cell i+1, which comes after it), so the steps have to happen at the answer;
 the causal tasks (`c30k*`, `c150k*`) read only cells at or before i, so every prompt position can
-hold its cell's state after each layer (or loop), one step at a time. They are selectable by name;
-the suite's default task list (`DEFAULT_TASKS`, what a run without --tasks evaluates) is still the
-first five, which the shipped zoo was trained on (docs/zoo-trials.md, sections 6-10, has the trials
-on these tasks).
+hold its cell's state after each layer (or loop), one step at a time.
+
+The suite's default task list (`DEFAULT_TASKS`, what a run without --tasks evaluates, and what the
+shipped zoo is trained on) is the chains, the "no depth needed" contrast, and rule 30 read causally
+at k = 2, 4, 6, 8: the tiny looped models run 4 loops, so k = 6 and 8 ask for more steps than the
+trained depth (docs/zoo-trials.md, sections 6-10, has the trials that chose them). `addition` and
+`lookup`, which no zoo model learned, and the other automata stay selectable by name.
 
 The items come from a seeded generator (`generate_split`) and are committed under
 `suites/data/synthetic/{task}.{split}.jsonl`, so that evaluation never depends on the generator's
@@ -56,7 +59,7 @@ if TYPE_CHECKING:
     from lighteval.tasks.requests import Doc
 
 DATA_DIR = Path(__file__).parent / "data" / "synthetic"
-DEFAULT_TASKS: tuple[str, ...] = ("addition", "chain2", "chain3", "chain4", "lookup")  # a run without --tasks
+ARITHMETIC_TASKS: tuple[str, ...] = ("addition", "chain2", "chain3", "chain4", "lookup")
 # (neighbourhood, rule, steps): "r" reads cells i-1, i, i+1 on a ring; "c" (causal) reads i-2, i-1, i on a line
 CA_TASKS: tuple[tuple[str, int, int], ...] = (
     ("r", 30, 3), ("r", 30, 4), ("r", 30, 5), ("r", 30, 6), ("r", 30, 8), ("r", 110, 4),
@@ -64,7 +67,8 @@ CA_TASKS: tuple[tuple[str, int, int], ...] = (
     ("c", 150, 2), ("c", 150, 3), ("c", 150, 5), ("c", 150, 7),
 )
 DEPTH_TASKS: tuple[str, ...] = tuple(f"{kind}{rule}k{steps}" for kind, rule, steps in CA_TASKS)
-TASKS: tuple[str, ...] = DEFAULT_TASKS + DEPTH_TASKS  # every selectable task
+TASKS: tuple[str, ...] = ARITHMETIC_TASKS + DEPTH_TASKS  # every selectable task
+DEFAULT_TASKS: tuple[str, ...] = ("chain2", "chain3", "chain4", "c30k2", "c30k4", "c30k6", "c30k8")  # a run without --tasks
 COLUMNS: dict[str, dict[str, str]] = {task: {"prompt": "prompt", "answer": "text"} for task in TASKS}  # read by the prompt
 SPLITS: tuple[str, ...] = ("train", "test")
 TEST_SIZE = 200  # items per task in the committed test split
@@ -75,8 +79,8 @@ GENERATION_SIZE = 20  # new tokens a run allows: the longest answer is 16 charac
 
 
 def generation_size(task: str) -> int:
-    """New tokens a task's docs allow: 8 for the first five (answers of at most 4 characters), 20 for the
-    depth tasks. A cap per task keeps the default run as fast as before the 16-cell answers came."""
+    """New tokens a task's docs allow: 8 for the arithmetic tasks (answers of at most 4 characters), 20
+    for the automata. A cap per task keeps a sample that never stops from costing 20 tokens on the chains."""
     return GENERATION_SIZE if task in DEPTH_TASKS else 8
 
 _NAMES = "abcdefghijklmnopqrstuvwxyz"

@@ -23,7 +23,7 @@ _SYNTHETIC = SUITE_SAMPLING[DEFAULTS.suite]
 def run(
     model: Optional[list[str]] = typer.Option(None, "--model", help=f"Model spec, repeatable (see `loopeval models`). Default: {', '.join(DEFAULTS.models)}."),
     suite: Optional[str] = typer.Option(None, "--suite", help=f"Suite name (see `loopeval suites`). Default: {DEFAULTS.suite}."),
-    tasks: Optional[str] = typer.Option(None, "--tasks", help="Comma-separated task names of the suite. Default: its default tasks (all but the synthetic depth tasks)."),
+    tasks: Optional[str] = typer.Option(None, "--tasks", help="Comma-separated task names of the suite. Default: the suite's default tasks (synthetic: the chains and c30k2-c30k8)."),
     loops: Optional[str] = typer.Option(None, "--loops", help=f"Comma-separated loop counts for looped models; ranges too (1-12: depth extrapolation). Default: {','.join(map(str, DEFAULTS.loops))}."),
     samples: Optional[int] = typer.Option(None, "--samples", help=f"Samples per problem (pass@1 is their mean). Default: the suite's ({_SYNTHETIC['n']} on {DEFAULTS.suite})."),
     temperature: Optional[float] = typer.Option(None, "--temperature", help=f"Sampling temperature, >= 0 (0 = greedy). Default: the suite's ({_SYNTHETIC['temperature']} on {DEFAULTS.suite})."),

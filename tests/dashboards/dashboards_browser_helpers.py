@@ -4,6 +4,7 @@ Debian's /usr/bin/chromium is used through Playwright's `executable_path` (brows
 offline). Run as a script to regenerate the committed screenshots from a results database:
 
     .venv/bin/python tests/dashboards/dashboards_browser_helpers.py --db results/loopeval.sqlite --out docs/img
+    .venv/bin/python tests/dashboards/dashboards_browser_helpers.py --db lab.sqlite --out docs/img --lab
 """
 
 from __future__ import annotations
@@ -119,8 +120,21 @@ def screenshot_app(page: Any, url: str, png: Path) -> Path:
     return png
 
 
+def screenshot_figure(page: Any, report: Path, figure_id: str, png: Path) -> Path:
+    """One figure of the report (`depth`, `probe-values`, ...) on its own, as the recurrence lab section shows it."""
+    open_report(page, report)
+    figure = page.locator(f"#{figure_id}")
+    figure.locator(".main-svg").first.wait_for(timeout=30_000)
+    figure.screenshot(path=str(png))
+    return png
+
+
+LAB_FIGURES = {"depth": "depth-extrapolation.png", "probe-values": "loop-probes.png"}
+
+
 def main() -> None:
-    """Write docs/img/report.png and docs/img/app.png from a results database."""
+    """Write docs/img/report.png and docs/img/app.png from a results database; with --lab, the recurrence
+    lab's figures (docs/img/depth-extrapolation.png, loop-probes.png) from the lab's database instead."""
     from playwright.sync_api import sync_playwright
 
     from dashboards.report import write_report
@@ -128,16 +142,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", required=True, help="results database URL or SQLite path")
     parser.add_argument("--out", type=Path, default=Path("docs/img"))
+    parser.add_argument("--lab", action="store_true", help="write the depth-extrapolation and loop-probe figures")
     args = parser.parse_args()
     from db.session import resolve_db_url
 
     url = resolve_db_url(args.db)
     args.out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as scratch, sync_playwright() as playwright, served_app(url) as app_url:
+    with tempfile.TemporaryDirectory() as scratch, sync_playwright() as playwright:
         report = write_report(url, Path(scratch) / "report.html")
         browser = launch(playwright)
-        print(screenshot_report(browser.new_page(viewport=VIEWPORT), report, args.out / "report.png"))
-        print(screenshot_app(browser.new_page(viewport=VIEWPORT), app_url, args.out / "app.png"))
+        if args.lab:
+            for figure_id, name in LAB_FIGURES.items():
+                print(screenshot_figure(browser.new_page(viewport=VIEWPORT), report, figure_id, args.out / name))
+        else:
+            print(screenshot_report(browser.new_page(viewport=VIEWPORT), report, args.out / "report.png"))
+            with served_app(url) as app_url:
+                print(screenshot_app(browser.new_page(viewport=VIEWPORT), app_url, args.out / "app.png"))
         browser.close()
 
 

@@ -17,7 +17,7 @@ from db.session import open_existing
 from db.store import Store
 
 PASS = "pass@k:k=1&n=1"
-# r -> pass@1 of each synthetic task: computation improves to T = 2 then falls; recall (lookup) falls at once
+# r -> pass@1 of each synthetic task: arithmetic improves to T = 2 then falls; recall (lookup) falls at once
 SCORES = {1: {"addition": 0.2, "chain2": 0.4, "lookup": 0.8}, 2: {"addition": 0.6, "chain2": 0.8, "lookup": 0.6},
           3: {"addition": 0.4, "chain2": 0.6, "lookup": 0.2}}
 
@@ -43,10 +43,12 @@ def db(tmp_path: Path) -> str:
 
 def test_headline_splits_task_groups() -> None:
     result = headline({task: {PASS: value} for task, value in SCORES[3].items()}, "synthetic")
-    assert result.groups == {"computation": pytest.approx(0.5), "recall": pytest.approx(0.2)}
+    assert result.groups == {"arithmetic": pytest.approx(0.5), "recall": pytest.approx(0.2)}
     assert result.mean == pytest.approx((0.4 + 0.6 + 0.2) / 3)
     paper = headline({"aime24": {PASS: 1.0}, "mmlu_redux:anatomy": {PASS: 0.0}, "mmlu_redux:virology": {PASS: 0.5}}, "paper")
     assert paper.groups == {"maths/reasoning": 1.0, "knowledge": 0.25}  # MMLU-Redux counts once, as its subjects' mean
+    depth = headline({"chain3": {PASS: 0.9}, "c30k4": {PASS: 1.0}, "c30k8": {PASS: 0.5}}, "synthetic")
+    assert depth.groups == {"arithmetic": 0.9, "automata": 0.75}  # the chains apart from the depth tasks
     assert headline({"x": {PASS: 1.0}}).groups == {}
 
 
@@ -54,11 +56,11 @@ def test_depth_points_give_each_group_against_r_with_the_trained_t(db: str) -> N
     engine = open_existing(db)
     points = depth_points(engine, queries.latest_set(engine))
     by = {(row.group, row.loops): row.accuracy for row in points.itertuples()}
-    assert by[("computation", 2)] == pytest.approx(0.7) and by[("recall", 3)] == pytest.approx(0.2)
+    assert by[("arithmetic", 2)] == pytest.approx(0.7) and by[("recall", 3)] == pytest.approx(0.2)
     assert by[("all", 1)] == pytest.approx((0.2 + 0.4 + 0.8) / 3)
     assert set(points["trained_loops"]) == {2.0}
     fig = figures.accuracy_vs_depth(points)
-    assert [a.text for a in fig.layout.annotations] == ["all", "computation", "recall"]  # one panel per group, "all" first
+    assert [a.text for a in fig.layout.annotations] == ["all", "arithmetic", "recall"]  # one panel per group, "all" first
     assert {shape.x0 for shape in fig.layout.shapes} == {2.0} and len(fig.layout.shapes) == 3  # T on every panel
     assert all("<b>" not in trace.name for trace in fig.data)  # stored model names are escaped
     engine.dispose()

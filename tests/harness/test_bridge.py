@@ -268,7 +268,7 @@ def test_engine_preset_end_to_end(tmp_path: Path):
     for task in synthetic.DEFAULT_TASKS:
         value, stderr = result.metrics[task]["pass@k:k=1&n=2"]
         assert 0.0 <= value <= 1.0 and stderr is not None and not math.isnan(stderr)
-    assert len(sink.received) == len(result.scores) == 5 * 3 * 2
+    assert len(sink.received) == len(result.scores) == len(synthetic.DEFAULT_TASKS) * 3 * 2
     assert all(r.generated_tokens <= synthetic.GENERATION_SIZE and "\n" not in r.output for r in sink.received)
     assert all(r.loops_used == 1.0 or r.loops_used is None for r in sink.received)
 

@@ -92,7 +92,7 @@ def test_filters_narrow_the_runs(db: str, capsys: pytest.CaptureFixture[str]) ->
     out = _results(capsys, "--db", db, "--last", "2")  # the profile and the latest run
     assert len(_rows(out)) == 1 and "1 profile run" in out
     out = _results(capsys, "--db", db, "--suite", "synthetic", "--tasks")
-    assert [row[2:4] for row in _rows(out)] == [["chain2", "0.900 ± 0.098"], ["[computation]", "0.900"],
+    assert [row[2:4] for row in _rows(out)] == [["chain2", "0.900 ± 0.098"], ["[arithmetic]", "0.900"],
                                                       ["mean", "0.900 ± 0.098"]]
 
 
@@ -100,7 +100,7 @@ def test_per_task_scores_and_profiles_have_their_own_views(db: str, capsys: pyte
     out = _results(capsys, "--db", db, "--sweep", "aaaa", "--tasks")
     assert [row[:4] for row in _rows(out)][:6] == [["zoo:ouro-tiny", "2", "addition", "0.200 ± 0.098"],
                                                   ["", "", "chain2", "0.600 ± 0.098"], ["", "", "lookup", "1.000 ± 0.098"],
-                                                  ["", "", "[computation]", "0.400"], ["", "", "[recall]", "1.000"],
+                                                  ["", "", "[arithmetic]", "0.400"], ["", "", "[recall]", "1.000"],
                                                   ["", "", "mean", "0.600 ± 0.057"]]  # task groups (db.headline.TASK_GROUPS) before the mean
     out = _results(capsys, "--db", db, "--profiles")
     assert _rows(out) == [["6", "preset:melt-tiny", "2", "1", "16-64", "1 MB", "6.4 KB", "6.4 KB", "200 MB rss"]]

@@ -56,8 +56,8 @@ def test_synthetic_configs_read_the_bundled_test_split():
         assert [m.metric_name for m in config.metrics] == ["pass@k:k=1&n=1"]
 
 
-def test_synthetic_runs_its_default_tasks_unless_depth_tasks_are_named():
-    assert [c.name for c in load_suite("synthetic")] == ["addition", "chain2", "chain3", "chain4", "lookup"]
+def test_synthetic_runs_its_default_tasks_unless_others_are_named():
+    assert [c.name for c in load_suite("synthetic")] == ["chain2", "chain3", "chain4", "c30k2", "c30k4", "c30k6", "c30k8"]
     assert [c.name for c in load_suite("synthetic", tasks=["r110k4", "r30k5"])] == ["r30k5", "r110k4"]
     from suites import paper
     from suites.registry import _select
@@ -82,14 +82,14 @@ def test_project_registry_holds_only_our_tasks_and_reads_local_files():
     configs = load_suite("synthetic")
     registry = ProjectRegistry(configs)
     tasks = registry.load_tasks()
-    assert sorted(tasks) == ["addition|0", "chain2|0", "chain3|0", "chain4|0", "lookup|0"]
+    assert sorted(tasks) == ["c30k2|0", "c30k4|0", "c30k6|0", "c30k8|0", "chain2|0", "chain3|0", "chain4|0"]
     task = tasks["chain4|0"]
     task.dataset = load_task_dataset(task.config)
     docs = task.get_docs(max_samples=3)
     assert len(docs) == 3 and all(d.query.endswith("=?") and d.choices[0].isdigit() for d in docs)
     # LightEval's default registry would have imported its built-in task modules (one downloads at import)
     assert "lighteval.tasks.tasks.tiny_benchmarks" not in sys.modules
-    with pytest.raises(SuiteError, match="repeated: lookup"):
+    with pytest.raises(SuiteError, match="repeated: c30k8"):
         ProjectRegistry(configs + [configs[-1]])
 
 
