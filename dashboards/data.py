@@ -111,7 +111,7 @@ def browse_samples(
 def depth_points(engine: Engine, set_id: str) -> pd.DataFrame:
     """Depth extrapolation: one row per (model, loops r, task group) of one evaluation set with the group's
     mean pass@1 and the model's trained loop count T ("all" is the suite mean; groups from
-    `db.headline.TASK_GROUPS`).
+    `db.headline.TASK_GROUPS` and `GROUP_PATTERNS`).
 
     The latest run of a (model, r) pair within the set wins, as in the accuracy figures. T comes from what
     the adapter described (`trained_loops`); NaN where it did not say, and the figure then marks no T.

@@ -295,7 +295,7 @@ def accuracy_vs_depth(points: pd.DataFrame) -> go.Figure:
     _mark_trained_loops(fig, points.groupby("model")["trained_loops"].max(), colors)
     fig.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))  # "group=knowledge" -> "knowledge"
     fig.update_yaxes(range=[-0.05, 1.05])
-    return fig.update_layout(title=title)
+    return fig.update_layout(title=title, margin={"t": 100})  # room for the set line above the panel titles
 
 
 PROBE_LABELS = {"angular_distance": "angular distance / pi", "relative_update": "relative update norm",

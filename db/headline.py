@@ -5,8 +5,7 @@ stores the mean as task "all", metric "pass@1"), `loopeval results` and the dash
 place shows the same numbers. A benchmark is a top-level task: a group such as `mmlu_redux` counts
 once, as the mean of its subtasks. Its headline is its generative pass@1 (LightEval's pass@k with
 k=1, averaged over n samples, as the MELT paper reports); other metrics, such as MMLU-Redux's
-`loglikelihood_acc`, never enter it. The only project import is the synthetic suite's task names
-(a module without LightEval): `db` stays free of harness and LightEval.
+`loglikelihood_acc`, never enter it. No imports: `db` stays free of harness and LightEval.
 """
 
 from __future__ import annotations
@@ -15,8 +14,6 @@ import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-
-from suites import synthetic
 
 SUITE = "all"  # the task name under which the suite mean is stored
 HEADLINE = "pass@1"  # its metric name
@@ -29,10 +26,12 @@ _MATHS_REASONING = ("aime24", "aime25", "aime26", "amc23", "math_500", "olympiad
 # extrapolation figure plots them apart. Kept here, beside the mean, because the dashboards read only `db`.
 TASK_GROUPS: dict[str, dict[str, str]] = {
     "paper": {**dict.fromkeys(_MATHS_REASONING, "maths/reasoning"), "mmlu_redux": "knowledge", "humaneval": "code"},
-    "synthetic": {
-        **dict.fromkeys(("addition", "chain2", "chain3", "chain4"), "arithmetic"), "lookup": "recall",
-        **dict.fromkeys(synthetic.DEPTH_TASKS, "automata"),
-    },
+    "synthetic": {**dict.fromkeys(("addition", "chain2", "chain3", "chain4"), "arithmetic"), "lookup": "recall"},
+}
+# Groups by task-name pattern, for families named by their parameters: the synthetic suite's
+# cellular automata (r30k4, c30k6, c150k7, ...: ring or causal, rule, steps).
+GROUP_PATTERNS: dict[str, tuple[tuple[re.Pattern[str], str], ...]] = {
+    "synthetic": ((re.compile(r"^[rc]\d+k\d+$"), "automata"),),
 }
 
 
@@ -83,7 +82,7 @@ def _mean_stderr(stderrs: list[float]) -> float:
 
 def headline(metrics: Mapping[str, Mapping[str, float | None]], suite: str | None = None) -> Headline:
     """One pass@1 per benchmark from a run's per-task metrics, the suite mean (stored `all` is ignored)
-    and, when `suite` has task groups (`TASK_GROUPS`), the mean of each group present."""
+    and, when `suite` has task groups (`TASK_GROUPS`, `GROUP_PATTERNS`), the mean of each group present."""
     benchmarks = {name: _combine(values, _mean) for name, values in _leaves(metrics).items()}
     return Headline(benchmarks, _combine(list(benchmarks.values()), _mean), group_means(benchmarks, suite))
 
@@ -94,9 +93,11 @@ def group_means(benchmarks: Mapping[str, float | None], suite: str | None) -> di
     table = TASK_GROUPS.get(suite or "")
     if not table:
         return {}
+    patterns = GROUP_PATTERNS.get(suite or "", ())
     grouped: dict[str, list[float | None]] = {}
     for name, value in benchmarks.items():
-        grouped.setdefault(table.get(name, name), []).append(value)
+        group = table.get(name) or next((g for pattern, g in patterns if pattern.match(name)), name)
+        grouped.setdefault(group, []).append(value)
     return {group: _combine(values, _mean) for group, values in grouped.items()}
 
 

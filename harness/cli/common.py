@@ -196,7 +196,7 @@ def _ranking_rows(table: Any, unscored: list[dict[str, Any]], measure: str) -> l
 
 def _task_rows(table: Any, runs: dict[int, dict[str, Any]]) -> list[list[str]]:
     """Per ranked (model, loops): each benchmark's pass@1 with its interval (`db.headline`), each task
-    group's mean (`db.headline.TASK_GROUPS`), then the suite mean."""
+    group's mean (`db.headline.TASK_GROUPS`, `GROUP_PATTERNS`), then the suite mean."""
     from db.headline import benchmark_stderrs
 
     rows = []

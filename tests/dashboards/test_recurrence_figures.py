@@ -47,8 +47,9 @@ def test_headline_splits_task_groups() -> None:
     assert result.mean == pytest.approx((0.4 + 0.6 + 0.2) / 3)
     paper = headline({"aime24": {PASS: 1.0}, "mmlu_redux:anatomy": {PASS: 0.0}, "mmlu_redux:virology": {PASS: 0.5}}, "paper")
     assert paper.groups == {"maths/reasoning": 1.0, "knowledge": 0.25}  # MMLU-Redux counts once, as its subjects' mean
-    depth = headline({"chain3": {PASS: 0.9}, "c30k4": {PASS: 1.0}, "c30k8": {PASS: 0.5}}, "synthetic")
-    assert depth.groups == {"arithmetic": 0.9, "automata": 0.75}  # the chains apart from the depth tasks
+    depth = headline({"chain3": {PASS: 0.9}, "c30k4": {PASS: 1.0}, "c30k8": {PASS: 0.5}, "r110k4": {PASS: 0.0}}, "synthetic")
+    assert depth.groups == {"arithmetic": 0.9, "automata": 0.5}  # the chains apart from the depth tasks
+    assert headline({"c30k4x": {PASS: 1.0}}, "synthetic").groups == {"c30k4x": 1.0}  # no automaton: a group of its own
     assert headline({"x": {PASS: 1.0}}).groups == {}
 
 
