@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from lighteval.tasks.requests import Doc
 
 DATA_DIR = Path(__file__).parent / "data" / "synthetic"
-ARITHMETIC_TASKS: tuple[str, ...] = ("addition", "chain2", "chain3", "chain4", "lookup")
+NUMERIC_TASKS: tuple[str, ...] = ("addition", "chain2", "chain3", "chain4", "lookup")  # answers are numbers
 # (neighbourhood, rule, steps): "r" reads cells i-1, i, i+1 on a ring; "c" (causal) reads i-2, i-1, i on a line
 CA_TASKS: tuple[tuple[str, int, int], ...] = (
     ("r", 30, 3), ("r", 30, 4), ("r", 30, 5), ("r", 30, 6), ("r", 30, 8), ("r", 110, 4),
@@ -67,7 +67,7 @@ CA_TASKS: tuple[tuple[str, int, int], ...] = (
     ("c", 150, 2), ("c", 150, 3), ("c", 150, 5), ("c", 150, 7),
 )
 DEPTH_TASKS: tuple[str, ...] = tuple(f"{kind}{rule}k{steps}" for kind, rule, steps in CA_TASKS)
-TASKS: tuple[str, ...] = ARITHMETIC_TASKS + DEPTH_TASKS  # every selectable task
+TASKS: tuple[str, ...] = NUMERIC_TASKS + DEPTH_TASKS  # every selectable task
 DEFAULT_TASKS: tuple[str, ...] = ("chain2", "chain3", "chain4", "c30k2", "c30k4", "c30k6", "c30k8")  # a run without --tasks
 COLUMNS: dict[str, dict[str, str]] = {task: {"prompt": "prompt", "answer": "text"} for task in TASKS}  # read by the prompt
 SPLITS: tuple[str, ...] = ("train", "test")
@@ -79,7 +79,7 @@ GENERATION_SIZE = 20  # new tokens a run allows: the longest answer is 16 charac
 
 
 def generation_size(task: str) -> int:
-    """New tokens a task's docs allow: 8 for the arithmetic tasks (answers of at most 4 characters), 20
+    """New tokens a task's docs allow: 8 for the numeric tasks (answers of at most 4 characters), 20
     for the automata. A cap per task keeps a sample that never stops from costing 20 tokens on the chains."""
     return GENERATION_SIZE if task in DEPTH_TASKS else 8
 

@@ -125,7 +125,7 @@ def test_causal_automaton_reads_only_cells_before():
 
 def test_default_tasks_are_the_chains_and_the_causal_rule_30_depths():
     assert syn.DEFAULT_TASKS == ("chain2", "chain3", "chain4", "c30k2", "c30k4", "c30k6", "c30k8")
-    assert syn.TASKS == syn.ARITHMETIC_TASKS + syn.DEPTH_TASKS
+    assert syn.TASKS == syn.NUMERIC_TASKS + syn.DEPTH_TASKS
     assert [t for t in syn.TASKS if t in syn.DEFAULT_TASKS] == list(syn.DEFAULT_TASKS)  # in suite order
 
 
