@@ -84,7 +84,7 @@ def main_bench() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="zoo:ouro-tiny")
     parser.add_argument("--loops", type=int, default=4)
-    parser.add_argument("--limit", type=int, default=None, help="docs per task (default: all 200 of each of the 5 synthetic tasks)")
+    parser.add_argument("--limit", type=int, default=None, help="docs per task (default: all 200 of each of the synthetic suite's default tasks)")
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=32)
