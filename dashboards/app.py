@@ -79,6 +79,9 @@ def _layout(engine: Engine) -> html.Div:
         html.P(id="answer", style=ANSWER_STYLE),
         dcc.Graph(id="accuracy-memory", config=GRAPH_CONFIG, style={"height": "560px"}),
         dcc.Graph(id="accuracy-loops", config=GRAPH_CONFIG, style={"height": "520px"}),
+        html.H2("Depth extrapolation"),
+        html.P("Accuracy per task group against the loop count r; the set opens on the widest sweep of r."),
+        dcc.Dropdown(set_options, queries.depth_set(engine), id="depth-set", clearable=False),
         dcc.Graph(id="depth", config=GRAPH_CONFIG, style={"height": "480px"}),
         html.H2("Memory over a run"),
         dcc.Dropdown(run_options, run_options[0]["value"] if run_options else None, id="run", clearable=False),
@@ -151,7 +154,7 @@ def create_app(db_url: str) -> Dash:
         return (figures.answer(points, measure, label), figures.accuracy_vs_memory(points, measure, task or "all", label),
                 figures.accuracy_vs_loops(points, measure, task or "all", label))
 
-    @app.callback(Output("depth", "figure"), Input("set", "value"), Input("refresh", "n_intervals"))
+    @app.callback(Output("depth", "figure"), Input("depth-set", "value"), Input("refresh", "n_intervals"))
     def _depth(set_id: str | None, _tick: int | None) -> Any:
         return figures.accuracy_vs_depth(depth_points(engine, set_id) if set_id else pd.DataFrame())
 

@@ -151,6 +151,8 @@ def build_report(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -
     blobs = report_figures(engine, context_tokens)
     template = _shared_template(blobs)
     sets = queries.eval_sets(engine)  # the default first: the set of the newest scored run
+    set_labels = [f"{s.set_label} ({s.runs} run{'s' * (s.runs != 1)})" for s in sets.itertuples()]
+    set_options = _options(sets["set_id"].tolist(), set_labels)
     task_names = sorted({key.split("|")[2] for key in blobs if key.startswith("acc|")}, key=lambda t: t != "all")
     eval_runs = queries.runs(engine)
     samples = _sample_rows(engine)
@@ -168,7 +170,8 @@ def build_report(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -
         answer=html.escape(blobs.get(f"answer|{sets['set_id'].iloc[0]}|all|{measure}", "") if len(sets) else
                            "No evaluated runs yet."),
         runs_table=_runs_table(engine),
-        set_options=_options(sets["set_id"].tolist(), [f"{s.set_label} ({s.runs} run{'s' * (s.runs != 1)})" for s in sets.itertuples()]),
+        set_options=set_options,
+        depth_set_options=_options(sets["set_id"].tolist(), set_labels, selected=queries.depth_set(engine)),
         task_options=_options(task_names),
         measure_options=_options(list(figures.MEMORY_MEASURES), measure_labels, selected=measure),
         run_options=_options(eval_runs["run_id"].tolist(), [_run_label(r) for r in eval_runs.itertuples()]),
@@ -235,6 +238,10 @@ label {{ margin-right: 1em; }} .plot {{ height: 520px; }} section {{ margin-top:
 <label>memory measure <select id="measure">{measure_options}</select></label>
 <div id="accuracy-memory" class="plot"></div>
 <div id="accuracy-loops" class="plot"></div>
+</section>
+<section><h2>Depth extrapolation</h2>
+<p class="note">Accuracy per task group against the loop count r; the set opens on the widest sweep of r.</p>
+<label>evaluation set <select id="depth-set">{depth_set_options}</select></label>
 <div id="depth" class="plot"></div>
 </section>
 <section><h2>Memory over a run</h2>
@@ -285,7 +292,6 @@ function drawAccuracy() {{
   document.getElementById("answer").textContent = FIGURES["answer|" + key] || "No runs for this selection.";
   draw("accuracy-memory", "acc|" + key);
   draw("accuracy-loops", "loops|" + key);
-  draw("depth", "depth|" + value("set"));
 }}
 // The sample browser draws one page of the filtered rows; cells are set as text, never as markup.
 const column = (name) => SAMPLES.columns.indexOf(name);
@@ -312,6 +318,7 @@ function drawSamples() {{
     rows.length ? `rows ${{first + 1}}-${{first + shown.length}} of ${{rows.length}} (page ${{samplePage + 1}} of ${{pages}})` : "no samples match";
 }}
 for (const id of ["set", "task", "measure"]) document.getElementById(id).addEventListener("change", drawAccuracy);
+document.getElementById("depth-set").addEventListener("change", () => draw("depth", "depth|" + value("depth-set")));
 document.getElementById("run").addEventListener("change", () => draw("memory-run", "run|" + value("run")));
 document.getElementById("probe").addEventListener("change", () => draw("probe-values", "probe|" + value("probe")));
 for (const id of ["sample-task", "sample-model", "sample-verdict"])
@@ -321,6 +328,7 @@ document.getElementById("sample-next").addEventListener("click", () => {{ sample
 drawSamples();
 loadPlotly().then(() => {{
   drawAccuracy();
+  draw("depth", "depth|" + value("depth-set"));
   if (value("run")) draw("memory-run", "run|" + value("run"));
   draw("probe-values", "probe|" + value("probe"));
   draw("memory-context", "profile");

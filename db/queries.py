@@ -100,6 +100,20 @@ def latest_set(engine: Engine) -> str | None:
     return None if sets.empty else str(sets["set_id"].iloc[0])
 
 
+def depth_set(engine: Engine) -> str | None:
+    """The set the depth-extrapolation figure opens on: the one sweeping the most loop counts (ties: `eval_sets` order).
+
+    The headline set runs each looped model at a few r; a depth sweep (`--loops 1-12`, the default run's
+    recurrence-lab sweep) runs every r past the trained T, which is what that figure is for.
+    """
+    sets = eval_sets(engine)
+    if sets.empty:
+        return None
+    table = runs(engine)
+    counts = table.groupby("set_id")["loops"].nunique()
+    return str(max(sets["set_id"], key=lambda set_id: counts.get(set_id, 0)))  # max keeps the first of equals
+
+
 def _set_run_ids(engine: Engine, set_id: str) -> list[int]:
     table = run_sets(engine)
     return table.loc[table["set_id"] == set_id, "run_id"].tolist()

@@ -181,6 +181,8 @@ def test_report_switches_evaluation_sets(page, two_sets_url: str, tmp_path: Path
     assert point_count(page) == _points_in_set(two_sets_url, latest, measure) == 1
     first, second = page.locator("#set option").evaluate_all("options => options.map(o => o.value)")
     assert f"set {first}:" in page.locator(title).text_content()
+    assert page.locator("#depth-set").input_value() == second  # the first sweep ran r = 1 and 2, the latest r = 2 only
+    assert f"set {second}:" in page.locator("#depth .gtitle").text_content()
     page.select_option("#set", second)
     page.wait_for_function(f"document.querySelector('{title}').textContent.includes('set {second}:')")
     assert point_count(page) == _points_in_set(two_sets_url, older, measure) > 1
@@ -194,7 +196,7 @@ def test_served_app_switches_evaluation_sets(page, two_sets_url: str) -> None:
         title = "#accuracy-memory .gtitle"
         assert point_count(page) == _points_in_set(two_sets_url, latest, measure) == 1
         page.locator("#set").click()
-        page.get_by_text("first 2 per task").click()
+        page.get_by_role("dialog").get_by_text("first 2 per task").click()  # the open menu, not the depth selector
         page.wait_for_function(f"document.querySelector('{title}').textContent.includes('first 2 per task')")
         page.wait_for_function(f"document.querySelectorAll('{POINTS}').length > 1")
         assert point_count(page) == _points_in_set(two_sets_url, older, measure)

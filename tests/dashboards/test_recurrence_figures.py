@@ -80,3 +80,20 @@ def test_probe_values_keep_undefined_as_nan_and_draw_a_panel_per_metric(db: str)
     assert "Loop probes" in report and f'"depth|{queries.latest_set(engine)}"' in report
     assert "probe run 4: zoo:&lt;b&gt;m&lt;/b&gt; on synthetic, r = 1..3</option>" in report  # the selector names all loops
     engine.dispose()
+
+
+def test_the_depth_figure_opens_on_the_widest_sweep_of_r_while_the_others_open_on_the_newest_set(db: str) -> None:
+    store = Store.open(db)
+    headline_run = store.create_run(sweep_id="h", model_spec="zoo:m", adapter="zoo", suite="synthetic", loops=2,
+                                    limit=5, model_config={"trained_loops": 2})  # newer, one r: another set
+    store.set_metrics(headline_run, {"chain2": {PASS: (1.0, None)}})
+    store.finish_run(headline_run, "finished")
+    store.close()
+    engine = open_existing(db)
+    newest, sweep = queries.eval_sets(engine)["set_id"]
+    assert queries.latest_set(engine) == newest and queries.depth_set(engine) == sweep
+    report = build_report(engine)
+    depth_options = report.split('<select id="depth-set">')[1].split("</select>")[0]
+    assert f'<option value="{sweep}" selected>' in depth_options and f'<option value="{newest}">' in depth_options
+    assert f'<option value="{newest}">' in report.split('<select id="set">')[1].split("</select>")[0]  # first: the default
+    engine.dispose()
