@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UserError
-from harness.spec import SUITE_SAMPLING, SWEEP_WIDE_OVERRIDES, RunSpec
+from harness.spec import LAB, SUITE_SAMPLING, SWEEP_WIDE_OVERRIDES, RunSpec
 
 EXECUTORS = ("local", "ray")
 RAY_ONLY = ("ray_address", "gpus_per_run")  # settings that mean nothing to the local executor
@@ -251,8 +251,15 @@ def read_sweep_file(path: str | Path) -> dict[str, Any]:
     return values
 
 
+# What a sweep runs. Without any of these and without a sweep file, `loopeval run` is the default benchmark:
+# the recurrence lab's sweep (harness.spec.LAB), then the headline sweep, whose set the views open on.
+SWEEP_CHOICES = ("models", "suite", "tasks", "loops", "samples", "temperature", "top_p", "max_new_tokens", "limit", "seeds")
+
+
 def build_request(flags: Mapping[str, Any], config: str | None = None) -> SweepRequest:
-    """Flags (None = not given) over the sweep file's values, validated into one RunSpec per seed."""
+    """Flags (None = not given) over the sweep file's values, validated into one RunSpec per seed
+    (after the lab's RunSpec when nothing chose what runs)."""
+    default_benchmark = config is None and all(flags.get(key) is None for key in SWEEP_CHOICES)
     values = read_sweep_file(config) if config else {}
     values.update({key: value for key, value in flags.items() if value is not None})
     if "model_overrides" in values:  # --model replaces the file's models: keep the overrides of those still run
@@ -267,4 +274,6 @@ def build_request(flags: Mapping[str, Any], config: str | None = None) -> SweepR
         _gpus("--gpus-per-run", ray["gpus_per_run"])
     seeds = values.pop("seeds", None) or [0]
     specs = tuple(RunSpec.build(**values, seed=seed) for seed in dict.fromkeys(seeds))
+    if default_benchmark:
+        specs = (RunSpec.build(**values, **LAB.options()), *specs)
     return SweepRequest(specs, executor, ray["ray_address"], ray["gpus_per_run"])

@@ -46,8 +46,9 @@ def run(
 ) -> int:
     """Evaluate models x loop counts on a suite, storing every sample, metric and memory trace.
 
-    With no arguments: the tiny zoo on the synthetic suite, loops 1,2,4,8 for looped models,
-    paper sampling (temperature 1.0, top-p 0.7).
+    With no options choosing what runs: the tiny zoo on the synthetic suite, loops 1,2,4,8 for looped
+    models, paper sampling (temperature 1.0, top-p 0.7), after the recurrence lab's depth sweep (the lab
+    zoo at r = 1-12, greedy, 20 docs per task; a set of its own).
     """
     from harness.sweep import build_request
 
