@@ -5,9 +5,12 @@ exactly what `loopeval results` prints:
 
     .venv/bin/loopeval results --json | .venv/bin/python scripts/results_tables.py
     .venv/bin/loopeval results --db ablations.sqlite --json | .venv/bin/python scripts/results_tables.py --no-memory
+    .venv/bin/loopeval results --json | .venv/bin/python scripts/results_tables.py --depth   # the recurrence lab's table
 
 Only runs of one evaluation set are tabled (the set of the latest finished run, or `--set ID`; see
-`loopeval results`), so every row was scored on the same items in the same way.
+`loopeval results`), so every row was scored on the same items in the same way. `--depth` tables
+pass@1 per task group against the loop count r instead, from the set sweeping the most loop counts
+(the default run's recurrence-lab sweep), as the report's depth-extrapolation figure opens on.
 
 KV bytes per token is what one more token of context adds to the KV cache at the run's loop count
 and dtype, as the engine adapter described it when the run was stored; it excludes the MELT latent
@@ -37,10 +40,33 @@ def table(runs: list[dict], memory: bool) -> str:
     return "\n".join(lines)
 
 
-def one_set(runs: list[dict], set_id: str | None) -> list[dict]:
-    """The finished evaluation runs of `set_id`, or of the latest finished run's set."""
+def depth_table(runs: list[dict]) -> str:
+    """One row per (model, task group), pass@1 at each loop count r of the set; "all" is the suite mean."""
+    loops = sorted({run["loops"] or 1 for run in runs})
+    lines = ["| model | group | " + " | ".join(f"r = {r}" for r in loops) + " |", "|" + " --- |" * (len(loops) + 2)]
+    for model in dict.fromkeys(run["model"] for run in runs):
+        by_r = {run["loops"] or 1: run["pass_at_1"] for run in runs if run["model"] == model}  # the latest run wins
+        groups = ["all", *sorted({g for p in by_r.values() for g in p["groups"]})]
+        for group in groups:
+            values = [None if r not in by_r else by_r[r]["mean"] if group == "all" else by_r[r]["groups"].get(group)
+                      for r in loops]
+            cells = [f"{v:.2f}" if v is not None else "-" for v in values]
+            lines.append(f"| {model if group == 'all' else ''} | {group} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def widest_set(runs: list[dict]) -> str | None:
+    """The set whose runs cover the most loop counts (ties: the latest)."""
+    counts: dict[str, set[int]] = {}
+    for run in runs:
+        counts.setdefault(run.get("set_id"), set()).add(run["loops"] or 1)
+    return max(reversed(list(counts)), key=lambda set_id: len(counts[set_id]), default=None)
+
+
+def one_set(runs: list[dict], set_id: str | None, widest: bool = False) -> list[dict]:
+    """The finished evaluation runs of `set_id`, else of the widest sweep of r (`widest`) or the latest finished run's set."""
     runs = [run for run in runs if run.get("kind", "eval") == "eval" and run["status"] == "finished"]
-    chosen = set_id or (runs[-1].get("set_id") if runs else None)
+    chosen = set_id or (widest_set(runs) if widest else runs[-1].get("set_id") if runs else None)
     if set_id is not None and not any(run.get("set_id") == set_id for run in runs):
         sys.exit(f"results_tables.py: no finished run of set {set_id}")
     return [run for run in runs if run.get("set_id") == chosen]
@@ -49,9 +75,11 @@ def one_set(runs: list[dict], set_id: str | None) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-memory", action="store_true", help="accuracy columns only (the ablation table)")
+    parser.add_argument("--depth", action="store_true", help="pass@1 per task group against r (the recurrence lab's table)")
     parser.add_argument("--set", dest="set_id", help="the evaluation set to table (default: the latest finished run's)")
     args = parser.parse_args()
-    print(table(one_set(json.load(sys.stdin), args.set_id), memory=not args.no_memory))
+    runs = one_set(json.load(sys.stdin), args.set_id, widest=args.depth)
+    print(depth_table(runs) if args.depth else table(runs, memory=not args.no_memory))
 
 
 if __name__ == "__main__":
