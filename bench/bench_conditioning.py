@@ -38,6 +38,7 @@ VARIANTS: dict[str, dict] = {
     "history dense w=2": {"history": "dense", "history_window": 2},
     "history channel w=4": {"history": "channel", "history_window": 4},
     "loop gate": {"loop_gate": True},
+    "history channel w=2 + loop gate": {"history": "channel", "history_window": 2, "loop_gate": True},
     "branch gate": {"branch_gate": True},
     "all (dense, w=2, gate)": {"injection": "dense", "history": "dense", "history_window": 2, "loop_gate": True},
 }
