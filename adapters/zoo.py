@@ -62,7 +62,7 @@ def inspect_zoo(name: str, **overrides: Any) -> dict[str, Any] | None:
     return inspect(engine_spec(name), **overrides)
 
 
-@register("zoo", "trained tiny models shipped with loopeval (qwen3-tiny-small, qwen3-tiny-deep, ouro-tiny, melt-tiny, ablations)", inspect=inspect_zoo,
+@register("zoo", "trained tiny models shipped with loopeval (qwen3-tiny-small, qwen3-tiny-deep, ouro-tiny, melt-tiny, ablations, the recurrence lab)", inspect=inspect_zoo,
           names=zoo_names)
 def load_zoo(name: str, **overrides: Any) -> Adapter:
     """Load a shipped model by name with the engine adapter of its family (overrides as for any engine spec)."""
