@@ -133,16 +133,31 @@ class Recipe:
         return preset(self.preset).replace(**self.config)
 
 
+def _with_base(name: str, tables: dict[str, dict[str, Any]], path: Path, seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A model's table over its `base` model's (resolved the same way, description dropped), `config` merged
+    key by key: a variant names only the fields it changes."""
+    table = dict(tables[name])
+    base = table.pop("base", None)
+    if base is None:
+        return table
+    if base not in tables or base in (*seen, name):
+        raise AdapterError(f"recipes file {path}, model {name}: base {base!r} is not another model of the file, or its bases lead back here")
+    parent = _with_base(base, tables, path, (*seen, name))
+    parent.pop("description", None)
+    return {**parent, **table, "config": {**parent.get("config", {}), **table.get("config", {})}}
+
+
 def load_recipes(path: Path = RECIPES_PATH) -> dict[str, Recipe]:
-    """Every recipe in the TOML file: `[defaults]` merged under each `[models.NAME]` table."""
+    """Every recipe in the TOML file: `[defaults]` merged under each `[models.NAME]` table (over its `base`)."""
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise AdapterError(f"cannot read recipes file {path}: {exc}") from exc
     defaults = data.get("defaults", {})
+    tables = data.get("models", {})
     recipes = {}
-    for name, table in data.get("models", {}).items():
-        merged = {**defaults, **table, "name": name}
+    for name in tables:
+        merged = {**defaults, **_with_base(name, tables, path), "name": name}
         if "tasks" in merged:
             merged["tasks"] = tuple(merged["tasks"])
         try:

@@ -79,3 +79,21 @@ def test_unknown_zoo_model_is_one_clear_error(capsys: pytest.CaptureFixture[str]
         adapters.load("zoo:nope")
     assert main(["zoo", "train", "nope", "--out", "/tmp/x"]) == 2
     assert "unknown zoo model" in capsys.readouterr().err
+
+
+def test_a_recipe_starts_from_its_base_and_names_only_what_it_changes(tmp_path: Path) -> None:
+    path = tmp_path / "recipes.toml"
+    path.write_text('[defaults]\nsteps = 7\n'
+                    '[models.a]\nkind = "looplm"\npreset = "ouro-tiny"\ndescription = "a"\nlr = 0.5\nconfig = { loops = 3, qk_norm = true }\n'
+                    '[models.b]\nbase = "a"\nconfig = { loops = 5 }\n'
+                    '[models.c]\nbase = "b"\ndescription = "c"\nsteps = 9\n')
+    recipes = load_recipes(path)
+    assert recipes["b"].config == {"loops": 5, "qk_norm": True} and recipes["b"].lr == 0.5 and recipes["b"].steps == 7
+    assert recipes["b"].description == "" and recipes["c"].description == "c"  # a description is never inherited
+    assert recipes["c"].config == {"loops": 5, "qk_norm": True} and recipes["c"].steps == 9
+    path.write_text('[models.a]\nkind = "lm"\npreset = "qwen3-tiny"\nbase = "b"\n[models.b]\nbase = "a"\n')
+    with pytest.raises(adapters.AdapterError, match="model b: base 'a' is not another model of the file, or its bases lead"):
+        load_recipes(path)  # a cycle
+    path.write_text('[models.a]\nkind = "lm"\npreset = "qwen3-tiny"\nbase = "nope"\n')
+    with pytest.raises(adapters.AdapterError, match="model a: base 'nope' is not another model"):
+        load_recipes(path)
