@@ -109,8 +109,8 @@ def depth_set(engine: Engine) -> str | None:
     sets = eval_sets(engine)
     if sets.empty:
         return None
-    table = runs(engine)
-    counts = table.groupby("set_id")["loops"].nunique()
+    loops = _frame(engine, select(Run.id.label("run_id"), _LOOPS).where(Run.kind == "eval"))  # not `runs`: no sample count
+    counts = loops.merge(run_sets(engine), on="run_id").groupby("set_id")["loops"].nunique()
     return str(max(sets["set_id"], key=lambda set_id: counts.get(set_id, 0)))  # max keeps the first of equals
 
 
