@@ -14,12 +14,15 @@ only the adapter's `spec` is rewritten to `zoo:NAME` so that results name the mo
 from __future__ import annotations
 
 import json
+import math
 import tomllib
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from adapters.base import Adapter, AdapterError
+from adapters.files import MIB, read_text
 from adapters.engine.config import LoopConfig
 from adapters.engine.presets import preset
 from adapters.registry import inspect, load, register
@@ -111,12 +114,17 @@ class Recipe:
     distill_temperature: float = 1.0
 
     def __post_init__(self) -> None:
+        for f in fields(self):
+            _check_field(self.name, f, getattr(self, f.name))
         if self.kind not in KINDS:
             raise AdapterError(f"recipe {self.name}: kind {self.kind!r} is not one of {', '.join(KINDS)}")
-        if self.steps < 1 or self.batch_size < 1:
-            raise AdapterError(f"recipe {self.name}: steps and batch_size must be >= 1")
+        for name in ("steps", "batch_size", "log_every", "save_every", "chunk_size"):
+            if getattr(self, name) < 1:
+                raise AdapterError(f"recipe {self.name}: {name} must be >= 1, got {getattr(self, name)}")
         if self.kind == "melt" and not self.teacher:
             raise AdapterError(f"recipe {self.name}: a melt recipe needs a teacher")
+        if self.kind != "melt":
+            self.model_config()  # the preset and its config fields, checked now rather than when training starts
 
     def with_overrides(self, **changes: Any) -> "Recipe":
         """A copy with some fields changed (None values are ignored: CLI options left unset)."""
@@ -133,42 +141,76 @@ class Recipe:
         return preset(self.preset).replace(**self.config)
 
 
-def _with_base(name: str, tables: dict[str, dict[str, Any]], path: Path, seen: tuple[str, ...] = ()) -> dict[str, Any]:
+def _check_field(recipe: str, f: Field[Any], value: Any) -> None:
+    """AdapterError unless `value` has the type of the field's default (a finite number for floats, >= 0 for ints)."""
+    kind = dict if f.name == "config" else str if f.default is MISSING else type(f.default)
+    checks: dict[type, tuple[Callable[[Any], bool], str]] = {
+        int: (lambda v: type(v) is int and v >= 0, "an integer >= 0"),
+        float: (lambda v: type(v) in (int, float) and math.isfinite(v), "a finite number"),
+        bool: (lambda v: type(v) is bool, "true or false"),
+        str: (lambda v: isinstance(v, str), "a string"),
+        tuple: (lambda v: isinstance(v, tuple) and all(isinstance(t, str) for t in v), "a list of task names"),
+        dict: (lambda v: isinstance(v, dict), "a table of engine config fields"),
+    }
+    check, what = checks[kind]
+    if not check(value):
+        raise AdapterError(f"recipe {recipe}: {f.name} must be {what}, got {value!r}")
+
+
+def _with_base(name: str, tables: dict[str, Any], path: Path) -> dict[str, Any]:
     """A model's table over its `base` model's (resolved the same way, description dropped), `config` merged
-    key by key: a variant names only the fields it changes."""
-    table = dict(tables[name])
-    base = table.pop("base", None)
-    if base is None:
-        return table
-    if base not in tables or base in (*seen, name):
-        raise AdapterError(f"recipes file {path}, model {name}: base {base!r} is not another model of the file, or its bases lead back here")
-    parent = _with_base(base, tables, path, (*seen, name))
-    parent.pop("description", None)
-    return {**parent, **table, "config": {**parent.get("config", {}), **table.get("config", {})}}
+    key by key: a variant names only the fields it changes. Followed in a loop, so a chain of any length is
+    one pass and a cycle is an error."""
+    chain = [name]
+    while "base" in tables[chain[-1]]:
+        base = tables[chain[-1]]["base"]
+        if not isinstance(base, str) or base not in tables or base in chain:
+            raise AdapterError(f"recipes file {path}, model {chain[-1]}: base {base!r} is not another model of the file, "
+                               "or its bases lead back here")
+        chain.append(base)
+    merged: dict[str, Any] = {}
+    for step in reversed(chain):
+        table = {k: v for k, v in tables[step].items() if k != "base"}
+        config = table.get("config", {})
+        if not isinstance(config, dict):
+            raise AdapterError(f"recipes file {path}, model {step}: config must be a table of engine config fields, got {config!r}")
+        merged.pop("description", None)  # a description is never inherited
+        merged = {**merged, **table, "config": {**merged.get("config", {}), **config}}
+    return merged
+
+
+RECIPES_LIMIT = MIB  # bytes; the shipped file is a few KB
 
 
 def load_recipes(path: Path = RECIPES_PATH) -> dict[str, Recipe]:
     """Every recipe in the TOML file: `[defaults]` merged under each `[models.NAME]` table (over its `base`)."""
     try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise AdapterError(f"cannot read recipes file {path}: {exc}") from exc
+        data = tomllib.loads(read_text(path, "recipes file", RECIPES_LIMIT))
+    except tomllib.TOMLDecodeError as exc:
+        raise AdapterError(f"cannot read recipes file {path}: {exc}") from None
+    except RecursionError:
+        raise AdapterError(f"cannot read recipes file {path}: arrays or tables nested too deeply") from None
     defaults = data.get("defaults", {})
     tables = data.get("models", {})
+    for what, table in (("[defaults]", defaults), ("[models]", tables), *((f"[models.{n}]", t) for n, t in tables.items())):
+        if not isinstance(table, dict):
+            raise AdapterError(f"recipes file {path}: {what} must be a table, got {table!r}")
     recipes = {}
     for name in tables:
         merged = {**defaults, **_with_base(name, tables, path), "name": name}
-        if "tasks" in merged:
+        if isinstance(merged.get("tasks"), list):
             merged["tasks"] = tuple(merged["tasks"])
         try:
             recipes[name] = Recipe(**merged)
         except TypeError as exc:
             raise AdapterError(f"recipes file {path}, model {name}: {exc}") from exc
+        except AdapterError as exc:
+            raise AdapterError(f"recipes file {path}: {exc}") from None
     return recipes
 
 
 def get_recipe(name: str, path: Path = RECIPES_PATH) -> Recipe:
     recipes = load_recipes(path)
     if name not in recipes:
-        raise AdapterError(f"unknown zoo model {name!r} (known: {', '.join(recipes)})")
+        raise AdapterError(f"unknown recipe {name!r} in {path} (known: {', '.join(recipes)})")
     return recipes[name]

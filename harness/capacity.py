@@ -27,10 +27,13 @@ def available_bytes(device: str) -> int:
 
 
 def needed_bytes(facts: dict[str, Any], tokens: int, sequences: int) -> int | None:
-    """Weights plus the KV cache of `sequences` sequences of `tokens` tokens; None without analytic terms."""
+    """Weights plus the KV cache of `sequences` sequences of `tokens` tokens, or plus the whole KV pool a
+    `kv_budget` (GB) asks for, which the engine allocates up front; None without analytic terms."""
     terms = facts.get("analytic")
     if not terms:
         return None
+    if facts.get("kv_budget") is not None:
+        return terms["weights_bytes"] + int(facts["kv_budget"] * 1e9)
     latent = terms["latent_bytes_per_token"] * min(terms["latent_tokens"], tokens)
     return terms["weights_bytes"] + sequences * (terms["kv_bytes_per_token"] * tokens + latent)
 
@@ -42,10 +45,10 @@ def check_fits(what: str, facts: dict[str, Any], tokens: int, sequences: int, hi
         return
     free = available_bytes(facts.get("device", "cpu"))
     if need > free:
-        raise UserError(
-            f"{what}: weights and the KV cache of {sequences} sequences x {tokens} tokens need {need / 1e9:.3g} GB, "
-            f"but {free / 1e9:.3g} GB is free on {facts.get('device', 'cpu')}: lower {hint}"
-        )
+        budget = facts.get("kv_budget")
+        kv = f"the KV pool of kv_budget = {budget:g} GB" if budget is not None else f"the KV cache of {sequences} sequences x {tokens} tokens"
+        raise UserError(f"{what}: weights and {kv} need {need / 1e9:.3g} GB, but {free / 1e9:.3g} GB is free on "
+                        f"{facts.get('device', 'cpu')}: lower {'kv_budget' if budget is not None else hint}")
 
 
 def check_context(spec: str, facts: dict[str, Any], option: str, tokens: int, generated: int = 0) -> None:

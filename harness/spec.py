@@ -16,6 +16,7 @@ from typing import Any
 
 import adapters
 from adapters.base import AdapterError, Sampling
+from adapters.engine.config import MAX_LOOPS
 from harness.errors import UserError
 from harness.sampler import DEFAULT_INTERVAL
 from suites import synthetic
@@ -72,7 +73,7 @@ LAB = LabDefaults()
 MAX_STORED_INT = 2**63 - 1
 BOUNDS: dict[str, tuple[int, int]] = {
     "--samples": (1, 1024),
-    "--loops": (1, 1024),
+    "--loops": (1, MAX_LOOPS),
     "--limit": (1, MAX_STORED_INT),
     "--max-new-tokens": (1, 1 << 20),
     "--batch-size": (1, 1 << 16),

@@ -11,14 +11,17 @@ home of the defaults. Several seeds make one RunSpec each, run as one sweep.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from adapters.base import AdapterError
+from adapters.files import MIB, read_text
 from harness.errors import UserError
-from harness.spec import LAB, SUITE_SAMPLING, SWEEP_WIDE_OVERRIDES, RunSpec
+from harness.spec import DEFAULTS, LAB, SUITE_SAMPLING, SWEEP_WIDE_OVERRIDES, RunSpec
 
 EXECUTORS = ("local", "ray")
 RAY_ONLY = ("ray_address", "gpus_per_run")  # settings that mean nothing to the local executor
@@ -50,7 +53,8 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite int or float (TOML has inf and nan; no setting takes them)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -114,7 +118,7 @@ def _seed(name: str, value: Any) -> list[int]:
 
 def _temperature(name: str, value: Any) -> float:
     if not _is_number(value) or value < 0:
-        raise _bad(name, "a number >= 0", value)
+        raise _bad(name, "a finite number >= 0", value)
     return float(value)
 
 
@@ -126,7 +130,7 @@ def _top_p(name: str, value: Any) -> float:
 
 def _gpus(name: str, value: Any) -> float:
     if not _is_number(value) or value < 0:
-        raise _bad(name, "a number >= 0", value)
+        raise _bad(name, "a finite number >= 0", value)
     return float(value)
 
 
@@ -171,6 +175,7 @@ def _models(name: str, value: Any) -> tuple[list[str], dict[str, dict[str, Any]]
     if not isinstance(value, list) or not value:
         raise _bad(name, "a non-empty list of model specs or {spec, overrides} tables", value)
     specs: list[str] = []
+    seen: set[str] = set()
     overrides: dict[str, dict[str, Any]] = {}
     for i, entry in enumerate(value):
         where = f"{name}[{i}]"
@@ -182,8 +187,9 @@ def _models(name: str, value: Any) -> tuple[list[str], dict[str, dict[str, Any]]
             overrides[spec] = _overrides(f"{where}.overrides", entry.get("overrides", {}))
         else:
             spec = _string(where, entry)
-        if spec in specs:
+        if spec in seen:
             raise UserError(f"{where}: {spec} is listed twice")
+        seen.add(spec)
         specs.append(spec)
     return specs, overrides
 
@@ -194,8 +200,8 @@ def _overrides(name: str, value: Any) -> dict[str, Any]:
     for key, item in value.items():
         if key in SWEEP_WIDE_OVERRIDES:
             raise UserError(f"{name}.{key}: {key} is set for the whole sweep (the top-level {key} key), not per model")
-        if not isinstance(item, (str, int, float, bool)):
-            raise _bad(f"{name}.{key}", "a string, number or boolean", item)
+        if not isinstance(item, (str, bool)) and not _is_number(item):
+            raise _bad(f"{name}.{key}", "a string, finite number or boolean", item)
     return dict(value)
 
 
@@ -222,17 +228,21 @@ KEYS: dict[str, tuple[Callable[[str, Any], Any], str]] = {
 }
 
 
+SWEEP_FILE_LIMIT = MIB  # bytes: a sweep file of the paper's whole table is a few KB
+MAX_RUNS = 10_000  # runs one sweep may plan (models x loop counts x seeds): the paper's table is under 100
+
+
 def read_sweep_file(path: str | Path) -> dict[str, Any]:
     """The sweep file's settings as keyword values of `build_request`; UserError names the file and the key."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"--config {path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"--config {path}: cannot read it ({exc})") from None
+        data = tomllib.loads(read_text(path, "--config", SWEEP_FILE_LIMIT))
+    except AdapterError as exc:
+        raise UserError(str(exc)) from None
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"{path}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise UserError(f"{path}: not valid TOML: arrays or tables nested too deeply") from None
     if "seed" in data and "seeds" in data:
         raise UserError(f"{path}: give seed or seeds, not both")
     values: dict[str, Any] = {}
@@ -256,6 +266,16 @@ def read_sweep_file(path: str | Path) -> dict[str, Any]:
 SWEEP_CHOICES = ("models", "suite", "tasks", "loops", "samples", "temperature", "top_p", "max_new_tokens", "limit", "seeds")
 
 
+def _check_grid(values: Mapping[str, Any], seeds: list[int]) -> None:
+    """Refuse a sweep over MAX_RUNS runs before it is planned (planning one run reads its model's config)."""
+    models = len(values.get("models") or DEFAULTS.models)
+    loops = len(set(values.get("loops") or DEFAULTS.loops))
+    runs = models * loops * len(set(seeds))
+    if runs > MAX_RUNS:
+        raise UserError(f"the sweep asks for up to {runs:,} runs ({models} models x {loops} loop counts x {len(set(seeds))} seeds), "
+                        f"over the limit of {MAX_RUNS:,}: split it into several sweeps")
+
+
 def build_request(flags: Mapping[str, Any], config: str | None = None) -> SweepRequest:
     """Flags (None = not given) over the sweep file's values, validated into one RunSpec per seed
     (after the lab's RunSpec when nothing chose what runs)."""
@@ -273,6 +293,7 @@ def build_request(flags: Mapping[str, Any], config: str | None = None) -> SweepR
     if ray["gpus_per_run"] is not None:
         _gpus("--gpus-per-run", ray["gpus_per_run"])
     seeds = values.pop("seeds", None) or [0]
+    _check_grid(values, seeds)
     specs = tuple(RunSpec.build(**values, seed=seed) for seed in dict.fromkeys(seeds))
     if default_benchmark:
         specs = (RunSpec.build(**values, **LAB.options()), *specs)

@@ -295,9 +295,11 @@ def config_facts(cfg: LoopConfig, overrides: dict[str, Any]) -> dict[str, Any]:
     loops = cfg.loops if overrides.get("loops") is None else cfg.check_loops(overrides["loops"])
     device = resolve_device(overrides.get("device"))
     dtype = dtype_short(resolve_dtype(overrides.get("dtype"), device))
+    exit_policy(cfg, overrides)  # a bad exit override fails the plan, before a run is stored
     return {"family": cfg.family, "kv_strategy": cfg.kv_strategy, "loops": loops, "trained_loops": cfg.loops,
             "max_context": cfg.max_position, "device": device, "dtype": dtype,
-            "max_batch": _batching_overrides(overrides)[0], "analytic": analytic_terms(cfg, loops, dtype),
+            "max_batch": _batching_overrides(overrides)[0], "kv_budget": _batching_overrides(overrides)[2],
+            "analytic": analytic_terms(cfg, loops, dtype),
             "config": cfg.to_dict()}
 
 
@@ -321,9 +323,12 @@ def exit_policy(cfg: LoopConfig, overrides: dict[str, Any]) -> ExitPolicy:
     `early_exit_threshold`) below 1 selects `threshold`, as the official Ouro modelling code applies its
     config's threshold at every forward; 1 (what the Ouro releases ship) reads the last loop, as `none` does."""
     given = overrides.get("exit_threshold")
-    threshold = cfg.exit_threshold if given is None else float(given)
-    kind = overrides.get("exit_policy") or ("threshold" if threshold is not None and threshold < 1 else "none")
-    return ExitPolicy(kind=kind, loop=overrides.get("exit_loop"), threshold=1.0 if threshold is None else threshold)
+    if given is not None:
+        ExitPolicy(threshold=given)  # NaN, a string or a value outside (0, 1] is refused here, before it is compared
+    threshold = cfg.exit_threshold if given is None else given
+    threshold = 1.0 if threshold is None else threshold
+    kind = overrides.get("exit_policy") or ("threshold" if threshold < 1 else "none")
+    return ExitPolicy(kind=kind, loop=overrides.get("exit_loop"), threshold=threshold)
 
 
 def inspect_preset(name: str, **overrides: Any) -> dict[str, Any]:

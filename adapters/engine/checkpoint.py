@@ -23,19 +23,28 @@ from typing import Any
 import torch
 
 from adapters.base import AdapterError
+from adapters.files import MIB, check_complete, commit_folder, parse_json, read_text
 from adapters.engine.config import ENGINE_FORMAT, LoopConfig
 from adapters.engine.model import LoopedLM
 from adapters.engine.presets import preset
 
 
 # ----------------------------------------------------------------------- config.json files
+CONFIG_LIMIT = 16 * MIB  # a config.json or shard index; real ones are a few KB (an index of thousands of tensors, a few MB)
+
+
 def read_json(path: Path) -> dict[str, Any]:
+    """A checkpoint's JSON file (config.json, the shard index) as an object; AdapterError naming it otherwise."""
+    if not path.exists():
+        raise AdapterError(f"{path} not found: expected a checkpoint directory with config.json and model.safetensors")
+    text = read_text(path, "checkpoint file", CONFIG_LIMIT)
     try:
-        return json.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise AdapterError(f"{path} not found: expected a checkpoint directory with config.json and model.safetensors") from exc
-    except (OSError, ValueError) as exc:
+        raw = parse_json(text)
+    except ValueError as exc:
         raise AdapterError(f"cannot read {path} as JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise AdapterError(f"{path}: expected a JSON object, got a {type(raw).__name__}")
+    return raw
 
 
 def _first(value: Any) -> int | None:
@@ -43,16 +52,19 @@ def _first(value: Any) -> int | None:
 
 
 def _hf_config(raw: dict[str, Any], family: str) -> LoopConfig:
-    """Map a Qwen2/Qwen3/Ouro-style HF config.json onto LoopConfig."""
+    """Map a Qwen2/Qwen3/Ouro-style HF config.json onto LoopConfig (which checks every field's type and range)."""
     try:
         heads = raw["num_attention_heads"]
         hidden = raw["hidden_size"]
+        for name, value in (("num_attention_heads", heads), ("hidden_size", hidden)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise AdapterError(f"HF config.json field {name} must be a positive integer, got {value!r}")
         rope = raw.get("rope_parameters") or {}
         eos = raw.get("eos_token_id")
         cfg = dict(
             vocab_size=raw["vocab_size"], hidden_size=hidden, num_heads=heads,
             num_kv_heads=raw.get("num_key_value_heads") or heads, head_dim=raw.get("head_dim") or hidden // heads,
-            ffn_size=raw["intermediate_size"], rope_theta=float(rope.get("rope_theta") or raw.get("rope_theta") or 10000.0),
+            ffn_size=raw["intermediate_size"], rope_theta=(rope.get("rope_theta") if isinstance(rope, dict) else None) or raw.get("rope_theta") or 10000.0,
             norm_eps=raw.get("rms_norm_eps", 1e-6), tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
             max_position=raw.get("max_position_embeddings", 32768), bos_token_id=_first(raw.get("bos_token_id")),
             eos_token_id=_first(eos), pad_token_id=_first(raw.get("pad_token_id")),
@@ -65,9 +77,9 @@ def _hf_config(raw: dict[str, Any], family: str) -> LoopConfig:
         return LoopConfig(family="qwen3", shared_layers=layers, loops=1, norm_layout="pre", qk_norm=True, kv_strategy="standard", **cfg)
     gated = family == "melt"
     return LoopConfig(
-        family=family, shared_layers=layers, loops=int(raw.get("total_ut_steps", 4)), norm_layout="sandwich",
+        family=family, shared_layers=layers, loops=raw.get("total_ut_steps", 4), norm_layout="sandwich",
         qk_norm=False, kv_strategy="gated" if gated else "per_loop", exit_gate=True, exit_threshold=raw.get("early_exit_threshold"),
-        gate_variant=raw.get("melt_gate_variant", "elementwise"), chunk_size=int(raw.get("melt_chunk_size", 64)), **cfg,
+        gate_variant=raw.get("melt_gate_variant", "elementwise"), chunk_size=raw.get("melt_chunk_size", 64), **cfg,
     )
 
 
@@ -75,17 +87,22 @@ def read_config(path: str | Path, family: str | None = None) -> LoopConfig:
     """LoopConfig of a checkpoint directory or config.json (engine or HF); `family` picks the HF mapping.
 
     `melt` asks for a gated model: an engine config of another strategy is refused here, before any
-    weights are read.
+    weights are read. An engine checkpoint directory must hold its completion marker (`save_checkpoint`).
     """
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
     if not path.exists():
         raise AdapterError(f"{path} not found: expected a preset name, a checkpoint directory or a config.json")
     raw = read_json(file)
-    if raw.get("format") == ENGINE_FORMAT:
-        cfg = LoopConfig.from_dict(raw["config"])
-    else:
-        cfg = _hf_config(raw, family or _hf_family(raw, file))
+    try:
+        if raw.get("format") == ENGINE_FORMAT:
+            if path.is_dir():  # a checkpoint loopeval wrote: whole, or refused (a bare config.json is only read)
+                check_complete(path)
+            cfg = LoopConfig.from_dict(raw.get("config"))
+        else:
+            cfg = _hf_config(raw, family or _hf_family(raw, file))
+    except AdapterError as exc:
+        raise AdapterError(str(exc) if str(path) in str(exc) else f"{file}: {exc}") from None
     if family == "melt" and cfg.kv_strategy != "gated":
         raise AdapterError(f"{path}: melt: needs a gated checkpoint (engine config with kv_strategy 'gated' or an Ouro-format dir with gate tensors)")
     return cfg
@@ -147,18 +164,26 @@ def load_model(path: str | Path, family: str, dtype: torch.dtype, device: str | 
     return model.to(device=device, dtype=dtype).eval()
 
 
-def save_checkpoint(model: LoopedLM, directory: str | Path, tokenizer: Any | None = None) -> Path:
-    """Write the engine format: model.safetensors + config.json (+ tokenizer.json)."""
+def save_checkpoint(model: LoopedLM, directory: str | Path, tokenizer: Any | None = None,
+                    extra_files: dict[str, str] | None = None) -> Path:
+    """Write the engine format: model.safetensors + config.json (+ tokenizer.json, + `extra_files`, name -> text).
+
+    The files go in as one set (`adapters.files.commit_folder`): a save that is interrupted or runs out of
+    disk leaves a folder that loading refuses as incomplete, never new weights beside old metadata.
+    """
     from safetensors.torch import save_file
 
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}  # HF names: fused projections come split
-    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
-    (directory / "config.json").write_text(json.dumps({"format": ENGINE_FORMAT, "config": model.config.to_dict()}, indent=2))
-    if tokenizer is not None:
-        tokenizer.save_pretrained(str(directory))
-    return directory
+    def write(staging: Path) -> None:
+        state = {k: v.detach().cpu() for k, v in model.state_dict().items()}  # HF names: fused projections come split
+        save_file(state, str(staging / "model.safetensors"), metadata={"format": "pt"})
+        (staging / "config.json").write_text(json.dumps({"format": ENGINE_FORMAT, "config": model.config.to_dict()}, indent=2))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(staging))
+        for name, text in (extra_files or {}).items():
+            (staging / name).write_text(text)
+
+    commit_folder(directory, write)
+    return Path(directory)
 
 
 def random_model(name_or_config: str | LoopConfig, seed: int, dtype: torch.dtype, device: str | torch.device) -> LoopedLM:

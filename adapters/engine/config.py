@@ -10,6 +10,7 @@ config reaches users through presets, checkpoints' config.json and `--loops` ove
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,8 @@ FAMILIES = ("qwen3", "ouro", "melt", "custom")
 MIX_KINDS = ("none", "scalar", "channel", "dense")  # shape of an injection matrix: 1, d or d x d parameters
 CONDITIONING_FIELDS = ("injection", "history", "history_window", "loop_gate", "branch_gate")  # also load overrides of engine specs
 LOOP_GATE_DIM = 8  # Loop Gating: one learned vector of this size per loop position, one entry per channel group
+MAX_LOOPS = 1024  # loop counts beyond any real run (the paper uses r <= 8): a typo, and hours of compute
+MAX_POSITION = 1 << 24  # context lengths beyond any released model's (16.7M tokens)
 ENGINE_FORMAT = "loopeval-engine"  # config.json of engine checkpoints: {"format": ENGINE_FORMAT, "config": {...}}
 
 
@@ -81,8 +84,8 @@ class LoopConfig:
 
     def check_loops(self, loops: int) -> int:
         """Validate an inference loop count r for this model and return it."""
-        if not isinstance(loops, int) or isinstance(loops, bool) or loops < 1:
-            raise AdapterError(f"loops must be a positive integer, got {loops!r}")
+        if not isinstance(loops, int) or isinstance(loops, bool) or not 1 <= loops <= MAX_LOOPS:
+            raise AdapterError(f"loops must be an integer from 1 to {MAX_LOOPS}, got {loops!r}")
         if self.kv_strategy == "standard" and self.shared_layers > 0 and loops > 1:
             raise AdapterError(
                 f"loops={loops} needs kv_strategy 'per_loop' or 'gated': a 'standard' cache holds one K/V entry per "
@@ -101,6 +104,11 @@ class LoopConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise AdapterError(f"config field {name} must be an integer >= 0, got {value!r}")
 
+        def positive_number(name: str) -> None:
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
+                raise AdapterError(f"config field {name} must be a finite number > 0, got {value!r}")
+
         def one_of(name: str, allowed: tuple[str, ...]) -> None:
             if getattr(self, name) not in allowed:
                 raise AdapterError(f"config field {name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
@@ -112,8 +120,12 @@ class LoopConfig:
         for name in ("tie_embeddings", "qk_norm", "exit_gate", "loop_gate", "branch_gate"):
             if not isinstance(getattr(self, name), bool):
                 raise AdapterError(f"config field {name} must be true or false, got {getattr(self, name)!r}")
-        if not isinstance(self.loops, int) or isinstance(self.loops, bool) or self.loops < 1:
-            raise AdapterError(f"config field loops must be a positive integer (1 = no looping), got {self.loops!r}")
+        if not isinstance(self.loops, int) or isinstance(self.loops, bool) or not 1 <= self.loops <= MAX_LOOPS:
+            raise AdapterError(f"config field loops must be an integer from 1 (no looping) to {MAX_LOOPS}, got {self.loops!r}")
+        if self.max_position > MAX_POSITION:
+            raise AdapterError(f"config field max_position (the context) must be at most {MAX_POSITION} tokens, got {self.max_position}")
+        for name in ("rope_theta", "norm_eps"):
+            positive_number(name)
         one_of("family", FAMILIES)
         one_of("kv_strategy", KV_STRATEGIES)
         one_of("norm_layout", NORM_LAYOUTS)
@@ -138,17 +150,15 @@ class LoopConfig:
         if self.exit_gate and self.shared_layers == 0:
             raise AdapterError("config exit_gate needs shared_layers >= 1 (it reads each loop's state)")
         threshold = self.exit_threshold
-        if threshold is not None and not (self.exit_gate and type(threshold) in (int, float) and 0 < threshold <= 1):
+        if threshold is not None and not (self.exit_gate and type(threshold) in (int, float) and 0 < threshold <= 1):  # NaN fails too
             raise AdapterError(
                 f"config field exit_threshold (Ouro's early_exit_threshold) must be in (0, 1] on a model with an exit gate, got {self.exit_threshold!r}"
             )
-        if not 0 <= self.ema_decay < 1:
-            raise AdapterError(f"config field ema_decay must be in [0, 1), got {self.ema_decay}")
-        if self.rope_theta <= 0 or self.norm_eps <= 0:
-            raise AdapterError("config fields rope_theta and norm_eps must be > 0")
+        if type(self.ema_decay) not in (int, float) or not 0 <= self.ema_decay < 1:
+            raise AdapterError(f"config field ema_decay must be in [0, 1), got {self.ema_decay!r}")
         for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
             value = getattr(self, name)
-            if value is not None and not 0 <= value < self.vocab_size:
+            if value is not None and (type(value) is not int or not 0 <= value < self.vocab_size):
                 raise AdapterError(f"config field {name}={value} must be in [0, vocab_size={self.vocab_size})")
 
     @property
@@ -174,7 +184,9 @@ class LoopConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "LoopConfig":
+    def from_dict(cls, data: Any) -> "LoopConfig":
+        if not isinstance(data, dict):
+            raise AdapterError(f"an engine config must be a table of LoopConfig fields, got {type(data).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - names
         if unknown:

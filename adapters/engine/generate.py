@@ -53,8 +53,8 @@ class ExitPolicy:
             raise AdapterError(f"exit policy {self.kind!r} is not one of none, fixed, threshold")
         if self.kind == "fixed" and (self.loop is None or self.loop < 1):
             raise AdapterError(f"exit policy 'fixed' needs exit_loop >= 1, got {self.loop!r}")
-        if self.kind == "threshold" and not 0 < self.threshold <= 1:
-            raise AdapterError(f"exit policy 'threshold' needs exit_threshold in (0, 1], got {self.threshold}")
+        if type(self.threshold) not in (int, float) or not 0 < self.threshold <= 1:  # NaN too
+            raise AdapterError(f"exit_threshold must be a number in (0, 1], got {self.threshold!r}")
 
 
 def stream_key(seed: int, index: int) -> int:

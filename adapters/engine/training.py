@@ -27,6 +27,7 @@ import copy
 import functools
 import json
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ import torch
 
 from adapters.base import AdapterError
 from adapters.engine import objectives as T
+from adapters.files import write_atomically
 from adapters.engine.model import LoopedLM, prefill_chunks
 
 if TYPE_CHECKING:
@@ -328,7 +330,7 @@ class Trainer:
             "batch_size": recipe.batch_size, "tokens": self.tokens, "cpu_minutes": round(self.cpu_seconds / 60, 2),
             "wall_minutes": round(self.wall_seconds / 60, 2), "seed": recipe.seed, "device": self.device, "teacher": teacher,
             "validation_accuracy": {k: round(v, 4) for k, v in val.items()},
-            "final_loss": json.loads(self.log_path.read_text().splitlines()[-1])["loss"],
+            "final_loss": read_log(self.log_path)[-1]["loss"],
         }
 
 
@@ -337,12 +339,32 @@ def _log_line(path: Path, record: dict[str, Any]) -> None:
         f.write(json.dumps(record) + "\n")
 
 
+def read_log(path: Path) -> list[dict[str, Any]]:
+    """The loss records of `losses.jsonl`. A torn last line (the process was killed while appending it) is
+    dropped, and said so on stderr; a bad line before it means the file is not a loss curve (AdapterError)."""
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict) or type(record.get("step")) is not int:
+                raise ValueError("not a loss record")
+        except ValueError:
+            if number < len(lines):
+                raise AdapterError(f"{path}, line {number}: not a loss record ({line[:60]!r}); use a fresh --out or --no-resume") from None
+            print(f"loopeval: warning: {path}: its last line was cut off (an interrupted write) and is ignored", file=sys.stderr)
+            continue
+        records.append(record)
+    return records
+
+
 def _truncate_log(path: Path, before_step: int) -> None:
-    """Drop loss records from steps at or after `before_step` (they will be redone on resume)."""
+    """Drop loss records from steps at or after `before_step` (they will be redone on resume), rewriting the
+    file in one step."""
     if not path.is_file():
         return
-    keep = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] < before_step]
-    path.write_text("".join(line + "\n" for line in keep))
+    keep = [record for record in read_log(path) if record["step"] < before_step]
+    write_atomically(path, "".join(json.dumps(record) + "\n" for record in keep).encode())
 
 
 @torch.enable_grad()  # LightEval 0.13 turns autograd off process-wide when imported; training needs it
@@ -391,6 +413,6 @@ def train(
     info = trainer.info(teacher_name)
     model.config.extra = {**model.config.extra, "zoo": recipe.name}
     shipped = copy.deepcopy(model).to(getattr(torch, save_dtype))  # bf16 halves the package size
-    save_checkpoint(shipped, out_dir, tokenizer=tokenizer)
-    (out_dir / "train_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    # weights and train_info.json go in together: never new weights beside an earlier run's figures
+    save_checkpoint(shipped, out_dir, tokenizer=tokenizer, extra_files={"train_info.json": json.dumps(info, indent=2) + "\n"})
     return info

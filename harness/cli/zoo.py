@@ -15,12 +15,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
+from adapters.base import AdapterError
+from adapters.files import MIB, parse_json, read_text
 from harness.cli.common import DeviceOption, JsonFlag, ThreadsOption, check_device, check_out_dir, print_table, set_threads
 from harness.errors import UserError
+
+RecipesOption = Annotated[
+    Optional[Path],
+    typer.Option("--recipes", help="Recipes file (TOML, as adapters/zoo_data/recipes.toml, the default)."),
+]
 
 _LIST_COLUMNS = [("name", "model"), ("family", "family"), ("kv_strategy", "KV"), ("gate", "gate"), ("layers", "layers"),
                  ("loops", "T"), ("context", "context"), ("params", "params"), ("steps", "steps"), ("tokens", "tokens"),
@@ -65,14 +72,29 @@ def _synthetic_items(tasks: tuple[str, ...]) -> dict[str, list[dict]]:
     return {task: synthetic.load_split(task, "train") for task in tasks}
 
 
+DATA_LIMIT = 256 * MIB  # bytes of a --data file; the synthetic train split of every task is about 5 MB
+
+
 def _read_items(path: Path) -> dict[str, list[dict]]:
-    """A user's JSONL training file: one {"prompt": ..., "answer": ...} object per line."""
+    """A user's JSONL training file: one {"prompt": ..., "answer": ...} object of two strings per line."""
     try:
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UserError(f"cannot read --data file {path}: {exc}") from exc
-    if not rows or not all(isinstance(r, dict) and {"prompt", "answer"} <= set(r) for r in rows):
-        raise UserError(f"--data file {path} must hold JSON objects with \"prompt\" and \"answer\", one per line")
+        text = read_text(path, "--data file", DATA_LIMIT)
+    except AdapterError as exc:
+        raise UserError(f"cannot read {exc}") from None
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = parse_json(line)
+        except ValueError as exc:
+            raise UserError(f"cannot read --data file {path}: line {number}: {exc}") from None
+        if not isinstance(row, dict) or not all(isinstance(row.get(key), str) and row[key] for key in ("prompt", "answer")):
+            raise UserError(f"--data file {path}, line {number}: expected a JSON object whose \"prompt\" and \"answer\" are "
+                            f"non-empty strings, got {line[:80]!r}")
+        rows.append(row)
+    if not rows:
+        raise UserError(f"--data file {path} holds no rows: one JSON object with \"prompt\" and \"answer\" per line")
     return {"data": rows}
 
 
@@ -94,18 +116,21 @@ def train(
     teacher: Optional[str] = typer.Option(None, "--teacher", help="MELT teacher spec (default: OUT/ouro-tiny when trained in this call, else the shipped zoo model)."),
     threads: ThreadsOption = None,
     resume: bool = typer.Option(True, "--resume/--no-resume", help="Continue from OUT/NAME/train_state.pt when present."),
+    recipes_file: RecipesOption = None,
 ) -> None:
     """Reproduce zoo models from their recipes (adapters/zoo_data/recipes.toml)."""
-    from adapters import resolve
+    from adapters import inspect, resolve
     from adapters.engine.training import train as train_model
-    from adapters.zoo import load_recipes
+    from adapters.zoo import RECIPES_PATH, load_recipes
     from suites.synthetic import STOP
 
     check_device(device)
     check_out_dir(out, "--out")
     teacher = None if teacher is None else resolve(teacher)  # the specs every command takes; bare names refused when shared
+    if teacher is not None:
+        inspect(teacher)  # its config, checked before anything is trained or written
     set_threads(threads)
-    recipes = load_recipes()
+    recipes = load_recipes(recipes_file or RECIPES_PATH)
     unknown = [n for n in names or [] if n not in recipes]
     if unknown:
         raise UserError(f"unknown zoo model(s) {', '.join(unknown)} (recipes: {', '.join(recipes)})")
@@ -137,12 +162,13 @@ def convert(
     data: Optional[Path] = typer.Option(None, "--data", help="JSONL of {prompt, answer} to train on (default: the synthetic train split)."),
     threads: ThreadsOption = None,
     resume: bool = typer.Option(True, "--resume/--no-resume"),
+    recipes_file: RecipesOption = None,
 ) -> None:
     """Convert a LoopLM into MELT with the paper's two stages (KV interpolation, then alignment)."""
-    from adapters import resolve
+    from adapters import inspect, resolve
     from adapters.engine.config import GATE_VARIANTS
     from adapters.engine.training import train as train_model
-    from adapters.zoo import get_recipe
+    from adapters.zoo import RECIPES_PATH, get_recipe
     from suites.synthetic import STOP
 
     check_device(device)
@@ -150,8 +176,9 @@ def convert(
         raise UserError(f"--gate must be one of {', '.join(GATE_VARIANTS)}, got {gate!r}")
     check_out_dir(out, "--out")
     teacher = resolve(teacher)  # the specs every command takes; bare names refused when shared
+    inspect(teacher)  # its config, checked before anything is trained or written
     set_threads(threads)
-    recipe = get_recipe(recipe_name)
+    recipe = get_recipe(recipe_name, recipes_file or RECIPES_PATH)
     if recipe.kind != "melt":
         raise UserError(f"--recipe {recipe_name} is a {recipe.kind} recipe; conversion needs a melt recipe")
     items: dict[str, Any] = _read_items(data) if data is not None else _synthetic_items(recipe.tasks)

@@ -11,6 +11,7 @@ from safetensors.torch import save_file
 import adapters
 from adapters.base import AdapterError, Sampling
 from adapters.engine.checkpoint import random_model, save_checkpoint
+from adapters.files import COMPLETE_MARKER
 from adapters.engine.presets import preset
 from adapters.engine.tokenizer import char_tokenizer
 
@@ -21,7 +22,8 @@ IDS = torch.tensor([[1, 40, 41, 42, 43, 44]])
 def test_engine_round_trip(tmp_path):
     source = adapters.load("preset:melt-tiny", seed=7, dtype="fp32", device="cpu")
     save_checkpoint(source.model, tmp_path / "ckpt", source.tokenizer)
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) >= ["config.json", "model.safetensors", "tokenizer.json"]
+    assert {p.name for p in (tmp_path / "ckpt").iterdir()} == {"config.json", "model.safetensors", "tokenizer.json",
+                                                                "tokenizer_config.json", COMPLETE_MARKER}
     loaded = adapters.load(f"melt:{tmp_path / 'ckpt'}", dtype="fp32", device="cpu")
     assert loaded.config == source.config
     torch.testing.assert_close(loaded.forward_logits(IDS), source.forward_logits(IDS), rtol=0, atol=0)

@@ -1,0 +1,137 @@
+"""Files a user hands loopeval, read with limits, and files loopeval keeps, written whole or not at all.
+
+Reading: `read_text` refuses what is not a regular file before opening it (a FIFO would block the
+open, /dev/zero would fill memory), reads at most a stated number of bytes and decodes UTF-8, each
+failure one AdapterError naming the file. `parse_json` refuses NaN and Infinity, which Python's json
+reads but no JSON standard (nor Postgres) accepts.
+
+Writing: `write_atomically` writes a temporary file beside the target, flushes it to disk and renames
+it over the target, so an interrupted write or a full disk leaves the old file as it was.
+`commit_folder` does the same for a set of files that only make sense together (a checkpoint's
+weights and metadata): they are written to a staging folder first, the folder's completion marker
+is removed, the files are renamed into place, and the marker, listing the files, is written last. A
+folder without its marker is incomplete and `check_complete` refuses it.
+
+Everything here is the standard library, so every package and the GPU machine can use it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from adapters.base import AdapterError
+
+MIB = 1 << 20
+COMPLETE_MARKER = "checkpoint_complete.json"  # written last into a committed folder: {"files": [names]}
+
+
+def read_text(path: str | os.PathLike[str], what: str, limit: int) -> str:
+    """The UTF-8 text of the regular file `path`, at most `limit` bytes; AdapterError naming `what` and the file."""
+    path = Path(path)
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        raise AdapterError(f"{what} {path}: no such file") from None
+    except OSError as exc:
+        raise AdapterError(f"{what} {path}: cannot read it ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file (a device, FIFO or socket)"
+        raise AdapterError(f"{what} {path}: is {kind}")
+    if info.st_size > limit:
+        raise AdapterError(f"{what} {path}: {info.st_size:,} bytes, over the limit of {limit:,}")
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(limit + 1)  # the file may have grown since stat
+    except OSError as exc:
+        raise AdapterError(f"{what} {path}: cannot read it ({exc.strerror or exc})") from None
+    if len(data) > limit:
+        raise AdapterError(f"{what} {path}: over the limit of {limit:,} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise AdapterError(f"{what} {path}: not UTF-8 text (byte {exc.start})") from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_json(text: str) -> Any:
+    """`json.loads`, refusing NaN and Infinity (ValueError), which the JSON standard has no place for."""
+    return json.loads(text, parse_constant=_no_constant)
+
+
+def _fsync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomically(path: str | os.PathLike[str], data: bytes) -> None:
+    """Replace `path` with `data` in one step: the file is either the old one or the whole new one (OSError otherwise)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())  # a full disk fails here, before the old file is touched
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_folder(path.parent)
+
+
+def commit_folder(folder: str | os.PathLike[str], write: Callable[[Path], None]) -> None:
+    """Put the files `write(staging)` writes into `folder` as one set, ending with the completion marker.
+
+    Files of `folder` that `write` does not write (a training run's resume state) stay. Until the marker
+    is back, `check_complete` refuses the folder, so it is never read with new weights beside old metadata.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob(".staging-*"):  # left by a killed commit: loopeval's own by name
+        shutil.rmtree(stale, ignore_errors=True)
+    staging = Path(tempfile.mkdtemp(dir=folder, prefix=".staging-"))
+    try:
+        write(staging)
+        names = sorted(file.name for file in staging.iterdir())
+        for name in names:
+            with (staging / name).open("rb") as fh:
+                os.fsync(fh.fileno())  # a full disk fails here, before the folder is touched
+        (folder / COMPLETE_MARKER).unlink(missing_ok=True)
+        _fsync_folder(folder)
+        for name in names:
+            os.replace(staging / name, folder / name)
+        write_atomically(folder / COMPLETE_MARKER, (json.dumps({"files": names}, indent=2) + "\n").encode())
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def check_complete(folder: str | os.PathLike[str]) -> None:
+    """AdapterError unless `folder` holds its completion marker and every file the marker lists."""
+    folder = Path(folder)
+    marker = folder / COMPLETE_MARKER
+    incomplete = (f"checkpoint {folder} is incomplete: {{}} (writing it was interrupted, or a loopeval older than the marker "
+                  "wrote it); write it again (`loopeval zoo train` and `zoo convert` continue from the train_state.pt beside it)")
+    try:
+        files = parse_json(marker.read_text(encoding="utf-8")).get("files")
+    except FileNotFoundError:
+        raise AdapterError(incomplete.format(f"it has no completion marker {COMPLETE_MARKER}")) from None
+    except (OSError, ValueError, AttributeError):
+        files = None
+    if not isinstance(files, list):
+        raise AdapterError(incomplete.format(f"its completion marker {COMPLETE_MARKER} is unreadable"))
+    missing = [name for name in files if not (folder / str(name)).is_file()]
+    if missing:
+        raise AdapterError(incomplete.format(f"{', '.join(map(str, missing))}, listed in its completion marker, is missing"))
