@@ -30,6 +30,7 @@ _DTYPE_SPELLINGS: dict[str, str] = {
 }
 
 FinishReason = Literal["eos", "stop", "length"]
+FINISH_REASONS: tuple[str, ...] = ("eos", "stop", "length")
 Prompt = str | Sequence[int]
 
 
@@ -170,3 +171,65 @@ class Adapter(Protocol):
     def describe(self) -> dict[str, Any]:
         """JSON-serialisable facts stored with each run: family, params, loops, kv_strategy, dtype, device, config."""
         ...
+
+
+# --- what an adapter hands back, checked before the harness stores it -------------------------------
+# A plugin adapter is someone else's code: a negative or infinite byte count would rank on the Pareto
+# frontier, a string would poison an integer column. The harness checks every value at the boundary
+# (`harness.runner.TimedAdapter`, `harness.sampler`) and fails the run with the reason instead.
+
+
+def _count(value: Any) -> bool:
+    return type(value) is int and value >= 0 or type(value) is float and value.is_integer() and value >= 0
+
+
+def checked_memory(spec: str, values: Any) -> dict[str, int | None]:
+    """`memory()`'s values as stored: None or a non-negative whole number of bytes each; AdapterError otherwise."""
+    if not isinstance(values, dict):
+        raise AdapterError(f"{spec}: memory() must return a dict of byte counts, got {type(values).__name__}")
+    for name, value in values.items():
+        if value is not None and not _count(value):
+            raise AdapterError(f"{spec}: memory()[{name!r}] is {value!r}; byte counts must be whole numbers >= 0 or None")
+    return {name: None if value is None else int(value) for name, value in values.items()}
+
+
+def checked_context(spec: str, value: Any) -> int:
+    """An adapter's `max_context`: a positive integer; AdapterError otherwise."""
+    if type(value) is not int or value < 1:
+        raise AdapterError(f"{spec}: max_context must be a positive integer (tokens), got {value!r}")
+    return value
+
+
+def checked_generation(spec: str, generation: Any) -> Generation:
+    """One `Generation` as stored: a known finish reason, whole non-negative token counts, text or None."""
+    if not isinstance(generation, Generation):
+        raise AdapterError(f"{spec}: generate() must return Generation objects, got {type(generation).__name__}")
+    g, problems = generation, []
+    if g.finish_reason not in FINISH_REASONS:
+        problems.append(f"finish_reason {g.finish_reason!r} is not one of {', '.join(FINISH_REASONS)}")
+    for name in ("prompt_tokens", "generated_tokens"):
+        if type(getattr(g, name)) is not int or getattr(g, name) < 0:
+            problems.append(f"{name} {getattr(g, name)!r} is not a whole number >= 0")
+    if g.text is not None and not isinstance(g.text, str):
+        problems.append(f"text is a {type(g.text).__name__}, not a string or None")
+    if g.loops_used is not None and not (isinstance(g.loops_used, list) and all(type(r) is int and r >= 1 for r in g.loops_used)):
+        problems.append("loops_used is not None or a list of whole numbers >= 1")
+    for name in ("prefill_seconds", "decode_seconds"):
+        if type(getattr(g, name)) not in (int, float) or not 0 <= getattr(g, name) < math.inf:
+            problems.append(f"{name} {getattr(g, name)!r} is not a finite number >= 0")
+    if problems:
+        raise AdapterError(f"{spec}: generate() returned a Generation whose {'; '.join(problems)}")
+    return g
+
+
+def checked_description(spec: str, description: Any) -> dict[str, Any]:
+    """`describe()`: a dict that is standard JSON (no NaN or infinity, which Postgres refuses); AdapterError otherwise."""
+    import json
+
+    try:
+        if not isinstance(description, dict):
+            raise TypeError(f"a {type(description).__name__}, not a dict")
+        json.dumps(description, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise AdapterError(f"{spec}: describe() must return a dict of standard JSON values: {exc}") from None
+    return description

@@ -42,8 +42,8 @@ def read_text(path: str | os.PathLike[str], what: str, limit: int) -> str:
     except OSError as exc:
         raise AdapterError(f"{what} {path}: cannot read it ({exc.strerror or exc})") from None
     if not stat.S_ISREG(info.st_mode):
-        kind = "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file (a device, FIFO or socket)"
-        raise AdapterError(f"{what} {path}: is {kind}")
+        kind = "a folder" if stat.S_ISDIR(info.st_mode) else "a device, FIFO or socket"
+        raise AdapterError(f"{what} {path}: {kind}, not a regular file")
     if info.st_size > limit:
         raise AdapterError(f"{what} {path}: {info.st_size:,} bytes, over the limit of {limit:,}")
     try:

@@ -50,6 +50,7 @@ BUILTIN_MODULES: tuple[str, ...] = ("adapters.engine.adapter", "adapters.hf_back
 ENTRY_POINT_GROUP = "loopeval.adapters"
 ENV_VAR = "LOOPEVAL_ADAPTERS"
 PLUGIN_NAMESPACE = "loopeval_plugins"  # folder plugins are imported as loopeval_plugins.<name>
+BUILTIN = "builtin"  # the source of the prefixes BUILTIN_MODULES register
 
 
 @dataclass(frozen=True)
@@ -77,14 +78,16 @@ _loaded_builtins = False
 _loaded_plugins = False
 _scanned_dirs: set[Path] = set()
 _current_source: str | None = None  # set while a plugin is being imported, so its `register` calls are attributed
+_BROKEN_NAMES: set[str] = set()  # prefixes whose names() failed: reported once, then taken to know no names
 
 
 def register(prefix: str, description: str, source: str | None = None, inspect: Inspector | None = None,
              names: Names | None = None) -> Callable[[Factory], Factory]:
     """Decorator: `@register("preset", "random-init engine preset")` on `factory(arg, **overrides)`.
 
-    `source` defaults to the plugin being loaded, else "builtin" for the modules in BUILTIN_MODULES,
-    else the factory's module name. A plugin may not take over a prefix someone else registered.
+    The source is the plugin being loaded whatever `source` says, else "builtin" for the modules in
+    BUILTIN_MODULES, else `source` or the factory's module name. "builtin" cannot be claimed through
+    `source`, and nobody may take over a prefix someone else registered.
     `inspect(arg, **overrides)`, when given, validates a spec and returns what `describe()` would
     say about loops and KV (at least `kv_strategy` and `loops`) from config files alone, so a sweep
     can plan its runs without loading weights. `names()`, when given, lists the arguments a user may
@@ -92,11 +95,12 @@ def register(prefix: str, description: str, source: str | None = None, inspect: 
     """
 
     def wrap(factory: Factory) -> Factory:
-        origin = source or _current_source or (
-            "builtin" if factory.__module__ in BUILTIN_MODULES else f"module {factory.__module__}"
-        )
+        if source == BUILTIN:
+            raise AdapterError(f"adapter prefix {prefix!r}: source {BUILTIN!r} is loopeval's own; a plugin's source is where it comes from")
+        builtin = _current_source is None and factory.__module__ in BUILTIN_MODULES
+        origin = _current_source or (BUILTIN if builtin else source or f"module {factory.__module__}")
         existing = _REGISTRY.get(prefix)
-        if existing is not None and existing.source != origin and origin != "builtin":
+        if existing is not None and existing.source != origin:
             raise AdapterError(f"adapter prefix {prefix!r} is already registered by {existing.source}")
         _REGISTRY[prefix] = AdapterEntry(prefix, factory, description, origin, inspect, names)
         return factory
@@ -205,12 +209,33 @@ def _load_one(name: str, source: str, action: Callable[[], None]) -> None:
     try:
         with _attributed(source):
             action()
-    except Exception as exc:  # a plugin may fail in any way; it must never stop the others
+    except BaseException as exc:  # a plugin may fail in any way, sys.exit() and KeyboardInterrupt included; never stop the others
         _REGISTRY.clear()
         _REGISTRY.update(snapshot)
-        error = f"{type(exc).__name__}: {exc}".splitlines()[0]
-        _FAILURES.append(PluginFailure(name, source, error))
-        print(f"loopeval: warning: adapter plugin {name!r} from {source} skipped: {error}", file=sys.stderr)
+        _skipped(name, source, exc)
+
+
+def _skipped(name: str, source: str, exc: BaseException) -> None:
+    """Record a plugin failure and warn about it by name, once."""
+    error = (f"{type(exc).__name__}: {exc}".splitlines() or [type(exc).__name__])[0]
+    _FAILURES.append(PluginFailure(name, source, error))
+    print(f"loopeval: warning: adapter plugin {name!r} from {source} skipped: {error}", file=sys.stderr)
+
+
+def _names(entry: AdapterEntry) -> list[str]:
+    """The bare names `entry` knows. A plugin whose `names()` fails (or lists non-strings) is warned about once and
+    knows none, so other names still resolve."""
+    if entry.names is None or entry.prefix in _BROKEN_NAMES:
+        return []
+    try:
+        names = list(entry.names())
+        if not all(isinstance(name, str) for name in names):
+            raise TypeError("names() must return strings")
+    except Exception as exc:
+        _BROKEN_NAMES.add(entry.prefix)
+        _skipped(f"{entry.prefix}: names()", entry.source, exc)
+        return []
+    return names
 
 
 def available() -> list[AdapterEntry]:
@@ -224,7 +249,7 @@ def named_models() -> dict[str, list[str]]:
     _ensure_builtins()
     specs: dict[str, list[str]] = {}
     for entry in sorted(_REGISTRY.values(), key=lambda e: e.prefix):
-        for name in entry.names() if entry.names is not None else ():
+        for name in _names(entry):
             specs.setdefault(name, []).append(f"{entry.prefix}:{name}")
     return specs
 

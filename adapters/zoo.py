@@ -157,26 +157,28 @@ def _check_field(recipe: str, f: Field[Any], value: Any) -> None:
         raise AdapterError(f"recipe {recipe}: {f.name} must be {what}, got {value!r}")
 
 
-def _with_base(name: str, tables: dict[str, Any], path: Path) -> dict[str, Any]:
-    """A model's table over its `base` model's (resolved the same way, description dropped), `config` merged
-    key by key: a variant names only the fields it changes. Followed in a loop, so a chain of any length is
-    one pass and a cycle is an error."""
-    chain = [name]
-    while "base" in tables[chain[-1]]:
-        base = tables[chain[-1]]["base"]
-        if not isinstance(base, str) or base not in tables or base in chain:
-            raise AdapterError(f"recipes file {path}, model {chain[-1]}: base {base!r} is not another model of the file, "
-                               "or its bases lead back here")
-        chain.append(base)
-    merged: dict[str, Any] = {}
-    for step in reversed(chain):
-        table = {k: v for k, v in tables[step].items() if k != "base"}
-        config = table.get("config", {})
-        if not isinstance(config, dict):
-            raise AdapterError(f"recipes file {path}, model {step}: config must be a table of engine config fields, got {config!r}")
-        merged.pop("description", None)  # a description is never inherited
-        merged = {**merged, **table, "config": {**merged.get("config", {}), **config}}
-    return merged
+def _with_bases(tables: dict[str, Any], path: Path) -> dict[str, dict[str, Any]]:
+    """Each model's table over its `base` model's (resolved the same way, description dropped), `config` merged
+    key by key: a variant names only the fields it changes. Bases are followed in a loop and each model is
+    resolved once, so a chain of any length is one pass and a cycle is an error."""
+    resolved: dict[str, dict[str, Any]] = {}
+    for name in tables:
+        chain = [name]  # name, its base, that one's base, ... up to a resolved model or one without a base
+        while chain[-1] not in resolved and "base" in tables[chain[-1]]:
+            base = tables[chain[-1]]["base"]
+            if not isinstance(base, str) or base not in tables or base in chain:
+                raise AdapterError(f"recipes file {path}, model {chain[-1]}: base {base!r} is not another model of the file, "
+                                   "or its bases lead back here")
+            chain.append(base)
+        merged = resolved.get(chain[-1])
+        for step in reversed(chain[:-1] if merged is not None else chain):
+            table = {k: v for k, v in tables[step].items() if k != "base"}
+            config = table.get("config", {})
+            if not isinstance(config, dict):
+                raise AdapterError(f"recipes file {path}, model {step}: config must be a table of engine config fields, got {config!r}")
+            parent = {k: v for k, v in (merged or {}).items() if k != "description"}  # a description is never inherited
+            merged = resolved[step] = {**parent, **table, "config": {**parent.get("config", {}), **config}}
+    return resolved
 
 
 RECIPES_LIMIT = MIB  # bytes; the shipped file is a few KB
@@ -196,8 +198,8 @@ def load_recipes(path: Path = RECIPES_PATH) -> dict[str, Recipe]:
         if not isinstance(table, dict):
             raise AdapterError(f"recipes file {path}: {what} must be a table, got {table!r}")
     recipes = {}
-    for name in tables:
-        merged = {**defaults, **_with_base(name, tables, path), "name": name}
+    for name, table in _with_bases(tables, path).items():
+        merged = {**defaults, **table, "name": name}
         if isinstance(merged.get("tasks"), list):
             merged["tasks"] = tuple(merged["tasks"])
         try:

@@ -14,6 +14,8 @@ import functools
 import gzip
 import html
 import json
+import os
+import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -205,10 +207,25 @@ def write_report(db_url: str, out: Path) -> Path:
     out = Path(out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text, encoding="utf-8")
+        _replace(out, text.encode("utf-8"))
     except OSError as exc:
-        raise ResultsError(f"cannot write the report to {out}: {exc.strerror or exc}") from None
+        raise ResultsError(f"cannot write the report to {out}: {exc.strerror or exc}; any report already there is unchanged") from None
     return out
+
+
+def _replace(out: Path, data: bytes) -> None:
+    """Write `data` to a temporary file beside `out`, on disk, then rename it over `out`: an interrupted write
+    or a full disk leaves the report that was there, never a half-written one that still opens."""
+    fd, partial = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".partial")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(partial, out)
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise
 
 
 # The report runs offline: nothing may be fetched, framed, submitted or used as a base for links.

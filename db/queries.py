@@ -15,7 +15,6 @@ from typing import Any, Iterable
 
 import pandas as pd
 from sqlalchemy import Engine, case, func, inspect, select
-from sqlalchemy.exc import DatabaseError
 
 from db.headline import HEADLINE, SUITE, headline, headline_metric, headline_stderr
 from db.measures import PROFILE_MEASURES, SERIES_MEASURES
@@ -30,13 +29,10 @@ _LOOPS = case((Run.kind == "eval", func.coalesce(Run.loops, 1)), else_=Run.loops
 def require_results(engine: Engine) -> int:
     """Return the number of runs; raise ResultsError when there is nothing to show."""
     where = engine.url.render_as_string(hide_password=True)
-    try:
-        if not inspect(engine).has_table(Run.__tablename__):
-            raise ResultsError(f"the database {where} holds no loopeval results; run `loopeval run` first")
-        with engine.connect() as conn:
-            count = conn.execute(select(func.count()).select_from(Run)).scalar_one()
-    except DatabaseError as exc:
-        raise ResultsError(f"cannot read {where}: {str(exc.orig).splitlines()[0]}") from None
+    if not inspect(engine).has_table(Run.__tablename__):  # database errors are ResultsErrors already (db.session)
+        raise ResultsError(f"the database {where} holds no loopeval results; run `loopeval run` first")
+    with engine.connect() as conn:
+        count = conn.execute(select(func.count()).select_from(Run)).scalar_one()
     if count == 0:
         raise ResultsError(f"the database {where} holds no runs yet; run `loopeval run` first")
     return count

@@ -13,14 +13,17 @@ with no alembic.ini on disk.
 
 from __future__ import annotations
 
+import functools
+import json
 import os
+import re
 import zlib
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, inspect
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import ResultsError
@@ -42,6 +45,11 @@ NETWORK_FILESYSTEMS = frozenset({
 POSTGRES_DRIVER = "postgresql+psycopg"
 # Key of the Postgres advisory lock that writers opening one database at once migrate under.
 _MIGRATION_LOCK = zlib.crc32(b"loopeval schema migration")
+# How long a server database may keep loopeval waiting, in seconds: to connect (a host that accepts the
+# connection and never answers), and for one statement (a lock another session holds). A dead server in
+# the middle of a statement is noticed by TCP keepalives after about four connect timeouts.
+CONNECT_TIMEOUT_ENV, DEFAULT_CONNECT_TIMEOUT = "LOOPEVAL_DB_CONNECT_TIMEOUT", 10
+STATEMENT_TIMEOUT_ENV, DEFAULT_STATEMENT_TIMEOUT = "LOOPEVAL_DB_STATEMENT_TIMEOUT", 300
 
 
 def resolve_db_url(url: str | None = None) -> str:
@@ -87,8 +95,8 @@ def _known_revisions() -> set[str]:
 
 
 def sqlite_path(url: str) -> Path | None:
-    """The file behind a SQLite URL; None for other backends and in-memory databases."""
-    parsed = make_url(url)
+    """The file behind a SQLite URL; None for other backends and in-memory databases; ResultsError for a bad URL."""
+    parsed = _parse(url)
     if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
         return None
     return Path(parsed.database)
@@ -180,7 +188,11 @@ def _revision_on(conn: Any, where: str) -> str | None:
     """
     from alembic.runtime.migration import MigrationContext
 
-    current = MigrationContext.configure(conn).get_current_revision()
+    heads = MigrationContext.configure(conn).get_current_heads()
+    if len(heads) > 1:
+        raise ResultsError(f"database {where} records {len(heads)} schema revisions ({', '.join(sorted(heads))}) where loopeval keeps "
+                           "one: it was damaged or changed by another program; restore it from a copy, or use another --db")
+    current = heads[0] if heads else None
     tables = sorted(set(inspect(conn).get_table_names()) - {"alembic_version"})
     if current is None and tables:
         shown = ", ".join(tables[:4]) + (", ..." if len(tables) > 4 else "")
@@ -191,12 +203,24 @@ def _revision_on(conn: Any, where: str) -> str | None:
             f"database {where} has schema revision {current}, which this loopeval does not know (head {head_revision()}): "
             "written by a newer loopeval, or not a loopeval database"
         )
+    if current == head_revision():
+        from db.models import Base
+
+        missing = sorted(set(Base.metadata.tables) - set(tables))
+        if missing:
+            raise ResultsError(f"database {where} lacks table(s) {', '.join(missing)} of its schema revision {current}: "
+                               "it was damaged or changed by another program; restore it from a copy, or use another --db")
     return current
 
 
 def _readonly_revision(path: Path) -> str | None:
     """`_revision` of a SQLite file through a read-only connection: a refused file stays byte-identical."""
-    readonly = create_engine(f"sqlite:///file:{path.resolve()}?mode=ro&uri=true")
+    # Without a -wal file no process has the database open and every commit is in the main file: read it as
+    # immutable, which creates no -wal and -shm beside a file that is then refused. With one, another process
+    # may be writing: read through its WAL (whose files exist already).
+    immutable = "" if path.with_name(f"{path.name}-wal").exists() else "&immutable=1"
+    readonly = create_engine(f"sqlite:///file:{path.resolve()}?mode=ro{immutable}&uri=true")
+    _one_line_errors(readonly, str(path))
     try:
         return _revision(readonly, str(path))
     finally:
@@ -254,20 +278,80 @@ def _upgrade(engine: Engine, where: str | None = None) -> None:
 
 def _parse(url: str) -> URL:
     try:
-        return engine_url(url)
-    except ArgumentError:
-        raise ResultsError(f"--db {url!r} is not a SQLAlchemy URL (e.g. sqlite:///results/loopeval.sqlite)") from None
+        parsed = engine_url(url)
+        port_ok = parsed.port is None or 1 <= parsed.port <= 65535
+    except (ArgumentError, ValueError):
+        parsed, port_ok = None, False
+    if parsed is None or not port_ok:
+        shown = re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)  # never print a password
+        raise ResultsError(f"--db {shown!r} is not a database URL: give sqlite:///PATH, a file path, or "
+                           "postgresql://USER:PASSWORD@HOST:PORT/DATABASE (PORT a number from 1 to 65535, an IPv6 HOST in brackets)")
+    return parsed
+
+
+def _seconds(env: str, default: int) -> int:
+    raw = os.environ.get(env)
+    if raw is None:
+        return default
+    if not raw.strip().isdigit() or int(raw) < 1:
+        raise ResultsError(f"{env} must be a whole number of seconds >= 1, got {raw!r}")
+    return int(raw)
+
+
+def _server_arguments(parsed: URL) -> dict[str, Any]:
+    """psycopg connection settings that bound every wait on the server (a URL's own query settings win)."""
+    connect, statement = _seconds(CONNECT_TIMEOUT_ENV, DEFAULT_CONNECT_TIMEOUT), _seconds(STATEMENT_TIMEOUT_ENV, DEFAULT_STATEMENT_TIMEOUT)
+    settings = {"connect_timeout": connect, "options": f"-c statement_timeout={statement * 1000}",
+                "keepalives": 1, "keepalives_idle": connect, "keepalives_interval": connect, "keepalives_count": 3}
+    return {key: value for key, value in settings.items() if key not in parsed.query}
+
+
+# What a driver's message means to the user: (a piece of the message, lower case) -> what to do.
+_DAMAGED = "the file is damaged: restore it from a copy, or use another --db"
+_SCHEMA = "part of its schema is missing: it was damaged or changed by another program; restore it from a copy, or use another --db"
+_FULL = ("the disk is full: the write was rolled back and everything stored before it is intact; free space, then continue "
+         "(`loopeval run --resume RUN_ID` for a run)")
+_PROBLEMS = (
+    ("database or disk is full", _FULL), ("no space left on device", _FULL), ("could not extend file", _FULL),
+    ("database disk image is malformed", _DAMAGED), ("file is not a database", _DAMAGED),
+    ("no such table", _SCHEMA), ("no such column", _SCHEMA), ("undefinedtable", _SCHEMA), ("undefinedcolumn", _SCHEMA),
+    ("statement timeout", f"no answer within the statement timeout (${STATEMENT_TIMEOUT_ENV}, default {DEFAULT_STATEMENT_TIMEOUT} s)"),
+    ("connection timeout expired", f"no answer within the connect timeout (${CONNECT_TIMEOUT_ENV}, default {DEFAULT_CONNECT_TIMEOUT} s)"),
+)
+
+
+def database_problem(where: str, exc: BaseException) -> str:
+    """One line naming the database and what went wrong, with what to do where the driver's message says."""
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    key = f"{type(exc).__name__} {text}".lower()
+    meaning = next((meaning for needle, meaning in _PROBLEMS if needle in key), None)
+    return f"database {where}: {meaning} ({text})" if meaning else f"database {where}: {text}"
+
+
+def _one_line_errors(engine: Engine, where: str) -> None:
+    """Every error of `engine`'s statements and connections surfaces as a ResultsError naming the database,
+    which the CLI prints as one line (exit 2). Pre-ping checks are left alone: the pool handles those."""
+
+    @event.listens_for(engine, "handle_error")
+    def _on_error(context: Any) -> None:
+        if not context.is_pre_ping:
+            raise ResultsError(database_problem(where, context.original_exception)) from None
 
 
 def _create(parsed: URL) -> Engine:
-    """An engine for `parsed`; a server database checks its connections before use, since a sweep
-    keeps them open for hours and servers drop idle ones."""
+    """An engine for `parsed`: JSON without NaN or infinity (standard JSON, which Postgres requires), and on a
+    server database connections checked before use (a sweep keeps them open for hours and servers drop idle
+    ones) and every wait bounded (`_server_arguments`)."""
     server = parsed.get_backend_name() != "sqlite"
+    arguments = _server_arguments(parsed) if parsed.get_backend_name() == "postgresql" else {}
     try:
-        return create_engine(parsed, pool_pre_ping=server)
+        engine = create_engine(parsed, pool_pre_ping=server, connect_args=arguments,
+                               json_serializer=functools.partial(json.dumps, allow_nan=False))
     except (NoSuchModuleError, ImportError):
         extra = " (pip install 'loopeval[postgres]')" if parsed.get_backend_name() == "postgresql" else ""
         raise ResultsError(f"--db {parsed.drivername!r}: no SQLAlchemy driver installed for it{extra}") from None
+    _one_line_errors(engine, parsed.render_as_string(hide_password=True))
+    return engine
 
 
 def _create_engine(url: str) -> Engine:
@@ -286,15 +370,12 @@ def open_engine(url: str | None = None) -> Engine:
     url = resolve_db_url(url)
     where = _parse(url).render_as_string(hide_password=True)
     path = sqlite_path(url)
-    try:
-        if path is not None:
-            _check_sqlite_file(path)
-            if path.exists() and path.stat().st_size > 0:
-                _readonly_revision(path)
-        engine = _create_engine(url)
-        _upgrade(engine, where if path is None else None)
-    except DBAPIError as exc:
-        raise ResultsError(f"cannot open database {where}: {exc.orig}") from None
+    if path is not None:
+        _check_sqlite_file(path)
+        if path.exists() and path.stat().st_size > 0:
+            _readonly_revision(path)
+    engine = _create_engine(url)  # from here on every database error is a ResultsError (`_one_line_errors`)
+    _upgrade(engine, where if path is None else None)
     return engine
 
 
@@ -311,17 +392,14 @@ def open_existing(url: str | None = None) -> Engine:
         if not path.exists():
             raise ResultsError(f"no results database at {path}; run `loopeval run` first")
         _check_sqlite_header(path)
-    try:
-        revision = _readonly_revision(path) if path is not None else None
-        engine = _create_engine(url)
-        if path is None:
-            revision = _revision(engine, where)
-        if revision is None:
-            raise ResultsError(f"the database {where} holds no loopeval results; run `loopeval run` first")
-        if revision != head_revision():
-            _upgrade(engine)
-    except DBAPIError as exc:
-        raise ResultsError(f"cannot open database {where}: {str(exc.orig).splitlines()[0]}") from None
+    revision = _readonly_revision(path) if path is not None else None
+    engine = _create_engine(url)
+    if path is None:
+        revision = _revision(engine, where)
+    if revision is None:
+        raise ResultsError(f"the database {where} holds no loopeval results; run `loopeval run` first")
+    if revision != head_revision():
+        _upgrade(engine)
     return engine
 
 

@@ -68,11 +68,15 @@ class Store:
 
     def create_run(self, **fields: Any) -> int:
         """Insert a run (status "running" unless given) and return its id."""
+        return self.create_runs([fields])[0]
+
+    def create_runs(self, rows: Iterable[Mapping[str, Any]]) -> list[int]:
+        """Insert runs in one transaction, all or none (a sweep is stored whole), and return their ids in order."""
         with self._session.begin() as session:
-            run = Run(**fields)
-            session.add(run)
+            runs = [Run(**fields) for fields in rows]
+            session.add_all(runs)
             session.flush()
-            return run.id
+            return [run.id for run in runs]
 
     def update_run(self, run_id: int, **fields: Any) -> None:
         with self._session.begin() as session:
@@ -162,6 +166,7 @@ class Store:
                     existing.add(key)
                     new.append({**row, "run_id": run_id, "doc_id": key[1]})
             if new:  # one executemany INSERT: the ORM's per-object flush costs more than a tiny model's batch
+                new.sort(key=lambda row: (row["task"], row["doc_id"], int(row["sample_index"])))  # one lock order: no deadlock
                 session.execute(self._insert_samples(), new)
             return len(new)
 

@@ -91,7 +91,10 @@ class RunRecorder:
 
     def _loop(self) -> None:
         while not self._stop.wait(FLUSH_SECONDS):
-            self.flush()
+            try:
+                self.flush()
+            except Exception:  # a store error (a full disk): `stop()` flushes again on the main thread and raises it there
+                return
 
     def flush(self) -> None:
         """Store the ticks since the last flush, the peaks and the times so far, and renew the lease."""

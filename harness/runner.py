@@ -24,7 +24,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from adapters.base import Finished, Generation, Prompt, Request, Sampling, Scheduling
+from adapters.base import (Finished, Generation, Prompt, Request, Sampling, Scheduling, checked_context, checked_description,
+                           checked_generation, checked_memory)
+from db import ResultsError
 from db.sets import run_key
 from harness.capacity import check_fits
 from harness.errors import UserError
@@ -85,7 +87,7 @@ class TimedAdapter:
         self.generate_seconds = 0.0
         self.spec = adapter.spec
         self.tokenizer = adapter.tokenizer
-        self.max_context = adapter.max_context
+        self.max_context = checked_context(self.spec, adapter.max_context)
         if isinstance(adapter, Scheduling):  # the bridge hands such an adapter whole workloads
             self.generate_requests = self._generate_requests
 
@@ -93,6 +95,8 @@ class TimedAdapter:
         """`generate_requests`, timed, counting each finished sample's tokens as it arrives."""
 
         def counted(done: list[Finished]) -> None:
+            for _, _, generation in done:
+                checked_generation(self.spec, generation)
             self.sampler.add_generated_tokens(sum(g.generated_tokens for _, _, g in done))
             on_finished(done)
 
@@ -105,7 +109,7 @@ class TimedAdapter:
     def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[Generation]:
         began = time.perf_counter()
         try:
-            generations = self.inner.generate(prompts, sampling)
+            generations = [checked_generation(self.spec, g) for g in self.inner.generate(prompts, sampling)]
         finally:
             self.generate_seconds += time.perf_counter() - began
         self.sampler.add_generated_tokens(sum(g.generated_tokens for g in generations))
@@ -115,10 +119,10 @@ class TimedAdapter:
         return self.inner.forward_logits(input_ids)
 
     def memory(self) -> dict[str, int | None]:
-        return self.inner.memory()
+        return checked_memory(self.spec, self.inner.memory())
 
     def describe(self) -> dict[str, Any]:
-        return self.inner.describe()
+        return checked_description(self.spec, self.inner.describe())
 
     def __getattr__(self, name: str) -> Any:  # optional adapter extras (reset_memory_peak, ...)
         return getattr(self.inner, name)
@@ -145,6 +149,8 @@ class StoreSink:
         self.sampler.set_phase(f"task:{task} batch:{batch_index}")
 
     def on_records(self, records: list[Any]) -> None:
+        if self.sampler.failure is not None:  # the adapter's memory() returned a value that cannot be stored
+            raise self.sampler.failure
         self.store.add_samples(self.run_id, [vars(record) for record in records])  # shallow: asdict deep-copies
 
 
@@ -227,9 +233,13 @@ def prepare_sweep(spec: RunSpec) -> SweepPlan:
     for model in spec.models:
         overrides = spec.load_overrides(model)
         description = adapters.inspect(model, **overrides)
-        if description is None:
-            plan.loaded[model] = adapters.load(model, **overrides)
-            description = plan.loaded[model].describe()
+        if description is None:  # a plugin's values are checked here, before anything is stored
+            adapter = plan.loaded[model] = adapters.load(model, **overrides)
+            checked_context(model, adapter.max_context)
+            checked_memory(model, adapter.memory())
+            description = checked_description(model, adapter.describe())
+        elif "max_context" in description:
+            checked_context(model, description["max_context"])
         if description.get("has_tokenizer") is False:
             raise UserError(f"{model} has no tokenizer, so it cannot read a suite's prompts: evaluate a checkpoint "
                             "(e.g. qwen3:PATH) or a zoo model; real-size presets are for `loopeval profile` and `estimate`")
@@ -284,14 +294,17 @@ def _run_fields(spec: RunSpec, plan: SweepPlan, run: tuple[str, int | None]) -> 
     )
 
 
+def run_row(spec: RunSpec, plan: SweepPlan, run: tuple[str, int | None], sweep_id: str, status: str = "queued") -> dict[str, Any]:
+    """The `runs` row of one (model, loops) of a sweep, with the full spec so the run can be resumed by id."""
+    return dict(sweep_id=sweep_id, kind="eval", adapter=run[0].partition(":")[0], versions=package_versions(), host=host_info(),
+                status=status, **_run_fields(spec, plan, run))
+
+
 def create_run_row(
     store: Store, spec: RunSpec, plan: SweepPlan, run: tuple[str, int | None], sweep_id: str, status: str = "queued"
 ) -> int:
-    """The `runs` row of one (model, loops) of a sweep, with the full spec so the run can be resumed by id."""
-    return store.create_run(
-        sweep_id=sweep_id, kind="eval", adapter=run[0].partition(":")[0], versions=package_versions(), host=host_info(),
-        status=status, **_run_fields(spec, plan, run),
-    )
+    """Store `run_row` on its own and return the run's id."""
+    return store.create_run(**run_row(spec, plan, run, sweep_id, status))
 
 
 def skip_stored(spec: RunSpec, plan: SweepPlan, store: Store, log: Callable[[str], None]) -> list[RunOutcome]:
@@ -331,7 +344,8 @@ def _ranges(ids: Sequence[int]) -> str:
 def store_sweep(spec: RunSpec, plan: SweepPlan, store: Store, sweep_id: str) -> list[tuple[int, str, int | None]]:
     """Store every run of the sweep up front (status "queued"): a killed sweep is then completed by
     `--resume` of any of its runs. Returns (run id, model spec, loops) in the order they run."""
-    return [(create_run_row(store, spec, plan, run, sweep_id), *run) for run in plan.runs]
+    ids = store.create_runs([run_row(spec, plan, run, sweep_id) for run in plan.runs])  # one transaction: all or none
+    return [(run_id, *run) for run_id, run in zip(ids, plan.runs)]
 
 
 def run_sweep(
@@ -408,6 +422,8 @@ def _run_stored(
                 adapter, current = (loaded or {}).pop(model, None), model
             adapter = _at_loops(adapter, model, loops, spec)
             outcomes.append(_execute(spec, store, run_id, (model, loops), adapter, task_configs, progress, log))
+        except ResultsError:  # the store itself failed (disk full, damaged, unreachable): every later run would too
+            raise
         except RunBusy as exc:  # another live process runs it: leave its row alone
             log(f"run {run_id} skipped: {exc}")
             outcomes.append(RunOutcome(run_id, model, loops, "busy", error=str(exc)))
@@ -441,7 +457,7 @@ def _execute(
     timed = TimedAdapter(adapter, sampler)
     recorder = RunRecorder(store, run_id, sampler, timed, previous=store.get_run(run_id))
     recorder.acquire()  # refuses a run another live process is running
-    store.update_run(run_id, status="running", error=None, model_config=adapter.describe())
+    store.update_run(run_id, status="running", error=None, model_config=timed.describe())
     status, error, metrics = "failed", None, {}
     sampler.start()
     recorder.start()
@@ -456,6 +472,8 @@ def _execute(
                 f"run {run_id}: {result.context_cut} samples reached the end of {run[0]}'s context ({adapter.max_context} "
                 f"tokens) before max_new_tokens={spec.sampling.max_new_tokens}; their finish reason is {CONTEXT_LIMIT!r}"
             )
+        if sampler.failure is not None:
+            raise sampler.failure
         metrics = {task: {name: value for name, (value, _) in by_metric.items()} for task, by_metric in result.metrics.items()}
         store.set_sample_scores(run_id, result.scores)
         store.set_metrics(run_id, result.metrics)

@@ -26,6 +26,7 @@ from typing import Any
 
 import psutil
 
+from adapters.base import AdapterError, checked_memory
 from db.measures import PEAK_MEASURES, PEAK_OF_SERIES, SERIES_MEASURES
 
 DEFAULT_INTERVAL = 0.02
@@ -87,6 +88,7 @@ class MemorySampler:
         self.generated_tokens = 0
         self.ticks: list[dict[str, Any]] = []
         self.unavailable: dict[str, str] = {}  # source -> why it could not be read
+        self.failure: AdapterError | None = None  # the adapter's memory() returned what cannot be stored
         self._process = psutil.Process()
         self._nvml = self._open_nvml(device_index)
         self._cuda = self._open_cuda()
@@ -126,7 +128,7 @@ class MemorySampler:
         tick["generated_tokens"] = self.generated_tokens
         tick["rss"] = self._process.memory_info().rss
         if self.adapter is not None:
-            accounted = self.adapter.memory()
+            accounted = self._accounted()
             for name in ("kv_bytes_used", "kv_bytes_allocated", "kv_bytes_reserved"):
                 tick[name] = accounted.get(name)  # None from adapters without such accounting
         if self._cuda:
@@ -137,6 +139,18 @@ class MemorySampler:
         if self._nvml is not None:
             tick["nvml_device"], tick["nvml_process"] = self._nvml.read()
         return tick
+
+    def _accounted(self) -> dict[str, int | None]:
+        """The adapter's `memory()`, checked (`adapters.base.checked_memory`). Once it returns a value that cannot
+        be stored (negative, infinite, a string), it is read no more and `failure` says why: the run fails with
+        that reason rather than store it."""
+        if self.failure is not None:
+            return {}
+        try:
+            return checked_memory(getattr(self.adapter, "spec", "the adapter"), self.adapter.memory())
+        except AdapterError as exc:
+            self.failure = exc
+            return {}
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -169,7 +183,7 @@ class MemorySampler:
         """The peaks the sources keep themselves (the adapter's accounting, torch's allocator), read now."""
         exact: dict[str, int | None] = {}
         if self.adapter is not None:
-            accounted = self.adapter.memory()
+            accounted = self._accounted()
             exact.update({k: v for k, v in accounted.items() if k in PEAK_MEASURES})
             exact["kv_bytes_reserved"] = accounted.get("kv_bytes_reserved_peak")  # memory()'s kv_bytes_reserved is live
         if self._cuda:

@@ -28,7 +28,7 @@ def estimate(
     """Predict memory: weights from the parameter shapes, KV for (tokens, batch, loops, dtype)."""
     import adapters
     from adapters.base import MODEL_DTYPES
-    from adapters.engine.config import LoopConfig
+    from adapters.engine.config import MAX_LOOPS, LoopConfig
     from adapters.engine.memory import estimate as analytic
     from harness.capacity import check_context
 
@@ -38,8 +38,8 @@ def estimate(
         raise UserError(f"--tokens must be >= 1, got {tokens}")
     if batch < 1:
         raise UserError(f"--batch must be >= 1, got {batch}")
-    if loops is not None and loops < 1:
-        raise UserError(f"--loops must be >= 1, got {loops}")
+    if loops is not None and not 1 <= loops <= MAX_LOOPS:
+        raise UserError(f"--loops must be an integer from 1 to {MAX_LOOPS}, got {loops}")
     spec = adapters.resolve(model)
     facts = adapters.inspect(spec, **({} if loops is None else {"loops": loops}))
     if facts is None or "config" not in facts:

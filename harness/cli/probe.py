@@ -17,11 +17,14 @@ from typing import Any, Optional
 
 import typer
 
+from adapters.base import AdapterError
+from adapters.files import MIB, read_text
 from harness.cli.common import DbOption, parse_int_list, print_table
 from harness.errors import UserError
 
 PROBE_SUITES = ("synthetic",)  # suites whose texts ship with loopeval; others need --text-file
 MAX_PROBE_LOOPS = 64  # the interaction needs one forward per skipped loop: r forwards of r loops per text
+TEXT_FILE_LIMIT = 64 * MIB  # bytes of --text-file; only the first --positions tokens of each line are probed
 
 
 def probe(
@@ -65,9 +68,9 @@ def _texts(suite: str | None, tasks: str | None, text_file: Path | None, limit: 
         if suite is not None or tasks is not None:
             raise UserError("--text-file replaces --suite and --tasks: give one or the other")
         try:
-            lines = [line for line in text_file.read_text(encoding="utf-8").splitlines() if line.strip()]
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UserError(f"--text-file {text_file}: cannot read it ({exc.__class__.__name__})") from None
+            lines = [line for line in read_text(text_file, "--text-file", TEXT_FILE_LIMIT).splitlines() if line.strip()]
+        except AdapterError as exc:
+            raise UserError(str(exc)) from None
         if not lines:
             raise UserError(f"--text-file {text_file}: no non-empty line to probe")
         return f"text:{text_file.name}", lines

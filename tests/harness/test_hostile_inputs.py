@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import random
 import shutil
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
 from db.store import Store
@@ -204,7 +207,153 @@ ZOO_AND_LISTS = [
     Case("models-unknown-option", ["models", "--all"], "No such option: --all"),
     Case("unknown-command", ["evaluate"], "No such command 'evaluate'"),
 ]
-CASES = RUN_OPTIONS + RUN_NAMES + RUN_DATA + RESUME + DATABASES + DASHBOARD + PROFILE_CASES + ESTIMATE + ADAPTER + ZOO_AND_LISTS
+
+
+def _file(name: str, text: str) -> Callable[[Path], None]:
+    """A setup that writes `text` to `name`."""
+    return lambda root: (root / name).write_text(text)
+
+
+def _fifo(name: str) -> Callable[[Path], None]:
+    """A setup that makes `name` a FIFO: opening it for reading would block until a writer comes."""
+    return lambda root: os.mkfifo(root / name)
+
+
+SWEEP = "sweep.toml"
+RUN_SWEEP = ["run", "--config", SWEEP, "--db", KEPT, "--no-report"]
+TINY_SWEEP = 'models = [{spec = "preset:qwen3-tiny", overrides = {%s}}]\ntasks = ["lookup"]\nlimit = 1\nsamples = 1\nloops = [1]\n'
+MORE_THAN_THE_MACHINE_GB = 2 * psutil.virtual_memory().total / 1e9  # "kv_budget = 40 on a 24 GB machine", on any machine
+SWEEP_FILES = [
+    Case("sweep-nested-deeply", RUN_SWEEP, "nested too deeply", setup=_file(SWEEP, "loops = " + "[" * 5000 + "]" * 5000 + "\n")),
+    Case("sweep-gpus-per-run-inf", RUN_SWEEP, "gpus_per_run must be a finite number >= 0, got inf",
+         setup=_file(SWEEP, 'executor = "ray"\ngpus_per_run = inf\n')),
+    Case("sweep-temperature-nan", RUN_SWEEP, "temperature must be a finite number >= 0, got nan", setup=_file(SWEEP, "temperature = nan\n")),
+    Case("sweep-override-nan", RUN_SWEEP, "models[0].overrides.max_batch must be a string, finite number or boolean, got nan",
+         setup=_file(SWEEP, TINY_SWEEP % "max_batch = nan")),
+    Case("sweep-override-inf", RUN_SWEEP, "overrides.kv_budget must be a string, finite number or boolean, got inf",
+         setup=_file(SWEEP, TINY_SWEEP % "kv_budget = inf")),
+    Case("sweep-exit-threshold-nan", RUN_SWEEP, "overrides.exit_threshold must be a string, finite number or boolean, got nan",
+         setup=_file(SWEEP, 'models = [{spec = "zoo:ouro-tiny", overrides = {exit_threshold = nan}}]\n')),
+    Case("sweep-exit-threshold-word", RUN_SWEEP, "exit_threshold must be a number in (0, 1], got 'half'",
+         setup=_file(SWEEP, 'models = [{spec = "zoo:ouro-tiny", overrides = {exit_threshold = "half"}}]\n')),
+    Case("sweep-kv-budget-over-memory", RUN_SWEEP, "the KV pool of kv_budget =",
+         setup=_file(SWEEP, TINY_SWEEP % f"kv_budget = {MORE_THAN_THE_MACHINE_GB:.1f}")),
+    Case("sweep-is-dev-zero", ["run", "--config", "/dev/zero", "--db", KEPT], "--config /dev/zero: a device, FIFO or socket, not a regular file"),
+    Case("sweep-is-a-fifo", RUN_SWEEP, "a device, FIFO or socket, not a regular file", setup=_fifo(SWEEP)),
+    Case("sweep-is-a-folder", ["run", "--config", "folder", "--db", KEPT], "--config folder: a folder, not a regular file",
+         setup=lambda root: (root / "folder").mkdir()),
+    Case("sweep-over-the-size-cap", RUN_SWEEP, "over the limit of 1,048,576", setup=_file(SWEEP, "# padding\n" * 120_000)),
+    Case("sweep-not-utf8", RUN_SWEEP, "not UTF-8 text", setup=lambda root: (root / SWEEP).write_bytes(b"suite = '\xff\xfe'\n")),
+    Case("sweep-grid-over-the-limit", RUN_SWEEP, "the sweep asks for up to 2,048,000 runs (1 models x 1024 loop counts x 2000 seeds)",
+         setup=_file(SWEEP, 'models = ["preset:qwen3-tiny"]\nloops = "1-1024"\nseeds = [%s]\n' % ", ".join(map(str, range(2000))))),
+    Case("flags-grid-over-the-limit", ["run", *TINY, "--loops", "1-1024", "--seed", ",".join(f"{i * 1000}-{i * 1000 + 999}" for i in range(20)),
+                                       "--db", KEPT], "over the limit of 10,000"),
+]
+
+RECIPE = "recipes.toml"
+ZOO_TRAIN = ["zoo", "train", "a", "--recipes", RECIPE, "--out", "zoo-out"]
+LM = '[models.a]\nkind = "lm"\npreset = "qwen3-tiny"\n'
+RECIPES = [
+    Case("recipe-base-a-list", ZOO_TRAIN, "model a: base ['b'] is not another model", setup=_file(RECIPE, LM + 'base = ["b"]\n[models.b]\n')),
+    Case("recipe-base-chain-deep", ZOO_TRAIN, "recipe a: steps must be an integer >= 0, got nan",
+         setup=_file(RECIPE, "".join(f'[models.m{i}]\nbase = "m{i + 1}"\n' for i in range(3000)) + "[models.m3000]\nkind = 'lm'\n"
+                     'preset = "qwen3-tiny"\n[models.a]\nbase = "m0"\nsteps = nan\n')),
+    Case("recipe-base-cycle", ZOO_TRAIN, "bases lead back here", setup=_file(RECIPE, LM + 'base = "b"\n[models.b]\nbase = "a"\n')),
+    Case("recipe-model-not-a-table", ZOO_TRAIN, "[models.a] must be a table, got 3", setup=_file(RECIPE, "[models]\na = 3\n")),
+    Case("recipe-config-a-string", ZOO_TRAIN, "model a: config must be a table of engine config fields, got 'loops=4'",
+         setup=_file(RECIPE, LM + 'config = "loops=4"\n')),
+    Case("recipe-config-bad-field", ZOO_TRAIN, "config field num_heads must be a positive integer, got 0",
+         setup=_file(RECIPE, LM + "config = { num_heads = 0 }\n")),
+    Case("recipe-steps-nan", ZOO_TRAIN, "recipe a: steps must be an integer >= 0, got nan", setup=_file(RECIPE, LM + "steps = nan\n")),
+    Case("recipe-lr-inf", ZOO_TRAIN, "recipe a: lr must be a finite number, got inf", setup=_file(RECIPE, LM + "lr = inf\n")),
+    Case("recipe-tasks-a-string", ZOO_TRAIN, "recipe a: tasks must be a list of task names", setup=_file(RECIPE, LM + 'tasks = "chain2"\n')),
+    Case("recipe-is-dev-zero", ["zoo", "train", "a", "--recipes", "/dev/zero"], "recipes file /dev/zero: a device, FIFO or socket"),
+    Case("recipe-unknown-preset", ZOO_TRAIN, "no-such", setup=_file(RECIPE, '[models.a]\nkind = "lm"\npreset = "no-such"\n')),
+]
+
+
+def _teacher(**changes: object) -> Callable[[Path], None]:
+    """A teacher folder `teacher/` whose HF Ouro config.json is ouro-tiny's shape with `changes` (a non-dict: the whole file)."""
+    config = {"model_type": "ouro", "vocab_size": 99, "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "intermediate_size": 256, "num_hidden_layers": 2, "total_ut_steps": 4, "max_position_embeddings": 512}
+
+    def setup(root: Path) -> None:
+        (root / "teacher").mkdir()
+        whole = changes.get("whole")
+        (root / "teacher" / "config.json").write_text(str(whole) if whole is not None else json.dumps({**config, **changes}))
+
+    return setup
+
+
+CONVERT = ["zoo", "convert", "--teacher", "ouro:teacher", "--out", "melt-out", "--steps", "1"]
+CONVERT_TINY = ["zoo", "convert", "--teacher", "zoo:ouro-tiny", "--out", "melt-out", "--steps", "1", "--data", "data.jsonl"]
+TEACHERS_AND_DATA = [
+    Case("teacher-config-a-list", CONVERT, "expected a JSON object, got a list", setup=_teacher(whole="[1, 2, 3]")),
+    Case("teacher-zero-heads", CONVERT, "num_attention_heads must be a positive integer, got 0", setup=_teacher(num_attention_heads=0)),
+    Case("teacher-width-a-string", CONVERT, "hidden_size must be a positive integer, got '128'", setup=_teacher(hidden_size="128")),
+    Case("teacher-context-1e12", CONVERT, "max_position (the context) must be at most 16777216 tokens, got 1000000000000",
+         setup=_teacher(max_position_embeddings=10**12)),
+    Case("teacher-loops-100000", CONVERT, "loops must be an integer from 1 (no looping) to 1024, got 100000", setup=_teacher(total_ut_steps=100_000)),
+    Case("teacher-exit-threshold-nan", CONVERT, "NaN is not a JSON number", setup=_teacher(whole='{"early_exit_threshold": NaN}')),
+    Case("teacher-rope-theta-word", CONVERT, "rope_theta must be a finite number > 0, got 'big'", setup=_teacher(rope_theta="big")),
+    Case("estimate-loops-100000", ["estimate", "ouro-1.4b", "--tokens", "8", "--loops", "100000"], "--loops must be an integer from 1 to 1024"),
+    Case("convert-data-not-utf8", CONVERT_TINY, "not UTF-8 text", setup=lambda root: (root / "data.jsonl").write_bytes(b'{"prompt": "\xff"}\n')),
+    Case("convert-data-not-strings", CONVERT_TINY, "line 1: expected a JSON object whose \"prompt\" and \"answer\" are non-empty strings",
+         setup=_file("data.jsonl", '{"prompt": 12, "answer": ["3"]}\n')),
+    Case("convert-data-dev-zero", [*CONVERT_TINY[:-1], "/dev/zero"], "--data file /dev/zero: a device, FIFO or socket"),
+    Case("convert-data-fifo", CONVERT_TINY, "a device, FIFO or socket, not a regular file", setup=_fifo("data.jsonl")),
+    Case("convert-data-empty", CONVERT_TINY, "holds no rows", setup=_file("data.jsonl", "\n")),
+    Case("probe-text-file-dev-zero", ["probe", "zoo:ouro-tiny", "--text-file", "/dev/zero", "--db", KEPT], "--text-file /dev/zero: a device"),
+]
+
+
+def _damaged(change: Callable[[Path], None]) -> Callable[[Path], None]:
+    """A setup that makes `damaged.sqlite`, a copy of the kept database, and changes it."""
+
+    def setup(root: Path) -> None:
+        shutil.copy(root / KEPT, root / "damaged.sqlite")
+        change(root / "damaged.sqlite")
+
+    return setup
+
+
+def _sql(statement: str) -> Callable[[Path], None]:
+    def change(path: Path) -> None:
+        conn = sqlite3.connect(path)
+        conn.execute(statement)
+        conn.commit()
+        conn.close()
+
+    return change
+
+
+def _garbage_pages(path: Path) -> None:
+    """Every page after the first (the header and the schema) overwritten with random bytes."""
+    data = path.read_bytes()
+    path.write_bytes(data[:4096] + random.Random(0).randbytes(len(data) - 4096))
+
+
+DAMAGES = {
+    "two-heads": (_sql("INSERT INTO alembic_version VALUES ('0005')"), "records 2 schema revisions"),
+    "garbage-pages": (_garbage_pages, "the file is damaged"),
+    "dropped-table": (_sql("DROP TABLE task_metrics"), "lacks table(s) task_metrics"),
+}
+DAMAGED = "damaged.sqlite"
+DAMAGED_DATABASES = [
+    Case(f"{command[0]}-{'-'.join(command[1:2])}-{damage}".replace("--", "-"), [*command, "--db", DAMAGED], fragment,
+         setup=_damaged(change))
+    for damage, (change, fragment) in DAMAGES.items()
+    for command in (["results"], ["dashboard"], ["run", *TINY, *FAST], ["run", "--resume", "1"],
+                    ["profile", "preset:qwen3-tiny", "--lengths", "8"], ["probe", "zoo:ouro-tiny", "--loops", "2", "--limit", "1"])
+]
+SERVER_URLS = [
+    Case(f"{command[0]}-postgres-{what}", [*command, "--db", url], "is not a database URL")
+    for what, url in (("port-not-a-number", "postgresql://me:secret@db.lab:five/loopeval"), ("ipv6-unclosed", "postgresql://me@[::1/loopeval"),
+                      ("port-out-of-range", "postgresql://me@db.lab:99999/loopeval"))
+    for command in (["results"], ["dashboard"], ["run", *TINY, *FAST], ["run", "--resume", "1"])
+]
+CASES = (RUN_OPTIONS + RUN_NAMES + RUN_DATA + RESUME + DATABASES + DASHBOARD + PROFILE_CASES + ESTIMATE + ADAPTER + ZOO_AND_LISTS
+         + SWEEP_FILES + RECIPES + TEACHERS_AND_DATA + DAMAGED_DATABASES + SERVER_URLS)
 
 
 def _foreign_sqlite(path: Path, table: str) -> None:
@@ -239,7 +388,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def snapshot(root: Path) -> dict[str, str]:
     """Every path under `root` -> sha256 of its bytes ("dir" for folders): what a refused command must keep."""
-    return {str(p.relative_to(root)): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+    return {str(p.relative_to(root)): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "special"
             for p in sorted(root.rglob("*"))}
 
 
@@ -263,6 +412,7 @@ def test_hostile_input(case: Case, template: Path, tmp_path: Path, monkeypatch: 
     assert code == 2, f"exit {code}; stderr: {err}"
     assert len(lines) == 1 and lines[0].startswith("loopeval: error: "), f"stderr is not one error line:\n{err}"
     assert case.fragment in lines[0], lines[0]
+    assert "secret" not in err, "a password was printed"
     after = snapshot(root)
     changed = {path for path, digest in before.items() if after.get(path) != digest}
     assert not changed, f"changed or removed: {sorted(changed)}"

@@ -40,7 +40,7 @@ def test_probe_stores_what_the_engine_measures(tmp_path: Path, capsys: pytest.Ca
     "args,message",
     [
         (["--positions", "0"], "--positions and --limit must be positive"),
-        (["--text-file", "/nonexistent/t.txt"], "--text-file /nonexistent/t.txt: cannot read it"),
+        (["--text-file", "/nonexistent/t.txt"], "--text-file /nonexistent/t.txt: no such file"),
         (["--suite", "paper"], "probe reads the texts of synthetic"),
         (["--tasks", "chain9"], "unknown task 'chain9' of synthetic"),
         (["--loops", "3-1"], "--loops must be comma-separated positive integers or ranges"),
