@@ -185,3 +185,19 @@ def test_decode_aligned_chunks_reproduce_melt_decoding(tmp_path: Path) -> None:
     assert len(set(gen.token_ids)) > 1
     assert aligned.argmax(-1).tolist() == gen.token_ids
     assert (aligned - as_prompt).abs().max() > 1e-3  # the whole sequence chunked as one prompt is another model
+
+
+def test_a_torn_last_line_of_the_loss_log_is_ignored_on_resume_and_said(tmp_path: Path, items: dict,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """A process killed while appending to losses.jsonl leaves half a line: resume drops it, says so, and the curve
+    ends as an uninterrupted run's."""
+    recipe = tiny("qwen3-tiny-small", 6)
+    train(recipe, tmp_path / "straight", progress=False, items=items, stop=synthetic.STOP)
+    assert train(recipe, tmp_path / "resumed", progress=False, items=items, stop=synthetic.STOP, until=3) is None
+    with (tmp_path / "resumed" / "losses.jsonl").open("a") as log:
+        log.write('{"step": 3, "lo')
+    capsys.readouterr()
+    info = train(recipe, tmp_path / "resumed", progress=False, items=items, stop=synthetic.STOP)
+    assert "losses.jsonl: its last line was cut off (an interrupted write) and is ignored" in capsys.readouterr().err
+    assert losses(tmp_path / "straight") == pytest.approx(losses(tmp_path / "resumed"))
+    assert info is not None and info["final_loss"] == pytest.approx(losses(tmp_path / "straight")[-1])

@@ -1,0 +1,189 @@
+"""Hostile plugins: values a plugin adapter returns are checked before anything is stored, a plugin that exits or is
+interrupted at import is skipped like any broken plugin, one whose names() fails leaves bare names working, and no
+plugin can claim a built-in prefix. After a refused or failed plugin run, `results` and `dashboard` on the same
+database still work.
+
+The plugins are real folder plugins (`--adapters-dir`) wrapping the tiny engine preset, run through the real CLI
+(`harness.cli.main`, in-process) on real SQLite files.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import textwrap
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+import adapters
+from adapters import AdapterError, registry
+from harness.cli import main
+
+FAST = ["--tasks", "lookup", "--limit", "1", "--samples", "1", "--max-new-tokens", "2", "--loops", "1", "--no-report"]
+
+# `hostile:WHAT` is qwen3-tiny, except for the one value WHAT names, which it returns wrong.
+HOSTILE = '''
+import time
+
+import adapters
+from adapters.registry import register
+
+
+class Hostile:
+    def __init__(self, what, **overrides):
+        self.inner = adapters.load("preset:qwen3-tiny", **overrides)
+        self.what, self.spec, self.tokenizer, self.generating = what, f"hostile:{what}", self.inner.tokenizer, False
+        self.max_context = {"negative-context": -512, "float-context": 512.5}.get(what, self.inner.max_context)
+
+    def forward_logits(self, input_ids):
+        return self.inner.forward_logits(input_ids)
+
+    def generate(self, prompts, sampling):
+        self.generating = True
+        time.sleep(0.1)  # the memory sampler (every 20 ms) reads memory() while this runs
+        out = self.inner.generate(prompts, sampling)
+        for g in out:
+            if self.what == "finish-reason":
+                g.finish_reason = "exploded"
+            if self.what == "negative-tokens":
+                g.generated_tokens = -3
+        return out
+
+    def memory(self):
+        values = dict(self.inner.memory())
+        bad = {"negative-memory": -1000, "infinite-memory": float("inf"), "string-memory": "lots", "nan-memory": float("nan")}
+        if self.what in bad:
+            values["kv_bytes_used"] = bad[self.what]
+        if self.what == "negative-while-generating" and self.generating:
+            values["kv_bytes_used"] = -1
+        return values
+
+    def describe(self):
+        return {**self.inner.describe(), **({"threshold": float("nan")} if self.what == "nan-describe" else {})}
+
+
+@register("hostile", "adapters that return values loopeval must not store")
+def load(what, **overrides):
+    return Hostile(what, **overrides)
+'''
+
+
+@pytest.fixture
+def isolated_registry() -> Iterator[None]:
+    """Plugins change module-level registry state; give each test its own and put the original back."""
+    registry.available()
+    saved = (dict(registry._REGISTRY), list(registry._FAILURES), set(registry._scanned_dirs), set(registry._BROKEN_NAMES))
+    yield
+    registry._REGISTRY.clear()
+    registry._REGISTRY.update(saved[0])
+    registry._FAILURES[:] = saved[1]
+    registry._scanned_dirs.clear()
+    registry._scanned_dirs.update(saved[2])
+    registry._BROKEN_NAMES.clear()
+    registry._BROKEN_NAMES.update(saved[3])
+
+
+@pytest.fixture
+def plugins(tmp_path: Path, isolated_registry: None) -> Path:
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    (folder / "hostile.py").write_text(HOSTILE)
+    return folder
+
+
+def _one_error(capfd: pytest.CaptureFixture[str]) -> str:
+    err = capfd.readouterr().err
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err and len(lines) == 1 and lines[0].startswith("loopeval: error: "), err
+    return lines[0]
+
+
+@pytest.mark.parametrize(("what", "fragment"), [
+    ("negative-memory", "memory()['kv_bytes_used'] is -1000; byte counts must be whole numbers >= 0 or None"),
+    ("infinite-memory", "memory()['kv_bytes_used'] is inf"),
+    ("nan-memory", "memory()['kv_bytes_used'] is nan"),
+    ("string-memory", "memory()['kv_bytes_used'] is 'lots'"),
+    ("negative-context", "max_context must be a positive integer (tokens), got -512"),
+    ("float-context", "max_context must be a positive integer (tokens), got 512.5"),
+    ("nan-describe", "describe() must return a dict of standard JSON values"),
+])
+def test_a_plugin_value_that_cannot_be_stored_is_refused_before_anything_is_written(
+        what: str, fragment: str, plugins: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "results.sqlite"
+    code = main(["run", "--adapters-dir", str(plugins), "--model", f"hostile:{what}", *FAST, "--db", str(db)])
+    line = _one_error(capfd)
+    assert code == 2 and f"hostile:{what}: {fragment}" in line, line
+    assert not db.exists(), "refused before the database was created"
+
+
+@pytest.mark.parametrize(("what", "fragment"), [
+    ("finish-reason", "finish_reason 'exploded' is not one of eos, stop, length"),
+    ("negative-tokens", "generated_tokens -3 is not a whole number >= 0"),
+    ("negative-while-generating", "memory()['kv_bytes_used'] is -1"),
+])
+def test_a_plugin_value_that_turns_bad_while_generating_fails_the_run_and_is_never_stored(
+        what: str, fragment: str, plugins: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "results.sqlite"
+    assert main(["run", "--model", "preset:qwen3-tiny", *FAST, "--db", str(db)]) == 0  # a good run already stored
+    code = main(["run", "--adapters-dir", str(plugins), "--model", f"hostile:{what}", *FAST, "--db", str(db)])
+    err = capfd.readouterr().err
+    assert code == 1 and fragment in err and "Traceback" not in err, err
+    with sqlite3.connect(db) as conn:
+        status, error = conn.execute("SELECT status, error FROM runs WHERE model_spec = ?", (f"hostile:{what}",)).fetchone()
+        assert status == "failed" and fragment in error
+        assert conn.execute("SELECT count(*) FROM samples WHERE finish_reason NOT IN ('eos', 'stop', 'length') "
+                            "OR generated_tokens < 0 OR prompt_tokens < 0").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM memory_peaks WHERE value < 0 OR typeof(value) NOT IN ('integer', 'null')").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM memory_samples WHERE kv_bytes_used < 0").fetchone() == (0,)
+    conn.close()
+    # the store is not poisoned: every later read command works
+    assert main(["results", "--db", str(db)]) == 0
+    assert main(["dashboard", "--db", str(db), "--out", str(tmp_path / "report.html")]) == 0
+    assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("body", ["import sys\nsys.exit(3)\n", "raise KeyboardInterrupt\n", "raise SystemExit\n"])
+def test_a_plugin_that_exits_or_is_interrupted_at_import_is_skipped_by_name(
+        body: str, tmp_path: Path, isolated_registry: None, capfd: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "quitter.py").write_text(body)
+    db = tmp_path / "results.sqlite"
+    code = main(["run", "--adapters-dir", str(tmp_path / "plugins"), "--model", "preset:qwen3-tiny", *FAST, "--db", str(db)])
+    err = capfd.readouterr().err
+    assert code == 0, err
+    assert "loopeval: warning: adapter plugin 'quitter' from folder" in err and "skipped:" in err
+    assert [f.name for f in registry.plugin_failures()][-1] == "quitter"
+
+
+def test_a_plugin_whose_names_fail_leaves_bare_names_working(tmp_path: Path, isolated_registry: None,
+                                                              capfd: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "namer.py").write_text(textwrap.dedent("""
+        from adapters.registry import register
+
+        def names():
+            raise RuntimeError("the catalogue server is down")
+
+        register("namer", "lists its names from a server", names=names)(lambda arg, **kw: None)
+    """))
+    registry.load_plugins([tmp_path / "plugins"])
+    assert adapters.resolve("qwen3-tiny-small") == "zoo:qwen3-tiny-small"
+    assert adapters.resolve("ouro-1.4b") == "preset:ouro-1.4b"
+    err = capfd.readouterr().err
+    assert err.count("adapter plugin 'namer: names()'") == 1 and "RuntimeError: the catalogue server is down" in err
+
+
+@pytest.mark.parametrize("source", ["builtin", "folder /elsewhere", None])
+def test_a_plugin_cannot_claim_a_builtin_prefix_by_any_source(source: str | None, tmp_path: Path, isolated_registry: None) -> None:
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "squatter.py").write_text(textwrap.dedent(f"""
+        from adapters.registry import register
+        register("zoo", "not the zoo", source={source!r})(lambda arg, **kw: None)
+    """))
+    failures = registry.load_plugins([tmp_path / "plugins"])
+    assert failures[-1].name == "squatter" and "zoo" in failures[-1].error
+    entry = {e.prefix: e for e in adapters.available()}["zoo"]
+    assert entry.source == "builtin" and entry.factory.__module__ == "adapters.zoo"
+    with pytest.raises(AdapterError, match="source 'builtin' is loopeval's own"):
+        registry.register("mine", "a module's own adapter", source="builtin")(lambda arg, **kw: None)
