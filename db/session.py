@@ -315,6 +315,7 @@ _PROBLEMS = (
     ("database or disk is full", _FULL), ("no space left on device", _FULL), ("could not extend file", _FULL),
     ("database disk image is malformed", _DAMAGED), ("file is not a database", _DAMAGED),
     ("no such table", _SCHEMA), ("no such column", _SCHEMA), ("undefinedtable", _SCHEMA), ("undefinedcolumn", _SCHEMA),
+    ("not json compliant", "a value to store is NaN or infinite, which standard JSON (and so Postgres) cannot hold; nothing was stored"),
     ("statement timeout", f"no answer within the statement timeout (${STATEMENT_TIMEOUT_ENV}, default {DEFAULT_STATEMENT_TIMEOUT} s)"),
     ("connection timeout expired", f"no answer within the connect timeout (${CONNECT_TIMEOUT_ENV}, default {DEFAULT_CONNECT_TIMEOUT} s)"),
 )

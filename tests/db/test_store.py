@@ -152,3 +152,13 @@ def test_two_processes_write_one_database_at_once(tmp_path: Path) -> None:
     assert sorted((r["sweep_id"], r["status"], r["n_samples"]) for r in runs) == [
         ("writer0", "finished", 150), ("writer1", "finished", 150)
     ]
+
+
+def test_nan_is_never_stored_as_non_standard_json(tmp_path: Path) -> None:
+    """Python's json writes NaN, which no JSON standard reads and Postgres refuses: the store refuses it on every backend."""
+    store = Store.open(str(tmp_path / "r.sqlite"))
+    with pytest.raises(ResultsError, match="a value to store is NaN or infinite"):
+        store.create_runs([dict(sweep_id="s", model_spec="m", adapter="a", suite="synthetic"),
+                           dict(sweep_id="s", model_spec="m", adapter="a", suite="synthetic", spec={"exit_threshold": float("nan")})])
+    assert store.run_summaries() == [], "a sweep is stored whole or not at all"
+    store.close()
