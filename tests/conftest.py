@@ -8,7 +8,9 @@ its tests skip with the reason (or fail, with LOOPEVAL_REQUIRE_SERVICES set, as 
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -84,3 +86,47 @@ def ray_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+@pytest.fixture(scope="module")
+def stored_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A loopeval database that already holds a finished run (a refused command must leave it byte-identical)."""
+    from db.store import Store
+
+    path = tmp_path_factory.mktemp("store") / "kept.sqlite"
+    store = Store.open(str(path))
+    store.finish_run(store.create_run(sweep_id="kept", model_spec="preset:qwen3-tiny", adapter="preset", suite="synthetic"), "finished")
+    store.close()
+    return path
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 16 MB tmpfs mounted on a folder: a disk that really fills. Mounting needs root (the tests and CI run as
+    root); elsewhere the test skips with the reason."""
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(folder)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs to fill (needs root): {mounted.stderr.strip()}")
+    yield folder
+    subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+@pytest.fixture
+def isolated_registry() -> Iterator[None]:
+    """Plugins change module-level registry state; give each test its own and put the original back."""
+    from adapters import registry
+
+    registry.available()  # built-ins loaded before the snapshot is taken
+    saved = (dict(registry._REGISTRY), list(registry._FAILURES), set(registry._scanned_dirs), registry._loaded_plugins,
+             set(registry._BROKEN_NAMES))
+    yield
+    registry._REGISTRY.clear()
+    registry._REGISTRY.update(saved[0])
+    registry._FAILURES[:] = saved[1]
+    registry._scanned_dirs.clear()
+    registry._scanned_dirs.update(saved[2])
+    registry._loaded_plugins = saved[3]
+    registry._BROKEN_NAMES.clear()
+    registry._BROKEN_NAMES.update(saved[4])

@@ -9,12 +9,11 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 import adapters
-from adapters import AdapterError, registry
+from adapters import AdapterError
 
 ROOT = Path(__file__).resolve().parents[2]
 LOOPEVAL = str(Path(sys.executable).with_name("loopeval"))
@@ -32,20 +31,6 @@ def load(arg, **overrides):
     adapter.spec = f"folderarch:{arg}"
     return adapter
 '''
-
-
-@pytest.fixture
-def isolated_registry() -> Iterator[None]:
-    """Plugins change module-level registry state; give each test its own and put the original back."""
-    registry.available()  # built-ins loaded before the snapshot is taken
-    saved = (dict(registry._REGISTRY), list(registry._FAILURES), set(registry._scanned_dirs), registry._loaded_plugins)
-    yield
-    registry._REGISTRY.clear()
-    registry._REGISTRY.update(saved[0])
-    registry._FAILURES[:] = saved[1]
-    registry._scanned_dirs.clear()
-    registry._scanned_dirs.update(saved[2])
-    registry._loaded_plugins = saved[3]
 
 
 def _write(folder: Path, name: str, code: str) -> None:

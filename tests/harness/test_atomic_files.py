@@ -11,8 +11,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +22,6 @@ from adapters.engine.checkpoint import random_model, save_checkpoint
 from adapters.files import COMPLETE_MARKER
 from adapters.zoo import ZOO_DIR
 from dashboards.report import write_report
-from db.store import Store
 from harness.cli import main
 
 
@@ -39,43 +36,21 @@ def _one_error(capfd: pytest.CaptureFixture[str]) -> str:
     return lines[0]
 
 
-@pytest.fixture(scope="module")
-def results_db(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A database with one finished run: enough for a report."""
-    path = tmp_path_factory.mktemp("db") / "results.sqlite"
-    store = Store.open(str(path))
-    store.finish_run(store.create_run(sweep_id="s", model_spec="preset:qwen3-tiny", adapter="preset", suite="synthetic"), "finished")
-    store.close()
-    return str(path)
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """An 8 MB tmpfs mounted on a folder: a disk that really fills."""
-    folder = tmp_path / "disk"
-    folder.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(folder)], capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs to fill (needs root): {mounted.stderr.strip()}")
-    yield folder
-    subprocess.run(["umount", "-l", str(folder)], check=False)
-
-
-def test_a_report_write_on_a_full_disk_keeps_the_complete_report(results_db: str, small_disk: Path,
+def test_a_report_write_on_a_full_disk_keeps_the_complete_report(stored_db: Path, small_disk: Path,
                                                                   capfd: pytest.CaptureFixture[str]) -> None:
-    report = write_report(results_db, small_disk / "report.html")
+    report = write_report(str(stored_db), small_disk / "report.html")
     before = _digest(report)
     free = shutil.disk_usage(small_disk).free
     (small_disk / "ballast").write_bytes(b"\0" * (free - report.stat().st_size // 2))  # room for half a report more
-    assert main(["dashboard", "--db", results_db, "--out", str(report)]) == 2
+    assert main(["dashboard", "--db", str(stored_db), "--out", str(report)]) == 2
     line = _one_error(capfd)
     assert f"cannot write the report to {report}: No space left on device; any report already there is unchanged" in line
     assert _digest(report) == before
     assert sorted(p.name for p in small_disk.iterdir()) == ["ballast", "report.html"], "no half-written file left behind"
 
 
-def test_an_interrupted_report_write_keeps_the_complete_report(results_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    report = write_report(results_db, tmp_path / "report.html")
+def test_an_interrupted_report_write_keeps_the_complete_report(stored_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    report = write_report(str(stored_db), tmp_path / "report.html")
     before = _digest(report)
 
     def interrupted(fd: int) -> None:  # Ctrl-C arriving while the new report is being written
@@ -83,7 +58,7 @@ def test_an_interrupted_report_write_keeps_the_complete_report(results_db: str, 
 
     monkeypatch.setattr("dashboards.report.os.fsync", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        write_report(results_db, report)
+        write_report(str(stored_db), report)
     assert _digest(report) == before
     assert [p.name for p in tmp_path.iterdir()] == ["report.html"]
 

@@ -103,18 +103,6 @@ def test_a_statement_another_session_blocks_is_an_error_after_the_statement_time
     assert main(["results", "--db", postgres_url]) == 0  # nothing changed: the same database reads once the lock is gone
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 16 MB tmpfs mounted on a folder: a disk that really fills."""
-    folder = tmp_path / "disk"
-    folder.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(folder)], capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs to fill (needs root): {mounted.stderr.strip()}")
-    yield folder
-    subprocess.run(["umount", "-l", str(folder)], check=False)
-
-
 def _fill(folder: Path) -> Path:
     """Fill the disk of `folder` to the last byte; the filler's path."""
     filler = folder / "filler"

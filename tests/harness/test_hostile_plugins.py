@@ -12,7 +12,6 @@ from __future__ import annotations
 import sqlite3
 import textwrap
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -67,21 +66,6 @@ class Hostile:
 def load(what, **overrides):
     return Hostile(what, **overrides)
 '''
-
-
-@pytest.fixture
-def isolated_registry() -> Iterator[None]:
-    """Plugins change module-level registry state; give each test its own and put the original back."""
-    registry.available()
-    saved = (dict(registry._REGISTRY), list(registry._FAILURES), set(registry._scanned_dirs), set(registry._BROKEN_NAMES))
-    yield
-    registry._REGISTRY.clear()
-    registry._REGISTRY.update(saved[0])
-    registry._FAILURES[:] = saved[1]
-    registry._scanned_dirs.clear()
-    registry._scanned_dirs.update(saved[2])
-    registry._BROKEN_NAMES.clear()
-    registry._BROKEN_NAMES.update(saved[3])
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from db.store import Store
 from harness.cli import main
 from harness.errors import UserError
 from harness.runner import prepare_sweep
@@ -94,16 +93,6 @@ def test_per_model_overrides_reach_the_adapter_and_come_back_on_resume() -> None
         RunSpec.build(models=["preset:qwen3-tiny"], model_overrides={"preset:ouro-tiny": {"max_batch": 3}})
     with pytest.raises(Exception, match="unknown override.*bogus"):
         prepare_sweep(RunSpec.build(models=["preset:ouro-tiny"], tasks=["lookup"], model_overrides={"preset:ouro-tiny": {"bogus": 1}}))
-
-
-@pytest.fixture(scope="module")
-def stored_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A database that already holds a run: a bad sweep file must leave it byte-identical."""
-    path = tmp_path_factory.mktemp("store") / "kept.sqlite"
-    store = Store.open(str(path))
-    store.finish_run(store.create_run(sweep_id="kept", model_spec="preset:qwen3-tiny", adapter="preset", suite="synthetic"), "finished")
-    store.close()
-    return path
 
 
 @pytest.mark.parametrize(
