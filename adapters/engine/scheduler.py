@@ -26,10 +26,11 @@ import torch
 from torch import Tensor
 
 from adapters.base import Finished, Generation, Sampling
-from adapters.engine.generate import ExitPolicy, is_looped, output_text, read_logits, sample, stop_reason
+from adapters.engine.generate import ExitPolicy, is_looped, output_text, read_logits, sample, stop_reason, stream_rows
 from adapters.engine.graphs import DecodeGraphs
 from adapters.engine.model import LoopedLM, StepOutput, prefill_chunks
 from adapters.engine.paged import BlockPool, PagedStep, key_mask
+from adapters.engine.rows import DecodeRows, RowsStep
 
 
 @dataclass(eq=False)
@@ -74,13 +75,17 @@ class Scheduler:
         self.chunk = model.config.chunk_size if model.config.kv_strategy == "gated" else None
         self.looped = is_looped(model, loops)
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.running: list[Sequence] = []  # in the order of their decode rows (`rows`), when there are rows
+        self.rows: DecodeRows | None = None
         self.prefilling: list[Sequence] = []  # admitted, holding blocks, not yet running
         self.admissions = count()
         self.preemptions = 0
 
     def run(self, sequences: list[Sequence]) -> None:
         self.waiting.extend(sequences)
+        rows = min(self.max_seqs, len(sequences))
+        if self.graphs is None and DecodeRows.fits(self.pool, rows, max(seq.capacity for seq in sequences)):
+            self.rows = DecodeRows(self.pool, rows)
         with torch.inference_mode():
             while self.waiting or self.running:
                 self._admit()
@@ -170,7 +175,10 @@ class Scheduler:
             seq.written = first.prompt_len
         for seq in group:
             seq.order, seq.prefill_seconds, seq.decode_began = next(self.admissions), elapsed, time.perf_counter()
-        self.running.extend(group)
+            if self.rows is not None:
+                self.rows.reserve(seq.written)
+                self.rows.fill(len(self.running), seq.blocks, seq.written)
+            self.running.append(seq)
 
     # -------------------------------------------------------------------------------- decode
     def _decode(self) -> None:
@@ -187,9 +195,7 @@ class Scheduler:
     def _provision(self) -> None:
         """A slot for every running sequence's next token, oldest first, preempting the youngest when the pool is empty."""
         size = self.pool.block_size
-        for seq in sorted(self.running, key=lambda s: s.order):
-            if seq.written < len(seq.blocks) * size:
-                continue
+        for seq in sorted((seq for seq in self.running if seq.written == len(seq.blocks) * size), key=lambda s: s.order):
             while not self.pool.free and seq.blocks:  # a lone sequence always fits (the pool holds one at its capacity)
                 self._preempt(max(self.running, key=lambda s: s.order))
             if seq.blocks:  # not preempted itself
@@ -197,34 +203,52 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.pool.release(seq.blocks)
+        self._stop_running(seq)
         seq.blocks, seq.written = [], 0
-        self.running.remove(seq)
         self.waiting.appendleft(seq)
         self.preemptions += 1
 
     def _step(self, seqs: list[Sequence], tokens: list[list[int]]) -> StepOutput:
         """Run `tokens` (n per sequence) of `seqs` at their next slots through the model; their blocks hold them afterwards.
 
-        A decode step (n = 1) goes through `graphs` when there is one (the GPU path), else as it is.
+        A decode step (n = 1) of the running set reads the decode rows when there are rows, else goes
+        through `graphs` when there is one (the GPU path); other steps gather from the pool.
         """
-        pool, size = self.pool, self.pool.block_size
-        b, n = len(tokens), len(tokens[0])
+        pool, n = self.pool, len(tokens[0])
         end = max(seq.written for seq in seqs) + n
-        width = pool.blocks_for(end)
-        blocks = self._tensor([(seq.blocks + [0] * width)[:width] for seq in seqs])  # padded with block 0, which the mask hides
-        positions = self._tensor([[seq.written + j for j in range(n)] for seq in seqs])
-        pool.begin_step(b * n)
-        if self.graphs is not None and n == 1:
-            out = self.graphs.step(self._tensor(tokens), positions, blocks)
+        if n == 1 and self.rows is not None:
+            out = self._rows_step(seqs, tokens, end)
         else:
-            plain = b == 1 and (n == 1 or seqs[0].written == 0)  # plain causal attention over the one sequence's rows
-            out = self.model.step(self._tensor(tokens), positions, PagedStep(pool, positions, blocks, end), end - n,
-                                  None if plain else key_mask(positions, end), self.loops, self.policy.kind != "none")
+            width = pool.blocks_for(end)
+            blocks = self._tensor([(seq.blocks + [0] * width)[:width] for seq in seqs])  # padded with block 0, which the mask hides
+            positions = self._tensor([[seq.written + j for j in range(n)] for seq in seqs])
+            pool.begin_step(len(seqs) * n)
+            if self.graphs is not None and n == 1:
+                out = self.graphs.step(self._tensor(tokens), positions, blocks)
+            else:
+                plain = len(seqs) == 1 and (n == 1 or seqs[0].written == 0)  # plain causal attention over the one sequence's rows
+                out = self.model.step(self._tensor(tokens), positions, PagedStep(pool, positions, blocks, end), end - n,
+                                      None if plain else key_mask(positions, end), self.loops, self.policy.kind != "none")
+        size, written = pool.block_size, []
         for seq in seqs:
             seq.written += n
-            for block in range((seq.written - n) // size, pool.blocks_for(seq.written)):
-                pool.mark_written(seq.blocks[block], min(size, seq.written - block * size))
+            written += [(seq.blocks[b], min(size, seq.written - b * size)) for b in range((seq.written - n) // size, pool.blocks_for(seq.written))]
+        pool.mark_written(written)
         return out
+
+    def _rows_step(self, seqs: list[Sequence], tokens: list[list[int]], end: int) -> StepOutput:
+        """A decode step of the running set (row i is `seqs[i]`) reading K/V from the decode rows; its inputs
+        go to the device as one tensor."""
+        size, rows = self.pool.block_size, self.rows
+        rows.reserve(end)
+        data = self._tensor([t for (t,) in tokens] + [seq.written for seq in seqs]
+                            + [seq.blocks[seq.written // size] * size + seq.written % size for seq in seqs]
+                            + [i * rows.length + seq.written for i, seq in enumerate(seqs)]).view(4, -1)
+        positions = data[1, :, None]
+        self.pool.begin_step(len(seqs))
+        mask = None if len(seqs) == 1 else key_mask(positions, end)
+        return self.model.step(data[0, :, None], positions, RowsStep(self.pool, rows, data[2], data[3], end), end - 1, mask, self.loops,
+                               self.policy.kind != "none")
 
     def _tensor(self, values: list) -> Tensor:
         """Host values on the model's device; on a GPU through pinned memory without waiting (the step's
@@ -236,18 +260,10 @@ class Scheduler:
     # ------------------------------------------------------------------------------ sampling
     def _sample(self, seqs: list[Sequence], logits: Tensor, exit_loop: Tensor | None) -> None:
         """Draw each sequence's next token from its own stream, record it, and retire the finished ones."""
-        ids = torch.empty(len(seqs), dtype=torch.long, device=self.device)
-        settings: dict[tuple, list[int]] = {}
-        for i, seq in enumerate(seqs):
-            settings.setdefault((seq.sampling.temperature, seq.sampling.top_p, seq.sampling.top_k), []).append(i)
-        for rows in settings.values():
-            index = self._tensor(rows)
-            keys = self._tensor([seqs[i].key for i in rows])
-            steps = self._tensor([seqs[i].generated for i in rows])
-            ids[index] = sample(logits[index], seqs[rows[0]].sampling, keys, steps)
+        ids = self._draw(seqs, logits)
         loops = [self.loops] * len(seqs) if exit_loop is None else exit_loop.tolist()
         done: list[Finished] = []
-        for seq, token, loop in zip(seqs, ids.tolist(), loops):
+        for seq, token, loop in zip(seqs, ids, loops):
             seq.tokens.append(token)
             seq.loops.append(loop)
             seq.finish = stop_reason(seq.tokens, self.eos_ids, seq.sampling, self.tokenizer, start=seq.prompt_len)
@@ -258,10 +274,32 @@ class Scheduler:
         if done:
             self.on_finished(done)
 
+    def _draw(self, seqs: list[Sequence], logits: Tensor) -> list[int]:
+        """Each sequence's next token from its stream at its token index: one `sample` per distinct setting."""
+        rows = stream_rows([seq.key for seq in seqs], [seq.generated for seq in seqs])
+        groups: dict[tuple, list[int]] = {}
+        for i, seq in enumerate(seqs):
+            groups.setdefault((seq.sampling.temperature, seq.sampling.top_p, seq.sampling.top_k), []).append(i)
+        if len(groups) == 1:
+            return sample(logits, seqs[0].sampling, self._tensor(rows)).tolist()
+        ids = torch.empty(len(seqs), dtype=torch.long, device=self.device)
+        for members in groups.values():
+            index = self._tensor(members)
+            ids[index] = sample(logits[index], seqs[members[0]].sampling, self._tensor([rows[i] for i in members]))
+        return ids.tolist()
+
+    def _stop_running(self, seq: Sequence) -> None:
+        """`seq` leaves the running set; the last running sequence takes its place (and its decode row)."""
+        i, last = self.running.index(seq), self.running.pop()
+        if last is not seq:
+            self.running[i] = last
+            if self.rows is not None:
+                self.rows.move(len(self.running), i, last.written)
+
     def _retire(self, seq: Sequence) -> Generation:
         self.pool.release(seq.blocks)
+        self._stop_running(seq)
         seq.blocks = []
-        self.running.remove(seq)
         ids = seq.tokens[seq.prompt_len :]
         return Generation(
             token_ids=ids, text=output_text(ids, seq.finish, seq.sampling, self.tokenizer), finish_reason=seq.finish,

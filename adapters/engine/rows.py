@@ -1,0 +1,91 @@
+"""Decode rows: each running sequence's K/V gathered once into a row of its own and kept across decode steps.
+
+The pool keeps a sequence's K/V in blocks spread over it, and on the CPU no attention kernel reads
+blocks in place (torch's FlexAttention runs there only under torch.compile, at a compile per shape
+and with other float rounding). Gathering every running sequence's blocks at every layer and loop of
+every decode step made a continuous decode step cost about 1.5x a static one on a tiny model. So the
+scheduler keeps the running sequences' K/V contiguous: row i of `DecodeRows` holds running sequence
+i's K/V for every entry, gathered from the pool once, when the sequence starts decoding. A decode step
+(`RowsStep`) writes its new K/V to the pool, the KV store that is measured, and to the rows, and
+attention reads `rows[:B, :length]` as a view: the values a gather would give, at the cost of a copy.
+
+Memory: entries x rows x length x one token's K/V, the length grown by doubling as sequences grow. It
+is a working copy of K/V the pool holds, as the per-step gathers it replaces were, so the KV measures
+leave it out and the process's RSS shows it. Workloads whose rows would pass `LIMIT_BYTES` gather per
+step instead (`DecodeRows.fits`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from adapters.engine.paged import BlockPool, PoolStep
+
+LIMIT_BYTES = 64 * 2**20
+
+
+class DecodeRows:
+    """K/V rows [entries, rows, length, Hkv, D] of the running sequences, row i for running sequence i."""
+
+    def __init__(self, pool: BlockPool, rows: int) -> None:
+        self.pool, self.rows = pool, rows
+        self.length = 0  # slots per row allocated so far
+        self.k = self.v = torch.empty(0)
+        self.k_flat: list[Tensor] = []  # per entry, [rows * length, Hkv, D]: where a step writes its new tokens
+        self.v_flat: list[Tensor] = []
+
+    @staticmethod
+    def fits(pool: BlockPool, rows: int, longest: int) -> bool:
+        """Whether rows for `rows` sequences of up to `longest` slots stay within `LIMIT_BYTES`."""
+        return 2 * pool.k.shape[0] * rows * longest * pool.k[0, 0].numel() * pool.k.element_size() <= LIMIT_BYTES
+
+    def reserve(self, length: int) -> None:
+        """Room for `length` slots per row: the length doubles, keeping what the rows hold."""
+        if length <= self.length:
+            return
+        new = max(length, 2 * self.length, 64)
+        shape = (self.pool.k.shape[0], self.rows, new, *self.pool.k.shape[2:])
+        k, v = self.pool.k.new_zeros(shape), self.pool.v.new_zeros(shape)  # zeros: a masked slot is read, never NaN
+        if self.length:
+            k[:, :, : self.length], v[:, :, : self.length] = self.k, self.v
+        self.k, self.v, self.length = k, v, new
+        self.k_flat, self.v_flat = [e.view(-1, *shape[3:]) for e in k.unbind(0)], [e.view(-1, *shape[3:]) for e in v.unbind(0)]
+
+    def view(self, rows: Tensor, entry: int, batch: int, length: int) -> Tensor:
+        """Entry `entry` of the first `batch` rows and `length` slots as attention reads it, [B, Hkv, L, D]: one view op."""
+        _, r, l, h, d = rows.shape
+        return rows.as_strided((batch, h, length, d), (l * h * d, d, h * d, 1), rows.storage_offset() + entry * r * l * h * d)
+
+    def fill(self, row: int, blocks: list[int], written: int) -> None:
+        """Row `row` from a sequence's blocks in the pool: its first `written` slots of every entry."""
+        pool, size = self.pool, self.pool.block_size
+        index = torch.tensor(blocks[: pool.blocks_for(written)], device=pool.k.device)
+        for rows, store in ((self.k, pool.k), (self.v, pool.v)):
+            gathered = store.view(store.shape[0], -1, size * store[0, 0].numel()).index_select(1, index)
+            rows[:, row, :written] = gathered.view(store.shape[0], -1, *store.shape[2:])[:, :written]
+
+    def move(self, src: int, dst: int, written: int) -> None:
+        """Row `src`'s first `written` slots into row `dst` (the last running sequence taking a finished one's row)."""
+        self.k[:, dst, :written] = self.k[:, src, :written]
+        self.v[:, dst, :written] = self.v[:, src, :written]
+
+
+class RowsStep(PoolStep):
+    """The `Cache` of one decode step on `DecodeRows`: one new token for each of the first B rows.
+
+    `slots` [B]: the tokens' pool slots; `row_slots` [B]: theirs in the rows, flattened (row i, position
+    p: i * rows.length + p); `length`: the keys attention reads (the longest sequence's, with the new token).
+    """
+
+    def __init__(self, pool: BlockPool, rows: DecodeRows, slots: Tensor, row_slots: Tensor, length: int) -> None:
+        super().__init__(pool, slots, row_slots.shape[0])
+        self.rows, self.row_slots, self.length, self.batch = rows, row_slots, length, row_slots.shape[0]
+
+    def update(self, layer: int, loop: int, k: Tensor, v: Tensor, slot: int) -> tuple[Tensor, Tensor]:
+        entry, rows = self.pool.entries[layer][loop], self.rows
+        k_new, v_new = k[:, :, 0], v[:, :, 0]  # [B, Hkv, D]: one token per row
+        self.write(entry, k_new, v_new)
+        rows.k_flat[entry].index_copy_(0, self.row_slots, k_new)
+        rows.v_flat[entry].index_copy_(0, self.row_slots, v_new)
+        return rows.view(rows.k, entry, self.batch, self.length), rows.view(rows.v, entry, self.batch, self.length)
