@@ -6,8 +6,9 @@ and with other float rounding). Gathering every running sequence's blocks at eve
 every decode step made a continuous decode step cost about 1.5x a static one on a tiny model. So the
 scheduler keeps the running sequences' K/V contiguous: row i of `DecodeRows` holds running sequence
 i's K/V for every entry, gathered from the pool once, when the sequence starts decoding. A decode step
-(`RowsStep`) writes its new K/V to the pool, the KV store that is measured, and to the rows, and
-attention reads `rows[:B, :length]` as a view: the values a gather would give, at the cost of a copy.
+(`RowsStep`) writes its new K/V to the rows, where attention reads `rows[:B, :length]` as a view (the
+values a gather would give), and at its end copies the step's rows of every entry to their pool slots
+in one go: between steps the pool, the KV store that is measured, holds every token's K/V as before.
 
 Memory: entries x rows x length x one token's K/V, the length grown by doubling as sequences grow. It
 is a working copy of K/V the pool holds, as the per-step gathers it replaces were, so the KV measures
@@ -72,7 +73,8 @@ class DecodeRows:
 
 
 class RowsStep(PoolStep):
-    """The `Cache` of one decode step on `DecodeRows`: one new token for each of the first B rows.
+    """The `Cache` of one decode step on `DecodeRows`: one new token for each of the first B rows; `finish`
+    after the step copies them to the pool.
 
     `slots` [B]: the tokens' pool slots; `row_slots` [B]: theirs in the rows, flattened (row i, position
     p: i * rows.length + p); `length`: the keys attention reads (the longest sequence's, with the new token).
@@ -84,8 +86,12 @@ class RowsStep(PoolStep):
 
     def update(self, layer: int, loop: int, k: Tensor, v: Tensor, slot: int) -> tuple[Tensor, Tensor]:
         entry, rows = self.pool.entries[layer][loop], self.rows
-        k_new, v_new = k[:, :, 0], v[:, :, 0]  # [B, Hkv, D]: one token per row
-        self.write(entry, k_new, v_new)
-        rows.k_flat[entry].index_copy_(0, self.row_slots, k_new)
-        rows.v_flat[entry].index_copy_(0, self.row_slots, v_new)
+        rows.k_flat[entry].index_copy_(0, self.row_slots, k[:, :, 0])  # [B, Hkv, D]: one token per row
+        rows.v_flat[entry].index_copy_(0, self.row_slots, v[:, :, 0])
         return rows.view(rows.k, entry, self.batch, self.length), rows.view(rows.v, entry, self.batch, self.length)
+
+    def finish(self) -> None:
+        """The step's new K/V, every entry, from the rows to their pool slots: two copies per step, not two per entry."""
+        pool, rows = self.pool, self.rows
+        for store, kept in ((pool.k, rows.k), (pool.v, rows.v)):
+            store.index_copy_(1, self.slots, kept.view(kept.shape[0], -1, *kept.shape[3:]).index_select(1, self.row_slots))

@@ -33,7 +33,7 @@ from adapters.engine.paged import BlockPool, PagedStep, key_mask
 from adapters.engine.rows import DecodeRows, RowsStep
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Sequence:
     """One sample of one request: its tokens (prompt, then generated), its blocks and how far they are written."""
 
@@ -62,6 +62,11 @@ class Sequence:
         return len(self.tokens) == self.prompt_len
 
 
+def setting(sampling: Sampling) -> tuple[float, float, int | None]:
+    """What one `sample` call must share: sequences with other settings are drawn in calls of their own."""
+    return sampling.temperature, sampling.top_p, sampling.top_k
+
+
 class Scheduler:
     """Runs sequences to completion on one block pool, reporting each step's finished samples."""
 
@@ -80,9 +85,11 @@ class Scheduler:
         self.prefilling: list[Sequence] = []  # admitted, holding blocks, not yet running
         self.admissions = count()
         self.preemptions = 0
+        self.one_setting = True  # every sequence samples with the same temperature, top-p and top-k
 
     def run(self, sequences: list[Sequence]) -> None:
         self.waiting.extend(sequences)
+        self.one_setting = len({setting(seq.sampling) for seq in sequences}) == 1
         rows = min(self.max_seqs, len(sequences))
         if self.graphs is None and DecodeRows.fits(self.pool, rows, max(seq.capacity for seq in sequences)):
             self.rows = DecodeRows(self.pool, rows)
@@ -231,8 +238,9 @@ class Scheduler:
                                       None if plain else key_mask(positions, end), self.loops, self.policy.kind != "none")
         size, written = pool.block_size, []
         for seq in seqs:
+            begin = seq.written
             seq.written += n
-            written += [(seq.blocks[b], min(size, seq.written - b * size)) for b in range((seq.written - n) // size, pool.blocks_for(seq.written))]
+            written += [(seq.blocks[b], min(size, seq.written - b * size)) for b in range(begin // size, (seq.written - 1) // size + 1)]
         pool.mark_written(written)
         return out
 
@@ -241,14 +249,16 @@ class Scheduler:
         go to the device as one tensor."""
         size, rows = self.pool.block_size, self.rows
         rows.reserve(end)
-        data = self._tensor([t for (t,) in tokens] + [seq.written for seq in seqs]
-                            + [seq.blocks[seq.written // size] * size + seq.written % size for seq in seqs]
-                            + [i * rows.length + seq.written for i, seq in enumerate(seqs)]).view(4, -1)
+        written = [seq.written for seq in seqs]
+        slots = [seq.blocks[w // size] * size + w % size for seq, w in zip(seqs, written)]
+        data = self._tensor([t for (t,) in tokens] + written + slots + [i * rows.length + w for i, w in enumerate(written)]).view(4, -1)
         positions = data[1, :, None]
         self.pool.begin_step(len(seqs))
-        mask = None if len(seqs) == 1 else key_mask(positions, end)
-        return self.model.step(data[0, :, None], positions, RowsStep(self.pool, rows, data[2], data[3], end), end - 1, mask, self.loops,
-                               self.policy.kind != "none")
+        mask = None if min(written) == end - 1 else key_mask(positions, end)  # None: every row sees every key
+        cache = RowsStep(self.pool, rows, data[2], data[3], end)
+        out = self.model.step(data[0, :, None], positions, cache, end - 1, mask, self.loops, self.policy.kind != "none")
+        cache.finish()
+        return out
 
     def _tensor(self, values: list) -> Tensor:
         """Host values on the model's device; on a GPU through pinned memory without waiting (the step's
@@ -276,12 +286,12 @@ class Scheduler:
 
     def _draw(self, seqs: list[Sequence], logits: Tensor) -> list[int]:
         """Each sequence's next token from its stream at its token index: one `sample` per distinct setting."""
-        rows = stream_rows([seq.key for seq in seqs], [seq.generated for seq in seqs])
+        rows = stream_rows([seq.key for seq in seqs], [len(seq.tokens) - seq.prompt_len for seq in seqs])
+        if self.one_setting:
+            return sample(logits, seqs[0].sampling, self._tensor(rows)).tolist()
         groups: dict[tuple, list[int]] = {}
         for i, seq in enumerate(seqs):
-            groups.setdefault((seq.sampling.temperature, seq.sampling.top_p, seq.sampling.top_k), []).append(i)
-        if len(groups) == 1:
-            return sample(logits, seqs[0].sampling, self._tensor(rows)).tolist()
+            groups.setdefault(setting(seq.sampling), []).append(i)
         ids = torch.empty(len(seqs), dtype=torch.long, device=self.device)
         for members in groups.values():
             index = self._tensor(members)
