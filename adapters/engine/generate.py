@@ -26,6 +26,7 @@ or the first loop whose cumulative exit probability reaches the threshold) and r
 
 from __future__ import annotations
 
+import array
 import functools
 import time
 import zlib
@@ -80,6 +81,16 @@ def _mix32(x: T) -> T:
     x = x ^ (x >> 15)
     x = (x * 0x5BD1E995) & _M32
     return x ^ (x >> 16)
+
+
+def int_tensor(values: list[int], device: torch.device) -> Tensor:
+    """Host ints as an int64 tensor on `device`, through a buffer: `torch.tensor` on a list costs 3-7x more,
+    a measurable part of a tiny model's decode step. On a GPU the copy goes through pinned memory without
+    waiting (a step's one host sync is reading the sampled ids)."""
+    tensor = torch.frombuffer(array.array("q", values), dtype=torch.int64) if values else torch.empty(0, dtype=torch.int64)
+    if device.type != "cuda":
+        return tensor if device.type == "cpu" else tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def stream_rows(keys: Sequence[int], steps: Sequence[int]) -> list[int]:
@@ -328,7 +339,7 @@ def generate(
             t1 = time.perf_counter()
             budget = capacity - batch.width
             for i in range(budget):  # the only host sync per token is reading the sampled ids back
-                rows = torch.tensor(stream_rows(keys, [i] * len(keys)), device=weight.device)
+                rows = int_tensor(stream_rows(keys, [i] * len(keys)), weight.device)
                 tokens = sample(logits, sampling, rows)
                 chosen = [loops] * len(prompts) if exit_loop is None else exit_loop.tolist()
                 if transcript.add(tokens.tolist(), chosen) or i + 1 == budget:

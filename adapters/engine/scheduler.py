@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from adapters.base import Finished, Generation, Sampling
-from adapters.engine.generate import ExitPolicy, is_looped, output_text, read_logits, sample, stop_reason, stream_rows
+from adapters.engine.generate import ExitPolicy, int_tensor, is_looped, output_text, read_logits, sample, stop_reason, stream_rows
 from adapters.engine.graphs import DecodeGraphs
 from adapters.engine.model import LoopedLM, StepOutput, prefill_chunks
 from adapters.engine.paged import BlockPool, PagedStep, key_mask
@@ -227,14 +227,15 @@ class Scheduler:
             out = self._rows_step(seqs, tokens, end)
         else:
             width = pool.blocks_for(end)
-            blocks = self._tensor([(seq.blocks + [0] * width)[:width] for seq in seqs])  # padded with block 0, which the mask hides
-            positions = self._tensor([[seq.written + j for j in range(n)] for seq in seqs])
+            blocks = self._tensor([b for seq in seqs for b in (seq.blocks + [0] * width)[:width]], len(seqs))  # padded with block 0, which the mask hides
+            positions = self._tensor([seq.written + j for seq in seqs for j in range(n)], len(seqs))
+            inputs = self._tensor([t for row in tokens for t in row], len(seqs))
             pool.begin_step(len(seqs) * n)
             if self.graphs is not None and n == 1:
-                out = self.graphs.step(self._tensor(tokens), positions, blocks)
+                out = self.graphs.step(inputs, positions, blocks)
             else:
                 plain = len(seqs) == 1 and (n == 1 or seqs[0].written == 0)  # plain causal attention over the one sequence's rows
-                out = self.model.step(self._tensor(tokens), positions, PagedStep(pool, positions, blocks, end), end - n,
+                out = self.model.step(inputs, positions, PagedStep(pool, positions, blocks, end), end - n,
                                       None if plain else key_mask(positions, end), self.loops, self.policy.kind != "none")
         size, written = pool.block_size, []
         for seq in seqs:
@@ -251,7 +252,7 @@ class Scheduler:
         rows.reserve(end)
         written = [seq.written for seq in seqs]
         slots = [seq.blocks[w // size] * size + w % size for seq, w in zip(seqs, written)]
-        data = self._tensor([t for (t,) in tokens] + written + slots + [i * rows.length + w for i, w in enumerate(written)]).view(4, -1)
+        data = self._tensor([t for (t,) in tokens] + written + slots + [i * rows.length + w for i, w in enumerate(written)], 4)
         positions = data[1, :, None]
         self.pool.begin_step(len(seqs))
         mask = None if min(written) == end - 1 else key_mask(positions, end)  # None: every row sees every key
@@ -260,12 +261,10 @@ class Scheduler:
         cache.finish()
         return out
 
-    def _tensor(self, values: list) -> Tensor:
-        """Host values on the model's device; on a GPU through pinned memory without waiting (the step's
-        one host sync is reading the sampled ids)."""
-        if self.device.type != "cuda":
-            return torch.tensor(values, device=self.device)
-        return torch.tensor(values).pin_memory().to(self.device, non_blocking=True)
+    def _tensor(self, values: list[int], rows: int | None = None) -> Tensor:
+        """Host ints on the model's device (`int_tensor`), as `rows` rows when given."""
+        tensor = int_tensor(values, self.device)
+        return tensor if rows is None else tensor.view(rows, -1)
 
     # ------------------------------------------------------------------------------ sampling
     def _sample(self, seqs: list[Sequence], logits: Tensor, exit_loop: Tensor | None) -> None:
