@@ -111,6 +111,8 @@ class BlockPool:
 
     def begin_step(self, tokens: int) -> None:
         """A step of `tokens` tokens starts: their latent state (MELT's h, the history buffer) is live."""
+        if tokens == self.in_flight:  # decode steps of an unchanged batch: nothing to update
+            return
         with self.lock:
             self.in_flight = tokens
             self.peak_allocated = max(self.peak_allocated, self.kv_bytes_allocated)

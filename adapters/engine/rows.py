@@ -53,11 +53,6 @@ class DecodeRows:
         self.k, self.v, self.length = k, v, new
         self.k_flat, self.v_flat = [e.view(-1, *shape[3:]) for e in k.unbind(0)], [e.view(-1, *shape[3:]) for e in v.unbind(0)]
 
-    def view(self, rows: Tensor, entry: int, batch: int, length: int) -> Tensor:
-        """Entry `entry` of the first `batch` rows and `length` slots as attention reads it, [B, Hkv, L, D]: one view op."""
-        _, r, l, h, d = rows.shape
-        return rows.as_strided((batch, h, length, d), (l * h * d, d, h * d, 1), rows.storage_offset() + entry * r * l * h * d)
-
     def fill(self, row: int, blocks: list[int], written: int) -> None:
         """Row `row` from a sequence's blocks in the pool: its first `written` slots of every entry."""
         pool, size = self.pool, self.pool.block_size
@@ -82,13 +77,16 @@ class RowsStep(PoolStep):
 
     def __init__(self, pool: BlockPool, rows: DecodeRows, slots: Tensor, row_slots: Tensor, length: int) -> None:
         super().__init__(pool, slots, row_slots.shape[0])
-        self.rows, self.row_slots, self.length, self.batch = rows, row_slots, length, row_slots.shape[0]
+        self.rows, self.row_slots = rows, row_slots
+        _, r, l, h, d = rows.k.shape  # what attention reads of an entry: its first B rows and `length` slots, [B, Hkv, L, D]
+        self.size, self.stride, self.entry_stride = (row_slots.shape[0], h, length, d), (l * h * d, d, h * d, 1), r * l * h * d
 
     def update(self, layer: int, loop: int, k: Tensor, v: Tensor, slot: int) -> tuple[Tensor, Tensor]:
         entry, rows = self.pool.entries[layer][loop], self.rows
         rows.k_flat[entry].index_copy_(0, self.row_slots, k[:, :, 0])  # [B, Hkv, D]: one token per row
         rows.v_flat[entry].index_copy_(0, self.row_slots, v[:, :, 0])
-        return rows.view(rows.k, entry, self.batch, self.length), rows.view(rows.v, entry, self.batch, self.length)
+        offset = entry * self.entry_stride
+        return rows.k.as_strided(self.size, self.stride, offset), rows.v.as_strided(self.size, self.stride, offset)
 
     def finish(self) -> None:
         """The step's new K/V, every entry, from the rows to their pool slots: two copies per step, not two per entry."""

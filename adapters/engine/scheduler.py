@@ -222,21 +222,20 @@ class Scheduler:
         through `graphs` when there is one (the GPU path); other steps gather from the pool.
         """
         pool, n = self.pool, len(tokens[0])
-        end = max(seq.written for seq in seqs) + n
         if n == 1 and self.rows is not None:
-            out = self._rows_step(seqs, tokens, end)
+            return self._rows_step(seqs, [t for (t,) in tokens])
+        end = max(seq.written for seq in seqs) + n
+        width = pool.blocks_for(end)
+        blocks = self._tensor([b for seq in seqs for b in (seq.blocks + [0] * width)[:width]], len(seqs))  # padded with block 0, which the mask hides
+        positions = self._tensor([seq.written + j for seq in seqs for j in range(n)], len(seqs))
+        inputs = self._tensor([t for row in tokens for t in row], len(seqs))
+        pool.begin_step(len(seqs) * n)
+        if self.graphs is not None and n == 1:
+            out = self.graphs.step(inputs, positions, blocks)
         else:
-            width = pool.blocks_for(end)
-            blocks = self._tensor([b for seq in seqs for b in (seq.blocks + [0] * width)[:width]], len(seqs))  # padded with block 0, which the mask hides
-            positions = self._tensor([seq.written + j for seq in seqs for j in range(n)], len(seqs))
-            inputs = self._tensor([t for row in tokens for t in row], len(seqs))
-            pool.begin_step(len(seqs) * n)
-            if self.graphs is not None and n == 1:
-                out = self.graphs.step(inputs, positions, blocks)
-            else:
-                plain = len(seqs) == 1 and (n == 1 or seqs[0].written == 0)  # plain causal attention over the one sequence's rows
-                out = self.model.step(inputs, positions, PagedStep(pool, positions, blocks, end), end - n,
-                                      None if plain else key_mask(positions, end), self.loops, self.policy.kind != "none")
+            plain = len(seqs) == 1 and (n == 1 or seqs[0].written == 0)  # plain causal attention over the one sequence's rows
+            out = self.model.step(inputs, positions, PagedStep(pool, positions, blocks, end), end - n,
+                                  None if plain else key_mask(positions, end), self.loops, self.policy.kind != "none")
         size, written = pool.block_size, []
         for seq in seqs:
             begin = seq.written
@@ -245,20 +244,25 @@ class Scheduler:
         pool.mark_written(written)
         return out
 
-    def _rows_step(self, seqs: list[Sequence], tokens: list[list[int]], end: int) -> StepOutput:
+    def _rows_step(self, seqs: list[Sequence], tokens: list[int]) -> StepOutput:
         """A decode step of the running set (row i is `seqs[i]`) reading K/V from the decode rows; its inputs
         go to the device as one tensor."""
-        size, rows = self.pool.block_size, self.rows
-        rows.reserve(end)
+        size, rows, pool = self.pool.block_size, self.rows, self.pool
         written = [seq.written for seq in seqs]
-        slots = [seq.blocks[w // size] * size + w % size for seq, w in zip(seqs, written)]
-        data = self._tensor([t for (t,) in tokens] + written + slots + [i * rows.length + w for i, w in enumerate(written)], 4)
+        end = max(written) + 1
+        rows.reserve(end)
+        blocks = [seq.blocks[w // size] for seq, w in zip(seqs, written)]
+        data = self._tensor(tokens + written + [b * size + w % size for b, w in zip(blocks, written)]
+                            + [i * rows.length + w for i, w in enumerate(written)], 4)
         positions = data[1, :, None]
-        self.pool.begin_step(len(seqs))
+        pool.begin_step(len(seqs))
         mask = None if min(written) == end - 1 else key_mask(positions, end)  # None: every row sees every key
-        cache = RowsStep(self.pool, rows, data[2], data[3], end)
+        cache = RowsStep(pool, rows, data[2], data[3], end)
         out = self.model.step(data[0, :, None], positions, cache, end - 1, mask, self.loops, self.policy.kind != "none")
         cache.finish()
+        for seq in seqs:
+            seq.written += 1
+        pool.mark_written([(b, w % size + 1) for b, w in zip(blocks, written)])
         return out
 
     def _tensor(self, values: list[int], rows: int | None = None) -> Tensor:
@@ -276,7 +280,7 @@ class Scheduler:
             seq.tokens.append(token)
             seq.loops.append(loop)
             seq.finish = stop_reason(seq.tokens, self.eos_ids, seq.sampling, self.tokenizer, start=seq.prompt_len)
-            if seq.finish is None and (seq.generated >= seq.sampling.max_new_tokens or len(seq.tokens) >= seq.capacity):
+            if seq.finish is None and (len(seq.tokens) - seq.prompt_len >= seq.sampling.max_new_tokens or len(seq.tokens) >= seq.capacity):
                 seq.finish = "length"
             if seq.finish is not None:
                 done.append((seq.request, seq.sample, self._retire(seq)))
