@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 import typer
 
-from harness.cli.common import DeviceOption, JsonFlag, ThreadsOption, check_device, check_out_dir, print_table, set_threads
+from harness.cli.common import DeviceOption, JsonFlag, ThreadsOption, check_device, check_out_dir, print_table, use_threads
 from harness.errors import UserError
 
 _LIST_COLUMNS = [("name", "model"), ("family", "family"), ("kv_strategy", "KV"), ("gate", "gate"), ("layers", "layers"),
@@ -104,7 +104,7 @@ def train(
     check_device(device)
     check_out_dir(out, "--out")
     teacher = None if teacher is None else resolve(teacher)  # the specs every command takes; bare names refused when shared
-    set_threads(threads)
+    use_threads(threads, None)  # training batches are large: the cores pay there
     recipes = load_recipes()
     unknown = [n for n in names or [] if n not in recipes]
     if unknown:
@@ -150,7 +150,7 @@ def convert(
         raise UserError(f"--gate must be one of {', '.join(GATE_VARIANTS)}, got {gate!r}")
     check_out_dir(out, "--out")
     teacher = resolve(teacher)  # the specs every command takes; bare names refused when shared
-    set_threads(threads)
+    use_threads(threads, None)  # training batches are large: the cores pay there
     recipe = get_recipe(recipe_name)
     if recipe.kind != "melt":
         raise UserError(f"--recipe {recipe_name} is a {recipe.kind} recipe; conversion needs a melt recipe")

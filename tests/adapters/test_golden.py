@@ -25,4 +25,5 @@ def test_every_preset_and_zoo_model_generates_what_it_generated_before():
     now = engine_golden.record()
     differ = [f"{spec} {case}" for spec in golden for case in golden[spec] if now[spec][case] != golden[spec][case]]
     assert not differ, f"outputs changed: {differ}"
-    assert len({h for cases in golden.values() for h in cases.values()}) > 100  # the cases really differ from each other
+    # the three batching paths agree with each other, so about a third of the cases are distinct outputs
+    assert len({h for cases in golden.values() for h in cases.values()}) > 50
