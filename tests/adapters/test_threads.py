@@ -6,18 +6,15 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+import adapters
 from adapters import threads
 from adapters.base import AdapterError
 from harness.cli import main
-
-LOOPEVAL = str(Path(sys.executable).with_name("loopeval"))
 
 
 @pytest.fixture(autouse=True)
@@ -64,14 +61,13 @@ def test_apply_sets_torch_and_the_variables_child_processes_read() -> None:
 
 
 def test_loading_an_engine_model_applies_the_policy_when_nothing_chose_a_count() -> None:
-    """In a fresh interpreter (a notebook, a script), loading a tiny model makes torch compute with one thread."""
-    code = ("import torch, adapters; torch.set_num_threads(2); adapters.load('preset:qwen3-tiny'); "
-            "from adapters.threads import applied; print(torch.get_num_threads(), applied().reason)")
-    env = {k: v for k, v in os.environ.items() if k != threads.ENV_VAR}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
-    assert out.startswith("1 models under")
+    """As in a notebook or a script, where no command chose a count: loading a tiny model makes torch compute with one thread."""
+    torch.set_num_threads(2)
+    adapters.load("preset:qwen3-tiny")
+    assert torch.get_num_threads() == 1 and threads.applied().reason.startswith("models under")
 
 
+@pytest.mark.slow  # three real runs
 def test_run_says_the_count_once_and_stores_it_with_every_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     db = tmp_path / "r.sqlite"
     argv = ["run", "--model", "preset:qwen3-tiny", "--model", "preset:ouro-tiny", "--loops", "1,2", "--tasks", "lookup", "--limit", "1",
@@ -84,8 +80,8 @@ def test_run_says_the_count_once_and_stores_it_with_every_run(tmp_path: Path, ca
     assert torch.get_num_threads() == 1
 
 
-def test_a_bad_threads_flag_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
+def test_a_bad_threads_flag_is_one_line_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     db = tmp_path / "r.sqlite"
-    proc = subprocess.run([LOOPEVAL, "run", "--model", "preset:qwen3-tiny", "--threads", "0", "--db", str(db)], capture_output=True, text=True)
-    assert proc.returncode == 2 and proc.stderr.strip() == "loopeval: error: --threads must be a whole number of threads from 1 to 1024, got 0"
+    assert main(["run", "--model", "preset:qwen3-tiny", "--threads", "0", "--db", str(db)]) == 2
+    assert capsys.readouterr().err.strip() == "loopeval: error: --threads must be a whole number of threads from 1 to 1024, got 0"
     assert not db.exists()
