@@ -37,6 +37,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from adapters import threads
 from adapters.base import MEMORY_KEYS, MODEL_DTYPES, AdapterError, Generation, Prompt, Sampling, dtype_short
 from adapters.registry import register
 
@@ -345,6 +346,7 @@ def load_transformers(
     except Exception as exc:  # corrupt or mismatched files fail in many ways (SafetensorError, RuntimeError, OSError...)
         raise AdapterError(f"{spec}: cannot load the model: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
     model.to(device).eval()
+    threads.ensure(sum(p.numel() for p in model.parameters()))
     source_generation_config = model.generation_config.to_diff_dict() if model.generation_config is not None else {}
     model.generation_config = GenerationConfig()  # neutral: only the Sampling we are given applies
     tokenizer = None

@@ -74,6 +74,7 @@ class ProfilePlan:
     seed: int
     decode_steps: int
     adapter: Any = None  # loaded here only when the adapter could not describe itself from its config
+    params: int | None = None  # the model's parameters (None: unknown)
 
 
 def plan_profile(spec: str, lengths: Sequence[int], loops: Sequence[int] | None = None, batch: int = 1, *,
@@ -97,7 +98,7 @@ def plan_profile(spec: str, lengths: Sequence[int], loops: Sequence[int] | None 
         at_r = adapters.inspect(spec, seed=seed, **({} if r is None else {"loops": r}))
         if at_r is not None:
             check_fits(spec + ("" if r is None else f" at loops={r}"), at_r, longest, batch, "--lengths, --batch or --loops")
-    return ProfilePlan(spec, list(lengths), counts, batch, seed, decode_steps, adapter)
+    return ProfilePlan(spec, list(lengths), counts, batch, seed, decode_steps, adapter, facts.get("params"))
 
 
 def _at_loops(adapter: Any, spec: str, seed: int, loops: int | None) -> Any:

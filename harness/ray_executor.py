@@ -3,7 +3,9 @@
 The submitting process plans the sweep as the local executor does, creates every run's row up front
 (status `queued`, with the full spec) and submits one task per run with its resource request: its
 GPUs (`--gpus-per-run`, at least the model's `tensor_parallel_size`), or one CPU on a cluster
-without GPUs. A task opens the store by URL in its worker and runs the stored run through
+without GPUs, as many CPUs as the run computes with threads (`adapters.threads`): a task computes with
+the CPUs Ray gave it, OMP_NUM_THREADS and MKL_NUM_THREADS set to match before its worker starts, so
+runs that share a node never ask for more cores than it has. A task opens the store by URL in its worker and runs the stored run through
 `harness.runner.run_one`, the local path (`_execute`, `StoreSink`): samples are committed as they
 finish, so a worker that dies (killed process, lost node) leaves a resumable run, and Ray's retry of
 the task resumes it without storing a sample twice. Each task gets a fresh worker process
@@ -72,10 +74,13 @@ def run_in_worker(run_id: int, db_url: str) -> str:
     """
     import ray
 
+    from adapters.threads import Threads, apply
     from db.models import utcnow
     from db.store import Store
 
     logging.getLogger("lighteval").setLevel(logging.ERROR)
+    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
+    apply(Threads(max(1, int(cpus)), f"the {cpus:g} CPU{'' if cpus == 1 else 's'} Ray gave this task"))
     store = Store.open(db_url)
     try:
         run = store.get_run(run_id)
@@ -159,19 +164,24 @@ class RayExecutor:
             return gpus_per_run
         return 1.0 if self.ray.cluster_resources().get("GPU", 0) > 0 else 0.0
 
+    def feasible_cpus(self, cpus: int) -> int:
+        """`cpus`, or fewer where no node of the cluster has that many (a task asking more would wait forever)."""
+        largest = max((n["Resources"].get("CPU", 0) for n in self.ray.nodes() if n.get("Alive")), default=1)
+        return max(1, min(cpus, int(largest)))
+
     def run_sweep(
-        self, request: SweepRequest, plans: Sequence[SweepPlan], store: Store, db_url: str,
+        self, request: SweepRequest, plans: Sequence[SweepPlan], store: Store, db_url: str, cpus: int = 1,
         progress: Progress | None = None, log: Callable[[str], None] = print,
     ) -> list[RunOutcome]:
         """Queue every run of every spec (one per seed) as one sweep, submit them all, and wait for them."""
         sweep_id = new_sweep_id()
-        gpus = self.default_gpus(request.gpus_per_run)
+        gpus, cpus = self.default_gpus(request.gpus_per_run), self.feasible_cpus(cpus)
         jobs = []
         for spec, plan in zip(request.specs, plans):
             plan.loaded.clear()  # adapters loaded to plan are not needed here: every worker loads its own
             for model, loops in plan.runs:
                 run_id = create_run_row(store, spec, plan, (model, loops), sweep_id, status="queued")
-                jobs.append(Job(run_id, model, loops, resources(spec, model, gpus)))
+                jobs.append(Job(run_id, model, loops, resources(spec, model, gpus, cpus)))
         if not jobs:  # every run was already stored finished (runner.skip_stored)
             return []
         where = self.ray.get_runtime_context().gcs_address
@@ -179,7 +189,7 @@ class RayExecutor:
         return self.execute(jobs, store, db_url, progress, log, title=f"sweep {sweep_id}")
 
     def resume(
-        self, run_id: int, store: Store, db_url: str, gpus_per_run: float | None,
+        self, run_id: int, store: Store, db_url: str, gpus_per_run: float | None, cpus: int = 1,
         progress: Progress | None = None, log: Callable[[str], None] = print,
     ) -> list[RunOutcome]:
         """Continue the stopped run `run_id` as one Ray task."""
@@ -187,7 +197,7 @@ class RayExecutor:
         if run.status == "finished":
             raise UserError(f"--resume {run_id}: run already finished")
         spec = RunSpec.from_dict(run.spec, db_url)
-        job = Job(run_id, run.model_spec, run.loops, resources(spec, run.model_spec, self.default_gpus(gpus_per_run)))
+        job = Job(run_id, run.model_spec, run.loops, resources(spec, run.model_spec, self.default_gpus(gpus_per_run), self.feasible_cpus(cpus)))
         return self.execute([job], store, db_url, progress, log, title=f"resume run {run_id}")
 
     def execute(
@@ -214,7 +224,9 @@ class RayExecutor:
         return [RunOutcome(job.run_id, job.model, job.loops, final[job.run_id]) for job in jobs]
 
     def _task(self, resources: dict[str, float]) -> Any:
-        return self.ray.remote(max_retries=RETRIES, max_calls=1, **resources)(run_in_worker)
+        threads = str(max(1, int(resources["num_cpus"])))
+        return self.ray.remote(max_retries=RETRIES, max_calls=1, runtime_env={"env_vars": {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}},
+                               **resources)(run_in_worker)
 
     def _settle(self, ref: Any, job: Job, store: Store, log: Callable[[str], None]) -> None:
         """Log how a finished task ended; a run whose last worker died is marked interrupted, ready to resume."""
@@ -255,11 +267,12 @@ def _check_reachable(address: str) -> None:
         raise UserError(f"cannot connect to Ray at {address}: {exc.strerror or exc}") from None
 
 
-def resources(spec: RunSpec, model: str, gpus_per_run: float) -> dict[str, float]:
-    """The Ray resource request of one run of `model`: its GPUs (at least the model's tensor-parallel size), else one CPU."""
+def resources(spec: RunSpec, model: str, gpus_per_run: float, cpus: int = 1) -> dict[str, float]:
+    """The Ray resource request of one run of `model`: its GPUs (at least the model's tensor-parallel size) and
+    one CPU, else `cpus` CPUs (the threads it computes with)."""
     tensor_parallel = spec.model_overrides.get(model, {}).get("tensor_parallel_size", 1)
     gpus = max(gpus_per_run, float(tensor_parallel) if isinstance(tensor_parallel, (int, float)) and tensor_parallel > 1 else 0.0)
-    return {"num_cpus": 1, "num_gpus": gpus} if gpus else {"num_cpus": 1}
+    return {"num_cpus": 1, "num_gpus": gpus} if gpus else {"num_cpus": cpus}
 
 
 def _describe(resources: dict[str, float]) -> str:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from adapters.base import (Finished, Generation, Prompt, Request, Sampling, Scheduling, checked_context, checked_description,
                            checked_generation, checked_memory)
+from adapters.threads import applied
 from db import ResultsError
 from db.sets import run_key
 from harness.capacity import check_fits
@@ -62,6 +63,7 @@ def host_info() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "memory_bytes": psutil.virtual_memory().total,
         "gpu": None,
+        "threads": None if applied() is None else applied().to_dict(),
     }
     try:
         import torch
@@ -216,6 +218,7 @@ class SweepPlan:
     task_configs: list[Any]
     runs: list[tuple[str, int | None]]
     loaded: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, int | None] = field(default_factory=dict)  # each model's parameters (None: unknown)
     fingerprint: str | None = None  # of the task files (`suites.registry.data_fingerprint`), part of the runs' set
 
 
@@ -240,6 +243,7 @@ def prepare_sweep(spec: RunSpec) -> SweepPlan:
             description = checked_description(model, adapter.describe())
         elif "max_context" in description:
             checked_context(model, description["max_context"])
+        plan.params[model] = description.get("params")
         if description.get("has_tokenizer") is False:
             raise UserError(f"{model} has no tokenizer, so it cannot read a suite's prompts: evaluate a checkpoint "
                             "(e.g. qwen3:PATH) or a zoo model; real-size presets are for `loopeval profile` and `estimate`")
@@ -248,6 +252,21 @@ def prepare_sweep(spec: RunSpec) -> SweepPlan:
             _check_fits(spec, model, loops)
         plan.runs.extend(runs)
     return plan
+
+
+def largest_model(params: Sequence[int | None]) -> int | None:
+    """The parameters of the largest of these models; None when one of them has no known size (so treated as large)."""
+    return None if not params or None in params else max(params)  # type: ignore[type-var]
+
+
+def stored_params(store: Store, run_id: int) -> list[int | None]:
+    """The parameters of every model of run `run_id`'s sweep, from their configs (what `--resume` runs)."""
+    import adapters
+
+    run = store.get_run(run_id)
+    spec = RunSpec.from_dict(run.spec, None)
+    facts = [adapters.inspect(model, **spec.load_overrides(model)) for model in {r.model_spec for r in store.sweep_runs(run.sweep_id)}]
+    return [None if f is None else f.get("params") for f in facts]
 
 
 def _check_fits(spec: RunSpec, model: str, loops: int | None) -> None:

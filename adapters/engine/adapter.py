@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from adapters import threads
 from adapters.base import MODEL_DTYPES, AdapterError, Finished, Generation, Prompt, Request, Sampling, dtype_short
 from adapters.engine.cache import KVCache
 from adapters.engine.config import CONDITIONING_FIELDS, LoopConfig
@@ -296,7 +297,7 @@ def config_facts(cfg: LoopConfig, overrides: dict[str, Any]) -> dict[str, Any]:
     device = resolve_device(overrides.get("device"))
     dtype = dtype_short(resolve_dtype(overrides.get("dtype"), device))
     exit_policy(cfg, overrides)  # a bad exit override fails the plan, before a run is stored
-    return {"family": cfg.family, "kv_strategy": cfg.kv_strategy, "loops": loops, "trained_loops": cfg.loops,
+    return {"family": cfg.family, "params": count_params(cfg), "kv_strategy": cfg.kv_strategy, "loops": loops, "trained_loops": cfg.loops,
             "max_context": cfg.max_position, "device": device, "dtype": dtype,
             "max_batch": _batching_overrides(overrides)[0], "kv_budget": _batching_overrides(overrides)[2],
             "analytic": analytic_terms(cfg, loops, dtype),
@@ -308,6 +309,7 @@ def _build(spec: str, model_fn: Any, tokenizer_fn: Any, overrides: dict[str, Any
     device = resolve_device(overrides.get("device"))
     dtype = resolve_dtype(overrides.get("dtype"), device)
     model: LoopedLM = model_fn(dtype, device)
+    threads.ensure(count_params(model.config))
     if overrides.get("chunk_size") is not None:
         model.config = model.config.replace(chunk_size=int(overrides["chunk_size"]))
     if conditioning(overrides):

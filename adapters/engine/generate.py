@@ -26,10 +26,12 @@ or the first loop whose cumulative exit probability reaches the threshold) and r
 
 from __future__ import annotations
 
+import array
+import functools
 import time
 import zlib
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 from torch import Tensor
@@ -38,6 +40,8 @@ from adapters.base import AdapterError, Generation, Sampling, dtype_short
 from adapters.engine.cache import KVCache
 from adapters.engine.memory import kv_bytes
 from adapters.engine.model import LoopedLM, StepOutput, exit_probabilities, prefill_chunks
+
+T = TypeVar("T", int, Tensor)
 
 
 @dataclass(frozen=True)
@@ -65,11 +69,12 @@ def stream_key(seed: int, index: int) -> int:
 _M32 = 0xFFFFFFFF
 
 
-def _mix32(x: Tensor) -> Tensor:
-    """A 32-bit integer hash (two xorshift-multiply rounds) on int64 values in [0, 2**32).
+def _mix32(x: T) -> T:
+    """A 32-bit integer hash (two xorshift-multiply rounds) on values in [0, 2**32): Python ints or int64 tensors.
 
     The multipliers are odd and below 2**31, so every product stays below 2**63 and int64 never
-    overflows on any device; each round is a bijection of the 32-bit values.
+    overflows on any device; each round is a bijection of the 32-bit values. Python ints and tensors
+    give the same values, so the per-row half of the hash is computed on the host (`stream_rows`).
     """
     x = x ^ (x >> 16)
     x = (x * 0x7FEB352D) & _M32
@@ -78,25 +83,46 @@ def _mix32(x: Tensor) -> Tensor:
     return x ^ (x >> 16)
 
 
-def exponential_noise(keys: Tensor, steps: Tensor, vocab: int) -> Tensor:
-    """Exp(1) draws [B, vocab] for rows with stream `keys` [B] at token index `steps` [B] (int64).
+def int_tensor(values: list[int], device: torch.device) -> Tensor:
+    """Host ints as an int64 tensor on `device`, through a buffer: `torch.tensor` on a list costs 3-7x more,
+    a measurable part of a tiny model's decode step. On a GPU the copy goes through pinned memory without
+    waiting (a step's one host sync is reading the sampled ids)."""
+    tensor = torch.frombuffer(array.array("q", values), dtype=torch.int64) if values else torch.empty(0, dtype=torch.int64)
+    if device.type != "cuda":
+        return tensor if device.type == "cpu" else tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def stream_rows(keys: Sequence[int], steps: Sequence[int]) -> list[int]:
+    """The row half of the noise hash for streams `keys` at token indices `steps`: a few integer
+    operations per row on the host, where as tensor kernels they were a tenth of a tiny model's decode step."""
+    return [_mix32(key ^ _mix32(step & _M32)) for key, step in zip(keys, steps)]
+
+
+@functools.lru_cache(maxsize=8)
+def _token_hashes(vocab: int, device: torch.device) -> Tensor:
+    """The token-id half of the noise hash: the same at every step, so computed once per vocabulary and device."""
+    with torch.inference_mode(False):  # an ordinary tensor, usable in and out of inference mode
+        return _mix32(_mix32(torch.arange(vocab, device=device)))
+
+
+def exponential_noise(rows: Tensor, vocab: int) -> Tensor:
+    """Exp(1) draws [B, vocab] for rows whose stream and token index hash to `rows` [B] (int64, `stream_rows`).
 
     A counter-based generator: the draw for (key, step, token id) is a hash of the three, so a row
     needs no generator state and a batch of rows is one set of kernels, whatever the batch holds.
     The top 24 bits give a uniform u in (0, 1) exactly representable in float32; -log(u) ~ Exp(1).
     """
-    row = _mix32(keys ^ _mix32(steps & _M32))
-    col = _mix32(_mix32(torch.arange(vocab, device=keys.device)))
-    bits = _mix32(row[:, None] ^ col[None, :])
+    bits = _mix32(rows[:, None] ^ _token_hashes(vocab, rows.device)[None, :])
     return -torch.log(((bits >> 8).float() + 0.5) * 2.0**-24)
 
 
-def sample(logits: Tensor, sampling: Sampling, keys: Tensor, steps: Tensor) -> Tensor:
+def sample(logits: Tensor, sampling: Sampling, rows: Tensor) -> Tensor:
     """[B, V] logits -> [B] token ids: greedy at temperature 0, else temperature, top-k, then top-p (nucleus).
 
-    Row b draws from stream `keys[b]` at token index `steps[b]` (`exponential_noise`). The nucleus
-    keeps the most probable tokens up to and including the first one at which the cumulative
-    probability reaches top_p.
+    Row b draws from the stream and token index that `rows[b]` hashes (`stream_rows`, `exponential_noise`).
+    The nucleus keeps the most probable tokens up to and including the first one at which the
+    cumulative probability reaches top_p.
     """
     if sampling.greedy:
         return logits.argmax(dim=-1)
@@ -107,7 +133,7 @@ def sample(logits: Tensor, sampling: Sampling, keys: Tensor, steps: Tensor) -> T
     if sampling.top_k is not None and sampling.top_k < logits.shape[-1]:
         kth = torch.topk(logits, sampling.top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    noise = exponential_noise(keys, steps, logits.shape[-1])
+    noise = exponential_noise(rows, logits.shape[-1])
     probs = torch.softmax(logits, dim=-1)
     if sampling.top_p < 1.0:  # outside the nucleus a token's probability is 0: it never wins the race
         ranked, order = torch.sort(probs, dim=-1, descending=True)
@@ -305,7 +331,6 @@ def generate(
     decoder = Decoder(model, batch, cache, loops, exit_policy)
     transcript = Transcript(len(prompts), sampling, eos_ids, tokenizer)
     keys = [stream_key(sampling.seed, i) for i in range(len(prompts))] if keys is None else keys
-    streams = torch.tensor(keys, dtype=torch.long, device=weight.device)
     on_cache(cache)
     try:
         with torch.inference_mode():
@@ -314,7 +339,8 @@ def generate(
             t1 = time.perf_counter()
             budget = capacity - batch.width
             for i in range(budget):  # the only host sync per token is reading the sampled ids back
-                tokens = sample(logits, sampling, streams, torch.full_like(streams, i))
+                rows = int_tensor(stream_rows(keys, [i] * len(keys)), weight.device)
+                tokens = sample(logits, sampling, rows)
                 chosen = [loops] * len(prompts) if exit_loop is None else exit_loop.tolist()
                 if transcript.add(tokens.tolist(), chosen) or i + 1 == budget:
                     break

@@ -12,7 +12,9 @@ call takes its earlier rows from a cache (`adapters.engine.cache`). Two entry po
   against a preallocated `adapters.engine.cache.KVCache` or a scheduler step's `adapters.engine.paged.PagedStep`,
   written in place.
 
-q/k/v and gate/up are each one parameter (one matmul); state dicts name HF's separate tensors.
+q/k/v and gate/up are each one parameter (one matmul); state dicts name HF's separate tensors. Layers,
+norms and MLPs are called through `.forward`: a tiny model's decode step is per-call overhead, and
+`nn.Module.__call__`'s hook dispatch cost about 3% of it (the engine registers no hooks on them).
 
 MELT choices the method leaves open (also in the README):
 - The latent state h of a shared layer starts as the first loop's normalised input x (loop 1 gives
@@ -258,13 +260,13 @@ class Block(nn.Module):
     def forward(self, h: Tensor, span: Span, cache: Cache, layer: int, loop: int, scales: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """(the next state, the attention output). A gated layer's K/V come from the source the cache keeps;
         `scales` [2, d] (branch gating) multiply the attention and MLP outputs before they join the residual."""
-        x = self.input_layernorm(h)
+        x = self.input_layernorm.forward(h)
         src = None if self.melt_gate is None else cache.kv_source(layer, loop, x, self.melt_gate)
         a = self.self_attn.attend(x, src, span, cache, layer, loop)
-        branch = self.input_layernorm_2(a) if self.sandwich else a
+        branch = self.input_layernorm_2.forward(a) if self.sandwich else a
         h = h + (branch if scales is None else branch * scales[0])
-        m = self.mlp(self.post_attention_layernorm(h))
-        branch = self.post_attention_layernorm_2(m) if self.sandwich else m
+        m = self.mlp.forward(self.post_attention_layernorm.forward(h))
+        branch = self.post_attention_layernorm_2.forward(m) if self.sandwich else m
         return h + (branch if scales is None else branch * scales[1]), a
 
 
@@ -443,7 +445,7 @@ class LoopedLM(nn.Module):
         """
         p, s = len(self.prelude), len(self.shared)
         for i, layer in enumerate(self.prelude):
-            h, _ = layer(h, span, cache, i, 0)
+            h, _ = layer.forward(h, span, cache, i, 0)
         cond = self.model.loop_conditioning
         e, diffs = h, collections.deque(maxlen=cond.window if cond is not None else 1)  # diffs: h_{l-1} - h_{l-2}, newest first
         if trace is not None:
@@ -451,7 +453,7 @@ class LoopedLM(nn.Module):
         states = []
         for t in range(loops if s else 0):
             if trace is not None and t in trace.skip:
-                y, normed = h, self.model.norm(h) if per_loop else None
+                y, normed = h, self.model.norm.forward(h) if per_loop else None
             else:
                 y, normed = self._loop(h, e, diffs, span, cache, t, per_loop, attn_outputs)
             if cond is not None and t > 0:  # the history excludes e: the first difference is h_2 - h_1
@@ -462,7 +464,7 @@ class LoopedLM(nn.Module):
             if per_loop:
                 states.append(normed)
         for k, layer in enumerate(self.coda):
-            h, _ = layer(h, span, cache, p + s + k, 0)
+            h, _ = layer.forward(h, span, cache, p + s + k, 0)
         return self._final(h), states
 
     def _loop(self, h: Tensor, e: Tensor, diffs: Sequence[Tensor], span: Span, cache: Cache, t: int, per_loop: bool,
@@ -472,7 +474,7 @@ class LoopedLM(nn.Module):
         x = h if cond is None else cond.loop_input(h, e, diffs)
         y = x
         for j, layer in enumerate(self.shared):
-            y, a = layer(y, span, cache, p + j, t, None if cond is None else cond.branch_scales(t, j, y.shape[-1]))
+            y, a = layer.forward(y, span, cache, p + j, t, None if cond is None else cond.branch_scales(t, j, y.shape[-1]))
             if attn_outputs is not None:
                 attn_outputs.append(a)
         return self._loop_end(y if cond is None else cond.gated(x, y, t), per_loop)
@@ -480,15 +482,15 @@ class LoopedLM(nn.Module):
     def _loop_end(self, h: Tensor, normed: bool) -> tuple[Tensor, Tensor | None]:
         """(state fed to the next loop, the loop's normed state when asked): sandwich models norm after every loop."""
         if self.config.norm_layout == "sandwich":
-            h = self.model.norm(h)
+            h = self.model.norm.forward(h)
             return h, h
-        return h, self.model.norm(h) if normed else None
+        return h, self.model.norm.forward(h) if normed else None
 
     def _final(self, h: Tensor) -> Tensor:
         """Normed state after the coda; sandwich models are already normed unless coda layers ran after the last loop."""
         if self.config.norm_layout == "sandwich" and self.shared and not self.coda:
             return h
-        return self.model.norm(h)
+        return self.model.norm.forward(h)
 
     # ------------------------------------------------------------------- full-sequence forward
     def forward(

@@ -59,6 +59,7 @@ class BlockPool:
         shape = (config.kv_entries(loops), (num_blocks + spare) * block_size, config.num_kv_heads, config.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k_entries, self.v_entries = self.k.unbind(0), self.v.unbind(0)  # views made once, not at every write
         self.prelude, self.shared, self.latent_tokens = config.prelude_layers, config.shared_layers, latent_tokens
         self.latent = None
         if config.kv_strategy == "gated":
@@ -98,17 +99,20 @@ class BlockPool:
         dst, size = self.allocate(), self.block_size
         self.k[:, dst * size : dst * size + filled] = self.k[:, src * size : src * size + filled]
         self.v[:, dst * size : dst * size + filled] = self.v[:, src * size : src * size + filled]
-        self.mark_written(dst, filled)
+        self.mark_written([(dst, filled)])
         return dst
 
-    def mark_written(self, block: int, filled: int) -> None:
-        """Block `block` now holds `filled` slots (writes only ever extend a block)."""
+    def mark_written(self, updates: list[tuple[int, int]]) -> None:
+        """Each (block, filled): the block now holds `filled` slots (writes only ever extend a block)."""
         with self.lock:
-            self.tokens_held += filled - self.filled[block]
-            self.filled[block] = filled
+            for block, filled in updates:
+                self.tokens_held += filled - self.filled[block]
+                self.filled[block] = filled
 
     def begin_step(self, tokens: int) -> None:
         """A step of `tokens` tokens starts: their latent state (MELT's h, the history buffer) is live."""
+        if tokens == self.in_flight:  # decode steps of an unchanged batch: nothing to update
+            return
         with self.lock:
             self.in_flight = tokens
             self.peak_allocated = max(self.peak_allocated, self.kv_bytes_allocated)
@@ -149,8 +153,28 @@ def key_mask(positions: Tensor, length: int) -> Tensor:
     return (torch.arange(length, device=positions.device) <= positions[:, :, None])[:, None]
 
 
-class PagedStep:
-    """The `Cache` of one step: B sequences, n tokens each, written at `slots` and read block by block.
+class PoolStep:
+    """What every scheduler step's `Cache` shares: the new tokens' K/V go to their pool slots, and MELT's
+    latent h of the tokens in flight lives in the pool's buffer. Subclasses say where attention reads from."""
+
+    def __init__(self, pool: BlockPool, slots: Tensor, in_flight: int) -> None:
+        self.pool, self.slots, self.in_flight = pool, slots, in_flight
+
+    def kv_source(self, layer: int, loop: int, x: Tensor, gate: Gate) -> Tensor | None:
+        """The latent h of `layer`'s tokens in flight, updated in place: x at loop 0, then the gate."""
+        if self.pool.latent is None:
+            return None
+        h = self.pool.latent[layer - self.pool.prelude, : self.in_flight].view(x.shape)
+        return h.copy_(x if loop == 0 else gate(x, h, loop))
+
+    def write(self, entry: int, k_new: Tensor, v_new: Tensor) -> None:
+        """The step's rows k_new, v_new [B * n, Hkv, D] into their pool slots (row-major)."""
+        self.pool.k_entries[entry].index_copy_(0, self.slots, k_new)
+        self.pool.v_entries[entry].index_copy_(0, self.slots, v_new)
+
+
+class PagedStep(PoolStep):
+    """The `Cache` of one step that gathers what attention reads from the pool: B sequences, n tokens each.
 
     `positions` [B, n]: the new tokens' positions; `blocks` [B, W]: each sequence's block table up to
     the end of this step (padded with any block; the step's mask, `key_mask`, hides what is not the
@@ -166,31 +190,22 @@ class PagedStep:
     """
 
     def __init__(self, pool: BlockPool, positions: Tensor, blocks: Tensor, length: int) -> None:
-        self.pool, self.positions, self.blocks, self.length = pool, positions, blocks, length
         size = pool.block_size
-        self.slots = (blocks.gather(1, positions // size) * size + positions % size).flatten()
+        super().__init__(pool, (blocks.gather(1, positions // size) * size + positions % size).flatten(), positions.numel())
+        self.positions, self.blocks, self.length = positions, blocks, length
         self.rows, self.tokens = positions.shape
         gathered = 2 * blocks.numel() * pool.block_size * pool.k[0, 0].numel() * pool.k.element_size() * pool.shared
         self.kept: dict[int, tuple[Tensor, Tensor]] | None = {} if pool.latent is not None and gathered <= KEEP_BYTES else None
         if self.kept is not None:  # with `positions`: where the new rows go in kept K/V
             self.row_index = torch.arange(self.rows, device=positions.device)[:, None]
 
-    def kv_source(self, layer: int, loop: int, x: Tensor, gate: Gate) -> Tensor | None:
-        """The latent h of `layer`'s tokens in flight, updated in place: x at loop 0, then the gate."""
-        if self.pool.latent is None:
-            return None
-        h = self.pool.latent[layer - self.pool.prelude, : self.rows * self.tokens].view(x.shape)
-        return h.copy_(x if loop == 0 else gate(x, h, loop))
-
     def update(self, layer: int, loop: int, k: Tensor, v: Tensor, slot: int) -> tuple[Tensor, Tensor]:
         entry, pool = self.pool.entries[layer][loop], self.pool
-        k_all, v_all = pool.k[entry], pool.v[entry]
         k_new, v_new = k.transpose(1, 2), v.transpose(1, 2)  # [B, n, Hkv, D]
-        k_all.index_copy_(0, self.slots, k_new.flatten(0, 1))
-        v_all.index_copy_(0, self.slots, v_new.flatten(0, 1))
+        self.write(entry, k_new.flatten(0, 1), v_new.flatten(0, 1))
         kept = None if self.kept is None else self.kept.get(entry)
         if kept is None:
-            kept = (self._read(k_all), self._read(v_all))
+            kept = (self._read(pool.k[entry]), self._read(pool.v[entry]))
             if self.kept is not None:
                 self.kept[entry] = kept
         else:

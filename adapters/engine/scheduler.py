@@ -26,13 +26,14 @@ import torch
 from torch import Tensor
 
 from adapters.base import Finished, Generation, Sampling
-from adapters.engine.generate import ExitPolicy, is_looped, output_text, read_logits, sample, stop_reason
+from adapters.engine.generate import ExitPolicy, int_tensor, is_looped, output_text, read_logits, sample, stop_reason, stream_rows
 from adapters.engine.graphs import DecodeGraphs
 from adapters.engine.model import LoopedLM, StepOutput, prefill_chunks
 from adapters.engine.paged import BlockPool, PagedStep, key_mask
+from adapters.engine.rows import DecodeRows, RowsStep
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Sequence:
     """One sample of one request: its tokens (prompt, then generated), its blocks and how far they are written."""
 
@@ -61,6 +62,11 @@ class Sequence:
         return len(self.tokens) == self.prompt_len
 
 
+def setting(sampling: Sampling) -> tuple[float, float, int | None]:
+    """What one `sample` call must share: sequences with other settings are drawn in calls of their own."""
+    return sampling.temperature, sampling.top_p, sampling.top_k
+
+
 class Scheduler:
     """Runs sequences to completion on one block pool, reporting each step's finished samples."""
 
@@ -74,13 +80,19 @@ class Scheduler:
         self.chunk = model.config.chunk_size if model.config.kv_strategy == "gated" else None
         self.looped = is_looped(model, loops)
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.running: list[Sequence] = []  # in the order of their decode rows (`rows`), when there are rows
+        self.rows: DecodeRows | None = None
         self.prefilling: list[Sequence] = []  # admitted, holding blocks, not yet running
         self.admissions = count()
         self.preemptions = 0
+        self.one_setting = True  # every sequence samples with the same temperature, top-p and top-k
 
     def run(self, sequences: list[Sequence]) -> None:
         self.waiting.extend(sequences)
+        self.one_setting = len({setting(seq.sampling) for seq in sequences}) == 1
+        rows = min(self.max_seqs, len(sequences))
+        if self.graphs is None and DecodeRows.fits(self.pool, rows, max(seq.capacity for seq in sequences)):
+            self.rows = DecodeRows(self.pool, rows)
         with torch.inference_mode():
             while self.waiting or self.running:
                 self._admit()
@@ -170,7 +182,10 @@ class Scheduler:
             seq.written = first.prompt_len
         for seq in group:
             seq.order, seq.prefill_seconds, seq.decode_began = next(self.admissions), elapsed, time.perf_counter()
-        self.running.extend(group)
+            if self.rows is not None:
+                self.rows.reserve(seq.written)
+                self.rows.fill(len(self.running), seq.blocks, seq.written)
+            self.running.append(seq)
 
     # -------------------------------------------------------------------------------- decode
     def _decode(self) -> None:
@@ -187,9 +202,7 @@ class Scheduler:
     def _provision(self) -> None:
         """A slot for every running sequence's next token, oldest first, preempting the youngest when the pool is empty."""
         size = self.pool.block_size
-        for seq in sorted(self.running, key=lambda s: s.order):
-            if seq.written < len(seq.blocks) * size:
-                continue
+        for seq in sorted((seq for seq in self.running if seq.written == len(seq.blocks) * size), key=lambda s: s.order):
             while not self.pool.free and seq.blocks:  # a lone sequence always fits (the pool holds one at its capacity)
                 self._preempt(max(self.running, key=lambda s: s.order))
             if seq.blocks:  # not preempted itself
@@ -197,71 +210,109 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.pool.release(seq.blocks)
+        self._stop_running(seq)
         seq.blocks, seq.written = [], 0
-        self.running.remove(seq)
         self.waiting.appendleft(seq)
         self.preemptions += 1
 
     def _step(self, seqs: list[Sequence], tokens: list[list[int]]) -> StepOutput:
         """Run `tokens` (n per sequence) of `seqs` at their next slots through the model; their blocks hold them afterwards.
 
-        A decode step (n = 1) goes through `graphs` when there is one (the GPU path), else as it is.
+        A decode step (n = 1) of the running set reads the decode rows when there are rows, else goes
+        through `graphs` when there is one (the GPU path); other steps gather from the pool.
         """
-        pool, size = self.pool, self.pool.block_size
-        b, n = len(tokens), len(tokens[0])
+        pool, n = self.pool, len(tokens[0])
+        if n == 1 and self.rows is not None:
+            return self._rows_step(seqs, [t for (t,) in tokens])
         end = max(seq.written for seq in seqs) + n
         width = pool.blocks_for(end)
-        blocks = self._tensor([(seq.blocks + [0] * width)[:width] for seq in seqs])  # padded with block 0, which the mask hides
-        positions = self._tensor([[seq.written + j for j in range(n)] for seq in seqs])
-        pool.begin_step(b * n)
+        blocks = self._tensor([b for seq in seqs for b in (seq.blocks + [0] * width)[:width]], len(seqs))  # padded with block 0, which the mask hides
+        positions = self._tensor([seq.written + j for seq in seqs for j in range(n)], len(seqs))
+        inputs = self._tensor([t for row in tokens for t in row], len(seqs))
+        pool.begin_step(len(seqs) * n)
         if self.graphs is not None and n == 1:
-            out = self.graphs.step(self._tensor(tokens), positions, blocks)
+            out = self.graphs.step(inputs, positions, blocks)
         else:
-            plain = b == 1 and (n == 1 or seqs[0].written == 0)  # plain causal attention over the one sequence's rows
-            out = self.model.step(self._tensor(tokens), positions, PagedStep(pool, positions, blocks, end), end - n,
+            plain = len(seqs) == 1 and (n == 1 or seqs[0].written == 0)  # plain causal attention over the one sequence's rows
+            out = self.model.step(inputs, positions, PagedStep(pool, positions, blocks, end), end - n,
                                   None if plain else key_mask(positions, end), self.loops, self.policy.kind != "none")
+        size, written = pool.block_size, []
         for seq in seqs:
+            begin = seq.written
             seq.written += n
-            for block in range((seq.written - n) // size, pool.blocks_for(seq.written)):
-                pool.mark_written(seq.blocks[block], min(size, seq.written - block * size))
+            written += [(seq.blocks[b], min(size, seq.written - b * size)) for b in range(begin // size, (seq.written - 1) // size + 1)]
+        pool.mark_written(written)
         return out
 
-    def _tensor(self, values: list) -> Tensor:
-        """Host values on the model's device; on a GPU through pinned memory without waiting (the step's
-        one host sync is reading the sampled ids)."""
-        if self.device.type != "cuda":
-            return torch.tensor(values, device=self.device)
-        return torch.tensor(values).pin_memory().to(self.device, non_blocking=True)
+    def _rows_step(self, seqs: list[Sequence], tokens: list[int]) -> StepOutput:
+        """A decode step of the running set (row i is `seqs[i]`) reading K/V from the decode rows; its inputs
+        go to the device as one tensor."""
+        size, rows, pool = self.pool.block_size, self.rows, self.pool
+        written = [seq.written for seq in seqs]
+        end = max(written) + 1
+        rows.reserve(end)
+        blocks = [seq.blocks[w // size] for seq, w in zip(seqs, written)]
+        data = self._tensor(tokens + written + [b * size + w % size for b, w in zip(blocks, written)]
+                            + [i * rows.length + w for i, w in enumerate(written)], 4)
+        positions = data[1, :, None]
+        pool.begin_step(len(seqs))
+        mask = None if min(written) == end - 1 else key_mask(positions, end)  # None: every row sees every key
+        cache = RowsStep(pool, rows, data[2], data[3], end)
+        out = self.model.step(data[0, :, None], positions, cache, end - 1, mask, self.loops, self.policy.kind != "none")
+        cache.finish()
+        for seq in seqs:
+            seq.written += 1
+        pool.mark_written([(b, w % size + 1) for b, w in zip(blocks, written)])
+        return out
+
+    def _tensor(self, values: list[int], rows: int | None = None) -> Tensor:
+        """Host ints on the model's device (`int_tensor`), as `rows` rows when given."""
+        tensor = int_tensor(values, self.device)
+        return tensor if rows is None else tensor.view(rows, -1)
 
     # ------------------------------------------------------------------------------ sampling
     def _sample(self, seqs: list[Sequence], logits: Tensor, exit_loop: Tensor | None) -> None:
         """Draw each sequence's next token from its own stream, record it, and retire the finished ones."""
-        ids = torch.empty(len(seqs), dtype=torch.long, device=self.device)
-        settings: dict[tuple, list[int]] = {}
-        for i, seq in enumerate(seqs):
-            settings.setdefault((seq.sampling.temperature, seq.sampling.top_p, seq.sampling.top_k), []).append(i)
-        for rows in settings.values():
-            index = self._tensor(rows)
-            keys = self._tensor([seqs[i].key for i in rows])
-            steps = self._tensor([seqs[i].generated for i in rows])
-            ids[index] = sample(logits[index], seqs[rows[0]].sampling, keys, steps)
+        ids = self._draw(seqs, logits)
         loops = [self.loops] * len(seqs) if exit_loop is None else exit_loop.tolist()
         done: list[Finished] = []
-        for seq, token, loop in zip(seqs, ids.tolist(), loops):
+        for seq, token, loop in zip(seqs, ids, loops):
             seq.tokens.append(token)
             seq.loops.append(loop)
             seq.finish = stop_reason(seq.tokens, self.eos_ids, seq.sampling, self.tokenizer, start=seq.prompt_len)
-            if seq.finish is None and (seq.generated >= seq.sampling.max_new_tokens or len(seq.tokens) >= seq.capacity):
+            if seq.finish is None and (len(seq.tokens) - seq.prompt_len >= seq.sampling.max_new_tokens or len(seq.tokens) >= seq.capacity):
                 seq.finish = "length"
             if seq.finish is not None:
                 done.append((seq.request, seq.sample, self._retire(seq)))
         if done:
             self.on_finished(done)
 
+    def _draw(self, seqs: list[Sequence], logits: Tensor) -> list[int]:
+        """Each sequence's next token from its stream at its token index: one `sample` per distinct setting."""
+        rows = stream_rows([seq.key for seq in seqs], [len(seq.tokens) - seq.prompt_len for seq in seqs])
+        if self.one_setting:
+            return sample(logits, seqs[0].sampling, self._tensor(rows)).tolist()
+        groups: dict[tuple, list[int]] = {}
+        for i, seq in enumerate(seqs):
+            groups.setdefault(setting(seq.sampling), []).append(i)
+        ids = torch.empty(len(seqs), dtype=torch.long, device=self.device)
+        for members in groups.values():
+            index = self._tensor(members)
+            ids[index] = sample(logits[index], seqs[members[0]].sampling, self._tensor([rows[i] for i in members]))
+        return ids.tolist()
+
+    def _stop_running(self, seq: Sequence) -> None:
+        """`seq` leaves the running set; the last running sequence takes its place (and its decode row)."""
+        i, last = self.running.index(seq), self.running.pop()
+        if last is not seq:
+            self.running[i] = last
+            if self.rows is not None:
+                self.rows.move(len(self.running), i, last.written)
+
     def _retire(self, seq: Sequence) -> Generation:
         self.pool.release(seq.blocks)
+        self._stop_running(seq)
         seq.blocks = []
-        self.running.remove(seq)
         ids = seq.tokens[seq.prompt_len :]
         return Generation(
             token_ids=ids, text=output_text(ids, seq.finish, seq.sampling, self.tokenizer), finish_reason=seq.finish,

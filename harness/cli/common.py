@@ -12,6 +12,8 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from adapters.threads import ENV_VAR as THREADS_ENV
+from adapters.threads import SMALL_MODEL_PARAMS
 from harness.errors import UserError
 from harness.hints import env_command
 
@@ -35,7 +37,11 @@ TrustRemoteCodeFlag = Annotated[
     typer.Option("--trust-remote-code", help="Let transformers:/vllm: models run code shipped in their directory (prints a warning)."),
 ]
 DeviceOption = Annotated[str, typer.Option("--device", help="cpu or cuda.")]
-ThreadsOption = Annotated[Optional[int], typer.Option("--threads", min=1, help="torch CPU threads.")]
+ThreadsOption = Annotated[
+    Optional[int],
+    typer.Option("--threads", help=f"torch CPU threads. Default: ${THREADS_ENV}, else 1 for models under "
+                 f"{SMALL_MODEL_PARAMS // 1_000_000}M parameters (a second thread does not pay there), else the cores this process may use."),
+]
 
 
 def parse_int_list(value: str | None, option: str, minimum: int = 1) -> list[int] | None:
@@ -69,11 +75,25 @@ def check_out_dir(path: Path, option: str) -> None:
         raise UserError(f"{option} {path}: {existing} is not writable")
 
 
-def set_threads(threads: int | None) -> None:
-    if threads:
-        import torch
+def model_params(spec: str) -> int | None:
+    """A model's parameters from its config, without loading it (None where its adapter can tell only once loaded)."""
+    import adapters
 
-        torch.set_num_threads(threads)
+    facts = adapters.inspect(spec)
+    return None if facts is None else facts.get("params")
+
+
+def use_threads(requested: int | None, params: int | None) -> Any:
+    """Choose and apply torch's thread count for models of up to `params` parameters (None: unknown, treated
+    as large; `adapters.threads`); a bad --threads or LOOPEVAL_THREADS is refused here, before any write."""
+    from adapters.threads import apply, choose
+
+    return apply(choose(params, requested))
+
+
+def say_threads(chosen: Any) -> None:
+    """The count, said once when the command starts its work (stderr: --json output stays JSON)."""
+    typer.echo(f"threads: {chosen}", err=True)
 
 
 def progress() -> Any:

@@ -19,7 +19,7 @@ import typer
 
 from adapters.base import AdapterError
 from adapters.files import MIB, read_text
-from harness.cli.common import DbOption, parse_int_list, print_table
+from harness.cli.common import DbOption, ThreadsOption, model_params, parse_int_list, print_table, say_threads, use_threads
 from harness.errors import UserError
 
 PROBE_SUITES = ("synthetic",)  # suites whose texts ship with loopeval; others need --text-file
@@ -37,6 +37,7 @@ def probe(
     limit: int = typer.Option(4, "--limit", help="Texts per task (suite texts only)."),
     db: DbOption = None,
     store: bool = typer.Option(True, "--store/--no-store", help="Store the values as a run of kind 'probe'."),
+    threads: ThreadsOption = None,
 ) -> None:
     """Per loop: angular distance and relative update between successive states, normalised state variance,
     and computational interaction by lag (how much loop l's update changes when loop l - k is skipped)."""
@@ -49,7 +50,9 @@ def probe(
     if r > MAX_PROBE_LOOPS:
         raise UserError(f"--loops: probe runs at most r = {MAX_PROBE_LOOPS} (its cost grows as r^2), got {r}")
     adapter.model.config.check_loops(r)
+    chosen = use_threads(threads, model_params(model))
     results = _open_store(db) if store else None  # refused before measuring
+    say_threads(chosen)
     try:
         began = time.perf_counter()
         values = _measure(adapter, texts, positions, r)

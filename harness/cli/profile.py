@@ -11,7 +11,7 @@ from typing import Any, Optional
 import typer
 
 from db.measures import byte_text
-from harness.cli.common import DbOption, JsonFlag, parse_int_list
+from harness.cli.common import DbOption, JsonFlag, ThreadsOption, parse_int_list, say_threads, use_threads
 from harness.errors import UserError
 from harness.profiling import DECODE_STEPS, plan_profile, profile_model
 
@@ -26,17 +26,20 @@ def profile(
     as_json: JsonFlag = False,
     db: DbOption = None,
     store: bool = typer.Option(True, "--store/--no-store", help="Store the points as a run of kind 'profile'."),
+    threads: ThreadsOption = None,
 ) -> None:
     """Prefill to each length and decode a few steps: memory measures (decimal units, 1 GB = 1e9 bytes) beside the analytic KV."""
     if decode_steps < 1:
         raise UserError(f"--decode-steps must be a positive integer, got {decode_steps}")
     loop_list = parse_int_list(loops, "--loops")
     plan = plan_profile(model, parse_int_list(lengths, "--lengths") or [], loop_list, batch, seed=seed, decode_steps=decode_steps)
+    chosen = use_threads(threads, plan.params)
     results = None
     if store:  # opened (a new file created) only once every option and point is checked, and before measuring
         from db.store import Store
 
         results = Store.open(db)
+    say_threads(chosen)
     began = time.perf_counter()
     try:
         result = profile_model(plan, on_point=(lambda point: None) if as_json else _print_point)

@@ -13,7 +13,8 @@ from typing import Any, Optional
 
 import typer
 
-from harness.cli.common import AdaptersDirOption, DbOption, TrustRemoteCodeFlag, parse_int_list, print_answer, progress, report_path
+from harness.cli.common import (AdaptersDirOption, DbOption, ThreadsOption, TrustRemoteCodeFlag, parse_int_list, print_answer, progress,
+                                report_path, use_threads)
 from harness.hints import env_command
 from harness.spec import DEFAULTS, SUITE_SAMPLING
 
@@ -43,6 +44,7 @@ def run(
     executor: Optional[str] = typer.Option(None, "--executor", help="local: the runs one after another in this process (default). ray: each run a Ray task."),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster to submit to (--executor ray). Default: $RAY_ADDRESS, else a new local Ray instance."),
     gpus_per_run: Optional[float] = typer.Option(None, "--gpus-per-run", help="GPUs each run requests (--executor ray; a fraction shares a GPU). Default: 1 on a cluster with GPUs, else one CPU per run."),
+    threads: ThreadsOption = None,
 ) -> int:
     """Evaluate models x loop counts on a suite, storing every sample, metric and memory trace.
 
@@ -68,15 +70,25 @@ def run(
     )
     request = build_request(flags, config)
     if request.executor == "ray":
-        store, outcomes = _on_ray(request, resume, adapters_dir or [], rerun)
+        store, outcomes = _on_ray(request, resume, adapters_dir or [], rerun, threads)
     else:
-        store, outcomes = _here(request, resume, rerun)
+        store, outcomes = _here(request, resume, rerun, threads)
     return _summarise(store, outcomes, request.db, report)
 
 
-def _plain_log(bars: Any) -> Any:
-    """A log line printer for the progress console: lines name models and errors, so plain text, never markup."""
-    return lambda line: bars.console.print(line, markup=False)
+def _plain_log(bars: Any, threads: Any) -> Any:
+    """A log line printer for the progress console: lines name models and errors, so plain text, never markup.
+    The first line the work logs is preceded by the thread count, said once (a refusal before any work says only itself)."""
+    said = False
+
+    def log(line: str) -> None:
+        nonlocal said
+        if not said:
+            bars.console.print(f"threads: {threads}", markup=False)
+            said = True
+        bars.console.print(line, markup=False)
+
+    return log
 
 
 def _skip_stored(request: Any, plans: list[Any], store: Any, rerun: bool) -> list[Any]:
@@ -88,35 +100,54 @@ def _skip_stored(request: Any, plans: list[Any], store: Any, rerun: bool) -> lis
     return [outcome for spec, plan in zip(request.specs, plans) for outcome in skip_stored(spec, plan, store, typer.echo)]
 
 
-def _here(request: Any, resume: int | None, rerun: bool) -> tuple[Any, list[Any]]:
+def _open_store(request: Any, plans: list[Any], resume: int | None, requested: int | None) -> tuple[Any, Any]:
+    """The results store (read only to resume: it is never created then) and the thread count of this
+    invocation, decided from its largest model (`adapters.threads`) and checked before anything is written."""
+    from db.store import Store
+    from harness.runner import largest_model, resumable_run, stored_params
+
+    if resume is not None:
+        store = Store.read(request.db)
+        try:
+            resumable_run(store, resume)  # a run that cannot resume is refused before anything else is said
+            chosen = use_threads(requested, largest_model(stored_params(store, resume)))
+        except BaseException:
+            store.close()
+            raise
+    else:
+        chosen = use_threads(requested, largest_model([p for plan in plans for p in plan.params.values()]))
+        store = Store.open(request.db)
+    return store, chosen
+
+
+def _here(request: Any, resume: int | None, rerun: bool, threads: int | None) -> tuple[Any, list[Any]]:
     """The local executor: every run in this process, one after another, each model loaded once.
 
     `--resume` completes every unfinished run of the resumed run's sweep and never creates a database.
     """
-    from db.store import Store
     from harness.runner import new_sweep_id, prepare_sweep, resume_run, run_sweep
 
     plans = [] if resume is not None else [prepare_sweep(spec) for spec in request.specs]  # bad names fail here
-    store = Store.read(request.db) if resume is not None else Store.open(request.db)
+    store, chosen = _open_store(request, plans, resume, threads)
     try:
         skipped = _skip_stored(request, plans, store, rerun)
         with progress() as bars:
+            log = _plain_log(bars, chosen)
             if resume is not None:
-                return store, resume_run(resume, store, request.db, progress=bars, log=_plain_log(bars))
+                return store, resume_run(resume, store, request.db, progress=bars, log=log)
             sweep_id = new_sweep_id()
             return store, skipped + [
                 outcome
                 for spec, plan in zip(request.specs, plans) if plan.runs  # none left when all were stored
-                for outcome in run_sweep(spec, plan, store, progress=bars, log=_plain_log(bars), sweep_id=sweep_id)
+                for outcome in run_sweep(spec, plan, store, progress=bars, log=log, sweep_id=sweep_id)
             ]
     except BaseException:
         store.close()  # an open SQLite connection would leave -wal and -shm files beside the database
         raise
 
 
-def _on_ray(request: Any, resume: int | None, plugin_dirs: list[str], rerun: bool) -> tuple[Any, list[Any]]:
+def _on_ray(request: Any, resume: int | None, plugin_dirs: list[str], rerun: bool, threads: int | None) -> tuple[Any, list[Any]]:
     """The Ray executor: plan here, then every run as a Ray task writing to the shared store."""
-    from db.store import Store
     from harness.ray_executor import RayExecutor, worker_db_url
     from harness.runner import prepare_sweep
 
@@ -124,13 +155,14 @@ def _on_ray(request: Any, resume: int | None, plugin_dirs: list[str], rerun: boo
     url = worker_db_url(request.db)
     with RayExecutor.connect(request.ray_address, plugin_dirs) as ray:
         ray.check_store(url)  # a SQLite file other machines cannot see fails here, before it is written
-        store = Store.read(request.db) if resume is not None else Store.open(request.db)
+        store, chosen = _open_store(request, plans, resume, threads)  # each CPU run asks Ray for as many CPUs as it has threads
         try:
             skipped = _skip_stored(request, plans, store, rerun)
             with progress() as bars:
+                log = _plain_log(bars, chosen)
                 if resume is not None:
-                    return store, ray.resume(resume, store, url, request.gpus_per_run, progress=bars, log=_plain_log(bars))
-                return store, skipped + ray.run_sweep(request, plans, store, url, progress=bars, log=_plain_log(bars))
+                    return store, ray.resume(resume, store, url, request.gpus_per_run, chosen.count, progress=bars, log=log)
+                return store, skipped + ray.run_sweep(request, plans, store, url, chosen.count, progress=bars, log=log)
         except BaseException:
             store.close()
             raise

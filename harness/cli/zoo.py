@@ -21,7 +21,7 @@ import typer
 
 from adapters.base import AdapterError
 from adapters.files import MIB, parse_json, read_text
-from harness.cli.common import DeviceOption, JsonFlag, ThreadsOption, check_device, check_out_dir, print_table, set_threads
+from harness.cli.common import DeviceOption, JsonFlag, ThreadsOption, check_device, check_out_dir, print_table, use_threads
 from harness.errors import UserError
 
 RecipesOption = Annotated[
@@ -129,7 +129,7 @@ def train(
     teacher = None if teacher is None else resolve(teacher)  # the specs every command takes; bare names refused when shared
     if teacher is not None:
         inspect(teacher)  # its config, checked before anything is trained or written
-    set_threads(threads)
+    use_threads(threads, None)  # training batches are large: the cores pay there
     recipes = load_recipes(recipes_file or RECIPES_PATH)
     unknown = [n for n in names or [] if n not in recipes]
     if unknown:
@@ -177,7 +177,7 @@ def convert(
     check_out_dir(out, "--out")
     teacher = resolve(teacher)  # the specs every command takes; bare names refused when shared
     inspect(teacher)  # its config, checked before anything is trained or written
-    set_threads(threads)
+    use_threads(threads, None)  # training batches are large: the cores pay there
     recipe = get_recipe(recipe_name, recipes_file or RECIPES_PATH)
     if recipe.kind != "melt":
         raise UserError(f"--recipe {recipe_name} is a {recipe.kind} recipe; conversion needs a melt recipe")

@@ -15,7 +15,7 @@ from adapters.engine.checkpoint import random_model
 from adapters.engine.config import LoopConfig
 from adapters.engine.presets import PRESETS, preset
 from adapters.engine.adapter import EngineAdapter, load_preset
-from adapters.engine.generate import Decoder, ExitPolicy, Prompts, generate, sample
+from adapters.engine.generate import Decoder, ExitPolicy, Prompts, generate, sample, stream_rows
 from adapters.engine.memory import count_params, estimate, kv_bytes
 from adapters.engine.model import LoopedLM
 
@@ -278,14 +278,15 @@ def test_seed_reproduces_samples_and_n_is_prompt_major():
 def test_top_p_never_samples_outside_the_nucleus():
     probs = torch.tensor([0.05, 0.4, 0.1, 0.25, 0.15, 0.05])  # nucleus at 0.7: 0.4 + 0.25 + 0.15 (0.65 < 0.7)
     logits = probs.log().expand(4000, -1).contiguous()
-    keys, steps = torch.arange(4000), torch.zeros(4000, dtype=torch.long)  # 4000 streams, one draw each
-    drawn = sample(logits, Sampling(temperature=1.0, top_p=0.7), keys, steps)
+    keys = list(range(4000))  # 4000 streams, one draw each
+    rows, later = torch.tensor(stream_rows(keys, [0] * 4000)), torch.tensor(stream_rows(keys, [1] * 4000))
+    drawn = sample(logits, Sampling(temperature=1.0, top_p=0.7), rows)
     assert set(drawn.tolist()) == {1, 3, 4}
     frac = torch.bincount(drawn, minlength=6).float() / 4000  # renormalised: 0.4/0.8, 0.25/0.8, 0.15/0.8
     assert abs(frac[1] - 0.5) < 0.04 and abs(frac[3] - 0.3125) < 0.04
-    top_k = sample(logits, Sampling(temperature=1.0, top_p=1.0, top_k=2), keys, steps + 1)
+    top_k = sample(logits, Sampling(temperature=1.0, top_p=1.0, top_k=2), later)
     assert set(top_k.tolist()) == {1, 3}
-    assert sample(logits[:3], Sampling(temperature=0.0), keys[:3], steps[:3]).tolist() == [1, 1, 1]
+    assert sample(logits[:3], Sampling(temperature=0.0), rows[:3]).tolist() == [1, 1, 1]
 
 
 def test_stop_strings_eos_and_length():

@@ -16,6 +16,8 @@ from adapters.engine.checkpoint import random_model
 from adapters.engine.tokenizer import char_tokenizer
 
 LOOPEVAL = str(Path(sys.executable).with_name("loopeval"))
+pytestmark = pytest.mark.slow  # the console script in subprocesses, answering prompts on stdin
+
 RUN = ["run", "--tasks", "lookup", "--limit", "1", "--samples", "1", "--max-new-tokens", "1", "--loops", "1", "--no-report"]
 
 

@@ -10,6 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # a benchmark, end to end: the fast tier (-m 'not slow') skips it
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_conditioning.py"
 D, T, SHARED = 128, 4, 2  # coreloop-tiny, the bench's default: hidden size, loops, shared layers
 

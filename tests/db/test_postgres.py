@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
@@ -19,6 +20,8 @@ from sqlalchemy.engine import make_url
 from db.models import Base
 from db.session import alembic_config, head_revision, open_engine, open_existing
 from db.store import Store
+
+pytestmark = pytest.mark.slow  # starts a Postgres server: the fast tier (-m 'not slow') starts none
 
 RUN = dict(sweep_id="s1", model_spec="preset:qwen3-tiny", adapter="preset", suite="synthetic")
 

@@ -97,15 +97,17 @@ def test_a_killed_worker_is_resumed_and_the_sweep_matches_the_local_executor(
         ("preset:ouro-tiny", 1, "finished"), ("preset:ouro-tiny", 2, "finished"),
         ("preset:melt-tiny", 1, "finished"), ("preset:melt-tiny", 2, "finished"),
     ]
+    assert all(r.host["threads"] == {"count": 1, "reason": "the 1 CPU Ray gave this task"} for r in runs)  # tiny models: one CPU each
     retried = next(r for r in runs if r.id == killed_run)
     assert retried.host["pid"] != killed_pid, "Ray's retry ran the killed run again, in another worker"
     stored = samples(on_ray)
     assert len(stored) == 4 * PER_RUN  # every sample of every run, each exactly once
 
-    # The same sweep file on the local executor. Ray gives each run one CPU (OMP_NUM_THREADS=1), and
-    # CPU float sums may round differently with another thread count, so this run uses one thread too.
+    # The same sweep file on the local executor, which also computes with one thread (the thread policy's
+    # choice for tiny models; CPU float sums may round differently with another thread count).
     local = subprocess.run([LOOPEVAL, "run", "--config", str(sweep), "--db", here, "--no-report"],
-                           capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                           capture_output=True, text=True, timeout=600)
+    assert "threads: 1 thread" in local.stdout
     assert local.returncode == 0, local.stdout + local.stderr
     assert samples(here) == stored
 
@@ -138,6 +140,8 @@ def test_an_interrupted_run_resumes_on_ray(tmp_path: Path, ray_address: str, mon
 def test_a_run_asks_ray_for_its_gpus_and_a_tensor_parallel_model_for_all_of_them() -> None:
     spec = RunSpec.build(models=["preset:qwen3-tiny", "vllm:/models/qwen3"], model_overrides={"vllm:/models/qwen3": {"tensor_parallel_size": 4}})
     assert resources(spec, "preset:qwen3-tiny", 0.0) == {"num_cpus": 1}
+    assert resources(spec, "preset:qwen3-tiny", 0.0, cpus=2) == {"num_cpus": 2}  # a CPU run asks for the CPUs it computes with
+    assert resources(spec, "preset:qwen3-tiny", 0.5, cpus=2) == {"num_cpus": 1, "num_gpus": 0.5}
     assert resources(spec, "preset:qwen3-tiny", 0.5) == {"num_cpus": 1, "num_gpus": 0.5}
     assert resources(spec, "vllm:/models/qwen3", 1.0) == {"num_cpus": 1, "num_gpus": 4.0}
     assert resources(spec, "vllm:/models/qwen3", 8.0) == {"num_cpus": 1, "num_gpus": 8.0}
@@ -162,3 +166,14 @@ def test_a_run_that_fails_in_its_worker_is_stored_as_failed_and_the_others_finis
     conn.close()
     assert [(m, s) for m, s, _ in runs] == [(f"vllm:{model}", "failed"), ("preset:qwen3-tiny", "finished")]
     assert "vLLM is not installed" in runs[0][2]
+
+
+@pytest.mark.slow
+def test_a_run_never_asks_for_more_cpus_than_a_node_has(ray_address: str) -> None:
+    """`--threads 8` on the 2-CPU test instance asks Ray for 2 CPUs per run: 8 would leave the task waiting forever."""
+    import ray
+
+    from harness.ray_executor import RayExecutor
+
+    executor = RayExecutor(ray)
+    assert [executor.feasible_cpus(n) for n in (1, 2, 8)] == [1, 2, 2]
