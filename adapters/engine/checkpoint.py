@@ -47,6 +47,11 @@ def read_json(path: Path) -> dict[str, Any]:
     return raw
 
 
+def _float(value: Any) -> Any:
+    """A number as a float (HF configs write 1000000 or 1e6); anything else as it is, for LoopConfig to refuse."""
+    return float(value) if type(value) in (int, float) else value
+
+
 def _first(value: Any) -> int | None:
     return value[0] if isinstance(value, list) and value else value if isinstance(value, int) else None
 
@@ -64,7 +69,7 @@ def _hf_config(raw: dict[str, Any], family: str) -> LoopConfig:
         cfg = dict(
             vocab_size=raw["vocab_size"], hidden_size=hidden, num_heads=heads,
             num_kv_heads=raw.get("num_key_value_heads") or heads, head_dim=raw.get("head_dim") or hidden // heads,
-            ffn_size=raw["intermediate_size"], rope_theta=(rope.get("rope_theta") if isinstance(rope, dict) else None) or raw.get("rope_theta") or 10000.0,
+            ffn_size=raw["intermediate_size"], rope_theta=_float((rope.get("rope_theta") if isinstance(rope, dict) else None) or raw.get("rope_theta") or 10000.0),
             norm_eps=raw.get("rms_norm_eps", 1e-6), tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
             max_position=raw.get("max_position_embeddings", 32768), bos_token_id=_first(raw.get("bos_token_id")),
             eos_token_id=_first(eos), pad_token_id=_first(raw.get("pad_token_id")),
