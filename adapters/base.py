@@ -29,6 +29,7 @@ _DTYPE_SPELLINGS: dict[str, str] = {
     "f64": "fp64", "i64": "int64", "i32": "int32", "i16": "int16", "i8": "int8", "u8": "int8", "uint8": "int8",
 }
 
+MAX_CONTEXT = 1 << 24  # tokens: beyond any released model's context (16.7M); a larger one is a typo or a hostile config
 FinishReason = Literal["eos", "stop", "length"]
 FINISH_REASONS: tuple[str, ...] = ("eos", "stop", "length")
 Prompt = str | Sequence[int]
@@ -194,9 +195,9 @@ def checked_memory(spec: str, values: Any) -> dict[str, int | None]:
 
 
 def checked_context(spec: str, value: Any) -> int:
-    """An adapter's `max_context`: a positive integer; AdapterError otherwise."""
-    if type(value) is not int or value < 1:
-        raise AdapterError(f"{spec}: max_context must be a positive integer (tokens), got {value!r}")
+    """An adapter's `max_context`: a positive integer up to MAX_CONTEXT; AdapterError otherwise."""
+    if type(value) is not int or not 1 <= value <= MAX_CONTEXT:
+        raise AdapterError(f"{spec}: max_context must be an integer from 1 to {MAX_CONTEXT} (tokens), got {value!r}")
     return value
 
 

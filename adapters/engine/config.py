@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters.base import AdapterError
+from adapters.base import MAX_CONTEXT, AdapterError
 
 KV_STRATEGIES = ("standard", "per_loop", "gated")
 NORM_LAYOUTS = ("pre", "sandwich")
@@ -24,7 +24,6 @@ MIX_KINDS = ("none", "scalar", "channel", "dense")  # shape of an injection matr
 CONDITIONING_FIELDS = ("injection", "history", "history_window", "loop_gate", "branch_gate")  # also load overrides of engine specs
 LOOP_GATE_DIM = 8  # Loop Gating: one learned vector of this size per loop position, one entry per channel group
 MAX_LOOPS = 1024  # loop counts beyond any real run (the paper uses r <= 8): a typo, and hours of compute
-MAX_POSITION = 1 << 24  # context lengths beyond any released model's (16.7M tokens)
 ENGINE_FORMAT = "loopeval-engine"  # config.json of engine checkpoints: {"format": ENGINE_FORMAT, "config": {...}}
 
 
@@ -122,8 +121,8 @@ class LoopConfig:
                 raise AdapterError(f"config field {name} must be true or false, got {getattr(self, name)!r}")
         if not isinstance(self.loops, int) or isinstance(self.loops, bool) or not 1 <= self.loops <= MAX_LOOPS:
             raise AdapterError(f"config field loops must be an integer from 1 (no looping) to {MAX_LOOPS}, got {self.loops!r}")
-        if self.max_position > MAX_POSITION:
-            raise AdapterError(f"config field max_position (the context) must be at most {MAX_POSITION} tokens, got {self.max_position}")
+        if self.max_position > MAX_CONTEXT:
+            raise AdapterError(f"config field max_position (the context) must be at most {MAX_CONTEXT} tokens, got {self.max_position}")
         for name in ("rope_theta", "norm_eps"):
             positive_number(name)
         one_of("family", FAMILIES)

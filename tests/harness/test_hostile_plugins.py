@@ -33,7 +33,7 @@ class Hostile:
     def __init__(self, what, **overrides):
         self.inner = adapters.load("preset:qwen3-tiny", **overrides)
         self.what, self.spec, self.tokenizer, self.generating = what, f"hostile:{what}", self.inner.tokenizer, False
-        self.max_context = {"negative-context": -512, "float-context": 512.5}.get(what, self.inner.max_context)
+        self.max_context = {"negative-context": -512, "float-context": 512.5, "huge-context": 10**12}.get(what, self.inner.max_context)
 
     def forward_logits(self, input_ids):
         return self.inner.forward_logits(input_ids)
@@ -88,8 +88,9 @@ def _one_error(capfd: pytest.CaptureFixture[str]) -> str:
     ("infinite-memory", "memory()['kv_bytes_used'] is inf"),
     ("nan-memory", "memory()['kv_bytes_used'] is nan"),
     ("string-memory", "memory()['kv_bytes_used'] is 'lots'"),
-    ("negative-context", "max_context must be a positive integer (tokens), got -512"),
-    ("float-context", "max_context must be a positive integer (tokens), got 512.5"),
+    ("negative-context", "max_context must be an integer from 1 to 16777216 (tokens), got -512"),
+    ("float-context", "max_context must be an integer from 1 to 16777216 (tokens), got 512.5"),
+    ("huge-context", "max_context must be an integer from 1 to 16777216 (tokens), got 1000000000000"),
     ("nan-describe", "describe() must return a dict of standard JSON values"),
 ])
 def test_a_plugin_value_that_cannot_be_stored_is_refused_before_anything_is_written(
