@@ -209,7 +209,7 @@ class RayExecutor:
         interrupted too, so every run of the sweep can be continued with `--resume`.
         """
         refs = {self._task(job.resources).remote(job.run_id, db_url): job for job in jobs}
-        bars = _Bars(progress, jobs, title)
+        bars = RunBars(progress, jobs, title)
         pending = list(refs)
         try:
             while pending:
@@ -280,16 +280,16 @@ def _describe(resources: dict[str, float]) -> str:
     return f"{gpus:g} GPU" if gpus else f"{resources['num_cpus']:g} CPU"
 
 
-class _Bars:
-    """The sweep's progress in the submitting terminal: one bar for runs done, one per run (samples stored)."""
+class RunBars:
+    """A sweep's progress drawn from the store: one bar for runs done, and one per run while it runs (samples
+    stored); a run that ends leaves its bar (its worker logs how it ended), so the bars on screen are the present."""
 
     def __init__(self, progress: Progress | None, jobs: list[Job], title: str) -> None:
         self.progress = progress
         self.jobs = {job.run_id: job for job in jobs}
-        if progress is None:
-            return
-        self.overall = progress.add_task(f"{title}: runs done", total=len(jobs))
-        self.bars = {job.run_id: progress.add_task(f"{job.label}: queued", total=None) for job in jobs}
+        self.bars: dict[int, Any] = {}
+        if progress is not None:
+            self.overall = progress.add_task(f"{title}: runs done", total=len(jobs))
 
     def update(self, states: dict[int, tuple[str, int]]) -> None:
         if self.progress is None:
@@ -298,8 +298,11 @@ class _Bars:
         for run_id, (status, samples) in states.items():
             ended = status not in ("queued", "running")
             done += ended
-            self.progress.update(
-                self.bars[run_id], completed=samples, total=samples if ended else None,
-                description=f"{self.jobs[run_id].label}: {status}",
-            )
+            bar = self.bars.get(run_id)
+            if bar is None and status == "running":
+                bar = self.bars[run_id] = self.progress.add_task(f"{self.jobs[run_id].label}: running", total=None)
+            if bar is not None and ended:
+                self.progress.remove_task(self.bars.pop(run_id))
+            elif bar is not None:
+                self.progress.update(bar, completed=samples)
         self.progress.update(self.overall, completed=done)

@@ -219,6 +219,7 @@ class SweepPlan:
     runs: list[tuple[str, int | None]]
     loaded: dict[str, Any] = field(default_factory=dict)
     params: dict[str, int | None] = field(default_factory=dict)  # each model's parameters (None: unknown)
+    devices: dict[str, str] = field(default_factory=dict)  # where each model computes (cpu, cuda)
     fingerprint: str | None = None  # of the task files (`suites.registry.data_fingerprint`), part of the runs' set
 
 
@@ -244,6 +245,7 @@ def prepare_sweep(spec: RunSpec) -> SweepPlan:
         elif "max_context" in description:
             checked_context(model, description["max_context"])
         plan.params[model] = description.get("params")
+        plan.devices[model] = str(description.get("device") or "cpu")
         if description.get("has_tokenizer") is False:
             raise UserError(f"{model} has no tokenizer, so it cannot read a suite's prompts: evaluate a checkpoint "
                             "(e.g. qwen3:PATH) or a zoo model; real-size presets are for `loopeval profile` and `estimate`")
@@ -377,7 +379,7 @@ def run_sweep(
     `sweep_id` joins this spec's runs to others' (a sweep file with several seeds is one sweep).
     """
     runs = store_sweep(spec, plan, store, sweep_id or new_sweep_id())
-    return _run_stored(spec, runs, plan.task_configs, store, progress, log, plan.loaded)
+    return run_stored(spec, runs, plan.task_configs, store, progress, log, plan.loaded)
 
 
 def resumable_run(store: Store, run_id: int) -> Any:
@@ -412,7 +414,7 @@ def resume_run(
         raise UserError(f"--resume {run_id}: run {run_id} and the rest of its sweep {run.sweep_id} already finished")
     spec = RunSpec.from_dict(run.spec, db_url)
     log(f"resuming sweep {run.sweep_id}: run(s) {', '.join(str(r[0]) for r in todo)}")
-    return _run_stored(spec, todo, _load_tasks(spec), store, progress, log)
+    return run_stored(spec, todo, _load_tasks(spec), store, progress, log)
 
 
 def run_one(run_id: int, store: Store, db_url: str | None, log: Callable[[str], None] = print) -> RunOutcome:
@@ -423,10 +425,10 @@ def run_one(run_id: int, store: Store, db_url: str | None, log: Callable[[str], 
     spec = RunSpec.from_dict(run.spec, db_url)
     log(f"run {run_id}: {'starting' if run.status == 'queued' else 'resuming'} {run.model_spec}"
         + (f" loops={run.loops}" if run.loops is not None else ""))
-    return _run_stored(spec, [(run.id, run.model_spec, run.loops)], _load_tasks(spec), store, None, log)[0]
+    return run_stored(spec, [(run.id, run.model_spec, run.loops)], _load_tasks(spec), store, None, log)[0]
 
 
-def _run_stored(
+def run_stored(
     spec: RunSpec, runs: list[tuple[int, str, int | None]], task_configs: list[Any], store: Store,
     progress: Progress | None, log: Callable[[str], None], loaded: dict[str, Any] | None = None,
 ) -> list[RunOutcome]:
@@ -474,9 +476,11 @@ def _execute(
 
     sampler = MemorySampler(adapter, interval=spec.sampler_interval)
     timed = TimedAdapter(adapter, sampler)
-    recorder = RunRecorder(store, run_id, sampler, timed, previous=store.get_run(run_id))
+    previous = store.get_run(run_id)
+    recorder = RunRecorder(store, run_id, sampler, timed, previous=previous)
     recorder.acquire()  # refuses a run another live process is running
-    store.update_run(run_id, status="running", error=None, model_config=timed.describe())
+    host = {**(previous.host or {}), **host_info(), "pid": os.getpid()}  # the process that runs it (a worker, a Ray task)
+    store.update_run(run_id, status="running", error=None, model_config=timed.describe(), host=host)
     status, error, metrics = "failed", None, {}
     sampler.start()
     recorder.start()

@@ -25,6 +25,7 @@ from harness.spec import DEFAULTS, LAB, SUITE_SAMPLING, SWEEP_WIDE_OVERRIDES, Ru
 
 EXECUTORS = ("local", "ray")
 RAY_ONLY = ("ray_address", "gpus_per_run")  # settings that mean nothing to the local executor
+MAX_WORKERS = 256  # the local executor's worker processes (`harness.pool`)
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class SweepRequest:
     executor: str = "local"
     ray_address: str | None = None
     gpus_per_run: float | None = None
+    workers: int | None = None  # the local executor's worker processes (None: `harness.pool.default_workers`)
 
     @property
     def db(self) -> str | None:
@@ -164,6 +166,12 @@ def _flag(name: str, value: Any) -> bool:
     return value
 
 
+def _workers(name: str, value: Any) -> int:
+    if not _is_int(value) or not 1 <= value <= MAX_WORKERS:
+        raise _bad(name, f"a whole number of worker processes from 1 to {MAX_WORKERS}", value)
+    return value
+
+
 def _executor(name: str, value: Any) -> str:
     if value not in EXECUTORS:
         raise _bad(name, " or ".join(EXECUTORS), value)
@@ -225,6 +233,7 @@ KEYS: dict[str, tuple[Callable[[str, Any], Any], str]] = {
     "executor": (_executor, "executor"),
     "ray_address": (_string, "ray_address"),
     "gpus_per_run": (_gpus, "gpus_per_run"),
+    "workers": (_workers, "workers"),
 }
 
 
@@ -292,9 +301,14 @@ def build_request(flags: Mapping[str, Any], config: str | None = None) -> SweepR
                 raise UserError(f"--{key.replace('_', '-')} ({key} in a sweep file) applies only to --executor ray")
     if ray["gpus_per_run"] is not None:
         _gpus("--gpus-per-run", ray["gpus_per_run"])
+    workers = values.pop("workers", None)
+    if workers is not None:
+        _workers("--workers", workers)
+        if executor != "local":
+            raise UserError("--workers (workers in a sweep file) applies only to --executor local: Ray places each run itself")
     seeds = values.pop("seeds", None) or [0]
     _check_grid(values, seeds)
     specs = tuple(RunSpec.build(**values, seed=seed) for seed in dict.fromkeys(seeds))
     if default_benchmark:
         specs = (RunSpec.build(**values, **LAB.options()), *specs)
-    return SweepRequest(specs, executor, ray["ray_address"], ray["gpus_per_run"])
+    return SweepRequest(specs, executor, ray["ray_address"], ray["gpus_per_run"], workers)

@@ -45,6 +45,7 @@ def run(
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster to submit to (--executor ray). Default: $RAY_ADDRESS, else a new local Ray instance."),
     gpus_per_run: Optional[float] = typer.Option(None, "--gpus-per-run", help="GPUs each run requests (--executor ray; a fraction shares a GPU). Default: 1 on a cluster with GPUs, else one CPU per run."),
     threads: ThreadsOption = None,
+    workers: Optional[int] = typer.Option(None, "--workers", help="Runs side by side in worker processes (--executor local). Default: the cores this process may use over each run's threads, 1 on a GPU."),
 ) -> int:
     """Evaluate models x loop counts on a suite, storing every sample, metric and memory trace.
 
@@ -66,7 +67,7 @@ def run(
         loops=parse_int_list(loops, "--loops"), samples=samples, temperature=temperature, top_p=top_p,
         max_new_tokens=max_new_tokens, limit=limit, batch_size=batch_size, seeds=parse_int_list(seed, "--seed", minimum=0),
         db_url=db, data_dir=data_dir, trust_remote_code=trust_remote_code or None,
-        executor=executor, ray_address=ray_address, gpus_per_run=gpus_per_run,
+        executor=executor, ray_address=ray_address, gpus_per_run=gpus_per_run, workers=workers,
     )
     request = build_request(flags, config)
     if request.executor == "ray":
@@ -121,29 +122,47 @@ def _open_store(request: Any, plans: list[Any], resume: int | None, requested: i
 
 
 def _here(request: Any, resume: int | None, rerun: bool, threads: int | None) -> tuple[Any, list[Any]]:
-    """The local executor: every run in this process, one after another, each model loaded once.
+    """The local executor: the runs in this process one after another, each model loaded once, or in worker
+    processes side by side when the cores allow (`harness.pool`).
 
-    `--resume` completes every unfinished run of the resumed run's sweep and never creates a database.
+    `--resume` completes every unfinished run of the resumed run's sweep, in this process, and never creates a database.
     """
-    from harness.runner import new_sweep_id, prepare_sweep, resume_run, run_sweep
+    from harness.runner import new_sweep_id, prepare_sweep, resume_run, run_stored, store_sweep
 
     plans = [] if resume is not None else [prepare_sweep(spec) for spec in request.specs]  # bad names fail here
     store, chosen = _open_store(request, plans, resume, threads)
     try:
         skipped = _skip_stored(request, plans, store, rerun)
+        if resume is not None:
+            with progress() as bars:
+                return store, resume_run(resume, store, request.db, progress=bars, log=_plain_log(bars, chosen))
+        sweep_id = new_sweep_id()
+        stored = [(spec, plan, store_sweep(spec, plan, store, sweep_id)) for spec, plan in zip(request.specs, plans) if plan.runs]
+        workers = _start_workers(request, stored, chosen.count)  # forked before any thread starts here
         with progress() as bars:
             log = _plain_log(bars, chosen)
-            if resume is not None:
-                return store, resume_run(resume, store, request.db, progress=bars, log=log)
-            sweep_id = new_sweep_id()
-            return store, skipped + [
-                outcome
-                for spec, plan in zip(request.specs, plans) if plan.runs  # none left when all were stored
-                for outcome in run_sweep(spec, plan, store, progress=bars, log=log, sweep_id=sweep_id)
-            ]
+            if workers is not None:
+                return store, skipped + workers.wait(store, bars, log, f"sweep {sweep_id}")
+            return store, skipped + [outcome for spec, plan, runs in stored
+                                     for outcome in run_stored(spec, runs, plan.task_configs, store, bars, log, plan.loaded)]
     except BaseException:
         store.close()  # an open SQLite connection would leave -wal and -shm files beside the database
         raise
+
+
+def _start_workers(request: Any, stored: list[Any], threads: int) -> Any:
+    """Worker processes for the stored runs when more than one would run (`harness.pool`), else None: one group
+    of runs (one model), one core to spare per run, or --workers 1 run in this process."""
+    from adapters.threads import cores
+    from db.session import resolve_db_url
+    from harness.pool import Workers, default_workers, groups
+
+    devices = [device for _, plan, _ in stored for device in plan.devices.values()]
+    wanted = request.workers or default_workers(threads, cores(), devices)
+    run_groups = [group for spec, plan, runs in stored for group in groups(spec, plan, runs)] if wanted > 1 else []
+    if len(run_groups) < 2:
+        return None
+    return Workers.start(run_groups, resolve_db_url(request.db), min(wanted, len(run_groups)))
 
 
 def _on_ray(request: Any, resume: int | None, plugin_dirs: list[str], rerun: bool, threads: int | None) -> tuple[Any, list[Any]]:
