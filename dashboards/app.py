@@ -200,8 +200,10 @@ def allowed_hosts(bound: str, extra: Collection[str] = ()) -> set[str]:
 
 
 def _request_host() -> str | None:
+    """The host name the request's Host header names (port apart), None when it names none."""
+    host = request.headers.get("Host", "")
     try:
-        return urlsplit(f"//{request.headers.get('Host', '')}").hostname
+        return None if "@" in host else urlsplit(f"//{host}").hostname
     except ValueError:  # an unbalanced IPv6 bracket
         return None
 

@@ -192,7 +192,7 @@ def test_valid_requests_are_answered_with_the_security_headers(server: tuple[str
 
 
 @pytest.mark.parametrize("host", ["evil.example", "evil.example:80", "127.0.0.1.evil.example", "localhost.evil.example",
-                                  "[::1", "", "dash.lab.internal.evil.example"])  # fmt: skip
+                                  "[::1", "", "dash.lab.internal.evil.example", "127.0.0.1@evil.example", "x@127.0.0.1"])  # fmt: skip
 def test_a_foreign_host_header_is_refused(server: tuple[str, int, int], host: str) -> None:
     """A DNS-rebinding page sends its own name as the Host: the app answers only its own names."""
     assert_refused(request(server, "GET", "/", host=host), 400, 400)
