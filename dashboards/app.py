@@ -3,14 +3,25 @@
 Every callback queries the database again, and a timer redraws every few seconds, so a sweep that
 is still running fills in while you watch. Model outputs reach the page only through Dash's
 DataTable, which renders strings as text (no markdown, no HTML), so untrusted output cannot run.
+
+The app has no login, so what it answers is guarded (`_guard`): only requests naming an allowed
+host in their Host header (a DNS-rebinding page names its own), bodies up to MAX_REQUEST_BYTES
+(else 413), callback requests whose shape and values match a declared callback (else 400, one
+line, no stack trace), and no page or file but the app's own (404). Every answer carries the
+security headers.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Collection
 from typing import Any
+from urllib.parse import urlsplit
 
 import pandas as pd
 from dash import Dash, Input, Output, dash_table, dcc, html
+from dash.exceptions import DependencyException
+from flask import abort, request
 from sqlalchemy import Engine
 
 from dashboards import figures
@@ -42,11 +53,6 @@ def _filtered(points: pd.DataFrame, models: list[str] | None, loops: list[int] |
 def _doc_number(doc_id: str) -> int | str:
     """A numeric doc id as a number, so the table's sort puts doc 10 after doc 9."""
     return int(doc_id) if doc_id.isdigit() else doc_id
-
-
-def _secure(response: Any) -> Any:
-    response.headers.update(APP_HEADERS)
-    return response
 
 
 def _layout(engine: Engine) -> html.Div:
@@ -127,13 +133,120 @@ APP_HEADERS = {
 INERT_LINKS = 'document.addEventListener("click", (e) => { if (e.target.closest("a")) e.preventDefault(); }, true);'
 
 
-def create_app(db_url: str) -> Dash:
-    """The Dash app reading `db_url`; raises db.ResultsError when the database is missing or holds no runs."""
+MAX_REQUEST_BYTES = 1 << 20  # a callback request is a few kB; a larger body is refused (413)
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+_INT64 = 1 << 63
+
+
+def _text(value: Any) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def _integer(value: Any) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and -_INT64 <= value < _INT64)
+
+
+def _list_of(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda value: value is None or (isinstance(value, list) and all(x is not None and check(x) for x in value))
+
+
+def _number(value: Any) -> bool:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return value is None or (number and math.isfinite(value) and abs(value) < _INT64)
+
+
+# What each callback input may hold, by "component.property": a request with anything else is refused
+# before a callback runs. A callback input missing here is refused too (tests check the table is complete).
+INPUT_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "set.value": _text, "task.value": _text, "models.value": _list_of(_text), "loops.value": _list_of(_integer),
+    "measure.value": lambda value: value is None or value in figures.MEMORY_MEASURES, "context.value": _number,
+    "refresh.n_intervals": _integer, "depth-set.value": _text, "probe.value": _integer, "run.value": _integer,
+    "sample-task.value": _text, "sample-model.value": _text,
+    "sample-verdict.value": lambda value: value in ("all", "correct", "wrong"),
+}  # fmt: skip
+
+
+def _declared(component: Any) -> dict[str, str]:
+    return {"id": component.component_id, "property": component.component_property}
+
+
+def callback_problem(callbacks: dict[str, dict[str, Any]], body: Any) -> str | None:
+    """What is wrong with a `_dash-update-component` request body, or None when it matches a callback."""
+    if not isinstance(body, dict) or not isinstance(body.get("output"), str) or body["output"] not in callbacks:
+        return "it names no callback of this app"
+    spec = callbacks[body["output"]]
+    outputs = [_declared(o) for o in spec["output"]] if isinstance(spec["output"], list) else _declared(spec["output"])
+    if body.get("outputs") != outputs or body.get("state", []) != spec["state"]:
+        return "its outputs or state do not match the callback"
+    changed = body.get("changedPropIds", [])
+    if not isinstance(changed, list) or not all(isinstance(name, str) for name in changed):
+        return "changedPropIds is not a list of names"
+    inputs = body.get("inputs")
+    if not isinstance(inputs, list) or len(inputs) != len(spec["inputs"]):
+        return "its inputs do not match the callback"
+    for sent, declared in zip(inputs, spec["inputs"]):
+        if not isinstance(sent, dict) or {k: sent.get(k) for k in declared} != declared:
+            return "its inputs do not match the callback"
+        name = f"{declared['id']}.{declared['property']}"
+        if not INPUT_CHECKS.get(name, lambda _: False)(sent.get("value")):  # an unset property comes without one
+            return f"{name} cannot take the value sent"
+    return None
+
+
+def allowed_hosts(bound: str, extra: Collection[str] = ()) -> set[str]:
+    """The host names a request may name: the bound address, loopback's names when it is loopback, and `extra`."""
+    names = {bound.strip("[]").lower(), *(name.strip("[]").lower() for name in extra)}
+    return names | set(LOOPBACK_NAMES) if names & set(LOOPBACK_NAMES) else names
+
+
+def _request_host() -> str | None:
+    """The host name the request's Host header names (port apart), None when it names none."""
+    host = request.headers.get("Host", "")
+    try:
+        return None if "@" in host else urlsplit(f"//{host}").hostname
+    except ValueError:  # an unbalanced IPv6 bracket
+        return None
+
+
+def _guard(app: Dash, hosts: set[str]) -> Callable[[], None]:
+    """Runs before every request: refuses a foreign Host header (400), any page but the app's one (404:
+    Dash would serve its index at every path) and a malformed callback (400)."""
+    route = app.config.routes_pathname_prefix + "_dash-update-component"
+    anywhere = app.config.routes_pathname_prefix + "<path:path>"
+
+    def guard() -> None:
+        if _request_host() not in hosts:
+            abort(400, description="this server answers only requests for " + ", ".join(sorted(hosts)))
+        if request.url_rule is not None and request.url_rule.rule == anywhere:
+            abort(404)
+        if request.path == route and request.method == "POST":
+            try:
+                body = request.get_json(silent=True)
+            except RecursionError:
+                body = None
+            problem = callback_problem(app.callback_map, body)
+            if problem:
+                abort(400, description=f"malformed callback request: {problem}")
+
+    return guard
+
+
+def _secure(response: Any) -> Any:
+    response.headers.update(APP_HEADERS)
+    return response
+
+
+def create_app(db_url: str, hosts: Collection[str] = LOOPBACK_NAMES) -> Dash:
+    """The Dash app reading `db_url`, answering requests for `hosts` (see `allowed_hosts`); raises
+    db.ResultsError when the database is missing or holds no runs."""
     engine = open_existing(db_url)
     queries.require_results(engine)
     app = Dash(__name__, title="loopeval", serve_locally=True)
     app.index_string = app.index_string.replace("</body>", f"<script>{INERT_LINKS}</script></body>")
     app.layout = lambda: _layout(engine)
+    app.server.config["MAX_CONTENT_LENGTH"] = MAX_REQUEST_BYTES
+    app.server.before_request(_guard(app, set(hosts)))
+    app.server.register_error_handler(DependencyException, lambda _: ("not found", 404))  # a path Dash does not serve
     app.server.after_request(_secure)
 
     @app.callback(Output("task", "options"), Output("task", "value"), Input("set", "value"))

@@ -8,8 +8,10 @@ docstring), `canonical_solution` (the body), `test` (a `check(candidate)` functi
 - when that code defines `entry_point`, the program is the prompt followed by that code (the new
   definition replaces the prompt's, whose imports and helper functions stay); otherwise the code is
   taken as the body that continues the prompt, as in the original HumanEval protocol;
-- the item's `test` and `check(entry_point)` follow.
-The program passes when it exits with status 0 inside `suites.sandbox` within its limits.
+The program runs in one sandbox and the item's tests in another (`suites.sandbox`): the prompt with
+its canonical solution (for the helper functions some tests call, such as `poly`), the `test`, the
+entry point rebound to the stand-in that calls the program, and `check(entry_point)`. The program
+passes only when that check runs to its end; its exit status and output count for nothing.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def prompt(line: dict, task_name: str | None = None) -> "Doc":
 
 
 def program(reply: str, gold: Gold) -> str:
-    """The program that tests `reply` (see the module docstring)."""
+    """The program `reply` makes (see the module docstring); it holds no test."""
     reply = reply.rsplit("</think>", 1)[-1]
     blocks = _FENCED.findall(reply)
     code = blocks[-1] if blocks else reply
@@ -64,13 +66,19 @@ def program(reply: str, gold: Gold) -> str:
         body = f"{gold.prompt}\n\n{code}"
     else:
         body = gold.prompt + code
-    return f"{body}\n\n{gold.test}\n\ncheck({gold.entry_point})\n"
+    return f"{body}\n"
+
+
+def check(gold: Gold) -> str:
+    """The source of the item's check, run apart from the program (see the module docstring)."""
+    entry = gold.entry_point
+    return f"{gold.prompt}{gold}\n\n{gold.test}\n\n{entry} = {sandbox.STAND_IN}\ncheck({entry})\n"
 
 
 @functools.lru_cache(maxsize=4096)
-def _passes(source: str) -> bool:
-    """One sandboxed execution per distinct program: LightEval and the bridge both ask for each sample."""
-    return sandbox.run_python(source).passed
+def _passes(source: str, entry_point: str, check_source: str) -> bool:
+    """One sandboxed check per distinct program: LightEval and the bridge both ask for each sample."""
+    return sandbox.run_check(source, entry_point, check_source).passed
 
 
 def passes(doc: "Doc", model_response: "ModelResponse") -> float:
@@ -78,4 +86,4 @@ def passes(doc: "Doc", model_response: "ModelResponse") -> float:
     gold = doc.get_golds()[0]
     if not isinstance(gold, Gold):
         raise SuiteError("humaneval: the gold lost its tests on the way to the metric; cannot score")
-    return float(_passes(program(model_response.final_text[0], gold)))
+    return float(_passes(program(model_response.final_text[0], gold), gold.entry_point, check(gold)))

@@ -19,19 +19,24 @@ def dashboard(
     serve: bool = typer.Option(False, "--serve", help="Serve the live Dash app instead of writing a report."),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface the app binds to (only with --serve)."),
     port: int = typer.Option(8050, "--port", min=1, max=65535, help="Port of the app (only with --serve)."),
+    allowed_host: Optional[list[str]] = typer.Option(
+        None, "--allowed-host", help="Another host name the app answers to (repeatable; only with --serve). By "
+        "default it answers only requests naming --host (and localhost's names when that is loopback)."),
 ) -> None:
     """Accuracy against gigabytes, memory traces, loop sweeps and samples: a report file or a served app."""
     from db.session import resolve_db_url
 
     url = resolve_db_url(db)
     if serve:
-        from dashboards.app import create_app  # lazy: dash is heavy and absent on the GPU machine
+        from dashboards.app import LOOPBACK_NAMES, allowed_hosts, create_app  # lazy: dash is heavy, absent on GPUs
 
-        dash_app = create_app(url)  # raises ResultsError before binding when there is nothing to show
-        if host not in ("127.0.0.1", "localhost", "::1"):
+        hosts = allowed_hosts(host, allowed_host or ())
+        dash_app = create_app(url, hosts)  # raises ResultsError before binding when there is nothing to show
+        if host not in LOOPBACK_NAMES:
             print(f"loopeval dashboard: warning: --host {host} serves the results to other machines on the network "
                   "(no login); use 127.0.0.1 to keep them on this one", file=sys.stderr)
-        print(f"loopeval dashboard: serving {url} at http://{host}:{port}/ (Ctrl+C stops)")
+        print(f"loopeval dashboard: serving {url} at http://{host}:{port}/ to requests for {', '.join(sorted(hosts))} "
+              "(--allowed-host adds a name; Ctrl+C stops)")
         dash_app.run(host=host, port=port, debug=False)
         return
     from dashboards.report import write_report

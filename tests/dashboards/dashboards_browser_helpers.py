@@ -77,9 +77,16 @@ def free_port() -> int:
 @contextlib.contextmanager
 def served_app(db_url: str, timeout: float = 90.0) -> Iterator[str]:
     """Run `loopeval dashboard --serve` (the real command, default host) on a free port; yield its URL."""
+    with served_process(db_url, timeout=timeout) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def served_process(db_url: str, *options: str, timeout: float = 90.0) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`loopeval dashboard --serve` with `options` on a free port, once it answers: its URL and process."""
     port = free_port()
     process = subprocess.Popen(
-        [str(LOOPEVAL), "dashboard", "--serve", "--db", db_url, "--port", str(port)],
+        [str(LOOPEVAL), "dashboard", "--serve", "--db", db_url, "--port", str(port), *options],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     url = f"http://127.0.0.1:{port}/"
@@ -96,7 +103,7 @@ def served_app(db_url: str, timeout: float = 90.0) -> Iterator[str]:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"the app did not answer at {url} within {timeout:.0f} s") from None
                 time.sleep(0.3)
-        yield url
+        yield url, process
     finally:
         process.terminate()
         try:

@@ -1,12 +1,14 @@
 """HumanEval in the sandbox: canonical solutions pass, broken ones fail, hostile programs are contained.
 
 Everything runs for real under bubblewrap; a test that checks containment also proves on the host
-that the forbidden effect (a file written outside the work folder, a TCP connection) did not happen.
+that the forbidden effect (a file written outside the sandbox, a TCP connection) did not happen.
+Forged passes and the limits per program: tests/suites/test_sandbox_hostile.py.
 """
 
 from __future__ import annotations
 
 import socket
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -28,7 +30,8 @@ def gold(row: dict) -> humaneval.Gold:
 
 
 def run(row: dict, reply: str) -> sandbox.Outcome:
-    return sandbox.run_python(humaneval.program(reply, gold(row)), LIMITS)
+    g = gold(row)
+    return sandbox.run_check(humaneval.program(reply, g), g.entry_point, humaneval.check(g), LIMITS)
 
 
 def body(statements: str) -> str:
@@ -55,7 +58,10 @@ def test_reply_forms_make_the_expected_program():
     assert completion.startswith(TRUNCATE["prompt"] + "    return number % 1.0\n")
     fenced = humaneval.program("<think>```python\nx = 1\n```</think>Sure:\n```python\ndef truncate_number(n):\n    return n % 1\n```", g)
     assert "x = 1" not in fenced and "def truncate_number(n):\n    return n % 1" in fenced
-    assert fenced.rstrip().endswith("check(truncate_number)")
+    assert "check" not in completion + fenced, "the program never holds the tests"
+    check = humaneval.check(g)
+    assert check.startswith(TRUNCATE["prompt"] + TRUNCATE["canonical_solution"]) and TRUNCATE["test"] in check
+    assert check.rstrip().endswith("truncate_number = loopeval_program\ncheck(truncate_number)")
 
 
 @pytest.mark.parametrize(
@@ -135,39 +141,49 @@ def test_without_bubblewrap_it_refuses_in_one_line(monkeypatch: pytest.MonkeyPat
 
 NON_ROOT_CHECK = """
 import os, socket, sys
-sys.path.insert(0, {repo!r})
+sys.path.insert(0, {modules!r})
 from suites import sandbox
 assert os.getuid() != 0
 limits = sandbox.Limits(wall_seconds=4, cpu_seconds=2)
-ok = sandbox.run_python("import os; print(os.getuid(), sorted(os.environ))", limits)
+check = "loopeval_program()\\n"
+ok = sandbox.run_check("import os\\ndef f():\\n    print(os.getuid(), sorted(os.environ))\\n", "f", check, limits)
 assert ok.passed and "['HOME', 'LANG', 'PATH', 'PWD']" in ok.output, ok
+userns = "import ctypes\\ndef f():\\n    assert ctypes.CDLL(None).unshare(0x10000000) == 0\\n"
+assert not sandbox.run_check(userns, "f", check, limits).passed, "a user namespace inside"
 with socket.socket() as server:
     server.bind(("127.0.0.1", 0)); server.listen(); server.settimeout(1.0)
-    code = "import socket; socket.create_connection(('127.0.0.1', %d), timeout=2)" % server.getsockname()[1]
-    assert not sandbox.run_python(code, limits).passed
+    code = "import socket\\ndef f():\\n    socket.create_connection(('127.0.0.1', %d), timeout=2)\\n" % server.getsockname()[1]
+    assert not sandbox.run_check(code, "f", check, limits).passed
     try:
         server.accept()
         raise SystemExit("a connection reached the host")
     except socket.timeout:
         pass
-assert not sandbox.run_python("while True: pass", limits).passed
+assert not sandbox.run_check("while True: pass", "f", check, limits).passed
 print("non-root sandbox ok")
 """
 
 
-def test_the_user_namespace_sandbox_of_a_non_root_caller():
-    """As root, the same checks run once more as `nobody` with the system Python: the non-root path."""
+def test_the_user_namespace_sandbox_of_a_non_root_caller(tmp_path: Path):
+    """As root, the same checks run once more as `nobody` with the system Python: the non-root path.
+
+    The sandbox's modules are copied to a folder `nobody` can read, wherever the checkout lies."""
     import os
     import shutil
     import subprocess
 
-    repo = str(Path(__file__).resolve().parents[2])
-    drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c"]
     if os.geteuid() != 0 or shutil.which("setpriv") is None or not Path("/usr/bin/python3").is_file():
         pytest.skip("needs root, setpriv and /usr/bin/python3 to act as a non-root caller")
-    probe = subprocess.run([*drop, f"import sys; sys.path.insert(0, {repo!r}); import suites.sandbox"], cwd="/",
-                           capture_output=True, text=True)  # fmt: skip
-    if probe.returncode != 0:
-        pytest.skip(f"nobody cannot import this checkout: {probe.stderr.strip().splitlines()[-1]}")
-    done = subprocess.run([*drop, NON_ROOT_CHECK.format(repo=repo)], cwd="/", capture_output=True, text=True, timeout=60)
+    modules = Path(tempfile.mkdtemp(prefix="loopeval-test-modules-", dir="/tmp"))
+    try:
+        (modules / "suites").mkdir()
+        for name in ("__init__.py", "sandbox.py", "sandbox_inside.py"):
+            shutil.copy(Path(sandbox.__file__).with_name(name), modules / "suites" / name)
+        for path in (modules, modules / "suites", *(modules / "suites").iterdir()):
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c"]
+        done = subprocess.run([*drop, NON_ROOT_CHECK.format(modules=str(modules))], cwd="/", capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
+    finally:
+        shutil.rmtree(modules)
     assert done.returncode == 0 and "non-root sandbox ok" in done.stdout, done.stderr
