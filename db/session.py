@@ -331,11 +331,12 @@ def database_problem(where: str, exc: BaseException) -> str:
 
 def _one_line_errors(engine: Engine, where: str) -> None:
     """Every error of `engine`'s statements and connections surfaces as a ResultsError naming the database,
-    which the CLI prints as one line (exit 2). Pre-ping checks are left alone: the pool handles those."""
+    which the CLI prints as one line (exit 2). Pre-ping checks are left alone: the pool handles those; so are
+    Ctrl-C and SIGTERM landing inside a statement, which must stop a run as interrupted, not fail it."""
 
     @event.listens_for(engine, "handle_error")
     def _on_error(context: Any) -> None:
-        if not context.is_pre_ping:
+        if not context.is_pre_ping and isinstance(context.original_exception, Exception):
             raise ResultsError(database_problem(where, context.original_exception)) from None
 
 

@@ -25,13 +25,13 @@ import multiprocessing
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from db import ResultsError
 from harness.ray_executor import Job, RunBars
-from harness.runner import RunOutcome, SweepPlan, run_stored
+from harness.runner import RunOutcome, SweepPlan, raise_interrupt, run_stored, sigterm_as_interrupt
 from harness.spec import RunSpec
 
 if TYPE_CHECKING:
@@ -108,7 +108,7 @@ class Workers:
         ids = [job.run_id for job in jobs]
         bars = RunBars(progress, jobs, title)
         try:
-            with _sigterm_as_interrupt():
+            with sigterm_as_interrupt():
                 while any(process.is_alive() for process in self.processes):
                     self._print(log)
                     bars.update(store.run_progress(ids))
@@ -152,22 +152,29 @@ class Workers:
 
 
 def _work(run_groups: list[RunGroup], todo: Any, lines: Any, db_url: str) -> None:
-    """A worker: take groups until the queue says stop, running each with its own store connection."""
+    """A worker: take groups until the queue says stop, running each with its own store connection.
+
+    SIGTERM (a killed parent's included) stops the worker as Ctrl-C does wherever it lands, not only inside
+    a run's generation; the worker then stores its own group's unfinished runs as interrupted, since the
+    parent that would otherwise do it may be gone."""
     from db.store import Store
 
+    signal.signal(signal.SIGTERM, raise_interrupt)
     _die_with_parent()
     try:
         store = Store.open(db_url)  # never the parent's connection: a database connection does not survive a fork
     except ResultsError as exc:
         lines.put(("failure", str(exc)))
         return
+    group: RunGroup | None = None
     try:
         while (index := todo.get()) is not None:
             group = run_groups[index]
             loaded = {group.runs[0][1]: group.adapter} if group.adapter is not None else None
             run_stored(group.spec, group.runs, group.task_configs, store, None, lambda line: lines.put(("log", line)), loaded)
-    except KeyboardInterrupt:  # the run in progress is stored as interrupted; the parent stores the rest
-        pass
+    except KeyboardInterrupt:
+        if group is not None:
+            _settle(store, [job.run_id for job in group.jobs])
     except ResultsError as exc:  # the store failed: every later run would too
         lines.put(("failure", str(exc)))
     finally:
@@ -181,20 +188,6 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:  # the parent died before the request was made
         os.kill(os.getpid(), signal.SIGTERM)
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM to the parent stops the sweep as Ctrl-C does."""
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _settle(store: Store, run_ids: list[int]) -> None:

@@ -156,15 +156,16 @@ class StoreSink:
         self.store.add_samples(self.run_id, [vars(record) for record in records])  # shallow: asdict deep-copies
 
 
+def raise_interrupt(signum: int, frame: Any) -> None:
+    """A signal handler that stops the work in hand as Ctrl-C does."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 @contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
     """Treat SIGTERM like Ctrl-C while a run is going, so either one marks the run interrupted."""
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
     try:
-        previous = signal.signal(signal.SIGTERM, handler)
+        previous = signal.signal(signal.SIGTERM, raise_interrupt)
     except ValueError:  # not the main thread: leave signals alone
         yield
         return

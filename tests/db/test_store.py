@@ -12,7 +12,7 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, event, inspect
 
 from db.models import Base
 from db.session import alembic_config, head_revision, open_engine
@@ -161,4 +161,21 @@ def test_nan_is_never_stored_as_non_standard_json(tmp_path: Path) -> None:
         store.create_runs([dict(sweep_id="s", model_spec="m", adapter="a", suite="synthetic"),
                            dict(sweep_id="s", model_spec="m", adapter="a", suite="synthetic", spec={"exit_threshold": float("nan")})])
     assert store.run_summaries() == [], "a sweep is stored whole or not at all"
+    store.close()
+
+
+def test_ctrl_c_during_a_statement_stays_an_interrupt(tmp_path: Path) -> None:
+    """Database errors become one line; Ctrl-C or SIGTERM landing inside a statement must stay an interrupt,
+    or the run it stops is stored as failed instead of interrupted (and never offered for --resume)."""
+    store = Store.open(str(tmp_path / "r.sqlite"))
+    (run_id,) = store.create_runs([dict(RUN)])
+
+    def interrupt(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    event.listen(store.engine, "do_execute", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        store.add_samples(run_id, [sample(0)])
+    event.remove(store.engine, "do_execute", interrupt)
+    assert store.run_summaries()[0]["n_samples"] == 0
     store.close()

@@ -98,8 +98,15 @@ def _start(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
     raise AssertionError(f"the sweep was not caught with both runs under way: {proc.poll()=}")
 
 
+def _stopped_cleanly(db: Path) -> None:
+    """Every run finished or interrupted, none left held; at least one was caught under way (a tiny run may finish
+    in the instant between the check that both are under way and the signal)."""
+    statuses = [status for (status,) in query(db, "SELECT status FROM runs")]
+    assert set(statuses) <= {"interrupted", "finished"} and "interrupted" in statuses, query(db, "SELECT status, error FROM runs")
+
+
 def _resume_completes(db: Path) -> None:
-    (run_id,) = query(db, "SELECT MIN(id) FROM runs")[0]
+    (run_id,) = query(db, "SELECT MIN(id) FROM runs WHERE status = 'interrupted'")[0]
     assert main(["run", "--resume", str(run_id), "--db", str(db), "--no-report"]) == 0
     assert query(db, "SELECT status, COUNT(*) FROM runs GROUP BY status") == [("finished", 2)]
     assert query(db, "SELECT COUNT(*), COUNT(DISTINCT run_id || task || doc_id || sample_index) FROM samples") == [(40, 40)]
@@ -115,7 +122,7 @@ def test_ctrl_c_interrupts_every_worker_and_resume_completes_the_sweep(tmp_path:
     proc.send_signal(signal.SIGINT)  # to the parent alone: it passes the interrupt on to its workers
     out, err = proc.communicate(timeout=90)
     assert proc.returncode == 130, err
-    assert query(db, "SELECT status FROM runs") == [("interrupted",), ("interrupted",)]
+    _stopped_cleanly(db)
     assert "--resume" in out + err
     _resume_completes(db)
 
@@ -131,7 +138,7 @@ def test_a_killed_parent_takes_its_workers_and_their_leases_with_it(tmp_path: Pa
     while time.monotonic() < deadline and any(os.path.exists(f"/proc/{pid}") for pid in workers):
         time.sleep(0.1)
     assert not any(os.path.exists(f"/proc/{pid}") for pid in workers), "a worker outlived its parent"
-    assert query(db, "SELECT status FROM runs") == [("interrupted",), ("interrupted",)]  # each stored by its worker
+    _stopped_cleanly(db)  # each stored by its worker: the parent is gone
     _resume_completes(db)
 
 
