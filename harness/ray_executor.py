@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -130,7 +131,9 @@ class RayExecutor:
         if where is None:
             kwargs["include_dashboard"] = False  # a local instance only for this sweep
         else:
+            _use_token_at_hand()
             _check_reachable(where)
+            _check_token(where)
         try:
             ray.init(address=address, **kwargs)
         except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -242,6 +245,79 @@ class RayExecutor:
                 store.finish_run(job.run_id, "interrupted", error="sweep interrupted")
         if jobs:
             log(f"interrupted; continue each run with: {env_command('loopeval')} run --resume RUN_ID ({', '.join(str(j.run_id) for j in jobs)})")
+
+
+AUTH_MODE_ENV = "RAY_AUTH_MODE"  # Ray's own variables: the mode, and the token itself or the file holding it
+TOKEN_ENV, TOKEN_PATH_ENV = "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"
+
+
+def _use_token_at_hand() -> None:
+    """Authenticate with Ray's token whenever one is at hand and RAY_AUTH_MODE says nothing.
+
+    Ray 2.60 turns token authentication on for the clusters it starts (`ray.init()`; `ray start --head`
+    once ~/.ray/auth_token exists), but a driver given an explicit address sends no token unless
+    RAY_AUTH_MODE=token: it is refused, retrying for 20 s. Ray's own rule for a cluster it finds by itself
+    (`address="auto"`) is applied here to every address; a client with a token still connects to a
+    cluster without authentication. An explicit RAY_AUTH_MODE is left as it is.
+    """
+    try:
+        from ray._private.authentication import authentication_token_setup as setup
+    except ImportError:  # a Ray without token authentication
+        return
+    logging.getLogger(setup.__name__).setLevel(logging.ERROR)  # its note would say what the next line does
+    setup.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
+def _token_source() -> str:
+    """Where Ray reads this machine's token from, as the error names it."""
+    if os.environ.get(TOKEN_ENV):
+        return TOKEN_ENV
+    return os.environ.get(TOKEN_PATH_ENV) or str(Path.home() / ".ray" / "auth_token")
+
+
+def auth_error(address: str) -> str:
+    """The one line for a cluster that refused this machine: what is wrong here, and the settings that fix it."""
+    mode = os.environ.get(AUTH_MODE_ENV)
+    if mode != "token":
+        why = f"{AUTH_MODE_ENV} is {mode!r} here" if mode else "this machine has no Ray token"
+    else:
+        why = f"it refused the token in {_token_source()}"
+    return (f"cannot connect to Ray at {address}: the cluster requires token authentication and {why}; set "
+            f"{AUTH_MODE_ENV}=token and give this machine the head's token (its ~/.ray/auth_token, or {TOKEN_ENV})")
+
+
+@contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Silence file descriptor 2 (Ray's C++ core logs there, around Python) for the length of the block."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _check_token(address: str) -> None:
+    """Ask the cluster's GCS once whether it accepts this machine, and fail in one line if not.
+
+    `ray.init` would retry a refused token for 20 s, logging a warning a second, and end with "Failed to
+    connect" naming no cause. Ray Client addresses (ray://) and Ray's own lookups ("auto") are left to it.
+    """
+    if "://" in address or ":" not in address:
+        return
+    from ray._raylet import GcsClient  # the client `ray.init` itself opens first; Ray has no public one
+    from ray.exceptions import AuthenticationError
+
+    try:
+        with _quiet_stderr():
+            GcsClient(address=address)
+    except AuthenticationError:
+        raise UserError(auth_error(address)) from None
+    except Exception as exc:  # no GCS there: ray.init would fail the same way, after retrying
+        raise UserError(f"cannot connect to Ray at {address}: {str(exc).splitlines()[0]}") from None
 
 
 def _check_reachable(address: str) -> None:
