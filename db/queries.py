@@ -20,6 +20,7 @@ from sqlalchemy.exc import DatabaseError
 from db.headline import HEADLINE, SUITE, headline, headline_metric, headline_stderr
 from db.measures import PROFILE_MEASURES, SERIES_MEASURES
 from db.models import MemoryPeak, MemorySample, ProbeValue, ProfilePoint, Run, Sample, TaskMetric
+from db.session import display_url
 from db.sets import run_set
 from db import ResultsError
 
@@ -29,7 +30,7 @@ _LOOPS = case((Run.kind == "eval", func.coalesce(Run.loops, 1)), else_=Run.loops
 
 def require_results(engine: Engine) -> int:
     """Return the number of runs; raise ResultsError when there is nothing to show."""
-    where = engine.url.render_as_string(hide_password=True)
+    where = display_url(engine.url)
     try:
         if not inspect(engine).has_table(Run.__tablename__):
             raise ResultsError(f"the database {where} holds no loopeval results; run `loopeval run` first")

@@ -14,6 +14,7 @@ with no alembic.ini on disk.
 from __future__ import annotations
 
 import os
+import re
 import zlib
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,18 @@ def resolve_db_url(url: str | None = None) -> str:
     return url
 
 
+def display_url(url: str | URL) -> str:
+    """`url` as loopeval prints it: its password, in the user part or a `password=` parameter, shown as ***.
+
+    A string that does not parse as a URL shows its scheme only, since where its password is cannot be told.
+    """
+    try:
+        text = make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):
+        return f"{str(url).split('://')[0]}://..." if "://" in str(url) else str(url)
+    return re.sub(r"(?i)(password=)[^&]*", r"\1***", text)
+
+
 def engine_url(url: str) -> URL:
     """The SQLAlchemy URL to connect with: `postgres://` and `postgresql://` get the psycopg 3 driver."""
     parsed = make_url(url)
@@ -87,8 +100,8 @@ def _known_revisions() -> set[str]:
 
 
 def sqlite_path(url: str) -> Path | None:
-    """The file behind a SQLite URL; None for other backends and in-memory databases."""
-    parsed = make_url(url)
+    """The file behind a SQLite URL; None for other backends and in-memory databases. ResultsError if `url` is no URL."""
+    parsed = _parse(url)
     if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
         return None
     return Path(parsed.database)
@@ -255,8 +268,8 @@ def _upgrade(engine: Engine, where: str | None = None) -> None:
 def _parse(url: str) -> URL:
     try:
         return engine_url(url)
-    except ArgumentError:
-        raise ResultsError(f"--db {url!r} is not a SQLAlchemy URL (e.g. sqlite:///results/loopeval.sqlite)") from None
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
+        raise ResultsError(f"--db {display_url(url)!r} is not a SQLAlchemy URL (e.g. sqlite:///results/loopeval.sqlite)") from None
 
 
 def _create(parsed: URL) -> Engine:
@@ -284,7 +297,7 @@ def open_engine(url: str | None = None) -> Engine:
     before the first write, through a read-only connection.
     """
     url = resolve_db_url(url)
-    where = _parse(url).render_as_string(hide_password=True)
+    where = display_url(_parse(url))
     path = sqlite_path(url)
     try:
         if path is not None:
@@ -305,7 +318,7 @@ def open_existing(url: str | None = None) -> Engine:
     ResultsError; an older loopeval schema is upgraded first (it is loopeval's own file).
     """
     url = resolve_db_url(url)
-    where = _parse(url).render_as_string(hide_password=True)
+    where = display_url(_parse(url))
     path = sqlite_path(url)
     if path is not None:
         if not path.exists():

@@ -28,7 +28,7 @@ from adapters.base import Finished, Generation, Prompt, Request, Sampling, Sched
 from db.sets import run_key
 from harness.capacity import check_fits
 from harness.errors import UserError
-from harness.hints import env_command
+from harness.hints import env_command, with_db
 from harness.recorder import RunBusy, RunRecorder, holder_is_gone
 from harness.sampler import MemorySampler
 from harness.spec import RunSpec, is_looped
@@ -462,7 +462,8 @@ def _execute(
         status = "finished"
     except KeyboardInterrupt:
         status = "interrupted"
-        log(f"run {run_id} interrupted; finished samples are stored. Continue with: {env_command('loopeval')} run --resume {run_id}")
+        resume = with_db(f"{env_command('loopeval')} run --resume {run_id}", spec.db_url)
+        log(f"run {run_id} interrupted; finished samples are stored. Continue with: {resume}")
         raise
     except Exception as exc:
         error = _error(exc)

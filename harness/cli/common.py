@@ -13,7 +13,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from harness.errors import UserError
-from harness.hints import env_command
+from harness.hints import env_command, with_db
 
 GB = 1e9  # decimal gigabytes, as the MELT paper reports them
 
@@ -138,7 +138,7 @@ def _order_sets(runs: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = None, measure: str | None = None,
-                 per_task: bool = False) -> None:
+                 per_task: bool = False, db: str | None = None) -> None:
     """How much accuracy per gigabyte: one evaluation set of `runs` (run summaries, already filtered).
 
     Per (model, loops), the latest run of the set: pass@1 (suite mean) with its 95% interval, memory at
@@ -154,7 +154,7 @@ def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = No
     if measure is not None and measure not in figures.MEMORY_MEASURES:
         raise UserError(f"--measure must be one of {', '.join(figures.MEMORY_MEASURES)}, got {measure!r}")
     if not evals:
-        typer.echo("no evaluation runs match" + ("" if runs else f"; try `{env_command('loopeval')} run`"))
+        typer.echo("no evaluation runs match" + ("" if runs else f"; try `{with_db(env_command('loopeval') + ' run', db)}`"))
         return
     chosen = set_id or next(iter(sets))
     in_set = {r["id"]: r for r in evals if r["set_id"] == chosen}
@@ -179,7 +179,8 @@ def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = No
     counts = {other: sum(r["set_id"] == other for r in evals) for other in sets}
     others = [f"  {label} ({counts[other]} run{'s' * (counts[other] > 1)})" for other, label in sets.items() if other != chosen]
     if others:
-        out.print(f"other evaluation sets, never mixed with this one ({env_command('loopeval')} results --set ID):\n" + "\n".join(others),
+        out.print(f"other evaluation sets, never mixed with this one ({with_db(env_command('loopeval') + ' results --set ID', db)}):\n"
+                  + "\n".join(others),
                   markup=False, highlight=False)
 
 

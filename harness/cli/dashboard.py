@@ -21,7 +21,7 @@ def dashboard(
     port: int = typer.Option(8050, "--port", min=1, max=65535, help="Port of the app (only with --serve)."),
 ) -> None:
     """Accuracy against gigabytes, memory traces, loop sweeps and samples: a report file or a served app."""
-    from db.session import resolve_db_url
+    from db.session import display_url, resolve_db_url
 
     url = resolve_db_url(db)
     if serve:
@@ -31,7 +31,7 @@ def dashboard(
         if host not in ("127.0.0.1", "localhost", "::1"):
             print(f"loopeval dashboard: warning: --host {host} serves the results to other machines on the network "
                   "(no login); use 127.0.0.1 to keep them on this one", file=sys.stderr)
-        print(f"loopeval dashboard: serving {url} at http://{host}:{port}/ (Ctrl+C stops)")
+        print(f"loopeval dashboard: serving {display_url(url)} at http://{host}:{port}/ (Ctrl+C stops)")
         dash_app.run(host=host, port=port, debug=False)
         return
     from dashboards.report import write_report

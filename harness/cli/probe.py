@@ -19,6 +19,7 @@ import typer
 
 from harness.cli.common import DbOption, parse_int_list, print_table
 from harness.errors import UserError
+from harness.hints import env_command, with_db
 
 PROBE_SUITES = ("synthetic",)  # suites whose texts ship with loopeval; others need --text-file
 MAX_PROBE_LOOPS = 64  # the interaction needs one forward per skipped loop: r forwards of r loops per text
@@ -56,7 +57,7 @@ def probe(
             results.close()
     _print(values, r, adapter.model.config.loops)
     if run_id is not None:
-        typer.echo(f"stored as probe run {run_id} (figure: loopeval dashboard{'' if db is None else f' --db {db}'})")
+        typer.echo(f"stored as probe run {run_id} (figure: {with_db(env_command('loopeval') + ' dashboard', db)})")
 
 
 def _texts(suite: str | None, tasks: str | None, text_file: Path | None, limit: int) -> tuple[str, list[str]]:

@@ -14,7 +14,7 @@ from typing import Any, Optional
 import typer
 
 from harness.cli.common import AdaptersDirOption, DbOption, TrustRemoteCodeFlag, parse_int_list, print_answer, progress, report_path
-from harness.hints import env_command
+from harness.hints import env_command, with_db
 from harness.spec import DEFAULTS, SUITE_SAMPLING
 
 _SYNTHETIC = SUITE_SAMPLING[DEFAULTS.suite]
@@ -143,8 +143,8 @@ def _summarise(store: Any, outcomes: list[Any], db: str | None, report: bool) ->
 
     try:
         ids = {o.run_id for o in outcomes}
-        print_answer(store, [r for r in store.run_summaries() if r["id"] in ids])
-        typer.echo(f"results: {store.url}  (show them: {env_command('loopeval')} results{'' if db is None else f' --db {store.url}'})")  # password hidden
+        print_answer(store, [r for r in store.run_summaries() if r["id"] in ids], db=db)
+        typer.echo(f"results: {store.url}  (show them: {with_db(env_command('loopeval') + ' results', db)})")
     finally:
         store.close()
     if report:
@@ -155,6 +155,7 @@ def _summarise(store: Any, outcomes: list[Any], db: str | None, report: bool) ->
     unfinished = [str(o.run_id) for o in outcomes if o.status != "finished"]
     if not unfinished:
         return 0
-    lines = failure_summary(outcomes) + [f"runs {', '.join(unfinished)} did not finish; continue with: {env_command('loopeval')} run --resume RUN_ID"]
+    resume = with_db(f"{env_command('loopeval')} run --resume RUN_ID", db)
+    lines = failure_summary(outcomes) + [f"runs {', '.join(unfinished)} did not finish; continue with: {resume}"]
     typer.echo("\n".join(lines), err=True)
     return 1

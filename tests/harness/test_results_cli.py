@@ -63,7 +63,7 @@ def test_the_latest_set_is_shown_and_the_others_named(db: str, capsys: pytest.Ca
     assert out.splitlines()[0].startswith("set ") and "chain2 · first 5 per task" in out.splitlines()[0]
     assert [row[1:4] for row in _rows(out)] == [["zoo:ouro-tiny", "4", "0.900 ± 0.098"]]
     assert "other evaluation sets" in out and "addition, chain2, lookup · all items" in out and "(5 runs)" in out
-    assert "1 profile run: loopeval results --profiles" in out
+    assert re.search(r"1 profile run: \S*loopeval results --profiles --db " + re.escape(db) + "$", out, re.M)  # runs as printed
 
 
 def test_one_set_is_ranked_by_accuracy_per_gb_with_the_frontier(db: str, capsys: pytest.CaptureFixture[str]) -> None:
