@@ -10,12 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 import pandas as pd
-from dash import Dash, Input, Output, dash_table, dcc, html
+from dash import Dash, Input, Output, State, dash_table, dcc, html
 from sqlalchemy import Engine
 
 from dashboards import figures
 from dashboards.data import (DEFAULT_CONTEXT_TOKENS, SAMPLE_BUDGET, SAMPLE_TEXT_CHARS, accuracy_points, browse_samples,
-                             depth_points, probe_title, profile_points)
+                             depth_points, probe_title, profile_points, set_choice)
 from db import measures, queries
 from db.session import open_existing
 
@@ -44,6 +44,17 @@ def _doc_number(doc_id: str) -> int | str:
     return int(doc_id) if doc_id.isdigit() else doc_id
 
 
+def set_choices(engine: Engine, set_id: str | None, measure: str | None) -> tuple[list, list, list, list, list, str]:
+    """What the filters offer for the selected set: its own models and loop counts (all checked) and the memory
+    measures some run of it has (NVML and torch only where a GPU was measured), keeping `measure` if it is one."""
+    points = accuracy_points(engine, set_id) if set_id else pd.DataFrame(columns=["model", "loops"])
+    models = sorted(points["model"].unique().tolist())
+    loops = sorted(int(r) for r in points["loops"].dropna().unique())
+    present = figures.available_measures(points) or list(figures.MEMORY_MEASURES)
+    options = [{"label": figures.MEMORY_MEASURES[key], "value": key} for key in present]
+    return models, models, loops, loops, options, measure if measure in present else present[0]
+
+
 def _secure(response: Any) -> Any:
     response.headers.update(APP_HEADERS)
     return response
@@ -52,11 +63,9 @@ def _secure(response: Any) -> Any:
 def _layout(engine: Engine) -> html.Div:
     """Built on every page load, so a reload sees runs added since the server started."""
     sets = queries.eval_sets(engine)  # the default first: the set of the newest scored run
-    set_options = [{"label": f"{s.set_label} ({s.runs} run{'s' * (s.runs != 1)})", "value": s.set_id} for s in sets.itertuples()]
+    set_options = [{"label": set_choice(s), "value": s.set_id} for s in sets.itertuples()]
     eval_runs = queries.runs(engine)
     models = sorted(eval_runs["model"].unique().tolist())
-    loops = sorted(int(x) for x in eval_runs["loops"].dropna().unique())
-    measure = figures.default_measure(accuracy_points(engine, None))
     run_options = [{"label": f"run {r.run_id}: {r.model} {figures.loops_label(r.loops)} ({r.suite})", "value": r.run_id}
                    for r in eval_runs.itertuples()]
     probe_options = [{"label": probe_title(rows), "value": run_id} for run_id, rows in queries.probe_values(engine).groupby("run_id")]
@@ -68,11 +77,9 @@ def _layout(engine: Engine) -> html.Div:
             _labelled("evaluation set", dcc.Dropdown(
                 set_options, set_options[0]["value"] if set_options else None, id="set", clearable=False), "32em"),
             _labelled("task", dcc.Dropdown([], None, id="task", clearable=False)),
-            _labelled("models", dcc.Checklist(models, models, id="models")),
-            _labelled("loops", dcc.Checklist(loops, loops, id="loops", inline=True)),
-            _labelled("memory measure", dcc.RadioItems(
-                [{"label": label, "value": key} for key, label in figures.MEMORY_MEASURES.items()],
-                measure, id="measure")),
+            _labelled("models", dcc.Checklist([], [], id="models")),  # the set's own, filled by `_choices`
+            _labelled("loops", dcc.Checklist([], [], id="loops", inline=True)),
+            _labelled("memory measure", dcc.RadioItems([], None, id="measure")),
             _labelled("analytic context (tokens)", dcc.Input(
                 id="context", type="number", min=1, step=1, value=DEFAULT_CONTEXT_TOKENS, debounce=True)),
         ], style=_ROW),
@@ -140,6 +147,13 @@ def create_app(db_url: str) -> Dash:
     def _tasks(set_id: str | None) -> tuple[list[str], str | None]:
         names = queries.tasks(engine, set_id) if set_id else []
         return names, names[0] if names else None
+
+    @app.callback(
+        Output("models", "options"), Output("models", "value"), Output("loops", "options"), Output("loops", "value"),
+        Output("measure", "options"), Output("measure", "value"), Input("set", "value"), State("measure", "value"),
+    )
+    def _choices(set_id: str | None, measure: str | None) -> tuple[list, list, list, list, list, str]:
+        return set_choices(engine, set_id, measure)
 
     @app.callback(
         Output("answer", "children"), Output("accuracy-memory", "figure"), Output("accuracy-loops", "figure"),

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from adapters.base import Finished, Generation, Prompt, Request, Sampling, Scheduling
-from db.sets import run_key
+from db.sets import id_ranges, run_key
 from harness.capacity import check_fits
 from harness.errors import UserError
 from harness.hints import env_command, with_db
@@ -311,21 +311,10 @@ def skip_stored(spec: RunSpec, plan: SweepPlan, store: Store, log: Callable[[str
     if skipped:
         ids = sorted(o.run_id for o in skipped)
         what = f"{len(skipped)} of {len(plan.runs)} runs" if kept else f"all {len(plan.runs)} runs"
-        log(f"{what} identical to finished run{'s' if len(ids) > 1 else ''} {_ranges(ids)} "
+        log(f"{what} identical to finished run{'s' if len(ids) > 1 else ''} {id_ranges(ids)} "
             "(same model, overrides, loops, evaluation set and seed): skipped; --rerun runs them again")
     plan.runs = kept
     return skipped
-
-
-def _ranges(ids: Sequence[int]) -> str:
-    """[13, 14, 15, 18] -> '13-15, 18'."""
-    spans: list[list[int]] = []
-    for run_id in ids:
-        if spans and run_id == spans[-1][1] + 1:
-            spans[-1][1] = run_id
-        else:
-            spans.append([run_id, run_id])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def store_sweep(spec: RunSpec, plan: SweepPlan, store: Store, sweep_id: str) -> list[tuple[int, str, int | None]]:
