@@ -77,12 +77,10 @@ def set_threads(threads: int | None) -> None:
 
 
 def progress() -> Any:
-    """The progress display of long commands: one bar per task, counts and elapsed time."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    """The live view of a `loopeval run` job (`harness.progress.JobProgress`): the job, the sweep and run running now."""
+    from harness.progress import JobProgress
 
-    # Descriptions name models and tasks, which are stored strings: shown as written, never as console markup.
-    return Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    transient=False)
+    return JobProgress()
 
 
 def console() -> Any:
@@ -94,8 +92,9 @@ def console() -> Any:
 
 
 def print_table(title: str | None, columns: list[str], rows: list[list[str]], right: tuple[str, ...] = (),
-                caption: str | None = None, fold: tuple[str, ...] = ()) -> None:
-    """A rich table. Columns in `fold` wrap long values onto more lines instead of cutting them to `zoo:…`.
+                caption: str | None = None, fold: tuple[str, ...] = (), keep: tuple[str, ...] = ()) -> None:
+    """A rich table. Columns in `fold` wrap long values onto more lines instead of cutting them to `zoo:…`;
+    columns in `keep` never wrap, so a figure such as `0.670 ± 0.060` stays on one line on a narrow terminal.
 
     Cells and title are `Text`, not markup: a stored model name such as `[/bold]` is printed as written
     instead of styling the table or failing it with a MarkupError.
@@ -106,7 +105,7 @@ def print_table(title: str | None, columns: list[str], rows: list[list[str]], ri
     table = Table(title=None if title is None else Text(title), caption=caption, caption_justify="left")
     for column in columns:
         table.add_column(column, justify="right" if column in right else "left",
-                         overflow="fold" if column in fold else "ellipsis")
+                         overflow="fold" if column in fold else "ellipsis", no_wrap=column in keep)
     for row in rows:
         table.add_row(*(Text(cell) for cell in row))
     console().print(table)
@@ -177,11 +176,11 @@ def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = No
     if per_task:
         pooled = queries.pooled_metrics(store.engine, chosen, run_ids=list(in_set))
         print_table(None, ["model", "r", "seeds", "task", "pass@1 ±95%", "runs"], _task_rows(table, pooled),
-                    right=("r", "seeds", "pass@1 ±95%"), fold=("model", "runs"), caption=POOLED_CAPTION)
+                    right=("r", "seeds", "pass@1 ±95%"), fold=("model", "runs"), keep=("pass@1 ±95%",), caption=POOLED_CAPTION)
     else:
         print_table(None, ["#", "model", "r", "seeds", "pass@1 ±95%", "memory", "pass@1/GB", "front", "runs"],
                     _ranking_rows(table, unscored, measure),
-                    right=("#", "r", "seeds", "pass@1 ±95%", "memory", "pass@1/GB"), fold=("model", "runs"),
+                    right=("#", "r", "seeds", "pass@1 ±95%", "memory", "pass@1/GB"), fold=("model", "runs"), keep=("pass@1 ±95%",),
                     caption=f"memory: {figures.measure_label(measure)}, decimal units (1 GB = 1e9 bytes); n/a = unavailable "
                             "here. ± is the 95% interval; * marks the Pareto frontier (no point has less memory and more "
                             f"accuracy). {POOLED_CAPTION} Memory is the largest peak of the row's runs.")

@@ -50,7 +50,7 @@ def probe(
     results = _open_store(db) if store else None  # refused before measuring
     try:
         began = time.perf_counter()
-        values = _measure(adapter, texts, positions, r)
+        values = _measure(adapter, texts, positions, r, model)
         run_id = None if results is None else _store(results, model, adapter, source, r, values, time.perf_counter() - began)
     finally:
         if results is not None:
@@ -103,13 +103,27 @@ def _open_store(db: str | None) -> Any:
     return Store.open(db)
 
 
-def _measure(adapter: Any, texts: list[str], positions: int, r: int) -> list[Any]:
+def _measure(adapter: Any, texts: list[str], positions: int, r: int, label: str) -> list[Any]:
+    """The probe values, with a bar that counts each loop as it runs (a forward hook on the last shared layer).
+
+    Per text the probe runs all r loops once, then once per loop it may skip (`first_skip` on), the other
+    r - 1 loops: r + skips x (r - 1) loops per text, where the interaction makes the cost grow as r^2.
+    """
     import torch
+    from rich.progress import Progress
 
-    from adapters.engine.probes import probe as probe_model
+    from adapters.engine.probes import first_skip, probe as probe_model
+    from harness.progress import columns
 
-    ids = [torch.tensor(adapter.tokenizer.encode(text)[:positions]) for text in texts]
-    return probe_model(adapter.model, [i for i in ids if len(i)], r)
+    ids = [i for i in (torch.tensor(adapter.tokenizer.encode(text)[:positions]) for text in texts) if len(i)]
+    skips = max(0, r - 1 - first_skip(adapter.model))
+    with Progress(*columns(), transient=False) as bars:
+        bar = bars.add_task(f"probe {label} r={r}, {len(ids)} texts: loops run", total=len(ids) * (r + skips * (r - 1)))
+        hook = adapter.model.shared[-1].register_forward_hook(lambda *_: bars.advance(bar))
+        try:
+            return probe_model(adapter.model, ids, r)
+        finally:
+            hook.remove()
 
 
 def _store(results: Any, model: str, adapter: Any, source: str, r: int, values: list[Any], wall: float) -> int:

@@ -104,6 +104,8 @@ def _here(request: Any, resume: int | None, rerun: bool) -> tuple[Any, list[Any]
             if resume is not None:
                 return store, resume_run(resume, store, request.db, progress=bars, log=_plain_log(bars))
             sweep_id = new_sweep_id()
+            parts = [plan for plan in plans if plan.runs]
+            bars.start_job(sum(len(plan.runs) for plan in parts), len(parts))
             return store, skipped + [
                 outcome
                 for spec, plan in zip(request.specs, plans) if plan.runs  # none left when all were stored
