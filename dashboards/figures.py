@@ -37,6 +37,8 @@ MEMORY_MEASURES: dict[str, str] = {
     "rss_peak": "process RSS peak (CPU)",
 }
 DECIMAL_NOTE = "GB are decimal (1 GB = 1e9 bytes)"
+# What the empty profile figure suggests: a shipped model at lengths its 512-token context holds (with the decode steps).
+PROFILE_EXAMPLE = "loopeval profile zoo:melt-tiny --lengths 64,256,448"
 _PALETTE = px.colors.qualitative.Plotly
 _SYMBOLS = ("circle", "square", "diamond", "triangle-up", "pentagon", "star", "hexagon", "triangle-down", "cross", "x")
 
@@ -400,7 +402,7 @@ def memory_vs_context(profile: pd.DataFrame, measures: Sequence[str]) -> go.Figu
     """`loopeval profile` points: measured memory (markers) beside the analytic lines, against context length."""
     title = "Memory against context length (loopeval profile)"
     if profile.empty:
-        return _empty(title, "no profile runs yet: loopeval profile MODEL --lengths 1024,4096 measures some")
+        return _empty(title, f"no profile runs yet: {PROFILE_EXAMPLE} measures some")
     profile = _plain_frame(profile)
     present = [m for m in measures if m in profile and profile[m].notna().any()]
     missing = [m for m in measures if m not in present]

@@ -75,13 +75,15 @@ def _filtered(runs: list[dict[str, Any]], sweep: str | None, models: list[str] |
 
 def _print_profiles(store: Any, run_ids: list[int], db: str | None) -> None:
     """One row per profiled (run, loops, batch) at its longest context: the analytic KV beside the measured peaks."""
+    from dashboards.figures import PROFILE_EXAMPLE
     from db import queries
     from db.measures import byte_text
 
     points = queries.profile_points(store.engine)
     points = points[points["run_id"].isin(run_ids)]
     if points.empty:
-        typer.echo(f"no profile runs match; try `{with_db(env_command('loopeval') + ' profile MODEL', db)}`")
+        example = PROFILE_EXAMPLE.replace("loopeval", env_command("loopeval"), 1)
+        typer.echo(f"no profile runs match; try `{with_db(example, db)}`")
         return
     rows = []
     for (run_id, loops, batch), group in points.groupby(["run_id", "loops", "batch"], dropna=False, sort=True):

@@ -369,3 +369,20 @@ def test_report_texts_carry_no_markdown(engine) -> None:
              figures.memory_over_run(pd.DataFrame(), measures.SERIES_MEASURES)]
     texts += [note.text for fig in empty for note in fig.layout.annotations]
     assert len(texts) > 100 and not [text for text in texts if "`" in text]
+
+
+def test_the_empty_profile_figure_suggests_a_command_that_runs_as_printed(tmp_path) -> None:
+    """Its lengths fit a shipped model's 512-token context (1024 and 4096 fit none of them)."""
+    import shlex
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    note = _annotations(figures.memory_vs_context(pd.DataFrame(), measures.PROFILE_MEASURES))
+    command = re.search(r"loopeval profile \S+ --lengths \S+", note).group(0)
+    assert command == figures.PROFILE_EXAMPLE
+    argv = [str(Path(sys.executable).with_name("loopeval")), *shlex.split(command)[1:]]
+    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    stored = queries.profile_points(open_existing(str(tmp_path / "results" / "loopeval.sqlite")))
+    assert sorted(stored["context_tokens"]) == [64, 256, 448]
