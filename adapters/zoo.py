@@ -55,10 +55,22 @@ def zoo_info(name: str) -> dict[str, Any]:
     return {"name": name, "path": str(path), "config": config, "train": info, "file_bytes": weight_bytes}
 
 
+CHECKPOINT_PREFIXES = ("qwen3", "ouro", "melt")  # the families with a checkpoint prefix of their own (adapters.engine.adapter)
+
+
+def checkpoint_spec(path: str | Path) -> str:
+    """The engine spec of an engine-format checkpoint folder (a zoo model, `zoo train`'s output): its family's prefix.
+
+    A `custom` model (the CoreLoop shape, as the coreloop-tiny preset) has no prefix of its own and loads
+    through `ouro:`, which reads an engine-format checkpoint as its config says, family included.
+    """
+    family = json.loads((Path(path) / "config.json").read_text())["config"]["family"]
+    return f"{family if family in CHECKPOINT_PREFIXES else 'ouro'}:{path}"
+
+
 def engine_spec(name: str) -> str:
-    """The engine spec of a shipped model: its family's prefix and its directory."""
-    path = zoo_path(name)
-    return f"{json.loads((path / 'config.json').read_text())['config']['family']}:{path}"
+    """The engine spec of a shipped model (`checkpoint_spec` of its folder)."""
+    return checkpoint_spec(zoo_path(name))
 
 
 def inspect_zoo(name: str, **overrides: Any) -> dict[str, Any] | None:

@@ -19,14 +19,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pandas as pd
-from dash import Dash, Input, Output, dash_table, dcc, html
+from dash import Dash, Input, Output, State, dash_table, dcc, html
 from dash.exceptions import DependencyException
 from flask import abort, request
 from sqlalchemy import Engine
 
 from dashboards import figures
 from dashboards.data import (DEFAULT_CONTEXT_TOKENS, SAMPLE_BUDGET, SAMPLE_TEXT_CHARS, accuracy_points, browse_samples,
-                             depth_points, probe_title, profile_points)
+                             depth_points, probe_title, profile_points, set_choice)
 from db import measures, queries
 from db.session import open_existing
 
@@ -55,14 +55,23 @@ def _doc_number(doc_id: str) -> int | str:
     return int(doc_id) if doc_id.isdigit() else doc_id
 
 
+def set_choices(engine: Engine, set_id: str | None, measure: str | None) -> tuple[list, list, list, list, list, str]:
+    """What the filters offer for the selected set: its own models and loop counts (all checked) and the memory
+    measures some run of it has (NVML and torch only where a GPU was measured), keeping `measure` if it is one."""
+    points = accuracy_points(engine, set_id) if set_id else pd.DataFrame(columns=["model", "loops"])
+    models = sorted(points["model"].unique().tolist())
+    loops = sorted(int(r) for r in points["loops"].dropna().unique())
+    present = figures.available_measures(points) or list(figures.MEMORY_MEASURES)
+    options = [{"label": figures.MEMORY_MEASURES[key], "value": key} for key in present]
+    return models, models, loops, loops, options, measure if measure in present else present[0]
+
+
 def _layout(engine: Engine) -> html.Div:
     """Built on every page load, so a reload sees runs added since the server started."""
     sets = queries.eval_sets(engine)  # the default first: the set of the newest scored run
-    set_options = [{"label": f"{s.set_label} ({s.runs} run{'s' * (s.runs != 1)})", "value": s.set_id} for s in sets.itertuples()]
+    set_options = [{"label": set_choice(s), "value": s.set_id} for s in sets.itertuples()]
     eval_runs = queries.runs(engine)
     models = sorted(eval_runs["model"].unique().tolist())
-    loops = sorted(int(x) for x in eval_runs["loops"].dropna().unique())
-    measure = figures.default_measure(accuracy_points(engine, None))
     run_options = [{"label": f"run {r.run_id}: {r.model} {figures.loops_label(r.loops)} ({r.suite})", "value": r.run_id}
                    for r in eval_runs.itertuples()]
     probe_options = [{"label": probe_title(rows), "value": run_id} for run_id, rows in queries.probe_values(engine).groupby("run_id")]
@@ -74,11 +83,9 @@ def _layout(engine: Engine) -> html.Div:
             _labelled("evaluation set", dcc.Dropdown(
                 set_options, set_options[0]["value"] if set_options else None, id="set", clearable=False), "32em"),
             _labelled("task", dcc.Dropdown([], None, id="task", clearable=False)),
-            _labelled("models", dcc.Checklist(models, models, id="models")),
-            _labelled("loops", dcc.Checklist(loops, loops, id="loops", inline=True)),
-            _labelled("memory measure", dcc.RadioItems(
-                [{"label": label, "value": key} for key, label in figures.MEMORY_MEASURES.items()],
-                measure, id="measure")),
+            _labelled("models", dcc.Checklist([], [], id="models")),  # the set's own, filled by `_choices`
+            _labelled("loops", dcc.Checklist([], [], id="loops", inline=True)),
+            _labelled("memory measure", dcc.RadioItems([], None, id="measure")),
             _labelled("analytic context (tokens)", dcc.Input(
                 id="context", type="number", min=1, step=1, value=DEFAULT_CONTEXT_TOKENS, debounce=True)),
         ], style=_ROW),
@@ -155,8 +162,8 @@ def _number(value: Any) -> bool:
     return value is None or (number and math.isfinite(value) and abs(value) < _INT64)
 
 
-# What each callback input may hold, by "component.property": a request with anything else is refused
-# before a callback runs. A callback input missing here is refused too (tests check the table is complete).
+# What each callback input or state may hold, by "component.property": a request with anything else is refused
+# before a callback runs. One missing here is refused too (tests check the table is complete).
 INPUT_CHECKS: dict[str, Callable[[Any], bool]] = {
     "set.value": _text, "task.value": _text, "models.value": _list_of(_text), "loops.value": _list_of(_integer),
     "measure.value": lambda value: value is None or value in figures.MEMORY_MEASURES, "context.value": _number,
@@ -176,19 +183,23 @@ def callback_problem(callbacks: dict[str, dict[str, Any]], body: Any) -> str | N
         return "it names no callback of this app"
     spec = callbacks[body["output"]]
     outputs = [_declared(o) for o in spec["output"]] if isinstance(spec["output"], list) else _declared(spec["output"])
-    if body.get("outputs") != outputs or body.get("state", []) != spec["state"]:
-        return "its outputs or state do not match the callback"
+    if body.get("outputs") != outputs:
+        return "its outputs do not match the callback"
     changed = body.get("changedPropIds", [])
     if not isinstance(changed, list) or not all(isinstance(name, str) for name in changed):
         return "changedPropIds is not a list of names"
-    inputs = body.get("inputs")
-    if not isinstance(inputs, list) or len(inputs) != len(spec["inputs"]):
-        return "its inputs do not match the callback"
-    for sent, declared in zip(inputs, spec["inputs"]):
-        if not isinstance(sent, dict) or {k: sent.get(k) for k in declared} != declared:
-            return "its inputs do not match the callback"
-        name = f"{declared['id']}.{declared['property']}"
-        if not INPUT_CHECKS.get(name, lambda _: False)(sent.get("value")):  # an unset property comes without one
+    return _values_problem(body.get("inputs"), spec["inputs"], "inputs") or _values_problem(body.get("state", []), spec["state"], "state")
+
+
+def _values_problem(sent: Any, declared: list[dict[str, str]], part: str) -> str | None:
+    """What is wrong with a request's inputs or state (each {id, property, value}) against the callback's."""
+    if not isinstance(sent, list) or len(sent) != len(declared):
+        return f"its {part} do not match the callback"
+    for value, component in zip(sent, declared):
+        if not isinstance(value, dict) or {k: value.get(k) for k in component} != component:
+            return f"its {part} do not match the callback"
+        name = f"{component['id']}.{component['property']}"
+        if not INPUT_CHECKS.get(name, lambda _: False)(value.get("value")):  # an unset property comes without one
             return f"{name} cannot take the value sent"
     return None
 
@@ -253,6 +264,13 @@ def create_app(db_url: str, hosts: Collection[str] = LOOPBACK_NAMES) -> Dash:
     def _tasks(set_id: str | None) -> tuple[list[str], str | None]:
         names = queries.tasks(engine, set_id) if set_id else []
         return names, names[0] if names else None
+
+    @app.callback(
+        Output("models", "options"), Output("models", "value"), Output("loops", "options"), Output("loops", "value"),
+        Output("measure", "options"), Output("measure", "value"), Input("set", "value"), State("measure", "value"),
+    )
+    def _choices(set_id: str | None, measure: str | None) -> tuple[list, list, list, list, list, str]:
+        return set_choices(engine, set_id, measure)
 
     @app.callback(
         Output("answer", "children"), Output("accuracy-memory", "figure"), Output("accuracy-loops", "figure"),

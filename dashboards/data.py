@@ -19,6 +19,7 @@ from sqlalchemy import Engine
 from dashboards.figures import ANALYTIC, WEIGHTS_PLUS_KV, pareto_mask
 from db import queries
 from db.headline import SUITE, group_means, headline
+from db.sets import id_ranges
 
 DEFAULT_CONTEXT_TOKENS = 32768  # the MELT paper's "memory at 32k tokens"
 GB = 1e9  # decimal, as the MELT paper counts
@@ -80,6 +81,13 @@ def ranked(points: pd.DataFrame, measure: str) -> pd.DataFrame:
     return table.sort_values(["per_gb", "accuracy"], ascending=False, na_position="last").reset_index(drop=True)
 
 
+def set_choice(row: Any) -> str:
+    """How the report's and the app's set selectors name an `queries.eval_sets` row: its label, its runs and,
+    where several seeds were run, that each point pools them (so "16 runs" beside 4 points says why)."""
+    runs = f"{row.runs} run{'s' * (row.runs != 1)}"
+    return f"{row.set_label} ({runs}" + (f"; seeds {row.seeds} pooled in each point)" if row.seed_count > 1 else ")")
+
+
 def profile_points(engine: Engine) -> pd.DataFrame:
     """`queries.profile_points` with each point's loop count known: a profile run at the model's own loops stores
     none per point, so it is read from the run's stored config (the r it ran at; 1 for a plain transformer)."""
@@ -113,27 +121,29 @@ def depth_points(engine: Engine, set_id: str) -> pd.DataFrame:
     mean pass@1 and the model's trained loop count T ("all" is the suite mean; groups from
     `db.headline.TASK_GROUPS` and `GROUP_PATTERNS`).
 
-    The latest run of a (model, r) pair within the set wins, as in the accuracy figures. T comes from what
-    the adapter described (`trained_loops`); NaN where it did not say, and the figure then marks no T.
+    A (model, r) pools its seeds, as the accuracy figures do (`queries.pooled_metrics`): `seeds` and `runs`
+    say which. T comes from what the adapter described (`trained_loops`); NaN where it did not say, and the
+    figure then marks no T.
     """
-    table = queries.metrics(engine, set_id)
+    table = queries.pooled_metrics(engine, set_id)
     info = queries.runs(engine).set_index("run_id")
     rows = []
-    for run_id, run in table[table["task"] != SUITE].groupby("run_id", sort=True):
+    for (model, loops), point in table[table["task"] != SUITE].groupby(queries.POINT, sort=True):
         by_task: dict[str, dict[str, float | None]] = {}
-        for row in run.itertuples():
+        for row in point.itertuples():
             by_task.setdefault(row.task, {})[row.metric] = None if pd.isna(row.value) else row.value
-        suite = info.at[run_id, "suite"]
+        suite = point["suite"].iloc[0]
         result = headline(by_task, suite)
-        config = info.at[run_id, "model_config"]
+        newest = int(point["run_id"].max())
+        config = info.at[newest, "model_config"]
         trained = config.get("trained_loops") if isinstance(config, dict) else None
+        runs = id_ranges({i for ids in point["run_ids"] for i in ids})
         for group, value in {SUITE: result.mean, **group_means(result.benchmarks, suite)}.items():
-            rows.append({"run_id": run_id, "model": run["model"].iloc[0], "loops": int(run["loops"].iloc[0]), "group": group,
+            rows.append({"runs": runs, "seeds": int(point["seeds"].max()), "model": model, "loops": int(loops), "group": group,
                          "accuracy": value, "trained_loops": np.nan if trained is None else float(trained),
-                         "set_label": info.at[run_id, "set_label"]})
-    frame = pd.DataFrame(rows, columns=["run_id", "model", "loops", "group", "accuracy", "trained_loops", "set_label"])
-    frame = frame.sort_values("run_id").drop_duplicates(["model", "loops", "group"], keep="last")
-    return frame.sort_values(["model", "group", "loops"]).reset_index(drop=True)
+                         "set_label": info.at[newest, "set_label"]})
+    columns = ["runs", "seeds", "model", "loops", "group", "accuracy", "trained_loops", "set_label"]
+    return pd.DataFrame(rows, columns=columns).sort_values(["model", "group", "loops"]).reset_index(drop=True)
 
 
 def probe_title(values: pd.DataFrame) -> str:

@@ -22,6 +22,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from db.measures import BYTE_UNITS
+from db.sets import id_ranges
 
 # Selectable memory measures of the accuracy-against-memory plot: key (a DataFrame column) -> label.
 WEIGHTS_PLUS_KV = "weights_bytes + kv_bytes_peak"
@@ -36,6 +37,8 @@ MEMORY_MEASURES: dict[str, str] = {
     "rss_peak": "process RSS peak (CPU)",
 }
 DECIMAL_NOTE = "GB are decimal (1 GB = 1e9 bytes)"
+# What the empty profile figure suggests: a shipped model at lengths its 512-token context holds (with the decode steps).
+PROFILE_EXAMPLE = "loopeval profile zoo:melt-tiny --lengths 64,256,448"
 _PALETTE = px.colors.qualitative.Plotly
 _SYMBOLS = ("circle", "square", "diamond", "triangle-up", "pentagon", "star", "hexagon", "triangle-down", "cross", "x")
 
@@ -85,12 +88,14 @@ def measure_label(measure: str, context_tokens: int | None = None) -> str:
     return label
 
 
+def available_measures(points: pd.DataFrame) -> list[str]:
+    """The selectable measures that some point has (on a CPU-only machine NVML and torch are unavailable), in order."""
+    return [measure for measure in MEMORY_MEASURES if measure in points and points[measure].notna().any()]
+
+
 def default_measure(points: pd.DataFrame) -> str:
-    """The first selectable measure that any point has (on a CPU-only machine NVML and torch are unavailable)."""
-    for measure in MEMORY_MEASURES:
-        if measure in points and points[measure].notna().any():
-            return measure
-    return next(iter(MEMORY_MEASURES))
+    """The first selectable measure that any point has."""
+    return next(iter(available_measures(points) or MEMORY_MEASURES))
 
 
 def pareto_mask(memory: Sequence[float], accuracy: Sequence[float]) -> np.ndarray:
@@ -165,7 +170,8 @@ def answer(points: pd.DataFrame, measure: str, label: str | None = None) -> str:
     rows = shown.assign(per_gb=shown["accuracy"] / (shown[measure] / 1e9)).to_dict("records")
 
     def named(row: dict) -> str:
-        return f"{row['model']} {loops_label(row['loops'])} ({row['accuracy']:.3f} at {row[measure] / scale:.3g} {unit})"
+        seeds = f", {row['seeds']} seeds pooled" if row.get("seeds", 1) > 1 else ""
+        return f"{row['model']} {loops_label(row['loops'])} ({row['accuracy']:.3f} at {row[measure] / scale:.3g} {unit}{seeds})"
 
     best = max(rows, key=lambda row: row["per_gb"])
     metric = rows[0]["metric"]
@@ -203,23 +209,28 @@ def accuracy_vs_memory(points: pd.DataFrame, measure: str, task: str = "all", la
     shown["stderr"] = shown["stderr"].astype(float)
     shown["spread"] = [f" ± {e:.3f}" if np.isfinite(e) else "" for e in shown["stderr"]]
     shown["r"] = shown["loops"].map(loops_label)
+    shown["runs"] = _runs_text(shown)
     frontier = pareto_mask(shown["memory"], shown["accuracy"])
     symbols = {r: _SYMBOLS[i % len(_SYMBOLS)] for i, r in enumerate(sorted(shown["loops"].unique()))}
     fig = go.Figure()
     for index, (model, rows) in enumerate(shown.groupby("model", sort=True)):
         ringed = frontier[shown.index.get_indexer(rows.index)]
+        color, group = _PALETTE[index % len(_PALETTE)], f"model {index}"
+        # The legend draws a trace's first marker; a per-point shape and ring would stand for the model there,
+        # so the model's entry is a plain circle of its colour, toggling its points with it (`togglegroup`).
+        _legend_key(fig, model, group, "model" if index == 0 else None, {"color": color, "size": 10, "symbol": "circle"})
         fig.add_trace(go.Scatter(
             x=rows["memory"], y=rows["accuracy"], error_y={"type": "data", "array": rows["stderr"]},
-            mode="markers", name=model, legendgroup="model", legendgrouptitle_text="model",
-            marker={"color": _PALETTE[index % len(_PALETTE)], "size": 12, "symbol": rows["loops"].map(symbols).tolist(),
+            mode="markers", name=model, legendgroup=group, showlegend=False,
+            marker={"color": color, "size": 12, "symbol": rows["loops"].map(symbols).tolist(),
                     "line": {"color": "#222", "width": [2.5 if ring else 0 for ring in ringed]}},
-            customdata=rows[["r", "spread", "n_samples"]],
+            customdata=rows[["r", "spread", "n_samples", "runs"]],
             hovertemplate=(f"model {model}<br>%{{customdata[0]}}<br>accuracy %{{y:.3f}}%{{customdata[1]}}"
-                           f"<br>%{{x:.4g}} {unit}<br>samples %{{customdata[2]}}<extra></extra>"),
+                           f"<br>%{{x:.4g}} {unit}<br>samples %{{customdata[2]}}, %{{customdata[3]}}<extra></extra>"),
         ))
-    for loops, symbol in symbols.items():  # the shape key: drawn in the legend only
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=loops_label(loops), legendgroup="loops",
-                                 legendgrouptitle_text="loops (shape)", marker={"color": "#777", "size": 10, "symbol": symbol}))
+    for index, (loops, symbol) in enumerate(symbols.items()):  # the shape key: drawn in the legend only
+        _legend_key(fig, loops_label(loops), f"loops {loops}", "loops (shape)" if index == 0 else None,
+                    {"color": "#777", "size": 10, "symbol": symbol})
     front = shown[frontier].sort_values(["memory", "accuracy"])
     fig.add_trace(go.Scatter(
         x=front["memory"], y=front["accuracy"], mode="lines", line={"shape": "hv", "dash": "dot", "color": "#222"},
@@ -228,11 +239,38 @@ def accuracy_vs_memory(points: pd.DataFrame, measure: str, task: str = "all", la
     top = max(1.0, float((shown["accuracy"] + shown["stderr"].fillna(0)).max()))
     fig.update_yaxes(range=[-0.05, top + 0.05], title_text=f"accuracy ({shown['metric'].iloc[0]})")
     fig.update_xaxes(rangemode="tozero", title_text=unit_title(label, unit, scale))
-    fig.update_layout(title=title, legend={"groupclick": "toggleitem"})
-    notes = [DECIMAL_NOTE]
+    fig.update_layout(title=title, legend={"groupclick": "togglegroup", "tracegroupgap": 2})
+    notes = [DECIMAL_NOTE, *_pooled_note(shown)]
     if not missing.empty:
         notes.append(f"{label} unavailable: {_point_names(missing)}")
     return _message(fig, " · ".join(notes), y=-0.22).update_layout(margin={"b": 110})
+
+
+def _legend_key(fig: go.Figure, name: str, group: str, title: str | None, marker: dict) -> None:
+    """A legend entry drawn in the legend only (no data), heading its legend group."""
+    fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name, legendgroup=group, marker=marker,
+                             legendgrouptitle_text=title, hoverinfo="skip"))
+
+
+def _seeds(points: pd.DataFrame) -> pd.Series:
+    """How many seeds each point pools (1 where the frame does not say)."""
+    return points["seeds"] if "seeds" in points else pd.Series(1, index=points.index)
+
+
+def _runs_text(points: pd.DataFrame) -> list[str]:
+    """What each point is made of, for its hover: 'run 7', or '4 seeds pooled (runs 1-4)'."""
+    if "run_ids" not in points:
+        return [f"run {run_id}" for run_id in points.get("run_id", pd.Series("?", index=points.index))]
+    return [f"{seeds} seeds pooled (runs {id_ranges(ids)})" if seeds > 1 else f"run {ids[0]}"
+            for seeds, ids in zip(_seeds(points), points["run_ids"])]
+
+
+def _pooled_note(points: pd.DataFrame) -> list[str]:
+    """The figure's note on seeds, when a point pools several: how they are combined."""
+    most = int(_seeds(points).max()) if not points.empty else 1
+    if most < 2:
+        return []
+    return [f"seeds pooled: a point's accuracy and error bar are over every item of all its seeds (up to {most})"]
 
 
 def accuracy_vs_loops(points: pd.DataFrame, measure: str, task: str = "all", label: str | None = None) -> go.Figure:
@@ -253,7 +291,8 @@ def accuracy_vs_loops(points: pd.DataFrame, measure: str, task: str = "all", lab
         fig.add_trace(go.Scatter(
             x=rows["loops"], y=rows["accuracy"], error_y={"type": "data", "array": rows["stderr"].astype(float)},
             mode="lines+markers", name=f"{model} accuracy", legendgroup=model, line={"color": color},
-            hovertemplate=f"{model}<br>loops %{{x}}<br>accuracy %{{y:.3f}}<extra></extra>",
+            customdata=_runs_text(rows),
+            hovertemplate=f"{model}<br>loops %{{x}}<br>accuracy %{{y:.3f}}<br>%{{customdata}}<extra></extra>",
         ), secondary_y=False)
         measured = rows[rows[measure].notna()] if has_memory else rows.iloc[0:0]
         if not measured.empty:
@@ -267,8 +306,8 @@ def accuracy_vs_loops(points: pd.DataFrame, measure: str, task: str = "all", lab
     fig.update_xaxes(type="log", tickvals=loop_counts, ticktext=[str(r) for r in loop_counts])  # every r run, labelled
     fig.update_yaxes(title_text=f"accuracy ({points['metric'].iloc[0]})", range=[-0.05, 1.05], secondary_y=False)
     fig.update_yaxes(title_text=unit_title(label, unit, scale), rangemode="tozero", showgrid=False, secondary_y=True)
-    note = DECIMAL_NOTE if has_memory else f"{label}: unavailable for every run"
-    return _message(fig, note, y=-0.22).update_layout(margin={"b": 110})
+    notes = [DECIMAL_NOTE if has_memory else f"{label}: unavailable for every run", *_pooled_note(points)]
+    return _message(fig, " · ".join(notes), y=-0.22).update_layout(margin={"b": 110})
 
 
 def _mark_trained_loops(fig: go.Figure, trained: pd.Series, colors: dict[str, str]) -> None:
@@ -291,11 +330,13 @@ def accuracy_vs_depth(points: pd.DataFrame) -> go.Figure:
     colors = {model: _PALETTE[i % len(_PALETTE)] for i, model in enumerate(sorted(points["model"].unique()))}
     fig = px.line(points, x="loops", y="accuracy", color="model", facet_col="group", markers=True,
                   category_orders={"group": groups, "model": list(colors)}, color_discrete_map=colors,
-                  labels={"loops": "loops (r)", "accuracy": "pass@1"}, hover_data=["run_id", "trained_loops"])
+                  labels={"loops": "loops (r)", "accuracy": "pass@1"}, hover_data=["runs", "seeds", "trained_loops"])
     _mark_trained_loops(fig, points.groupby("model")["trained_loops"].max(), colors)
     fig.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))  # "group=knowledge" -> "knowledge"
     fig.update_yaxes(range=[-0.05, 1.05])
-    return fig.update_layout(title=title, margin={"t": 100})  # room for the set line above the panel titles
+    fig.update_layout(title=title, margin={"t": 100})  # room for the set line above the panel titles
+    pooled = _pooled_note(points)
+    return _message(fig, pooled[0], y=-0.2).update_layout(margin={"b": 90}) if pooled else fig
 
 
 PROBE_LABELS = {"angular_distance": "angular distance / pi", "relative_update": "relative update norm",
@@ -361,7 +402,7 @@ def memory_vs_context(profile: pd.DataFrame, measures: Sequence[str]) -> go.Figu
     """`loopeval profile` points: measured memory (markers) beside the analytic lines, against context length."""
     title = "Memory against context length (loopeval profile)"
     if profile.empty:
-        return _empty(title, "no profile runs yet: loopeval profile MODEL --lengths 1024,4096 measures some")
+        return _empty(title, f"no profile runs yet: {PROFILE_EXAMPLE} measures some")
     profile = _plain_frame(profile)
     present = [m for m in measures if m in profile and profile[m].notna().any()]
     missing = [m for m in measures if m not in present]

@@ -28,7 +28,7 @@ from sqlalchemy import Engine
 
 from dashboards import figures
 from dashboards.data import (DEFAULT_CONTEXT_TOKENS, SAMPLE_TEXT_CHARS, accuracy_points, browse_samples, depth_points,
-                             probe_title, profile_points)
+                             probe_title, profile_points, set_choice)
 from db import ResultsError, measures, queries
 from db.session import open_existing
 
@@ -75,13 +75,14 @@ def _runs_table(engine: Engine) -> str:
     table = table.merge(averages[["run_id", "metric", "value"]], on="run_id", how="left")
     columns = ["nvml_process_peak", "torch_allocated_peak", "weights_bytes", "kv_bytes_peak", "rss_peak"]
     head = "".join(f"<th>{html.escape(c)}</th>" for c in
-                   ["run", "sweep", "kind", "model", "loops", "suite", "set", "status", "samples", "pass@1 (suite mean)", *columns])
+                   ["run", "sweep", "kind", "model", "loops", "suite", "set", "seed", "status", "samples", "pass@1 (suite mean)",
+                    *columns])
     rows = []
     for row in table.to_dict("records"):
         accuracy = "" if pd.isna(row.get("value")) else f"{row['value']:.3f} ({row['metric']})"
         cells = [row["run_id"], row["sweep_id"], row["kind"], row["model"],
                  "" if pd.isna(row["loops"]) else int(row["loops"]), row["suite"],
-                 "" if pd.isna(row["set_id"]) else row["set_id"], row["status"],
+                 "" if pd.isna(row["set_id"]) else row["set_id"], "" if pd.isna(row["seed"]) else int(row["seed"]), row["status"],
                  row["n_samples"], accuracy, *(measures.byte_text(row.get(c)) for c in columns)]
         rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
     return f"<table class='runs'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
@@ -153,7 +154,7 @@ def build_report(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -
     blobs = report_figures(engine, context_tokens)
     template = _shared_template(blobs)
     sets = queries.eval_sets(engine)  # the default first: the set of the newest scored run
-    set_labels = [f"{s.set_label} ({s.runs} run{'s' * (s.runs != 1)})" for s in sets.itertuples()]
+    set_labels = [set_choice(s) for s in sets.itertuples()]
     set_options = _options(sets["set_id"].tolist(), set_labels)
     task_names = sorted({key.split("|")[2] for key in blobs if key.startswith("acc|")}, key=lambda t: t != "all")
     eval_runs = queries.runs(engine)

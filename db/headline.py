@@ -114,3 +114,41 @@ def headline_stderr(stderrs: Mapping[str, Mapping[str, float | None]]) -> float 
     quadrature, a group's subtasks first, then the suite's benchmarks. None unless every task has one.
     """
     return _combine(list(benchmark_stderrs(stderrs).values()), _mean_stderr)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One run's estimate of a task's metric: the mean over its `items` docs and its standard error
+    (LightEval's: the items' sample standard deviation over sqrt(items)); `items` None where unknown."""
+
+    mean: float
+    stderr: float | None
+    items: int | None
+
+
+def pool(estimates: list[Estimate]) -> tuple[float, float | None]:
+    """Mean and standard error of several runs' items pooled into one sample, as if one run had scored them all.
+
+    Repeated seeds of one (model, loops) score the same docs again: pooled, the mean is over every
+    (seed, doc) item and the standard error is that sample's, its spread within each run plus the runs'
+    differences (the exact pooled variance from each run's mean, stderr and item count). One estimate
+    is returned as it is. Where an item count or stderr is unknown, the runs are taken as independent
+    estimates of one mean (their errors add in quadrature).
+    """
+    if len(estimates) == 1:
+        return estimates[0].mean, estimates[0].stderr
+    if any(e.stderr is None for e in estimates):
+        return _mean([e.mean for e in estimates]), None
+    if any(not e.items for e in estimates):
+        return _mean([e.mean for e in estimates]), _mean_stderr([e.stderr for e in estimates])  # type: ignore[misc]
+    total = sum(e.items for e in estimates)  # type: ignore[misc]
+    mean = sum(e.mean * e.items for e in estimates) / total  # type: ignore[operator]
+    # (items - 1) * variance within each run, from stderr = sd / sqrt(items), plus each run's offset from the pooled mean
+    squares = sum(e.stderr ** 2 * e.items * (e.items - 1) + e.items * (e.mean - mean) ** 2 for e in estimates)  # type: ignore[operator]
+    return mean, math.sqrt(squares / (total - 1) / total)
+
+
+def rounded(value: float, digits: int = 3) -> str:
+    """`value` to `digits` decimals, alike for every sum of the same numbers: float noise below 1e-9 is dropped
+    first, so a mean of 0.1425 reads 0.142 whether its sum came out a hair above it or below (summing order)."""
+    return f"{round(round(value, 9), digits):.{digits}f}"

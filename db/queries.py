@@ -16,10 +16,11 @@ from typing import Any, Iterable
 import pandas as pd
 from sqlalchemy import Engine, case, func, inspect, select
 
-from db.headline import HEADLINE, SUITE, headline, headline_metric, headline_stderr
+from db.headline import HEADLINE, SUITE, Estimate, headline, headline_metric, headline_stderr, pool
 from db.measures import PROFILE_MEASURES, SERIES_MEASURES
 from db.models import MemoryPeak, MemorySample, ProbeValue, ProfilePoint, Run, Sample, TaskMetric
-from db.sets import run_set
+from db.session import display_url
+from db.sets import id_ranges, run_set
 from db import ResultsError
 
 # Profile runs keep NULL: they span several loop counts, recorded per point.
@@ -28,7 +29,7 @@ _LOOPS = case((Run.kind == "eval", func.coalesce(Run.loops, 1)), else_=Run.loops
 
 def require_results(engine: Engine) -> int:
     """Return the number of runs; raise ResultsError when there is nothing to show."""
-    where = engine.url.render_as_string(hide_password=True)
+    where = display_url(engine.url)
     if not inspect(engine).has_table(Run.__tablename__):  # database errors are ResultsErrors already (db.session)
         raise ResultsError(f"the database {where} holds no loopeval results; run `loopeval run` first")
     with engine.connect() as conn:
@@ -65,17 +66,17 @@ def runs(engine: Engine, kind: str | None = "eval") -> pd.DataFrame:
 
 
 def run_sets(engine: Engine) -> pd.DataFrame:
-    """The evaluation set of every eval run: run_id, set_id, set_label (db.sets)."""
-    statement = select(Run.id, Run.suite, Run.tasks, Run.limit, Run.sampling, Run.data_fingerprint).where(
+    """The evaluation set of every eval run, with its seed: run_id, seed, set_id, set_label (db.sets)."""
+    statement = select(Run.id, Run.seed, Run.suite, Run.tasks, Run.limit, Run.sampling, Run.data_fingerprint).where(
         Run.kind == "eval").order_by(Run.id)
     with engine.connect() as conn:
-        sets = [(row.id, run_set(row._mapping)) for row in conn.execute(statement)]
-    frame = pd.DataFrame([(run_id, s.id, s.label) for run_id, s in sets], columns=["run_id", "set_id", "set_label"])
+        sets = [(row.id, row.seed, run_set(row._mapping)) for row in conn.execute(statement)]
+    frame = pd.DataFrame([(run_id, seed, s.id, s.label) for run_id, seed, s in sets], columns=["run_id", "seed", "set_id", "set_label"])
     return frame.astype({"run_id": "int64"})
 
 
 def eval_sets(engine: Engine) -> pd.DataFrame:
-    """One row per evaluation set, the default first: set_id, set_label, runs, last_run_id.
+    """One row per evaluation set, the default first: set_id, set_label, runs, seeds (which, as '0-3'), seed_count, last_run_id.
 
     The default is the set of the newest run with scores (a sweep's queued or failed runs have
     none, and a set without scores has nothing to plot), then sets by their newest run.
@@ -85,7 +86,9 @@ def eval_sets(engine: Engine) -> pd.DataFrame:
         scored = {row[0] for row in conn.execute(select(TaskMetric.run_id).distinct())}
     table = table.assign(scored_run_id=table["run_id"].where(table["run_id"].isin(scored)))
     grouped = table.groupby(["set_id", "set_label"], sort=False).agg(
-        runs=("run_id", "count"), last_run_id=("run_id", "max"), last_scored=("scored_run_id", "max"))
+        runs=("run_id", "count"), seeds=("seed", lambda seeds: id_ranges({int(s) for s in seeds.dropna()})),
+        seed_count=("seed", "nunique"),
+        last_run_id=("run_id", "max"), last_scored=("scored_run_id", "max"))
     grouped = grouped.reset_index().sort_values(["last_scored", "last_run_id"], ascending=False, na_position="last")
     return grouped.drop(columns="last_scored").reset_index(drop=True)
 
@@ -132,10 +135,10 @@ def sample_tasks(engine: Engine) -> list[str]:
 
 
 def metrics(engine: Engine, set_id: str | None = None) -> pd.DataFrame:
-    """Every stored metric of every evaluated run (of one set when given): run, model, loops, task, metric, value, stderr."""
+    """Every stored metric of every evaluated run (of one set when given): run, model, loops, seed, task, metric, value, stderr."""
     statement = (
         select(
-            Run.id.label("run_id"), Run.sweep_id, Run.model_spec.label("model"), _LOOPS, Run.suite,
+            Run.id.label("run_id"), Run.sweep_id, Run.model_spec.label("model"), _LOOPS, Run.suite, Run.seed,
             TaskMetric.task, TaskMetric.metric, TaskMetric.value, TaskMetric.stderr,
         )
         .join(Run)
@@ -160,23 +163,60 @@ def memory_peaks(engine: Engine, run_ids: Iterable[int] | None = None) -> pd.Dat
     return wide.reset_index()
 
 
-def suite_means(table: pd.DataFrame) -> pd.DataFrame:
-    """Rows of `metrics()` for task "all": per run, the mean pass@1 over benchmarks and its stderr (`db.headline`).
+def suite_means(table: pd.DataFrame, by: tuple[str, ...] = ("run_id",)) -> pd.DataFrame:
+    """Rows of `metrics()` (or `pooled_metrics()`, `by` POINT) for task "all": per run (or point), the mean
+    pass@1 over benchmarks and its stderr (`db.headline`); the other columns are the first task row's.
 
     Computed from the per-task rows rather than read from the stored "all", so runs stored before
     the suite mean had one metric show the same number as new ones.
     """
     rows = []
-    for run_id, run in table[table["task"] != SUITE].groupby("run_id", sort=True):
+    for _, group in table[table["task"] != SUITE].groupby(list(by), sort=True):
         values: dict[str, dict[str, float | None]] = {}
         stderrs: dict[str, dict[str, float | None]] = {}
-        for row in run.itertuples():
+        for row in group.itertuples():
             values.setdefault(row.task, {})[row.metric] = None if pd.isna(row.value) else row.value
             stderrs.setdefault(row.task, {})[row.metric] = None if pd.isna(row.stderr) else row.stderr
-        first = run.iloc[0]
-        rows.append({**{c: first[c] for c in ("run_id", "sweep_id", "model", "loops", "suite")}, "task": SUITE,
-                     "metric": HEADLINE, "value": headline(values).mean, "stderr": headline_stderr(stderrs)})
+        rows.append({**group.iloc[0].to_dict(), "task": SUITE, "metric": HEADLINE, "value": headline(values).mean,
+                     "stderr": headline_stderr(stderrs)})
     return pd.DataFrame(rows, columns=list(table.columns))
+
+
+POINT = ["model", "loops"]  # one plotted point, one row of `loopeval results`: its seeds are pooled
+_POOLED = [*POINT, "suite", "task", "metric", "value", "stderr", "seeds", "run_ids", "run_id"]
+
+
+def item_counts(engine: Engine, run_ids: Iterable[int]) -> dict[tuple[int, str], int]:
+    """(run, task) -> how many docs the run has samples of: the item count behind its per-task mean."""
+    statement = (select(Sample.run_id, Sample.task, func.count(func.distinct(Sample.doc_id)))
+                 .where(Sample.run_id.in_(list(run_ids))).group_by(Sample.run_id, Sample.task))
+    with engine.connect() as conn:
+        return {(run_id, task): count for run_id, task, count in conn.execute(statement)}
+
+
+def pooled_metrics(engine: Engine, set_id: str | None, run_ids: Iterable[int] | None = None) -> pd.DataFrame:
+    """Every metric of one evaluation set (None: the latest) per (model, loops), its seeds pooled.
+
+    The runs of a (model, loops) with different seeds score the same docs again; their items are pooled
+    into one sample (`db.headline.pool`): the value is the mean over every seed's items, the stderr that
+    of all of them. `seeds` says how many were pooled, `run_ids` which runs (oldest first), `run_id` the
+    newest. Of runs repeating one seed (`--rerun`) the latest counts, so a rerun replaces the older run.
+    `run_ids` keeps only those runs (`loopeval results` filters).
+    """
+    table = metrics(engine, set_id or latest_set(engine) or "")
+    if run_ids is not None:
+        table = table[table["run_id"].isin(list(run_ids))]
+    table = table[table["value"].notna()].sort_values("run_id")
+    table = table.drop_duplicates([*POINT, "seed", "task", "metric"], keep="last")
+    repeated = table.duplicated([*POINT, "task", "metric"]).any()
+    counts = item_counts(engine, table["run_id"].unique().tolist()) if repeated else {}
+    rows = []
+    for (model, loops, task, metric), group in table.groupby([*POINT, "task", "metric"], sort=True):
+        value, stderr = pool([Estimate(r.value, None if pd.isna(r.stderr) else r.stderr, counts.get((r.run_id, task)))
+                              for r in group.itertuples()])
+        ids = sorted(int(i) for i in group["run_id"])
+        rows.append([model, loops, group["suite"].iloc[0], task, metric, value, stderr, len(group), ids, ids[-1]])
+    return pd.DataFrame(rows, columns=_POOLED)
 
 
 def accuracy_memory(
@@ -186,28 +226,30 @@ def accuracy_memory(
     """One row per (model, loops) of one evaluation set: accuracy on `task` with stderr, sample count, every memory peak.
 
     `set_id` defaults to the latest set (`latest_set`); runs of other sets never enter, nor, when
-    given, runs outside `run_ids` (`loopeval results` filters). When a
-    (model, loops) pair was run more than once in the set, the latest run with this metric wins,
-    so a rerun replaces an older point rather than stacking on it. `metric` defaults to the task's
+    given, runs outside `run_ids` (`loopeval results` filters). Runs of one (model, loops) with different
+    seeds are pooled (`pooled_metrics`: `seeds`, `run_ids`); a rerun of a seed replaces the older run.
+    Memory is the largest peak of the pooled runs (what the model needed, whichever seed), the samples
+    their sum, the config, status and set those of the newest. `metric` defaults to the task's
     headline (`db.headline`: its pass@1; for "all" the suite mean over benchmarks); the chosen
     name is in the `metric` column.
     """
     set_id = set_id or latest_set(engine)
-    table = metrics(engine, set_id or "")
-    if run_ids is not None:
-        table = table[table["run_id"].isin(list(run_ids))]
-    table = suite_means(table) if task == SUITE else table[table["task"] == task]
+    table = pooled_metrics(engine, set_id, run_ids)
+    table = suite_means(table, by=tuple(POINT)) if task == SUITE else table[table["task"] == task]
     table = table[table["value"].notna()]
     if metric is None and not table.empty:
         names = sorted(table["metric"].unique())
         metric = headline_metric(names) or names[0]
-    table = table[table["metric"] == metric]
-    table = table.sort_values("run_id").drop_duplicates(["model", "loops"], keep="last")
-    table = table.rename(columns={"value": "accuracy"})
+    table = table[table["metric"] == metric].rename(columns={"value": "accuracy"})
     info = runs(engine)[["run_id", "n_samples", "model_config", "status", "set_id", "set_label"]]
-    table = table.merge(info, on="run_id", how="left")
-    table = table.merge(memory_peaks(engine, table["run_id"].tolist()), on="run_id", how="left")
-    return table.sort_values(["model", "loops"]).reset_index(drop=True)
+    table = table.merge(info.drop(columns="n_samples"), on="run_id", how="left")
+    pooled = table[[*POINT, "run_ids"]].explode("run_ids").rename(columns={"run_ids": "run_id"}).astype({"run_id": "int64"})
+    pooled = pooled.merge(info[["run_id", "n_samples"]], on="run_id", how="left")
+    pooled = pooled.merge(memory_peaks(engine, pooled["run_id"].tolist()), on="run_id", how="left")
+    per_point = pooled.drop(columns="run_id").groupby(POINT, as_index=False).agg(
+        {c: "sum" if c == "n_samples" else "max" for c in pooled.columns if c not in (*POINT, "run_id")})
+    table = table.merge(per_point, on=POINT, how="left")
+    return table.sort_values(POINT).reset_index(drop=True)
 
 
 def memory_series(engine: Engine, run_id: int) -> pd.DataFrame:

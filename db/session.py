@@ -63,6 +63,18 @@ def resolve_db_url(url: str | None = None) -> str:
     return url
 
 
+def display_url(url: str | URL) -> str:
+    """`url` as loopeval prints it: its password, in the user part or a `password=` parameter, shown as ***.
+
+    A string that does not parse as a URL shows its scheme only, since where its password is cannot be told.
+    """
+    try:
+        text = make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):
+        return f"{str(url).split('://')[0]}://..." if "://" in str(url) else str(url)
+    return re.sub(r"(?i)(password=)[^&]*", r"\1***", text)
+
+
 def engine_url(url: str) -> URL:
     """The SQLAlchemy URL to connect with: `postgres://` and `postgresql://` get the psycopg 3 driver."""
     parsed = make_url(url)
@@ -283,8 +295,7 @@ def _parse(url: str) -> URL:
     except (ArgumentError, ValueError):
         parsed, port_ok = None, False
     if parsed is None or not port_ok:
-        shown = re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)  # never print a password
-        raise ResultsError(f"--db {shown!r} is not a database URL: give sqlite:///PATH, a file path, or "
+        raise ResultsError(f"--db {display_url(url)!r} is not a database URL: give sqlite:///PATH, a file path, or "
                            "postgresql://USER:PASSWORD@HOST:PORT/DATABASE (PORT a number from 1 to 65535, an IPv6 HOST in brackets)")
     return parsed
 
@@ -352,7 +363,7 @@ def _create(parsed: URL) -> Engine:
     except (NoSuchModuleError, ImportError):
         extra = " (pip install 'loopeval[postgres]')" if parsed.get_backend_name() == "postgresql" else ""
         raise ResultsError(f"--db {parsed.drivername!r}: no SQLAlchemy driver installed for it{extra}") from None
-    _one_line_errors(engine, parsed.render_as_string(hide_password=True))
+    _one_line_errors(engine, display_url(parsed))
     return engine
 
 
@@ -370,7 +381,7 @@ def open_engine(url: str | None = None) -> Engine:
     before the first write, through a read-only connection.
     """
     url = resolve_db_url(url)
-    where = _parse(url).render_as_string(hide_password=True)
+    where = display_url(_parse(url))
     path = sqlite_path(url)
     if path is not None:
         _check_sqlite_file(path)
@@ -388,7 +399,7 @@ def open_existing(url: str | None = None) -> Engine:
     ResultsError; an older loopeval schema is upgraded first (it is loopeval's own file).
     """
     url = resolve_db_url(url)
-    where = _parse(url).render_as_string(hide_password=True)
+    where = display_url(_parse(url))
     path = sqlite_path(url)
     if path is not None:
         if not path.exists():

@@ -52,7 +52,7 @@ class EvalSet:
 
     @property
     def label(self) -> str:
-        """What the set is, in one line: 'set 1a2b3c4d: synthetic · chain3, chain4 · first 50 per task · n=4 T=1 ...'."""
+        """What the set is, in one line: 'set 1a2b3c4d: synthetic · chain3, chain4 · first 50 per task · n=4 temperature 1 ...'."""
         items = "all items" if self.limit is None else f"first {self.limit} per task"
         data = f"data {self.fingerprint[:8]}" if self.fingerprint else "data not fingerprinted"
         return f"set {self.id}: " + " · ".join([self.suite, self._tasks_text(), items, self._sampling_text(), data])
@@ -69,7 +69,8 @@ class EvalSet:
         if not sampling:
             return "sampling unknown"
         number = lambda key: isinstance(sampling.get(key), (int, float))  # noqa: E731
-        parts = [f"n={sampling.get('n', '?')}", f"T={sampling['temperature']:g}" if number("temperature") else "T=?"]
+        # "temperature", never "T": figures use T for a looped model's trained depth
+        parts = [f"n={sampling.get('n', '?')}", f"temperature {sampling['temperature']:g}" if number("temperature") else "temperature ?"]
         if number("top_p") and sampling["top_p"] != 1:
             parts.append(f"top-p {sampling['top_p']:g}")
         if sampling.get("top_k") is not None:
@@ -91,3 +92,14 @@ def run_key(run: Mapping[str, Any]) -> str:
     overrides = ((run.get("spec") or {}).get("model_overrides") or {}).get(model, {})
     return _digest({"model": model, "loops": run["loops"], "overrides": overrides, "set": run_set(run).id,
                     "seed": run["seed"]}, 16)
+
+
+def id_ranges(ids: Sequence[int]) -> str:
+    """Run ids (or seeds) as people read them: [13, 14, 15, 18] -> '13-15, 18'."""
+    spans: list[list[int]] = []
+    for value in sorted(ids):
+        if spans and value == spans[-1][1] + 1:
+            spans[-1][1] = value
+        else:
+            spans.append([value, value])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)

@@ -20,7 +20,7 @@ from sqlalchemy import Engine, delete, func, insert, select, update
 from db.headline import headline
 from db.sets import run_key, run_set
 from db.models import MemoryPeak, MemorySample, ProbeValue, ProfilePoint, Run, Sample, TaskMetric, utcnow
-from db.session import open_engine, open_existing, session_factory
+from db.session import display_url, open_engine, open_existing, session_factory
 
 SAMPLE_FIELDS = (
     "task", "doc_id", "sample_index", "prompt", "output", "gold", "score", "prompt_tokens",
@@ -59,7 +59,7 @@ class Store:
 
     @property
     def url(self) -> str:
-        return self.engine.url.render_as_string(hide_password=True)
+        return display_url(self.engine.url)
 
     def close(self) -> None:
         self.engine.dispose()

@@ -35,7 +35,7 @@ from harness.runner import RunOutcome, SweepPlan, raise_interrupt, run_stored, s
 from harness.spec import RunSpec
 
 if TYPE_CHECKING:
-    from rich.progress import Progress
+    from harness.progress import JobProgress
 
     from db.store import Store
 
@@ -99,14 +99,15 @@ class Workers:
             process.start()
         return cls(run_groups, processes, lines)
 
-    def wait(self, store: Store, progress: Progress | None, log: Callable[[str], None], title: str) -> list[RunOutcome]:
-        """Draw the progress from the store until every worker has ended; one outcome per run, in order.
+    def wait(self, store: Store, progress: JobProgress | None, log: Callable[[str], None], sweeps: int) -> list[RunOutcome]:
+        """Draw the job's progress (its runs in `sweeps` sweeps) from the store until every worker has ended; one
+        outcome per run, in order.
 
         Ctrl-C or SIGTERM here interrupts the workers, waits for them to store their runs and stores the
         runs they never reached as interrupted."""
         jobs = [job for group in self.groups for job in group.jobs]
         ids = [job.run_id for job in jobs]
-        bars = RunBars(progress, jobs, title)
+        bars = RunBars(progress, jobs, sweeps)
         try:
             with sigterm_as_interrupt():
                 while any(process.is_alive() for process in self.processes):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,13 +38,14 @@ from harness.runner import (
     new_sweep_id,
     package_versions,
     resumable_run,
+    run_label,
     run_one,
 )
 from harness.spec import RunSpec
 from harness.sweep import SweepRequest
 
 if TYPE_CHECKING:
-    from rich.progress import Progress
+    from harness.progress import JobProgress
 
     from db.store import Store
 
@@ -63,7 +65,7 @@ class Job:
 
     @property
     def label(self) -> str:
-        return f"run {self.run_id} {self.model}" + (f" r={self.loops}" if self.loops is not None else "")
+        return run_label(self.run_id, self.model, self.loops)
 
 
 def run_in_worker(run_id: int, db_url: str) -> str:
@@ -135,7 +137,9 @@ class RayExecutor:
         if where is None:
             kwargs["include_dashboard"] = False  # a local instance only for this sweep
         else:
+            _use_token_at_hand()
             _check_reachable(where)
+            _check_token(where)
         try:
             ray.init(address=address, **kwargs)
         except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -171,7 +175,7 @@ class RayExecutor:
 
     def run_sweep(
         self, request: SweepRequest, plans: Sequence[SweepPlan], store: Store, db_url: str, cpus: int = 1,
-        progress: Progress | None = None, log: Callable[[str], None] = print,
+        progress: JobProgress | None = None, log: Callable[[str], None] = print,
     ) -> list[RunOutcome]:
         """Queue every run of every spec (one per seed) as one sweep, submit them all, and wait for them."""
         sweep_id = new_sweep_id()
@@ -186,11 +190,11 @@ class RayExecutor:
             return []
         where = self.ray.get_runtime_context().gcs_address
         log(f"sweep {sweep_id}: {len(jobs)} runs queued on Ray at {where}, {_describe(jobs[0].resources)} each")
-        return self.execute(jobs, store, db_url, progress, log, title=f"sweep {sweep_id}")
+        return self.execute(jobs, store, db_url, progress, log)
 
     def resume(
         self, run_id: int, store: Store, db_url: str, gpus_per_run: float | None, cpus: int = 1,
-        progress: Progress | None = None, log: Callable[[str], None] = print,
+        progress: JobProgress | None = None, log: Callable[[str], None] = print,
     ) -> list[RunOutcome]:
         """Continue the stopped run `run_id` as one Ray task."""
         run = resumable_run(store, run_id)
@@ -198,10 +202,10 @@ class RayExecutor:
             raise UserError(f"--resume {run_id}: run already finished")
         spec = RunSpec.from_dict(run.spec, db_url)
         job = Job(run_id, run.model_spec, run.loops, resources(spec, run.model_spec, self.default_gpus(gpus_per_run), self.feasible_cpus(cpus)))
-        return self.execute([job], store, db_url, progress, log, title=f"resume run {run_id}")
+        return self.execute([job], store, db_url, progress, log)
 
     def execute(
-        self, jobs: list[Job], store: Store, db_url: str, progress: Progress | None, log: Callable[[str], None], title: str,
+        self, jobs: list[Job], store: Store, db_url: str, progress: JobProgress | None, log: Callable[[str], None],
     ) -> list[RunOutcome]:
         """Submit one task per job and wait for all of them, drawing progress from the store; outcomes in job order.
 
@@ -209,7 +213,7 @@ class RayExecutor:
         interrupted too, so every run of the sweep can be continued with `--resume`.
         """
         refs = {self._task(job.resources).remote(job.run_id, db_url): job for job in jobs}
-        bars = RunBars(progress, jobs, title)
+        bars = RunBars(progress, jobs)
         pending = list(refs)
         try:
             while pending:
@@ -256,6 +260,79 @@ class RayExecutor:
             log(f"interrupted; continue each run with: {env_command('loopeval')} run --resume RUN_ID ({', '.join(str(j.run_id) for j in jobs)})")
 
 
+AUTH_MODE_ENV = "RAY_AUTH_MODE"  # Ray's own variables: the mode, and the token itself or the file holding it
+TOKEN_ENV, TOKEN_PATH_ENV = "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"
+
+
+def _use_token_at_hand() -> None:
+    """Authenticate with Ray's token whenever one is at hand and RAY_AUTH_MODE says nothing.
+
+    Ray 2.60 turns token authentication on for the clusters it starts (`ray.init()`; `ray start --head`
+    once ~/.ray/auth_token exists), but a driver given an explicit address sends no token unless
+    RAY_AUTH_MODE=token: it is refused, retrying for 20 s. Ray's own rule for a cluster it finds by itself
+    (`address="auto"`) is applied here to every address; a client with a token still connects to a
+    cluster without authentication. An explicit RAY_AUTH_MODE is left as it is.
+    """
+    try:
+        from ray._private.authentication import authentication_token_setup as setup
+    except ImportError:  # a Ray without token authentication
+        return
+    logging.getLogger(setup.__name__).setLevel(logging.ERROR)  # its note would say what the next line does
+    setup.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
+def _token_source() -> str:
+    """Where Ray reads this machine's token from, as the error names it."""
+    if os.environ.get(TOKEN_ENV):
+        return TOKEN_ENV
+    return os.environ.get(TOKEN_PATH_ENV) or str(Path.home() / ".ray" / "auth_token")
+
+
+def auth_error(address: str) -> str:
+    """The one line for a cluster that refused this machine: what is wrong here, and the settings that fix it."""
+    mode = os.environ.get(AUTH_MODE_ENV)
+    if mode != "token":
+        why = f"{AUTH_MODE_ENV} is {mode!r} here" if mode else "this machine has no Ray token"
+    else:
+        why = f"it refused the token in {_token_source()}"
+    return (f"cannot connect to Ray at {address}: the cluster requires token authentication and {why}; set "
+            f"{AUTH_MODE_ENV}=token and give this machine the head's token (its ~/.ray/auth_token, or {TOKEN_ENV})")
+
+
+@contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Silence file descriptor 2 (Ray's C++ core logs there, around Python) for the length of the block."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _check_token(address: str) -> None:
+    """Ask the cluster's GCS once whether it accepts this machine, and fail in one line if not.
+
+    `ray.init` would retry a refused token for 20 s, logging a warning a second, and end with "Failed to
+    connect" naming no cause. Ray Client addresses (ray://) and Ray's own lookups ("auto") are left to it.
+    """
+    if "://" in address or ":" not in address:
+        return
+    from ray._raylet import GcsClient  # the client `ray.init` itself opens first; Ray has no public one
+    from ray.exceptions import AuthenticationError
+
+    try:
+        with _quiet_stderr():
+            GcsClient(address=address)
+    except AuthenticationError:
+        raise UserError(auth_error(address)) from None
+    except Exception as exc:  # no GCS there: ray.init would fail the same way, after retrying
+        raise UserError(f"cannot connect to Ray at {address}: {str(exc).splitlines()[0]}") from None
+
+
 def _check_reachable(address: str) -> None:
     """Fail at once on a HOST:PORT nothing listens on: Ray itself retries such an address for minutes."""
     host, sep, port = address.removeprefix("ray://").rpartition(":")
@@ -281,23 +358,26 @@ def _describe(resources: dict[str, float]) -> str:
 
 
 class RunBars:
-    """A sweep's progress drawn from the store: one bar for runs done, and one per run while it runs (samples
-    stored); a run that ends leaves its bar (its worker logs how it ended), so the bars on screen are the present."""
+    """Runs going side by side, drawn from the store on a job's view: the job's line counts the runs that ended,
+    and each run has a bar while it runs (samples stored); a run that ends leaves its bar (its worker logs how it
+    ended), so the bars on screen are the present."""
 
-    def __init__(self, progress: Progress | None, jobs: list[Job], title: str) -> None:
+    def __init__(self, progress: JobProgress | None, jobs: list[Job], sweeps: int = 1) -> None:
         self.progress = progress
         self.jobs = {job.run_id: job for job in jobs}
         self.bars: dict[int, Any] = {}
+        self.ended: set[int] = set()
         if progress is not None:
-            self.overall = progress.add_task(f"{title}: runs done", total=len(jobs))
+            progress.start_job(len(jobs), sweeps)
 
     def update(self, states: dict[int, tuple[str, int]]) -> None:
         if self.progress is None:
             return
-        done = 0
         for run_id, (status, samples) in states.items():
             ended = status not in ("queued", "running")
-            done += ended
+            if ended and run_id not in self.ended:
+                self.ended.add(run_id)
+                self.progress.count_run()
             bar = self.bars.get(run_id)
             if bar is None and status == "running":
                 bar = self.bars[run_id] = self.progress.add_task(f"{self.jobs[run_id].label}: running", total=None)
@@ -305,4 +385,3 @@ class RunBars:
                 self.progress.remove_task(self.bars.pop(run_id))
             elif bar is not None:
                 self.progress.update(bar, completed=samples)
-        self.progress.update(self.overall, completed=done)

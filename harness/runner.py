@@ -28,18 +28,17 @@ from adapters.base import (Finished, Generation, Prompt, Request, Sampling, Sche
                            checked_generation, checked_memory)
 from adapters.threads import applied
 from db import ResultsError
-from db.sets import run_key
+from db.sets import id_ranges, run_key
 from harness.capacity import check_fits
 from harness.errors import UserError
-from harness.hints import env_command
+from harness.hints import env_command, with_db
 from harness.recorder import RunBusy, RunRecorder, holder_is_gone
 from harness.sampler import MemorySampler
 from harness.spec import RunSpec, is_looped
 
 if TYPE_CHECKING:
-    from rich.progress import Progress
-
     from db.store import Store
+    from harness.progress import JobProgress
 
 
 def package_versions() -> dict[str, str]:
@@ -346,21 +345,10 @@ def skip_stored(spec: RunSpec, plan: SweepPlan, store: Store, log: Callable[[str
     if skipped:
         ids = sorted(o.run_id for o in skipped)
         what = f"{len(skipped)} of {len(plan.runs)} runs" if kept else f"all {len(plan.runs)} runs"
-        log(f"{what} identical to finished run{'s' if len(ids) > 1 else ''} {_ranges(ids)} "
+        log(f"{what} identical to finished run{'s' if len(ids) > 1 else ''} {id_ranges(ids)} "
             "(same model, overrides, loops, evaluation set and seed): skipped; --rerun runs them again")
     plan.runs = kept
     return skipped
-
-
-def _ranges(ids: Sequence[int]) -> str:
-    """[13, 14, 15, 18] -> '13-15, 18'."""
-    spans: list[list[int]] = []
-    for run_id in ids:
-        if spans and run_id == spans[-1][1] + 1:
-            spans[-1][1] = run_id
-        else:
-            spans.append([run_id, run_id])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def store_sweep(spec: RunSpec, plan: SweepPlan, store: Store, sweep_id: str) -> list[tuple[int, str, int | None]]:
@@ -371,7 +359,7 @@ def store_sweep(spec: RunSpec, plan: SweepPlan, store: Store, sweep_id: str) -> 
 
 
 def run_sweep(
-    spec: RunSpec, plan: SweepPlan, store: Store, progress: Progress | None = None, log: Callable[[str], None] = print,
+    spec: RunSpec, plan: SweepPlan, store: Store, progress: JobProgress | None = None, log: Callable[[str], None] = print,
     sweep_id: str | None = None,
 ) -> list[RunOutcome]:
     """Store the sweep, then run every (model, loops) of it, each model loaded once; one outcome per run, in order.
@@ -402,7 +390,7 @@ def resumable_run(store: Store, run_id: int) -> Any:
 
 
 def resume_run(
-    run_id: int, store: Store, db_url: str | None, progress: Progress | None = None, log: Callable[[str], None] = print
+    run_id: int, store: Store, db_url: str | None, progress: JobProgress | None = None, log: Callable[[str], None] = print
 ) -> list[RunOutcome]:
     """Complete the sweep of run `run_id`: that run and every other unfinished run of its sweep, in order.
 
@@ -424,21 +412,27 @@ def run_one(run_id: int, store: Store, db_url: str | None, log: Callable[[str], 
     if run.status == "finished":
         raise UserError(f"--resume {run_id}: run already finished")
     spec = RunSpec.from_dict(run.spec, db_url)
-    log(f"run {run_id}: {'starting' if run.status == 'queued' else 'resuming'} {run.model_spec}"
-        + (f" loops={run.loops}" if run.loops is not None else ""))
     return run_stored(spec, [(run.id, run.model_spec, run.loops)], _load_tasks(spec), store, None, log)[0]
 
 
 def run_stored(
     spec: RunSpec, runs: list[tuple[int, str, int | None]], task_configs: list[Any], store: Store,
-    progress: Progress | None, log: Callable[[str], None], loaded: dict[str, Any] | None = None,
+    progress: JobProgress | None, log: Callable[[str], None], loaded: dict[str, Any] | None = None,
 ) -> list[RunOutcome]:
-    """Execute stored runs in order, loading each model once (runs are model-major)."""
+    """Execute stored runs in order, loading each model once (runs are model-major).
+
+    With a `progress` view the current run is named on the sweep's line, and each finished run leaves the
+    one line `_execute` logs for it; without one, each run's start is logged too.
+    """
     outcomes = []
-    overall = progress.add_task("sweep", total=len(runs)) if progress is not None else None
+    if progress is not None:
+        progress.start_sweep(len(runs))
     adapter, current = None, None
     for run_id, model, loops in runs:
-        log(f"run {run_id}: {model}" + (f" loops={loops}" if loops is not None else "") + f" on {spec.suite}")
+        if progress is not None:
+            progress.start_run(run_label(run_id, model, loops))
+        else:
+            log(f"{run_label(run_id, model, loops)}: starting on {spec.suite}")
         try:
             if model != current:  # the previous model is done with
                 adapter, current = (loaded or {}).pop(model, None), model
@@ -455,9 +449,14 @@ def run_stored(
             log(f"run {run_id} failed: {error}")
             outcomes.append(RunOutcome(run_id, model, loops, "failed", error=error))
             adapter, current = None, None
-        if progress is not None and overall is not None:
-            progress.advance(overall)
+        if progress is not None:
+            progress.end_run()
     return outcomes
+
+
+def run_label(run_id: int, model: str, loops: int | None) -> str:
+    """How progress and log lines name a run: 'run 14 zoo:ouro-tiny r=4' (a plain model has no r)."""
+    return f"run {run_id} {model}" + ("" if loops is None else f" r={loops}")
 
 
 def _execute(
@@ -467,7 +466,7 @@ def _execute(
     run: tuple[str, int | None],
     adapter: Any,
     task_configs: list[Any],
-    progress: Progress | None,
+    progress: JobProgress | None,
     log: Callable[[str], None],
 ) -> RunOutcome:
     """Generate and score one stored run, (model spec, loops), with `adapter`, keeping the store current
@@ -504,7 +503,8 @@ def _execute(
         status = "finished"
     except KeyboardInterrupt:
         status = "interrupted"
-        log(f"run {run_id} interrupted; finished samples are stored. Continue with: {env_command('loopeval')} run --resume {run_id}")
+        resume = with_db(f"{env_command('loopeval')} run --resume {run_id}", spec.db_url)
+        log(f"run {run_id} interrupted; finished samples are stored. Continue with: {resume}")
         raise
     except Exception as exc:
         error = _error(exc)
@@ -512,8 +512,8 @@ def _execute(
     finally:
         sampler.stop()
         recorder.stop()
-        _record_sampler(store, run_id, sampler, log, f"run {run_id} {status} in {recorder.wall_seconds:.1f} s "
-                        f"({timed.generate_seconds:.1f} s inside generate this time)")
+        _record_sampler(store, run_id, sampler, log, f"{run_label(run_id, *run)}: {status} in {recorder.wall_seconds:.1f} s "
+                        f"({timed.generate_seconds:.1f} s generating")
         store.finish_run(run_id, status, error=error)
     return RunOutcome(run_id, *run, status, metrics)
 
@@ -523,10 +523,10 @@ def _error(exc: Exception) -> str:
 
 
 def _record_sampler(store: Store, run_id: int, sampler: MemorySampler, log: Callable[[str], None], headline: str) -> None:
-    """Log and store what the memory sampler cost (its overhead is part of what a run reports)."""
+    """Log the run's one closing line with what the memory sampler cost, and store that cost in full (ticks, time
+    per tick) with the run: its overhead is part of what a run reports."""
     overhead = sampler.overhead()
-    log(f"{headline}; memory sampler: {overhead['ticks']:.0f} ticks, {1e3 * overhead['seconds_per_tick']:.2f} ms each, "
-        f"{100 * overhead['busy_fraction']:.2f}% of wall")
+    log(f"{headline}; sampler {100 * overhead['busy_fraction']:.1f}%)")
     host = dict(store.get_run(run_id).host or {})
     host["sampler"] = {**overhead, "interval": sampler.interval, "unavailable": sampler.unavailable}
     store.update_run(run_id, host=host)

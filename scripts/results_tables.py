@@ -21,36 +21,65 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
+
+from db.headline import rounded
+
+
+def by_point(runs: list[dict]) -> dict[tuple[str, int], list[dict]]:
+    """(model, loops r) -> its runs, one per seed (the latest run of a seed), in the order they were stored.
+
+    A plain model runs once: r = 1, as the report and `results` show it. Seeds are pooled as `loopeval
+    results` pools them: a set scores the same docs in every seed, so the pooled mean is the seeds' mean.
+    """
+    latest: dict[tuple[str, int, int | None], dict] = {}
+    for run in runs:
+        latest[(run["model"], run["loops"] or 1, run.get("seed"))] = run
+    points: dict[tuple[str, int], list[dict]] = {}
+    for (model, loops, _), run in latest.items():
+        points.setdefault((model, loops), []).append(run)
+    return points
+
+
+def mean(values: list[float | None]) -> float | None:
+    return None if not values or any(v is None for v in values) else statistics.fmean(values)
 
 
 def table(runs: list[dict], memory: bool) -> str:
-    tasks = sorted({task for run in runs for task in run["metrics"] if task != "all"})
-    head = ["model", "loops", *tasks, "average"] + (["weights_bytes", "kv_bytes_peak", "KV bytes/token"] if memory else [])
+    """One row per (model, loops) of the set; each task's pass@1 and the suite mean (`pass_at_1`, as `results` computes
+    it), pooled over seeds and rounded as `results` rounds; a seeds column where the set ran several."""
+    points = by_point(runs)
+    tasks = sorted({task for run in runs for task in run["pass_at_1"]["benchmarks"]})
+    several = any(len(seeds) > 1 for seeds in points.values())
+    head = ["model", "loops", *(["seeds"] if several else []), *tasks, "average"]
+    head += ["weights_bytes", "kv_bytes_peak", "KV bytes/token"] if memory else []
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for run in runs:
-        score = lambda task: next(iter(run["metrics"].get(task, {}).values()), None)  # noqa: E731 (one metric per task)
-        cells = [run["model"], str(run["loops"] or 1)]  # a plain model runs once: r = 1, as the report and `results` show it
-        cells += [f"{score(t):.3f}" if score(t) is not None else "n/a" for t in [*tasks, "all"]]
+    for (model, loops), seeds in points.items():
+        values = [mean([run["pass_at_1"]["benchmarks"].get(task) for run in seeds]) for task in tasks]
+        values.append(mean([run["pass_at_1"]["mean"] for run in seeds]))
+        cells = [model, str(loops), *([str(len(seeds))] if several else [])]
+        cells += [rounded(v) if v is not None else "n/a" for v in values]
         if memory:
-            per_token = run["kv_bytes_per_token"]
-            cells += [f"{run['memory'].get(k) or 0:,}" for k in ("weights_bytes", "kv_bytes_peak")]
+            per_token = seeds[-1]["kv_bytes_per_token"]
+            cells += [f"{max(run['memory'].get(k) or 0 for run in seeds):,}" for k in ("weights_bytes", "kv_bytes_peak")]
             cells.append(f"{per_token:,}" if per_token is not None else "n/a")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def depth_table(runs: list[dict]) -> str:
-    """One row per (model, task group), pass@1 at each loop count r of the set; "all" is the suite mean."""
-    loops = sorted({run["loops"] or 1 for run in runs})
+    """One row per (model, task group), pass@1 at each loop count r of the set (seeds pooled); "all" is the suite mean."""
+    points = by_point(runs)
+    loops = sorted({r for _, r in points})
     lines = ["| model | group | " + " | ".join(f"r = {r}" for r in loops) + " |", "|" + " --- |" * (len(loops) + 2)]
-    for model in dict.fromkeys(run["model"] for run in runs):
-        by_r = {run["loops"] or 1: run["pass_at_1"] for run in runs if run["model"] == model}  # the latest run wins
-        groups = ["all", *sorted({g for p in by_r.values() for g in p["groups"]})]
+    for model in dict.fromkeys(model for model, _ in points):
+        by_r = {r: [run["pass_at_1"] for run in seeds] for (m, r), seeds in points.items() if m == model}
+        groups = ["all", *sorted({g for p in by_r.values() for one in p for g in one["groups"]})]
         for group in groups:
-            values = [None if r not in by_r else by_r[r]["mean"] if group == "all" else by_r[r]["groups"].get(group)
+            values = [None if r not in by_r else mean([p["mean"] if group == "all" else p["groups"].get(group) for p in by_r[r]])
                       for r in loops]
-            cells = [f"{v:.2f}" if v is not None else "-" for v in values]
+            cells = [rounded(v, 2) if v is not None else "-" for v in values]
             lines.append(f"| {model if group == 'all' else ''} | {group} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

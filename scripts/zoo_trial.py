@@ -22,7 +22,7 @@ import torch
 import adapters
 from adapters.engine.tokenizer import char_tokenizer
 from adapters.engine.training import TaskData, answer_accuracy, train
-from adapters.zoo import get_recipe
+from adapters.zoo import checkpoint_spec, get_recipe
 from suites import synthetic
 
 
@@ -50,7 +50,7 @@ def main() -> None:
     info = train(recipe, args.out, items, stop=synthetic.STOP, progress=False)
     print("TRAIN", json.dumps({k: info[k] for k in ("name", "steps", "cpu_minutes", "wall_minutes", "validation_accuracy")}))
     if args.loops:
-        model = adapters.load(f"{recipe.model_config().family}:{args.out}", device="cpu", dtype="float32").model
+        model = adapters.load(checkpoint_spec(args.out), device="cpu", dtype="float32").model
         data = TaskData(tasks, char_tokenizer(), recipe.val_items, items, synthetic.STOP)
         for loops in map(int, args.loops.split(",")):
             accuracy = answer_accuracy(model, data, "cpu", loops=loops)

@@ -20,14 +20,22 @@ if TYPE_CHECKING:
 DEFAULT_SUITE = "synthetic"
 
 _DESCRIPTIONS: dict[str, str] = {
-    "synthetic": "bundled: multi-digit addition, 2/3/4-hop variable chains and a lookup control (200 items each); cellular-automaton depth tasks r30k3..r30k8, r110k4, c30k2..c30k8, c150k2..c150k7 by name",
+    "synthetic": "bundled, 200 test items a task: variable chains (no depth needed) and cellular automata (depth)",
     "paper": "AIME24/25/26, AMC23, MATH-500, OlympiadBench, GPQA-Diamond, MMLU-Redux, HumanEval, HLE (local copies via --data-dir)",
 }
 _MODULES = {"synthetic": synthetic, "paper": paper}
 
+
 def list_suites() -> dict[str, str]:
-    """Suite name -> one-line description."""
-    return dict(_DESCRIPTIONS)
+    """Suite name -> one line: what it is, the tasks a run without --tasks evaluates, and the others it takes by name.
+
+    The task lists come from the suite modules, so they are what `loopeval run` does."""
+    lines = {}
+    for name, module in _MODULES.items():
+        others = [task for task in module.TASKS if task not in module.DEFAULT_TASKS]
+        lines[name] = (f"{_DESCRIPTIONS[name]}; default tasks: {', '.join(module.DEFAULT_TASKS)}"
+                       + (f"; also by name: {', '.join(others)}" if others else ""))
+    return lines
 
 
 def _check_suite(name: str) -> None:

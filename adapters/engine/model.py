@@ -30,7 +30,7 @@ from __future__ import annotations
 import collections
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -364,6 +364,7 @@ class LoopTrace:
     Chunked (gated) forwards record one list per chunk; `joined` puts them back along the sequence."""
 
     skip: frozenset[int] = frozenset()
+    on_loop: Callable[[], None] | None = None  # called after each loop that ran, not skipped (a progress bar)
     chunks: list[list[Tensor]] = field(default_factory=list)
 
     def begin(self, e: Tensor) -> None:
@@ -371,7 +372,10 @@ class LoopTrace:
         self.chunks.append([e.detach()])
 
     def record(self, h: Tensor) -> None:
+        loop = len(self.chunks[-1]) - 1  # 0-based: the chunk starts with the state entering loop 1
         self.chunks[-1].append(h.detach())
+        if self.on_loop is not None and loop not in self.skip:
+            self.on_loop()
 
     def joined(self) -> list[Tensor]:
         return [torch.cat(parts, dim=1) for parts in zip(*self.chunks)]

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -43,9 +43,10 @@ class ProbeValue:
     value: float  # NaN where undefined (an interaction with a loop whose update is below ROUNDING)
 
 
-def _states(model: LoopedLM, ids: Tensor, loops: int, skip: frozenset[int] = frozenset()) -> Tensor:
+def _states(model: LoopedLM, ids: Tensor, loops: int, skip: frozenset[int] = frozenset(),
+            on_loop: Callable[[], None] | None = None) -> Tensor:
     """[r + 1, n, d] float32: h_0 .. h_r of one text (batch 1)."""
-    trace = LoopTrace(skip=skip)
+    trace = LoopTrace(skip=skip, on_loop=on_loop)
     model(ids, loops=loops, trace=trace)
     return torch.stack(trace.joined())[:, 0].float()
 
@@ -82,13 +83,14 @@ def first_skip(model: LoopedLM) -> int:
 
 
 @torch.no_grad()
-def probe(model: LoopedLM, texts: Iterable[Tensor], loops: int) -> list[ProbeValue]:
-    """Every metric of every loop 1..`loops` over the token ids of `texts` (each [n], run one at a time)."""
+def probe(model: LoopedLM, texts: Iterable[Tensor], loops: int, on_loop: Callable[[], None] | None = None) -> list[ProbeValue]:
+    """Every metric of every loop 1..`loops` over the token ids of `texts` (each [n], run one at a time);
+    `on_loop` is called after each loop that runs (r per text, then r - 1 per loop skipped)."""
     model.eval()
     sums = _Sums()
     for ids in texts:
         ids = ids[None]
-        h = _states(model, ids, loops)
+        h = _states(model, ids, loops, on_loop=on_loop)
         updates = h[1:] - h[:-1]  # u_1 .. u_r
         for l in range(1, loops + 1):
             before, after = h[l - 1], h[l]
@@ -98,7 +100,7 @@ def probe(model: LoopedLM, texts: Iterable[Tensor], loops: int) -> list[ProbeVal
             sums.add((l, "relative_update", None), float(ratio.sum()), after.shape[0])
             sums.add_states(l, after)
         for skipped in range(first_skip(model), loops - 1):  # 0-based; the last loop has no later loop to affect
-            h_skip = _states(model, ids, loops, frozenset({skipped}))
+            h_skip = _states(model, ids, loops, frozenset({skipped}), on_loop)
             for l in range(skipped + 2, loops + 1):
                 change = (h_skip[l] - h_skip[l - 1]) - updates[l - 1]
                 size = float(updates[l - 1].norm(dim=-1).sum())

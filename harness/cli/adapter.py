@@ -8,6 +8,8 @@ a check fails.
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -15,18 +17,34 @@ from harness.cli.common import AdaptersDirOption, TrustRemoteCodeFlag
 from harness.hints import env_command
 
 
+CHECKOUT = Path(__file__).resolve().parents[2]  # loopeval's source folder when it runs from one (an editable install)
+
+
+def default_parent(cwd: Path, checkout: Path = CHECKOUT) -> Path:
+    """Where `adapter new` writes without --dir: the current folder, unless that is inside loopeval's own source
+    checkout, whose tree a user's package must not land in: then the folder beside it, as the docs' `--dir ..`."""
+    inside = (checkout / "pyproject.toml").is_file() and (cwd == checkout or checkout in cwd.parents)
+    return checkout.parent if inside else cwd
+
+
 def new(
     name: str = typer.Argument(..., help="The adapter's spec prefix (lowercase letters, digits, _), e.g. myarch."),
-    directory: str = typer.Option(".", "--dir", help="Where to write the package folder loopeval-NAME/."),
+    directory: Optional[str] = typer.Option(None, "--dir", help="Where to write the package folder loopeval-NAME/. "
+                                            "Default: here, or beside loopeval's source folder when here is inside it."),
 ) -> None:
     """Write a working adapter package: module, entry-point stanza, README and a conformance test."""
     from adapters.scaffold import write_scaffold
 
-    root = write_scaffold(name, directory)
-    typer.echo(f"wrote {root}")
+    here = Path.cwd()
+    parent = Path(directory) if directory is not None else default_parent(here)
+    root = write_scaffold(name, parent)
+    typer.echo(f"wrote {root}" + ("" if directory is not None or parent == here else
+                                  " (beside loopeval's source folder, not inside it; --dir picks another)"))
     python = env_command("python")
-    typer.echo(f"next: cd {shlex.quote(str(root))} && {python} -m pip install --no-deps --no-build-isolation -e . && {python} -m pytest"
-               f"   (then: {env_command('loopeval')} run --model {name}:tiny --limit 2)")
+    # The install and test run in a subshell, so the run after them stores into this folder's database, as every
+    # other command typed here does.
+    typer.echo(f"next: (cd {shlex.quote(str(root))} && {python} -m pip install --no-deps --no-build-isolation -e . "
+               f"&& {python} -m pytest) && {env_command('loopeval')} run --model {name}:tiny --limit 2")
 
 
 def check(

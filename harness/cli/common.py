@@ -15,7 +15,7 @@ import typer
 from adapters.threads import ENV_VAR as THREADS_ENV
 from adapters.threads import SMALL_MODEL_PARAMS
 from harness.errors import UserError
-from harness.hints import env_command
+from harness.hints import env_command, with_db
 
 GB = 1e9  # decimal gigabytes, as the MELT paper reports them
 
@@ -97,12 +97,10 @@ def say_threads(chosen: Any) -> None:
 
 
 def progress() -> Any:
-    """The progress display of long commands: one bar per task, counts and elapsed time."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    """The live view of a `loopeval run` job (`harness.progress.JobProgress`): the job, the sweep and run running now."""
+    from harness.progress import JobProgress
 
-    # Descriptions name models and tasks, which are stored strings: shown as written, never as console markup.
-    return Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    transient=False)
+    return JobProgress()
 
 
 def console() -> Any:
@@ -114,8 +112,9 @@ def console() -> Any:
 
 
 def print_table(title: str | None, columns: list[str], rows: list[list[str]], right: tuple[str, ...] = (),
-                caption: str | None = None, fold: tuple[str, ...] = ()) -> None:
-    """A rich table. Columns in `fold` wrap long values onto more lines instead of cutting them to `zoo:…`.
+                caption: str | None = None, fold: tuple[str, ...] = (), keep: tuple[str, ...] = ()) -> None:
+    """A rich table. Columns in `fold` wrap long values onto more lines instead of cutting them to `zoo:…`;
+    columns in `keep` never wrap, so a figure such as `0.670 ± 0.060` stays on one line on a narrow terminal.
 
     Cells and title are `Text`, not markup: a stored model name such as `[/bold]` is printed as written
     instead of styling the table or failing it with a MarkupError.
@@ -126,7 +125,7 @@ def print_table(title: str | None, columns: list[str], rows: list[list[str]], ri
     table = Table(title=None if title is None else Text(title), caption=caption, caption_justify="left")
     for column in columns:
         table.add_column(column, justify="right" if column in right else "left",
-                         overflow="fold" if column in fold else "ellipsis")
+                         overflow="fold" if column in fold else "ellipsis", no_wrap=column in keep)
     for row in rows:
         table.add_row(*(Text(cell) for cell in row))
     console().print(table)
@@ -136,9 +135,11 @@ Z95 = 1.96  # the accuracy interval printed is the normal 95% interval, accuracy
 
 
 def _accuracy_text(accuracy: float | None, stderr: float | None) -> str:
+    from db.headline import rounded
+
     if accuracy is None or accuracy != accuracy:
         return "n/a"
-    return f"{accuracy:.3f}" + ("" if stderr is None or stderr != stderr else f" ± {Z95 * stderr:.3f}")
+    return rounded(accuracy) + ("" if stderr is None or stderr != stderr else f" ± {rounded(Z95 * stderr)}")
 
 
 def _per_gb_text(value: float) -> str:
@@ -158,23 +159,26 @@ def _order_sets(runs: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = None, measure: str | None = None,
-                 per_task: bool = False) -> None:
+                 per_task: bool = False, db: str | None = None) -> None:
     """How much accuracy per gigabyte: one evaluation set of `runs` (run summaries, already filtered).
 
-    Per (model, loops), the latest run of the set: pass@1 (suite mean) with its 95% interval, memory at
-    `measure` (default: the first measure the runs have, as the report's), accuracy per decimal GB,
-    best first, the Pareto frontier marked. `per_task` prints each benchmark's pass@1 instead.
-    Only runs of one set are compared (`db.sets`); the others are listed below the table.
+    Per (model, loops), its runs of the set with their seeds pooled (`db.queries.pooled_metrics`): the
+    seed count, pass@1 (suite mean) with its 95% interval over every seed's items, memory at `measure`
+    (default: the first measure the runs have, as the report's), accuracy per decimal GB, best first,
+    the Pareto frontier marked, the runs. `per_task` prints each benchmark's pass@1 instead.
+    Only runs of one set are compared (`db.sets`); the others are listed below the table. `db` is the
+    database the user named, for the hints.
     """
     from dashboards import figures
     from dashboards.data import accuracy_points, ranked
+    from db import queries
 
     evals = [r for r in runs if r["kind"] == "eval"]
     sets = _order_sets(evals)
     if measure is not None and measure not in figures.MEMORY_MEASURES:
         raise UserError(f"--measure must be one of {', '.join(figures.MEMORY_MEASURES)}, got {measure!r}")
     if not evals:
-        typer.echo("no evaluation runs match" + ("" if runs else f"; try `{env_command('loopeval')} run`"))
+        typer.echo("no evaluation runs match" + ("" if runs else f"; try `{with_db(env_command('loopeval') + ' run', db)}`"))
         return
     chosen = set_id or next(iter(sets))
     in_set = {r["id"]: r for r in evals if r["set_id"] == chosen}
@@ -182,51 +186,69 @@ def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = No
     measure = measure or figures.default_measure(points)
     table = ranked(points, measure)
     shown = {(row.model, int(row.loops)) for row in table.itertuples()}
-    latest = {(r["model"], _loops(r)): r for r in in_set.values()}  # by id order: the newest run wins
-    unscored = [r for key, r in latest.items() if key not in shown]
+    unscored: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for run in in_set.values():
+        if (run["model"], _loops(run)) not in shown:
+            unscored.setdefault((run["model"], _loops(run)), []).append(run)
 
     out = console()
     out.print(sets[chosen], markup=False, highlight=False)
     if per_task:
-        print_table(None, ["model", "r", "task", "pass@1 ±95%", "run"], _task_rows(table, in_set),
-                    right=("r", "pass@1 ±95%", "run"), fold=("model",))
+        pooled = queries.pooled_metrics(store.engine, chosen, run_ids=list(in_set))
+        print_table(None, ["model", "r", "seeds", "task", "pass@1 ±95%", "runs"], _task_rows(table, pooled),
+                    right=("r", "seeds", "pass@1 ±95%"), fold=("model", "runs"), keep=("pass@1 ±95%",), caption=POOLED_CAPTION)
     else:
-        print_table(None, ["#", "model", "r", "pass@1 ±95%", "memory", "pass@1/GB", "front", "run"],
-                    _ranking_rows(table, unscored, measure), right=("#", "r", "pass@1 ±95%", "memory", "pass@1/GB", "run"),
-                    fold=("model",),
+        print_table(None, ["#", "model", "r", "seeds", "pass@1 ±95%", "memory", "pass@1/GB", "front", "runs"],
+                    _ranking_rows(table, unscored, measure),
+                    right=("#", "r", "seeds", "pass@1 ±95%", "memory", "pass@1/GB"), fold=("model", "runs"), keep=("pass@1 ±95%",),
                     caption=f"memory: {figures.measure_label(measure)}, decimal units (1 GB = 1e9 bytes); n/a = unavailable "
-                            "here. ± is the 95% interval; * marks the Pareto frontier (no point has less memory and more accuracy).")
+                            "here. ± is the 95% interval; * marks the Pareto frontier (no point has less memory and more "
+                            f"accuracy). {POOLED_CAPTION} Memory is the largest peak of the row's runs.")
     counts = {other: sum(r["set_id"] == other for r in evals) for other in sets}
     others = [f"  {label} ({counts[other]} run{'s' * (counts[other] > 1)})" for other, label in sets.items() if other != chosen]
     if others:
-        out.print(f"other evaluation sets, never mixed with this one ({env_command('loopeval')} results --set ID):\n" + "\n".join(others),
+        out.print(f"other evaluation sets, never mixed with this one ({with_db(env_command('loopeval') + ' results --set ID', db)}):\n"
+                  + "\n".join(others),
                   markup=False, highlight=False)
 
 
-def _ranking_rows(table: Any, unscored: list[dict[str, Any]], measure: str) -> list[list[str]]:
-    """`dashboards.data.ranked` rows, ranked where accuracy per GB is known, then runs of the set without a score."""
+POOLED_CAPTION = "A row pools its seeds: pass@1 and its interval are over every item of all of them."
+
+
+def _ranking_rows(table: Any, unscored: dict[tuple[str, int], list[dict[str, Any]]], measure: str) -> list[list[str]]:
+    """`dashboards.data.ranked` rows, ranked where accuracy per GB is known, then (model, loops) of the set without a score."""
     from db.measures import byte_text
+    from db.sets import id_ranges
 
-    rows = [[str(rank) if row.per_gb == row.per_gb else "", row.model, str(int(row.loops)),
+    rows = [[str(rank) if row.per_gb == row.per_gb else "", row.model, str(int(row.loops)), str(row.seeds),
              _accuracy_text(row.accuracy, row.stderr), byte_text(row.memory), _per_gb_text(row.per_gb),
-             "*" if row.frontier else "", str(row.run_id)] for rank, row in enumerate(table.itertuples(), 1)]
-    return rows + [["", r["model"], str(_loops(r)), r["status"], byte_text(r["memory"].get(measure)), "n/a", "", str(r["id"])]
-                   for r in unscored]
+             "*" if row.frontier else "", id_ranges(row.run_ids)] for rank, row in enumerate(table.itertuples(), 1)]
+    for (model, loops), runs in unscored.items():
+        newest = runs[-1]
+        rows.append(["", model, str(loops), str(len({r["seed"] for r in runs})), newest["status"],
+                     byte_text(newest["memory"].get(measure)), "n/a", "", id_ranges([r["id"] for r in runs])])
+    return rows
 
 
-def _task_rows(table: Any, runs: dict[int, dict[str, Any]]) -> list[list[str]]:
-    """Per ranked (model, loops): each benchmark's pass@1 with its interval (`db.headline`), each task
-    group's mean (`db.headline.TASK_GROUPS`, `GROUP_PATTERNS`), then the suite mean."""
-    from db.headline import benchmark_stderrs
+def _task_rows(table: Any, pooled: Any) -> list[list[str]]:
+    """Per ranked (model, loops): each benchmark's pass@1 with its interval (`db.headline`) from its seeds' pooled
+    per-task values, each task group's mean (`db.headline.TASK_GROUPS`, `GROUP_PATTERNS`), then the suite mean."""
+    from db.headline import SUITE, benchmark_stderrs, headline
+    from db.sets import id_ranges
 
     rows = []
     for row in table.itertuples():
-        run = runs[row.run_id]
-        errors = benchmark_stderrs(run["stderr"])
-        for index, (name, value) in enumerate(run["pass_at_1"]["benchmarks"].items()):
+        tasks = pooled[(pooled["model"] == row.model) & (pooled["loops"] == row.loops) & (pooled["task"] != SUITE)]
+        values: dict[str, dict[str, float | None]] = {}
+        stderrs: dict[str, dict[str, float | None]] = {}
+        for task in tasks.itertuples():
+            values.setdefault(task.task, {})[task.metric] = task.value
+            stderrs.setdefault(task.task, {})[task.metric] = None if task.stderr != task.stderr else task.stderr
+        result, errors = headline(values, row.suite), benchmark_stderrs(stderrs)
+        for index, (name, value) in enumerate(result.benchmarks.items()):
             first = index == 0
-            rows.append([row.model if first else "", str(int(row.loops)) if first else "", name,
-                         _accuracy_text(value, errors.get(name)), str(row.run_id) if first else ""])
-        rows += [["", "", f"[{name}]", _accuracy_text(value, None), ""] for name, value in run["pass_at_1"].get("groups", {}).items()]
-        rows.append(["", "", "mean", _accuracy_text(row.accuracy, row.stderr), ""])
+            rows.append([row.model if first else "", str(int(row.loops)) if first else "", str(row.seeds) if first else "",
+                         name, _accuracy_text(value, errors.get(name)), id_ranges(row.run_ids) if first else ""])
+        rows += [["", "", "", f"[{name}]", _accuracy_text(value, None), ""] for name, value in result.groups.items()]
+        rows.append(["", "", "", "mean", _accuracy_text(row.accuracy, row.stderr), ""])
     return rows

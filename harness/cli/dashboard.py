@@ -24,7 +24,7 @@ def dashboard(
         "default it answers only requests naming --host (and localhost's names when that is loopback)."),
 ) -> None:
     """Accuracy against gigabytes, memory traces, loop sweeps and samples: a report file or a served app."""
-    from db.session import resolve_db_url
+    from db.session import display_url, resolve_db_url
 
     url = resolve_db_url(db)
     if serve:
@@ -35,7 +35,7 @@ def dashboard(
         if host not in LOOPBACK_NAMES:
             print(f"loopeval dashboard: warning: --host {host} serves the results to other machines on the network "
                   "(no login); use 127.0.0.1 to keep them on this one", file=sys.stderr)
-        print(f"loopeval dashboard: serving {url} at http://{host}:{port}/ to requests for {', '.join(sorted(hosts))} "
+        print(f"loopeval dashboard: serving {display_url(url)} at http://{host}:{port}/ to requests for {', '.join(sorted(hosts))} "
               "(--allowed-host adds a name; Ctrl+C stops)")
         dash_app.run(host=host, port=port, debug=False)
         return

@@ -21,6 +21,7 @@ from adapters.base import AdapterError
 from adapters.files import MIB, read_text
 from harness.cli.common import DbOption, ThreadsOption, model_params, parse_int_list, print_table, say_threads, use_threads
 from harness.errors import UserError
+from harness.hints import env_command, with_db
 
 PROBE_SUITES = ("synthetic",)  # suites whose texts ship with loopeval; others need --text-file
 MAX_PROBE_LOOPS = 64  # the interaction needs one forward per skipped loop: r forwards of r loops per text
@@ -55,14 +56,14 @@ def probe(
     say_threads(chosen)
     try:
         began = time.perf_counter()
-        values = _measure(adapter, texts, positions, r)
+        values = _measure(adapter, texts, positions, r, model)
         run_id = None if results is None else _store(results, model, adapter, source, r, values, time.perf_counter() - began)
     finally:
         if results is not None:
             results.close()
     _print(values, r, adapter.model.config.loops)
     if run_id is not None:
-        typer.echo(f"stored as probe run {run_id} (figure: loopeval dashboard{'' if db is None else f' --db {db}'})")
+        typer.echo(f"stored as probe run {run_id} (figure: {with_db(env_command('loopeval') + ' dashboard', db)})")
 
 
 def _texts(suite: str | None, tasks: str | None, text_file: Path | None, limit: int) -> tuple[str, list[str]]:
@@ -108,13 +109,23 @@ def _open_store(db: str | None) -> Any:
     return Store.open(db)
 
 
-def _measure(adapter: Any, texts: list[str], positions: int, r: int) -> list[Any]:
+def _measure(adapter: Any, texts: list[str], positions: int, r: int, label: str) -> list[Any]:
+    """The probe values, with a bar that counts each loop as it runs.
+
+    Per text the probe runs all r loops once, then once per loop it may skip (`first_skip` on), the other
+    r - 1 loops: r + skips x (r - 1) loops per text, where the interaction makes the cost grow as r^2.
+    """
     import torch
+    from rich.progress import Progress
 
-    from adapters.engine.probes import probe as probe_model
+    from adapters.engine.probes import first_skip, probe as probe_model
+    from harness.progress import columns
 
-    ids = [torch.tensor(adapter.tokenizer.encode(text)[:positions]) for text in texts]
-    return probe_model(adapter.model, [i for i in ids if len(i)], r)
+    ids = [i for i in (torch.tensor(adapter.tokenizer.encode(text)[:positions]) for text in texts) if len(i)]
+    skips = max(0, r - 1 - first_skip(adapter.model))
+    with Progress(*columns(), transient=False) as bars:
+        bar = bars.add_task(f"probe {label} r={r}, {len(ids)} texts: loops run", total=len(ids) * (r + skips * (r - 1)))
+        return probe_model(adapter.model, ids, r, on_loop=lambda: bars.advance(bar))
 
 
 def _store(results: Any, model: str, adapter: Any, source: str, r: int, values: list[Any], wall: float) -> int:

@@ -16,7 +16,7 @@ import typer
 
 from harness.cli.common import DbOption, JsonFlag, console, print_answer, print_table
 from harness.errors import UserError
-from harness.hints import env_command
+from harness.hints import env_command, with_db
 
 
 def results(
@@ -43,12 +43,13 @@ def results(
         if as_json:
             typer.echo(json.dumps([r for r in runs if set_id is None or r["set_id"] == set_id], indent=2))
         elif profiles:
-            _print_profiles(store, [r["id"] for r in runs if r["kind"] == "profile"])
+            _print_profiles(store, [r["id"] for r in runs if r["kind"] == "profile"], db)
         else:
-            print_answer(store, runs, set_id, measure, per_task=tasks)
+            print_answer(store, runs, set_id, measure, per_task=tasks, db=db)
             count = sum(r["kind"] == "profile" for r in runs)
             if count:
-                console().print(f"{count} profile run{'s' * (count > 1)}: loopeval results --profiles", highlight=False)
+                console().print(f"{count} profile run{'s' * (count > 1)}: {with_db(env_command('loopeval') + ' results --profiles', db)}",
+                                markup=False, highlight=False)
     finally:
         store.close()
 
@@ -72,15 +73,17 @@ def _filtered(runs: list[dict[str, Any]], sweep: str | None, models: list[str] |
     return runs[-last:] if last is not None else runs
 
 
-def _print_profiles(store: Any, run_ids: list[int]) -> None:
+def _print_profiles(store: Any, run_ids: list[int], db: str | None) -> None:
     """One row per profiled (run, loops, batch) at its longest context: the analytic KV beside the measured peaks."""
+    from dashboards.figures import PROFILE_EXAMPLE
     from db import queries
     from db.measures import byte_text
 
     points = queries.profile_points(store.engine)
     points = points[points["run_id"].isin(run_ids)]
     if points.empty:
-        typer.echo(f"no profile runs match; try `{env_command('loopeval')} profile MODEL`")
+        example = PROFILE_EXAMPLE.replace("loopeval", env_command("loopeval"), 1)
+        typer.echo(f"no profile runs match; try `{with_db(example, db)}`")
         return
     rows = []
     for (run_id, loops, batch), group in points.groupby(["run_id", "loops", "batch"], dropna=False, sort=True):
@@ -93,4 +96,4 @@ def _print_profiles(store: Any, run_ids: list[int]) -> None:
     print_table(None, ["run", "model", "r", "batch", "tokens", "weights", "KV analytic", "KV allocated", "peak"], rows,
                 right=("run", "r", "batch", "weights", "KV analytic", "KV allocated"), fold=("model",),
                 caption="at the longest context profiled; decimal units (1 GB = 1e9 bytes). "
-                        "All points: loopeval dashboard (memory against context length).")
+                        f"All points: {with_db(env_command('loopeval') + ' dashboard', db)} (memory against context length).")

@@ -15,7 +15,7 @@ import typer
 
 from harness.cli.common import (AdaptersDirOption, DbOption, ThreadsOption, TrustRemoteCodeFlag, parse_int_list, print_answer, progress,
                                 report_path, use_threads)
-from harness.hints import env_command
+from harness.hints import env_command, with_db
 from harness.spec import DEFAULTS, SUITE_SAMPLING
 
 _SYNTHETIC = SUITE_SAMPLING[DEFAULTS.suite]
@@ -142,7 +142,8 @@ def _here(request: Any, resume: int | None, rerun: bool, threads: int | None) ->
         with progress() as bars:
             log = _plain_log(bars, chosen)
             if workers is not None:
-                return store, skipped + workers.wait(store, bars, log, f"sweep {sweep_id}")
+                return store, skipped + workers.wait(store, bars, log, len(stored))
+            bars.start_job(sum(len(runs) for _, _, runs in stored), len(stored))
             return store, skipped + [outcome for spec, plan, runs in stored
                                      for outcome in run_stored(spec, runs, plan.task_configs, store, bars, log, plan.loaded)]
     except BaseException:
@@ -194,8 +195,8 @@ def _summarise(store: Any, outcomes: list[Any], db: str | None, report: bool) ->
 
     try:
         ids = {o.run_id for o in outcomes}
-        print_answer(store, [r for r in store.run_summaries() if r["id"] in ids])
-        typer.echo(f"results: {store.url}  (show them: {env_command('loopeval')} results{'' if db is None else f' --db {store.url}'})")  # password hidden
+        print_answer(store, [r for r in store.run_summaries() if r["id"] in ids], db=db)
+        typer.echo(f"results: {store.url}  (show them: {with_db(env_command('loopeval') + ' results', db)})")
     finally:
         store.close()
     if report:
@@ -206,6 +207,7 @@ def _summarise(store: Any, outcomes: list[Any], db: str | None, report: bool) ->
     unfinished = [str(o.run_id) for o in outcomes if o.status != "finished"]
     if not unfinished:
         return 0
-    lines = failure_summary(outcomes) + [f"runs {', '.join(unfinished)} did not finish; continue with: {env_command('loopeval')} run --resume RUN_ID"]
+    resume = with_db(f"{env_command('loopeval')} run --resume RUN_ID", db)
+    lines = failure_summary(outcomes) + [f"runs {', '.join(unfinished)} did not finish; continue with: {resume}"]
     typer.echo("\n".join(lines), err=True)
     return 1

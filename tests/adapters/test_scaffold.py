@@ -29,7 +29,7 @@ def test_scaffold_passes_its_own_test_and_is_discoverable(tmp_path: Path) -> Non
     assert f"wrote {root}" in made.stdout
     # the hint's pip is this environment's (a bare `pip` would be the system's when the venv is not active)
     next_line = made.stdout.splitlines()[-1]
-    assert next_line.startswith(f"next: cd {root} && ") and " pip install" not in next_line.replace(" -m pip install", "")
+    assert next_line.startswith(f"next: (cd {root} && ") and " pip install" not in next_line.replace(" -m pip install", "")
     python = next_line.split(" && ")[1].split(" -m pip ")[0]
     assert python == "python" or Path(python).parent == Path(LOOPEVAL).parent
     project = tomllib.loads((root / "pyproject.toml").read_text())
@@ -66,3 +66,35 @@ def test_scaffold_refuses_bad_names_and_existing_folders(tmp_path: Path) -> None
     assert _loopeval("adapter", "new", "twice", "--dir", str(tmp_path)).returncode == 0
     again = _loopeval("adapter", "new", "twice", "--dir", str(tmp_path))
     assert again.returncode == 2 and "already exists" in again.stderr
+
+
+def test_without_dir_the_package_lands_here_or_beside_loopevals_source_folder(tmp_path: Path) -> None:
+    from harness.cli.adapter import CHECKOUT, default_parent
+
+    checkout = tmp_path / "loopeval"
+    (checkout / "harness").mkdir(parents=True)
+    (checkout / "pyproject.toml").write_text("[project]\nname = 'loopeval'\n")
+    assert default_parent(checkout, checkout) == tmp_path  # `loopeval adapter new` typed in the clone
+    assert default_parent(checkout / "harness", checkout) == tmp_path
+    assert default_parent(tmp_path / "work", checkout) == tmp_path / "work"
+    assert default_parent(tmp_path, tmp_path / "site-packages") == tmp_path  # an installed loopeval: no source folder
+    assert (CHECKOUT / "pyproject.toml").is_file() and (CHECKOUT / "harness" / "cli" / "adapter.py").is_file()
+
+
+def test_the_suggested_run_stores_into_the_database_of_the_folder_it_was_typed_in(tmp_path: Path) -> None:
+    """`next:` installs and tests in a subshell, so its closing run reads and writes this folder's results database."""
+    work = tmp_path / "work"
+    work.mkdir()
+    made = _loopeval("adapter", "new", "herearch", cwd=work)
+    assert made.returncode == 0, made.stderr
+    root = work / "loopeval-herearch"
+    assert made.stdout.splitlines()[0] == f"wrote {root}"
+    subshell, _, run = made.stdout.splitlines()[-1].removeprefix("next: ").rpartition(") && ")
+    assert subshell.startswith(f"(cd {root} && ") and "cd " not in run
+    # The package found through its folder instead of being pip-installed into this venv; the run as printed otherwise.
+    env = {**os.environ, "LOOPEVAL_ADAPTERS": str(root), "HF_HUB_OFFLINE": "1"}
+    env.pop("LOOPEVAL_DB", None)
+    done = subprocess.run(["bash", "-c", run + " --tasks chain2 --samples 1 --no-report"], cwd=work, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (work / "results" / "loopeval.sqlite").is_file() and not (root / "results").exists()

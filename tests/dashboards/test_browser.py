@@ -148,9 +148,8 @@ def test_served_app_switches_measure_and_shows_output_as_text(page, payload_url:
         assert x_axis_title(page) != before and "decimal" in x_axis_title(page)
         assert point_count(page) == _points_with(payload_url, "rss_peak")
 
-        page.get_by_label("NVML process peak").check()
-        page.wait_for_function("document.querySelector('#accuracy-memory').textContent.includes('unavailable')")
-        assert point_count(page) == _points_with(payload_url, "nvml_process_peak")
+        offered = page.get_by_label("NVML process peak").count() == 1  # a measure is offered only where some run has it
+        assert offered == (_points_with(payload_url, "nvml_process_peak") > 0)
 
         _payload_shown_as_text(page)
         assert all(request.startswith(url) for request in seen["requests"]), "the app reached outside itself"

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from dashboards import figures
-from dashboards.app import create_app
+from dashboards.app import create_app, set_choices
 from dashboards.data import accuracy_points, analytic_bytes, profile_points
 from dashboards.report import build_report
 from db import measures, queries
@@ -33,6 +33,11 @@ def _marker_points(fig: go.Figure) -> list[tuple[float, float]]:
     """(x, y) of every plotted marker (the frontier is a line-only trace, the shape key legend-only)."""
     return [(x, y) for trace in fig.data if "markers" in (trace.mode or "") for x, y in zip(trace.x, trace.y)
             if x is not None]
+
+
+def _model_traces(fig: go.Figure) -> list[go.Scatter]:
+    """The traces of plotted points, one per model (the legend keys and the frontier carry no data)."""
+    return [trace for trace in fig.data if trace.customdata is not None]
 
 
 def _frontier(fig: go.Figure) -> go.Scatter:
@@ -70,17 +75,18 @@ def test_accuracy_vs_memory_has_one_point_per_model_and_loops(engine, results_ur
     stored = sorted((value / scale, acc) for (model, loops), value in peaks.items()
                     for acc in points.loc[(points.model == model) & (points.loops == loops), "accuracy"])
     assert np.allclose(plotted, stored)
-    # One trace per model, a legend-only shape key per loop count, and the frontier line; no text beside points.
-    assert len(fig.data) == points["model"].nunique() + points["loops"].nunique() + 1
+    # Per model a trace and its legend key, a legend-only shape key per loop count, and the frontier line; no text beside points.
+    assert len(fig.data) == 2 * points["model"].nunique() + points["loops"].nunique() + 1
+    assert len(_model_traces(fig)) == points["model"].nunique()
     assert all(trace.mode in ("markers", "lines") and not trace.text for trace in fig.data)
     assert fig.layout.xaxis.rangemode == "tozero"
     assert f"decimal {unit}" in fig.layout.xaxis.title.text and "bytes" in fig.layout.xaxis.title.text
     assert "decimal" in _annotations(fig)
     assert fig.layout.title.text.endswith(f"<sup>{figures.plain(points['set_label'].iloc[0])}</sup>"), "the title names the set"
-    hover = fig.data[0].hovertemplate
+    hover = _model_traces(fig)[0].hovertemplate
     for field in ("model", "accuracy", unit, "samples"):
         assert field in hover
-    assert all(r.startswith("r=") for r in fig.data[0].customdata[:, 0])
+    assert all(r.startswith("r=") for r in _model_traces(fig)[0].customdata[:, 0])
 
 
 def test_kv_pool_reserved_is_plotted_from_its_stored_peak_and_offered_by_both_selectors(engine, results_url: str) -> None:
@@ -97,20 +103,34 @@ def test_kv_pool_reserved_is_plotted_from_its_stored_peak_and_offered_by_both_se
 
     options = re.search(r'<select id="measure">(.*?)</select>', build_report(engine)).group(1)
     assert '<option value="kv_bytes_reserved">KV pool reserved</option>' in options
-    radio = create_app(results_url).layout()["measure"]
-    assert {"label": "KV pool reserved", "value": "kv_bytes_reserved"} in radio.options
+    *_, options, _ = set_choices(engine, queries.latest_set(engine), None)
+    assert {"label": "KV pool reserved", "value": "kv_bytes_reserved"} in options
 
 
 def test_marker_shape_is_the_loop_count(engine) -> None:
     """Each (model, r) marker's shape is its loop count's, and the legend has one entry per shape."""
     points = accuracy_points(engine, None)
     fig = figures.accuracy_vs_memory(points, "kv_bytes_peak")
-    key = {trace.name: trace.marker.symbol for trace in fig.data if trace.legendgroup == "loops"}
+    key = {trace.name: trace.marker.symbol for trace in fig.data if (trace.legendgroup or "").startswith("loops")}
     assert sorted(key) == sorted(figures.loops_label(r) for r in points["loops"].unique())
     assert len(set(key.values())) == len(key), "every loop count has its own shape"
-    for trace in fig.data:
-        if trace.legendgroup == "model":
-            assert [key[r] for r in trace.customdata[:, 0]] == list(trace.marker.symbol)
+    for trace in _model_traces(fig):
+        assert [key[r] for r in trace.customdata[:, 0]] == list(trace.marker.symbol)
+
+
+def test_a_models_legend_entry_is_its_colour_not_its_first_points_marker(engine) -> None:
+    """The legend draws a trace's first marker, so each model's entry is a legend-only plain circle of its colour
+    (never a ringed diamond copied from one of its points), grouped with its points so a click hides them."""
+    points = accuracy_points(engine, None)
+    fig = figures.accuracy_vs_memory(points, "kv_bytes_peak")
+    for trace in _model_traces(fig):
+        assert trace.showlegend is False
+        (entry,) = [t for t in fig.data if t.legendgroup == trace.legendgroup and t.customdata is None]
+        assert entry.name == trace.name and entry.showlegend is not False and list(entry.x) == [None]
+        assert entry.marker.symbol == "circle" and entry.marker.color == trace.marker.color and not entry.marker.line.width
+    assert fig.layout.legend.groupclick == "togglegroup"
+    titles = [t.legendgrouptitle.text for t in fig.data if t.legendgrouptitle.text]
+    assert titles == ["model", "loops (shape)"]
 
 
 def test_frontier_is_exactly_the_non_dominated_points(engine, results_url: str) -> None:
@@ -193,7 +213,7 @@ def test_suite_mean_has_the_combined_stderr(engine, results_url: str) -> None:
         errors = stderrs[(row.model, row.loops)]
         assert row.stderr == pytest.approx(math.sqrt(sum(e * e for e in errors)) / len(errors))
     fig = figures.accuracy_vs_memory(points, "kv_bytes_peak")
-    bars = [e for trace in fig.data if trace.legendgroup == "model" for e in trace.error_y.array]
+    bars = [e for trace in _model_traces(fig) for e in trace.error_y.array]
     assert len(bars) == len(points) and all(np.isfinite(bars))
 
 
@@ -349,3 +369,20 @@ def test_report_texts_carry_no_markdown(engine) -> None:
              figures.memory_over_run(pd.DataFrame(), measures.SERIES_MEASURES)]
     texts += [note.text for fig in empty for note in fig.layout.annotations]
     assert len(texts) > 100 and not [text for text in texts if "`" in text]
+
+
+def test_the_empty_profile_figure_suggests_a_command_that_runs_as_printed(tmp_path) -> None:
+    """Its lengths fit a shipped model's 512-token context (1024 and 4096 fit none of them)."""
+    import shlex
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    note = _annotations(figures.memory_vs_context(pd.DataFrame(), measures.PROFILE_MEASURES))
+    command = re.search(r"loopeval profile \S+ --lengths \S+", note).group(0)
+    assert command == figures.PROFILE_EXAMPLE
+    argv = [str(Path(sys.executable).with_name("loopeval")), *shlex.split(command)[1:]]
+    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    stored = queries.profile_points(open_existing(str(tmp_path / "results" / "loopeval.sqlite")))
+    assert sorted(stored["context_tokens"]) == [64, 256, 448]

@@ -56,3 +56,22 @@ def test_a_run_on_other_tasks_is_a_second_set_never_a_merged_point(two_sets_url:
     out = capsys.readouterr().out
     assert f"set {latest}:" in out.splitlines()[0] and f"set {older}:" in out.split("other evaluation sets")[1]
     assert sum(line.startswith("│") for line in out.splitlines()) == 1
+
+
+def test_the_app_offers_the_selected_sets_models_loops_and_measures_only(two_sets_url: str) -> None:
+    """The latest set holds one (model, loops); the older one the whole sweep. The filters follow the set, and the
+    memory measures offered are those its runs have: on this CPU machine no NVML or torch measure."""
+    from dashboards.app import set_choices
+
+    engine = open_existing(two_sets_url)
+    latest, older = queries.eval_sets(engine)["set_id"]
+    models, checked, loops, _, measures, measure = set_choices(engine, latest, "nvml_process_peak")
+    assert models == checked == ["zoo:ouro-tiny"] and loops == [2]
+    offered = [option["value"] for option in measures]
+    assert offered and not {"nvml_process_peak", "torch_allocated_peak"} & set(offered) and measure == offered[0]
+    everything = accuracy_points(engine, older)
+    assert offered == [m for m in figures.MEMORY_MEASURES if m in everything and everything[m].notna().any()]
+    models, _, loops, _, _, kept = set_choices(engine, older, "rss_peak")
+    assert models == sorted(everything["model"].unique()) and len(models) > 1 and kept == "rss_peak"
+    assert loops == sorted(int(r) for r in everything["loops"].unique())
+    engine.dispose()

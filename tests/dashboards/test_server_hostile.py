@@ -48,6 +48,16 @@ def depth(**fields: object) -> dict:
     return {**DEPTH, **fields}
 
 
+def choices(measure: object) -> dict:
+    """The set filter's request, which carries the measure selected as state."""
+    names = [("models", "options"), ("models", "value"), ("loops", "options"), ("loops", "value"), ("measure", "options"),
+             ("measure", "value")]
+    return {"output": ".." + "...".join(f"{c}.{p}" for c, p in names) + "..",
+            "outputs": [{"id": c, "property": p} for c, p in names], "changedPropIds": [],
+            "inputs": [{"id": "set", "property": "value", "value": None}],
+            "state": [{"id": "measure", "property": "value", "value": measure}]}
+
+
 MALFORMED: dict[str, bytes | object] = {
     "not-json": b"{not json",
     "deeply-nested-json": b"[" * 200_000,
@@ -69,6 +79,8 @@ MALFORMED: dict[str, bytes | object] = {
                       "changedPropIds": []},
     "input-of-another-component": depth(inputs=[{"id": "run", "property": "value", "value": 1}, DEPTH["inputs"][1]]),
     "state-a-string": depth(state="x"),
+    "state-unknown-measure": choices("rm -rf"),
+    "state-of-another-component": {**choices(None), "state": [{"id": "run", "property": "value", "value": 1}]},
     "changed-ids-a-number": depth(changedPropIds=5),
     "set-id-a-list": depth(inputs=[{"id": "depth-set", "property": "value", "value": [1]}, DEPTH["inputs"][1]]),
     "context-a-word": accuracy(context="abc"),
@@ -176,7 +188,7 @@ def rss_bytes(pid: int) -> int:
 
 def test_every_input_of_every_callback_has_a_value_check(db_url: str) -> None:
     app = create_app(db_url)
-    inputs = {f"{i['id']}.{i['property']}" for spec in app.callback_map.values() for i in spec["inputs"]}
+    inputs = {f"{i['id']}.{i['property']}" for spec in app.callback_map.values() for i in [*spec["inputs"], *spec["state"]]}
     assert inputs == set(INPUT_CHECKS), "a callback input without a check is refused; a check without an input is dead"
 
 
@@ -184,6 +196,8 @@ def test_valid_requests_are_answered_with_the_security_headers(server: tuple[str
     assert_still_serving(server)
     status, headers, body = post(server, accuracy())
     assert status == 200 and b"accuracy-memory" in body
+    status, _, body = post(server, choices("kv_bytes_peak"))  # a callback with state
+    assert status == 200 and b'"measure"' in body, body[:300]
     assert_secure(headers)
     for path in ("/_dash-layout", "/_dash-dependencies", "/_favicon.ico"):
         status, headers, _ = request(server, "GET", path)

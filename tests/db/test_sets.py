@@ -36,8 +36,9 @@ def test_a_set_is_suite_tasks_limit_sampling_and_data_not_the_seed() -> None:
     for change in ({"tasks": ["chain3"]}, {"limit": None}, {"suite": "paper"}, {"data_fingerprint": "cd" * 32},
                    {"sampling": SAMPLING | {"n": 1}}, {"sampling": SAMPLING | {"max_new_tokens": 16}}):
         assert run_set(base | change).id != same.id, change
-    assert same.label == (f"set {same.id}: synthetic · chain3, chain4 · first 50 per task · n=4 T=1 top-p 0.7 "
+    assert same.label == (f"set {same.id}: synthetic · chain3, chain4 · first 50 per task · n=4 temperature 1 top-p 0.7 "
                           "8 new tokens · data abababab")
+    assert "T=" not in same.label  # T is a looped model's trained depth in every figure, never the temperature
     assert "data not fingerprinted" in run_set(base | {"data_fingerprint": None}).label
     assert "5 tasks" in EvalSet.of("synthetic", FIVE, None, SAMPLING, None).label
 

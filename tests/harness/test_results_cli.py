@@ -3,12 +3,16 @@ memory in readable units, filters, per-task scores, profiles apart, `--json` wit
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from db.headline import rounded
 from db.sets import run_set
 from db.store import Store
 from harness.cli import main
@@ -61,9 +65,9 @@ def _rows(out: str) -> list[list[str]]:
 def test_the_latest_set_is_shown_and_the_others_named(db: str, capsys: pytest.CaptureFixture[str]) -> None:
     out = _results(capsys, "--db", db)
     assert out.splitlines()[0].startswith("set ") and "chain2 · first 5 per task" in out.splitlines()[0]
-    assert [row[1:4] for row in _rows(out)] == [["zoo:ouro-tiny", "4", "0.900 ± 0.098"]]
+    assert [row[1:5] for row in _rows(out)] == [["zoo:ouro-tiny", "4", "1", "0.900 ± 0.098"]]
     assert "other evaluation sets" in out and "addition, chain2, lookup · all items" in out and "(5 runs)" in out
-    assert "1 profile run: loopeval results --profiles" in out
+    assert re.search(r"1 profile run: \S*loopeval results --profiles --db " + re.escape(db) + "$", out, re.M)  # runs as printed
 
 
 def test_one_set_is_ranked_by_accuracy_per_gb_with_the_frontier(db: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -73,11 +77,11 @@ def test_one_set_is_ranked_by_accuracy_per_gb_with_the_frontier(db: str, capsys:
     out = _results(capsys, "--db", db, "--set", older, "--measure", "weights_bytes + kv_bytes_peak")
     # accuracy = mean over the three tasks, ± 1.96 x its stderr; memory = 1 MB weights + KV; per GB = accuracy / (bytes / 1e9)
     assert _rows(out) == [
-        ["1", "zoo:melt-tiny", "4", "0.533 ± 0.057", "1.2 MB", "444", "*", "4"],
-        ["2", "zoo:ouro-tiny", "2", "0.600 ± 0.057", "1.4 MB", "429", "*", "1"],
-        ["3", "zoo:ouro-tiny", "4", "0.667 ± 0.057", "1.8 MB", "370", "*", "2"],
-        ["4", LONG, "1", "0.800 ± 0.057", "3 GB", "0.267", "*", "3"],
-        ["", "zoo:melt-tiny", "8", "failed", "n/a", "n/a", "", "5"],  # no score: listed last, never ranked
+        ["1", "zoo:melt-tiny", "4", "1", "0.533 ± 0.057", "1.2 MB", "444", "*", "4"],
+        ["2", "zoo:ouro-tiny", "2", "1", "0.600 ± 0.057", "1.4 MB", "429", "*", "1"],
+        ["3", "zoo:ouro-tiny", "4", "1", "0.667 ± 0.057", "1.8 MB", "370", "*", "2"],
+        ["4", LONG, "1", "1", "0.800 ± 0.057", "3 GB", "0.267", "*", "3"],
+        ["", "zoo:melt-tiny", "8", "1", "failed", "n/a", "n/a", "", "5"],  # no score: listed last, never ranked
     ]
     assert "memory: weights + KV cache peak, decimal units" in out
     assert "pass@k" not in out
@@ -92,16 +96,16 @@ def test_filters_narrow_the_runs(db: str, capsys: pytest.CaptureFixture[str]) ->
     out = _results(capsys, "--db", db, "--last", "2")  # the profile and the latest run
     assert len(_rows(out)) == 1 and "1 profile run" in out
     out = _results(capsys, "--db", db, "--suite", "synthetic", "--tasks")
-    assert [row[2:4] for row in _rows(out)] == [["chain2", "0.900 ± 0.098"], ["[arithmetic]", "0.900"],
+    assert [row[3:5] for row in _rows(out)] == [["chain2", "0.900 ± 0.098"], ["[arithmetic]", "0.900"],
                                                       ["mean", "0.900 ± 0.098"]]
 
 
 def test_per_task_scores_and_profiles_have_their_own_views(db: str, capsys: pytest.CaptureFixture[str]) -> None:
     out = _results(capsys, "--db", db, "--sweep", "aaaa", "--tasks")
-    assert [row[:4] for row in _rows(out)][:6] == [["zoo:ouro-tiny", "2", "addition", "0.200 ± 0.098"],
-                                                  ["", "", "chain2", "0.600 ± 0.098"], ["", "", "lookup", "1.000 ± 0.098"],
-                                                  ["", "", "[arithmetic]", "0.400"], ["", "", "[recall]", "1.000"],
-                                                  ["", "", "mean", "0.600 ± 0.057"]]  # task groups (db.headline.TASK_GROUPS) before the mean
+    assert [row[:5] for row in _rows(out)][:6] == [["zoo:ouro-tiny", "2", "1", "addition", "0.200 ± 0.098"],
+                                                  ["", "", "", "chain2", "0.600 ± 0.098"], ["", "", "", "lookup", "1.000 ± 0.098"],
+                                                  ["", "", "", "[arithmetic]", "0.400"], ["", "", "", "[recall]", "1.000"],
+                                                  ["", "", "", "mean", "0.600 ± 0.057"]]  # task groups (db.headline.TASK_GROUPS) before the mean
     out = _results(capsys, "--db", db, "--profiles")
     assert _rows(out) == [["6", "preset:melt-tiny", "2", "1", "16-64", "1 MB", "6.4 KB", "6.4 KB", "200 MB rss"]]
 
@@ -146,3 +150,23 @@ def test_a_filter_that_matches_nothing_is_one_line_and_exit_2(db: str, capsys: p
         assert main(["results", "--db", db, *args, *json_flag]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and words in err[0], err
+
+
+def test_results_and_the_readme_table_script_print_one_mean_alike(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A suite mean of exactly 0.1425 sums to 0.14250000000000002 in one task order and 0.1425 (a hair below) in
+    another; `results` and scripts/results_tables.py must print the same digits whichever order each sums in."""
+    scores = {"c30k2": 0.03, "c30k4": 0.48, "c30k6": 0.044, "c30k8": 0.016}
+    orders = {f"{sum(p) / 4:.3f}" for p in itertools.permutations(scores.values())}
+    assert orders == {"0.142", "0.143"}, "the case this test is about: the plain format depends on the summing order"
+    path = str(tmp_path / "r.sqlite")
+    store = Store.open(path)
+    run_id = _run(store, "eeee5555", "zoo:melt-tiny", 1, scores, 2_500_000)
+    # the suite mean as stored beside the tasks: 0.1425 exactly as the float nearest to it, a hair below
+    store.set_metrics(run_id, {**{t: {"pass@k:k=1&n=4": (v, 0.05)} for t, v in scores.items()}, "all": {"pass@1": (0.1425, None)}})
+    store.close()
+    shown = _rows(_results(capsys, "--db", path))[0][4]
+    listed = subprocess.run([sys.executable, "scripts/results_tables.py"], input=_results(capsys, "--db", path, "--json"),
+                            capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2], timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    average = listed.stdout.splitlines()[2].split(" | ")[-4]
+    assert shown.split(" ± ")[0] == average == rounded(0.1425)

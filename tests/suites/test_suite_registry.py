@@ -29,6 +29,20 @@ def test_list_and_tasks_without_importing_lighteval():
     assert "mmlu_redux" in suite_tasks("paper")
 
 
+def test_loopeval_suites_names_the_default_tasks_a_run_evaluates(capsys: pytest.CaptureFixture[str]) -> None:
+    """The listing says which tasks `loopeval run` evaluates without --tasks: for synthetic the chains and the
+    automata the zoo trained on, with addition and lookup (out of the default mix, as the README says) by name only."""
+    from harness.cli import main
+    from suites import synthetic
+
+    assert main(["suites"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("synthetic  "))
+    defaults = line.split("default tasks: ")[1].split(";")[0].split(", ")
+    assert defaults == list(synthetic.DEFAULT_TASKS) == [t.name for t in load_suite("synthetic")]
+    assert "addition" not in defaults and "lookup" not in defaults
+    assert {"addition", "lookup"} <= set(line.split("also by name: ")[1].split(", "))
+
+
 def test_unknown_suite_and_task_name_the_valid_ones():
     with pytest.raises(SuiteError, match=r"unknown suite 'bogus' \(suites: synthetic, paper\)"):
         load_suite("bogus")

@@ -97,3 +97,13 @@ def test_a_recipe_starts_from_its_base_and_names_only_what_it_changes(tmp_path: 
     path.write_text('[models.a]\nkind = "lm"\npreset = "qwen3-tiny"\nbase = "nope"\n')
     with pytest.raises(adapters.AdapterError, match="model a: base 'nope' is not another model"):
         load_recipes(path)
+
+
+def test_a_shipped_models_family_is_its_recipes_and_the_coreloop_is_custom_as_its_preset() -> None:
+    recipes = load_recipes()
+    for name in SHIPPED:
+        config = json.loads((ZOO_DIR / name / "config.json").read_text())["config"]
+        assert config["family"] == recipes[name].model_config().family, name
+    coreloop = adapters.load("zoo:lab-coreloop").describe()
+    assert coreloop["family"] == adapters.load("preset:coreloop-tiny").describe()["family"] == "custom"
+    assert adapters.inspect("zoo:lab-coreloop")["family"] == "custom"

@@ -1,0 +1,101 @@
+"""What a long command shows while it works: rich progress bars, and the live view of a whole `loopeval run`.
+
+A job (the default run: the recurrence lab's depth sweep, then the headline sweep) can hold dozens of runs
+and take an hour. Its view stays a few lines tall, whatever the terminal, so the present is always on
+screen: the job (runs done of all, what is left, an ETA from the runs finished so far), the sweep
+running now with its current run, and that run's own bars (the bridge's `generating`). When a run
+ends its bars go; what stays above the view is the one line the runner logs for it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Column
+from rich.text import Text
+
+
+class _Remaining(ProgressColumn):
+    """The task's `remaining` field: the job's ETA, blank for every other bar."""
+
+    def render(self, task: Any) -> Text:
+        return Text(task.fields.get("remaining", ""), style="progress.remaining")
+
+
+def columns() -> tuple[ProgressColumn, ...]:
+    """One bar's columns, each on one line at 80 columns: what it is (stored names shown as written, never as
+    console markup; cut with an ellipsis when long), a short bar, count, time, and the job's ETA."""
+    return (TextColumn("{task.description}", markup=False, table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis")),
+            BarColumn(bar_width=12), MofNCompleteColumn(), TimeElapsedColumn(), _Remaining(table_column=Column(no_wrap=True)))
+
+
+def eta_text(elapsed: float, done: int, left: int) -> str:
+    """What is left of a job at the pace of its finished runs (elapsed / done x left): 'ETA 0:03:10'."""
+    if left == 0:
+        return "done"
+    if done == 0:
+        return "ETA after 1 run"
+    seconds = round(elapsed / done * left)
+    return f"ETA {seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class JobProgress(Progress):
+    """The live view of one job: `start_job`, then per part of it `start_sweep`, per run `start_run` and `end_run`;
+    where runs go side by side (`harness.pool`, Ray) a `RunBars` draws them from the store and calls `count_run`.
+
+    It is a rich `Progress`, so the bridge and the Ray executor add their bars to it as to any other.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(*columns(), transient=False, **kwargs)
+        self._job: TaskID | None = None
+        self._sweep: TaskID | None = None
+        self._sweeps = (0, 0)  # (this sweep's number, how many)
+        self._kept: set[TaskID] = set()  # bars that outlive a run: the job's and the sweep's
+        self._began = time.monotonic()
+        self._done = 0
+
+    def start_job(self, runs: int, sweeps: int) -> None:
+        """The job's line: `runs` runs in `sweeps` sweeps, none done yet."""
+        self._began, self._done, self._sweeps = time.monotonic(), 0, (0, sweeps)
+        self._job = self.add_task(f"job: {sweeps} sweep{'s' * (sweeps != 1)}", total=runs, remaining=eta_text(0, 0, runs))
+        self._kept.add(self._job)
+
+    def start_sweep(self, runs: int) -> None:
+        """The line of the sweep that runs now (the previous sweep's line goes)."""
+        if self._job is None:  # a sweep on its own (resume, a Ray submission): it is the job
+            self.start_job(runs, 1)
+        if self._sweep is not None:
+            self._drop(self._sweep)
+        number, count = self._sweeps[0] + 1, self._sweeps[1]
+        self._sweeps = (number, count)
+        self._sweep = self.add_task(f"sweep {number}/{count}", total=runs)
+        self._kept.add(self._sweep)
+
+    def start_run(self, label: str) -> None:
+        """Name the run that starts on the sweep's line."""
+        if self._sweep is not None:
+            sweep = self._tasks[self._sweep].description.split(": ", 1)[0]
+            self.update(self._sweep, description=f"{sweep}: {label}")
+
+    def end_run(self) -> None:
+        """The run is over: its bars go, the sweep and the job count it, and the ETA follows the pace so far."""
+        for task_id in [t for t in self.task_ids if t not in self._kept]:
+            self._drop(task_id)
+        if self._sweep is not None:
+            self.advance(self._sweep)
+        self.count_run()
+
+    def count_run(self) -> None:
+        """One more run of the job is over (several may run at once: worker processes, Ray tasks)."""
+        if self._job is not None:
+            self._done += 1
+            job = self._tasks[self._job]
+            left = int(job.total or 0) - self._done
+            self.update(self._job, completed=self._done, remaining=eta_text(time.monotonic() - self._began, self._done, left))
+
+    def _drop(self, task_id: TaskID) -> None:
+        self.remove_task(task_id)
+        self._kept.discard(task_id)

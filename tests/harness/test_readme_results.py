@@ -1,0 +1,47 @@
+"""The README's `loopeval results` example is what a fresh database shows after the default run.
+
+The run ids and sets in its table are worked out here from the default run's plan, as `loopeval run`
+stores it: the recurrence lab's sweep first, then the headline sweep, ids counted from 1. A README whose
+ids or set labels drift from what the command prints fails here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+from db.sets import EvalSet
+from harness.runner import prepare_sweep
+from harness.sweep import build_request
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _example() -> list[str]:
+    text = README.read_text()
+    block = text[text.index("    $ loopeval results        # after the default run"):]
+    return [line[4:] for line in block.split("\n\n", 1)[0].splitlines()[1:]]
+
+
+def test_the_readme_results_example_has_a_fresh_databases_run_ids_and_sets() -> None:
+    request = build_request({})  # `loopeval run` with no options
+    runs, sets, next_id = {}, [], 1
+    for spec in request.specs:
+        plan = prepare_sweep(spec)
+        sets.append((EvalSet.of(spec.suite, [t.name for t in plan.task_configs], spec.limit,
+                                dataclasses.asdict(spec.sampling), plan.fingerprint), len(plan.runs)))
+        for model, loops in plan.runs:
+            runs[(model, loops or 1)] = next_id
+            next_id += 1
+    (lab, lab_runs), (headline, _) = sets
+
+    lines = _example()
+    assert lines[0] == headline.label
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in lines if line.startswith("│")]
+    assert len(rows) == 10
+    for row in rows:
+        model, loops, seeds, shown = row[1], int(row[2]), row[3], row[8]
+        assert (seeds, shown) == ("1", str(runs[(model, loops)])), row
+    assert lines[-1].strip() == f"{lab.label} ({lab_runs} runs)"
+    assert re.search(r"\b0\.142 ± ", "\n".join(lines)), "melt-tiny at r = 1 reads as `results` rounds it, as in the zoo table"
