@@ -143,7 +143,7 @@ def metrics(engine: Engine, set_id: str | None = None) -> pd.DataFrame:
         )
         .join(Run)
         .where(Run.kind == "eval")
-        .order_by(Run.id, TaskMetric.task, TaskMetric.metric)
+        .order_by(Run.id, TaskMetric.id)  # each run's tasks in the order they were stored: the suite's own
     )
     if set_id is not None:
         statement = statement.where(Run.id.in_(_set_run_ids(engine, set_id)))
@@ -206,17 +206,17 @@ def pooled_metrics(engine: Engine, set_id: str | None, run_ids: Iterable[int] | 
     table = metrics(engine, set_id or latest_set(engine) or "")
     if run_ids is not None:
         table = table[table["run_id"].isin(list(run_ids))]
-    table = table[table["value"].notna()].sort_values("run_id")
+    table = table[table["value"].notna()].sort_values("run_id", kind="stable")
     table = table.drop_duplicates([*POINT, "seed", "task", "metric"], keep="last")
     repeated = table.duplicated([*POINT, "task", "metric"]).any()
     counts = item_counts(engine, table["run_id"].unique().tolist()) if repeated else {}
     rows = []
-    for (model, loops, task, metric), group in table.groupby([*POINT, "task", "metric"], sort=True):
+    for (model, loops, task, metric), group in table.groupby([*POINT, "task", "metric"], sort=False):  # tasks as stored
         value, stderr = pool([Estimate(r.value, None if pd.isna(r.stderr) else r.stderr, counts.get((r.run_id, task)))
                               for r in group.itertuples()])
         ids = sorted(int(i) for i in group["run_id"])
         rows.append([model, loops, group["suite"].iloc[0], task, metric, value, stderr, len(group), ids, ids[-1]])
-    return pd.DataFrame(rows, columns=_POOLED)
+    return pd.DataFrame(rows, columns=_POOLED).sort_values(list(POINT), kind="stable", ignore_index=True)
 
 
 def accuracy_memory(

@@ -5,6 +5,7 @@ refused with the candidates in one line (exit 2) by every command alike."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sqlite3
 import subprocess
@@ -118,6 +119,7 @@ def test_run_takes_a_bare_name_and_its_closing_hint_runs_as_printed(tmp_path: Pa
     out = capsys.readouterr().out
     assert sqlite3.connect(db).execute("SELECT model_spec, adapter FROM runs").fetchall() == [("preset:qwen3-tiny", "preset")]
     hint = out.split("(show them: ", 1)[1].split(")\n", 1)[0]
-    shown = subprocess.run(shlex.split(hint), capture_output=True, text=True, timeout=300)
+    wide = {**os.environ, "COLUMNS": "160"}  # on 80 columns the model column folds the name over two lines
+    shown = subprocess.run(shlex.split(hint), capture_output=True, text=True, timeout=300, env=wide)
     assert shown.returncode == 0, shown.stderr
     assert "preset:qwen3-tiny" in shown.stdout

@@ -87,7 +87,7 @@ def test_a_killed_worker_is_resumed_and_the_sweep_matches_the_local_executor(
     killed_run, killed_pid = kill_a_worker_mid_run(on_ray, proc)
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, out + err
-    assert "4 runs queued on Ray" in out and "runs done" in out and "4/4" in out  # the sweep's progress, in this terminal
+    assert "4 runs queued on Ray" in out and "job: 1 sweep" in out and "4/4" in out  # the sweep's progress, in this terminal
 
     engine = create_engine(on_ray)
     with engine.connect() as conn:

@@ -55,7 +55,7 @@ def test_paper_suite_from_the_command_line(tmp_path: Path, capsys: pytest.Captur
     assert main(["results", "--db", str(db), "--tasks"]) == 0  # each benchmark's pass@1, each group's mean, the suite mean
     rows = [[c.strip() for c in line.split("│")[1:-1]] for line in capsys.readouterr().out.splitlines() if line.startswith("│")]
     groups = ["[maths/reasoning]", "[knowledge]", "[code]"]  # db.headline.TASK_GROUPS["paper"], in first-benchmark order
-    assert [(row[0], row[2], row[3].split()[0]) for row in rows] == [
+    assert [(row[0], row[3], row[4].split()[0]) for row in rows] == [  # model, r, seeds, task, pass@1, runs
         (model if i == 0 else "", task, score)
         for model, score in (("reference:right", "1.000"), ("reference:wrong", "0.000"))
         for i, task in enumerate([*TASKS, *groups, "mean"])
