@@ -1,15 +1,20 @@
 """How many threads torch computes with: one decision for the engine, the CLI and each Ray worker.
 
 torch's CPU pool splits every op over all its threads, and threads that finish first spin until the
-others catch up. A tiny model's ops are too small to split, so a second thread mostly adds that
-waiting, and when another process holds one of the cores the spinning threads wait for a thread
-that is not running: one `loopeval run` of melt-tiny took 136 s with two threads beside a second
-job and 18 s with one (docs/benchmarks.md). So the count is, in this order:
+others catch up; when another process holds one of the cores, they wait for a thread that is not
+running. Measured on the 2-core machine (docs/benchmarks.md, "Threads and a busy machine"): idle, a
+second thread gives a Qwen3-shaped model nothing at batch 1 at any width from 2M to 126M parameters
+(0.98-1.08x) and 1.4-1.8x at batch 16-64 at every width, so there is no size where threads start to
+pay; what decides is the rest of the machine. One thread per run lets the local executor run a run
+per core (the default job: 71 s as two workers of one thread, 96 s as one process of two), and a run
+of one thread beside two busy processes took 1.44x its idle time, of two threads 2.41x. So the count
+is, in this order:
 
 - `--threads N` (the CLI passes it as `requested`), else LOOPEVAL_THREADS;
-- one thread for models below `SMALL_MODEL_PARAMS` parameters, where a second thread did not pay on
-  the 2-core machine even when it was idle (bench/bench_threads.py --sizes);
-- else every core this process may use (its CPU affinity), never more.
+- one thread for models below `SMALL_MODEL_PARAMS` parameters: the bundled tiny and zoo models (up to
+  1.2M), which run many to a sweep;
+- else every core this process may use (its CPU affinity), never more: a real model (Qwen3-0.6B and
+  up) runs one at a time on a machine, with its memory.
 
 A Ray task computes with the CPUs Ray gave it (harness.ray_executor), so runs that share a node
 never ask for more cores than it has. `apply` also sets OMP_NUM_THREADS and MKL_NUM_THREADS, which
@@ -24,7 +29,7 @@ from dataclasses import dataclass
 from adapters.base import AdapterError
 
 ENV_VAR = "LOOPEVAL_THREADS"
-SMALL_MODEL_PARAMS = 50_000_000
+SMALL_MODEL_PARAMS = 50_000_000  # between the bundled models (1.2M at most) and the smallest public one (0.6B)
 MAX_THREADS = 1024
 _applied: Threads | None = None
 
@@ -72,7 +77,7 @@ def choose(params: int | None, requested: int | None = None) -> Threads:
                 return Threads(available, f"{source} {count}, capped at the {available} cores this process may use")
             return Threads(count, source)
     if params is not None and params < SMALL_MODEL_PARAMS:
-        return Threads(1, f"models under {SMALL_MODEL_PARAMS // 1_000_000}M parameters decode fastest on one thread; "
+        return Threads(1, f"a model under {SMALL_MODEL_PARAMS // 1_000_000}M parameters: one run per core; "
                           f"--threads or {ENV_VAR} to change")
     return Threads(available, "the cores this process may use")
 

@@ -172,7 +172,8 @@ def _work(run_groups: list[RunGroup], todo: Any, lines: Any, db_url: str) -> Non
         while (index := todo.get()) is not None:
             group = run_groups[index]
             loaded = {group.runs[0][1]: group.adapter} if group.adapter is not None else None
-            run_stored(group.spec, group.runs, group.task_configs, store, None, lambda line: lines.put(("log", line)), loaded)
+            run_stored(group.spec, group.runs, group.task_configs, store, None, lambda line: lines.put(("log", line)), loaded,
+                       starts=False)
     except KeyboardInterrupt:
         if group is not None:
             _settle(store, [job.run_id for job in group.jobs])

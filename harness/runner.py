@@ -417,12 +417,13 @@ def run_one(run_id: int, store: Store, db_url: str | None, log: Callable[[str], 
 
 def run_stored(
     spec: RunSpec, runs: list[tuple[int, str, int | None]], task_configs: list[Any], store: Store,
-    progress: JobProgress | None, log: Callable[[str], None], loaded: dict[str, Any] | None = None,
+    progress: JobProgress | None, log: Callable[[str], None], loaded: dict[str, Any] | None = None, starts: bool = True,
 ) -> list[RunOutcome]:
     """Execute stored runs in order, loading each model once (runs are model-major).
 
     With a `progress` view the current run is named on the sweep's line, and each finished run leaves the
-    one line `_execute` logs for it; without one, each run's start is logged too.
+    one line `_execute` logs for it; without one, each run's start is logged too, unless `starts` is False
+    (a worker process, whose parent's view shows a bar for each run under way).
     """
     outcomes = []
     if progress is not None:
@@ -431,7 +432,7 @@ def run_stored(
     for run_id, model, loops in runs:
         if progress is not None:
             progress.start_run(run_label(run_id, model, loops))
-        else:
+        elif starts:
             log(f"{run_label(run_id, model, loops)}: starting on {spec.suite}")
         try:
             if model != current:  # the previous model is done with

@@ -40,7 +40,7 @@ DeviceOption = Annotated[str, typer.Option("--device", help="cpu or cuda.")]
 ThreadsOption = Annotated[
     Optional[int],
     typer.Option("--threads", help=f"torch CPU threads. Default: ${THREADS_ENV}, else 1 for models under "
-                 f"{SMALL_MODEL_PARAMS // 1_000_000}M parameters (a second thread does not pay there), else the cores this process may use."),
+                 f"{SMALL_MODEL_PARAMS // 1_000_000}M parameters (runs go side by side, one per core), else the cores this process may use."),
 ]
 
 

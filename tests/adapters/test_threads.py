@@ -31,7 +31,7 @@ def _restore_threads(monkeypatch: pytest.MonkeyPatch):
 
 def test_small_models_get_one_thread_and_large_or_unknown_ones_every_core(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(threads, "cores", lambda: 4)
-    assert threads.choose(321_024).count == 1 and "one thread" in threads.choose(321_024).reason
+    assert threads.choose(321_024).count == 1 and "one run per core" in threads.choose(321_024).reason
     assert threads.choose(threads.SMALL_MODEL_PARAMS) == threads.Threads(4, "the cores this process may use")
     assert threads.choose(None).count == 4  # a size loopeval cannot read is treated as large
 
@@ -64,7 +64,7 @@ def test_loading_an_engine_model_applies_the_policy_when_nothing_chose_a_count()
     """As in a notebook or a script, where no command chose a count: loading a tiny model makes torch compute with one thread."""
     torch.set_num_threads(2)
     adapters.load("preset:qwen3-tiny")
-    assert torch.get_num_threads() == 1 and threads.applied().reason.startswith("models under")
+    assert torch.get_num_threads() == 1 and threads.applied().reason.startswith("a model under")
 
 
 @pytest.mark.slow  # three real runs
@@ -74,7 +74,7 @@ def test_run_says_the_count_once_and_stores_it_with_every_run(tmp_path: Path, ca
             "--samples", "1", "--max-new-tokens", "2", "--db", str(db), "--no-report"]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert out.count("threads: ") == 1 and "threads: 1 thread (models under 50M parameters" in out
+    assert out.count("threads: ") == 1 and "threads: 1 thread (a model under 50M parameters: one run per core" in out
     hosts = [json.loads(h) for (h,) in sqlite3.connect(db).execute("SELECT host FROM runs").fetchall()]
     assert len(hosts) == 3 and all(h["threads"]["count"] == 1 for h in hosts)
     assert torch.get_num_threads() == 1

@@ -82,6 +82,7 @@ def test_a_timeout_that_is_not_a_number_is_refused(monkeypatch: pytest.MonkeyPat
     assert "LOOPEVAL_DB_CONNECT_TIMEOUT must be a whole number of seconds >= 1, got 'soon'" in _one_error(capfd)
 
 
+@pytest.mark.slow  # a Postgres server: the fast tier starts none
 def test_a_statement_another_session_blocks_is_an_error_after_the_statement_timeout(
         postgres_url: str, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
     store = Store.open(postgres_url)
