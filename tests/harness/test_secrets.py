@@ -1,23 +1,27 @@
 """No command prints a password given in a database URL, and every hint that reaches a database runs as printed.
 
-Every command that takes `--db` runs here for real against the Postgres test server (its URLs carry
-a password), with the URL given on the command line and through LOOPEVAL_DB; the password must
-appear in no output, error or report file, and each printed hint (`show them: ...`, `continue with:
-...`, `figure: ...`) is run through the shell exactly as printed, with LOOPEVAL_DB set as the hint asks.
+Every command that takes `--db` runs here for real (in this process, through the CLI's `main`) against
+the Postgres test server (its URLs carry a password), with the URL given on the command line and
+through LOOPEVAL_DB; the password must appear in no output, error or report file, and each printed
+hint (`show them: ...`, `continue with: ...`, `figure: ...`) is run through the shell exactly as
+printed, with LOOPEVAL_DB set as the hint asks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
 import pg
+from harness.cli import main
 from harness.hints import has_password, with_db
 
 LOOPEVAL = str(Path(sys.executable).with_name("loopeval"))
@@ -28,9 +32,15 @@ def _password(url: str) -> str:
     return url.split("://", 1)[1].split("@", 1)[0].split(":", 1)[1]
 
 
-def _loopeval(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([LOOPEVAL, *args], cwd=cwd, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, **(env or {})})
+def _loopeval(capfd: pytest.CaptureFixture[str], *args: str, cwd: Path,
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The real command, run in this process (the evaluation stack is imported once, not once per command), its
+    output caught at the file descriptors as a terminal would show it."""
+    capfd.readouterr()
+    with contextlib.chdir(cwd), mock.patch.dict(os.environ, env or {}):
+        code = main(list(args))
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess([LOOPEVAL, *args], code, out, err)
 
 
 def _secret_free(done: subprocess.CompletedProcess[str], secret: str) -> str:
@@ -66,13 +76,14 @@ def test_hints_name_the_database_without_its_password(monkeypatch: pytest.Monkey
 
 
 @pytest.mark.slow
-def test_no_command_prints_the_password_and_every_hint_runs_as_printed(postgres_server: object, tmp_path: Path) -> None:
+def test_no_command_prints_the_password_and_every_hint_runs_as_printed(postgres_server: object, tmp_path: Path,
+                                                                       capfd: pytest.CaptureFixture[str]) -> None:
     url = postgres_server.database("secrets")
     secret = _password(url)
     with_env = {"LOOPEVAL_DB": url}
 
     # --db URL on the command line: the hint names $LOOPEVAL_DB and says to set it
-    done = _loopeval(*TINY_RUN, "--db", url, cwd=tmp_path)
+    done = _loopeval(capfd, *TINY_RUN, "--db", url, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     out = _secret_free(done, secret)
     hint = _hint(out, "show them:")
@@ -82,7 +93,7 @@ def test_no_command_prints_the_password_and_every_hint_runs_as_printed(postgres_
     assert secret not in (tmp_path / "results" / "report.html").read_text()
 
     # LOOPEVAL_DB set: the hint needs no --db at all
-    done = _loopeval(*TINY_RUN, "--seed", "1", cwd=tmp_path, env=with_env)
+    done = _loopeval(capfd, *TINY_RUN, "--seed", "1", cwd=tmp_path, env=with_env)
     assert done.returncode == 0, done.stderr
     hint = _hint(_secret_free(done, secret), "show them:")
     assert "--db" not in hint
@@ -92,7 +103,7 @@ def test_no_command_prints_the_password_and_every_hint_runs_as_printed(postgres_
     from adapters.testing import save_tiny_qwen3
 
     model = save_tiny_qwen3(tmp_path / "tiny-qwen3")
-    done = _loopeval(*TINY_RUN, "--model", f"vllm:{model}", "--db", url, "--no-report", cwd=tmp_path)
+    done = _loopeval(capfd, *TINY_RUN, "--model", f"vllm:{model}", "--db", url, "--no-report", cwd=tmp_path)
     assert done.returncode == 1, done.stderr
     out = _secret_free(done, secret)
     resume = _hint(out, "continue with:")
@@ -103,7 +114,7 @@ def test_no_command_prints_the_password_and_every_hint_runs_as_printed(postgres_
                  ["dashboard", "--out", str(tmp_path / "r.html")],
                  ["profile", "zoo:melt-tiny", "--lengths", "64"],
                  ["probe", "zoo:ouro-tiny", "--loops", "2", "--limit", "1", "--positions", "8"]):
-        done = _loopeval(*args, "--db", url, cwd=tmp_path)
+        done = _loopeval(capfd, *args, "--db", url, cwd=tmp_path)
         assert done.returncode == 0, (args, done.stderr)
         out = _secret_free(done, secret)
         if args[0] == "probe":
@@ -116,14 +127,15 @@ def test_no_command_prints_the_password_and_every_hint_runs_as_printed(postgres_
     broken = "postgresql://loopeval:WRONGPASSWORD@127.0.0.1:notaport/x"
     for db in (wrong, absent, broken):
         for args in (["results"], ["dashboard"], TINY_RUN):
-            done = _loopeval(*args, "--db", db, cwd=tmp_path)
+            done = _loopeval(capfd, *args, "--db", db, cwd=tmp_path)
             assert done.returncode == 2 and "WRONGPASSWORD" not in done.stdout + done.stderr, (args, db, done.stderr)
 
 
 @pytest.mark.slow
-def test_the_served_app_names_its_database_without_the_password(postgres_server: object, tmp_path: Path) -> None:
+def test_the_served_app_names_its_database_without_the_password(postgres_server: object, tmp_path: Path,
+                                                                 capfd: pytest.CaptureFixture[str]) -> None:
     url = postgres_server.database("secrets_served")
-    assert _loopeval(*TINY_RUN, "--db", url, "--no-report", cwd=tmp_path).returncode == 0
+    assert _loopeval(capfd, *TINY_RUN, "--db", url, "--no-report", cwd=tmp_path).returncode == 0
     serving = subprocess.Popen([LOOPEVAL, "dashboard", "--serve", "--db", url, "--port", str(pg.free_port())], cwd=tmp_path,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
