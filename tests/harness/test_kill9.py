@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.cli import main
+
 pytestmark = pytest.mark.slow  # end to end: the fast tier (-m 'not slow') skips it
 
 LOOPEVAL = str(Path(sys.executable).with_name("loopeval"))
@@ -31,6 +33,19 @@ def _env(kill_at: str = "") -> dict[str, str]:
 
 def _loopeval(args: list[str], kill_at: str = "") -> subprocess.CompletedProcess[str]:
     return subprocess.run([LOOPEVAL, *args], capture_output=True, text=True, env=_env(kill_at), timeout=600)
+
+
+@pytest.fixture(autouse=True)
+def _plugins_here(monkeypatch: pytest.MonkeyPatch, isolated_registry: None) -> None:
+    """The killed process must be one of its own; the resume may be this one (the evaluation stack imported
+    once, not once per test), with the test plugins (`_resume` names their folder) and no kill armed."""
+    monkeypatch.setenv("LOOPEVAL_KILL_BATCHES", str(BATCHES))
+    monkeypatch.delenv("LOOPEVAL_KILL_AT", raising=False)
+
+
+def _resume(run_id: int, db: Path) -> int:
+    """`loopeval run --resume RUN_ID` in this process; its exit code."""
+    return main(["run", "--resume", str(run_id), "--adapters-dir", str(PLUGINS), "--db", str(db), "--no-report"])
 
 
 def query(db: Path, sql: str) -> list[tuple]:
@@ -75,8 +90,7 @@ def test_kill9_then_resume_loses_and_duplicates_nothing(kill_at: str, tmp_path: 
     if kill_at not in ("load",):
         assert wall is not None and wall > 0, "timings were written while the run went"
         assert query(db, f"SELECT value FROM memory_peaks WHERE run_id = {run_id} AND measure = 'kv_bytes_peak'")[0][0] > 0
-    resumed = _loopeval(["run", "--resume", str(run_id), "--db", str(db), "--no-report"])
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert _resume(run_id, db) == 0
     assert query(db, "SELECT COUNT(*) FROM samples")[0][0] == 16 >= stored
     _check_completed(db, {run_id: wall}, killed_stretch_traced=kill_at != "load")
 
@@ -87,13 +101,12 @@ def test_a_killed_sweep_is_completed_by_resuming_any_of_its_runs(tmp_path: Path)
     assert killed.returncode == -signal.SIGKILL
     runs = query(db, "SELECT id, loops, status, wall_seconds FROM runs ORDER BY id")
     assert [(loops, status) for _, loops, status, _ in runs] == [(2, "running"), (4, "queued")], "stored whole up front"
-    resumed = _loopeval(["run", "--resume", str(runs[1][0]), "--db", str(db), "--no-report"])
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert _resume(runs[1][0], db) == 0
     _check_completed(db, {run_id: wall for run_id, _, _, wall in runs}, killed_stretch_traced=True)
-    assert _loopeval(["run", "--resume", str(runs[0][0]), "--db", str(db), "--no-report"]).returncode == 2
+    assert _resume(runs[0][0], db) == 2
 
 
-def test_a_run_in_progress_cannot_be_resumed_by_a_second_process(tmp_path: Path) -> None:
+def test_a_run_in_progress_cannot_be_resumed_by_a_second_process(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     db = tmp_path / "r.sqlite"
     first = subprocess.Popen([LOOPEVAL, *RUN, "--loops", "2", "--db", str(db)], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, env=_env())
@@ -101,10 +114,11 @@ def test_a_run_in_progress_cannot_be_resumed_by_a_second_process(tmp_path: Path)
     while time.monotonic() < deadline and first.poll() is None and _samples(db) < 2:
         time.sleep(0.2)
     assert first.poll() is None, first.communicate()
-    second = _loopeval(["run", "--resume", "1", "--db", str(db), "--no-report"])
-    assert second.returncode == 2
-    lines = second.stderr.strip().splitlines()
-    assert len(lines) == 1 and "is being run by" in lines[0], second.stderr
+    capfd.readouterr()
+    assert _resume(1, db) == 2  # this test's process is the second one
+    err = capfd.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "is being run by" in lines[0], err
     assert first.wait(timeout=300) == 0
     _check_completed(db, {}, killed_stretch_traced=False)
 
@@ -115,12 +129,12 @@ def test_kill9_in_a_workload_then_resume_gives_the_unbroken_run(tmp_path: Path) 
     run = [*RUN, "--loops", "2", "--temperature", "1.0"]
     run[run.index("killer:ouro-tiny")] = "killer-workload:ouro-tiny"
     unbroken, db = tmp_path / "whole.sqlite", tmp_path / "r.sqlite"
-    assert _loopeval([*run, "--db", str(unbroken)]).returncode == 0
+    assert main([*run, "--adapters-dir", str(PLUGINS), "--db", str(unbroken)]) == 0  # in this process: nothing to kill
     killed = _loopeval([*run, "--db", str(db)], "finished:5")
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     stored = query(db, "SELECT COUNT(*) FROM samples")[0][0]
     assert 0 < stored < 16, "samples were committed as they finished, before the kill"
-    assert _loopeval(["run", "--resume", "1", "--db", str(db), "--no-report"]).returncode == 0
+    assert _resume(1, db) == 0
     _check_completed(db, {}, killed_stretch_traced=False)
     outputs = "SELECT task, doc_id, sample_index, output FROM samples ORDER BY task, doc_id, sample_index"
     assert query(db, outputs) == query(unbroken, outputs)
