@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from interrupted_runs import one_at_a_time
+from interrupted_runs import SAMPLES, one_at_a_time
 from sqlalchemy import create_engine, inspect, text
 
 from harness.cli import main
@@ -133,7 +133,7 @@ def test_an_interrupted_run_resumes_on_ray(tmp_path: Path, ray_address: str, mon
     assert main(["run", "--resume", str(run_id), "--executor", "ray", "--db", "r.sqlite", "--no-report"]) == 0  # this process's Ray
     conn = sqlite3.connect("r.sqlite")
     assert conn.execute("SELECT status FROM runs").fetchall() == [("finished",)]
-    assert conn.execute("SELECT COUNT(*), COUNT(DISTINCT task || doc_id || sample_index) FROM samples").fetchone() == (20, 20)
+    assert conn.execute("SELECT COUNT(*), COUNT(DISTINCT task || doc_id || sample_index) FROM samples").fetchone() == (SAMPLES, SAMPLES)
     conn.close()
 
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from interrupted_runs import one_at_a_time
+from interrupted_runs import SAMPLES, one_at_a_time
 
 from harness.cli import main
 from db.measures import PEAK_MEASURES as MEASURES
@@ -114,11 +114,11 @@ def test_resume_after_a_real_interrupt_stores_every_sample_once(signum: int, tmp
     assert status == "interrupted"
     assert f"--resume {run_id}" in out + err
     kept = query(db, "SELECT id, task, doc_id, sample_index, output FROM samples ORDER BY id")
-    assert 3 <= len(kept) < 20
+    assert 3 <= len(kept) < SAMPLES
 
     assert main(["run", "--resume", str(run_id), "--db", str(db), "--no-report"]) == 0
     rows = query(db, "SELECT id, task, doc_id, sample_index, output FROM samples ORDER BY id")
-    assert len(rows) == 20 and len({r[1:4] for r in rows}) == 20  # 2 tasks x 10 docs, each exactly once
+    assert len(rows) == SAMPLES and len({r[1:4] for r in rows}) == SAMPLES  # each exactly once
     assert rows[: len(kept)] == kept  # what was committed before the interrupt is untouched
     assert query(db, "SELECT status FROM runs") == [("finished",)]
     assert {m[0] for m in query(db, "SELECT task FROM task_metrics")} == {"addition", "chain2", "all"}
