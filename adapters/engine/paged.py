@@ -11,7 +11,8 @@ A step (`PagedStep`) writes its tokens' K/V to their slots (`index_copy_`) and g
 sequence's blocks into [B, kv_heads, L, head_dim] for attention, L the longest context in the step;
 the mask hides the rest. MELT's latent h for the tokens in flight lives in one buffer sized for the
 largest step (the concurrency cap, or a prefill chunk), reused by every step. Shapes depend only on
-B, n and L, which is what a captured decode step needs.
+B, n and L, which is what a captured decode step needs. On the CPU a decode step goes through the
+scheduler's decode rows instead (`adapters.engine.rows`), which hand each block back when it fills.
 
 Accounting, exact (`adapters.engine.memory.analytic_terms` gives the same coefficients):
 - `kv_bytes_used`: tokens held (each slot written once, shared blocks once) x bytes per token, plus
@@ -154,11 +155,11 @@ def key_mask(positions: Tensor, length: int) -> Tensor:
 
 
 class PoolStep:
-    """What every scheduler step's `Cache` shares: the new tokens' K/V go to their pool slots, and MELT's
-    latent h of the tokens in flight lives in the pool's buffer. Subclasses say where attention reads from."""
+    """What every scheduler step's `Cache` shares: MELT's latent h of the tokens in flight lives in the
+    pool's buffer. Subclasses say where the new K/V go and where attention reads from."""
 
-    def __init__(self, pool: BlockPool, slots: Tensor, in_flight: int) -> None:
-        self.pool, self.slots, self.in_flight = pool, slots, in_flight
+    def __init__(self, pool: BlockPool, in_flight: int) -> None:
+        self.pool, self.in_flight = pool, in_flight
 
     def kv_source(self, layer: int, loop: int, x: Tensor, gate: Gate) -> Tensor | None:
         """The latent h of `layer`'s tokens in flight, updated in place: x at loop 0, then the gate."""
@@ -166,12 +167,6 @@ class PoolStep:
             return None
         h = self.pool.latent[layer - self.pool.prelude, : self.in_flight].view(x.shape)
         return h.copy_(x if loop == 0 else gate(x, h, loop))
-
-    def write(self, entry: int, k_new: Tensor, v_new: Tensor) -> None:
-        """The step's rows k_new, v_new [B * n, Hkv, D] into their pool slots (row-major)."""
-        self.pool.k_entries[entry].index_copy_(0, self.slots, k_new)
-        self.pool.v_entries[entry].index_copy_(0, self.slots, v_new)
-
 
 class PagedStep(PoolStep):
     """The `Cache` of one step that gathers what attention reads from the pool: B sequences, n tokens each.
@@ -191,7 +186,8 @@ class PagedStep(PoolStep):
 
     def __init__(self, pool: BlockPool, positions: Tensor, blocks: Tensor, length: int) -> None:
         size = pool.block_size
-        super().__init__(pool, (blocks.gather(1, positions // size) * size + positions % size).flatten(), positions.numel())
+        super().__init__(pool, positions.numel())
+        self.slots = (blocks.gather(1, positions // size) * size + positions % size).flatten()  # the new tokens', row-major
         self.positions, self.blocks, self.length = positions, blocks, length
         self.rows, self.tokens = positions.shape
         gathered = 2 * blocks.numel() * pool.block_size * pool.k[0, 0].numel() * pool.k.element_size() * pool.shared
@@ -202,7 +198,8 @@ class PagedStep(PoolStep):
     def update(self, layer: int, loop: int, k: Tensor, v: Tensor, slot: int) -> tuple[Tensor, Tensor]:
         entry, pool = self.pool.entries[layer][loop], self.pool
         k_new, v_new = k.transpose(1, 2), v.transpose(1, 2)  # [B, n, Hkv, D]
-        self.write(entry, k_new.flatten(0, 1), v_new.flatten(0, 1))
+        pool.k_entries[entry].index_copy_(0, self.slots, k_new.flatten(0, 1))
+        pool.v_entries[entry].index_copy_(0, self.slots, v_new.flatten(0, 1))
         kept = None if self.kept is None else self.kept.get(entry)
         if kept is None:
             kept = (self._read(pool.k[entry]), self._read(pool.v[entry]))

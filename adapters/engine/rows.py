@@ -7,12 +7,17 @@ every decode step made a continuous decode step cost about 1.5x a static one on 
 scheduler keeps the running sequences' K/V contiguous: row i of `DecodeRows` holds running sequence
 i's K/V for every entry, gathered from the pool once, when the sequence starts decoding. A decode step
 (`RowsStep`) writes its new K/V to the rows, where attention reads `rows[:B, :length]` as a view (the
-values a gather would give), and at its end copies the step's rows of every entry to their pool slots
-in one go: between steps the pool, the KV store that is measured, holds every token's K/V as before.
+values a gather would give). A row goes back to the pool, the KV store that is measured, a block at
+a time: when a decode step fills a sequence's block, the block's slots are copied from the row
+(`write_back`, two copies per block where copying every step's tokens cost four kernels a step, 2-3%
+of a tiny model's batch-1 step). So the pool holds every full block; the tokens of a sequence's
+partly filled last block are in its row only, and nothing reads them from the pool: a finished or
+preempted sequence frees its blocks, and a readmitted one prefills its prompt again.
 
-Memory: entries x rows x length x one token's K/V, the length grown by doubling as sequences grow. It
-is a working copy of K/V the pool holds, as the per-step gathers it replaces were, so the KV measures
-leave it out and the process's RSS shows it. Workloads whose rows would pass `LIMIT_BYTES` gather per
+Memory: entries x rows x length x one token's K/V, the length grown by doubling as sequences grow
+(from `FIRST_LENGTH`, or the longest sequence's capacity when that is less). It is a working copy of
+the K/V that the pool's blocks account for, as the per-step gathers it replaces were, so the KV
+measures leave it out and the process's RSS shows it. Workloads whose rows would pass `LIMIT_BYTES` gather per
 step instead (`DecodeRows.fits`).
 """
 
@@ -24,16 +29,17 @@ from torch import Tensor
 from adapters.engine.paged import BlockPool, PoolStep
 
 LIMIT_BYTES = 64 * 2**20
+FIRST_LENGTH = 1024  # slots per row at first: most workloads' sequences fit without a copy
 
 
 class DecodeRows:
     """K/V rows [entries, rows, length, Hkv, D] of the running sequences, row i for running sequence i."""
 
-    def __init__(self, pool: BlockPool, rows: int) -> None:
-        self.pool, self.rows = pool, rows
+    def __init__(self, pool: BlockPool, rows: int, longest: int) -> None:
+        self.pool, self.rows, self.longest = pool, rows, longest
         self.length = 0  # slots per row allocated so far
         self.k = self.v = torch.empty(0)
-        self.k_flat: list[Tensor] = []  # per entry, [rows * length, Hkv, D]: where a step writes its new tokens
+        self.k_flat: list[Tensor] = []  # per entry, [rows * length, Hkv, 1, D]: where a step writes its new tokens
         self.v_flat: list[Tensor] = []
 
     @staticmethod
@@ -42,16 +48,18 @@ class DecodeRows:
         return 2 * pool.k.shape[0] * rows * longest * pool.k[0, 0].numel() * pool.k.element_size() <= LIMIT_BYTES
 
     def reserve(self, length: int) -> None:
-        """Room for `length` slots per row: the length doubles, keeping what the rows hold."""
+        """Room for `length` slots per row: at first `FIRST_LENGTH` or the longest sequence's capacity if
+        that is less, then doubling (each time a copy of what the rows hold)."""
         if length <= self.length:
             return
-        new = max(length, 2 * self.length, 64)
+        new = max(length, 2 * self.length, min(FIRST_LENGTH, self.longest))
         shape = (self.pool.k.shape[0], self.rows, new, *self.pool.k.shape[2:])
         k, v = self.pool.k.new_zeros(shape), self.pool.v.new_zeros(shape)  # zeros: a masked slot is read, never NaN
         if self.length:
             k[:, :, : self.length], v[:, :, : self.length] = self.k, self.v
         self.k, self.v, self.length = k, v, new
-        self.k_flat, self.v_flat = [e.view(-1, *shape[3:]) for e in k.unbind(0)], [e.view(-1, *shape[3:]) for e in v.unbind(0)]
+        flat = (-1, shape[3], 1, shape[4])  # [rows * length, Hkv, 1, D]: a decode step's k [B, Hkv, 1, D] indexes in as it is
+        self.k_flat, self.v_flat = [e.view(flat) for e in k.unbind(0)], [e.view(flat) for e in v.unbind(0)]
 
     def fill(self, row: int, blocks: list[int], written: int) -> None:
         """Row `row` from a sequence's blocks in the pool: its first `written` slots of every entry."""
@@ -61,6 +69,12 @@ class DecodeRows:
             gathered = store.view(store.shape[0], -1, size * store[0, 0].numel()).index_select(1, index)
             rows[:, row, :written] = gathered.view(store.shape[0], -1, *store.shape[2:])[:, :written]
 
+    def write_back(self, row: int, block: int, start: int) -> None:
+        """Block `block` of the pool from row `row`'s slots `start` to `start + block_size` (a block the row has filled)."""
+        size = self.pool.block_size
+        self.pool.k[:, block * size : (block + 1) * size] = self.k[:, row, start : start + size]
+        self.pool.v[:, block * size : (block + 1) * size] = self.v[:, row, start : start + size]
+
     def move(self, src: int, dst: int, written: int) -> None:
         """Row `src`'s first `written` slots into row `dst` (the last running sequence taking a finished one's row)."""
         self.k[:, dst, :written] = self.k[:, src, :written]
@@ -68,28 +82,21 @@ class DecodeRows:
 
 
 class RowsStep(PoolStep):
-    """The `Cache` of one decode step on `DecodeRows`: one new token for each of the first B rows; `finish`
-    after the step copies them to the pool.
+    """The `Cache` of one decode step on `DecodeRows`: one new token for each of the first B rows.
 
-    `slots` [B]: the tokens' pool slots; `row_slots` [B]: theirs in the rows, flattened (row i, position
-    p: i * rows.length + p); `length`: the keys attention reads (the longest sequence's, with the new token).
+    `row_slots` [B]: the tokens' slots in the rows, flattened (row i, position p: i * rows.length + p);
+    `length`: the keys attention reads (the longest sequence's, with the new token).
     """
 
-    def __init__(self, pool: BlockPool, rows: DecodeRows, slots: Tensor, row_slots: Tensor, length: int) -> None:
-        super().__init__(pool, slots, row_slots.shape[0])
+    def __init__(self, pool: BlockPool, rows: DecodeRows, row_slots: Tensor, length: int) -> None:
+        super().__init__(pool, row_slots.shape[0])
         self.rows, self.row_slots = rows, row_slots
         _, r, l, h, d = rows.k.shape  # what attention reads of an entry: its first B rows and `length` slots, [B, Hkv, L, D]
         self.size, self.stride, self.entry_stride = (row_slots.shape[0], h, length, d), (l * h * d, d, h * d, 1), r * l * h * d
 
     def update(self, layer: int, loop: int, k: Tensor, v: Tensor, slot: int) -> tuple[Tensor, Tensor]:
         entry, rows = self.pool.entries[layer][loop], self.rows
-        rows.k_flat[entry].index_copy_(0, self.row_slots, k[:, :, 0])  # [B, Hkv, D]: one token per row
-        rows.v_flat[entry].index_copy_(0, self.row_slots, v[:, :, 0])
+        rows.k_flat[entry].index_copy_(0, self.row_slots, k)  # one token per row
+        rows.v_flat[entry].index_copy_(0, self.row_slots, v)
         offset = entry * self.entry_stride
         return rows.k.as_strided(self.size, self.stride, offset), rows.v.as_strided(self.size, self.stride, offset)
-
-    def finish(self) -> None:
-        """The step's new K/V, every entry, from the rows to their pool slots: two copies per step, not two per entry."""
-        pool, rows = self.pool, self.rows
-        for store, kept in ((pool.k, rows.k), (pool.v, rows.v)):
-            store.index_copy_(1, self.slots, kept.view(kept.shape[0], -1, *kept.shape[3:]).index_select(1, self.row_slots))

@@ -90,12 +90,13 @@ class Scheduler:
     def run(self, sequences: list[Sequence]) -> None:
         self.waiting.extend(sequences)
         self.one_setting = len({setting(seq.sampling) for seq in sequences}) == 1
-        rows = min(self.max_seqs, len(sequences))
-        if self.graphs is None and DecodeRows.fits(self.pool, rows, max(seq.capacity for seq in sequences)):
-            self.rows = DecodeRows(self.pool, rows)
+        rows, longest = min(self.max_seqs, len(sequences)), max(seq.capacity for seq in sequences)
+        if self.graphs is None and DecodeRows.fits(self.pool, rows, longest):
+            self.rows = DecodeRows(self.pool, rows, longest)
         with torch.inference_mode():
             while self.waiting or self.running:
-                self._admit()
+                if self.waiting:
+                    self._admit()
                 if self.running:
                     self._decode()
 
@@ -160,12 +161,15 @@ class Scheduler:
                         logits, exit_loop = read_logits(self.model, out, self.policy)
                         last.update({part[row]: (logits[row], None if exit_loop is None else exit_loop[row]) for row in ending})
         elapsed, self.prefilling = time.perf_counter() - began, []
+        ready, rows = [], []  # the first tokens of every group, drawn in one call
         for i, group in enumerate(groups):
             self._share_prompt(group, elapsed)
-            ready = [seq for seq in group if seq.fresh]  # a readmitted sequence replays its tokens first
-            if ready:
-                logits, exit_loop = last[i]
-                self._sample(ready, logits.expand(len(ready), -1), None if exit_loop is None else exit_loop.expand(len(ready)))
+            fresh = [seq for seq in group if seq.fresh]  # a readmitted sequence replays its tokens first
+            ready += fresh
+            rows += [i] * len(fresh)
+        if ready:
+            exit_loop = None if last[0][1] is None else torch.stack([last[i][1] for i in rows])
+            self._sample(ready, torch.stack([last[i][0] for i in rows]), exit_loop)
 
     def _rows_per_step(self, members: list[int], length: int) -> list[list[int]]:
         """`members` split so one step's tokens in flight fit the pool's latent buffer (MELT's h)."""
@@ -192,11 +196,14 @@ class Scheduler:
         """One token per running sequence: the one after its written ones, sampled from or replayed."""
         self._provision()
         seqs = list(self.running)
-        out = self._step(seqs, [[seq.tokens[seq.written]] for seq in seqs])
+        tokens = [seq.tokens[seq.written] for seq in seqs]
+        out = self._rows_step(seqs, tokens) if self.rows is not None else self._step(seqs, [[token] for token in tokens])
         ready = [i for i, seq in enumerate(seqs) if seq.written == len(seq.tokens)]
-        if ready:
+        if len(ready) == len(seqs):
+            self._sample(seqs, *read_logits(self.model, out, self.policy))
+        elif ready:  # some are replaying tokens they decoded before a preemption
             logits, exit_loop = read_logits(self.model, out, self.policy)
-            rows = self._tensor(ready) if len(ready) < len(seqs) else slice(None)
+            rows = self._tensor(ready)
             self._sample([seqs[i] for i in ready], logits[rows], None if exit_loop is None else exit_loop[rows])
 
     def _provision(self) -> None:
@@ -218,12 +225,10 @@ class Scheduler:
     def _step(self, seqs: list[Sequence], tokens: list[list[int]]) -> StepOutput:
         """Run `tokens` (n per sequence) of `seqs` at their next slots through the model; their blocks hold them afterwards.
 
-        A decode step (n = 1) of the running set reads the decode rows when there are rows, else goes
-        through `graphs` when there is one (the GPU path); other steps gather from the pool.
+        A step of one token per sequence goes through `graphs` when there is one (the GPU path); other
+        steps gather from the pool. (Decode steps on the decode rows are `_rows_step`.)
         """
         pool, n = self.pool, len(tokens[0])
-        if n == 1 and self.rows is not None:
-            return self._rows_step(seqs, [t for (t,) in tokens])
         end = max(seq.written for seq in seqs) + n
         width = pool.blocks_for(end)
         blocks = self._tensor([b for seq in seqs for b in (seq.blocks + [0] * width)[:width]], len(seqs))  # padded with block 0, which the mask hides
@@ -245,24 +250,24 @@ class Scheduler:
         return out
 
     def _rows_step(self, seqs: list[Sequence], tokens: list[int]) -> StepOutput:
-        """A decode step of the running set (row i is `seqs[i]`) reading K/V from the decode rows; its inputs
-        go to the device as one tensor."""
+        """A decode step of the running set (row i is `seqs[i]`) on the decode rows; its inputs go to the
+        device as one tensor, and a block the step fills goes back to the pool."""
         size, rows, pool = self.pool.block_size, self.rows, self.pool
         written = [seq.written for seq in seqs]
         end = max(written) + 1
         rows.reserve(end)
-        blocks = [seq.blocks[w // size] for seq, w in zip(seqs, written)]
-        data = self._tensor(tokens + written + [b * size + w % size for b, w in zip(blocks, written)]
-                            + [i * rows.length + w for i, w in enumerate(written)], 4)
-        positions = data[1, :, None]
+        inputs, positions, row_slots = self._tensor(tokens + written + [i * rows.length + w for i, w in enumerate(written)]).view(3, -1, 1).unbind()
         pool.begin_step(len(seqs))
         mask = None if min(written) == end - 1 else key_mask(positions, end)  # None: every row sees every key
-        cache = RowsStep(pool, rows, data[2], data[3], end)
-        out = self.model.step(data[0, :, None], positions, cache, end - 1, mask, self.loops, self.policy.kind != "none")
-        cache.finish()
-        for seq in seqs:
-            seq.written += 1
-        pool.mark_written([(b, w % size + 1) for b, w in zip(blocks, written)])
+        out = self.model.step(inputs, positions, RowsStep(pool, rows, row_slots.view(-1), end), end - 1, mask, self.loops,
+                              self.policy.kind != "none")
+        filled = []
+        for i, (seq, w) in enumerate(zip(seqs, written)):
+            seq.written, block = w + 1, seq.blocks[w // size]
+            filled.append((block, w % size + 1))
+            if seq.written % size == 0:
+                rows.write_back(i, block, seq.written - size)
+        pool.mark_written(filled)
         return out
 
     def _tensor(self, values: list[int], rows: int | None = None) -> Tensor:
@@ -280,7 +285,7 @@ class Scheduler:
             seq.tokens.append(token)
             seq.loops.append(loop)
             seq.finish = stop_reason(seq.tokens, self.eos_ids, seq.sampling, self.tokenizer, start=seq.prompt_len)
-            if seq.finish is None and (len(seq.tokens) - seq.prompt_len >= seq.sampling.max_new_tokens or len(seq.tokens) >= seq.capacity):
+            if seq.finish is None and len(seq.tokens) >= seq.capacity:  # its new tokens or the context used up
                 seq.finish = "length"
             if seq.finish is not None:
                 done.append((seq.request, seq.sample, self._retire(seq)))

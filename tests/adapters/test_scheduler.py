@@ -69,6 +69,21 @@ def test_sampled_outputs_do_not_depend_on_the_cap_or_batching(name):
     assert len({tuple(ids) for ids in by_cap[1][:3]}) > 1  # a prompt's three samples differ
 
 
+def test_a_prompt_admitted_beside_decoding_sequences_leaves_their_kv_alone():
+    """MELT prompts of chunk x k + 1 tokens prefill a 1-token chunk first; admitted while others decode (cap 2,
+    new-token budgets staggered), that chunk must not go through the running sequences' decode rows."""
+    by_cap = {}
+    for cap in (1, 2):
+        adapter = engine("melt-tiny", max_batch=cap)
+        chunk = adapter.config.chunk_size
+        requests = [Request([5 + i] * (chunk * (1 + i % 2) + 1), Sampling(temperature=1.0, top_p=0.7, max_new_tokens=4 + 5 * i, seed=i))
+                    for i in range(6)]
+        got: dict[int, list[int]] = {}
+        adapter.generate_requests(requests, lambda done: got.update({request: g.token_ids for request, _, g in done}))
+        by_cap[cap] = got
+    assert by_cap[1] == by_cap[2] and len(by_cap[1]) == 6
+
+
 @pytest.mark.parametrize("name", ["ouro-tiny", "melt-tiny"])
 def test_preemption_under_a_tiny_pool_changes_nothing(name):
     adapter = engine(name, block_size=4)
@@ -99,14 +114,19 @@ class Watch:
     def __init__(self, scheduler: Scheduler, config, loops: int) -> None:
         self.scheduler, self.pool, self.steps, self.max_running = scheduler, scheduler.pool, 0, 0
         self.terms = analytic_terms(config, loops, "fp32")
-        step = scheduler._step
+        step, rows_step = scheduler._step, scheduler._rows_step
 
-        def checked(seqs, tokens):
+        def checked(seqs, tokens):  # prefill chunks, and decode steps without decode rows
             out = step(seqs, tokens)
             self.check(seqs, sum(map(len, tokens)))
             return out
 
-        scheduler._step = checked
+        def checked_rows(seqs, tokens):  # decode steps on the decode rows: one token per sequence
+            out = rows_step(seqs, tokens)
+            self.check(seqs, len(tokens))
+            return out
+
+        scheduler._step, scheduler._rows_step = checked, checked_rows
 
     def check(self, stepped: list, in_flight: int) -> None:
         """After a step: `stepped` ran (prompts being prefilled join the running set only afterwards)."""
