@@ -110,6 +110,13 @@ class BlockPool:
                 self.tokens_held += filled - self.filled[block]
                 self.filled[block] = filled
 
+    def mark_one_more(self, blocks: list[int]) -> None:
+        """Each of `blocks` holds one more slot (a decode step's: one token per sequence)."""
+        with self.lock:
+            for block in blocks:
+                self.filled[block] += 1
+            self.tokens_held += len(blocks)
+
     def begin_step(self, tokens: int) -> None:
         """A step of `tokens` tokens starts: their latent state (MELT's h, the history buffer) is live."""
         if tokens == self.in_flight:  # decode steps of an unchanged batch: nothing to update

@@ -30,7 +30,7 @@ from adapters.engine.generate import ExitPolicy, int_tensor, is_looped, output_t
 from adapters.engine.graphs import DecodeGraphs
 from adapters.engine.model import LoopedLM, StepOutput, prefill_chunks
 from adapters.engine.paged import BlockPool, PagedStep, key_mask
-from adapters.engine.rows import DecodeRows, RowsStep
+from adapters.engine.rows import DecodeRows, RowsInputs, RowsStep
 
 
 @dataclass(eq=False, slots=True)
@@ -82,6 +82,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in the order of their decode rows (`rows`), when there are rows
         self.rows: DecodeRows | None = None
+        self.next_inputs: RowsInputs | None = None  # the next decode step's, while the running set stays the same
         self.prefilling: list[Sequence] = []  # admitted, holding blocks, not yet running
         self.admissions = count()
         self.preemptions = 0
@@ -160,10 +161,10 @@ class Scheduler:
                     if ending:
                         logits, exit_loop = read_logits(self.model, out, self.policy)
                         last.update({part[row]: (logits[row], None if exit_loop is None else exit_loop[row]) for row in ending})
-        elapsed, self.prefilling = time.perf_counter() - began, []
+        self.prefilling = []
         ready, rows = [], []  # the first tokens of every group, drawn in one call
         for i, group in enumerate(groups):
-            self._share_prompt(group, elapsed)
+            self._share_prompt(group, began)
             fresh = [seq for seq in group if seq.fresh]  # a readmitted sequence replays its tokens first
             ready += fresh
             rows += [i] * len(fresh)
@@ -176,8 +177,9 @@ class Scheduler:
         rows = len(members) if self.pool.latent is None else max(1, self.pool.latent_tokens // length)
         return [members[i : i + rows] for i in range(0, len(members), rows)]
 
-    def _share_prompt(self, group: list[Sequence], elapsed: float) -> None:
-        """The group's siblings share its first sequence's full prompt blocks and copy the partly filled last one."""
+    def _share_prompt(self, group: list[Sequence], began: float) -> None:
+        """The group's siblings share its first sequence's full prompt blocks and copy the partly filled last one;
+        each joins the running set (with its decode row filled: its prefill ends and its decode begins there)."""
         first, pool = group[0], self.pool
         full, tail = divmod(first.prompt_len, pool.block_size)
         for seq in group[1:]:
@@ -185,23 +187,29 @@ class Scheduler:
             seq.blocks = first.blocks[:full] + ([pool.copy(first.blocks[full], tail)] if tail else [])
             seq.written = first.prompt_len
         for seq in group:
-            seq.order, seq.prefill_seconds, seq.decode_began = next(self.admissions), elapsed, time.perf_counter()
+            seq.order = next(self.admissions)
             if self.rows is not None:
                 self.rows.reserve(seq.written)
                 self.rows.fill(len(self.running), seq.blocks, seq.written)
             self.running.append(seq)
+            self.next_inputs = None
+            seq.decode_began = time.perf_counter()
+            seq.prefill_seconds = seq.decode_began - began
 
     # -------------------------------------------------------------------------------- decode
     def _decode(self) -> None:
         """One token per running sequence: the one after its written ones, sampled from or replayed."""
         self._provision()
         seqs = list(self.running)
-        tokens = [seq.tokens[seq.written] for seq in seqs]
-        out = self._rows_step(seqs, tokens) if self.rows is not None else self._step(seqs, [[token] for token in tokens])
-        ready = [i for i, seq in enumerate(seqs) if seq.written == len(seq.tokens)]
-        if len(ready) == len(seqs):
-            self._sample(seqs, *read_logits(self.model, out, self.policy))
-        elif ready:  # some are replaying tokens they decoded before a preemption
+        out = self._rows_step(seqs) if self.rows is not None else self._step(seqs, [[seq.tokens[seq.written]] for seq in seqs])
+        ready = [i for i, seq in enumerate(seqs) if seq.written == len(seq.tokens)] if self.preemptions else None
+        if ready is None or len(ready) == len(seqs):  # none is replaying tokens it decoded before a preemption
+            ids = self._sample(seqs, *read_logits(self.model, out, self.policy))
+            if self.next_inputs is not None:  # none finished either
+                self.next_inputs.advance(ids)
+            return
+        self.next_inputs = None
+        if ready:
             logits, exit_loop = read_logits(self.model, out, self.policy)
             rows = self._tensor(ready)
             self._sample([seqs[i] for i in ready], logits[rows], None if exit_loop is None else exit_loop[rows])
@@ -209,7 +217,8 @@ class Scheduler:
     def _provision(self) -> None:
         """A slot for every running sequence's next token, oldest first, preempting the youngest when the pool is empty."""
         size = self.pool.block_size
-        for seq in sorted((seq for seq in self.running if seq.written == len(seq.blocks) * size), key=lambda s: s.order):
+        full = [seq for seq in self.running if seq.written == len(seq.blocks) * size]
+        for seq in sorted(full, key=lambda s: s.order) if full else ():
             while not self.pool.free and seq.blocks:  # a lone sequence always fits (the pool holds one at its capacity)
                 self._preempt(max(self.running, key=lambda s: s.order))
             if seq.blocks:  # not preempted itself
@@ -249,25 +258,25 @@ class Scheduler:
         pool.mark_written(written)
         return out
 
-    def _rows_step(self, seqs: list[Sequence], tokens: list[int]) -> StepOutput:
-        """A decode step of the running set (row i is `seqs[i]`) on the decode rows; its inputs go to the
-        device as one tensor, and a block the step fills goes back to the pool."""
+    def _rows_step(self, seqs: list[Sequence]) -> StepOutput:
+        """A decode step of the running set (row i is `seqs[i]`) on the decode rows: its inputs are the last
+        step's advanced (`RowsInputs`) or go to the device as one tensor, and a block the step fills goes back to the pool."""
         size, rows, pool = self.pool.block_size, self.rows, self.pool
-        written = [seq.written for seq in seqs]
-        end = max(written) + 1
-        rows.reserve(end)
-        inputs, positions, row_slots = self._tensor(tokens + written + [i * rows.length + w for i, w in enumerate(written)]).view(3, -1, 1).unbind()
+        step = self.next_inputs
+        if step is None or step.end > rows.length:  # a changed running set, or rows to grow (their row slots move)
+            step = RowsInputs.build(rows, [seq.tokens[seq.written] for seq in seqs], [seq.written for seq in seqs], self.device)
         pool.begin_step(len(seqs))
-        mask = None if min(written) == end - 1 else key_mask(positions, end)  # None: every row sees every key
-        out = self.model.step(inputs, positions, RowsStep(pool, rows, row_slots.view(-1), end), end - 1, mask, self.loops,
-                              self.policy.kind != "none")
-        filled = []
-        for i, (seq, w) in enumerate(zip(seqs, written)):
-            seq.written, block = w + 1, seq.blocks[w // size]
-            filled.append((block, w % size + 1))
+        mask = None if step.aligned else key_mask(step.positions, step.end)  # None: every row sees every key
+        out = self.model.step(step.tokens, step.positions, RowsStep(pool, rows, step.row_slots, step.end), step.end - 1, mask,
+                              self.loops, self.policy.kind != "none")
+        self.next_inputs = step
+        blocks = []
+        for i, seq in enumerate(seqs):
+            block, seq.written = seq.blocks[seq.written // size], seq.written + 1
+            blocks.append(block)
             if seq.written % size == 0:
                 rows.write_back(i, block, seq.written - size)
-        pool.mark_written(filled)
+        pool.mark_one_more(blocks)
         return out
 
     def _tensor(self, values: list[int], rows: int | None = None) -> Tensor:
@@ -276,27 +285,32 @@ class Scheduler:
         return tensor if rows is None else tensor.view(rows, -1)
 
     # ------------------------------------------------------------------------------ sampling
-    def _sample(self, seqs: list[Sequence], logits: Tensor, exit_loop: Tensor | None) -> None:
-        """Draw each sequence's next token from its own stream, record it, and retire the finished ones."""
-        ids = self._draw(seqs, logits)
+    def _sample(self, seqs: list[Sequence], logits: Tensor, exit_loop: Tensor | None) -> Tensor:
+        """Draw each sequence's next token from its own stream, record it, and retire the finished ones; the ids [B]."""
+        drawn = self._draw(seqs, logits)
+        ids = drawn.tolist()
         loops = [self.loops] * len(seqs) if exit_loop is None else exit_loop.tolist()
         done: list[Finished] = []
         for seq, token, loop in zip(seqs, ids, loops):
             seq.tokens.append(token)
             seq.loops.append(loop)
-            seq.finish = stop_reason(seq.tokens, self.eos_ids, seq.sampling, self.tokenizer, start=seq.prompt_len)
+            if token in self.eos_ids:
+                seq.finish = "eos"
+            elif seq.sampling.stop:
+                seq.finish = stop_reason(seq.tokens, self.eos_ids, seq.sampling, self.tokenizer, start=seq.prompt_len)
             if seq.finish is None and len(seq.tokens) >= seq.capacity:  # its new tokens or the context used up
                 seq.finish = "length"
             if seq.finish is not None:
                 done.append((seq.request, seq.sample, self._retire(seq)))
         if done:
             self.on_finished(done)
+        return drawn
 
-    def _draw(self, seqs: list[Sequence], logits: Tensor) -> list[int]:
+    def _draw(self, seqs: list[Sequence], logits: Tensor) -> Tensor:
         """Each sequence's next token from its stream at its token index: one `sample` per distinct setting."""
         rows = stream_rows([seq.key for seq in seqs], [len(seq.tokens) - seq.prompt_len for seq in seqs])
         if self.one_setting:
-            return sample(logits, seqs[0].sampling, self._tensor(rows)).tolist()
+            return sample(logits, seqs[0].sampling, self._tensor(rows))
         groups: dict[tuple, list[int]] = {}
         for i, seq in enumerate(seqs):
             groups.setdefault(setting(seq.sampling), []).append(i)
@@ -304,10 +318,11 @@ class Scheduler:
         for members in groups.values():
             index = self._tensor(members)
             ids[index] = sample(logits[index], seqs[members[0]].sampling, self._tensor([rows[i] for i in members]))
-        return ids.tolist()
+        return ids
 
     def _stop_running(self, seq: Sequence) -> None:
         """`seq` leaves the running set; the last running sequence takes its place (and its decode row)."""
+        self.next_inputs = None
         i, last = self.running.index(seq), self.running.pop()
         if last is not seq:
             self.running[i] = last

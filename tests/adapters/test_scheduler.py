@@ -121,9 +121,9 @@ class Watch:
             self.check(seqs, sum(map(len, tokens)))
             return out
 
-        def checked_rows(seqs, tokens):  # decode steps on the decode rows: one token per sequence
-            out = rows_step(seqs, tokens)
-            self.check(seqs, len(tokens))
+        def checked_rows(seqs):  # decode steps on the decode rows: one token per sequence
+            out = rows_step(seqs)
+            self.check(seqs, len(seqs))
             return out
 
         scheduler._step, scheduler._rows_step = checked, checked_rows
