@@ -55,38 +55,69 @@ def dtype_short(name: Any, model: bool = False) -> str:
     return key
 
 
+def _number(value: Any) -> bool:
+    """A finite int or float (not a bool): what a sampling number may be (TOML and the CLI can give inf and nan)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _whole(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+MAX_STORED_INT = 2**63 - 1  # what a database's integer column holds (a seed is stored in one)
+
+# Each `Sampling` field's rule: what it must be (as errors say it) and the check. The one home of sampling's
+# validation: `Sampling` itself, `RunSpec.build` for the CLI options and the sweep file's keys all go through
+# `check_sampling`, each naming the value as the user gave it. The upper bounds are far beyond any real run
+# (the paper uses n <= 64); they stop a typo or a hostile file from planning an absurd one.
+SAMPLING_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "temperature": ("a finite number >= 0", lambda v: _number(v) and v >= 0),
+    "top_p": ("a number in (0, 1]", lambda v: _number(v) and 0 < v <= 1),
+    "top_k": ("a positive integer or None", lambda v: v is None or _whole(v, 1, MAX_STORED_INT)),
+    "max_new_tokens": ("an integer from 1 to 1048576", lambda v: _whole(v, 1, 1 << 20)),
+    "n": ("an integer from 1 to 1024", lambda v: _whole(v, 1, 1024)),
+    "seed": (f"an integer from 0 to {MAX_STORED_INT}", lambda v: _whole(v, 0, MAX_STORED_INT)),
+}
+
+
+def check_sampling(field: str, value: Any, name: str | None = None) -> None:
+    """AdapterError unless `value` suits `Sampling.field`, naming it `name` (a CLI option or a sweep-file key;
+    default the field's own name)."""
+    what, ok = SAMPLING_RULES[field]
+    if not ok(value):
+        raise AdapterError(f"{name or field} must be {what}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class Sampling:
-    """How to sample. The defaults are the MELT paper protocol: T=1.0, top-p 0.7, 32k new tokens.
+    """How to sample. The defaults are neutral: the model's own distribution (temperature 1, no nucleus,
+    no top-k), one sample per prompt, up to 256 new tokens; a run's sampling comes from its suite
+    (`PAPER_PROTOCOL` for the paper's benchmarks) and the user's options.
 
     `temperature == 0` means greedy decoding. `n` samples are drawn per prompt. `seed` makes the
     whole call reproducible: same adapter, prompts and Sampling give the same tokens.
     """
 
     temperature: float = 1.0
-    top_p: float = 0.7
+    top_p: float = 1.0
     top_k: int | None = None
-    max_new_tokens: int = 32768
+    max_new_tokens: int = 256
     n: int = 1
     seed: int = 0
     stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if not 0 <= self.temperature < math.inf:
-            raise AdapterError(f"temperature must be a finite number >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise AdapterError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k is not None and self.top_k < 1:
-            raise AdapterError(f"top_k must be a positive integer or None, got {self.top_k}")
-        if self.max_new_tokens < 1:
-            raise AdapterError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.n < 1:
-            raise AdapterError(f"n (samples per prompt) must be >= 1, got {self.n}")
+        for name in SAMPLING_RULES:
+            check_sampling(name, getattr(self, name))
         object.__setattr__(self, "stop", tuple(self.stop))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+# The MELT paper's protocol: temperature 1.0, top-p 0.7, up to 32k new tokens, pass@1 over n = 4 samples.
+PAPER_PROTOCOL = Sampling(temperature=1.0, top_p=0.7, max_new_tokens=32768, n=4)
 
 
 @dataclass

@@ -18,13 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from adapters.base import Sampling  # noqa: E402
+from adapters.base import PAPER_PROTOCOL, Sampling  # noqa: E402
 from adapters.engine.adapter import EngineAdapter, load_preset  # noqa: E402
 
 VARIANTS: dict[str, dict] = {
@@ -60,7 +61,7 @@ def decode_tok_s(adapter: EngineAdapter, prompts: list[list[int]], sampling: Sam
 def bench(preset: str, loops: int, batches: list[int], prompt_len: int, new_tokens: int, rounds: int) -> dict:
     adapters = {name: load(preset, loops, options) for name, options in VARIANTS.items()}
     plain = adapters["plain"]
-    sampling = Sampling(temperature=1.0, top_p=0.7, max_new_tokens=new_tokens, seed=0)
+    sampling = replace(PAPER_PROTOCOL, n=1, max_new_tokens=new_tokens, seed=0)
     out: dict = {"preset": preset, "loops": loops, "threads": torch.get_num_threads(), "prompt_tokens": prompt_len,
                  "new_tokens": new_tokens, "rounds": rounds, "variants": {}}
     for name, adapter in adapters.items():

@@ -45,6 +45,7 @@ import statistics
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -52,7 +53,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import adapters  # noqa: E402
-from adapters.base import Sampling  # noqa: E402
+from adapters.base import PAPER_PROTOCOL, Sampling  # noqa: E402
 from adapters.engine.adapter import EngineAdapter, load_preset  # noqa: E402
 
 
@@ -93,7 +94,7 @@ def bench_cpu(new_tokens: int, prompt_len: int, rounds: int) -> dict:
     with tempfile.TemporaryDirectory() as directory:
         hf = tiny_qwen3_dir(directory)
         engine: EngineAdapter = adapters.load(f"qwen3:{directory}", dtype="fp32", device="cpu")
-    sampling = Sampling(temperature=1.0, top_p=0.7, max_new_tokens=new_tokens, seed=0)
+    sampling = replace(PAPER_PROTOCOL, n=1, max_new_tokens=new_tokens, seed=0)
     engine.config.extra["eos_token_ids"] = []  # the same fixed token count on both sides
     engine.config.eos_token_id = None
     prompts = {b: torch.randint(3, engine.config.vocab_size, (b, prompt_len), generator=torch.Generator().manual_seed(b)) for b in (1, 4, 16)}
@@ -161,7 +162,7 @@ def bench_memory(device: str, names: list[str], context: int, new_tokens: int, b
         vocab = adapter.config.vocab_size
         row: dict = {"analytic": estimate(adapter.config, context + new_tokens, 1, dtype="bf16").__dict__}
         prompt = torch.randint(3, vocab, (context,)).tolist()
-        gen = adapter.generate([prompt], Sampling(temperature=1.0, top_p=0.7, max_new_tokens=new_tokens))[0]
+        gen = adapter.generate([prompt], replace(PAPER_PROTOCOL, n=1, max_new_tokens=new_tokens))[0]
         mem = adapter.memory()
         row.update(
             weights_bytes=mem["weights_bytes"], kv_bytes=mem["kv_bytes_peak"], prefill_seconds=round(gen.prefill_seconds, 3),
@@ -170,7 +171,7 @@ def bench_memory(device: str, names: list[str], context: int, new_tokens: int, b
         )
         for batch in batches:
             prompts = torch.randint(3, vocab, (batch, 64)).tolist()
-            gens = adapter.generate(prompts, Sampling(temperature=1.0, top_p=0.7, max_new_tokens=new_tokens))
+            gens = adapter.generate(prompts, replace(PAPER_PROTOCOL, n=1, max_new_tokens=new_tokens))
             row[f"decode_tok_s_batch{batch}"] = round(sum(g.generated_tokens - 1 for g in gens) / gens[0].decode_seconds, 1)
         del adapter, gen, gens
         if name.startswith("qwen3"):
@@ -183,7 +184,7 @@ def bench_memory(device: str, names: list[str], context: int, new_tokens: int, b
 def _transformers_decode(name: str, device: str, vocab: int, new_tokens: int, batches: tuple[int, ...]) -> dict:
     """transformers' decode tok/s on the same shape (its own random weights: speed does not depend on them)."""
     hf = hf_qwen3(name).to(device=device, dtype=torch.bfloat16)
-    sampling = Sampling(temperature=1.0, top_p=0.7, max_new_tokens=new_tokens)
+    sampling = replace(PAPER_PROTOCOL, n=1, max_new_tokens=new_tokens)
     row = {f"transformers_decode_tok_s_batch{batch}": round(_hf_decode_tps(hf, torch.randint(3, vocab, (batch, 64), device=device), sampling), 1)
            for batch in batches}
     del hf
@@ -218,7 +219,7 @@ def bench_batching(name: str, prompts: int, samples: int, cap: int, new_tokens: 
     rng = torch.Generator().manual_seed(0)
     workload = [[1] + torch.randint(5, adapter.config.vocab_size, (int(torch.randint(16, 33, (1,), generator=rng)),), generator=rng).tolist()
                 for _ in range(prompts)]
-    sampling = Sampling(temperature=1.0, top_p=0.7, max_new_tokens=new_tokens, n=samples, seed=0)
+    sampling = replace(PAPER_PROTOCOL, max_new_tokens=new_tokens, n=samples, seed=0)
     runs: dict[str, list[dict]] = {"static": [], "continuous": []}
     outputs: dict[str, list[list[int]]] = {}
     for _ in range(repeats):

@@ -22,13 +22,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from adapters.base import Sampling  # noqa: E402
+from adapters.base import PAPER_PROTOCOL  # noqa: E402
 from adapters.engine.adapter import EngineAdapter  # noqa: E402
 from adapters.engine.checkpoint import random_model  # noqa: E402
 from adapters.engine.config import LoopConfig  # noqa: E402
@@ -49,7 +50,7 @@ def qwen3_shaped(width: int) -> LoopConfig:
 
 def decode_tok_s(adapter: EngineAdapter, batch: int, new_tokens: int) -> float:
     prompts = torch.randint(3, adapter.config.vocab_size, (batch, 32), generator=torch.Generator().manual_seed(batch)).tolist()
-    gens = adapter.generate(prompts, Sampling(temperature=1.0, top_p=0.7, max_new_tokens=new_tokens, seed=0))
+    gens = adapter.generate(prompts, replace(PAPER_PROTOCOL, n=1, max_new_tokens=new_tokens, seed=0))
     return sum(g.generated_tokens - 1 for g in gens) / max(g.decode_seconds for g in gens)
 
 

@@ -101,6 +101,11 @@ def plan_profile(spec: str, lengths: Sequence[int], loops: Sequence[int] | None 
     return ProfilePlan(spec, list(lengths), counts, batch, seed, decode_steps, adapter, facts.get("params"))
 
 
+def decode_sampling(decode_steps: int) -> Sampling:
+    """How a profile point decodes: greedily, `decode_steps` tokens (it measures memory and speed, not answers)."""
+    return Sampling(temperature=0.0, max_new_tokens=decode_steps)
+
+
 def _at_loops(adapter: Any, spec: str, seed: int, loops: int | None) -> Any:
     """The profiled adapter at `loops`: changed in place where the adapter allows it, else loaded with the override.
 
@@ -136,7 +141,7 @@ def profile_model(
             _free_device_memory()
             sampler = MemorySampler(adapter, interval=interval)
             with sampler:
-                generations = adapter.generate([_prompt(vocab, length, seed)] * batch, Sampling(temperature=0.0, max_new_tokens=decode_steps))
+                generations = adapter.generate([_prompt(vocab, length, seed)] * batch, decode_sampling(decode_steps))
             point_peaks = sampler.peaks()
             decode_seconds = max(g.decode_seconds for g in generations)
             generated = sum(g.generated_tokens for g in generations)

@@ -1,8 +1,7 @@
 """What a run is: the defaults of `loopeval run`, each suite's sampling, and `RunSpec`.
 
-Every setting a run takes has its home here. `SUITE_SAMPLING` holds each suite's sampling (the
-paper protocol for `paper`: temperature 1.0, top-p 0.7, up to 32768 new tokens, pass@1 over n = 4
-samples), `DEFAULTS` the rest of the no-argument `loopeval run`, and `RunSpec.build` fills what the
+Every setting a run takes has its home here. `SUITE_SAMPLING` holds each suite's sampling
+(`adapters.base.PAPER_PROTOCOL` for `paper`), `DEFAULTS` the rest of the no-argument `loopeval run`, and `RunSpec.build` fills what the
 user left unset from them and validates everything before anything is loaded or written.
 """
 
@@ -15,20 +14,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import adapters
-from adapters.base import AdapterError, Sampling
+from adapters.base import MAX_STORED_INT, PAPER_PROTOCOL, AdapterError, Sampling, check_sampling
 from adapters.engine.config import MAX_LOOPS
 from harness.errors import UserError
 from harness.sampler import DEFAULT_INTERVAL
 from suites import synthetic
 
-# The MELT paper's protocol: the sampling its table reports pass@1 with.
-PAPER_PROTOCOL: dict[str, float | int] = {"temperature": 1.0, "top_p": 0.7, "max_new_tokens": 32768, "n": 4}
-
 # Sampling where the user gave none, per suite. Synthetic answers are a few characters, so the
 # paper's sampling with a short budget.
-SUITE_SAMPLING: dict[str, dict[str, float | int]] = {
-    "synthetic": {**PAPER_PROTOCOL, "max_new_tokens": synthetic.GENERATION_SIZE},
+SUITE_SAMPLING: dict[str, Sampling] = {
+    "synthetic": dataclasses.replace(PAPER_PROTOCOL, max_new_tokens=synthetic.GENERATION_SIZE),
     "paper": PAPER_PROTOCOL,
+}
+# The option each sampling field is given by on the command line, as errors name it.
+SAMPLING_OPTIONS: dict[str, str] = {
+    "temperature": "--temperature", "top_p": "--top-p", "max_new_tokens": "--max-new-tokens", "n": "--samples", "seed": "--seed",
 }
 
 
@@ -68,14 +68,11 @@ class LabDefaults:
 
 LAB = LabDefaults()
 
-# Bounds that catch typos before anything is loaded or written. Stored integers end in signed 64-bit
-# columns; the others are far beyond any real run (the paper uses n <= 64 and r <= 8).
-MAX_STORED_INT = 2**63 - 1
+# Bounds that catch typos before anything is loaded or written (sampling's are `adapters.base.SAMPLING_RULES`).
+# Stored integers end in signed 64-bit columns; the others are far beyond any real run (r <= 8 in the paper).
 BOUNDS: dict[str, tuple[int, int]] = {
-    "--samples": (1, 1024),
     "--loops": (1, MAX_LOOPS),
     "--limit": (1, MAX_STORED_INT),
-    "--max-new-tokens": (1, 1 << 20),
     "--batch-size": (1, 1 << 16),
     "--seed": (0, MAX_STORED_INT),
     "--batch": (1, 1 << 16),  # profile: sequences per point
@@ -91,11 +88,11 @@ def check_int(option: str, value: int | None) -> None:
         raise UserError(f"{option} must be an integer from {low} to {high}, got {value}")
 
 
-def suite_sampling(suite: str) -> dict[str, float | int]:
-    """temperature, top_p, max_new_tokens and n for `suite` where the user gave none."""
+def suite_sampling(suite: str) -> Sampling:
+    """`suite`'s sampling where the user gave none."""
     if suite not in SUITE_SAMPLING:
         raise UserError(f"unknown suite {suite!r} (suites: {', '.join(SUITE_SAMPLING)})")
-    return dict(SUITE_SAMPLING[suite])
+    return SUITE_SAMPLING[suite]
 
 
 # Backends that can run code shipped inside a model directory, and so take trust_remote_code.
@@ -154,22 +151,18 @@ class RunSpec:
         models = tuple(adapters.resolve(model) for model in models or DEFAULTS.models)  # stored by their full specs
         loops = tuple(loops or DEFAULTS.loops)
         batch_size = DEFAULTS.batch_size if batch_size is None else batch_size
-        for option, value in (("--samples", samples), ("--limit", limit), ("--max-new-tokens", max_new_tokens),
-                              ("--batch-size", batch_size), ("--seed", seed), *(("--loops", r) for r in loops)):
+        for option, value in (("--limit", limit), ("--batch-size", batch_size), *(("--loops", r) for r in loops)):
             check_int(option, value)
+        given = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens, "n": samples, "seed": seed}
+        given = {name: value for name, value in given.items() if value is not None}
+        try:
+            for name, value in given.items():
+                check_sampling(name, value, SAMPLING_OPTIONS[name])
+        except AdapterError as exc:
+            raise UserError(str(exc)) from None
         if data_dir is not None and not os.path.isdir(data_dir):
             raise UserError(f"--data-dir {data_dir} is not a directory")
-        try:
-            sampling = Sampling(
-                temperature=defaults["temperature"] if temperature is None else temperature,
-                top_p=defaults["top_p"] if top_p is None else top_p,
-                max_new_tokens=max_new_tokens or int(defaults["max_new_tokens"]),
-                n=samples or int(defaults["n"]),
-                seed=seed,
-            )
-        except AdapterError as exc:  # name the CLI option, not the dataclass field
-            message = str(exc).replace("top_p", "--top-p").replace("temperature", "--temperature")
-            raise UserError(message) from None
+        sampling = dataclasses.replace(defaults, **given)
         limit = DEFAULTS.limit if limit is None else limit
         per_model = _checked_model_overrides(models, {adapters.resolve(m): o for m, o in (model_overrides or {}).items()})
         return cls(

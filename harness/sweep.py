@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adapters.base import AdapterError
+from adapters.base import AdapterError, check_sampling
 from adapters.files import MIB, read_text
 from harness.errors import UserError
 from harness.spec import DEFAULTS, LAB, SUITE_SAMPLING, SWEEP_WIDE_OVERRIDES, RunSpec
@@ -118,16 +118,15 @@ def _seed(name: str, value: Any) -> list[int]:
     return [value]
 
 
-def _temperature(name: str, value: Any) -> float:
-    if not _is_number(value) or value < 0:
-        raise _bad(name, "a finite number >= 0", value)
-    return float(value)
-
-
-def _top_p(name: str, value: Any) -> float:
-    if not _is_number(value) or not 0 < value <= 1:
-        raise _bad(name, "a number in (0, 1]", value)
-    return float(value)
+def _sampling(field: str) -> Callable[[str, Any], Any]:
+    """The check of a sweep-file key that is `Sampling.field`: sampling's own rule, naming the key."""
+    def check(name: str, value: Any) -> Any:
+        try:
+            check_sampling(field, value, name)
+        except AdapterError as exc:
+            raise UserError(str(exc)) from None
+        return value
+    return check
 
 
 def _gpus(name: str, value: Any) -> float:
@@ -219,10 +218,10 @@ KEYS: dict[str, tuple[Callable[[str, Any], Any], str]] = {
     "suite": (_suite, "suite"),
     "tasks": (_strings, "tasks"),
     "loops": (_loops, "loops"),
-    "samples": (_positive_int, "samples"),
-    "temperature": (_temperature, "temperature"),
-    "top_p": (_top_p, "top_p"),
-    "max_new_tokens": (_positive_int, "max_new_tokens"),
+    "samples": (_sampling("n"), "samples"),
+    "temperature": (_sampling("temperature"), "temperature"),
+    "top_p": (_sampling("top_p"), "top_p"),
+    "max_new_tokens": (_sampling("max_new_tokens"), "max_new_tokens"),
     "limit": (_positive_int, "limit"),
     "batch_size": (_positive_int, "batch_size"),
     "seed": (_seed, "seeds"),

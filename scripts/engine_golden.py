@@ -17,6 +17,7 @@ import hashlib
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -24,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import adapters  # noqa: E402
-from adapters.base import Sampling  # noqa: E402
+from adapters.base import PAPER_PROTOCOL, Sampling  # noqa: E402
 from adapters.zoo import zoo_names  # noqa: E402
 
 GOLDEN = Path(__file__).resolve().parents[1] / "tests" / "adapters" / "data" / "engine_golden.json"
@@ -32,7 +33,7 @@ PRESETS = ["qwen3-tiny", "ouro-tiny", "coreloop-tiny", "melt-tiny"]
 PROMPTS = ["1+2=", "x", "17*3=51; 4*4=", "abcdefghijklmnopqrstu", "c30k4 0110100110 -> ", "chain3: a=4 b=a+3 c=b*2 c?"]
 SAMPLINGS = {
     "greedy": Sampling(temperature=0.0, max_new_tokens=24),
-    "paper": Sampling(temperature=1.0, top_p=0.7, max_new_tokens=24, n=2, seed=7),
+    "paper": replace(PAPER_PROTOCOL, max_new_tokens=24, n=2, seed=7),
 }
 MODES = {"continuous": {}, "continuous-cap2-block4": {"max_batch": 2, "block_size": 4}, "static": {"batching": "static"}}
 

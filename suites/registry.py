@@ -17,8 +17,6 @@ from suites import SuiteError, paper, synthetic
 if TYPE_CHECKING:
     from lighteval.tasks.lighteval_task import LightevalTaskConfig
 
-DEFAULT_SUITE = "synthetic"
-
 _DESCRIPTIONS: dict[str, str] = {
     "synthetic": "bundled, 200 test items a task: variable chains (no depth needed) and cellular automata (depth)",
     "paper": "AIME24/25/26, AMC23, MATH-500, OlympiadBench, GPQA-Diamond, MMLU-Redux, HumanEval, HLE (local copies via --data-dir)",

@@ -250,3 +250,19 @@ def test_light_modules_import_no_evaluation_stack() -> None:
         "what the GPU machine runs (every adapters/ module, harness.sampler, harness.profiling, harness.cli.estimate, "
         f"harness.cli.profile, bench/bench_engine.py) imports none of {', '.join(HEAVY)} at module import time",
     )
+
+
+# Settings with one home (docs/architecture.md, "Where a change goes"): a pattern that marks a second home,
+# and the one file allowed to hold it.
+ONE_HOME = {
+    "the paper protocol's top-p": (re.compile(r"""top_p["']?\s*[=:]\s*0\.7\b"""), "adapters/base.py"),
+    "PAPER_PROTOCOL's definition": (re.compile(r"^PAPER_PROTOCOL\b.*=", re.M), "adapters/base.py"),
+    "sampling's rules": (re.compile(r"""["']?top_p["']?\s*:\s*\(\s*["']a number in"""), "adapters/base.py"),
+}
+
+
+@pytest.mark.parametrize("setting", ONE_HOME)
+def test_a_setting_has_one_home(setting: str) -> None:
+    pattern, home = ONE_HOME[setting]
+    found = [p.relative_to(ROOT).as_posix() for p in _files(*PACKAGES, *SCRIPT_FOLDERS) if pattern.search(p.read_text(encoding="utf-8"))]
+    assert found == [home], f"{setting} is written in {found}; its one home is {home}"

@@ -13,7 +13,7 @@ import typer
 from db.measures import byte_text
 from harness.cli.common import DbOption, JsonFlag, ThreadsOption, parse_int_list, say_threads, use_threads
 from harness.errors import UserError
-from harness.profiling import DECODE_STEPS, plan_profile, profile_model
+from harness.profiling import DECODE_STEPS, decode_sampling, plan_profile, profile_model
 
 
 def profile(
@@ -62,7 +62,7 @@ def _store(results: Any, model: str, result: Any, settings: dict[str, Any], seed
     run_id = results.create_run(
         sweep_id=uuid.uuid4().hex[:12], kind="profile", model_spec=model, adapter=model.partition(":")[0],
         model_config=result.description, loops=loops[0] if loops and len(loops) == 1 else None, suite="profile",
-        tasks=[], sampling={"temperature": 0.0, "max_new_tokens": settings["decode_steps"]}, seed=seed, spec=settings,
+        tasks=[], sampling=dataclasses.asdict(decode_sampling(settings["decode_steps"])), seed=seed, spec=settings,
         versions=package_versions(), host=host_info(), status="running",
     )
     results.add_profile_points(run_id, result.points)

@@ -14,6 +14,7 @@ import pytest
 
 import adapters
 from adapters import AdapterError, Sampling
+from adapters.base import PAPER_PROTOCOL
 from adapters.vllm_backend import (
     VLLM_PINS,
     KVLayout,
@@ -90,9 +91,9 @@ def test_kv_dtype_bytes() -> None:
 def test_sampling_maps_to_sampling_params() -> None:
     # Field names as vllm.SamplingParams documents them (docs.vllm.ai, Inference Parameters).
     documented = {"n", "temperature", "top_p", "top_k", "seed", "stop", "max_tokens", "include_stop_str_in_output", "skip_special_tokens"}
-    paper = sampling_params_kwargs(Sampling())
+    paper = sampling_params_kwargs(PAPER_PROTOCOL)
     assert set(paper) <= documented
-    assert (paper["temperature"], paper["top_p"], paper["max_tokens"], paper["n"], paper["seed"]) == (1.0, 0.7, 32768, 1, 0)
+    assert (paper["temperature"], paper["top_p"], paper["max_tokens"], paper["n"], paper["seed"]) == (1.0, 0.7, 32768, 4, 0)
     assert paper["top_k"] == 0 and paper["stop"] is None  # 0: "consider all tokens"
     greedy = sampling_params_kwargs(Sampling(temperature=0, top_p=0.5, top_k=5, max_new_tokens=7, n=3, seed=9, stop=("\n\n", "END")))
     assert greedy["temperature"] == 0.0 and greedy["top_p"] == 1.0 and greedy["top_k"] == 0

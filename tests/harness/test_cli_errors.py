@@ -46,8 +46,8 @@ def expect_usage_error(argv: list[str], fragment: str, capsys: pytest.CaptureFix
         (["--suite", "nosuch"], "unknown suite 'nosuch'"),
         (["--tasks", "nosuch"], "unknown task 'nosuch'"),
         (["--temperature", "-0.5"], "--temperature must be a finite number >= 0"),
-        (["--top-p", "0"], "--top-p must be in (0, 1]"),
-        (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
+        (["--top-p", "0"], "--top-p must be a number in (0, 1]"),
+        (["--top-p", "1.5"], "--top-p must be a number in (0, 1]"),
         (["--samples", "0"], "--samples must be an integer from 1 to 1024, got 0"),
         (["--loops", "0,2"], "--loops must be comma-separated positive integers"),
         (["--loops", "two"], "--loops must be comma-separated positive integers"),
@@ -111,5 +111,5 @@ def test_bad_profile_options(capsys: pytest.CaptureFixture[str]) -> None:
 def test_console_script_prints_one_line_without_traceback(tmp_path: Path) -> None:
     proc = subprocess.run([LOOPEVAL, "run", "--top-p", "2", "--db", str(tmp_path / "r.sqlite")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "loopeval: error: --top-p must be in (0, 1], got 2.0"
+    assert proc.stderr.strip() == "loopeval: error: --top-p must be a number in (0, 1], got 2.0"
     assert not (tmp_path / "r.sqlite").exists()

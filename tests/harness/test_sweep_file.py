@@ -103,7 +103,7 @@ def test_per_model_overrides_reach_the_adapter_and_come_back_on_resume() -> None
         ("loops = '1,two'", "loops must be comma-separated positive integers or ranges such as 1-12, got '1,two'"),
         ("loops = 4", "loops must be a non-empty list of positive integers"),
         ("loops = [1, 0]", "loops must be a non-empty list of positive integers"),
-        ("samples = 1.5", "samples must be a positive integer"),
+        ("samples = 1.5", "samples must be an integer from 1 to 1024, got 1.5"),
         ("top_p = 1.5", "top_p must be a number in (0, 1]"),
         ("temperature = -1", "temperature must be a finite number >= 0"),
         ("suite = 'nosuch'", "suite must be one of synthetic, paper"),

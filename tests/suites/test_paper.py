@@ -147,10 +147,10 @@ def test_numeric_answers_are_read_as_text(data_dir: Path):
 def test_paper_configs_follow_the_protocol(data_dir: Path):
     assert paper.TASKS == ("aime24", "aime25", "aime26", "amc23", "math_500", "olympiadbench", "gpqa_diamond",
                            "mmlu_redux", "humaneval", "hle")  # fmt: skip
-    from harness.spec import PAPER_PROTOCOL
+    from adapters.base import PAPER_PROTOCOL
     from suites.loader import with_samples
 
-    loaded = with_samples(load_suite("paper", tasks=TASKS, data_dir=data_dir), int(PAPER_PROTOCOL["n"]))
+    loaded = with_samples(load_suite("paper", tasks=TASKS, data_dir=data_dir), PAPER_PROTOCOL.n)
     configs = {c.name: c for c in loaded}
     assert list(configs) == TASKS
     assert configs["aime25"].hf_repo == str(data_dir / "aime25.parquet")

@@ -53,10 +53,11 @@ def test_unknown_suite_and_task_name_the_valid_ones():
 
 
 def test_every_suite_has_its_sampling_and_paper_runs_the_paper_protocol():
-    from harness.spec import PAPER_PROTOCOL, SUITE_SAMPLING, RunSpec
+    from adapters.base import PAPER_PROTOCOL, Sampling
+    from harness.spec import SUITE_SAMPLING, RunSpec
 
     assert set(SUITE_SAMPLING) == set(list_suites())
-    assert PAPER_PROTOCOL == {"temperature": 1.0, "top_p": 0.7, "max_new_tokens": 32768, "n": 4}
+    assert PAPER_PROTOCOL == Sampling(temperature=1.0, top_p=0.7, max_new_tokens=32768, n=4)
     spec = RunSpec.build(suite="paper")
     assert (spec.sampling.temperature, spec.sampling.top_p, spec.sampling.max_new_tokens, spec.sampling.n) == (1.0, 0.7, 32768, 4)
 
