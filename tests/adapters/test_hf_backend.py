@@ -54,7 +54,7 @@ def test_seeded_sampling_reproduces_and_n_is_prompt_major(adapter) -> None:
 
 
 def test_top_k_none_means_off_not_transformers_default_50(adapter) -> None:
-    config = adapter._generation_config(Sampling(top_k=None), 4)
+    config = adapter._generation_config(Sampling(top_p=0.7, top_k=None), 4)
     assert config.top_k == 0 and config.top_p == 0.7 and config.temperature == 1.0 and config.do_sample
     assert adapter._generation_config(Sampling(top_k=3), 4).top_k == 3
     assert not adapter._generation_config(Sampling(temperature=0), 4).do_sample
