@@ -93,6 +93,15 @@ class EngineAdapter:
     def loops(self, value: int) -> None:
         self._loops = self.config.check_loops(value)
 
+    @property
+    def batching(self) -> str:
+        """`continuous` or `static`; may be changed between calls (profiles run static batches), checked as set."""
+        return self._batching
+
+    @batching.setter
+    def batching(self, value: str) -> None:
+        self._batching = check_batching_mode(value)
+
     # ------------------------------------------------------------------------------- protocol
     def forward_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
@@ -233,7 +242,7 @@ class EngineAdapter:
         self._peak = 0 if live is None else live.kv_bytes_allocated
         self._reserved = 0 if live is None else live.kv_bytes_reserved
         if isinstance(live, BlockPool):
-            live.peak_allocated = live.kv_bytes_allocated
+            live.reset_peak()
 
     def describe(self) -> dict[str, Any]:
         cfg = self.config
@@ -255,13 +264,18 @@ class EngineAdapter:
         }
 
 
+def check_batching_mode(batching: Any) -> str:
+    if batching not in BATCHING:
+        raise AdapterError(f"batching {batching!r} is not one of {', '.join(BATCHING)}")
+    return batching
+
+
 def check_batching(max_batch: Any, batching: Any, kv_budget: Any, block_size: Any, cuda_graphs: Any) -> tuple[int, str, float | None, int, bool]:
     """The batching overrides, checked: (max_batch, batching, kv_budget in GB or None, block_size, cuda_graphs)."""
     for name, value in (("max_batch", max_batch), ("block_size", block_size)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise AdapterError(f"{name} must be a positive integer, got {value!r}")
-    if batching not in BATCHING:
-        raise AdapterError(f"batching {batching!r} is not one of {', '.join(BATCHING)}")
+    check_batching_mode(batching)
     if kv_budget is not None and (isinstance(kv_budget, bool) or not isinstance(kv_budget, (int, float)) or not 0 < kv_budget < float("inf")):
         raise AdapterError(f"kv_budget must be a positive number of GB, got {kv_budget!r}")
     if not isinstance(cuda_graphs, bool):

@@ -125,6 +125,11 @@ class BlockPool:
             self.in_flight = tokens
             self.peak_allocated = max(self.peak_allocated, self.kv_bytes_allocated)
 
+    def reset_peak(self) -> None:
+        """The peak starts again from what is allocated now (`EngineAdapter.reset_memory_peak`)."""
+        with self.lock:
+            self.peak_allocated = self.kv_bytes_allocated
+
     def accounting(self) -> tuple[int, int, int]:
         """(kv_bytes_used, kv_bytes_allocated, peak_allocated) read together: another thread's reading never
         falls between two counter updates (used <= allocated <= peak always holds in it)."""

@@ -207,6 +207,15 @@ def test_bad_batching_overrides_name_the_override(overrides, message):
         adapters.inspect("preset:qwen3-tiny", **overrides)
 
 
+def test_batching_set_on_a_loaded_adapter_is_checked_as_a_load_override_is():
+    adapter = engine("qwen3-tiny")
+    adapter.batching = "static"  # what a profile does
+    assert adapter.batching == "static" and adapter.describe()["batching"]["mode"] == "static"
+    with pytest.raises(AdapterError, match="batching 'dynamic' is not one of continuous, static"):
+        adapter.batching = "dynamic"
+    assert adapter.batching == "static"
+
+
 @pytest.mark.parametrize("name", PRESETS)
 def test_padded_decode_steps_of_the_gpu_path_change_nothing(name):
     """The GPU path's decode steps padded to (batch, width) buckets, run eagerly (no capture on the CPU):
