@@ -196,7 +196,7 @@ class EngineAdapter:
         size, dtype = self.block_size, dtype_short(self.dtype)
         longest = max(-(-s.capacity // size) for s in sequences)
         rows = min(self.max_batch, len(sequences))
-        latent = max(rows, self.config.chunk_size if self.config.kv_strategy == "gated" else 1)  # tokens one step may hold in flight
+        latent = max(rows, self.config.chunk_size if self.config.gated else 1)  # tokens one step may hold in flight
         if self.kv_budget is not None:
             blocks = pool_blocks(self.config, self.loops, int(self.kv_budget * 1e9), size, latent, dtype)
         else:
@@ -253,7 +253,7 @@ class EngineAdapter:
             "loops": self.loops,
             "trained_loops": cfg.loops,
             "kv_strategy": cfg.kv_strategy,
-            "gate": cfg.gate_variant if cfg.kv_strategy == "gated" else None,
+            "gate": cfg.gate_variant if cfg.gated else None,
             "dtype": dtype_short(self.dtype),
             "device": str(self.device),
             "kv_bytes_per_token": 2 * cfg.kv_entries(self.loops) * cfg.num_kv_heads * cfg.head_dim * size,

@@ -108,7 +108,7 @@ def read_config(path: str | Path, family: str | None = None) -> LoopConfig:
             cfg = _hf_config(raw, family or _hf_family(raw, file))
     except AdapterError as exc:
         raise AdapterError(str(exc) if str(path) in str(exc) else f"{file}: {exc}") from None
-    if family == "melt" and cfg.kv_strategy != "gated":
+    if family == "melt" and not cfg.gated:
         raise AdapterError(f"{path}: melt: needs a gated checkpoint (engine config with kv_strategy 'gated' or an Ouro-format dir with gate tensors)")
     return cfg
 

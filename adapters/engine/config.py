@@ -74,6 +74,11 @@ class LoopConfig:
         """Physical layers (parameters), not executed layer calls."""
         return self.prelude_layers + self.shared_layers + self.coda_layers
 
+    @property
+    def gated(self) -> bool:
+        """MELT's KV: one gated row per layer and token, overwritten across loops, and a latent h per shared layer."""
+        return self.kv_strategy == "gated"
+
     def kv_entries(self, loops: int | None = None) -> int:
         """K/V entries per token: one per executed layer for per_loop, one per layer otherwise."""
         r = self.loops if loops is None else loops
@@ -140,7 +145,7 @@ class LoopConfig:
             raise AdapterError(f"config field head_dim must be even (RoPE rotates pairs), got {self.head_dim}")
         if self.num_layers == 0:
             raise AdapterError("config needs at least one layer: prelude_layers + shared_layers + coda_layers is 0")
-        if self.kv_strategy == "gated" and self.shared_layers == 0:
+        if self.gated and self.shared_layers == 0:
             raise AdapterError("config kv_strategy 'gated' needs shared_layers >= 1 (the gate lives in the shared layers)")
         if self.kv_strategy == "standard" and self.shared_layers > 0 and self.loops > 1:
             raise AdapterError(

@@ -30,7 +30,7 @@ def count_params(cfg: LoopConfig) -> int:
     attn = d * hd * (2 * cfg.num_heads + 2 * cfg.num_kv_heads) + (2 * hd if cfg.qk_norm else 0)
     norms = (4 if cfg.norm_layout == "sandwich" else 2) * d
     layer = attn + 3 * d * cfg.ffn_size + norms
-    gate = {"elementwise": 2 * d * d + d, "scalar": 1}.get(cfg.gate_variant, 0) if cfg.kv_strategy == "gated" else 0
+    gate = {"elementwise": 2 * d * d + d, "scalar": 1}.get(cfg.gate_variant, 0) if cfg.gated else 0
     total = cfg.num_layers * layer + cfg.shared_layers * gate
     total += cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2) + d  # embeddings, lm_head, final norm
     return total + (d + 1 if cfg.exit_gate else 0) + conditioning_params(cfg)
@@ -82,7 +82,7 @@ def analytic_terms(cfg: LoopConfig, loops: int | None = None, dtype: str = "bf16
     """
     size = dtype_bytes(dtype)
     r = cfg.check_loops(cfg.loops if loops is None else loops)
-    gated = cfg.kv_strategy == "gated"
+    gated = cfg.gated
     history = history_bytes(cfg, 1, size)
     return {
         "weights_bytes": count_params(cfg) * size,

@@ -340,7 +340,7 @@ class Backbone(nn.Module):
         super().__init__()
         p, s = cfg.prelude_layers, cfg.shared_layers
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        gated = cfg.kv_strategy == "gated"
+        gated = cfg.gated
         self.layers = nn.ModuleList(Block(cfg, gated and p <= i < p + s) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.early_exit_gate = nn.Linear(cfg.hidden_size, 1) if cfg.exit_gate else None
@@ -536,14 +536,14 @@ class LoopedLM(nn.Module):
     def _forward_cache(self, loops: int, kv_mix: float | None) -> ChunkCache | MixedCache:
         """A forward's rows: the model's own, or a gated model's read as its LoopLM (kv_mix 0) or as both blended."""
         a = 1.0 if kv_mix is None else float(kv_mix)
-        if self.config.kv_strategy != "gated" or a == 1:
+        if not self.config.gated or a == 1:
             return ChunkCache(self.config, loops)
         looplm = ChunkCache(self.config, loops, "per_loop")
         return looplm if a == 0 else MixedCache(a, ChunkCache(self.config, loops), looplm)
 
     def _chunks(self, n: int, chunk_size: int | Sequence[int] | None) -> list[tuple[int, int]]:
         """(start, end) of each chunk a forward over n tokens runs: one unless the model is gated."""
-        if self.config.kv_strategy != "gated":
+        if not self.config.gated:
             return [(0, n)]
         chunk = chunk_size or self.config.chunk_size
         if isinstance(chunk, int):

@@ -63,7 +63,7 @@ class BlockPool:
         self.k_entries, self.v_entries = self.k.unbind(0), self.v.unbind(0)  # views made once, not at every write
         self.prelude, self.shared, self.latent_tokens = config.prelude_layers, config.shared_layers, latent_tokens
         self.latent = None
-        if config.kv_strategy == "gated":
+        if config.gated:
             self.latent = torch.zeros((config.shared_layers, latent_tokens, config.hidden_size), dtype=dtype, device=device)
         terms = analytic_terms(config, loops, str(dtype))
         self.bytes_per_token, self.latent_bytes_per_token = terms["kv_bytes_per_token"], terms["latent_bytes_per_token"]

@@ -79,7 +79,7 @@ class _Sums:
 def first_skip(model: LoopedLM) -> int:
     """The first loop (0-based) a probe may skip: a gated (MELT) model's loop 1 sets its latent h = x, so
     it always runs, and interactions with loop 1 are not measured there."""
-    return 1 if model.config.kv_strategy == "gated" else 0
+    return 1 if model.config.gated else 0
 
 
 @torch.no_grad()

@@ -77,7 +77,7 @@ class Scheduler:
         self.eos_ids, self.tokenizer, self.max_seqs, self.on_finished = eos_ids, tokenizer, max_seqs, on_finished
         self.graphs = graphs
         self.device = model.model.embed_tokens.weight.device
-        self.chunk = model.config.chunk_size if model.config.kv_strategy == "gated" else None
+        self.chunk = model.config.chunk_size if model.config.gated else None
         self.looped = is_looped(model, loops)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in the order of their decode rows (`rows`), when there are rows

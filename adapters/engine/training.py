@@ -133,7 +133,7 @@ def answer_accuracy(model: LoopedLM, data: TaskData, device: str, loops: int | N
     length, so the figure is their greedy decoding accuracy too.
     """
     model.eval()
-    gated = model.config.kv_strategy == "gated"
+    gated = model.config.gated
     accuracy = {}
     for task, rows in data.val.items():
         groups = [rows] if not gated else [[r for r in rows if r[1] == n] for n in sorted({r[1] for r in rows})]
