@@ -180,6 +180,7 @@ class PoolStep:
         h = self.pool.latent[layer - self.pool.prelude, : self.in_flight].view(x.shape)
         return h.copy_(x if loop == 0 else gate(x, h, loop))
 
+
 class PagedStep(PoolStep):
     """The `Cache` of one step that gathers what attention reads from the pool: B sequences, n tokens each.
 

@@ -181,6 +181,7 @@ class Scheduler:
         """The group's siblings share its first sequence's full prompt blocks and copy the partly filled last one;
         each joins the running set (with its decode row filled: its prefill ends and its decode begins there)."""
         first, pool = group[0], self.pool
+        self.next_inputs = None  # the running set changes
         full, tail = divmod(first.prompt_len, pool.block_size)
         for seq in group[1:]:
             pool.share(first.blocks[:full])
@@ -192,7 +193,6 @@ class Scheduler:
                 self.rows.reserve(seq.written)
                 self.rows.fill(len(self.running), seq.blocks, seq.written)
             self.running.append(seq)
-            self.next_inputs = None
             seq.decode_began = time.perf_counter()
             seq.prefill_seconds = seq.decode_began - began
 
@@ -294,10 +294,7 @@ class Scheduler:
         for seq, token, loop in zip(seqs, ids, loops):
             seq.tokens.append(token)
             seq.loops.append(loop)
-            if token in self.eos_ids:
-                seq.finish = "eos"
-            elif seq.sampling.stop:
-                seq.finish = stop_reason(seq.tokens, self.eos_ids, seq.sampling, self.tokenizer, start=seq.prompt_len)
+            seq.finish = stop_reason(seq.tokens, self.eos_ids, seq.sampling, self.tokenizer, start=seq.prompt_len)
             if seq.finish is None and len(seq.tokens) >= seq.capacity:  # its new tokens or the context used up
                 seq.finish = "length"
             if seq.finish is not None:
