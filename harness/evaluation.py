@@ -22,7 +22,7 @@ from lighteval.tasks.requests import Doc, SamplingMethod
 from rich.progress import Progress
 
 from adapters.base import Adapter, AdapterError, Sampling
-from db.headline import HEADLINE, SUITE, headline
+from db.headline import HEADLINE, SUITE, benchmark_of, headline
 from harness.lighteval_model import LOGLIKELIHOOD_SAMPLE_INDEX, AdapterModel, SampleSink, task_of
 from suites.loader import ProjectRegistry, load_task_dataset, with_samples
 
@@ -31,9 +31,9 @@ from suites.loader import ProjectRegistry, load_task_dataset, with_samples
 class SuiteResult:
     """What a suite run measured.
 
-    `metrics`: task -> metric name -> (value, stderr or None), with LightEval's values per task,
-    an entry per task group (`mmlu_redux`: mean of its subtasks) and `all`: {"pass@1": the
-    unweighted mean over benchmarks of their pass@1, a group counting once} (`db.headline`).
+    `metrics`: task -> metric name -> (value, stderr or None), with LightEval's values per task, an
+    entry per benchmark made of subtasks (`mmlu_redux`: the mean of its subtasks, `db.headline.benchmark_of`)
+    and `all`: {"pass@1": the unweighted mean over benchmarks of their pass@1, each counting once} (`db.headline`).
     `context_cut`: how many samples generated here stopped at the context (`harness.lighteval_model.CONTEXT_LIMIT`).
     `scores`: (task, doc_id, sample_index) -> 1.0/0.0 correctness of that sample, judged by the
     per-sample check of the task's first metric (for pass@k, the same check pass@k counts); for a
@@ -101,7 +101,8 @@ def _sample_scores(pipeline: _ProjectPipeline) -> dict[tuple[str, str, int], flo
 
 
 def _metrics(pipeline: _ProjectPipeline) -> dict[str, dict[str, tuple[float, float | None]]]:
-    """LightEval's aggregated metrics by task name, plus group means and `all`: the suite mean of pass@1 (`db.headline`)."""
+    """LightEval's aggregated metrics by task name, plus each family's mean (`mmlu_redux`, `db.headline.benchmark_of`) and
+    `all`: the suite mean of pass@1 (`db.headline`)."""
     aggregated = pipeline.evaluation_tracker.metrics_logger.metric_aggregated
     metrics: dict[str, dict[str, tuple[float, float | None]]] = {}
     for full_name in pipeline.tasks_dict:
@@ -119,12 +120,12 @@ def _metrics(pipeline: _ProjectPipeline) -> dict[str, dict[str, tuple[float, flo
                 values[name].append(value)
         return {name: (sum(vals) / len(vals), None) for name, vals in values.items()}
 
-    groups: dict[str, list[str]] = collections.defaultdict(list)
+    families: dict[str, list[str]] = collections.defaultdict(list)
     for task in list(metrics):
-        groups[task.split(":")[0]].append(task)
-    for group, members in groups.items():
-        if len(members) > 1 or members[0] != group:
-            metrics[group] = mean_of(members)
+        families[benchmark_of(task)].append(task)
+    for benchmark, members in families.items():
+        if members != [benchmark]:
+            metrics[benchmark] = mean_of(members)
     suite_mean = headline({task: {name: value for name, (value, _) in by_name.items()} for task, by_name in metrics.items()})
     metrics[SUITE] = {HEADLINE: (suite_mean.mean, None)}
     return metrics
