@@ -90,7 +90,8 @@ def _view_section(engine: Engine, view: views.View, shown: tuple[str, ...]) -> l
     controls = [_control(engine, name) for name in shown]
     selectors = [control for _, control in controls]
     if len(controls) > 1:
-        selectors = [html.Div([_labelled(label, control, _WIDE.get(control.id)) for label, control in controls], style=_ROW)]
+        row = [_labelled(label, control, _WIDE.get(control.id)) for label, control in controls]
+        selectors = [html.Div(row, style=_ROW)]
     return [
         html.H2(view.title),
         *([html.P(view.note)] if view.note else []),

@@ -227,23 +227,24 @@ def _each_probe_run(engine: Engine) -> list[Selection]:
 
 
 ACCURACY = View(
-    title="Accuracy per gigabyte", inputs=("set", "task", "models", "loops", "measure", "context"), query=_accuracy_points,
-    plots=(Plot("accuracy-memory", "acc", _accuracy_vs_memory, 560), Plot("accuracy-loops", "loops", _accuracy_vs_loops, 520)),
-    cases=_set_tasks, variants=_each_measure, answer=_answer,
+    title="Accuracy per gigabyte", inputs=("set", "task", "models", "loops", "measure", "context"),
+    query=_accuracy_points, cases=_set_tasks, variants=_each_measure, answer=_answer,
+    plots=(Plot("accuracy-memory", "acc", _accuracy_vs_memory, 560),
+           Plot("accuracy-loops", "loops", _accuracy_vs_loops, 520)),
 )
 # The views in page order: both pages draw every one of them.
 VIEWS: list[View] = [
     ACCURACY,
-    View(title="Depth extrapolation", inputs=("depth-set",), query=_depth_points,
-         plots=(Plot("depth", "depth", _accuracy_vs_depth),), cases=_each_set,
+    View(title="Depth extrapolation", inputs=("depth-set",), query=_depth_points, cases=_each_set,
+         plots=(Plot("depth", "depth", _accuracy_vs_depth),),
          note="Accuracy per task group against the loop count r; the set opens on the widest sweep of r."),
-    View(title="Memory over a run", inputs=("run",), query=_run_memory, plots=(Plot("memory-run", "run", _memory_over_run),),
-         cases=_each_run),
+    View(title="Memory over a run", inputs=("run",), query=_run_memory, cases=_each_run,
+         plots=(Plot("memory-run", "run", _memory_over_run),)),
     View(title="Memory against context length", inputs=(), query=_profile_points,
          plots=(Plot("memory-context", "profile", _memory_vs_context),)),
-    View(title="Loop probes", inputs=("probe",), query=_probe_values, plots=(Plot("probe-values", "probe", _loop_probes, 640),),
-         cases=_each_probe_run),
-]  # fmt: skip
+    View(title="Loop probes", inputs=("probe",), query=_probe_values, cases=_each_probe_run,
+         plots=(Plot("probe-values", "probe", _loop_probes, 640),)),
+]
 
 
 def sections() -> list[tuple[View, tuple[str, ...]]]:
