@@ -24,10 +24,9 @@ from dash.exceptions import DependencyException
 from flask import abort, request
 from sqlalchemy import Engine
 
-from dashboards import figures
-from dashboards.data import (DEFAULT_CONTEXT_TOKENS, SAMPLE_BUDGET, SAMPLE_TEXT_CHARS, accuracy_points, browse_samples,
-                             depth_points, probe_title, profile_points, set_choice)
-from db import measures, queries
+from dashboards import figures, views
+from dashboards.data import DEFAULT_CONTEXT_TOKENS, SAMPLE_BUDGET, SAMPLE_TEXT_CHARS, accuracy_points, browse_samples
+from db import queries
 from db.session import open_existing
 
 REFRESH_SECONDS = 10
@@ -43,11 +42,6 @@ _ROW = {"display": "flex", "gap": "2em", "flexWrap": "wrap", "alignItems": "flex
 
 def _labelled(label: str, control: Any, width: str | None = None) -> html.Div:
     return html.Div([html.Label(label, style={"fontWeight": "bold"}), control], style={"minWidth": width or "10em"})
-
-
-def _filtered(points: pd.DataFrame, models: list[str] | None, loops: list[int] | None) -> pd.DataFrame:
-    """Keep the selected models and loop counts (an empty selection keeps nothing, as the checkboxes show)."""
-    return points[points["model"].isin(models or []) & points["loops"].isin(loops or [])]
 
 
 def _doc_number(doc_id: str) -> int | str:
@@ -66,44 +60,55 @@ def set_choices(engine: Engine, set_id: str | None, measure: str | None) -> tupl
     return models, models, loops, loops, options, measure if measure in present else present[0]
 
 
+# The accuracy view's own selectors (`views.SELECTORS` fills the others): their choices are the selected set's,
+# filled by the `_tasks` and `_choices` callbacks. Element id -> (label, the empty control).
+_OWN_CONTROLS: dict[str, tuple[str, Callable[[], Any]]] = {
+    "task": ("task", lambda: dcc.Dropdown([], None, id="task", clearable=False)),
+    "models": ("models", lambda: dcc.Checklist([], [], id="models")),
+    "loops": ("loops", lambda: dcc.Checklist([], [], id="loops", inline=True)),
+    "measure": ("memory measure", lambda: dcc.RadioItems([], None, id="measure")),
+    "context": ("analytic context (tokens)", lambda: dcc.Input(
+        id="context", type="number", min=1, step=1, value=DEFAULT_CONTEXT_TOKENS, debounce=True)),
+}
+_WIDE = {"set": "32em"}  # set labels are long
+
+
+def _control(engine: Engine, name: str) -> tuple[str, Any]:
+    """(label, component) of the selector with element id `name`."""
+    if name in _OWN_CONTROLS:
+        label, make = _OWN_CONTROLS[name]
+        return label, make()
+    selector = views.SELECTORS[name]
+    choices = selector.choices(engine)
+    options = [{"label": label, "value": value} for value, label in choices]
+    return selector.label, dcc.Dropdown(options, selector.first(engine, choices), id=name, clearable=False)
+
+
+def _view_section(engine: Engine, view: views.View, shown: tuple[str, ...]) -> list[Any]:
+    """A view's heading, note, the selectors `shown` with it (one alone as a bare dropdown, several as a labelled
+    row), answer and graphs."""
+    controls = [_control(engine, name) for name in shown]
+    selectors = [control for _, control in controls]
+    if len(controls) > 1:
+        row = [_labelled(label, control, _WIDE.get(control.id)) for label, control in controls]
+        selectors = [html.Div(row, style=_ROW)]
+    return [
+        html.H2(view.title),
+        *([html.P(view.note)] if view.note else []),
+        *selectors,
+        *([html.P(id="answer", style=ANSWER_STYLE)] if view.answer else []),
+        *(dcc.Graph(id=plot.id, config=GRAPH_CONFIG, style={"height": f"{plot.height}px"}) for plot in view.plots),
+    ]
+
+
 def _layout(engine: Engine) -> html.Div:
     """Built on every page load, so a reload sees runs added since the server started."""
-    sets = queries.eval_sets(engine)  # the default first: the set of the newest scored run
-    set_options = [{"label": set_choice(s), "value": s.set_id} for s in sets.itertuples()]
-    eval_runs = queries.runs(engine)
-    models = sorted(eval_runs["model"].unique().tolist())
-    run_options = [{"label": f"run {r.run_id}: {r.model} {figures.loops_label(r.loops)} ({r.suite})", "value": r.run_id}
-                   for r in eval_runs.itertuples()]
-    probe_options = [{"label": probe_title(rows), "value": run_id} for run_id, rows in queries.probe_values(engine).groupby("run_id")]
+    models = sorted(queries.runs(engine)["model"].unique().tolist())
     return html.Div([
         html.H1("loopeval"),
         html.P(f"Accuracy per gigabyte, live from the results database. {figures.DECIMAL_NOTE}. "
                "Unavailable measures are named, never drawn as zero."),
-        html.Div([
-            _labelled("evaluation set", dcc.Dropdown(
-                set_options, set_options[0]["value"] if set_options else None, id="set", clearable=False), "32em"),
-            _labelled("task", dcc.Dropdown([], None, id="task", clearable=False)),
-            _labelled("models", dcc.Checklist([], [], id="models")),  # the set's own, filled by `_choices`
-            _labelled("loops", dcc.Checklist([], [], id="loops", inline=True)),
-            _labelled("memory measure", dcc.RadioItems([], None, id="measure")),
-            _labelled("analytic context (tokens)", dcc.Input(
-                id="context", type="number", min=1, step=1, value=DEFAULT_CONTEXT_TOKENS, debounce=True)),
-        ], style=_ROW),
-        html.P(id="answer", style=ANSWER_STYLE),
-        dcc.Graph(id="accuracy-memory", config=GRAPH_CONFIG, style={"height": "560px"}),
-        dcc.Graph(id="accuracy-loops", config=GRAPH_CONFIG, style={"height": "520px"}),
-        html.H2("Depth extrapolation"),
-        html.P("Accuracy per task group against the loop count r; the set opens on the widest sweep of r."),
-        dcc.Dropdown(set_options, queries.depth_set(engine), id="depth-set", clearable=False),
-        dcc.Graph(id="depth", config=GRAPH_CONFIG, style={"height": "480px"}),
-        html.H2("Memory over a run"),
-        dcc.Dropdown(run_options, run_options[0]["value"] if run_options else None, id="run", clearable=False),
-        dcc.Graph(id="memory-run", config=GRAPH_CONFIG, style={"height": "480px"}),
-        html.H2("Loop probes"),
-        dcc.Dropdown(probe_options, probe_options[0]["value"] if probe_options else None, id="probe", clearable=False),
-        dcc.Graph(id="probe-values", config=GRAPH_CONFIG, style={"height": "640px"}),
-        html.H2("Memory against context length"),
-        dcc.Graph(id="memory-context", config=GRAPH_CONFIG, style={"height": "480px"}),
+        *(part for view, shown in views.sections() for part in _view_section(engine, view, shown)),
         html.H2("Samples"),
         html.Div([
             _labelled("task", dcc.Dropdown(queries.sample_tasks(engine), None, id="sample-task",
@@ -272,37 +277,8 @@ def create_app(db_url: str, hosts: Collection[str] = LOOPBACK_NAMES) -> Dash:
     def _choices(set_id: str | None, measure: str | None) -> tuple[list, list, list, list, list, str]:
         return set_choices(engine, set_id, measure)
 
-    @app.callback(
-        Output("answer", "children"), Output("accuracy-memory", "figure"), Output("accuracy-loops", "figure"),
-        Input("set", "value"), Input("task", "value"), Input("models", "value"), Input("loops", "value"),
-        Input("measure", "value"), Input("context", "value"), Input("refresh", "n_intervals"),
-    )
-    def _accuracy(set_id: str | None, task: str | None, models: list[str], loops: list[int], measure: str,
-                  context: int | None, _tick: int | None) -> tuple[str, Any, Any]:
-        context = int(context) if context and context > 0 else DEFAULT_CONTEXT_TOKENS
-        points = _filtered(accuracy_points(engine, set_id, task or "all", context), models, loops)
-        label = figures.measure_label(measure, context)
-        return (figures.answer(points, measure, label), figures.accuracy_vs_memory(points, measure, task or "all", label),
-                figures.accuracy_vs_loops(points, measure, task or "all", label))
-
-    @app.callback(Output("depth", "figure"), Input("depth-set", "value"), Input("refresh", "n_intervals"))
-    def _depth(set_id: str | None, _tick: int | None) -> Any:
-        return figures.accuracy_vs_depth(depth_points(engine, set_id) if set_id else pd.DataFrame())
-
-    @app.callback(Output("probe-values", "figure"), Input("probe", "value"), Input("refresh", "n_intervals"))
-    def _probe(run_id: int | None, _tick: int | None) -> Any:
-        values = queries.probe_values(engine)
-        values = values[values["run_id"] == run_id]
-        return figures.loop_probes(values, probe_title(values) if not values.empty else "Loop probes")
-
-    @app.callback(Output("memory-run", "figure"), Input("run", "value"), Input("refresh", "n_intervals"))
-    def _memory_run(run_id: int | None, _tick: int | None) -> Any:
-        series = queries.memory_series(engine, run_id) if run_id is not None else pd.DataFrame()
-        return figures.memory_over_run(series, measures.SERIES_MEASURES, f"Memory over run {run_id}")
-
-    @app.callback(Output("memory-context", "figure"), Input("refresh", "n_intervals"))
-    def _memory_context(_tick: int | None) -> Any:
-        return figures.memory_vs_context(profile_points(engine), measures.PROFILE_MEASURES)
+    for view in views.VIEWS:
+        _draw_view(app, engine, view)
 
     @app.callback(
         Output("samples", "data"), Output("sample-count", "children"),
@@ -319,4 +295,17 @@ def create_app(db_url: str, hosts: Collection[str] = LOOPBACK_NAMES) -> Dash:
         return rows.to_dict("records"), note
 
     return app
+
+
+def _draw_view(app: Dash, engine: Engine, view: views.View) -> None:
+    """The view's callback: its selectors and the refresh timer in, its answer (if any) and figures out."""
+    outputs = ([Output("answer", "children")] if view.answer else []) + [Output(plot.id, "figure") for plot in view.plots]
+
+    def draw(*values: Any) -> Any:
+        picked = views.selection(dict(zip(view.inputs, values)))  # the last value, the timer's tick, is left out
+        data = view.query(engine, picked)
+        drawn = ([view.answer(data, picked)] if view.answer else []) + [plot.draw(data, picked) for plot in view.plots]
+        return tuple(drawn) if len(drawn) > 1 else drawn[0]
+
+    app.callback(*outputs, *(Input(name, "value") for name in view.inputs), Input("refresh", "n_intervals"))(draw)
 

@@ -10,6 +10,7 @@ blobs escape `<`, `>` and `&` so no stored text can close the script element tha
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
 import gzip
 import html
@@ -26,13 +27,12 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 from sqlalchemy import Engine
 
-from dashboards import figures
-from dashboards.data import (DEFAULT_CONTEXT_TOKENS, SAMPLE_TEXT_CHARS, accuracy_points, browse_samples, depth_points,
-                             probe_title, profile_points, set_choice)
-from db import ResultsError, measures, queries
+from dashboards import figures, views
+from dashboards.data import DEFAULT_CONTEXT_TOKENS, SAMPLE_TEXT_CHARS, accuracy_points, browse_samples
+from db import ResultsError, queries
+from db.headline import SUITE
 from db.session import open_existing
 
-MAX_SERIES_POINTS = 500  # per run: longer series are reduced to bucket maxima (peaks survive)
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 
 
@@ -51,15 +51,6 @@ def _figure_json(fig: go.Figure) -> Any:
     return json.loads(pio.to_json(fig, validate=False))
 
 
-def _reduce_series(series: pd.DataFrame, limit: int = MAX_SERIES_POINTS) -> pd.DataFrame:
-    """At most `limit` rows: each bucket of consecutive ticks keeps its maximum per measure, so peaks stay visible."""
-    if len(series) <= limit:
-        return series
-    bucket = pd.Series(range(len(series)), index=series.index) * limit // len(series)
-    aggregations = {column: ("max" if column in measures.SERIES_MEASURES else "first") for column in series.columns}
-    return series.groupby(bucket.to_numpy()).agg(aggregations)
-
-
 def _options(values: list[Any], labels: list[str] | None = None, selected: Any = None) -> str:
     labels = labels or [str(v) for v in values]
     return "".join(f'<option value="{html.escape(str(v))}"{" selected" if v == selected else ""}>'
@@ -67,24 +58,9 @@ def _options(values: list[Any], labels: list[str] | None = None, selected: Any =
 
 
 def _runs_table(engine: Engine) -> str:
-    """Every run with status, samples, suite-average accuracy and memory peaks (escaped text only)."""
-    table = queries.runs(engine, kind=None)
-    peaks = queries.memory_peaks(engine)
-    table = table.merge(peaks, on="run_id", how="left")
-    averages = queries.suite_means(queries.metrics(engine))
-    table = table.merge(averages[["run_id", "metric", "value"]], on="run_id", how="left")
-    columns = ["nvml_process_peak", "torch_allocated_peak", "weights_bytes", "kv_bytes_peak", "rss_peak"]
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in
-                   ["run", "sweep", "kind", "model", "loops", "suite", "set", "seed", "status", "samples", "pass@1 (suite mean)",
-                    *columns])
-    rows = []
-    for row in table.to_dict("records"):
-        accuracy = "" if pd.isna(row.get("value")) else f"{row['value']:.3f} ({row['metric']})"
-        cells = [row["run_id"], row["sweep_id"], row["kind"], row["model"],
-                 "" if pd.isna(row["loops"]) else int(row["loops"]), row["suite"],
-                 "" if pd.isna(row["set_id"]) else row["set_id"], "" if pd.isna(row["seed"]) else int(row["seed"]), row["status"],
-                 row["n_samples"], accuracy, *(measures.byte_text(row.get(c)) for c in columns)]
-        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+    """Every run with status, samples, suite-average accuracy and memory peaks (`views.runs_table`), as escaped text."""
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in views.RUN_COLUMNS)
+    rows = ["<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in views.runs_table(engine)]
     return f"<table class='runs'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
 
@@ -116,36 +92,53 @@ def _shared_template(blobs: dict[str, Any]) -> Any:
 
 
 def report_figures(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -> dict[str, Any]:
-    """Every figure (Plotly JSON) and headline sentence the report can show, keyed by what the selectors pick."""
+    """Every figure (Plotly JSON) and answer sentence of every view (`views.VIEWS`), for every choice of its
+    selectors, keyed as the page's script asks for them (`View.key`)."""
     blobs: dict[str, Any] = {}
-    for set_id in queries.eval_sets(engine)["set_id"]:
-        blobs[f"depth|{set_id}"] = _figure_json(figures.accuracy_vs_depth(depth_points(engine, set_id)))
-        for task in queries.tasks(engine, set_id):
-            points = accuracy_points(engine, set_id, task, context_tokens)
-            for measure in figures.MEMORY_MEASURES:
-                label = figures.measure_label(measure, context_tokens)
-                blobs[f"answer|{set_id}|{task}|{measure}"] = figures.answer(points, measure, label)
-                blobs[f"acc|{set_id}|{task}|{measure}"] = _figure_json(
-                    figures.accuracy_vs_memory(points, measure, task, label))
-                blobs[f"loops|{set_id}|{task}|{measure}"] = _figure_json(
-                    figures.accuracy_vs_loops(points, measure, task, label))
-    for row in queries.runs(engine).itertuples():
-        series = _reduce_series(queries.memory_series(engine, row.run_id))
-        title = f"Memory over {_run_label(row)}"
-        blobs[f"run|{row.run_id}"] = _figure_json(figures.memory_over_run(series, measures.SERIES_MEASURES, title))
-    for run_id, values in queries.probe_values(engine).groupby("run_id"):
-        blobs[f"probe|{run_id}"] = _figure_json(figures.loop_probes(values, probe_title(values)))
-    blobs["profile"] = _figure_json(figures.memory_vs_context(profile_points(engine), measures.PROFILE_MEASURES))
+    for view in views.VIEWS:
+        for case in view.cases(engine):
+            case = dataclasses.replace(case, context_tokens=context_tokens)
+            data = view.query(engine, case)
+            for picked in view.variants(case):
+                if view.answer is not None:
+                    blobs[view.key("answer", picked)] = view.answer(data, picked)
+                for plot in view.plots:
+                    blobs[view.key(plot.key, picked)] = _figure_json(plot.draw(data, picked))
     return blobs
 
 
-def _run_label(run: Any) -> str:
-    return f"run {run.run_id}: {run.model} {figures.loops_label(run.loops)} ({run.suite})"
+def _selectors(engine: Engine, measure: str, context_tokens: int) -> dict[str, str]:
+    """Each selector's <label> and <select>, by element id: those `views.SELECTORS` fills, then the accuracy
+    view's own (every set's tasks, every memory measure with `measure` selected)."""
+    controls = {}
+    for name, selector in views.SELECTORS.items():
+        choices = selector.choices(engine)
+        selected = selector.default(engine) if selector.default else None  # else the browser shows the first
+        controls[name] = (selector.label, _options([v for v, _ in choices], [label for _, label in choices], selected))
+    tasks = sorted({task for set_id in queries.eval_sets(engine)["set_id"] for task in queries.tasks(engine, set_id)},
+                   key=lambda task: (task != SUITE, task))
+    controls["task"] = ("task", _options(tasks))
+    labels = [figures.measure_label(m, context_tokens) for m in figures.MEMORY_MEASURES]
+    controls["measure"] = ("memory measure", _options(list(figures.MEMORY_MEASURES), labels, selected=measure))
+    return {name: f'<label>{html.escape(label)} <select id="{name}">{options}</select></label>'
+            for name, (label, options) in controls.items()}
 
 
-def _probe_options(engine: Engine) -> str:
-    runs = list(queries.probe_values(engine).groupby("run_id"))
-    return _options([run_id for run_id, _ in runs], [probe_title(rows) for _, rows in runs])
+def _sections(selectors: dict[str, str]) -> str:
+    """One <section> per view: its title, note, selectors and a plot element per figure."""
+    sections = []
+    for view, shown in views.sections():
+        note = f'<p class="note">{html.escape(view.note)}</p>\n' if view.note else ""
+        controls = "".join(selectors[name] + "\n" for name in shown if name in view.keyed)
+        plots = "".join(f'<div id="{plot.id}" class="plot" style="height: {plot.height}px"></div>\n' for plot in view.plots)
+        sections.append(f"<section><h2>{html.escape(view.title)}</h2>\n{note}{controls}{plots}</section>\n")
+    return "".join(sections)
+
+
+def _page_views() -> list[dict[str, Any]]:
+    """What the page's script needs of each view: the selectors that key its figures, its plots, its answer."""
+    return [{"inputs": list(view.keyed), "plots": [[plot.id, plot.key] for plot in view.plots],
+             "answer": view.answer is not None} for view in views.VIEWS]
 
 
 def build_report(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -> str:
@@ -154,31 +147,21 @@ def build_report(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -
     blobs = report_figures(engine, context_tokens)
     template = _shared_template(blobs)
     sets = queries.eval_sets(engine)  # the default first: the set of the newest scored run
-    set_labels = [set_choice(s) for s in sets.itertuples()]
-    set_options = _options(sets["set_id"].tolist(), set_labels)
-    task_names = sorted({key.split("|")[2] for key in blobs if key.startswith("acc|")}, key=lambda t: t != "all")
-    eval_runs = queries.runs(engine)
+    measure = figures.default_measure(accuracy_points(engine, None, SUITE, context_tokens))  # the first any point has
+    opening = views.Selection(set_id=sets["set_id"].iloc[0], measure=measure) if len(sets) else None
+    answer = blobs.get(views.ACCURACY.key("answer", opening), "") if opening else "No evaluated runs yet."
     samples = _sample_rows(engine)
     sample_tasks = sorted({row[3] for row in samples})
     sample_models = sorted({row[1] for row in samples})
     total = queries.count_samples(engine)
-    measure_labels = [figures.measure_label(m, context_tokens) for m in figures.MEMORY_MEASURES]
-    first_points = accuracy_points(engine, None, "all", context_tokens)
-    measure = figures.default_measure(first_points)
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return _TEMPLATE.format(
         csp=REPORT_CSP,
         plotlyjs=packed_plotlyjs(),
         generated=html.escape(generated),
-        answer=html.escape(blobs.get(f"answer|{sets['set_id'].iloc[0]}|all|{measure}", "") if len(sets) else
-                           "No evaluated runs yet."),
+        answer=html.escape(answer),
+        view_sections=_sections(_selectors(engine, measure, context_tokens)),
         runs_table=_runs_table(engine),
-        set_options=set_options,
-        depth_set_options=_options(sets["set_id"].tolist(), set_labels, selected=queries.depth_set(engine)),
-        task_options=_options(task_names),
-        measure_options=_options(list(figures.MEMORY_MEASURES), measure_labels, selected=measure),
-        run_options=_options(eval_runs["run_id"].tolist(), [_run_label(r) for r in eval_runs.itertuples()]),
-        probe_options=_probe_options(engine),
         sample_task_options=_options(["*", *sample_tasks], ["all tasks", *sample_tasks]),
         sample_model_options=_options(["*", *sample_models], ["all models", *sample_models]),
         sample_head="".join(f"<th>{html.escape(c)}</th>" for c in SAMPLE_COLUMNS),
@@ -189,6 +172,7 @@ def build_report(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -
         decimal_note=html.escape(figures.DECIMAL_NOTE),
         figures_json=_script_json(blobs),
         template_json=_script_json(template),
+        views_json=_script_json(_page_views()),
         samples_json=_script_json({"columns": SAMPLE_COLUMNS, "rows": samples, "pageRows": SAMPLE_PAGE_ROWS}),
         config_json=_script_json(PLOT_CONFIG),
     )
@@ -243,37 +227,14 @@ h1 {{ margin-bottom: 0.2em; }} .note {{ color: #555; }}
 .answer {{ font-size: 1.1em; background: #f2f6fc; border-left: 4px solid #3a6fc4; padding: 0.7em 1em; max-width: 75em; }}
 table {{ border-collapse: collapse; font-size: 13px; }} th, td {{ border: 1px solid #ddd; padding: 3px 6px; vertical-align: top; }}
 th {{ background: #f3f3f3; }} pre {{ margin: 0; white-space: pre-wrap; max-width: 32em; max-height: 12em; overflow: auto; }}
-label {{ margin-right: 1em; }} .plot {{ height: 520px; }} section {{ margin-top: 2em; }}
+label {{ margin-right: 1em; }} section {{ margin-top: 2em; }}
 </style>
 <script id="plotlyjs" type="application/gzip;base64">{plotlyjs}</script>
 </head><body>
 <h1>loopeval report</h1>
 <p class="note">Generated {generated}. {decimal_note}. Unavailable measures are named, never drawn as zero.</p>
 <p id="answer" class="answer">{answer}</p>
-<section><h2>Accuracy per gigabyte</h2>
-<label>evaluation set <select id="set">{set_options}</select></label>
-<label>task <select id="task">{task_options}</select></label>
-<label>memory measure <select id="measure">{measure_options}</select></label>
-<div id="accuracy-memory" class="plot"></div>
-<div id="accuracy-loops" class="plot"></div>
-</section>
-<section><h2>Depth extrapolation</h2>
-<p class="note">Accuracy per task group against the loop count r; the set opens on the widest sweep of r.</p>
-<label>evaluation set <select id="depth-set">{depth_set_options}</select></label>
-<div id="depth" class="plot"></div>
-</section>
-<section><h2>Memory over a run</h2>
-<label>run <select id="run">{run_options}</select></label>
-<div id="memory-run" class="plot"></div>
-</section>
-<section><h2>Memory against context length</h2>
-<div id="memory-context" class="plot"></div>
-</section>
-<section><h2>Loop probes</h2>
-<label>probe run <select id="probe">{probe_options}</select></label>
-<div id="probe-values" class="plot"></div>
-</section>
-<section><h2>Runs</h2>{runs_table}</section>
+{view_sections}<section><h2>Runs</h2>{runs_table}</section>
 <section><h2>Samples</h2>
 <p class="note">{samples_note}. Model outputs are shown as plain text.</p>
 <label>task <select id="sample-task">{sample_task_options}</select></label>
@@ -284,6 +245,7 @@ label {{ margin-right: 1em; }} .plot {{ height: 520px; }} section {{ margin-top:
 </section>
 <script id="figures" type="application/json">{figures_json}</script>
 <script id="template" type="application/json">{template_json}</script>
+<script id="views" type="application/json">{views_json}</script>
 <script id="sample-data" type="application/json">{samples_json}</script>
 <script id="plot-config" type="application/json">{config_json}</script>
 <script>
@@ -300,16 +262,17 @@ async function loadPlotly() {{
   document.head.append(script);
 }}
 const FIGURES = json("figures"), TEMPLATE = json("template"), CONFIG = json("plot-config"), SAMPLES = json("sample-data");
+const VIEWS = json("views");
 const value = (id) => document.getElementById(id).value;
 function draw(div, key) {{
   const fig = FIGURES[key] || {{data: [], layout: {{title: {{text: "no data for this selection"}}}}}};
   Plotly.react(div, fig.data, {{...fig.layout, template: TEMPLATE}}, CONFIG);
 }}
-function drawAccuracy() {{
-  const key = [value("set"), value("task"), value("measure")].join("|");
-  document.getElementById("answer").textContent = FIGURES["answer|" + key] || "No runs for this selection.";
-  draw("accuracy-memory", "acc|" + key);
-  draw("accuracy-loops", "loops|" + key);
+// A view's figures are keyed by its selectors' values ("acc|<set>|<task>|<measure>"), as views.View.key writes them.
+function drawView(view) {{
+  const picked = view.inputs.map((id) => "|" + value(id)).join("");
+  if (view.answer) document.getElementById("answer").textContent = FIGURES["answer" + picked] || "No runs for this selection.";
+  for (const [div, key] of view.plots) draw(div, key + picked);
 }}
 // The sample browser draws one page of the filtered rows; cells are set as text, never as markup.
 const column = (name) => SAMPLES.columns.indexOf(name);
@@ -335,22 +298,13 @@ function drawSamples() {{
   document.getElementById("sample-page").textContent =
     rows.length ? `rows ${{first + 1}}-${{first + shown.length}} of ${{rows.length}} (page ${{samplePage + 1}} of ${{pages}})` : "no samples match";
 }}
-for (const id of ["set", "task", "measure"]) document.getElementById(id).addEventListener("change", drawAccuracy);
-document.getElementById("depth-set").addEventListener("change", () => draw("depth", "depth|" + value("depth-set")));
-document.getElementById("run").addEventListener("change", () => draw("memory-run", "run|" + value("run")));
-document.getElementById("probe").addEventListener("change", () => draw("probe-values", "probe|" + value("probe")));
+for (const view of VIEWS) for (const id of view.inputs) document.getElementById(id).addEventListener("change", () => drawView(view));
 for (const id of ["sample-task", "sample-model", "sample-verdict"])
   document.getElementById(id).addEventListener("change", () => {{ samplePage = 0; drawSamples(); }});
 document.getElementById("sample-previous").addEventListener("click", () => {{ samplePage -= 1; drawSamples(); }});
 document.getElementById("sample-next").addEventListener("click", () => {{ samplePage += 1; drawSamples(); }});
 drawSamples();
-loadPlotly().then(() => {{
-  drawAccuracy();
-  draw("depth", "depth|" + value("depth-set"));
-  if (value("run")) draw("memory-run", "run|" + value("run"));
-  draw("probe-values", "probe|" + value("probe"));
-  draw("memory-context", "profile");
-}});
+loadPlotly().then(() => VIEWS.forEach(drawView));
 </script>
 </body></html>
 """

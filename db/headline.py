@@ -3,7 +3,7 @@
 Pure functions over a run's stored metrics (task -> metric name -> value), shared by the bridge (which
 stores the mean as task "all", metric "pass@1"), `loopeval results` and the dashboards, so every
 place shows the same numbers. A benchmark is a top-level task: a group such as `mmlu_redux` counts
-once, as the mean of its subtasks. Its headline is its generative pass@1 (LightEval's pass@k with
+once, as the mean of its subtasks (`benchmark_of`). Its headline is its generative pass@1 (LightEval's pass@k with
 k=1, averaged over n samples, as the MELT paper reports); other metrics, such as MMLU-Redux's
 `loglikelihood_acc`, never enter it. No imports: `db` stays free of harness and LightEval.
 """
@@ -55,14 +55,31 @@ def _task_value(metrics: Mapping[str, float | None]) -> float | None:
     return None if name is None else metrics[name]
 
 
+def benchmark_of(task: str) -> str:
+    """The benchmark a task counts toward: a subtask (`mmlu_redux:anatomy`) toward its family (`mmlu_redux`),
+    any other task toward itself. The one rule for it: the evaluation stores a family's mean under this name
+    (`harness.evaluation`), the headline counts each benchmark once and the task groups are of benchmarks."""
+    return task.split(":")[0]
+
+
+def task_group(benchmark: str, suite: str | None) -> str | None:
+    """The task group of a benchmark (`TASK_GROUPS`, then `GROUP_PATTERNS`); None for a suite without groups.
+    A benchmark the table does not know (a newer task) forms a group of its own, so nothing is dropped."""
+    table = TASK_GROUPS.get(suite or "")
+    if not table:
+        return None
+    patterns = GROUP_PATTERNS.get(suite or "", ())
+    return table.get(benchmark) or next((group for pattern, group in patterns if pattern.match(benchmark)), benchmark)
+
+
 def _leaves(metrics: Mapping[str, Mapping[str, float | None]]) -> dict[str, list[float | None]]:
-    """Benchmark -> the headline value of each of its tasks (a group's subtasks, or the task itself)."""
+    """Benchmark -> the headline value of each of its tasks (a family's subtasks, or the task itself)."""
     leaves: dict[str, list[float | None]] = {}
-    groups = {task.split(":")[0] for task in metrics if ":" in task}
+    families = {benchmark_of(task) for task in metrics if benchmark_of(task) != task}
     for task, values in metrics.items():
-        benchmark = task.split(":")[0]
-        if task == SUITE or (task == benchmark and benchmark in groups):
-            continue  # the stored mean, or a group entry whose subtasks are here
+        benchmark = benchmark_of(task)
+        if task == SUITE or (task == benchmark and benchmark in families):
+            continue  # the stored mean, or a family's mean whose subtasks are here
         leaves.setdefault(benchmark, []).append(_task_value(values))
     return leaves
 
@@ -88,16 +105,12 @@ def headline(metrics: Mapping[str, Mapping[str, float | None]], suite: str | Non
 
 
 def group_means(benchmarks: Mapping[str, float | None], suite: str | None) -> dict[str, float | None]:
-    """Task group -> mean pass@1 of its benchmarks among `benchmarks`; {} for a suite without groups.
-    A benchmark the table does not know (a newer task) forms a group of its own, so nothing is dropped."""
-    table = TASK_GROUPS.get(suite or "")
-    if not table:
-        return {}
-    patterns = GROUP_PATTERNS.get(suite or "", ())
+    """Task group (`task_group`) -> mean pass@1 of its benchmarks among `benchmarks`; {} for a suite without groups."""
     grouped: dict[str, list[float | None]] = {}
     for name, value in benchmarks.items():
-        group = table.get(name) or next((g for pattern, g in patterns if pattern.match(name)), name)
-        grouped.setdefault(group, []).append(value)
+        group = task_group(name, suite)
+        if group is not None:
+            grouped.setdefault(group, []).append(value)
     return {group: _combine(values, _mean) for group, values in grouped.items()}
 
 

@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from db.headline import benchmark_of
+
 _NOT_OF_THE_SET = ("seed",)  # sampling fields that vary between repeats of one set
 
 
@@ -58,8 +60,8 @@ class EvalSet:
         return f"set {self.id}: " + " · ".join([self.suite, self._tasks_text(), items, self._sampling_text(), data])
 
     def _tasks_text(self) -> str:
-        """Task names, a group's subtasks counted once (`mmlu_redux:*` -> `mmlu_redux`); many become a count."""
-        names = sorted({task.split(":")[0] for task in self.tasks})
+        """Benchmark names, a family's subtasks counted once (`db.headline.benchmark_of`); many become a count."""
+        names = sorted({benchmark_of(task) for task in self.tasks})
         if not names:
             return "tasks unknown"
         return ", ".join(names) if len(names) <= 4 else f"{len(names)} tasks"

@@ -27,7 +27,7 @@ asked, and what came back. The checks:
   <= peak, allocated <= reserved where the adapter reports `kv_bytes_reserved` (optional), and the
   KV measures grow after a generation;
 - errors: an empty prompt and a prompt longer than `max_context` raise AdapterError with a message;
-- bridge: LightEval drives the adapter end to end (`harness.bridge.run_suite` on 2 synthetic docs).
+- bridge: LightEval drives the adapter end to end (`harness.evaluation.run_suite` on 2 synthetic docs).
 """
 
 from __future__ import annotations
@@ -309,7 +309,7 @@ class _Kit:
 
     def bridge(self) -> None:
         try:  # lazy: the other checks run where lighteval is not installed (the GPU machine)
-            from harness.bridge import run_suite
+            from harness.evaluation import run_suite
             from suites.registry import load_suite
         except ImportError as exc:
             raise _Skipped(f"the LightEval bridge is not importable here ({exc})") from exc

@@ -138,7 +138,7 @@ class StoreSink:
         self.sampler = sampler
 
     def finished(self, task: str) -> dict[tuple[str, int], Any]:
-        from harness.bridge import SampleRecord
+        from harness.lighteval_model import SampleRecord
 
         names = {f.name for f in dataclasses.fields(SampleRecord)}
         return {
@@ -473,7 +473,8 @@ def _execute(
     """Generate and score one stored run, (model spec, loops), with `adapter`, keeping the store current
     whatever happens: samples are committed as they finish, the recorder writes memory, timings and
     the run's lease every second, so a kill -9 loses at most the last second."""
-    from harness.bridge import CONTEXT_LIMIT, run_suite
+    from harness.evaluation import run_suite
+    from harness.lighteval_model import CONTEXT_LIMIT
 
     sampler = MemorySampler(adapter, interval=spec.sampler_interval)
     timed = TimedAdapter(adapter, sampler)

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from adapters.base import AdapterError, Generation, Sampling
-from harness.bridge import LOGLIKELIHOOD_SAMPLE_INDEX, SampleRecord, batch_seed, run_suite
+from harness.evaluation import run_suite
+from harness.lighteval_model import LOGLIKELIHOOD_SAMPLE_INDEX, SampleRecord, batch_seed
 from suites import synthetic
 from suites.registry import load_suite
 
@@ -241,7 +242,7 @@ def test_melt_choice_scores_do_not_depend_on_the_batch():
     import adapters
     from lighteval.tasks.requests import Doc
 
-    from harness.bridge import AdapterModel
+    from harness.lighteval_model import AdapterModel
 
     adapter = adapters.load("zoo:melt-tiny", dtype="fp32", device="cpu")
     model = AdapterModel(adapter, Sampling(), progress=False)

@@ -1,0 +1,323 @@
+"""The dashboard views: every figure the report and the app show, each wired once to the query that feeds it.
+
+A view is one section of both pages: its title, the selectors it reads, the query (`db.queries`,
+`dashboards.data`) that feeds it and the figures (`dashboards.figures`, pure) drawn from that data,
+with what both pages must show alike: series thinning, titles, the selectors' choices and the runs
+table's columns. `report.py` draws every view for every choice ahead into one offline page, and
+`app.py` draws a view when its selectors change. Neither wires a query to a figure itself, so a view
+added to `VIEWS` appears in both and the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+from sqlalchemy import Engine
+
+from dashboards import figures
+from dashboards.data import DEFAULT_CONTEXT_TOKENS, accuracy_points, depth_points, probe_title, profile_points, set_choice
+from db import measures, queries
+from db.headline import SUITE
+
+MAX_SERIES_POINTS = 500  # per run: longer series are reduced to bucket maxima (peaks survive)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What the selectors picked; each view reads the fields it needs.
+
+    `models` and `loops` None keep every point: the report draws them all, while the app's checklists
+    narrow them (an empty checklist keeps nothing, as the boxes show).
+    """
+
+    set_id: str | None = None
+    task: str = SUITE
+    measure: str | None = None
+    context_tokens: int = DEFAULT_CONTEXT_TOKENS
+    models: tuple[str, ...] | None = None
+    loops: tuple[int, ...] | None = None
+    run_id: int | None = None
+
+
+# Selector element id (the same in both pages) -> the Selection field it sets.
+FIELDS: dict[str, str] = {
+    "set": "set_id", "task": "task", "models": "models", "loops": "loops", "measure": "measure",
+    "context": "context_tokens", "depth-set": "set_id", "run": "run_id", "probe": "run_id",
+}  # fmt: skip
+# Selectors only the served app has: it queries live, while the report draws every model and loop count
+# at the default context ahead, so its figures are not keyed by these.
+LIVE_FILTERS = ("models", "loops", "context")
+
+
+def selection(picked: Mapping[str, Any]) -> Selection:
+    """The Selection of the values the selectors hold, by element id: an unset task is the suite mean and an
+    unset or non-positive context the default; an unset checklist keeps nothing."""
+    fields = {FIELDS[name]: value for name, value in picked.items()}
+    if "task" in fields:
+        fields["task"] = fields["task"] or SUITE
+    if "context_tokens" in fields:
+        context = fields["context_tokens"]
+        fields["context_tokens"] = int(context) if context and context > 0 else DEFAULT_CONTEXT_TOKENS
+    for name in ("models", "loops"):
+        if name in fields:
+            fields[name] = tuple(fields[name] or ())
+    return Selection(**fields)
+
+
+@dataclass(frozen=True)
+class Plot:
+    """One figure of a view: its element id in both pages, its key in the report's table of figures, how it is
+    drawn from the view's data (a `dashboards.figures` function) and its height in pixels."""
+
+    id: str
+    key: str
+    draw: Callable[[Any, Selection], go.Figure]
+    height: int = 480
+
+
+def _one_case(engine: Engine) -> list[Selection]:
+    return [Selection()]
+
+
+def _as_is(case: Selection) -> list[Selection]:
+    return [case]
+
+
+@dataclass(frozen=True)
+class View:
+    """One section of both pages: a query and the figures drawn from its data.
+
+    `inputs` are the selectors it reads (element ids, in the order the app's callback lists them).
+    The report queries once per `cases` selection and keeps a drawing per `variants` of it (the memory
+    measures, which change the figure but not the data); `answer`, where given, is a sentence drawn
+    from the same data into the pages' `answer` element.
+    """
+
+    title: str
+    inputs: tuple[str, ...]
+    query: Callable[[Engine, Selection], Any]
+    plots: tuple[Plot, ...]
+    note: str | None = None
+    cases: Callable[[Engine], Iterable[Selection]] = _one_case
+    variants: Callable[[Selection], Iterable[Selection]] = _as_is
+    answer: Callable[[Any, Selection], str] | None = None
+
+    @property
+    def keyed(self) -> tuple[str, ...]:
+        """The selectors the report has, which key its figures of this view."""
+        return tuple(name for name in self.inputs if name not in LIVE_FILTERS)
+
+    def key(self, prefix: str, picked: Selection) -> str:
+        """The report's key of one drawing: 'acc|<set>|<task>|<measure>' (its page script joins the same values)."""
+        return "|".join([prefix, *(str(getattr(picked, FIELDS[name])) for name in self.keyed)])
+
+
+# ------------------------------------------------------------------------------------------- accuracy
+def _accuracy_points(engine: Engine, picked: Selection) -> pd.DataFrame:
+    points = accuracy_points(engine, picked.set_id, picked.task, picked.context_tokens)
+    keep = pd.Series(True, index=points.index)
+    if picked.models is not None:
+        keep &= points["model"].isin(picked.models)
+    if picked.loops is not None:
+        keep &= points["loops"].isin(picked.loops)
+    return points[keep]
+
+
+def _measure_label(picked: Selection) -> str:
+    return figures.measure_label(picked.measure, picked.context_tokens)
+
+
+def _answer(points: pd.DataFrame, picked: Selection) -> str:
+    return figures.answer(points, picked.measure, _measure_label(picked))
+
+
+def _accuracy_vs_memory(points: pd.DataFrame, picked: Selection) -> go.Figure:
+    return figures.accuracy_vs_memory(points, picked.measure, picked.task, _measure_label(picked))
+
+
+def _accuracy_vs_loops(points: pd.DataFrame, picked: Selection) -> go.Figure:
+    return figures.accuracy_vs_loops(points, picked.measure, picked.task, _measure_label(picked))
+
+
+def _set_ids(engine: Engine) -> list[str]:
+    return queries.eval_sets(engine)["set_id"].tolist()
+
+
+def _set_tasks(engine: Engine) -> list[Selection]:
+    return [Selection(set_id=set_id, task=task) for set_id in _set_ids(engine) for task in queries.tasks(engine, set_id)]
+
+
+def _each_measure(case: Selection) -> list[Selection]:
+    return [dataclasses.replace(case, measure=measure) for measure in figures.MEMORY_MEASURES]
+
+
+# ----------------------------------------------------------------------------------------------- depth
+def _depth_points(engine: Engine, picked: Selection) -> pd.DataFrame:
+    return depth_points(engine, picked.set_id) if picked.set_id else pd.DataFrame()
+
+
+def _accuracy_vs_depth(points: pd.DataFrame, picked: Selection) -> go.Figure:
+    return figures.accuracy_vs_depth(points)
+
+
+def _each_set(engine: Engine) -> list[Selection]:
+    return [Selection(set_id=set_id) for set_id in _set_ids(engine)]
+
+
+# ------------------------------------------------------------------------------------ memory over a run
+def run_label(run: Any) -> str:
+    """How selectors and titles name an eval run (a `queries.runs` row): 'run 3: preset:qwen3-tiny r=2 (synthetic)'."""
+    return f"run {run.run_id}: {run.model} {figures.loops_label(run.loops)} ({run.suite})"
+
+
+def thinned(series: pd.DataFrame, limit: int = MAX_SERIES_POINTS) -> pd.DataFrame:
+    """At most `limit` rows: each bucket of consecutive ticks keeps its maximum per measure, so peaks stay visible."""
+    if len(series) <= limit:
+        return series
+    bucket = pd.Series(range(len(series)), index=series.index) * limit // len(series)
+    aggregations = {column: ("max" if column in measures.SERIES_MEASURES else "first") for column in series.columns}
+    return series.groupby(bucket.to_numpy()).agg(aggregations)
+
+
+def _run_memory(engine: Engine, picked: Selection) -> tuple[pd.DataFrame, str]:
+    """The run's memory series, thinned, and the figure's title naming the run."""
+    if picked.run_id is None:
+        return pd.DataFrame(), "Memory over a run"
+    runs = queries.runs(engine)
+    rows = list(runs[runs["run_id"] == picked.run_id].itertuples())
+    title = f"Memory over {run_label(rows[0])}" if rows else f"Memory over run {picked.run_id}"  # not an eval run
+    return thinned(queries.memory_series(engine, picked.run_id)), title
+
+
+def _memory_over_run(data: tuple[pd.DataFrame, str], picked: Selection) -> go.Figure:
+    series, title = data
+    return figures.memory_over_run(series, measures.SERIES_MEASURES, title)
+
+
+def _each_run(engine: Engine) -> list[Selection]:
+    return [Selection(run_id=int(run_id)) for run_id in queries.runs(engine)["run_id"]]
+
+
+# ------------------------------------------------------------------------------- memory against context
+def _profile_points(engine: Engine, picked: Selection) -> pd.DataFrame:
+    return profile_points(engine)
+
+
+def _memory_vs_context(profile: pd.DataFrame, picked: Selection) -> go.Figure:
+    return figures.memory_vs_context(profile, measures.PROFILE_MEASURES)
+
+
+# ---------------------------------------------------------------------------------------------- probes
+def _probe_values(engine: Engine, picked: Selection) -> pd.DataFrame:
+    values = queries.probe_values(engine)
+    return values[values["run_id"] == picked.run_id]
+
+
+def _loop_probes(values: pd.DataFrame, picked: Selection) -> go.Figure:
+    return figures.loop_probes(values, probe_title(values) if not values.empty else "Loop probes")
+
+
+def _each_probe_run(engine: Engine) -> list[Selection]:
+    return [Selection(run_id=int(run_id)) for run_id in queries.probe_values(engine)["run_id"].unique()]
+
+
+ACCURACY = View(
+    title="Accuracy per gigabyte", inputs=("set", "task", "models", "loops", "measure", "context"),
+    query=_accuracy_points, cases=_set_tasks, variants=_each_measure, answer=_answer,
+    plots=(Plot("accuracy-memory", "acc", _accuracy_vs_memory, 560),
+           Plot("accuracy-loops", "loops", _accuracy_vs_loops, 520)),
+)
+# The views in page order: both pages draw every one of them.
+VIEWS: list[View] = [
+    ACCURACY,
+    View(title="Depth extrapolation", inputs=("depth-set",), query=_depth_points, cases=_each_set,
+         plots=(Plot("depth", "depth", _accuracy_vs_depth),),
+         note="Accuracy per task group against the loop count r; the set opens on the widest sweep of r."),
+    View(title="Memory over a run", inputs=("run",), query=_run_memory, cases=_each_run,
+         plots=(Plot("memory-run", "run", _memory_over_run),)),
+    View(title="Memory against context length", inputs=(), query=_profile_points,
+         plots=(Plot("memory-context", "profile", _memory_vs_context),)),
+    View(title="Loop probes", inputs=("probe",), query=_probe_values, cases=_each_probe_run,
+         plots=(Plot("probe-values", "probe", _loop_probes, 640),)),
+]
+
+
+def sections() -> list[tuple[View, tuple[str, ...]]]:
+    """Each view of `VIEWS` with the selectors its section shows: one that two views read (the run) is shown
+    once, in the first one's section, since an element id names one element."""
+    shown: set[str] = set()
+    placed = []
+    for view in VIEWS:
+        own = tuple(name for name in view.inputs if name not in shown)
+        shown.update(own)
+        placed.append((view, own))
+    return placed
+
+
+# --------------------------------------------------------------------------------------------- selectors
+@dataclass(frozen=True)
+class Choices:
+    """A selector both pages fill alike: its label and its (value, label) choices; `default` picks the one
+    selected first (None: the first choice)."""
+
+    label: str
+    choices: Callable[[Engine], list[tuple[Any, str]]]
+    default: Callable[[Engine], Any] | None = None
+
+    def first(self, engine: Engine, choices: list[tuple[Any, str]]) -> Any:
+        """The value selected when the page opens; None when there is nothing to choose."""
+        if self.default is not None:
+            return self.default(engine)
+        return choices[0][0] if choices else None
+
+
+def _set_choices(engine: Engine) -> list[tuple[Any, str]]:
+    """Every evaluation set, the default first (the set of the newest scored run)."""
+    return [(row.set_id, set_choice(row)) for row in queries.eval_sets(engine).itertuples()]
+
+
+def _run_choices(engine: Engine) -> list[tuple[Any, str]]:
+    return [(row.run_id, run_label(row)) for row in queries.runs(engine).itertuples()]
+
+
+def _probe_choices(engine: Engine) -> list[tuple[Any, str]]:
+    return [(run_id, probe_title(rows)) for run_id, rows in queries.probe_values(engine).groupby("run_id")]
+
+
+# The selectors whose choices come from the database alike in both pages, by element id. The accuracy
+# view's task and memory-measure selectors are not here: the report offers every set's tasks and
+# measures at once, while the app refills them when the set changes.
+SELECTORS: dict[str, Choices] = {
+    "set": Choices("evaluation set", _set_choices),
+    "depth-set": Choices("evaluation set", _set_choices, queries.depth_set),
+    "run": Choices("run", _run_choices),
+    "probe": Choices("probe run", _probe_choices),
+}
+
+# ------------------------------------------------------------------------------------------ runs table
+# The memory peaks the runs table shows per run, in this order.
+RUN_PEAKS = ("nvml_process_peak", "torch_allocated_peak", "weights_bytes", "kv_bytes_peak", "kv_bytes_reserved", "rss_peak")
+RUN_COLUMNS = ("run", "sweep", "kind", "model", "loops", "suite", "set", "seed", "status", "samples", "pass@1 (suite mean)",
+               *RUN_PEAKS)  # fmt: skip
+
+
+def runs_table(engine: Engine) -> list[list[Any]]:
+    """Every run (every kind) as a row of `RUN_COLUMNS`: status, samples, suite-mean accuracy and memory peaks
+    as text (`db.measures.byte_text`: an unavailable peak reads n/a, never 0)."""
+    table = queries.runs(engine, kind=None)
+    table = table.merge(queries.memory_peaks(engine), on="run_id", how="left")
+    averages = queries.suite_means(queries.metrics(engine))
+    table = table.merge(averages[["run_id", "metric", "value"]], on="run_id", how="left")
+    number = lambda value: "" if pd.isna(value) else int(value)  # noqa: E731
+    rows = []
+    for row in table.to_dict("records"):
+        accuracy = "" if pd.isna(row.get("value")) else f"{row['value']:.3f} ({row['metric']})"
+        rows.append([row["run_id"], row["sweep_id"], row["kind"], row["model"], number(row["loops"]), row["suite"],
+                     "" if pd.isna(row["set_id"]) else row["set_id"], number(row["seed"]), row["status"],
+                     row["n_samples"], accuracy, *(measures.byte_text(row.get(c)) for c in RUN_PEAKS)])
+    return rows

@@ -1,0 +1,141 @@
+"""One view layer: the report and the app draw every figure from `dashboards.views`, so they cannot drift.
+
+On the real tiny sweep's database (conftest.py): a view registered once shows in both pages, each view's
+figure is the same in the report and in the app's callback for the same selection, and the shared
+choices (series thinning, titles, the runs table's columns) hold in both.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+from dash import dcc
+
+from dashboards import figures, views
+from dashboards.app import create_app, set_choices
+from dashboards.report import build_report, report_figures
+from db import measures, queries
+from db.session import open_existing
+
+pytestmark = pytest.mark.slow  # needs the real sweep of conftest.py
+
+
+@pytest.fixture()
+def engine(results_url: str):
+    engine = open_existing(results_url)
+    yield engine
+    engine.dispose()
+
+
+def _kv_peak(engine: Any, picked: views.Selection) -> pd.DataFrame:
+    peaks = queries.memory_peaks(engine)
+    return peaks[peaks["run_id"] == picked.run_id]
+
+
+def _kv_bar(peaks: pd.DataFrame, picked: views.Selection) -> go.Figure:
+    return go.Figure(go.Bar(x=["KV peak"], y=peaks["kv_bytes_peak"].tolist()), layout={"title": f"KV peak of run {picked.run_id}"})
+
+
+EXTRA = views.View(title="KV peak per run", inputs=("run",), query=_kv_peak, plots=(views.Plot("kv-peak", "kvpeak", _kv_bar),),
+                   cases=lambda engine: [views.Selection(run_id=int(r)) for r in queries.runs(engine)["run_id"]])
+
+
+def _callback(app: Any, view: views.View, values: dict[str, Any]) -> dict[str, Any]:
+    """The view's callback as the browser calls it: `values` by element id, the timer's tick unset."""
+    outputs = [("answer", "children")] * (view.answer is not None) + [(plot.id, "figure") for plot in view.plots]
+    single = len(outputs) == 1
+    body = {
+        "output": f"{outputs[0][0]}.{outputs[0][1]}" if single else ".." + "...".join(f"{i}.{p}" for i, p in outputs) + "..",
+        "outputs": ({"id": outputs[0][0], "property": outputs[0][1]} if single
+                    else [{"id": i, "property": p} for i, p in outputs]),
+        "inputs": [*({"id": name, "property": "value", "value": values[name]} for name in view.inputs),
+                   {"id": "refresh", "property": "n_intervals", "value": None}],
+        "changedPropIds": [], "state": [],
+    }  # fmt: skip
+    reply = app.server.test_client().post("/_dash-update-component", base_url="http://127.0.0.1:8050", json=body)
+    assert reply.status_code == 200, reply.data[:500]
+    return reply.get_json()["response"]
+
+
+def _report_blobs(page: str) -> dict[str, Any]:
+    return json.loads(re.search(r'<script id="figures" type="application/json">(.*?)</script>', page).group(1))
+
+
+def test_a_view_registered_once_shows_in_the_report_and_the_app(engine, results_url: str, monkeypatch) -> None:
+    monkeypatch.setattr(views, "VIEWS", [*views.VIEWS, EXTRA])
+    run_id = int(queries.runs(engine)["run_id"].iloc[0])
+    stored = float(queries.memory_peaks(engine).set_index("run_id").at[run_id, "kv_bytes_peak"])
+
+    page = build_report(engine)
+    assert "<h2>KV peak per run</h2>" in page and '<div id="kv-peak" class="plot" style="height: 480px">' in page
+    blob = _report_blobs(page)[f"kvpeak|{run_id}"]
+    assert blob["data"][0]["y"] == [stored] and blob["layout"]["title"]["text"] == f"KV peak of run {run_id}"
+    assert '"plots": [["kv-peak", "kvpeak"]]' in page  # the page's script draws it when the run selector changes
+
+    app = create_app(results_url)
+    layout = app.layout()
+    assert isinstance(layout["kv-peak"], dcc.Graph) and "kv-peak.figure" in app.callback_map
+    figure = _callback(app, EXTRA, {"run": run_id})["kv-peak"]["figure"]
+    assert figure["data"][0]["y"] == [stored] and figure["layout"]["title"]["text"] == f"KV peak of run {run_id}"
+
+
+def _selector_values(engine: Any, view: views.View, picked: views.Selection) -> dict[str, Any]:
+    """The values the app's selectors hold for `picked`, its checklists ticking every model and loop count of the set."""
+    models, _, loops, _, _, _ = set_choices(engine, picked.set_id, picked.measure)
+    live = {"models": models, "loops": loops, "context": picked.context_tokens}
+    return {name: live[name] if name in live else getattr(picked, views.FIELDS[name]) for name in view.inputs}
+
+
+def test_each_view_draws_the_same_figure_in_the_report_and_the_app(engine, results_url: str) -> None:
+    """Titles, thinning and selections alike: the app's callback returns what the report embeds for the same choice."""
+    blobs = report_figures(engine)
+    app = create_app(results_url)
+    for view in views.VIEWS:
+        for picked in [p for case in list(view.cases(engine))[:1] for p in list(view.variants(case))[:2]]:
+            response = _callback(app, view, _selector_values(engine, view, picked))
+            if view.answer is not None:
+                assert response["answer"]["children"] == blobs[view.key("answer", picked)]
+            for plot in view.plots:
+                assert response[plot.id]["figure"] == blobs[view.key(plot.key, picked)], (plot.id, picked)
+
+
+def test_memory_over_a_run_is_thinned_keeping_each_peak_and_titled_by_the_run(engine) -> None:
+    runs = queries.runs(engine)
+    run = runs.iloc[max(range(len(runs)), key=lambda i: len(queries.memory_series(engine, int(runs["run_id"].iloc[i]))))]
+    series = queries.memory_series(engine, int(run["run_id"]))
+    thin = views.thinned(series, limit=3)
+    assert len(series) > 3 and len(thin) == 3
+    for measure in measures.SERIES_MEASURES:
+        if series[measure].notna().any():
+            assert thin[measure].max() == series[measure].max()
+    (memory_run,) = [view for view in views.VIEWS if view.plots[0].id == "memory-run"]
+    series, title = memory_run.query(engine, views.Selection(run_id=int(run["run_id"])))
+    assert title == f"Memory over run {run['run_id']}: {run['model']} {figures.loops_label(run['loops'])} ({run['suite']})"
+    assert len(series) <= views.MAX_SERIES_POINTS
+
+
+def test_the_runs_table_shows_every_peak_the_views_choose(engine) -> None:
+    """The report's runs table lists `views.RUN_PEAKS`, the KV pool reserved included, as stored."""
+    page = build_report(engine)
+    table = re.search(r"<table class='runs'>(.*?)</table>", page).group(1)
+    assert re.findall(r"<th>(.*?)</th>", table) == list(views.RUN_COLUMNS)
+    assert "kv_bytes_reserved" in views.RUN_PEAKS
+    rows = {row[0]: row for row in views.runs_table(engine)}
+    reserved = queries.memory_peaks(engine).set_index("run_id")["kv_bytes_reserved"]
+    column = views.RUN_COLUMNS.index("kv_bytes_reserved")
+    assert {run_id: row[column] for run_id, row in rows.items()} == {
+        run_id: measures.byte_text(reserved.get(run_id)) for run_id in rows}
+    assert sum(row[column] != "n/a" for row in rows.values()) >= 4  # the engine runs store their pool
+
+
+def test_selections_from_the_app_read_as_the_report_reads_them() -> None:
+    """An unset task is the suite mean, a bad context the default, an unset checklist keeps nothing."""
+    picked = views.selection({"set": "abc", "task": None, "context": -1, "models": None, "loops": [2]})
+    assert picked == views.Selection(set_id="abc", task="all", models=(), loops=(2,))
+    assert views.selection({"depth-set": "abc"}) == views.Selection(set_id="abc")
+    assert views.selection({"probe": 7}) == views.Selection(run_id=7) == views.selection({"run": 7})
