@@ -89,6 +89,14 @@ def check_int(option: str, value: int | None) -> None:
         raise UserError(f"{option} must be an integer from {low} to {high}, got {value}")
 
 
+def check_sampling_given(field: str, value: Any, given_as: str) -> None:
+    """`Sampling.field`'s rule (`adapters.base.check_sampling`) as a UserError naming the option or sweep-file key."""
+    try:
+        check_sampling(field, value, given_as)
+    except AdapterError as exc:
+        raise UserError(str(exc)) from None
+
+
 def suite_sampling(suite: str) -> Sampling:
     """`suite`'s sampling where the user gave none."""
     if suite not in SUITE_SAMPLING:
@@ -156,11 +164,8 @@ class RunSpec:
             check_int(option, value)
         given = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens, "n": samples, "seed": seed}
         given = {name: value for name, value in given.items() if value is not None}
-        try:
-            for name, value in given.items():
-                check_sampling(name, value, SAMPLING_OPTIONS[name])
-        except AdapterError as exc:
-            raise UserError(str(exc)) from None
+        for name, value in given.items():
+            check_sampling_given(name, value, SAMPLING_OPTIONS[name])
         if data_dir is not None and not os.path.isdir(data_dir):
             raise UserError(f"--data-dir {data_dir} is not a directory")
         sampling = dataclasses.replace(defaults, **given)
