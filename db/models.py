@@ -35,12 +35,13 @@ class Run(Base):
     loops: Mapped[int | None] = mapped_column(Integer)
     suite: Mapped[str] = mapped_column(String(64))
     tasks: Mapped[list[str]] = mapped_column(JSON, default=list)
-    sampling: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # Sampling as a dict
+    sampling: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # Sampling as a dict, the run's only copy
     seed: Mapped[int] = mapped_column(Integer, default=0)
     limit: Mapped[int | None] = mapped_column(Integer)
     # sha256 of the task files evaluated (suites.registry.data_fingerprint); NULL for runs stored before it existed
     data_fingerprint: Mapped[str | None] = mapped_column(String(64))
-    spec: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # the full RunSpec, so --resume can rebuild it
+    # an eval run's RunSpec less its sampling (`sampling` above), so --resume can rebuild it; a probe's or profile's settings
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     versions: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)  # package -> version
     host: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # hostname, cpu, gpu, ...
     # queued (stored with its sweep, not started yet), running, finished, failed, interrupted

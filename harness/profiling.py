@@ -21,7 +21,7 @@ import adapters
 from adapters.base import AdapterError, Sampling
 from harness.errors import UserError
 from harness.capacity import check_context, check_fits
-from harness.spec import check_int, is_looped
+from harness.spec import at_loops, check_int, is_looped
 from db.measures import PEAK_MEASURES
 from harness.sampler import DEFAULT_INTERVAL, MemorySampler
 
@@ -106,21 +106,6 @@ def decode_sampling(decode_steps: int) -> Sampling:
     return Sampling(temperature=0.0, max_new_tokens=decode_steps)
 
 
-def _at_loops(adapter: Any, spec: str, seed: int, loops: int | None) -> Any:
-    """The profiled adapter at `loops`: changed in place where the adapter allows it, else loaded with the override.
-
-    An engine adapter runs static batches here: one cache of exactly the point's size, so its KV is
-    the paper's single-sequence memory at that context, not a pool's blocks (`adapters.engine.adapter`).
-    """
-    if adapter is None or (loops is not None and not hasattr(adapter, "loops")):
-        adapter = adapters.load(spec, seed=seed, **({} if loops is None else {"loops": loops}))
-    elif loops is not None:
-        adapter.loops = loops
-    if hasattr(adapter, "batching"):
-        adapter.batching = "static"
-    return adapter
-
-
 def profile_model(
     plan: ProfilePlan,
     *,
@@ -134,7 +119,9 @@ def profile_model(
     points: list[dict[str, Any]] = []
     peaks: dict[str, int | None] = dict.fromkeys(PEAK_MEASURES)
     for r in plan.loop_counts:
-        adapter = _at_loops(adapter, spec, seed, r)
+        # static batches: one cache of exactly the point's size, so its KV is the paper's single-sequence
+        # memory at that context, not a pool's blocks (`adapters.engine.adapter`)
+        adapter = at_loops(adapter, spec, r, {"seed": seed}, batching="static")
         info = adapter.describe()
         vocab = (info.get("config") or {}).get("vocab_size") or len(adapter.tokenizer)
         for length in plan.lengths:

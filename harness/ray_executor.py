@@ -30,17 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from harness.errors import UserError
 from harness.hints import env_command
-from harness.runner import (
-    RunOutcome,
-    SweepPlan,
-    create_run_row,
-    host_info,
-    new_sweep_id,
-    package_versions,
-    resumable_run,
-    run_label,
-    run_one,
-)
+from harness.recorder import host_info, new_sweep_id, package_versions
+from harness.runner import RunOutcome, SweepPlan, resumable_run, run_label, run_one, store_sweep, stored_spec
 from harness.spec import RunSpec
 from harness.sweep import SweepRequest
 
@@ -183,8 +174,7 @@ class RayExecutor:
         jobs = []
         for spec, plan in zip(request.specs, plans):
             plan.loaded.clear()  # adapters loaded to plan are not needed here: every worker loads its own
-            for model, loops in plan.runs:
-                run_id = create_run_row(store, spec, plan, (model, loops), sweep_id, status="queued")
+            for run_id, model, loops in store_sweep(spec, plan, store, sweep_id):
                 jobs.append(Job(run_id, model, loops, resources(spec, model, gpus, cpus)))
         if not jobs:  # every run was already stored finished (runner.skip_stored)
             return []
@@ -200,7 +190,7 @@ class RayExecutor:
         run = resumable_run(store, run_id)
         if run.status == "finished":
             raise UserError(f"--resume {run_id}: run already finished")
-        spec = RunSpec.from_dict(run.spec, db_url)
+        spec = stored_spec(run, db_url)
         job = Job(run_id, run.model_spec, run.loops, resources(spec, run.model_spec, self.default_gpus(gpus_per_run), self.feasible_cpus(cpus)))
         return self.execute([job], store, db_url, progress, log)
 

@@ -1,4 +1,8 @@
-"""A running run's measurements, written as they happen: kill -9 loses at most the last second.
+"""A run's record: its `runs` row, then its measurements as they happen (kill -9 loses at most the last second).
+
+`run_row` is the one way a run of any kind (eval, probe, profile) starts its row: the facts every
+kind shares, each run's package versions and host among them; what is particular to a kind (samples,
+probe values, profile points) is stored after it under the run's id.
 
 Samples are committed as they finish (the bridge's sink); this thread does the same for the rest,
 once per `FLUSH_SECONDS`: the memory ticks taken since the last flush (thinned to `ROWS_PER_FLUSH`,
@@ -10,13 +14,19 @@ and a killed holder's lease passes on at once when it lived on this machine, els
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.metadata
 import os
+import platform
 import socket
 import threading
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from adapters.base import Sampling
+from adapters.threads import applied
 from harness.errors import UserError
 
 if TYPE_CHECKING:
@@ -26,6 +36,64 @@ if TYPE_CHECKING:
 FLUSH_SECONDS = 1.0
 LEASE_SECONDS = 30.0  # how long a holder that stopped renewing (a lost machine) keeps its run
 ROWS_PER_FLUSH = 8  # memory rows stored per flush: a few per second, whatever the sampling interval
+
+
+def package_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in ("loopeval", "torch", "transformers", "lighteval", "sqlalchemy", "alembic", "nvidia-ml-py", "psutil"):
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def host_info() -> dict[str, Any]:
+    """Where the run happened: host, CPU, memory, and the GPU (from torch, else NVML) if any."""
+    import psutil
+
+    info: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "memory_bytes": psutil.virtual_memory().total,
+        "gpu": None,
+        "threads": None if applied() is None else applied().to_dict(),
+    }
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(torch.cuda.current_device())
+            info["gpu"] = {"name": props.name, "memory_bytes": props.total_memory, "cuda": torch.version.cuda}
+    except ImportError:
+        pass
+    return info
+
+
+def new_sweep_id() -> str:
+    """The id that groups a sweep's runs (all seeds of a sweep file, all Ray tasks of one submission)."""
+    return uuid.uuid4().hex[:12]
+
+
+def run_row(
+    kind: str, model: str, *, loops: int | None, suite: str, tasks: Sequence[str], sampling: Sampling | None, seed: int,
+    spec: Mapping[str, Any], limit: int | None = None, data_fingerprint: str | None = None,
+    model_config: Mapping[str, Any] | None = None, sweep_id: str | None = None, status: str = "running",
+) -> dict[str, Any]:
+    """The `runs` row a run of any kind starts as, for `Store.create_run(s)`: what was run, how, where and with what.
+
+    `spec` holds what else the kind needs to read the run back (an eval run's RunSpec, which `--resume`
+    rebuilds with the `sampling` stored beside it; a profile's settings). `sampling` None: the run sampled
+    nothing (a probe). A run of its own (a probe, a profile) gets a sweep id of its own.
+    """
+    return dict(
+        sweep_id=sweep_id or new_sweep_id(), kind=kind, model_spec=model, adapter=model.partition(":")[0],
+        model_config=dict(model_config or {}), loops=loops, suite=suite, tasks=list(tasks),
+        sampling={} if sampling is None else dataclasses.asdict(sampling), seed=seed, limit=limit,
+        data_fingerprint=data_fingerprint, spec=dict(spec), versions=package_versions(), host=host_info(), status=status,
+    )
 
 
 class RunBusy(UserError):

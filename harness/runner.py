@@ -12,13 +12,9 @@ What a run is (`RunSpec`, the defaults, each suite's sampling) lives in `harness
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import os
-import platform
 import signal
-import socket
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,53 +22,18 @@ from typing import TYPE_CHECKING, Any
 
 from adapters.base import (Finished, Generation, Prompt, Request, Sampling, Scheduling, checked_context, checked_description,
                            checked_generation, checked_memory)
-from adapters.threads import applied
 from db import ResultsError
 from db.sets import id_ranges, run_key
 from harness.capacity import check_fits
 from harness.errors import UserError
 from harness.hints import env_command, with_db
-from harness.recorder import RunBusy, RunRecorder, holder_is_gone
+from harness.recorder import RunBusy, RunRecorder, holder_is_gone, host_info, new_sweep_id, run_row
 from harness.sampler import MemorySampler
-from harness.spec import RunSpec, is_looped
+from harness.spec import RunSpec, at_loops, is_looped
 
 if TYPE_CHECKING:
     from db.store import Store
     from harness.progress import JobProgress
-
-
-def package_versions() -> dict[str, str]:
-    versions = {"python": platform.python_version()}
-    for name in ("loopeval", "torch", "transformers", "lighteval", "sqlalchemy", "alembic", "nvidia-ml-py", "psutil"):
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return versions
-
-
-def host_info() -> dict[str, Any]:
-    """Where the run happened: host, CPU, memory, and the GPU (from torch, else NVML) if any."""
-    import psutil
-
-    info: dict[str, Any] = {
-        "hostname": socket.gethostname(),
-        "platform": platform.platform(),
-        "cpu": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "memory_bytes": psutil.virtual_memory().total,
-        "gpu": None,
-        "threads": None if applied() is None else applied().to_dict(),
-    }
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            props = torch.cuda.get_device_properties(torch.cuda.current_device())
-            info["gpu"] = {"name": props.name, "memory_bytes": props.total_memory, "cuda": torch.version.cuda}
-    except ImportError:
-        pass
-    return info
 
 
 class TimedAdapter:
@@ -266,7 +227,7 @@ def stored_params(store: Store, run_id: int) -> list[int | None]:
     import adapters
 
     run = store.get_run(run_id)
-    spec = RunSpec.from_dict(run.spec, None)
+    spec = stored_spec(run, None)
     facts = [adapters.inspect(model, **spec.load_overrides(model)) for model in {r.model_spec for r in store.sweep_runs(run.sweep_id)}]
     return [None if f is None else f.get("params") for f in facts]
 
@@ -284,48 +245,17 @@ def _check_fits(spec: RunSpec, model: str, loops: int | None) -> None:
     check_fits(what, facts, tokens, sequences, "--loops, --samples, --batch-size or --max-new-tokens")
 
 
-def _at_loops(adapter: Any, model: str, loops: int | None, spec: RunSpec) -> Any:
-    """The sweep's adapter set to run `loops`: changed in place where the adapter allows it (the engine),
-    else loaded again with the override. A second full load would double load time on a GPU and can
-    inflate NVML peaks, so engine models are loaded once per sweep."""
-    import adapters
-
-    if adapter is not None and (loops is None or hasattr(adapter, "loops")):
-        if loops is not None:
-            adapter.loops = loops
-        if hasattr(adapter, "reset_memory_peak"):
-            adapter.reset_memory_peak()
-        return adapter
-    overrides = spec.load_overrides(model) | ({} if loops is None else {"loops": loops})
-    return adapters.load(model, **overrides)
-
-
-def new_sweep_id() -> str:
-    """The id that groups a sweep's runs (all seeds of a sweep file, all Ray tasks of one submission)."""
-    return uuid.uuid4().hex[:12]
-
-
-def _run_fields(spec: RunSpec, plan: SweepPlan, run: tuple[str, int | None]) -> dict[str, Any]:
-    """What a run of the sweep is, as the `runs` row stores it: the fields that make its set and its key."""
+def _sweep_row(spec: RunSpec, plan: SweepPlan, run: tuple[str, int | None], sweep_id: str | None) -> dict[str, Any]:
+    """The `runs` row of one (model, loops) of a sweep, queued, with the spec so the run can be resumed by id."""
     model, loops = run
-    return dict(
-        model_spec=model, loops=loops, suite=spec.suite, tasks=[t.name for t in plan.task_configs],
-        sampling=dataclasses.asdict(spec.sampling), seed=spec.seed, limit=spec.limit, spec=spec.to_dict(),
-        data_fingerprint=plan.fingerprint,
-    )
+    return run_row("eval", model, loops=loops, suite=spec.suite, tasks=[t.name for t in plan.task_configs],
+                   sampling=spec.sampling, seed=spec.seed, limit=spec.limit, data_fingerprint=plan.fingerprint,
+                   spec=spec.to_dict(), sweep_id=sweep_id, status="queued")
 
 
-def run_row(spec: RunSpec, plan: SweepPlan, run: tuple[str, int | None], sweep_id: str, status: str = "queued") -> dict[str, Any]:
-    """The `runs` row of one (model, loops) of a sweep, with the full spec so the run can be resumed by id."""
-    return dict(sweep_id=sweep_id, kind="eval", adapter=run[0].partition(":")[0], versions=package_versions(), host=host_info(),
-                status=status, **_run_fields(spec, plan, run))
-
-
-def create_run_row(
-    store: Store, spec: RunSpec, plan: SweepPlan, run: tuple[str, int | None], sweep_id: str, status: str = "queued"
-) -> int:
-    """Store `run_row` on its own and return the run's id."""
-    return store.create_run(**run_row(spec, plan, run, sweep_id, status))
+def stored_spec(run: Any, db_url: str | None) -> RunSpec:
+    """The RunSpec an eval run was stored with: `runs.spec`, and its sampling from `runs.sampling`."""
+    return RunSpec.from_dict(run.spec, run.sampling, db_url)
 
 
 def skip_stored(spec: RunSpec, plan: SweepPlan, store: Store, log: Callable[[str], None]) -> list[RunOutcome]:
@@ -337,7 +267,7 @@ def skip_stored(spec: RunSpec, plan: SweepPlan, store: Store, log: Callable[[str
     stored = store.finished_run_keys()
     kept, skipped = [], []
     for run in plan.runs:
-        twin = stored.get(run_key(_run_fields(spec, plan, run)))
+        twin = stored.get(run_key(_sweep_row(spec, plan, run, None)))  # the key of the row it would be stored as
         if twin is None:
             kept.append(run)
         else:
@@ -354,7 +284,7 @@ def skip_stored(spec: RunSpec, plan: SweepPlan, store: Store, log: Callable[[str
 def store_sweep(spec: RunSpec, plan: SweepPlan, store: Store, sweep_id: str) -> list[tuple[int, str, int | None]]:
     """Store every run of the sweep up front (status "queued"): a killed sweep is then completed by
     `--resume` of any of its runs. Returns (run id, model spec, loops) in the order they run."""
-    ids = store.create_runs([run_row(spec, plan, run, sweep_id) for run in plan.runs])  # one transaction: all or none
+    ids = store.create_runs([_sweep_row(spec, plan, run, sweep_id) for run in plan.runs])  # one transaction: all or none
     return [(run_id, *run) for run_id, run in zip(ids, plan.runs)]
 
 
@@ -401,7 +331,7 @@ def resume_run(
     todo = [(r.id, r.model_spec, r.loops) for r in store.sweep_runs(run.sweep_id) if r.status != "finished"]
     if not todo:
         raise UserError(f"--resume {run_id}: run {run_id} and the rest of its sweep {run.sweep_id} already finished")
-    spec = RunSpec.from_dict(run.spec, db_url)
+    spec = stored_spec(run, db_url)
     log(f"resuming sweep {run.sweep_id}: run(s) {', '.join(str(r[0]) for r in todo)}")
     return run_stored(spec, todo, _load_tasks(spec), store, progress, log)
 
@@ -411,7 +341,7 @@ def run_one(run_id: int, store: Store, db_url: str | None, log: Callable[[str], 
     run = resumable_run(store, run_id)
     if run.status == "finished":
         raise UserError(f"--resume {run_id}: run already finished")
-    spec = RunSpec.from_dict(run.spec, db_url)
+    spec = stored_spec(run, db_url)
     return run_stored(spec, [(run.id, run.model_spec, run.loops)], _load_tasks(spec), store, None, log)[0]
 
 
@@ -437,7 +367,7 @@ def run_stored(
         try:
             if model != current:  # the previous model is done with
                 adapter, current = (loaded or {}).pop(model, None), model
-            adapter = _at_loops(adapter, model, loops, spec)
+            adapter = at_loops(adapter, model, loops, spec.load_overrides(model))
             outcomes.append(_execute(spec, store, run_id, (model, loops), adapter, task_configs, progress, log))
         except ResultsError:  # the store itself failed (disk full, damaged, unreachable): every later run would too
             raise

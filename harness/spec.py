@@ -3,6 +3,7 @@
 Every setting a run takes has its home here. `SUITE_SAMPLING` holds each suite's sampling
 (`adapters.base.PAPER_PROTOCOL` for `paper`), `DEFAULTS` the rest of the no-argument `loopeval run`, and `RunSpec.build` fills what the
 user left unset from them and validates everything before anything is loaded or written.
+`at_loops` is the one way a loaded adapter is set to a run's loops (and a profile's batching).
 """
 
 from __future__ import annotations
@@ -88,6 +89,14 @@ def check_int(option: str, value: int | None) -> None:
         raise UserError(f"{option} must be an integer from {low} to {high}, got {value}")
 
 
+def check_sampling_given(field: str, value: Any, given_as: str) -> None:
+    """`Sampling.field`'s rule (`adapters.base.check_sampling`) as a UserError naming the option or sweep-file key."""
+    try:
+        check_sampling(field, value, given_as)
+    except AdapterError as exc:
+        raise UserError(str(exc)) from None
+
+
 def suite_sampling(suite: str) -> Sampling:
     """`suite`'s sampling where the user gave none."""
     if suite not in SUITE_SAMPLING:
@@ -155,11 +164,8 @@ class RunSpec:
             check_int(option, value)
         given = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens, "n": samples, "seed": seed}
         given = {name: value for name, value in given.items() if value is not None}
-        try:
-            for name, value in given.items():
-                check_sampling(name, value, SAMPLING_OPTIONS[name])
-        except AdapterError as exc:
-            raise UserError(str(exc)) from None
+        for name, value in given.items():
+            check_sampling_given(name, value, SAMPLING_OPTIONS[name])
         if data_dir is not None and not os.path.isdir(data_dir):
             raise UserError(f"--data-dir {data_dir} is not a directory")
         sampling = dataclasses.replace(defaults, **given)
@@ -189,15 +195,16 @@ class RunSpec:
         return overrides
 
     def to_dict(self) -> dict[str, Any]:
+        """As `runs.spec` stores it: without the sampling, which `runs.sampling` holds (`from_dict` takes it back)."""
         data = dataclasses.asdict(self)
-        data["sampling"] = dataclasses.asdict(self.sampling)
+        data.pop("sampling")
         data.pop("db_url")  # where it was stored is not part of what was run
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], db_url: str | None) -> RunSpec:
-        fields = {**data, "db_url": db_url}
-        fields["sampling"] = Sampling(**data["sampling"])
+    def from_dict(cls, data: Mapping[str, Any], sampling: Mapping[str, Any], db_url: str | None) -> RunSpec:
+        """The spec `to_dict` stored, with its `sampling` (as `runs.sampling` holds it) and the store it was read from."""
+        fields = {**data, "sampling": Sampling(**sampling), "db_url": db_url}
         for name in ("models", "loops", "tasks"):
             if fields.get(name) is not None:
                 fields[name] = tuple(fields[name])
@@ -221,3 +228,23 @@ def _checked_model_overrides(models: Sequence[str], overrides: Mapping[str, Mapp
 def is_looped(description: dict[str, Any]) -> bool:
     """Whether loop counts mean anything for this model (per_loop / gated KV, or a trained T > 1)."""
     return description.get("kv_strategy", "standard") != "standard" or (description.get("loops") or 1) > 1
+
+
+def at_loops(adapter: Any, model: str, loops: int | None, overrides: Mapping[str, Any], batching: str | None = None) -> Any:
+    """`model`'s adapter set to run `loops` (None: its own) and, where it batches, with `batching` (None: as it is).
+
+    An adapter that has them (the engine) is changed in place through its `loops` and `batching`
+    properties, which check the values as a load override is checked: a second full load would double
+    load time on a GPU and can inflate NVML peaks. Its memory peak is reset, so the next measurement's
+    peaks are its own. Any other adapter, or none yet (`adapter` None), is loaded with `overrides` and `loops`.
+    """
+    if adapter is None or (loops is not None and not hasattr(adapter, "loops")):
+        adapter = adapters.load(model, **{**overrides, **({} if loops is None else {"loops": loops})})
+    else:
+        if loops is not None:
+            adapter.loops = loops
+        if hasattr(adapter, "reset_memory_peak"):
+            adapter.reset_memory_peak()
+    if batching is not None and hasattr(adapter, "batching"):
+        adapter.batching = batching
+    return adapter

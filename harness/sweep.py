@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adapters.base import AdapterError, check_sampling
+from adapters.base import AdapterError
 from adapters.files import MIB, read_text
 from harness.errors import UserError
-from harness.spec import DEFAULTS, LAB, SUITE_SAMPLING, SWEEP_WIDE_OVERRIDES, RunSpec
+from harness.spec import DEFAULTS, LAB, SUITE_SAMPLING, SWEEP_WIDE_OVERRIDES, RunSpec, check_sampling_given
 
 EXECUTORS = ("local", "ray")
 RAY_ONLY = ("ray_address", "gpus_per_run")  # settings that mean nothing to the local executor
@@ -121,10 +121,7 @@ def _seed(name: str, value: Any) -> list[int]:
 def _sampling(field: str) -> Callable[[str, Any], Any]:
     """The check of a sweep-file key that is `Sampling.field`: sampling's own rule, naming the key."""
     def check(name: str, value: Any) -> Any:
-        try:
-            check_sampling(field, value, name)
-        except AdapterError as exc:
-            raise UserError(str(exc)) from None
+        check_sampling_given(field, value, name)
         return value
     return check
 

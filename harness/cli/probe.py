@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Optional
 
@@ -130,14 +129,11 @@ def _measure(adapter: Any, texts: list[str], positions: int, r: int, label: str)
 
 def _store(results: Any, model: str, adapter: Any, source: str, r: int, values: list[Any], wall: float) -> int:
     """One finished run of kind "probe" holding every value; returns its id."""
-    from harness.runner import host_info, package_versions
+    from harness.recorder import run_row
 
     adapter.loops = r
-    run_id = results.create_run(
-        sweep_id=uuid.uuid4().hex[:12], kind="probe", model_spec=model, adapter=model.partition(":")[0],
-        model_config=adapter.describe(), loops=r, suite=source, tasks=[], sampling={}, seed=0, spec={"loops": r, "source": source},
-        versions=package_versions(), host=host_info(), status="running",
-    )
+    run_id = results.create_run(**run_row("probe", model, loops=r, suite=source, tasks=[], sampling=None, seed=0,
+                                          spec={"loops": r, "source": source}, model_config=adapter.describe()))
     results.add_probe_values(run_id, [{"loop": v.loop, "metric": v.metric, "lag": v.lag, "value": v.value} for v in values])
     results.finish_run(run_id, "finished", wall_seconds=wall)
     return run_id

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-import uuid
 from typing import Any, Optional
 
 import typer
@@ -56,15 +55,13 @@ def profile(
 
 def _store(results: Any, model: str, result: Any, settings: dict[str, Any], seed: int, wall: float) -> int:
     """Store the points as one finished run of kind "profile" (with the settings that made them); returns its id."""
-    from harness.runner import host_info, package_versions
+    from harness.recorder import run_row
 
     loops = settings["loops"]
-    run_id = results.create_run(
-        sweep_id=uuid.uuid4().hex[:12], kind="profile", model_spec=model, adapter=model.partition(":")[0],
-        model_config=result.description, loops=loops[0] if loops and len(loops) == 1 else None, suite="profile",
-        tasks=[], sampling=dataclasses.asdict(decode_sampling(settings["decode_steps"])), seed=seed, spec=settings,
-        versions=package_versions(), host=host_info(), status="running",
-    )
+    run_id = results.create_run(**run_row(
+        "profile", model, loops=loops[0] if loops and len(loops) == 1 else None, suite="profile", tasks=[],
+        sampling=decode_sampling(settings["decode_steps"]), seed=seed, spec=settings, model_config=result.description,
+    ))
     results.add_profile_points(run_id, result.points)
     results.set_memory_peaks(run_id, result.peaks)
     results.finish_run(run_id, "finished", wall_seconds=wall)

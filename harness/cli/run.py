@@ -128,7 +128,8 @@ def _here(request: Any, resume: int | None, rerun: bool, threads: int | None) ->
 
     `--resume` completes every unfinished run of the resumed run's sweep, in this process, and never creates a database.
     """
-    from harness.runner import new_sweep_id, prepare_sweep, resume_run, run_stored, store_sweep
+    from harness.recorder import new_sweep_id
+    from harness.runner import prepare_sweep, resume_run, run_stored, store_sweep
 
     plans = [] if resume is not None else [prepare_sweep(spec) for spec in request.specs]  # bad names fail here
     store, chosen = _open_store(request, plans, resume, threads)

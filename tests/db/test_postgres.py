@@ -57,6 +57,27 @@ def test_older_database_is_upgraded_and_keeps_its_rows(postgres_url: str) -> Non
     store.close()
 
 
+def test_an_eval_run_stored_before_0008_keeps_its_sampling_once_in_its_column(postgres_url: str) -> None:
+    sampling = '{"temperature": 1.0, "top_p": 0.7, "top_k": null, "max_new_tokens": 20, "n": 4, "seed": 0, "stop": []}'
+    engine = create_engine(postgres_url)
+    config = alembic_config()
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, "0006")
+        conn.exec_driver_sql(
+            "INSERT INTO runs (sweep_id, kind, model_spec, adapter, model_config, suite, tasks, sampling, seed, spec,"
+            " versions, host, status, started_at) VALUES ('old', 'eval', 'm', 'preset', '{}', 'synthetic', '[]',"
+            f" '{sampling}', 0, '{{\"batch_size\": 4, \"sampling\": {sampling}}}', '{{}}', '{{}}', 'queued', '2026-12-03 00:00:00+00')"
+        )
+    engine.dispose()
+    store = Store.open(postgres_url)
+    (summary,) = store.run_summaries()
+    run = store.get_run(summary["id"])
+    assert run.spec == {"batch_size": 4} and run.sampling == summary["sampling"]
+    assert run.sampling == {"temperature": 1.0, "top_p": 0.7, "top_k": None, "max_new_tokens": 20, "n": 4, "seed": 0, "stop": []}
+    store.close()
+
+
 def test_a_plain_postgresql_url_uses_psycopg_3_and_never_shows_the_password(postgres_url: str) -> None:
     plain = make_url(postgres_url).set(drivername="postgresql").render_as_string(hide_password=False)
     store = Store.open(plain)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import sqlite3
 from pathlib import Path
@@ -29,6 +30,14 @@ def test_probe_stores_what_the_engine_measures(tmp_path: Path, capsys: pytest.Ca
     assert (kind, loops, suite) == ("probe", 3, "text:texts.txt")
     stored = {(l, m, k): v for l, m, k, v in conn.execute("SELECT loop, metric, lag, value FROM probe_values WHERE run_id = ?", (run_id,))}
     adapter = load_preset("coreloop-tiny", dtype="fp32", device="cpu")  # the same seeded weights
+    adapter.loops = 3
+    (row,) = conn.execute("SELECT sweep_id, model_spec, adapter, model_config, tasks, sampling, seed, \"limit\", data_fingerprint,"
+                          " spec, versions, host, status FROM runs").fetchall()
+    assert len(row[0]) == 12 and row[1:3] == ("preset:coreloop-tiny", "preset")
+    assert json.loads(row[3]) == json.loads(json.dumps(adapter.describe()))
+    assert (json.loads(row[4]), json.loads(row[5]), row[6], row[7], row[8]) == ([], {}, 0, None, None)
+    assert json.loads(row[9]) == {"loops": 3, "source": "text:texts.txt"}
+    assert "torch" in json.loads(row[10]) and json.loads(row[11])["cpu_count"] > 0 and row[12] == "finished"
     expected = probe(adapter.model, [torch.tensor(adapter.tokenizer.encode(t)[:8]) for t in TEXTS], 3)
     assert len(stored) == len(expected) == 3 * 3 + 3  # three per-loop metrics x 3 loops, interactions (2,1) (3,1) (3,2)
     for v in expected:

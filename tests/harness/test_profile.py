@@ -28,6 +28,13 @@ def test_profile_points_match_the_analytic_kv_and_are_stored(tmp_path: Path, cap
     conn = sqlite3.connect(db)
     ((run_id, kind, model),) = conn.execute("SELECT id, kind, model_spec FROM runs").fetchall()
     assert (run_id, kind, model) == (result["run_id"], "profile", "preset:ouro-tiny")
+    (row,) = conn.execute("SELECT sweep_id, adapter, model_config, loops, suite, tasks, sampling, seed, \"limit\","
+                          " data_fingerprint, spec, versions, host, status FROM runs").fetchall()
+    assert len(row[0]) == 12 and row[1] == "preset" and json.loads(row[2]) == result["description"]
+    assert (row[3], row[4], json.loads(row[5]), row[7], row[8], row[9]) == (None, "profile", [], 0, None, None)
+    assert json.loads(row[6]) == {"temperature": 0.0, "top_p": 1.0, "top_k": None, "max_new_tokens": 2, "n": 1, "seed": 0, "stop": []}
+    assert json.loads(row[10]) == {"lengths": [16, 48], "loops": [1, 2], "batch": 2, "decode_steps": 2}
+    assert "torch" in json.loads(row[11]) and json.loads(row[12])["cpu_count"] > 0 and row[13] == "finished"
     stored = conn.execute("SELECT loops, context_tokens, kv_bytes_analytic FROM profile_points ORDER BY id").fetchall()
     assert stored == [(p["loops"], p["context_tokens"], p["kv_bytes_analytic"]) for p in points]
     peaks = dict(conn.execute("SELECT measure, value FROM memory_peaks").fetchall())

@@ -20,7 +20,8 @@ from db.store import Store
 from harness.cli import main
 from harness.progress import JobProgress, eta_text
 from harness.ray_executor import Job, RunBars
-from harness.runner import new_sweep_id, prepare_sweep, run_sweep
+from harness.recorder import new_sweep_id
+from harness.runner import prepare_sweep, run_sweep
 from harness.spec import RunSpec
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 import subprocess
@@ -86,9 +87,10 @@ def test_per_model_overrides_reach_the_adapter_and_come_back_on_resume() -> None
     assert spec.load_overrides("preset:ouro-tiny") == {"seed": 4, "max_batch": 3, "exit_policy": "none"}
     assert spec.load_overrides("preset:qwen3-tiny") == {"seed": 4}
     stored = json.loads(json.dumps(spec.to_dict()))  # as runs.spec holds it
-    assert RunSpec.from_dict(stored, None) == spec
+    sampling = json.loads(json.dumps(dataclasses.asdict(spec.sampling)))  # as runs.sampling holds it
+    assert RunSpec.from_dict(stored, sampling, None) == spec
     older = {key: value for key, value in stored.items() if key != "model_overrides"}  # a run stored before overrides existed
-    assert RunSpec.from_dict(older, None).model_overrides == {}
+    assert RunSpec.from_dict(older, sampling, None).model_overrides == {}
     with pytest.raises(UserError, match="not one of the sweep's models"):
         RunSpec.build(models=["preset:qwen3-tiny"], model_overrides={"preset:ouro-tiny": {"max_batch": 3}})
     with pytest.raises(Exception, match="unknown override.*bogus"):
