@@ -8,8 +8,8 @@ call takes its earlier rows from a cache (`adapters.engine.cache`). Two entry po
   like prefill, and may blend the K/V attention sees, `KV = a * KV_melt + (1 - a) * KV_looplm`
   (stage-1 conversion training, a `MixedCache`); it can return per-loop logits, per-(loop, shared
   layer) attention outputs (stage-2 alignment loss) and Ouro's exit probabilities.
-- `LoopedLM.step(tokens, positions, cache, slot, mask, loops)`: one prefill chunk or decode step
-  against a preallocated `adapters.engine.cache.KVCache` or a scheduler step's `adapters.engine.paged.PagedStep`,
+- `LoopedLM.step(tokens, positions, cache, slot, mask, loops=r)`: one prefill chunk or decode step
+  against a preallocated `adapters.engine.cache.KVCache` or an engine step's `adapters.engine.paged.PagedStep`,
   written in place.
 
 q/k/v and gate/up are each one parameter (one matmul); state dicts name HF's separate tensors. Layers,
@@ -571,7 +571,8 @@ class LoopedLM(nn.Module):
         return out
 
     # ------------------------------------------------------------------------------ cached step
-    def step(self, tokens: Tensor, positions: Tensor, cache: Cache, slot: int, mask: Tensor | None, loops: int, keep_loops: bool = False) -> StepOutput:
+    def step(self, tokens: Tensor, positions: Tensor, cache: Cache, slot: int, mask: Tensor | None, *, loops: int,
+             keep_loops: bool = False) -> StepOutput:
         """Run tokens [B, n] at cache slots slot..slot+n-1 (positions [B, n]), writing K/V in place.
 
         `mask` [B,1,n,L] bool (L: the keys attended, slot + n for a `KVCache`), or None for plain

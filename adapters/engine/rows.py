@@ -4,7 +4,7 @@ The pool keeps a sequence's K/V in blocks spread over it, and on the CPU no atte
 blocks in place (torch's FlexAttention runs there only under torch.compile, at a compile per shape
 and with other float rounding). Gathering every running sequence's blocks at every layer and loop of
 every decode step made a continuous decode step cost about 1.5x a static one on a tiny model. So the
-scheduler keeps the running sequences' K/V contiguous: row i of `DecodeRows` holds running sequence
+model runner keeps the running sequences' K/V contiguous: row i of `DecodeRows` holds running sequence
 i's K/V for every entry, gathered from the pool once, when the sequence starts decoding. A decode step
 (`RowsStep`) writes its new K/V to the rows, where attention reads `rows[:B, :length]` as a view (the
 values a gather would give). A row goes back to the pool, the KV store that is measured, a block at
@@ -72,7 +72,7 @@ class DecodeRows:
     def fill(self, row: int, blocks: list[int], written: int) -> None:
         """Row `row` from a sequence's blocks in the pool: its first `written` slots of every entry."""
         pool, size = self.pool, self.pool.block_size
-        index = torch.tensor(blocks[: pool.blocks_for(written)], device=pool.k.device)
+        index = torch.tensor(blocks[: pool.manager.blocks_for(written)], device=pool.k.device)
         for rows, store in ((self.k, pool.k), (self.v, pool.v)):
             gathered = store.view(store.shape[0], -1, size * store[0, 0].numel()).index_select(1, index)
             rows[:, row, :written] = gathered.view(store.shape[0], -1, *store.shape[2:])[:, :written]
