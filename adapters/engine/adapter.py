@@ -122,7 +122,9 @@ class EngineAdapter:
             return
         with self._lock:
             if self.batching == "static":
-                self._run_static(sequences, on_finished)
+                generate_static(self.model, sequences, on_finished, max_batch=self.max_batch, loops=self.loops,
+                                eos_ids=eos_ids(self.config, self.tokenizer), tokenizer=self.tokenizer, exit_policy=self.exit_policy,
+                                on_cache=self._track)
             else:
                 self._run_continuous(sequences, on_finished)
 
@@ -154,11 +156,6 @@ class EngineAdapter:
             self._peak = max(self._peak, pool.manager.peak_allocated)
             self._reserved = max(self._reserved, pool.manager.kv_bytes_reserved)
             self._live = None
-
-    def _run_static(self, sequences: list[Seq], on_finished: Callable[[list[Finished]], None]) -> None:
-        pad = self.config.pad_token_id if self.config.pad_token_id is not None else 0
-        generate_static(self.model, sequences, on_finished, max_batch=self.max_batch, loops=self.loops, eos_ids=eos_ids(self.config, self.tokenizer),
-                        tokenizer=self.tokenizer, exit_policy=self.exit_policy, on_cache=self._track, pad_id=pad)
 
     def _pool(self, sequences: list[Seq], spare: bool = False) -> BlockPool:
         """The call's block pool (`BlockPool.for_workload`) at this adapter's settings."""

@@ -39,7 +39,7 @@ class ContinuousEngine:
                  tokenizer: Any | None, max_seqs: int, on_finished: Callable[[list[Finished]], None],
                  graphs: DecodeGraphs | None = None) -> None:
         self.pool, self.manager = pool, pool.manager
-        self.chunk = model.config.chunk_size if model.config.gated else None
+        self.chunk = model.config.prefill_chunk
         self.runner = ModelRunner(model, pool, loops=loops, policy=policy, graphs=graphs)
         self.scheduler = Scheduler(pool.manager, max_seqs, on_leave=self.runner.leave)
         self.post = Postprocessor(self.scheduler, loops=loops, looped=is_looped(model, loops), eos_ids=eos_ids, tokenizer=tokenizer,

@@ -357,13 +357,14 @@ def generate_static(model: LoopedLM, sequences: list[Seq], on_finished: Callable
                     **options: Any) -> None:
     """Static batches of `max_batch` sequences sharing a Sampling (their streams are their own), each decoding
     until its longest row ends, all its rows reported when it does; `options` go to `generate`."""
+    pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     groups: dict[Sampling, list[Seq]] = {}
     for seq in sequences:
         groups.setdefault(dataclasses.replace(seq.sampling, seed=0), []).append(seq)
     for sampling, group in groups.items():
         for start in range(0, len(group), max_batch):
             batch = group[start : start + max_batch]
-            generations = generate(model, [s.tokens for s in batch], sampling, keys=[s.key for s in batch], **options)
+            generations = generate(model, [s.tokens for s in batch], sampling, keys=[s.key for s in batch], pad_id=pad, **options)
             on_finished([(s.request, s.sample, g) for s, g in zip(batch, generations)])
 
 

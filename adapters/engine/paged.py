@@ -69,7 +69,7 @@ class BlockPool:
         at most `KV_FRACTION` of free memory); never smaller than one sequence at its full length."""
         short = dtype_short(dtype)
         longest, rows = max(-(-c // block_size) for c in capacities), min(max_seqs, len(capacities))
-        latent = max(rows, config.chunk_size if config.gated else 1)  # tokens one step may hold in flight
+        latent = max(rows, config.prefill_chunk or 1)  # tokens one step may hold in flight
         if kv_budget is not None:
             blocks = pool_blocks(config, loops, int(kv_budget * 1e9), block_size, latent, short)
         else:
