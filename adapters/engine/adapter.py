@@ -135,14 +135,13 @@ class EngineAdapter:
             ids = encode(request.prompt, self.tokenizer, self.config.vocab_size, self.spec)
             capacity = check_request(self.model, ids, request.sampling, self.tokenizer, self.exit_policy)
             for j in request.indices:
-                key = stream_key(request.sampling.seed, j)
-                sequences.append(Seq(r, j, key, len(ids), list(ids), capacity, request.sampling))
+                sequences.append(Seq(r, j, stream_key(request.sampling.seed, j), len(ids), list(ids), capacity, request.sampling))
         return sequences
 
     def _run_continuous(self, sequences: list[Seq], on_finished: Callable[[list[Finished]], None]) -> None:
-        capture = self.cuda_graphs and self.device.type == "cuda"
-        pool = self._pool(sequences, spare=capture)
-        graphs = None
+        capture, graphs = self.cuda_graphs and self.device.type == "cuda", None
+        pool = BlockPool.for_workload(self.config, self.loops, [s.capacity for s in sequences], max_seqs=self.max_batch, kv_budget=self.kv_budget,
+                                      block_size=self.block_size, dtype=self.dtype, device=self.device, spare=capture)
         if capture:
             graphs = DecodeGraphs(self.model, pool, loops=self.loops, keep_loops=self.exit_policy.kind != "none", max_seqs=self.max_batch,
                                   max_blocks=pool.manager.blocks_for(max(s.capacity for s in sequences)), capture=True)
@@ -156,11 +155,6 @@ class EngineAdapter:
             self._peak = max(self._peak, pool.manager.peak_allocated)
             self._reserved = max(self._reserved, pool.manager.kv_bytes_reserved)
             self._live = None
-
-    def _pool(self, sequences: list[Seq], spare: bool = False) -> BlockPool:
-        """The call's block pool (`BlockPool.for_workload`) at this adapter's settings."""
-        return BlockPool.for_workload(self.config, self.loops, [s.capacity for s in sequences], max_seqs=self.max_batch, kv_budget=self.kv_budget,
-                                      block_size=self.block_size, dtype=self.dtype, device=self.device, spare=spare)
 
     def _track(self, cache: KVCache | None) -> None:
         self._live = cache

@@ -11,6 +11,7 @@ from adapters.engine.adapter import EngineAdapter, load_preset
 from adapters.engine.continuous import ContinuousEngine
 from adapters.engine.graphs import DecodeGraphs
 from adapters.engine.memory import analytic_terms
+from adapters.engine.paged import BlockPool
 
 PROMPTS = ["1+2=", "x", "17*3=51; 4*4=", "abcdefghijklmnopqrstu"]
 SAMPLED = Sampling(temperature=1.0, top_p=0.7, max_new_tokens=20, n=3, seed=5)
@@ -25,6 +26,13 @@ def engine(name: str, **overrides) -> EngineAdapter:
 
 def outputs(adapter: EngineAdapter, sampling: Sampling, prompts: list[str] = PROMPTS) -> list[list[int]]:
     return [g.token_ids for g in adapter.generate(prompts, sampling)]
+
+
+def pool_for(adapter: EngineAdapter, sequences: list, spare: bool = False) -> BlockPool:
+    """The pool the adapter's continuous path makes for `sequences`."""
+    return BlockPool.for_workload(adapter.config, adapter.loops, [s.capacity for s in sequences], max_seqs=adapter.max_batch,
+                                  kv_budget=adapter.kv_budget, block_size=adapter.block_size, dtype=adapter.dtype, device=adapter.device,
+                                  spare=spare)
 
 
 def tiny_budget(adapter: EngineAdapter, blocks: int) -> float:
@@ -148,7 +156,7 @@ class Watch:
 def test_kv_accounting_is_exact_and_held_is_at_most_one_block_over_used(name):
     adapter = engine(name, block_size=8, max_batch=4)
     sequences = adapter._sequences([Request(p, SAMPLED) for p in PROMPTS])
-    pool = adapter._pool(sequences)
+    pool = pool_for(adapter, sequences)
     finished = []
     batcher = ContinuousEngine(adapter.model, pool, loops=adapter.loops, policy=adapter.exit_policy, eos_ids=set(), tokenizer=adapter.tokenizer,
                               max_seqs=4, on_finished=finished.extend)
@@ -164,7 +172,7 @@ def test_samples_of_one_prompt_share_its_prefilled_blocks():
     """20 prompt tokens in blocks of 8: two full blocks shared by three samples, each with its own copy of the third."""
     adapter = engine("qwen3-tiny", block_size=8)
     sequences = adapter._sequences([Request([1] + [5] * 19, Sampling(temperature=1.0, max_new_tokens=2, n=3))])
-    pool = adapter._pool(sequences)
+    pool = pool_for(adapter, sequences)
     batcher = ContinuousEngine(adapter.model, pool, loops=1, policy=adapter.exit_policy, eos_ids=set(), tokenizer=None, max_seqs=3,
                               on_finished=lambda done: None)
     with torch.inference_mode():
@@ -227,7 +235,7 @@ def test_padded_decode_steps_of_the_gpu_path_change_nothing(name):
     runs = {}
     for padded in (False, True):
         sequences = adapter._sequences(requests)
-        pool = adapter._pool(sequences, spare=padded)
+        pool = pool_for(adapter, sequences, spare=padded)
         graphs = DecodeGraphs(adapter.model, pool, loops=adapter.loops, keep_loops=False, max_seqs=12,
                               max_blocks=pool.manager.blocks_for(max(s.capacity for s in sequences)), capture=False) if padded else None
         done: dict = {}
