@@ -8,7 +8,7 @@ its full prefilled blocks. A sequence holds only the blocks its tokens fill, tak
 Accounting, exact (`adapters.engine.memory.analytic_terms` gives the same coefficients):
 - `kv_bytes_used`: tokens held (each slot written once, shared blocks once) x bytes per token, plus
   the latent of the tokens in flight (MELT's h, and the history buffer of history injection, which
-  `LoopedLM.run` keeps as activations);
+  `Backbone.run` keeps as activations);
 - `kv_bytes_allocated`: blocks held x block_size x bytes per token, plus the same latent;
 - `kv_bytes_reserved`: the whole pool (with the GPU path's spare block) and the latent state of the
   largest step, held from the first step to the last (given by the pool, which allocates it).
