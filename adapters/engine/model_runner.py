@@ -18,7 +18,7 @@ from adapters.engine.generate import ExitPolicy, int_tensor, read_logits, sample
 from adapters.engine.graphs import DecodeGraphs
 from adapters.engine.model import LoopedLM, StepOutput
 from adapters.engine.paged import BlockPool, PagedStep, key_mask
-from adapters.engine.rows import DecodeRows, RowsInputs, RowsStep
+from adapters.engine.rows import DecodeRows, RowsInputs
 from adapters.engine.sequence import Sequence, setting
 
 
@@ -104,8 +104,7 @@ class ModelRunner:
             x = RowsInputs.build(rows, [seq.tokens[seq.written] for seq in seqs], [seq.written for seq in seqs], self.device)
         manager.begin_step(len(seqs))
         mask = None if x.aligned else key_mask(x.positions, x.end)  # None: every row sees every key
-        out = self.model.step(x.tokens, x.positions, RowsStep(self.pool, rows, x.row_slots, x.end), x.end - 1, mask,
-                              loops=self.loops, keep_loops=self.keep_loops)
+        out = self.model.step(x.tokens, x.positions, x.cache, x.end - 1, mask, loops=self.loops, keep_loops=self.keep_loops)
         self.next_inputs = x
         blocks = []
         for i, seq in enumerate(seqs):
@@ -136,7 +135,7 @@ class ModelRunner:
 
     def sample(self, seqs: list[Sequence], logits: Tensor, one_setting: bool) -> Tensor:
         """Each sequence's next token [B] from its stream at its token index: one `sample` per distinct setting."""
-        rows = stream_rows([seq.key for seq in seqs], [len(seq.tokens) - seq.prompt_len for seq in seqs])
+        rows = stream_rows([seq.key for seq in seqs], [seq.generated for seq in seqs])
         if one_setting:
             return sample(logits, seqs[0].sampling, self.tensor(rows))
         groups: dict[tuple, list[int]] = {}
