@@ -135,7 +135,7 @@ class ModelRunner:
 
     def sample(self, seqs: list[Sequence], logits: Tensor, one_setting: bool) -> Tensor:
         """Each sequence's next token [B] from its stream at its token index: one `sample` per distinct setting."""
-        rows = stream_rows([seq.key for seq in seqs], [seq.generated for seq in seqs])
+        rows = stream_rows([seq.key for seq in seqs], [len(seq.tokens) - seq.prompt_len for seq in seqs])  # each its token index
         if one_setting:
             return sample(logits, seqs[0].sampling, self.tensor(rows))
         groups: dict[tuple, list[int]] = {}

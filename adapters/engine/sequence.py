@@ -27,10 +27,6 @@ class Sequence:
     decode_began: float = 0.0
 
     @property
-    def generated(self) -> int:
-        return len(self.tokens) - self.prompt_len
-
-    @property
     def fresh(self) -> bool:
         """Nothing generated yet: a first admission, which may share its prompt's prefill with its siblings."""
         return len(self.tokens) == self.prompt_len
