@@ -26,7 +26,6 @@ import torch
 
 from adapters import threads
 from adapters.base import MODEL_DTYPES, AdapterError, Finished, Generation, Prompt, Request, Sampling, dtype_short
-from adapters.engine.block_manager import BlockManager
 from adapters.engine.cache import KVCache
 from adapters.engine.config import CONDITIONING_FIELDS, LoopConfig
 from adapters.engine.presets import PRESETS, preset
@@ -80,7 +79,7 @@ class EngineAdapter:
         weight = model.model.embed_tokens.weight
         self.dtype, self.device = weight.dtype, weight.device
         self._weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        self._live: KVCache | BlockManager | None = None  # the KV store of the call in progress
+        self._live: KVCache | BlockPool | None = None  # the KV store of the call in progress
         self._peak = self._reserved = 0
         self.preemptions = 0  # sequences the engine preempted (and recomputed) so far
         self._lock = threading.Lock()  # one generate at a time: the KV store is per call
@@ -147,13 +146,13 @@ class EngineAdapter:
                                   max_blocks=pool.manager.blocks_for(max(s.capacity for s in sequences)), capture=True)
         engine = ContinuousEngine(self.model, pool, loops=self.loops, policy=self.exit_policy, eos_ids=eos_ids(self.config, self.tokenizer),
                                   tokenizer=self.tokenizer, max_seqs=self.max_batch, on_finished=on_finished, graphs=graphs)
-        self._live = pool.manager
+        self._live = pool
         try:
             engine.run(sequences)
         finally:
             self.preemptions += engine.scheduler.preemptions
             self._peak = max(self._peak, pool.manager.peak_allocated)
-            self._reserved = max(self._reserved, pool.manager.kv_bytes_reserved)
+            self._reserved = max(self._reserved, pool.kv_bytes_reserved)
             self._live = None
 
     def _track(self, cache: KVCache | None) -> None:
@@ -185,7 +184,7 @@ class EngineAdapter:
         live = self._live
         self._peak = 0 if live is None else live.kv_bytes_allocated
         self._reserved = 0 if live is None else live.kv_bytes_reserved
-        if isinstance(live, BlockManager):
+        if isinstance(live, BlockPool):
             live.reset_peak()
 
     def describe(self) -> dict[str, Any]:

@@ -2,16 +2,15 @@
 
 No tensors here (`adapters.engine.paged.BlockPool` holds them): the manager answers the policy's
 questions (how many blocks are free, how many a prompt needs) and keeps the exact accounting that
-`EngineAdapter.memory` reads. Blocks are reference-counted, so the n samples of one prompt share
-its full prefilled blocks. A sequence holds only the blocks its tokens fill, taken as they fill.
+`EngineAdapter.memory` reads through the pool. Blocks are reference-counted, so the n samples of one
+prompt share its full prefilled blocks. A sequence holds only the blocks its tokens fill, as they fill.
 
 Accounting, exact (`adapters.engine.memory.analytic_terms` gives the same coefficients):
 - `kv_bytes_used`: tokens held (each slot written once, shared blocks once) x bytes per token, plus
   the latent of the tokens in flight (MELT's h, and the history buffer of history injection, which
   `Backbone.run` keeps as activations);
-- `kv_bytes_allocated`: blocks held x block_size x bytes per token, plus the same latent;
-- `kv_bytes_reserved`: the whole pool (with the GPU path's spare block) and the latent state of the
-  largest step, held from the first step to the last (given by the pool, which allocates it).
+- `kv_bytes_allocated`: blocks held x block_size x bytes per token, plus the same latent.
+(`BlockPool.kv_bytes_reserved`, the tensors themselves, is the pool's.)
 """
 
 from __future__ import annotations
@@ -25,9 +24,9 @@ from adapters.engine.sequence import Sequence
 class BlockManager:
     """`num_blocks` blocks of `block_size` slots: which are free, who holds them, how full they are."""
 
-    def __init__(self, num_blocks: int, block_size: int, bytes_per_token: int, latent_bytes_per_token: int, reserved_bytes: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, bytes_per_token: int, latent_bytes_per_token: int) -> None:
         self.num_blocks, self.block_size = num_blocks, block_size
-        self.bytes_per_token, self.latent_bytes_per_token, self.kv_bytes_reserved = bytes_per_token, latent_bytes_per_token, reserved_bytes
+        self.bytes_per_token, self.latent_bytes_per_token = bytes_per_token, latent_bytes_per_token
         self.free: deque[int] = deque(range(num_blocks))
         self.refs = [0] * num_blocks
         self.filled = [0] * num_blocks  # slots written in each block

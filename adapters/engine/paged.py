@@ -59,8 +59,7 @@ class BlockPool:
         if config.gated:
             self.latent = torch.zeros((config.shared_layers, latent_tokens, config.hidden_size), dtype=dtype, device=device)
         terms = analytic_terms(config, loops, str(dtype))
-        reserved = self.k.numel() * self.k.element_size() * 2 + terms["latent_bytes_per_token"] * latent_tokens
-        self.manager = BlockManager(num_blocks, block_size, terms["kv_bytes_per_token"], terms["latent_bytes_per_token"], reserved)
+        self.manager = BlockManager(num_blocks, block_size, terms["kv_bytes_per_token"], terms["latent_bytes_per_token"])
 
     @classmethod
     def for_workload(cls, config: LoopConfig, loops: int, capacities: list[int], *, max_seqs: int, kv_budget: float | None,
@@ -85,6 +84,25 @@ class BlockPool:
             )
         return cls(config, loops, blocks, block_size, latent, dtype, device, spare=spare)
 
+    # ------------------------------------------- the KV store `EngineAdapter.memory` reads, as it reads a `KVCache`
+    @property
+    def kv_bytes_reserved(self) -> int:
+        """The whole pool (with the GPU path's spare block) and the latent state of the largest step, held
+        from the first step to the last."""
+        return self.k.numel() * self.k.element_size() * 2 + self.manager.latent_bytes_per_token * self.latent_tokens
+
+    @property
+    def kv_bytes_allocated(self) -> int:
+        return self.manager.kv_bytes_allocated
+
+    def accounting(self) -> tuple[int, int, int]:
+        """(kv_bytes_used, kv_bytes_allocated, peak_allocated), read together (`BlockManager.accounting`)."""
+        return self.manager.accounting()
+
+    def reset_peak(self) -> None:
+        self.manager.reset_peak()
+
+    # ------------------------------------------------------------------------------ prompts
     def fork(self, first: Sequence, seq: Sequence) -> None:
         """`seq` takes `first`'s prefilled prompt: its full blocks shared, its partly filled last block copied."""
         full, tail = divmod(first.prompt_len, self.block_size)

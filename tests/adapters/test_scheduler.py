@@ -119,7 +119,7 @@ class Watch:
     """Checks the pool's accounting after every step of an engine, from its sequences' own block tables."""
 
     def __init__(self, engine: ContinuousEngine, sequences: list, config, loops: int) -> None:
-        self.sequences, self.pool, self.steps, self.max_running = sequences, engine.pool.manager, 0, 0
+        self.sequences, self.pool, self.steps, self.max_running = sequences, engine.pool, 0, 0
         self.terms = analytic_terms(config, loops, "fp32")
         runner = engine.runner
         step, rows_step = runner.step, runner.rows_step
@@ -138,7 +138,7 @@ class Watch:
 
     def check(self, stepped: list, in_flight: int) -> None:
         """After a step: every sequence holding blocks (running, or admitted and being prefilled) accounts for them."""
-        pool, running = self.pool, [seq for seq in self.sequences if seq.blocks]
+        pool, running = self.pool.manager, [seq for seq in self.sequences if seq.blocks]
         assert all(seq in running for seq in stepped)
         self.steps += 1
         self.max_running = max(self.max_running, len(running))
@@ -149,7 +149,7 @@ class Watch:
         assert pool.kv_bytes_used == pool.tokens_held * self.terms["kv_bytes_per_token"] + latent
         assert pool.kv_bytes_allocated == pool.held_blocks * block_bytes + latent
         assert pool.kv_bytes_used <= pool.kv_bytes_allocated <= pool.kv_bytes_used + len(running) * block_bytes
-        assert pool.kv_bytes_allocated <= pool.peak_allocated <= pool.kv_bytes_reserved
+        assert pool.kv_bytes_allocated <= pool.peak_allocated <= self.pool.kv_bytes_reserved
 
 
 @pytest.mark.parametrize("name", ["ouro-tiny", "melt-tiny"])
@@ -165,7 +165,7 @@ def test_kv_accounting_is_exact_and_held_is_at_most_one_block_over_used(name):
     assert len(finished) == 12 and watch.steps > 20 and watch.max_running == 4
     blocks = pool.manager
     assert blocks.held_blocks == blocks.tokens_held == 0 and len(blocks.free) == blocks.num_blocks  # everything returned
-    assert blocks.kv_bytes_reserved == 2 * pool.k.numel() * 4 + (0 if pool.latent is None else pool.latent.numel() * 4)
+    assert pool.kv_bytes_reserved == 2 * pool.k.numel() * 4 + (0 if pool.latent is None else pool.latent.numel() * 4)
 
 
 def test_samples_of_one_prompt_share_its_prefilled_blocks():
