@@ -1,17 +1,17 @@
 """The engine as an `Adapter`: specs `preset:NAME`, `qwen3:PATH`, `ouro:PATH`, `melt:PATH`.
 
-Generation runs on the continuous-batching scheduler (`adapters.engine.scheduler`) over a paged KV
+Generation runs on the continuous-batching engine (`adapters.engine.continuous`) over a paged KV
 pool; the adapter also takes a whole workload at once (`generate_requests`, the `Scheduling` extra)
 and reports each sample as it finishes. `batching="static"` runs static batches on a preallocated
 cache instead: what `loopeval profile` measures (one cache of known size) and the baseline the
-scheduler is benchmarked against.
+continuous engine is benchmarked against.
 
 Overrides (all optional): `loops` (inference r), `dtype` (fp32/bf16/fp16), `device`, `seed`
 (random init of presets), `chunk_size` (MELT prefill chunk), `max_batch` (sequences decoding at
-once: the scheduler's cap, or the static batch), `batching` ("continuous" or "static"),
+once: the continuous engine's cap, or the static batch), `batching` ("continuous" or "static"),
 `kv_budget` (GB of KV pool; default: what the workload needs at the cap without preemption, and on
-a GPU at most `KV_FRACTION` of free memory), `block_size` (tokens per KV block), `cuda_graphs`
-(default true: on a GPU the scheduler's decode steps replay as CUDA graphs, `adapters.engine.graphs`), `exit_policy`
+a GPU at most `paged.KV_FRACTION` of free memory), `block_size` (tokens per KV block), `cuda_graphs`
+(default true: on a GPU the engine's decode steps replay as CUDA graphs, `adapters.engine.graphs`), `exit_policy`
 ("none", "fixed", "threshold") with `exit_loop` / `exit_threshold` (default: the checkpoint's
 `early_exit_threshold`, see `exit_policy`), and the loop conditioning fields.
 """
@@ -29,17 +29,16 @@ from adapters.base import MODEL_DTYPES, AdapterError, Finished, Generation, Prom
 from adapters.engine.cache import KVCache
 from adapters.engine.config import CONDITIONING_FIELDS, LoopConfig
 from adapters.engine.presets import PRESETS, preset
-from adapters.engine.generate import ExitPolicy, check_request, generate, stream_key
+from adapters.engine.continuous import ContinuousEngine
+from adapters.engine.generate import ExitPolicy, check_request, generate_static, stream_key
 from adapters.engine.graphs import DecodeGraphs
 from adapters.engine.memory import analytic_terms, count_params
 from adapters.engine.model import LoopedLM
-from adapters.engine.paged import DEFAULT_BLOCK_SIZE, BlockPool, pool_blocks
-from adapters.engine.scheduler import Scheduler
-from adapters.engine.scheduler import Sequence as Seq
+from adapters.engine.paged import DEFAULT_BLOCK_SIZE, BlockPool
+from adapters.engine.sequence import Sequence as Seq
 from adapters.registry import register
 
 DEFAULT_MAX_BATCH = 64  # sequences decoding at once
-KV_FRACTION = 0.9  # of the GPU's free memory, the most a default pool takes
 BATCHING = ("continuous", "static")
 OVERRIDES = ("loops", "dtype", "device", "seed", "chunk_size", "max_batch", "batching", "kv_budget", "block_size", "cuda_graphs",
              "exit_policy", "exit_loop", "exit_threshold", *CONDITIONING_FIELDS)
@@ -82,7 +81,7 @@ class EngineAdapter:
         self._weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         self._live: KVCache | BlockPool | None = None  # the KV store of the call in progress
         self._peak = self._reserved = 0
-        self.preemptions = 0  # sequences the scheduler preempted (and recomputed) so far
+        self.preemptions = 0  # sequences the engine preempted (and recomputed) so far
         self._lock = threading.Lock()  # one generate at a time: the KV store is per call
 
     @property
@@ -107,25 +106,6 @@ class EngineAdapter:
         with torch.inference_mode():
             return self.model(input_ids.to(self.device), loops=self.loops).logits
 
-    def _encode(self, prompt: Prompt) -> list[int]:
-        if isinstance(prompt, str):
-            if not prompt:
-                raise AdapterError("empty prompt: every prompt needs at least one character or token")
-            if self.tokenizer is None:
-                raise AdapterError(f"{self.spec} has no tokenizer: pass prompts as lists of token ids")
-            return list(self.tokenizer(prompt)["input_ids"])
-        ids = [int(t) for t in prompt]
-        bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
-        if bad:
-            raise AdapterError(f"token id {bad[0]} outside the vocabulary [0, {self.config.vocab_size})")
-        return ids
-
-    def _eos_ids(self) -> set[int]:
-        ids = {self.config.eos_token_id} | set(self.config.extra.get("eos_token_ids", []))
-        if self.tokenizer is not None:
-            ids.add(self.tokenizer.eos_token_id)
-        return {i for i in ids if i is not None}
-
     def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[Generation]:
         """`len(prompts) * n` generations, prompt-major. Prompt i's samples draw from streams of seed
         `stream_key(sampling.seed, i)`, so they do not depend on the other prompts or the batching."""
@@ -141,7 +121,9 @@ class EngineAdapter:
             return
         with self._lock:
             if self.batching == "static":
-                self._run_static(sequences, on_finished)
+                generate_static(self.model, sequences, on_finished, max_batch=self.max_batch, loops=self.loops,
+                                eos_ids=eos_ids(self.config, self.tokenizer), tokenizer=self.tokenizer, exit_policy=self.exit_policy,
+                                on_cache=self._track)
             else:
                 self._run_continuous(sequences, on_finished)
 
@@ -149,68 +131,29 @@ class EngineAdapter:
         """One sequence per requested sample, every request checked before anything runs."""
         sequences = []
         for r, request in enumerate(requests):
-            ids = self._encode(request.prompt)
+            ids = encode(request.prompt, self.tokenizer, self.config.vocab_size, self.spec)
             capacity = check_request(self.model, ids, request.sampling, self.tokenizer, self.exit_policy)
             for j in request.indices:
-                key = stream_key(request.sampling.seed, j)
-                sequences.append(Seq(r, j, key, len(ids), list(ids), capacity, request.sampling))
+                sequences.append(Seq(r, j, stream_key(request.sampling.seed, j), len(ids), list(ids), capacity, request.sampling))
         return sequences
 
     def _run_continuous(self, sequences: list[Seq], on_finished: Callable[[list[Finished]], None]) -> None:
-        capture = self.cuda_graphs and self.device.type == "cuda"
-        pool = self._pool(sequences, spare=capture)
-        graphs = None
+        capture, graphs = self.cuda_graphs and self.device.type == "cuda", None
+        pool = BlockPool.for_workload(self.config, self.loops, [s.capacity for s in sequences], max_seqs=self.max_batch, kv_budget=self.kv_budget,
+                                      block_size=self.block_size, dtype=self.dtype, device=self.device, spare=capture)
         if capture:
             graphs = DecodeGraphs(self.model, pool, loops=self.loops, keep_loops=self.exit_policy.kind != "none", max_seqs=self.max_batch,
-                                  max_blocks=pool.blocks_for(max(s.capacity for s in sequences)), capture=True)
-        scheduler = Scheduler(self.model, pool, loops=self.loops, policy=self.exit_policy, eos_ids=self._eos_ids(), tokenizer=self.tokenizer,
-                              max_seqs=self.max_batch, on_finished=on_finished, graphs=graphs)
+                                  max_blocks=pool.manager.blocks_for(max(s.capacity for s in sequences)), capture=True)
+        engine = ContinuousEngine(self.model, pool, loops=self.loops, policy=self.exit_policy, eos_ids=eos_ids(self.config, self.tokenizer),
+                                  tokenizer=self.tokenizer, max_seqs=self.max_batch, on_finished=on_finished, graphs=graphs)
         self._live = pool
         try:
-            scheduler.run(sequences)
+            engine.run(sequences)
         finally:
-            self.preemptions += scheduler.preemptions
-            self._peak = max(self._peak, pool.peak_allocated)
+            self.preemptions += engine.scheduler.preemptions
+            self._peak = max(self._peak, pool.manager.peak_allocated)
             self._reserved = max(self._reserved, pool.kv_bytes_reserved)
             self._live = None
-
-    def _run_static(self, sequences: list[Seq], on_finished: Callable[[list[Finished]], None]) -> None:
-        """Static batches of `max_batch` sequences sharing a Sampling (their streams are their own), each
-        decoding until its longest row ends, all its rows reported when it does."""
-        pad = self.config.pad_token_id if self.config.pad_token_id is not None else 0
-        groups: dict[Sampling, list[Seq]] = {}
-        for seq in sequences:
-            groups.setdefault(dataclasses.replace(seq.sampling, seed=0), []).append(seq)
-        for sampling, group in groups.items():
-            for start in range(0, len(group), self.max_batch):
-                batch = group[start : start + self.max_batch]
-                generations = generate(
-                    self.model, [s.tokens for s in batch], sampling, loops=self.loops, eos_ids=self._eos_ids(), keys=[s.key for s in batch],
-                    tokenizer=self.tokenizer, exit_policy=self.exit_policy, on_cache=self._track, pad_id=pad,
-                )
-                on_finished([(s.request, s.sample, g) for s, g in zip(batch, generations)])
-
-    def _pool(self, sequences: list[Seq], spare: bool = False) -> BlockPool:
-        """The call's block pool: `kv_budget`, else what the workload needs at the cap (on a GPU at most
-        `KV_FRACTION` of free memory); never smaller than one sequence at its full length."""
-        size, dtype = self.block_size, dtype_short(self.dtype)
-        longest = max(-(-s.capacity // size) for s in sequences)
-        rows = min(self.max_batch, len(sequences))
-        latent = max(rows, self.config.chunk_size if self.config.gated else 1)  # tokens one step may hold in flight
-        if self.kv_budget is not None:
-            blocks = pool_blocks(self.config, self.loops, int(self.kv_budget * 1e9), size, latent, dtype)
-        else:
-            blocks = rows * longest
-            if self.device.type == "cuda":
-                free = int(torch.cuda.mem_get_info(self.device)[0] * KV_FRACTION)
-                blocks = min(blocks, pool_blocks(self.config, self.loops, free, size, latent, dtype))
-        if blocks < longest:
-            per_token = analytic_terms(self.config, self.loops, dtype)["kv_bytes_per_token"]
-            raise AdapterError(
-                f"the KV pool holds {max(blocks, 0) * size} tokens ({max(blocks, 0) * size * per_token / 1e9:.3f} GB) but one sequence "
-                f"needs {longest * size}: raise kv_budget, or lower max_new_tokens or the loops"
-            )
-        return BlockPool(self.config, self.loops, blocks, size, latent, self.dtype, self.device, spare=spare)
 
     def _track(self, cache: KVCache | None) -> None:
         self._live = cache
@@ -262,6 +205,29 @@ class EngineAdapter:
             "batching": {"mode": self.batching, "max_batch": self.max_batch, "block_size": self.block_size, "kv_budget": self.kv_budget},
             "config": cfg.to_dict(),
         }
+
+
+def encode(prompt: Prompt, tokenizer: Any | None, vocab_size: int, spec: str) -> list[int]:
+    """A prompt's token ids: text through the tokenizer, ids checked against the vocabulary."""
+    if isinstance(prompt, str):
+        if not prompt:
+            raise AdapterError("empty prompt: every prompt needs at least one character or token")
+        if tokenizer is None:
+            raise AdapterError(f"{spec} has no tokenizer: pass prompts as lists of token ids")
+        return list(tokenizer(prompt)["input_ids"])
+    ids = [int(t) for t in prompt]
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise AdapterError(f"token id {bad[0]} outside the vocabulary [0, {vocab_size})")
+    return ids
+
+
+def eos_ids(config: LoopConfig, tokenizer: Any | None) -> set[int]:
+    """The token ids that end a sample: the config's, its extra `eos_token_ids`, the tokenizer's."""
+    ids = {config.eos_token_id} | set(config.extra.get("eos_token_ids", []))
+    if tokenizer is not None:
+        ids.add(tokenizer.eos_token_id)
+    return {i for i in ids if i is not None}
 
 
 def check_batching_mode(batching: Any) -> str:

@@ -79,6 +79,16 @@ class LoopConfig:
         """MELT's KV: one gated row per layer and token, overwritten across loops, and a latent h per shared layer."""
         return self.kv_strategy == "gated"
 
+    @property
+    def prefill_chunk(self) -> int | None:
+        """Tokens of a prompt one prefill step runs: MELT's chunk (its latent holds that many); None: the whole prompt."""
+        return self.chunk_size if self.gated else None
+
+    @property
+    def sandwich(self) -> bool:
+        """Ouro's norm layout: each sublayer's output normed too, and the final norm applied after every loop."""
+        return self.norm_layout == "sandwich"
+
     def kv_entries(self, loops: int | None = None) -> int:
         """K/V entries per token: one per executed layer for per_loop, one per layer otherwise."""
         r = self.loops if loops is None else loops
@@ -98,29 +108,11 @@ class LoopConfig:
         return loops
 
     def validate(self) -> None:
-        def positive(name: str) -> None:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise AdapterError(f"config field {name} must be a positive integer, got {value!r}")
-
-        def non_negative(name: str) -> None:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise AdapterError(f"config field {name} must be an integer >= 0, got {value!r}")
-
-        def positive_number(name: str) -> None:
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
-                raise AdapterError(f"config field {name} must be a finite number > 0, got {value!r}")
-
-        def one_of(name: str, allowed: tuple[str, ...]) -> None:
-            if getattr(self, name) not in allowed:
-                raise AdapterError(f"config field {name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
-
+        """Every field checked, the first bad one raised as an `AdapterError` that names it."""
         for name in ("vocab_size", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "ffn_size", "chunk_size", "max_position", "history_window"):
-            positive(name)
+            _at_least(self, 1, name)
         for name in ("prelude_layers", "shared_layers", "coda_layers"):
-            non_negative(name)
+            _at_least(self, 0, name)
         for name in ("tie_embeddings", "qk_norm", "exit_gate", "loop_gate", "branch_gate"):
             if not isinstance(getattr(self, name), bool):
                 raise AdapterError(f"config field {name} must be true or false, got {getattr(self, name)!r}")
@@ -129,14 +121,11 @@ class LoopConfig:
         if self.max_position > MAX_CONTEXT:
             raise AdapterError(f"config field max_position (the context) must be at most {MAX_CONTEXT} tokens, got {self.max_position}")
         for name in ("rope_theta", "norm_eps"):
-            positive_number(name)
-        one_of("family", FAMILIES)
-        one_of("kv_strategy", KV_STRATEGIES)
-        one_of("norm_layout", NORM_LAYOUTS)
-        one_of("gate_variant", GATE_VARIANTS)
-        one_of("injection", MIX_KINDS)
-        one_of("history", MIX_KINDS)
-        self._validate_conditioning()
+            _positive_number(self, name)
+        for name, allowed in (("family", FAMILIES), ("kv_strategy", KV_STRATEGIES), ("norm_layout", NORM_LAYOUTS),
+                              ("gate_variant", GATE_VARIANTS), ("injection", MIX_KINDS), ("history", MIX_KINDS)):
+            _one_of(self, name, allowed)
+        _check_conditioning(self)
         if self.num_heads % self.num_kv_heads:
             raise AdapterError(
                 f"config field num_heads={self.num_heads} must be divisible by num_kv_heads={self.num_kv_heads} (grouped-query attention)"
@@ -170,13 +159,6 @@ class LoopConfig:
         """Whether any loop conditioning option is on (the model then carries `LoopConditioning`)."""
         return self.injection != "none" or self.history != "none" or self.loop_gate or self.branch_gate
 
-    def _validate_conditioning(self) -> None:
-        if self.conditioned and self.shared_layers == 0:
-            raise AdapterError("config fields injection, history, loop_gate and branch_gate need shared_layers >= 1 (they condition the loops)")
-        for name in ("loop_gate", "branch_gate"):
-            if getattr(self, name) and self.hidden_size % LOOP_GATE_DIM:
-                raise AdapterError(f"config {name} needs hidden_size divisible by {LOOP_GATE_DIM} (one gate entry per channel group), got {self.hidden_size}")
-
     def replace(self, **changes: Any) -> "LoopConfig":
         """A validated copy with some fields changed (unknown fields raise AdapterError)."""
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
@@ -196,3 +178,30 @@ class LoopConfig:
         if unknown:
             raise AdapterError(f"unknown config field(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(names))})")
         return cls(**data)
+
+
+# ------------------------------------------------------------------ the checks `validate` runs
+def _at_least(cfg: LoopConfig, low: int, name: str) -> None:
+    """Field `name` is an integer of at least `low` (0 or 1)."""
+    value = getattr(cfg, name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise AdapterError(f"config field {name} must be {'a positive integer' if low else 'an integer >= 0'}, got {value!r}")
+
+
+def _positive_number(cfg: LoopConfig, name: str) -> None:
+    value = getattr(cfg, name)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
+        raise AdapterError(f"config field {name} must be a finite number > 0, got {value!r}")
+
+
+def _one_of(cfg: LoopConfig, name: str, allowed: tuple[str, ...]) -> None:
+    if getattr(cfg, name) not in allowed:
+        raise AdapterError(f"config field {name}={getattr(cfg, name)!r} is not one of {', '.join(allowed)}")
+
+
+def _check_conditioning(cfg: LoopConfig) -> None:
+    if cfg.conditioned and cfg.shared_layers == 0:
+        raise AdapterError("config fields injection, history, loop_gate and branch_gate need shared_layers >= 1 (they condition the loops)")
+    for name in ("loop_gate", "branch_gate"):
+        if getattr(cfg, name) and cfg.hidden_size % LOOP_GATE_DIM:
+            raise AdapterError(f"config {name} needs hidden_size divisible by {LOOP_GATE_DIM} (one gate entry per channel group), got {cfg.hidden_size}")

@@ -1,9 +1,9 @@
 """Static batches on a preallocated cache, and what every generation path shares (sampling, stops).
 
-`adapters.engine.scheduler` is the engine's generation path (continuous batching on paged KV);
+`adapters.engine.continuous` is the engine's generation path (continuous batching on paged KV);
 this static path stays for what needs one cache of known size: `loopeval profile`'s
 single-sequence memory at a given context (the analytic figure, to the byte) and the static
-baseline the scheduler is measured and tested against (`batching="static"`).
+baseline the continuous engine is measured and tested against (`batching="static"`).
 
 Sampling draws from one random stream per sample (`stream_key`: the prompt's seed and the sample's
 index; `exponential_noise`: a pure function of key, step and token id), so a sample's tokens do not
@@ -27,6 +27,7 @@ or the first loop whose cumulative exit probability reaches the threshold) and r
 from __future__ import annotations
 
 import array
+import dataclasses
 import functools
 import time
 import zlib
@@ -36,10 +37,11 @@ from typing import Any, Callable, Sequence, TypeVar
 import torch
 from torch import Tensor
 
-from adapters.base import AdapterError, Generation, Sampling, dtype_short
+from adapters.base import AdapterError, Finished, Generation, Sampling, dtype_short
 from adapters.engine.cache import KVCache
 from adapters.engine.memory import kv_bytes
 from adapters.engine.model import LoopedLM, StepOutput, exit_probabilities, prefill_chunks
+from adapters.engine.sequence import Sequence as Seq
 
 T = TypeVar("T", int, Tensor)
 
@@ -228,7 +230,7 @@ class Decoder:
         p = self.prompts
         for s0, s1 in prefill_chunks(p.width, self.cache.chunk):
             mask = prefill_mask(p.valid, s0, s1) if p.padded or s0 > 0 else None
-            out = self.model.step(p.tokens[:, s0:s1], p.positions[:, s0:s1], self.cache, s0, mask, self.loops, self.keep_loops)
+            out = self.model.step(p.tokens[:, s0:s1], p.positions[:, s0:s1], self.cache, s0, mask, loops=self.loops, keep_loops=self.keep_loops)
             self.cache.length = s1
         return self._read(out)
 
@@ -236,7 +238,7 @@ class Decoder:
         """One more token per row, tokens [B], at the next slot."""
         slot, positions = self.cache.length, self.positions
         mask = self.prompts.valid[:, None, None, : slot + 1] if self.prompts.padded else None
-        out = self.model.step(tokens[:, None], positions, self.cache, slot, mask, self.loops, self.keep_loops)
+        out = self.model.step(tokens[:, None], positions, self.cache, slot, mask, loops=self.loops, keep_loops=self.keep_loops)
         self.cache.length, self.positions = slot + 1, positions + 1
         return self._read(out)
 
@@ -349,6 +351,21 @@ def generate(
     finally:
         on_cache(None)
     return transcript.generations(batch.lengths, is_looped(model, loops), t1 - t0, t2 - t1)
+
+
+def generate_static(model: LoopedLM, sequences: list[Seq], on_finished: Callable[[list[Finished]], None], *, max_batch: int,
+                    **options: Any) -> None:
+    """Static batches of `max_batch` sequences sharing a Sampling (their streams are their own), each decoding
+    until its longest row ends, all its rows reported when it does; `options` go to `generate`."""
+    pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    groups: dict[Sampling, list[Seq]] = {}
+    for seq in sequences:
+        groups.setdefault(dataclasses.replace(seq.sampling, seed=0), []).append(seq)
+    for sampling, group in groups.items():
+        for start in range(0, len(group), max_batch):
+            batch = group[start : start + max_batch]
+            generations = generate(model, [s.tokens for s in batch], sampling, keys=[s.key for s in batch], pad_id=pad, **options)
+            on_finished([(s.request, s.sample, g) for s, g in zip(batch, generations)])
 
 
 def check_request(model: LoopedLM, prompt: Sequence[int], sampling: Sampling, tokenizer: Any | None, policy: ExitPolicy) -> int:

@@ -1,9 +1,9 @@
-"""The scheduler's GPU decode path: decode steps padded to fixed shapes and captured as CUDA graphs.
+"""The model runner's GPU decode path: decode steps padded to fixed shapes and captured as CUDA graphs.
 
 A decode step of a small batch is launch-bound on a GPU: every layer of every loop is a dozen small
 kernels, each costing more to launch than to run. A CUDA graph records a step's kernels once and
 replays them with one launch. A graph replays fixed shapes on fixed buffers, so a step is padded
-to a bucket: the batch to the next of `BATCH_BUCKETS` (the scheduler's cap is the last bucket), the
+to a bucket: the batch to the next of `BATCH_BUCKETS` (the engine's cap is the last bucket), the
 block table to the next power of two of blocks. Padding rows decode token 0 at position 0 into the
 pool's spare block and are dropped; padding table columns point at the spare block and the mask
 hides them. The slots and the mask are computed inside the graph from the positions and the table,
@@ -15,7 +15,7 @@ the replay writes the same values again), so nothing in the step may allocate la
 RoPE table is grown to the pool's longest sequence up front.
 
 `DecodeGraphs(capture=False)` runs the same padded steps eagerly. On the CPU there is nothing to
-capture and the scheduler calls the unpadded step; the eager mode is how the padding is tested
+capture and the model runner calls the unpadded step; the eager mode is how the padding is tested
 there (`tests/adapters/test_scheduler.py`), and the capture itself runs only on a GPU.
 """
 
@@ -93,7 +93,8 @@ class DecodeGraphs:
         """The padded step over the whole table width (slots and mask are computed inside the graph too)."""
         length = entry.blocks.shape[1] * self.pool.block_size
         cache = PagedStep(self.pool, entry.positions, entry.blocks, length)
-        return self.model.step(entry.tokens, entry.positions, cache, length - 1, key_mask(entry.positions, length), self.loops, self.keep_loops)
+        mask = key_mask(entry.positions, length)
+        return self.model.step(entry.tokens, entry.positions, cache, length - 1, mask, loops=self.loops, keep_loops=self.keep_loops)
 
     def _buffers(self, batch: int, width: int) -> _Graph:
         device = self.pool.k.device

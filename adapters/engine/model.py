@@ -1,6 +1,6 @@
 """The looped decoder: Qwen3, Ouro (LoopLM) and MELT from one `LoopConfig`, gpt-fast style.
 
-Layers run as prelude (p), shared (s) x loops (r), coda (c) in `LoopedLM.run`, and every attention
+Layers run as prelude (p), shared (s) x loops (r), coda (c) in `Backbone.run`, and every attention
 call takes its earlier rows from a cache (`adapters.engine.cache`). Two entry points share them:
 
 - `LoopedLM.forward(tokens, ...)`: full-sequence pass (autograd works) used by `forward_logits` and
@@ -8,8 +8,8 @@ call takes its earlier rows from a cache (`adapters.engine.cache`). Two entry po
   like prefill, and may blend the K/V attention sees, `KV = a * KV_melt + (1 - a) * KV_looplm`
   (stage-1 conversion training, a `MixedCache`); it can return per-loop logits, per-(loop, shared
   layer) attention outputs (stage-2 alignment loss) and Ouro's exit probabilities.
-- `LoopedLM.step(tokens, positions, cache, slot, mask, loops)`: one prefill chunk or decode step
-  against a preallocated `adapters.engine.cache.KVCache` or a scheduler step's `adapters.engine.paged.PagedStep`,
+- `LoopedLM.step(tokens, positions, cache, slot, mask, loops=r)`: one prefill chunk or decode step
+  against a preallocated `adapters.engine.cache.KVCache` or an engine step's `adapters.engine.paged.PagedStep`,
   written in place.
 
 q/k/v and gate/up are each one parameter (one matmul); state dicts name HF's separate tensors. Layers,
@@ -252,7 +252,7 @@ class Block(nn.Module):
         d, eps = cfg.hidden_size, cfg.norm_eps
         self.self_attn, self.mlp = Attention(cfg), MLP(cfg)
         self.input_layernorm, self.post_attention_layernorm = RMSNorm(d, eps), RMSNorm(d, eps)
-        self.sandwich = cfg.norm_layout == "sandwich"
+        self.sandwich = cfg.sandwich
         if self.sandwich:
             self.input_layernorm_2, self.post_attention_layernorm_2 = RMSNorm(d, eps), RMSNorm(d, eps)
         self.melt_gate = MeltGate(cfg) if gated else None
@@ -334,7 +334,7 @@ class LoopConditioning(nn.Module):
 
 
 class Backbone(nn.Module):
-    """Holds the tensors under HF's `model.` prefix so checkpoints map one to one."""
+    """The layers and the order they run in (`run`); its tensors sit under HF's `model.` prefix so checkpoints map one to one."""
 
     def __init__(self, cfg: LoopConfig) -> None:
         super().__init__()
@@ -345,6 +345,66 @@ class Backbone(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.early_exit_gate = nn.Linear(cfg.hidden_size, 1) if cfg.exit_gate else None
         self.loop_conditioning = LoopConditioning(cfg) if cfg.conditioned else None
+        self.prelude, self.shared, self.coda = list(self.layers[:p]), list(self.layers[p : p + s]), list(self.layers[p + s :])
+        self.sandwich = cfg.sandwich
+
+    def run(self, h: Tensor, span: Span, cache: Cache, loops: int, per_loop: bool, attn_outputs: list[Tensor] | None = None,
+            trace: LoopTrace | None = None) -> tuple[Tensor, list[Tensor]]:
+        """Prelude, shared x loops, coda over one call's states h [B, n, d].
+
+        Returns the normed final state and, with `per_loop`, each loop's normed state (what per-loop
+        logits and the exit gate read). Shared layers' attention outputs are appended to
+        `attn_outputs`, loop-major, when it is given. A `trace` (probes) records the state entering
+        loop 1 and each loop's output, and may skip loops: a skipped loop hands its input on unchanged.
+        """
+        p, s = len(self.prelude), len(self.shared)
+        for i, layer in enumerate(self.prelude):
+            h, _ = layer.forward(h, span, cache, i, 0)
+        cond = self.loop_conditioning
+        e, diffs = h, collections.deque(maxlen=cond.window if cond is not None else 1)  # diffs: h_{l-1} - h_{l-2}, newest first
+        if trace is not None:
+            trace.begin(h)
+        states = []
+        for t in range(loops if s else 0):
+            if trace is not None and t in trace.skip:
+                y, normed = h, self.norm.forward(h) if per_loop else None
+            else:
+                y, normed = self._loop(h, e, diffs, span, cache, t, per_loop, attn_outputs)
+            if cond is not None and t > 0:  # the history excludes e: the first difference is h_2 - h_1
+                diffs.appendleft(y - h)
+            h = y
+            if trace is not None:
+                trace.record(h)
+            if per_loop:
+                states.append(normed)
+        for k, layer in enumerate(self.coda):
+            h, _ = layer.forward(h, span, cache, p + s + k, 0)
+        return self._final(h), states
+
+    def _loop(self, h: Tensor, e: Tensor, diffs: Sequence[Tensor], span: Span, cache: Cache, t: int, per_loop: bool,
+              attn_outputs: list[Tensor] | None) -> tuple[Tensor, Tensor | None]:
+        """Loop t (0-based) of the shared layers from state h: (the state it hands on, its normed state when asked)."""
+        cond, p = self.loop_conditioning, len(self.prelude)
+        x = h if cond is None else cond.loop_input(h, e, diffs)
+        y = x
+        for j, layer in enumerate(self.shared):
+            y, a = layer.forward(y, span, cache, p + j, t, None if cond is None else cond.branch_scales(t, j, y.shape[-1]))
+            if attn_outputs is not None:
+                attn_outputs.append(a)
+        return self._loop_end(y if cond is None else cond.gated(x, y, t), per_loop)
+
+    def _loop_end(self, h: Tensor, normed: bool) -> tuple[Tensor, Tensor | None]:
+        """(state fed to the next loop, the loop's normed state when asked): sandwich models norm after every loop."""
+        if self.sandwich:
+            h = self.norm.forward(h)
+            return h, h
+        return h, self.norm.forward(h) if normed else None
+
+    def _final(self, h: Tensor) -> Tensor:
+        """Normed state after the coda; sandwich models are already normed unless coda layers ran after the last loop."""
+        if self.sandwich and self.shared and not self.coda:
+            return h
+        return self.norm.forward(h)
 
 
 @dataclass
@@ -359,7 +419,7 @@ class ForwardOutput:
 
 @dataclass
 class LoopTrace:
-    """What `LoopedLM.run` records for the probes: `states[0]` enters loop 1 (e), `states[l]` is loop l's
+    """What `Backbone.run` records for the probes: `states[0]` enters loop 1 (e), `states[l]` is loop l's
     output, each [B, n, d] as the next loop reads it; loops in `skip` (0-based) hand their input on.
     Chunked (gated) forwards record one list per chunk; `joined` puts them back along the sequence."""
 
@@ -406,10 +466,7 @@ class LoopedLM(nn.Module):
         self.model = Backbone(cfg)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
-        p, s = cfg.prelude_layers, cfg.shared_layers
-        self.prelude = list(self.model.layers[:p])
-        self.shared = list(self.model.layers[p : p + s])
-        self.coda = list(self.model.layers[p + s :])
+        self.prelude, self.shared, self.coda = self.model.prelude, self.model.shared, self.model.coda  # the layer groups, by name
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator, std: float = 0.02) -> None:
@@ -437,65 +494,6 @@ class LoopedLM(nn.Module):
         gate = self.model.early_exit_gate
         return None if gate is None else torch.stack([gate(z).squeeze(-1) for z in states])
 
-    # ------------------------------------------------------------------------------- layers
-    def run(self, h: Tensor, span: Span, cache: Cache, loops: int, per_loop: bool, attn_outputs: list[Tensor] | None = None,
-            trace: LoopTrace | None = None) -> tuple[Tensor, list[Tensor]]:
-        """Prelude, shared x loops, coda over one call's states h [B, n, d].
-
-        Returns the normed final state and, with `per_loop`, each loop's normed state (what per-loop
-        logits and the exit gate read). Shared layers' attention outputs are appended to
-        `attn_outputs`, loop-major, when it is given. A `trace` (probes) records the state entering
-        loop 1 and each loop's output, and may skip loops: a skipped loop hands its input on unchanged.
-        """
-        p, s = len(self.prelude), len(self.shared)
-        for i, layer in enumerate(self.prelude):
-            h, _ = layer.forward(h, span, cache, i, 0)
-        cond = self.model.loop_conditioning
-        e, diffs = h, collections.deque(maxlen=cond.window if cond is not None else 1)  # diffs: h_{l-1} - h_{l-2}, newest first
-        if trace is not None:
-            trace.begin(h)
-        states = []
-        for t in range(loops if s else 0):
-            if trace is not None and t in trace.skip:
-                y, normed = h, self.model.norm.forward(h) if per_loop else None
-            else:
-                y, normed = self._loop(h, e, diffs, span, cache, t, per_loop, attn_outputs)
-            if cond is not None and t > 0:  # the history excludes e: the first difference is h_2 - h_1
-                diffs.appendleft(y - h)
-            h = y
-            if trace is not None:
-                trace.record(h)
-            if per_loop:
-                states.append(normed)
-        for k, layer in enumerate(self.coda):
-            h, _ = layer.forward(h, span, cache, p + s + k, 0)
-        return self._final(h), states
-
-    def _loop(self, h: Tensor, e: Tensor, diffs: Sequence[Tensor], span: Span, cache: Cache, t: int, per_loop: bool,
-              attn_outputs: list[Tensor] | None) -> tuple[Tensor, Tensor | None]:
-        """Loop t (0-based) of the shared layers from state h: (the state it hands on, its normed state when asked)."""
-        cond, p = self.model.loop_conditioning, len(self.prelude)
-        x = h if cond is None else cond.loop_input(h, e, diffs)
-        y = x
-        for j, layer in enumerate(self.shared):
-            y, a = layer.forward(y, span, cache, p + j, t, None if cond is None else cond.branch_scales(t, j, y.shape[-1]))
-            if attn_outputs is not None:
-                attn_outputs.append(a)
-        return self._loop_end(y if cond is None else cond.gated(x, y, t), per_loop)
-
-    def _loop_end(self, h: Tensor, normed: bool) -> tuple[Tensor, Tensor | None]:
-        """(state fed to the next loop, the loop's normed state when asked): sandwich models norm after every loop."""
-        if self.config.norm_layout == "sandwich":
-            h = self.model.norm.forward(h)
-            return h, h
-        return h, self.model.norm.forward(h) if normed else None
-
-    def _final(self, h: Tensor) -> Tensor:
-        """Normed state after the coda; sandwich models are already normed unless coda layers ran after the last loop."""
-        if self.config.norm_layout == "sandwich" and self.shared and not self.coda:
-            return h
-        return self.model.norm.forward(h)
-
     # ------------------------------------------------------------------- full-sequence forward
     def forward(
         self,
@@ -520,38 +518,18 @@ class LoopedLM(nn.Module):
         """
         r = self.config.check_loops(loops if loops is not None else self.config.loops)
         b, n = tokens.shape
-        cache = self._forward_cache(r, kv_mix)
+        cache = forward_cache(self.config, r, kv_mix)
         per_loop = bool(self.shared) and (return_loop_logits or self.model.early_exit_gate is not None)
         finals, states, attn = [], [], []
-        for s0, s1 in self._chunks(n, chunk_size):
+        for s0, s1 in forward_chunks(self.config, n, chunk_size):
             h = self.model.embed_tokens(tokens[:, s0:s1])
             positions = torch.arange(s0, s1, device=tokens.device).expand(b, -1)
             span = Span(self.rotary(positions, h.dtype), s0, None if s0 == 0 else causal_mask(s0, s1, tokens.device))
             attn.append([] if return_attn_outputs else None)
-            final, loop_states = self.run(h, span, cache, r, per_loop, attn[-1], trace)
+            final, loop_states = self.model.run(h, span, cache, r, per_loop, attn[-1], trace)
             finals.append(final)
             states.append(loop_states)
         return self._forward_output(finals, states, attn if return_attn_outputs else None, return_loop_logits)
-
-    def _forward_cache(self, loops: int, kv_mix: float | None) -> ChunkCache | MixedCache:
-        """A forward's rows: the model's own, or a gated model's read as its LoopLM (kv_mix 0) or as both blended."""
-        a = 1.0 if kv_mix is None else float(kv_mix)
-        if not self.config.gated or a == 1:
-            return ChunkCache(self.config, loops)
-        looplm = ChunkCache(self.config, loops, "per_loop")
-        return looplm if a == 0 else MixedCache(a, ChunkCache(self.config, loops), looplm)
-
-    def _chunks(self, n: int, chunk_size: int | Sequence[int] | None) -> list[tuple[int, int]]:
-        """(start, end) of each chunk a forward over n tokens runs: one unless the model is gated."""
-        if not self.config.gated:
-            return [(0, n)]
-        chunk = chunk_size or self.config.chunk_size
-        if isinstance(chunk, int):
-            return prefill_chunks(n, chunk)
-        ends = list(itertools.accumulate(chunk))
-        if ends[-1] != n or min(chunk) < 1:
-            raise ValueError(f"chunk lengths {list(chunk)} must be positive and sum to the sequence length {n}")
-        return list(zip([0] + ends[:-1], ends))
 
     def _forward_output(self, finals: list[Tensor], states: list[list[Tensor]], attn: list[list[Tensor]] | None, loop_logits: bool) -> ForwardOutput:
         """The chunks' results joined along the sequence."""
@@ -571,7 +549,8 @@ class LoopedLM(nn.Module):
         return out
 
     # ------------------------------------------------------------------------------ cached step
-    def step(self, tokens: Tensor, positions: Tensor, cache: Cache, slot: int, mask: Tensor | None, loops: int, keep_loops: bool = False) -> StepOutput:
+    def step(self, tokens: Tensor, positions: Tensor, cache: Cache, slot: int, mask: Tensor | None, *, loops: int,
+             keep_loops: bool = False) -> StepOutput:
         """Run tokens [B, n] at cache slots slot..slot+n-1 (positions [B, n]), writing K/V in place.
 
         `mask` [B,1,n,L] bool (L: the keys attended, slot + n for a `KVCache`), or None for plain
@@ -581,7 +560,7 @@ class LoopedLM(nn.Module):
         h = self.model.embed_tokens(tokens)
         keys = slot + tokens.shape[1] if mask is None else mask.shape[-1]
         span = Span(self.rotary(positions, h.dtype, length=keys), slot, mask)  # a position never reaches the keys' count
-        final, states = self.run(h, span, cache, loops, keep_loops and bool(self.shared))
+        final, states = self.model.run(h, span, cache, loops, keep_loops and bool(self.shared))
         if not states:
             return StepOutput(states=[final[:, -1]], gate_logits=None)
         last = [z[:, -1] for z in states]
@@ -621,6 +600,28 @@ def fresh_gate(gate: MeltGate, generator: torch.Generator, std: float = 0.02) ->
         gate.w_z.bias.fill_(-2.0)
     elif gate.variant == "scalar":
         gate.logit.fill_(-2.0)
+
+
+def forward_chunks(config: LoopConfig, n: int, chunk_size: int | Sequence[int] | None) -> list[tuple[int, int]]:
+    """(start, end) of each chunk a forward over n tokens runs: one unless the model is gated (`LoopedLM.forward`)."""
+    if not config.gated:
+        return [(0, n)]
+    chunk = chunk_size or config.chunk_size
+    if isinstance(chunk, int):
+        return prefill_chunks(n, chunk)
+    ends = list(itertools.accumulate(chunk))
+    if ends[-1] != n or min(chunk) < 1:
+        raise ValueError(f"chunk lengths {list(chunk)} must be positive and sum to the sequence length {n}")
+    return list(zip([0] + ends[:-1], ends))
+
+
+def forward_cache(config: LoopConfig, loops: int, kv_mix: float | None) -> ChunkCache | MixedCache:
+    """A forward's rows: the model's own, or a gated model's read as its LoopLM (kv_mix 0) or as both blended."""
+    a = 1.0 if kv_mix is None else float(kv_mix)
+    if not config.gated or a == 1:
+        return ChunkCache(config, loops)
+    looplm = ChunkCache(config, loops, "per_loop")
+    return looplm if a == 0 else MixedCache(a, ChunkCache(config, loops), looplm)
 
 
 def prefill_chunks(length: int, chunk: int) -> list[tuple[int, int]]:

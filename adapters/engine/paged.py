@@ -1,43 +1,36 @@
-"""Paged KV: a pool of fixed-size blocks, and the `Cache` one scheduler step attends through.
+"""Paged KV: the pool's tensors, and the `Cache` one engine step attends through.
 
 The pool holds every K/V entry of `adapters.engine.cache.entry_table` (so all three strategies:
 `standard`, `per_loop` with r entries per shared layer, `gated` with one row per layer) for
-`num_blocks * block_size` token slots, stored flat as [entries, slots, kv_heads, head_dim]. A
-sequence holds a list of blocks (its block table) and only the blocks its tokens fill; blocks are
-reference-counted, so the n samples of one prompt share its full prefilled blocks (the partly
-filled last one is copied: each sample writes its own tokens there).
+`num_blocks * block_size` token slots, stored flat as [entries, slots, kv_heads, head_dim]. Which
+blocks are free, who holds them and how full they are is the `BlockManager`'s bookkeeping
+(`adapters.engine.block_manager`, `pool.manager`), which also keeps the exact byte accounting.
+The n samples of one prompt share its full prefilled blocks; the partly filled last one is copied
+(`BlockPool.fork`: each sample writes its own tokens there).
 
 A step (`PagedStep`) writes its tokens' K/V to their slots (`index_copy_`) and gathers every
 sequence's blocks into [B, kv_heads, L, head_dim] for attention, L the longest context in the step;
 the mask hides the rest. MELT's latent h for the tokens in flight lives in one buffer sized for the
 largest step (the concurrency cap, or a prefill chunk), reused by every step. Shapes depend only on
 B, n and L, which is what a captured decode step needs. On the CPU a decode step goes through the
-scheduler's decode rows instead (`adapters.engine.rows`), which hand each block back when it fills.
-
-Accounting, exact (`adapters.engine.memory.analytic_terms` gives the same coefficients):
-- `kv_bytes_used`: tokens held (each slot written once, shared blocks once) x bytes per token, plus
-  the latent of the tokens in flight (MELT's h, and the history buffer of history injection, which
-  `LoopedLM.run` keeps as activations);
-- `kv_bytes_allocated`: blocks held x block_size x bytes per token, plus the same latent;
-- `kv_bytes_reserved`: the whole pool (with the GPU path's spare block) and the latent state of the
-  largest step, held from the first step to the last.
+model runner's decode rows instead (`adapters.engine.rows`), which hand each block back when it fills.
 """
 
 from __future__ import annotations
 
-import threading
-from collections import deque
-
 import torch
 from torch import Tensor
 
-from adapters.base import AdapterError
+from adapters.base import AdapterError, dtype_short
+from adapters.engine.block_manager import BlockManager
 from adapters.engine.cache import Gate, entry_table
 from adapters.engine.config import LoopConfig
 from adapters.engine.memory import analytic_terms
+from adapters.engine.sequence import Sequence
 
 DEFAULT_BLOCK_SIZE = 16
 KEEP_BYTES = 64 * 2**20  # gathered K/V rows a gated step may keep across its loops (`PagedStep`)
+KV_FRACTION = 0.9  # of the GPU's free memory, the most a default pool takes
 
 
 def pool_blocks(config: LoopConfig, loops: int, budget_bytes: int, block_size: int, latent_tokens: int, dtype: str) -> int:
@@ -47,13 +40,13 @@ def pool_blocks(config: LoopConfig, loops: int, budget_bytes: int, block_size: i
 
 
 class BlockPool:
-    """K/V blocks for every entry of a model at `loops`, a free list and reference counts."""
+    """K/V blocks for every entry of a model at `loops` (the tensors), and their `BlockManager`."""
 
     def __init__(self, config: LoopConfig, loops: int, num_blocks: int, block_size: int, latent_tokens: int,
                  dtype: torch.dtype, device: torch.device | str, spare: bool = False) -> None:
         if num_blocks < 1 or block_size < 1:
             raise AdapterError(f"a KV pool needs at least one block of at least one token (got {num_blocks} x {block_size})")
-        self.block_size, self.num_blocks = block_size, num_blocks
+        self.block_size = block_size
         self.entries = entry_table(config, loops, config.kv_strategy)
         # a spare block past the last one, never allocated: padded decode steps (`graphs`) write their padding rows there
         self.spare = num_blocks if spare else None
@@ -66,99 +59,64 @@ class BlockPool:
         if config.gated:
             self.latent = torch.zeros((config.shared_layers, latent_tokens, config.hidden_size), dtype=dtype, device=device)
         terms = analytic_terms(config, loops, str(dtype))
-        self.bytes_per_token, self.latent_bytes_per_token = terms["kv_bytes_per_token"], terms["latent_bytes_per_token"]
-        self.free: deque[int] = deque(range(num_blocks))
-        self.refs = [0] * num_blocks
-        self.filled = [0] * num_blocks  # slots written in each block
-        self.tokens_held = 0  # sum of `filled` over held blocks
-        self.in_flight = 0  # tokens of the current step (their latent state is live)
-        self.peak_allocated = 0
-        self.lock = threading.Lock()  # the counters change in the generate thread and are read in the sampler's
+        self.manager = BlockManager(num_blocks, block_size, terms["kv_bytes_per_token"], terms["latent_bytes_per_token"])
 
-    # ------------------------------------------------------------------------------ blocks
-    def allocate(self) -> int:
-        with self.lock:
-            block = self.free.popleft()
-            self.refs[block], self.filled[block] = 1, 0
-            self.peak_allocated = max(self.peak_allocated, self.kv_bytes_allocated)
-        return block
+    @classmethod
+    def for_workload(cls, config: LoopConfig, loops: int, capacities: list[int], *, max_seqs: int, kv_budget: float | None,
+                     block_size: int, dtype: torch.dtype, device: torch.device, spare: bool) -> BlockPool:
+        """A workload's pool: `kv_budget` GB, else what sequences of `capacities` need at the cap `max_seqs` (on a GPU
+        at most `KV_FRACTION` of free memory); never smaller than one sequence at its full length."""
+        short = dtype_short(dtype)
+        longest, rows = max(-(-c // block_size) for c in capacities), min(max_seqs, len(capacities))
+        latent = max(rows, config.prefill_chunk or 1)  # tokens one step may hold in flight
+        if kv_budget is not None:
+            blocks = pool_blocks(config, loops, int(kv_budget * 1e9), block_size, latent, short)
+        else:
+            blocks = rows * longest
+            if device.type == "cuda":
+                free = int(torch.cuda.mem_get_info(device)[0] * KV_FRACTION)
+                blocks = min(blocks, pool_blocks(config, loops, free, block_size, latent, short))
+        if blocks < longest:
+            per_token = analytic_terms(config, loops, short)["kv_bytes_per_token"]
+            raise AdapterError(
+                f"the KV pool holds {max(blocks, 0) * block_size} tokens ({max(blocks, 0) * block_size * per_token / 1e9:.3f} GB) but one "
+                f"sequence needs {longest * block_size}: raise kv_budget, or lower max_new_tokens or the loops"
+            )
+        return cls(config, loops, blocks, block_size, latent, dtype, device, spare=spare)
 
-    def share(self, blocks: list[int]) -> None:
-        for block in blocks:
-            self.refs[block] += 1
-
-    def release(self, blocks: list[int]) -> None:
-        with self.lock:
-            for block in blocks:
-                self.refs[block] -= 1
-                if self.refs[block] == 0:
-                    self.tokens_held -= self.filled[block]
-                    self.free.append(block)
-
-    def copy(self, src: int, filled: int) -> int:
-        """A new block holding the first `filled` slots of block `src` (a sample's own copy of a shared tail)."""
-        dst, size = self.allocate(), self.block_size
-        self.k[:, dst * size : dst * size + filled] = self.k[:, src * size : src * size + filled]
-        self.v[:, dst * size : dst * size + filled] = self.v[:, src * size : src * size + filled]
-        self.mark_written([(dst, filled)])
-        return dst
-
-    def mark_written(self, updates: list[tuple[int, int]]) -> None:
-        """Each (block, filled): the block now holds `filled` slots (writes only ever extend a block)."""
-        with self.lock:
-            for block, filled in updates:
-                self.tokens_held += filled - self.filled[block]
-                self.filled[block] = filled
-
-    def mark_one_more(self, blocks: list[int]) -> None:
-        """Each of `blocks` holds one more slot (a decode step's: one token per sequence)."""
-        with self.lock:
-            for block in blocks:
-                self.filled[block] += 1
-            self.tokens_held += len(blocks)
-
-    def begin_step(self, tokens: int) -> None:
-        """A step of `tokens` tokens starts: their latent state (MELT's h, the history buffer) is live."""
-        if tokens == self.in_flight:  # decode steps of an unchanged batch: nothing to update
-            return
-        with self.lock:
-            self.in_flight = tokens
-            self.peak_allocated = max(self.peak_allocated, self.kv_bytes_allocated)
-
-    def reset_peak(self) -> None:
-        """The peak starts again from what is allocated now (`EngineAdapter.reset_memory_peak`)."""
-        with self.lock:
-            self.peak_allocated = self.kv_bytes_allocated
-
-    def accounting(self) -> tuple[int, int, int]:
-        """(kv_bytes_used, kv_bytes_allocated, peak_allocated) read together: another thread's reading never
-        falls between two counter updates (used <= allocated <= peak always holds in it)."""
-        with self.lock:
-            return self.kv_bytes_used, self.kv_bytes_allocated, self.peak_allocated
-
-    def blocks_for(self, tokens: int) -> int:
-        return -(-tokens // self.block_size)
-
-    # -------------------------------------------------------------------------- accounting
+    # ------------------------------------------- the KV store `EngineAdapter.memory` reads, as it reads a `KVCache`
     @property
-    def held_blocks(self) -> int:
-        return self.num_blocks - len(self.free)
-
-    @property
-    def latent_bytes(self) -> int:
-        return self.latent_bytes_per_token * self.in_flight
-
-    @property
-    def kv_bytes_used(self) -> int:
-        return self.tokens_held * self.bytes_per_token + self.latent_bytes
+    def kv_bytes_reserved(self) -> int:
+        """The whole pool (with the GPU path's spare block) and the latent state of the largest step, held
+        from the first step to the last."""
+        return self.k.numel() * self.k.element_size() * 2 + self.manager.latent_bytes_per_token * self.latent_tokens
 
     @property
     def kv_bytes_allocated(self) -> int:
-        return self.held_blocks * self.block_size * self.bytes_per_token + self.latent_bytes
+        return self.manager.kv_bytes_allocated
 
-    @property
-    def kv_bytes_reserved(self) -> int:
-        return self.k.numel() * self.k.element_size() * 2 + self.latent_bytes_per_token * self.latent_tokens
+    def accounting(self) -> tuple[int, int, int]:
+        """(kv_bytes_used, kv_bytes_allocated, peak_allocated), read together (`BlockManager.accounting`)."""
+        return self.manager.accounting()
+
+    def reset_peak(self) -> None:
+        self.manager.reset_peak()
+
+    # ------------------------------------------------------------------------------ prompts
+    def fork(self, first: Sequence, seq: Sequence) -> None:
+        """`seq` takes `first`'s prefilled prompt: its full blocks shared, its partly filled last block copied."""
+        full, tail = divmod(first.prompt_len, self.block_size)
+        self.manager.share(first.blocks[:full])
+        seq.blocks = first.blocks[:full] + ([self._copy(first.blocks[full], tail)] if tail else [])
+        seq.written = first.prompt_len
+
+    def _copy(self, src: int, filled: int) -> int:
+        """A new block holding the first `filled` slots of block `src` (a sample's own copy of a shared tail)."""
+        dst, size = self.manager.allocate(), self.block_size
+        self.k[:, dst * size : dst * size + filled] = self.k[:, src * size : src * size + filled]
+        self.v[:, dst * size : dst * size + filled] = self.v[:, src * size : src * size + filled]
+        self.manager.mark_written([(dst, filled)])
+        return dst
 
 
 def key_mask(positions: Tensor, length: int) -> Tensor:
@@ -167,7 +125,7 @@ def key_mask(positions: Tensor, length: int) -> Tensor:
 
 
 class PoolStep:
-    """What every scheduler step's `Cache` shares: MELT's latent h of the tokens in flight lives in the
+    """What every engine step's `Cache` shares: MELT's latent h of the tokens in flight lives in the
     pool's buffer. Subclasses say where the new K/V go and where attention reads from."""
 
     def __init__(self, pool: BlockPool, in_flight: int) -> None:

@@ -4,7 +4,7 @@ The pool keeps a sequence's K/V in blocks spread over it, and on the CPU no atte
 blocks in place (torch's FlexAttention runs there only under torch.compile, at a compile per shape
 and with other float rounding). Gathering every running sequence's blocks at every layer and loop of
 every decode step made a continuous decode step cost about 1.5x a static one on a tiny model. So the
-scheduler keeps the running sequences' K/V contiguous: row i of `DecodeRows` holds running sequence
+model runner keeps the running sequences' K/V contiguous: row i of `DecodeRows` holds running sequence
 i's K/V for every entry, gathered from the pool once, when the sequence starts decoding. A decode step
 (`RowsStep`) writes its new K/V to the rows, where attention reads `rows[:B, :length]` as a view (the
 values a gather would give). A row goes back to the pool, the KV store that is measured, a block at
@@ -72,7 +72,7 @@ class DecodeRows:
     def fill(self, row: int, blocks: list[int], written: int) -> None:
         """Row `row` from a sequence's blocks in the pool: its first `written` slots of every entry."""
         pool, size = self.pool, self.pool.block_size
-        index = torch.tensor(blocks[: pool.blocks_for(written)], device=pool.k.device)
+        index = torch.tensor(blocks[: pool.manager.blocks_for(written)], device=pool.k.device)
         for rows, store in ((self.k, pool.k), (self.v, pool.v)):
             gathered = store.view(store.shape[0], -1, size * store[0, 0].numel()).index_select(1, index)
             rows[:, row, :written] = gathered.view(store.shape[0], -1, *store.shape[2:])[:, :written]
@@ -96,7 +96,8 @@ class RowsInputs:
 
     While the running set stays the same and the rows hold the next token, the next step's inputs are these
     advanced in place (`advance`): the tokens just sampled, and every position and slot one further in one
-    kernel, where building them from host lists each step cost about 1% of a tiny model's step.
+    kernel, where building them from host lists each step cost about 1% of a tiny model's step. The step's
+    `Cache` (`RowsStep`) is kept with them and reads one more key per step, not built anew each step.
     """
 
     tokens: Tensor
@@ -105,6 +106,7 @@ class RowsInputs:
     row_slots: Tensor
     end: int  # the keys the step attends to: the longest sequence's, with its new token
     aligned: bool  # every sequence has written as many slots (no mask needed)
+    cache: RowsStep  # what the step attends through
 
     @classmethod
     def build(cls, rows: DecodeRows, tokens: list[int], written: list[int], device: torch.device) -> RowsInputs:
@@ -113,13 +115,15 @@ class RowsInputs:
         end = max(written) + 1
         rows.reserve(end)
         data = int_tensor(tokens + written + [i * rows.length + w for i, w in enumerate(written)], device).view(3, -1, 1)
-        return cls(data[0], data[1:], data[1], data[2].view(-1), end, min(written) == end - 1)
+        row_slots = data[2].view(-1)
+        return cls(data[0], data[1:], data[1], row_slots, end, min(written) == end - 1, RowsStep(rows.pool, rows, row_slots, end))
 
     def advance(self, sampled: Tensor) -> None:
         """The next step's inputs: the `sampled` ids [B] as tokens, positions and slots one further."""
         self.tokens = sampled.view(-1, 1)
         self.place.add_(1)
         self.end += 1
+        self.cache.extend()
 
 
 class RowsStep(PoolStep):
@@ -135,6 +139,11 @@ class RowsStep(PoolStep):
         self.rows, self.row_slots = rows, row_slots
         _, r, l, h, d = rows.k.shape  # what attention reads of an entry: its first B rows and `length` slots, [B, Hkv, L, D]
         self.size, self.stride, self.entry_stride = (b, h, length, d), (l * h * d, d, h * d, 1), r * l * h * d
+
+    def extend(self) -> None:
+        """Attention reads one more key per row: the next decode step of the same rows (their slots advanced in place)."""
+        b, h, length, d = self.size
+        self.size = (b, h, length + 1, d)
 
     def update(self, layer: int, loop: int, k: Tensor, v: Tensor, slot: int) -> tuple[Tensor, Tensor]:
         entry, rows = self.pool.entries[layer][loop], self.rows

@@ -85,10 +85,10 @@ def _decode_logits(model: LoopedLM, ids: torch.Tensor, prefill: int, loops: int,
         for s0 in range(0, prefill, step):
             s1 = min(prefill, s0 + step)
             mask = None if s0 == 0 else torch.ones(1, 1, s1 - s0, s1, dtype=torch.bool).tril(s0)
-            out = model.step(ids[:, s0:s1], positions[:, s0:s1], cache, s0, mask, loops)
+            out = model.step(ids[:, s0:s1], positions[:, s0:s1], cache, s0, mask, loops=loops)
         rows.append(model.logits(out.states[-1]))
         for i in range(prefill, n):
-            out = model.step(ids[:, i : i + 1], positions[:, i : i + 1], cache, i, None, loops)
+            out = model.step(ids[:, i : i + 1], positions[:, i : i + 1], cache, i, None, loops=loops)
             rows.append(model.logits(out.states[-1]))
     return torch.stack(rows, dim=1)
 

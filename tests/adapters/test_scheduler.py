@@ -1,4 +1,4 @@
-"""The continuous-batching scheduler against the static path, against itself at other caps and pool
+"""The continuous-batching engine against the static path, against itself at other caps and pool
 sizes, and its paged KV accounting against the analytic model, step by step."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import torch
 
 from adapters.base import AdapterError, Request, Sampling
 from adapters.engine.adapter import EngineAdapter, load_preset
+from adapters.engine.continuous import ContinuousEngine
 from adapters.engine.graphs import DecodeGraphs
 from adapters.engine.memory import analytic_terms
 from adapters.engine.paged import BlockPool
-from adapters.engine.scheduler import Scheduler
 
 PROMPTS = ["1+2=", "x", "17*3=51; 4*4=", "abcdefghijklmnopqrstu"]
 SAMPLED = Sampling(temperature=1.0, top_p=0.7, max_new_tokens=20, n=3, seed=5)
@@ -26,6 +26,13 @@ def engine(name: str, **overrides) -> EngineAdapter:
 
 def outputs(adapter: EngineAdapter, sampling: Sampling, prompts: list[str] = PROMPTS) -> list[list[int]]:
     return [g.token_ids for g in adapter.generate(prompts, sampling)]
+
+
+def pool_for(adapter: EngineAdapter, sequences: list, spare: bool = False) -> BlockPool:
+    """The pool the adapter's continuous path makes for `sequences`."""
+    return BlockPool.for_workload(adapter.config, adapter.loops, [s.capacity for s in sequences], max_seqs=adapter.max_batch,
+                                  kv_budget=adapter.kv_budget, block_size=adapter.block_size, dtype=adapter.dtype, device=adapter.device,
+                                  spare=spare)
 
 
 def tiny_budget(adapter: EngineAdapter, blocks: int) -> float:
@@ -109,12 +116,13 @@ def test_a_resumed_request_draws_only_the_missing_samples_unchanged():
 
 
 class Watch:
-    """Checks the pool's accounting after every step of a scheduler, from the scheduler's own state."""
+    """Checks the pool's accounting after every step of an engine, from its sequences' own block tables."""
 
-    def __init__(self, scheduler: Scheduler, config, loops: int) -> None:
-        self.scheduler, self.pool, self.steps, self.max_running = scheduler, scheduler.pool, 0, 0
+    def __init__(self, engine: ContinuousEngine, sequences: list, config, loops: int) -> None:
+        self.sequences, self.pool, self.steps, self.max_running = sequences, engine.pool, 0, 0
         self.terms = analytic_terms(config, loops, "fp32")
-        step, rows_step = scheduler._step, scheduler._rows_step
+        runner = engine.runner
+        step, rows_step = runner.step, runner.rows_step
 
         def checked(seqs, tokens):  # prefill chunks, and decode steps without decode rows
             out = step(seqs, tokens)
@@ -126,12 +134,12 @@ class Watch:
             self.check(seqs, len(seqs))
             return out
 
-        scheduler._step, scheduler._rows_step = checked, checked_rows
+        runner.step, runner.rows_step = checked, checked_rows
 
     def check(self, stepped: list, in_flight: int) -> None:
-        """After a step: `stepped` ran (prompts being prefilled join the running set only afterwards)."""
-        scheduler = self.scheduler
-        pool, running = self.pool, list({id(seq): seq for seq in scheduler.running + scheduler.prefilling + stepped}.values())
+        """After a step: every sequence holding blocks (running, or admitted and being prefilled) accounts for them."""
+        pool, running = self.pool.manager, [seq for seq in self.sequences if seq.blocks]
+        assert all(seq in running for seq in stepped)
         self.steps += 1
         self.max_running = max(self.max_running, len(running))
         block_bytes = pool.block_size * self.terms["kv_bytes_per_token"]
@@ -141,21 +149,22 @@ class Watch:
         assert pool.kv_bytes_used == pool.tokens_held * self.terms["kv_bytes_per_token"] + latent
         assert pool.kv_bytes_allocated == pool.held_blocks * block_bytes + latent
         assert pool.kv_bytes_used <= pool.kv_bytes_allocated <= pool.kv_bytes_used + len(running) * block_bytes
-        assert pool.kv_bytes_allocated <= pool.peak_allocated <= pool.kv_bytes_reserved
+        assert pool.kv_bytes_allocated <= pool.peak_allocated <= self.pool.kv_bytes_reserved
 
 
 @pytest.mark.parametrize("name", ["ouro-tiny", "melt-tiny"])
 def test_kv_accounting_is_exact_and_held_is_at_most_one_block_over_used(name):
     adapter = engine(name, block_size=8, max_batch=4)
     sequences = adapter._sequences([Request(p, SAMPLED) for p in PROMPTS])
-    pool = adapter._pool(sequences)
+    pool = pool_for(adapter, sequences)
     finished = []
-    scheduler = Scheduler(adapter.model, pool, loops=adapter.loops, policy=adapter.exit_policy, eos_ids=set(), tokenizer=adapter.tokenizer,
-                          max_seqs=4, on_finished=finished.extend)
-    watch = Watch(scheduler, adapter.config, adapter.loops)
-    scheduler.run(sequences)
+    batcher = ContinuousEngine(adapter.model, pool, loops=adapter.loops, policy=adapter.exit_policy, eos_ids=set(), tokenizer=adapter.tokenizer,
+                              max_seqs=4, on_finished=finished.extend)
+    watch = Watch(batcher, sequences, adapter.config, adapter.loops)
+    batcher.run(sequences)
     assert len(finished) == 12 and watch.steps > 20 and watch.max_running == 4
-    assert pool.held_blocks == pool.tokens_held == 0 and len(pool.free) == pool.num_blocks  # everything returned
+    blocks = pool.manager
+    assert blocks.held_blocks == blocks.tokens_held == 0 and len(blocks.free) == blocks.num_blocks  # everything returned
     assert pool.kv_bytes_reserved == 2 * pool.k.numel() * 4 + (0 if pool.latent is None else pool.latent.numel() * 4)
 
 
@@ -163,15 +172,15 @@ def test_samples_of_one_prompt_share_its_prefilled_blocks():
     """20 prompt tokens in blocks of 8: two full blocks shared by three samples, each with its own copy of the third."""
     adapter = engine("qwen3-tiny", block_size=8)
     sequences = adapter._sequences([Request([1] + [5] * 19, Sampling(temperature=1.0, max_new_tokens=2, n=3))])
-    pool = adapter._pool(sequences)
-    scheduler = Scheduler(adapter.model, pool, loops=1, policy=adapter.exit_policy, eos_ids=set(), tokenizer=None, max_seqs=3,
-                          on_finished=lambda done: None)
+    pool = pool_for(adapter, sequences)
+    batcher = ContinuousEngine(adapter.model, pool, loops=1, policy=adapter.exit_policy, eos_ids=set(), tokenizer=None, max_seqs=3,
+                              on_finished=lambda done: None)
     with torch.inference_mode():
-        scheduler.waiting.extend(sequences)
-        scheduler._admit()
-    blocks = [seq.blocks for seq in scheduler.running]
+        batcher.scheduler.waiting.extend(sequences)
+        batcher.admit()
+    blocks = [seq.blocks for seq in batcher.scheduler.running]
     assert [b[:2] for b in blocks] == [blocks[0][:2]] * 3 and len({b[2] for b in blocks}) == 3
-    assert pool.held_blocks == 5 and pool.tokens_held == 2 * 8 + 3 * 4
+    assert pool.manager.held_blocks == 5 and pool.manager.tokens_held == 2 * 8 + 3 * 4
     keys = pool.k[:, [b[2] * 8 + i for b in blocks for i in range(4)]].view(pool.k.shape[0], 3, 4, *pool.k.shape[2:])
     assert torch.equal(keys[:, 0], keys[:, 1]) and torch.equal(keys[:, 0], keys[:, 2]) and keys.abs().sum() > 0
 
@@ -226,14 +235,14 @@ def test_padded_decode_steps_of_the_gpu_path_change_nothing(name):
     runs = {}
     for padded in (False, True):
         sequences = adapter._sequences(requests)
-        pool = adapter._pool(sequences, spare=padded)
+        pool = pool_for(adapter, sequences, spare=padded)
         graphs = DecodeGraphs(adapter.model, pool, loops=adapter.loops, keep_loops=False, max_seqs=12,
-                              max_blocks=pool.blocks_for(max(s.capacity for s in sequences)), capture=False) if padded else None
+                              max_blocks=pool.manager.blocks_for(max(s.capacity for s in sequences)), capture=False) if padded else None
         done: dict = {}
-        scheduler = Scheduler(adapter.model, pool, loops=adapter.loops, policy=adapter.exit_policy, eos_ids=set(), tokenizer=None,
-                              max_seqs=12, on_finished=lambda f: done.update(((r, j), g.token_ids) for r, j, g in f), graphs=graphs)
-        Watch(scheduler, adapter.config, adapter.loops)
-        scheduler.run(sequences)
+        batcher = ContinuousEngine(adapter.model, pool, loops=adapter.loops, policy=adapter.exit_policy, eos_ids=set(), tokenizer=None,
+                                  max_seqs=12, on_finished=lambda f: done.update(((r, j), g.token_ids) for r, j, g in f), graphs=graphs)
+        Watch(batcher, sequences, adapter.config, adapter.loops)
+        batcher.run(sequences)
         runs[padded] = done
     assert len(runs[True]) == 12 and runs[True] == runs[False]
     assert {b for b, _ in graphs.graphs} == {4, 8, 12} and len({w for _, w in graphs.graphs}) >= 2

@@ -1,0 +1,152 @@
+"""The model runner: a step's inputs, the model call (on the decode rows, a CUDA graph or the pool), sampling.
+
+It owns every tensor a step touches besides the model's: the step's inputs (`StepInputs`, or the decode
+rows' `RowsInputs`, advanced in place while the running set stays the same), the decode rows
+(`adapters.engine.rows`, the CPU's decode path) or the CUDA graphs (`adapters.engine.graphs`, the GPU's),
+and the draw of each sequence's next token from its own random stream. What runs is the policy's
+question (`adapters.engine.scheduler`); the runner only runs it and tells the block manager what it wrote.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from adapters.engine.generate import ExitPolicy, int_tensor, read_logits, sample, stream_rows
+from adapters.engine.graphs import DecodeGraphs
+from adapters.engine.model import LoopedLM, StepOutput
+from adapters.engine.paged import BlockPool, PagedStep, key_mask
+from adapters.engine.rows import DecodeRows, RowsInputs
+from adapters.engine.sequence import Sequence, setting
+
+
+@dataclass(slots=True)
+class StepInputs:
+    """A step of n tokens for each of B sequences, on the model's device."""
+
+    tokens: Tensor  # [B, n]
+    positions: Tensor  # [B, n]
+    blocks: Tensor  # [B, W]: each block table up to the step's end, padded with block 0 (the mask hides it)
+    end: int  # the keys the step attends to: the longest sequence's, with its new tokens
+    plain: bool  # plain causal attention over one sequence's rows: no mask needed
+
+
+class ModelRunner:
+    """Runs steps of `model` on `pool` for the engine, and samples their next tokens."""
+
+    def __init__(self, model: LoopedLM, pool: BlockPool, *, loops: int, policy: ExitPolicy, graphs: DecodeGraphs | None) -> None:
+        self.model, self.pool, self.manager, self.loops, self.policy, self.graphs = model, pool, pool.manager, loops, policy, graphs
+        self.keep_loops = policy.kind != "none"
+        self.device = model.model.embed_tokens.weight.device
+        self.rows: DecodeRows | None = None
+        self.next_inputs: RowsInputs | None = None  # the next decode step's, while the running set stays the same
+
+    def use_rows(self, rows: int, longest: int) -> None:
+        """Decode on rows for `rows` sequences of up to `longest` tokens when there are no graphs and they fit."""
+        if self.graphs is None and DecodeRows.fits(self.pool, rows, longest):
+            self.rows = DecodeRows(self.pool, rows, longest)
+
+    # ------------------------------------------------------------------------- the running set
+    def start(self, row: int, seq: Sequence) -> None:
+        """`seq` joins the running set at `row`: its decode row filled from its blocks."""
+        self.next_inputs = None
+        if self.rows is not None:
+            self.rows.reserve(seq.written)
+            self.rows.fill(row, seq.blocks, seq.written)
+
+    def leave(self, row: int, last_row: int, last: Sequence) -> None:
+        """A sequence left the running set at `row`; the one at `last_row` (`last`) takes its place and its decode row."""
+        self.next_inputs = None
+        if self.rows is not None and last_row != row:
+            self.rows.move(last_row, row, last.written)
+
+    # ----------------------------------------------------------------------------------- steps
+    def decode(self, seqs: list[Sequence]) -> StepOutput:
+        """One token per running sequence (row i is `seqs[i]`): the one after its written ones."""
+        if self.rows is not None:
+            return self.rows_step(seqs)
+        return self.step(seqs, [[seq.tokens[seq.written]] for seq in seqs])
+
+    def prepare(self, seqs: list[Sequence], tokens: list[list[int]]) -> StepInputs:
+        """`tokens` (n per sequence) of `seqs` at their next slots, as the device tensors a step reads."""
+        n, rows = len(tokens[0]), len(seqs)
+        end = max(seq.written for seq in seqs) + n
+        width = self.manager.blocks_for(end)
+        blocks = self.tensor([b for seq in seqs for b in (seq.blocks + [0] * width)[:width]]).view(rows, -1)
+        positions = self.tensor([seq.written + j for seq in seqs for j in range(n)]).view(rows, -1)
+        inputs = self.tensor([t for row in tokens for t in row]).view(rows, -1)
+        return StepInputs(inputs, positions, blocks, end, plain=rows == 1 and (n == 1 or seqs[0].written == 0))
+
+    def step(self, seqs: list[Sequence], tokens: list[list[int]]) -> StepOutput:
+        """Run `tokens` (n per sequence) of `seqs` through the model; their blocks hold them afterwards.
+
+        A step of one token per sequence goes through `graphs` when there is one (the GPU path); other
+        steps gather from the pool. (Decode steps on the decode rows are `rows_step`.)
+        """
+        x, n = self.prepare(seqs, tokens), len(tokens[0])
+        self.manager.begin_step(len(seqs) * n)
+        if self.graphs is not None and n == 1:
+            out = self.graphs.step(x.tokens, x.positions, x.blocks)
+        else:
+            cache, mask = PagedStep(self.pool, x.positions, x.blocks, x.end), None if x.plain else key_mask(x.positions, x.end)
+            out = self.model.step(x.tokens, x.positions, cache, x.end - n, mask, loops=self.loops, keep_loops=self.keep_loops)
+        self.manager.wrote(seqs, n)
+        return out
+
+    def rows_step(self, seqs: list[Sequence]) -> StepOutput:
+        """A decode step of the running set on the decode rows: its inputs are the last step's advanced
+        (`RowsInputs`) or go to the device as one tensor, and a block the step fills goes back to the pool."""
+        rows, manager, size = self.rows, self.manager, self.pool.block_size
+        x = self.next_inputs
+        if x is None or x.end > rows.length:  # a changed running set, or rows to grow (their row slots move)
+            x = RowsInputs.build(rows, [seq.tokens[seq.written] for seq in seqs], [seq.written for seq in seqs], self.device)
+        manager.begin_step(len(seqs))
+        mask = None if x.aligned else key_mask(x.positions, x.end)  # None: every row sees every key
+        out = self.model.step(x.tokens, x.positions, x.cache, x.end - 1, mask, loops=self.loops, keep_loops=self.keep_loops)
+        self.next_inputs = x
+        blocks = []
+        for i, seq in enumerate(seqs):
+            block, seq.written = seq.blocks[seq.written // size], seq.written + 1
+            blocks.append(block)
+            if seq.written % size == 0:
+                rows.write_back(i, block, seq.written - size)
+        manager.mark_one_more(blocks)
+        return out
+
+    def advance(self, ids: Tensor | None) -> None:
+        """The next decode step's inputs from this one's and the `ids` [B] just sampled (while the running set stays
+        the same); None: not these ids (a sequence replays its tokens), so the next step builds them afresh."""
+        if ids is None:
+            self.next_inputs = None
+        elif self.next_inputs is not None:
+            self.next_inputs.advance(ids)
+
+    def rows_per_step(self, members: list[int], length: int) -> list[list[int]]:
+        """`members` split so one step's tokens in flight fit the pool's latent buffer (MELT's h)."""
+        rows = len(members) if self.pool.latent is None else max(1, self.pool.latent_tokens // length)
+        return [members[i : i + rows] for i in range(0, len(members), rows)]
+
+    # -------------------------------------------------------------------------------- sampling
+    def logits(self, out: StepOutput) -> tuple[Tensor, Tensor | None]:
+        """Each row's next-token logits and, under an exit policy, the loop they come from."""
+        return read_logits(self.model, out, self.policy)
+
+    def sample(self, seqs: list[Sequence], logits: Tensor, one_setting: bool) -> Tensor:
+        """Each sequence's next token [B] from its stream at its token index: one `sample` per distinct setting."""
+        rows = stream_rows([seq.key for seq in seqs], [len(seq.tokens) - seq.prompt_len for seq in seqs])  # each its token index
+        if one_setting:
+            return sample(logits, seqs[0].sampling, self.tensor(rows))
+        groups: dict[tuple, list[int]] = {}
+        for i, seq in enumerate(seqs):
+            groups.setdefault(setting(seq.sampling), []).append(i)
+        ids = torch.empty(len(seqs), dtype=torch.long, device=self.device)
+        for members in groups.values():
+            index = self.tensor(members)
+            ids[index] = sample(logits[index], seqs[members[0]].sampling, self.tensor([rows[i] for i in members]))
+        return ids
+
+    def tensor(self, values: list[int]) -> Tensor:
+        """Host ints on the model's device (`int_tensor`)."""
+        return int_tensor(values, self.device)
