@@ -27,8 +27,9 @@ from sqlalchemy import Engine
 from dashboards import figures
 from dashboards.data import (DEFAULT_CONTEXT_TOKENS, SAMPLE_BUDGET, SAMPLE_TEXT_CHARS, accuracy_points, browse_samples,
                              depth_points, probe_title, profile_points, set_choice)
-from db import measures, queries
+from db import queries
 from db.session import open_existing
+import measures
 
 REFRESH_SECONDS = 10
 SAMPLE_COLUMNS = {

@@ -29,8 +29,9 @@ from sqlalchemy import Engine
 from dashboards import figures
 from dashboards.data import (DEFAULT_CONTEXT_TOKENS, SAMPLE_TEXT_CHARS, accuracy_points, browse_samples, depth_points,
                              probe_title, profile_points, set_choice)
-from db import ResultsError, measures, queries
+from db import ResultsError, queries
 from db.session import open_existing
+import measures
 
 MAX_SERIES_POINTS = 500  # per run: longer series are reduced to bucket maxima (peaks survive)
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
@@ -73,10 +74,10 @@ def _runs_table(engine: Engine) -> str:
     table = table.merge(peaks, on="run_id", how="left")
     averages = queries.suite_means(queries.metrics(engine))
     table = table.merge(averages[["run_id", "metric", "value"]], on="run_id", how="left")
-    columns = ["nvml_process_peak", "torch_allocated_peak", "weights_bytes", "kv_bytes_peak", "rss_peak"]
+    columns = measures.RUN_TABLE_MEASURES
     head = "".join(f"<th>{html.escape(c)}</th>" for c in
                    ["run", "sweep", "kind", "model", "loops", "suite", "set", "seed", "status", "samples", "pass@1 (suite mean)",
-                    *columns])
+                    *(measures.BY_NAME[c].label for c in columns)])
     rows = []
     for row in table.to_dict("records"):
         accuracy = "" if pd.isna(row.get("value")) else f"{row['value']:.3f} ({row['metric']})"

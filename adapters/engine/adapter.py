@@ -37,6 +37,7 @@ from adapters.engine.paged import DEFAULT_BLOCK_SIZE, BlockPool, pool_blocks
 from adapters.engine.scheduler import Scheduler
 from adapters.engine.scheduler import Sequence as Seq
 from adapters.registry import register
+from measures import GB
 
 DEFAULT_MAX_BATCH = 64  # sequences decoding at once
 KV_FRACTION = 0.9  # of the GPU's free memory, the most a default pool takes
@@ -198,7 +199,7 @@ class EngineAdapter:
         rows = min(self.max_batch, len(sequences))
         latent = max(rows, self.config.chunk_size if self.config.gated else 1)  # tokens one step may hold in flight
         if self.kv_budget is not None:
-            blocks = pool_blocks(self.config, self.loops, int(self.kv_budget * 1e9), size, latent, dtype)
+            blocks = pool_blocks(self.config, self.loops, int(self.kv_budget * GB), size, latent, dtype)
         else:
             blocks = rows * longest
             if self.device.type == "cuda":
@@ -207,7 +208,7 @@ class EngineAdapter:
         if blocks < longest:
             per_token = analytic_terms(self.config, self.loops, dtype)["kv_bytes_per_token"]
             raise AdapterError(
-                f"the KV pool holds {max(blocks, 0) * size} tokens ({max(blocks, 0) * size * per_token / 1e9:.3f} GB) but one sequence "
+                f"the KV pool holds {max(blocks, 0) * size} tokens ({max(blocks, 0) * size * per_token / GB:.3f} GB) but one sequence "
                 f"needs {longest * size}: raise kv_budget, or lower max_new_tokens or the loops"
             )
         return BlockPool(self.config, self.loops, blocks, size, latent, self.dtype, self.device, spare=spare)
@@ -246,7 +247,7 @@ class EngineAdapter:
 
     def describe(self) -> dict[str, Any]:
         cfg = self.config
-        size = torch.empty(0, dtype=self.dtype).element_size()
+        analytic = analytic_terms(cfg, self.loops, dtype_short(self.dtype))
         return {
             "family": cfg.family,
             "params": count_params(cfg),
@@ -256,8 +257,8 @@ class EngineAdapter:
             "gate": cfg.gate_variant if cfg.gated else None,
             "dtype": dtype_short(self.dtype),
             "device": str(self.device),
-            "kv_bytes_per_token": 2 * cfg.kv_entries(self.loops) * cfg.num_kv_heads * cfg.head_dim * size,
-            "analytic": analytic_terms(cfg, self.loops, dtype_short(self.dtype)),
+            "kv_bytes_per_token": analytic["kv_bytes_per_token"],
+            "analytic": analytic,
             "exit_policy": {"kind": self.exit_policy.kind, "loop": self.exit_policy.loop, "threshold": self.exit_policy.threshold},
             "batching": {"mode": self.batching, "max_batch": self.max_batch, "block_size": self.block_size, "kv_budget": self.kv_budget},
             "config": cfg.to_dict(),
