@@ -100,12 +100,12 @@ def test_kv_pool_reserved_is_plotted_from_its_stored_peak_and_offered_by_both_se
     fig = figures.accuracy_vs_memory(points, "kv_bytes_reserved")
     _, scale = figures.byte_unit(list(reserved.values()))
     assert sorted(x for x, _ in _marker_points(fig)) == pytest.approx(sorted(value / scale for value in reserved.values()))
-    assert "KV pool reserved" in fig.layout.xaxis.title.text
+    assert "KV pool reserved peak" in fig.layout.xaxis.title.text
 
     options = re.search(r'<select id="measure">(.*?)</select>', build_report(engine)).group(1)
-    assert '<option value="kv_bytes_reserved">KV pool reserved</option>' in options
+    assert '<option value="kv_bytes_reserved">KV pool reserved peak</option>' in options
     *_, options, _ = set_choices(engine, queries.latest_set(engine), None)
-    assert {"label": "KV pool reserved", "value": "kv_bytes_reserved"} in options
+    assert {"label": "KV pool reserved peak", "value": "kv_bytes_reserved"} in options
 
 
 def test_marker_shape_is_the_loop_count(engine) -> None:

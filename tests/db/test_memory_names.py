@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,33 @@ def test_the_figures_read_the_same_values_after_0007(upgraded: str) -> None:
     assert after["peaks"] == {name: expected[name] for name in after["peaks"]} and set(after["peaks"]) == set(expected)
     assert not [name for name in after["peaks"] if name.endswith("_peak")]
     assert any(a < p for a, p in zip(old_peaks["kv_bytes_allocated"], old_peaks["kv_bytes_peak"]))  # the case that matters is here
+
+
+@pytest.mark.slow  # starts a Postgres server
+def test_postgres_carries_the_same_database_over(postgres_url: str) -> None:
+    """The old file's rows copied into a Postgres database at 0006, then upgraded: the same figures' values."""
+    engine = create_engine(postgres_url)
+    config = alembic_config()
+    source = sqlite3.connect(OLD)
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, "0006")
+        for table in ("runs", "samples", "task_metrics", "memory_samples", "memory_peaks", "profile_points", "probe_values"):
+            cursor = source.execute(f"SELECT * FROM {table}")
+            names = ", ".join(f'"{d[0]}"' for d in cursor.description)  # quoted: `limit` is a keyword
+            marks = ", ".join(["%s"] * len(cursor.description))
+            rows = cursor.fetchall()
+            if rows:
+                conn.exec_driver_sql(f"INSERT INTO {table} ({names}) VALUES ({marks})", rows)
+    source.close()
+    engine.dispose()
+    Store.open(postgres_url).close()
+    before = json.loads((DATA / "made-by-4ad3e07.json").read_text())
+    reader = open_existing(postgres_url)
+    after = figure_data(reader)
+    reader.dispose()
+    assert after["ranked"] == _renamed(before["ranked"]) and after["series"] == before["series"]
+    assert after["profile"] == _renamed(before["profile"])
 
 
 def test_peak_rows_say_whether_they_are_a_peak_or_a_fixed_size(upgraded: str) -> None:
