@@ -3,7 +3,8 @@
 For each loop count and each context length L, a batch of L-token prompts is prefilled and decoded
 for a few greedy steps while the memory sampler runs; each point records the same measures as an
 evaluation run, plus prefill time, decode throughput and the KV bytes the analytic model
-(`measures.analytic_kv_bytes` on the terms engine adapters describe) predicts for L + steps tokens. The MELT paper's "memory at 32k tokens" is the point L = 32768.
+(`measures.analytic_kv_bytes` on the terms engine adapters describe) predicts for L + steps tokens.
+The MELT paper's "memory at 32k tokens" is the point L = 32768.
 
 Only torch, psutil and nvidia-ml-py are imported here (no lighteval, no sqlalchemy), so profiling
 runs on a GPU machine whose Python lacks the evaluation stack.

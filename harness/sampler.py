@@ -10,8 +10,8 @@ here is None in every tick and in its peak, never 0: "no GPU" must not look like
 Peaks carry the series' names (`measures`): a run's `rss` peak is the maximum of its `rss` ticks. Where
 a source keeps its own exact peak (`Measure.exact`: the torch caching allocator, the adapter's
 `kv_bytes_peak` of `kv_bytes_allocated` and `kv_bytes_reserved_peak`) that replaces the sampled
-maximum, which could miss a spike shorter than the interval. The sampler times its own ticks, so its overhead is reported with the run
-(`overhead()`).
+maximum, which could miss a spike shorter than the interval. The sampler times its own ticks, so its
+overhead is reported with the run (`overhead()`).
 
 Only torch, psutil and nvidia-ml-py are needed: `loopeval profile` uses this on machines without
 lighteval or sqlalchemy.
