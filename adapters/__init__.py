@@ -6,7 +6,8 @@ loading weights, where the adapter can tell), `resolve(spec)` (the full spec a b
 Importing this package stays light: torch is imported only when an adapter is loaded.
 """
 
-from adapters.base import MEMORY_KEYS, Adapter, AdapterError, Generation, Sampling
+from adapters.base import Adapter, AdapterError, Generation, Sampling
 from adapters.registry import available, inspect, load, register, resolve
+from measures import MEMORY_KEYS
 
 __all__ = ["MEMORY_KEYS", "Adapter", "AdapterError", "Generation", "Sampling", "available", "inspect", "load", "register", "resolve"]

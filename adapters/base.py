@@ -13,9 +13,6 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol, Sequence, ru
 if TYPE_CHECKING:
     import torch
 
-# The accounted memory measures every adapter reports (a subset of `db.measures.PEAK_MEASURES`).
-MEMORY_KEYS: tuple[str, ...] = ("weights_bytes", "kv_bytes_allocated", "kv_bytes_used", "kv_bytes_peak")
-
 # Dtypes by the short names users type, with their sizes; `MODEL_DTYPES` are those a model runs in
 # (short name -> torch's name). `_DTYPE_SPELLINGS` maps what configs and libraries write for the same
 # types (torch names, safetensors' "BF16", vLLM's "half"), so every backend accepts the same names.
@@ -197,7 +194,7 @@ class Adapter(Protocol):
     def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[Generation]: ...
 
     def memory(self) -> dict[str, int | None]:
-        """Bytes for each of MEMORY_KEYS; None where the adapter cannot know."""
+        """Bytes for each of `measures.MEMORY_KEYS` (and any of `OPTIONAL_MEMORY_KEYS`); None where the adapter cannot know."""
         ...
 
     def describe(self) -> dict[str, Any]:

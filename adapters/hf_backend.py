@@ -16,7 +16,7 @@ Memory (`memory()`) is read from the cache object passed to `generate` (`past_ke
 
 - `kv_bytes_allocated`: the `nbytes` of the cache's key and value tensors when `memory()` is
   called. Exact for the tensors the cache holds; a DynamicCache grows by `torch.cat`, whose
-  transient copy and allocator slack are not counted (`torch_allocated_peak` / NVML see them).
+  transient copy and allocator slack are not counted (the `torch_allocated` peak and NVML see them).
 - `kv_bytes_used`: the positions written so far. For a DynamicCache this equals allocated (its
   tensors are exactly as long as what was written, left padding of shorter prompts included); for
   `cache="static"` (a preallocated StaticCache) it is allocated x written / capacity.
@@ -38,8 +38,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from adapters import threads
-from adapters.base import MEMORY_KEYS, MODEL_DTYPES, AdapterError, Generation, Prompt, Sampling, dtype_short
+from adapters.base import MODEL_DTYPES, AdapterError, Generation, Prompt, Sampling, dtype_short
 from adapters.registry import register
+from measures import MEMORY_KEYS
 
 if TYPE_CHECKING:
     import torch

@@ -38,8 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from adapters.base import DTYPE_BYTES, MEMORY_KEYS, AdapterError, FinishReason, Generation, Prompt, Sampling, dtype_short
+from adapters.base import DTYPE_BYTES, AdapterError, FinishReason, Generation, Prompt, Sampling, dtype_short
 from adapters.registry import register
+from measures import MEMORY_KEYS
 
 # The pins of the `vllm` extra (pyproject.toml); vLLM 0.33 brings these torch/transformers versions.
 VLLM_PINS: tuple[str, ...] = ("vllm==0.33.0", "torch==2.14.0", "transformers>=4.56,<5.21")

@@ -1,9 +1,10 @@
 """What the accuracy-against-memory figures plot: the stored peaks plus the derived measures.
 
-Two measures are not stored but computed here: `weights_bytes + kv_bytes_peak` (what the model
+Two measures are not stored but computed here: `weights_bytes + kv_bytes_allocated` (what the model
 itself holds, without allocator slack or CUDA context) and `analytic` (the bytes the model's config
 implies at a chosen context length: the same formula `loopeval estimate` prints, evaluated from the
-coefficients engine adapters store with each run, `adapters.engine.memory.analytic_terms`). Either is NULL
+coefficients engine adapters store with each run, `adapters.engine.memory.analytic_terms`, through
+`measures.analytic_bytes`). Either is NULL
 where an input is unavailable.
 """
 
@@ -20,9 +21,9 @@ from dashboards.figures import ANALYTIC, WEIGHTS_PLUS_KV, pareto_mask
 from db import queries
 from db.headline import SUITE, group_means, headline
 from db.sets import id_ranges
+import measures
 
 DEFAULT_CONTEXT_TOKENS = 32768  # the MELT paper's "memory at 32k tokens"
-GB = 1e9  # decimal, as the MELT paper counts
 
 
 def analytic_bytes(model_config: Any, context_tokens: int) -> float:
@@ -36,21 +37,18 @@ def analytic_bytes(model_config: Any, context_tokens: int) -> float:
     if not isinstance(terms, dict):
         return float("nan")
     try:
-        return float(
-            terms["weights_bytes"] + terms["kv_bytes_per_token"] * context_tokens
-            + terms["latent_bytes_per_token"] * min(terms["latent_tokens"], context_tokens)
-        )
+        return float(measures.analytic_bytes(terms, context_tokens))
     except (KeyError, TypeError):  # written by another version: unavailable, not guessed
         return float("nan")
 
 
 def with_derived_measures(points: pd.DataFrame, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -> pd.DataFrame:
-    """Add the `weights_bytes + kv_bytes_peak` and `analytic` columns to `queries.accuracy_memory` rows."""
+    """Add the `weights_bytes + kv_bytes_allocated` and `analytic` columns to `queries.accuracy_memory` rows."""
     points = points.copy()
-    for column in ("weights_bytes", "kv_bytes_peak"):
+    for column in ("weights_bytes", "kv_bytes_allocated"):
         if column not in points:
             points[column] = np.nan
-    points[WEIGHTS_PLUS_KV] = points["weights_bytes"] + points["kv_bytes_peak"]
+    points[WEIGHTS_PLUS_KV] = points["weights_bytes"] + points["kv_bytes_allocated"]
     points[ANALYTIC] = [analytic_bytes(config, context_tokens) for config in points.get("model_config", [])]
     points[ANALYTIC] = points[ANALYTIC].astype("float64")
     return points
@@ -74,7 +72,7 @@ def ranked(points: pd.DataFrame, measure: str) -> pd.DataFrame:
     """
     table = points.copy()
     table["memory"] = table[measure].astype("float64") if measure in table else np.nan
-    table["per_gb"] = table["accuracy"].astype("float64") / (table["memory"] / GB)
+    table["per_gb"] = table["accuracy"].astype("float64") / (table["memory"] / measures.GB)
     table["frontier"] = False
     known = table["memory"].notna() & table["accuracy"].notna()
     table.loc[known, "frontier"] = pareto_mask(table.loc[known, "memory"], table.loc[known, "accuracy"])

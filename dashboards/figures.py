@@ -21,20 +21,21 @@ import plotly.express as px
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from db.measures import BYTE_UNITS
 from db.sets import id_ranges
+from measures import BY_NAME, BYTE_UNITS, GB
 
-# Selectable memory measures of the accuracy-against-memory plot: key (a DataFrame column) -> label.
-WEIGHTS_PLUS_KV = "weights_bytes + kv_bytes_peak"
+# Selectable memory measures of the accuracy-against-memory plot: key (a DataFrame column) -> label, the
+# stored ones labelled by `measures` (each a run's peak), the two derived ones (`dashboards.data`) here.
+WEIGHTS_PLUS_KV = "weights_bytes + kv_bytes_allocated"
 ANALYTIC = "analytic"
 MEMORY_MEASURES: dict[str, str] = {
-    "nvml_process_peak": "NVML process peak",
-    "torch_allocated_peak": "torch allocated peak",
-    "kv_bytes_peak": "KV cache peak",
-    "kv_bytes_reserved": "KV pool reserved",
+    "nvml_process": BY_NAME["nvml_process"].label,
+    "torch_allocated": BY_NAME["torch_allocated"].label,
+    "kv_bytes_allocated": BY_NAME["kv_bytes_allocated"].label,
+    "kv_bytes_reserved": BY_NAME["kv_bytes_reserved"].label,
     WEIGHTS_PLUS_KV: "weights + KV cache peak",
     ANALYTIC: "analytic weights + KV",
-    "rss_peak": "process RSS peak (CPU)",
+    "rss": BY_NAME["rss"].label,
 }
 DECIMAL_NOTE = "GB are decimal (1 GB = 1e9 bytes)"
 # What the empty profile figure suggests: a shipped model at lengths its 512-token context holds (with the decode steps).
@@ -70,7 +71,7 @@ def byte_unit(values: Sequence[float] | pd.Series | np.ndarray) -> tuple[str, fl
     for unit, scale in BYTE_UNITS:
         if largest >= scale:
             return unit, scale
-    return "GB", 1e9  # nothing to scale: label the axis in the unit people expect
+    return "GB", GB  # nothing to scale: label the axis in the unit people expect
 
 
 def unit_title(label: str, unit: str, scale: float) -> str:
@@ -167,7 +168,7 @@ def answer(points: pd.DataFrame, measure: str, label: str | None = None) -> str:
     if shown.empty:
         return f"{label} is unavailable for every run with this task; pick another memory measure."
     unit, scale = byte_unit(shown[measure])
-    rows = shown.assign(per_gb=shown["accuracy"] / (shown[measure] / 1e9)).to_dict("records")
+    rows = shown.assign(per_gb=shown["accuracy"] / (shown[measure] / GB)).to_dict("records")
 
     def named(row: dict) -> str:
         seeds = f", {row['seeds']} seeds pooled" if row.get("seeds", 1) > 1 else ""
@@ -284,7 +285,7 @@ def accuracy_vs_loops(points: pd.DataFrame, measure: str, task: str = "all", lab
     if points.empty:
         return _empty(title, "no evaluated runs with this task yet")
     has_memory = measure in points and points[measure].notna().any()
-    unit, scale = byte_unit(points[measure]) if has_memory else ("GB", 1e9)
+    unit, scale = byte_unit(points[measure]) if has_memory else ("GB", GB)
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     for index, (model, rows) in enumerate(points.sort_values("loops").groupby("model", sort=True)):
         color = _PALETTE[index % len(_PALETTE)]

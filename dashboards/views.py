@@ -21,8 +21,9 @@ from sqlalchemy import Engine
 
 from dashboards import figures
 from dashboards.data import DEFAULT_CONTEXT_TOKENS, accuracy_points, depth_points, probe_title, profile_points, set_choice
-from db import measures, queries
+from db import queries
 from db.headline import SUITE
+import measures
 
 MAX_SERIES_POINTS = 500  # per run: longer series are reduced to bucket maxima (peaks survive)
 
@@ -300,15 +301,14 @@ SELECTORS: dict[str, Choices] = {
 }
 
 # ------------------------------------------------------------------------------------------ runs table
-# The memory peaks the runs table shows per run, in this order.
-RUN_PEAKS = ("nvml_process_peak", "torch_allocated_peak", "weights_bytes", "kv_bytes_peak", "kv_bytes_reserved", "rss_peak")
+# The runs table's columns: the run's facts, then the peaks `measures.RUN_TABLE_MEASURES` names, by label.
 RUN_COLUMNS = ("run", "sweep", "kind", "model", "loops", "suite", "set", "seed", "status", "samples", "pass@1 (suite mean)",
-               *RUN_PEAKS)  # fmt: skip
+               *(measures.BY_NAME[name].label for name in measures.RUN_TABLE_MEASURES))  # fmt: skip
 
 
 def runs_table(engine: Engine) -> list[list[Any]]:
     """Every run (every kind) as a row of `RUN_COLUMNS`: status, samples, suite-mean accuracy and memory peaks
-    as text (`db.measures.byte_text`: an unavailable peak reads n/a, never 0)."""
+    as text (`measures.byte_text`: an unavailable peak reads n/a, never 0)."""
     table = queries.runs(engine, kind=None)
     table = table.merge(queries.memory_peaks(engine), on="run_id", how="left")
     averages = queries.suite_means(queries.metrics(engine))
@@ -319,5 +319,5 @@ def runs_table(engine: Engine) -> list[list[Any]]:
         accuracy = "" if pd.isna(row.get("value")) else f"{row['value']:.3f} ({row['metric']})"
         rows.append([row["run_id"], row["sweep_id"], row["kind"], row["model"], number(row["loops"]), row["suite"],
                      "" if pd.isna(row["set_id"]) else row["set_id"], number(row["seed"]), row["status"],
-                     row["n_samples"], accuracy, *(measures.byte_text(row.get(c)) for c in RUN_PEAKS)])
+                     row["n_samples"], accuracy, *(measures.byte_text(row.get(c)) for c in measures.RUN_TABLE_MEASURES)])
     return rows

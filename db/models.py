@@ -126,7 +126,8 @@ class MemorySample(Base):
 
 
 class MemoryPeak(Base):
-    """Peak (or fixed) value of one db.measures measure over a run: weights_bytes, kv_bytes_peak, nvml_process_peak, ..."""
+    """A run's maximum of one `measures` series (`rss`, `kv_bytes_allocated`, ...; kind "peak"), or a fixed size
+    (`weights_bytes`; kind "fixed"), under the name the series has in `memory_samples`."""
 
     __tablename__ = "memory_peaks"
     __table_args__ = (UniqueConstraint("run_id", "measure"),)
@@ -134,13 +135,15 @@ class MemoryPeak(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
     measure: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(8))  # "peak" or "fixed" (`measures.Measure.stored_as`)
     value: Mapped[int | None] = mapped_column(BigInteger)
 
     run: Mapped[Run] = relationship(back_populates="memory_peaks")
 
 
 class ProfilePoint(Base):
-    """One context length of `loopeval profile`: measured memory and speed beside the analytic KV."""
+    """One context length of `loopeval profile`: measured memory (each measure's peak over the point, named as
+    its series) and speed beside the analytic KV."""
 
     __tablename__ = "profile_points"
 
@@ -153,11 +156,11 @@ class ProfilePoint(Base):
     kv_bytes_analytic: Mapped[int | None] = mapped_column(BigInteger)
     kv_bytes_allocated: Mapped[int | None] = mapped_column(BigInteger)
     kv_bytes_used: Mapped[int | None] = mapped_column(BigInteger)
-    torch_allocated_peak: Mapped[int | None] = mapped_column(BigInteger)
-    torch_reserved_peak: Mapped[int | None] = mapped_column(BigInteger)
-    nvml_process_peak: Mapped[int | None] = mapped_column(BigInteger)
-    nvml_device_peak: Mapped[int | None] = mapped_column(BigInteger)
-    rss_peak: Mapped[int | None] = mapped_column(BigInteger)
+    torch_allocated: Mapped[int | None] = mapped_column(BigInteger)
+    torch_reserved: Mapped[int | None] = mapped_column(BigInteger)
+    nvml_process: Mapped[int | None] = mapped_column(BigInteger)
+    nvml_device: Mapped[int | None] = mapped_column(BigInteger)
+    rss: Mapped[int | None] = mapped_column(BigInteger)
     prefill_seconds: Mapped[float | None] = mapped_column(Float)
     decode_tokens_per_second: Mapped[float | None] = mapped_column(Float)
 

@@ -17,11 +17,11 @@ import pandas as pd
 from sqlalchemy import Engine, case, func, inspect, select
 
 from db.headline import HEADLINE, SUITE, Estimate, headline, headline_metric, headline_stderr, pool
-from db.measures import PROFILE_MEASURES, SERIES_MEASURES
 from db.models import MemoryPeak, MemorySample, ProbeValue, ProfilePoint, Run, Sample, TaskMetric
 from db.session import display_url
 from db.sets import id_ranges, run_set
 from db import ResultsError
+from measures import PROFILE_MEASURES, SERIES_MEASURES
 
 # Profile runs keep NULL: they span several loop counts, recorded per point.
 _LOOPS = case((Run.kind == "eval", func.coalesce(Run.loops, 1)), else_=Run.loops).label("loops")
@@ -151,7 +151,7 @@ def metrics(engine: Engine, set_id: str | None = None) -> pd.DataFrame:
 
 
 def memory_peaks(engine: Engine, run_ids: Iterable[int] | None = None) -> pd.DataFrame:
-    """Peaks as a wide table: one row per run, one column per db.measures measure (NaN = unavailable)."""
+    """Peaks as a wide table: one row per run, one column per `measures` measure (NaN = unavailable)."""
     statement = select(MemoryPeak.run_id, MemoryPeak.measure, MemoryPeak.value)
     if run_ids is not None:
         statement = statement.where(MemoryPeak.run_id.in_(list(run_ids)))

@@ -21,6 +21,7 @@ from db.headline import headline
 from db.sets import run_key, run_set
 from db.models import MemoryPeak, MemorySample, ProbeValue, ProfilePoint, Run, Sample, TaskMetric, utcnow
 from db.session import display_url, open_engine, open_existing, session_factory
+from measures import BY_NAME, merged_peak
 
 SAMPLE_FIELDS = (
     "task", "doc_id", "sample_index", "prompt", "output", "gold", "score", "prompt_tokens",
@@ -228,21 +229,18 @@ class Store:
                 session.execute(insert(MemorySample), rows)
 
     def merge_memory_peaks(self, run_id: int, peaks: Mapping[str, int | None]) -> None:
-        """Keep, per measure, the larger of the stored peak and `peaks` (a resumed run keeps earlier stretches').
-
-        `weights_bytes` is not a peak but a size: the newest value replaces the stored one.
-        """
+        """Merge `peaks` into the stored ones by `measures.merged_peak` (a resumed run keeps earlier stretches' peaks)."""
         merged = dict(self.memory_peaks(run_id))
         for name, value in peaks.items():
-            old = merged.get(name)
-            merged[name] = value if name == "weights_bytes" or old is None else old if value is None else max(old, value)
+            merged[name] = merged_peak(name, merged.get(name), value)
         self.set_memory_peaks(run_id, merged)
 
     def set_memory_peaks(self, run_id: int, peaks: Mapping[str, int | None]) -> None:
-        """Replace the run's peaks: measure name -> bytes, None where the source was unavailable."""
+        """Replace the run's peaks: `measures` name -> bytes, None where the source was unavailable."""
         with self._session.begin() as session:
             session.execute(delete(MemoryPeak).where(MemoryPeak.run_id == run_id))
-            session.add_all(MemoryPeak(run_id=run_id, measure=name, value=value) for name, value in peaks.items())
+            session.add_all(MemoryPeak(run_id=run_id, measure=name, kind=BY_NAME[name].stored_as, value=value)
+                            for name, value in peaks.items())
 
     def memory_peaks(self, run_id: int) -> dict[str, int | None]:
         with self._session() as session:

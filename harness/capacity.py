@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness.errors import UserError
+from measures import GB, analytic_bytes
 
 
 def available_bytes(device: str) -> int:
@@ -33,9 +34,8 @@ def needed_bytes(facts: dict[str, Any], tokens: int, sequences: int) -> int | No
     if not terms:
         return None
     if facts.get("kv_budget") is not None:
-        return terms["weights_bytes"] + int(facts["kv_budget"] * 1e9)
-    latent = terms["latent_bytes_per_token"] * min(terms["latent_tokens"], tokens)
-    return terms["weights_bytes"] + sequences * (terms["kv_bytes_per_token"] * tokens + latent)
+        return terms["weights_bytes"] + int(facts["kv_budget"] * GB)
+    return analytic_bytes(terms, tokens, sequences)
 
 
 def check_fits(what: str, facts: dict[str, Any], tokens: int, sequences: int, hint: str) -> None:
@@ -47,7 +47,7 @@ def check_fits(what: str, facts: dict[str, Any], tokens: int, sequences: int, hi
     if need > free:
         budget = facts.get("kv_budget")
         kv = f"the KV pool of kv_budget = {budget:g} GB" if budget is not None else f"the KV cache of {sequences} sequences x {tokens} tokens"
-        raise UserError(f"{what}: weights and {kv} need {need / 1e9:.3g} GB, but {free / 1e9:.3g} GB is free on "
+        raise UserError(f"{what}: weights and {kv} need {need / GB:.3g} GB, but {free / GB:.3g} GB is free on "
                         f"{facts.get('device', 'cpu')}: lower {'kv_budget' if budget is not None else hint}")
 
 

@@ -37,7 +37,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from adapters.base import DTYPE_BYTES, MEMORY_KEYS, Adapter, AdapterError, Generation, Prompt, Sampling, dtype_short
+from adapters.base import DTYPE_BYTES, Adapter, AdapterError, Generation, Prompt, Sampling, dtype_short
+from measures import MEMORY_KEYS
 
 DEFAULT_PROMPTS: tuple[str, ...] = ("The answer is", "1+1=", "abc")
 

@@ -2,8 +2,9 @@
 
 For each loop count and each context length L, a batch of L-token prompts is prefilled and decoded
 for a few greedy steps while the memory sampler runs; each point records the same measures as an
-evaluation run, plus prefill time, decode throughput and the KV bytes `adapters.engine.memory.estimate`
-predicts for L + steps tokens. The MELT paper's "memory at 32k tokens" is the point L = 32768.
+evaluation run, plus prefill time, decode throughput and the KV bytes the analytic model
+(`measures.analytic_kv_bytes` on the terms engine adapters describe) predicts for L + steps tokens.
+The MELT paper's "memory at 32k tokens" is the point L = 32768.
 
 Only torch, psutil and nvidia-ml-py are imported here (no lighteval, no sqlalchemy), so profiling
 runs on a GPU machine whose Python lacks the evaluation stack.
@@ -18,12 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import adapters
-from adapters.base import AdapterError, Sampling
+from adapters.base import Sampling
 from harness.errors import UserError
 from harness.capacity import check_context, check_fits
 from harness.spec import at_loops, check_int, is_looped
-from db.measures import PEAK_MEASURES
 from harness.sampler import DEFAULT_INTERVAL, MemorySampler
+from measures import PEAK_MEASURES, PROFILE_MEASURES, analytic_kv_bytes, merged_peak
 
 DECODE_STEPS = 8
 
@@ -33,19 +34,13 @@ class ProfileResult:
     model: str
     description: dict[str, Any]  # Adapter.describe() of the first loop count
     points: list[dict[str, Any]]  # one per (loops, length): the columns of `profile_points`
-    peaks: dict[str, int | None] = field(default_factory=dict)  # over all points, db.measures names
+    peaks: dict[str, int | None] = field(default_factory=dict)  # over all points, by `measures` name
 
 
-def analytic_kv_bytes(description: dict[str, Any], tokens: int, batch: int) -> int | None:
-    """What `adapters.engine.memory.estimate` predicts, for engine models (those that describe a LoopConfig)."""
-    from adapters.engine.config import LoopConfig
-    from adapters.engine.memory import estimate
-
-    try:
-        config = LoopConfig.from_dict(description["config"])
-        return estimate(config, tokens, batch=batch, loops=description.get("loops"), dtype=description["dtype"]).kv_bytes
-    except (KeyError, TypeError, AdapterError):
-        return None
+def analytic_kv(description: dict[str, Any], tokens: int, batch: int) -> int | None:
+    """The KV bytes the analytic model predicts, for engine models (those that describe its terms); None for others."""
+    terms = description.get("analytic")
+    return analytic_kv_bytes(terms, tokens, batch) if isinstance(terms, dict) else None
 
 
 def _prompt(vocab_size: int, length: int, seed: int) -> list[int]:
@@ -137,18 +132,14 @@ def profile_model(
                 "batch": batch,
                 "loops": info.get("loops") if r is not None else None,
                 "weights_bytes": point_peaks["weights_bytes"],
-                "kv_bytes_analytic": analytic_kv_bytes(info, length + decode_steps, batch),
-                # the adapter's exact allocated peak, since one cache may live shorter than a sampler tick
-                "kv_bytes_allocated": point_peaks["kv_bytes_peak"],
-                "kv_bytes_used": point_peaks["kv_bytes_used"],
-                **{name: point_peaks[name] for name in PEAK_MEASURES if name.endswith("_peak") and name != "kv_bytes_peak"},
+                "kv_bytes_analytic": analytic_kv(info, length + decode_steps, batch),
+                # kv_bytes_allocated: the adapter's exact peak, since one cache may live shorter than a sampler tick
+                **{name: point_peaks[name] for name in PROFILE_MEASURES},
                 "prefill_seconds": max(g.prefill_seconds for g in generations),
                 "decode_tokens_per_second": generated / decode_seconds if decode_seconds > 0 else None,
             }
             points.append(point)
-            for name, value in point_peaks.items():
-                if value is not None:
-                    peaks[name] = value if peaks[name] is None else max(peaks[name], value)
+            peaks = {name: merged_peak(name, peaks[name], value) for name, value in point_peaks.items()}
             on_point(point)
         description = description or info
     return ProfileResult(spec, description, points, peaks)

@@ -7,11 +7,11 @@ pool while one lives, 0 between calls), and the process RSS, tagged with the cur
 ("task:addition batch:3") and the run's generated-token count so far. A source that cannot be read
 here is None in every tick and in its peak, never 0: "no GPU" must not look like "used no GPU memory".
 
-Peaks carry the measure names of `db.measures`. Where a source keeps its own exact peak (the torch
-caching allocator, the adapter's `kv_bytes_peak`, and its `kv_bytes_reserved_peak`, stored as the
-`kv_bytes_reserved` peak) that is used instead of the sampled maximum, which could miss a spike
-shorter than the interval. The sampler times its own ticks, so its overhead is reported with the run
-(`overhead()`).
+Peaks carry the series' names (`measures`): a run's `rss` peak is the maximum of its `rss` ticks. Where
+a source keeps its own exact peak (`Measure.exact`: the torch caching allocator, the adapter's
+`kv_bytes_peak` of `kv_bytes_allocated` and `kv_bytes_reserved_peak`) that replaces the sampled
+maximum, which could miss a spike shorter than the interval. The sampler times its own ticks, so its
+overhead is reported with the run (`overhead()`).
 
 Only torch, psutil and nvidia-ml-py are needed: `loopeval profile` uses this on machines without
 lighteval or sqlalchemy.
@@ -27,15 +27,9 @@ from typing import Any
 import psutil
 
 from adapters.base import AdapterError, checked_memory
-from db.measures import PEAK_MEASURES, PEAK_OF_SERIES, SERIES_MEASURES
+from measures import ADAPTER_PEAKS, ADAPTER_SERIES, PEAK_MEASURES, SERIES_MEASURES, merged_peak
 
 DEFAULT_INTERVAL = 0.02
-
-
-def _max(a: int | None, b: int | None) -> int | None:
-    if a is None:
-        return b
-    return a if b is None else max(a, b)
 
 
 class _Nvml:
@@ -97,7 +91,7 @@ class MemorySampler:
         self._t0 = 0.0
         self._wall = 0.0
         self._busy = 0.0
-        self._running = dict.fromkeys(PEAK_OF_SERIES.values())  # sampled maxima, updated every tick
+        self._running = dict.fromkeys(SERIES_MEASURES)  # sampled maxima, updated every tick
         self._final: dict[str, int | None] = {}
 
     # --- sources ------------------------------------------------------------------------------
@@ -129,7 +123,7 @@ class MemorySampler:
         tick["rss"] = self._process.memory_info().rss
         if self.adapter is not None:
             accounted = self._accounted()
-            for name in ("kv_bytes_used", "kv_bytes_allocated", "kv_bytes_reserved"):
+            for name in ADAPTER_SERIES:
                 tick[name] = accounted.get(name)  # None from adapters without such accounting
         if self._cuda:
             import torch
@@ -180,17 +174,18 @@ class MemorySampler:
         self._final = self._exact()
 
     def _exact(self) -> dict[str, int | None]:
-        """The peaks the sources keep themselves (the adapter's accounting, torch's allocator), read now."""
+        """The values the sources keep themselves, read now, by measure: the adapter's weights and its exact KV
+        peaks (`measures.ADAPTER_PEAKS`), torch's allocator peaks. None where the source does not know."""
         exact: dict[str, int | None] = {}
         if self.adapter is not None:
             accounted = self._accounted()
-            exact.update({k: v for k, v in accounted.items() if k in PEAK_MEASURES})
-            exact["kv_bytes_reserved"] = accounted.get("kv_bytes_reserved_peak")  # memory()'s kv_bytes_reserved is live
+            exact["weights_bytes"] = accounted.get("weights_bytes")
+            exact.update({measure: accounted.get(key) for key, measure in ADAPTER_PEAKS.items()})
         if self._cuda:
             import torch
 
-            exact["torch_allocated_peak"] = torch.cuda.max_memory_allocated()
-            exact["torch_reserved_peak"] = torch.cuda.max_memory_reserved()
+            exact["torch_allocated"] = torch.cuda.max_memory_allocated()
+            exact["torch_reserved"] = torch.cuda.max_memory_reserved()
         return exact
 
     def __enter__(self) -> MemorySampler:
@@ -206,8 +201,8 @@ class MemorySampler:
     def _tick(self) -> None:
         began = time.perf_counter()
         tick = self.read()
-        for series, measure in PEAK_OF_SERIES.items():
-            self._running[measure] = _max(self._running[measure], tick[series])
+        for series in SERIES_MEASURES:
+            self._running[series] = merged_peak(series, self._running[series], tick[series])
         self.ticks.append(tick)
         self._busy += time.perf_counter() - began
 
@@ -220,19 +215,16 @@ class MemorySampler:
     # --- results ------------------------------------------------------------------------------
 
     def peaks(self) -> dict[str, int | None]:
-        """Every PEAK_MEASURES name -> bytes, None where the source was unavailable during the whole run.
+        """Every PEAK_MEASURES name -> bytes, None where the source was unavailable during the whole run: the
+        source's own value where it keeps one (`_exact`), else the sampled maximum.
 
         While the sampler runs this is the peak so far (a run's recorder stores it every second).
         """
         peaks: dict[str, int | None] = dict.fromkeys(PEAK_MEASURES)
         peaks.update(self._running)
         for measure, value in (self._final or self._exact()).items():
-            if measure in ("torch_allocated_peak", "torch_reserved_peak", "weights_bytes"):
-                peaks[measure] = value if value is not None else peaks[measure]
-            else:
-                peaks[measure] = _max(peaks[measure], value)
-        if peaks["kv_bytes_peak"] is None:
-            peaks["kv_bytes_peak"] = peaks["kv_bytes_used"]
+            if value is not None:
+                peaks[measure] = value
         return peaks
 
     def overhead(self) -> dict[str, float]:

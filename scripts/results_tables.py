@@ -53,7 +53,7 @@ def table(runs: list[dict], memory: bool) -> str:
     tasks = sorted({task for run in runs for task in run["pass_at_1"]["benchmarks"]})
     several = any(len(seeds) > 1 for seeds in points.values())
     head = ["model", "loops", *(["seeds"] if several else []), *tasks, "average"]
-    head += ["weights_bytes", "kv_bytes_peak", "KV bytes/token"] if memory else []
+    head += ["weights_bytes", "kv_bytes_allocated", "KV bytes/token"] if memory else []
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for (model, loops), seeds in points.items():
         values = [mean([run["pass_at_1"]["benchmarks"].get(task) for run in seeds]) for task in tasks]
@@ -62,7 +62,7 @@ def table(runs: list[dict], memory: bool) -> str:
         cells += [rounded(v) if v is not None else "n/a" for v in values]
         if memory:
             per_token = seeds[-1]["kv_bytes_per_token"]
-            cells += [f"{max(run['memory'].get(k) or 0 for run in seeds):,}" for k in ("weights_bytes", "kv_bytes_peak")]
+            cells += [f"{max(run['memory'].get(k) or 0 for run in seeds):,}" for k in ("weights_bytes", "kv_bytes_allocated")]
             cells.append(f"{per_token:,}" if per_token is not None else "n/a")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

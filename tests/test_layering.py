@@ -18,6 +18,7 @@ import os
 import re
 import subprocess
 import sys
+import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +26,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "architecture.md"
-PACKAGES = ("adapters", "harness", "suites", "db", "dashboards")
+PACKAGES = ("measures", "adapters", "harness", "suites", "db", "dashboards")
 SCRIPT_FOLDERS = ("bench", "scripts")  # entry points: may import any package, public names only
 FIRST_PARTY = set(PACKAGES) | set(SCRIPT_FOLDERS) | {"tests"}
 STDLIB = set(sys.stdlib_module_names)
@@ -39,6 +40,7 @@ LIGHT_MODULES = (
         ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
         for p in (ROOT / "adapters").rglob("*.py")
     ),
+    "measures",
     "harness.sampler",
     "harness.profiling",
     "harness.cli.estimate",
@@ -97,7 +99,8 @@ def _allowed_from_doc() -> dict[str, tuple[set[str], set[str] | None]]:
 
     Read from the table in docs/architecture.md whose header starts `| package | holds | may import
     (project) | may import (third-party) |`: module names are the `backticked` lowercase words of the
-    last two cells; a cell without any means "nothing" for the project column and "any" for third-party.
+    last two cells; a cell without any means "nothing" for the project column and, unless it starts with
+    "nothing" (the standard library only), "any" for third-party.
     """
     rows: dict[str, tuple[set[str], set[str] | None]] = {}
     in_table = False
@@ -114,7 +117,7 @@ def _allowed_from_doc() -> dict[str, tuple[set[str], set[str] | None]]:
             continue
         package = cells[0].strip("`/ ")
         names = [set(re.findall(r"`([a-z_][a-z0-9_]*)/?`", cell)) for cell in cells[2:4]]
-        rows[package] = (names[0], names[1] or None)
+        rows[package] = (names[0], names[1] or (set() if cells[3].startswith("nothing") else None))
     assert set(rows) >= set(PACKAGES), f"{DOC.relative_to(ROOT)}: the import-rules table lacks rows for {set(PACKAGES) - set(rows)}"
     return rows
 
@@ -147,7 +150,7 @@ def test_third_party_imports(package: str) -> None:
     if allowed is None:
         return
     violations = [
-        f"{i.file}:{i.line}: {i} (may import: {', '.join(sorted(allowed))}, and the standard library)"
+        f"{i.file}:{i.line}: {i} (may import: {', '.join(sorted(allowed)) or 'nothing'}, and the standard library)"
         for i in ALL_IMPORTS[package]
         if i.top not in FIRST_PARTY and i.top not in STDLIB and i.top not in allowed
     ]
@@ -258,11 +261,48 @@ ONE_HOME = {
     "the paper protocol's top-p": (re.compile(r"""top_p["']?\s*[=:]\s*0\.7\b"""), "adapters/base.py"),
     "PAPER_PROTOCOL's definition": (re.compile(r"^PAPER_PROTOCOL\b.*=", re.M), "adapters/base.py"),
     "sampling's rules": (re.compile(r"""["']?top_p["']?\s*:\s*\(\s*["']a number in"""), "adapters/base.py"),
+    # the memory vocabulary (item 1 of issue 30): the analytic formula, the measure-name tuples, the GB constant
+    "the analytic memory formula": (re.compile(r"latent_bytes_per_token\"?\]?\s*\*\s*min\("), "measures/__init__.py"),
+    "a list of four or more measure names": (re.compile(r"""[(\[]\s*(?:{name}\s*,\s*){{3,}}{name}""".format(
+        name=r"""["'](?:weights_bytes|kv_bytes_\w+|torch_\w+|nvml_\w+|rss\w*)["']""")), "measures/__init__.py"),
 }
+# The old homes of the memory vocabulary, gone: a module or name there again is a second home.
+OLD_HOMES = ("db/measures.py",)
+OLD_NAMES = {"MEMORY_KEYS": "measures/__init__.py", "PEAK_OF_SERIES": None, "BYTE_UNITS": "measures/__init__.py"}
+
+
+def _sources() -> list[Path]:
+    """The packages' and entry points' files, migrations left out: they are history, written with the names of their day."""
+    return [p for p in _files(*PACKAGES, *SCRIPT_FOLDERS) if "migrations" not in p.parts]
 
 
 @pytest.mark.parametrize("setting", ONE_HOME)
 def test_a_setting_has_one_home(setting: str) -> None:
     pattern, home = ONE_HOME[setting]
-    found = [p.relative_to(ROOT).as_posix() for p in _files(*PACKAGES, *SCRIPT_FOLDERS) if pattern.search(p.read_text(encoding="utf-8"))]
+    found = [p.relative_to(ROOT).as_posix() for p in _sources() if pattern.search(p.read_text(encoding="utf-8"))]
     assert found == [home], f"{setting} is written in {found}; its one home is {home}"
+
+
+def test_byte_units_have_one_home() -> None:
+    """`1e9` (or `1e6`, `1_000_000_000`) written as a number is a second home of `measures.GB` (`MB`); in text it is fine."""
+    violations = []
+    for p in _sources():
+        if p.relative_to(ROOT).parts[0] == "measures":
+            continue
+        with p.open("rb") as source:
+            violations += [f"{p.relative_to(ROOT)}:{t.start[0]}: {t.string}" for t in tokenize.tokenize(source.readline)
+                           if t.type == tokenize.NUMBER and t.string.replace("_", "").lower() in ("1e9", "1e6", "1000000000", "1e+9")]
+    _report(violations, "byte units are measures.GB / MB, never a bare 1e9 or 1e6")
+
+
+def test_memory_vocabulary_has_no_old_home() -> None:
+    """`db/measures.py` and `adapters.base.MEMORY_KEYS` moved to `measures/`; nothing defines them anywhere else."""
+    assert not [old for old in OLD_HOMES if (ROOT / old).exists()]
+    violations = []
+    for p in _sources():
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            targets = [t for t in getattr(node, "targets", [getattr(node, "target", None)]) if isinstance(t, ast.Name)]
+            violations += [f"{p.relative_to(ROOT)}:{node.lineno}: defines {t.id}" for t in targets
+                           if t.id in OLD_NAMES and p.relative_to(ROOT).as_posix() != OLD_NAMES[t.id]]
+    violations += [f"{i.file}:{i.line}: {i}" for imports in ALL_IMPORTS.values() for i in imports if i.module == "db.measures"]
+    _report(violations, "the memory vocabulary lives in measures/ only")

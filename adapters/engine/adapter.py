@@ -189,7 +189,7 @@ class EngineAdapter:
 
     def describe(self) -> dict[str, Any]:
         cfg = self.config
-        size = torch.empty(0, dtype=self.dtype).element_size()
+        analytic = analytic_terms(cfg, self.loops, dtype_short(self.dtype))
         return {
             "family": cfg.family,
             "params": count_params(cfg),
@@ -199,8 +199,8 @@ class EngineAdapter:
             "gate": cfg.gate_variant if cfg.gated else None,
             "dtype": dtype_short(self.dtype),
             "device": str(self.device),
-            "kv_bytes_per_token": 2 * cfg.kv_entries(self.loops) * cfg.num_kv_heads * cfg.head_dim * size,
-            "analytic": analytic_terms(cfg, self.loops, dtype_short(self.dtype)),
+            "kv_bytes_per_token": analytic["kv_bytes_per_token"],
+            "analytic": analytic,
             "exit_policy": {"kind": self.exit_policy.kind, "loop": self.exit_policy.loop, "threshold": self.exit_policy.threshold},
             "batching": {"mode": self.batching, "max_batch": self.max_batch, "block_size": self.block_size, "kv_budget": self.kv_budget},
             "config": cfg.to_dict(),

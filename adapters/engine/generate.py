@@ -42,6 +42,7 @@ from adapters.engine.cache import KVCache
 from adapters.engine.memory import kv_bytes
 from adapters.engine.model import LoopedLM, StepOutput, exit_probabilities, prefill_chunks
 from adapters.engine.sequence import Sequence as Seq
+from measures import GB
 
 T = TypeVar("T", int, Tensor)
 
@@ -389,7 +390,7 @@ def _allocate(model: LoopedLM, batch: int, capacity: int, loops: int) -> KVCache
         free = torch.cuda.mem_get_info(weight.device)[0]
         if need > free:
             raise AdapterError(
-                f"the KV cache for {batch} sequences x {capacity} tokens needs {need / 1e9:.2f} GB but {free / 1e9:.2f} GB is free: "
+                f"the KV cache for {batch} sequences x {capacity} tokens needs {need / GB:.2f} GB but {free / GB:.2f} GB is free: "
                 "lower max_new_tokens or the batch (max_batch)"
             )
     return KVCache(cfg, batch, capacity, loops, weight.dtype, weight.device)

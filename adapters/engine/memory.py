@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from adapters.base import DTYPE_BYTES, AdapterError, dtype_short
 from adapters.engine.config import LOOP_GATE_DIM, LoopConfig
+from measures import analytic_kv_bytes
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,7 @@ def history_bytes(config: LoopConfig, tokens: int, size: int) -> int:
 
 def kv_bytes(cfg: LoopConfig, tokens: int, batch: int = 1, loops: int | None = None, dtype: str = "bf16") -> int:
     """Bytes of the static cache for `batch` sequences of `tokens` slots at `loops` (default: trained T)."""
-    t = analytic_terms(cfg, loops, dtype)
-    return batch * (t["kv_bytes_per_token"] * tokens + t["latent_bytes_per_token"] * min(t["latent_tokens"], tokens))
+    return analytic_kv_bytes(analytic_terms(cfg, loops, dtype), tokens, batch)
 
 
 def estimate(cfg: LoopConfig, tokens: int, batch: int = 1, loops: int | None = None, dtype: str = "bf16") -> MemoryEstimate:
@@ -71,9 +71,8 @@ def estimate(cfg: LoopConfig, tokens: int, batch: int = 1, loops: int | None = N
 
 
 def analytic_terms(cfg: LoopConfig, loops: int | None = None, dtype: str = "bf16") -> dict[str, int]:
-    """`estimate(cfg, T, batch=1, loops, dtype).total_bytes` as stored coefficients, for every T >= 1:
-
-        weights_bytes + kv_bytes_per_token * T + latent_bytes_per_token * min(latent_tokens, T)
+    """`estimate(cfg, T, batch=1, loops, dtype).total_bytes` as stored coefficients, for every T >= 1
+    (`measures.analytic_bytes` evaluates them; the one home of the formula).
 
     Engine adapters put these in `describe()`, so readers of the results database (the dashboards)
     evaluate the formula at any context length without importing the engine's packages.

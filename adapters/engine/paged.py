@@ -27,6 +27,7 @@ from adapters.engine.cache import Gate, entry_table
 from adapters.engine.config import LoopConfig
 from adapters.engine.memory import analytic_terms
 from adapters.engine.sequence import Sequence
+from measures import GB
 
 DEFAULT_BLOCK_SIZE = 16
 KEEP_BYTES = 64 * 2**20  # gathered K/V rows a gated step may keep across its loops (`PagedStep`)
@@ -70,7 +71,7 @@ class BlockPool:
         longest, rows = max(-(-c // block_size) for c in capacities), min(max_seqs, len(capacities))
         latent = max(rows, config.prefill_chunk or 1)  # tokens one step may hold in flight
         if kv_budget is not None:
-            blocks = pool_blocks(config, loops, int(kv_budget * 1e9), block_size, latent, short)
+            blocks = pool_blocks(config, loops, int(kv_budget * GB), block_size, latent, short)
         else:
             blocks = rows * longest
             if device.type == "cuda":
@@ -79,7 +80,7 @@ class BlockPool:
         if blocks < longest:
             per_token = analytic_terms(config, loops, short)["kv_bytes_per_token"]
             raise AdapterError(
-                f"the KV pool holds {max(blocks, 0) * block_size} tokens ({max(blocks, 0) * block_size * per_token / 1e9:.3f} GB) but one "
+                f"the KV pool holds {max(blocks, 0) * block_size} tokens ({max(blocks, 0) * block_size * per_token / GB:.3f} GB) but one "
                 f"sequence needs {longest * block_size}: raise kv_budget, or lower max_new_tokens or the loops"
             )
         return cls(config, loops, blocks, block_size, latent, dtype, device, spare=spare)

@@ -17,7 +17,6 @@ from adapters.threads import SMALL_MODEL_PARAMS
 from harness.errors import UserError
 from harness.hints import env_command, with_db
 
-GB = 1e9  # decimal gigabytes, as the MELT paper reports them
 
 DbOption = Annotated[
     Optional[str],
@@ -172,9 +171,11 @@ def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = No
     from dashboards import figures
     from dashboards.data import accuracy_points, ranked
     from db import queries
+    from measures import canonical
 
     evals = [r for r in runs if r["kind"] == "eval"]
     sets = _order_sets(evals)
+    measure = None if measure is None else canonical(measure)
     if measure is not None and measure not in figures.MEMORY_MEASURES:
         raise UserError(f"--measure must be one of {', '.join(figures.MEMORY_MEASURES)}, got {measure!r}")
     if not evals:
@@ -217,8 +218,8 @@ POOLED_CAPTION = "A row pools its seeds: pass@1 and its interval are over every 
 
 def _ranking_rows(table: Any, unscored: dict[tuple[str, int], list[dict[str, Any]]], measure: str) -> list[list[str]]:
     """`dashboards.data.ranked` rows, ranked where accuracy per GB is known, then (model, loops) of the set without a score."""
-    from db.measures import byte_text
     from db.sets import id_ranges
+    from measures import byte_text
 
     rows = [[str(rank) if row.per_gb == row.per_gb else "", row.model, str(int(row.loops)), str(row.seeds),
              _accuracy_text(row.accuracy, row.stderr), byte_text(row.memory), _per_gb_text(row.per_gb),

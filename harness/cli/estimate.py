@@ -13,7 +13,8 @@ from typing import Optional
 
 import typer
 
-from harness.cli.common import GB, JsonFlag, print_table
+from harness.cli.common import JsonFlag, print_table
+from measures import GB
 from harness.errors import UserError
 
 

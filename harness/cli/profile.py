@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import typer
 
-from db.measures import byte_text
+from measures import byte_text
 from harness.cli.common import DbOption, JsonFlag, ThreadsOption, parse_int_list, say_threads, use_threads
 from harness.errors import UserError
 from harness.profiling import DECODE_STEPS, decode_sampling, plan_profile, profile_model
@@ -73,7 +73,7 @@ def _print_point(point: dict[str, Any]) -> None:
     typer.echo(
         f"tokens {point['context_tokens']:>7} batch {point['batch']} loops {loops}: "
         f"KV analytic {byte_text(point['kv_bytes_analytic'])}, allocated {byte_text(point['kv_bytes_allocated'])}, "
-        f"torch peak {byte_text(point['torch_allocated_peak'])}, NVML process {byte_text(point['nvml_process_peak'])}, "
-        f"RSS {byte_text(point['rss_peak'])}, prefill {point['prefill_seconds']:.3f} s, "
+        f"torch peak {byte_text(point['torch_allocated'])}, NVML process {byte_text(point['nvml_process'])}, "
+        f"RSS {byte_text(point['rss'])}, prefill {point['prefill_seconds']:.3f} s, "
         f"decode {point['decode_tokens_per_second'] or 0:.1f} tok/s"
     )

@@ -27,7 +27,8 @@ def results(
     suite: Optional[str] = typer.Option(None, "--suite", help="Only runs of this suite."),
     last: Optional[int] = typer.Option(None, "--last", min=1, help="Only the N most recently stored runs (after the other filters)."),
     set_id: Optional[str] = typer.Option(None, "--set", help="The evaluation set to show (its id, listed under the table). Default: the newest scored run's."),
-    measure: Optional[str] = typer.Option(None, "--measure", help="Memory measure: kv_bytes_peak, 'weights_bytes + kv_bytes_peak', nvml_process_peak, ... Default: the first one the runs have."),
+    measure: Optional[str] = typer.Option(None, "--measure", help="Memory measure (each run's peak): kv_bytes_allocated, 'weights_bytes + kv_bytes_allocated', nvml_process, ... "
+                                                            "Names before 0007 (kv_bytes_peak, ...) still work. Default: the first one the runs have."),
     tasks: bool = typer.Option(False, "--tasks", help="pass@1 of each benchmark instead of memory."),
     profiles: bool = typer.Option(False, "--profiles", help="The `loopeval profile` runs: memory against context length."),
 ) -> None:
@@ -77,7 +78,7 @@ def _print_profiles(store: Any, run_ids: list[int], db: str | None) -> None:
     """One row per profiled (run, loops, batch) at its longest context: the analytic KV beside the measured peaks."""
     from dashboards.figures import PROFILE_EXAMPLE
     from db import queries
-    from db.measures import byte_text
+    from measures import byte_text
 
     points = queries.profile_points(store.engine)
     points = points[points["run_id"].isin(run_ids)]
@@ -88,11 +89,11 @@ def _print_profiles(store: Any, run_ids: list[int], db: str | None) -> None:
     rows = []
     for (run_id, loops, batch), group in points.groupby(["run_id", "loops", "batch"], dropna=False, sort=True):
         longest = group.sort_values("context_tokens").iloc[-1]
-        peak = next((m for m in ("nvml_process_peak", "torch_allocated_peak", "rss_peak") if longest[m] == longest[m]), None)
+        peak = next((m for m in ("nvml_process", "torch_allocated", "rss") if longest[m] == longest[m]), None)
         rows.append([str(run_id), longest["model"], "-" if loops != loops else str(int(loops)), str(int(batch)),
                      f"{int(group['context_tokens'].min())}-{int(longest['context_tokens'])}", byte_text(longest["weights_bytes"]),
                      byte_text(longest["kv_bytes_analytic"]), byte_text(longest["kv_bytes_allocated"]),
-                     "n/a" if peak is None else f"{byte_text(longest[peak])} {peak.removesuffix('_peak')}"])
+                     "n/a" if peak is None else f"{byte_text(longest[peak])} {peak}"])
     print_table(None, ["run", "model", "r", "batch", "tokens", "weights", "KV analytic", "KV allocated", "peak"], rows,
                 right=("run", "r", "batch", "weights", "KV analytic", "KV allocated"), fold=("model",),
                 caption="at the longest context profiled; decimal units (1 GB = 1e9 bytes). "

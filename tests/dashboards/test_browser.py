@@ -73,12 +73,12 @@ def test_report_renders_offline_with_points_from_the_database(page, payload_url:
     set_id = page.locator("#set").input_value()
     assert page.locator("#answer").text_content() == figures.answer(accuracy_points(engine, set_id), measure)
     engine.dispose()
-    page.select_option("#measure", "rss_peak")
+    page.select_option("#measure", "rss")
     page.wait_for_function("document.querySelector('#accuracy-memory .xtitle').textContent.includes('RSS')")
-    assert point_count(page) == _points_with(payload_url, "rss_peak")
+    assert point_count(page) == _points_with(payload_url, "rss")
     assert page.evaluate("document.getElementById('accuracy-memory')._fullLayout.xaxis.range[0]") <= 0, "RSS from 0"
-    if _points_with(payload_url, "nvml_process_peak") == 0:  # a CPU machine: the note names every run, inside the plot
-        page.select_option("#measure", "nvml_process_peak")
+    if _points_with(payload_url, "nvml_process") == 0:  # a CPU machine: the note names every run, inside the plot
+        page.select_option("#measure", "nvml_process")
         page.wait_for_function("document.querySelector('#accuracy-memory').textContent.includes('unavailable')")
         plot = page.locator("#accuracy-memory .main-svg").first.bounding_box()
         note = page.locator("#accuracy-memory .annotation").first.bounding_box()
@@ -146,10 +146,10 @@ def test_served_app_switches_measure_and_shows_output_as_text(page, payload_url:
         page.get_by_label("process RSS peak (CPU)").check()
         page.wait_for_function("document.querySelector('#accuracy-memory .xtitle').textContent.includes('RSS')")
         assert x_axis_title(page) != before and "decimal" in x_axis_title(page)
-        assert point_count(page) == _points_with(payload_url, "rss_peak")
+        assert point_count(page) == _points_with(payload_url, "rss")
 
         offered = page.get_by_label("NVML process peak").count() == 1  # a measure is offered only where some run has it
-        assert offered == (_points_with(payload_url, "nvml_process_peak") > 0)
+        assert offered == (_points_with(payload_url, "nvml_process") > 0)
 
         _payload_shown_as_text(page)
         assert all(request.startswith(url) for request in seen["requests"]), "the app reached outside itself"

@@ -50,14 +50,14 @@ def _store_runs(path: Path) -> str:
                                     for task in TASKS])
             store.set_metrics(run, {**{task: {METRICS[task]: (accuracy, 0.05), task: (accuracy, None)} for task in TASKS},
                                     "all": {"pass@1": (accuracy, None)}})
-            store.set_memory_peaks(run, {"weights_bytes": 1_000_000 * (index + 1), "kv_bytes_peak": 10_000 * loops * (index + 1),
-                                         "rss_peak": 200_000_000})
+            store.set_memory_peaks(run, {"weights_bytes": 1_000_000 * (index + 1), "kv_bytes_allocated": 10_000 * loops * (index + 1),
+                                         "rss": 200_000_000})
             store.add_memory_samples(run, [dict(t=0.02 * k, phase=f"task:{SCRIPT}", generated_tokens=k, kv_bytes_used=1000 * k,
                                                 rss=100_000_000 + k) for k in range(5)])
             store.finish_run(run, "finished", wall_seconds=1.0)
     profiled = store.create_run(sweep_id="profiled", kind="profile", model_spec=MODELS[2], adapter="evil", suite="profile")
     store.add_profile_points(profiled, [dict(context_tokens=n, batch=1, loops=1, weights_bytes=1_000_000, kv_bytes_analytic=100 * n,
-                                             kv_bytes_allocated=100 * n, rss_peak=200_000_000) for n in (16, 32)])
+                                             kv_bytes_allocated=100 * n, rss=200_000_000) for n in (16, 32)])
     store.finish_run(profiled, "finished")
     store.close()
     return f"sqlite:///{path}"

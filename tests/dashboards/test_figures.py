@@ -16,8 +16,9 @@ from dashboards import figures
 from dashboards.app import create_app, set_choices
 from dashboards.data import accuracy_points, analytic_bytes, profile_points
 from dashboards.report import build_report
-from db import measures, queries
+from db import queries
 from db.session import open_existing
+import measures
 
 EVERY = 10**9  # a sample budget larger than any stratum: sample_spread then returns every matching sample
 
@@ -65,10 +66,10 @@ def _stored_peaks(url: str, measure: str) -> dict[tuple[str, int], float]:
 
 def test_accuracy_vs_memory_has_one_point_per_model_and_loops(engine, results_url: str) -> None:
     points = accuracy_points(engine, None)  # the latest set: the sweep's only one
-    peaks = _stored_peaks(results_url, "kv_bytes_peak")
+    peaks = _stored_peaks(results_url, "kv_bytes_allocated")
     assert len(peaks) >= 4, "the sweep should give several (model, loops) pairs with accounted KV"
 
-    fig = figures.accuracy_vs_memory(points, "kv_bytes_peak")
+    fig = figures.accuracy_vs_memory(points, "kv_bytes_allocated")
     unit, scale = figures.byte_unit(list(peaks.values()))
     plotted = sorted(_marker_points(fig))
     assert len(plotted) == len(peaks)
@@ -95,22 +96,22 @@ def test_kv_pool_reserved_is_plotted_from_its_stored_peak_and_offered_by_both_se
     points = accuracy_points(engine, None)
     reserved = _stored_peaks(results_url, "kv_bytes_reserved")
     assert len(reserved) == len(points) > 0
-    assert all(reserved[(model, loops)] >= peak > 0 for model, loops, peak in zip(points["model"], points["loops"], points["kv_bytes_peak"]))
+    assert all(reserved[(model, loops)] >= peak > 0 for model, loops, peak in zip(points["model"], points["loops"], points["kv_bytes_allocated"]))
     fig = figures.accuracy_vs_memory(points, "kv_bytes_reserved")
     _, scale = figures.byte_unit(list(reserved.values()))
     assert sorted(x for x, _ in _marker_points(fig)) == pytest.approx(sorted(value / scale for value in reserved.values()))
-    assert "KV pool reserved" in fig.layout.xaxis.title.text
+    assert "KV pool reserved peak" in fig.layout.xaxis.title.text
 
     options = re.search(r'<select id="measure">(.*?)</select>', build_report(engine)).group(1)
-    assert '<option value="kv_bytes_reserved">KV pool reserved</option>' in options
+    assert '<option value="kv_bytes_reserved">KV pool reserved peak</option>' in options
     *_, options, _ = set_choices(engine, queries.latest_set(engine), None)
-    assert {"label": "KV pool reserved", "value": "kv_bytes_reserved"} in options
+    assert {"label": "KV pool reserved peak", "value": "kv_bytes_reserved"} in options
 
 
 def test_marker_shape_is_the_loop_count(engine) -> None:
     """Each (model, r) marker's shape is its loop count's, and the legend has one entry per shape."""
     points = accuracy_points(engine, None)
-    fig = figures.accuracy_vs_memory(points, "kv_bytes_peak")
+    fig = figures.accuracy_vs_memory(points, "kv_bytes_allocated")
     key = {trace.name: trace.marker.symbol for trace in fig.data if (trace.legendgroup or "").startswith("loops")}
     assert sorted(key) == sorted(figures.loops_label(r) for r in points["loops"].unique())
     assert len(set(key.values())) == len(key), "every loop count has its own shape"
@@ -122,7 +123,7 @@ def test_a_models_legend_entry_is_its_colour_not_its_first_points_marker(engine)
     """The legend draws a trace's first marker, so each model's entry is a legend-only plain circle of its colour
     (never a ringed diamond copied from one of its points), grouped with its points so a click hides them."""
     points = accuracy_points(engine, None)
-    fig = figures.accuracy_vs_memory(points, "kv_bytes_peak")
+    fig = figures.accuracy_vs_memory(points, "kv_bytes_allocated")
     for trace in _model_traces(fig):
         assert trace.showlegend is False
         (entry,) = [t for t in fig.data if t.legendgroup == trace.legendgroup and t.customdata is None]
@@ -142,7 +143,7 @@ def test_frontier_is_exactly_the_non_dominated_points(engine, results_url: str) 
                          {"v": float(value), "r": run_id})
     points = accuracy_points(engine, None)
     assert points["accuracy"].nunique() == len(points) > 2
-    for measure in ("kv_bytes_peak", figures.WEIGHTS_PLUS_KV, "rss_peak", figures.ANALYTIC):
+    for measure in ("kv_bytes_allocated", figures.WEIGHTS_PLUS_KV, "rss", figures.ANALYTIC):
         fig = figures.accuracy_vs_memory(points, measure)
         plotted = _marker_points(fig)
         front = _frontier(fig)
@@ -167,7 +168,7 @@ def test_pareto_mask_against_brute_force_with_ties() -> None:
 
 def test_unavailable_measure_is_named_not_drawn_as_zero(engine, results_url: str) -> None:
     points = accuracy_points(engine, None)
-    unavailable = [m for m in ("nvml_process_peak", "torch_allocated_peak") if not _stored_peaks(results_url, m)]
+    unavailable = [m for m in ("nvml_process", "torch_allocated") if not _stored_peaks(results_url, m)]
     if not unavailable:
         pytest.skip("NVML and torch peaks were measured here (a GPU machine); nothing is unavailable")
     for measure in unavailable:
@@ -181,8 +182,8 @@ def test_unavailable_measure_is_named_not_drawn_as_zero(engine, results_url: str
 
 def test_partly_unavailable_measure_names_the_missing_points(engine) -> None:
     points = accuracy_points(engine, None)
-    points.loc[points.index[0], "kv_bytes_peak"] = math.nan
-    fig = figures.accuracy_vs_memory(points, "kv_bytes_peak")
+    points.loc[points.index[0], "kv_bytes_allocated"] = math.nan
+    fig = figures.accuracy_vs_memory(points, "kv_bytes_allocated")
     assert len(_marker_points(fig)) == len(points) - 1
     first = points.iloc[0]
     assert f"{first.model} r={first.loops}" in _annotations(fig)
@@ -192,7 +193,7 @@ def test_long_unavailable_notes_wrap_inside_the_plot(engine) -> None:
     """Naming every run an unavailable measure misses takes several lines, none wider than the plot holds."""
     points = accuracy_points(engine, None)
     points = pd.concat([points.assign(model=points["model"] + f"-copy{i}") for i in range(4)], ignore_index=True)
-    fig = figures.accuracy_vs_memory(points.assign(nvml_process_peak=math.nan), "nvml_process_peak")
+    fig = figures.accuracy_vs_memory(points.assign(nvml_process=math.nan), "nvml_process")
     (note,) = fig.layout.annotations
     lines = note.text.split("<br>")
     assert len(lines) > 2 and max(map(len, lines)) <= figures.MESSAGE_WIDTH
@@ -212,7 +213,7 @@ def test_suite_mean_has_the_combined_stderr(engine, results_url: str) -> None:
     for row in points.itertuples():
         errors = stderrs[(row.model, row.loops)]
         assert row.stderr == pytest.approx(math.sqrt(sum(e * e for e in errors)) / len(errors))
-    fig = figures.accuracy_vs_memory(points, "kv_bytes_peak")
+    fig = figures.accuracy_vs_memory(points, "kv_bytes_allocated")
     bars = [e for trace in _model_traces(fig) for e in trace.error_y.array]
     assert len(bars) == len(points) and all(np.isfinite(bars))
 
@@ -223,7 +224,7 @@ def test_answer_names_the_best_accuracy_per_gb_and_the_frontier(engine, results_
         for run_id, value in zip(run_ids, np.random.default_rng(2).permutation(len(run_ids)) / len(run_ids)):
             conn.execute(text("UPDATE task_metrics SET value = :v WHERE run_id = :r"), {"v": float(value), "r": run_id})
     points = accuracy_points(engine, None)
-    for measure in ("kv_bytes_peak", "rss_peak", figures.WEIGHTS_PLUS_KV):
+    for measure in ("kv_bytes_allocated", "rss", figures.WEIGHTS_PLUS_KV):
         sentence = figures.answer(points, measure)
         per_gb = {(m, r): a / (v / 1e9) for m, r, a, v in zip(points.model, points.loops, points.accuracy, points[measure])}
         best_model, best_loops = max(per_gb, key=per_gb.get)
@@ -234,7 +235,7 @@ def test_answer_names_the_best_accuracy_per_gb_and_the_frontier(engine, results_
                     if (v, a) in front]
         assert named.count(" → ") == len(on_front) - 1
         assert all(f"{m} r={r} (" in named for m, r in on_front)
-    assert "unavailable" in figures.answer(points.assign(nvml_process_peak=math.nan), "nvml_process_peak")
+    assert "unavailable" in figures.answer(points.assign(nvml_process=math.nan), "nvml_process")
 
 
 def test_analytic_measure_follows_the_stored_config(engine) -> None:
@@ -263,19 +264,19 @@ def test_accuracy_vs_loops_labels_every_loop_count(engine) -> None:
     """Loop counts that are not powers of two get a tick too (Plotly's own log ticks skip them)."""
     points = accuracy_points(engine, None)
     points.loc[points.index[-1], "loops"] = 3
-    fig = figures.accuracy_vs_loops(points, "kv_bytes_peak")
+    fig = figures.accuracy_vs_loops(points, "kv_bytes_allocated")
     assert list(fig.layout.xaxis.tickvals) == sorted(points["loops"].unique())
     assert list(fig.layout.xaxis.ticktext) == [str(r) for r in sorted(points["loops"].unique())]
 
 
 def test_accuracy_vs_loops_has_accuracy_and_memory_per_model(engine) -> None:
     points = accuracy_points(engine, None)
-    fig = figures.accuracy_vs_loops(points, "kv_bytes_peak")
+    fig = figures.accuracy_vs_loops(points, "kv_bytes_allocated")
     accuracy = [t for t in fig.data if t.yaxis in (None, "y")]
     memory = [t for t in fig.data if t.yaxis == "y2"]
     assert len(accuracy) == len(memory) == points["model"].nunique()
     assert sum(len(t.x) for t in accuracy) == len(points)
-    unit, _ = figures.byte_unit(points["kv_bytes_peak"])
+    unit, _ = figures.byte_unit(points["kv_bytes_allocated"])
     assert f"decimal {unit}" in fig.layout.yaxis2.title.text
     assert fig.layout.xaxis.title.text == "loops (r)"
 
@@ -336,8 +337,8 @@ def test_byte_units_scale_to_the_largest_value() -> None:
 
 
 def test_empty_inputs_say_so() -> None:
-    empty = pd.DataFrame(columns=["model", "loops", "accuracy", "stderr", "metric", "n_samples", "kv_bytes_peak"])
-    for fig in (figures.accuracy_vs_memory(empty, "kv_bytes_peak"), figures.accuracy_vs_loops(empty, "kv_bytes_peak"),
+    empty = pd.DataFrame(columns=["model", "loops", "accuracy", "stderr", "metric", "n_samples", "kv_bytes_allocated"])
+    for fig in (figures.accuracy_vs_memory(empty, "kv_bytes_allocated"), figures.accuracy_vs_loops(empty, "kv_bytes_allocated"),
                 figures.memory_over_run(pd.DataFrame(), measures.SERIES_MEASURES),
                 figures.memory_vs_context(pd.DataFrame(), measures.PROFILE_MEASURES)):
         assert len(fig.data) == 0 and _annotations(fig)

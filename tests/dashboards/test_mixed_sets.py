@@ -43,7 +43,7 @@ def test_a_run_on_other_tasks_is_a_second_set_never_a_merged_point(two_sets_url:
     (stored_pairs,) = _sql(two_sets_url, f"SELECT COUNT(*) FROM runs WHERE kind = 'eval' AND id != {again}")
     assert len(previous) == stored_pairs[0], "one point per (model, loops) of the first sweep"
 
-    fig = figures.accuracy_vs_memory(default, "kv_bytes_peak")
+    fig = figures.accuracy_vs_memory(default, "kv_bytes_allocated")
     assert f"set {latest}:" in fig.layout.title.text
     html = build_report(engine)
     options = re.search(r'<select id="set">(.*?)</select>', html).group(1)
@@ -65,13 +65,13 @@ def test_the_app_offers_the_selected_sets_models_loops_and_measures_only(two_set
 
     engine = open_existing(two_sets_url)
     latest, older = queries.eval_sets(engine)["set_id"]
-    models, checked, loops, _, measures, measure = set_choices(engine, latest, "nvml_process_peak")
+    models, checked, loops, _, measures, measure = set_choices(engine, latest, "nvml_process")
     assert models == checked == ["zoo:ouro-tiny"] and loops == [2]
     offered = [option["value"] for option in measures]
-    assert offered and not {"nvml_process_peak", "torch_allocated_peak"} & set(offered) and measure == offered[0]
+    assert offered and not {"nvml_process", "torch_allocated"} & set(offered) and measure == offered[0]
     everything = accuracy_points(engine, older)
     assert offered == [m for m in figures.MEMORY_MEASURES if m in everything and everything[m].notna().any()]
-    models, _, loops, _, _, kept = set_choices(engine, older, "rss_peak")
-    assert models == sorted(everything["model"].unique()) and len(models) > 1 and kept == "rss_peak"
+    models, _, loops, _, _, kept = set_choices(engine, older, "rss")
+    assert models == sorted(everything["model"].unique()) and len(models) > 1 and kept == "rss"
     assert loops == sorted(int(r) for r in everything["loops"].unique())
     engine.dispose()

@@ -35,7 +35,7 @@ def test_three_runs_write_one_postgres_store_at_once_and_every_reader_sees_them(
     assert sorted((r["model"], r["loops"], r["status"], r["n_samples"]) for r in runs) == [
         ("preset:melt-tiny", 1, "finished", 8), ("preset:ouro-tiny", 2, "finished", 8), ("preset:qwen3-tiny", None, "finished", 8),
     ]
-    assert len({r["sweep_id"] for r in runs}) == 3 and all(r["metrics"]["all"] and r["memory"]["rss_peak"] for r in runs)
+    assert len({r["sweep_id"] for r in runs}) == 3 and all(r["metrics"]["all"] and r["memory"]["rss"] for r in runs)
 
     report = tmp_path / "report.html"
     drawn = subprocess.run([str(LOOPEVAL), "dashboard", "--db", postgres_url, "--out", str(report)], capture_output=True, text=True, timeout=300)

@@ -88,7 +88,7 @@ def test_the_report_names_the_seeds_and_draws_the_pooled_interval(sweep: Path, t
     page = report.read_text()
     assert re.search(r"<option [^>]*>set \w+: [^<]*\(4 runs; seeds 0-3 pooled in each point\)</option>", page)
     blobs = json.loads(re.search(r'<script id="figures" type="application/json">(.*?)</script>', page).group(1))
-    figure = next(blob for key, blob in blobs.items() if key.startswith("acc|") and key.endswith("|all|kv_bytes_peak"))
+    figure = next(blob for key, blob in blobs.items() if key.startswith("acc|") and key.endswith("|all|kv_bytes_allocated"))
     _assert_pooled_point(figure, mean, error)
     (depth,) = [blob for key, blob in blobs.items() if key.startswith("depth|")]
     assert "seeds pooled" in json.dumps(depth["layout"]["annotations"])
@@ -102,7 +102,7 @@ def test_the_app_names_the_seeds_and_draws_the_pooled_interval(sweep: Path) -> N
     assert [o["label"].endswith("(4 runs; seeds 0-3 pooled in each point)") for o in options] == [True]
     client = app.server.test_client()
     inputs = {("set", "value"): options[0]["value"], ("task", "value"): "all", ("models", "value"): [MODEL],
-              ("loops", "value"): [1], ("measure", "value"): "kv_bytes_peak", ("context", "value"): 32768,
+              ("loops", "value"): [1], ("measure", "value"): "kv_bytes_allocated", ("context", "value"): 32768,
               ("refresh", "n_intervals"): None}
     outputs = [("answer", "children"), ("accuracy-memory", "figure"), ("accuracy-loops", "figure")]
     reply = client.post("/_dash-update-component", base_url="http://127.0.0.1:8050", json={

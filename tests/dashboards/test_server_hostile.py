@@ -29,7 +29,7 @@ CALLBACK = "/_dash-update-component"
 # As the browser sends it: an input whose property is unset comes without "value", and there is no "state".
 DEPTH = {"output": "depth.figure", "outputs": {"id": "depth", "property": "figure"}, "changedPropIds": [],
          "inputs": [{"id": "depth-set", "property": "value", "value": None}, {"id": "refresh", "property": "n_intervals"}]}
-ACCURACY_INPUTS = {"set": None, "task": None, "models": ["preset:qwen3-tiny"], "loops": [1], "measure": "kv_bytes_peak",
+ACCURACY_INPUTS = {"set": None, "task": None, "models": ["preset:qwen3-tiny"], "loops": [1], "measure": "kv_bytes_allocated",
                    "context": 512, "refresh": None}  # fmt: skip
 
 
@@ -196,7 +196,7 @@ def test_valid_requests_are_answered_with_the_security_headers(server: tuple[str
     assert_still_serving(server)
     status, headers, body = post(server, accuracy())
     assert status == 200 and b"accuracy-memory" in body
-    status, _, body = post(server, choices("kv_bytes_peak"))  # a callback with state
+    status, _, body = post(server, choices("kv_bytes_allocated"))  # a callback with state
     assert status == 200 and b'"measure"' in body, body[:300]
     assert_secure(headers)
     for path in ("/_dash-layout", "/_dash-dependencies", "/_favicon.ico"):

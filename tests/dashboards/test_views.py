@@ -19,7 +19,8 @@ from dash import dcc
 from dashboards import figures, views
 from dashboards.app import create_app, set_choices
 from dashboards.report import build_report, report_figures
-from db import measures, queries
+import measures
+from db import queries
 from db.session import open_existing
 
 pytestmark = pytest.mark.slow  # needs the real sweep of conftest.py
@@ -38,7 +39,7 @@ def _kv_peak(engine: Any, picked: views.Selection) -> pd.DataFrame:
 
 
 def _kv_bar(peaks: pd.DataFrame, picked: views.Selection) -> go.Figure:
-    return go.Figure(go.Bar(x=["KV peak"], y=peaks["kv_bytes_peak"].tolist()), layout={"title": f"KV peak of run {picked.run_id}"})
+    return go.Figure(go.Bar(x=["KV peak"], y=peaks["kv_bytes_allocated"].tolist()), layout={"title": f"KV peak of run {picked.run_id}"})
 
 
 EXTRA = views.View(title="KV peak per run", inputs=("run",), query=_kv_peak, plots=(views.Plot("kv-peak", "kvpeak", _kv_bar),),
@@ -69,7 +70,7 @@ def _report_blobs(page: str) -> dict[str, Any]:
 def test_a_view_registered_once_shows_in_the_report_and_the_app(engine, results_url: str, monkeypatch) -> None:
     monkeypatch.setattr(views, "VIEWS", [*views.VIEWS, EXTRA])
     run_id = int(queries.runs(engine)["run_id"].iloc[0])
-    stored = float(queries.memory_peaks(engine).set_index("run_id").at[run_id, "kv_bytes_peak"])
+    stored = float(queries.memory_peaks(engine).set_index("run_id").at[run_id, "kv_bytes_allocated"])
 
     page = build_report(engine)
     assert "<h2>KV peak per run</h2>" in page and '<div id="kv-peak" class="plot" style="height: 480px">' in page
@@ -120,11 +121,11 @@ def test_memory_over_a_run_is_thinned_keeping_each_peak_and_titled_by_the_run(en
 
 
 def test_the_runs_table_shows_every_peak_the_views_choose(engine) -> None:
-    """The report's runs table lists `views.RUN_PEAKS`, the KV pool reserved included, as stored."""
+    """The report's runs table lists `measures.RUN_TABLE_MEASURES`, the KV pool reserved included, as stored."""
     page = build_report(engine)
     table = re.search(r"<table class='runs'>(.*?)</table>", page).group(1)
     assert re.findall(r"<th>(.*?)</th>", table) == list(views.RUN_COLUMNS)
-    assert "kv_bytes_reserved" in views.RUN_PEAKS
+    assert "kv_bytes_reserved" in measures.RUN_TABLE_MEASURES
     rows = {row[0]: row for row in views.runs_table(engine)}
     reserved = queries.memory_peaks(engine).set_index("run_id")["kv_bytes_reserved"]
     column = views.RUN_COLUMNS.index("kv_bytes_reserved")

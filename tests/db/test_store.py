@@ -120,11 +120,11 @@ def test_samples_are_idempotent_per_doc_and_sample_index(tmp_path: Path) -> None
     rows = store.samples(run_id)
     assert [(r.doc_id, r.sample_index) for r in rows] == [("0", 0), ("0", 1), ("1", 0), ("2", 0)]
     store.set_metrics(run_id, {"addition": {"em": (0.5, 0.1)}, "all": {"em": (0.5, 0.1)}})
-    store.set_memory_peaks(run_id, {"rss_peak": 123, "nvml_process_peak": None})
+    store.set_memory_peaks(run_id, {"rss": 123, "nvml_process": None})
     (summary,) = store.run_summaries()
     assert summary["n_samples"] == 4
     assert summary["metrics"] == {"addition": {"em": 0.5}, "all": {"em": 0.5}}
-    assert summary["memory"] == {"rss_peak": 123, "nvml_process_peak": None}
+    assert summary["memory"] == {"rss": 123, "nvml_process": None}
 
 
 WRITER = textwrap.dedent(

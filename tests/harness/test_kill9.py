@@ -69,7 +69,7 @@ def _check_completed(db: Path, walls_before: dict[int, float | None], killed_str
         keys = query(db, f"SELECT task, doc_id, sample_index FROM samples WHERE run_id = {run_id}")
         assert len(keys) == 16 and len(set(keys)) == 16, f"run {run_id}: every sample exactly once"
         peaks = dict(query(db, f"SELECT measure, value FROM memory_peaks WHERE run_id = {run_id}"))
-        assert peaks["kv_bytes_peak"] > 0 and peaks["rss_peak"] > 0 and peaks["weights_bytes"] > 0
+        assert peaks["kv_bytes_allocated"] > 0 and peaks["rss"] > 0 and peaks["weights_bytes"] > 0
         ts = [t for (t,) in query(db, f"SELECT t FROM memory_samples WHERE run_id = {run_id} ORDER BY t")]
         before = walls_before.get(run_id) or 0.0
         assert ts and ts[-1] > before, f"run {run_id}: the trace covers the resumed stretch"
@@ -89,7 +89,7 @@ def test_kill9_then_resume_loses_and_duplicates_nothing(kill_at: str, tmp_path: 
     stored = query(db, "SELECT COUNT(*) FROM samples")[0][0]
     if kill_at not in ("load",):
         assert wall is not None and wall > 0, "timings were written while the run went"
-        assert query(db, f"SELECT value FROM memory_peaks WHERE run_id = {run_id} AND measure = 'kv_bytes_peak'")[0][0] > 0
+        assert query(db, f"SELECT value FROM memory_peaks WHERE run_id = {run_id} AND measure = 'kv_bytes_allocated'")[0][0] > 0
     assert _resume(run_id, db) == 0
     assert query(db, "SELECT COUNT(*) FROM samples")[0][0] == 16 >= stored
     _check_completed(db, {run_id: wall}, killed_stretch_traced=kill_at != "load")

@@ -70,7 +70,7 @@ def test_two_workers_store_exactly_what_one_process_stores(tmp_path: Path) -> No
     for workers in ("1", "2"):
         assert main([*argv, "--workers", workers, "--db", str(tmp_path / f"w{workers}.sqlite")]) == 0
     rows = "SELECT r.id, r.model_spec, r.loops, s.task, s.doc_id, s.sample_index, s.output, s.score FROM samples s JOIN runs r ON r.id = s.run_id ORDER BY 1, 4, 5, 6"
-    peaks = "SELECT run_id, value FROM memory_peaks WHERE measure = 'kv_bytes_peak' ORDER BY run_id"
+    peaks = "SELECT run_id, value FROM memory_peaks WHERE measure = 'kv_bytes_allocated' ORDER BY run_id"
     one, two = tmp_path / "w1.sqlite", tmp_path / "w2.sqlite"
     assert query(one, rows) == query(two, rows) and len(query(two, rows)) == 3 * 2 * 6 * 4
     assert query(one, peaks) == query(two, peaks)

@@ -29,7 +29,7 @@ def _run(store: Store, sweep: str, model: str, loops: int | None, scores: dict[s
                               data_fingerprint="d" * 64, status=status)
     if status == "finished":
         store.set_metrics(run_id, {t: {"pass@k:k=1&n=4": (v, 0.05)} for t, v in scores.items()})
-    store.set_memory_peaks(run_id, {"weights_bytes": 1_000_000, "kv_bytes_peak": kv, "nvml_process_peak": None})
+    store.set_memory_peaks(run_id, {"weights_bytes": 1_000_000, "kv_bytes_allocated": kv, "nvml_process": None})
     return run_id
 
 
@@ -45,7 +45,7 @@ def db(tmp_path: Path) -> str:
     _run(store, "bbbb2222", "zoo:melt-tiny", 8, {}, 0, status="failed")
     profile = store.create_run(sweep_id="cccc3333", kind="profile", model_spec="preset:melt-tiny", adapter="preset", suite="profile")
     store.add_profile_points(profile, [dict(context_tokens=n, batch=1, loops=2, weights_bytes=1_000_000, kv_bytes_analytic=100 * n,
-                                            kv_bytes_allocated=100 * n, rss_peak=200_000_000) for n in (16, 64)])
+                                            kv_bytes_allocated=100 * n, rss=200_000_000) for n in (16, 64)])
     store.finish_run(profile, "finished")
     _run(store, "dddd4444", "zoo:ouro-tiny", 4, {"chain2": 0.9}, 800_000, limit=5)  # the latest sweep: another set
     store.close()
@@ -74,7 +74,7 @@ def test_one_set_is_ranked_by_accuracy_per_gb_with_the_frontier(db: str, capsys:
     store = Store.read(db)
     older = next(r["set_id"] for r in store.run_summaries() if r["sweep_id"] == "aaaa1111")
     store.close()
-    out = _results(capsys, "--db", db, "--set", older, "--measure", "weights_bytes + kv_bytes_peak")
+    out = _results(capsys, "--db", db, "--set", older, "--measure", "weights_bytes + kv_bytes_allocated")
     # accuracy = mean over the three tasks, ± 1.96 x its stderr; memory = 1 MB weights + KV; per GB = accuracy / (bytes / 1e9)
     assert _rows(out) == [
         ["1", "zoo:melt-tiny", "4", "1", "0.533 ± 0.057", "1.2 MB", "444", "*", "4"],
@@ -85,6 +85,19 @@ def test_one_set_is_ranked_by_accuracy_per_gb_with_the_frontier(db: str, capsys:
     ]
     assert "memory: weights + KV cache peak, decimal units" in out
     assert "pass@k" not in out
+
+
+@pytest.mark.parametrize(("old", "new"), [("weights_bytes + kv_bytes_peak", "weights_bytes + kv_bytes_allocated"),
+                                          ("kv_bytes_peak", "kv_bytes_allocated"), ("rss_peak", "rss")])
+def test_a_measure_named_as_before_0007_prints_the_same_table(db: str, capsys: pytest.CaptureFixture[str], old: str, new: str) -> None:
+    """Commands written before the peaks took the series' names keep working: the old name is today's measure."""
+    assert _results(capsys, "--db", db, "--measure", old) == _results(capsys, "--db", db, "--measure", new)
+
+
+def test_an_unknown_measure_is_one_line_and_exit_2(db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["results", "--db", db, "--measure", "kv_bytes_maximum"]) == 2
+    err = capsys.readouterr().err
+    assert "--measure must be one of" in err and "kv_bytes_maximum" in err and "Traceback" not in err
 
 
 def test_filters_narrow_the_runs(db: str, capsys: pytest.CaptureFixture[str]) -> None:

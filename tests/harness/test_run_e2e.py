@@ -17,7 +17,7 @@ import pytest
 from interrupted_runs import SAMPLES, one_at_a_time
 
 from harness.cli import main
-from db.measures import PEAK_MEASURES as MEASURES
+from measures import PEAK_MEASURES as MEASURES
 
 pytestmark = pytest.mark.slow
 LOOPEVAL = str(Path(sys.executable).with_name("loopeval"))
@@ -62,14 +62,14 @@ def test_sweep_stores_runs_samples_metrics_and_memory(tmp_path: Path, capsys: py
         assert any(s[0] and s[0].startswith("task:") for s in series)
         peaks = dict(query(db, "SELECT measure, value FROM memory_peaks WHERE run_id = ?", run_id))
         assert set(peaks) == set(MEASURES)
-        assert peaks["weights_bytes"] > 0 and peaks["kv_bytes_peak"] > 0 and peaks["rss_peak"] > 0
+        assert peaks["weights_bytes"] > 0 and peaks["kv_bytes_allocated"] > 0 and peaks["rss"] > 0
     (config,) = query(db, "SELECT model_config, versions, host, spec FROM runs WHERE loops = 2")
     assert json.loads(config[0])["loops"] == 2 and json.loads(config[0])["family"] == "ouro"
     assert "torch" in json.loads(config[1]) and "lighteval" in json.loads(config[1])
     assert "sampler" in json.loads(config[2]) and json.loads(config[3])["batch_size"] == 4
     # More loops, more per_loop KV: the stored peaks show it.
     kv = dict(query(db, "SELECT r.loops, p.value FROM memory_peaks p JOIN runs r ON r.id = p.run_id "
-                        "WHERE p.measure = 'kv_bytes_peak' AND r.model_spec = 'preset:ouro-tiny'"))
+                        "WHERE p.measure = 'kv_bytes_allocated' AND r.model_spec = 'preset:ouro-tiny'"))
     assert kv[2] == 2 * kv[1]
 
     assert main(["results", "--db", str(db), "--json"]) == 0
@@ -80,7 +80,7 @@ def test_sweep_stores_runs_samples_metrics_and_memory(tmp_path: Path, capsys: py
         assert entry["n_samples"] == 12 and entry["suite"] == "synthetic"
         assert set(entry["metrics"]) == {"addition", "lookup", "all"}
         assert set(entry["memory"]) == set(MEASURES)
-        assert entry["memory"]["rss_peak"] > 0
+        assert entry["memory"]["rss"] > 0
     # KV per token as each run's adapter described it: per-loop KV grows with the loop count
     per_token = {(e["model"], e["loops"]): e["kv_bytes_per_token"] for e in listed}
     assert per_token[("preset:ouro-tiny", 2)] == 2 * per_token[("preset:ouro-tiny", 1)] > 0

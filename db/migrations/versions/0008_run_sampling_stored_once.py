@@ -3,7 +3,7 @@ repeats it. `--resume` rebuilds the spec from both columns. No column changes; t
 identity and evaluation set are read from runs.sampling and do not change.
 
 Revision ID: 0008
-Revises: 0006
+Revises: 0007
 Create Date: 2026-12-04
 
 """
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 # revision identifiers, used by Alembic.
 revision: str = '0008'
-down_revision: Union[str, Sequence[str], None] = '0006'
+down_revision: Union[str, Sequence[str], None] = '0007'
 branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 

@@ -1,0 +1,134 @@
+"""The memory vocabulary: every measure's name, unit, kind and label, the byte units, and the analytic formula.
+
+One home for what the engine, the memory sampler, `loopeval profile` / `estimate`, the store and the
+dashboards call a measure, so a name means the same thing everywhere: `kv_bytes_reserved` in a tick
+is the live reading, and the `kv_bytes_reserved` row of a run's peaks is its maximum over the run
+(the peaks table is "the maximum over the run"; `memory_peaks.kind` says "fixed" for a size such as
+the weights, which is not a peak).
+
+Pure standard library, importing no project package: `adapters/` and `db/` may import no other project
+package and both need it, and the GPU machine (torch only) imports it through the sampler.
+Bytes are counted in decimal units (1 GB = 1e9 bytes), as the MELT paper counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+GB = 1e9  # decimal gigabyte, as the MELT paper counts
+MB = 1e6
+KB = 1e3
+# Decimal byte units, largest first: every view scales bytes with these.
+BYTE_UNITS: tuple[tuple[str, float], ...] = (("GB", GB), ("MB", MB), ("KB", KB), ("B", 1.0))
+
+Kind = Literal["series", "fixed"]
+
+
+@dataclass(frozen=True)
+class Measure:
+    """A memory measure: `series` ones are read every sampler tick and their run's maximum is stored as
+    the peak of the same name; `fixed` ones are a size read from the source (newest value kept).
+    `exact`: the source that keeps its own peak of it, which replaces the sampled maximum (a spike
+    shorter than a tick is not missed); None where only sampling knows it."""
+
+    name: str
+    kind: Kind
+    label: str
+    exact: str | None = None
+    unit: str = "bytes"
+
+    @property
+    def stored_as(self) -> str:
+        """What a run's stored value of it is (`memory_peaks.kind`): its maximum ("peak"), or the size ("fixed")."""
+        return "peak" if self.kind == "series" else "fixed"
+
+
+# Every measure, in the order the memory-over-a-run figure draws the series.
+MEASURES: tuple[Measure, ...] = (
+    Measure("weights_bytes", "fixed", "weights"),
+    Measure("kv_bytes_used", "series", "KV cache used peak"),
+    Measure("kv_bytes_allocated", "series", "KV cache peak", exact="kv_bytes_peak"),
+    Measure("kv_bytes_reserved", "series", "KV pool reserved peak", exact="kv_bytes_reserved_peak"),
+    Measure("torch_allocated", "series", "torch allocated peak", exact="torch.cuda.max_memory_allocated"),
+    Measure("torch_reserved", "series", "torch reserved peak", exact="torch.cuda.max_memory_reserved"),
+    Measure("nvml_process", "series", "NVML process peak"),
+    Measure("nvml_device", "series", "NVML device peak"),
+    Measure("rss", "series", "process RSS peak (CPU)"),
+)
+BY_NAME: dict[str, Measure] = {m.name: m for m in MEASURES}
+
+# The per-tick readings (columns of `memory_samples`), in the order the memory-over-a-run figure draws them.
+SERIES_MEASURES: tuple[str, ...] = tuple(m.name for m in MEASURES if m.kind == "series")
+# The values stored per run (`memory_peaks`): every series' maximum and the fixed sizes.
+PEAK_MEASURES: tuple[str, ...] = tuple(m.name for m in MEASURES)
+# The peaks `loopeval profile` records per context length (columns of `profile_points`), measured ones only.
+PROFILE_MEASURES: tuple[str, ...] = (
+    "kv_bytes_allocated", "kv_bytes_used", "torch_allocated", "torch_reserved", "nvml_process", "nvml_device", "rss",
+)
+# The values the report's table of runs shows per run, in its column order.
+RUN_TABLE_MEASURES: tuple[str, ...] = ("nvml_process", "torch_allocated", "weights_bytes", "kv_bytes_allocated", "kv_bytes_reserved", "rss")
+
+# The adapter protocol's `memory()` keys (user plugins implement them, so they keep their names): the
+# required ones, and those only some adapters give (None or absent from the others). `kv_bytes_peak`
+# and `kv_bytes_reserved_peak` are the adapter's exact peaks of `kv_bytes_allocated` and `kv_bytes_reserved`.
+MEMORY_KEYS: tuple[str, ...] = ("weights_bytes", "kv_bytes_allocated", "kv_bytes_used", "kv_bytes_peak")
+OPTIONAL_MEMORY_KEYS: tuple[str, ...] = ("kv_bytes_reserved", "kv_bytes_reserved_peak")
+# The series an adapter's `memory()` reads live (the sampler's KV readings).
+ADAPTER_SERIES: tuple[str, ...] = tuple(k for k in MEMORY_KEYS + OPTIONAL_MEMORY_KEYS if k in SERIES_MEASURES)
+# The adapter's exact peaks by its key -> the measure each is the peak of.
+ADAPTER_PEAKS: dict[str, str] = {m.exact: m.name for m in MEASURES if m.exact in MEMORY_KEYS + OPTIONAL_MEMORY_KEYS}
+
+# Names stored and typed before migration 0007 (`--measure kv_bytes_peak`) -> today's, accepted at the input boundary only.
+ALIASES: dict[str, str] = {
+    "kv_bytes_peak": "kv_bytes_allocated",
+    "torch_allocated_peak": "torch_allocated",
+    "torch_reserved_peak": "torch_reserved",
+    "nvml_process_peak": "nvml_process",
+    "nvml_device_peak": "nvml_device",
+    "rss_peak": "rss",
+    "weights_bytes + kv_bytes_peak": "weights_bytes + kv_bytes_allocated",
+}
+
+
+def canonical(name: str) -> str:
+    """A measure name as typed (today's, or one of `ALIASES`) -> today's name; unknown names pass unchanged."""
+    return ALIASES.get(name, name)
+
+
+def merged_peak(name: str, old: int | None, new: int | None) -> int | None:
+    """The one rule combining two values of a run's measure (two stretches of a run, or the peak so far and a
+    new reading): a fixed size takes the newest known value, a peak the larger; None (unavailable) loses."""
+    if new is None or old is None:
+        return old if new is None else new
+    return new if BY_NAME[name].kind == "fixed" else max(old, new)
+
+
+def analytic_kv_bytes(terms: Mapping[str, int], tokens: int, sequences: int = 1) -> int:
+    """KV (and latent) bytes the analytic model predicts for `sequences` sequences of `tokens` tokens:
+
+        sequences * (kv_bytes_per_token * tokens + latent_bytes_per_token * min(latent_tokens, tokens))
+
+    `terms` are the coefficients of `adapters.engine.memory.analytic_terms`, which engine adapters store in
+    `describe()` under "analytic"; the latent is the state kept per token in flight (MELT's h, the
+    loop-conditioning history), for at most `latent_tokens` tokens.
+    """
+    latent = terms["latent_bytes_per_token"] * min(terms["latent_tokens"], tokens)
+    return sequences * (terms["kv_bytes_per_token"] * tokens + latent)
+
+
+def analytic_bytes(terms: Mapping[str, int], tokens: int, sequences: int = 1) -> int:
+    """Weights plus `analytic_kv_bytes`: what a model needs to hold `sequences` sequences of `tokens` tokens."""
+    return terms["weights_bytes"] + analytic_kv_bytes(terms, tokens, sequences)
+
+
+def byte_text(value: float | None) -> str:
+    """Bytes in the largest decimal unit that keeps them at or above 1, 3 significant digits: '1.28 MB'.
+
+    None (and NaN) is an unavailable source and reads "n/a", never "0".
+    """
+    if value is None or value != value:
+        return "n/a"
+    unit, scale = next(((u, s) for u, s in BYTE_UNITS if abs(value) >= s), BYTE_UNITS[-1])
+    return f"{int(value)} B" if unit == "B" else f"{value / scale:.3g} {unit}"
