@@ -266,9 +266,13 @@ ONE_HOME = {
     "a list of four or more measure names": (re.compile(r"""[(\[]\s*(?:{name}\s*,\s*){{3,}}{name}""".format(
         name=r"""["'](?:weights_bytes|kv_bytes_\w+|torch_\w+|nvml_\w+|rss\w*)["']""")), "measures/__init__.py"),
 }
-# The old homes of the memory vocabulary, gone: a module or name there again is a second home.
-OLD_HOMES = ("db/measures.py",)
-OLD_NAMES = {"MEMORY_KEYS": "measures/__init__.py", "PEAK_OF_SERIES": None, "BYTE_UNITS": "measures/__init__.py"}
+# The old homes issue 30 moved (the memory vocabulary, LightEval's bridge, the run-row and loops setters), gone: a
+# module there again, or a name defined outside its one home (None: nowhere), is a second home.
+OLD_HOMES = ("db/measures.py", "harness/bridge.py")
+OLD_NAMES = {
+    "MEMORY_KEYS": "measures/__init__.py", "PEAK_OF_SERIES": None, "BYTE_UNITS": "measures/__init__.py",
+    "create_run_row": None, "_at_loops": None, "at_loops": "harness/spec.py", "run_row": "harness/recorder.py",
+}
 
 
 def _sources() -> list[Path]:
@@ -295,14 +299,18 @@ def test_byte_units_have_one_home() -> None:
     _report(violations, "byte units are measures.GB / MB, never a bare 1e9 or 1e6")
 
 
-def test_memory_vocabulary_has_no_old_home() -> None:
-    """`db/measures.py` and `adapters.base.MEMORY_KEYS` moved to `measures/`; nothing defines them anywhere else."""
+def test_no_old_home_is_back() -> None:
+    """`db/measures.py` and `adapters.base.MEMORY_KEYS` moved to `measures/`, `harness/bridge.py` into
+    `lighteval_model.py` and `evaluation.py`, the runner's and profiler's `_at_loops` into `harness.spec.at_loops`,
+    `create_run_row` and the commands' own run rows into `harness.recorder.run_row`: nothing defines them elsewhere."""
     assert not [old for old in OLD_HOMES if (ROOT / old).exists()]
     violations = []
     for p in _sources():
         for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
-            targets = [t for t in getattr(node, "targets", [getattr(node, "target", None)]) if isinstance(t, ast.Name)]
-            violations += [f"{p.relative_to(ROOT)}:{node.lineno}: defines {t.id}" for t in targets
-                           if t.id in OLD_NAMES and p.relative_to(ROOT).as_posix() != OLD_NAMES[t.id]]
-    violations += [f"{i.file}:{i.line}: {i}" for imports in ALL_IMPORTS.values() for i in imports if i.module == "db.measures"]
-    _report(violations, "the memory vocabulary lives in measures/ only")
+            targets = [t.id for t in getattr(node, "targets", [getattr(node, "target", None)]) if isinstance(t, ast.Name)]
+            if isinstance(node, ast.FunctionDef | ast.ClassDef):
+                targets.append(node.name)
+            violations += [f"{p.relative_to(ROOT)}:{node.lineno}: defines {name}" for name in targets
+                           if name in OLD_NAMES and p.relative_to(ROOT).as_posix() != OLD_NAMES[name]]
+    violations += [f"{i.file}:{i.line}: {i}" for imports in ALL_IMPORTS.values() for i in imports if i.module in ("db.measures", "harness.bridge")]
+    _report(violations, "what issue 30 moved has one home (docs/architecture.md, Packages and import rules)")
