@@ -50,7 +50,7 @@ def history_bytes(config: LoopConfig, tokens: int, size: int) -> int:
     """Bytes of the history buffer for `tokens` tokens in flight: the last w loop differences, w x d each.
 
     Loops of one token run in sequence, so decoding keeps them for the token being decoded only (a
-    gated prefill for its chunk). `LoopedLM.run` holds them as activations; `KVCache` accounts them with the latent.
+    gated prefill for its chunk). `Backbone.run` holds them as activations; `KVCache` accounts them with the latent.
     """
     return config.history_window * config.hidden_size * tokens * size if config.history != "none" else 0
 

@@ -128,7 +128,7 @@ def test_the_runs_table_shows_every_peak_the_views_choose(engine) -> None:
     assert "kv_bytes_reserved" in measures.RUN_TABLE_MEASURES
     rows = {row[0]: row for row in views.runs_table(engine)}
     reserved = queries.memory_peaks(engine).set_index("run_id")["kv_bytes_reserved"]
-    column = views.RUN_COLUMNS.index("kv_bytes_reserved")
+    column = views.RUN_COLUMNS.index(measures.BY_NAME["kv_bytes_reserved"].label)
     assert {run_id: row[column] for run_id, row in rows.items()} == {
         run_id: measures.byte_text(reserved.get(run_id)) for run_id in rows}
     assert sum(row[column] != "n/a" for row in rows.values()) >= 4  # the engine runs store their pool
