@@ -138,7 +138,7 @@ class EngineAdapter:
         return sequences
 
     def _run_continuous(self, sequences: list[Seq], on_finished: Callable[[list[Finished]], None]) -> None:
-        capture, graphs = self.cuda_graphs and self.device.type == "cuda", None
+        capture, graphs = self.cuda_graphs and self.device.type == "cuda" and not self.model.draws_state, None
         pool = BlockPool.for_workload(self.config, self.loops, [s.capacity for s in sequences], max_seqs=self.max_batch, kv_budget=self.kv_budget,
                                       block_size=self.block_size, dtype=self.dtype, device=self.device, spare=capture)
         if capture:

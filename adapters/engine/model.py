@@ -549,6 +549,13 @@ class LoopedLM(nn.Module):
         if self.model.recurrence is not None:
             self.model.recurrence.reseed(seed, scale)
 
+    @property
+    def draws_state(self) -> bool:
+        """Whether every call draws a random initial state (Huginn at a scale > 0): a CUDA graph would replay one
+        draw, so the adapter captures none for such a model."""
+        rec = self.model.recurrence
+        return rec is not None and rec.scale > 0
+
     def logits(self, normed: Tensor) -> Tensor:
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(normed, weight)
