@@ -30,6 +30,8 @@ NORMS = {"norm_1": "input_layernorm", "norm_2": "input_layernorm_2", "norm_3": "
 
 def huginn_config(raw: dict[str, Any]) -> LoopConfig:
     """LoopConfig of an official config.json (RavenConfig's defaults where a field is absent, as the official code reads it)."""
+    if raw.get("model_type") != MODEL_TYPE:
+        raise AdapterError(f"not a Huginn config.json: model_type is {raw.get('model_type')!r}, expected {MODEL_TYPE!r}")
     if raw.get("injection_type", "linear") != "linear" or raw.get("bias", False) or not raw.get("qk_bias", True):
         raise AdapterError("Huginn config.json: only injection_type 'linear', bias false and qk_bias true (the released model) are supported")
     d, heads = raw.get("n_embd", 5280), raw.get("n_heads", raw.get("num_attention_heads", 55))
@@ -77,8 +79,7 @@ def _block_tensors(name: str, tensor: torch.Tensor, cfg: LoopConfig, order: torc
         return {f"{NORMS[name.split('.')[0]]}.weight": tensor}
     if name == "attn.Wqkv.weight":
         q, k, v = tensor.split((h * hd, h * hd, h * hd))
-        reorder = lambda w: w.view(h, hd, -1)[:, order].reshape(h * hd, -1)  # noqa: E731
-        return {"self_attn.q_proj.weight": reorder(q), "self_attn.k_proj.weight": reorder(k), "self_attn.v_proj.weight": v}
+        return {"self_attn.q_proj.weight": _per_head(q, h, order), "self_attn.k_proj.weight": _per_head(k, h, order), "self_attn.v_proj.weight": v}
     if name == "attn.qk_bias":
         return {"self_attn.qk_bias": tensor[..., order]}
     if name == "mlp.fc.weight":
@@ -88,3 +89,8 @@ def _block_tensors(name: str, tensor: torch.Tensor, cfg: LoopConfig, order: torc
     if name not in renamed:
         raise AdapterError(f"Huginn checkpoint: unexpected block tensor {name!r}")
     return {renamed[name]: tensor}
+
+
+def _per_head(rows: torch.Tensor, heads: int, order: torch.Tensor) -> torch.Tensor:
+    """A projection's rows [heads * head_dim, d] with each head's rows taken in `order`."""
+    return rows.view(heads, len(order), -1)[:, order].reshape(rows.shape)

@@ -16,10 +16,11 @@ import pytest
 import torch
 
 import adapters
-from adapters.base import Request, Sampling
+from adapters.base import AdapterError, Request, Sampling
 from adapters.engine.checkpoint import load_model
 from adapters.engine.config import LoopConfig
 from adapters.engine.continuous import ContinuousEngine
+from adapters.engine.huginn import huginn_config
 from adapters.engine.memory import analytic_terms, count_params, estimate
 from adapters.engine.model import LoopedLM
 from adapters.engine.presets import preset
@@ -122,3 +123,12 @@ def test_huginn_estimate_prints_its_terms(capsys):
     assert code == 0 and f"{expected.weights_bytes:,}" in out and f"{expected.kv_bytes:,}" in out
     assert expected.kv_bytes == 2 * (2 + 4 * 32 + 2) * 55 * 96 * 2 * 4096  # K and V x 132 entries x heads x head dim x bf16 x tokens
     assert "132 entries" in out
+
+
+def test_huginn_preset_is_the_official_default_config():
+    """RavenConfig's defaults (those of the released model) read through the checkpoint mapping give the preset's shape;
+    the token ids, commented out in the official config class, come from the preset."""
+    read = huginn_config({"model_type": "huginn_raven"})
+    assert read.replace(bos_token_id=65504, eos_token_id=65505, pad_token_id=65509) == preset("huginn-0125")
+    with pytest.raises(AdapterError, match="not a Huginn config.json"):
+        huginn_config({"model_type": "qwen3"})
