@@ -28,3 +28,59 @@ def save_tiny_qwen3(folder: str | Path, *, seed: int = 0, max_position: int = 12
     Qwen3ForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+TINY_HUGINN = dict(  # Huginn's shape at test size: prelude 1, core 2, coda 1; RavenConfig's names (its defaults fill the rest)
+    model_type="huginn_raven", n_embd=64, n_heads=4, num_attention_heads=4, num_key_value_heads=4, intermediate_size=96,
+    n_layers=4, n_layers_in_prelude=1, n_layers_in_recurrent_block=2, n_layers_in_coda=1, mean_recurrence=4, block_size=128,
+    padding_multiple=1, tie_embeddings=True, bias=False, qk_bias=True, injection_type="linear", rope_base=50_000.0, norm_eps=1e-6,
+)
+
+
+def tiny_huginn_tensors(seed: int = 0) -> dict[str, "torch.Tensor"]:
+    """A tiny Huginn's tensors under the official names (`RavenForCausalLM.state_dict()` less the `freqs_cis` buffer
+    and the tied `lm_head`), every one random (norm weights near 1, the q/k biases too) so that each one matters."""
+    import torch
+
+    from adapters.engine.tokenizer import CHAR_VOCAB_SIZE
+
+    cfg, gen = TINY_HUGINN, torch.Generator().manual_seed(seed)
+    d, ffn = cfg["n_embd"], cfg["intermediate_size"]
+    hd = d // cfg["n_heads"]
+
+    def rand(*shape: int, scale: float = 1.0, base: float = 0.0) -> torch.Tensor:
+        return base + scale * torch.randn(shape, generator=gen)
+
+    tensors = {"transformer.wte.weight": rand(CHAR_VOCAB_SIZE, d, scale=0.15), "transformer.adapter.weight": rand(d, 2 * d, scale=(2 * d) ** -0.5),
+               "transformer.ln_f.weight": rand(d, scale=0.1, base=1.0)}
+    groups = (("prelude", cfg["n_layers_in_prelude"]), ("core_block", cfg["n_layers_in_recurrent_block"]), ("coda", cfg["n_layers_in_coda"]))
+    for group, count in groups:
+        for i in range(count):
+            block = f"transformer.{group}.{i}."
+            tensors.update({
+                block + "attn.Wqkv.weight": rand(3 * d, d, scale=d**-0.5), block + "attn.qk_bias": rand(2, 1, cfg["n_heads"], hd, scale=0.1),
+                block + "attn.proj.weight": rand(d, d, scale=d**-0.5), block + "mlp.fc.weight": rand(2 * ffn, d, scale=d**-0.5),
+                block + "mlp.proj.weight": rand(d, ffn, scale=ffn**-0.5),
+                **{f"{block}norm_{k}.weight": rand(d, scale=0.1, base=1.0) for k in range(1, 5)},
+            })
+    return tensors
+
+
+def save_tiny_huginn(folder: str | Path, *, seed: int = 0) -> Path:
+    """Write a tiny random Huginn in the official layout (config.json + model.safetensors) and the character tokenizer.
+
+    Made from `seed` alone, so a test and `scripts/huginn_reference.py` (which runs the official modelling code on it)
+    build the same checkpoint. The vocabulary is the engine's character tokenizer's, so text prompts work too.
+    """
+    import json
+
+    from safetensors.torch import save_file
+
+    from adapters.engine.tokenizer import CHAR_VOCAB_SIZE, char_tokenizer
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({**TINY_HUGINN, "vocab_size": CHAR_VOCAB_SIZE}, indent=2))
+    save_file(tiny_huginn_tensors(seed), str(folder / "model.safetensors"), metadata={"format": "pt"})
+    char_tokenizer().save_pretrained(str(folder))
+    return folder

@@ -1,4 +1,4 @@
-"""The engine as an `Adapter`: specs `preset:NAME`, `qwen3:PATH`, `ouro:PATH`, `melt:PATH`.
+"""The engine as an `Adapter`: specs `preset:NAME`, `qwen3:PATH`, `ouro:PATH`, `melt:PATH`, `huginn:PATH`.
 
 Generation runs on the continuous-batching engine (`adapters.engine.continuous`) over a paged KV
 pool; the adapter also takes a whole workload at once (`generate_requests`, the `Scheduling` extra)
@@ -7,7 +7,7 @@ cache instead: what `loopeval profile` measures (one cache of known size) and th
 continuous engine is benchmarked against.
 
 Overrides (all optional): `loops` (inference r), `dtype` (fp32/bf16/fp16), `device`, `seed`
-(random init of presets), `chunk_size` (MELT prefill chunk), `max_batch` (sequences decoding at
+(random init of presets, and the seed of Huginn's initial-state draws), `chunk_size` (MELT prefill chunk), `max_batch` (sequences decoding at
 once: the continuous engine's cap, or the static batch), `batching` ("continuous" or "static"),
 `kv_budget` (GB of KV pool; default: what the workload needs at the cap without preemption, and on
 a GPU at most `paged.KV_FRACTION` of free memory), `block_size` (tokens per KV block), `cuda_graphs`
@@ -138,7 +138,7 @@ class EngineAdapter:
         return sequences
 
     def _run_continuous(self, sequences: list[Seq], on_finished: Callable[[list[Finished]], None]) -> None:
-        capture, graphs = self.cuda_graphs and self.device.type == "cuda", None
+        capture, graphs = self.cuda_graphs and self.device.type == "cuda" and not self.model.draws_state, None
         pool = BlockPool.for_workload(self.config, self.loops, [s.capacity for s in sequences], max_seqs=self.max_batch, kv_budget=self.kv_budget,
                                       block_size=self.block_size, dtype=self.dtype, device=self.device, spare=capture)
         if capture:
@@ -331,7 +331,14 @@ def load_preset(name: str, **overrides: Any) -> EngineAdapter:
 
     cfg = preset(name)
     seed = int(overrides.pop("seed", 0))
-    return _build(f"preset:{name}", lambda dtype, device: random_model(cfg, seed, dtype, device), char_tokenizer if _tiny(name) else (lambda: None), overrides)
+    return _build(f"preset:{name}", lambda dtype, device: state_seeded(random_model(cfg, seed, dtype, device), seed),
+                  char_tokenizer if _tiny(name) else (lambda: None), overrides)
+
+
+def state_seeded(model: LoopedLM, seed: int) -> LoopedLM:
+    """The model with Huginn's initial-state draws seeded by the run's seed (no-op for other families)."""
+    model.seed_state(seed)
+    return model
 
 
 def _checkpoint_factory(family: str) -> Any:
@@ -341,8 +348,9 @@ def _checkpoint_factory(family: str) -> Any:
         from adapters.engine.checkpoint import load_model
         from adapters.engine.tokenizer import load_tokenizer
 
-        overrides.pop("seed", None)  # weights come from the checkpoint
-        return _build(f"{family}:{path}", lambda dtype, device: load_model(path, family, dtype, device), lambda: load_tokenizer(Path(path)), overrides)
+        seed = int(overrides.pop("seed", 0))  # weights come from the checkpoint; it seeds Huginn's initial state
+        return _build(f"{family}:{path}", lambda dtype, device: state_seeded(load_model(path, family, dtype, device), seed),
+                      lambda: load_tokenizer(Path(path)), overrides)
 
     load.__doc__ = f"Engine adapter for a {family} checkpoint directory (engine format or HF)."
     return load
@@ -362,5 +370,6 @@ for _family, _description in (
     ("qwen3", "Qwen3 checkpoint: HF directory (save_pretrained) or engine checkpoint"),
     ("ouro", "Ouro checkpoint: HF-format directory (no remote code) or engine checkpoint"),
     ("melt", "MELT checkpoint: engine checkpoint or Ouro-format directory plus gate tensors"),
+    ("huginn", "Huginn-0125 (recurrent depth) checkpoint: the official layout (config.json + safetensors) or engine checkpoint"),
 ):
     register(_family, _description, inspect=_checkpoint_inspector(_family))(_checkpoint_factory(_family))

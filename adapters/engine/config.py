@@ -2,7 +2,9 @@
 
 Qwen3 is a plain stack (`s` layers, `T = 1`, `standard` KV); Ouro is `p = c = 0` with `s` shared
 layers looped 4 times, sandwich norms and a `per_loop` KV cache; MELT is Ouro plus a per-layer
-gate and a `gated` KV cache whose size does not depend on the loop count. See docs/architecture.md for the
+gate and a `gated` KV cache whose size does not depend on the loop count. Huginn (recurrent depth)
+is `p, s, c` with a random initial state and input injection, one `per_loop` entry per step
+(`LoopConfig.huginn` names everything the family implies). See docs/architecture.md for the
 vocabulary. Validation raises `AdapterError` naming the field and the allowed values, because the
 config reaches users through presets, checkpoints' config.json and `--loops` overrides.
 """
@@ -19,7 +21,7 @@ from adapters.base import MAX_CONTEXT, AdapterError
 KV_STRATEGIES = ("standard", "per_loop", "gated")
 NORM_LAYOUTS = ("pre", "sandwich")
 GATE_VARIANTS = ("elementwise", "scalar", "last", "mean", "ema")
-FAMILIES = ("qwen3", "ouro", "melt", "custom")
+FAMILIES = ("qwen3", "ouro", "melt", "huginn", "custom")
 MIX_KINDS = ("none", "scalar", "channel", "dense")  # shape of an injection matrix: 1, d or d x d parameters
 CONDITIONING_FIELDS = ("injection", "history", "history_window", "loop_gate", "branch_gate")  # also load overrides of engine specs
 LOOP_GATE_DIM = 8  # Loop Gating: one learned vector of this size per loop position, one entry per channel group
@@ -45,7 +47,7 @@ class LoopConfig:
     rope_theta: float = 1_000_000.0
     norm_eps: float = 1e-6
     tie_embeddings: bool = False
-    norm_layout: str = "pre"  # "pre" (Qwen3) or "sandwich" (Ouro: final norm after every loop)
+    norm_layout: str = "pre"  # "pre" (Qwen3) or "sandwich" (Ouro: final norm after every loop; Huginn: see `huginn`)
     qk_norm: bool = False  # RMSNorm on q and k per head (Qwen3)
     kv_strategy: str = "standard"
     gate_variant: str = "elementwise"  # MELT gate, used when kv_strategy == "gated"
@@ -83,6 +85,12 @@ class LoopConfig:
     def prefill_chunk(self) -> int | None:
         """Tokens of a prompt one prefill step runs: MELT's chunk (its latent holds that many); None: the whole prompt."""
         return self.chunk_size if self.gated else None
+
+    @property
+    def huginn(self) -> bool:
+        """Huginn-0125's recurrent depth: qk bias, embeddings times sqrt(d), every residual sum normed
+        (`model.Block`), a random initial state and the injection W [h; e] at every step (`model.Recurrence`)."""
+        return self.family == "huginn"
 
     @property
     def sandwich(self) -> bool:
@@ -142,17 +150,7 @@ class LoopConfig:
             )
         if self.exit_gate and self.shared_layers == 0:
             raise AdapterError("config exit_gate needs shared_layers >= 1 (it reads each loop's state)")
-        threshold = self.exit_threshold
-        if threshold is not None and not (self.exit_gate and type(threshold) in (int, float) and 0 < threshold <= 1):  # NaN fails too
-            raise AdapterError(
-                f"config field exit_threshold (Ouro's early_exit_threshold) must be in (0, 1] on a model with an exit gate, got {self.exit_threshold!r}"
-            )
-        if type(self.ema_decay) not in (int, float) or not 0 <= self.ema_decay < 1:
-            raise AdapterError(f"config field ema_decay must be in [0, 1), got {self.ema_decay!r}")
-        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
-            value = getattr(self, name)
-            if value is not None and (type(value) is not int or not 0 <= value < self.vocab_size):
-                raise AdapterError(f"config field {name}={value} must be in [0, vocab_size={self.vocab_size})")
+        _check_values(self)
 
     @property
     def conditioned(self) -> bool:
@@ -197,6 +195,25 @@ def _positive_number(cfg: LoopConfig, name: str) -> None:
 def _one_of(cfg: LoopConfig, name: str, allowed: tuple[str, ...]) -> None:
     if getattr(cfg, name) not in allowed:
         raise AdapterError(f"config field {name}={getattr(cfg, name)!r} is not one of {', '.join(allowed)}")
+
+
+def _check_values(cfg: LoopConfig) -> None:
+    """The exit threshold, the EMA decay, the token ids and what the Huginn family needs."""
+    threshold = cfg.exit_threshold
+    if threshold is not None and not (cfg.exit_gate and type(threshold) in (int, float) and 0 < threshold <= 1):  # NaN fails too
+        raise AdapterError(
+            f"config field exit_threshold (Ouro's early_exit_threshold) must be in (0, 1] on a model with an exit gate, got {cfg.exit_threshold!r}"
+        )
+    if type(cfg.ema_decay) not in (int, float) or not 0 <= cfg.ema_decay < 1:
+        raise AdapterError(f"config field ema_decay must be in [0, 1), got {cfg.ema_decay!r}")
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        value = getattr(cfg, name)
+        if value is not None and (type(value) is not int or not 0 <= value < cfg.vocab_size):
+            raise AdapterError(f"config field {name}={value} must be in [0, vocab_size={cfg.vocab_size})")
+    if cfg.huginn and (cfg.kv_strategy != "per_loop" or cfg.norm_layout != "sandwich" or cfg.shared_layers == 0 or cfg.exit_gate
+                       or cfg.conditioned or cfg.num_kv_heads != cfg.num_heads):
+        raise AdapterError("config family 'huginn' needs kv_strategy 'per_loop', norm_layout 'sandwich' (its SandwichBlock), "
+                           "shared_layers >= 1, num_kv_heads == num_heads, and no exit gate or loop conditioning")
 
 
 def _check_conditioning(cfg: LoopConfig) -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -163,6 +164,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(q, d, bias=False)
         self.q_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
+        self.qk_bias = nn.Parameter(torch.zeros(2, 1, cfg.num_heads, hd)) if cfg.huginn else None  # Huginn's q and k biases, added before RoPE
         fuse_projections(self, "qkv_proj", {"q_proj": q, "k_proj": kv, "v_proj": kv})
 
     def attend(self, x: Tensor, src: Tensor | None, span: Span, cache: Cache, layer: int, loop: int) -> Tensor:
@@ -186,6 +188,8 @@ class Attention(nn.Module):
         if src is None:  # one matmul, and q and k normed and rotated together
             qkv = F.linear(x, weight).view(b, n, h + 2 * kv, d)
             qk, v = qkv[:, :, : h + kv], qkv[:, :, h + kv :]
+            if self.qk_bias is not None:  # [2, 1, H, D] -> [2H, D]: q's heads, then k's
+                qk = qk + self.qk_bias.flatten(0, 2)
             if q_norm is not None:  # q and k normed per head in one pass, then each scaled by its weight
                 qk = rms(qk, q_norm.eps_tensor)
                 qk.narrow(2, 0, h).mul_(q_norm.weight)
@@ -245,14 +249,15 @@ class MeltGate(nn.Module):
 
 
 class Block(nn.Module):
-    """One decoder layer. `pre`: h + attn(norm(h)); `sandwich` (Ouro) also norms each sublayer's output."""
+    """One decoder layer. `pre`: h + attn(norm(h)); `sandwich` (Ouro) also norms each sublayer's output;
+    Huginn's SandwichBlock norms each residual sum instead: h = n2(h + attn(n1(h))), h = n4(h + mlp(n3(h)))."""
 
     def __init__(self, cfg: LoopConfig, gated: bool) -> None:
         super().__init__()
         d, eps = cfg.hidden_size, cfg.norm_eps
         self.self_attn, self.mlp = Attention(cfg), MLP(cfg)
         self.input_layernorm, self.post_attention_layernorm = RMSNorm(d, eps), RMSNorm(d, eps)
-        self.sandwich = cfg.sandwich
+        self.sandwich, self.huginn = cfg.sandwich, cfg.huginn
         if self.sandwich:
             self.input_layernorm_2, self.post_attention_layernorm_2 = RMSNorm(d, eps), RMSNorm(d, eps)
         self.melt_gate = MeltGate(cfg) if gated else None
@@ -263,6 +268,9 @@ class Block(nn.Module):
         x = self.input_layernorm.forward(h)
         src = None if self.melt_gate is None else cache.kv_source(layer, loop, x, self.melt_gate)
         a = self.self_attn.attend(x, src, span, cache, layer, loop)
+        if self.huginn:
+            h = self.input_layernorm_2.forward(h + a)
+            return self.post_attention_layernorm_2.forward(h + self.mlp.forward(self.post_attention_layernorm.forward(h))), a
         branch = self.input_layernorm_2.forward(a) if self.sandwich else a
         h = h + (branch if scales is None else branch * scales[0])
         m = self.mlp.forward(self.post_attention_layernorm.forward(h))
@@ -333,6 +341,42 @@ class LoopConditioning(nn.Module):
         return 1 + torch.tanh(self.branch[min(loop, self.branch.shape[0] - 1), layer]).repeat_interleave(d // LOOP_GATE_DIM, dim=-1)
 
 
+class Recurrence(nn.Module):
+    """Huginn's recurrent state: drawn at random before the first step, joined with the prelude's output e at every step.
+
+    Step t runs the core on `adapter([h; e])` (a Linear(2d, d), the official `transformer.adapter`). The
+    state h starts as the official `initialize_state` draws it: a standard normal draw of e's shape,
+    overwritten by a normal truncated at +-3 std with std = sqrt(2 / (5 d)) times `scale`, then times
+    sqrt(d); scale 0 gives the zero state (the official `init_scale=0`). The draws come from this
+    module's own generator, seeded by `LoopedLM.seed_state`, so a run repeats; with the same seed and
+    the same call order they are the official code's draws after `torch.manual_seed(seed)` (on the CPU).
+    """
+
+    def __init__(self, cfg: LoopConfig) -> None:
+        super().__init__()
+        d = cfg.hidden_size
+        self.adapter = nn.Linear(2 * d, d, bias=False)
+        self.std, self.embed_scale = math.sqrt(2 / (5 * d)), math.sqrt(d)
+        self.seed, self.scale = 0, 1.0
+        self.generator: torch.Generator | None = None  # made on the first draw, on the state's device
+
+    def reseed(self, seed: int, scale: float) -> None:
+        self.seed, self.scale, self.generator = seed, scale, None
+
+    def initial_state(self, e: Tensor) -> Tensor:
+        std = self.std * self.scale
+        if std == 0:
+            return torch.zeros_like(e)
+        if self.generator is None or self.generator.device != e.device:
+            self.generator = torch.Generator(device=e.device).manual_seed(self.seed)
+        x = torch.randn(e.shape, dtype=e.dtype, device=e.device, generator=self.generator)
+        nn.init.trunc_normal_(x, mean=0.0, std=std, a=-3 * std, b=3 * std, generator=self.generator)
+        return x * self.embed_scale
+
+    def inject(self, h: Tensor, e: Tensor) -> Tensor:
+        return F.linear(torch.cat((h, e), dim=-1), self.adapter.weight)
+
+
 class Backbone(nn.Module):
     """The layers and the order they run in (`run`); its tensors sit under HF's `model.` prefix so checkpoints map one to one."""
 
@@ -345,8 +389,15 @@ class Backbone(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.early_exit_gate = nn.Linear(cfg.hidden_size, 1) if cfg.exit_gate else None
         self.loop_conditioning = LoopConditioning(cfg) if cfg.conditioned else None
+        self.recurrence = Recurrence(cfg) if cfg.huginn else None
+        self.embed_scale = math.sqrt(cfg.hidden_size) if cfg.huginn else None  # Huginn scales its embeddings by sqrt(d)
         self.prelude, self.shared, self.coda = list(self.layers[:p]), list(self.layers[p : p + s]), list(self.layers[p + s :])
-        self.sandwich = cfg.sandwich
+        self.sandwich = cfg.sandwich and not cfg.huginn  # Ouro's norm after every loop; Huginn norms after the last one
+        self.norm_after_loops = cfg.huginn
+
+    def embed(self, tokens: Tensor) -> Tensor:
+        h = self.embed_tokens(tokens)
+        return h if self.embed_scale is None else h * self.embed_scale
 
     def run(self, h: Tensor, span: Span, cache: Cache, loops: int, per_loop: bool, attn_outputs: list[Tensor] | None = None,
             trace: LoopTrace | None = None) -> tuple[Tensor, list[Tensor]]:
@@ -362,6 +413,8 @@ class Backbone(nn.Module):
             h, _ = layer.forward(h, span, cache, i, 0)
         cond = self.loop_conditioning
         e, diffs = h, collections.deque(maxlen=cond.window if cond is not None else 1)  # diffs: h_{l-1} - h_{l-2}, newest first
+        if self.recurrence is not None:
+            h = self.recurrence.initial_state(e)
         if trace is not None:
             trace.begin(h)
         states = []
@@ -377,6 +430,8 @@ class Backbone(nn.Module):
                 trace.record(h)
             if per_loop:
                 states.append(normed)
+        if self.norm_after_loops:
+            h = self.norm.forward(h)
         for k, layer in enumerate(self.coda):
             h, _ = layer.forward(h, span, cache, p + s + k, 0)
         return self._final(h), states
@@ -386,6 +441,8 @@ class Backbone(nn.Module):
         """Loop t (0-based) of the shared layers from state h: (the state it hands on, its normed state when asked)."""
         cond, p = self.loop_conditioning, len(self.prelude)
         x = h if cond is None else cond.loop_input(h, e, diffs)
+        if self.recurrence is not None:
+            x = self.recurrence.inject(h, e)
         y = x
         for j, layer in enumerate(self.shared):
             y, a = layer.forward(y, span, cache, p + j, t, None if cond is None else cond.branch_scales(t, j, y.shape[-1]))
@@ -478,12 +535,26 @@ class LoopedLM(nn.Module):
                     module.bias.zero_()
             elif isinstance(module, RMSNorm):
                 module.weight.fill_(1.0)
+            elif isinstance(module, Attention) and module.qk_bias is not None:
+                module.qk_bias.zero_()
         for layer in self.shared:
             if layer.melt_gate is not None:
                 fresh_gate(layer.melt_gate, generator, std)
         if self.model.loop_conditioning is not None:
             for param in self.model.loop_conditioning.parameters():
                 param.zero_()  # the identity: conditioning starts as the plain looped model
+
+    def seed_state(self, seed: int, scale: float = 1.0) -> None:
+        """Seed Huginn's initial-state draws (`Recurrence`) and scale their std (0: the zero state); other families have none."""
+        if self.model.recurrence is not None:
+            self.model.recurrence.reseed(seed, scale)
+
+    @property
+    def draws_state(self) -> bool:
+        """Whether every call draws a random initial state (Huginn at a scale > 0): a CUDA graph would replay one
+        draw, so the adapter captures none for such a model."""
+        rec = self.model.recurrence
+        return rec is not None and rec.scale > 0
 
     def logits(self, normed: Tensor) -> Tensor:
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
@@ -522,7 +593,7 @@ class LoopedLM(nn.Module):
         per_loop = bool(self.shared) and (return_loop_logits or self.model.early_exit_gate is not None)
         finals, states, attn = [], [], []
         for s0, s1 in forward_chunks(self.config, n, chunk_size):
-            h = self.model.embed_tokens(tokens[:, s0:s1])
+            h = self.model.embed(tokens[:, s0:s1])
             positions = torch.arange(s0, s1, device=tokens.device).expand(b, -1)
             span = Span(self.rotary(positions, h.dtype), s0, None if s0 == 0 else causal_mask(s0, s1, tokens.device))
             attn.append([] if return_attn_outputs else None)
@@ -557,7 +628,7 @@ class LoopedLM(nn.Module):
         causal attention over slot + n keys. For gated caches n must not exceed the cache's latent
         chunk. Returns the last position's normed state(s).
         """
-        h = self.model.embed_tokens(tokens)
+        h = self.model.embed(tokens)
         keys = slot + tokens.shape[1] if mask is None else mask.shape[-1]
         span = Span(self.rotary(positions, h.dtype, length=keys), slot, mask)  # a position never reaches the keys' count
         final, states = self.model.run(h, span, cache, loops, keep_loops and bool(self.shared))

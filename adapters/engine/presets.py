@@ -30,6 +30,15 @@ PRESETS: dict[str, LoopConfig] = {
     "ouro-1.4b-thinking": LoopConfig(shared_layers=24, **_OURO),
     "ouro-2.6b": LoopConfig(shared_layers=48, **_OURO),
     "melt-1.6b": LoopConfig(shared_layers=24, **{**_OURO, "family": "melt", "kv_strategy": "gated"}),
+    # Huginn-0125 (recurrent depth, 3.5B): recpre/raven_config_minimal.json of seal-rg/recurrent-pretraining
+    # (n_embd 5280, 55 heads of 96, intermediate_size 17920, vocab 65536, prelude 2, core 4, coda 2,
+    # mean_recurrence 32, norm_eps 1e-6, tied embeddings, block_size 4096); rope_base 50000 and the
+    # bos/eos/pad ids 65504/65505/65509 are RavenConfig's defaults in recpre/raven_config_minimal.py.
+    "huginn-0125": LoopConfig(
+        family="huginn", vocab_size=65536, hidden_size=5280, num_heads=55, num_kv_heads=55, head_dim=96, ffn_size=17920,
+        prelude_layers=2, shared_layers=4, coda_layers=2, loops=32, rope_theta=50_000.0, norm_eps=1e-6, tie_embeddings=True,
+        norm_layout="sandwich", kv_strategy="per_loop", max_position=4096, bos_token_id=65504, eos_token_id=65505, pad_token_id=65509,
+    ),
     "qwen3-tiny": LoopConfig(
         family="qwen3", shared_layers=4, loops=1, tie_embeddings=True, norm_layout="pre", qk_norm=True,
         kv_strategy="standard", **_TINY,

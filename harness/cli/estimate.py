@@ -9,13 +9,16 @@ machine included.
 from __future__ import annotations
 
 import json
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from harness.cli.common import JsonFlag, print_table
 from measures import GB
 from harness.errors import UserError
+
+if TYPE_CHECKING:
+    from adapters.engine.config import LoopConfig
 
 
 def estimate(
@@ -44,7 +47,7 @@ def estimate(
     spec = adapters.resolve(model)
     facts = adapters.inspect(spec, **({} if loops is None else {"loops": loops}))
     if facts is None or "config" not in facts:
-        raise UserError(f"{spec}: estimate reads an engine config (preset:, zoo:, qwen3:, ouro:, melt: specs); this adapter has none")
+        raise UserError(f"{spec}: estimate reads an engine config (preset:, zoo:, qwen3:, ouro:, melt:, huginn: specs); this adapter has none")
     check_context(spec, facts, "--tokens", tokens)
     config = LoopConfig.from_dict(facts["config"])
     result = analytic(config, tokens, batch=batch, loops=loops, dtype=dtype)
@@ -57,3 +60,16 @@ def estimate(
              (("weights", result.weights_bytes), ("KV cache", result.kv_bytes), ("total", result.total_bytes))]
     title = f"{spec}: {tokens} tokens x batch {batch}, loops {r}, {dtype} ({config.kv_strategy} KV)"
     print_table(title, ["measure", "bytes", "GB (1e9 bytes)"], rows, right=("bytes", "GB (1e9 bytes)"))
+    print(kv_terms(config, r, dtype))
+
+
+def kv_terms(config: LoopConfig, loops: int, dtype: str) -> str:
+    """The KV line's terms: bytes per token as K and V x entries x heads x head dim x bytes, and where the entries come from."""
+    from adapters.engine.memory import analytic_terms, dtype_bytes
+
+    entries = config.kv_entries(loops)
+    source = (f"{config.prelude_layers} prelude + {config.shared_layers} shared x {loops} loops + {config.coda_layers} coda"
+              if config.kv_strategy == "per_loop" else f"one per layer, {config.kv_strategy}")
+    per_token = analytic_terms(config, loops, dtype)["kv_bytes_per_token"]
+    return (f"KV per token: {per_token:,} bytes = 2 (K, V) x {entries} entries ({source}) x {config.num_kv_heads} KV heads "
+            f"x head dim {config.head_dim} x {dtype_bytes(dtype)} bytes")

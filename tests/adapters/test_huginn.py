@@ -1,0 +1,134 @@
+"""Huginn-0125 (recurrent depth) in the engine against the official modelling code, and its KV against the analytic model.
+
+The reference (`tests/adapters/data/huginn_reference.json`) comes from `scripts/huginn_reference.py`, which ran the
+official `raven_modeling_minimal.py` on the tiny checkpoint `adapters.testing.save_tiny_huginn` builds from a seed;
+the tests build the same checkpoint. The comparison uses the official deterministic initial state (`init_scale=0`, the
+zero state) at r = 1, 4 and 32, and the random state at r = 4, which the engine draws as the official code does after
+`torch.manual_seed(seed)`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import adapters
+from adapters.base import AdapterError, Request, Sampling
+from adapters.engine.checkpoint import load_model
+from adapters.engine.config import LoopConfig
+from adapters.engine.continuous import ContinuousEngine
+from adapters.engine.huginn import huginn_config
+from adapters.engine.memory import analytic_terms, count_params, estimate
+from adapters.engine.model import LoopedLM
+from adapters.engine.presets import preset
+from adapters.testing import save_tiny_huginn, tiny_huginn_tensors
+from harness.cli import main
+from tests.adapters.test_scheduler import Watch, pool_for
+
+REFERENCE = json.loads((Path(__file__).parent / "data" / "huginn_reference.json").read_text())
+TOLERANCE = 1e-5  # float32 logits
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    return save_tiny_huginn(tmp_path_factory.mktemp("huginn"), seed=REFERENCE["checkpoint"]["seed"])
+
+
+def engine(checkpoint: Path, loops: int, scale: float = 0.0, **overrides) -> adapters.Adapter:
+    """The engine adapter on the tiny checkpoint, initial state scaled by `scale` (0: the official `init_scale=0`), no end token."""
+    adapter = adapters.load(f"huginn:{checkpoint}", loops=loops, dtype="fp32", device="cpu", **overrides)
+    adapter.model.seed_state(REFERENCE["seeded_state"]["seed"], scale)
+    adapter.config.eos_token_id = None  # the reference decodes all its new tokens
+    adapter.config.extra["eos_token_ids"] = []
+    return adapter
+
+
+def test_huginn_reference_names_its_source():
+    ref = REFERENCE["reference"]
+    assert ref["repository"] == "seal-rg/recurrent-pretraining" and ref["file"] == "recpre/raven_modeling_minimal.py"
+    assert len(ref["commit"]) == 40
+
+
+@pytest.mark.parametrize("loops", [1, 4, 32])
+def test_huginn_logits_match_the_official_code(checkpoint, loops):
+    model = load_model(checkpoint, "huginn", torch.float32, "cpu")
+    model.seed_state(0, 0.0)
+    with torch.no_grad():
+        for prompt, expected in zip(REFERENCE["prompts"], REFERENCE["zero_state"][str(loops)]["logits"]):
+            logits = model.forward(torch.tensor([prompt]), loops=loops).logits[0]
+            assert (logits - torch.tensor(expected)).abs().max().item() < TOLERANCE
+
+
+@pytest.mark.parametrize("loops", [1, 4, 32])
+def test_huginn_greedy_continuations_match_the_official_code(checkpoint, loops):
+    """The continuous engine (paged per-step KV), all prompts batched, and the static path: the official tokens."""
+    adapter = engine(checkpoint, loops)
+    greedy = Sampling(temperature=0.0, max_new_tokens=REFERENCE["new_tokens"])
+    expected = REFERENCE["zero_state"][str(loops)]["greedy"]
+    assert [g.token_ids for g in adapter.generate(REFERENCE["prompts"], greedy)] == expected
+    adapter.batching = "static"
+    assert [g.token_ids for g in adapter.generate(REFERENCE["prompts"], greedy)] == expected
+
+
+def test_huginn_random_initial_state_is_the_official_draw(checkpoint):
+    """Seeded as the official code after `torch.manual_seed(seed)`: the same state, so the same logits and, one sequence
+    decoded by the static path (one draw per call, in the official order), the same continuation."""
+    seeded = REFERENCE["seeded_state"]
+    prompt = REFERENCE["prompts"][seeded["prompt"]]
+    model = load_model(checkpoint, "huginn", torch.float32, "cpu")
+    model.seed_state(seeded["seed"])
+    with torch.no_grad():
+        logits = model.forward(torch.tensor([prompt]), loops=seeded["loops"]).logits[0]
+    assert (logits - torch.tensor(seeded["logits"])).abs().max().item() < TOLERANCE
+    model.seed_state(seeded["seed"], 0.0)
+    with torch.no_grad():
+        assert (model.forward(torch.tensor([prompt]), loops=seeded["loops"]).logits[0] - logits).abs().max().item() > 1e-3  # the state matters
+    adapter = engine(checkpoint, seeded["loops"], scale=1.0, batching="static")
+    assert adapter.generate([prompt], Sampling(temperature=0.0, max_new_tokens=REFERENCE["new_tokens"]))[0].token_ids == seeded["greedy"]
+
+
+def test_huginn_params_and_kv_layout_follow_the_official_model():
+    """Parameters: the official tensors (lm_head tied); KV: one entry per prelude layer, (step, core layer) and coda layer,
+    as the official cache indexes them (prelude 0..p-1, core p + t*s + i, coda -1..-c)."""
+    cfg = LoopConfig(family="huginn", vocab_size=99, hidden_size=64, num_heads=4, num_kv_heads=4, head_dim=16, ffn_size=96,
+                     prelude_layers=1, shared_layers=2, coda_layers=1, loops=4, norm_layout="sandwich", kv_strategy="per_loop",
+                     tie_embeddings=True)
+    assert count_params(cfg) == sum(t.numel() for t in tiny_huginn_tensors().values())
+    with torch.device("meta"):
+        assert count_params(preset("huginn-0125")) == sum(p.numel() for p in LoopedLM(preset("huginn-0125")).parameters())
+    assert [cfg.kv_entries(r) for r in (1, 4, 32)] == [1 + 2 * r + 1 for r in (1, 4, 32)]
+
+
+def test_huginn_paged_kv_accounting_equals_the_analytic_model(checkpoint):
+    adapter = engine(checkpoint, 4, block_size=4, max_batch=3)
+    sequences = adapter._sequences([Request(p, Sampling(temperature=0.0, max_new_tokens=6)) for p in REFERENCE["prompts"]])
+    terms = analytic_terms(adapter.config, 4, "fp32")
+    assert terms["kv_bytes_per_token"] == 2 * (1 + 2 * 4 + 1) * 4 * 16 * 4 and terms["latent_bytes_per_token"] == 0
+    pool = pool_for(adapter, sequences)
+    finished = []
+    batcher = ContinuousEngine(adapter.model, pool, loops=4, policy=adapter.exit_policy, eos_ids=set(), tokenizer=adapter.tokenizer,
+                               max_seqs=3, on_finished=finished.extend)
+    watch = Watch(batcher, sequences, adapter.config, 4)
+    batcher.run(sequences)
+    assert len(finished) == 3 and watch.steps > 5  # Watch checked the exact accounting against the terms after every step
+    assert pool.manager.held_blocks == pool.manager.tokens_held == 0
+
+def test_huginn_estimate_prints_its_terms(capsys):
+    code = main(["estimate", "huginn-0125", "--tokens", "4096", "--loops", "32"])
+    out = capsys.readouterr().out
+    expected = estimate(preset("huginn-0125"), 4096, loops=32)
+    assert code == 0 and f"{expected.weights_bytes:,}" in out and f"{expected.kv_bytes:,}" in out
+    assert expected.kv_bytes == 2 * (2 + 4 * 32 + 2) * 55 * 96 * 2 * 4096  # K and V x 132 entries x heads x head dim x bf16 x tokens
+    assert "132 entries" in out
+
+
+def test_huginn_preset_is_the_official_default_config():
+    """RavenConfig's defaults (those of the released model) read through the checkpoint mapping give the preset's shape;
+    the token ids, commented out in the official config class, come from the preset."""
+    read = huginn_config({"model_type": "huginn_raven"})
+    assert read.replace(bos_token_id=65504, eos_token_id=65505, pad_token_id=65509) == preset("huginn-0125")
+    with pytest.raises(AdapterError, match="not a Huginn config.json"):
+        huginn_config({"model_type": "qwen3"})
