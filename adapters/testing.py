@@ -84,3 +84,50 @@ def save_tiny_huginn(folder: str | Path, *, seed: int = 0) -> Path:
     save_file(tiny_huginn_tensors(seed), str(folder / "model.safetensors"), metadata={"format": "pt"})
     char_tokenizer().save_pretrained(str(folder))
     return folder
+
+
+TINY_OURO_26B = dict(  # Ouro-2.6B's 48 shared layers and 4 loops at test width, in the HF release's config names
+    architectures=["OuroForCausalLM"], model_type="ouro", hidden_size=64, intermediate_size=96, num_attention_heads=4,
+    num_key_value_heads=4, num_hidden_layers=48, total_ut_steps=4, rms_norm_eps=1e-6, rope_theta=1_000_000.0,
+    max_position_embeddings=512, tie_word_embeddings=False, hidden_act="silu", bos_token_id=1, eos_token_id=2, pad_token_id=0,
+)
+
+
+BRANCH_NORM = 0.2  # the sandwich's output norms (`*_2`) near this, not 1: each of the 192 layer passes then moves the
+# residual stream by a fifth of its size, which keeps float32 rounding from growing into the logits
+
+
+def save_tiny_ouro(folder: str | Path, *, seed: int = 0) -> Path:
+    """Write a tiny random Ouro of Ouro-2.6B's layer count in the HF release's layout (config.json + model.safetensors).
+
+    Made from `seed` alone (normal draws; the norms at 1 + noise so each of the sandwich's four norms shows), so a test
+    and `scripts/ouro_reference.py` (which runs the official modelling code on it) read the same checkpoint.
+    """
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    from adapters.engine.tokenizer import CHAR_VOCAB_SIZE
+
+    cfg, folder = {**TINY_OURO_26B, "vocab_size": CHAR_VOCAB_SIZE}, Path(folder)
+    d, ffn, vocab, gen = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], torch.Generator().manual_seed(seed)
+
+    def rand(*shape: int, scale: float, base: float = 0.0) -> torch.Tensor:
+        return base + scale * torch.randn(*shape, generator=gen)
+
+    tensors = {"model.embed_tokens.weight": rand(vocab, d, scale=1.0), "lm_head.weight": rand(vocab, d, scale=d**-0.5),
+               "model.norm.weight": rand(d, scale=0.1, base=1.0), "model.early_exit_gate.weight": rand(1, d, scale=d**-0.5),
+               "model.early_exit_gate.bias": rand(1, scale=0.1)}
+    for i in range(cfg["num_hidden_layers"]):
+        layer = f"model.layers.{i}."
+        tensors.update({layer + f"self_attn.{p}_proj.weight": rand(d, d, scale=d**-0.5) for p in "qkvo"})
+        tensors.update({layer + "mlp.gate_proj.weight": rand(ffn, d, scale=d**-0.5), layer + "mlp.up_proj.weight": rand(ffn, d, scale=d**-0.5),
+                        layer + "mlp.down_proj.weight": rand(d, ffn, scale=ffn**-0.5)})
+        tensors.update({layer + f"{norm}.weight": rand(d, scale=0.1, base=1.0) for norm in ("input_layernorm", "post_attention_layernorm")})
+        tensors.update({layer + f"{norm}.weight": rand(d, scale=0.02, base=BRANCH_NORM)
+                        for norm in ("input_layernorm_2", "post_attention_layernorm_2")})
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder

@@ -1,11 +1,14 @@
 """Named shapes: the public models' configs and the CPU-sized tiny ones the tests and zoo use.
 
-`preset(name)` returns a fresh copy; `PRESETS` is the table `loopeval models` lists.
+`preset(name)` returns a fresh copy; `PRESETS` is the table `loopeval models` lists. `FAMILY_GUIDE` is the
+one home of what each family means to a user (its KV strategy, where its checkpoints come from, what `--loops`
+does): `loopeval models` prints it and a test checks the README's model table against it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 from adapters.base import AdapterError
 from adapters.engine.config import LoopConfig
@@ -19,6 +22,32 @@ _OURO = dict(
     kv_strategy="per_loop", exit_gate=True, max_position=65536, bos_token_id=0, eos_token_id=0, pad_token_id=0,
 )
 
+
+
+class Family(NamedTuple):
+    """What a user needs to know about one family the engine runs, in the words of the README's model table."""
+
+    models: str  # the public models of the family
+    kv: str  # its KV strategy (`LoopConfig.kv_strategy`) and what one token holds
+    checkpoints: str  # where its weights come from: the spec prefixes and the folder layout
+    loops: str  # what `--loops` (r) means for it
+
+
+FAMILY_GUIDE: dict[str, Family] = {
+    "qwen3": Family("Qwen3-1.7B (standard transformer)", "`standard`: one entry per layer",
+                    "`qwen3:DIR` (what `Qwen3ForCausalLM.save_pretrained` writes), `preset:qwen3-1.7b`",
+                    "ignored: a plain model runs once"),
+    "ouro": Family("Ouro-1.4B, Ouro-1.4B-Thinking, Ouro-2.6B (LoopLM)", "`per_loop`: one entry per (loop, shared layer)",
+                   "`ouro:DIR` (the HF Ouro folder, read without its remote code), `preset:ouro-1.4b`, `preset:ouro-2.6b`",
+                   "loop passes over the 24 (2.6B: 48) shared layers; trained T = 4"),
+    "melt": Family("MELT-1.6B (Ouro plus gated KV)", "`gated`: one row per shared layer, overwritten at every loop",
+                   "`melt:DIR` (an engine checkpoint, or an Ouro folder plus `melt_gate` tensors), `preset:melt-1.6b`",
+                   "loop passes, each rewriting the token's one gated row; KV does not grow with r"),
+    "huginn": Family("Huginn-0125 (recurrent depth)", "`per_loop`: prelude, one entry per (step, core layer), coda",
+                     "`huginn:DIR` (the official config.json and `transformer.*` safetensors), `preset:huginn-0125`",
+                     "recurrence steps of the 4-layer core; the paper evaluates at 32"),
+}
+
 PRESETS: dict[str, LoopConfig] = {
     "qwen3-1.7b": LoopConfig(
         family="qwen3", vocab_size=151936, hidden_size=2048, num_heads=16, num_kv_heads=8, head_dim=128,
@@ -28,6 +57,9 @@ PRESETS: dict[str, LoopConfig] = {
     ),
     "ouro-1.4b": LoopConfig(shared_layers=24, **_OURO),
     "ouro-1.4b-thinking": LoopConfig(shared_layers=24, **_OURO),
+    # Ouro-2.6B(-Thinking): 48 shared layers (num_hidden_layers), every other value Ouro-1.4B's: width 2048, 16 heads
+    # of 128, intermediate_size 5632, vocab 49152, total_ut_steps 4, rope_theta 1e6, 65536 positions, untied, sandwich
+    # norms (the public shapes of docs/architecture.md; arXiv 2510.25741, the Ouro paper, lists 1.4B and 2.6B at 24 and 48).
     "ouro-2.6b": LoopConfig(shared_layers=48, **_OURO),
     "melt-1.6b": LoopConfig(shared_layers=24, **{**_OURO, "family": "melt", "kv_strategy": "gated"}),
     # Huginn-0125 (recurrent depth, 3.5B): recpre/raven_config_minimal.json of seal-rg/recurrent-pretraining
@@ -56,6 +88,12 @@ PRESETS: dict[str, LoopConfig] = {
         chunk_size=16, **_TINY,
     ),
 }
+
+
+def family_table() -> list[str]:
+    """The README's model table (markdown lines): one row per family of `FAMILY_GUIDE`."""
+    rows = ["| family | models | KV strategy | checkpoints (spec) | what `--loops` means |", "| --- | --- | --- | --- | --- |"]
+    return rows + [f"| {name} | {' | '.join(family)} |" for name, family in FAMILY_GUIDE.items()]
 
 
 def preset(name: str) -> LoopConfig:

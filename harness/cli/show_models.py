@@ -6,16 +6,23 @@ import typer
 
 
 def models() -> None:
-    """Model specs every command accepts: adapter prefixes, then the named models with their context lengths.
+    """Model specs every command accepts: the engine's families, adapter prefixes, then the named models with their
+    context lengths.
+
+    Each family line says its KV strategy, where its checkpoints come from and what `--loops` means for it
+    (`adapters.engine.presets.FAMILY_GUIDE`, which the README's model table also shows).
 
     A bare name stands for the one spec that has it; the last line names those two prefixes share.
     """
     import adapters
     from adapters.engine.config import LoopConfig
-    from adapters.engine.presets import PRESETS
+    from adapters.engine.presets import FAMILY_GUIDE, PRESETS
     from adapters.registry import named_models
     from adapters.zoo import zoo_info, zoo_names
 
+    for name, family in FAMILY_GUIDE.items():
+        typer.echo(f"family {name}: {family.models}; KV {family.kv}; checkpoints {family.checkpoints}; "
+                   f"--loops: {family.loops}".replace("`", ""))
     for entry in adapters.available():
         typer.echo(f"{entry.prefix}:...  {entry.description}")
     named = [(f"preset:{name}", config) for name, config in PRESETS.items()]

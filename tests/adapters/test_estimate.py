@@ -7,10 +7,13 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
+from adapters.engine.cache import KVCache
 from adapters.engine.config import LoopConfig
 from adapters.engine.presets import preset
-from adapters.engine.memory import estimate
+from adapters.engine.memory import count_params, estimate
+from adapters.engine.model import LoopedLM
 from adapters.zoo import zoo_info
 from harness.cli import main
 
@@ -31,6 +34,29 @@ def test_json_matches_the_analytic_model(capsys):
     assert json.loads(out)["kv_bytes"] == estimate(preset("melt-1.6b"), 1000, 4, 8, "fp32").kv_bytes
     code, out, _ = run(capsys, "qwen3-1.7b", "--tokens", "1", "--json")
     assert json.loads(out)["params"] == 1_720_574_976
+
+
+def test_ouro_2_6b_weights_and_kv(capsys):
+    """48 shared layers x 4 loops = 192 KV entries per token, twice Ouro-1.4B's."""
+    code, out, _ = run(capsys, "ouro-2.6b", "--tokens", "32000", "--json")
+    assert code == 0 and json.loads(out) == estimate(preset("ouro-2.6b"), 32000).__dict__
+    assert json.loads(out)["params"] == 2_667_974_657
+    assert json.loads(out)["kv_bytes"] == 48 * 4 * 2 * 16 * 128 * 2 * 32000
+    code, out, _ = run(capsys, "ouro-2.6b", "--tokens", "32000")
+    assert code == 0 and "5.336" in out and "50.332" in out and "192 entries (0 prelude + 48 shared x 4 loops + 0 coda)" in out
+
+
+@pytest.mark.parametrize("loops", [1, 4, 6])
+def test_ouro_2_6b_layer_count_at_tiny_width_allocates_what_the_estimate_says(loops):
+    """The 2.6B's 48 layers at tiny width, built for real: its parameters and the cache it allocates (on the CPU,
+    real tensors) equal the analytic figures, as the presets' full shapes do on the meta device (test_engine)."""
+    cfg = preset("ouro-2.6b").replace(hidden_size=64, num_heads=4, num_kv_heads=4, head_dim=16, ffn_size=96, vocab_size=99,
+                                      max_position=512)
+    assert cfg.shared_layers == 48 and cfg.kv_entries(loops) == 48 * loops
+    assert sum(p.numel() for p in LoopedLM(cfg).parameters()) == count_params(cfg) == estimate(cfg, 1).params
+    for dtype, torch_dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        cache = KVCache(cfg, 2, 37, loops, torch_dtype, "cpu")
+        assert cache.kv_bytes_allocated == estimate(cfg, 37, 2, loops, dtype).kv_bytes == 2 * 48 * loops * 2 * 4 * 16 * 37 * torch_dtype.itemsize
 
 
 def test_table_in_decimal_gb_and_config_files(capsys, tmp_path):

@@ -15,8 +15,8 @@ import pytest
 
 import adapters
 from adapters import AdapterError, registry
-from adapters.engine.config import LoopConfig
-from adapters.engine.presets import PRESETS
+from adapters.engine.config import FAMILIES, LoopConfig
+from adapters.engine.presets import FAMILY_GUIDE, PRESETS, family_table
 from adapters.zoo import zoo_info, zoo_names
 from harness.cli import main
 from harness.hints import env_command
@@ -85,6 +85,21 @@ def test_every_command_refuses_a_shared_name_alike_before_any_work(argv: list[st
     out, err = capsys.readouterr()
     assert out == "" and err == "loopeval: error: model name 'ouro-tiny' is ambiguous: give one of preset:ouro-tiny, zoo:ouro-tiny\n"
     assert list(tmp_path.iterdir()) == []  # no results/ folder, no database
+
+
+def test_models_and_the_readme_describe_every_family_from_one_table(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each family the engine loads from a checkpoint (every one but `custom`) has its KV strategy, checkpoints and
+    the meaning of --loops in `FAMILY_GUIDE`; `loopeval models` prints it and the README shows it as its model table."""
+    assert set(FAMILY_GUIDE) == set(FAMILIES) - {"custom"}
+    assert main(["models"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for name, family in FAMILY_GUIDE.items():
+        kv_strategy = {config.kv_strategy for config in PRESETS.values() if config.family == name}
+        assert len(kv_strategy) == 1 and family.kv.startswith(f"`{kv_strategy.pop()}`")
+        assert any(line.startswith(f"family {name}: ") and line.endswith(family.loops.replace("`", "")) for line in lines)
+        assert family.checkpoints.startswith(f"`{name}:DIR`")  # the spec prefix that loads the family's folder
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert "\n".join(family_table()) + "\n" in readme
 
 
 def test_models_and_zoo_list_show_each_context(capsys: pytest.CaptureFixture[str]) -> None:

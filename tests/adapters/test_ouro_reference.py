@@ -1,0 +1,48 @@
+"""Ouro at Ouro-2.6B's layer count (48 shared layers) in the engine against the official modelling code.
+
+The reference (`tests/adapters/data/ouro_reference.json`) comes from `scripts/ouro_reference.py`, which ran the official
+`modeling_ouro.py` (a public copy of the one on the model hub; the fixture records which) in float32 on the tiny checkpoint
+`adapters.testing.save_tiny_ouro` builds from a seed: 48 layers of width 64, 4 trained loops. The tests build the same
+checkpoint, load it through `ouro:DIR` as a user would, and compare the logits of every position at r = 1, 4 and 6.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import adapters
+from adapters.engine.memory import estimate
+from adapters.engine.presets import preset
+from adapters.testing import TINY_OURO_26B, save_tiny_ouro
+
+REFERENCE = json.loads((Path(__file__).parent / "data" / "ouro_reference.json").read_text())
+TOLERANCE = 1e-5  # float32 logits
+
+
+@pytest.fixture(scope="module")
+def ouro(tmp_path_factory) -> adapters.Adapter:
+    folder = save_tiny_ouro(tmp_path_factory.mktemp("ouro"), seed=REFERENCE["checkpoint"]["seed"])
+    return adapters.load(f"ouro:{folder}", dtype="fp32", device="cpu")
+
+
+def test_the_fixture_is_of_this_checkpoint_and_the_2_6b_layer_count(ouro):
+    assert REFERENCE["checkpoint"]["config"] == TINY_OURO_26B
+    cfg = ouro.config
+    assert (cfg.family, cfg.shared_layers, cfg.loops, cfg.kv_strategy) == ("ouro", preset("ouro-2.6b").shared_layers, 4, "per_loop")
+
+
+@pytest.mark.parametrize("loops", [1, 4, 6])
+def test_logits_match_the_official_code(ouro, loops):
+    """Every position of every prompt, one forward without a cache; r = 6 is depth extrapolation past the trained 4."""
+    for prompt, expected in zip(REFERENCE["prompts"], REFERENCE["logits"][str(loops)]):
+        with torch.no_grad():
+            got = ouro.model(torch.tensor([prompt]), loops=loops).logits[0]
+        assert (got - torch.tensor(expected)).abs().max().item() < TOLERANCE, (loops, prompt)
+
+
+def test_the_loaded_checkpoint_holds_what_the_estimate_counts(ouro):
+    assert ouro.memory()["weights_bytes"] == estimate(ouro.config, 1, dtype="fp32").weights_bytes
