@@ -109,12 +109,22 @@ def read_config(path: str | Path, family: str | None = None) -> LoopConfig:
                 check_complete(path)
             cfg = LoopConfig.from_dict(raw.get("config"))
         else:
-            cfg = _hf_config(raw, family or _hf_family(raw, file))
+            cfg = _with_generation_config(_hf_config(raw, family or _hf_family(raw, file)), file.parent)
     except AdapterError as exc:
         raise AdapterError(str(exc) if str(path) in str(exc) else f"{file}: {exc}") from None
     if family == "melt" and not cfg.gated:
         raise AdapterError(f"{path}: melt: needs a gated checkpoint (engine config with kv_strategy 'gated' or an Ouro-format dir with gate tensors)")
     return cfg
+
+
+def _with_generation_config(cfg: LoopConfig, directory: Path) -> LoopConfig:
+    """The config plus generation_config.json's eos ids (`generation_eos_ids`), which `tokenizer.token_ids` weighs against the tokenizer."""
+    file = directory / "generation_config.json"
+    if not file.is_file():
+        return cfg
+    eos = read_json(file).get("eos_token_id")
+    ids = eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else []
+    return cfg.replace(extra={**cfg.extra, "generation_eos_ids": [i for i in ids if isinstance(i, int) and not isinstance(i, bool)]})
 
 
 def _hf_family(raw: dict[str, Any], file: Path) -> str:
