@@ -14,9 +14,10 @@ Python per model, so each model's peaks are its own. The child:
    every 5 ms, and reads RSS after generation.
 
 Printed per model: analytic weights, analytic KV at the run's tokens (prompt + generated), the
-overhead, RSS after generation and the peak RSS during generation, each over analytic weights + KV +
-overhead (target: within 10%), and the loading peak less the overhead over the weights bytes
-(target <= 1.2: no full-precision copy on the way). Huginn runs at `--huginn-loops` (default 4)
+overhead, the peak RSS while generating over analytic weights + KV + overhead (target: within 10%),
+RSS after generation over weights + overhead (the engine's KV pool lives for the call, so it is
+gone by then), and the loading peak less the overhead over the weights bytes (target <= 1.2: no
+full-precision copy on the way). Huginn runs at `--huginn-loops` (default 4)
 rather than its trained 32 recurrences, which on two CPU cores would take most of an hour at 1k tokens.
 Needs only torch, safetensors and psutil, so the GPU machine runs it too (on the CPU).
 
@@ -120,11 +121,12 @@ def run_one(name: str, args: argparse.Namespace) -> str:
 def format_line(name: str, f: dict, write_s: float) -> str:
     from measures import GB as gb
 
-    expected = f["weights"] + f["kv"] + f["overhead"]
+    held = f["weights"] + f["overhead"]
     return (f"{name} (r={f['loops']}, {f['generated']} new tokens): weights {f['weights'] / gb:.3f} GB, KV {f['kv'] / gb:.3f} GB, "
-            f"overhead {f['overhead'] / gb:.3f} GB (RSS after a tiny warm-up run); RSS after generation {f['rss_after'] / gb:.3f} GB = "
-            f"{f['rss_after'] / expected:.3f} x (weights + KV + overhead), peak while generating {f['rss_peak_generate'] / gb:.3f} GB = "
-            f"{f['rss_peak_generate'] / expected:.3f} x; peak while loading {f['load_peak'] / gb:.3f} GB, less overhead = "
+            f"overhead {f['overhead'] / gb:.3f} GB (RSS after a tiny warm-up run); peak RSS while generating "
+            f"{f['rss_peak_generate'] / gb:.3f} GB = {f['rss_peak_generate'] / (held + f['kv']):.3f} x (weights + KV + overhead); "
+            f"RSS after generation {f['rss_after'] / gb:.3f} GB = {f['rss_after'] / held:.3f} x (weights + overhead: the KV pool "
+            f"lives for the call); peak while loading {f['load_peak'] / gb:.3f} GB, less overhead = "
             f"{(f['load_peak'] - f['overhead']) / f['weights']:.3f} x weights; write {write_s:.0f} s, load {f['load_s']:.0f} s, "
             f"generate {f['generate_s']:.0f} s")
 
