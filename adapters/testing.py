@@ -1,4 +1,5 @@
-"""A tiny local transformers Qwen3 checkpoint, made without any download, for trying and testing adapters.
+"""Local checkpoints made without any download, for trying and testing adapters: a tiny transformers Qwen3, a tiny
+Huginn, and random bf16 weights of any engine config in its family's public layout (`save_public_checkpoint`).
 
 The conformance kit that checks adapters is `harness.conformance.check_adapter`.
 """
@@ -6,6 +7,12 @@ The conformance kit that checks adapters is `harness.conformance.check_adapter`.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from adapters.engine.config import LoopConfig
 
 
 def save_tiny_qwen3(folder: str | Path, *, seed: int = 0, max_position: int = 128) -> Path:
@@ -131,3 +138,81 @@ def save_tiny_ouro(folder: str | Path, *, seed: int = 0) -> Path:
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     return folder
+
+
+def public_config(cfg: LoopConfig) -> dict:
+    """The config.json a public release of `cfg`'s family ships (Qwen3, Ouro, Huginn-0125's RavenConfig names)."""
+    if cfg.huginn:
+        return {"model_type": "huginn_raven", "n_embd": cfg.hidden_size, "n_heads": cfg.num_heads, "num_attention_heads": cfg.num_heads,
+                "intermediate_size": cfg.ffn_size, "n_layers_in_prelude": cfg.prelude_layers, "n_layers_in_recurrent_block": cfg.shared_layers,
+                "n_layers_in_coda": cfg.coda_layers, "mean_recurrence": cfg.loops, "block_size": cfg.max_position, "vocab_size": cfg.vocab_size,
+                "tie_embeddings": cfg.tie_embeddings, "norm_eps": cfg.norm_eps, "torch_dtype": "bfloat16"}
+    config = {"model_type": cfg.family, "architectures": ["Qwen3ForCausalLM" if cfg.family == "qwen3" else "OuroForCausalLM"],
+              "hidden_size": cfg.hidden_size, "intermediate_size": cfg.ffn_size, "num_attention_heads": cfg.num_heads,
+              "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "num_hidden_layers": cfg.shared_layers,
+              "vocab_size": cfg.vocab_size, "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta,
+              "max_position_embeddings": cfg.max_position, "tie_word_embeddings": cfg.tie_embeddings, "bos_token_id": cfg.bos_token_id,
+              "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.pad_token_id, "torch_dtype": "bfloat16"}
+    return config if cfg.family == "qwen3" else {**config, "total_ut_steps": cfg.loops, "early_exit_threshold": 1.0}
+
+
+def public_shapes(cfg: LoopConfig) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape of a public checkpoint of `cfg` (HF names; Huginn's official `transformer.*` names), from a meta model."""
+    import torch
+
+    from adapters.engine.model import LoopedLM
+
+    if not cfg.huginn:
+        with torch.device("meta"):
+            return {name: tuple(t.shape) for name, t in LoopedLM(cfg).state_dict().items()}
+    d, ffn, heads = cfg.hidden_size, cfg.ffn_size, cfg.num_heads
+    shapes = {"transformer.wte.weight": (cfg.vocab_size, d), "transformer.adapter.weight": (d, 2 * d), "transformer.ln_f.weight": (d,)}
+    for group, count in (("prelude", cfg.prelude_layers), ("core_block", cfg.shared_layers), ("coda", cfg.coda_layers)):
+        for i in range(count):
+            block = f"transformer.{group}.{i}."
+            shapes.update({block + "attn.Wqkv.weight": (3 * d, d), block + "attn.qk_bias": (2, 1, heads, d // heads),
+                           block + "attn.proj.weight": (d, d), block + "mlp.fc.weight": (2 * ffn, d), block + "mlp.proj.weight": (d, ffn),
+                           **{f"{block}norm_{k}.weight": (d,) for k in range(1, 5)}})
+    return shapes
+
+
+def save_public_checkpoint(folder: str | Path, cfg: LoopConfig, *, seed: int = 0, shard_bytes: int = 2_000_000_000) -> Path:
+    """Write random bf16 weights of `cfg` in its family's public layout: config.json plus safetensors shards and their index.
+
+    Tensors are drawn one at a time straight in bf16 and written a shard at a time, so a full-size
+    model (Huginn-0125: 7.1 GB) never sits in memory whole, nor in float32. Norm weights are 1.
+    """
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    shards: list[list[tuple[str, tuple[int, ...]]]] = [[]]
+    size = 0
+    for name, shape in public_shapes(cfg).items():
+        nbytes = 2 * torch.Size(shape).numel()
+        if shards[-1] and size + nbytes > shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append((name, shape))
+        size += nbytes
+    gen, weight_map, total = torch.Generator().manual_seed(seed), {}, 0
+    for i, shard in enumerate(shards, 1):
+        file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        tensors = {name: _draw(name, shape, gen) for name, shape in shard}
+        save_file(tensors, str(folder / file), metadata={"format": "pt"})
+        total += sum(t.numel() * 2 for t in tensors.values())
+        weight_map.update(dict.fromkeys(tensors, file))
+        del tensors
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
+    (folder / "config.json").write_text(json.dumps(public_config(cfg), indent=2))
+    return folder
+
+
+def _draw(name: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+    import torch
+
+    tensor = torch.empty(shape, dtype=torch.bfloat16)
+    return tensor.fill_(1.0) if "norm" in name and len(shape) == 1 else tensor.normal_(0.0, 0.02, generator=gen)

@@ -36,6 +36,7 @@ from adapters.engine.memory import analytic_terms, count_params
 from adapters.engine.model import LoopedLM
 from adapters.engine.paged import DEFAULT_BLOCK_SIZE, BlockPool
 from adapters.engine.sequence import Sequence as Seq
+from adapters.engine.tokenizer import token_ids
 from adapters.registry import register
 
 DEFAULT_MAX_BATCH = 64  # sequences decoding at once
@@ -223,7 +224,7 @@ def encode(prompt: Prompt, tokenizer: Any | None, vocab_size: int, spec: str) ->
 
 
 def eos_ids(config: LoopConfig, tokenizer: Any | None) -> set[int]:
-    """The token ids that end a sample: the config's, its extra `eos_token_ids`, the tokenizer's."""
+    """The token ids that end a sample: the config's and its extra `eos_token_ids` (as `tokenizer.token_ids` set them), the tokenizer's."""
     ids = {config.eos_token_id} | set(config.extra.get("eos_token_ids", []))
     if tokenizer is not None:
         ids.add(tokenizer.eos_token_id)
@@ -295,7 +296,9 @@ def _build(spec: str, model_fn: Any, tokenizer_fn: Any, overrides: dict[str, Any
     if conditioning(overrides):
         model = model.with_conditioning(**conditioning(overrides))
     max_batch, batching, kv_budget, block_size, cuda_graphs = _batching_overrides(overrides)
-    return EngineAdapter(spec, model, tokenizer_fn(), loops=overrides.get("loops"), max_batch=max_batch,
+    tokenizer = tokenizer_fn()
+    model.config = token_ids(model.config, tokenizer)
+    return EngineAdapter(spec, model, tokenizer, loops=overrides.get("loops"), max_batch=max_batch,
                          exit_policy=exit_policy(model.config, overrides), batching=batching, kv_budget=kv_budget, block_size=block_size,
                          cuda_graphs=cuda_graphs)
 

@@ -109,12 +109,22 @@ def read_config(path: str | Path, family: str | None = None) -> LoopConfig:
                 check_complete(path)
             cfg = LoopConfig.from_dict(raw.get("config"))
         else:
-            cfg = _hf_config(raw, family or _hf_family(raw, file))
+            cfg = _with_generation_config(_hf_config(raw, family or _hf_family(raw, file)), file.parent)
     except AdapterError as exc:
         raise AdapterError(str(exc) if str(path) in str(exc) else f"{file}: {exc}") from None
     if family == "melt" and not cfg.gated:
         raise AdapterError(f"{path}: melt: needs a gated checkpoint (engine config with kv_strategy 'gated' or an Ouro-format dir with gate tensors)")
     return cfg
+
+
+def _with_generation_config(cfg: LoopConfig, directory: Path) -> LoopConfig:
+    """The config plus generation_config.json's eos ids (`generation_eos_ids`), which `tokenizer.token_ids` weighs against the tokenizer."""
+    file = directory / "generation_config.json"
+    if not file.is_file():
+        return cfg
+    eos = read_json(file).get("eos_token_id")
+    ids = eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else []
+    return cfg.replace(extra={**cfg.extra, "generation_eos_ids": [i for i in ids if isinstance(i, int) and not isinstance(i, bool)]})
 
 
 def _hf_family(raw: dict[str, Any], file: Path) -> str:
@@ -127,18 +137,43 @@ def _hf_family(raw: dict[str, Any], file: Path) -> str:
     return family
 
 
-def _read_tensors(directory: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+SAFETENSORS_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
+                      "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8, "BOOL": torch.bool}
 
+
+def read_safetensors(file: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a .safetensors file, each read straight into its own memory, in the file's dtype.
+
+    Not through a memory map (`safetensors.torch.load_file`): tensors backed by the map keep the whole
+    file's pages in the process once touched, so the parts stacked into fused projections (or converted
+    to another dtype) stayed resident twice, 1.45 x the weights for Qwen3-1.7B (docs/benchmarks.md).
+    """
+    with file.open("rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = parse_json(f.read(size).decode("utf-8"))
+        tensors = {}
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            begin, end = entry["data_offsets"]
+            tensor = torch.empty(end - begin, dtype=torch.uint8)
+            f.seek(8 + size + begin)
+            if f.readinto(tensor.numpy()) != end - begin:
+                raise ValueError(f"tensor {name} ends past the end of the file")
+            tensors[name] = tensor.view(SAFETENSORS_DTYPES[entry["dtype"]]).reshape(entry["shape"])
+    return tensors
+
+
+def _read_tensors(directory: Path) -> dict[str, torch.Tensor]:
     single = directory / "model.safetensors"
     index = directory / "model.safetensors.index.json"
     try:
         if single.is_file():
-            return load_file(str(single))
+            return read_safetensors(single)
         if index.is_file():
             tensors: dict[str, torch.Tensor] = {}
             for shard in sorted(set(read_json(index)["weight_map"].values())):
-                tensors.update(load_file(str(directory / shard)))
+                tensors.update(read_safetensors(directory / shard))
             return tensors
     except AdapterError:
         raise
@@ -172,8 +207,24 @@ def load_model(path: str | Path, family: str, dtype: torch.dtype, device: str | 
     for name, tensor in expected.items():
         if tuple(tensors[name].shape) != tuple(tensor.shape):
             raise AdapterError(f"{directory}: tensor {name} has shape {tuple(tensors[name].shape)}, config expects {tuple(tensor.shape)}")
-    model.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, assign=True)
+    model.load_state_dict(_fused_state(model, tensors, dtype), assign=True)
     return model.to(device=device, dtype=dtype).eval()
+
+
+def _fused_state(model: LoopedLM, tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """`tensors` in `dtype` under the model's parameter names, fused projections stacked, built in place.
+
+    Each part is dropped as soon as its stack exists, so loading holds the weights plus one module's
+    projections at most: stacking them all while the parts were still referenced (as the load hook
+    alone would) held most of the weights twice.
+    """
+    for name in list(tensors):
+        tensors[name] = tensors[name].to(dtype)
+    for prefix, module in model.named_modules():
+        if hasattr(module, "fused"):
+            fused, parts = module.fused
+            tensors[f"{prefix}.{fused}.weight"] = torch.cat([tensors.pop(f"{prefix}.{part}.weight") for part in parts])
+    return tensors
 
 
 def save_checkpoint(model: LoopedLM, directory: str | Path, tokenizer: Any | None = None,

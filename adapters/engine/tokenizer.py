@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.base import AdapterError
+from adapters.engine.config import LoopConfig
 
 SPECIALS = ("<pad>", "<bos>", "<eos>")
 CHARS = ("\n",) + tuple(chr(c) for c in range(32, 127))
@@ -49,3 +50,25 @@ def load_tokenizer(directory: Path) -> Any | None:
         return PreTrainedTokenizerFast.from_pretrained(str(directory), local_files_only=True, trust_remote_code=False)
     except Exception as exc:  # noqa: BLE001 (any parse failure is the user's file)
         raise AdapterError(f"cannot read tokenizer in {directory}: {exc}") from exc
+
+
+def token_ids(cfg: LoopConfig, tokenizer: Any | None) -> LoopConfig:
+    """The config with the bos/eos/pad ids and stop ids a model folder's tokenizer agrees with: the one home of that rule.
+
+    Released configs can disagree with their tokenizer (Ouro's config.json and generation_config.json
+    set bos/eos/pad to 0, `<|endoftext|>`, while its tokenizer's bos/eos are 1 and 2). The tokenizer
+    wins: bos, eos and pad are its own where it has them. A sample stops on the tokenizer's eos plus
+    generation_config.json's ids when that file names the tokenizer's eos (Qwen3 lists `<|im_end|>`
+    and `<|endoftext|>`); otherwise on the tokenizer's eos plus the ids the config files claim that
+    the tokenizer does not map to another special token.
+    """
+    if tokenizer is None or tokenizer.eos_token_id is None:
+        return cfg
+    eos = tokenizer.eos_token_id
+    generation = set(cfg.extra.get("generation_eos_ids", []))
+    claimed = {cfg.eos_token_id, *cfg.extra.get("eos_token_ids", []), *generation} - {None}
+    others = set(tokenizer.all_special_ids) - {eos}
+    stops = generation | {eos} if eos in generation else {eos} | (claimed - others)
+    bos = cfg.bos_token_id if tokenizer.bos_token_id is None else tokenizer.bos_token_id
+    pad = cfg.pad_token_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id
+    return cfg.replace(bos_token_id=bos, eos_token_id=eos, pad_token_id=pad, extra={**cfg.extra, "eos_token_ids": sorted(stops)})
