@@ -88,7 +88,7 @@ def load_zoo(name: str, **overrides: Any) -> Adapter:
 
 # ------------------------------------------------------------------------------------ recipes
 RECIPES_PATH = ZOO_DIR / "recipes.toml"
-KINDS = ("lm", "looplm", "melt")
+KINDS = ("lm", "looplm", "melt", "huginn")
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,9 @@ class Recipe:
     # looplm
     entropy_weight: float = 0.05
     exit_bias_init: float = 0.0
+    # huginn (sampled recurrence)
+    mean_recurrence: int = 4
+    backprop_depth: int = 2
     # melt
     teacher: str = ""
     gate_variant: str = "elementwise"
@@ -130,7 +133,7 @@ class Recipe:
             _check_field(self.name, f, getattr(self, f.name))
         if self.kind not in KINDS:
             raise AdapterError(f"recipe {self.name}: kind {self.kind!r} is not one of {', '.join(KINDS)}")
-        for name in ("steps", "batch_size", "log_every", "save_every", "chunk_size"):
+        for name in ("steps", "batch_size", "log_every", "save_every", "chunk_size", "mean_recurrence", "backprop_depth"):
             if getattr(self, name) < 1:
                 raise AdapterError(f"recipe {self.name}: {name} must be >= 1, got {getattr(self, name)}")
         if self.kind == "melt" and not self.teacher:

@@ -51,12 +51,13 @@ DEFAULTS = RunDefaults()
 @dataclass(frozen=True)
 class LabDefaults:
     """The recurrence-lab sweep the default `loopeval run` adds before its headline sweep, so that the default
-    report's depth-extrapolation figure shows the lab zoo (BaseLoop and its conditioned variants, all trained
-    at T = 4) at every r from 1 to 3T. Greedy on the first 20 docs of each task: about 3 minutes on 2 CPU
-    cores, and a set of its own, never compared with the headline's sampled points."""
+    report's depth-extrapolation figure shows the lab zoo (BaseLoop, its conditioned variants, the CoreLoop and
+    the Huginn-style model trained with sampled recurrence, all at T = 4 or a mean of 4) at every r from 1 to 3T.
+    Greedy on the first 20 docs of each task: about 4 minutes on 2 CPU cores, and a set of its own, never
+    compared with the headline's sampled points."""
 
     models: tuple[str, ...] = ("zoo:lab-baseloop", "zoo:lab-history", "zoo:lab-loopgate", "zoo:lab-history-loopgate",
-                               "zoo:lab-coreloop")
+                               "zoo:lab-coreloop", "zoo:lab-huginn")
     loops: tuple[int, ...] = tuple(range(1, 13))
     limit: int = 20
     temperature: float = 0.0

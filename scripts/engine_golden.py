@@ -7,6 +7,7 @@ of 2 on blocks of 4 tokens) and the static path. `tests/adapters/test_golden.py`
 compares token for token.
 
     python scripts/engine_golden.py --write     # record (only when a change is meant to change outputs)
+    python scripts/engine_golden.py --write --only zoo:NEW   # add a new model's cases, every other case kept as recorded
     python scripts/engine_golden.py             # compare with the recorded file, print any difference
 """
 
@@ -63,21 +64,33 @@ def fingerprint(outputs: list) -> str:
     return hashlib.sha256(json.dumps(outputs).encode()).hexdigest()[:16]
 
 
-def record() -> dict[str, dict[str, str]]:
-    return {spec: {case: fingerprint(out) for case, out in case_outputs(spec).items()} for spec in specs()}
+def record(only: list[str] | None = None) -> dict[str, dict[str, str]]:
+    """Every spec's case fingerprints, or those of the specs in `only`."""
+    return {spec: {case: fingerprint(out) for case, out in case_outputs(spec).items()} for spec in specs() if not only or spec in only}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="record the outputs into the golden file")
+    parser.add_argument("--only", action="append", metavar="SPEC",
+                        help="with --write: record only this model (repeatable; a new zoo model), keeping every other recorded case")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
+    unknown = sorted(set(args.only or []) - set(specs()))
+    if unknown or (args.only and not args.write):
+        parser.error(f"--only {unknown[0]}: not a preset or zoo model of the workload" if unknown else "--only goes with --write")
     torch.set_num_threads(args.threads)
-    outputs = record()
+    outputs = record(args.only)
     if args.write:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=GOLDEN.parent).stdout.strip()
-        GOLDEN.write_text(json.dumps({"recorded_at": commit, "outputs": outputs}, indent=1) + "\n")
-        print(f"wrote {GOLDEN} ({sum(len(v) for v in outputs.values())} cases, recorded at {commit})")
+        if args.only:  # added to the recorded file: the other models' cases stay as they were recorded, and when
+            data = json.loads(GOLDEN.read_text())
+            data["outputs"].update(outputs)
+            data.setdefault("added_at", {}).update({spec: commit for spec in outputs})
+        else:
+            data = {"recorded_at": commit, "outputs": outputs}
+        GOLDEN.write_text(json.dumps(data, indent=1) + "\n")
+        print(f"wrote {GOLDEN} ({sum(len(v) for v in outputs.values())} cases of {', '.join(outputs)}, recorded at {commit})")
         return
     golden = json.loads(GOLDEN.read_text())["outputs"]
     differ = [f"{spec} {case}" for spec in golden for case in golden[spec] if outputs.get(spec, {}).get(case) != golden[spec][case]]

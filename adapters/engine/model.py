@@ -28,6 +28,7 @@ MELT choices the method leaves open (also in the README):
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -400,13 +401,15 @@ class Backbone(nn.Module):
         return h if self.embed_scale is None else h * self.embed_scale
 
     def run(self, h: Tensor, span: Span, cache: Cache, loops: int, per_loop: bool, attn_outputs: list[Tensor] | None = None,
-            trace: LoopTrace | None = None) -> tuple[Tensor, list[Tensor]]:
+            trace: LoopTrace | None = None, grad_loops: int | None = None) -> tuple[Tensor, list[Tensor]]:
         """Prelude, shared x loops, coda over one call's states h [B, n, d].
 
         Returns the normed final state and, with `per_loop`, each loop's normed state (what per-loop
         logits and the exit gate read). Shared layers' attention outputs are appended to
         `attn_outputs`, loop-major, when it is given. A `trace` (probes) records the state entering
         loop 1 and each loop's output, and may skip loops: a skipped loop hands its input on unchanged.
+        With `grad_loops` = k only the last k loops are differentiated (truncated backprop, as Huginn
+        trains): the loops before them run without autograd, their output a constant to the rest.
         """
         p, s = len(self.prelude), len(self.shared)
         for i, layer in enumerate(self.prelude):
@@ -418,11 +421,13 @@ class Backbone(nn.Module):
         if trace is not None:
             trace.begin(h)
         states = []
+        no_grad_loops = 0 if grad_loops is None else max(0, loops - grad_loops)
         for t in range(loops if s else 0):
             if trace is not None and t in trace.skip:
                 y, normed = h, self.norm.forward(h) if per_loop else None
             else:
-                y, normed = self._loop(h, e, diffs, span, cache, t, per_loop, attn_outputs)
+                with torch.no_grad() if t < no_grad_loops else contextlib.nullcontext():
+                    y, normed = self._loop(h, e, diffs, span, cache, t, per_loop, attn_outputs)
             if cond is not None and t > 0:  # the history excludes e: the first difference is h_2 - h_1
                 diffs.appendleft(y - h)
             h = y
@@ -576,6 +581,7 @@ class LoopedLM(nn.Module):
         return_loop_logits: bool = False,
         return_attn_outputs: bool = False,
         trace: LoopTrace | None = None,
+        grad_loops: int | None = None,
     ) -> ForwardOutput:
         """Full-sequence forward (autograd works). tokens [B, N], no padding.
 
@@ -585,7 +591,8 @@ class LoopedLM(nn.Module):
         prompt's chunks followed by 1s for decoded tokens). They blend attention's K/V as
         `kv_mix * KV_melt + (1 - kv_mix) * KV_looplm` (default 1: pure MELT; 0 reproduces the LoopLM
         with the same weights exactly). Other strategies ignore both arguments. `trace` records (and
-        may skip) loops for the probes (`LoopTrace`).
+        may skip) loops for the probes (`LoopTrace`). `grad_loops` = k differentiates only the last k loops
+        (Huginn's truncated backprop; `Backbone.run`).
         """
         r = self.config.check_loops(loops if loops is not None else self.config.loops)
         b, n = tokens.shape
@@ -597,7 +604,7 @@ class LoopedLM(nn.Module):
             positions = torch.arange(s0, s1, device=tokens.device).expand(b, -1)
             span = Span(self.rotary(positions, h.dtype), s0, None if s0 == 0 else causal_mask(s0, s1, tokens.device))
             attn.append([] if return_attn_outputs else None)
-            final, loop_states = self.model.run(h, span, cache, r, per_loop, attn[-1], trace)
+            final, loop_states = self.model.run(h, span, cache, r, per_loop, attn[-1], trace, grad_loops)
             finals.append(final)
             states.append(loop_states)
         return self._forward_output(finals, states, attn if return_attn_outputs else None, return_loop_logits)

@@ -12,6 +12,8 @@ The objectives (docs/architecture.md, "MELT conversion"):
 - MELT stage 1: per-loop distillation from the frozen LoopLM's logits (`distill_loss`) while the
   K/V attention sees is interpolated `a * KV_melt + (1 - a) * KV_looplm`, `a` ramped 0 -> 1 by
   `kv_mix`;
+- Huginn's sampled recurrence: a heavy-tailed loop count drawn per step, backprop through its last
+  loops only (`sampled_recurrence`); the loss is `lm_loss` on the final logits;
 - MELT stage 2: stage 1 plus `beta * sum_{l,t} ||o_melt(l,t) - stopgrad(o_looplm(l,t))||^2` on the
   post-attention outputs (`alignment_loss`).
 """
@@ -119,6 +121,29 @@ def kv_mix(step: int, ramp_steps: int) -> float:
     if ramp_steps <= 0:
         return 1.0
     return min(1.0, step / ramp_steps)
+
+
+def sampled_recurrence(mean_recurrence: int, backprop_depth: int, seed: int, step: int, sigma: float = 0.5) -> tuple[int, int]:
+    """Huginn's recurrence draw for one training step: (loops run without gradient, loops backpropagated).
+
+    As Huginn-0125 was trained (Geiping et al. 2025, "Scaling up Test-Time Compute with Latent
+    Reasoning", section 3.3; the "poisson-lognormal-filling" scheme of seal-rg/recurrent-pretraining):
+    a rate tau ~ LogNormal(log(mean_recurrence) - sigma^2 / 2, sigma), so E[tau] = mean_recurrence, then
+    the step's loop count r = Poisson(tau) + 1 (heavy-tailed, mostly near the mean, now and then far
+    deeper). Gradients flow through the last k = min(backprop_depth, r) loops only; the r - k before
+    them run without autograd (truncated backprop: the cost of a step does not grow with r).
+
+    The draw is a pure function of (seed, step), like the step's batch, so a resumed run draws the same
+    counts it would have drawn.
+    """
+    if mean_recurrence < 1 or backprop_depth < 1:
+        raise ValueError(f"mean_recurrence and backprop_depth must be >= 1, got {mean_recurrence}, {backprop_depth}")
+    gen = torch.Generator().manual_seed((seed * 1_000_003 + step) * 2 + 1)  # odd seeds: never a batch generator's seed
+    mu = math.log(mean_recurrence) - sigma**2 / 2
+    rate = torch.empty(1).log_normal_(mu, sigma, generator=gen)
+    loops = int(torch.poisson(rate, generator=gen).item()) + 1
+    k = min(backprop_depth, loops)
+    return loops - k, k
 
 
 def lr_at(step: int, total_steps: int, peak_lr: float, warmup_steps: int, min_lr_ratio: float = 0.1) -> float:

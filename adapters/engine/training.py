@@ -6,6 +6,8 @@ the objective it selects (the losses are in `adapters.engine.objectives`):
 
 - `lm`: a plain transformer (Qwen3 layout), masked cross-entropy on the answer;
 - `looplm`: an Ouro-style LoopLM, Ouro's entropy-regularised exit-gate objective over loops;
+- `huginn`: Huginn's recurrent depth, a loop count drawn per step (log-normal Poisson around the mean
+  recurrence) with backprop through its last loops only, cross-entropy on the final logits;
 - `melt`: LoopLM -> MELT conversion from a frozen teacher, the paper's two stages
   (chunk-wise forward with KV interpolation `a` ramped 0 -> 1 and per-loop distillation; then
   the post-attention alignment loss with weight beta added).
@@ -175,6 +177,16 @@ def make_objective(recipe: Recipe, teacher: LoopedLM | None) -> Objective:
 
         return looplm
 
+    if recipe.kind == "huginn":
+
+        def huginn(model: LoopedLM, b: Batch, step: int) -> tuple[torch.Tensor, dict[str, float]]:
+            no_grad, with_grad = T.sampled_recurrence(recipe.mean_recurrence, recipe.backprop_depth, recipe.seed, step)
+            model.seed_state(recipe.seed * 1_000_003 + step)  # the step's initial-state draw, a function of (seed, step) too
+            out = model(b.inputs, loops=no_grad + with_grad, grad_loops=with_grad)
+            return T.lm_loss(out.logits, b.targets, b.answer_mask), {"loops": no_grad + with_grad, "grad_loops": with_grad}
+
+        return huginn
+
     assert teacher is not None
 
     def melt(model: LoopedLM, b: Batch, step: int) -> tuple[torch.Tensor, dict[str, float]]:
@@ -252,7 +264,10 @@ class Trainer:
         self.step, self.cpu_seconds, self.wall_seconds, self.tokens = 0, 0.0, 0.0, 0
 
     def _recipe_record(self) -> dict[str, Any]:
-        return asdict(self.recipe) | {"tasks": list(self.recipe.tasks)}
+        record = asdict(self.recipe) | {"tasks": list(self.recipe.tasks)}
+        if self.recipe.kind != "huginn":  # fields only huginn reads: a resume point written before they existed still fits
+            del record["mean_recurrence"], record["backprop_depth"]
+        return record
 
     def resume(self) -> None:
         """Continue from train_state.pt when there is one; else start afresh (an old loss curve is dropped)."""

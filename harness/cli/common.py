@@ -192,6 +192,8 @@ def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = No
         if (run["model"], _loops(run)) not in shown:
             unscored.setdefault((run["model"], _loops(run)), []).append(run)
 
+    # KV per token as the run summaries carry it (`Store.run_summaries`: the adapter's describe()), newest run's
+    per_token = {(run["model"], _loops(run)): run["kv_bytes_per_token"] for run in in_set.values()}
     out = console()
     out.print(sets[chosen], markup=False, highlight=False)
     if per_task:
@@ -199,11 +201,12 @@ def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = No
         print_table(None, ["model", "r", "seeds", "task", "pass@1 ±95%", "runs"], _task_rows(table, pooled),
                     right=("r", "seeds", "pass@1 ±95%"), fold=("model", "runs"), keep=("pass@1 ±95%",), caption=POOLED_CAPTION)
     else:
-        print_table(None, ["#", "model", "r", "seeds", "pass@1 ±95%", "memory", "pass@1/GB", "front", "runs"],
-                    _ranking_rows(table, unscored, measure),
-                    right=("#", "r", "seeds", "pass@1 ±95%", "memory", "pass@1/GB"), fold=("model", "runs"), keep=("pass@1 ±95%",),
+        print_table(None, ["#", "model", "r", "seeds", "pass@1 ±95%", "memory", "KV/token", "pass@1/GB", "front", "runs"],
+                    _ranking_rows(table, unscored, measure, per_token),
+                    right=("#", "r", "seeds", "pass@1 ±95%", "memory", "KV/token", "pass@1/GB"), fold=("model", "runs"), keep=("pass@1 ±95%",),
                     caption=f"memory: {figures.measure_label(measure)}, decimal units (1 GB = 1e9 bytes); n/a = unavailable "
-                            "here. ± is the 95% interval; * marks the Pareto frontier (no point has less memory and more "
+                            "here. KV/token: what one more token of context adds to the KV cache at r (the engine's analytic "
+                            "count). ± is the 95% interval; * marks the Pareto frontier (no point has less memory and more "
                             f"accuracy). {POOLED_CAPTION} Memory is the largest peak of the row's runs.")
     counts = {other: sum(r["set_id"] == other for r in evals) for other in sets}
     others = [f"  {label} ({counts[other]} run{'s' * (counts[other] > 1)})" for other, label in sets.items() if other != chosen]
@@ -216,18 +219,21 @@ def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = No
 POOLED_CAPTION = "A row pools its seeds: pass@1 and its interval are over every item of all of them."
 
 
-def _ranking_rows(table: Any, unscored: dict[tuple[str, int], list[dict[str, Any]]], measure: str) -> list[list[str]]:
-    """`dashboards.data.ranked` rows, ranked where accuracy per GB is known, then (model, loops) of the set without a score."""
+def _ranking_rows(table: Any, unscored: dict[tuple[str, int], list[dict[str, Any]]], measure: str,
+                  per_token: dict[tuple[str, int], int | None]) -> list[list[str]]:
+    """`dashboards.data.ranked` rows, ranked where accuracy per GB is known, then (model, loops) of the set without a score.
+    `per_token`: (model, loops) -> KV bytes per token (None: the adapter did not say)."""
     from db.sets import id_ranges
     from measures import byte_text
 
     rows = [[str(rank) if row.per_gb == row.per_gb else "", row.model, str(int(row.loops)), str(row.seeds),
-             _accuracy_text(row.accuracy, row.stderr), byte_text(row.memory), _per_gb_text(row.per_gb),
-             "*" if row.frontier else "", id_ranges(row.run_ids)] for rank, row in enumerate(table.itertuples(), 1)]
+             _accuracy_text(row.accuracy, row.stderr), byte_text(row.memory), byte_text(per_token.get((row.model, int(row.loops)))),
+             _per_gb_text(row.per_gb), "*" if row.frontier else "", id_ranges(row.run_ids)] for rank, row in enumerate(table.itertuples(), 1)]
     for (model, loops), runs in unscored.items():
         newest = runs[-1]
         rows.append(["", model, str(loops), str(len({r["seed"] for r in runs})), newest["status"],
-                     byte_text(newest["memory"].get(measure)), "n/a", "", id_ranges([r["id"] for r in runs])])
+                     byte_text(newest["memory"].get(measure)), byte_text(per_token.get((model, loops))), "n/a", "",
+                     id_ranges([r["id"] for r in runs])])
     return rows
 
 

@@ -23,10 +23,11 @@ TASKS = ["addition", "chain2", "lookup"]
 
 
 def _run(store: Store, sweep: str, model: str, loops: int | None, scores: dict[str, float], kv: int,
-         limit: int | None = None, status: str = "finished") -> int:
+         limit: int | None = None, status: str = "finished", per_token: int | None = None) -> int:
     run_id = store.create_run(sweep_id=sweep, model_spec=model, adapter=model.partition(":")[0], loops=loops,
                               suite="synthetic", tasks=list(scores) or TASKS, limit=limit, sampling=SAMPLING, seed=0,
-                              data_fingerprint="d" * 64, status=status)
+                              data_fingerprint="d" * 64, status=status,
+                              model_config=None if per_token is None else {"kv_bytes_per_token": per_token})
     if status == "finished":
         store.set_metrics(run_id, {t: {"pass@k:k=1&n=4": (v, 0.05)} for t, v in scores.items()})
     store.set_memory_peaks(run_id, {"weights_bytes": 1_000_000, "kv_bytes_allocated": kv, "nvml_process": None})
@@ -38,11 +39,11 @@ def db(tmp_path: Path) -> str:
     """Two sweeps on one set, a third on another (fewer items), a failed run and a profile."""
     path = tmp_path / "r.sqlite"
     store = Store.open(str(path))
-    _run(store, "aaaa1111", "zoo:ouro-tiny", 2, dict(zip(TASKS, (0.2, 0.6, 1.0))), 400_000)
-    _run(store, "aaaa1111", "zoo:ouro-tiny", 4, dict(zip(TASKS, (0.3, 0.7, 1.0))), 800_000)
-    _run(store, "bbbb2222", LONG, None, dict(zip(TASKS, (0.5, 0.9, 1.0))), 3_000_000_000)
-    _run(store, "bbbb2222", "zoo:melt-tiny", 4, dict(zip(TASKS, (0.1, 0.5, 1.0))), 200_000)
-    _run(store, "bbbb2222", "zoo:melt-tiny", 8, {}, 0, status="failed")
+    _run(store, "aaaa1111", "zoo:ouro-tiny", 2, dict(zip(TASKS, (0.2, 0.6, 1.0))), 400_000, per_token=2048)
+    _run(store, "aaaa1111", "zoo:ouro-tiny", 4, dict(zip(TASKS, (0.3, 0.7, 1.0))), 800_000, per_token=4096)
+    _run(store, "bbbb2222", LONG, None, dict(zip(TASKS, (0.5, 0.9, 1.0))), 3_000_000_000)  # no KV per token described
+    _run(store, "bbbb2222", "zoo:melt-tiny", 4, dict(zip(TASKS, (0.1, 0.5, 1.0))), 200_000, per_token=1024)
+    _run(store, "bbbb2222", "zoo:melt-tiny", 8, {}, 0, status="failed", per_token=1024)
     profile = store.create_run(sweep_id="cccc3333", kind="profile", model_spec="preset:melt-tiny", adapter="preset", suite="profile")
     store.add_profile_points(profile, [dict(context_tokens=n, batch=1, loops=2, weights_bytes=1_000_000, kv_bytes_analytic=100 * n,
                                             kv_bytes_allocated=100 * n, rss=200_000_000) for n in (16, 64)])
@@ -75,14 +76,16 @@ def test_one_set_is_ranked_by_accuracy_per_gb_with_the_frontier(db: str, capsys:
     older = next(r["set_id"] for r in store.run_summaries() if r["sweep_id"] == "aaaa1111")
     store.close()
     out = _results(capsys, "--db", db, "--set", older, "--measure", "weights_bytes + kv_bytes_allocated")
-    # accuracy = mean over the three tasks, ± 1.96 x its stderr; memory = 1 MB weights + KV; per GB = accuracy / (bytes / 1e9)
+    # accuracy = mean over the three tasks, ± 1.96 x its stderr; memory = 1 MB weights + KV; per GB = accuracy / (bytes / 1e9);
+    # KV/token as the adapter described it (n/a where it did not)
     assert _rows(out) == [
-        ["1", "zoo:melt-tiny", "4", "1", "0.533 ± 0.057", "1.2 MB", "444", "*", "4"],
-        ["2", "zoo:ouro-tiny", "2", "1", "0.600 ± 0.057", "1.4 MB", "429", "*", "1"],
-        ["3", "zoo:ouro-tiny", "4", "1", "0.667 ± 0.057", "1.8 MB", "370", "*", "2"],
-        ["4", LONG, "1", "1", "0.800 ± 0.057", "3 GB", "0.267", "*", "3"],
-        ["", "zoo:melt-tiny", "8", "1", "failed", "n/a", "n/a", "", "5"],  # no score: listed last, never ranked
+        ["1", "zoo:melt-tiny", "4", "1", "0.533 ± 0.057", "1.2 MB", "1.02 KB", "444", "*", "4"],
+        ["2", "zoo:ouro-tiny", "2", "1", "0.600 ± 0.057", "1.4 MB", "2.05 KB", "429", "*", "1"],
+        ["3", "zoo:ouro-tiny", "4", "1", "0.667 ± 0.057", "1.8 MB", "4.1 KB", "370", "*", "2"],
+        ["4", LONG, "1", "1", "0.800 ± 0.057", "3 GB", "n/a", "0.267", "*", "3"],
+        ["", "zoo:melt-tiny", "8", "1", "failed", "n/a", "1.02 KB", "n/a", "", "5"],  # no score: listed last, never ranked
     ]
+    assert "KV/token: what one more token of context adds" in re.sub(r"\s+", " ", out)
     assert "memory: weights + KV cache peak, decimal units" in out
     assert "pass@k" not in out
 

@@ -25,7 +25,7 @@ def test_the_four_main_models_the_lab_zoo_and_their_recipes_are_shipped() -> Non
 
 def test_shipped_files_are_small_enough_to_commit() -> None:
     total = sum(p.stat().st_size for p in ZOO_DIR.rglob("*") if p.is_file())
-    assert total < 12_500_000, f"zoo package data is {total} bytes"  # 11.7 MB: 14 models of 0.65-2.4 MB in bf16
+    assert total < 13_500_000, f"zoo package data is {total} bytes"  # 13.2 MB: 15 models of 0.65-2.4 MB in bf16 (lab-huginn 1.45 MB)
 
 
 @pytest.mark.parametrize("name", SHIPPED)
