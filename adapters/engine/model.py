@@ -28,7 +28,6 @@ MELT choices the method leaves open (also in the README):
 from __future__ import annotations
 
 import collections
-import contextlib
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -425,9 +424,11 @@ class Backbone(nn.Module):
         for t in range(loops if s else 0):
             if trace is not None and t in trace.skip:
                 y, normed = h, self.norm.forward(h) if per_loop else None
-            else:
-                with torch.no_grad() if t < no_grad_loops else contextlib.nullcontext():
+            elif t < no_grad_loops:  # training's truncated backprop only; inference never enters a context per loop
+                with torch.no_grad():
                     y, normed = self._loop(h, e, diffs, span, cache, t, per_loop, attn_outputs)
+            else:
+                y, normed = self._loop(h, e, diffs, span, cache, t, per_loop, attn_outputs)
             if cond is not None and t > 0:  # the history excludes e: the first difference is h_2 - h_1
                 diffs.appendleft(y - h)
             h = y

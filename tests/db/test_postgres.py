@@ -36,18 +36,24 @@ def test_head_creates_exactly_the_declared_schema(postgres_url: str) -> None:
     engine.dispose()
 
 
-def test_older_database_is_upgraded_and_keeps_its_rows(postgres_url: str) -> None:
+def _database_at(postgres_url: str, revision: str, insert: str) -> None:
+    """A database as the code of `revision` left it: the schema migrated to there, then one row written in its SQL."""
     engine = create_engine(postgres_url)
     config = alembic_config()
     with engine.begin() as conn:
         config.attributes["connection"] = conn
-        command.upgrade(config, "0001")
-        conn.exec_driver_sql(
-            "INSERT INTO runs (sweep_id, kind, model_spec, adapter, model_config, suite, tasks, sampling, seed,"
-            " versions, host, status, started_at) VALUES ('old', 'eval', 'm', 'preset', '{}', 'synthetic', '[]',"
-            " '{}', 0, '{}', '{}', 'finished', '2026-11-30 00:00:00+00')"
-        )
+        command.upgrade(config, revision)
+        conn.exec_driver_sql(insert)
     engine.dispose()
+
+
+def test_older_database_is_upgraded_and_keeps_its_rows(postgres_url: str) -> None:
+    _database_at(
+        postgres_url, "0001",
+        "INSERT INTO runs (sweep_id, kind, model_spec, adapter, model_config, suite, tasks, sampling, seed,"
+        " versions, host, status, started_at) VALUES ('old', 'eval', 'm', 'preset', '{}', 'synthetic', '[]',"
+        " '{}', 0, '{}', '{}', 'finished', '2026-11-30 00:00:00+00')",
+    )
     store = Store.open(postgres_url)
     (summary,) = store.run_summaries()
     assert summary["sweep_id"] == "old" and summary["status"] == "finished"
@@ -59,17 +65,12 @@ def test_older_database_is_upgraded_and_keeps_its_rows(postgres_url: str) -> Non
 
 def test_an_eval_run_stored_before_0008_keeps_its_sampling_once_in_its_column(postgres_url: str) -> None:
     sampling = '{"temperature": 1.0, "top_p": 0.7, "top_k": null, "max_new_tokens": 20, "n": 4, "seed": 0, "stop": []}'
-    engine = create_engine(postgres_url)
-    config = alembic_config()
-    with engine.begin() as conn:
-        config.attributes["connection"] = conn
-        command.upgrade(config, "0006")
-        conn.exec_driver_sql(
-            "INSERT INTO runs (sweep_id, kind, model_spec, adapter, model_config, suite, tasks, sampling, seed, spec,"
-            " versions, host, status, started_at) VALUES ('old', 'eval', 'm', 'preset', '{}', 'synthetic', '[]',"
-            f" '{sampling}', 0, '{{\"batch_size\": 4, \"sampling\": {sampling}}}', '{{}}', '{{}}', 'queued', '2026-12-03 00:00:00+00')"
-        )
-    engine.dispose()
+    _database_at(
+        postgres_url, "0006",
+        "INSERT INTO runs (sweep_id, kind, model_spec, adapter, model_config, suite, tasks, sampling, seed, spec,"
+        " versions, host, status, started_at) VALUES ('old', 'eval', 'm', 'preset', '{}', 'synthetic', '[]',"
+        f" '{sampling}', 0, '{{\"batch_size\": 4, \"sampling\": {sampling}}}', '{{}}', '{{}}', 'queued', '2026-12-03 00:00:00+00')",
+    )
     store = Store.open(postgres_url)
     (summary,) = store.run_summaries()
     run = store.get_run(summary["id"])
