@@ -20,12 +20,14 @@ from harness.runner import SweepPlan
 from harness.spec import RunSpec
 
 LOOPEVAL = str(Path(sys.executable).with_name("loopeval"))
-# Two models, each decoding one sequence at a time (max_batch 1) so that samples are committed one by one.
+# Two models, each decoding one sequence at a time (max_batch 1) so that samples are committed one by one; 200 samples
+# a run (about 2 s each on the tiny presets) leave seconds between "both under way" and the end of a run, where 20
+# samples left 0.2 s and a run could finish before the signal reached it.
 SLOW_SWEEP = """\
 models = [{ spec = "preset:ouro-tiny", overrides = { max_batch = 1 } }, { spec = "preset:qwen3-tiny", overrides = { max_batch = 1 } }]
 loops = [2]
 tasks = ["addition", "chain2"]
-limit = 10
+limit = 100
 samples = 1
 max_new_tokens = 16
 """
@@ -109,7 +111,7 @@ def _resume_completes(db: Path) -> None:
     (run_id,) = query(db, "SELECT MIN(id) FROM runs WHERE status = 'interrupted'")[0]
     assert main(["run", "--resume", str(run_id), "--db", str(db), "--no-report"]) == 0
     assert query(db, "SELECT status, COUNT(*) FROM runs GROUP BY status") == [("finished", 2)]
-    assert query(db, "SELECT COUNT(*), COUNT(DISTINCT run_id || task || doc_id || sample_index) FROM samples") == [(40, 40)]
+    assert query(db, "SELECT COUNT(*), COUNT(DISTINCT run_id || task || doc_id || sample_index) FROM samples") == [(400, 400)]
 
 
 def _workers_of(pid: int) -> list[int]:
