@@ -29,6 +29,10 @@ _DTYPE_SPELLINGS: dict[str, str] = {
 MAX_CONTEXT = 1 << 24  # tokens: beyond any released model's context (16.7M); a larger one is a typo or a hostile config
 FinishReason = Literal["eos", "stop", "length"]
 FINISH_REASONS: tuple[str, ...] = ("eos", "stop", "length")
+# How a looped model decides, per generated token, to stop looping early (the `exit_criterion` override; `exit_threshold`
+# sets its level): Ouro's learned exit gate (cumulative exit probability reaching the threshold), or the model-free
+# tests Huginn uses between consecutive loops' next-token distributions (KL divergence, entropy change below it).
+EXIT_CRITERIA: tuple[str, ...] = ("gate", "kl", "entropy")
 Prompt = str | Sequence[int]
 
 
