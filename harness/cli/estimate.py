@@ -47,7 +47,7 @@ def estimate(
     spec = adapters.resolve(model)
     facts = adapters.inspect(spec, **({} if loops is None else {"loops": loops}))
     if facts is None or "config" not in facts:
-        raise UserError(f"{spec}: estimate reads an engine config (preset:, zoo:, qwen3:, ouro:, melt:, huginn: specs); this adapter has none")
+        raise UserError(f"{spec}: estimate reads an engine config (preset:, zoo:, qwen3:, ouro:, melt:, huginn:, retrofit: specs); this adapter has none")
     check_context(spec, facts, "--tokens", tokens)
     config = LoopConfig.from_dict(facts["config"])
     result = analytic(config, tokens, batch=batch, loops=loops, dtype=dtype)
