@@ -145,14 +145,7 @@ class LoopConfig:
                               ("gate_variant", GATE_VARIANTS), ("injection", MIX_KINDS), ("history", MIX_KINDS)):
             _one_of(self, name, allowed)
         _check_conditioning(self)
-        if self.num_heads % self.num_kv_heads:
-            raise AdapterError(
-                f"config field num_heads={self.num_heads} must be divisible by num_kv_heads={self.num_kv_heads} (grouped-query attention)"
-            )
-        if self.head_dim % 2:
-            raise AdapterError(f"config field head_dim must be even (RoPE rotates pairs), got {self.head_dim}")
-        if self.num_layers == 0:
-            raise AdapterError("config needs at least one layer: prelude_layers + shared_layers + coda_layers is 0")
+        _check_shape(self)
         if self.gated and self.shared_layers == 0:
             raise AdapterError("config kv_strategy 'gated' needs shared_layers >= 1 (the gate lives in the shared layers)")
         if self.kv_strategy == "standard" and self.shared_layers > 0 and self.loops > 1:
@@ -201,6 +194,18 @@ def _positive_number(cfg: LoopConfig, name: str) -> None:
     value = getattr(cfg, name)
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
         raise AdapterError(f"config field {name} must be a finite number > 0, got {value!r}")
+
+
+def _check_shape(cfg: LoopConfig) -> None:
+    """Heads that group (GQA), an even head dim (RoPE), at least one layer."""
+    if cfg.num_heads % cfg.num_kv_heads:
+        raise AdapterError(
+            f"config field num_heads={cfg.num_heads} must be divisible by num_kv_heads={cfg.num_kv_heads} (grouped-query attention)"
+        )
+    if cfg.head_dim % 2:
+        raise AdapterError(f"config field head_dim must be even (RoPE rotates pairs), got {cfg.head_dim}")
+    if cfg.num_layers == 0:
+        raise AdapterError("config needs at least one layer: prelude_layers + shared_layers + coda_layers is 0")
 
 
 def _one_of(cfg: LoopConfig, name: str, allowed: tuple[str, ...]) -> None:
