@@ -106,8 +106,6 @@ def test_retrofit_params_and_kv_follow_the_official_model(checkpoint):
     and coda layer, each of the 2 KV heads only (GQA), as the paged pool accounts them after every step."""
     cfg = read_config(checkpoint)
     assert cfg.family == "retrofit" and count_params(cfg) == sum(t.numel() for t in tiny_retrofit_tensors().values())
-    with torch.device("meta"):
-        assert count_params(preset("retrofit-llama-3.2-1b")) == sum(p.numel() for p in LoopedLM(preset("retrofit-llama-3.2-1b")).parameters())
     assert analytic_terms(cfg, 4, "fp32")["kv_bytes_per_token"] == 2 * (1 + 2 * 4 + 1) * 2 * 16 * 4
     adapter = engine(checkpoint, 4, block_size=4, max_batch=3)
     sequences = adapter._sequences([Request(p, Sampling(temperature=0.0, max_new_tokens=6)) for p in REFERENCE["prompts"]])
@@ -121,12 +119,17 @@ def test_retrofit_params_and_kv_follow_the_official_model(checkpoint):
     assert pool.manager.held_blocks == pool.manager.tokens_held == 0
 
 
-def test_preset_is_the_conversion_s_llama_3_2_config():
-    """The preset written out as convert_llama.py saves a RavenConfig reads back as itself (the token ids, which the
-    reader leaves to the tokenizer, aside); the tiny fixture's config reads as the same family."""
-    llama = preset("retrofit-llama-3.2-1b")
-    assert retrofit_config(public_config(llama)) == llama.replace(bos_token_id=None, eos_token_id=None)
-    assert llama.kv_entries(32) == 2 + 4 * 32 + 2 and llama.rope_scaling["factor"] == 32.0
+@pytest.mark.parametrize(("name", "shape"), [("retrofit-llama-3.2-1b", (2, 4, 2, 8)), ("retrofit-tinyllama-1.1b", (4, 8, 4, 4))])
+def test_presets_are_the_conversion_s_configs(name, shape):
+    """A preset written out as convert_llama.py saves a RavenConfig reads back as itself (the token ids, which the
+    reader leaves to the tokenizer, aside), its parameters are the model's, and its KV holds 2 + 4r + 2 (Llama-3.2)
+    or 4 + 8r + 4 (TinyLlama) entries of its KV heads."""
+    cfg = preset(name)
+    assert retrofit_config(public_config(cfg)) == cfg.replace(bos_token_id=None, eos_token_id=None)
+    assert (cfg.prelude_layers, cfg.shared_layers, cfg.coda_layers, cfg.num_kv_heads) == shape
+    assert cfg.kv_entries(32) == shape[0] + shape[1] * 32 + shape[2]
+    with torch.device("meta"):
+        assert count_params(cfg) == sum(p.numel() for p in LoopedLM(cfg).parameters())
 
 
 def test_huginn_and_retrofit_specs_refuse_each_other_s_checkpoints(checkpoint, tmp_path, capsys):
