@@ -27,8 +27,9 @@ so both share this module: the conversion clones Huginn-0125's config and overwr
 - `init_values.embed_scale` is 1 (no sqrt(d) on the embeddings or the initial state), and `init_values.std`,
   the initial state's std, is the cloned Huginn-0125 value sqrt(2 / (5 * 5280)) whatever the width;
 - `tie_embeddings` false (the Llama's lm_head is copied), `max_position_embeddings` the Llama's context.
-The config's bos/eos/pad ids are not read for a retrofit: the conversion copies Huginn-0125's (65504, 65505,
-65509), which name other tokens in a Llama vocabulary; the folder's tokenizer gives them (`tokenizer.token_ids`).
+The config's bos/eos/pad ids are not read for a retrofit: the conversion clones Huginn-0125's config, whose ids
+(where set: 65504, 65505, 65509) name other tokens in a Llama vocabulary; the folder's tokenizer gives them
+(`tokenizer.token_ids`).
 OLMo-2 retrofits (`raven_modeling_minimal_olmo.py`: norms after each sublayer, q/k norms over whole
 projections) are refused at load by their `attn.q_norm` tensors.
 """

@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 import adapters
 from adapters.base import AdapterError, Request, Sampling
-from adapters.engine.checkpoint import load_model, read_config
+from adapters.engine.checkpoint import load_model, read_config, save_checkpoint
 from adapters.engine.continuous import ContinuousEngine
 from adapters.engine.huginn import retrofit_config
 from adapters.engine.memory import analytic_terms, count_params
@@ -130,6 +130,18 @@ def test_presets_are_the_conversion_s_configs(name, shape):
     assert cfg.kv_entries(32) == shape[0] + shape[1] * 32 + shape[2]
     with torch.device("meta"):
         assert count_params(cfg) == sum(p.numel() for p in LoopedLM(cfg).parameters())
+
+
+def test_an_engine_checkpoint_of_a_retrofit_is_the_same_model(checkpoint, tmp_path):
+    """Saved in the engine's format and read back: the same config (Llama 3 scaling and state std included) and logits."""
+    model = load_model(checkpoint, "retrofit", torch.float32, "cpu")
+    again = load_model(save_checkpoint(model, tmp_path / "engine"), "retrofit", torch.float32, "cpu")
+    assert again.config == model.config and again.config.rope_scaling["original_max_position_embeddings"] == 64
+    ids = torch.tensor([REFERENCE["prompts"][1]])
+    model.seed_state(3)
+    again.seed_state(3)
+    with torch.no_grad():
+        assert torch.equal(model.forward(ids, loops=4).logits, again.forward(ids, loops=4).logits)
 
 
 def test_huginn_and_retrofit_specs_refuse_each_other_s_checkpoints(checkpoint, tmp_path, capsys):
