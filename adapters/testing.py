@@ -1,5 +1,5 @@
 """Local checkpoints made without any download, for trying and testing adapters: a tiny transformers Qwen3, a tiny
-Huginn, and random bf16 weights of any engine config in its family's public layout (`save_public_checkpoint`).
+Huginn and a tiny retrofitted Llama, and random bf16 weights of any engine config in its family's public layout (`save_public_checkpoint`).
 
 The conformance kit that checks adapters is `harness.conformance.check_adapter`.
 """
@@ -42,34 +42,60 @@ TINY_HUGINN = dict(  # Huginn's shape at test size: prelude 1, core 2, coda 1; R
     n_layers=4, n_layers_in_prelude=1, n_layers_in_recurrent_block=2, n_layers_in_coda=1, mean_recurrence=4, block_size=128,
     padding_multiple=1, tie_embeddings=True, bias=False, qk_bias=True, injection_type="linear", rope_base=50_000.0, norm_eps=1e-6,
 )
+TINY_RETROFIT = dict(  # a retrofitted Llama at test size, as convert_llama.py saves one: GQA (4 heads, 2 KV heads), no q/k bias,
+    # untied lm_head, embed_scale 1 and the cloned Huginn-0125 state std; Llama 3 RoPE scaling with a short original context
+    # (64), so that at these positions all three of its frequency bands differ from plain RoPE
+    model_type="huginn_raven", n_embd=64, n_heads=4, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+    n_layers=4, n_layers_in_prelude=1, n_layers_in_recurrent_block=2, n_layers_in_coda=1, mean_recurrence=4, block_size=4096,
+    max_position_embeddings=128, padding_multiple=1, tie_embeddings=False, bias=False, qk_bias=False, injection_type="linear",
+    rope_base=500_000.0, rope_theta=500_000.0, norm_eps=1e-5, init_values={"std": (2 / (5 * 5280)) ** 0.5, "embed_scale": 1.0},
+    rope_scaling={"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64, "rope_type": "llama3"},
+)
+
+RETROFIT_STATE_GAIN = 0.35  # `tiny_retrofit_tensors`
 
 
 def tiny_huginn_tensors(seed: int = 0) -> dict[str, "torch.Tensor"]:
     """A tiny Huginn's tensors under the official names (`RavenForCausalLM.state_dict()` less the `freqs_cis` buffer
-    and the tied `lm_head`), every one random (norm weights near 1, the q/k biases too) so that each one matters."""
-    import torch
+    and the tied `lm_head`), every one random (`_tiny_raven_tensors`)."""
+    from adapters.engine.huginn import huginn_config
 
+    return _tiny_raven_tensors(huginn_config(_with_char_vocab(TINY_HUGINN)), seed)
+
+
+def tiny_retrofit_tensors(seed: int = 0) -> dict[str, "torch.Tensor"]:
+    """A tiny retrofitted Llama's tensors under the official names (what `save_pretrained` writes), every one random.
+
+    The adapter's columns that read the state are scaled by `RETROFIT_STATE_GAIN`: the recurrence then contracts, as a
+    trained one does (the state settles over the steps), instead of being chaotic, where float32 rounding (the engine's
+    and the official code's differ by ~1e-7) grows past 1e-5 in the logits by step 32 (at gain 1: 4e-5). The steps still
+    matter: at r = 32 one more step moves the logits by ~6e-3.
+    """
+    from adapters.engine.huginn import retrofit_config
+
+    cfg = retrofit_config(_with_char_vocab(TINY_RETROFIT))
+    tensors = _tiny_raven_tensors(cfg, seed)
+    tensors["transformer.adapter.weight"][:, : cfg.hidden_size] *= RETROFIT_STATE_GAIN
+    return tensors
+
+
+def _with_char_vocab(config: dict) -> dict:
     from adapters.engine.tokenizer import CHAR_VOCAB_SIZE
 
-    cfg, gen = TINY_HUGINN, torch.Generator().manual_seed(seed)
-    d, ffn = cfg["n_embd"], cfg["intermediate_size"]
-    hd = d // cfg["n_heads"]
+    return {**config, "vocab_size": CHAR_VOCAB_SIZE}
 
-    def rand(*shape: int, scale: float = 1.0, base: float = 0.0) -> torch.Tensor:
-        return base + scale * torch.randn(shape, generator=gen)
 
-    tensors = {"transformer.wte.weight": rand(CHAR_VOCAB_SIZE, d, scale=0.15), "transformer.adapter.weight": rand(d, 2 * d, scale=(2 * d) ** -0.5),
-               "transformer.ln_f.weight": rand(d, scale=0.1, base=1.0)}
-    groups = (("prelude", cfg["n_layers_in_prelude"]), ("core_block", cfg["n_layers_in_recurrent_block"]), ("coda", cfg["n_layers_in_coda"]))
-    for group, count in groups:
-        for i in range(count):
-            block = f"transformer.{group}.{i}."
-            tensors.update({
-                block + "attn.Wqkv.weight": rand(3 * d, d, scale=d**-0.5), block + "attn.qk_bias": rand(2, 1, cfg["n_heads"], hd, scale=0.1),
-                block + "attn.proj.weight": rand(d, d, scale=d**-0.5), block + "mlp.fc.weight": rand(2 * ffn, d, scale=d**-0.5),
-                block + "mlp.proj.weight": rand(d, ffn, scale=ffn**-0.5),
-                **{f"{block}norm_{k}.weight": rand(d, scale=0.1, base=1.0) for k in range(1, 5)},
-            })
+def _tiny_raven_tensors(cfg: LoopConfig, seed: int) -> dict[str, "torch.Tensor"]:
+    """Random tensors of the official layout's shapes, drawn in order from `seed` so that each one matters: norm weights
+    near 1, the q/k biases and embeddings small, matrices scaled by 1 / sqrt(fan in)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, shape in _raven_shapes(cfg).items():
+        scale, base = (0.1, 1.0) if len(shape) == 1 else (0.1, 0.0) if name.endswith("qk_bias") else \
+            (0.15, 0.0) if name == "transformer.wte.weight" else (shape[1] ** -0.5, 0.0)
+        tensors[name] = base + scale * torch.randn(shape, generator=gen)
     return tensors
 
 
@@ -79,16 +105,26 @@ def save_tiny_huginn(folder: str | Path, *, seed: int = 0) -> Path:
     Made from `seed` alone, so a test and `scripts/huginn_reference.py` (which runs the official modelling code on it)
     build the same checkpoint. The vocabulary is the engine's character tokenizer's, so text prompts work too.
     """
+    return _save_raven(folder, TINY_HUGINN, tiny_huginn_tensors(seed))
+
+
+def save_tiny_retrofit(folder: str | Path, *, seed: int = 0) -> Path:
+    """Write a tiny random retrofitted Llama in the official layout and the character tokenizer, from `seed` alone
+    (`scripts/retrofit_reference.py` runs the official modelling code on the same checkpoint)."""
+    return _save_raven(folder, TINY_RETROFIT, tiny_retrofit_tensors(seed))
+
+
+def _save_raven(folder: str | Path, config: dict, tensors: dict[str, "torch.Tensor"]) -> Path:
     import json
 
     from safetensors.torch import save_file
 
-    from adapters.engine.tokenizer import CHAR_VOCAB_SIZE, char_tokenizer
+    from adapters.engine.tokenizer import char_tokenizer
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps({**TINY_HUGINN, "vocab_size": CHAR_VOCAB_SIZE}, indent=2))
-    save_file(tiny_huginn_tensors(seed), str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(_with_char_vocab(config), indent=2))
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     char_tokenizer().save_pretrained(str(folder))
     return folder
 
@@ -141,12 +177,9 @@ def save_tiny_ouro(folder: str | Path, *, seed: int = 0) -> Path:
 
 
 def public_config(cfg: LoopConfig) -> dict:
-    """The config.json a public release of `cfg`'s family ships (Qwen3, Ouro, Huginn-0125's RavenConfig names)."""
-    if cfg.huginn:
-        return {"model_type": "huginn_raven", "n_embd": cfg.hidden_size, "n_heads": cfg.num_heads, "num_attention_heads": cfg.num_heads,
-                "intermediate_size": cfg.ffn_size, "n_layers_in_prelude": cfg.prelude_layers, "n_layers_in_recurrent_block": cfg.shared_layers,
-                "n_layers_in_coda": cfg.coda_layers, "mean_recurrence": cfg.loops, "block_size": cfg.max_position, "vocab_size": cfg.vocab_size,
-                "tie_embeddings": cfg.tie_embeddings, "norm_eps": cfg.norm_eps, "torch_dtype": "bfloat16"}
+    """The config.json a public release of `cfg`'s family ships (Qwen3, Ouro, RavenConfig names for Huginn-0125 and retrofits)."""
+    if cfg.recurrent:
+        return _raven_config(cfg)
     config = {"model_type": cfg.family, "architectures": ["Qwen3ForCausalLM" if cfg.family == "qwen3" else "OuroForCausalLM"],
               "hidden_size": cfg.hidden_size, "intermediate_size": cfg.ffn_size, "num_attention_heads": cfg.num_heads,
               "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "num_hidden_layers": cfg.shared_layers,
@@ -156,24 +189,45 @@ def public_config(cfg: LoopConfig) -> dict:
     return config if cfg.family == "qwen3" else {**config, "total_ut_steps": cfg.loops, "early_exit_threshold": 1.0}
 
 
+def _raven_config(cfg: LoopConfig) -> dict:
+    """RavenConfig's config.json of a huginn or retrofit config (a retrofit's fields as convert_llama.py writes them)."""
+    config = {"model_type": "huginn_raven", "n_embd": cfg.hidden_size, "n_heads": cfg.num_heads, "num_attention_heads": cfg.num_heads,
+              "intermediate_size": cfg.ffn_size, "n_layers_in_prelude": cfg.prelude_layers, "n_layers_in_recurrent_block": cfg.shared_layers,
+              "n_layers_in_coda": cfg.coda_layers, "mean_recurrence": cfg.loops, "vocab_size": cfg.vocab_size,
+              "tie_embeddings": cfg.tie_embeddings, "norm_eps": cfg.norm_eps, "torch_dtype": "bfloat16"}
+    if cfg.huginn:
+        return {**config, "block_size": cfg.max_position}
+    scaling = None if cfg.rope_scaling is None else {**cfg.rope_scaling, "rope_type": "llama3"}
+    return {**config, "num_key_value_heads": cfg.num_kv_heads, "qk_bias": False, "rope_theta": cfg.rope_theta, "rope_scaling": scaling,
+            "max_position_embeddings": cfg.max_position, "init_values": {"std": cfg.state_std, "embed_scale": 1.0}}
+
+
 def public_shapes(cfg: LoopConfig) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> shape of a public checkpoint of `cfg` (HF names; Huginn's official `transformer.*` names), from a meta model."""
+    """Tensor name -> shape of a public checkpoint of `cfg` (HF names; RavenConfig's `transformer.*` names), from a meta model."""
     import torch
 
     from adapters.engine.model import LoopedLM
 
-    if not cfg.huginn:
+    if not cfg.recurrent:
         with torch.device("meta"):
             return {name: tuple(t.shape) for name, t in LoopedLM(cfg).state_dict().items()}
-    d, ffn, heads = cfg.hidden_size, cfg.ffn_size, cfg.num_heads
+    return _raven_shapes(cfg)
+
+
+def _raven_shapes(cfg: LoopConfig) -> dict[str, tuple[int, ...]]:
+    """The official `transformer.*` tensors of a huginn or retrofit config, in `RavenForCausalLM`'s order: Huginn-0125's
+    blocks carry q/k biases and four norms, a retrofit's (Llama blocks, GQA) two norms; an untied lm_head comes last."""
+    d, ffn, heads, kv, hd = cfg.hidden_size, cfg.ffn_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     shapes = {"transformer.wte.weight": (cfg.vocab_size, d), "transformer.adapter.weight": (d, 2 * d), "transformer.ln_f.weight": (d,)}
     for group, count in (("prelude", cfg.prelude_layers), ("core_block", cfg.shared_layers), ("coda", cfg.coda_layers)):
         for i in range(count):
             block = f"transformer.{group}.{i}."
-            shapes.update({block + "attn.Wqkv.weight": (3 * d, d), block + "attn.qk_bias": (2, 1, heads, d // heads),
-                           block + "attn.proj.weight": (d, d), block + "mlp.fc.weight": (2 * ffn, d), block + "mlp.proj.weight": (d, ffn),
-                           **{f"{block}norm_{k}.weight": (d,) for k in range(1, 5)}})
-    return shapes
+            shapes[block + "attn.Wqkv.weight"] = ((heads + 2 * kv) * hd, d)
+            if cfg.huginn:
+                shapes[block + "attn.qk_bias"] = (2, 1, heads, hd)
+            shapes.update({block + "attn.proj.weight": (d, heads * hd), block + "mlp.fc.weight": (2 * ffn, d), block + "mlp.proj.weight": (d, ffn),
+                           **{f"{block}norm_{k}.weight": (d,) for k in range(1, 5 if cfg.huginn else 3)}})
+    return shapes if cfg.tie_embeddings else {**shapes, "lm_head.weight": (cfg.vocab_size, d)}
 
 
 def save_public_checkpoint(folder: str | Path, cfg: LoopConfig, *, seed: int = 0, shard_bytes: int = 2_000_000_000) -> Path:

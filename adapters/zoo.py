@@ -55,7 +55,7 @@ def zoo_info(name: str) -> dict[str, Any]:
     return {"name": name, "path": str(path), "config": config, "train": info, "file_bytes": weight_bytes}
 
 
-CHECKPOINT_PREFIXES = ("qwen3", "ouro", "melt", "huginn")  # the families with a checkpoint prefix of their own (adapters.engine.adapter)
+CHECKPOINT_PREFIXES = ("qwen3", "ouro", "melt", "huginn", "retrofit")  # the families with a checkpoint prefix of their own (adapters.engine.adapter)
 
 
 def checkpoint_spec(path: str | Path) -> str:

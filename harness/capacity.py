@@ -5,7 +5,8 @@ The figures come from the adapter's config alone (`adapters.inspect`: the analyt
 coefficients at the run's loops and dtype), so `--loops 1000` on a per-loop cache, or a batch of a
 billion sequences, is one clear line instead of an allocator failure halfway through a sweep.
 Adapters that cannot describe themselves without loading are not checked here. Every command that
-takes token counts (`profile --lengths`, `estimate --tokens`) checks them with `check_context`.
+that runs a model on token counts (`profile --lengths`) checks them with `check_context`; `estimate --tokens`, an analytic
+figure, prints itself beyond the context and says so (`context_excess`).
 """
 
 from __future__ import annotations
@@ -51,12 +52,20 @@ def check_fits(what: str, facts: dict[str, Any], tokens: int, sequences: int, hi
                         f"{facts.get('device', 'cpu')}: lower {'kv_budget' if budget is not None else hint}")
 
 
-def check_context(spec: str, facts: dict[str, Any], option: str, tokens: int, generated: int = 0) -> None:
-    """UserError when `tokens` given by `option`, plus `generated` new tokens, exceed the model's context
-    (`max_context` of its facts; facts without one are not checked), naming the most that fits."""
+def context_excess(spec: str, facts: dict[str, Any], option: str, tokens: int, generated: int = 0) -> str | None:
+    """The clause saying that `tokens` given by `option`, plus `generated` new tokens, exceed the model's context
+    (`max_context` of its facts), or None when they fit or the facts name no context."""
     context = facts.get("max_context")
     if context is None or tokens + generated <= context:
-        return
+        return None
     plus = f" plus {generated} generated tokens" if generated else ""
-    raise UserError(f"{option} {tokens}{plus} exceeds {spec}'s context of {context} tokens: at most {context - generated} fits "
-                    "(`loopeval models` and `loopeval zoo list` show each model's context)")
+    return f"{option} {tokens}{plus} exceeds {spec}'s context of {context} tokens"
+
+
+def check_context(spec: str, facts: dict[str, Any], option: str, tokens: int, generated: int = 0) -> None:
+    """UserError when `tokens` given by `option`, plus `generated` new tokens, exceed the model's context
+    (`context_excess`), naming the most that fits."""
+    excess = context_excess(spec, facts, option, tokens, generated)
+    if excess is not None:
+        raise UserError(f"{excess}: at most {facts['max_context'] - generated} fits "
+                        "(`loopeval models` and `loopeval zoo list` show each model's context)")

@@ -17,8 +17,9 @@ continuation with the random initial state drawn after `torch.manual_seed(SEED)`
 Two shims let the official code run under transformers 5 without touching its computation: `_tied_weights_keys`
 becomes the mapping transformers 5 expects (lm_head tied to wte, as the code means), and the output dataclass
 is replaced by a plain namespace (transformers 5 renames its `past_key_values` keyword on construction).
-The retrofitted models (Llama, TinyLlama, OLMo converted to prelude/recurrent/coda) are not covered: this
-modelling code builds `SandwichBlock`s only, whatever the config's `block_class_name` says.
+The retrofitted models (Llama, TinyLlama converted to prelude/recurrent/coda) are not covered here: this modelling
+code builds Huginn's `SandwichBlock`s only, whatever the config's `block_class_name` says; `scripts/retrofit_reference.py`
+runs their own modelling file (and reuses `logits` and `greedy` from this one).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The engine as an `Adapter`: specs `preset:NAME`, `qwen3:PATH`, `ouro:PATH`, `melt:PATH`, `huginn:PATH`.
+"""The engine as an `Adapter`: specs `preset:NAME`, `qwen3:PATH`, `ouro:PATH`, `melt:PATH`, `huginn:PATH`, `retrofit:PATH`.
 
 Generation runs on the continuous-batching engine (`adapters.engine.continuous`) over a paged KV
 pool; the adapter also takes a whole workload at once (`generate_requests`, the `Scheduling` extra)
@@ -7,7 +7,7 @@ cache instead: what `loopeval profile` measures (one cache of known size) and th
 continuous engine is benchmarked against.
 
 Overrides (all optional): `loops` (inference r), `dtype` (fp32/bf16/fp16), `device`, `seed`
-(random init of presets, and the seed of Huginn's initial-state draws), `chunk_size` (MELT prefill chunk), `max_batch` (sequences decoding at
+(random init of presets, and the seed of the recurrent families' initial-state draws), `chunk_size` (MELT prefill chunk), `max_batch` (sequences decoding at
 once: the continuous engine's cap, or the static batch), `batching` ("continuous" or "static"),
 `kv_budget` (GB of KV pool; default: what the workload needs at the cap without preemption, and on
 a GPU at most `paged.KV_FRACTION` of free memory), `block_size` (tokens per KV block), `cuda_graphs`
@@ -339,7 +339,7 @@ def load_preset(name: str, **overrides: Any) -> EngineAdapter:
 
 
 def state_seeded(model: LoopedLM, seed: int) -> LoopedLM:
-    """The model with Huginn's initial-state draws seeded by the run's seed (no-op for other families)."""
+    """The model with the recurrent families' initial-state draws seeded by the run's seed (no-op for other families)."""
     model.seed_state(seed)
     return model
 
@@ -351,7 +351,7 @@ def _checkpoint_factory(family: str) -> Any:
         from adapters.engine.checkpoint import load_model
         from adapters.engine.tokenizer import load_tokenizer
 
-        seed = int(overrides.pop("seed", 0))  # weights come from the checkpoint; it seeds Huginn's initial state
+        seed = int(overrides.pop("seed", 0))  # weights come from the checkpoint; it seeds a recurrent family's initial state
         return _build(f"{family}:{path}", lambda dtype, device: state_seeded(load_model(path, family, dtype, device), seed),
                       lambda: load_tokenizer(Path(path)), overrides)
 
@@ -374,5 +374,6 @@ for _family, _description in (
     ("ouro", "Ouro checkpoint: HF-format directory (no remote code) or engine checkpoint"),
     ("melt", "MELT checkpoint: engine checkpoint or Ouro-format directory plus gate tensors"),
     ("huginn", "Huginn-0125 (recurrent depth) checkpoint: the official layout (config.json + safetensors) or engine checkpoint"),
+    ("retrofit", "retrofitted recurrence (a Llama cut into prelude, core and coda): the official RavenConfig layout or engine checkpoint"),
 ):
     register(_family, _description, inspect=_checkpoint_inspector(_family))(_checkpoint_factory(_family))

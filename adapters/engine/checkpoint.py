@@ -12,7 +12,8 @@ engine, whose tensor names are HF's. MELT gates in an Ouro-format directory are 
 the elementwise gate, `.melt_gate.logit` for the scalar one; config.json may carry
 `melt_gate_variant` and `melt_chunk_size`. Ouro's `early_exit_threshold` becomes
 `LoopConfig.exit_threshold`, the adapter's default exit policy. Huginn-0125's official layout
-(config.json `model_type` "huginn_raven", `transformer.*` tensors) is mapped in `adapters.engine.huginn`.
+(config.json `model_type` "huginn_raven", `transformer.*` tensors), and the retrofitted models saved in it
+(`qk_bias` false), are mapped in `adapters.engine.huginn`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 from adapters.base import AdapterError
 from adapters.files import MIB, check_complete, commit_folder, parse_json, read_text
 from adapters.engine.config import ENGINE_FORMAT, LoopConfig
-from adapters.engine.huginn import MODEL_TYPE as HUGINN_TYPE, engine_tensors, huginn_config
+from adapters.engine.huginn import MODEL_TYPE as HUGINN_TYPE, engine_tensors, huginn_config, is_retrofit, retrofit_config
 from adapters.engine.model import LoopedLM
 from adapters.engine.presets import preset
 
@@ -59,9 +60,11 @@ def _first(value: Any) -> int | None:
 
 
 def _hf_config(raw: dict[str, Any], family: str) -> LoopConfig:
-    """Map a Qwen2/Qwen3/Ouro-style HF config.json (or Huginn's) onto LoopConfig (which checks every field's type and range)."""
+    """Map a Qwen2/Qwen3/Ouro-style HF config.json (or a RavenConfig's) onto LoopConfig (which checks every field's type and range)."""
     if family == "huginn":
         return huginn_config(raw)
+    if family == "retrofit":
+        return retrofit_config(raw)
     try:
         heads = raw["num_attention_heads"]
         hidden = raw["hidden_size"]
@@ -128,9 +131,10 @@ def _with_generation_config(cfg: LoopConfig, directory: Path) -> LoopConfig:
 
 
 def _hf_family(raw: dict[str, Any], file: Path) -> str:
-    """qwen3, huginn, melt or ouro, from an HF config's fields."""
+    """qwen3, huginn, retrofit, melt or ouro, from an HF config's fields."""
     model_type = str(raw.get("model_type", "")).lower()
-    family = "qwen3" if model_type.startswith("qwen") else "huginn" if model_type == HUGINN_TYPE else \
+    raven = "retrofit" if is_retrofit(raw) else "huginn"
+    family = "qwen3" if model_type.startswith("qwen") else raven if model_type == HUGINN_TYPE else \
         "melt" if "melt_gate_variant" in raw else "ouro" if "total_ut_steps" in raw else ""
     if not family:
         raise AdapterError(f"{file}: neither an engine config nor an HF Qwen3/Ouro config (model_type={raw.get('model_type')!r})")
@@ -189,7 +193,7 @@ def load_model(path: str | Path, family: str, dtype: torch.dtype, device: str | 
         raise AdapterError(f"{directory} is not a directory: expected a checkpoint directory (config.json + model.safetensors)")
     cfg = read_config(directory, family)
     tensors = _read_tensors(directory)
-    if cfg.huginn and "transformer.wte.weight" in tensors:  # the official layout (an engine checkpoint has the engine's names)
+    if cfg.recurrent and "transformer.wte.weight" in tensors:  # the official layout (an engine checkpoint has the engine's names)
         tensors = engine_tensors(tensors, cfg)
     if cfg.exit_gate and "model.early_exit_gate.weight" not in tensors:  # HF Ouro dirs without the gate still run
         cfg = cfg.replace(exit_gate=False)

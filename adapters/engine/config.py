@@ -4,7 +4,9 @@ Qwen3 is a plain stack (`s` layers, `T = 1`, `standard` KV); Ouro is `p = c = 0`
 layers looped 4 times, sandwich norms and a `per_loop` KV cache; MELT is Ouro plus a per-layer
 gate and a `gated` KV cache whose size does not depend on the loop count. Huginn (recurrent depth)
 is `p, s, c` with a random initial state and input injection, one `per_loop` entry per step
-(`LoopConfig.huginn` names everything the family implies). See docs/architecture.md for the
+(`LoopConfig.huginn` names everything the family implies). Retrofitted recurrence (a pretrained
+Llama cut into prelude, recurrent core and coda) keeps Huginn's recurrent state and injection
+(`LoopConfig.recurrent`) around plain pre-norm Llama blocks with grouped-query attention. See docs/architecture.md for the
 vocabulary. Validation raises `AdapterError` naming the field and the allowed values, because the
 config reaches users through presets, checkpoints' config.json and `--loops` overrides.
 """
@@ -21,7 +23,8 @@ from adapters.base import MAX_CONTEXT, AdapterError
 KV_STRATEGIES = ("standard", "per_loop", "gated")
 NORM_LAYOUTS = ("pre", "sandwich")
 GATE_VARIANTS = ("elementwise", "scalar", "last", "mean", "ema")
-FAMILIES = ("qwen3", "ouro", "melt", "huginn", "custom")
+FAMILIES = ("qwen3", "ouro", "melt", "huginn", "retrofit", "custom")
+ROPE_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")  # Llama 3's, the one kind read
 MIX_KINDS = ("none", "scalar", "channel", "dense")  # shape of an injection matrix: 1, d or d x d parameters
 CONDITIONING_FIELDS = ("injection", "history", "history_window", "loop_gate", "branch_gate")  # also load overrides of engine specs
 LOOP_GATE_DIM = 8  # Loop Gating: one learned vector of this size per loop position, one entry per channel group
@@ -45,6 +48,7 @@ class LoopConfig:
     coda_layers: int = 0  # c
     loops: int = 1  # T, the trained loop count (inference may override it with r)
     rope_theta: float = 1_000_000.0
+    rope_scaling: dict[str, float] | None = None  # Llama 3's frequency scaling (ROPE_SCALING_KEYS), as Llama-3.2 and its retrofits use
     norm_eps: float = 1e-6
     tie_embeddings: bool = False
     norm_layout: str = "pre"  # "pre" (Qwen3) or "sandwich" (Ouro: final norm after every loop; Huginn: see `huginn`)
@@ -61,6 +65,7 @@ class LoopConfig:
     history_window: int = 1  # w, the lags the history injection reads
     loop_gate: bool = False  # Loop Gating: loop t's net update scaled by 1 + tanh(g_t), g_t of LOOP_GATE_DIM per loop position
     branch_gate: bool = False  # branch gating: each shared layer's attention and MLP outputs at loop t scaled the same way, each its own g
+    state_std: float | None = None  # std of the recurrent families' random initial state (`model.Recurrence`); None: sqrt(2 / (5 d))
     exit_threshold: float | None = None  # Ouro's early_exit_threshold: the default exit policy (adapters.engine.adapter)
     max_position: int = 40960  # longest context (prompt + generated) the model accepts
     bos_token_id: int | None = None
@@ -91,6 +96,12 @@ class LoopConfig:
         """Huginn-0125's recurrent depth: qk bias, embeddings times sqrt(d), every residual sum normed
         (`model.Block`), a random initial state and the injection W [h; e] at every step (`model.Recurrence`)."""
         return self.family == "huginn"
+
+    @property
+    def recurrent(self) -> bool:
+        """Huginn-style recurrence (Huginn-0125 and the retrofitted models): a random initial state, and the core
+        run on the injection W [h; e] of the state and the prelude's output at every step (`model.Recurrence`)."""
+        return self.family in ("huginn", "retrofit")
 
     @property
     def sandwich(self) -> bool:
@@ -134,14 +145,7 @@ class LoopConfig:
                               ("gate_variant", GATE_VARIANTS), ("injection", MIX_KINDS), ("history", MIX_KINDS)):
             _one_of(self, name, allowed)
         _check_conditioning(self)
-        if self.num_heads % self.num_kv_heads:
-            raise AdapterError(
-                f"config field num_heads={self.num_heads} must be divisible by num_kv_heads={self.num_kv_heads} (grouped-query attention)"
-            )
-        if self.head_dim % 2:
-            raise AdapterError(f"config field head_dim must be even (RoPE rotates pairs), got {self.head_dim}")
-        if self.num_layers == 0:
-            raise AdapterError("config needs at least one layer: prelude_layers + shared_layers + coda_layers is 0")
+        _check_shape(self)
         if self.gated and self.shared_layers == 0:
             raise AdapterError("config kv_strategy 'gated' needs shared_layers >= 1 (the gate lives in the shared layers)")
         if self.kv_strategy == "standard" and self.shared_layers > 0 and self.loops > 1:
@@ -192,13 +196,25 @@ def _positive_number(cfg: LoopConfig, name: str) -> None:
         raise AdapterError(f"config field {name} must be a finite number > 0, got {value!r}")
 
 
+def _check_shape(cfg: LoopConfig) -> None:
+    """Heads that group (GQA), an even head dim (RoPE), at least one layer."""
+    if cfg.num_heads % cfg.num_kv_heads:
+        raise AdapterError(
+            f"config field num_heads={cfg.num_heads} must be divisible by num_kv_heads={cfg.num_kv_heads} (grouped-query attention)"
+        )
+    if cfg.head_dim % 2:
+        raise AdapterError(f"config field head_dim must be even (RoPE rotates pairs), got {cfg.head_dim}")
+    if cfg.num_layers == 0:
+        raise AdapterError("config needs at least one layer: prelude_layers + shared_layers + coda_layers is 0")
+
+
 def _one_of(cfg: LoopConfig, name: str, allowed: tuple[str, ...]) -> None:
     if getattr(cfg, name) not in allowed:
         raise AdapterError(f"config field {name}={getattr(cfg, name)!r} is not one of {', '.join(allowed)}")
 
 
 def _check_values(cfg: LoopConfig) -> None:
-    """The exit threshold, the EMA decay, the token ids and what the Huginn family needs."""
+    """The exit threshold, the EMA decay, the token ids, what the recurrent families need, and the RoPE scaling."""
     threshold = cfg.exit_threshold
     if threshold is not None and not (cfg.exit_gate and type(threshold) in (int, float) and 0 < threshold <= 1):  # NaN fails too
         raise AdapterError(
@@ -210,10 +226,26 @@ def _check_values(cfg: LoopConfig) -> None:
         value = getattr(cfg, name)
         if value is not None and (type(value) is not int or not 0 <= value < cfg.vocab_size):
             raise AdapterError(f"config field {name}={value} must be in [0, vocab_size={cfg.vocab_size})")
-    if cfg.huginn and (cfg.kv_strategy != "per_loop" or cfg.norm_layout != "sandwich" or cfg.shared_layers == 0 or cfg.exit_gate
-                       or cfg.conditioned or cfg.num_kv_heads != cfg.num_heads):
-        raise AdapterError("config family 'huginn' needs kv_strategy 'per_loop', norm_layout 'sandwich' (its SandwichBlock), "
-                           "shared_layers >= 1, num_kv_heads == num_heads, and no exit gate or loop conditioning")
+    if cfg.huginn and (cfg.norm_layout != "sandwich" or cfg.num_kv_heads != cfg.num_heads):
+        raise AdapterError("config family 'huginn' needs norm_layout 'sandwich' (its SandwichBlock) and num_kv_heads == num_heads")
+    if cfg.family == "retrofit" and (cfg.norm_layout != "pre" or cfg.qk_norm):
+        raise AdapterError("config family 'retrofit' needs norm_layout 'pre' and no qk_norm (the Llama blocks it was cut from)")
+    if cfg.recurrent and (cfg.kv_strategy != "per_loop" or cfg.shared_layers == 0 or cfg.exit_gate or cfg.conditioned):
+        raise AdapterError(f"config family {cfg.family!r} needs kv_strategy 'per_loop', shared_layers >= 1, and no exit gate or loop conditioning")
+    if cfg.state_std is not None and (not cfg.recurrent or type(cfg.state_std) not in (int, float) or not 0 < cfg.state_std < math.inf):
+        raise AdapterError(f"config field state_std must be a finite number > 0 on a huginn or retrofit model, got {cfg.state_std!r}")
+    _check_rope_scaling(cfg.rope_scaling)
+
+
+def _check_rope_scaling(scaling: Any) -> None:
+    """None, or Llama 3's scaling: exactly ROPE_SCALING_KEYS, each a finite number > 0, the high factor above the low one."""
+    if scaling is None:
+        return
+    if not isinstance(scaling, dict) or set(scaling) != set(ROPE_SCALING_KEYS) or not all(
+            type(v) in (int, float) and 0 < v < math.inf for v in scaling.values()):
+        raise AdapterError(f"config field rope_scaling must be None or Llama 3's {{{', '.join(ROPE_SCALING_KEYS)}}}, each > 0, got {scaling!r}")
+    if scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
+        raise AdapterError(f"config field rope_scaling: high_freq_factor must exceed low_freq_factor, got {scaling!r}")
 
 
 def _check_conditioning(cfg: LoopConfig) -> None:

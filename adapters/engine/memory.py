@@ -33,7 +33,7 @@ def count_params(cfg: LoopConfig) -> int:
     norms = (4 if cfg.norm_layout == "sandwich" else 2) * d
     layer = attn + 3 * d * cfg.ffn_size + norms
     gate = {"elementwise": 2 * d * d + d, "scalar": 1}.get(cfg.gate_variant, 0) if cfg.gated else 0
-    total = cfg.num_layers * layer + cfg.shared_layers * gate + (2 * d * d if cfg.huginn else 0)  # Huginn's injection adapter
+    total = cfg.num_layers * layer + cfg.shared_layers * gate + (2 * d * d if cfg.recurrent else 0)  # the recurrence's injection adapter
     total += cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2) + d  # embeddings, lm_head, final norm
     return total + (d + 1 if cfg.exit_gate else 0) + conditioning_params(cfg)
 

@@ -1,4 +1,4 @@
-"""The looped decoder: Qwen3, Ouro (LoopLM) and MELT from one `LoopConfig`, gpt-fast style.
+"""The looped decoder: Qwen3, Ouro (LoopLM), MELT, Huginn and retrofitted Llamas from one `LoopConfig`, gpt-fast style.
 
 Layers run as prelude (p), shared (s) x loops (r), coda (c) in `Backbone.run`, and every attention
 call takes its earlier rows from a cache (`adapters.engine.cache`). Two entry points share them:
@@ -87,10 +87,11 @@ class Rotary:
 
     The sine table carries rotate-half's sign (-sin on the first half), so applying RoPE is
     `x * cos + roll(x, D/2) * sin`: four ops, exactly transformers' `x * cos + rotate_half(x) * sin`.
+    `scaling` is Llama 3's frequency scaling (`LoopConfig.rope_scaling`, `llama3_frequencies`), or None.
     """
 
-    def __init__(self, head_dim: int, theta: float) -> None:
-        self.head_dim, self.theta = head_dim, theta
+    def __init__(self, head_dim: int, theta: float, scaling: dict[str, float] | None = None) -> None:
+        self.head_dim, self.theta, self.scaling = head_dim, theta, scaling
         self.tables: dict[tuple[torch.device, torch.dtype], Rope] = {}  # constants, not buffers: never saved
 
     def __call__(self, positions: Tensor, dtype: torch.dtype, length: int | None = None) -> Rope:
@@ -102,11 +103,26 @@ class Rotary:
             size = max(need, 2 * (0 if table is None else table[0].shape[0]), 256)
             device = positions.device
             inv_freq = 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=device) / self.head_dim))
+            if self.scaling is not None:
+                inv_freq = llama3_frequencies(inv_freq, self.scaling)
             freqs = torch.outer(torch.arange(size, dtype=torch.float32, device=device), inv_freq)
             cos, sin = freqs.cos(), freqs.sin()
             table = self.tables[key] = (torch.cat((cos, cos), -1).to(dtype), torch.cat((-sin, sin), -1).to(dtype))
         index = positions[:, None, :]
         return table[0][index], table[1][index]
+
+
+def llama3_frequencies(inv_freq: Tensor, scaling: dict[str, float]) -> Tensor:
+    """Llama 3's long-context RoPE: frequencies whose wavelength exceeds original / low_freq_factor are divided
+    by `factor`, those below original / high_freq_factor kept, and those between blended linearly in
+    original / wavelength (Llama 3.1's release; transformers' `rope_type` "llama3")."""
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    original = scaling["original_max_position_embeddings"]
+    wavelength = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelength > original / low, inv_freq / factor, inv_freq)
+    blend = (original / wavelength - low) / (high - low)
+    medium = (wavelength >= original / high) & (wavelength <= original / low)
+    return torch.where(medium, (1 - blend) * scaled / factor + blend * scaled, scaled)
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -346,8 +362,9 @@ class Recurrence(nn.Module):
 
     Step t runs the core on `adapter([h; e])` (a Linear(2d, d), the official `transformer.adapter`). The
     state h starts as the official `initialize_state` draws it: a standard normal draw of e's shape,
-    overwritten by a normal truncated at +-3 std with std = sqrt(2 / (5 d)) times `scale`, then times
-    sqrt(d); scale 0 gives the zero state (the official `init_scale=0`). The draws come from this
+    overwritten by a normal truncated at +-3 std with std = `LoopConfig.state_std` (default sqrt(2 / (5 d)))
+    times `scale`, then times the embedding scale (Huginn-0125: sqrt(d); the retrofitted models: 1); scale 0
+    gives the zero state (the official `init_scale=0`). The draws come from this
     module's own generator, seeded by `LoopedLM.seed_state`, so a run repeats; with the same seed and
     the same call order they are the official code's draws after `torch.manual_seed(seed)` (on the CPU).
     """
@@ -356,7 +373,8 @@ class Recurrence(nn.Module):
         super().__init__()
         d = cfg.hidden_size
         self.adapter = nn.Linear(2 * d, d, bias=False)
-        self.std, self.embed_scale = math.sqrt(2 / (5 * d)), math.sqrt(d)
+        self.std = math.sqrt(2 / (5 * d)) if cfg.state_std is None else cfg.state_std
+        self.embed_scale = math.sqrt(d) if cfg.huginn else 1.0
         self.seed, self.scale = 0, 1.0
         self.generator: torch.Generator | None = None  # made on the first draw, on the state's device
 
@@ -389,7 +407,7 @@ class Backbone(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.early_exit_gate = nn.Linear(cfg.hidden_size, 1) if cfg.exit_gate else None
         self.loop_conditioning = LoopConditioning(cfg) if cfg.conditioned else None
-        self.recurrence = Recurrence(cfg) if cfg.huginn else None
+        self.recurrence = Recurrence(cfg) if cfg.recurrent else None
         self.embed_scale = math.sqrt(cfg.hidden_size) if cfg.huginn else None  # Huginn scales its embeddings by sqrt(d)
         self.prelude, self.shared, self.coda = list(self.layers[:p]), list(self.layers[p : p + s]), list(self.layers[p + s :])
         self.sandwich = cfg.sandwich and not cfg.huginn  # Ouro's norm after every loop; Huginn norms after the last one
@@ -528,7 +546,7 @@ class LoopedLM(nn.Module):
         self.config = cfg
         self.model = Backbone(cfg)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         self.prelude, self.shared, self.coda = self.model.prelude, self.model.shared, self.model.coda  # the layer groups, by name
 
     @torch.no_grad()
@@ -551,13 +569,13 @@ class LoopedLM(nn.Module):
                 param.zero_()  # the identity: conditioning starts as the plain looped model
 
     def seed_state(self, seed: int, scale: float = 1.0) -> None:
-        """Seed Huginn's initial-state draws (`Recurrence`) and scale their std (0: the zero state); other families have none."""
+        """Seed the recurrent families' initial-state draws (`Recurrence`) and scale their std (0: the zero state); other families have none."""
         if self.model.recurrence is not None:
             self.model.recurrence.reseed(seed, scale)
 
     @property
     def draws_state(self) -> bool:
-        """Whether every call draws a random initial state (Huginn at a scale > 0): a CUDA graph would replay one
+        """Whether every call draws a random initial state (huginn or retrofit at a scale > 0): a CUDA graph would replay one
         draw, so the adapter captures none for such a model."""
         rec = self.model.recurrence
         return rec is not None and rec.scale > 0

@@ -8,6 +8,7 @@ does): `loopeval models` prints it and a test checks the README's model table ag
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import NamedTuple
 
 from adapters.base import AdapterError
@@ -22,6 +23,13 @@ _OURO = dict(
     kv_strategy="per_loop", exit_gate=True, max_position=65536, bos_token_id=0, eos_token_id=0, pad_token_id=0,
 )
 
+# What every retrofitted Llama shares (convert_llama.py): the Llama's width 2048 and 32 heads of 64 (both sources), eps
+# 1e-5, an untied lm_head, embed_scale 1, and the cloned Huginn-0125 config's mean_recurrence 32 and init_values std
+# sqrt(2 / (5 * 5280)) (the state's std, not recomputed for the new width).
+_RETROFIT = dict(
+    family="retrofit", hidden_size=2048, num_heads=32, head_dim=64, loops=32, norm_eps=1e-5, tie_embeddings=False,
+    norm_layout="pre", kv_strategy="per_loop", state_std=math.sqrt(2 / (5 * 5280)),
+)
 
 
 class Family(NamedTuple):
@@ -46,6 +54,11 @@ FAMILY_GUIDE: dict[str, Family] = {
     "huginn": Family("Huginn-0125 (recurrent depth)", "`per_loop`: prelude, one entry per (step, core layer), coda",
                      "`huginn:DIR` (the official config.json and `transformer.*` safetensors), `preset:huginn-0125`",
                      "recurrence steps of the 4-layer core; the paper evaluates at 32"),
+    "retrofit": Family("retrofitted Llama-3.2-1B, TinyLlama-1.1B (retrofitted recurrence)",
+                       "`per_loop`: prelude, one entry per (step, core layer), coda; GQA (8 and 4 KV heads)",
+                       "`retrofit:DIR` (the conversion's RavenConfig config.json and `transformer.*` safetensors), "
+                       "`preset:retrofit-llama-3.2-1b`, `preset:retrofit-tinyllama-1.1b`",
+                       "recurrence steps of the core (Llama-3.2-1B 2-4-2: 4 layers; TinyLlama 4-8-4: 8); the config's T = 32 is Huginn's, copied"),
 }
 
 PRESETS: dict[str, LoopConfig] = {
@@ -70,6 +83,21 @@ PRESETS: dict[str, LoopConfig] = {
         family="huginn", vocab_size=65536, hidden_size=5280, num_heads=55, num_kv_heads=55, head_dim=96, ffn_size=17920,
         prelude_layers=2, shared_layers=4, coda_layers=2, loops=32, rope_theta=50_000.0, norm_eps=1e-6, tie_embeddings=True,
         norm_layout="sandwich", kv_strategy="per_loop", max_position=4096, bos_token_id=65504, eos_token_id=65505, pad_token_id=65509,
+    ),
+    # Llama-3.2-1B retrofitted at 2-4-2 (smcleish/Recurrent-Llama-3.2-2-4-2-untrained, shells/llama.sh of
+    # mcleish7/retrofitting-recurrence: layers [0, 1], [10..13], [14, 15] of the 16): Llama-3.2-1B's 32 heads and 8 KV
+    # heads of 64, intermediate 8192, vocab 128256, rope_theta 5e5 with Llama 3 scaling (factor 32, 1, 4, 8192), 131072
+    # positions, bos/eos 128000/128001.
+    "retrofit-llama-3.2-1b": LoopConfig(
+        vocab_size=128256, num_kv_heads=8, ffn_size=8192, prelude_layers=2, shared_layers=4, coda_layers=2, rope_theta=500_000.0,
+        rope_scaling={"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        max_position=131072, bos_token_id=128000, eos_token_id=128001, **_RETROFIT,
+    ),
+    # TinyLlama-1.1B (3T) retrofitted at 4-8-4, the constants of convert_llama.py's main (layers [0..3], [10..17],
+    # [18..21] of the 22): TinyLlama's 4 KV heads, intermediate 5632, vocab 32000, rope_theta 1e4, 2048 positions, bos/eos 1/2.
+    "retrofit-tinyllama-1.1b": LoopConfig(
+        vocab_size=32000, num_kv_heads=4, ffn_size=5632, prelude_layers=4, shared_layers=8, coda_layers=4, rope_theta=10_000.0,
+        max_position=2048, bos_token_id=1, eos_token_id=2, **_RETROFIT,
     ),
     "qwen3-tiny": LoopConfig(
         family="qwen3", shared_layers=4, loops=1, tie_embeddings=True, norm_layout="pre", qk_norm=True,
@@ -100,4 +128,5 @@ def preset(name: str) -> LoopConfig:
     """A fresh copy of a preset config (callers may mutate it)."""
     if name not in PRESETS:
         raise AdapterError(f"unknown preset {name!r} (known: {', '.join(PRESETS)})")
-    return dataclasses.replace(PRESETS[name], extra=dict(PRESETS[name].extra))
+    scaling = PRESETS[name].rope_scaling
+    return dataclasses.replace(PRESETS[name], extra=dict(PRESETS[name].extra), rope_scaling=None if scaling is None else dict(scaling))

@@ -9,6 +9,7 @@ machine included.
 from __future__ import annotations
 
 import json
+import sys
 from typing import TYPE_CHECKING, Optional
 
 import typer
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 
 def estimate(
     model: str = typer.Argument(..., help="Model spec: ouro-1.4b, preset:melt-1.6b, zoo:melt-tiny, ouro:/path/to/checkpoint ... (see `loopeval models`)."),
-    tokens: int = typer.Option(..., "--tokens", help="Context length: prompt + generated tokens per sequence (at most the model's context)."),
+    tokens: int = typer.Option(..., "--tokens", help="Context length: prompt + generated tokens per sequence (beyond the model's context, the figure is printed with a note that a run could not reach it)."),
     batch: int = typer.Option(1, "--batch", help="Sequences held at once."),
     loops: Optional[int] = typer.Option(None, "--loops", help="Loops at inference (r); default the trained loop count."),
     dtype: str = typer.Option("bf16", "--dtype", help="bf16, fp16 or fp32."),
@@ -31,15 +32,15 @@ def estimate(
 ) -> None:
     """Predict memory: weights from the parameter shapes, KV for (tokens, batch, loops, dtype)."""
     import adapters
-    from adapters.base import MODEL_DTYPES
+    from adapters.base import MAX_CONTEXT, MODEL_DTYPES
     from adapters.engine.config import MAX_LOOPS, LoopConfig
     from adapters.engine.memory import estimate as analytic
-    from harness.capacity import check_context
+    from harness.capacity import context_excess
 
     if dtype not in MODEL_DTYPES:
         raise UserError(f"--dtype must be one of {', '.join(MODEL_DTYPES)}, got {dtype!r}")
-    if tokens < 1:
-        raise UserError(f"--tokens must be >= 1, got {tokens}")
+    if not 1 <= tokens <= MAX_CONTEXT:
+        raise UserError(f"--tokens must be from 1 to {MAX_CONTEXT} (beyond any model's context), got {tokens}")
     if batch < 1:
         raise UserError(f"--batch must be >= 1, got {batch}")
     if loops is not None and not 1 <= loops <= MAX_LOOPS:
@@ -47,12 +48,15 @@ def estimate(
     spec = adapters.resolve(model)
     facts = adapters.inspect(spec, **({} if loops is None else {"loops": loops}))
     if facts is None or "config" not in facts:
-        raise UserError(f"{spec}: estimate reads an engine config (preset:, zoo:, qwen3:, ouro:, melt:, huginn: specs); this adapter has none")
-    check_context(spec, facts, "--tokens", tokens)
+        raise UserError(f"{spec}: estimate reads an engine config (preset:, zoo:, qwen3:, ouro:, melt:, huginn:, retrofit: specs); this adapter has none")
     config = LoopConfig.from_dict(facts["config"])
     result = analytic(config, tokens, batch=batch, loops=loops, dtype=dtype)
+    excess = context_excess(spec, facts, "--tokens", tokens)
+    note = None if excess is None else f"{excess}: a run could not reach it (the figures are the analytic model's)"
     if as_json:
         print(json.dumps({"params": result.params, "weights_bytes": result.weights_bytes, "kv_bytes": result.kv_bytes, "total_bytes": result.total_bytes}))
+        if note is not None:
+            print(note, file=sys.stderr)
         return
     r = config.loops if loops is None else loops
     rows = [["parameters", f"{result.params:,}", ""]]
@@ -61,6 +65,8 @@ def estimate(
     title = f"{spec}: {tokens} tokens x batch {batch}, loops {r}, {dtype} ({config.kv_strategy} KV)"
     print_table(title, ["measure", "bytes", "GB (1e9 bytes)"], rows, right=("bytes", "GB (1e9 bytes)"))
     print(kv_terms(config, r, dtype))
+    if note is not None:
+        print(note)
 
 
 def kv_terms(config: LoopConfig, loops: int, dtype: str) -> str:

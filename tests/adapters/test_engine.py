@@ -187,7 +187,8 @@ def test_params_match_the_model_for_every_preset():
     assert count_params(preset("qwen3-1.7b")) == 1_720_574_976
 
 
-@pytest.mark.parametrize("name", ["qwen3-tiny", "ouro-tiny", "melt-tiny", "coreloop-tiny", "qwen3-1.7b", "ouro-1.4b", "ouro-2.6b", "melt-1.6b", "huginn-0125"])
+@pytest.mark.parametrize("name", ["qwen3-tiny", "ouro-tiny", "melt-tiny", "coreloop-tiny", "qwen3-1.7b", "ouro-1.4b", "ouro-2.6b", "melt-1.6b", "huginn-0125",
+                                  "retrofit-llama-3.2-1b", "retrofit-tinyllama-1.1b"])
 def test_analytic_kv_equals_allocated(name):
     cfg = preset(name)
     loop_counts = [1] if cfg.kv_strategy == "standard" else [1, 2, 4, 8]

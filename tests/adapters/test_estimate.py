@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
 import pytest
 import torch
 
+from adapters.base import MAX_CONTEXT, Sampling
 from adapters.engine.cache import KVCache
+from adapters.engine.checkpoint import read_config
+from adapters.engine.paged import BlockPool
+from adapters.engine.sequence import Sequence
 from adapters.engine.config import LoopConfig
 from adapters.engine.presets import preset
 from adapters.engine.memory import count_params, estimate
 from adapters.engine.model import LoopedLM
+from adapters.testing import save_tiny_retrofit
 from adapters.zoo import zoo_info
 from harness.cli import main
 
@@ -80,14 +86,50 @@ def test_takes_every_command_s_specs(capsys):
     assert code == 0 and "zoo:melt-tiny: 256 tokens" in out
 
 
+def beyond_note(tokens: int, spec: str, context: int) -> str:
+    """The line `estimate` adds when --tokens exceed the model's context."""
+    return f"--tokens {tokens} exceeds {spec}'s context of {context} tokens: a run could not reach it (the figures are the analytic model's)"
+
+
+def test_beyond_the_context_the_figure_is_printed_with_a_note(capsys):
+    """An estimate is arithmetic: past the model's context it is still printed, and one line says a run could not reach it."""
+    code, out, err = run(capsys, "huginn-0125", "--tokens", "32000", "--loops", "32")
+    expected = estimate(preset("huginn-0125"), 32000, loops=32)
+    assert code == 0 and err == "" and f"{expected.kv_bytes:,}" in out and f"{expected.total_bytes:,}" in out
+    assert expected.kv_bytes == 2 * (2 + 4 * 32 + 2) * 55 * 96 * 2 * 32000
+    assert out.strip().splitlines()[-1] == beyond_note(32000, "preset:huginn-0125", 4096)
+    code, out, err = run(capsys, "huginn-0125", "--tokens", "32000", "--loops", "32", "--json")
+    assert code == 0 and json.loads(out) == expected.__dict__ and err.strip().splitlines() == [beyond_note(32000, "preset:huginn-0125", 4096)]
+    code, out, err = run(capsys, "huginn-0125", "--tokens", "4096", "--loops", "32")
+    assert code == 0 and "exceeds" not in out + err
+
+
+def test_printed_terms_are_the_block_pool_s_exact_accounting(capsys, tmp_path):
+    """Past the context of a tiny retrofitted Llama (128 tokens; GQA, 2 of 4 heads keep K/V): the printed KV bytes and
+    per-token terms are what a paged pool holding the same sequences accounts, and what its tensors take."""
+    folder = save_tiny_retrofit(tmp_path / "retrofit")
+    code, out, _ = run(capsys, f"retrofit:{folder}", "--tokens", "200", "--batch", "2", "--loops", "4", "--dtype", "fp32")
+    kv = int(re.search(r"KV cache\W+([\d,]+)", out).group(1).replace(",", ""))
+    terms = re.search(r"KV per token: ([\d,]+) bytes = 2 \(K, V\) x (\d+) entries .* x (\d+) KV heads x head dim (\d+) x (\d+) bytes", out)
+    per_token, entries, heads, head_dim, size = (int(g.replace(",", "")) for g in terms.groups())
+    assert code == 0 and (entries, heads, head_dim, size) == (1 + 2 * 4 + 1, 2, 16, 4) and per_token == 2 * entries * heads * head_dim * size
+    assert beyond_note(200, f"retrofit:{folder}", 128) in out
+    pool = BlockPool(read_config(folder), 4, num_blocks=50, block_size=8, latent_tokens=1, dtype=torch.float32, device="cpu")
+    sequences = [Sequence(i, 0, i, 200, [5] * 200, 200, Sampling()) for i in range(2)]
+    for seq in sequences:
+        pool.manager.hold(seq, 200)
+    pool.manager.wrote(sequences, 200)
+    assert pool.manager.bytes_per_token == per_token and pool.manager.latent_bytes_per_token == 0
+    assert pool.manager.kv_bytes_used == pool.manager.kv_bytes_allocated == kv == (pool.k.numel() + pool.v.numel()) * 4
+
+
 @pytest.mark.parametrize(
     "args,needle",
     [
         (["nope", "--tokens", "5"], "unknown model 'nope'"),
         (["ouro-1.4c", "--tokens", "5"], "close: ouro-1.4b"),
         (["melt-tiny", "--tokens", "5"], "ambiguous: give one of preset:melt-tiny, zoo:melt-tiny"),
-        (["zoo:melt-tiny", "--tokens", "513"], "--tokens 513 exceeds zoo:melt-tiny's context of 512 tokens"),
-        (["preset:qwen3-tiny", "--tokens", "600"], "context of 512"),
+        (["qwen3-1.7b", "--tokens", str(MAX_CONTEXT + 1)], f"--tokens must be from 1 to {MAX_CONTEXT}"),
         (["transformers:/nowhere", "--tokens", "5"], "estimate reads an engine config"),
         (["qwen3-1.7b", "--tokens", "0"], "--tokens"),
         (["qwen3-1.7b", "--tokens", "many"], "--tokens"),
