@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from adapters.engine.generate import ExitPolicy, int_tensor, read_logits, sample, stream_rows
+from adapters.engine.exits import ExitPolicy
+from adapters.engine.generate import int_tensor, read_logits, sample, stream_rows
 from adapters.engine.graphs import DecodeGraphs
 from adapters.engine.model import LoopedLM, StepOutput
 from adapters.engine.paged import BlockPool, PagedStep, key_mask
@@ -67,7 +68,7 @@ class ModelRunner:
         """One token per running sequence (row i is `seqs[i]`): the one after its written ones."""
         if self.rows is not None:
             return self.rows_step(seqs)
-        return self.step(seqs, [[seq.tokens[seq.written]] for seq in seqs])
+        return self.step(seqs, [[seq.tokens[seq.written]] for seq in seqs], decoding=True)
 
     def prepare(self, seqs: list[Sequence], tokens: list[list[int]]) -> StepInputs:
         """`tokens` (n per sequence) of `seqs` at their next slots, as the device tensors a step reads."""
@@ -79,11 +80,12 @@ class ModelRunner:
         inputs = self.tensor([t for row in tokens for t in row]).view(rows, -1)
         return StepInputs(inputs, positions, blocks, end, plain=rows == 1 and (n == 1 or seqs[0].written == 0))
 
-    def step(self, seqs: list[Sequence], tokens: list[list[int]]) -> StepOutput:
+    def step(self, seqs: list[Sequence], tokens: list[list[int]], decoding: bool = False) -> StepOutput:
         """Run `tokens` (n per sequence) of `seqs` through the model; their blocks hold them afterwards.
 
         A step of one token per sequence goes through `graphs` when there is one (the GPU path); other
-        steps gather from the pool. (Decode steps on the decode rows are `rows_step`.)
+        steps gather from the pool. (Decode steps on the decode rows are `rows_step`.) Only a `decoding`
+        step applies a skipping exit policy: a prompt's tokens run every loop, a one-token chunk too.
         """
         x, n = self.prepare(seqs, tokens), len(tokens[0])
         self.manager.begin_step(len(seqs) * n)
@@ -91,7 +93,8 @@ class ModelRunner:
             out = self.graphs.step(x.tokens, x.positions, x.blocks)
         else:
             cache, mask = PagedStep(self.pool, x.positions, x.blocks, x.end), None if x.plain else key_mask(x.positions, x.end)
-            out = self.model.step(x.tokens, x.positions, cache, x.end - n, mask, loops=self.loops, keep_loops=self.keep_loops)
+            out = self.model.step(x.tokens, x.positions, cache, x.end - n, mask, loops=self.loops, keep_loops=self.keep_loops,
+                                  exits=self.policy if decoding else None)
         self.manager.wrote(seqs, n)
         return out
 
@@ -104,7 +107,8 @@ class ModelRunner:
             x = RowsInputs.build(rows, [seq.tokens[seq.written] for seq in seqs], [seq.written for seq in seqs], self.device)
         manager.begin_step(len(seqs))
         mask = None if x.aligned else key_mask(x.positions, x.end)  # None: every row sees every key
-        out = self.model.step(x.tokens, x.positions, x.cache, x.end - 1, mask, loops=self.loops, keep_loops=self.keep_loops)
+        out = self.model.step(x.tokens, x.positions, x.cache, x.end - 1, mask, loops=self.loops, keep_loops=self.keep_loops,
+                                  exits=self.policy)
         self.next_inputs = x
         blocks = []
         for i, seq in enumerate(seqs):
