@@ -14,8 +14,9 @@ a GPU at most `paged.KV_FRACTION` of free memory), `block_size` (tokens per KV b
 (default true: on a GPU the engine's decode steps replay as CUDA graphs, `adapters.engine.graphs`), `exit_policy`
 ("none", "fixed", "threshold") with `exit_loop` / `exit_threshold` (default: the checkpoint's
 `early_exit_threshold`, see `exit_policy`), `exit_criterion` (gate, kl, entropy) and `exit_fill` ("copy": a decoded token
-skips the loops after its exit, the default when a policy is set; "read": every loop runs, the exit loop's output
-is read; `adapters.engine.exits`), and the loop conditioning fields.
+skips the loops after its exit and leaves its exit loop's K/V in them, the default when a policy is set; "masked":
+it skips them and later tokens attend at each loop only to the tokens that ran it; "read": every loop runs, the
+exit loop's output is read; `adapters.engine.exits`), and the loop conditioning fields.
 """
 
 from __future__ import annotations
@@ -330,6 +331,8 @@ def check_exit_support(cfg: LoopConfig, policy: ExitPolicy) -> ExitPolicy:
     """The policy, if the model can run it: the gate criterion needs an exit gate, and exits need looped layers."""
     if policy.kind == "threshold" and policy.criterion == "gate" and not cfg.exit_gate:
         raise AdapterError("exit_policy 'threshold' with the gate criterion needs a model with an exit gate (Ouro); try exit_criterion kl or entropy")
+    if policy.skips and policy.fill == "masked" and cfg.gated:
+        raise AdapterError("exit_fill 'masked' needs per-loop K/V: a gated (MELT) layer keeps one row per token, which every loop reads")
     if policy.kind != "none" and cfg.shared_layers == 0:
         raise AdapterError("exit policies need a looped model (shared layers)")
     return policy

@@ -25,6 +25,9 @@ What happens to the loops after the exit is the fill (`ExitPolicy.fill`):
   a skipped token's entry of the latest step it ran at the same layer j (the same phase of the four-layer
   block), which for a token that ran loops 1..e is loop e. A gated (MELT) layer keeps one K/V row per token,
   which after the exit already holds the state at exit: `copy` writes nothing there.
+- `masked`: the remaining loops are skipped and their entries left unwritten; at loop t later tokens attend
+  only to the tokens that ran loop t (each key's loops run, `ran`, masks it per loop: Huginn's official lookup
+  strategy "skip"). Refused on gated layers, whose one row per token every loop reads.
 
 Exits apply to decoded tokens only: a prompt's tokens (prefill) run every loop; the first generated token
 is sampled from the prompt's last position at the loop the policy picks from those outputs (so its
@@ -53,7 +56,7 @@ if TYPE_CHECKING:
     from adapters.engine.model import Span
 
 EXIT_KINDS: tuple[str, ...] = ("none", "fixed", "threshold")
-EXIT_FILLS: tuple[str, ...] = ("read", "copy")
+EXIT_FILLS: tuple[str, ...] = ("read", "copy", "masked")
 SKIPPING_FILL = "copy"  # the default fill of a policy that is set
 
 
@@ -165,11 +168,13 @@ def pick_loop(states: list[Tensor], policy: ExitPolicy, gate: Callable[[Tensor],
 
 # ------------------------------------------------------------------------- the decode step's rows
 def exit_rows(policy: ExitPolicy, loops: int, gate: Callable[[Tensor], Tensor] | None, span: Span, cache: Any, h: Tensor,
-              active_set: bool) -> ExitRows:
+              active_set: bool, ran: Tensor | None) -> ExitRows:
     """The rows of a decode step of states h [B, 1, d]: an active set on a cache step that can `narrow`, or the
-    masked full step on any cache."""
+    masked full step on any cache. `ran` [B, L] (fill `masked`): the loops each key the step attends to ran."""
     check = ExitCheck(policy, loops, gate)
-    return ActiveRows(check, span, cache, h) if active_set else MaskedRows(check, span, cache, h)
+    rows = ActiveRows(check, span, cache, h) if active_set else MaskedRows(check, span, cache, h)
+    rows.ran = ran
+    return rows
 
 
 class ExitRows:
@@ -184,6 +189,14 @@ class ExitRows:
         self.final = torch.zeros_like(h)  # [B, n, d]: each row's state at its exit
         self.loops_run = torch.zeros(h.shape[0], dtype=torch.long, device=h.device)
         self.done = False
+        self.ran: Tensor | None = None  # [B, L] under the fill `masked`: the loops each key ran
+
+    def loop_span(self, t: int) -> Span:
+        """The span loop t (0-based) runs on: under the fill `masked`, only the keys that ran loop t are seen."""
+        if self.ran is None:
+            return self.span
+        ran = (self.ran > t)[:, None, None, :]
+        return dataclasses.replace(self.span, mask=ran if self.span.mask is None else self.span.mask & ran)
 
     def fires(self, t: int, h: Tensor, normed: Tensor, head: Callable[[Tensor, Span, Any], Tensor]) -> Tensor:
         return self.check.fires(t, normed[:, -1], lambda: head(h, self.span, self.cache)[:, -1])
@@ -214,6 +227,7 @@ class ActiveRows(ExitRows):
         self.done = self.index.numel() == 0
         if not self.done:
             self.check.keep(stay)
+            self.ran = None if self.ran is None else self.ran[stay]
             self.span = narrow_span(self.full_span, self.index)
             self.cache = self.full_cache.narrow(self.index)
         return y[stay], [c[stay] for c in carried]

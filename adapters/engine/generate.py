@@ -202,6 +202,8 @@ class Decoder:
         self.model, self.prompts, self.cache, self.loops, self.policy = model, prompts, cache, loops, policy
         self.keep_loops = policy.kind != "none"
         self.positions = prompts.positions[:, -1:] + 1  # [B, 1] of the next token
+        # under the fill `masked`: the loops each slot's token ran (prompt tokens and the token in flight: all)
+        self.ran = torch.full(cache.k.shape[1:4:2], loops, device=cache.k.device) if policy.skips and policy.fill == "masked" else None
 
     def prefill(self) -> tuple[Tensor, Tensor | None]:
         p = self.prompts
@@ -215,8 +217,11 @@ class Decoder:
         """One more token per row, tokens [B], at the next slot."""
         slot, positions = self.cache.length, self.positions
         mask = self.prompts.valid[:, None, None, : slot + 1] if self.prompts.padded else None
+        ran = None if self.ran is None else self.ran[:, : slot + 1]
         out = self.model.step(tokens[:, None], positions, self.cache, slot, mask, loops=self.loops, keep_loops=self.keep_loops,
-                              exits=self.policy, active_set=False)
+                              exits=self.policy, active_set=False, ran=ran)
+        if ran is not None:
+            ran[:, slot] = out.loops_run
         self.cache.length, self.positions = slot + 1, positions + 1
         return self._read(out)
 

@@ -463,7 +463,7 @@ class Backbone(nn.Module):
             return head(self.tail(y, sp, c))
 
         for t in range(loops):
-            y, normed = self._loop(h, e, diffs, rows.span, rows.cache, t, True, None)
+            y, normed = self._loop(h, e, diffs, rows.loop_span(t), rows.cache, t, True, None)
             diff = [y - h] if cond is not None and t > 0 else []  # the history excludes e: the first difference is h_2 - h_1
             h, carried = rows.after_loop(t, h, y, normed, [e, *diff, *diffs], logits)
             if rows.done:
@@ -658,20 +658,20 @@ class LoopedLM(nn.Module):
 
     # ------------------------------------------------------------------------------ cached step
     def step(self, tokens: Tensor, positions: Tensor, cache: Cache, slot: int, mask: Tensor | None, *, loops: int,
-             keep_loops: bool = False, exits: ExitPolicy | None = None, active_set: bool = True) -> StepOutput:
+             keep_loops: bool = False, exits: ExitPolicy | None = None, active_set: bool = True, ran: Tensor | None = None) -> StepOutput:
         """Run tokens [B, n] at cache slots slot..slot+n-1 (positions [B, n]), writing K/V in place.
 
         `mask` [B,1,n,L] bool (L: the keys attended, slot + n for a `KVCache`), or None for plain
         causal attention over slot + n keys. For gated caches n must not exceed the cache's latent
         chunk. Returns the last position's normed state(s). A decode step (n = 1) under an `exits`
         policy that skips loops stops each row at its exit: on an active set (`active_set`, the cache
-        a step that can `narrow`) or as the masked full step (`adapters.engine.exits`).
+        a step that can `narrow`) or as the masked full step (`adapters.engine.exits`); `ran` [B, L]: the loops each key ran.
         """
         h = self.model.embed(tokens)
         keys = slot + tokens.shape[1] if mask is None else mask.shape[-1]
         span = Span(self.rotary(positions, h.dtype, length=keys), slot, mask)  # a position never reaches the keys' count
         if exits is not None and exits.skips and tokens.shape[1] == 1 and self.shared:
-            rows = exit_rows(exits, loops, self.model.early_exit_gate, span, cache, h, active_set)
+            rows = exit_rows(exits, loops, self.model.early_exit_gate, span, cache, h, active_set, ran)
             final = self.model.run_exits(h, span, cache, loops, rows, self.logits)
             return StepOutput(states=[final[:, -1]], loops_run=rows.loops_run)
         final, states = self.model.run(h, span, cache, loops, keep_loops and bool(self.shared))

@@ -94,7 +94,7 @@ class ModelRunner:
         else:
             cache, mask = PagedStep(self.pool, x.positions, x.blocks, x.end), None if x.plain else key_mask(x.positions, x.end)
             out = self.model.step(x.tokens, x.positions, cache, x.end - n, mask, loops=self.loops, keep_loops=self.keep_loops,
-                                  exits=self.policy if decoding else None)
+                                  exits=self.policy if decoding else None, ran=self.ran_keys(seqs, x.end) if decoding else None)
         self.manager.wrote(seqs, n)
         return out
 
@@ -108,7 +108,7 @@ class ModelRunner:
         manager.begin_step(len(seqs))
         mask = None if x.aligned else key_mask(x.positions, x.end)  # None: every row sees every key
         out = self.model.step(x.tokens, x.positions, x.cache, x.end - 1, mask, loops=self.loops, keep_loops=self.keep_loops,
-                                  exits=self.policy)
+                                  exits=self.policy, ran=self.ran_keys(seqs, x.end))
         self.next_inputs = x
         blocks = []
         for i, seq in enumerate(seqs):
@@ -118,6 +118,17 @@ class ModelRunner:
                 rows.write_back(i, block, seq.written - size)
         manager.mark_one_more(blocks)
         return out
+
+    def ran_keys(self, seqs: list[Sequence], end: int) -> Tensor | None:
+        """Under the fill `masked`, [B, end]: the loops the token at each slot of each sequence ran (prompt tokens
+        and the token in flight: all; a generated token: its decode step's, the loops of the token drawn from it)."""
+        if not (self.policy.skips and self.policy.fill == "masked"):
+            return None
+        rows = []
+        for seq in seqs:
+            ran = [self.loops] * seq.prompt_len + seq.loops[1 : seq.written - seq.prompt_len + 1] + [self.loops]
+            rows += ran + [self.loops] * (end - len(ran))
+        return self.tensor(rows).view(len(seqs), end)
 
     def advance(self, ids: Tensor | None) -> None:
         """The next decode step's inputs from this one's and the `ids` [B] just sampled (while the running set stays
