@@ -23,7 +23,8 @@ What happens to the loops after the exit is the fill (`ExitPolicy.fill`):
   those loops hold its exit loop's K/V, layer by layer (vllm-rlt's "last exited"). For the recurrent-depth
   family this is Huginn's official cache lookup "latest-m4": at core layer j of step t a later token reads
   a skipped token's entry of the latest step it ran at the same layer j (the same phase of the four-layer
-  block), which for a token that ran loops 1..e is loop e. A gated (MELT) layer keeps one K/V row per token,
+  block), which for a token that ran loops 1..e is loop e. (The official lookup hard-codes Huginn-0125's four
+  core layers, `step % 4`; the engine matches by core layer, the same thing there, for any core depth.) A gated (MELT) layer keeps one K/V row per token,
   which after the exit already holds the state at exit: `copy` writes nothing there.
 - `masked`: the remaining loops are skipped and their entries left unwritten; at loop t later tokens attend
   only to the tokens that ran loop t (each key's loops run, `ran`, masks it per loop: Huginn's official lookup
@@ -106,10 +107,6 @@ class ExitCheck:
         self.before: Tensor | None = None  # gate: prod_{j<t}(1 - lambda_j)
         self.cum: Tensor | None = None  # gate: cumulative exit probability
         self.prev: Tensor | None = None  # kl: previous log-probabilities; entropy: previous entropy
-
-    @property
-    def needs_logits(self) -> bool:
-        return self.policy.kind == "threshold" and self.policy.criterion != "gate"
 
     def fires(self, t: int, normed: Tensor, logits: Callable[[], Tensor]) -> Tensor:
         """Bool [B]: the rows that stop after loop t (0-based); `normed` [B, d] the loop's normed state,

@@ -118,22 +118,25 @@ def test_loops_used_are_the_loops_each_decode_step_ran(spec):
     assert rows_run[0] < len(gens) * (GREEDY.max_new_tokens - 1) * adapter.loops  # work was skipped
 
 
-def test_copy_fill_leaves_the_exit_loops_kv_in_the_skipped_loops():
-    """On the static cache: a token that stops at loop 1 holds loop 1's K/V in loops 2..r of every shared layer,
-    and the loops it ran wrote K/V of their own."""
-    adapter = load("preset:ouro-tiny", exit_threshold=0.0)
-    caches = []
-    gen = generate(adapter.model, [[1, 11, 12, 13]], GREEDY, loops=4, eos_ids=set(), exit_policy=adapter.exit_policy,
+@pytest.mark.parametrize("spec,overrides", [("preset:ouro-tiny", dict(exit_threshold=0.0)), ("zoo:lab-huginn", dict(exit_policy="fixed", exit_loop=1))])
+def test_copy_fill_leaves_the_exit_loops_kv_in_the_skipped_loops(spec, overrides):
+    """On the static cache: a token that stops at loop 1 holds loop 1's K/V in loops 2..r of every shared layer (for
+    Huginn, its official "latest-m4" lookup: the latest step it ran at the same core layer), and the prompt's
+    tokens, which ran every loop, K/V of each loop."""
+    adapter = load(spec, **overrides)
+    cfg, caches = adapter.config, []
+    gen = generate(adapter.model, [[1, 11, 12, 13]], GREEDY, loops=cfg.loops, eos_ids=set(), exit_policy=adapter.exit_policy,
                    on_cache=lambda cache: caches.append(cache) if cache is not None else None)[0]
-    cache, table = caches[0], entry_table(adapter.config, 4, "per_loop")
+    cache, table = caches[0], entry_table(cfg, cfg.loops, "per_loop")
     decoded = slice(4, 4 + gen.generated_tokens - 1)  # the slots of the tokens that went through a decode step
-    for layer in range(adapter.config.shared_layers):
-        first = cache.k[table[layer][0], :, :, decoded]
-        assert first.abs().sum() > 0
-        for t in range(1, 4):
-            assert torch.equal(cache.k[table[layer][t], :, :, decoded], first)
-            assert torch.equal(cache.v[table[layer][t], :, :, decoded], cache.v[table[layer][0], :, :, decoded])
-        assert not torch.equal(cache.k[table[layer][1], :, :, :4], cache.k[table[layer][0], :, :, :4])  # the prompt ran every loop
+    assert gen.loops_used[1:] == [1] * (gen.generated_tokens - 1)
+    for layer in range(cfg.prelude_layers, cfg.prelude_layers + cfg.shared_layers):
+        first = table[layer][0]
+        assert cache.k[first, :, :, decoded].abs().sum() > 0
+        for t in range(1, cfg.loops):
+            for store in (cache.k, cache.v):
+                assert torch.equal(store[table[layer][t], :, :, decoded], store[first, :, :, decoded])
+        assert not torch.equal(cache.k[table[layer][1], :, :, :4], cache.k[first, :, :, :4])
 
 
 @pytest.mark.parametrize("spec,fill", [("preset:ouro-tiny", "copy"), ("preset:ouro-tiny", "masked"), ("preset:melt-tiny", "copy")])
