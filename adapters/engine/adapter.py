@@ -146,7 +146,7 @@ class EngineAdapter:
         pool = BlockPool.for_workload(self.config, self.loops, [s.capacity for s in sequences], max_seqs=self.max_batch, kv_budget=self.kv_budget,
                                       block_size=self.block_size, dtype=self.dtype, device=self.device, spare=capture)
         if capture:
-            graphs = DecodeGraphs(self.model, pool, loops=self.loops, keep_loops=self.exit_policy.kind != "none", max_seqs=self.max_batch,
+            graphs = DecodeGraphs(self.model, pool, loops=self.loops, keep_loops=self.exit_policy.reads_loops(bool(self.model.coda)), max_seqs=self.max_batch,
                                   max_blocks=pool.manager.blocks_for(max(s.capacity for s in sequences)), capture=True)
         engine = ContinuousEngine(self.model, pool, loops=self.loops, policy=self.exit_policy, eos_ids=eos_ids(self.config, self.tokenizer),
                                   tokenizer=self.tokenizer, max_seqs=self.max_batch, on_finished=on_finished, graphs=graphs)

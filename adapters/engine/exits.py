@@ -32,7 +32,8 @@ What happens to the loops after the exit is the fill (`ExitPolicy.fill`):
 
 Exits apply to decoded tokens only: a prompt's tokens (prefill) run every loop; the first generated token
 is sampled from the prompt's last position at the loop the policy picks from those outputs (so its
-`loops_used` is that loop, the loop it was read from). The decode step runs exits two ways that must give
+`loops_used` is that loop, the loop it was read from), except on a model with coda layers under a skipping
+fill, where it is drawn from the prefill's final output (`ExitPolicy.reads_loops`). The decode step runs exits two ways that must give
 the same tokens: the continuous engine's active set (`ActiveRows`: a row that exits leaves the step, later
 loops run on the still-looping rows only, their cache step narrowed to them) and the static path's masked
 full step (`MaskedRows`: every row computes every loop; an exited row's state is frozen and its K/V writes
@@ -87,6 +88,12 @@ class ExitPolicy:
     def skips(self) -> bool:
         """Whether decoded tokens skip the loops after their exit (any fill but `read`)."""
         return self.kind != "none" and self.fill != "read"
+
+    def reads_loops(self, coda: bool) -> bool:
+        """Whether a step that runs every loop (a prefill; any step under `read`) keeps each loop's state to read the
+        exit loop's: under any policy but a skipping one on a model with coda layers, whose output is the coda's, so
+        its first token is drawn from the prefill's final output, every loop run (`loops_used` r)."""
+        return self.kind != "none" and not (self.skips and coda)
 
 
 def check_threshold(threshold: Any, criterion: str) -> None:

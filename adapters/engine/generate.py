@@ -24,7 +24,8 @@ its exit and its skipped loops' K/V entries are filled. This static path is the 
 continuous engine's active set: its decode step is the masked full step (every row computes every loop,
 an exited row's state frozen and its K/V writes replaced by the fill), which must give the same tokens.
 Prompt tokens run every loop. `loops_used` records, per token, the loops its decode step ran (the first
-token: the loop it was read from in the prefill's output).
+token: the loop it was read from in the prefill's output, or r on a model with coda layers,
+`ExitPolicy.reads_loops`).
 """
 
 from __future__ import annotations
@@ -200,7 +201,7 @@ class Decoder:
 
     def __init__(self, model: LoopedLM, prompts: Prompts, cache: KVCache, loops: int, policy: ExitPolicy) -> None:
         self.model, self.prompts, self.cache, self.loops, self.policy = model, prompts, cache, loops, policy
-        self.keep_loops = policy.kind != "none"
+        self.keep_loops = policy.reads_loops(bool(model.coda))
         self.positions = prompts.positions[:, -1:] + 1  # [B, 1] of the next token
         # under the fill `masked`: the loops each slot's token ran (prompt tokens and the token in flight: all)
         self.ran = torch.full(cache.k.shape[1:4:2], loops, device=cache.k.device) if policy.skips and policy.fill == "masked" else None

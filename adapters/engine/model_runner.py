@@ -39,7 +39,7 @@ class ModelRunner:
 
     def __init__(self, model: LoopedLM, pool: BlockPool, *, loops: int, policy: ExitPolicy, graphs: DecodeGraphs | None) -> None:
         self.model, self.pool, self.manager, self.loops, self.policy, self.graphs = model, pool, pool.manager, loops, policy, graphs
-        self.keep_loops = policy.kind != "none"
+        self.keep_loops = policy.reads_loops(bool(model.coda))
         self.device = model.model.embed_tokens.weight.device
         self.rows: DecodeRows | None = None
         self.next_inputs: RowsInputs | None = None  # the next decode step's, while the running set stays the same

@@ -118,6 +118,15 @@ def test_loops_used_are_the_loops_each_decode_step_ran(spec):
     assert rows_run[0] < len(gens) * (GREEDY.max_new_tokens - 1) * adapter.loops  # work was skipped
 
 
+def test_a_coda_models_first_token_is_the_prefills_final_output():
+    """Huginn's output is its coda's: a prompt runs every loop and the coda, so with exits on the first token is the
+    one drawn without them (every loop run), and the decoded ones run fewer loops."""
+    plain = [g.token_ids[0] for g in load("zoo:lab-huginn").generate(PROMPTS, GREEDY)]
+    gens = load("zoo:lab-huginn", exit_criterion="kl", exit_threshold=0.01).generate(PROMPTS, GREEDY)
+    assert [g.token_ids[0] for g in gens] == plain and all(g.loops_used[0] == 4 for g in gens)
+    assert min(loop for g in gens for loop in g.loops_used[1:]) < 4
+
+
 @pytest.mark.parametrize("spec,overrides", [("preset:ouro-tiny", dict(exit_threshold=0.0)), ("zoo:lab-huginn", dict(exit_policy="fixed", exit_loop=1))])
 def test_copy_fill_leaves_the_exit_loops_kv_in_the_skipped_loops(spec, overrides):
     """On the static cache: a token that stops at loop 1 holds loop 1's K/V in loops 2..r of every shared layer (for
