@@ -176,9 +176,7 @@ def exit_rows(policy: ExitPolicy, loops: int, gate: Callable[[Tensor], Tensor] |
     """The rows of a decode step of states h [B, 1, d]: an active set on a cache step that can `narrow`, or the
     masked full step on any cache. `ran` [B, L] (fill `masked`): the loops each key the step attends to ran."""
     check = ExitCheck(policy, loops, gate)
-    rows = ActiveRows(check, span, cache, h) if active_set else MaskedRows(check, span, cache, h)
-    rows.ran = ran
-    return rows
+    return (ActiveRows if active_set else MaskedRows)(check, span, cache, h, ran)
 
 
 class ExitRows:
@@ -188,12 +186,12 @@ class ExitRows:
     are what the next loop runs on. Subclasses say what becomes of a row that exits.
     """
 
-    def __init__(self, check: ExitCheck, span: Span, cache: Any, h: Tensor) -> None:
+    def __init__(self, check: ExitCheck, span: Span, cache: Any, h: Tensor, ran: Tensor | None) -> None:
         self.check, self.span, self.cache, self.full_cache, self.full_span = check, span, cache, cache, span
         self.final = torch.zeros_like(h)  # [B, n, d]: each row's state at its exit
         self.loops_run = torch.zeros(h.shape[0], dtype=torch.long, device=h.device)
         self.done = False
-        self.ran: Tensor | None = None  # [B, L] under the fill `masked`: the loops each key ran
+        self.ran = ran  # [B, L] under the fill `masked`: the loops each key ran
 
     def loop_span(self, t: int) -> Span:
         """The span loop t (0-based) runs on: under the fill `masked`, only the keys that ran loop t are seen."""
@@ -210,8 +208,8 @@ class ActiveRows(ExitRows):
     """The continuous engine's active set: a row that exits leaves the step (its skipped loops' K/V filled by
     copying its exit loop's), and later loops run on the still-looping rows only."""
 
-    def __init__(self, check: ExitCheck, span: Span, cache: Any, h: Tensor) -> None:
-        super().__init__(check, span, cache, h)
+    def __init__(self, check: ExitCheck, span: Span, cache: Any, h: Tensor, ran: Tensor | None) -> None:
+        super().__init__(check, span, cache, h, ran)
         self.index = torch.arange(h.shape[0], device=h.device)  # the looping rows, as rows of the step
         self.loops = check.loops
 
@@ -239,11 +237,11 @@ class ActiveRows(ExitRows):
 
 class MaskedRows(ExitRows):
     """The static path's reference: every row computes every loop; an exited row's state is frozen and its
-    K/V writes replaced by its exit loop's (`FrozenCache`)."""
+    K/V writes replaced by its exit loop's (`FrozenCache`; under the fill `masked` no later token reads them)."""
 
-    def __init__(self, check: ExitCheck, span: Span, cache: Any, h: Tensor) -> None:
+    def __init__(self, check: ExitCheck, span: Span, cache: Any, h: Tensor, ran: Tensor | None) -> None:
         self.active = torch.ones(h.shape[0], dtype=torch.bool, device=h.device)
-        super().__init__(check, span, FrozenCache(cache, self.active), h)
+        super().__init__(check, span, FrozenCache(cache, self.active), h, ran)
 
     def after_loop(self, t: int, h: Tensor, y: Tensor, normed: Tensor, carried: list[Tensor],
                    head: Callable[[Tensor, Span, Any], Tensor]) -> tuple[Tensor, list[Tensor]]:

@@ -213,3 +213,24 @@ def test_preemption_with_exits_on_changes_nothing(fill):
     adapter.kv_budget = tiny_budget(adapter, blocks=2 * -(-longest // 4))  # room for about two of the eight sequences
     assert run(adapter, SAMPLED, "continuous") == expected
     assert adapter.preemptions > 0
+
+
+POOL_CASES = [
+    ("preset:ouro-tiny", dict(exit_threshold=0.6)),
+    ("preset:ouro-tiny", dict(exit_threshold=0.6, exit_fill="masked")),
+    ("preset:melt-tiny", dict(exit_threshold=0.6)),
+    ("zoo:lab-huginn", dict(exit_criterion="kl", exit_threshold=0.01)),
+    ("zoo:lab-huginn", dict(exit_criterion="kl", exit_threshold=0.01, exit_fill="masked")),
+]
+
+
+@pytest.mark.parametrize("spec,overrides", POOL_CASES, ids=["ouro-copy", "ouro-masked", "melt-copy", "huginn-kl", "huginn-kl-masked"])
+def test_the_pools_step_narrows_as_the_decode_rows_do(spec, overrides, monkeypatch):
+    """Decode steps that gather from the pool (`PagedStep`, the path a GPU runs eagerly; here forced by leaving the
+    decode rows no room) narrow to the looping rows too, and give the static masked step's tokens."""
+    import adapters.engine.rows as rows
+
+    adapter = load(spec, block_size=4, **overrides)
+    static = run(adapter, SAMPLED, "static")
+    monkeypatch.setattr(rows, "LIMIT_BYTES", 0)
+    assert run(adapter, SAMPLED, "continuous") == static
