@@ -23,9 +23,10 @@ What happens to the loops after the exit is the fill (`ExitPolicy.fill`):
   those loops hold its exit loop's K/V, layer by layer (vllm-rlt's "last exited"). For the recurrent-depth
   family this is Huginn's official cache lookup "latest-m4": at core layer j of step t a later token reads
   a skipped token's entry of the latest step it ran at the same layer j (the same phase of the four-layer
-  block), which for a token that ran loops 1..e is loop e. (The official lookup hard-codes Huginn-0125's four
-  core layers, `step % 4`; the engine matches by core layer, the same thing there, for any core depth.) A gated (MELT) layer keeps one K/V row per token,
-  which after the exit already holds the state at exit: `copy` writes nothing there.
+  block), which for a token that ran loops 1..e is loop e. (The official lookup hard-codes Huginn-0125's
+  four core layers, `step % 4`; the engine matches by core layer, the same thing there, for any core
+  depth.) A gated (MELT) layer keeps one K/V row per token, which after the exit already holds the state
+  at exit: `copy` writes nothing there.
 - `masked`: the remaining loops are skipped and their entries left unwritten; at loop t later tokens attend
   only to the tokens that ran loop t (each key's loops run, `ran`, masks it per loop: Huginn's official lookup
   strategy "skip"). Refused on gated layers, whose one row per token every loop reads.
@@ -33,8 +34,8 @@ What happens to the loops after the exit is the fill (`ExitPolicy.fill`):
 Exits apply to decoded tokens only: a prompt's tokens (prefill) run every loop; the first generated token
 is sampled from the prompt's last position at the loop the policy picks from those outputs (so its
 `loops_used` is that loop, the loop it was read from), except on a model with coda layers under a skipping
-fill, where it is drawn from the prefill's final output (`ExitPolicy.reads_loops`). The decode step runs exits two ways that must give
-the same tokens: the continuous engine's active set (`ActiveRows`: a row that exits leaves the step, later
+fill, where it is drawn from the prefill's final output (`ExitPolicy.reads_loops`). The decode step runs
+exits two ways that must give the same tokens: the continuous engine's active set (`ActiveRows`: a row that exits leaves the step, later
 loops run on the still-looping rows only, their cache step narrowed to them) and the static path's masked
 full step (`MaskedRows`: every row computes every loop; an exited row's state is frozen and its K/V writes
 are replaced by the fill). Either way the rows' states at exit are gathered and any coda layers run once
@@ -205,8 +206,8 @@ class ExitRows:
 
 
 class ActiveRows(ExitRows):
-    """The continuous engine's active set: a row that exits leaves the step (its skipped loops' K/V filled by
-    copying its exit loop's), and later loops run on the still-looping rows only."""
+    """The continuous engine's active set: a row that exits leaves the step (under `copy` its skipped loops' K/V
+    filled with its exit loop's), and later loops run on the still-looping rows only."""
 
     def __init__(self, check: ExitCheck, span: Span, cache: Any, h: Tensor, ran: Tensor | None) -> None:
         super().__init__(check, span, cache, h, ran)
@@ -222,7 +223,7 @@ class ActiveRows(ExitRows):
         leaving = self.index[fired]
         self.final[leaving] = y[fired]
         self.loops_run[leaving] = t + 1
-        if t + 1 < self.loops:
+        if t + 1 < self.loops and self.check.policy.fill == "copy":  # `masked` leaves them unwritten, unread
             self.full_cache.fill_skipped(leaving, t, self.loops)
         stay = (~fired).nonzero().flatten()
         self.index = self.index[stay]
