@@ -13,7 +13,10 @@ once: the continuous engine's cap, or the static batch), `batching` ("continuous
 a GPU at most `paged.KV_FRACTION` of free memory), `block_size` (tokens per KV block), `cuda_graphs`
 (default true: on a GPU the engine's decode steps replay as CUDA graphs, `adapters.engine.graphs`), `exit_policy`
 ("none", "fixed", "threshold") with `exit_loop` / `exit_threshold` (default: the checkpoint's
-`early_exit_threshold`, see `exit_policy`), and the loop conditioning fields.
+`early_exit_threshold`, see `exit_policy`), `exit_criterion` (gate, kl, entropy) and `exit_fill` ("copy": a decoded token
+skips the loops after its exit and leaves its exit loop's K/V in them, the default when a policy is set; "masked":
+it skips them and later tokens attend at each loop only to the tokens that ran it; "read": every loop runs, the
+exit loop's output is read; `adapters.engine.exits`), and the loop conditioning fields.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from adapters.engine.cache import KVCache
 from adapters.engine.config import CONDITIONING_FIELDS, LoopConfig
 from adapters.engine.presets import PRESETS, preset
 from adapters.engine.continuous import ContinuousEngine
-from adapters.engine.generate import ExitPolicy, check_request, generate_static, stream_key
+from adapters.engine.exits import SKIPPING_FILL, ExitPolicy, check_threshold
+from adapters.engine.generate import check_request, generate_static, stream_key
 from adapters.engine.graphs import DecodeGraphs
 from adapters.engine.memory import analytic_terms, count_params
 from adapters.engine.model import LoopedLM
@@ -42,7 +46,7 @@ from adapters.registry import register
 DEFAULT_MAX_BATCH = 64  # sequences decoding at once
 BATCHING = ("continuous", "static")
 OVERRIDES = ("loops", "dtype", "device", "seed", "chunk_size", "max_batch", "batching", "kv_budget", "block_size", "cuda_graphs",
-             "exit_policy", "exit_loop", "exit_threshold", *CONDITIONING_FIELDS)
+             "exit_policy", "exit_loop", "exit_threshold", "exit_criterion", "exit_fill", *CONDITIONING_FIELDS)
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
@@ -74,9 +78,7 @@ class EngineAdapter:
         self.loops = self.config.loops if loops is None else loops
         self.max_batch, self.batching, self.kv_budget, self.block_size, self.cuda_graphs = check_batching(
             max_batch, batching, kv_budget, block_size, cuda_graphs)
-        if exit_policy.kind != "none" and not self.config.exit_gate and exit_policy.kind == "threshold":
-            raise AdapterError("exit_policy 'threshold' needs a model with an exit gate (Ouro)")
-        self.exit_policy = exit_policy
+        self.exit_policy = check_exit_support(self.config, exit_policy)
         weight = model.model.embed_tokens.weight
         self.dtype, self.device = weight.dtype, weight.device
         self._weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -139,11 +141,12 @@ class EngineAdapter:
         return sequences
 
     def _run_continuous(self, sequences: list[Seq], on_finished: Callable[[list[Finished]], None]) -> None:
-        capture, graphs = self.cuda_graphs and self.device.type == "cuda" and not self.model.draws_state, None
+        # a graph replays one fixed-depth step: with loops skipped per token the decode runs eagerly
+        capture, graphs = self.cuda_graphs and self.device.type == "cuda" and not self.model.draws_state and not self.exit_policy.skips, None
         pool = BlockPool.for_workload(self.config, self.loops, [s.capacity for s in sequences], max_seqs=self.max_batch, kv_budget=self.kv_budget,
                                       block_size=self.block_size, dtype=self.dtype, device=self.device, spare=capture)
         if capture:
-            graphs = DecodeGraphs(self.model, pool, loops=self.loops, keep_loops=self.exit_policy.kind != "none", max_seqs=self.max_batch,
+            graphs = DecodeGraphs(self.model, pool, loops=self.loops, keep_loops=self.exit_policy.reads_loops(bool(self.model.coda)), max_seqs=self.max_batch,
                                   max_blocks=pool.manager.blocks_for(max(s.capacity for s in sequences)), capture=True)
         engine = ContinuousEngine(self.model, pool, loops=self.loops, policy=self.exit_policy, eos_ids=eos_ids(self.config, self.tokenizer),
                                   tokenizer=self.tokenizer, max_seqs=self.max_batch, on_finished=on_finished, graphs=graphs)
@@ -202,7 +205,7 @@ class EngineAdapter:
             "device": str(self.device),
             "kv_bytes_per_token": analytic["kv_bytes_per_token"],
             "analytic": analytic,
-            "exit_policy": {"kind": self.exit_policy.kind, "loop": self.exit_policy.loop, "threshold": self.exit_policy.threshold},
+            "exit_policy": dataclasses.asdict(self.exit_policy),
             "batching": {"mode": self.batching, "max_batch": self.max_batch, "block_size": self.block_size, "kv_budget": self.kv_budget},
             "config": cfg.to_dict(),
         }
@@ -277,7 +280,7 @@ def config_facts(cfg: LoopConfig, overrides: dict[str, Any]) -> dict[str, Any]:
     loops = cfg.loops if overrides.get("loops") is None else cfg.check_loops(overrides["loops"])
     device = resolve_device(overrides.get("device"))
     dtype = dtype_short(resolve_dtype(overrides.get("dtype"), device))
-    exit_policy(cfg, overrides)  # a bad exit override fails the plan, before a run is stored
+    check_exit_support(cfg, exit_policy(cfg, overrides))  # a bad exit override fails the plan, before a run is stored
     return {"family": cfg.family, "params": count_params(cfg), "kv_strategy": cfg.kv_strategy, "loops": loops, "trained_loops": cfg.loops,
             "max_context": cfg.max_position, "device": device, "dtype": dtype,
             "max_batch": _batching_overrides(overrides)[0], "kv_budget": _batching_overrides(overrides)[2],
@@ -305,15 +308,34 @@ def _build(spec: str, model_fn: Any, tokenizer_fn: Any, overrides: dict[str, Any
 
 def exit_policy(cfg: LoopConfig, overrides: dict[str, Any]) -> ExitPolicy:
     """The overrides' exit policy, else the checkpoint's. A threshold (`exit_threshold`, else Ouro's
-    `early_exit_threshold`) below 1 selects `threshold`, as the official Ouro modelling code applies its
-    config's threshold at every forward; 1 (what the Ouro releases ship) reads the last loop, as `none` does."""
-    given = overrides.get("exit_threshold")
+    `early_exit_threshold`) below 1, or an `exit_criterion`, selects `threshold`, as the official Ouro modelling
+    code applies its config's threshold at every forward; 1 (what the Ouro releases ship) with no criterion reads
+    the last loop, as `none` does. A policy the overrides set skips the loops after a token's exit (`exit_fill`
+    "copy") unless `exit_fill` is "read"; the checkpoint's own threshold is read as the official code reads it,
+    every loop run (`adapters.engine.exits`)."""
+    criterion, given = overrides.get("exit_criterion"), overrides.get("exit_threshold")
+    ExitPolicy(criterion=criterion or "gate")  # an unknown criterion is named before its threshold is checked
     if given is not None:
-        ExitPolicy(threshold=given)  # NaN, a string or a value outside (0, 1] is refused here, before it is compared
+        check_threshold(given, criterion or "gate")
+    elif criterion not in (None, "gate"):
+        raise AdapterError(f"exit_criterion {criterion!r} needs an exit_threshold (a finite number >= 0)")
     threshold = cfg.exit_threshold if given is None else given
     threshold = 1.0 if threshold is None else threshold
-    kind = overrides.get("exit_policy") or ("threshold" if threshold < 1 else "none")
-    return ExitPolicy(kind=kind, loop=overrides.get("exit_loop"), threshold=threshold)
+    kind = overrides.get("exit_policy") or ("threshold" if threshold < 1 or criterion is not None else "none")
+    chosen = any(overrides.get(k) is not None for k in ("exit_policy", "exit_threshold", "exit_criterion"))
+    fill = overrides.get("exit_fill") or (SKIPPING_FILL if chosen and kind != "none" else "read")
+    return ExitPolicy(kind=kind, loop=overrides.get("exit_loop"), threshold=threshold, criterion=criterion or "gate", fill=fill)
+
+
+def check_exit_support(cfg: LoopConfig, policy: ExitPolicy) -> ExitPolicy:
+    """The policy, if the model can run it: the gate criterion needs an exit gate, and exits need looped layers."""
+    if policy.kind == "threshold" and policy.criterion == "gate" and not cfg.exit_gate:
+        raise AdapterError("exit_policy 'threshold' with the gate criterion needs a model with an exit gate (Ouro); try exit_criterion kl or entropy")
+    if policy.skips and policy.fill == "masked" and cfg.gated:
+        raise AdapterError("exit_fill 'masked' needs per-loop K/V: a gated (MELT) layer keeps one row per token, which every loop reads")
+    if policy.kind != "none" and cfg.shared_layers == 0:
+        raise AdapterError("exit policies need a looped model (shared layers)")
+    return policy
 
 
 def inspect_preset(name: str, **overrides: Any) -> dict[str, Any]:

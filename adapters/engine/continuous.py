@@ -22,7 +22,8 @@ import torch
 from torch import Tensor
 
 from adapters.base import Finished
-from adapters.engine.generate import ExitPolicy, is_looped
+from adapters.engine.exits import ExitPolicy
+from adapters.engine.generate import is_looped
 from adapters.engine.graphs import DecodeGraphs
 from adapters.engine.model import LoopedLM, prefill_chunks
 from adapters.engine.model_runner import ModelRunner

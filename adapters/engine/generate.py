@@ -18,10 +18,14 @@ it ran alone. Gated (MELT) models prefill chunk by chunk (the config's chunk siz
 counted back from the prompt's last token, so that left padding does not move a row's chunk
 boundaries (a 10-token prompt with chunk 4 runs as 2 + 4 + 4).
 
-Ouro exit policies: every token still runs all r loops, because later tokens attend to its K/V
-entries of every loop; the policy only picks which loop's output is sampled from (the fixed loop,
-or the first loop whose cumulative exit probability reaches the threshold) and records it in
-`loops_used`.
+Exit policies (`adapters.engine.exits`): under the fill `read` every token still runs all r loops and
+the policy only picks which loop's output is sampled from; under `copy` a decoded token stops looping at
+its exit and its skipped loops' K/V entries are filled. This static path is the reference for the
+continuous engine's active set: its decode step is the masked full step (every row computes every loop,
+an exited row's state frozen and its K/V writes replaced by the fill), which must give the same tokens.
+Prompt tokens run every loop. `loops_used` records, per token, the loops its decode step ran (the first
+token: the loop it was read from in the prefill's output, or r on a model with coda layers,
+`ExitPolicy.reads_loops`).
 """
 
 from __future__ import annotations
@@ -40,28 +44,12 @@ from torch import Tensor
 from adapters.base import AdapterError, Finished, Generation, Sampling, dtype_short
 from adapters.engine.cache import KVCache
 from adapters.engine.memory import kv_bytes
-from adapters.engine.model import LoopedLM, StepOutput, exit_probabilities, prefill_chunks
+from adapters.engine.exits import ExitPolicy, pick_loop
+from adapters.engine.model import LoopedLM, StepOutput, prefill_chunks
 from adapters.engine.sequence import Sequence as Seq
 from measures import GB
 
 T = TypeVar("T", int, Tensor)
-
-
-@dataclass(frozen=True)
-class ExitPolicy:
-    """`none`: read the last loop. `fixed`: read loop `loop` (1-based). `threshold`: first loop whose cumulative exit probability >= threshold."""
-
-    kind: str = "none"
-    loop: int | None = None
-    threshold: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("none", "fixed", "threshold"):
-            raise AdapterError(f"exit policy {self.kind!r} is not one of none, fixed, threshold")
-        if self.kind == "fixed" and (self.loop is None or self.loop < 1):
-            raise AdapterError(f"exit policy 'fixed' needs exit_loop >= 1, got {self.loop!r}")
-        if type(self.threshold) not in (int, float) or not 0 < self.threshold <= 1:  # NaN too
-            raise AdapterError(f"exit_threshold must be a number in (0, 1], got {self.threshold!r}")
 
 
 def stream_key(seed: int, index: int) -> int:
@@ -164,23 +152,12 @@ def prefill_mask(valid: Tensor, s0: int, s1: int) -> Tensor:
     return (valid[:, None, None, :s1] & (keys <= queries)) | (keys == queries)
 
 
-def pick_loop(out: StepOutput, policy: ExitPolicy) -> tuple[Tensor, Tensor | None]:
-    """Final states [B, d] and the 1-based loop each row exits at (None when the policy is `none`)."""
-    if policy.kind == "none" or len(out.states) == 1:
-        return out.states[-1], None
-    states = torch.stack(out.states)  # [r, B, d]
-    r, b = states.shape[:2]
-    if policy.kind == "fixed":
-        exit_idx = torch.full((b,), min(policy.loop, r) - 1, device=states.device)
-    else:
-        cum = exit_probabilities(out.gate_logits).cumsum(dim=0)
-        exit_idx = (cum < policy.threshold).sum(dim=0).clamp(max=r - 1)
-    return states[exit_idx, torch.arange(b, device=states.device)], exit_idx + 1
-
-
 def read_logits(model: LoopedLM, out: StepOutput, policy: ExitPolicy) -> tuple[Tensor, Tensor | None]:
-    """The logits to sample from [B, V], read from the loop the policy picks, and that loop (1-based; None for `none`)."""
-    state, exit_loop = pick_loop(out, policy)
+    """The logits to sample from [B, V] and the loop they come from (1-based; None for `none`): the loop each row
+    stopped at when the step skipped loops, else the loop the policy picks among the step's (`pick_loop`)."""
+    if out.loops_run is not None:
+        return model.logits(out.states[-1]), out.loops_run
+    state, exit_loop = pick_loop(out.states, policy, model.model.early_exit_gate, model.logits)
     return model.logits(state), exit_loop
 
 
@@ -224,8 +201,10 @@ class Decoder:
 
     def __init__(self, model: LoopedLM, prompts: Prompts, cache: KVCache, loops: int, policy: ExitPolicy) -> None:
         self.model, self.prompts, self.cache, self.loops, self.policy = model, prompts, cache, loops, policy
-        self.keep_loops = policy.kind != "none"
+        self.keep_loops = policy.reads_loops(bool(model.coda))
         self.positions = prompts.positions[:, -1:] + 1  # [B, 1] of the next token
+        # under the fill `masked`: the loops each slot's token ran (prompt tokens and the token in flight: all)
+        self.ran = torch.full(cache.k.shape[1:4:2], loops, device=cache.k.device) if policy.skips and policy.fill == "masked" else None
 
     def prefill(self) -> tuple[Tensor, Tensor | None]:
         p = self.prompts
@@ -239,7 +218,11 @@ class Decoder:
         """One more token per row, tokens [B], at the next slot."""
         slot, positions = self.cache.length, self.positions
         mask = self.prompts.valid[:, None, None, : slot + 1] if self.prompts.padded else None
-        out = self.model.step(tokens[:, None], positions, self.cache, slot, mask, loops=self.loops, keep_loops=self.keep_loops)
+        ran = None if self.ran is None else self.ran[:, : slot + 1]
+        out = self.model.step(tokens[:, None], positions, self.cache, slot, mask, loops=self.loops, keep_loops=self.keep_loops,
+                              exits=self.policy, active_set=False, ran=ran)
+        if ran is not None:
+            ran[:, slot] = out.loops_run
         self.cache.length, self.positions = slot + 1, positions + 1
         return self._read(out)
 
@@ -377,8 +360,8 @@ def check_request(model: LoopedLM, prompt: Sequence[int], sampling: Sampling, to
         raise AdapterError(f"prompt of {len(prompt)} tokens does not fit the model's context of {model.config.max_position} tokens")
     if sampling.stop and tokenizer is None:
         raise AdapterError("stop strings need a tokenizer; this model has none (use eos or max_new_tokens)")
-    if policy.kind != "none" and model.coda:
-        raise AdapterError("exit policies need a model without coda layers")
+    if policy.kind != "none" and not policy.skips and model.coda:
+        raise AdapterError("exit_fill 'read' needs a model without coda layers (it reads a loop's state as the output)")
     return min(len(prompt) + sampling.max_new_tokens, model.config.max_position)
 
 

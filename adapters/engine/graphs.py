@@ -80,7 +80,7 @@ class DecodeGraphs:
         else:
             entry.out = self._run(entry)
         out = entry.out
-        return StepOutput(states=[s[:b] for s in out.states], gate_logits=None if out.gate_logits is None else out.gate_logits[:, :b])
+        return StepOutput(states=[s[:b] for s in out.states])
 
     def _load(self, entry: _Graph, tokens: Tensor, positions: Tensor, blocks: Tensor) -> None:
         """Copy a step's inputs into the bucket's buffers; padding rows and columns point at the spare block."""

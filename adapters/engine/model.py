@@ -39,6 +39,7 @@ from torch import Tensor, nn
 
 from adapters.engine.cache import Cache, ChunkCache, MixedCache
 from adapters.engine.config import LOOP_GATE_DIM, LoopConfig
+from adapters.engine.exits import ExitPolicy, ExitRows, exit_rows
 
 Rope = tuple[Tensor, Tensor]  # cos, signed sin [B, 1, n, head_dim]
 
@@ -454,11 +455,39 @@ class Backbone(nn.Module):
                 trace.record(h)
             if per_loop:
                 states.append(normed)
+        return self.tail(h, span, cache), states
+
+    def tail(self, h: Tensor, span: Span, cache: Cache) -> Tensor:
+        """What follows the loops: Huginn's norm, the coda layers, the final norm."""
         if self.norm_after_loops:
             h = self.norm.forward(h)
+        first = len(self.prelude) + len(self.shared)
         for k, layer in enumerate(self.coda):
-            h, _ = layer.forward(h, span, cache, p + s + k, 0)
-        return self._final(h), states
+            h, _ = layer.forward(h, span, cache, first + k, 0)
+        return self._final(h)
+
+    def run_exits(self, h: Tensor, span: Span, cache: Cache, loops: int, rows: ExitRows, head: Callable[[Tensor], Tensor]) -> Tensor:
+        """A decode step whose rows stop looping where their exit policy says (`adapters.engine.exits`): prelude,
+        the loops while any row goes on (`rows` says which rows each loop runs on and on what span and cache),
+        then the tail once on every row's state at its exit. `head` maps normed states to logits (kl, entropy)."""
+        for i, layer in enumerate(self.prelude):
+            h, _ = layer.forward(h, span, cache, i, 0)
+        cond = self.loop_conditioning
+        e, diffs = h, collections.deque(maxlen=cond.window if cond is not None else 1)
+        if self.recurrence is not None:
+            h = self.recurrence.initial_state(e)
+
+        def logits(y: Tensor, sp: Span, c: Cache) -> Tensor:
+            return head(self.tail(y, sp, c))
+
+        for t in range(loops):
+            y, normed = self._loop(h, e, diffs, rows.loop_span(t), rows.cache, t, True, None)
+            diff = [y - h] if cond is not None and t > 0 else []  # the history excludes e: the first difference is h_2 - h_1
+            h, carried = rows.after_loop(t, h, y, normed, [e, *diff, *diffs], logits)
+            if rows.done:
+                break
+            e, diffs = carried[0], collections.deque(carried[1 : 1 + diffs.maxlen], maxlen=diffs.maxlen)  # the newest differences
+        return self.tail(rows.final, span, cache)
 
     def _loop(self, h: Tensor, e: Tensor, diffs: Sequence[Tensor], span: Span, cache: Cache, t: int, per_loop: bool,
               attn_outputs: list[Tensor] | None) -> tuple[Tensor, Tensor | None]:
@@ -527,7 +556,7 @@ class StepOutput:
     """What a cached step returns, for the last position of each row only (what sampling needs)."""
 
     states: list[Tensor]  # normed final states [B, d]; one per loop when keep_loops, else one
-    gate_logits: Tensor | None  # [r, B] exit-gate logits when the model has an exit gate and keep_loops
+    loops_run: Tensor | None = None  # [B]: the loops each row ran, under a policy that skips loops
 
 
 def exit_probabilities(gate_logits: Tensor) -> Tensor:
@@ -647,21 +676,24 @@ class LoopedLM(nn.Module):
 
     # ------------------------------------------------------------------------------ cached step
     def step(self, tokens: Tensor, positions: Tensor, cache: Cache, slot: int, mask: Tensor | None, *, loops: int,
-             keep_loops: bool = False) -> StepOutput:
+             keep_loops: bool = False, exits: ExitPolicy | None = None, active_set: bool = True, ran: Tensor | None = None) -> StepOutput:
         """Run tokens [B, n] at cache slots slot..slot+n-1 (positions [B, n]), writing K/V in place.
 
         `mask` [B,1,n,L] bool (L: the keys attended, slot + n for a `KVCache`), or None for plain
         causal attention over slot + n keys. For gated caches n must not exceed the cache's latent
-        chunk. Returns the last position's normed state(s).
+        chunk. Returns the last position's normed state(s). A decode step (n = 1) under an `exits`
+        policy that skips loops stops each row at its exit: on an active set (`active_set`, the cache
+        a step that can `narrow`) or as the masked full step (`adapters.engine.exits`); `ran` [B, L]: the loops each key ran.
         """
         h = self.model.embed(tokens)
         keys = slot + tokens.shape[1] if mask is None else mask.shape[-1]
         span = Span(self.rotary(positions, h.dtype, length=keys), slot, mask)  # a position never reaches the keys' count
+        if exits is not None and exits.skips and tokens.shape[1] == 1 and self.shared:
+            rows = exit_rows(exits, loops, self.model.early_exit_gate, span, cache, h, active_set, ran)
+            final = self.model.run_exits(h, span, cache, loops, rows, self.logits)
+            return StepOutput(states=[final[:, -1]], loops_run=rows.loops_run)
         final, states = self.model.run(h, span, cache, loops, keep_loops and bool(self.shared))
-        if not states:
-            return StepOutput(states=[final[:, -1]], gate_logits=None)
-        last = [z[:, -1] for z in states]
-        return StepOutput(states=last, gate_logits=self.exit_gate_logits(last))
+        return StepOutput(states=[z[:, -1] for z in states] if states else [final[:, -1]])
 
     # ------------------------------------------------------------------------------ conversion
     def with_conditioning(self, **fields: Any) -> "LoopedLM":

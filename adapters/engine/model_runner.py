@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from adapters.engine.generate import ExitPolicy, int_tensor, read_logits, sample, stream_rows
+from adapters.engine.exits import ExitPolicy
+from adapters.engine.generate import int_tensor, read_logits, sample, stream_rows
 from adapters.engine.graphs import DecodeGraphs
 from adapters.engine.model import LoopedLM, StepOutput
 from adapters.engine.paged import BlockPool, PagedStep, key_mask
@@ -38,7 +39,7 @@ class ModelRunner:
 
     def __init__(self, model: LoopedLM, pool: BlockPool, *, loops: int, policy: ExitPolicy, graphs: DecodeGraphs | None) -> None:
         self.model, self.pool, self.manager, self.loops, self.policy, self.graphs = model, pool, pool.manager, loops, policy, graphs
-        self.keep_loops = policy.kind != "none"
+        self.keep_loops = policy.reads_loops(bool(model.coda))
         self.device = model.model.embed_tokens.weight.device
         self.rows: DecodeRows | None = None
         self.next_inputs: RowsInputs | None = None  # the next decode step's, while the running set stays the same
@@ -67,7 +68,7 @@ class ModelRunner:
         """One token per running sequence (row i is `seqs[i]`): the one after its written ones."""
         if self.rows is not None:
             return self.rows_step(seqs)
-        return self.step(seqs, [[seq.tokens[seq.written]] for seq in seqs])
+        return self.step(seqs, [[seq.tokens[seq.written]] for seq in seqs], decoding=True)
 
     def prepare(self, seqs: list[Sequence], tokens: list[list[int]]) -> StepInputs:
         """`tokens` (n per sequence) of `seqs` at their next slots, as the device tensors a step reads."""
@@ -79,11 +80,12 @@ class ModelRunner:
         inputs = self.tensor([t for row in tokens for t in row]).view(rows, -1)
         return StepInputs(inputs, positions, blocks, end, plain=rows == 1 and (n == 1 or seqs[0].written == 0))
 
-    def step(self, seqs: list[Sequence], tokens: list[list[int]]) -> StepOutput:
+    def step(self, seqs: list[Sequence], tokens: list[list[int]], decoding: bool = False) -> StepOutput:
         """Run `tokens` (n per sequence) of `seqs` through the model; their blocks hold them afterwards.
 
         A step of one token per sequence goes through `graphs` when there is one (the GPU path); other
-        steps gather from the pool. (Decode steps on the decode rows are `rows_step`.)
+        steps gather from the pool. (Decode steps on the decode rows are `rows_step`.) Only a `decoding`
+        step applies a skipping exit policy: a prompt's tokens run every loop, a one-token chunk too.
         """
         x, n = self.prepare(seqs, tokens), len(tokens[0])
         self.manager.begin_step(len(seqs) * n)
@@ -91,7 +93,8 @@ class ModelRunner:
             out = self.graphs.step(x.tokens, x.positions, x.blocks)
         else:
             cache, mask = PagedStep(self.pool, x.positions, x.blocks, x.end), None if x.plain else key_mask(x.positions, x.end)
-            out = self.model.step(x.tokens, x.positions, cache, x.end - n, mask, loops=self.loops, keep_loops=self.keep_loops)
+            out = self.model.step(x.tokens, x.positions, cache, x.end - n, mask, loops=self.loops, keep_loops=self.keep_loops,
+                                  exits=self.policy if decoding else None, ran=self.ran_keys(seqs, x.end) if decoding else None)
         self.manager.wrote(seqs, n)
         return out
 
@@ -104,7 +107,8 @@ class ModelRunner:
             x = RowsInputs.build(rows, [seq.tokens[seq.written] for seq in seqs], [seq.written for seq in seqs], self.device)
         manager.begin_step(len(seqs))
         mask = None if x.aligned else key_mask(x.positions, x.end)  # None: every row sees every key
-        out = self.model.step(x.tokens, x.positions, x.cache, x.end - 1, mask, loops=self.loops, keep_loops=self.keep_loops)
+        out = self.model.step(x.tokens, x.positions, x.cache, x.end - 1, mask, loops=self.loops, keep_loops=self.keep_loops,
+                                  exits=self.policy, ran=self.ran_keys(seqs, x.end))
         self.next_inputs = x
         blocks = []
         for i, seq in enumerate(seqs):
@@ -114,6 +118,17 @@ class ModelRunner:
                 rows.write_back(i, block, seq.written - size)
         manager.mark_one_more(blocks)
         return out
+
+    def ran_keys(self, seqs: list[Sequence], end: int) -> Tensor | None:
+        """Under the fill `masked`, [B, end]: the loops the token at each slot of each sequence ran (prompt tokens
+        and the token in flight: all; a generated token: its decode step's, the loops of the token drawn from it)."""
+        if not (self.policy.skips and self.policy.fill == "masked"):
+            return None
+        rows = []
+        for seq in seqs:
+            ran = [self.loops] * seq.prompt_len + seq.loops[1 : seq.written - seq.prompt_len + 1] + [self.loops]
+            rows += ran + [self.loops] * (end - len(ran))
+        return self.tensor(rows).view(len(seqs), end)
 
     def advance(self, ids: Tensor | None) -> None:
         """The next decode step's inputs from this one's and the `ids` [B] just sampled (while the running set stays

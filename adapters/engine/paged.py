@@ -127,17 +127,41 @@ def key_mask(positions: Tensor, length: int) -> Tensor:
 
 class PoolStep:
     """What every engine step's `Cache` shares: MELT's latent h of the tokens in flight lives in the
-    pool's buffer. Subclasses say where the new K/V go and where attention reads from."""
+    pool's buffer. Subclasses say where the new K/V go and where attention reads from.
+
+    Under per-token exits a decode step's later loops run on its still-looping rows only: `narrow` gives the
+    step of those rows (`index`, rows of the whole step: their latent h is theirs in the whole step's buffer),
+    and `fill_skipped` fills the loops an exited row skips with its exit loop's K/V (`adapters.engine.exits`)."""
 
     def __init__(self, pool: BlockPool, in_flight: int) -> None:
         self.pool, self.in_flight = pool, in_flight
+        self.index: Tensor | None = None  # the rows of the whole step this one runs (None: all)
 
     def kv_source(self, layer: int, loop: int, x: Tensor, gate: Gate) -> Tensor | None:
         """The latent h of `layer`'s tokens in flight, updated in place: x at loop 0, then the gate."""
         if self.pool.latent is None:
             return None
-        h = self.pool.latent[layer - self.pool.prelude, : self.in_flight].view(x.shape)
-        return h.copy_(x if loop == 0 else gate(x, h, loop))
+        h = self.pool.latent[layer - self.pool.prelude, : self.in_flight]
+        if self.index is None:
+            h = h.view(x.shape)
+            return h.copy_(x if loop == 0 else gate(x, h, loop))
+        h = h.view(-1, *x.shape[1:])
+        new = x if loop == 0 else gate(x, h[self.index], loop)
+        h[self.index] = new
+        return new
+
+    def fill_skipped(self, index: Tensor, loop: int, loops: int) -> None:
+        """Rows `index` of the step stop after `loop` (0-based): their K/V entries of loops loop+1..loops-1 at every
+        shared layer get their loop-`loop` K/V (one entry per layer, as gated layers keep, needs nothing)."""
+        pool = self.pool
+        for layer in range(pool.prelude, pool.prelude + pool.shared):
+            src = pool.entries[layer][loop]
+            for dst in dict.fromkeys(pool.entries[layer][loop + 1 : loops]):
+                if dst != src:
+                    self.copy_entry(src, dst, index)
+
+    def copy_entry(self, src: int, dst: int, index: Tensor) -> None:
+        raise NotImplementedError
 
 
 class PagedStep(PoolStep):
@@ -181,6 +205,18 @@ class PagedStep(PoolStep):
             kept[0][self.row_index, self.positions] = k_new
             kept[1][self.row_index, self.positions] = v_new
         return kept[0].transpose(1, 2), kept[1].transpose(1, 2)
+
+    def narrow(self, index: Tensor) -> PagedStep:
+        """The step of rows `index` only (a decode step's still-looping rows)."""
+        step = PagedStep(self.pool, self.positions[index], self.blocks[index], self.length)
+        step.in_flight, step.index = self.in_flight, index
+        return step
+
+    def copy_entry(self, src: int, dst: int, index: Tensor) -> None:
+        """Entry `dst` of rows `index`'s new tokens from entry `src` (a decode step: one token per row)."""
+        slots = self.slots[index]
+        for store in (self.pool.k_entries, self.pool.v_entries):
+            store[dst].index_copy_(0, slots, store[src].index_select(0, slots))
 
     def _read(self, rows: Tensor) -> Tensor:
         """[slots, Hkv, D] -> each sequence's first `length` rows [B, length, Hkv, D], gathered by block."""

@@ -23,6 +23,7 @@ step instead (`DecodeRows.fits`).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -150,4 +151,17 @@ class RowsStep(PoolStep):
         rows.k_flat[entry].index_copy_(0, self.row_slots, k)  # one token per row
         rows.v_flat[entry].index_copy_(0, self.row_slots, v)
         offset = entry * self.entry_stride
-        return rows.k.as_strided(self.size, self.stride, offset), rows.v.as_strided(self.size, self.stride, offset)
+        k_all, v_all = rows.k.as_strided(self.size, self.stride, offset), rows.v.as_strided(self.size, self.stride, offset)
+        return (k_all, v_all) if self.index is None else (k_all[self.index], v_all[self.index])
+
+    def narrow(self, index: Tensor) -> RowsStep:
+        """The step of rows `index` only (the still-looping rows): their slots, and their rows read by index."""
+        step = copy.copy(self)
+        step.row_slots, step.index = self.row_slots[index], index
+        return step
+
+    def copy_entry(self, src: int, dst: int, index: Tensor) -> None:
+        """Entry `dst` of rows `index`'s new tokens from entry `src`, in the decode rows."""
+        slots = self.row_slots[index]
+        for flat in (self.rows.k_flat, self.rows.v_flat):
+            flat[dst].index_copy_(0, slots, flat[src].index_select(0, slots))

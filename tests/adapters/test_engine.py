@@ -316,8 +316,11 @@ def test_context_limit_and_prompt_errors():
         adapter.generate([[1, 500]], GREEDY)
 
 
-def test_exit_policies_record_loops_and_read_that_loop():
-    adapter = load_preset("ouro-tiny", dtype="fp32", device="cpu", exit_policy="fixed", exit_loop=2)
+@pytest.mark.parametrize("fill", ["read", "copy"])
+def test_exit_policies_record_loops_and_read_that_loop(fill):
+    """Read semantics: every loop runs, the policy's loop is read. A fixed loop reads the same under `copy`, which
+    skips the later loops: loop 2 attends only to loops 1 and 2's K/V, which `copy` leaves as they are."""
+    adapter = load_preset("ouro-tiny", dtype="fp32", device="cpu", exit_policy="fixed", exit_loop=2, exit_fill=fill)
     adapter.config.eos_token_id = None
     prompt = [1, 11, 12, 13]
     gen = adapter.generate([prompt], Sampling(temperature=0, max_new_tokens=6))[0]
@@ -326,7 +329,7 @@ def test_exit_policies_record_loops_and_read_that_loop():
     with torch.no_grad():
         loop2 = adapter.model(ids, return_loop_logits=True).loop_logits[1]
     assert loop2[0, len(prompt) - 1 : -1].argmax(-1).tolist() == gen.token_ids
-    thr = load_preset("ouro-tiny", dtype="fp32", device="cpu", exit_policy="threshold", exit_threshold=0.5)
+    thr = load_preset("ouro-tiny", dtype="fp32", device="cpu", exit_policy="threshold", exit_threshold=0.5, exit_fill="read")
     with torch.no_grad():  # a gate that exits early for some tokens and late for others
         thr.model.model.early_exit_gate.weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
     gen = thr.generate([prompt], Sampling(temperature=0, max_new_tokens=30))[0]

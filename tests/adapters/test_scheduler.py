@@ -124,8 +124,8 @@ class Watch:
         runner = engine.runner
         step, rows_step = runner.step, runner.rows_step
 
-        def checked(seqs, tokens):  # prefill chunks, and decode steps without decode rows
-            out = step(seqs, tokens)
+        def checked(seqs, tokens, **options):  # prefill chunks, and decode steps without decode rows
+            out = step(seqs, tokens, **options)
             self.check(seqs, sum(map(len, tokens)))
             return out
 

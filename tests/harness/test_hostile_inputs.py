@@ -234,7 +234,7 @@ SWEEP_FILES = [
          setup=_file(SWEEP, TINY_SWEEP % "kv_budget = inf")),
     Case("sweep-exit-threshold-nan", RUN_SWEEP, "overrides.exit_threshold must be a string, finite number or boolean, got nan",
          setup=_file(SWEEP, 'models = [{spec = "zoo:ouro-tiny", overrides = {exit_threshold = nan}}]\n')),
-    Case("sweep-exit-threshold-word", RUN_SWEEP, "exit_threshold must be a number in (0, 1], got 'half'",
+    Case("sweep-exit-threshold-word", RUN_SWEEP, "exit_threshold must be a number in [0, 1] for the gate criterion, got 'half'",
          setup=_file(SWEEP, 'models = [{spec = "zoo:ouro-tiny", overrides = {exit_threshold = "half"}}]\n')),
     Case("sweep-kv-budget-over-memory", RUN_SWEEP, "the KV pool of kv_budget =",
          setup=_file(SWEEP, TINY_SWEEP % f"kv_budget = {MORE_THAN_THE_MACHINE_GB:.1f}")),
