@@ -31,7 +31,7 @@ def test_the_readme_results_example_has_a_fresh_databases_run_ids_and_sets() -> 
         plan = prepare_sweep(spec)
         sets.append((EvalSet.of(spec.suite, [t.name for t in plan.task_configs], spec.limit,
                                 dataclasses.asdict(spec.sampling), plan.fingerprint), len(plan.runs)))
-        for model, loops in plan.runs:
+        for model, loops, _ in plan.runs:
             runs[(model, loops or 1)] = next_id
             next_id += 1
     (lab, lab_runs), (headline, _) = sets
