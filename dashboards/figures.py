@@ -22,7 +22,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from db.sets import id_ranges
-from measures import BY_NAME, BYTE_UNITS, GB
+from measures import BY_NAME, BYTE_UNITS, COMPUTE_BY_NAME, GB
 
 # Selectable memory measures of the accuracy-against-memory plot: key (a DataFrame column) -> label, the
 # stored ones labelled by `measures` (each a run's peak), the two derived ones (`dashboards.data`) here.
@@ -133,6 +133,14 @@ def _with_set(title: str, points: pd.DataFrame) -> str:
     if "set_label" not in points or points.empty:
         return title
     return f"{title}<br><sup>{plain(points['set_label'].iloc[0])}</sup>"
+
+
+def exit_label(threshold: float | None, criterion: str | None) -> str:
+    """A run's point on the per-token exit axis as tables, hovers and legends name it: 'gate 0.5', 'kl 0.1';
+    '-' off the axis (the model's own exit policy)."""
+    if threshold is None or threshold != threshold:
+        return "-"
+    return f"{threshold:g}" if criterion is None or criterion != criterion else f"{criterion} {threshold:g}"
 
 
 def loops_label(loops: object) -> str:
@@ -308,6 +316,45 @@ def accuracy_vs_loops(points: pd.DataFrame, measure: str, task: str = "all", lab
     fig.update_yaxes(title_text=f"accuracy ({points['metric'].iloc[0]})", range=[-0.05, 1.05], secondary_y=False)
     fig.update_yaxes(title_text=unit_title(label, unit, scale), rangemode="tozero", showgrid=False, secondary_y=True)
     notes = [DECIMAL_NOTE if has_memory else f"{label}: unavailable for every run", *_pooled_note(points)]
+    return _message(fig, " · ".join(notes), y=-0.22).update_layout(margin={"b": 110})
+
+
+# The compute axes of the accuracy-against-compute figures: `measures.COMPUTE_MEASURES` columns of `dashboards.data`.
+COMPUTE_AXES: tuple[str, ...] = ("loops_per_token", "seconds_per_token")
+
+
+def compute_varies(points: pd.DataFrame) -> bool:
+    """Whether a set's points spread along the compute axis: an exit threshold swept, or a model run at several r."""
+    if points.empty:
+        return False
+    return bool(points["exit_threshold"].notna().any() or points.groupby("model")["loops"].nunique().gt(1).any())
+
+
+def accuracy_vs_compute(points: pd.DataFrame, axis: str, task: str = "all") -> go.Figure:
+    """Accuracy against what a generated token cost (`axis`: mean loops per token, or generate seconds per token),
+    one line per model (and r, where exit thresholds are swept) through its points in threshold order, then r.
+
+    Where a lower exit threshold saves loops without losing accuracy, the line runs left level; the hover names
+    each point's threshold. Drawn only where the set varies compute (`compute_varies`), else a note says how to.
+    """
+    measure = COMPUTE_BY_NAME[axis]
+    title = _with_set(f"Accuracy against {measure.label}: {plain(task)}", points)
+    if not compute_varies(points) or points[axis].isna().all():
+        return _empty(title, "nothing to compare here: this set varies neither the exit threshold nor the loops. "
+                             "Sweep them with `loopeval run --exit-threshold 0.5,0.8,1.0` or `--loops 1,2,4`.")
+    frame = _plain_frame(points[points[axis].notna()]).copy()
+    frame["exit"] = [plain(exit_label(t, c)) for t, c in zip(frame["exit_threshold"], frame["exit_criterion"])]
+    swept = frame["exit_threshold"].notna()
+    frame["line"] = frame["model"] + np.where(swept, " r=" + frame["loops"].astype(int).astype(str), "")
+    frame["runs"] = _runs_text(frame)
+    frame = frame.sort_values(["line", "exit_threshold", "loops"], na_position="last")
+    fig = px.line(frame, x=axis, y="accuracy", color="model", line_group="line", error_y="stderr", markers=True,
+                  hover_data={"model": True, "exit": True, "loops": True, "runs": True, "line": False, "stderr": False},
+                  labels={axis: f"{measure.label} ({measure.unit})", "exit": "exit threshold", "loops": "r"})
+    fig.update_layout(title=title, yaxis_range=[-0.05, 1.05], legend_title_text="model (a line per r where exit thresholds vary)")
+    fig.update_yaxes(title_text=f"accuracy ({frame['metric'].iloc[0]})")
+    notes = [f"{measure.label}: {'from the samples the runs stored' if axis == 'loops_per_token' else 'time inside generate, prefill included'}",
+             *_pooled_note(points)]
     return _message(fig, " · ".join(notes), y=-0.22).update_layout(margin={"b": 110})
 
 

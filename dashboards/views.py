@@ -157,6 +157,14 @@ def _each_measure(case: Selection) -> list[Selection]:
     return [dataclasses.replace(case, measure=measure) for measure in figures.MEMORY_MEASURES]
 
 
+def _accuracy_vs_loops_per_token(points: pd.DataFrame, picked: Selection) -> go.Figure:
+    return figures.accuracy_vs_compute(points, "loops_per_token", picked.task)
+
+
+def _accuracy_vs_decode_time(points: pd.DataFrame, picked: Selection) -> go.Figure:
+    return figures.accuracy_vs_compute(points, "seconds_per_token", picked.task)
+
+
 # ----------------------------------------------------------------------------------------------- depth
 def _depth_points(engine: Engine, picked: Selection) -> pd.DataFrame:
     return depth_points(engine, picked.set_id) if picked.set_id else pd.DataFrame()
@@ -233,9 +241,17 @@ ACCURACY = View(
     plots=(Plot("accuracy-memory", "acc", _accuracy_vs_memory, 560),
            Plot("accuracy-loops", "loops", _accuracy_vs_loops, 520)),
 )
+COMPUTE = View(
+    title="Accuracy against compute", inputs=("set", "task", "models", "loops"), query=_accuracy_points, cases=_set_tasks,
+    plots=(Plot("accuracy-loops-per-token", "compute-loops", _accuracy_vs_loops_per_token, 520),
+           Plot("accuracy-decode-time", "compute-time", _accuracy_vs_decode_time, 520)),
+    note="What a generated token cost beside what it scored: mean loops run per token (below r where tokens exit "
+         "early, --exit-threshold) and generate seconds per token. Drawn where the set varies the exit threshold or the loops.",
+)
 # The views in page order: both pages draw every one of them.
 VIEWS: list[View] = [
     ACCURACY,
+    COMPUTE,
     View(title="Depth extrapolation", inputs=("depth-set",), query=_depth_points, cases=_each_set,
          plots=(Plot("depth", "depth", _accuracy_vs_depth),),
          note="Accuracy per task group against the loop count r; the set opens on the widest sweep of r."),

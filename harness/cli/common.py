@@ -167,15 +167,6 @@ def _row_key(row: Any) -> Key:
     return row.model, int(row.loops), _known(row.exit_threshold), _known(row.exit_criterion)
 
 
-def exit_text(threshold: float | None, criterion: str | None) -> str:
-    """A run's point on the exit axis as tables and figures name it: '0.5' (the gate), 'kl 0.1'; '-' off the axis."""
-    from harness.spec import DEFAULT_EXIT_CRITERION
-
-    if threshold is None:
-        return "-"
-    return f"{threshold:g}" if criterion in (None, DEFAULT_EXIT_CRITERION) else f"{criterion} {threshold:g}"
-
-
 def _order_sets(runs: list[dict[str, Any]]) -> dict[str, str]:
     """set id -> label for the evaluation sets of `runs`, the default first: the set of the newest run with
     scores, as `db.queries.eval_sets` orders them."""
@@ -242,12 +233,12 @@ def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = No
                             f"accuracy). memory: {figures.measure_label(measure)}, the largest peak of the row's runs, decimal units "
                             f"(1 GB = 1e9 bytes); n/a = unavailable here. ± is the 95% interval. "
                             + (POOLED_CAPTION if pooled_seeds else "One seed a row.")
-                            + (" exit: the per-token exit threshold (--exit-threshold; - = the model's own policy)." if swept else ""))
-        print_table(None, [*key, "KV/token", "loops/token", "layers/token", "tokens/s"], _compute_rows(table, RANKINGS[rank][0], unscored, per_token, swept),
-                    right=("#", "r", "exit", "KV/token", "loops/token", "layers/token", "tokens/s"), fold=("model",),
+                            + (" exit: the per-token exit threshold (--exit-threshold), of the exit gate unless a criterion is named; - = the model's own policy." if swept else ""))
+        print_table(None, [*key, "KV/token", "loops/tok", "layers/tok", "tokens/s"], _compute_rows(table, RANKINGS[rank][0], unscored, per_token, swept),
+                    right=("#", "r", "exit", "KV/token", "loops/tok", "layers/tok", "tokens/s"), fold=("model",),
                     caption="what one generated token cost, same rows. KV/token: what one more token of context adds to the "
-                            "KV cache at r (the engine's analytic count). loops/token: loops run per generated token, its mean "
-                            "(below r where tokens exit early). layers/token: decoder-layer passes per generated token (prelude "
+                            "KV cache at r (the engine's analytic count). loops/tok: loops run per generated token, its mean "
+                            "(below r where tokens exit early). layers/tok: decoder-layer passes per generated token (prelude "
                             "+ coda + shared x loops; n/a where the adapter does not give its layers). tokens/s: generated tokens "
                             "per second inside generate, prefill included.")
     counts = {other: sum(r["set_id"] == other for r in evals) for other in sets}
@@ -266,8 +257,16 @@ def _rank_text(rank: int, row: Any, column: str) -> str:
     return "" if row[column] != row[column] else f"{rank}{'*' if row.frontier else ''}"
 
 
+def _exit_cell(threshold: float | None, criterion: str | None) -> str:
+    """The exit column: the gate's threshold alone ('0.5'), another criterion's named ('kl 0.1'), '-' off the axis."""
+    from dashboards.figures import exit_label
+    from harness.spec import DEFAULT_EXIT_CRITERION
+
+    return exit_label(threshold, None if criterion == DEFAULT_EXIT_CRITERION else criterion)
+
+
 def _key_cells(key: Key, swept: bool) -> list[str]:
-    return [key[0], str(key[1]), *([exit_text(key[2], key[3])] * swept)]
+    return [key[0], str(key[1]), *([_exit_cell(key[2], key[3])] * swept)]
 
 
 def _ranking_rows(table: Any, column: str, unscored: dict[Key, list[dict[str, Any]]], measure: str, swept: bool) -> list[list[str]]:
@@ -307,6 +306,7 @@ def _number_text(value: float | None) -> str:
 def _task_rows(table: Any, pooled: Any) -> list[list[str]]:
     """Per ranked (model, loops): each benchmark's pass@1 with its interval (`db.headline`) from its seeds' pooled
     per-task values, each task group's mean (`db.headline.TASK_GROUPS`, `GROUP_PATTERNS`), then the suite mean."""
+    from dashboards import figures
     from db.headline import SUITE, benchmark_stderrs, headline
     from db.queries import POINT
     from db.sets import id_ranges
@@ -324,7 +324,7 @@ def _task_rows(table: Any, pooled: Any) -> list[list[str]]:
         for index, (name, value) in enumerate(result.benchmarks.items()):
             first = index == 0
             key = _row_key(row)
-            r = str(key[1]) + ("" if key[2] is None else f" exit {exit_text(key[2], key[3])}")
+            r = str(key[1]) + ("" if key[2] is None else f" exit {_exit_cell(key[2], key[3])}")
             rows.append([row.model if first else "", r if first else "", str(row.seeds) if first else "",
                          name, _accuracy_text(value, errors.get(name)), id_ranges(row.run_ids) if first else ""])
         rows += [["", "", "", f"[{name}]", _accuracy_text(value, None), ""] for name, value in result.groups.items()]
