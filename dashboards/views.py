@@ -180,8 +180,10 @@ def _each_set(engine: Engine) -> list[Selection]:
 
 # ------------------------------------------------------------------------------------ memory over a run
 def run_label(run: Any) -> str:
-    """How selectors and titles name an eval run (a `queries.runs` row): 'run 3: preset:qwen3-tiny r=2 (synthetic)'."""
-    return f"run {run.run_id}: {run.model} {figures.loops_label(run.loops)} ({run.suite})"
+    """How selectors and titles name an eval run (a `queries.runs` row): 'run 3: preset:qwen3-tiny r=2 (synthetic)',
+    'run 4: zoo:ouro-tiny r=4 exit gate 0.5 (synthetic)' on the exit axis."""
+    exit_at = "" if pd.isna(run.exit_threshold) else f" exit {figures.exit_label(run.exit_threshold, run.exit_criterion)}"
+    return f"run {run.run_id}: {run.model} {figures.loops_label(run.loops)}{exit_at} ({run.suite})"
 
 
 def thinned(series: pd.DataFrame, limit: int = MAX_SERIES_POINTS) -> pd.DataFrame:
@@ -317,14 +319,15 @@ SELECTORS: dict[str, Choices] = {
 }
 
 # ------------------------------------------------------------------------------------------ runs table
-# The runs table's columns: the run's facts, then the peaks `measures.RUN_TABLE_MEASURES` names, by label.
-RUN_COLUMNS = ("run", "sweep", "kind", "model", "loops", "suite", "set", "seed", "status", "samples", "pass@1 (suite mean)",
-               *(measures.BY_NAME[name].label for name in measures.RUN_TABLE_MEASURES))  # fmt: skip
+# The runs table's columns: the run's facts, then the peaks `measures.RUN_TABLE_MEASURES` names, by label, then the energy.
+RUN_COLUMNS = ("run", "sweep", "kind", "model", "loops", "exit threshold", "suite", "set", "seed", "status", "samples",
+               "pass@1 (suite mean)", *(measures.BY_NAME[name].label for name in measures.RUN_TABLE_MEASURES),
+               measures.COMPUTE_BY_NAME["energy_joules"].label)  # fmt: skip
 
 
 def runs_table(engine: Engine) -> list[list[Any]]:
-    """Every run (every kind) as a row of `RUN_COLUMNS`: status, samples, suite-mean accuracy and memory peaks
-    as text (`measures.byte_text`: an unavailable peak reads n/a, never 0)."""
+    """Every run (every kind) as a row of `RUN_COLUMNS`: status, samples, suite-mean accuracy, memory peaks and GPU
+    energy as text (`measures.byte_text`, `energy_text`: an unavailable peak or energy reads n/a, never 0)."""
     table = queries.runs(engine, kind=None)
     table = table.merge(queries.memory_peaks(engine), on="run_id", how="left")
     averages = queries.suite_means(queries.metrics(engine))
@@ -333,7 +336,9 @@ def runs_table(engine: Engine) -> list[list[Any]]:
     rows = []
     for row in table.to_dict("records"):
         accuracy = "" if pd.isna(row.get("value")) else f"{row['value']:.3f} ({row['metric']})"
-        rows.append([row["run_id"], row["sweep_id"], row["kind"], row["model"], number(row["loops"]), row["suite"],
+        exit_at = "" if pd.isna(row["exit_threshold"]) else figures.exit_label(row["exit_threshold"], row["exit_criterion"])
+        rows.append([row["run_id"], row["sweep_id"], row["kind"], row["model"], number(row["loops"]), exit_at, row["suite"],
                      "" if pd.isna(row["set_id"]) else row["set_id"], number(row["seed"]), row["status"],
-                     row["n_samples"], accuracy, *(measures.byte_text(row.get(c)) for c in measures.RUN_TABLE_MEASURES)])
+                     row["n_samples"], accuracy, *(measures.byte_text(row.get(c)) for c in measures.RUN_TABLE_MEASURES),
+                     measures.energy_text(row["energy_joules"])])
     return rows

@@ -54,7 +54,8 @@ def runs(engine: Engine, kind: str | None = "eval") -> pd.DataFrame:
     statement = (
         select(
             Run.id.label("run_id"), Run.sweep_id, Run.kind, Run.model_spec.label("model"), Run.adapter,
-            _LOOPS, Run.suite, Run.status, Run.started_at, Run.wall_seconds, Run.model_config,
+            _LOOPS, Run.exit_threshold, Run.exit_criterion, Run.suite, Run.status, Run.started_at, Run.wall_seconds,
+            Run.energy_joules, Run.model_config,
             func.coalesce(n_samples.c.n_samples, 0).label("n_samples"),
         )
         .outerjoin(n_samples, n_samples.c.run_id == Run.id)

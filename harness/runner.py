@@ -475,7 +475,7 @@ def _execute(
     finally:
         sampler.stop()
         recorder.stop()
-        _record_sampler(store, run_id, sampler, log, f"{run_label(run_id, *run)}: {status} in {recorder.wall_seconds:.1f} s "
+        _record_sampler(store, run_id, sampler, log, f"{run_label(run_id, *run, previous.exit_threshold)}: {status} in {recorder.wall_seconds:.1f} s "
                         f"({timed.generate_seconds:.1f} s generating")
         store.finish_run(run_id, status, error=error)
     return RunOutcome(run_id, *run, status, metrics)

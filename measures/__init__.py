@@ -140,7 +140,7 @@ COMPUTE_MEASURES: tuple[ComputeMeasure, ...] = (
     ComputeMeasure("layer_passes_per_token", "layer passes per generated token", "layers"),
     ComputeMeasure("tokens_per_second", "generated tokens per second (inside generate, prefill included)", "tokens/s"),
     ComputeMeasure("seconds_per_token", "generate seconds per generated token", "s"),
-    ComputeMeasure("energy_joules", "GPU energy of the run (NVML's device counter)", "J"),
+    ComputeMeasure("energy_joules", "GPU energy of the run (NVML)", "J"),
 )
 COMPUTE_BY_NAME: dict[str, ComputeMeasure] = {m.name: m for m in COMPUTE_MEASURES}
 # The layer counts an engine model's `describe()["config"]` holds: run once (prelude, coda) or once per loop (shared).
@@ -151,6 +151,13 @@ def layer_passes(config: Mapping[str, int], loops_per_token: float) -> float:
     """Decoder-layer passes per generated token: the prelude and coda once, the shared block once per loop run.
     `config` holds `LAYER_FIELDS` (an engine model's stored config); a per-token early exit lowers the mean loops."""
     return config["prelude_layers"] + config["coda_layers"] + config["shared_layers"] * loops_per_token
+
+
+def energy_text(joules: float | None) -> str:
+    """Joules as '412 J' or '3.41 kJ' (3 significant digits); None (and NaN) is no energy counter here: "n/a", never "0"."""
+    if joules is None or joules != joules:
+        return "n/a"
+    return f"{joules / KB:.3g} kJ" if abs(joules) >= KB else f"{joules:.3g} J"
 
 
 def byte_text(value: float | None) -> str:
