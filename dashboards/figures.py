@@ -14,6 +14,7 @@ from __future__ import annotations
 import html
 import textwrap
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -149,8 +150,15 @@ def loops_label(loops: object) -> str:
     return "r=?" if pd.isna(loops) else f"r={int(loops)}"
 
 
+def point_label(row: Any) -> str:
+    """A point's loops, and its exit threshold where the set sweeps one: 'r=4', 'r=4 exit gate 0.5'."""
+    threshold = getattr(row, "exit_threshold", None)
+    exit_at = "" if threshold is None or threshold != threshold else f" exit {plain(exit_label(threshold, row.exit_criterion))}"
+    return f"{loops_label(row.loops)}{exit_at}"
+
+
 def _point_names(frame: pd.DataFrame) -> str:
-    return ", ".join(f"{row.model} {loops_label(row.loops)}" for row in frame.itertuples())
+    return ", ".join(f"{row.model} {point_label(row)}" for row in frame.itertuples())
 
 
 def _measured(points: pd.DataFrame, measure: str) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -217,7 +225,7 @@ def accuracy_vs_memory(points: pd.DataFrame, measure: str, task: str = "all", la
     shown["memory"] = shown[measure] / scale
     shown["stderr"] = shown["stderr"].astype(float)
     shown["spread"] = [f" ± {e:.3f}" if np.isfinite(e) else "" for e in shown["stderr"]]
-    shown["r"] = shown["loops"].map(loops_label)
+    shown["r"] = [point_label(row) for row in shown.itertuples()]
     shown["runs"] = _runs_text(shown)
     frontier = pareto_mask(shown["memory"], shown["accuracy"])
     symbols = {r: _SYMBOLS[i % len(_SYMBOLS)] for i, r in enumerate(sorted(shown["loops"].unique()))}

@@ -130,6 +130,9 @@ def test_the_report_draws_accuracy_against_loops_per_token(swept: tuple[Path, st
     assert _array(trace["x"]) == pytest.approx([_mean_loops(db, run_id) for run_id in (1, 2, 3)]), "joined in threshold order"
     assert "exit threshold" in trace["hovertemplate"] and [c[1] for c in trace["customdata"]] == ["gate 0.5", "gate 0.8", "gate 1"]
     assert blobs[key.replace("compute-loops", "compute-time")]["data"], "and against generate time per token"
+    memory = blobs[key.replace("compute-loops", "acc") + "|kv_bytes_allocated"]["data"]
+    named = {c[0] for trace in memory if trace.get("customdata") for c in trace["customdata"]}
+    assert named == {"r=4 exit gate 0.5", "r=4 exit gate 0.8", "r=4 exit gate 1"}, "the memory figure's hover tells them apart"
 
 
 def test_a_repeat_is_skipped_and_resume_finds_each_threshold(swept: tuple[Path, str], capsys: pytest.CaptureFixture[str]) -> None:
