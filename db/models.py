@@ -102,7 +102,7 @@ class Sample(Base):
     generated_tokens: Mapped[int | None] = mapped_column(Integer)
     loops_used: Mapped[float | None] = mapped_column(Float)  # mean loops per generated token
     # loops run -> generated tokens that ran that many ({"1": 3, "4": 17}); NULL for a model that does not loop
-    loops_histogram: Mapped[dict[str, int] | None] = mapped_column(JSON)
+    loops_histogram: Mapped[dict[str, int] | None] = mapped_column(JSON(none_as_null=True))  # SQL NULL, not JSON null
     finish_reason: Mapped[str | None] = mapped_column(String(16))
     latency_seconds: Mapped[float | None] = mapped_column(Float)  # its batch's wall time (prefill and decode)
     decode_seconds: Mapped[float | None] = mapped_column(Float)  # the decode time the adapter reported (`Generation`)
