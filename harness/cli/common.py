@@ -214,7 +214,6 @@ def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = No
 
     # KV per token as the run summaries carry it (`Store.run_summaries`: the adapter's describe()), newest run's
     per_token = {_run_key(run): run["kv_bytes_per_token"] for run in in_set.values()}
-    swept = any(key[2] is not None for key in (*shown, *unscored))  # an exit column only where the set has the axis
     out = console()
     out.print(sets[chosen], markup=False, highlight=False)
     if per_task:
@@ -222,25 +221,7 @@ def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = No
         print_table(None, ["model", "r", "seeds", "task", "pass@1 ±95%", "runs"], _task_rows(table, pooled),
                     right=("r", "seeds", "pass@1 ±95%"), fold=("model", "runs"), keep=("pass@1 ±95%",), caption=POOLED_CAPTION)
     else:
-        key = ["#", "model", "r", *(["exit"] * swept)]
-        pooled_seeds = any(row.seeds > 1 for row in table.itertuples()) or any(len({r["seed"] for r in runs}) > 1 for runs in unscored.values())
-        rows = _ranking_rows(table, RANKINGS[rank][0], unscored, measure, swept)
-        if not pooled_seeds:  # one seed a row: the column would repeat "1" and squeeze the names at 80 columns
-            rows = [row[:len(key)] + row[len(key) + 1:] for row in rows]
-        print_table(None, [*key, *(["seeds"] * pooled_seeds), "pass@1 ±95%", "memory", "pass@1/GB", "runs"], rows,
-                    right=("#", "r", "exit", "seeds", "pass@1 ±95%", "memory", "pass@1/GB"), fold=("model", "runs"), keep=("pass@1 ±95%",),
-                    caption=f"ranked by {RANKINGS[rank][1]}; * marks the Pareto frontier (no point has less memory and more "
-                            f"accuracy). memory: {figures.measure_label(measure)}, the largest peak of the row's runs, decimal units "
-                            f"(1 GB = 1e9 bytes); n/a = unavailable here. ± is the 95% interval. "
-                            + (POOLED_CAPTION if pooled_seeds else "One seed a row.")
-                            + (" exit: the per-token exit threshold (--exit-threshold), of the exit gate unless a criterion is named; - = the model's own policy." if swept else ""))
-        print_table(None, [*key, "KV/token", "loops/tok", "layers/tok", "tokens/s"], _compute_rows(table, RANKINGS[rank][0], unscored, per_token, swept),
-                    right=("#", "r", "exit", "KV/token", "loops/tok", "layers/tok", "tokens/s"), fold=("model",),
-                    caption="what one generated token cost, same rows. KV/token: what one more token of context adds to the "
-                            "KV cache at r (the engine's analytic count). loops/tok: loops run per generated token, its mean "
-                            "(below r where tokens exit early). layers/tok: decoder-layer passes per generated token (prelude "
-                            "+ coda + shared x loops; n/a where the adapter does not give its layers). tokens/s: generated tokens "
-                            "per second inside generate, prefill included.")
+        _print_ranking(table, unscored, measure, rank, per_token)
     counts = {other: sum(r["set_id"] == other for r in evals) for other in sets}
     others = [f"  {label} ({counts[other]} run{'s' * (counts[other] > 1)})" for other, label in sets.items() if other != chosen]
     if others:
@@ -250,6 +231,36 @@ def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = No
 
 
 POOLED_CAPTION = "A row pools its seeds: pass@1 and its interval are over every item of all of them."
+EXIT_CAPTION = "exit: the per-token exit threshold (--exit-threshold), of the exit gate unless a criterion is named; - = the model's own policy."
+COMPUTE_CAPTION = ("what one generated token cost, same rows. KV/token: what one more token of context adds to the KV cache "
+                   "at r (the engine's analytic count). loops/tok: loops run per generated token, its mean (below r where "
+                   "tokens exit early). layers/tok: decoder-layer passes per generated token (prelude + coda + shared x loops; "
+                   "n/a where the adapter does not give its layers). tokens/s: generated tokens per second inside generate, "
+                   "prefill included.")
+
+
+def _print_ranking(table: Any, unscored: dict[Key, list[dict[str, Any]]], measure: str, rank: str,
+                   per_token: dict[Key, int | None]) -> None:
+    """The ranking and, under the same ranks, what a generated token cost: two tables, so each stays readable at 80
+    columns. The exit column appears only where the set sweeps the exit axis, the seeds column only where a row
+    pools several seeds."""
+    from dashboards import figures
+    from dashboards.data import RANKINGS
+
+    swept = any(key[2] is not None for key in (*map(_row_key, table.itertuples()), *unscored))
+    seeds = (any(row.seeds > 1 for row in table.itertuples())
+             or any(len({r["seed"] for r in runs}) > 1 for runs in unscored.values()))
+    key = ["#", "model", "r", *(["exit"] * swept)]
+    column = RANKINGS[rank][0]
+    print_table(None, [*key, *(["seeds"] * seeds), "pass@1 ±95%", "memory", "pass@1/GB", "runs"],
+                _ranking_rows(table, column, unscored, measure, swept, seeds),
+                right=("#", "r", "exit", "seeds", "pass@1 ±95%", "memory", "pass@1/GB"), fold=("model", "runs"), keep=("pass@1 ±95%",),
+                caption=f"ranked by {RANKINGS[rank][1]}; * marks the Pareto frontier (no point has less memory and more "
+                        f"accuracy). memory: {figures.measure_label(measure)}, the largest peak of the row's runs, decimal units "
+                        f"(1 GB = 1e9 bytes); n/a = unavailable here. ± is the 95% interval. "
+                        + (POOLED_CAPTION if seeds else "One seed a row.") + (f" {EXIT_CAPTION}" if swept else ""))
+    print_table(None, [*key, "KV/token", "loops/tok", "layers/tok", "tokens/s"], _compute_rows(table, column, unscored, per_token, swept),
+                right=("#", "r", "exit", "KV/token", "loops/tok", "layers/tok", "tokens/s"), fold=("model",), caption=COMPUTE_CAPTION)
 
 
 def _rank_text(rank: int, row: Any, column: str) -> str:
@@ -269,17 +280,19 @@ def _key_cells(key: Key, swept: bool) -> list[str]:
     return [key[0], str(key[1]), *([_exit_cell(key[2], key[3])] * swept)]
 
 
-def _ranking_rows(table: Any, column: str, unscored: dict[Key, list[dict[str, Any]]], measure: str, swept: bool) -> list[list[str]]:
-    """`dashboards.data.ranked` rows in their order, then (model, loops, exit) of the set without a score."""
+def _ranking_rows(table: Any, column: str, unscored: dict[Key, list[dict[str, Any]]], measure: str, swept: bool,
+                  seeds: bool) -> list[list[str]]:
+    """`dashboards.data.ranked` rows in their order, then (model, loops, exit) of the set without a score; the seed
+    count only where `seeds`."""
     from db.sets import id_ranges
     from measures import byte_text
 
-    rows = [[_rank_text(rank, row, column), *_key_cells(_row_key(row), swept), str(row.seeds),
+    rows = [[_rank_text(rank, row, column), *_key_cells(_row_key(row), swept), *[str(row.seeds)] * seeds,
              _accuracy_text(row.accuracy, row.stderr), byte_text(row.memory), _per_gb_text(row.per_gb), id_ranges(row.run_ids)]
             for rank, (_, row) in enumerate(table.iterrows(), 1)]
     for key, runs in unscored.items():
         newest = runs[-1]
-        rows.append(["", *_key_cells(key, swept), str(len({r["seed"] for r in runs})), newest["status"],
+        rows.append(["", *_key_cells(key, swept), *[str(len({r["seed"] for r in runs}))] * seeds, newest["status"],
                      byte_text(newest["memory"].get(measure)), "n/a", id_ranges([r["id"] for r in runs])])
     return rows
 

@@ -178,12 +178,13 @@ def test_fits_100_columns_without_cutting_names(db: str, capsys: pytest.CaptureF
     (["--suite", "paper"], "--suite paper: no stored run"),
     (["--set", "00000000"], "--set 00000000: no such evaluation set"),
     (["--measure", "bogus"], "--measure must be one of"),
+    (["--rank", "bogus"], "--rank must be one of per-gb, accuracy, per-layer-pass, speed"),
 ])
 def test_a_filter_that_matches_nothing_is_one_line_and_exit_2(db: str, capsys: pytest.CaptureFixture[str], args: list[str],
                                                                words: str) -> None:
     for json_flag in ([], ["--json"]):
-        if json_flag and args[0] == "--measure":
-            continue  # --json prints every field, the measure is not chosen there
+        if json_flag and args[0] in ("--measure", "--rank"):
+            continue  # --json prints every field, the measure and the order are not chosen there
         assert main(["results", "--db", db, *args, *json_flag]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and words in err[0], err
