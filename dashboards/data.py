@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 from sqlalchemy import Engine
 
-from dashboards.figures import ANALYTIC, WEIGHTS_PLUS_KV, pareto_mask
+from dashboards.figures import ANALYTIC, WEIGHTS_PLUS_KV, pareto_mask, series_name
 from db import queries
 from db.headline import SUITE, group_means, headline
 from db.sets import id_ranges
@@ -161,7 +161,8 @@ def browse_samples(
     rows = queries.sample_spread(engine, SAMPLE_BUDGET, task=task, model=model, correct=correct)
     return rows.assign(**{column: rows[column].map(clip) for column in ("prompt", "output", "gold")})
 def depth_points(engine: Engine, set_id: str) -> pd.DataFrame:
-    """Depth extrapolation: one row per (model, loops r, task group) of one evaluation set with the group's
+    """Depth extrapolation: one row per (model, loops r, task group) of one evaluation set (a model at each exit
+    threshold a line of its own, `figures.series_name`) with the group's
     mean pass@1 and the model's trained loop count T ("all" is the suite mean; groups from
     `db.headline.TASK_GROUPS` and `GROUP_PATTERNS`).
 
@@ -172,7 +173,7 @@ def depth_points(engine: Engine, set_id: str) -> pd.DataFrame:
     table = queries.pooled_metrics(engine, set_id)
     info = queries.runs(engine).set_index("run_id")
     rows = []
-    for (model, loops, *_), point in table[table["task"] != SUITE].groupby(queries.POINT, sort=True, dropna=False):
+    for (model, loops, threshold, criterion), point in table[table["task"] != SUITE].groupby(queries.POINT, sort=True, dropna=False):
         by_task: dict[str, dict[str, float | None]] = {}
         for row in point.itertuples():
             by_task.setdefault(row.task, {})[row.metric] = None if pd.isna(row.value) else row.value
@@ -183,7 +184,8 @@ def depth_points(engine: Engine, set_id: str) -> pd.DataFrame:
         trained = config.get("trained_loops") if isinstance(config, dict) else None
         runs = id_ranges({i for ids in point["run_ids"] for i in ids})
         for group, value in {SUITE: result.mean, **group_means(result.benchmarks, suite)}.items():
-            rows.append({"runs": runs, "seeds": int(point["seeds"].max()), "model": model, "loops": int(loops), "group": group,
+            rows.append({"runs": runs, "seeds": int(point["seeds"].max()), "model": series_name(model, threshold, criterion),
+                         "loops": int(loops), "group": group,
                          "accuracy": value, "trained_loops": np.nan if trained is None else float(trained),
                          "set_label": info.at[newest, "set_label"]})
     columns = ["runs", "seeds", "model", "loops", "group", "accuracy", "trained_loops", "set_label"]

@@ -150,6 +150,12 @@ def loops_label(loops: object) -> str:
     return "r=?" if pd.isna(loops) else f"r={int(loops)}"
 
 
+def series_name(model: str, threshold: float | None, criterion: str | None) -> str:
+    """A line of a figure against r: the model, and its exit threshold where the set sweeps one, so the points of two
+    thresholds at one r are two lines, never a zigzag of one."""
+    return model if threshold is None or threshold != threshold else f"{model} exit {exit_label(threshold, criterion)}"
+
+
 def point_label(row: Any) -> str:
     """A point's loops, and its exit threshold where the set sweeps one: 'r=4', 'r=4 exit gate 0.5'."""
     threshold = getattr(row, "exit_threshold", None)
@@ -297,13 +303,14 @@ def accuracy_vs_loops(points: pd.DataFrame, measure: str, task: str = "all", lab
     """
     label = label or measure_label(measure)
     title = _with_set(f"Accuracy and memory against loops: {plain(task)}", points)
-    points = _plain_frame(points)
+    keys = zip(points["model"], points.get("exit_threshold", [None] * len(points)), points.get("exit_criterion", [None] * len(points)))
+    points = _plain_frame(points).assign(series=[plain(series_name(*key)) for key in keys])
     if points.empty:
         return _empty(title, "no evaluated runs with this task yet")
     has_memory = measure in points and points[measure].notna().any()
     unit, scale = byte_unit(points[measure]) if has_memory else ("GB", GB)
     fig = make_subplots(specs=[[{"secondary_y": True}]])
-    for index, (model, rows) in enumerate(points.sort_values("loops").groupby("model", sort=True)):
+    for index, (model, rows) in enumerate(points.sort_values("loops").groupby("series", sort=True)):
         color = _PALETTE[index % len(_PALETTE)]
         fig.add_trace(go.Scatter(
             x=rows["loops"], y=rows["accuracy"], error_y={"type": "data", "array": rows["stderr"].astype(float)},

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from dashboards.data import depth_points
+from db.session import open_existing
 from db.sets import run_key
 from db.store import Store
 from harness.cli import main
@@ -133,6 +135,12 @@ def test_the_report_draws_accuracy_against_loops_per_token(swept: tuple[Path, st
     memory = blobs[key.replace("compute-loops", "acc") + "|kv_bytes_allocated"]["data"]
     named = {c[0] for trace in memory if trace.get("customdata") for c in trace["customdata"]}
     assert named == {"r=4 exit gate 0.5", "r=4 exit gate 0.8", "r=4 exit gate 1"}, "the memory figure's hover tells them apart"
+    lines = {trace["name"] for trace in blobs[key.replace("compute-loops", "loops") + "|kv_bytes_allocated"]["data"]}
+    assert {f"zoo:ouro-tiny exit gate {t:g} accuracy" for t in THRESHOLDS} <= lines, "against r: a line per threshold"
+    engine = open_existing(f"sqlite:///{db}")
+    depth = depth_points(engine, key.split("|")[1])
+    engine.dispose()
+    assert sorted(depth["model"].unique()) == [f"zoo:ouro-tiny exit gate {t:g}" for t in THRESHOLDS], "so is depth"
 
 
 def test_a_repeat_is_skipped_and_resume_finds_each_threshold(swept: tuple[Path, str], capsys: pytest.CaptureFixture[str]) -> None:
