@@ -1,4 +1,5 @@
-"""What the accuracy-against-memory figures plot: the stored peaks plus the derived measures.
+"""What the accuracy-against-memory and accuracy-against-compute figures plot: the stored peaks and timings plus
+the derived measures.
 
 Two measures are not stored but computed here: `weights_bytes + kv_bytes_allocated` (what the model
 itself holds, without allocator slack or CUDA context) and `analytic` (the bytes the model's config
@@ -17,7 +18,7 @@ import numpy as np
 import pandas as pd
 from sqlalchemy import Engine
 
-from dashboards.figures import ANALYTIC, WEIGHTS_PLUS_KV, pareto_mask
+from dashboards.figures import ANALYTIC, WEIGHTS_PLUS_KV, pareto_mask, series_name
 from db import queries
 from db.headline import SUITE, group_means, headline
 from db.sets import id_ranges
@@ -42,8 +43,38 @@ def analytic_bytes(model_config: Any, context_tokens: int) -> float:
         return float("nan")
 
 
+def layer_passes(model_config: Any, loops_per_token: float) -> float:
+    """Layer passes per generated token from the layer counts the stored `describe()` holds (an engine model's
+    "config"); NaN where it holds none (another adapter), unavailable rather than guessed."""
+    config = model_config.get("config") if isinstance(model_config, dict) else None
+    if not isinstance(config, dict) or not all(isinstance(config.get(f), int) for f in measures.LAYER_FIELDS):
+        return float("nan")
+    return float(measures.layer_passes(config, loops_per_token))
+
+
+def with_compute_measures(points: pd.DataFrame) -> pd.DataFrame:
+    """Add the `measures.COMPUTE_MEASURES` columns to `queries.accuracy_memory` rows, from the pooled runs' sums
+    (`queries.run_compute`). Mean loops per token weighs each sample by its tokens; a point whose samples report no
+    loops (a plain model, or an adapter that does not say) ran its r for every token; one without generated tokens
+    has none (NaN)."""
+    points = points.copy()
+    for column in ("generated_tokens", "loop_tokens", "looped_tokens", "generate_seconds", "energy_joules"):
+        points[column] = points[column].astype("float64") if column in points else np.nan
+    reported = points["looped_tokens"] > 0
+    ran_r = points["loops"].astype("float64").where(points["generated_tokens"] > 0)  # NaN where no token is stored
+    points["loops_per_token"] = np.where(reported, points["loop_tokens"] / points["looped_tokens"].where(reported), ran_r)
+    points["layer_passes_per_token"] = [layer_passes(config, loops)
+                                        for config, loops in zip(points.get("model_config", [None] * len(points)), points["loops_per_token"])]
+    points["layer_passes_per_token"] = points["layer_passes_per_token"].astype("float64")
+    timed = points["generate_seconds"] > 0
+    points["tokens_per_second"] = (points["generated_tokens"] / points["generate_seconds"]).where(timed)
+    points["seconds_per_token"] = (points["generate_seconds"] / points["generated_tokens"]).where(points["generated_tokens"] > 0)
+    return points
+
+
 def with_derived_measures(points: pd.DataFrame, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -> pd.DataFrame:
-    """Add the `weights_bytes + kv_bytes_allocated` and `analytic` columns to `queries.accuracy_memory` rows."""
+    """Add the `weights_bytes + kv_bytes_allocated` and `analytic` columns to `queries.accuracy_memory` rows, and
+    the compute measures (`with_compute_measures`)."""
     points = points.copy()
     for column in ("weights_bytes", "kv_bytes_allocated"):
         if column not in points:
@@ -51,7 +82,7 @@ def with_derived_measures(points: pd.DataFrame, context_tokens: int = DEFAULT_CO
     points[WEIGHTS_PLUS_KV] = points["weights_bytes"] + points["kv_bytes_allocated"]
     points[ANALYTIC] = [analytic_bytes(config, context_tokens) for config in points.get("model_config", [])]
     points[ANALYTIC] = points[ANALYTIC].astype("float64")
-    return points
+    return with_compute_measures(points)
 
 
 def accuracy_points(
@@ -64,19 +95,34 @@ def accuracy_points(
     return with_derived_measures(points, context_tokens)
 
 
-def ranked(points: pd.DataFrame, measure: str) -> pd.DataFrame:
-    """`accuracy_points` rows with `memory` (bytes of `measure`), `per_gb` (accuracy per decimal GB) and
-    `frontier` (on the Pareto frontier of memory against accuracy, as the figure rings it), best per GB first.
+# How `ranked` can order the points (`loopeval results --rank`): name -> (column, what it means). Best first.
+RANKINGS: dict[str, tuple[str, str]] = {
+    "per-gb": ("per_gb", "pass@1 per GB of memory"),
+    "accuracy": ("accuracy", "pass@1"),
+    "per-layer-pass": ("per_layer_pass", "pass@1 per layer pass per generated token"),
+    "speed": ("tokens_per_second", "generated tokens per second"),
+}
+DEFAULT_RANKING = "per-gb"
 
-    Points without the measure or without accuracy have NaN there, are never on the frontier, and come last.
+
+def ranked(points: pd.DataFrame, measure: str, rank: str = DEFAULT_RANKING) -> pd.DataFrame:
+    """`accuracy_points` rows with `memory` (bytes of `measure`), `per_gb` (accuracy per decimal GB), `per_layer_pass`
+    (accuracy per layer pass per generated token) and `frontier` (on the Pareto frontier of memory against accuracy,
+    as the figure rings it), best first by `rank` (`RANKINGS`; accuracy breaks ties).
+
+    Points without the ranking's value or without accuracy have NaN there, are never on the frontier, and come last.
     """
     table = points.copy()
     table["memory"] = table[measure].astype("float64") if measure in table else np.nan
     table["per_gb"] = table["accuracy"].astype("float64") / (table["memory"] / measures.GB)
+    passes = table["layer_passes_per_token"] if "layer_passes_per_token" in table else np.nan
+    table["per_layer_pass"] = table["accuracy"].astype("float64") / passes
     table["frontier"] = False
     known = table["memory"].notna() & table["accuracy"].notna()
     table.loc[known, "frontier"] = pareto_mask(table.loc[known, "memory"], table.loc[known, "accuracy"])
-    return table.sort_values(["per_gb", "accuracy"], ascending=False, na_position="last").reset_index(drop=True)
+    column = RANKINGS[rank][0]
+    order = [column] if column == "accuracy" else [column, "accuracy"]
+    return table.sort_values(order, ascending=False, na_position="last").reset_index(drop=True)
 
 
 def set_choice(row: Any) -> str:
@@ -115,7 +161,8 @@ def browse_samples(
     rows = queries.sample_spread(engine, SAMPLE_BUDGET, task=task, model=model, correct=correct)
     return rows.assign(**{column: rows[column].map(clip) for column in ("prompt", "output", "gold")})
 def depth_points(engine: Engine, set_id: str) -> pd.DataFrame:
-    """Depth extrapolation: one row per (model, loops r, task group) of one evaluation set with the group's
+    """Depth extrapolation: one row per (model, loops r, task group) of one evaluation set (a model at each exit
+    threshold a line of its own, `figures.series_name`) with the group's
     mean pass@1 and the model's trained loop count T ("all" is the suite mean; groups from
     `db.headline.TASK_GROUPS` and `GROUP_PATTERNS`).
 
@@ -126,7 +173,7 @@ def depth_points(engine: Engine, set_id: str) -> pd.DataFrame:
     table = queries.pooled_metrics(engine, set_id)
     info = queries.runs(engine).set_index("run_id")
     rows = []
-    for (model, loops), point in table[table["task"] != SUITE].groupby(queries.POINT, sort=True):
+    for (model, loops, threshold, criterion), point in table[table["task"] != SUITE].groupby(queries.POINT, sort=True, dropna=False):
         by_task: dict[str, dict[str, float | None]] = {}
         for row in point.itertuples():
             by_task.setdefault(row.task, {})[row.metric] = None if pd.isna(row.value) else row.value
@@ -137,7 +184,8 @@ def depth_points(engine: Engine, set_id: str) -> pd.DataFrame:
         trained = config.get("trained_loops") if isinstance(config, dict) else None
         runs = id_ranges({i for ids in point["run_ids"] for i in ids})
         for group, value in {SUITE: result.mean, **group_means(result.benchmarks, suite)}.items():
-            rows.append({"runs": runs, "seeds": int(point["seeds"].max()), "model": model, "loops": int(loops), "group": group,
+            rows.append({"runs": runs, "seeds": int(point["seeds"].max()), "model": series_name(model, threshold, criterion),
+                         "loops": int(loops), "group": group,
                          "accuracy": value, "trained_loops": np.nan if trained is None else float(trained),
                          "set_label": info.at[newest, "set_label"]})
     columns = ["runs", "seeds", "model", "loops", "group", "accuracy", "trained_loops", "set_label"]

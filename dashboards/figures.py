@@ -14,6 +14,7 @@ from __future__ import annotations
 import html
 import textwrap
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -22,7 +23,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from db.sets import id_ranges
-from measures import BY_NAME, BYTE_UNITS, GB
+from measures import BY_NAME, BYTE_UNITS, COMPUTE_BY_NAME, GB
 
 # Selectable memory measures of the accuracy-against-memory plot: key (a DataFrame column) -> label, the
 # stored ones labelled by `measures` (each a run's peak), the two derived ones (`dashboards.data`) here.
@@ -135,14 +136,35 @@ def _with_set(title: str, points: pd.DataFrame) -> str:
     return f"{title}<br><sup>{plain(points['set_label'].iloc[0])}</sup>"
 
 
+def exit_label(threshold: float | None, criterion: str | None) -> str:
+    """A run's point on the per-token exit axis as tables, hovers and legends name it: 'gate 0.5', 'kl 0.1';
+    '-' off the axis (the model's own exit policy)."""
+    if threshold is None or threshold != threshold:
+        return "-"
+    return f"{threshold:g}" if criterion is None or criterion != criterion else f"{criterion} {threshold:g}"
+
+
 def loops_label(loops: object) -> str:
     """How a loop count reads everywhere: `r=4`. A plain transformer is r=1 (one pass, T = 1), as the
     queries store it; an unknown count (NaN) reads `r=?` rather than `r=nan`."""
     return "r=?" if pd.isna(loops) else f"r={int(loops)}"
 
 
+def series_name(model: str, threshold: float | None, criterion: str | None) -> str:
+    """A line of a figure against r: the model, and its exit threshold where the set sweeps one, so the points of two
+    thresholds at one r are two lines, never a zigzag of one."""
+    return model if threshold is None or threshold != threshold else f"{model} exit {exit_label(threshold, criterion)}"
+
+
+def point_label(row: Any) -> str:
+    """A point's loops, and its exit threshold where the set sweeps one: 'r=4', 'r=4 exit gate 0.5'."""
+    threshold = getattr(row, "exit_threshold", None)
+    exit_at = "" if threshold is None or threshold != threshold else f" exit {plain(exit_label(threshold, row.exit_criterion))}"
+    return f"{loops_label(row.loops)}{exit_at}"
+
+
 def _point_names(frame: pd.DataFrame) -> str:
-    return ", ".join(f"{row.model} {loops_label(row.loops)}" for row in frame.itertuples())
+    return ", ".join(f"{row.model} {point_label(row)}" for row in frame.itertuples())
 
 
 def _measured(points: pd.DataFrame, measure: str) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -209,7 +231,7 @@ def accuracy_vs_memory(points: pd.DataFrame, measure: str, task: str = "all", la
     shown["memory"] = shown[measure] / scale
     shown["stderr"] = shown["stderr"].astype(float)
     shown["spread"] = [f" ± {e:.3f}" if np.isfinite(e) else "" for e in shown["stderr"]]
-    shown["r"] = shown["loops"].map(loops_label)
+    shown["r"] = [point_label(row) for row in shown.itertuples()]
     shown["runs"] = _runs_text(shown)
     frontier = pareto_mask(shown["memory"], shown["accuracy"])
     symbols = {r: _SYMBOLS[i % len(_SYMBOLS)] for i, r in enumerate(sorted(shown["loops"].unique()))}
@@ -281,13 +303,14 @@ def accuracy_vs_loops(points: pd.DataFrame, measure: str, task: str = "all", lab
     """
     label = label or measure_label(measure)
     title = _with_set(f"Accuracy and memory against loops: {plain(task)}", points)
-    points = _plain_frame(points)
+    keys = zip(points["model"], points.get("exit_threshold", [None] * len(points)), points.get("exit_criterion", [None] * len(points)))
+    points = _plain_frame(points).assign(series=[plain(series_name(*key)) for key in keys])
     if points.empty:
         return _empty(title, "no evaluated runs with this task yet")
     has_memory = measure in points and points[measure].notna().any()
     unit, scale = byte_unit(points[measure]) if has_memory else ("GB", GB)
     fig = make_subplots(specs=[[{"secondary_y": True}]])
-    for index, (model, rows) in enumerate(points.sort_values("loops").groupby("model", sort=True)):
+    for index, (model, rows) in enumerate(points.sort_values("loops").groupby("series", sort=True)):
         color = _PALETTE[index % len(_PALETTE)]
         fig.add_trace(go.Scatter(
             x=rows["loops"], y=rows["accuracy"], error_y={"type": "data", "array": rows["stderr"].astype(float)},
@@ -308,6 +331,45 @@ def accuracy_vs_loops(points: pd.DataFrame, measure: str, task: str = "all", lab
     fig.update_yaxes(title_text=f"accuracy ({points['metric'].iloc[0]})", range=[-0.05, 1.05], secondary_y=False)
     fig.update_yaxes(title_text=unit_title(label, unit, scale), rangemode="tozero", showgrid=False, secondary_y=True)
     notes = [DECIMAL_NOTE if has_memory else f"{label}: unavailable for every run", *_pooled_note(points)]
+    return _message(fig, " · ".join(notes), y=-0.22).update_layout(margin={"b": 110})
+
+
+# The compute axes of the accuracy-against-compute figures: `measures.COMPUTE_MEASURES` columns of `dashboards.data`.
+COMPUTE_AXES: tuple[str, ...] = ("loops_per_token", "seconds_per_token")
+
+
+def compute_varies(points: pd.DataFrame) -> bool:
+    """Whether a set's points spread along the compute axis: an exit threshold swept, or a model run at several r."""
+    if points.empty:
+        return False
+    return bool(points["exit_threshold"].notna().any() or points.groupby("model")["loops"].nunique().gt(1).any())
+
+
+def accuracy_vs_compute(points: pd.DataFrame, axis: str, task: str = "all") -> go.Figure:
+    """Accuracy against what a generated token cost (`axis`: mean loops per token, or generate seconds per token),
+    one line per model (and r, where exit thresholds are swept) through its points in threshold order, then r.
+
+    Where a lower exit threshold saves loops without losing accuracy, the line runs left level; the hover names
+    each point's threshold. Drawn only where the set varies compute (`compute_varies`), else a note says how to.
+    """
+    measure = COMPUTE_BY_NAME[axis]
+    title = _with_set(f"Accuracy against {measure.label}: {plain(task)}", points)
+    if not compute_varies(points) or points[axis].isna().all():
+        return _empty(title, "nothing to compare here: this set varies neither the exit threshold nor the loops. "
+                             "Sweep them with `loopeval run --exit-threshold 0.5,0.8,1.0` or `--loops 1,2,4`.")
+    frame = _plain_frame(points[points[axis].notna()]).copy()
+    frame["exit"] = [plain(exit_label(t, c)) for t, c in zip(frame["exit_threshold"], frame["exit_criterion"])]
+    swept = frame["exit_threshold"].notna()
+    frame["line"] = frame["model"] + np.where(swept, " r=" + frame["loops"].astype(int).astype(str), "")
+    frame["runs"] = _runs_text(frame)
+    frame = frame.sort_values(["line", "exit_threshold", "loops"], na_position="last")
+    fig = px.line(frame, x=axis, y="accuracy", color="model", line_group="line", error_y="stderr", markers=True,
+                  hover_data={"model": True, "exit": True, "loops": True, "runs": True, "line": False, "stderr": False},
+                  labels={axis: f"{measure.label} ({measure.unit})", "exit": "exit threshold", "loops": "r"})
+    fig.update_layout(title=title, yaxis_range=[-0.05, 1.05], legend_title_text="model (a line per r where exit thresholds vary)")
+    fig.update_yaxes(title_text=f"accuracy ({frame['metric'].iloc[0]})")
+    notes = [f"{measure.label}: {'from the samples the runs stored' if axis == 'loops_per_token' else 'time inside generate, prefill included'}",
+             *_pooled_note(points)]
     return _message(fig, " · ".join(notes), y=-0.22).update_layout(margin={"b": 110})
 
 

@@ -157,6 +157,14 @@ def _each_measure(case: Selection) -> list[Selection]:
     return [dataclasses.replace(case, measure=measure) for measure in figures.MEMORY_MEASURES]
 
 
+def _accuracy_vs_loops_per_token(points: pd.DataFrame, picked: Selection) -> go.Figure:
+    return figures.accuracy_vs_compute(points, "loops_per_token", picked.task)
+
+
+def _accuracy_vs_decode_time(points: pd.DataFrame, picked: Selection) -> go.Figure:
+    return figures.accuracy_vs_compute(points, "seconds_per_token", picked.task)
+
+
 # ----------------------------------------------------------------------------------------------- depth
 def _depth_points(engine: Engine, picked: Selection) -> pd.DataFrame:
     return depth_points(engine, picked.set_id) if picked.set_id else pd.DataFrame()
@@ -172,8 +180,10 @@ def _each_set(engine: Engine) -> list[Selection]:
 
 # ------------------------------------------------------------------------------------ memory over a run
 def run_label(run: Any) -> str:
-    """How selectors and titles name an eval run (a `queries.runs` row): 'run 3: preset:qwen3-tiny r=2 (synthetic)'."""
-    return f"run {run.run_id}: {run.model} {figures.loops_label(run.loops)} ({run.suite})"
+    """How selectors and titles name an eval run (a `queries.runs` row): 'run 3: preset:qwen3-tiny r=2 (synthetic)',
+    'run 4: zoo:ouro-tiny r=4 exit gate 0.5 (synthetic)' on the exit axis."""
+    exit_at = "" if pd.isna(run.exit_threshold) else f" exit {figures.exit_label(run.exit_threshold, run.exit_criterion)}"
+    return f"run {run.run_id}: {run.model} {figures.loops_label(run.loops)}{exit_at} ({run.suite})"
 
 
 def thinned(series: pd.DataFrame, limit: int = MAX_SERIES_POINTS) -> pd.DataFrame:
@@ -233,9 +243,17 @@ ACCURACY = View(
     plots=(Plot("accuracy-memory", "acc", _accuracy_vs_memory, 560),
            Plot("accuracy-loops", "loops", _accuracy_vs_loops, 520)),
 )
+COMPUTE = View(
+    title="Accuracy against compute", inputs=("set", "task", "models", "loops"), query=_accuracy_points, cases=_set_tasks,
+    plots=(Plot("accuracy-loops-per-token", "compute-loops", _accuracy_vs_loops_per_token, 520),
+           Plot("accuracy-decode-time", "compute-time", _accuracy_vs_decode_time, 520)),
+    note="What a generated token cost beside what it scored: mean loops run per token (below r where tokens exit "
+         "early, --exit-threshold) and generate seconds per token. Drawn where the set varies the exit threshold or the loops.",
+)
 # The views in page order: both pages draw every one of them.
 VIEWS: list[View] = [
     ACCURACY,
+    COMPUTE,
     View(title="Depth extrapolation", inputs=("depth-set",), query=_depth_points, cases=_each_set,
          plots=(Plot("depth", "depth", _accuracy_vs_depth),),
          note="Accuracy per task group against the loop count r; the set opens on the widest sweep of r."),
@@ -301,14 +319,15 @@ SELECTORS: dict[str, Choices] = {
 }
 
 # ------------------------------------------------------------------------------------------ runs table
-# The runs table's columns: the run's facts, then the peaks `measures.RUN_TABLE_MEASURES` names, by label.
-RUN_COLUMNS = ("run", "sweep", "kind", "model", "loops", "suite", "set", "seed", "status", "samples", "pass@1 (suite mean)",
-               *(measures.BY_NAME[name].label for name in measures.RUN_TABLE_MEASURES))  # fmt: skip
+# The runs table's columns: the run's facts, then the peaks `measures.RUN_TABLE_MEASURES` names, by label, then the energy.
+RUN_COLUMNS = ("run", "sweep", "kind", "model", "loops", "exit threshold", "suite", "set", "seed", "status", "samples",
+               "pass@1 (suite mean)", *(measures.BY_NAME[name].label for name in measures.RUN_TABLE_MEASURES),
+               measures.COMPUTE_BY_NAME["energy_joules"].label)  # fmt: skip
 
 
 def runs_table(engine: Engine) -> list[list[Any]]:
-    """Every run (every kind) as a row of `RUN_COLUMNS`: status, samples, suite-mean accuracy and memory peaks
-    as text (`measures.byte_text`: an unavailable peak reads n/a, never 0)."""
+    """Every run (every kind) as a row of `RUN_COLUMNS`: status, samples, suite-mean accuracy, memory peaks and GPU
+    energy as text (`measures.byte_text`, `energy_text`: an unavailable peak or energy reads n/a, never 0)."""
     table = queries.runs(engine, kind=None)
     table = table.merge(queries.memory_peaks(engine), on="run_id", how="left")
     averages = queries.suite_means(queries.metrics(engine))
@@ -317,7 +336,9 @@ def runs_table(engine: Engine) -> list[list[Any]]:
     rows = []
     for row in table.to_dict("records"):
         accuracy = "" if pd.isna(row.get("value")) else f"{row['value']:.3f} ({row['metric']})"
-        rows.append([row["run_id"], row["sweep_id"], row["kind"], row["model"], number(row["loops"]), row["suite"],
+        exit_at = "" if pd.isna(row["exit_threshold"]) else figures.exit_label(row["exit_threshold"], row["exit_criterion"])
+        rows.append([row["run_id"], row["sweep_id"], row["kind"], row["model"], number(row["loops"]), exit_at, row["suite"],
                      "" if pd.isna(row["set_id"]) else row["set_id"], number(row["seed"]), row["status"],
-                     row["n_samples"], accuracy, *(measures.byte_text(row.get(c)) for c in measures.RUN_TABLE_MEASURES)])
+                     row["n_samples"], accuracy, *(measures.byte_text(row.get(c)) for c in measures.RUN_TABLE_MEASURES),
+                     measures.energy_text(row["energy_joules"])])
     return rows

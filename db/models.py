@@ -51,6 +51,11 @@ class Run(Base):
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     wall_seconds: Mapped[float | None] = mapped_column(Float)
     generate_seconds: Mapped[float | None] = mapped_column(Float)  # time spent inside Adapter.generate
+    # the run's point on the per-token exit axis (`--exit-threshold`, `--exit-criterion`); NULL when not swept
+    exit_threshold: Mapped[float | None] = mapped_column(Float)
+    exit_criterion: Mapped[str | None] = mapped_column(String(16))
+    # GPU energy over the run (NVML's total-energy counter, its stretches summed); NULL where unavailable (no NVML)
+    energy_joules: Mapped[float | None] = mapped_column(Float)
     lease_owner: Mapped[str | None] = mapped_column(String(128))  # "host:pid:token" of the process running it
     lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # renewed every second while it runs
 
@@ -96,8 +101,11 @@ class Sample(Base):
     prompt_tokens: Mapped[int | None] = mapped_column(Integer)
     generated_tokens: Mapped[int | None] = mapped_column(Integer)
     loops_used: Mapped[float | None] = mapped_column(Float)  # mean loops per generated token
+    # loops run -> generated tokens that ran that many ({"1": 3, "4": 17}); NULL for a model that does not loop
+    loops_histogram: Mapped[dict[str, int] | None] = mapped_column(JSON(none_as_null=True))  # SQL NULL, not JSON null
     finish_reason: Mapped[str | None] = mapped_column(String(16))
-    latency_seconds: Mapped[float | None] = mapped_column(Float)
+    latency_seconds: Mapped[float | None] = mapped_column(Float)  # its batch's wall time (prefill and decode)
+    decode_seconds: Mapped[float | None] = mapped_column(Float)  # the decode time the adapter reported (`Generation`)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
     run: Mapped[Run] = relationship(back_populates="samples")

@@ -54,7 +54,8 @@ def runs(engine: Engine, kind: str | None = "eval") -> pd.DataFrame:
     statement = (
         select(
             Run.id.label("run_id"), Run.sweep_id, Run.kind, Run.model_spec.label("model"), Run.adapter,
-            _LOOPS, Run.suite, Run.status, Run.started_at, Run.wall_seconds, Run.model_config,
+            _LOOPS, Run.exit_threshold, Run.exit_criterion, Run.suite, Run.status, Run.started_at, Run.wall_seconds,
+            Run.energy_joules, Run.model_config,
             func.coalesce(n_samples.c.n_samples, 0).label("n_samples"),
         )
         .outerjoin(n_samples, n_samples.c.run_id == Run.id)
@@ -138,8 +139,8 @@ def metrics(engine: Engine, set_id: str | None = None) -> pd.DataFrame:
     """Every stored metric of every evaluated run (of one set when given): run, model, loops, seed, task, metric, value, stderr."""
     statement = (
         select(
-            Run.id.label("run_id"), Run.sweep_id, Run.model_spec.label("model"), _LOOPS, Run.suite, Run.seed,
-            TaskMetric.task, TaskMetric.metric, TaskMetric.value, TaskMetric.stderr,
+            Run.id.label("run_id"), Run.sweep_id, Run.model_spec.label("model"), _LOOPS, Run.exit_threshold, Run.exit_criterion,
+            Run.suite, Run.seed, TaskMetric.task, TaskMetric.metric, TaskMetric.value, TaskMetric.stderr,
         )
         .join(Run)
         .where(Run.kind == "eval")
@@ -171,7 +172,7 @@ def suite_means(table: pd.DataFrame, by: tuple[str, ...] = ("run_id",)) -> pd.Da
     the suite mean had one metric show the same number as new ones.
     """
     rows = []
-    for _, group in table[table["task"] != SUITE].groupby(list(by), sort=True):
+    for _, group in table[table["task"] != SUITE].groupby(list(by), sort=True, dropna=False):
         values: dict[str, dict[str, float | None]] = {}
         stderrs: dict[str, dict[str, float | None]] = {}
         for row in group.itertuples():
@@ -182,7 +183,9 @@ def suite_means(table: pd.DataFrame, by: tuple[str, ...] = ("run_id",)) -> pd.Da
     return pd.DataFrame(rows, columns=list(table.columns))
 
 
-POINT = ["model", "loops"]  # one plotted point, one row of `loopeval results`: its seeds are pooled
+# One plotted point, one row of `loopeval results`: its seeds are pooled. The exit threshold and criterion are NaN /
+# None off the exit axis (`--exit-threshold`), so every grouping by POINT keeps missing keys (`dropna=False`).
+POINT = ["model", "loops", "exit_threshold", "exit_criterion"]
 _POOLED = [*POINT, "suite", "task", "metric", "value", "stderr", "seeds", "run_ids", "run_id"]
 
 
@@ -211,11 +214,11 @@ def pooled_metrics(engine: Engine, set_id: str | None, run_ids: Iterable[int] | 
     repeated = table.duplicated([*POINT, "task", "metric"]).any()
     counts = item_counts(engine, table["run_id"].unique().tolist()) if repeated else {}
     rows = []
-    for (model, loops, task, metric), group in table.groupby([*POINT, "task", "metric"], sort=False):  # tasks as stored
+    for (*point, task, metric), group in table.groupby([*POINT, "task", "metric"], sort=False, dropna=False):  # tasks as stored
         value, stderr = pool([Estimate(r.value, None if pd.isna(r.stderr) else r.stderr, counts.get((r.run_id, task)))
                               for r in group.itertuples()])
         ids = sorted(int(i) for i in group["run_id"])
-        rows.append([model, loops, group["suite"].iloc[0], task, metric, value, stderr, len(group), ids, ids[-1]])
+        rows.append([*point, group["suite"].iloc[0], task, metric, value, stderr, len(group), ids, ids[-1]])
     return pd.DataFrame(rows, columns=_POOLED).sort_values(list(POINT), kind="stable", ignore_index=True)
 
 
@@ -246,10 +249,41 @@ def accuracy_memory(
     pooled = table[[*POINT, "run_ids"]].explode("run_ids").rename(columns={"run_ids": "run_id"}).astype({"run_id": "int64"})
     pooled = pooled.merge(info[["run_id", "n_samples"]], on="run_id", how="left")
     pooled = pooled.merge(memory_peaks(engine, pooled["run_id"].tolist()), on="run_id", how="left")
-    per_point = pooled.drop(columns="run_id").groupby(POINT, as_index=False).agg(
-        {c: "sum" if c == "n_samples" else "max" for c in pooled.columns if c not in (*POINT, "run_id")})
+    pooled = pooled.merge(run_compute(engine, pooled["run_id"].tolist()), on="run_id", how="left")
+    per_point = pooled.drop(columns="run_id").groupby(POINT, as_index=False, dropna=False).agg(
+        {c: _sum_known if c in _SUMMED else "max" for c in pooled.columns if c not in (*POINT, "run_id")})
     table = table.merge(per_point, on=POINT, how="left")
     return table.sort_values(POINT).reset_index(drop=True)
+
+
+# What a point's pooled runs add up (counts, seconds, joules); memory takes their largest peak.
+_SUMMED = ("n_samples", "generated_tokens", "loop_tokens", "looped_tokens", "generate_seconds", "energy_joules")
+
+
+def _sum_known(values: pd.Series) -> float:
+    """The sum of the known values; NaN when none is known (unavailable stays unavailable, never 0)."""
+    return values.sum(min_count=1)
+
+
+def run_compute(engine: Engine, run_ids: Iterable[int]) -> pd.DataFrame:
+    """What each run's tokens cost, as stored: generated tokens, loop-token products (sum of a sample's mean loops x
+    its tokens, over `looped_tokens`, the tokens of samples that report loops), seconds inside generate, GPU energy
+    (NaN where unavailable). `dashboards.data.with_derived_measures` turns them into the `measures.COMPUTE_MEASURES`."""
+    looped = Sample.loops_used.is_not(None)
+    tokens = (
+        select(Sample.run_id, func.sum(Sample.generated_tokens).label("generated_tokens"),
+               func.sum(case((looped, Sample.loops_used * Sample.generated_tokens), else_=0)).label("loop_tokens"),
+               func.sum(case((looped, Sample.generated_tokens), else_=0)).label("looped_tokens"))
+        .group_by(Sample.run_id).subquery()
+    )
+    statement = (
+        select(Run.id.label("run_id"), tokens.c.generated_tokens, tokens.c.loop_tokens, tokens.c.looped_tokens,
+               Run.generate_seconds, Run.energy_joules)
+        .outerjoin(tokens, tokens.c.run_id == Run.id)
+        .where(Run.id.in_(list(run_ids)))
+    )
+    frame = _frame(engine, statement)
+    return frame.astype({column: "float64" for column in frame.columns if column != "run_id"})
 
 
 def memory_series(engine: Engine, run_id: int) -> pd.DataFrame:

@@ -7,7 +7,7 @@ stored per run). That tuple is a run's evaluation set. The seed is not part of i
 repeats of one measurement. Figures, reports and `loopeval results` show one set at a time, never a
 point merged from two. Runs stored before fingerprints existed still get a set, labelled as such.
 
-`run_key` adds what makes two runs the same experiment (model, loops, per-model overrides, seed),
+`run_key` adds what makes two runs the same experiment (model, loops, exit threshold, per-model overrides, seed),
 which is how `loopeval run` recognises a run already stored. Pure functions of stored values (no
 sqlalchemy), so the store, the queries and the harness compute them alike.
 """
@@ -88,12 +88,15 @@ def run_set(run: Mapping[str, Any]) -> EvalSet:
 
 
 def run_key(run: Mapping[str, Any]) -> str:
-    """Two runs with the same key are the same experiment (model, loops, that model's overrides, set, seed):
+    """Two runs with the same key are the same experiment (model, loops, exit threshold and criterion, that model's
+    overrides, set, seed):
     `loopeval run` skips the second unless `--rerun`. `run` holds the `runs` columns, `spec` included."""
     model = run["model_spec"]
     overrides = ((run.get("spec") or {}).get("model_overrides") or {}).get(model, {})
-    return _digest({"model": model, "loops": run["loops"], "overrides": overrides, "set": run_set(run).id,
-                    "seed": run["seed"]}, 16)
+    key = {"model": model, "loops": run["loops"], "overrides": overrides, "set": run_set(run).id, "seed": run["seed"]}
+    if run.get("exit_threshold") is not None:  # only where set, so runs stored before the exit axis keep their keys
+        key["exit"] = [run["exit_threshold"], run.get("exit_criterion")]
+    return _digest(key, 16)
 
 
 def id_ranges(ids: Sequence[int]) -> str:

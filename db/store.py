@@ -25,7 +25,7 @@ from measures import BY_NAME, merged_peak
 
 SAMPLE_FIELDS = (
     "task", "doc_id", "sample_index", "prompt", "output", "gold", "score", "prompt_tokens",
-    "generated_tokens", "loops_used", "finish_reason", "latency_seconds",
+    "generated_tokens", "loops_used", "loops_histogram", "finish_reason", "latency_seconds", "decode_seconds",
 )
 
 
@@ -129,7 +129,7 @@ class Store:
     def finished_run_keys(self) -> dict[str, int]:
         """`db.sets.run_key` of every finished eval run -> the newest such run's id (what a rerun would repeat)."""
         columns = [Run.id, Run.model_spec, Run.loops, Run.suite, Run.tasks, Run.limit, Run.sampling,
-                   Run.data_fingerprint, Run.seed, Run.spec]
+                   Run.data_fingerprint, Run.seed, Run.spec, Run.exit_threshold, Run.exit_criterion]
         with self._session() as session:
             rows = session.execute(select(*columns).where(Run.kind == "eval", Run.status == "finished").order_by(Run.id))
             return {run_key(row._mapping): row.id for row in rows}
@@ -283,6 +283,8 @@ class Store:
                 "model": run.model_spec,
                 "adapter": run.adapter,
                 "loops": run.loops,
+                "exit_threshold": run.exit_threshold,
+                "exit_criterion": run.exit_criterion,
                 "suite": run.suite,
                 "tasks": run.tasks,
                 "limit": run.limit,
@@ -303,6 +305,7 @@ class Store:
                 "started_at": run.started_at.isoformat() if run.started_at else None,
                 "wall_seconds": run.wall_seconds,
                 "generate_seconds": run.generate_seconds,
+                "energy_joules": run.energy_joules,
             }
             for run in runs
         ]

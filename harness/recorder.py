@@ -81,18 +81,21 @@ def run_row(
     kind: str, model: str, *, loops: int | None, suite: str, tasks: Sequence[str], sampling: Sampling | None, seed: int,
     spec: Mapping[str, Any], limit: int | None = None, data_fingerprint: str | None = None,
     model_config: Mapping[str, Any] | None = None, sweep_id: str | None = None, status: str = "running",
+    exit_threshold: float | None = None, exit_criterion: str | None = None,
 ) -> dict[str, Any]:
     """The `runs` row a run of any kind starts as, for `Store.create_run(s)`: what was run, how, where and with what.
 
     `spec` holds what else the kind needs to read the run back (an eval run's RunSpec, which `--resume`
     rebuilds with the `sampling` stored beside it; a profile's settings). `sampling` None: the run sampled
-    nothing (a probe). A run of its own (a probe, a profile) gets a sweep id of its own.
+    nothing (a probe). A run of its own (a probe, a profile) gets a sweep id of its own. `exit_threshold` and
+    `exit_criterion`: the run's point on the exit axis (`--exit-threshold`), None when the sweep does not vary it.
     """
     return dict(
         sweep_id=sweep_id or new_sweep_id(), kind=kind, model_spec=model, adapter=model.partition(":")[0],
         model_config=dict(model_config or {}), loops=loops, suite=suite, tasks=list(tasks),
         sampling={} if sampling is None else dataclasses.asdict(sampling), seed=seed, limit=limit,
         data_fingerprint=data_fingerprint, spec=dict(spec), versions=package_versions(), host=host_info(), status=status,
+        exit_threshold=exit_threshold, exit_criterion=exit_criterion,
     )
 
 
@@ -128,6 +131,7 @@ class RunRecorder:
         self.owner = lease_owner()
         self._offset = (previous.wall_seconds or 0.0) if previous is not None else 0.0  # seconds of earlier stretches
         self._generate = (previous.generate_seconds or 0.0) if previous is not None else 0.0
+        self._energy = previous.energy_joules if previous is not None else None  # joules of earlier stretches (None: unknown)
         self._written = 0  # ticks already stored
         self._began = time.perf_counter()
         self._stop = threading.Event()
@@ -157,6 +161,12 @@ class RunRecorder:
     def wall_seconds(self) -> float:
         return self._offset + time.perf_counter() - self._began
 
+    @property
+    def energy_joules(self) -> float | None:
+        """GPU energy of the run so far, its earlier stretches' added; None while neither stretch could read a counter."""
+        now = self.sampler.energy_joules()
+        return self._energy if now is None else (self._energy or 0.0) + now
+
     def _loop(self) -> None:
         while not self._stop.wait(FLUSH_SECONDS):
             try:
@@ -172,5 +182,5 @@ class RunRecorder:
         self.store.add_memory_samples(self.run_id, [{**tick, "t": tick["t"] + self._offset} for tick in rows])
         self.store.merge_memory_peaks(self.run_id, self.sampler.peaks())
         self.store.update_run(self.run_id, wall_seconds=self.wall_seconds,
-                              generate_seconds=self._generate + self.timed.generate_seconds)
+                              generate_seconds=self._generate + self.timed.generate_seconds, energy_joules=self.energy_joules)
         self.store.take_lease(self.run_id, self.owner, LEASE_SECONDS, holder_is_gone)

@@ -29,7 +29,7 @@ from harness.errors import UserError
 from harness.hints import env_command, with_db
 from harness.recorder import RunBusy, RunRecorder, holder_is_gone, host_info, new_sweep_id, run_row
 from harness.sampler import MemorySampler
-from harness.spec import RunSpec, at_loops, is_looped
+from harness.spec import DEFAULT_EXIT_CRITERION, RunSpec, at_loops, is_looped
 
 if TYPE_CHECKING:
     from db.store import Store
@@ -168,16 +168,19 @@ def _load_tasks(spec: RunSpec) -> list[Any]:
         raise UserError(str(exc)) from None
 
 
+Run = tuple[str, int | None, float | None]  # one run of a plan: (model spec, loops, exit threshold); None: not on that axis
+
+
 @dataclass
 class SweepPlan:
-    """What a sweep will run, worked out before anything is written: task configs and (model, loops) pairs.
+    """What a sweep will run, worked out before anything is written: task configs and (model, loops, exit threshold) runs.
 
     `loaded` keeps the adapters that had to be loaded to learn whether they loop (specs whose
     adapter cannot describe itself from its config), so the sweep does not load them twice.
     """
 
     task_configs: list[Any]
-    runs: list[tuple[str, int | None]]
+    runs: list[Run]
     loaded: dict[str, Any] = field(default_factory=dict)
     params: dict[str, int | None] = field(default_factory=dict)  # each model's parameters (None: unknown)
     devices: dict[str, str] = field(default_factory=dict)  # where each model computes (cpu, cuda)
@@ -210,11 +213,29 @@ def prepare_sweep(spec: RunSpec) -> SweepPlan:
         if description.get("has_tokenizer") is False:
             raise UserError(f"{model} has no tokenizer, so it cannot read a suite's prompts: evaluate a checkpoint "
                             "(e.g. qwen3:PATH) or a zoo model; real-size presets are for `loopeval profile` and `estimate`")
-        runs = [(model, r) for r in spec.loops] if is_looped(description) else [(model, None)]
-        for _, loops in runs:
-            _check_fits(spec, model, loops)
+        runs = _model_runs(spec, model, description)
+        for run in runs:
+            _check_fits(spec, run)
         plan.runs.extend(runs)
+    if spec.exit_thresholds and all(threshold is None for _, _, threshold in plan.runs):
+        raise UserError("--exit-threshold applies to looped models, and none of the sweep's models loops")
     return plan
+
+
+def _model_runs(spec: RunSpec, model: str, description: dict[str, Any]) -> list[Run]:
+    """The runs of one model: each loop count at each exit threshold (thresholds outer, so the model is loaded
+    once per threshold) for a looped model, one run for a plain one, as the loops axis treats it. UserError
+    where the exit axis cannot apply: a looped model outside the engine, or the gate criterion without a gate."""
+    if not is_looped(description):
+        return [(model, None, None)]
+    if spec.exit_thresholds:
+        config = description.get("config")
+        if not isinstance(config, dict) or "exit_gate" not in config:
+            raise UserError(f"--exit-threshold: {model} is not an engine model, whose per-token exit the axis sets")
+        if spec.exit_criterion == DEFAULT_EXIT_CRITERION and not config["exit_gate"]:
+            raise UserError(f"--exit-threshold: {model} has no exit gate for --exit-criterion {DEFAULT_EXIT_CRITERION}; "
+                            f"kl or entropy need none")
+    return [(model, r, t) for t in spec.exit_thresholds or (None,) for r in spec.loops]
 
 
 def largest_model(params: Sequence[int | None]) -> int | None:
@@ -232,11 +253,14 @@ def stored_params(store: Store, run_id: int) -> list[int | None]:
     return [None if f is None else f.get("params") for f in facts]
 
 
-def _check_fits(spec: RunSpec, model: str, loops: int | None) -> None:
-    """Refuse a run whose weights and KV cache cannot fit the machine (new tokens only: a lower bound)."""
+def _check_fits(spec: RunSpec, run: Run) -> None:
+    """Refuse a run whose weights and KV cache cannot fit the machine (new tokens only: a lower bound); the
+    adapter checks the run's overrides (its exit threshold among them) on the way, before anything is stored."""
     import adapters
 
-    facts = adapters.inspect(model, **spec.load_overrides(model), **({} if loops is None else {"loops": loops}))
+    model, loops, threshold = run
+    overrides = spec.run_overrides(model, threshold, spec.exit_criterion)
+    facts = adapters.inspect(model, **overrides, **({} if loops is None else {"loops": loops}))
     if facts is None:
         return
     tokens = min(spec.sampling.max_new_tokens, facts.get("max_context", spec.sampling.max_new_tokens))
@@ -245,12 +269,14 @@ def _check_fits(spec: RunSpec, model: str, loops: int | None) -> None:
     check_fits(what, facts, tokens, sequences, "--loops, --samples, --batch-size or --max-new-tokens")
 
 
-def _sweep_row(spec: RunSpec, plan: SweepPlan, run: tuple[str, int | None], sweep_id: str | None) -> dict[str, Any]:
-    """The `runs` row of one (model, loops) of a sweep, queued, with the spec so the run can be resumed by id."""
-    model, loops = run
+def _sweep_row(spec: RunSpec, plan: SweepPlan, run: Run, sweep_id: str | None) -> dict[str, Any]:
+    """The `runs` row of one (model, loops, exit threshold) of a sweep, queued, with the spec so the run can be
+    resumed by id; the row is the one home of its threshold, which the executor reads back (`run_stored`)."""
+    model, loops, threshold = run
     return run_row("eval", model, loops=loops, suite=spec.suite, tasks=[t.name for t in plan.task_configs],
                    sampling=spec.sampling, seed=spec.seed, limit=spec.limit, data_fingerprint=plan.fingerprint,
-                   spec=spec.to_dict(), sweep_id=sweep_id, status="queued")
+                   spec=spec.to_dict(), sweep_id=sweep_id, status="queued", exit_threshold=threshold,
+                   exit_criterion=None if threshold is None else spec.exit_criterion)
 
 
 def stored_spec(run: Any, db_url: str | None) -> RunSpec:
@@ -271,12 +297,12 @@ def skip_stored(spec: RunSpec, plan: SweepPlan, store: Store, log: Callable[[str
         if twin is None:
             kept.append(run)
         else:
-            skipped.append(RunOutcome(twin, *run, "finished"))
+            skipped.append(RunOutcome(twin, run[0], run[1], "finished"))
     if skipped:
         ids = sorted(o.run_id for o in skipped)
         what = f"{len(skipped)} of {len(plan.runs)} runs" if kept else f"all {len(plan.runs)} runs"
         log(f"{what} identical to finished run{'s' if len(ids) > 1 else ''} {id_ranges(ids)} "
-            "(same model, overrides, loops, evaluation set and seed): skipped; --rerun runs them again")
+            "(same model, overrides, loops, exit threshold, evaluation set and seed): skipped; --rerun runs them again")
     plan.runs = kept
     return skipped
 
@@ -285,7 +311,7 @@ def store_sweep(spec: RunSpec, plan: SweepPlan, store: Store, sweep_id: str) -> 
     """Store every run of the sweep up front (status "queued"): a killed sweep is then completed by
     `--resume` of any of its runs. Returns (run id, model spec, loops) in the order they run."""
     ids = store.create_runs([_sweep_row(spec, plan, run, sweep_id) for run in plan.runs])  # one transaction: all or none
-    return [(run_id, *run) for run_id, run in zip(ids, plan.runs)]
+    return [(run_id, model, loops) for run_id, (model, loops, _) in zip(ids, plan.runs)]
 
 
 def run_sweep(
@@ -360,14 +386,17 @@ def run_stored(
         progress.start_sweep(len(runs))
     adapter, current = None, None
     for run_id, model, loops in runs:
+        row = store.get_run(run_id)
+        exit_at = (row.exit_threshold, row.exit_criterion)  # the run's point on the exit axis (None, None: not swept)
         if progress is not None:
-            progress.start_run(run_label(run_id, model, loops))
+            progress.start_run(run_label(run_id, model, loops, row.exit_threshold))
         elif starts:
-            log(f"{run_label(run_id, model, loops)}: starting on {spec.suite}")
+            log(f"{run_label(run_id, model, loops, row.exit_threshold)}: starting on {spec.suite}")
         try:
-            if model != current:  # the previous model is done with
-                adapter, current = (loaded or {}).pop(model, None), model
-            adapter = at_loops(adapter, model, loops, spec.load_overrides(model))
+            if (model, exit_at) != current:  # the previous model, or its exit policy (a load override), is done with
+                adapter = (loaded or {}).pop(model, None) if exit_at == (None, None) else None
+                current = (model, exit_at)
+            adapter = at_loops(adapter, model, loops, spec.run_overrides(model, *exit_at))
             outcomes.append(_execute(spec, store, run_id, (model, loops), adapter, task_configs, progress, log))
         except ResultsError:  # the store itself failed (disk full, damaged, unreachable): every later run would too
             raise
@@ -385,9 +414,11 @@ def run_stored(
     return outcomes
 
 
-def run_label(run_id: int, model: str, loops: int | None) -> str:
-    """How progress and log lines name a run: 'run 14 zoo:ouro-tiny r=4' (a plain model has no r)."""
-    return f"run {run_id} {model}" + ("" if loops is None else f" r={loops}")
+def run_label(run_id: int, model: str, loops: int | None, exit_threshold: float | None = None) -> str:
+    """How progress and log lines name a run: 'run 14 zoo:ouro-tiny r=4', 'run 15 zoo:ouro-tiny r=4 exit=0.5'
+    (a plain model has no r, a run off the exit axis no exit)."""
+    return (f"run {run_id} {model}" + ("" if loops is None else f" r={loops}")
+            + ("" if exit_threshold is None else f" exit={exit_threshold:g}"))
 
 
 def _execute(
@@ -444,7 +475,7 @@ def _execute(
     finally:
         sampler.stop()
         recorder.stop()
-        _record_sampler(store, run_id, sampler, log, f"{run_label(run_id, *run)}: {status} in {recorder.wall_seconds:.1f} s "
+        _record_sampler(store, run_id, sampler, log, f"{run_label(run_id, *run, previous.exit_threshold)}: {status} in {recorder.wall_seconds:.1f} s "
                         f"({timed.generate_seconds:.1f} s generating")
         store.finish_run(run_id, status, error=error)
     return RunOutcome(run_id, *run, status, metrics)

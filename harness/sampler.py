@@ -4,7 +4,8 @@ Every `interval` seconds (20 ms by default) it records one tick: NVML device use
 process's used memory (NVML's per-process list, matched by pid), torch CUDA allocated and reserved,
 the adapter's live `kv_bytes_used` / `kv_bytes_allocated` / `kv_bytes_reserved` (the engine's KV
 pool while one lives, 0 between calls), and the process RSS, tagged with the current phase
-("task:addition batch:3") and the run's generated-token count so far. A source that cannot be read
+("task:addition batch:3") and the run's generated-token count so far. It also reads NVML's total-energy
+counter at start and on request (`energy_joules`, the delta). A source that cannot be read
 here is None in every tick and in its peak, never 0: "no GPU" must not look like "used no GPU memory".
 
 Peaks carry the series' names (`measures`): a run's `rss` peak is the maximum of its `rss` ticks. Where
@@ -59,6 +60,10 @@ class _Nvml:
             process = 0 if not _cuda_initialized() else None
         return device, None if process is None else int(process)
 
+    def energy_millijoules(self) -> int:
+        """The device's total energy since the driver loaded (Volta and newer; NVMLError elsewhere)."""
+        return int(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle))
+
 
 def _cuda_initialized() -> bool:
     import torch
@@ -93,6 +98,7 @@ class MemorySampler:
         self._busy = 0.0
         self._running = dict.fromkeys(SERIES_MEASURES)  # sampled maxima, updated every tick
         self._final: dict[str, int | None] = {}
+        self._energy_began: int | None = None  # the device's energy counter at start(), millijoules
 
     # --- sources ------------------------------------------------------------------------------
 
@@ -157,6 +163,7 @@ class MemorySampler:
 
             torch.cuda.reset_peak_memory_stats()
         self._t0 = time.perf_counter()
+        self._energy_began = self._energy_now()
         self._tick()
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="loopeval-memory-sampler", daemon=True)
@@ -226,6 +233,22 @@ class MemorySampler:
             if value is not None:
                 peaks[measure] = value
         return peaks
+
+    def _energy_now(self) -> int | None:
+        """NVML's energy counter now (millijoules), None where there is none (no NVML, a GPU without the counter)."""
+        if self._nvml is None:
+            return None
+        try:
+            return self._nvml.energy_millijoules()
+        except Exception as exc:  # NVMLError_NotSupported before Volta: unavailable, said once with the run
+            self.unavailable["nvml_energy"] = f"{type(exc).__name__}: {exc}"
+            return None
+
+    def energy_joules(self) -> float | None:
+        """GPU energy since `start()` (the device's, so other processes on it count too), None where unavailable:
+        'no counter' must not read as 'used no energy'."""
+        now = None if self._energy_began is None else self._energy_now()
+        return None if now is None or self._energy_began is None else (now - self._energy_began) / 1000
 
     def overhead(self) -> dict[str, float]:
         """The sampler's own cost: ticks taken, mean seconds per tick, and busy time over wall time."""

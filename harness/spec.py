@@ -9,13 +9,14 @@ user left unset from them and validates everything before anything is loaded or 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import adapters
-from adapters.base import MAX_STORED_INT, PAPER_PROTOCOL, AdapterError, Sampling, check_sampling
+from adapters.base import EXIT_CRITERIA, MAX_STORED_INT, PAPER_PROTOCOL, AdapterError, Sampling, check_sampling
 from adapters.engine.config import MAX_LOOPS
 from harness.errors import UserError
 from harness.sampler import DEFAULT_INTERVAL
@@ -105,10 +106,31 @@ def suite_sampling(suite: str) -> Sampling:
     return SUITE_SAMPLING[suite]
 
 
+DEFAULT_EXIT_CRITERION = EXIT_CRITERIA[0]  # Ouro's learned exit gate
+
+
+def check_exit(thresholds: Sequence[float], criterion: str | None) -> None:
+    """UserError naming the option on a bad exit axis: the criterion one of EXIT_CRITERIA, each threshold a finite
+    number in the criterion's range (a gate's cumulative exit probability in [0, 1], 0 = one loop; a KL divergence or
+    entropy change >= 0). A criterion without thresholds sweeps nothing, so it is refused rather than ignored."""
+    if criterion is not None and criterion not in EXIT_CRITERIA:
+        raise UserError(f"--exit-criterion must be one of {', '.join(EXIT_CRITERIA)}, got {criterion!r}")
+    if criterion is not None and not thresholds:
+        raise UserError("--exit-criterion applies only with --exit-threshold (the thresholds it sweeps)")
+    gate = (criterion or DEFAULT_EXIT_CRITERION) == "gate"
+    for value in thresholds:
+        number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not number or value < 0 or (gate and value > 1):
+            what = "a finite number in [0, 1]" if gate else "a finite number >= 0"
+            raise UserError(f"--exit-threshold must be {what} with --exit-criterion {criterion or DEFAULT_EXIT_CRITERION}, got {value!r}")
+
+
 # Backends that can run code shipped inside a model directory, and so take trust_remote_code.
 REMOTE_CODE_PREFIXES = ("transformers", "vllm")
 # Set for the whole sweep, never per model: loops are what a sweep varies, the seed what makes it repeatable.
 SWEEP_WIDE_OVERRIDES = ("loops", "seed")
+# Load overrides the exit axis (`--exit-threshold`, `--exit-criterion`) sets per run.
+EXIT_OVERRIDES = ("exit_threshold", "exit_criterion")
 
 
 @dataclass(frozen=True)
@@ -130,6 +152,10 @@ class RunSpec:
     # model spec -> load overrides of that model only (a sweep file's `{spec = ..., overrides = {...}}`);
     # runs stored before this field existed have none, which from_dict keeps working.
     model_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The per-token early-exit axis: one run per threshold of each looped model (empty: not swept; the models'
+    # own exit policy). The criterion is None when no threshold is swept. Specs stored before it have neither.
+    exit_thresholds: tuple[float, ...] = ()
+    exit_criterion: str | None = None
 
     @classmethod
     def build(
@@ -151,6 +177,8 @@ class RunSpec:
         sampler_interval: float = DEFAULT_INTERVAL,
         trust_remote_code: bool = False,
         model_overrides: Mapping[str, Mapping[str, Any]] | None = None,
+        exit_thresholds: Sequence[float] | None = None,
+        exit_criterion: str | None = None,
     ) -> RunSpec:
         """Fill unset values and check every field; UserError names the bad option.
 
@@ -172,6 +200,11 @@ class RunSpec:
         sampling = dataclasses.replace(defaults, **given)
         limit = DEFAULTS.limit if limit is None else limit
         per_model = _checked_model_overrides(models, {adapters.resolve(m): o for m, o in (model_overrides or {}).items()})
+        check_exit(tuple(exit_thresholds or ()), exit_criterion)
+        thresholds = tuple(sorted(set(float(t) for t in exit_thresholds or ())))
+        for model, values in per_model.items():
+            if thresholds and set(EXIT_OVERRIDES) & set(values):
+                raise UserError(f"overrides of {model}: --exit-threshold sweeps the exit policy, so the model's own exit overrides cannot be kept")
         return cls(
             models=models,
             suite=suite,
@@ -186,6 +219,8 @@ class RunSpec:
             sampler_interval=sampler_interval,
             trust_remote_code=trust_remote_code,
             model_overrides=per_model,
+            exit_thresholds=thresholds,
+            exit_criterion=(exit_criterion or DEFAULT_EXIT_CRITERION) if thresholds else None,
         )
 
     def load_overrides(self, model: str) -> dict[str, Any]:
@@ -193,6 +228,16 @@ class RunSpec:
         overrides: dict[str, Any] = {"seed": self.seed, **self.model_overrides.get(model, {})}
         if self.trust_remote_code and model.partition(":")[0] in REMOTE_CODE_PREFIXES:
             overrides["trust_remote_code"] = True
+        return overrides
+
+    def run_overrides(self, model: str, exit_threshold: float | None, exit_criterion: str | None) -> dict[str, Any]:
+        """Overrides one run of `model` is loaded with: `load_overrides`, and the run's point on the exit axis (the
+        criterion only where it is not the gate, the engine's default)."""
+        overrides = self.load_overrides(model)
+        if exit_threshold is not None:
+            overrides["exit_threshold"] = exit_threshold
+            if exit_criterion not in (None, DEFAULT_EXIT_CRITERION):
+                overrides["exit_criterion"] = exit_criterion
         return overrides
 
     def to_dict(self) -> dict[str, Any]:
@@ -206,7 +251,7 @@ class RunSpec:
     def from_dict(cls, data: Mapping[str, Any], sampling: Mapping[str, Any], db_url: str | None) -> RunSpec:
         """The spec `to_dict` stored, with its `sampling` (as `runs.sampling` holds it) and the store it was read from."""
         fields = {**data, "sampling": Sampling(**sampling), "db_url": db_url}
-        for name in ("models", "loops", "tasks"):
+        for name in ("models", "loops", "tasks", "exit_thresholds"):
             if fields.get(name) is not None:
                 fields[name] = tuple(fields[name])
         return cls(**fields)

@@ -103,6 +103,27 @@ def int_ranges(value: str, name: str, minimum: int = 1) -> list[int]:
     return list(dict.fromkeys(items))
 
 
+def float_list(value: str, name: str) -> list[float]:
+    """'0.5,0.8,1' -> [0.5, 0.8, 1.0], duplicates dropped; UserError naming `name` on anything else (the values'
+    ranges are `harness.spec.check_exit`'s)."""
+    try:
+        items = [float(part) for part in (p.strip() for p in value.split(",")) if part]
+    except ValueError:
+        items = []
+    if not items:
+        raise UserError(f"{name} must be comma-separated numbers such as 0.5,0.8,1.0, got {value!r}")
+    return list(dict.fromkeys(items))
+
+
+def _thresholds(name: str, value: Any) -> list[float]:
+    """A sweep file's exit thresholds: a list of finite numbers, or a string of them ("0.5,0.8,1.0")."""
+    if isinstance(value, str):
+        return float_list(value, name)
+    if not isinstance(value, list) or not value or not all(_is_number(v) for v in value):
+        raise _bad(name, "a non-empty list of finite numbers", value)
+    return value
+
+
 def _loops(name: str, value: Any) -> list[int]:
     """A sweep file's loops: a list of positive integers, or a string of them and ranges ("1-12")."""
     return int_ranges(value, name) if isinstance(value, str) else _positive_ints(name, value)
@@ -215,6 +236,8 @@ KEYS: dict[str, tuple[Callable[[str, Any], Any], str]] = {
     "suite": (_suite, "suite"),
     "tasks": (_strings, "tasks"),
     "loops": (_loops, "loops"),
+    "exit_threshold": (_thresholds, "exit_thresholds"),
+    "exit_criterion": (_string, "exit_criterion"),
     "samples": (_sampling("n"), "samples"),
     "temperature": (_sampling("temperature"), "temperature"),
     "top_p": (_sampling("top_p"), "top_p"),
@@ -268,16 +291,18 @@ def read_sweep_file(path: str | Path) -> dict[str, Any]:
 
 # What a sweep runs. Without any of these and without a sweep file, `loopeval run` is the default benchmark:
 # the recurrence lab's sweep (harness.spec.LAB), then the headline sweep, whose set the views open on.
-SWEEP_CHOICES = ("models", "suite", "tasks", "loops", "samples", "temperature", "top_p", "max_new_tokens", "limit", "seeds")
+SWEEP_CHOICES = ("models", "suite", "tasks", "loops", "exit_thresholds", "samples", "temperature", "top_p", "max_new_tokens", "limit", "seeds")
 
 
 def _check_grid(values: Mapping[str, Any], seeds: list[int]) -> None:
     """Refuse a sweep over MAX_RUNS runs before it is planned (planning one run reads its model's config)."""
     models = len(values.get("models") or DEFAULTS.models)
     loops = len(set(values.get("loops") or DEFAULTS.loops))
-    runs = models * loops * len(set(seeds))
+    thresholds = len(set(values.get("exit_thresholds") or [None]))
+    runs = models * loops * thresholds * len(set(seeds))
     if runs > MAX_RUNS:
-        raise UserError(f"the sweep asks for up to {runs:,} runs ({models} models x {loops} loop counts x {len(set(seeds))} seeds), "
+        swept = f" x {thresholds} exit thresholds" if thresholds > 1 else ""
+        raise UserError(f"the sweep asks for up to {runs:,} runs ({models} models x {loops} loop counts{swept} x {len(set(seeds))} seeds), "
                         f"over the limit of {MAX_RUNS:,}: split it into several sweeps")
 
 

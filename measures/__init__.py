@@ -1,4 +1,5 @@
-"""The memory vocabulary: every measure's name, unit, kind and label, the byte units, and the analytic formula.
+"""The measure vocabulary: every memory measure's name, unit, kind and label, the byte units, the analytic
+formula, and the compute measures (`COMPUTE_MEASURES`: loops and layer passes per token, speed, energy).
 
 One home for what the engine, the memory sampler, `loopeval profile` / `estimate`, the store and the
 dashboards call a measure, so a name means the same thing everywhere: `kv_bytes_reserved` in a tick
@@ -121,6 +122,42 @@ def analytic_kv_bytes(terms: Mapping[str, int], tokens: int, sequences: int = 1)
 def analytic_bytes(terms: Mapping[str, int], tokens: int, sequences: int = 1) -> int:
     """Weights plus `analytic_kv_bytes`: what a model needs to hold `sequences` sequences of `tokens` tokens."""
     return terms["weights_bytes"] + analytic_kv_bytes(terms, tokens, sequences)
+
+
+@dataclass(frozen=True)
+class ComputeMeasure:
+    """A per-run compute measure: read from the samples and timings a run stores (never sampled by a tick), so it
+    has no peak or kind; `unit` is what a figure's axis and a table's caption say."""
+
+    name: str
+    label: str
+    unit: str
+
+
+# What a generated token cost, beside what it held in memory; in the order `loopeval results` shows them.
+COMPUTE_MEASURES: tuple[ComputeMeasure, ...] = (
+    ComputeMeasure("loops_per_token", "mean loops per generated token", "loops"),
+    ComputeMeasure("layer_passes_per_token", "layer passes per generated token", "layers"),
+    ComputeMeasure("tokens_per_second", "generated tokens per second (inside generate, prefill included)", "tokens/s"),
+    ComputeMeasure("seconds_per_token", "generate seconds per generated token", "s"),
+    ComputeMeasure("energy_joules", "GPU energy of the run (NVML)", "J"),
+)
+COMPUTE_BY_NAME: dict[str, ComputeMeasure] = {m.name: m for m in COMPUTE_MEASURES}
+# The layer counts an engine model's `describe()["config"]` holds: run once (prelude, coda) or once per loop (shared).
+LAYER_FIELDS: tuple[str, ...] = ("prelude_layers", "coda_layers", "shared_layers")
+
+
+def layer_passes(config: Mapping[str, int], loops_per_token: float) -> float:
+    """Decoder-layer passes per generated token: the prelude and coda once, the shared block once per loop run.
+    `config` holds `LAYER_FIELDS` (an engine model's stored config); a per-token early exit lowers the mean loops."""
+    return config["prelude_layers"] + config["coda_layers"] + config["shared_layers"] * loops_per_token
+
+
+def energy_text(joules: float | None) -> str:
+    """Joules as '412 J' or '3.41 kJ' (3 significant digits); None (and NaN) is no energy counter here: "n/a", never "0"."""
+    if joules is None or joules != joules:
+        return "n/a"
+    return f"{joules / KB:.3g} kJ" if abs(joules) >= KB else f"{joules:.3g} J"
 
 
 def byte_text(value: float | None) -> str:

@@ -151,6 +151,22 @@ def _loops(run: dict[str, Any]) -> int:
     return run["loops"] or 1  # a plain model runs once, as db.queries reads it
 
 
+Key = tuple[str, int, float | None, str | None]  # one row: (model, loops, exit threshold, exit criterion), as db.queries.POINT
+
+
+def _known(value: Any) -> Any:
+    """A stored value, None for NaN (pandas reads a NULL float as NaN)."""
+    return None if value is None or value != value else value
+
+
+def _run_key(run: dict[str, Any]) -> Key:
+    return run["model"], _loops(run), run.get("exit_threshold"), run.get("exit_criterion")
+
+
+def _row_key(row: Any) -> Key:
+    return row.model, int(row.loops), _known(row.exit_threshold), _known(row.exit_criterion)
+
+
 def _order_sets(runs: list[dict[str, Any]]) -> dict[str, str]:
     """set id -> label for the evaluation sets of `runs`, the default first: the set of the newest run with
     scores, as `db.queries.eval_sets` orders them."""
@@ -158,18 +174,19 @@ def _order_sets(runs: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = None, measure: str | None = None,
-                 per_task: bool = False, db: str | None = None) -> None:
+                 per_task: bool = False, db: str | None = None, rank: str | None = None) -> None:
     """How much accuracy per gigabyte: one evaluation set of `runs` (run summaries, already filtered).
 
-    Per (model, loops), its runs of the set with their seeds pooled (`db.queries.pooled_metrics`): the
-    seed count, pass@1 (suite mean) with its 95% interval over every seed's items, memory at `measure`
-    (default: the first measure the runs have, as the report's), accuracy per decimal GB, best first,
-    the Pareto frontier marked, the runs. `per_task` prints each benchmark's pass@1 instead.
-    Only runs of one set are compared (`db.sets`); the others are listed below the table. `db` is the
-    database the user named, for the hints.
+    Per (model, loops, exit threshold), its runs of the set with their seeds pooled (`db.queries.pooled_metrics`):
+    the seed count, pass@1 (suite mean) with its 95% interval over every seed's items, memory at `measure`
+    (default: the first measure the runs have, as the report's), accuracy per decimal GB, ranked by `rank`
+    (`dashboards.data.RANKINGS`; default accuracy per GB), the Pareto frontier marked; then, in a second table
+    under the same ranks (two tables stay readable at 80 columns), what a generated token cost. `per_task`
+    prints each benchmark's pass@1 instead. Only runs of one set are compared (`db.sets`); the others are listed
+    below the table. `db` is the database the user named, for the hints.
     """
     from dashboards import figures
-    from dashboards.data import accuracy_points, ranked
+    from dashboards.data import DEFAULT_RANKING, RANKINGS, accuracy_points, ranked
     from db import queries
     from measures import canonical
 
@@ -178,6 +195,9 @@ def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = No
     measure = None if measure is None else canonical(measure)
     if measure is not None and measure not in figures.MEMORY_MEASURES:
         raise UserError(f"--measure must be one of {', '.join(figures.MEMORY_MEASURES)}, got {measure!r}")
+    rank = rank or DEFAULT_RANKING
+    if rank not in RANKINGS:
+        raise UserError(f"--rank must be one of {', '.join(RANKINGS)}, got {rank!r}")
     if not evals:
         typer.echo("no evaluation runs match" + ("" if runs else f"; try `{with_db(env_command('loopeval') + ' run', db)}`"))
         return
@@ -185,15 +205,15 @@ def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = No
     in_set = {r["id"]: r for r in evals if r["set_id"] == chosen}
     points = accuracy_points(store.engine, chosen, run_ids=list(in_set))
     measure = measure or figures.default_measure(points)
-    table = ranked(points, measure)
-    shown = {(row.model, int(row.loops)) for row in table.itertuples()}
-    unscored: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    table = ranked(points, measure, rank)
+    shown = {_row_key(row) for row in table.itertuples()}
+    unscored: dict[Key, list[dict[str, Any]]] = {}
     for run in in_set.values():
-        if (run["model"], _loops(run)) not in shown:
-            unscored.setdefault((run["model"], _loops(run)), []).append(run)
+        if _run_key(run) not in shown:
+            unscored.setdefault(_run_key(run), []).append(run)
 
     # KV per token as the run summaries carry it (`Store.run_summaries`: the adapter's describe()), newest run's
-    per_token = {(run["model"], _loops(run)): run["kv_bytes_per_token"] for run in in_set.values()}
+    per_token = {_run_key(run): run["kv_bytes_per_token"] for run in in_set.values()}
     out = console()
     out.print(sets[chosen], markup=False, highlight=False)
     if per_task:
@@ -201,13 +221,7 @@ def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = No
         print_table(None, ["model", "r", "seeds", "task", "pass@1 ±95%", "runs"], _task_rows(table, pooled),
                     right=("r", "seeds", "pass@1 ±95%"), fold=("model", "runs"), keep=("pass@1 ±95%",), caption=POOLED_CAPTION)
     else:
-        print_table(None, ["#", "model", "r", "seeds", "pass@1 ±95%", "memory", "KV/token", "pass@1/GB", "front", "runs"],
-                    _ranking_rows(table, unscored, measure, per_token),
-                    right=("#", "r", "seeds", "pass@1 ±95%", "memory", "KV/token", "pass@1/GB"), fold=("model", "runs"), keep=("pass@1 ±95%",),
-                    caption=f"memory: {figures.measure_label(measure)}, decimal units (1 GB = 1e9 bytes); n/a = unavailable "
-                            "here. KV/token: what one more token of context adds to the KV cache at r (the engine's analytic "
-                            "count). ± is the 95% interval; * marks the Pareto frontier (no point has less memory and more "
-                            f"accuracy). {POOLED_CAPTION} Memory is the largest peak of the row's runs.")
+        _print_ranking(table, unscored, measure, rank, per_token)
     counts = {other: sum(r["set_id"] == other for r in evals) for other in sets}
     others = [f"  {label} ({counts[other]} run{'s' * (counts[other] > 1)})" for other, label in sets.items() if other != chosen]
     if others:
@@ -217,35 +231,103 @@ def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = No
 
 
 POOLED_CAPTION = "A row pools its seeds: pass@1 and its interval are over every item of all of them."
+EXIT_CAPTION = "exit: the per-token exit threshold (--exit-threshold), of the exit gate unless a criterion is named; - = the model's own policy."
+COMPUTE_CAPTION = ("what one generated token cost, same rows. KV/token: what one more token of context adds to the KV cache "
+                   "at r (the engine's analytic count). loops/tok: loops run per generated token, its mean (below r where "
+                   "tokens exit early). layers/tok: decoder-layer passes per generated token (prelude + coda + shared x loops; "
+                   "n/a where the adapter does not give its layers). tokens/s: generated tokens per second inside generate, "
+                   "prefill included.")
 
 
-def _ranking_rows(table: Any, unscored: dict[tuple[str, int], list[dict[str, Any]]], measure: str,
-                  per_token: dict[tuple[str, int], int | None]) -> list[list[str]]:
-    """`dashboards.data.ranked` rows, ranked where accuracy per GB is known, then (model, loops) of the set without a score.
-    `per_token`: (model, loops) -> KV bytes per token (None: the adapter did not say)."""
+def _print_ranking(table: Any, unscored: dict[Key, list[dict[str, Any]]], measure: str, rank: str,
+                   per_token: dict[Key, int | None]) -> None:
+    """The ranking and, under the same ranks, what a generated token cost: two tables, so each stays readable at 80
+    columns. The exit column appears only where the set sweeps the exit axis, the seeds column only where a row
+    pools several seeds."""
+    from dashboards import figures
+    from dashboards.data import RANKINGS
+
+    swept = any(key[2] is not None for key in (*map(_row_key, table.itertuples()), *unscored))
+    seeds = (any(row.seeds > 1 for row in table.itertuples())
+             or any(len({r["seed"] for r in runs}) > 1 for runs in unscored.values()))
+    key = ["#", "model", "r", *(["exit"] * swept)]
+    column = RANKINGS[rank][0]
+    print_table(None, [*key, *(["seeds"] * seeds), "pass@1 ±95%", "memory", "pass@1/GB", "runs"],
+                _ranking_rows(table, column, unscored, measure, swept, seeds),
+                right=("#", "r", "exit", "seeds", "pass@1 ±95%", "memory", "pass@1/GB"), fold=("model", "runs"), keep=("pass@1 ±95%",),
+                caption=f"ranked by {RANKINGS[rank][1]}; * marks the Pareto frontier (no point has less memory and more "
+                        f"accuracy). memory: {figures.measure_label(measure)}, the largest peak of the row's runs, decimal units "
+                        f"(1 GB = 1e9 bytes); n/a = unavailable here. ± is the 95% interval. "
+                        + (POOLED_CAPTION if seeds else "One seed a row.") + (f" {EXIT_CAPTION}" if swept else ""))
+    print_table(None, [*key, "KV/token", "loops/tok", "layers/tok", "tokens/s"], _compute_rows(table, column, unscored, per_token, swept),
+                right=("#", "r", "exit", "KV/token", "loops/tok", "layers/tok", "tokens/s"), fold=("model",), caption=COMPUTE_CAPTION)
+
+
+def _rank_text(rank: int, row: Any, column: str) -> str:
+    """The row's rank, '*' on the Pareto frontier; blank where the ranking's value is unknown (listed last)."""
+    return "" if row[column] != row[column] else f"{rank}{'*' if row.frontier else ''}"
+
+
+def _exit_cell(threshold: float | None, criterion: str | None) -> str:
+    """The exit column: the gate's threshold alone ('0.5'), another criterion's named ('kl 0.1'), '-' off the axis."""
+    from dashboards.figures import exit_label
+    from harness.spec import DEFAULT_EXIT_CRITERION
+
+    return exit_label(threshold, None if criterion == DEFAULT_EXIT_CRITERION else criterion)
+
+
+def _key_cells(key: Key, swept: bool) -> list[str]:
+    return [key[0], str(key[1]), *([_exit_cell(key[2], key[3])] * swept)]
+
+
+def _ranking_rows(table: Any, column: str, unscored: dict[Key, list[dict[str, Any]]], measure: str, swept: bool,
+                  seeds: bool) -> list[list[str]]:
+    """`dashboards.data.ranked` rows in their order, then (model, loops, exit) of the set without a score; the seed
+    count only where `seeds`."""
     from db.sets import id_ranges
     from measures import byte_text
 
-    rows = [[str(rank) if row.per_gb == row.per_gb else "", row.model, str(int(row.loops)), str(row.seeds),
-             _accuracy_text(row.accuracy, row.stderr), byte_text(row.memory), byte_text(per_token.get((row.model, int(row.loops)))),
-             _per_gb_text(row.per_gb), "*" if row.frontier else "", id_ranges(row.run_ids)] for rank, row in enumerate(table.itertuples(), 1)]
-    for (model, loops), runs in unscored.items():
+    rows = [[_rank_text(rank, row, column), *_key_cells(_row_key(row), swept), *[str(row.seeds)] * seeds,
+             _accuracy_text(row.accuracy, row.stderr), byte_text(row.memory), _per_gb_text(row.per_gb), id_ranges(row.run_ids)]
+            for rank, (_, row) in enumerate(table.iterrows(), 1)]
+    for key, runs in unscored.items():
         newest = runs[-1]
-        rows.append(["", model, str(loops), str(len({r["seed"] for r in runs})), newest["status"],
-                     byte_text(newest["memory"].get(measure)), byte_text(per_token.get((model, loops))), "n/a", "",
-                     id_ranges([r["id"] for r in runs])])
+        rows.append(["", *_key_cells(key, swept), *[str(len({r["seed"] for r in runs}))] * seeds, newest["status"],
+                     byte_text(newest["memory"].get(measure)), "n/a", id_ranges([r["id"] for r in runs])])
     return rows
+
+
+def _compute_rows(table: Any, column: str, unscored: dict[Key, list[dict[str, Any]]], per_token: dict[Key, int | None],
+                  swept: bool) -> list[list[str]]:
+    """The same rows as `_ranking_rows`, with what a generated token cost (`measures.COMPUTE_MEASURES`)."""
+    from measures import byte_text
+
+    rows = [[_rank_text(rank, row, column), *_key_cells(_row_key(row), swept),
+             byte_text(per_token.get(_row_key(row))), _number_text(row.loops_per_token), _number_text(row.layer_passes_per_token),
+             _number_text(row.tokens_per_second)] for rank, (_, row) in enumerate(table.iterrows(), 1)]
+    rows += [["", *_key_cells(key, swept), byte_text(per_token.get(key)), "n/a", "n/a", "n/a"] for key in unscored]
+    return rows
+
+
+def _number_text(value: float | None) -> str:
+    """3 significant digits, thousands grouped; n/a where unknown."""
+    if value is None or value != value:
+        return "n/a"
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
 
 
 def _task_rows(table: Any, pooled: Any) -> list[list[str]]:
     """Per ranked (model, loops): each benchmark's pass@1 with its interval (`db.headline`) from its seeds' pooled
     per-task values, each task group's mean (`db.headline.TASK_GROUPS`, `GROUP_PATTERNS`), then the suite mean."""
+    from dashboards import figures
     from db.headline import SUITE, benchmark_stderrs, headline
+    from db.queries import POINT
     from db.sets import id_ranges
 
     rows = []
     for row in table.itertuples():
-        tasks = pooled[(pooled["model"] == row.model) & (pooled["loops"] == row.loops) & (pooled["task"] != SUITE)]
+        same = pooled[POINT].apply(lambda point: _row_key(point) == _row_key(row), axis=1)
+        tasks = pooled[same & (pooled["task"] != SUITE)]
         values: dict[str, dict[str, float | None]] = {}
         stderrs: dict[str, dict[str, float | None]] = {}
         for task in tasks.itertuples():
@@ -254,7 +336,9 @@ def _task_rows(table: Any, pooled: Any) -> list[list[str]]:
         result, errors = headline(values, row.suite), benchmark_stderrs(stderrs)
         for index, (name, value) in enumerate(result.benchmarks.items()):
             first = index == 0
-            rows.append([row.model if first else "", str(int(row.loops)) if first else "", str(row.seeds) if first else "",
+            key = _row_key(row)
+            r = str(key[1]) + ("" if key[2] is None else f" exit {_exit_cell(key[2], key[3])}")
+            rows.append([row.model if first else "", r if first else "", str(row.seeds) if first else "",
                          name, _accuracy_text(value, errors.get(name)), id_ranges(row.run_ids) if first else ""])
         rows += [["", "", "", f"[{name}]", _accuracy_text(value, None), ""] for name, value in result.groups.items()]
         rows.append(["", "", "", "mean", _accuracy_text(row.accuracy, row.stderr), ""])

@@ -13,11 +13,11 @@ from typing import Any, Optional
 
 import typer
 
-from adapters.base import PAPER_PROTOCOL
+from adapters.base import EXIT_CRITERIA, PAPER_PROTOCOL
 from harness.cli.common import (AdaptersDirOption, DbOption, ThreadsOption, TrustRemoteCodeFlag, parse_int_list, print_answer, progress,
                                 report_path, use_threads)
 from harness.hints import env_command, with_db
-from harness.spec import DEFAULTS, SUITE_SAMPLING
+from harness.spec import DEFAULT_EXIT_CRITERION, DEFAULTS, SUITE_SAMPLING
 
 _SYNTHETIC = SUITE_SAMPLING[DEFAULTS.suite]
 
@@ -27,6 +27,8 @@ def run(
     suite: Optional[str] = typer.Option(None, "--suite", help=f"Suite name (see `loopeval suites`). Default: {DEFAULTS.suite}."),
     tasks: Optional[str] = typer.Option(None, "--tasks", help="Comma-separated task names of the suite. Default: the suite's default tasks (synthetic: the chains and c30k2-c30k8)."),
     loops: Optional[str] = typer.Option(None, "--loops", help=f"Comma-separated loop counts for looped models; ranges too (1-12: depth extrapolation). Default: {','.join(map(str, DEFAULTS.loops))}."),
+    exit_threshold: Optional[str] = typer.Option(None, "--exit-threshold", help="Comma-separated per-token early-exit thresholds: each looped engine model runs once per threshold (and loop count), a token stopping its loops once the exit criterion reaches it. Gate: in [0, 1] (0 = one loop, 1 = all r); kl, entropy: >= 0. Default: not swept (each model's own exit policy)."),
+    exit_criterion: Optional[str] = typer.Option(None, "--exit-criterion", help=f"What --exit-threshold is compared with: {', '.join(EXIT_CRITERIA)}. Default: {DEFAULT_EXIT_CRITERION} (Ouro's learned exit gate)."),
     samples: Optional[int] = typer.Option(None, "--samples", help=f"Samples per problem (pass@1 is their mean). Default: the suite's ({_SYNTHETIC.n} on {DEFAULTS.suite})."),
     temperature: Optional[float] = typer.Option(None, "--temperature", help=f"Sampling temperature, >= 0 (0 = greedy). Default: the suite's ({_SYNTHETIC.temperature} on {DEFAULTS.suite})."),
     top_p: Optional[float] = typer.Option(None, "--top-p", help=f"Nucleus top-p in (0, 1]. Default: the suite's ({_SYNTHETIC.top_p} on {DEFAULTS.suite})."),
@@ -54,7 +56,7 @@ def run(
     models, paper sampling (temperature 1.0, top-p 0.7), after the recurrence lab's depth sweep (the lab
     zoo at r = 1-12, greedy, 20 docs per task; a set of its own).
     """
-    from harness.sweep import build_request
+    from harness.sweep import build_request, float_list
 
     # LightEval warns on every run that --limit makes numbers partial; the table says what was run.
     logging.getLogger("lighteval").setLevel(logging.ERROR)
@@ -65,7 +67,8 @@ def run(
 
     flags = dict(
         models=model, suite=suite, tasks=[t.strip() for t in tasks.split(",") if t.strip()] if tasks else None,
-        loops=parse_int_list(loops, "--loops"), samples=samples, temperature=temperature, top_p=top_p,
+        loops=parse_int_list(loops, "--loops"), exit_thresholds=None if exit_threshold is None else float_list(exit_threshold, "--exit-threshold"),
+        exit_criterion=exit_criterion, samples=samples, temperature=temperature, top_p=top_p,
         max_new_tokens=max_new_tokens, limit=limit, batch_size=batch_size, seeds=parse_int_list(seed, "--seed", minimum=0),
         db_url=db, data_dir=data_dir, trust_remote_code=trust_remote_code or None,
         executor=executor, ray_address=ray_address, gpus_per_run=gpus_per_run, workers=workers,

@@ -55,7 +55,7 @@ def test_a_run_on_other_tasks_is_a_second_set_never_a_merged_point(two_sets_url:
     assert main(["results", "--db", two_sets_url]) == 0
     out = capsys.readouterr().out
     assert f"set {latest}:" in out.splitlines()[0] and f"set {older}:" in out.split("other evaluation sets")[1]
-    assert sum(line.startswith("│") for line in out.splitlines()) == 1
+    assert sum(line.startswith("│") for line in out.splitlines()) == 2, "one row in each table: the ranking, what a token cost"
 
 
 def test_the_app_offers_the_selected_sets_models_loops_and_measures_only(two_sets_url: str) -> None:

@@ -132,6 +132,11 @@ def test_the_runs_table_shows_every_peak_the_views_choose(engine) -> None:
     assert {run_id: row[column] for run_id, row in rows.items()} == {
         run_id: measures.byte_text(reserved.get(run_id)) for run_id in rows}
     assert sum(row[column] != "n/a" for row in rows.values()) >= 4  # the engine runs store their pool
+    energy = queries.runs(engine, kind=None).set_index("run_id")["energy_joules"]
+    column = views.RUN_COLUMNS.index(measures.COMPUTE_BY_NAME["energy_joules"].label)
+    assert {run_id: row[column] for run_id, row in rows.items()} == {run_id: measures.energy_text(energy.get(run_id)) for run_id in rows}
+    if energy.isna().all():  # no NVML energy counter where these runs ran: unavailable, never 0
+        assert {row[column] for row in rows.values()} == {"n/a"}
 
 
 def test_selections_from_the_app_read_as_the_report_reads_them() -> None:

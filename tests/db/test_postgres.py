@@ -79,6 +79,41 @@ def test_an_eval_run_stored_before_0008_keeps_its_sampling_once_in_its_column(po
     store.close()
 
 
+def test_0009_adds_the_compute_columns_empty_and_downgrade_takes_them_back(postgres_url: str) -> None:
+    _database_at(
+        postgres_url, "0008",
+        "INSERT INTO runs (sweep_id, kind, model_spec, adapter, model_config, suite, tasks, sampling, seed, spec,"
+        " versions, host, status, started_at) VALUES ('old', 'eval', 'm', 'preset', '{}', 'synthetic', '[]',"
+        " '{\"n\": 1}', 0, '{}', '{}', '{}', 'finished', '2026-12-03 00:00:00+00');"
+        " INSERT INTO samples (run_id, task, doc_id, sample_index, prompt, output, loops_used, created_at)"
+        " VALUES (1, 'addition', '0', 0, 'p', 'o', 2.5, '2026-12-03 00:00:00+00')",
+    )
+    store = Store.open(postgres_url)
+    (summary,) = store.run_summaries()
+    assert (summary["exit_threshold"], summary["exit_criterion"], summary["energy_joules"]) == (None, None, None)
+    (sample,) = store.samples(summary["id"])
+    assert (sample.loops_used, sample.loops_histogram, sample.decode_seconds) == (2.5, None, None)
+    store.add_samples(summary["id"], [dict(task="addition", doc_id="1", sample_index=0, prompt="p", output="o",
+                                           loops_used=2.5, loops_histogram={"1": 1, "4": 1}, decode_seconds=0.25)])
+    assert [(s.loops_histogram, s.decode_seconds) for s in store.samples(summary["id"])][1] == ({"1": 1, "4": 1}, 0.25)
+    store.update_run(summary["id"], exit_threshold=0.5, exit_criterion="gate", energy_joules=12.5)
+    run = store.get_run(summary["id"])
+    assert (run.exit_threshold, run.exit_criterion, run.energy_joules) == (0.5, "gate", 12.5)
+    store.close()
+
+    engine = create_engine(postgres_url)
+    config = alembic_config()
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0008")
+    columns = {table: {c["name"] for c in inspect(engine).get_columns(table)} for table in ("runs", "samples")}
+    assert not columns["runs"] & {"exit_threshold", "exit_criterion", "energy_joules"}
+    assert not columns["samples"] & {"loops_histogram", "decode_seconds"}
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM samples").scalar_one() == 2
+    engine.dispose()
+
+
 def test_a_plain_postgresql_url_uses_psycopg_3_and_never_shows_the_password(postgres_url: str) -> None:
     plain = make_url(postgres_url).set(drivername="postgresql").render_as_string(hide_password=False)
     store = Store.open(plain)

@@ -16,6 +16,7 @@ from sqlalchemy import create_engine, event, inspect
 
 from db.models import Base
 from db.session import alembic_config, head_revision, open_engine
+from db.sets import run_key
 from db.store import Store
 from db import ResultsError
 
@@ -179,3 +180,43 @@ def test_ctrl_c_during_a_statement_stays_an_interrupt(tmp_path: Path) -> None:
     event.remove(store.engine, "do_execute", interrupt)
     assert store.run_summaries()[0]["n_samples"] == 0
     store.close()
+
+
+def test_0009_adds_the_compute_columns_empty_and_downgrade_takes_them_back(tmp_path: Path) -> None:
+    """Runs stored before the exit axis keep their identity (no threshold: not swept) and read NULL (not recorded)."""
+    path = tmp_path / "old.sqlite"
+    older_database(path, "0008", sampling='{"n": 1}')
+    sample_row = sample(0)
+    conn = sqlite3.connect(path)
+    conn.execute("INSERT INTO samples (run_id, task, doc_id, sample_index, prompt, output, loops_used, created_at) "
+                 "VALUES (1, 'addition', '0', 0, 'p', 'o', 2.5, '2026-12-01 00:00:00')")
+    conn.commit()
+    conn.close()
+    before = run_key(dict(model_spec="m", loops=None, suite="synthetic", tasks=[], limit=None, sampling={"n": 1},
+                          data_fingerprint=None, seed=0, spec={}))
+    store = Store.open(str(path))
+    assert store.finished_run_keys() == {before: 1}, "the stored run keeps its identity"
+    (summary,) = store.run_summaries()
+    assert (summary["exit_threshold"], summary["exit_criterion"], summary["energy_joules"]) == (None, None, None)
+    (old,) = store.samples(1)
+    assert (old.loops_used, old.loops_histogram, old.decode_seconds) == (2.5, None, None)
+    store.add_samples(1, [{**sample_row, "doc_id": str(doc), "loops_histogram": histogram}
+                          for doc, histogram in ((1, {"1": 2, "4": 1}), (2, None))])
+    with store.engine.connect() as conn:  # a model that does not loop stores SQL NULL, not the JSON text null
+        assert conn.exec_driver_sql("SELECT doc_id, loops_histogram IS NULL FROM samples WHERE doc_id != '0' ORDER BY doc_id").all() == [
+            ("1", 0), ("2", 1)]
+    assert [s.loops_histogram for s in store.samples(1)][1:] == [{"1": 2, "4": 1}, None]
+    store.close()
+
+    engine = create_engine(f"sqlite:///{path}")
+    config = alembic_config()
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0008")
+    columns = {table: {c["name"] for c in inspect(engine).get_columns(table)} for table in ("runs", "samples")}
+    assert not columns["runs"] & {"exit_threshold", "exit_criterion", "energy_joules"}
+    assert not columns["samples"] & {"loops_histogram", "decode_seconds"} and "loops_used" in columns["samples"]
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT model_spec, status FROM runs").all() == [("m", "finished")]
+        assert conn.exec_driver_sql("SELECT loops_used FROM samples ORDER BY doc_id").all() == [(2.5,), (None,), (None,)]
+    engine.dispose()

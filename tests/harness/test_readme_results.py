@@ -31,17 +31,18 @@ def test_the_readme_results_example_has_a_fresh_databases_run_ids_and_sets() -> 
         plan = prepare_sweep(spec)
         sets.append((EvalSet.of(spec.suite, [t.name for t in plan.task_configs], spec.limit,
                                 dataclasses.asdict(spec.sampling), plan.fingerprint), len(plan.runs)))
-        for model, loops in plan.runs:
+        for model, loops, _ in plan.runs:
             runs[(model, loops or 1)] = next_id
             next_id += 1
     (lab, lab_runs), (headline, _) = sets
 
     lines = _example()
     assert lines[0] == headline.label
-    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in lines if line.startswith("│")]
-    assert len(rows) == 10
+    ranking = "\n".join(lines).split("└")[0]  # the first table; the second repeats its rows with what a token cost
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in ranking.splitlines() if line.startswith("│")]
+    assert len(rows) == 10 and "seeds" not in ranking, "one seed a row: no seeds column"
     for row in rows:
-        model, loops, seeds, shown = row[1], int(row[2]), row[3], row[-1]  # runs: the last column
-        assert (seeds, shown) == ("1", str(runs[(model, loops)])), row
+        model, loops, shown = row[1], int(row[2]), row[-1]  # runs: the last column
+        assert shown == str(runs[(model, loops)]), row
     assert lines[-1].strip() == f"{lab.label} ({lab_runs} runs)"
     assert re.search(r"\b0\.142 ± ", "\n".join(lines)), "melt-tiny at r = 1 reads as `results` rounds it, as in the zoo table"

@@ -36,7 +36,8 @@ def test_identical_runs_are_reported_and_skipped_unless_rerun(tmp_path: Path, ca
     out = capsys.readouterr().out
     assert "all 2 runs identical to finished runs 1-2" in out and "--rerun runs them again" in out
     assert len(_runs(db)) == 2, "nothing stored again"
-    assert [line.split("│")[-2].strip() for line in out.splitlines() if line.startswith("│")] == ["1", "2"]  # their results
+    ranking = out.split("└")[0]  # the first table: the ranking, whose last column is the runs
+    assert [line.split("│")[-2].strip() for line in ranking.splitlines() if line.startswith("│")] == ["1", "2"]  # their results
 
     _run(db, "2,3")
     assert "1 of 2 runs identical to finished run 2" in capsys.readouterr().out

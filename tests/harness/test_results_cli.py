@@ -58,15 +58,26 @@ def _results(capsys: pytest.CaptureFixture[str], *args: str) -> str:
     return capsys.readouterr().out
 
 
-def _rows(out: str) -> list[list[str]]:
-    """The table's body rows as cells (rich's box characters stripped)."""
-    return [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines() if line.startswith("│")]
+def _tables(out: str) -> list[list[list[str]]]:
+    """Each table's body rows as cells (rich's box characters stripped), in the order printed."""
+    tables: list[list[list[str]]] = []
+    for line in out.splitlines():
+        if line.startswith("┏"):
+            tables.append([])
+        elif line.startswith("│"):
+            tables[-1].append([c.strip() for c in line.split("│")[1:-1]])
+    return tables
+
+
+def _rows(out: str, table: int = 0) -> list[list[str]]:
+    """The rows of the `table`-th table: the ranking (0), what a generated token cost (1)."""
+    return _tables(out)[table]
 
 
 def test_the_latest_set_is_shown_and_the_others_named(db: str, capsys: pytest.CaptureFixture[str]) -> None:
     out = _results(capsys, "--db", db)
     assert out.splitlines()[0].startswith("set ") and "chain2 · first 5 per task" in out.splitlines()[0]
-    assert [row[1:5] for row in _rows(out)] == [["zoo:ouro-tiny", "4", "1", "0.900 ± 0.098"]]
+    assert [row[1:4] for row in _rows(out)] == [["zoo:ouro-tiny", "4", "0.900 ± 0.098"]]  # one seed a row: no seeds column
     assert "other evaluation sets" in out and "addition, chain2, lookup · all items" in out and "(5 runs)" in out
     assert re.search(r"1 profile run: \S*loopeval results --profiles --db " + re.escape(db) + "$", out, re.M)  # runs as printed
 
@@ -78,15 +89,24 @@ def test_one_set_is_ranked_by_accuracy_per_gb_with_the_frontier(db: str, capsys:
     out = _results(capsys, "--db", db, "--set", older, "--measure", "weights_bytes + kv_bytes_allocated")
     # accuracy = mean over the three tasks, ± 1.96 x its stderr; memory = 1 MB weights + KV; per GB = accuracy / (bytes / 1e9);
     # KV/token as the adapter described it (n/a where it did not)
+    # * beside the rank marks the Pareto frontier
     assert _rows(out) == [
-        ["1", "zoo:melt-tiny", "4", "1", "0.533 ± 0.057", "1.2 MB", "1.02 KB", "444", "*", "4"],
-        ["2", "zoo:ouro-tiny", "2", "1", "0.600 ± 0.057", "1.4 MB", "2.05 KB", "429", "*", "1"],
-        ["3", "zoo:ouro-tiny", "4", "1", "0.667 ± 0.057", "1.8 MB", "4.1 KB", "370", "*", "2"],
-        ["4", LONG, "1", "1", "0.800 ± 0.057", "3 GB", "n/a", "0.267", "*", "3"],
-        ["", "zoo:melt-tiny", "8", "1", "failed", "n/a", "1.02 KB", "n/a", "", "5"],  # no score: listed last, never ranked
+        ["1*", "zoo:melt-tiny", "4", "0.533 ± 0.057", "1.2 MB", "444", "4"],
+        ["2*", "zoo:ouro-tiny", "2", "0.600 ± 0.057", "1.4 MB", "429", "1"],
+        ["3*", "zoo:ouro-tiny", "4", "0.667 ± 0.057", "1.8 MB", "370", "2"],
+        ["4*", LONG, "1", "0.800 ± 0.057", "3 GB", "0.267", "3"],
+        ["", "zoo:melt-tiny", "8", "failed", "n/a", "n/a", "5"],  # no score: listed last, never ranked
+    ]
+    # the same rows under the same ranks: what a generated token cost; these runs stored no samples or timings
+    assert _rows(out, 1) == [
+        ["1*", "zoo:melt-tiny", "4", "1.02 KB", "n/a", "n/a", "n/a"],
+        ["2*", "zoo:ouro-tiny", "2", "2.05 KB", "n/a", "n/a", "n/a"],
+        ["3*", "zoo:ouro-tiny", "4", "4.1 KB", "n/a", "n/a", "n/a"],
+        ["4*", LONG, "1", "n/a", "n/a", "n/a", "n/a"],
+        ["", "zoo:melt-tiny", "8", "1.02 KB", "n/a", "n/a", "n/a"],
     ]
     assert "KV/token: what one more token of context adds" in re.sub(r"\s+", " ", out)
-    assert "memory: weights + KV cache peak, decimal units" in out
+    assert "memory: weights + KV cache peak," in out and "decimal units (1 GB = 1e9 bytes)" in re.sub(r"\s+", " ", out)
     assert "pass@k" not in out
 
 
@@ -106,6 +126,7 @@ def test_an_unknown_measure_is_one_line_and_exit_2(db: str, capsys: pytest.Captu
 def test_filters_narrow_the_runs(db: str, capsys: pytest.CaptureFixture[str]) -> None:
     out = _results(capsys, "--db", db, "--sweep", "aaaa")
     assert [(row[1], row[2]) for row in _rows(out)] == [("zoo:ouro-tiny", "2"), ("zoo:ouro-tiny", "4")]
+    assert [(row[1], row[2]) for row in _rows(out, 1)] == [("zoo:ouro-tiny", "2"), ("zoo:ouro-tiny", "4")]
     assert "other evaluation sets" not in out
     out = _results(capsys, "--db", db, "--model", "zoo:melt-tiny")
     assert {row[1] for row in _rows(out)} == {"zoo:melt-tiny"}
@@ -157,12 +178,13 @@ def test_fits_100_columns_without_cutting_names(db: str, capsys: pytest.CaptureF
     (["--suite", "paper"], "--suite paper: no stored run"),
     (["--set", "00000000"], "--set 00000000: no such evaluation set"),
     (["--measure", "bogus"], "--measure must be one of"),
+    (["--rank", "bogus"], "--rank must be one of per-gb, accuracy, per-layer-pass, speed"),
 ])
 def test_a_filter_that_matches_nothing_is_one_line_and_exit_2(db: str, capsys: pytest.CaptureFixture[str], args: list[str],
                                                                words: str) -> None:
     for json_flag in ([], ["--json"]):
-        if json_flag and args[0] == "--measure":
-            continue  # --json prints every field, the measure is not chosen there
+        if json_flag and args[0] in ("--measure", "--rank"):
+            continue  # --json prints every field, the measure and the order are not chosen there
         assert main(["results", "--db", db, *args, *json_flag]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and words in err[0], err
@@ -180,7 +202,7 @@ def test_results_and_the_readme_table_script_print_one_mean_alike(tmp_path: Path
     # the suite mean as stored beside the tasks: 0.1425 exactly as the float nearest to it, a hair below
     store.set_metrics(run_id, {**{t: {"pass@k:k=1&n=4": (v, 0.05)} for t, v in scores.items()}, "all": {"pass@1": (0.1425, None)}})
     store.close()
-    shown = _rows(_results(capsys, "--db", path))[0][4]
+    shown = _rows(_results(capsys, "--db", path))[0][3]
     listed = subprocess.run([sys.executable, "scripts/results_tables.py"], input=_results(capsys, "--db", path, "--json"),
                             capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2], timeout=120)
     assert listed.returncode == 0, listed.stderr

@@ -17,7 +17,9 @@ def test_engine_and_zoo_specs_are_planned_from_their_configs_without_loading():
     spec = RunSpec.build(models=["zoo:qwen3-tiny-small", "zoo:ouro-tiny", "preset:melt-tiny"], loops=[1, 4], tasks=["lookup"])
     plan = prepare_sweep(spec)
     assert plan.loaded == {}
-    assert plan.runs == [("zoo:qwen3-tiny-small", None), ("zoo:ouro-tiny", 1), ("zoo:ouro-tiny", 4), ("preset:melt-tiny", 1), ("preset:melt-tiny", 4)]
+    # (model, loops, exit threshold): no threshold swept, so none
+    assert plan.runs == [("zoo:qwen3-tiny-small", None, None), ("zoo:ouro-tiny", 1, None), ("zoo:ouro-tiny", 4, None),
+                         ("preset:melt-tiny", 1, None), ("preset:melt-tiny", 4, None)]
 
 
 def test_a_bad_spec_fails_the_plan_before_anything_is_loaded():
