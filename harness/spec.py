@@ -71,6 +71,26 @@ class LabDefaults:
 
 LAB = LabDefaults()
 
+
+@dataclass(frozen=True)
+class ExitDefaults:
+    """The exit sweep the default `loopeval run` adds after its headline sweep, in the headline's set (same suite,
+    sampling and docs): the Ouro and MELT tiny models at their trained T = 4 with the exit gate's threshold swept,
+    so that the first report a user opens draws accuracy against the loops a token ran beside accuracy against
+    memory. Each token stops at the first loop whose cumulative exit probability reaches the threshold and skips
+    the rest (`adapters.engine.exits`); 1.0 runs every loop, the line's full-depth end."""
+
+    models: tuple[str, ...] = ("zoo:ouro-tiny", "zoo:melt-tiny")
+    loops: tuple[int, ...] = (4,)
+    exit_thresholds: tuple[float, ...] = (0.5, 0.7, 0.9, 1.0)
+
+    def options(self) -> dict[str, Any]:
+        """As `RunSpec.build` keywords."""
+        return dataclasses.asdict(self)
+
+
+EXITS = ExitDefaults()
+
 # Bounds that catch typos before anything is loaded or written (sampling's are `adapters.base.SAMPLING_RULES`).
 # Stored integers end in signed 64-bit columns; the others are far beyond any real run (r <= 8 in the paper).
 BOUNDS: dict[str, tuple[int, int]] = {
