@@ -1,7 +1,8 @@
 """The README's `loopeval results` example is what a fresh database shows after the default run.
 
 The run ids and sets in its table are worked out here from the default run's plan, as `loopeval run`
-stores it: the recurrence lab's sweep first, then the headline sweep, ids counted from 1. A README whose
+stores it: the recurrence lab's sweep first, then the headline sweep, then the exit sweep in the headline's
+set, ids counted from 1. A README whose
 ids or set labels drift from what the command prints fails here.
 """
 
@@ -31,18 +32,19 @@ def test_the_readme_results_example_has_a_fresh_databases_run_ids_and_sets() -> 
         plan = prepare_sweep(spec)
         sets.append((EvalSet.of(spec.suite, [t.name for t in plan.task_configs], spec.limit,
                                 dataclasses.asdict(spec.sampling), plan.fingerprint), len(plan.runs)))
-        for model, loops, _ in plan.runs:
-            runs[(model, loops or 1)] = next_id
+        for model, loops, threshold in plan.runs:
+            runs[(model, loops or 1, threshold)] = next_id
             next_id += 1
-    (lab, lab_runs), (headline, _) = sets
+    (lab, lab_runs), (headline, _), (exits, exit_runs) = sets
+    assert exits == headline and exit_runs == 8, "the exit sweep's runs join the headline's set"
 
     lines = _example()
     assert lines[0] == headline.label
     ranking = "\n".join(lines).split("└")[0]  # the first table; the second repeats its rows with what a token cost
     rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in ranking.splitlines() if line.startswith("│")]
-    assert len(rows) == 10 and "seeds" not in ranking, "one seed a row: no seeds column"
+    assert len(rows) == 18 and "seeds" not in ranking, "one seed a row: no seeds column"
     for row in rows:
-        model, loops, shown = row[1], int(row[2]), row[-1]  # runs: the last column
-        assert shown == str(runs[(model, loops)]), row
+        model, loops, exit_at, shown = row[1], int(row[2]), row[3], row[-1]  # runs: the last column
+        assert shown == str(runs[(model, loops, None if exit_at == "-" else float(exit_at))]), row
     assert lines[-1].strip() == f"{lab.label} ({lab_runs} runs)"
     assert re.search(r"\b0\.142 ± ", "\n".join(lines)), "melt-tiny at r = 1 reads as `results` rounds it, as in the zoo table"
