@@ -5,10 +5,11 @@ transformers (vLLM 0.33: torch 2.14.0, transformers < 5.21) and loopeval's engin
 
     python -m venv .venv-vllm && .venv-vllm/bin/pip install -e ".[vllm]"   # a separate venv: other torch
 
-vLLM carries an `OuroForCausalLM` (vllm/model_executor/models/ouro.py, added by vllm-project/vllm pull
-request 27794 in October 2025, present on its main branch as checked 2026-12-04; the first release with it
-was not established). It keeps one KV slot per (loop, layer) and always runs every loop (no early exit); the
-KV pool arithmetic below counts the config's layers (`get_num_layers`), not Ouro's T x layers slots.
+vLLM carried an `OuroForCausalLM` (vllm/model_executor/models/ouro.py, vllm-project/vllm pull request 27794)
+in releases 0.11.1 through 0.26.0, not before and not from 0.27.0 on (0.34.0 the newest checked; the wheels'
+file lists, `scripts/wheel_files.py`, 2026-12-04): the vLLM 0.33 above has none. It kept one KV slot per
+(loop, layer) and always ran every loop (no early exit); the KV pool arithmetic below counts the config's
+layers (`get_num_layers`), not Ouro's T x layers slots.
 Ouro and MELT therefore run on the engine, whose KV accounting is exact per family; this backend is for
 Qwen3 and other architectures vLLM supports. This module imports without vLLM: `vllm` is imported only when
 an adapter is built, and everything that can be checked without a GPU (the Sampling mapping, the
