@@ -123,10 +123,12 @@ def test_a_run_in_progress_cannot_be_resumed_by_a_second_process(tmp_path: Path,
     _check_completed(db, {}, killed_stretch_traced=False)
 
 
-def test_kill9_in_a_workload_then_resume_gives_the_unbroken_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("exits", [[], ["--exit-threshold", "0.5"]], ids=["every-loop", "exits-on"])
+def test_kill9_in_a_workload_then_resume_gives_the_unbroken_run(exits: list[str], tmp_path: Path) -> None:
     """An adapter that takes whole workloads (the engine's scheduler) killed mid-task: the resumed run stores
-    each sample once, and every sample is the one an unbroken run draws (per-sample random streams)."""
-    run = [*RUN, "--loops", "2", "--temperature", "1.0"]
+    each sample once, and every sample is the one an unbroken run draws (per-sample random streams), with
+    per-token exits on as without them: the same tokens and the same loops run per token."""
+    run = [*RUN, "--loops", "4" if exits else "2", "--temperature", "1.0", *exits]
     run[run.index("killer:ouro-tiny")] = "killer-workload:ouro-tiny"
     unbroken, db = tmp_path / "whole.sqlite", tmp_path / "r.sqlite"
     assert main([*run, "--adapters-dir", str(PLUGINS), "--db", str(unbroken)]) == 0  # in this process: nothing to kill
@@ -136,5 +138,8 @@ def test_kill9_in_a_workload_then_resume_gives_the_unbroken_run(tmp_path: Path) 
     assert 0 < stored < 16, "samples were committed as they finished, before the kill"
     assert _resume(1, db) == 0
     _check_completed(db, {}, killed_stretch_traced=False)
-    outputs = "SELECT task, doc_id, sample_index, output FROM samples ORDER BY task, doc_id, sample_index"
+    outputs = "SELECT task, doc_id, sample_index, output, loops_used, loops_histogram FROM samples ORDER BY task, doc_id, sample_index"
     assert query(db, outputs) == query(unbroken, outputs)
+    if exits:
+        assert query(db, "SELECT exit_threshold FROM runs") == [(0.5,)]
+        assert any(loops < 4 for *_, loops, _ in query(db, outputs)), "some tokens exited before the last loop"
