@@ -164,7 +164,7 @@ def test_a_sweep_plans_a_vllm_model_without_loading_it(tiny_qwen3: Path) -> None
     spec = f"vllm:{tiny_qwen3}"
     assert adapters.inspect(spec, tensor_parallel_size=2)["tensor_parallel_size"] == 2
     plan = prepare_sweep(RunSpec.build(models=[spec], tasks=["lookup"], loops=[1, 4], model_overrides={spec: {"tensor_parallel_size": 2}}))
-    assert plan.runs == [(spec, None)] and plan.loaded == {}  # a vLLM model does not loop, and nothing was loaded
+    assert plan.runs == [(spec, None, None)] and plan.loaded == {}  # a vLLM model does not loop (no r, no exit threshold), and nothing was loaded
     with pytest.raises(AdapterError, match="tensor_parallel_size must be a positive integer"):
         adapters.inspect(spec, tensor_parallel_size=1.5)
 
