@@ -31,6 +31,8 @@ import subprocess
 import sys
 import tempfile
 import types
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -87,10 +89,25 @@ def logits(model: torch.nn.Module, prompt: list[int], loops: int, init_scale: fl
     return [[round(v, 7) for v in row] for row in model(torch.tensor([prompt]), num_steps=loops, init_scale=init_scale).logits[0].tolist()]
 
 
-def reference(folder: Path, commit: str) -> dict:
+@dataclass(frozen=True)
+class Reference:
+    """One official modelling file and the tiny checkpoint run through it (this script's, and the retrofit script's)."""
+
+    repository: str
+    file: str
+    out: Path
+    save: Callable[..., Path]  # the `adapters.testing` builder of the tiny checkpoint, from a seed
+    config: dict
+    official_model: Callable[[Path, Path], tuple[types.ModuleType, torch.nn.Module]]
+    folder_help: str
+
+
+def reference(ref: Reference, folder: Path, commit: str) -> dict:
+    """The fixture: logits and greedy continuations at every r in LOOPS from the zero state, and at r = 4 from the
+    random state drawn after `torch.manual_seed(STATE_SEED)`."""
     with tempfile.TemporaryDirectory() as tmp:
-        checkpoint = save_tiny_huginn(Path(tmp), seed=CHECKPOINT_SEED)
-        modelling, model = official_model(folder, checkpoint)
+        checkpoint = ref.save(Path(tmp), seed=CHECKPOINT_SEED)
+        modelling, model = ref.official_model(folder, checkpoint)
         zero = {str(r): {"logits": [logits(model, p, r, 0.0) for p in PROMPTS],
                          "greedy": [greedy(modelling, model, p, r, 0.0) for p in PROMPTS]} for r in LOOPS}
         torch.manual_seed(STATE_SEED)
@@ -98,26 +115,29 @@ def reference(folder: Path, commit: str) -> dict:
         torch.manual_seed(STATE_SEED)
         seeded_greedy = greedy(modelling, model, PROMPTS[0], 4, 1.0)
     return {
-        "reference": {"repository": "seal-rg/recurrent-pretraining", "commit": commit, "file": "recpre/raven_modeling_minimal.py",
+        "reference": {"repository": ref.repository, "commit": commit, "file": ref.file,
                       "torch": torch.__version__, "transformers": importlib.import_module("transformers").__version__},
-        "checkpoint": {"builder": "adapters.testing.save_tiny_huginn", "seed": CHECKPOINT_SEED, "config": TINY_HUGINN},
+        "checkpoint": {"builder": f"adapters.testing.{ref.save.__name__}", "seed": CHECKPOINT_SEED, "config": ref.config},
         "prompts": PROMPTS, "new_tokens": NEW_TOKENS, "zero_state": zero,
         "seeded_state": {"seed": STATE_SEED, "loops": 4, "prompt": 0, "logits": seeded_logits, "greedy": seeded_greedy},
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("official", type=Path, help="folder holding raven_modeling_minimal.py and raven_config_minimal.py")
+def main(ref: Reference, description: str) -> None:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("official", type=Path, help=ref.folder_help)
     parser.add_argument("--commit", help="the reference's commit (default: git rev-parse HEAD in that folder)")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=Path, default=ref.out)
     args = parser.parse_args()
     commit = args.commit or subprocess.run(["git", "-C", str(args.official), "rev-parse", "HEAD"], capture_output=True, text=True,
                                            check=True).stdout.strip()
     torch.set_num_threads(1)
-    args.out.write_text(json.dumps(reference(args.official.resolve(), commit), separators=(",", ":")) + "\n")
+    args.out.write_text(json.dumps(reference(ref, args.official.resolve(), commit), separators=(",", ":")) + "\n")
     print(f"wrote {args.out} ({args.out.stat().st_size} bytes)")
 
 
+HUGINN = Reference("seal-rg/recurrent-pretraining", "recpre/raven_modeling_minimal.py", OUT, save_tiny_huginn, TINY_HUGINN,
+                   official_model, "folder holding raven_modeling_minimal.py and raven_config_minimal.py")
+
 if __name__ == "__main__":
-    main()
+    main(HUGINN, __doc__.split("\n\n")[0])

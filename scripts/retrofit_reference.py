@@ -11,7 +11,7 @@ the command line and never copied into this repository:
 It builds the checkpoint `adapters.testing.save_tiny_retrofit` writes (a Llama-style retrofit: prelude 1, core 2, coda 1,
 width 64, 4 heads and 2 KV heads, untied lm_head, Llama 3 RoPE scaling; made from a seed, so
 `tests/adapters/test_retrofit.py` builds the same one), loads it into the official `RavenForCausalLM` in float32 and
-records, as `scripts/huginn_reference.py` does for Huginn-0125 (its `logits` and `greedy` are reused), at r = 1, 4, 32:
+records, as `scripts/huginn_reference.py` does for Huginn-0125 (its `reference` and `main` are reused), at r = 1, 4, 32:
 the logits of every position of a few prompts, and greedy continuations decoded token by token through the official
 `HuginnDynamicCache`, with the zero initial state (`init_scale=0`), and at r = 4 with the random state drawn after
 `torch.manual_seed(SEED)`.
@@ -26,25 +26,20 @@ config would rewrite those two names itself, and fails to for a RavenConfig, whi
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
-import subprocess
 import sys
-import tempfile
 import types
 from pathlib import Path
 
 import torch
 
 from adapters.testing import TINY_RETROFIT, save_tiny_retrofit
-from huginn_reference import LOOPS, NEW_TOKENS, PROMPTS, greedy, logits  # this folder's Huginn-0125 reference: the same runs
+from huginn_reference import Reference, main  # this folder's Huginn-0125 reference: the same runs and fixture
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "adapters" / "data" / "retrofit_reference.json"
 REPOSITORY = "LoopedLMs/retrofitting-recurrence"  # the fork of mcleish7/retrofitting-recurrence that the library indexes
 FILE = "convert_pretrained_model/raven_modeling_minimal_llama.py"
-CHECKPOINT_SEED = 0
-STATE_SEED = 7  # the random-initial-state comparison
 
 
 def official_model(folder: Path, checkpoint: Path) -> tuple[types.ModuleType, torch.nn.Module]:
@@ -69,37 +64,8 @@ def official_model(folder: Path, checkpoint: Path) -> tuple[types.ModuleType, to
     return modelling, model
 
 
-def reference(folder: Path, commit: str) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        checkpoint = save_tiny_retrofit(Path(tmp), seed=CHECKPOINT_SEED)
-        modelling, model = official_model(folder, checkpoint)
-        zero = {str(r): {"logits": [logits(model, p, r, 0.0) for p in PROMPTS],
-                         "greedy": [greedy(modelling, model, p, r, 0.0) for p in PROMPTS]} for r in LOOPS}
-        torch.manual_seed(STATE_SEED)
-        seeded_logits = logits(model, PROMPTS[0], 4, 1.0)
-        torch.manual_seed(STATE_SEED)
-        seeded_greedy = greedy(modelling, model, PROMPTS[0], 4, 1.0)
-    return {
-        "reference": {"repository": REPOSITORY, "commit": commit, "file": FILE,
-                      "torch": torch.__version__, "transformers": importlib.import_module("transformers").__version__},
-        "checkpoint": {"builder": "adapters.testing.save_tiny_retrofit", "seed": CHECKPOINT_SEED, "config": TINY_RETROFIT},
-        "prompts": PROMPTS, "new_tokens": NEW_TOKENS, "zero_state": zero,
-        "seeded_state": {"seed": STATE_SEED, "loops": 4, "prompt": 0, "logits": seeded_logits, "greedy": seeded_greedy},
-    }
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("official", type=Path, help="folder holding raven_modeling_minimal_llama.py and raven_config_minimal.py")
-    parser.add_argument("--commit", help="the reference's commit (default: git rev-parse HEAD in that folder)")
-    parser.add_argument("--out", type=Path, default=OUT)
-    args = parser.parse_args()
-    commit = args.commit or subprocess.run(["git", "-C", str(args.official), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                           check=True).stdout.strip()
-    torch.set_num_threads(1)
-    args.out.write_text(json.dumps(reference(args.official.resolve(), commit), separators=(",", ":")) + "\n")
-    print(f"wrote {args.out} ({args.out.stat().st_size} bytes)")
-
+RETROFIT = Reference(REPOSITORY, FILE, OUT, save_tiny_retrofit, TINY_RETROFIT, official_model,
+                     "folder holding raven_modeling_minimal_llama.py and raven_config_minimal.py")
 
 if __name__ == "__main__":
-    main()
+    main(RETROFIT, __doc__.split("\n\n")[0])
