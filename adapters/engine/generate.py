@@ -156,12 +156,12 @@ class Decoder:
     """A batch's model calls on its static cache: `prefill`, then one `step` per token.
 
     Both return the logits to sample from [B, V] and the 1-based loop each row exits at (None
-    unless an exit policy picks one). `keys` [B, 2]: each row's prompt's stream and its own, which a model
+    unless an exit policy picks one). `streams` [B, 2]: each row's prompt's stream and its own, which a model
     that draws its initial state draws each prompt token's and each generated token's from (`LoopedLM.step`).
     """
 
-    def __init__(self, model: LoopedLM, prompts: Prompts, cache: KVCache, loops: int, policy: ExitPolicy, keys: Tensor | None = None) -> None:
-        self.model, self.prompts, self.cache, self.loops, self.policy, self.keys = model, prompts, cache, loops, policy, keys
+    def __init__(self, model: LoopedLM, prompts: Prompts, cache: KVCache, loops: int, policy: ExitPolicy, streams: Tensor | None = None) -> None:
+        self.model, self.prompts, self.cache, self.loops, self.policy, self.streams = model, prompts, cache, loops, policy, streams
         self.keep_loops = policy.reads_loops(bool(model.coda))
         self.positions = prompts.positions[:, -1:] + 1  # [B, 1] of the next token
         # under the fill `masked`: the loops each slot's token ran (prompt tokens and the token in flight: all)
@@ -172,7 +172,7 @@ class Decoder:
         for s0, s1 in prefill_chunks(p.width, self.cache.chunk):
             mask = prefill_mask(p.valid, s0, s1) if p.padded or s0 > 0 else None
             out = self.model.step(p.tokens[:, s0:s1], p.positions[:, s0:s1], self.cache, s0, mask, loops=self.loops, keep_loops=self.keep_loops,
-                                  keys=None if self.keys is None else self.keys[:, :1].expand(-1, s1 - s0))
+                                  streams=None if self.streams is None else self.streams[:, :1].expand(-1, s1 - s0))
             self.cache.length = s1
         return self._read(out)
 
@@ -182,7 +182,7 @@ class Decoder:
         mask = self.prompts.valid[:, None, None, : slot + 1] if self.prompts.padded else None
         ran = None if self.ran is None else self.ran[:, : slot + 1]
         out = self.model.step(tokens[:, None], positions, self.cache, slot, mask, loops=self.loops, keep_loops=self.keep_loops,
-                              exits=self.policy, active_set=False, ran=ran, keys=None if self.keys is None else self.keys[:, 1:])
+                              exits=self.policy, active_set=False, ran=ran, streams=None if self.streams is None else self.streams[:, 1:])
         if ran is not None:
             ran[:, slot] = out.loops_run
         self.cache.length, self.positions = slot + 1, positions + 1

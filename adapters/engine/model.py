@@ -411,9 +411,11 @@ class Recurrence(nn.Module):
         nn.init.trunc_normal_(x, mean=0.0, std=std, a=-3 * std, b=3 * std, generator=self.generator)
         return x * self.embed_scale
 
-    def token_keys(self, streams: Tensor, positions: Tensor) -> Tensor:
+    def token_keys(self, streams: Tensor | None, positions: Tensor) -> Tensor:
         """[B, n] int64: the key of each token's draw, from its stream key `streams` [B, n], its position [B, n] and
         the seed (the run's, `LoopedLM.seed_state`), hashed as the sampling noise hashes a stream and a counter."""
+        if streams is None:
+            raise ValueError("a model that draws its initial state needs the stream each token draws from (step's streams)")
         return mix32(mix32(streams ^ mix32((self.seed ^ STATE_STREAM) & M32)) ^ mix32(positions & M32))
 
     def keyed_draw(self, keys: Tensor, e: Tensor, std: float) -> Tensor:
@@ -644,8 +646,7 @@ class LoopedLM(nn.Module):
 
     @property
     def draws_state(self) -> bool:
-        """Whether every call draws a random initial state (huginn or retrofit at a scale > 0): `step` then needs each row's
-        stream key, and the adapter captures no CUDA graph for such a model (`EngineAdapter._run_continuous` says why)."""
+        """Whether calls draw a random initial state (huginn, retrofit at a scale > 0): `step` needs `streams`, the adapter no graph."""
         rec = self.model.recurrence
         return rec is not None and rec.scale > 0
 
@@ -716,20 +717,16 @@ class LoopedLM(nn.Module):
 
     # ------------------------------------------------------------------------------ cached step
     def step(self, tokens: Tensor, positions: Tensor, cache: Cache, slot: int, mask: Tensor | None, *, loops: int,
-             keep_loops: bool = False, exits: ExitPolicy | None = None, active_set: bool = True, ran: Tensor | None = None,
-             keys: Tensor | None = None) -> StepOutput:
+             keep_loops: bool = False, exits: ExitPolicy | None = None, active_set: bool = True, ran: Tensor | None = None, streams: Tensor | None = None) -> StepOutput:
         """Run tokens [B, n] at cache slots slot..slot+n-1 (positions [B, n]), writing K/V in place.
 
-        `mask` [B,1,n,L] bool (L: the keys attended, slot + n for a `KVCache`), or None for plain
-        causal attention over slot + n keys. For gated caches n must not exceed the cache's latent
-        chunk. Returns the last position's normed state(s). A decode step (n = 1) under an `exits`
-        policy that skips loops stops each row at its exit: on an active set (`active_set`, the cache
-        a step that can `narrow`) or as the masked full step (`adapters.engine.exits`); `ran` [B, L]: the loops each key ran.
-        `keys` [B, n] (int64): the stream each token draws from (`adapters.engine.streams`: a prompt token its prompt's, a
-        generated one its sample's), which a model that `draws_state` needs: a token's initial state is drawn from its
-        stream at its position, whatever else the step holds.
+        `mask` [B,1,n,L] bool (L: the keys attended, slot + n for a `KVCache`), or None for plain causal attention over
+        slot + n keys. For gated caches n must not exceed the cache's latent chunk. Returns the last position's normed
+        state(s). A decode step (n = 1) under an `exits` policy that skips loops stops each row at its exit: on an active
+        set (`active_set`, the cache a step that can `narrow`) or as the masked full step (`adapters.engine.exits`); `ran`
+        [B, L]: the loops each key ran. `streams` [B, n]: the stream each token draws its initial state from (`Recurrence`).
         """
-        state_keys = self._state_keys(keys, positions)
+        state_keys = self.model.recurrence.token_keys(streams, positions) if self.draws_state else None
         h = self.model.embed(tokens)
         keys = slot + tokens.shape[1] if mask is None else mask.shape[-1]
         span = Span(self.rotary(positions, h.dtype, length=keys), slot, mask)  # a position never reaches the keys' count
@@ -739,14 +736,6 @@ class LoopedLM(nn.Module):
             return StepOutput(states=[final[:, -1]], loops_run=rows.loops_run)
         final, states = self.model.run(h, span, cache, loops, keep_loops and bool(self.shared), state_keys=state_keys)
         return StepOutput(states=[z[:, -1] for z in states] if states else [final[:, -1]])
-
-    def _state_keys(self, keys: Tensor | None, positions: Tensor) -> Tensor | None:
-        """[B, n]: each token's initial-state key for a model that draws one (None for any other)."""
-        if not self.draws_state:
-            return None
-        if keys is None:
-            raise ValueError("a model that draws its initial state needs each row's stream key (step's keys)")
-        return self.model.recurrence.token_keys(keys, positions)
 
     # ------------------------------------------------------------------------------ conversion
     def with_conditioning(self, **fields: Any) -> "LoopedLM":

@@ -96,7 +96,7 @@ class ModelRunner:
             cache, mask = PagedStep(self.pool, x.positions, x.blocks, x.end), None if x.plain else key_mask(x.positions, x.end)
             out = self.model.step(x.tokens, x.positions, cache, x.end - n, mask, loops=self.loops, keep_loops=self.keep_loops,
                                   exits=self.policy if decoding else None, ran=self.ran_keys(seqs, x.end) if decoding else None,
-                                  keys=self.state_keys(seqs, n))
+                                  streams=self.draw_streams(seqs, n))
         self.manager.wrote(seqs, n)
         return out
 
@@ -110,7 +110,7 @@ class ModelRunner:
         manager.begin_step(len(seqs))
         mask = None if x.aligned else key_mask(x.positions, x.end)  # None: every row sees every key
         out = self.model.step(x.tokens, x.positions, x.cache, x.end - 1, mask, loops=self.loops, keep_loops=self.keep_loops,
-                              exits=self.policy, ran=self.ran_keys(seqs, x.end), keys=self.state_keys(seqs, 1))
+                              exits=self.policy, ran=self.ran_keys(seqs, x.end), streams=self.draw_streams(seqs, 1))
         self.next_inputs = x
         blocks = []
         for i, seq in enumerate(seqs):
@@ -132,7 +132,7 @@ class ModelRunner:
             rows += ran + [self.loops] * (end - len(ran))
         return self.tensor(rows).view(len(seqs), end)
 
-    def state_keys(self, seqs: list[Sequence], n: int) -> Tensor | None:
+    def draw_streams(self, seqs: list[Sequence], n: int) -> Tensor | None:
         """[B, n]: the stream each of the step's tokens draws its initial state from (`Sequence.draw_key`, `LoopedLM.step`)
         when the model draws one, else None."""
         if not self.model.draws_state:

@@ -114,7 +114,7 @@ def final_state(model: LoopedLM, seed: int) -> torch.Tensor:
     ids, positions = torch.tensor([[5, 9, 14, 2, 7, 7]]), torch.arange(6)[None]
     cache = KVCache(model.config, 1, 8, 4, torch.float32, torch.device("cpu"))
     with torch.no_grad():
-        return model.step(ids, positions, cache, 0, None, loops=4, keys=torch.full((1, 6), stream_key(5, 0))).states[0]
+        return model.step(ids, positions, cache, 0, None, loops=4, streams=torch.full((1, 6), stream_key(5, 0))).states[0]
 
 
 def recurrence(seed: int = 0, scale: float = 1.0) -> Recurrence:
@@ -159,11 +159,11 @@ def test_seeds_streams_positions_and_channels_give_different_draws():
 
 
 def test_a_drawing_model_s_step_needs_its_rows_keys(specs):
-    """`LoopedLM.step` on a model that draws its state refuses to run without each row's stream key; at scale 0 it needs none."""
+    """`LoopedLM.step` on a model that draws its state refuses to run without its tokens' streams; at scale 0 it needs none."""
     model: LoopedLM = load(specs["huginn"][0]).model
     ids, positions = torch.tensor([[5, 9, 14]]), torch.arange(3)[None]
     with torch.no_grad():
-        with pytest.raises(ValueError, match="stream key"):
+        with pytest.raises(ValueError, match="stream each token draws from"):
             model.step(ids, positions, KVCache(model.config, 1, 8, 4, torch.float32, torch.device("cpu")), 0, None, loops=4)
         model.seed_state(0, 0.0)
         out = model.step(ids, positions, KVCache(model.config, 1, 8, 4, torch.float32, torch.device("cpu")), 0, None, loops=4)
