@@ -10,8 +10,8 @@ call takes its earlier rows from a cache (`adapters.engine.cache`). Two entry po
   layer) attention outputs (stage-2 alignment loss) and Ouro's exit probabilities.
 - `LoopedLM.step(tokens, positions, cache, slot, mask, loops=r)`: one prefill chunk or decode step
   against a preallocated `adapters.engine.cache.KVCache` or an engine step's `adapters.engine.paged.PagedStep`,
-  written in place. The recurrent families draw each token's initial state there from its row's
-  random stream (`keys`, `Recurrence`), not from a generator shared by the batch.
+  written in place. The recurrent families draw each token's initial state there from its own
+  random stream (`streams`, `Recurrence`), not from a generator shared by the batch.
 
 q/k/v and gate/up are each one parameter (one matmul); state dicts name HF's separate tensors. Layers,
 norms and MLPs are called through `.forward`: a tiny model's decode step is per-call overhead, and
@@ -362,7 +362,7 @@ class LoopConditioning(nn.Module):
 
 TRUNCATION = 3.0  # the initial state is a normal truncated at +-3 std, as the official `initialize_state` draws it
 _TAIL = 0.5 * math.erfc(TRUNCATION / math.sqrt(2))  # Phi(-3): the probability below the truncation
-STATE_STREAM = 0x243F6A88  # the state's draws are this far from the sampling noise of the same stream key
+STATE_STREAM = 0x243F6A88  # mixed into the seed: the state's draws are not the sampling noise of the same stream key
 DRAW_ELEMENTS = 1 << 22  # a keyed draw hashes this many values at a time: its int64 temporaries stay near 100 MB
 
 
