@@ -34,12 +34,13 @@ from adapters.engine.config import CONDITIONING_FIELDS, LoopConfig
 from adapters.engine.presets import PRESETS, preset
 from adapters.engine.continuous import ContinuousEngine
 from adapters.engine.exits import SKIPPING_FILL, ExitPolicy, check_threshold
-from adapters.engine.generate import check_request, generate_static, stream_key
+from adapters.engine.generate import check_request, generate_static
 from adapters.engine.graphs import DecodeGraphs
 from adapters.engine.memory import analytic_terms, count_params
 from adapters.engine.model import LoopedLM
 from adapters.engine.paged import DEFAULT_BLOCK_SIZE, BlockPool
 from adapters.engine.sequence import Sequence as Seq
+from adapters.engine.streams import prompt_key, stream_key
 from adapters.engine.tokenizer import token_ids
 from adapters.registry import register
 
@@ -137,11 +138,14 @@ class EngineAdapter:
             ids = encode(request.prompt, self.tokenizer, self.config.vocab_size, self.spec)
             capacity = check_request(self.model, ids, request.sampling, self.tokenizer, self.exit_policy)
             for j in request.indices:
-                sequences.append(Seq(r, j, stream_key(request.sampling.seed, j), len(ids), list(ids), capacity, request.sampling))
+                sequences.append(Seq(r, j, stream_key(request.sampling.seed, j), len(ids), list(ids), capacity, request.sampling,
+                                     prompt_key(request.sampling.seed)))
         return sequences
 
     def _run_continuous(self, sequences: list[Seq], on_finished: Callable[[list[Finished]], None]) -> None:
-        # a graph replays one fixed-depth step: with loops skipped per token the decode runs eagerly
+        # a graph replays one fixed-depth step: with loops skipped per token the decode runs eagerly. A model that draws its
+        # initial state runs eagerly too: its keyed draw (`Recurrence.keyed_draw`) is a pure function of the positions and the
+        # rows' stream keys, so it could be captured, but the graphs' static inputs carry no keys and no capture of it is tested
         capture, graphs = self.cuda_graphs and self.device.type == "cuda" and not self.model.draws_state and not self.exit_policy.skips, None
         pool = BlockPool.for_workload(self.config, self.loops, [s.capacity for s in sequences], max_seqs=self.max_batch, kv_budget=self.kv_budget,
                                       block_size=self.block_size, dtype=self.dtype, device=self.device, spare=capture)

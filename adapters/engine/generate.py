@@ -5,9 +5,12 @@ this static path stays for what needs one cache of known size: `loopeval profile
 single-sequence memory at a given context (the analytic figure, to the byte) and the static
 baseline the continuous engine is measured and tested against (`batching="static"`).
 
-Sampling draws from one random stream per sample (`stream_key`: the prompt's seed and the sample's
-index; `exponential_noise`: a pure function of key, step and token id), so a sample's tokens do not
-depend on the batch it runs in, the order it is admitted in, preemption or resume.
+Every random draw comes from one random stream per sample (`adapters.engine.streams`; `stream_key`:
+the prompt's seed and the sample's index): sampling's noise (`exponential_noise`: a pure function of
+key, step and token id) and the recurrent families' initial state (`Recurrence.keyed_draw`: of key,
+the run's seed, the token's position and the channel; a prompt token draws from its prompt's stream,
+`prompt_key`, since the prompt's samples share its K/V), so a sample's tokens do not depend on the
+batch it runs in, the order it is admitted in, preemption or resume.
 
 `generate` reads as the prefill (`Decoder.prefill`), the decode step (`Decoder.step`: one token per
 row through `LoopedLM.step`) and the decode loop that samples, records (`Transcript`) and stops.
@@ -32,11 +35,9 @@ from __future__ import annotations
 
 import array
 import dataclasses
-import functools
 import time
-import zlib
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -47,31 +48,8 @@ from adapters.engine.memory import kv_bytes
 from adapters.engine.exits import ExitPolicy, pick_loop
 from adapters.engine.model import LoopedLM, StepOutput, prefill_chunks
 from adapters.engine.sequence import Sequence as Seq
+from adapters.engine.streams import prompt_key, stream_key, stream_rows, uniform
 from measures import GB
-
-T = TypeVar("T", int, Tensor)
-
-
-def stream_key(seed: int, index: int) -> int:
-    """The 32-bit key of one random stream: sample `index` of the prompt (or request) seeded `seed`."""
-    return zlib.crc32(f"{seed}:{index}".encode())
-
-
-_M32 = 0xFFFFFFFF
-
-
-def _mix32(x: T) -> T:
-    """A 32-bit integer hash (two xorshift-multiply rounds) on values in [0, 2**32): Python ints or int64 tensors.
-
-    The multipliers are odd and below 2**31, so every product stays below 2**63 and int64 never
-    overflows on any device; each round is a bijection of the 32-bit values. Python ints and tensors
-    give the same values, so the per-row half of the hash is computed on the host (`stream_rows`).
-    """
-    x = x ^ (x >> 16)
-    x = (x * 0x7FEB352D) & _M32
-    x = x ^ (x >> 15)
-    x = (x * 0x5BD1E995) & _M32
-    return x ^ (x >> 16)
 
 
 def int_tensor(values: list[int], device: torch.device) -> Tensor:
@@ -84,28 +62,10 @@ def int_tensor(values: list[int], device: torch.device) -> Tensor:
     return tensor.pin_memory().to(device, non_blocking=True)
 
 
-def stream_rows(keys: Sequence[int], steps: Sequence[int]) -> list[int]:
-    """The row half of the noise hash for streams `keys` at token indices `steps`: a few integer
-    operations per row on the host, where as tensor kernels they were a tenth of a tiny model's decode step."""
-    return [_mix32(key ^ _mix32(step & _M32)) for key, step in zip(keys, steps)]
-
-
-@functools.lru_cache(maxsize=8)
-def _token_hashes(vocab: int, device: torch.device) -> Tensor:
-    """The token-id half of the noise hash: the same at every step, so computed once per vocabulary and device."""
-    with torch.inference_mode(False):  # an ordinary tensor, usable in and out of inference mode
-        return _mix32(_mix32(torch.arange(vocab, device=device)))
-
-
 def exponential_noise(rows: Tensor, vocab: int) -> Tensor:
-    """Exp(1) draws [B, vocab] for rows whose stream and token index hash to `rows` [B] (int64, `stream_rows`).
-
-    A counter-based generator: the draw for (key, step, token id) is a hash of the three, so a row
-    needs no generator state and a batch of rows is one set of kernels, whatever the batch holds.
-    The top 24 bits give a uniform u in (0, 1) exactly representable in float32; -log(u) ~ Exp(1).
-    """
-    bits = _mix32(rows[:, None] ^ _token_hashes(vocab, rows.device)[None, :])
-    return -torch.log(((bits >> 8).float() + 0.5) * 2.0**-24)
+    """Exp(1) draws [B, vocab] for rows whose stream and token index hash to `rows` [B] (int64, `stream_rows`):
+    -log(u) of the stream's uniform draw for (key, step, token id) (`adapters.engine.streams`)."""
+    return -torch.log(uniform(rows, vocab))
 
 
 def sample(logits: Tensor, sampling: Sampling, rows: Tensor) -> Tensor:
@@ -196,11 +156,12 @@ class Decoder:
     """A batch's model calls on its static cache: `prefill`, then one `step` per token.
 
     Both return the logits to sample from [B, V] and the 1-based loop each row exits at (None
-    unless an exit policy picks one).
+    unless an exit policy picks one). `streams` [B, 2]: each row's prompt's stream and its own, which a model
+    that draws its initial state draws each prompt token's and each generated token's from (`LoopedLM.step`).
     """
 
-    def __init__(self, model: LoopedLM, prompts: Prompts, cache: KVCache, loops: int, policy: ExitPolicy) -> None:
-        self.model, self.prompts, self.cache, self.loops, self.policy = model, prompts, cache, loops, policy
+    def __init__(self, model: LoopedLM, prompts: Prompts, cache: KVCache, loops: int, policy: ExitPolicy, streams: Tensor | None = None) -> None:
+        self.model, self.prompts, self.cache, self.loops, self.policy, self.streams = model, prompts, cache, loops, policy, streams
         self.keep_loops = policy.reads_loops(bool(model.coda))
         self.positions = prompts.positions[:, -1:] + 1  # [B, 1] of the next token
         # under the fill `masked`: the loops each slot's token ran (prompt tokens and the token in flight: all)
@@ -210,7 +171,8 @@ class Decoder:
         p = self.prompts
         for s0, s1 in prefill_chunks(p.width, self.cache.chunk):
             mask = prefill_mask(p.valid, s0, s1) if p.padded or s0 > 0 else None
-            out = self.model.step(p.tokens[:, s0:s1], p.positions[:, s0:s1], self.cache, s0, mask, loops=self.loops, keep_loops=self.keep_loops)
+            out = self.model.step(p.tokens[:, s0:s1], p.positions[:, s0:s1], self.cache, s0, mask, loops=self.loops, keep_loops=self.keep_loops,
+                                  streams=None if self.streams is None else self.streams[:, :1].expand(-1, s1 - s0))
             self.cache.length = s1
         return self._read(out)
 
@@ -220,7 +182,7 @@ class Decoder:
         mask = self.prompts.valid[:, None, None, : slot + 1] if self.prompts.padded else None
         ran = None if self.ran is None else self.ran[:, : slot + 1]
         out = self.model.step(tokens[:, None], positions, self.cache, slot, mask, loops=self.loops, keep_loops=self.keep_loops,
-                              exits=self.policy, active_set=False, ran=ran)
+                              exits=self.policy, active_set=False, ran=ran, streams=None if self.streams is None else self.streams[:, 1:])
         if ran is not None:
             ran[:, slot] = out.loops_run
         self.cache.length, self.positions = slot + 1, positions + 1
@@ -301,6 +263,7 @@ def generate(
     loops: int,
     eos_ids: set[int],
     keys: Sequence[int] | None = None,
+    prompt_keys: Sequence[int] | None = None,
     tokenizer: Any | None = None,
     exit_policy: ExitPolicy = ExitPolicy(),
     on_cache: Callable[[KVCache | None], None] = lambda cache: None,
@@ -308,15 +271,18 @@ def generate(
 ) -> list[Generation]:
     """Generate one continuation per prompt (token ids) in one static batch. `on_cache` sees the live cache.
 
-    Row i samples from stream `keys[i]` (default: `stream_key(sampling.seed, i)`).
+    Row i samples from stream `keys[i]` (default: `stream_key(sampling.seed, i)`); a model that draws its initial state
+    draws its prompt tokens' from `prompt_keys[i]` (default: `prompt_key(sampling.seed)`) and its generated tokens' from `keys[i]`.
     """
     capacity = max(check_request(model, p, sampling, tokenizer, exit_policy) for p in prompts)
     weight = model.model.embed_tokens.weight
     batch = Prompts.left_padded(prompts, capacity, pad_id, weight.device)
     cache = _allocate(model, len(prompts), capacity, loops)
-    decoder = Decoder(model, batch, cache, loops, exit_policy)
-    transcript = Transcript(len(prompts), sampling, eos_ids, tokenizer)
     keys = [stream_key(sampling.seed, i) for i in range(len(prompts))] if keys is None else keys
+    prompt_keys = [prompt_key(sampling.seed)] * len(prompts) if prompt_keys is None else prompt_keys
+    draws = int_tensor([k for pair in zip(prompt_keys, keys) for k in pair], weight.device).view(-1, 2) if model.draws_state else None
+    decoder = Decoder(model, batch, cache, loops, exit_policy, draws)
+    transcript = Transcript(len(prompts), sampling, eos_ids, tokenizer)
     on_cache(cache)
     try:
         with torch.inference_mode():
@@ -348,7 +314,8 @@ def generate_static(model: LoopedLM, sequences: list[Seq], on_finished: Callable
     for sampling, group in groups.items():
         for start in range(0, len(group), max_batch):
             batch = group[start : start + max_batch]
-            generations = generate(model, [s.tokens for s in batch], sampling, keys=[s.key for s in batch], pad_id=pad, **options)
+            generations = generate(model, [s.tokens for s in batch], sampling, keys=[s.key for s in batch],
+                                   prompt_keys=[s.prompt_key for s in batch], pad_id=pad, **options)
             on_finished([(s.request, s.sample, g) for s, g in zip(batch, generations)])
 
 

@@ -10,7 +10,8 @@ call takes its earlier rows from a cache (`adapters.engine.cache`). Two entry po
   layer) attention outputs (stage-2 alignment loss) and Ouro's exit probabilities.
 - `LoopedLM.step(tokens, positions, cache, slot, mask, loops=r)`: one prefill chunk or decode step
   against a preallocated `adapters.engine.cache.KVCache` or an engine step's `adapters.engine.paged.PagedStep`,
-  written in place.
+  written in place. The recurrent families draw each token's initial state there from its own
+  random stream (`streams`, `Recurrence`), not from a generator shared by the batch.
 
 q/k/v and gate/up are each one parameter (one matmul); state dicts name HF's separate tensors. Layers,
 norms and MLPs are called through `.forward`: a tiny model's decode step is per-call overhead, and
@@ -40,6 +41,7 @@ from torch import Tensor, nn
 from adapters.engine.cache import Cache, ChunkCache, MixedCache
 from adapters.engine.config import LOOP_GATE_DIM, LoopConfig
 from adapters.engine.exits import ExitPolicy, ExitRows, exit_rows
+from adapters.engine.streams import M32, mix32, uniform
 
 Rope = tuple[Tensor, Tensor]  # cos, signed sin [B, 1, n, head_dim]
 
@@ -358,16 +360,29 @@ class LoopConditioning(nn.Module):
         return 1 + torch.tanh(self.branch[min(loop, self.branch.shape[0] - 1), layer]).repeat_interleave(d // LOOP_GATE_DIM, dim=-1)
 
 
+TRUNCATION = 3.0  # the initial state is a normal truncated at +-3 std, as the official `initialize_state` draws it
+_TAIL = 0.5 * math.erfc(TRUNCATION / math.sqrt(2))  # Phi(-3): the probability below the truncation
+STATE_STREAM = 0x243F6A88  # mixed into the seed: the state's draws are not the sampling noise of the same stream key
+DRAW_ELEMENTS = 1 << 22  # a keyed draw hashes this many values at a time: its int64 temporaries stay near 100 MB
+
+
 class Recurrence(nn.Module):
     """Huginn's recurrent state: drawn at random before the first step, joined with the prelude's output e at every step.
 
     Step t runs the core on `adapter([h; e])` (a Linear(2d, d), the official `transformer.adapter`). The
-    state h starts as the official `initialize_state` draws it: a standard normal draw of e's shape,
-    overwritten by a normal truncated at +-3 std with std = `LoopConfig.state_std` (default sqrt(2 / (5 d)))
-    times `scale`, then times the embedding scale (Huginn-0125: sqrt(d); the retrofitted models: 1); scale 0
-    gives the zero state (the official `init_scale=0`). The draws come from this
-    module's own generator, seeded by `LoopedLM.seed_state`, so a run repeats; with the same seed and
-    the same call order they are the official code's draws after `torch.manual_seed(seed)` (on the CPU).
+    state h starts as a normal truncated at +-3 std with std = `LoopConfig.state_std` (default
+    sqrt(2 / (5 d))) times `scale`, then times the embedding scale (Huginn-0125: sqrt(d); the retrofitted
+    models: 1); scale 0 gives the zero state (the official `init_scale=0`). Two draws of that law:
+
+    - `LoopedLM.forward` (fidelity tests, training, probes) draws as the official `initialize_state` does:
+      a standard normal of e's shape overwritten by `trunc_normal_`, from this module's own generator seeded
+      by `LoopedLM.seed_state`; with the same seed and call order these are the official code's draws after
+      `torch.manual_seed(seed)` (on the CPU).
+    - The generation paths (`LoopedLM.step`) draw each token's state from its own stream: channel c of the
+      token at position p drawing from stream k (`adapters.engine.streams`: a prompt token its prompt's, which
+      the prompt's samples share as they share its K/V; a generated token its sample's) is a hashed uniform
+      of (k, the seed, p, c) mapped into (Phi(-3), Phi(3)) and through the inverse normal CDF. A generator
+      shared by the batch would hand a sample draws that depend on the rows beside it and their order.
     """
 
     def __init__(self, cfg: LoopConfig) -> None:
@@ -382,15 +397,39 @@ class Recurrence(nn.Module):
     def reseed(self, seed: int, scale: float) -> None:
         self.seed, self.scale, self.generator = seed, scale, None
 
-    def initial_state(self, e: Tensor) -> Tensor:
+    def initial_state(self, e: Tensor, keys: Tensor | None = None) -> Tensor:
+        """The state entering step 1 for e [B, n, d]: each token's keyed draw with `keys` [B, n] (`token_keys`),
+        else the next draw of the module's generator."""
         std = self.std * self.scale
         if std == 0:
             return torch.zeros_like(e)
+        if keys is not None:
+            return self.keyed_draw(keys, e, std)
         if self.generator is None or self.generator.device != e.device:
             self.generator = torch.Generator(device=e.device).manual_seed(self.seed)
         x = torch.randn(e.shape, dtype=e.dtype, device=e.device, generator=self.generator)
         nn.init.trunc_normal_(x, mean=0.0, std=std, a=-3 * std, b=3 * std, generator=self.generator)
         return x * self.embed_scale
+
+    def token_keys(self, streams: Tensor | None, positions: Tensor) -> Tensor:
+        """[B, n] int64: the key of each token's draw, from its stream key `streams` [B, n], its position [B, n] and
+        the seed (the run's, `LoopedLM.seed_state`), hashed as the sampling noise hashes a stream and a counter."""
+        if streams is None:
+            raise ValueError("a model that draws its initial state needs the stream each token draws from (step's streams)")
+        return mix32(mix32(streams ^ mix32((self.seed ^ STATE_STREAM) & M32)) ^ mix32(positions & M32))
+
+    def keyed_draw(self, keys: Tensor, e: Tensor, std: float) -> Tensor:
+        """e's shape, token i's channels from `keys` [B, n]: a uniform u in (0, 1) (`streams.uniform`) taken into
+        (Phi(-3), Phi(3)), through the inverse normal CDF (clamped at +-3 against float rounding), times std and the
+        embedding scale. Hashed a slice of tokens at a time, so a long prompt's prefill holds no [B, n, d] int64."""
+        d, flat = e.shape[-1], keys.reshape(-1)
+        out = torch.empty(e.shape, dtype=e.dtype, device=e.device).view(-1, d)
+        step = max(1, DRAW_ELEMENTS // d)
+        for i in range(0, flat.numel(), step):
+            u = uniform(flat[i : i + step], d)
+            z = torch.special.ndtri(u.mul_(1 - 2 * _TAIL).add_(_TAIL)).clamp_(-TRUNCATION, TRUNCATION)
+            out[i : i + step] = z * (std * self.embed_scale)
+        return out.view(e.shape)
 
     def inject(self, h: Tensor, e: Tensor) -> Tensor:
         return F.linear(torch.cat((h, e), dim=-1), self.adapter.weight)
@@ -419,7 +458,7 @@ class Backbone(nn.Module):
         return h if self.embed_scale is None else h * self.embed_scale
 
     def run(self, h: Tensor, span: Span, cache: Cache, loops: int, per_loop: bool, attn_outputs: list[Tensor] | None = None,
-            trace: LoopTrace | None = None, grad_loops: int | None = None) -> tuple[Tensor, list[Tensor]]:
+            trace: LoopTrace | None = None, grad_loops: int | None = None, state_keys: Tensor | None = None) -> tuple[Tensor, list[Tensor]]:
         """Prelude, shared x loops, coda over one call's states h [B, n, d].
 
         Returns the normed final state and, with `per_loop`, each loop's normed state (what per-loop
@@ -428,6 +467,7 @@ class Backbone(nn.Module):
         loop 1 and each loop's output, and may skip loops: a skipped loop hands its input on unchanged.
         With `grad_loops` = k only the last k loops are differentiated (truncated backprop, as Huginn
         trains): the loops before them run without autograd, their output a constant to the rest.
+        `state_keys` [B, n]: each token's key for the recurrent families' initial state (`Recurrence.initial_state`).
         """
         p, s = len(self.prelude), len(self.shared)
         for i, layer in enumerate(self.prelude):
@@ -435,7 +475,7 @@ class Backbone(nn.Module):
         cond = self.loop_conditioning
         e, diffs = h, collections.deque(maxlen=cond.window if cond is not None else 1)  # diffs: h_{l-1} - h_{l-2}, newest first
         if self.recurrence is not None:
-            h = self.recurrence.initial_state(e)
+            h = self.recurrence.initial_state(e, state_keys)
         if trace is not None:
             trace.begin(h)
         states = []
@@ -466,16 +506,18 @@ class Backbone(nn.Module):
             h, _ = layer.forward(h, span, cache, first + k, 0)
         return self._final(h)
 
-    def run_exits(self, h: Tensor, span: Span, cache: Cache, loops: int, rows: ExitRows, head: Callable[[Tensor], Tensor]) -> Tensor:
+    def run_exits(self, h: Tensor, span: Span, cache: Cache, loops: int, rows: ExitRows, head: Callable[[Tensor], Tensor],
+                  state_keys: Tensor | None = None) -> Tensor:
         """A decode step whose rows stop looping where their exit policy says (`adapters.engine.exits`): prelude,
         the loops while any row goes on (`rows` says which rows each loop runs on and on what span and cache),
-        then the tail once on every row's state at its exit. `head` maps normed states to logits (kl, entropy)."""
+        then the tail once on every row's state at its exit. `head` maps normed states to logits (kl, entropy);
+        `state_keys` as for `run`."""
         for i, layer in enumerate(self.prelude):
             h, _ = layer.forward(h, span, cache, i, 0)
         cond = self.loop_conditioning
         e, diffs = h, collections.deque(maxlen=cond.window if cond is not None else 1)
         if self.recurrence is not None:
-            h = self.recurrence.initial_state(e)
+            h = self.recurrence.initial_state(e, state_keys)
 
         def logits(y: Tensor, sp: Span, c: Cache) -> Tensor:
             return head(self.tail(y, sp, c))
@@ -604,8 +646,7 @@ class LoopedLM(nn.Module):
 
     @property
     def draws_state(self) -> bool:
-        """Whether every call draws a random initial state (huginn or retrofit at a scale > 0): a CUDA graph would replay one
-        draw, so the adapter captures none for such a model."""
+        """Whether calls draw a random initial state (huginn, retrofit at a scale > 0): `step` needs `streams`, the adapter no graph."""
         rec = self.model.recurrence
         return rec is not None and rec.scale > 0
 
@@ -676,23 +717,24 @@ class LoopedLM(nn.Module):
 
     # ------------------------------------------------------------------------------ cached step
     def step(self, tokens: Tensor, positions: Tensor, cache: Cache, slot: int, mask: Tensor | None, *, loops: int,
-             keep_loops: bool = False, exits: ExitPolicy | None = None, active_set: bool = True, ran: Tensor | None = None) -> StepOutput:
+             keep_loops: bool = False, exits: ExitPolicy | None = None, active_set: bool = True, ran: Tensor | None = None, streams: Tensor | None = None) -> StepOutput:
         """Run tokens [B, n] at cache slots slot..slot+n-1 (positions [B, n]), writing K/V in place.
 
-        `mask` [B,1,n,L] bool (L: the keys attended, slot + n for a `KVCache`), or None for plain
-        causal attention over slot + n keys. For gated caches n must not exceed the cache's latent
-        chunk. Returns the last position's normed state(s). A decode step (n = 1) under an `exits`
-        policy that skips loops stops each row at its exit: on an active set (`active_set`, the cache
-        a step that can `narrow`) or as the masked full step (`adapters.engine.exits`); `ran` [B, L]: the loops each key ran.
+        `mask` [B,1,n,L] bool (L: the keys attended, slot + n for a `KVCache`), or None for plain causal attention over
+        slot + n keys. For gated caches n must not exceed the cache's latent chunk. Returns the last position's normed
+        state(s). A decode step (n = 1) under an `exits` policy that skips loops stops each row at its exit: on an active
+        set (`active_set`, the cache a step that can `narrow`) or as the masked full step (`adapters.engine.exits`); `ran`
+        [B, L]: the loops each key ran. `streams` [B, n]: the stream each token draws its initial state from (`Recurrence`).
         """
+        state_keys = self.model.recurrence.token_keys(streams, positions) if self.draws_state else None
         h = self.model.embed(tokens)
         keys = slot + tokens.shape[1] if mask is None else mask.shape[-1]
         span = Span(self.rotary(positions, h.dtype, length=keys), slot, mask)  # a position never reaches the keys' count
         if exits is not None and exits.skips and tokens.shape[1] == 1 and self.shared:
             rows = exit_rows(exits, loops, self.model.early_exit_gate, span, cache, h, active_set, ran)
-            final = self.model.run_exits(h, span, cache, loops, rows, self.logits)
+            final = self.model.run_exits(h, span, cache, loops, rows, self.logits, state_keys)
             return StepOutput(states=[final[:, -1]], loops_run=rows.loops_run)
-        final, states = self.model.run(h, span, cache, loops, keep_loops and bool(self.shared))
+        final, states = self.model.run(h, span, cache, loops, keep_loops and bool(self.shared), state_keys=state_keys)
         return StepOutput(states=[z[:, -1] for z in states] if states else [final[:, -1]])
 
     # ------------------------------------------------------------------------------ conversion

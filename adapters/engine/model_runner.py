@@ -3,8 +3,9 @@
 It owns every tensor a step touches besides the model's: the step's inputs (`StepInputs`, or the decode
 rows' `RowsInputs`, advanced in place while the running set stays the same), the decode rows
 (`adapters.engine.rows`, the CPU's decode path) or the CUDA graphs (`adapters.engine.graphs`, the GPU's),
-and the draw of each sequence's next token from its own random stream. What runs is the policy's
-question (`adapters.engine.scheduler`); the runner only runs it and tells the block manager what it wrote.
+and the draw of each sequence's next token from its own random stream (which a recurrent model's initial
+states are drawn from too: the step gets each row's key). What runs is the policy's question
+(`adapters.engine.scheduler`); the runner only runs it and tells the block manager what it wrote.
 """
 
 from __future__ import annotations
@@ -94,7 +95,8 @@ class ModelRunner:
         else:
             cache, mask = PagedStep(self.pool, x.positions, x.blocks, x.end), None if x.plain else key_mask(x.positions, x.end)
             out = self.model.step(x.tokens, x.positions, cache, x.end - n, mask, loops=self.loops, keep_loops=self.keep_loops,
-                                  exits=self.policy if decoding else None, ran=self.ran_keys(seqs, x.end) if decoding else None)
+                                  exits=self.policy if decoding else None, ran=self.ran_keys(seqs, x.end) if decoding else None,
+                                  streams=self.draw_streams(seqs, n))
         self.manager.wrote(seqs, n)
         return out
 
@@ -108,7 +110,7 @@ class ModelRunner:
         manager.begin_step(len(seqs))
         mask = None if x.aligned else key_mask(x.positions, x.end)  # None: every row sees every key
         out = self.model.step(x.tokens, x.positions, x.cache, x.end - 1, mask, loops=self.loops, keep_loops=self.keep_loops,
-                                  exits=self.policy, ran=self.ran_keys(seqs, x.end))
+                              exits=self.policy, ran=self.ran_keys(seqs, x.end), streams=self.draw_streams(seqs, 1))
         self.next_inputs = x
         blocks = []
         for i, seq in enumerate(seqs):
@@ -129,6 +131,13 @@ class ModelRunner:
             ran = [self.loops] * seq.prompt_len + seq.loops[1 : seq.written - seq.prompt_len + 1] + [self.loops]
             rows += ran + [self.loops] * (end - len(ran))
         return self.tensor(rows).view(len(seqs), end)
+
+    def draw_streams(self, seqs: list[Sequence], n: int) -> Tensor | None:
+        """[B, n]: the stream each of the step's tokens draws its initial state from (`Sequence.draw_key`, `LoopedLM.step`)
+        when the model draws one, else None."""
+        if not self.model.draws_state:
+            return None
+        return self.tensor([seq.draw_key(seq.written + j) for seq in seqs for j in range(n)]).view(len(seqs), n)
 
     def advance(self, ids: Tensor | None) -> None:
         """The next decode step's inputs from this one's and the `ids` [B] just sampled (while the running set stays

@@ -9,7 +9,7 @@ When a running sequence needs a block and the pool has none, the youngest runnin
 preempted: its blocks are freed and it waits at the head of the queue. On readmission its prompt is
 prefilled again and its generated tokens are fed back one per step (as they were first decoded, so
 a MELT latent sees the same chunks) without sampling, after which it samples on. Its random stream
-is keyed by (request seed, sample index, token index) (`generate.stream_key`, `exponential_noise`),
+is keyed by (request seed, sample index, token index) (`streams.stream_key`, `exponential_noise`),
 so its output is the same as if it had never been preempted, and the same at any concurrency.
 
 The policy decides from the block manager's answers alone (free blocks, blocks a prompt needs) and

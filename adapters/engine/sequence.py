@@ -18,6 +18,7 @@ class Sequence:
     tokens: list[int]
     capacity: int  # prompt + new tokens it may reach (within the context)
     sampling: Sampling
+    prompt_key: int = 0  # the stream its prompt tokens draw from (`streams.prompt_key(request seed)`), its prompt's samples' too
     blocks: list[int] = field(default_factory=list)  # its block table
     written: int = 0  # tokens whose K/V the blocks hold
     order: int = -1  # admission order: the largest is the youngest, preempted first
@@ -35,6 +36,10 @@ class Sequence:
     def replaying(self) -> bool:
         """Its next token is one it decoded before a preemption: fed back, not sampled."""
         return self.written < len(self.tokens)
+
+    def draw_key(self, position: int) -> int:
+        """The stream the draws of its token at `position` come from: its prompt's for a prompt token, its own after."""
+        return self.prompt_key if position < self.prompt_len else self.key
 
 
 def setting(sampling: Sampling) -> tuple[float, float, int | None]:

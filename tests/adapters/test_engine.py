@@ -15,9 +15,10 @@ from adapters.engine.checkpoint import random_model
 from adapters.engine.config import LoopConfig
 from adapters.engine.presets import PRESETS, preset
 from adapters.engine.adapter import EngineAdapter, load_preset
-from adapters.engine.generate import Decoder, ExitPolicy, Prompts, generate, sample, stream_rows
+from adapters.engine.generate import Decoder, ExitPolicy, Prompts, generate, sample
 from adapters.engine.memory import count_params, estimate, kv_bytes
 from adapters.engine.model import LoopedLM
+from adapters.engine.streams import stream_rows
 
 GREEDY = Sampling(temperature=0.0, max_new_tokens=12)
 

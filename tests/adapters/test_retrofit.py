@@ -89,8 +89,9 @@ def test_retrofit_greedy_continuations_match_the_official_code(checkpoint, loops
 
 
 def test_retrofit_random_initial_state_is_the_official_draw(checkpoint):
-    """Seeded as the official code after `torch.manual_seed(seed)`, with the config's std (the cloned Huginn-0125 value)
-    and no sqrt(d) scale: the same state, so the same logits and continuation."""
+    """The forward seeded as the official code after `torch.manual_seed(seed)`, with the config's std (the cloned Huginn-0125
+    value) and no sqrt(d) scale: the same state, so the same logits. On this checkpoint the state moves the logits but no
+    greedy token, so generation, which draws its own per-sample state (`test_state_draws.py`), gives the official continuation."""
     prompt = REFERENCE["prompts"][SEEDED["prompt"]]
     model = load_model(checkpoint, "retrofit", torch.float32, "cpu")
     model.seed_state(SEEDED["seed"])
