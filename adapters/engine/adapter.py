@@ -136,7 +136,7 @@ class EngineAdapter:
         sequences = []
         for r, request in enumerate(requests):
             ids = encode(request.prompt, self.tokenizer, self.config.vocab_size, self.spec)
-            capacity = check_request(self.model, ids, request.sampling, self.tokenizer, self.exit_policy)
+            capacity = check_request(self.model, ids, request.sampling, self.tokenizer)
             for j in request.indices:
                 sequences.append(Seq(r, j, stream_key(request.sampling.seed, j), len(ids), list(ids), capacity, request.sampling,
                                      prompt_key(request.sampling.seed)))
@@ -332,13 +332,16 @@ def exit_policy(cfg: LoopConfig, overrides: dict[str, Any]) -> ExitPolicy:
 
 
 def check_exit_support(cfg: LoopConfig, policy: ExitPolicy) -> ExitPolicy:
-    """The policy, if the model can run it: the gate criterion needs an exit gate, and exits need looped layers."""
+    """The policy, if the model can run it: the gate criterion needs an exit gate, exits need looped layers, and
+    `read` (an exit loop's state read as the output) needs a model whose output is not the coda's."""
     if policy.kind == "threshold" and policy.criterion == "gate" and not cfg.exit_gate:
         raise AdapterError("exit_policy 'threshold' with the gate criterion needs a model with an exit gate (Ouro); try exit_criterion kl or entropy")
     if policy.skips and policy.fill == "masked" and cfg.gated:
         raise AdapterError("exit_fill 'masked' needs per-loop K/V: a gated (MELT) layer keeps one row per token, which every loop reads")
     if policy.kind != "none" and cfg.shared_layers == 0:
         raise AdapterError("exit policies need a looped model (shared layers)")
+    if policy.kind != "none" and not policy.skips and cfg.coda_layers:
+        raise AdapterError("exit_fill 'read' needs a model without coda layers (it reads a loop's state as the output)")
     return policy
 
 

@@ -274,7 +274,7 @@ def generate(
     Row i samples from stream `keys[i]` (default: `stream_key(sampling.seed, i)`); a model that draws its initial state
     draws its prompt tokens' from `prompt_keys[i]` (default: `prompt_key(sampling.seed)`) and its generated tokens' from `keys[i]`.
     """
-    capacity = max(check_request(model, p, sampling, tokenizer, exit_policy) for p in prompts)
+    capacity = max(check_request(model, p, sampling, tokenizer) for p in prompts)
     weight = model.model.embed_tokens.weight
     batch = Prompts.left_padded(prompts, capacity, pad_id, weight.device)
     cache = _allocate(model, len(prompts), capacity, loops)
@@ -319,7 +319,7 @@ def generate_static(model: LoopedLM, sequences: list[Seq], on_finished: Callable
             on_finished([(s.request, s.sample, g) for s, g in zip(batch, generations)])
 
 
-def check_request(model: LoopedLM, prompt: Sequence[int], sampling: Sampling, tokenizer: Any | None, policy: ExitPolicy) -> int:
+def check_request(model: LoopedLM, prompt: Sequence[int], sampling: Sampling, tokenizer: Any | None) -> int:
     """Slots one sequence needs (its prompt plus the new tokens, within the context), after checking the request."""
     if len(prompt) < 1:
         raise AdapterError("empty prompt: every prompt needs at least one token")
@@ -327,8 +327,6 @@ def check_request(model: LoopedLM, prompt: Sequence[int], sampling: Sampling, to
         raise AdapterError(f"prompt of {len(prompt)} tokens does not fit the model's context of {model.config.max_position} tokens")
     if sampling.stop and tokenizer is None:
         raise AdapterError("stop strings need a tokenizer; this model has none (use eos or max_new_tokens)")
-    if policy.kind != "none" and not policy.skips and model.coda:
-        raise AdapterError("exit_fill 'read' needs a model without coda layers (it reads a loop's state as the output)")
     return min(len(prompt) + sampling.max_new_tokens, model.config.max_position)
 
 

@@ -12,7 +12,7 @@ from test_scheduler import Watch, pool_for, tiny_budget
 
 import adapters
 from adapters.base import AdapterError, Request, Sampling
-from adapters.engine.adapter import EngineAdapter, inspect_preset
+from adapters.engine.adapter import EngineAdapter
 from adapters.engine.cache import entry_table
 from adapters.engine.continuous import ContinuousEngine
 from adapters.engine.generate import generate
@@ -175,15 +175,15 @@ def test_kv_accounting_stays_exact_with_exits_on(spec, fill):
         ("preset:ouro-tiny", dict(exit_threshold=0.5, exit_fill="skip"), "exit_fill"),
         ("zoo:lab-huginn", dict(exit_threshold=0.5), "exit gate"),
         ("preset:melt-tiny", dict(exit_threshold=0.5, exit_fill="masked"), "per-loop K/V"),
+        ("zoo:lab-huginn", dict(exit_criterion="kl", exit_threshold=0.01, exit_fill="read"), "without coda layers"),
     ],
 )
 def test_bad_exit_overrides_are_one_line_errors(spec, overrides, message):
     with pytest.raises(AdapterError, match=message) as error:
         adapters.load(spec, dtype="fp32", device="cpu", **overrides)
     assert "\n" not in str(error.value)
-    if spec.startswith("preset:"):  # a sweep's plan refuses it before any weights load
-        with pytest.raises(AdapterError, match=message):
-            inspect_preset(spec.removeprefix("preset:"), **overrides)
+    with pytest.raises(AdapterError, match=message):  # a sweep's plan refuses it before any weights load
+        adapters.inspect(spec, **overrides)
 
 
 def test_describe_names_the_fill():
