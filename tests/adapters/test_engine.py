@@ -409,15 +409,18 @@ def test_generate_function_pads_left_and_reports_counts():
 
 def test_coreloop_fills_one_entry_per_executed_layer():
     """Prelude and coda layers run once around the loop: the per_loop cache holds p + s * r + c
-    entries (1 + 2 * 3 + 1 here), every one written by the prefill; exit policies, which read a
-    loop's state as the output, refuse a model whose coda runs after the loop."""
+    entries (1 + 2 * 3 + 1 here), every one written by the prefill; the exit fill `read`, which reads a
+    loop's state as the output, is refused on a model whose coda runs after the loop."""
     adapter = load_preset("coreloop-tiny", dtype="fp32", device="cpu", loops=3)
     caches: list[KVCache | None] = []
     generate(adapter.model, [[1, 5, 6]], GREEDY, loops=3, eos_ids=set(), on_cache=caches.append)
     assert caches[0].k.shape[0] == 8
     assert all(caches[0].k[e, :, :, :3].abs().sum() > 0 for e in range(8))
+    read_at_2 = dict(loops=3, exit_policy="fixed", exit_loop=2, exit_fill="read")
     with pytest.raises(AdapterError, match="coda"):
-        generate(adapter.model, [[1, 5]], GREEDY, loops=3, eos_ids=set(), exit_policy=ExitPolicy("fixed", loop=2))
+        load_preset("coreloop-tiny", dtype="fp32", device="cpu", **read_at_2)
+    with pytest.raises(AdapterError, match="coda"):  # a sweep's plan, before anything is stored
+        adapters.inspect("preset:coreloop-tiny", **read_at_2)
 
 
 def test_fused_projections_are_the_parameters_and_follow_training():
