@@ -469,13 +469,8 @@ class Backbone(nn.Module):
         trains): the loops before them run without autograd, their output a constant to the rest.
         `state_keys` [B, n]: each token's key for the recurrent families' initial state (`Recurrence.initial_state`).
         """
-        p, s = len(self.prelude), len(self.shared)
-        for i, layer in enumerate(self.prelude):
-            h, _ = layer.forward(h, span, cache, i, 0)
-        cond = self.loop_conditioning
-        e, diffs = h, collections.deque(maxlen=cond.window if cond is not None else 1)  # diffs: h_{l-1} - h_{l-2}, newest first
-        if self.recurrence is not None:
-            h = self.recurrence.initial_state(e, state_keys)
+        cond, s = self.loop_conditioning, len(self.shared)
+        h, e, diffs = self._enter(h, span, cache, state_keys)
         if trace is not None:
             trace.begin(h)
         states = []
@@ -512,12 +507,8 @@ class Backbone(nn.Module):
         the loops while any row goes on (`rows` says which rows each loop runs on and on what span and cache),
         then the tail once on every row's state at its exit. `head` maps normed states to logits (kl, entropy);
         `state_keys` as for `run`."""
-        for i, layer in enumerate(self.prelude):
-            h, _ = layer.forward(h, span, cache, i, 0)
         cond = self.loop_conditioning
-        e, diffs = h, collections.deque(maxlen=cond.window if cond is not None else 1)
-        if self.recurrence is not None:
-            h = self.recurrence.initial_state(e, state_keys)
+        h, e, diffs = self._enter(h, span, cache, state_keys)
 
         def logits(y: Tensor, sp: Span, c: Cache) -> Tensor:
             return head(self.tail(y, sp, c))
@@ -530,6 +521,18 @@ class Backbone(nn.Module):
                 break
             e, diffs = carried[0], collections.deque(carried[1 : 1 + diffs.maxlen], maxlen=diffs.maxlen)  # the newest differences
         return self.tail(rows.final, span, cache)
+
+    def _enter(self, h: Tensor, span: Span, cache: Cache, state_keys: Tensor | None) -> tuple[Tensor, Tensor, collections.deque]:
+        """The prelude, then what the first loop reads: (its state h, the prelude's output e, the empty history of
+        differences h_(l-1) - h_(l-2), newest first). The recurrent families start h from their random state."""
+        for i, layer in enumerate(self.prelude):
+            h, _ = layer.forward(h, span, cache, i, 0)
+        cond = self.loop_conditioning
+        diffs: collections.deque = collections.deque(maxlen=cond.window if cond is not None else 1)
+        e = h
+        if self.recurrence is not None:
+            h = self.recurrence.initial_state(e, state_keys)
+        return h, e, diffs
 
     def _loop(self, h: Tensor, e: Tensor, diffs: Sequence[Tensor], span: Span, cache: Cache, t: int, per_loop: bool,
               attn_outputs: list[Tensor] | None) -> tuple[Tensor, Tensor | None]:
