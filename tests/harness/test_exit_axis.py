@@ -27,6 +27,7 @@ from harness.cli import main
 from harness.runner import stored_spec
 from harness.sampler import MemorySampler
 from harness.sweep import build_request
+from rich_tables import body_rows
 
 THRESHOLDS = (0.5, 0.8, 1.0)
 ARGV = ["run", "--model", "zoo:ouro-tiny", "--exit-threshold", "0.5,0.8,1.0", "--loops", "4", "--limit", "3", "--samples", "1"]
@@ -48,17 +49,6 @@ def swept(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     with contextlib.redirect_stdout(out):
         assert main([*ARGV, "--db", str(db)]) == 0
     return db, out.getvalue()
-
-
-def _tables(out: str) -> list[list[list[str]]]:
-    """Each printed table's body rows as cells, in order (rich's box characters stripped)."""
-    tables: list[list[list[str]]] = []
-    for line in out.splitlines():
-        if line.startswith("┏"):
-            tables.append([])
-        elif line.startswith("│"):
-            tables[-1].append([c.strip() for c in line.split("│")[1:-1]])
-    return tables
 
 
 def _mean_loops(db: Path, run_id: int) -> float:
@@ -100,7 +90,7 @@ def test_results_show_the_thresholds_as_rows_and_what_a_token_cost(swept: tuple[
     assert main(["results", "--db", str(db), "--rank", "accuracy"]) == 0
     out = capsys.readouterr().out
     assert max(len(line) for line in out.splitlines()) <= 80 and "…" not in out, out
-    ranking, compute = _tables(out)
+    ranking, compute = body_rows(out)
     assert sorted(row[3] for row in ranking) == ["0.5", "0.8", "1"], "a row per threshold (of the gate), named in its key"
     accuracies = [float(row[4].split(" ± ")[0]) for row in ranking]
     assert accuracies == sorted(accuracies, reverse=True), "--rank accuracy: best pass@1 first"

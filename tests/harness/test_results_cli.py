@@ -16,6 +16,7 @@ from db.headline import rounded
 from db.sets import run_set
 from db.store import Store
 from harness.cli import main
+from rich_tables import body_rows
 
 SAMPLING = {"temperature": 1.0, "top_p": 0.7, "top_k": None, "max_new_tokens": 8, "n": 4, "seed": 0, "stop": []}
 LONG = "transformers:/models/checkpoints/a-rather-long-directory-name/ouro-1.4b-thinking-step-120000"
@@ -58,20 +59,9 @@ def _results(capsys: pytest.CaptureFixture[str], *args: str) -> str:
     return capsys.readouterr().out
 
 
-def _tables(out: str) -> list[list[list[str]]]:
-    """Each table's body rows as cells (rich's box characters stripped), in the order printed."""
-    tables: list[list[list[str]]] = []
-    for line in out.splitlines():
-        if line.startswith("┏"):
-            tables.append([])
-        elif line.startswith("│"):
-            tables[-1].append([c.strip() for c in line.split("│")[1:-1]])
-    return tables
-
-
 def _rows(out: str, table: int = 0) -> list[list[str]]:
     """The rows of the `table`-th table: the ranking (0), what a generated token cost (1)."""
-    return _tables(out)[table]
+    return body_rows(out)[table]
 
 
 def test_the_latest_set_is_shown_and_the_others_named(db: str, capsys: pytest.CaptureFixture[str]) -> None:
