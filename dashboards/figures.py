@@ -357,10 +357,7 @@ def accuracy_vs_compute(points: pd.DataFrame, axis: str, task: str = "all") -> g
     if not compute_varies(points) or points[axis].isna().all():
         return _empty(title, "nothing to compare here: this set varies neither the exit threshold nor the loops. "
                              "Sweep them with `loopeval run --exit-threshold 0.5,0.8,1.0` or `--loops 1,2,4`.")
-    frame = _plain_frame(points[points[axis].notna()]).copy()
-    frame["exit"] = [plain(exit_label(t, c)) for t, c in zip(frame["exit_threshold"], frame["exit_criterion"])]
-    swept = frame["exit_threshold"].notna()
-    frame["line"] = frame["model"] + np.where(swept, " r=" + frame["loops"].astype(int).astype(str), "")
+    frame = _exit_lines(_plain_frame(points[points[axis].notna()]))
     frame["runs"] = _runs_text(frame)
     frame = frame.sort_values(["line", "exit_threshold", "loops"], na_position="last")
     fig = px.line(frame, x=axis, y="accuracy", color="model", line_group="line", error_y="stderr", markers=True,
@@ -371,6 +368,19 @@ def accuracy_vs_compute(points: pd.DataFrame, axis: str, task: str = "all") -> g
     notes = [f"{measure.label}: {'from the samples the runs stored' if axis == 'loops_per_token' else 'time inside generate, prefill included'}",
              *_pooled_note(points)]
     return _message(fig, " · ".join(notes), y=-0.22).update_layout(margin={"b": 110})
+
+
+def _exit_lines(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` with its `exit` label and `line`: a model's runs without a threshold make one line through its r; the
+    runs of a swept threshold make a line per (model, r), which ends at the same model's run at that r without a
+    threshold (its own exit policy, every loop for the tiny zoo), drawn on both lines. A threshold that keeps every
+    loop (gate 1.0) decodes the same tokens as that run, so the default sweep does not run it twice."""
+    frame = frame.assign(exit=[plain(exit_label(t, c)) for t, c in zip(frame["exit_threshold"], frame["exit_criterion"])])
+    swept = frame["exit_threshold"].notna()
+    at_r = " r=" + frame["loops"].astype(int).astype(str)
+    frame["line"] = frame["model"] + np.where(swept, at_r, "")
+    ends = frame[~swept & (frame["model"] + at_r).isin(frame.loc[swept, "line"])]
+    return pd.concat([frame, ends.assign(line=ends["model"] + at_r[ends.index])], ignore_index=True)
 
 
 def _mark_trained_loops(fig: go.Figure, trained: pd.Series, colors: dict[str, str]) -> None:

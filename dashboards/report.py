@@ -93,12 +93,16 @@ def _shared_template(blobs: dict[str, Any]) -> Any:
 
 def report_figures(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -> dict[str, Any]:
     """Every figure (Plotly JSON) and answer sentence of every view (`views.VIEWS`), for every choice of its
-    selectors, keyed as the page's script asks for them (`View.key`)."""
+    selectors, keyed as the page's script asks for them (`View.key`). Views fed by the same query (accuracy against
+    memory and against compute) share each case's data."""
     blobs: dict[str, Any] = {}
+    queried: dict[tuple[Any, views.Selection], Any] = {}
     for view in views.VIEWS:
         for case in view.cases(engine):
             case = dataclasses.replace(case, context_tokens=context_tokens)
-            data = view.query(engine, case)
+            if (view.query, case) not in queried:
+                queried[view.query, case] = view.query(engine, case)
+            data = queried[view.query, case]
             for picked in view.variants(case):
                 if view.answer is not None:
                     blobs[view.key("answer", picked)] = view.answer(data, picked)

@@ -175,9 +175,9 @@ def suite_means(table: pd.DataFrame, by: tuple[str, ...] = ("run_id",)) -> pd.Da
     for _, group in table[table["task"] != SUITE].groupby(list(by), sort=True, dropna=False):
         values: dict[str, dict[str, float | None]] = {}
         stderrs: dict[str, dict[str, float | None]] = {}
-        for row in group.itertuples():
-            values.setdefault(row.task, {})[row.metric] = None if pd.isna(row.value) else row.value
-            stderrs.setdefault(row.task, {})[row.metric] = None if pd.isna(row.stderr) else row.stderr
+        for task, metric, value, stderr in zip(group["task"], group["metric"], group["value"], group["stderr"]):
+            values.setdefault(task, {})[metric] = None if pd.isna(value) else value
+            stderrs.setdefault(task, {})[metric] = None if pd.isna(stderr) else stderr
         rows.append({**group.iloc[0].to_dict(), "task": SUITE, "metric": HEADLINE, "value": headline(values).mean,
                      "stderr": headline_stderr(stderrs)})
     return pd.DataFrame(rows, columns=list(table.columns))
@@ -215,8 +215,8 @@ def pooled_metrics(engine: Engine, set_id: str | None, run_ids: Iterable[int] | 
     counts = item_counts(engine, table["run_id"].unique().tolist()) if repeated else {}
     rows = []
     for (*point, task, metric), group in table.groupby([*POINT, "task", "metric"], sort=False, dropna=False):  # tasks as stored
-        value, stderr = pool([Estimate(r.value, None if pd.isna(r.stderr) else r.stderr, counts.get((r.run_id, task)))
-                              for r in group.itertuples()])
+        value, stderr = pool([Estimate(v, None if pd.isna(s) else s, counts.get((run_id, task)))  # columns zipped: itertuples
+                              for v, s, run_id in zip(group["value"], group["stderr"], group["run_id"])])  # costs a column copy a call
         ids = sorted(int(i) for i in group["run_id"])
         rows.append([*point, group["suite"].iloc[0], task, metric, value, stderr, len(group), ids, ids[-1]])
     return pd.DataFrame(rows, columns=_POOLED).sort_values(list(POINT), kind="stable", ignore_index=True)

@@ -55,7 +55,7 @@ def run(
     With no options choosing what runs: the tiny zoo on the synthetic suite, loops 1,2,4,8 for looped
     models, paper sampling (temperature 1.0, top-p 0.7), after the recurrence lab's depth sweep (the lab
     zoo at r = 1-12, greedy, 20 docs per task; a set of its own) and before the exit sweep (ouro-tiny and
-    melt-tiny at r = 4, exit thresholds 0.5, 0.7, 0.9, 1.0; in the headline's set).
+    melt-tiny at r = 4, exit thresholds 0.5, 0.7, 0.9; in the headline's set, whose r = 4 runs end each line).
     """
     from harness.sweep import build_request, float_list
 

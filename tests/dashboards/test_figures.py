@@ -387,3 +387,18 @@ def test_the_empty_profile_figure_suggests_a_command_that_runs_as_printed(tmp_pa
     assert done.returncode == 0, done.stderr
     stored = queries.profile_points(open_existing(str(tmp_path / "results" / "loopeval.sqlite")))
     assert sorted(stored["context_tokens"]) == [64, 256, 448]
+
+
+def test_an_exit_line_ends_at_the_same_models_run_without_a_threshold() -> None:
+    """The default sweep runs thresholds below 1 only: each (model, r) line of swept thresholds ends at that model's
+    run at r without one (every loop), which stays on the model's line through its r as well."""
+    rows = [("m", 1, None, 1.0, 0.40), ("m", 2, None, 2.0, 0.55), ("m", 4, None, 4.0, 0.70),
+            ("m", 4, 0.5, 2.5, 0.69), ("m", 4, 0.7, 3.0, 0.70), ("other", 4, None, 4.0, 0.30)]
+    points = pd.DataFrame(rows, columns=["model", "loops", "exit_threshold", "loops_per_token", "accuracy"]).assign(
+        exit_criterion=lambda f: np.where(f["exit_threshold"].notna(), "gate", None), stderr=0.01, metric="pass@1",
+        seconds_per_token=0.001, run_id=range(1, len(rows) + 1))
+    fig = figures.accuracy_vs_compute(points, "loops_per_token")
+    drawn = sorted(sorted((float(x), custom[1]) for x, custom in zip(trace.x, trace.customdata)) for trace in fig.data)
+    assert drawn == [[(1.0, "-"), (2.0, "-"), (4.0, "-")],  # m against its fixed r
+                     [(2.5, "gate 0.5"), (3.0, "gate 0.7"), (4.0, "-")],  # m at r=4 over its thresholds, then every loop
+                     [(4.0, "-")]]  # other: swept nowhere, one line as before

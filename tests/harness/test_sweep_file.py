@@ -64,7 +64,7 @@ def test_the_default_benchmark_runs_the_lab_sweep_first_the_exit_sweep_last_and_
     db = f"sqlite:///{tmp_path / 'r.sqlite'}"
     lab, headline, exits = build_request(flags(db_url=db, batch_size=8)).specs  # where and how fast: still the default
     assert headline == RunSpec.build(db_url=db, batch_size=8)
-    assert (exits.models, exits.loops, exits.exit_thresholds) == (EXITS.models, (4,), (0.5, 0.7, 0.9, 1.0))
+    assert (exits.models, exits.loops, exits.exit_thresholds) == (EXITS.models, (4,), (0.5, 0.7, 0.9))
     assert (exits.suite, exits.sampling, exits.limit, exits.tasks) == (headline.suite, headline.sampling, headline.limit, headline.tasks)
     assert lab.models == LAB.models and lab.loops == tuple(range(1, 13)) and lab.limit == 20 and lab.db_url == db
     assert (lab.sampling.temperature, lab.sampling.n, lab.batch_size) == (0.0, 1, 8)
