@@ -16,8 +16,13 @@ from typing import Any
 import pytest
 import torch
 
-# Two cores: keep torch from oversubscribing them when pytest runs several heavy tests.
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# pytest-xdist runs a pytest process per core (pyproject addopts): one torch thread each, so they never oversubscribe
+# the cores; alone (-n 0), up to two.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, os.cpu_count() or 1)))
+# The tables loopeval prints are as wide as the terminal says (COLUMNS) and 220 columns on a pipe; xdist's workers
+# are handed COLUMNS=80. Tests read what a pipe gets, whatever runs them; a test that wants a width sets it.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
 
 
 @pytest.fixture(autouse=True)

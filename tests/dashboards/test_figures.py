@@ -372,6 +372,7 @@ def test_report_texts_carry_no_markdown(engine) -> None:
     assert len(texts) > 100 and not [text for text in texts if "`" in text]
 
 
+@pytest.mark.slow  # a whole `loopeval profile` in a process of its own
 def test_the_empty_profile_figure_suggests_a_command_that_runs_as_printed(tmp_path) -> None:
     """Its lengths fit a shipped model's 512-token context (1024 and 4096 fit none of them)."""
     import shlex

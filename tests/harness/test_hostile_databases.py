@@ -118,6 +118,7 @@ def _fill(folder: Path) -> Path:
     return filler
 
 
+@pytest.mark.slow  # a whole run in a process of its own, twice
 def test_a_disk_that_fills_mid_run_is_one_line_and_the_run_resumes(small_disk: Path) -> None:
     db = small_disk / "results.sqlite"
     run = [LOOPEVAL, "run", "--model", "preset:qwen3-tiny", "--tasks", "chain2", "--limit", "200", "--samples", "4",

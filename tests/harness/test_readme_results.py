@@ -36,13 +36,13 @@ def test_the_readme_results_example_has_a_fresh_databases_run_ids_and_sets() -> 
             runs[(model, loops or 1, threshold)] = next_id
             next_id += 1
     (lab, lab_runs), (headline, _), (exits, exit_runs) = sets
-    assert exits == headline and exit_runs == 8, "the exit sweep's runs join the headline's set"
+    assert exits == headline and exit_runs == 6, "the exit sweep's runs join the headline's set"
 
     lines = _example()
     assert lines[0] == headline.label
     ranking = "\n".join(lines).split("└")[0]  # the first table; the second repeats its rows with what a token cost
     rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in ranking.splitlines() if line.startswith("│")]
-    assert len(rows) == 18 and "seeds" not in ranking, "one seed a row: no seeds column"
+    assert len(rows) == 16 and "seeds" not in ranking, "one seed a row: no seeds column"
     for row in rows:
         model, loops, exit_at, shown = row[1], int(row[2]), row[3], row[-1]  # runs: the last column
         assert shown == str(runs[(model, loops, None if exit_at == "-" else float(exit_at))]), row
