@@ -215,8 +215,9 @@ def pooled_metrics(engine: Engine, set_id: str | None, run_ids: Iterable[int] | 
     counts = item_counts(engine, table["run_id"].unique().tolist()) if repeated else {}
     rows = []
     for (*point, task, metric), group in table.groupby([*POINT, "task", "metric"], sort=False, dropna=False):  # tasks as stored
-        value, stderr = pool([Estimate(v, None if pd.isna(s) else s, counts.get((run_id, task)))  # columns zipped: itertuples
-                              for v, s, run_id in zip(group["value"], group["stderr"], group["run_id"])])  # costs a column copy a call
+        # the columns zipped: itertuples copies every column of the group, once per group
+        value, stderr = pool([Estimate(v, None if pd.isna(s) else s, counts.get((run_id, task)))
+                              for v, s, run_id in zip(group["value"], group["stderr"], group["run_id"])])
         ids = sorted(int(i) for i in group["run_id"])
         rows.append([*point, group["suite"].iloc[0], task, metric, value, stderr, len(group), ids, ids[-1]])
     return pd.DataFrame(rows, columns=_POOLED).sort_values(list(POINT), kind="stable", ignore_index=True)

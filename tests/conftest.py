@@ -25,17 +25,6 @@ for _name in ("COLUMNS", "LINES"):
     os.environ.pop(_name, None)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Modules with the most slow tests first. pytest-xdist hands whole modules to its processes in this order, so
-    the long ones (the real Ray clusters, kill -9, whole runs) start early and short modules fill in at the end,
-    rather than one long module running alone while the other processes wait (a minute of the full suite)."""
-    slow: dict[str, int] = {}
-    for item in items:
-        if item.get_closest_marker("slow"):
-            slow[item.nodeid.split("::")[0]] = slow.get(item.nodeid.split("::")[0], 0) + 1
-    items.sort(key=lambda item: -slow.get(item.nodeid.split("::")[0], 0))  # stable: a module's tests stay together, in order
-
-
 @pytest.fixture(autouse=True)
 def _offline_hub(monkeypatch: pytest.MonkeyPatch) -> None:
     """Nothing may download at run time: make any accidental hub access fail fast."""
