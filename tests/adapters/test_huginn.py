@@ -17,17 +17,16 @@ import pytest
 import torch
 
 import adapters
-from adapters.base import AdapterError, Request, Sampling
+from adapters.base import AdapterError, Sampling
 from adapters.engine.checkpoint import load_model
 from adapters.engine.config import LoopConfig
-from adapters.engine.continuous import ContinuousEngine
 from adapters.engine.huginn import huginn_config
 from adapters.engine.memory import analytic_terms, count_params, estimate
 from adapters.engine.model import LoopedLM
 from adapters.engine.presets import preset
 from adapters.testing import save_tiny_huginn, tiny_huginn_tensors
 from harness.cli import main
-from tests.adapters.test_scheduler import Watch, pool_for
+from tests.adapters.recurrent_reference import assert_greedy_is_the_reference, assert_paged_accounting, max_diff, reference_engine
 
 REFERENCE = json.loads((Path(__file__).parent / "data" / "huginn_reference.json").read_text())
 TOLERANCE = 1e-5  # float32 logits
@@ -39,12 +38,7 @@ def checkpoint(tmp_path_factory) -> Path:
 
 
 def engine(checkpoint: Path, loops: int, scale: float = 0.0, **overrides) -> adapters.Adapter:
-    """The engine adapter on the tiny checkpoint, initial state scaled by `scale` (0: the official `init_scale=0`), no end token."""
-    adapter = adapters.load(f"huginn:{checkpoint}", loops=loops, dtype="fp32", device="cpu", **overrides)
-    adapter.model.seed_state(REFERENCE["seeded_state"]["seed"], scale)
-    adapter.config.eos_token_id = None  # the reference decodes all its new tokens
-    adapter.config.extra["eos_token_ids"] = []
-    return adapter
+    return reference_engine(f"huginn:{checkpoint}", REFERENCE["seeded_state"]["seed"], loops, scale, **overrides)
 
 
 def test_huginn_reference_names_its_source():
@@ -57,21 +51,13 @@ def test_huginn_reference_names_its_source():
 def test_huginn_logits_match_the_official_code(checkpoint, loops):
     model = load_model(checkpoint, "huginn", torch.float32, "cpu")
     model.seed_state(0, 0.0)
-    with torch.no_grad():
-        for prompt, expected in zip(REFERENCE["prompts"], REFERENCE["zero_state"][str(loops)]["logits"]):
-            logits = model.forward(torch.tensor([prompt]), loops=loops).logits[0]
-            assert (logits - torch.tensor(expected)).abs().max().item() < TOLERANCE
+    for prompt, expected in zip(REFERENCE["prompts"], REFERENCE["zero_state"][str(loops)]["logits"]):
+        assert max_diff(model, prompt, loops, expected) < TOLERANCE
 
 
 @pytest.mark.parametrize("loops", [1, 4, 32])
 def test_huginn_greedy_continuations_match_the_official_code(checkpoint, loops):
-    """The continuous engine (paged per-step KV), all prompts batched, and the static path: the official tokens."""
-    adapter = engine(checkpoint, loops)
-    greedy = Sampling(temperature=0.0, max_new_tokens=REFERENCE["new_tokens"])
-    expected = REFERENCE["zero_state"][str(loops)]["greedy"]
-    assert [g.token_ids for g in adapter.generate(REFERENCE["prompts"], greedy)] == expected
-    adapter.batching = "static"
-    assert [g.token_ids for g in adapter.generate(REFERENCE["prompts"], greedy)] == expected
+    assert_greedy_is_the_reference(engine(checkpoint, loops), REFERENCE, loops)
 
 
 def test_huginn_random_initial_state_is_the_official_draw(checkpoint):
@@ -107,17 +93,9 @@ def test_huginn_params_and_kv_layout_follow_the_official_model():
 
 def test_huginn_paged_kv_accounting_equals_the_analytic_model(checkpoint):
     adapter = engine(checkpoint, 4, block_size=4, max_batch=3)
-    sequences = adapter._sequences([Request(p, Sampling(temperature=0.0, max_new_tokens=6)) for p in REFERENCE["prompts"]])
     terms = analytic_terms(adapter.config, 4, "fp32")
     assert terms["kv_bytes_per_token"] == 2 * (1 + 2 * 4 + 1) * 4 * 16 * 4 and terms["latent_bytes_per_token"] == 0
-    pool = pool_for(adapter, sequences)
-    finished = []
-    batcher = ContinuousEngine(adapter.model, pool, loops=4, policy=adapter.exit_policy, eos_ids=set(), tokenizer=adapter.tokenizer,
-                               max_seqs=3, on_finished=finished.extend)
-    watch = Watch(batcher, sequences, adapter.config, 4)
-    batcher.run(sequences)
-    assert len(finished) == 3 and watch.steps > 5  # Watch checked the exact accounting against the terms after every step
-    assert pool.manager.held_blocks == pool.manager.tokens_held == 0
+    assert_paged_accounting(adapter, REFERENCE["prompts"], 4)
 
 def test_huginn_estimate_prints_its_terms(capsys):
     code = main(["estimate", "huginn-0125", "--tokens", "4096", "--loops", "32"])

@@ -17,16 +17,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import adapters
-from adapters.base import AdapterError, Request, Sampling
+from adapters.base import AdapterError, Sampling
 from adapters.engine.checkpoint import load_model, read_config, save_checkpoint
-from adapters.engine.continuous import ContinuousEngine
 from adapters.engine.huginn import retrofit_config
 from adapters.engine.memory import analytic_terms, count_params
 from adapters.engine.model import LoopedLM
 from adapters.engine.presets import preset
 from adapters.testing import TINY_RETROFIT, public_config, save_tiny_huginn, save_tiny_retrofit, tiny_retrofit_tensors
 from harness.cli import main
-from tests.adapters.test_scheduler import Watch, pool_for
+from tests.adapters.recurrent_reference import assert_greedy_is_the_reference, assert_paged_accounting, max_diff, reference_engine
 
 REFERENCE = json.loads((Path(__file__).parent / "data" / "retrofit_reference.json").read_text())
 TOLERANCE = 1e-5  # float32 logits
@@ -39,18 +38,11 @@ def checkpoint(tmp_path_factory) -> Path:
 
 
 def engine(checkpoint: Path, loops: int, scale: float = 0.0, **overrides) -> adapters.Adapter:
-    """The engine adapter on the tiny checkpoint, initial state scaled by `scale` (0: the official `init_scale=0`), no end token."""
-    adapter = adapters.load(f"retrofit:{checkpoint}", loops=loops, dtype="fp32", device="cpu", **overrides)
-    adapter.model.seed_state(SEEDED["seed"], scale)
-    adapter.config.eos_token_id = None  # the reference decodes all its new tokens, the character tokenizer's <eos> (2) too
-    adapter.config.extra["eos_token_ids"] = []
+    """`reference_engine` on the checkpoint, without the tokenizer: the character tokenizer's <eos> (2) is a token the
+    reference decodes like any other."""
+    adapter = reference_engine(f"retrofit:{checkpoint}", SEEDED["seed"], loops, scale, **overrides)
     adapter.tokenizer = None
     return adapter
-
-
-def max_diff(model: LoopedLM, prompt: list[int], loops: int, expected: list) -> float:
-    with torch.no_grad():
-        return (model.forward(torch.tensor([prompt]), loops=loops).logits[0] - torch.tensor(expected)).abs().max().item()
 
 
 def test_retrofit_reference_names_its_source():
@@ -79,13 +71,8 @@ def test_llama3_rope_scaling_shows_in_the_reference(checkpoint):
 
 @pytest.mark.parametrize("loops", [1, 4, 32])
 def test_retrofit_greedy_continuations_match_the_official_code(checkpoint, loops):
-    """The continuous engine (paged per-step KV, GQA), all prompts batched, and the static path: the official tokens."""
-    adapter = engine(checkpoint, loops)
-    greedy = Sampling(temperature=0.0, max_new_tokens=REFERENCE["new_tokens"])
-    expected = REFERENCE["zero_state"][str(loops)]["greedy"]
-    assert [g.token_ids for g in adapter.generate(REFERENCE["prompts"], greedy)] == expected
-    adapter.batching = "static"
-    assert [g.token_ids for g in adapter.generate(REFERENCE["prompts"], greedy)] == expected
+    """GQA's paged per-step KV included."""
+    assert_greedy_is_the_reference(engine(checkpoint, loops), REFERENCE, loops)
 
 
 def test_retrofit_random_initial_state_is_the_official_draw(checkpoint):
@@ -108,16 +95,7 @@ def test_retrofit_params_and_kv_follow_the_official_model(checkpoint):
     cfg = read_config(checkpoint)
     assert cfg.family == "retrofit" and count_params(cfg) == sum(t.numel() for t in tiny_retrofit_tensors().values())
     assert analytic_terms(cfg, 4, "fp32")["kv_bytes_per_token"] == 2 * (1 + 2 * 4 + 1) * 2 * 16 * 4
-    adapter = engine(checkpoint, 4, block_size=4, max_batch=3)
-    sequences = adapter._sequences([Request(p, Sampling(temperature=0.0, max_new_tokens=6)) for p in REFERENCE["prompts"]])
-    pool = pool_for(adapter, sequences)
-    finished = []
-    batcher = ContinuousEngine(adapter.model, pool, loops=4, policy=adapter.exit_policy, eos_ids=set(), tokenizer=adapter.tokenizer,
-                               max_seqs=3, on_finished=finished.extend)
-    watch = Watch(batcher, sequences, adapter.config, 4)
-    batcher.run(sequences)
-    assert len(finished) == 3 and watch.steps > 5  # Watch checked the exact accounting against the terms after every step
-    assert pool.manager.held_blocks == pool.manager.tokens_held == 0
+    assert_paged_accounting(engine(checkpoint, 4, block_size=4, max_batch=3), REFERENCE["prompts"], 4)
 
 
 @pytest.mark.parametrize(("name", "shape"), [("retrofit-llama-3.2-1b", (2, 4, 2, 8)), ("retrofit-tinyllama-1.1b", (4, 8, 4, 4))])
