@@ -15,11 +15,12 @@ import functools
 import gzip
 import html
 import json
+import multiprocessing
 import os
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -91,24 +92,77 @@ def _shared_template(blobs: dict[str, Any]) -> Any:
     return template
 
 
-def report_figures(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -> dict[str, Any]:
+def report_figures(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS, processes: int | None = None) -> dict[str, Any]:
     """Every figure (Plotly JSON) and answer sentence of every view (`views.VIEWS`), for every choice of its
     selectors, keyed as the page's script asks for them (`View.key`). Views fed by the same query (accuracy against
-    memory and against compute) share each case's data."""
-    blobs: dict[str, Any] = {}
-    queried: dict[tuple[Any, views.Selection], Any] = {}
+    memory and against compute) share each case's data.
+
+    Plotly builds a few hundred figures for a sweep (about 20 s of one core for the default `loopeval run`), so the
+    cases are shared out among `processes` forked processes (default: the cores this process may use); the figures
+    are the same, and come back in the same order, as drawn in one process."""
+    cases: dict[tuple[Any, views.Selection], list[views.View]] = {}
     for view in views.VIEWS:
         for case in view.cases(engine):
-            case = dataclasses.replace(case, context_tokens=context_tokens)
-            if (view.query, case) not in queried:
-                queried[view.query, case] = view.query(engine, case)
-            data = queried[view.query, case]
-            for picked in view.variants(case):
-                if view.answer is not None:
-                    blobs[view.key("answer", picked)] = view.answer(data, picked)
-                for plot in view.plots:
-                    blobs[view.key(plot.key, picked)] = _figure_json(plot.draw(data, picked))
+            cases.setdefault((view.query, dataclasses.replace(case, context_tokens=context_tokens)), []).append(view)
+    jobs = list(cases.items())
+    processes = min(len(jobs), processes or len(os.sched_getaffinity(0)))
+    parts = _in_processes(lambda k: [_draw_case(engine, *job) for job in jobs[k::processes]], processes, engine)
+    drawn = [parts[k % processes][k // processes] for k in range(len(jobs))]  # back in the order of `jobs`
+    return {key: blob for blobs in drawn for key, blob in blobs.items()}
+
+
+def _draw_case(engine: Engine, job: tuple[Any, views.Selection], shown_in: list[views.View]) -> dict[str, Any]:
+    """One case's query, then every figure and answer drawn from its data by the views it feeds."""
+    query, case = job
+    data = query(engine, case)
+    blobs: dict[str, Any] = {}
+    for view in shown_in:
+        for picked in view.variants(case):
+            if view.answer is not None:
+                blobs[view.key("answer", picked)] = view.answer(data, picked)
+            for plot in view.plots:
+                blobs[view.key(plot.key, picked)] = _figure_json(plot.draw(data, picked))
     return blobs
+
+
+def _in_processes(part: Callable[[int], Any], processes: int, engine: Engine) -> list[Any]:
+    """[part(0), ..., part(processes - 1)], part 0 drawn here and each other in a forked process, sent back pickled.
+
+    No pooled database connection crosses the fork (`engine.dispose()` first): each process opens its own. An error
+    in a forked process is raised here, as if the part had been drawn here."""
+    if processes <= 1:
+        return [part(0)]
+    context = multiprocessing.get_context("fork")
+    engine.dispose()
+    forked = []
+    for k in range(1, processes):
+        reader, writer = context.Pipe(duplex=False)
+        process = context.Process(target=_send, args=(writer, part, k, engine), daemon=True, name=f"loopeval report {k}")
+        process.start()
+        writer.close()
+        forked.append((reader, process))
+    results = [part(0)]
+    for reader, process in forked:
+        try:
+            failed, value = reader.recv()
+        except EOFError:  # the process died before it could say why (killed)
+            failed, value = True, None
+        process.join()
+        if failed:
+            value = value or ResultsError(f"a process drawing the report's figures ended with exit code {process.exitcode}")
+            raise value
+        results.append(value)
+    return results
+
+
+def _send(writer: Any, part: Callable[[int], Any], k: int, engine: Engine) -> None:
+    """In a forked process: part k, or the error it raised, sent back through `writer`; then its own connections closed."""
+    try:
+        writer.send((False, part(k)))
+    except BaseException as exc:  # noqa: BLE001 - every failure goes back to be raised in the parent
+        writer.send((True, exc))
+    finally:
+        engine.dispose()
 
 
 def _selectors(engine: Engine, measure: str, context_tokens: int) -> dict[str, str]:

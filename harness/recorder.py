@@ -15,6 +15,7 @@ and a killed holder's lease passes on at once when it lived on this machine, els
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.metadata
 import os
 import platform
@@ -39,6 +40,13 @@ ROWS_PER_FLUSH = 8  # memory rows stored per flush: a few per second, whatever t
 
 
 def package_versions() -> dict[str, str]:
+    """The versions a run is stored with; read once per process (importlib.metadata parses every package's
+    metadata file, about 60 ms, and a sweep stores dozens of runs)."""
+    return dict(_package_versions())
+
+
+@functools.cache
+def _package_versions() -> dict[str, str]:
     versions = {"python": platform.python_version()}
     for name in ("loopeval", "torch", "transformers", "lighteval", "sqlalchemy", "alembic", "nvidia-ml-py", "psutil"):
         try:

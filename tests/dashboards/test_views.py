@@ -105,6 +105,29 @@ def test_each_view_draws_the_same_figure_in_the_report_and_the_app(engine, resul
                 assert response[plot.id]["figure"] == blobs[view.key(plot.key, picked)], (plot.id, picked)
 
 
+def test_the_report_draws_the_same_figures_in_forked_processes_as_in_one(engine) -> None:
+    """The report shares its cases out among forked processes: every figure and answer, and their order, as drawn in one."""
+    alone = report_figures(engine, processes=1)
+    shared = report_figures(engine, processes=3)
+    assert len(alone) >= 100 and list(shared.items()) == list(alone.items())
+
+
+def _fails_on_the_second_run(engine: Any, picked: views.Selection) -> pd.DataFrame:
+    if picked.run_id == int(queries.runs(engine)["run_id"].iloc[1]):
+        raise ValueError(f"the query of run {picked.run_id} failed")
+    return _kv_peak(engine, picked)
+
+
+def test_an_error_in_a_forked_process_is_raised_by_the_report(engine, monkeypatch) -> None:
+    """The second run's case is drawn in the forked process of two; its error reaches the caller as it was raised."""
+    failing = views.View(title="KV peak per run", inputs=("run",), query=_fails_on_the_second_run, plots=EXTRA.plots, cases=EXTRA.cases)
+    monkeypatch.setattr(views, "VIEWS", [failing])
+    second = int(queries.runs(engine)["run_id"].iloc[1])
+    with pytest.raises(ValueError, match=f"^the query of run {second} failed$"):
+        report_figures(engine, processes=2)
+    assert int(queries.runs(engine)["run_id"].iloc[1]) == second  # the caller's engine still answers after the fork
+
+
 def test_memory_over_a_run_is_thinned_keeping_each_peak_and_titled_by_the_run(engine) -> None:
     runs = queries.runs(engine)
     run = runs.iloc[max(range(len(runs)), key=lambda i: len(queries.memory_series(engine, int(runs["run_id"].iloc[i]))))]
