@@ -9,6 +9,7 @@ config's `hf_repo` names (`load_suite` sets it), never from the hub.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import numbers
 from collections.abc import Callable, Mapping, Sequence
@@ -153,21 +154,32 @@ def _read(path: Path) -> Dataset:
 
 
 def load_task_dataset(config: LightevalTaskConfig) -> DatasetDict:
-    """The task's evaluation split read from the local file its `hf_repo` names, filtered like LightEval does."""
+    """The task's evaluation split read from the local file its `hf_repo` names, filtered like LightEval does.
+
+    Read once per process while the file is unchanged (same size, modification time and inode): a sweep runs the
+    same tasks once per model and loop count, and reading a file into a Dataset costs about 20 ms a task. The
+    Dataset is never changed in place (LightEval reads rows from it), so runs can share it."""
     path = Path(config.hf_repo)
     if path.suffix not in LOCAL_SUFFIXES or not path.is_file():
         raise SuiteError(
             f"task {config.name} reads {config.hf_repo}, which is not a local JSONL or parquet file; "
             "load the suite with --data-dir DIR holding a copy (nothing is downloaded at run time)"
         )
+    stat = path.stat()
+    return _dataset(config.name, str(path.resolve()), (stat.st_size, stat.st_mtime_ns, stat.st_ino), config.evaluation_splits[0],
+                    config.hf_filter)
+
+
+@functools.lru_cache(maxsize=64)
+def _dataset(task: str, path: str, version: tuple[int, int, int], split: str, hf_filter: Callable[[dict], bool] | None) -> DatasetDict:
     try:
-        rows = _read(path)
+        rows = _read(Path(path))
     except (OSError, ValueError) as exc:
-        raise SuiteError(f"task {config.name}: cannot read {path}: {exc}") from exc
+        raise SuiteError(f"task {task}: cannot read {path}: {exc}") from exc
     if len(rows) == 0:
-        raise SuiteError(f"task {config.name}: {path} holds no rows")
-    dataset = DatasetDict({config.evaluation_splits[0]: rows})
-    return dataset.filter(config.hf_filter) if config.hf_filter is not None else dataset
+        raise SuiteError(f"task {task}: {path} holds no rows")
+    dataset = DatasetDict({split: rows})
+    return dataset.filter(hf_filter) if hf_filter is not None else dataset
 
 
 def with_samples(configs: list[LightevalTaskConfig], n: int) -> list[LightevalTaskConfig]:
