@@ -230,6 +230,7 @@ def test_processes_are_bounded_for_the_program_as_a_whole() -> None:
     assert 1 <= made <= 8 - 3  # bwrap's two processes and the interpreter count too
 
 
+@pytest.mark.sandbox_user_alone  # counts the sandbox user's processes: no other test's sandbox beside it
 def test_without_a_cgroup_each_process_is_capped(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where cgroups cannot be used (not root, read-only cgroup mounts): address space per process, few processes."""
     monkeypatch.setattr(sandbox, "_cgroup_parents", lambda: [])
