@@ -141,18 +141,23 @@ def _in_processes(part: Callable[[int], Any], processes: int, engine: Engine) ->
         process.start()
         writer.close()
         forked.append((reader, process))
-    results = [part(0)]
-    for reader, process in forked:
-        try:
-            failed, value = reader.recv()
-        except EOFError:  # the process died before it could say why (killed)
-            failed, value = True, None
-        process.join()
-        if failed:
-            value = value or ResultsError(f"a process drawing the report's figures ended with exit code {process.exitcode}")
-            raise value
-        results.append(value)
-    return results
+    try:
+        results = [part(0)]
+        for reader, process in forked:
+            try:
+                failed, value = reader.recv()
+            except EOFError:  # the process died before it could say why (killed)
+                failed, value = True, None
+            process.join()
+            if failed:
+                raise value or ResultsError(f"a process drawing the report's figures ended with exit code {process.exitcode}")
+            results.append(value)
+        return results
+    finally:  # after an error here, or in one of them, the others are not waited for
+        for _, process in forked:
+            if process.is_alive():
+                process.kill()
+                process.join()
 
 
 def _send(writer: Any, part: Callable[[int], Any], k: int, engine: Engine) -> None:
