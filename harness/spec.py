@@ -36,8 +36,8 @@ SAMPLING_OPTIONS: dict[str, str] = {
 
 @dataclass(frozen=True)
 class RunDefaults:
-    """The default `loopeval run`'s headline sweep: the trained tiny zoo on the synthetic suite (about 100 s of run
-    time, 50 s on two worker processes of the idle 2-core machine)."""
+    """The default `loopeval run`'s headline sweep: the trained tiny zoo on the synthetic suite (its time, measured
+    with the date: README and docs/benchmarks.md)."""
 
     models: tuple[str, ...] = ("zoo:qwen3-tiny-small", "zoo:qwen3-tiny-deep", "zoo:ouro-tiny", "zoo:melt-tiny")
     suite: str = "synthetic"
@@ -54,8 +54,8 @@ class LabDefaults:
     """The recurrence-lab sweep the default `loopeval run` adds before its headline sweep, so that the default
     report's depth-extrapolation figure shows the lab zoo (BaseLoop, its conditioned variants, the CoreLoop and
     the Huginn-style model trained with sampled recurrence, all at T = 4 or a mean of 4) at every r from 1 to 3T.
-    Greedy on the first 20 docs of each task: about 60 s of run time (30 s on two worker processes), and a set
-    of its own, never compared with the headline's sampled points."""
+    Greedy on the first 20 docs of each task, and a set of its own, never compared with the headline's sampled
+    points."""
 
     models: tuple[str, ...] = ("zoo:lab-baseloop", "zoo:lab-history", "zoo:lab-loopgate", "zoo:lab-history-loopgate",
                                "zoo:lab-coreloop", "zoo:lab-huginn")
