@@ -47,6 +47,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -143,8 +144,6 @@ CONTEXT_BYTES_NOTE = "NVML process bytes after CUDA initialised and nothing else
 def bench_memory(device: str, names: list[str], context: int, new_tokens: int, batches: tuple[int, ...]) -> dict:
     """Prefill batch 1 to `context` tokens per preset and account its memory, then decode speed per batch
     size (and transformers' on the Qwen3 shapes), and check each figure against its target."""
-    from adapters.engine.memory import estimate
-
     cuda = device.startswith("cuda")
     nvml = _nvml_process_bytes() if cuda else None
     if cuda:
@@ -156,29 +155,41 @@ def bench_memory(device: str, names: list[str], context: int, new_tokens: int, b
             gc.collect()
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
-        adapter = load_preset(name, dtype="bf16", device=device, max_batch=max(batches))
-        adapter.config.eos_token_id = None  # fixed token counts
-        adapter.config.extra["eos_token_ids"] = []
-        vocab = adapter.config.vocab_size
-        row: dict = {"analytic": estimate(adapter.config, context + new_tokens, 1, dtype="bf16").__dict__}
-        prompt = torch.randint(3, vocab, (context,)).tolist()
-        gen = adapter.generate([prompt], replace(PAPER_PROTOCOL, n=1, max_new_tokens=new_tokens))[0]
-        mem = adapter.memory()
-        row.update(
-            weights_bytes=mem["weights_bytes"], kv_bytes=mem["kv_bytes_peak"], prefill_seconds=round(gen.prefill_seconds, 3),
-            decode_tok_s_at_context=round((gen.generated_tokens - 1) / gen.decode_seconds, 1),
-            torch_allocated_peak=torch.cuda.max_memory_allocated() if cuda else None, nvml_process=nvml() if nvml else None,
-        )
-        for batch in batches:
-            prompts = torch.randint(3, vocab, (batch, 64)).tolist()
-            gens = adapter.generate(prompts, replace(PAPER_PROTOCOL, n=1, max_new_tokens=new_tokens))
-            row[f"decode_tok_s_batch{batch}"] = round(sum(g.generated_tokens - 1 for g in gens) / gens[0].decode_seconds, 1)
-        del adapter, gen, gens
-        if name.startswith("qwen3"):
-            row.update(_transformers_decode(name, device, vocab, new_tokens, batches))
-        out["models"][name] = row
+        try:
+            out["models"][name] = _memory_row(name, device, context, new_tokens, batches, nvml)
+        except Exception as error:  # noqa: BLE001 (one device run measures every preset it can: report this one's failure)
+            out["models"][name] = {"error": f"{type(error).__name__}: {error}"}
+        print(name, json.dumps(out["models"][name]), file=sys.stderr, flush=True)
     out["checks"] = _checks(out, batches)
     return out
+
+
+def _memory_row(name: str, device: str, context: int, new_tokens: int, batches: tuple[int, ...], nvml: Callable[[], int | None] | None) -> dict:
+    """One preset's figures: memory after prefilling `context` tokens, decode speed at it and per batch size."""
+    from adapters.engine.memory import estimate
+
+    cuda = device.startswith("cuda")
+    adapter = load_preset(name, dtype="bf16", device=device, max_batch=max(batches))
+    adapter.config.eos_token_id = None  # fixed token counts
+    adapter.config.extra["eos_token_ids"] = []
+    vocab = adapter.config.vocab_size
+    row: dict = {"analytic": estimate(adapter.config, context + new_tokens, 1, dtype="bf16").__dict__}
+    prompt = torch.randint(3, vocab, (context,)).tolist()
+    gen = adapter.generate([prompt], replace(PAPER_PROTOCOL, n=1, max_new_tokens=new_tokens))[0]
+    mem = adapter.memory()
+    row.update(
+        weights_bytes=mem["weights_bytes"], kv_bytes=mem["kv_bytes_peak"], prefill_seconds=round(gen.prefill_seconds, 3),
+        decode_tok_s_at_context=round((gen.generated_tokens - 1) / gen.decode_seconds, 1),
+        torch_allocated_peak=torch.cuda.max_memory_allocated() if cuda else None, nvml_process=nvml() if nvml else None,
+    )
+    for batch in batches:
+        prompts = torch.randint(3, vocab, (batch, 64)).tolist()
+        gens = adapter.generate(prompts, replace(PAPER_PROTOCOL, n=1, max_new_tokens=new_tokens))
+        row[f"decode_tok_s_batch{batch}"] = round(sum(g.generated_tokens - 1 for g in gens) / gens[0].decode_seconds, 1)
+    del adapter, gen, gens
+    if name.startswith("qwen3"):
+        row.update(_transformers_decode(name, device, vocab, new_tokens, batches))
+    return row
 
 
 def _transformers_decode(name: str, device: str, vocab: int, new_tokens: int, batches: tuple[int, ...]) -> dict:
@@ -193,7 +204,7 @@ def _transformers_decode(name: str, device: str, vocab: int, new_tokens: int, ba
 
 def _checks(out: dict, batches: tuple[int, ...]) -> dict:
     """Each target of the GPU benchmark against the figures measured: the ratio, and whether it is met."""
-    models, checks = out["models"], {}
+    models, checks = {name: row for name, row in out["models"].items() if "error" not in row}, {}
     for name, target in BATCH1_TARGETS.items():
         if name in models:
             checks[f"{name} batch-1 decode / {target:.0f} tok/s"] = round(models[name]["decode_tok_s_batch1"] / target, 2)

@@ -43,7 +43,8 @@ def model_for(width: int, loops: int, device: str) -> torch.nn.Module:
                                       loops=loops, eos_token_id=None)
     model = random_model(cfg, 0, torch.float32 if device == "cpu" else torch.bfloat16, device)
     with torch.no_grad():
-        model.model.early_exit_gate.weight.normal_(0, 2.0 / width**0.5, generator=torch.Generator().manual_seed(0))
+        gate = model.model.early_exit_gate.weight
+        gate.normal_(0, 2.0 / width**0.5, generator=torch.Generator(device=gate.device).manual_seed(0))
     return model
 
 
