@@ -47,16 +47,17 @@ def suite_tasks(name: str) -> list[str]:
     return list(_MODULES[name].TASKS)
 
 
-def _select(name: str, configs: list["LightevalTaskConfig"], tasks: list[str] | None) -> list["LightevalTaskConfig"]:
-    """The configs of `tasks`, or of the suite's DEFAULT_TASKS when None."""
+def _select(name: str, tasks: list[str] | None) -> set[str]:
+    """The config names `tasks` select (else the suite's DEFAULT_TASKS), checked against the suite's
+    `CONFIG_NAMES` before lighteval is imported, so a mistyped task fails at once."""
     tasks = list(_MODULES[name].DEFAULT_TASKS) if tasks is None else tasks
     chosen: set[str] = set()
     for task in tasks:
-        matches = {c.name for c in configs if c.name == task or c.name.split(":")[0] == task}
+        matches = {c for c in _MODULES[name].CONFIG_NAMES if c == task or c.split(":")[0] == task}
         if not matches:
             raise SuiteError(f"unknown task {task!r} in suite {name!r} (tasks: {', '.join(suite_tasks(name))})")
         chosen |= matches
-    return [c for c in configs if c.name in chosen]
+    return chosen
 
 
 def local_candidates(config: "LightevalTaskConfig", data_dir: Path) -> list[Path]:
@@ -94,7 +95,8 @@ def load_suite(
     the paper suite needs `data_dir`, since nothing is downloaded at run time.
     """
     _check_suite(name)
-    configs = _select(name, _MODULES[name].task_configs(), tasks)
+    chosen = _select(name, tasks)
+    configs = [c for c in _MODULES[name].task_configs() if c.name in chosen]
     if data_dir is not None:
         data_dir = Path(data_dir)
         if not data_dir.is_dir():

@@ -69,6 +69,7 @@ CA_TASKS: tuple[tuple[str, int, int], ...] = (
 DEPTH_TASKS: tuple[str, ...] = tuple(f"{kind}{rule}k{steps}" for kind, rule, steps in CA_TASKS)
 TASKS: tuple[str, ...] = NUMERIC_TASKS + DEPTH_TASKS  # every selectable task
 DEFAULT_TASKS: tuple[str, ...] = ("chain2", "chain3", "chain4", "c30k2", "c30k4", "c30k6", "c30k8")  # a run without --tasks
+CONFIG_NAMES = TASKS  # the name of every task config `task_configs` builds: one per task
 COLUMNS: dict[str, dict[str, str]] = {task: {"prompt": "prompt", "answer": "text"} for task in TASKS}  # read by the prompt
 SPLITS: tuple[str, ...] = ("train", "test")
 TEST_SIZE = 200  # items per task in the committed test split

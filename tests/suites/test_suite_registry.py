@@ -52,6 +52,26 @@ def test_unknown_suite_and_task_name_the_valid_ones():
         load_suite("synthetic", tasks=["chain2", "chain9"])
 
 
+def test_a_mistyped_task_fails_before_lighteval_is_imported():
+    """`loopeval run --tasks` with a typo answers at once: the LightEval import alone takes seconds."""
+    code = (
+        "import sys; from harness.cli import main;"
+        "rc = main(['run', '--model', 'zoo:ouro-tiny', '--tasks', 'chain2,chian3', '--db', 'sqlite://']);"
+        "print(rc, 'lighteval' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.stdout.splitlines()[-1] == "2 False", done.stderr
+    assert done.stderr.startswith("loopeval: error: unknown task 'chian3' in suite 'synthetic' (tasks: addition, chain2, ")
+
+
+@pytest.mark.parametrize("suite", ["synthetic", "paper"])
+def test_the_names_checked_before_loading_are_the_configs_names(suite: str) -> None:
+    from suites.registry import _MODULES
+
+    module = _MODULES[suite]
+    assert list(module.CONFIG_NAMES) == [config.name for config in module.task_configs()]
+
+
 def test_every_suite_has_its_sampling_and_paper_runs_the_paper_protocol():
     from adapters.base import PAPER_PROTOCOL, Sampling
     from harness.spec import SUITE_SAMPLING, RunSpec
@@ -77,8 +97,7 @@ def test_synthetic_runs_its_default_tasks_unless_others_are_named():
     from suites import paper
     from suites.registry import _select
 
-    every = paper.task_configs()
-    assert [c.name for c in _select("paper", every, None)] == [c.name for c in every]  # paper's default is all of it
+    assert _select("paper", None) == {c.name for c in paper.task_configs()}  # paper's default is all of it
 
 
 def test_synthetic_reads_a_data_dir_copy(tmp_path: Path):
