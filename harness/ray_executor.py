@@ -110,10 +110,7 @@ class RayExecutor:
 
         Plugin folders reach the workers through LOOPEVAL_ADAPTERS, since each worker loads its own adapter.
         """
-        try:
-            import ray
-        except ImportError:
-            raise UserError("--executor ray needs Ray: pip install 'loopeval[ray]'") from None
+        ray = cls.preflight(address)
         if ray.is_initialized():  # the caller (a notebook, a test) is connected already
             yield cls(ray)
             return
@@ -127,10 +124,6 @@ class RayExecutor:
         where = address or os.environ.get("RAY_ADDRESS")
         if where is None:
             kwargs["include_dashboard"] = False  # a local instance only for this sweep
-        else:
-            _use_token_at_hand()
-            _check_reachable(where)
-            _check_token(where)
         try:
             ray.init(address=address, **kwargs)
         except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -139,6 +132,24 @@ class RayExecutor:
             yield cls(ray)
         finally:
             ray.shutdown()
+
+    @staticmethod
+    def preflight(address: str | None) -> Any:
+        """The `ray` module, once the cluster at `address` (else $RAY_ADDRESS) is known to take this machine:
+        Ray is installed, something listens there, its GCS accepts our token. One line (UserError) if not.
+
+        `loopeval run` calls it before planning the sweep (which imports LightEval, seconds), so a missing Ray or
+        a wrong address is told at once; `connect` calls it again (a connection opened by the caller skips it)."""
+        try:
+            import ray
+        except ImportError:
+            raise UserError("--executor ray needs Ray: pip install 'loopeval[ray]'") from None
+        where = address or os.environ.get("RAY_ADDRESS")
+        if where is not None and not ray.is_initialized():
+            _use_token_at_hand()
+            _check_reachable(where)
+            _check_token(where)
+        return ray
 
     def check_store(self, db_url: str) -> None:
         """Refuse a SQLite store when a worker could run on another machine, where that file does not exist."""

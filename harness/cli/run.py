@@ -177,6 +177,7 @@ def _on_ray(request: Any, resume: int | None, plugin_dirs: list[str], rerun: boo
     from harness.ray_executor import RayExecutor, worker_db_url
     from harness.runner import prepare_sweep
 
+    RayExecutor.preflight(request.ray_address)  # Ray missing or the address wrong: told before the seconds of planning
     plans = [] if resume is not None else [prepare_sweep(spec) for spec in request.specs]
     url = worker_db_url(request.db)
     with RayExecutor.connect(request.ray_address, plugin_dirs) as ray:

@@ -171,8 +171,10 @@ def test_executor_ray_without_ray_installed_says_how_to_install(tmp_path: Path) 
 
 @pytest.mark.slow  # a fresh interpreter plans the sweep (LightEval's import) before it fails
 def test_a_ray_address_nothing_listens_on_is_one_line_at_once(tmp_path: Path) -> None:
-    """Ray itself would retry it for minutes; a fresh interpreter, so no Ray connection of this session is reused."""
-    result = subprocess.run([str(Path(sys.executable).with_name("loopeval")), "run", "--executor", "ray", "--ray-address", "127.0.0.1:1",
+    """Ray itself would retry it for minutes; a fresh interpreter, so no Ray connection of this session is reused.
+    The address is checked before the sweep is planned, which would import LightEval (seconds) first."""
+    check = "import sys; from harness.cli import main; rc = main(sys.argv[1:]); assert 'lighteval' not in sys.modules; sys.exit(rc)"
+    result = subprocess.run([sys.executable, "-c", check, "run", "--executor", "ray", "--ray-address", "127.0.0.1:1",
                              "--model", "preset:qwen3-tiny", "--tasks", "lookup", "--db", str(tmp_path / "r.sqlite")],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and result.stderr.strip().splitlines() == ["loopeval: error: cannot connect to Ray at 127.0.0.1:1: Connection refused"]
