@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # the benchmarks' scripts, as tests/bench's others: the fast tier (-m 'not slow') skips them
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
