@@ -16,9 +16,11 @@ Each sandbox:
   `/tmp`, each of `Limits.disk_bytes`; `/usr`, the library folders and the Python prefix are bound
   read-only. Nothing on the host is written, so nothing is left behind or removed afterwards;
 - has an empty environment (`--clearenv`; `python -I` also ignores PYTHON* variables);
-- runs as an unprivileged user: as root, it drops to `nobody` (65534) with no capabilities
-  (`setpriv`), else it is the calling user inside a user namespace; a seccomp filter refuses new user
-  namespaces inside (x86_64 and aarch64; `--disable-userns` too where bwrap makes one);
+- runs as an unprivileged user: as root, it drops to a uid of its own that no account has (drawn from
+  `SANDBOX_UIDS`, group `nogroup`) with no capabilities (`setpriv`), so no other sandbox's processes
+  count against its process limit; else it is the calling user inside a user namespace; a seccomp
+  filter refuses new user namespaces inside (x86_64 and aarch64; `--disable-userns` too where bwrap
+  makes one);
 - is limited as a whole where the machine allows it: as root with cgroup v1 memory and pids
   hierarchies, a cgroup per sandbox bounds its memory (its tmpfs pages included) and its tasks;
   elsewhere each process gets `memory_bytes` of address space and `processes` more processes than its
@@ -57,7 +59,8 @@ from typing import IO
 
 from suites import SuiteError
 
-NOBODY = 65534
+NOGROUP = 65534
+SANDBOX_UIDS = range(0x7000_0000, 0x7001_0000)  # no account's: as root, each sandbox runs as one of these, unused at its start
 INSIDE_WORKDIR = "/sandbox"
 STAND_IN = "loopeval_program"  # the name a check's source calls the program's function by
 CGROUP_MOUNTS = Path("/sys/fs/cgroup")
@@ -197,8 +200,18 @@ class _Cgroup:
 
 
 # --------------------------------------------------------------------------------- bwrap
-def _run_as_nobody() -> bool:
+def _as_root() -> bool:
     return os.geteuid() == 0
+
+
+def _sandbox_uid() -> int:
+    """The uid a sandbox started now runs as: as root, one of `SANDBOX_UIDS` that no process holds (drawn at
+    random, so that concurrent harnesses rarely draw the same one); else the calling user's."""
+    if not _as_root():
+        return os.getuid()
+    while _user_processes(uid := secrets.choice(SANDBOX_UIDS)):
+        pass
+    return uid
 
 
 def _user_processes(uid: int) -> int:
@@ -222,7 +235,7 @@ def _python() -> tuple[Path, Path]:
     return python, prefix
 
 
-def _bwrap_command(limits: Limits, seccomp_fd: int | None, program_fd: int | None) -> list[str]:
+def _bwrap_command(limits: Limits, seccomp_fd: int | None, program_fd: int | None, uid: int) -> list[str]:
     """The `bwrap ... python -I -B -c INSIDE` command line (its role's arguments follow)."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
@@ -251,14 +264,14 @@ def _bwrap_command(limits: Limits, seccomp_fd: int | None, program_fd: int | Non
         command += ["--perms", "0444", "--file", str(program_fd), f"{INSIDE_WORKDIR}/program.py"]
     if seccomp_fd is not None:
         command += ["--seccomp", str(seccomp_fd)]
-    if _run_as_nobody():  # no user namespace: the program's processes count against uid 65534's limit
+    if _as_root():  # no user namespace: the program's processes count against `uid`'s limit, this sandbox's alone
         setpriv = shutil.which("setpriv")
         if setpriv is None:
-            raise SandboxUnavailable("running as root, the sandbox needs setpriv (util-linux) to drop to nobody")
+            raise SandboxUnavailable("running as root, the sandbox needs setpriv (util-linux) to drop its privileges")
         command += [
             "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
             "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
-            setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--inh-caps=-all",
+            setpriv, f"--reuid={uid}", f"--regid={NOGROUP}", "--clear-groups", "--inh-caps=-all",
             "--bounding-set=-all", "--no-new-privs",
         ]  # fmt: skip
     else:
@@ -309,13 +322,14 @@ class _Sandbox:
                  pass_fds: tuple[int, ...], program: str | None = None, stdin: str | None = None) -> None:
         contents = {"seccomp": _no_user_namespaces(), "program": program}
         fds = {name: stack.enter_context(_data(text)).fileno() for name, text in contents.items() if text is not None}
-        command = _bwrap_command(limits, fds.get("seccomp"), fds.get("program"))
+        uid = _sandbox_uid()
+        command = _bwrap_command(limits, fds.get("seccomp"), fds.get("program"), uid)
         self.output = stack.enter_context(tempfile.TemporaryFile())
         stdin_file = stack.enter_context(_data(stdin)) if stdin is not None else subprocess.DEVNULL
         self.group = _Cgroup(parents, limits) if parents else None
         if self.group is not None:
             stack.callback(self.group.remove)
-        processes = 0 if self.group else _user_processes(NOBODY if _run_as_nobody() else os.getuid()) + limits.processes
+        processes = 0 if self.group else _user_processes(uid) + limits.processes
         harness, _ = os.getpid(), _libc()  # libc is loaded here, not in the forked child
         self.process = subprocess.Popen(
             [*command, *role], stdin=stdin_file, stdout=self.output, stderr=subprocess.STDOUT, cwd="/",

@@ -1,4 +1,4 @@
-"""The suites' tests run HumanEval programs in the sandbox, as `nobody` here (root): see `suites.sandbox`."""
+"""The suites' tests run HumanEval programs in the sandbox, each as a uid of its own here (root): see `suites.sandbox`."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def _sandbox_user(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Every sandbox runs as the same user, whose processes RLIMIT_NPROC counts together. A test of the cap where no
-    cgroup holds it (marked `sandbox_user_alone`) needs no other test's sandbox running beside it in another pytest
-    process: it holds a lock the others share, in the folder all of the test run's processes share."""
+    """A test that looks at the host as a whole (the sandboxed programs left running, a program held at its process
+    cap; marked `sandbox_user_alone`) needs no other test's sandbox running beside it in another pytest process, and
+    not root, every sandbox is the calling user, whose processes RLIMIT_NPROC counts together: it holds a lock the
+    others share, in the folder all of the test run's processes share."""
     alone = request.node.get_closest_marker("sandbox_user_alone") is not None
     with open(tmp_path_factory.getbasetemp().parent / "loopeval-sandbox-user.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)

@@ -1,6 +1,6 @@
 """The HumanEval sandbox under attack: no exit path forges a pass, and the limits hold per program.
 
-Every case runs for real under bubblewrap (as root here and in CI: `nobody`, cgroup v1). A forged
+Every case runs for real under bubblewrap (as root here and in CI: a uid of its own per sandbox, cgroup v1). A forged
 pass must score 0 while the same trick around a right answer still scores 1, so each test shows the
 verdict comes from the check and nothing else. Limits are set just above what the program tries,
 so the cases are quick; the host is inspected afterwards (folder modes, processes, cgroups).
@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -237,8 +238,28 @@ def test_without_a_cgroup_each_process_is_capped(monkeypatch: pytest.MonkeyPatch
     limits = sandbox.Limits(wall_seconds=6, cpu_seconds=3, memory_bytes=256 * MiB, processes=8)
     source = "def big():\n    try:\n        bytearray(300 << 20)\n    except MemoryError:\n        return 'refused'\n"
     assert answer(probe(source, "big", limits)) == "refused"
-    others = sandbox._user_processes(sandbox.NOBODY if os.geteuid() == 0 else os.getuid())
+    others = 0 if os.geteuid() == 0 else sandbox._user_processes(os.getuid())  # as root a sandbox's uid is its own
     assert 1 <= answer(probe(FORK, "forks", limits)) <= 8 + others
+
+
+@pytest.mark.sandbox_user_alone  # holds a program at its process cap: no other test's sandbox beside it
+def test_without_a_cgroup_a_program_at_its_cap_takes_no_process_from_another_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As root every sandbox runs as a uid of its own. With one shared user (`nobody`) a program holding its
+    process cap used up the processes of a check started before it: that check's fork failed and a right
+    program scored 0."""
+    if os.geteuid() != 0:
+        pytest.skip("not root: every sandbox is the calling user, whose processes RLIMIT_NPROC counts together")
+    monkeypatch.setattr(sandbox, "_cgroup_parents", lambda: [])
+    limits = sandbox.Limits(wall_seconds=8, cpu_seconds=4, processes=8)
+    late = ("import os, time\ndef late():\n    time.sleep(2)\n    child = os.fork()\n    if child == 0:\n        os._exit(0)\n"
+            "    return os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])\n")
+    holds = FORK.replace("        return made", "        time.sleep(3)  # at the cap while `late` forks\n        return made")
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(probe, late, "late", limits)
+        time.sleep(0.5)  # `late`'s sandboxes are up before the other program starts forking
+        made = answer(probe(holds, "forks", limits))
+        assert answer(waiting.result()) == 0  # its fork worked
+    assert 1 <= made <= 8
 
 
 def test_no_user_namespace_can_be_made_inside() -> None:
