@@ -204,14 +204,15 @@ def _as_root() -> bool:
     return os.geteuid() == 0
 
 
-def _sandbox_uid() -> int:
-    """The uid a sandbox started now runs as: as root, one of `SANDBOX_UIDS` that no process holds (drawn at
-    random, so that concurrent harnesses rarely draw the same one); else the calling user's."""
+def _sandbox_user() -> tuple[int, int]:
+    """The uid a sandbox started now runs as, and how many processes that uid holds already: as root, one of
+    `SANDBOX_UIDS` that holds none (drawn at random, so that concurrent harnesses rarely draw the same one);
+    else the calling user."""
     if not _as_root():
-        return os.getuid()
+        return os.getuid(), _user_processes(os.getuid())
     while _user_processes(uid := secrets.choice(SANDBOX_UIDS)):
         pass
-    return uid
+    return uid, 0
 
 
 def _user_processes(uid: int) -> int:
@@ -322,14 +323,14 @@ class _Sandbox:
                  pass_fds: tuple[int, ...], program: str | None = None, stdin: str | None = None) -> None:
         contents = {"seccomp": _no_user_namespaces(), "program": program}
         fds = {name: stack.enter_context(_data(text)).fileno() for name, text in contents.items() if text is not None}
-        uid = _sandbox_uid()
+        uid, held = _sandbox_user()
         command = _bwrap_command(limits, fds.get("seccomp"), fds.get("program"), uid)
         self.output = stack.enter_context(tempfile.TemporaryFile())
         stdin_file = stack.enter_context(_data(stdin)) if stdin is not None else subprocess.DEVNULL
         self.group = _Cgroup(parents, limits) if parents else None
         if self.group is not None:
             stack.callback(self.group.remove)
-        processes = 0 if self.group else _user_processes(uid) + limits.processes
+        processes = 0 if self.group else held + limits.processes
         harness, _ = os.getpid(), _libc()  # libc is loaded here, not in the forked child
         self.process = subprocess.Popen(
             [*command, *role], stdin=stdin_file, stdout=self.output, stderr=subprocess.STDOUT, cwd="/",
