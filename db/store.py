@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import signal
+import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from sqlalchemy import Engine, delete, func, insert, select, update
+from sqlalchemy.orm import Session
 
 from db.headline import headline
 from db.sets import run_key, run_set
@@ -27,6 +31,32 @@ SAMPLE_FIELDS = (
     "task", "doc_id", "sample_index", "prompt", "output", "gold", "score", "prompt_tokens",
     "generated_tokens", "loops_used", "loops_histogram", "finish_reason", "latency_seconds", "decode_seconds",
 )
+
+
+@contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM until the block ends, then deliver them as they came.
+
+    Python raises KeyboardInterrupt at whatever line runs when the signal lands. Inside SQLAlchemy's
+    transaction and pool bookkeeping that can leave a connection checked out with SQLite's write lock
+    held, so the process's next write (storing its run as interrupted) waits on itself until the busy
+    timeout and the sweep ends "database is locked" (2 of 3,000 random interrupts of a progress read).
+    A block lasts one short transaction, at most the busy timeout. Only the main thread handles
+    signals; elsewhere this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    held = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not None]  # None: set outside Python
+    previous = {s: signal.signal(s, lambda signum, _frame: received.append(signum)) for s in held}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for signum in received[:1]:  # one is enough: the handler stops the work in hand
+            signal.raise_signal(signum)
 
 
 def _aware(moment: datetime | None) -> datetime | None:
@@ -58,6 +88,18 @@ class Store:
     def read(cls, url: str | None = None) -> Store:
         return cls(open_existing(url))
 
+    @contextmanager
+    def _read(self) -> Iterator[Session]:
+        """A session for reads, with interrupts held until it is closed (`interrupts_held`)."""
+        with interrupts_held(), self._session() as session:
+            yield session
+
+    @contextmanager
+    def _write(self) -> Iterator[Session]:
+        """One transaction, committed at the end of the block, with interrupts held until it ends."""
+        with interrupts_held(), self._session.begin() as session:
+            yield session
+
     @property
     def url(self) -> str:
         return display_url(self.engine.url)
@@ -73,14 +115,14 @@ class Store:
 
     def create_runs(self, rows: Iterable[Mapping[str, Any]]) -> list[int]:
         """Insert runs in one transaction, all or none (a sweep is stored whole), and return their ids in order."""
-        with self._session.begin() as session:
+        with self._write() as session:
             runs = [Run(**fields) for fields in rows]
             session.add_all(runs)
             session.flush()
             return [run.id for run in runs]
 
     def update_run(self, run_id: int, **fields: Any) -> None:
-        with self._session.begin() as session:
+        with self._write() as session:
             run = session.get(Run, run_id)
             if run is None:
                 raise KeyError(f"no run {run_id}")
@@ -93,7 +135,7 @@ class Store:
 
     def sweep_runs(self, sweep_id: str) -> list[Run]:
         """Every run of a sweep, in the order they were stored (the order the sweep runs them)."""
-        with self._session() as session:
+        with self._read() as session:
             return list(session.scalars(select(Run).where(Run.sweep_id == sweep_id).order_by(Run.id)))
 
     def take_lease(self, run_id: int, owner: str, seconds: float, lapsed: Callable[[str], bool]) -> str | None:
@@ -104,7 +146,7 @@ class Store:
         one run cannot both win.
         """
         now = utcnow()
-        with self._session.begin() as session:
+        with self._write() as session:
             run = session.get(Run, run_id, with_for_update=True)
             if run is None:
                 raise KeyError(f"no run {run_id}")
@@ -123,20 +165,20 @@ class Store:
         return run.lease_owner
 
     def release_lease(self, run_id: int, owner: str) -> None:
-        with self._session.begin() as session:
+        with self._write() as session:
             session.execute(update(Run).where(Run.id == run_id, Run.lease_owner == owner).values(lease_owner=None, lease_until=None))
 
     def finished_run_keys(self) -> dict[str, int]:
         """`db.sets.run_key` of every finished eval run -> the newest such run's id (what a rerun would repeat)."""
         columns = [Run.id, Run.model_spec, Run.loops, Run.suite, Run.tasks, Run.limit, Run.sampling,
                    Run.data_fingerprint, Run.seed, Run.spec, Run.exit_threshold, Run.exit_criterion]
-        with self._session() as session:
+        with self._read() as session:
             rows = session.execute(select(*columns).where(Run.kind == "eval", Run.status == "finished").order_by(Run.id))
             return {run_key(row._mapping): row.id for row in rows}
 
     def get_run(self, run_id: int) -> Run | None:
         """The run row (detached, attributes loaded), or None."""
-        with self._session() as session:
+        with self._read() as session:
             return session.get(Run, run_id)
 
     # --- samples ----------------------------------------------------------------------------
@@ -150,7 +192,7 @@ class Store:
         rows = [{name: row.get(name) for name in SAMPLE_FIELDS} for row in rows]
         if not rows:
             return 0
-        with self._session.begin() as session:
+        with self._write() as session:
             existing = set(
                 session.execute(
                     select(Sample.task, Sample.doc_id, Sample.sample_index).where(
@@ -183,7 +225,7 @@ class Store:
 
     def set_sample_scores(self, run_id: int, scores: Mapping[tuple[str, str, int], float | None]) -> None:
         """Fill in scores once the suite is scored: (task, doc_id, sample_index) -> score."""
-        with self._session.begin() as session:
+        with self._write() as session:
             keys = session.execute(
                 select(Sample.id, Sample.task, Sample.doc_id, Sample.sample_index).where(Sample.run_id == run_id)
             )
@@ -192,7 +234,7 @@ class Store:
                 session.execute(update(Sample), updates)
 
     def samples(self, run_id: int, task: str | None = None) -> list[Sample]:
-        with self._session() as session:
+        with self._read() as session:
             query = select(Sample).where(Sample.run_id == run_id)
             if task is not None:
                 query = query.where(Sample.task == task)
@@ -201,7 +243,7 @@ class Store:
     def run_progress(self, run_ids: Iterable[int]) -> dict[int, tuple[str, int]]:
         """Status and stored sample count of each run: what a sweep's submitter polls to show progress."""
         ids = list(run_ids)
-        with self._session() as session:
+        with self._read() as session:
             counts = dict(
                 session.execute(
                     select(Sample.run_id, func.count()).where(Sample.run_id.in_(ids)).group_by(Sample.run_id)
@@ -214,7 +256,7 @@ class Store:
 
     def set_metrics(self, run_id: int, metrics: Mapping[str, Mapping[str, tuple[float | None, float | None]]]) -> None:
         """Replace the run's metrics: task -> metric -> (value, stderr); task "all" is the suite average."""
-        with self._session.begin() as session:
+        with self._write() as session:
             session.execute(delete(TaskMetric).where(TaskMetric.run_id == run_id))
             session.add_all(
                 TaskMetric(run_id=run_id, task=task, metric=metric, value=value, stderr=stderr)
@@ -225,7 +267,7 @@ class Store:
     def add_memory_samples(self, run_id: int, rows: Iterable[Mapping[str, Any]]) -> None:
         rows = [{**row, "run_id": run_id} for row in rows]
         if rows:
-            with self._session.begin() as session:
+            with self._write() as session:
                 session.execute(insert(MemorySample), rows)
 
     def merge_memory_peaks(self, run_id: int, peaks: Mapping[str, int | None]) -> None:
@@ -237,23 +279,23 @@ class Store:
 
     def set_memory_peaks(self, run_id: int, peaks: Mapping[str, int | None]) -> None:
         """Replace the run's peaks: `measures` name -> bytes, None where the source was unavailable."""
-        with self._session.begin() as session:
+        with self._write() as session:
             session.execute(delete(MemoryPeak).where(MemoryPeak.run_id == run_id))
             session.add_all(MemoryPeak(run_id=run_id, measure=name, kind=BY_NAME[name].stored_as, value=value)
                             for name, value in peaks.items())
 
     def memory_peaks(self, run_id: int) -> dict[str, int | None]:
-        with self._session() as session:
+        with self._read() as session:
             rows = session.execute(select(MemoryPeak.measure, MemoryPeak.value).where(MemoryPeak.run_id == run_id))
             return dict(rows.all())
 
     def add_profile_points(self, run_id: int, rows: Iterable[Mapping[str, Any]]) -> None:
-        with self._session.begin() as session:
+        with self._write() as session:
             session.add_all(ProfilePoint(run_id=run_id, **row) for row in rows)
 
     def add_probe_values(self, run_id: int, rows: Iterable[Mapping[str, Any]]) -> None:
         """`loopeval probe` values (loop, metric, lag, value), NaN stored as NULL."""
-        with self._session.begin() as session:
+        with self._write() as session:
             session.add_all(ProbeValue(run_id=run_id, **{**row, "value": None if math.isnan(row["value"]) else row["value"]})
                             for row in rows)
 
@@ -261,7 +303,7 @@ class Store:
 
     def run_summaries(self, kind: str | None = None) -> list[dict[str, Any]]:
         """One plain dict per run, oldest first: identity, status, sample count, metrics and memory peaks."""
-        with self._session() as session:
+        with self._read() as session:
             query = select(Run).order_by(Run.id)
             if kind is not None:
                 query = query.where(Run.kind == kind)

@@ -156,7 +156,7 @@ def _work(run_groups: list[RunGroup], todo: Any, lines: Any, db_url: str) -> Non
     """A worker: take groups until the queue says stop, running each with its own store connection.
 
     SIGTERM (a killed parent's included) stops the worker as Ctrl-C does wherever it lands, not only inside
-    a run's generation; the worker then stores its own group's unfinished runs as interrupted, since the
+    a run's generation (a store call in hand finishes first: `interrupts_held`); the worker then stores its own group's unfinished runs as interrupted, since the
     parent that would otherwise do it may be gone."""
     from db.store import Store
 
@@ -168,7 +168,6 @@ def _work(run_groups: list[RunGroup], todo: Any, lines: Any, db_url: str) -> Non
         lines.put(("failure", str(exc)))
         return
     group: RunGroup | None = None
-    interrupted = False
     try:
         while (index := todo.get()) is not None:
             group = run_groups[index]
@@ -176,19 +175,12 @@ def _work(run_groups: list[RunGroup], todo: Any, lines: Any, db_url: str) -> Non
             run_stored(group.spec, group.runs, group.task_configs, store, None, lambda line: lines.put(("log", line)), loaded,
                        starts=False)
     except KeyboardInterrupt:
-        interrupted = True
+        if group is not None:
+            _settle(store, [job.run_id for job in group.jobs])
     except ResultsError as exc:  # the store failed: every later run would too
         lines.put(("failure", str(exc)))
     finally:
         store.close()
-    if interrupted and group is not None:
-        # Settled after the handler, on a new connection: an interrupt that landed inside a transaction leaves its
-        # connection (and SQLite's write lock) held by the traceback's frames until the handler ends.
-        store = Store.open(db_url)
-        try:
-            _settle(store, [job.run_id for job in group.jobs])
-        finally:
-            store.close()
 
 
 def _die_with_parent() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -179,6 +181,31 @@ def test_ctrl_c_during_a_statement_stays_an_interrupt(tmp_path: Path) -> None:
         store.add_samples(run_id, [sample(0)])
     event.remove(store.engine, "do_execute", interrupt)
     assert store.run_summaries()[0]["n_samples"] == 0
+    store.close()
+
+
+def test_a_signal_inside_a_transaction_is_held_until_it_commits_and_leaves_no_lock(tmp_path: Path) -> None:
+    """A real Ctrl-C that lands mid-transaction is delivered once the transaction ends: the write is stored, the
+    write lock is free for the process's next write (a sweep storing its runs as interrupted), and the
+    interrupt still stops the caller. Unheld, it cut the write short and could leave the lock held."""
+    path = tmp_path / "r.sqlite"
+    store = Store.open(str(path))
+    (run_id,) = store.create_runs([dict(RUN)])
+
+    def ctrl_c(conn: object, cursor: object, statement: str, *args: object) -> None:
+        if statement.startswith("UPDATE runs"):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    event.listen(store.engine, "before_cursor_execute", ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        store.finish_run(run_id, "interrupted", error="stopped")
+    event.remove(store.engine, "before_cursor_execute", ctrl_c)
+    assert store.get_run(run_id).status == "interrupted"
+    probe = sqlite3.connect(path, timeout=0.1, isolation_level=None)
+    probe.execute("BEGIN IMMEDIATE")
+    probe.execute("ROLLBACK")
+    probe.close()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is given back
     store.close()
 
 
