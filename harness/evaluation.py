@@ -9,7 +9,6 @@ score and the aggregated metrics per task, per benchmark and for the suite (`db.
 from __future__ import annotations
 
 import collections
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +24,10 @@ from adapters.base import Adapter, AdapterError, Sampling
 from db.headline import HEADLINE, SUITE, benchmark_of, headline
 from harness.lighteval_model import LOGLIKELIHOOD_SAMPLE_INDEX, AdapterModel, SampleSink, task_of
 from suites.loader import ProjectRegistry, load_task_dataset, with_samples
+
+# LightEval's tracker wants an output folder, and writes to it only when asked to save, which loopeval never
+# does (the store keeps everything): an in-memory fsspec folder, so a killed run leaves no folder in /tmp.
+TRACKER_DIR = "memory://loopeval-lighteval"
 
 
 @dataclass
@@ -157,14 +160,13 @@ def run_suite(
         raise AdapterError(f"limit must be >= 1, got {limit}")
     configs = with_samples(task_configs, sampling.n)
     model = AdapterModel(adapter, sampling, batch_size=batch_size, sink=sink, progress=progress)
-    with tempfile.TemporaryDirectory(prefix="loopeval-lighteval-") as scratch:  # LightEval's output dir; nothing is saved
-        pipeline = _ProjectPipeline(
-            configs,
-            pipeline_parameters=PipelineParameters(launcher_type=ParallelismManager.CUSTOM, max_samples=limit),
-            evaluation_tracker=EvaluationTracker(output_dir=scratch, save_details=False),
-            model=model,
-        )
-        pipeline.evaluate()
+    pipeline = _ProjectPipeline(
+        configs,
+        pipeline_parameters=PipelineParameters(launcher_type=ParallelismManager.CUSTOM, max_samples=limit),
+        evaluation_tracker=EvaluationTracker(output_dir=TRACKER_DIR, save_details=False),
+        model=model,
+    )
+    pipeline.evaluate()
     return SuiteResult(
         metrics=_metrics(pipeline),
         scores=_sample_scores(pipeline),

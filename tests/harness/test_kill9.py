@@ -31,8 +31,10 @@ def _env(kill_at: str = "") -> dict[str, str]:
     return env | ({"LOOPEVAL_KILL_AT": kill_at} if kill_at else {})
 
 
-def _loopeval(args: list[str], kill_at: str = "") -> subprocess.CompletedProcess[str]:
-    return subprocess.run([LOOPEVAL, *args], capture_output=True, text=True, env=_env(kill_at), timeout=600)
+def _loopeval(args: list[str], kill_at: str = "", tmp: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`loopeval ARGS` in a process of its own, killed at `kill_at`, its temporary files under `tmp` when given."""
+    env = _env(kill_at) | ({"TMPDIR": str(tmp)} if tmp else {})
+    return subprocess.run([LOOPEVAL, *args], capture_output=True, text=True, env=env, timeout=600)
 
 
 @pytest.fixture(autouse=True)
@@ -81,9 +83,11 @@ def _check_completed(db: Path, walls_before: dict[int, float | None], killed_str
 @pytest.mark.parametrize("kill_at", ["load", "generate:3", "generate:5", f"generate:{BATCHES}", "scoring"],
                          ids=["load", "early", "mid", "late", "scoring"])
 def test_kill9_then_resume_loses_and_duplicates_nothing(kill_at: str, tmp_path: Path) -> None:
-    db = tmp_path / "r.sqlite"
-    killed = _loopeval([*RUN, "--loops", "2", "--db", str(db)], kill_at)
+    db, scratch = tmp_path / "r.sqlite", tmp_path / "tmp"
+    scratch.mkdir()
+    killed = _loopeval([*RUN, "--loops", "2", "--db", str(db)], kill_at, tmp=scratch)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert not list(scratch.glob("loopeval*")), "a killed run leaves no temporary folder of its own behind"
     ((run_id, status, wall, owner),) = query(db, "SELECT id, status, wall_seconds, lease_owner FROM runs")
     assert status in ("queued", "running") and owner, "a killed run keeps its state and its dead holder's lease"
     stored = query(db, "SELECT COUNT(*) FROM samples")[0][0]
