@@ -40,7 +40,7 @@ def interrupts_held() -> Iterator[None]:
     Python raises KeyboardInterrupt at whatever line runs when the signal lands. Inside SQLAlchemy's
     transaction and pool bookkeeping that can leave a connection checked out with SQLite's write lock
     held, so the process's next write (storing its run as interrupted) waits on itself until the busy
-    timeout and the sweep ends "database is locked" (2 of 3,000 random interrupts of a progress read).
+    timeout and the sweep ends "database is locked" (seen in 2 of 3,000 random interrupts of a progress read).
     A block lasts one short transaction, at most the busy timeout. Only the main thread handles
     signals; elsewhere this does nothing.
     """
