@@ -28,6 +28,7 @@ from dashboards.data import accuracy_points, depth_points
 from db import queries
 from db.headline import rounded
 from db.session import open_existing
+from harness.spec import SUITE_SAMPLING
 
 pytestmark = pytest.mark.slow  # a real sweep of four runs
 
@@ -128,7 +129,7 @@ def test_every_point_pools_all_four_seeds(sweep: Path) -> None:
     _, mean, error = expected(sweep)
     (point,) = accuracy_points(engine, None).itertuples()
     assert (point.seeds, point.run_ids, point.accuracy, point.stderr) == (4, [1, 2, 3, 4], pytest.approx(mean), pytest.approx(error))
-    assert point.n_samples == 4 * 7 * 2 * 4  # every seed's samples: 7 tasks x 2 docs x n = 4
+    assert point.n_samples == 4 * 7 * 2 * SUITE_SAMPLING["synthetic"].n  # every seed's samples: 7 tasks x 2 docs x the suite's n
     depth = depth_points(engine, queries.latest_set(engine))
     assert depth.loc[depth["group"] == "all", ["runs", "seeds", "accuracy"]].values.tolist() == [["1-4", 4, pytest.approx(mean)]]
     assert (queries.eval_sets(engine)[["runs", "seeds", "seed_count"]].values.tolist()) == [[4, "0-3", 4]]

@@ -17,7 +17,7 @@ import pytest
 from harness.cli import main
 from harness.pool import UNLIMITED_DOCS, default_workers, groups
 from harness.runner import SweepPlan
-from harness.spec import RunSpec
+from harness.spec import SUITE_SAMPLING, RunSpec
 
 LOOPEVAL = str(Path(sys.executable).with_name("loopeval"))
 # Two models, each decoding one sequence at a time (max_batch 1) so that samples are committed one by one; 200 samples
@@ -46,7 +46,7 @@ def test_a_model_is_one_group_sized_by_its_decode_work() -> None:
     assert [r[0] for r in ouro.runs] == [1, 2] and [r[0] for r in qwen.runs] == [3]
     assert ouro.size == 3 * 2 * 2 * 100 * (1 + 4) and qwen.size == 3 * 2 * 2 * 50
     unlimited = groups(RunSpec.build(models=["preset:qwen3-tiny"]), plan, stored[2:])[0]
-    assert unlimited.size == UNLIMITED_DOCS * 2 * 4 * 50  # n = 4, the synthetic suite's
+    assert unlimited.size == UNLIMITED_DOCS * 2 * SUITE_SAMPLING["synthetic"].n * 50  # the synthetic suite's n
 
 
 def test_workers_fill_the_cores_at_the_runs_thread_count_and_a_gpu_takes_one() -> None:
@@ -74,7 +74,7 @@ def test_two_workers_store_exactly_what_one_process_stores(tmp_path: Path) -> No
     rows = "SELECT r.id, r.model_spec, r.loops, s.task, s.doc_id, s.sample_index, s.output, s.score FROM samples s JOIN runs r ON r.id = s.run_id ORDER BY 1, 4, 5, 6"
     peaks = "SELECT run_id, value FROM memory_peaks WHERE measure = 'kv_bytes_allocated' ORDER BY run_id"
     one, two = tmp_path / "w1.sqlite", tmp_path / "w2.sqlite"
-    assert query(one, rows) == query(two, rows) and len(query(two, rows)) == 3 * 2 * 6 * 4
+    assert query(one, rows) == query(two, rows) and len(query(two, rows)) == 3 * 2 * 6 * SUITE_SAMPLING["synthetic"].n
     assert query(one, peaks) == query(two, peaks)
     pids = {model: {h for (h,) in query(two, f"SELECT json_extract(host, '$.pid') FROM runs WHERE model_spec = '{model}'")}
             for model in ("zoo:qwen3-tiny-small", "zoo:ouro-tiny")}
