@@ -199,8 +199,7 @@ def _run_memory(engine: Engine, picked: Selection) -> tuple[pd.DataFrame, str]:
     """The run's memory series, thinned, and the figure's title naming the run."""
     if picked.run_id is None:
         return pd.DataFrame(), "Memory over a run"
-    runs = queries.runs(engine)
-    rows = list(runs[runs["run_id"] == picked.run_id].itertuples())
+    rows = list(queries.runs(engine, run_ids=[picked.run_id]).itertuples())
     title = f"Memory over {run_label(rows[0])}" if rows else f"Memory over run {picked.run_id}"  # not an eval run
     return thinned(queries.memory_series(engine, picked.run_id)), title
 

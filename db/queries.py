@@ -46,30 +46,32 @@ def _frame(engine: Engine, statement: Any) -> pd.DataFrame:
         return pd.DataFrame.from_records(result.all(), columns=list(result.keys()))
 
 
-def runs(engine: Engine, kind: str | None = "eval") -> pd.DataFrame:
-    """One row per run (of `kind`, or all kinds when None) with its sample count and evaluation set."""
-    n_samples = (
-        select(Sample.run_id, func.count().label("n_samples")).group_by(Sample.run_id).subquery()
-    )
-    statement = (
-        select(
-            Run.id.label("run_id"), Run.sweep_id, Run.kind, Run.model_spec.label("model"), Run.adapter,
-            _LOOPS, Run.exit_threshold, Run.exit_criterion, Run.suite, Run.status, Run.started_at, Run.wall_seconds,
-            Run.energy_joules, Run.model_config,
-            func.coalesce(n_samples.c.n_samples, 0).label("n_samples"),
-        )
-        .outerjoin(n_samples, n_samples.c.run_id == Run.id)
-        .order_by(Run.id)
+def runs(engine: Engine, kind: str | None = "eval", run_ids: Iterable[int] | None = None) -> pd.DataFrame:
+    """One row per run (of `kind`, or all kinds when None; only `run_ids` when given) with its sample count and
+    evaluation set."""
+    counts = select(Sample.run_id, func.count().label("n_samples")).group_by(Sample.run_id)
+    statement = select(
+        Run.id.label("run_id"), Run.sweep_id, Run.kind, Run.model_spec.label("model"), Run.adapter,
+        _LOOPS, Run.exit_threshold, Run.exit_criterion, Run.suite, Run.status, Run.started_at, Run.wall_seconds,
+        Run.energy_joules, Run.model_config,
     )
     if kind is not None:
         statement = statement.where(Run.kind == kind)
-    return _frame(engine, statement).merge(run_sets(engine), on="run_id", how="left")
+    if run_ids is not None:
+        run_ids = list(run_ids)
+        counts, statement = counts.where(Sample.run_id.in_(run_ids)), statement.where(Run.id.in_(run_ids))
+    n_samples = counts.subquery()
+    statement = (statement.add_columns(func.coalesce(n_samples.c.n_samples, 0).label("n_samples"))
+                 .outerjoin(n_samples, n_samples.c.run_id == Run.id).order_by(Run.id))
+    return _frame(engine, statement).merge(run_sets(engine, run_ids), on="run_id", how="left")
 
 
-def run_sets(engine: Engine) -> pd.DataFrame:
-    """The evaluation set of every eval run, with its seed: run_id, seed, set_id, set_label (db.sets)."""
+def run_sets(engine: Engine, run_ids: Iterable[int] | None = None) -> pd.DataFrame:
+    """The evaluation set of every eval run (only `run_ids` when given), with its seed: run_id, seed, set_id, set_label (db.sets)."""
     statement = select(Run.id, Run.seed, Run.suite, Run.tasks, Run.limit, Run.sampling, Run.data_fingerprint).where(
         Run.kind == "eval").order_by(Run.id)
+    if run_ids is not None:
+        statement = statement.where(Run.id.in_(list(run_ids)))
     with engine.connect() as conn:
         sets = [(row.id, row.seed, run_set(row._mapping)) for row in conn.execute(statement)]
     frame = pd.DataFrame([(run_id, seed, s.id, s.label) for run_id, seed, s in sets], columns=["run_id", "seed", "set_id", "set_label"])
@@ -135,8 +137,9 @@ def sample_tasks(engine: Engine) -> list[str]:
         return [row[0] for row in conn.execute(select(Sample.task).distinct().order_by(Sample.task))]
 
 
-def metrics(engine: Engine, set_id: str | None = None) -> pd.DataFrame:
-    """Every stored metric of every evaluated run (of one set when given): run, model, loops, seed, task, metric, value, stderr."""
+def metrics(engine: Engine, set_id: str | None = None, task: str | None = None) -> pd.DataFrame:
+    """Every stored metric of every evaluated run (of one set, of one task, when given): run, model, loops, seed,
+    task, metric, value, stderr."""
     statement = (
         select(
             Run.id.label("run_id"), Run.sweep_id, Run.model_spec.label("model"), _LOOPS, Run.exit_threshold, Run.exit_criterion,
@@ -148,6 +151,8 @@ def metrics(engine: Engine, set_id: str | None = None) -> pd.DataFrame:
     )
     if set_id is not None:
         statement = statement.where(Run.id.in_(_set_run_ids(engine, set_id)))
+    if task is not None:
+        statement = statement.where(TaskMetric.task == task)
     return _frame(engine, statement)
 
 
@@ -197,8 +202,8 @@ def item_counts(engine: Engine, run_ids: Iterable[int]) -> dict[tuple[int, str],
         return {(run_id, task): count for run_id, task, count in conn.execute(statement)}
 
 
-def pooled_metrics(engine: Engine, set_id: str | None, run_ids: Iterable[int] | None = None) -> pd.DataFrame:
-    """Every metric of one evaluation set (None: the latest) per (model, loops), its seeds pooled.
+def pooled_metrics(engine: Engine, set_id: str | None, run_ids: Iterable[int] | None = None, task: str | None = None) -> pd.DataFrame:
+    """Every metric of one evaluation set (None: the latest; of one task when given) per (model, loops), its seeds pooled.
 
     The runs of a (model, loops) with different seeds score the same docs again; their items are pooled
     into one sample (`db.headline.pool`): the value is the mean over every seed's items, the stderr that
@@ -206,7 +211,7 @@ def pooled_metrics(engine: Engine, set_id: str | None, run_ids: Iterable[int] | 
     newest. Of runs repeating one seed (`--rerun`) the latest counts, so a rerun replaces the older run.
     `run_ids` keeps only those runs (`loopeval results` filters).
     """
-    table = metrics(engine, set_id or latest_set(engine) or "")
+    table = metrics(engine, set_id or latest_set(engine) or "", task)
     if run_ids is not None:
         table = table[table["run_id"].isin(list(run_ids))]
     table = table[table["value"].notna()].sort_values("run_id", kind="stable")
@@ -238,16 +243,16 @@ def accuracy_memory(
     name is in the `metric` column.
     """
     set_id = set_id or latest_set(engine)
-    table = pooled_metrics(engine, set_id, run_ids)
-    table = suite_means(table, by=tuple(POINT)) if task == SUITE else table[table["task"] == task]
+    table = pooled_metrics(engine, set_id, run_ids, None if task == SUITE else task)  # the suite mean reads every task
+    table = suite_means(table, by=tuple(POINT)) if task == SUITE else table
     table = table[table["value"].notna()]
     if metric is None and not table.empty:
         names = sorted(table["metric"].unique())
         metric = headline_metric(names) or names[0]
     table = table[table["metric"] == metric].rename(columns={"value": "accuracy"})
-    info = runs(engine)[["run_id", "n_samples", "model_config", "status", "set_id", "set_label"]]
-    table = table.merge(info.drop(columns="n_samples"), on="run_id", how="left")
     pooled = table[[*POINT, "run_ids"]].explode("run_ids").rename(columns={"run_ids": "run_id"}).astype({"run_id": "int64"})
+    info = runs(engine, run_ids=pooled["run_id"].tolist())[["run_id", "n_samples", "model_config", "status", "set_id", "set_label"]]
+    table = table.merge(info.drop(columns="n_samples"), on="run_id", how="left")
     pooled = pooled.merge(info[["run_id", "n_samples"]], on="run_id", how="left")
     pooled = pooled.merge(memory_peaks(engine, pooled["run_id"].tolist()), on="run_id", how="left")
     pooled = pooled.merge(run_compute(engine, pooled["run_id"].tolist()), on="run_id", how="left")

@@ -241,15 +241,15 @@ class Store:
             return list(session.scalars(query.order_by(Sample.task, Sample.doc_id, Sample.sample_index)))
 
     def run_progress(self, run_ids: Iterable[int]) -> dict[int, tuple[str, int]]:
-        """Status and stored sample count of each run: what a sweep's submitter polls to show progress."""
+        """Status of each run, with the samples a running one has stored (0 for the others): what a sweep's
+        submitter polls to show progress. Only running runs are counted, so a poll stays cheap however many
+        samples the finished ones hold."""
         ids = list(run_ids)
         with self._read() as session:
-            counts = dict(
-                session.execute(
-                    select(Sample.run_id, func.count()).where(Sample.run_id.in_(ids)).group_by(Sample.run_id)
-                ).all()
-            )
             statuses = session.execute(select(Run.id, Run.status).where(Run.id.in_(ids))).all()
+            running = [run_id for run_id, status in statuses if status == "running"]
+            counts = dict(session.execute(
+                select(Sample.run_id, func.count()).where(Sample.run_id.in_(running)).group_by(Sample.run_id)).all())
         return {run_id: (status, counts.get(run_id, 0)) for run_id, status in statuses}
 
     # --- metrics, memory, profile -----------------------------------------------------------

@@ -27,6 +27,7 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from multiprocessing import connection
 from typing import TYPE_CHECKING, Any
 
 from db import ResultsError
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 
     from db.store import Store
 
-POLL_SECONDS = 0.25  # how often the parent reads the store's progress and the workers' log lines
+POLL_SECONDS = 0.5  # how often the parent reads the store's progress and the workers' log lines (CPU the workers would use)
 GRACE_SECONDS = 30.0  # after Ctrl-C, how long workers get to store their runs as interrupted
 UNLIMITED_DOCS = 10_000  # a run without --limit counts this many docs per task when groups are ordered by size
 
@@ -110,10 +111,10 @@ class Workers:
         bars = RunBars(progress, jobs, sweeps)
         try:
             with sigterm_as_interrupt():
-                while any(process.is_alive() for process in self.processes):
+                while alive := [process.sentinel for process in self.processes if process.is_alive()]:
                     self._print(log)
                     bars.update(store.run_progress(ids))
-                    time.sleep(POLL_SECONDS)
+                    connection.wait(alive, POLL_SECONDS)  # back at once when a worker ends
         except KeyboardInterrupt:
             self._interrupt()
             raise
