@@ -8,9 +8,10 @@ Stored strings (model specs, task and metric names) come from users and plugins.
 subset of HTML in legends, titles and hovers, `<a href>` included, so every stored string is
 escaped (`plain`) before it reaches a figure: it shows as the text it is, never as markup.
 
-The figures the report draws by the hundred (accuracy against memory and against loops, memory over a run)
+The figures the report draws by the hundred (accuracy against memory, loops and compute, memory over a run)
 are given to `go.Figure` whole, their traces and layout as dicts: Plotly validates at every `add_trace` and
-`update_*` call, and a figure built up call by call took about 4x as long as the same figure given whole.
+`update_*` call, and a figure built up call by call (or by Plotly Express) took 4-8x as long as the same
+figure given whole. The faceted ones (depth, probes) keep Plotly Express, which lays out their panels.
 """
 
 from __future__ import annotations
@@ -382,14 +383,27 @@ def accuracy_vs_compute(points: pd.DataFrame, axis: str, task: str = "all") -> g
     frame = _exit_lines(_plain_frame(points[points[axis].notna()]))
     frame["runs"] = _runs_text(frame)
     frame = frame.sort_values(["line", "exit_threshold", "loops"], na_position="last")
-    fig = px.line(frame, x=axis, y="accuracy", color="model", line_group="line", error_y="stderr", markers=True,
-                  hover_data={"model": True, "exit": True, "loops": True, "runs": True, "line": False, "stderr": False},
-                  labels={axis: f"{measure.label} ({measure.unit})", "exit": "exit threshold", "loops": "r"})
-    fig.update_layout(title=title, yaxis_range=[-0.05, 1.05], legend_title_text="model (a line per r where exit thresholds vary)")
-    fig.update_yaxes(title_text=f"accuracy ({frame['metric'].iloc[0]})")
+    x_title = f"{measure.label} ({measure.unit})"
+    hover = (f"model=%{{customdata[0]}}<br>{x_title}=%{{x}}<br>accuracy=%{{y}}<br>exit threshold=%{{customdata[1]}}"
+             "<br>r=%{customdata[2]}<br>runs=%{customdata[3]}<extra></extra>")
+    colors = {model: _PALETTE[i % len(_PALETTE)] for i, model in enumerate(dict.fromkeys(frame["model"]))}
+    traces, named = [], set()
+    for (model, _), rows in frame.groupby(["model", "line"], sort=False):  # lines in the order they were sorted
+        traces.append({
+            "type": "scatter", "x": rows[axis].to_numpy(), "y": rows["accuracy"].to_numpy(),
+            "error_y": {"array": rows["stderr"].to_numpy(dtype=float)}, "mode": "lines+markers",
+            "name": model, "legendgroup": model, "showlegend": model not in named, "line": {"color": colors[model]},
+            "customdata": rows[["model", "exit", "loops", "runs"]].to_numpy(), "hovertemplate": hover,
+        })
+        named.add(model)
     notes = [f"{measure.label}: {'from the samples the runs stored' if axis == 'loops_per_token' else 'time inside generate, prefill included'}",
              *_pooled_note(points)]
-    return _message(fig, " · ".join(notes), y=-0.22).update_layout(margin={"b": 110})
+    return go.Figure(data=traces, layout={
+        "title": {"text": title}, "legend": {"title": {"text": "model (a line per r where exit thresholds vary)"}, "tracegroupgap": 0},
+        "xaxis": {"title": {"text": x_title}},
+        "yaxis": {"range": [-0.05, 1.05], "title": {"text": f"accuracy ({frame['metric'].iloc[0]})"}},
+        "annotations": [_note(" · ".join(notes), y=-0.22)], "margin": {"t": 60, "b": 110},
+    })
 
 
 def _exit_lines(frame: pd.DataFrame) -> pd.DataFrame:
@@ -406,9 +420,12 @@ def _exit_lines(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _mark_trained_loops(fig: go.Figure, trained: pd.Series, colors: dict[str, str]) -> None:
-    """A dotted vertical line at each model's trained T, in the model's colour, on every panel."""
-    for model, value in trained.dropna().items():
-        fig.add_vline(x=float(value), line_dash="dot", line_color=colors[model], opacity=0.8, row="all", col="all")
+    """A dotted vertical line at each model's trained T, in the model's colour, on every panel with data: the lines
+    `add_vline(row="all", col="all")` draws, given at once (it took about 0.2 s a model)."""
+    panels = list(dict.fromkeys((trace.xaxis or "x", trace.yaxis or "y") for trace in fig.data))
+    fig.update_layout(shapes=[{"type": "line", "x0": float(value), "x1": float(value), "xref": x, "y0": 0, "y1": 1,
+                               "yref": f"{y} domain", "line": {"color": colors[model], "dash": "dot"}, "opacity": 0.8}
+                              for model, value in trained.dropna().items() for x, y in panels])
 
 
 def accuracy_vs_depth(points: pd.DataFrame) -> go.Figure:
