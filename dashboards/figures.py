@@ -350,9 +350,8 @@ def accuracy_vs_loops(points: pd.DataFrame, measure: str, task: str = "all", lab
 
 def _secondary_y(xaxis: dict, yaxis: dict, yaxis2: dict) -> dict[str, dict]:
     """The axes of one plot with a second y axis on the right, as `make_subplots(specs=[[{"secondary_y": True}]])`
-    lays them out (traces on it name `yaxis="y2"`), each merged with its own settings. Written out because the
-    report draws a few hundred of these figures, and one layout given whole is several times faster to build
-    than the same one made by `make_subplots` and changed by `update_*` calls."""
+    lays them out (traces on it name `yaxis="y2"`), each merged with its own settings: written out so the figure
+    is given whole (see the module's docstring)."""
     return {"xaxis": {"anchor": "y", "domain": [0.0, 0.94], **xaxis}, "yaxis": {"anchor": "x", "domain": [0.0, 1.0], **yaxis},
             "yaxis2": {"anchor": "x", "overlaying": "y", "side": "right", **yaxis2}}
 
@@ -501,33 +500,27 @@ def memory_over_run(series: pd.DataFrame, measures: Sequence[str], title: str = 
                 "hovertemplate": f"{measure}<br>%{{x}} {x_label}<br>%{{y:.3f}} {unit}<extra></extra>",
             })
     # Log scale: on a CPU the process RSS is ~1000x the KV cache, and both must stay readable.
-    axes = _side_by_side({"title": {"text": "time since start (s)"}}, {"title": {"text": "generated tokens"}},
-                         {"title": {"text": unit_title("memory", unit, scale) + ", log scale"}, "type": "log"})
+    layout = _side_by_side(("against time", "against generated tokens"), {"title": {"text": "time since start (s)"}},
+                           {"title": {"text": "generated tokens"}},
+                           {"title": {"text": unit_title("memory", unit, scale) + ", log scale"}, "type": "log"})
     notes = [DECIMAL_NOTE] + ([f"unavailable: {', '.join(missing)}"] if missing else [])
-    return go.Figure(data=traces, layout={
-        **axes, "title": {"text": title}, "legend": {"title": {"text": "measure"}}, "margin": {"b": 110},
-        "annotations": [*_panel_titles("against time", "against generated tokens"), _note(" · ".join(notes), y=-0.25)],
-    })
+    layout["annotations"].append(_note(" · ".join(notes), y=-0.25))
+    return go.Figure(data=traces, layout=layout | {"title": {"text": title}, "legend": {"title": {"text": "measure"}}, "margin": {"b": 110}})
 
 
-_PANEL_DOMAINS = ([0.0, 0.47], [0.53, 1.0])  # two panels side by side, 0.06 of the width between them
-
-
-def _side_by_side(xaxis: dict, xaxis2: dict, yaxis: dict) -> dict[str, dict]:
-    """The axes of two panels side by side sharing their y axis (the right one's labels hidden), as
-    `make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.06)` lays them out (traces of the right
-    panel name `xaxis="x2", yaxis="y2"`); `yaxis` is both panels'. Written out for the reason `_secondary_y` gives."""
-    left, right = _PANEL_DOMAINS
+def _side_by_side(titles: tuple[str, str], xaxis: dict, xaxis2: dict, yaxis: dict) -> dict[str, Any]:
+    """Two panels side by side sharing their y axis (the right one's labels hidden), a title above each, as
+    `make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.06, subplot_titles=titles)` lays them
+    out (traces of the right panel name `xaxis="x2", yaxis="y2"`); `yaxis` is both panels'. Written out so the
+    figure is given whole (see the module's docstring)."""
+    left, right = [0.0, 0.47], [0.53, 1.0]
+    above = [{"text": text, "x": (lo + hi) / 2, "y": 1.0, "xref": "paper", "yref": "paper", "xanchor": "center",
+              "yanchor": "bottom", "showarrow": False, "font": {"size": 16}} for text, (lo, hi) in zip(titles, (left, right))]
     return {"xaxis": {"anchor": "y", "domain": left, **xaxis}, "xaxis2": {"anchor": "y2", "domain": right, **xaxis2},
             "yaxis": {"anchor": "x", "domain": [0.0, 1.0], **yaxis},
             "yaxis2": {"anchor": "x2", "domain": [0.0, 1.0], "matches": "y", "showticklabels": False,
-                       **{k: v for k, v in yaxis.items() if k != "title"}}}
-
-
-def _panel_titles(*titles: str) -> list[dict[str, Any]]:
-    """The titles above the panels of `_side_by_side`, as `make_subplots(subplot_titles=...)` places them."""
-    return [{"text": text, "x": (lo + hi) / 2, "y": 1.0, "xref": "paper", "yref": "paper", "xanchor": "center",
-             "yanchor": "bottom", "showarrow": False, "font": {"size": 16}} for text, (lo, hi) in zip(titles, _PANEL_DOMAINS)]
+                       **{k: v for k, v in yaxis.items() if k != "title"}},
+            "annotations": above}
 
 
 def memory_vs_context(profile: pd.DataFrame, measures: Sequence[str]) -> go.Figure:
