@@ -243,8 +243,10 @@ def accuracy_memory(
     name is in the `metric` column.
     """
     set_id = set_id or latest_set(engine)
-    table = pooled_metrics(engine, set_id, run_ids, None if task == SUITE else task)  # the suite mean reads every task
-    table = suite_means(table, by=tuple(POINT)) if task == SUITE else table
+    if task == SUITE:  # the suite mean reads every task
+        table = suite_means(pooled_metrics(engine, set_id, run_ids), by=tuple(POINT))
+    else:
+        table = pooled_metrics(engine, set_id, run_ids, task)
     table = table[table["value"].notna()]
     if metric is None and not table.empty:
         names = sorted(table["metric"].unique())
