@@ -6,7 +6,7 @@ a chosen point of a run, so tests can check what a `kill -9` leaves behind and w
 of the run returned, while LightEval scores). Unset: it never kills. The prefix `killer-workload`
 takes whole workloads (`generate_requests`, two sequences at a time) and also dies at `finished:N`,
 as the N-th group of finished samples arrives, before the bridge stores it. Each generate call sleeps
-`LOOPEVAL_KILL_DELAY` seconds (default 0.5) first, so a run lasts long enough for its recorder to
+`LOOPEVAL_KILL_DELAY` seconds first (default `DELAY`), so a run lasts long enough for its recorder to
 write some of its trace before the kill.
 """
 
@@ -18,9 +18,13 @@ import time
 from typing import Any
 
 import adapters
+from harness.recorder import FLUSH_SECONDS
 
 KILL_AT = os.environ.get("LOOPEVAL_KILL_AT", "")
-DELAY = float(os.environ.get("LOOPEVAL_KILL_DELAY", "0.5"))
+# `generate:3`, the earliest kill after which a test expects stored timings, comes after two delays: 1.5 flush
+# periods, so the recorder's first flush (one period in) has half a period to land even on a busy machine
+# (at two delays of exactly one period, a flush slowed by a second job beside the tests lost the race).
+DELAY = float(os.environ.get("LOOPEVAL_KILL_DELAY", str(0.75 * FLUSH_SECONDS)))
 BATCHES = int(os.environ.get("LOOPEVAL_KILL_BATCHES", "0"))  # generate calls in one run, for `scoring`
 
 
