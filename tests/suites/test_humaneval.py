@@ -64,6 +64,33 @@ def test_reply_forms_make_the_expected_program():
     assert check.rstrip().endswith("truncate_number = loopeval_program\ncheck(truncate_number)")
 
 
+RIGHT_DEF = "def truncate_number(number: float) -> float:\n    return number % 1.0\n"
+WRONG_DEF = "def truncate_number(number: float) -> float:\n    return number - 1\n"
+# Replies to truncate_number in the shapes models write them: the block that defines the entry point is the program;
+# when several do, the last (the model's corrected, final version); when none does, the first block continues the prompt.
+HUMANEVAL_REPLIES = {
+    "right-then-example": (f"```python\n{RIGHT_DEF}```\nExample:\n```python\nprint(truncate_number(3.5))  # 0.5\n```", True),
+    "example-then-right": ("Usage:\n```python\n>>> truncate_number(3.5)\n0.5\n```\nCode:\n```python\n" + RIGHT_DEF + "```", True),
+    "corrected": (f"First try:\n```python\n{WRONG_DEF}```\nThat fails for 3.5. Fixed:\n```python\n{RIGHT_DEF}```", True),
+    "right-then-tests": (f"```python\n{RIGHT_DEF}```\n```python\ndef test_truncate_number():\n    assert truncate_number(3.5) == 0.5\n```", True),
+    "capitalised-tag": (f"```Python\n{RIGHT_DEF}```", True),
+    "indented-in-list": ("1. The function:\n   ```python\n" + "".join(f"   {line}\n" for line in RIGHT_DEF.splitlines()) + "   ```", True),
+    "shell-block-first": (f"```bash\npip install nothing\n```\nThen:\n```python\n{RIGHT_DEF}```", True),
+    "fence-on-code-line": (f"```python\n{RIGHT_DEF.rstrip()}```", True),
+    "body-then-example": ("```python\n    return number % 1.0\n```\n```python\nprint(truncate_number(2.25))\n```", True),
+    "unfenced-definition": (RIGHT_DEF, True),
+    "right-then-simplified-wrong": (f"```python\n{RIGHT_DEF}```\nSimpler:\n```python\n{WRONG_DEF}```", False),
+    "wrong-then-example": (f"```python\n{WRONG_DEF}```\nExample:\n```python\nprint(truncate_number(3.5))\n```", False),
+    "right-only-in-thinking": (f"<think>```python\n{RIGHT_DEF}```</think>\n```python\n{WRONG_DEF}```", False),
+    "helper-only": ("```python\ndef helper(number):\n    return number % 1.0\n```", False),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("reply", "passes"), list(HUMANEVAL_REPLIES.values()), ids=list(HUMANEVAL_REPLIES))
+def test_the_block_that_defines_the_entry_point_is_scored(reply: str, passes: bool):
+    assert run(TRUNCATE, reply).passed == passes
+
+
 @pytest.mark.parametrize(
     "statements",
     [
