@@ -6,11 +6,12 @@ answer (scored 0), never as whichever letter a pattern happens to catch last. Th
 are in docs/architecture.md ("How replies are read"); everything is read after any `</think>`.
 
 Multiple choice (`choice_letter`): the reply's declared answers (lines that begin `Answer:` or
-`Final answer:`, an `Answer` header followed by the answer on the next line, and `\\boxed{}`) must all
-name the same single letter. Without one, the last "answer is X" / "correct option is X" / "X is
-correct" in its prose decides. Without either, the last standalone capital letter, where `A` or `I`
-followed by a lower-case word is an article or pronoun, not an option. In every case a letter that is
-negated ("not B"), hedged ("either A or B") or listed ("B, C, D, A") is no answer.
+`Final answer:`, an `Answer` header followed by the answer on the next line, `\\boxed{}`, and a
+first line that opens with a lone letter, continuing MMLU's prompt `Answer: `) must all name the same
+one letter. Without one, the last "answer is X" / "correct option is X" / "X is correct" in its prose
+decides. Without either, the last standalone capital letter, where `A` or `I` followed by a lower-case
+word is an article or pronoun, not an option. In every case a letter that is negated ("not B"), hedged
+("either A or B") or listed ("B, C, D, A") is no answer.
 
 HLE (`hle_answer`): the `Answer:` field of HLE's response format, a line that begins `Answer:`;
 several fields must agree. Text quoted later in a line ("the user said the answer: 42") is not a field.
@@ -24,23 +25,31 @@ LETTERS = "ABCDEFGHIJ"
 
 # A declared answer: a line that begins (after markdown: #, >, -, *, _) with "Answer" or
 # "Final/Correct answer", then a colon and the answer, or nothing (a header: the answer is on the next line).
-_FIELD = re.compile(r"^[ \t>#*_-]*(?:(?:final|correct)[ \t]+)?answer[ \t]*[*_]*[ \t]*(?:[:：]|$)[*_]*[ \t]*(.*)$",
-                    re.IGNORECASE | re.MULTILINE)  # fmt: skip
+_FIELD = re.compile(
+    r"^[ \t>#*_-]*(?:(?:final|correct)[ \t]+)?answer[ \t]*[*_]*[ \t]*(?:[:：]|$)[*_]*[ \t]*(.*)$",
+    re.IGNORECASE | re.MULTILINE,
+)
 _BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
 # An answer stated in prose ("the answer is", "correct option is", "answer:"): the rest of its line is read.
-_ANCHOR = re.compile(r"\b(?:answer|option|choice)(?:[ \t]+(?:is|(?:would|should|must|will)[ \t]+be)[ \t]*[:：]?|[ \t]*[:：])",
-                     re.IGNORECASE)  # fmt: skip
+_ANCHOR = re.compile(
+    r"\b(?:answer|option|choice)(?:[ \t]+(?:is|(?:would|should|must|will)[ \t]+be)[ \t]*[:：]?|[ \t]*[:：])",
+    re.IGNORECASE,
+)
 # What may stand between an anchor and its letter ("the correct option is", "letter"), and the markup around it.
-_FILLER = r"(?i:(?:the[ \t]+)?(?:(?:final|correct|right|best)[ \t]+)*(?:answer|option|choice|letter)[ \t]*(?:is)?[ \t]*[:：]?[ \t]*)?"
+_FILLER = (
+    r"(?i:(?:the[ \t]+)?(?:(?:final|correct|right|best)[ \t]+)*(?:answer|option|choice|letter)[ \t]*(?:is)?[ \t]*"
+    r"[:：]?[ \t]*)?"
+)
 _OPEN = r"(?:[ \t*_$(\[{]|\\boxed\{|\\text(?:bf)?\{|\\mathrm\{|\\\()*"
 _CLOSE = r"[)\]}*_$]*"
 _HEDGE = r"(?i:not|neither|nor|either|both|between)"
 _JOINED = r"[ \t]*(?:[,;/&]|(?i:\bor\b|\band\b|\bnor\b|\bvs\b\.?))[ \t*_$(\[]*"
 # Words after "A" or "I" that make it an option named as a subject ("A is right"), not an article or pronoun.
 _PREDICATES = frozenset(
-    "is was seems appears looks fits matches remains must should would could can will holds gives works".split()
-)
-NO_ANSWER = ""  # a span that names options, but not one: negated, hedged or listed
+    ("is", "was", "seems", "appears", "looks", "fits", "matches", "remains", "must", "should", "would", "could",
+     "can", "will", "holds", "gives", "works")
+)  # fmt: skip
+_NO_ANSWER = ""  # a span that names options, but not one: negated, hedged or listed
 
 
 def after_thinking(text: str) -> str:
@@ -74,42 +83,48 @@ def _negated_or_listed(text: str, start: int, end: int, letters: str) -> bool:
 
 
 def _read_span(span: str, letters: str) -> str | None:
-    """The letter an answer's text names; `NO_ANSWER` when it names options but not one; None when it names none.
+    """The letter an answer's text names; `_NO_ANSWER` when it names options but not one; None when it names none.
 
     The letter must open the span (after filler and markup), so "I think B" names none; "not B" and
     "either A or B" are no answer. A lower-case letter counts only when nothing but punctuation follows it
     ("answer: b"), so "the answer is a classic" names none.
     """
-    found = re.match(rf"{_FILLER}{_OPEN}(?:({_HEDGE})[ \t]+{_OPEN})?"
-                     rf"([{letters}]|[{letters.lower()}](?=[ \t]*(?:$|[).:,;*_$\]}}])))(?![A-Za-z0-9])", span)  # fmt: skip
+    lower_alone = rf"[{letters.lower()}](?=[ \t]*(?:$|[).:,;*_$\]}}]))"
+    found = re.match(rf"{_FILLER}{_OPEN}(?:({_HEDGE})[ \t]+{_OPEN})?([{letters}]|{lower_alone})(?![A-Za-z0-9])", span)
     if found is None:
         return None
     if found.group(1) or _joins_another(span, found.end(), letters):
-        return NO_ANSWER
+        return _NO_ANSWER
     return found.group(2).upper()
 
 
 def _fields(reply: str) -> list[str]:
-    """The text of every declared `Answer:` line; a bare `Answer` header takes the next non-empty line."""
-    spans = []
+    """The text of every declared `Answer:` line; only where none gives it inline, each bare `Answer` header's
+    next non-empty line (a header over a sentence of prose must not contradict the `Answer: X` below it)."""
+    inline, headed = [], []
     for match in _FIELD.finditer(reply):
-        span = match.group(1)
-        if not span.strip(" \t*_#"):
+        if match.group(1).strip(" \t*_#"):
+            inline.append(match.group(1))
+        else:
             rest = [line for line in reply[match.end() :].splitlines() if line.strip(" \t*_#")]
-            span = rest[0] if rest else ""
-        spans.append(span)
-    return spans
+            headed += rest[:1]
+    return inline or headed
 
 
 def choice_letter(text: str, n_choices: int) -> str | None:
     """The one option letter a reply commits to, or None (see the module docstring)."""
     letters = LETTERS[:n_choices]
     reply = after_thinking(text)
-    declared = {_read_span(span, letters) for span in _fields(reply) + _BOXED.findall(reply)}
+    first_line = reply.lstrip().split("\n", 1)[0]
+    opens_with_letter = re.match(rf"[*_(\[]*[{letters}](?:[*_]*[).:](?:\s|$)|[ \t*_)\]]*$)", first_line)
+    spans = _fields(reply) + _BOXED.findall(reply) + ([first_line] if opens_with_letter else [])
+    declared = {_read_span(span, letters) for span in spans} - {None}  # a box or line naming no option says nothing
+    if len(declared) > 1:
+        return None  # declared answers that differ
     if declared:
-        return declared.pop() or None if len(declared) == 1 else None
+        return declared.pop() or None
     for reading in reversed(_prose_readings(reply, letters)):
-        if reading is not None:
+        if reading is not None:  # the last statement that names an option decides, even when it names no one
             return reading or None
     return _standalone(reply, letters)
 
@@ -120,7 +135,7 @@ def _prose_readings(reply: str, letters: str) -> list[str | None]:
     subject = rf"(?<![A-Za-z0-9])\(?([{letters}])\)?[ \t]+(?:is|seems)[ \t]+(?:the[ \t]+)?(?:correct|right|best)\b"
     for m in re.finditer(subject, reply):
         listed = _negated_or_listed(reply, m.start(1), m.end(1), letters)
-        readings.append((m.start(), NO_ANSWER if listed else m.group(1)))
+        readings.append((m.start(), _NO_ANSWER if listed else m.group(1)))
     return [reading for _, reading in sorted(readings, key=lambda item: item[0])]
 
 

@@ -83,6 +83,9 @@ MC_RIGHT = {
     "article-in-reasoning": "Step 1: A femur is a leg bone.\nSo the answer is (B).",
     "choose": "The ulna is the forearm bone, so I choose B.",
     "draft-in-thinking": "<think>Answer: A? No.\nAnswer: C? No.</think>\nAnswer: B",
+    "letter-then-explanation": "B\n\nExplanation: A is wrong because the femur is a leg bone.",
+    "boxed-number-then-line": "The mass is $\\boxed{42}$ kg.\n\nAnswer: B",
+    "header-over-prose": "**Final Answer**\n\nThe mass is 42 kg, which matches option B.\n\nAnswer: B",
 }  # fmt: skip
 MC_WRONG = {
     "negated": "The answer is not B.", "either-or": "Either A or B.", "listed-line": "Answer: B, C, D, A",
@@ -97,6 +100,7 @@ MC_WRONG = {
     "right-only-in-thinking": "<think>The answer is B.</think>\nAnswer: C",
     "article-then-wrong": "The correct option is C. A quick check confirms it.",
     "unfinished-thinking": "<think>", "no-letter": "Both are possible.", "empty": "",
+    "letter-then-other-letter": "C\n\nB is tempting but wrong.", "letter-against-line": "B.\nAnswer: C",
 }  # fmt: skip
 
 
@@ -166,7 +170,7 @@ HLE_RIGHT = {
     "quoted-before": "Explanation: the user said the answer: 41, which is off by one.\nAnswer: 42\nConfidence: 70%",
     "quoted-after": "Answer: 42\nConfidence: 90%\nNote: a common wrong answer: 41.",
     "repeated": "Answer: 42\nConfidence: 90%\n\nAnswer: 42", "draft-in-thinking": "<think>Answer: 41</think>\nAnswer: 42",
-    "no-field": "Let me compute.\n42",
+    "no-field": "Let me compute.\n42", "header-over-prose": "**Final Answer**\nThe product is 42.\n\nAnswer: 42",
 }  # fmt: skip
 HLE_WRONG = {
     "quoted-later": "Explanation: x.\nAnswer: 41\nthe user said the answer: 42",
