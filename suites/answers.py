@@ -7,8 +7,8 @@ are in docs/architecture.md ("How replies are read"); everything is read after a
 
 Multiple choice (`choice_letter`): the reply's declared answers (lines that begin `Answer:` or
 `Final answer:`, an `Answer` header followed by the answer on the next line, `\\boxed{}`, and a
-first line that opens with a lone letter, continuing MMLU's prompt `Answer: `) must all name the same
-one letter. Without one, the last "answer is X" / "correct option is X" / "X is correct" in its prose
+first line that is a lone letter, continuing MMLU's prompt `Answer: `) must all name the same one
+letter. Without one, the last "answer is X" / "correct option is X" / "X is correct" in its prose
 decides. Without either, the last standalone capital letter, where `A` or `I` followed by a lower-case
 word is an article or pronoun, not an option. In every case a letter that is negated ("not B"), hedged
 ("either A or B") or listed ("B, C, D, A") is no answer.
@@ -111,13 +111,21 @@ def _fields(reply: str) -> list[str]:
     return inline or headed
 
 
+def _opening(reply: str, letters: str) -> list[str]:
+    """The reply's first line when it is an answer: a lone letter (`B`, `(B)`, `**B.**`) over whatever follows,
+    or, as the whole reply, a letter and its option text (`B) ulna`). A first line that opens a walk through
+    the options ("A) femur: a leg bone, no.") is not."""
+    first_line, _, rest = reply.strip().partition("\n")
+    lone = re.fullmatch(rf"[ \t*_(\[]*[{letters}][ \t*_)\].:]*", first_line)
+    with_text = not rest and re.match(rf"[*_(\[]*[{letters}][*_]*[).:][ \t]", first_line)
+    return [first_line] if lone or with_text else []
+
+
 def choice_letter(text: str, n_choices: int) -> str | None:
     """The one option letter a reply commits to, or None (see the module docstring)."""
     letters = LETTERS[:n_choices]
     reply = after_thinking(text)
-    first_line = reply.lstrip().split("\n", 1)[0]
-    opens_with_letter = re.match(rf"[*_(\[]*[{letters}](?:[*_]*[).:](?:\s|$)|[ \t*_)\]]*$)", first_line)
-    spans = _fields(reply) + _BOXED.findall(reply) + ([first_line] if opens_with_letter else [])
+    spans = _fields(reply) + _BOXED.findall(reply) + _opening(reply, letters)
     declared = {_read_span(span, letters) for span in spans} - {None}  # a box or line naming no option says nothing
     if len(declared) > 1:
         return None  # declared answers that differ

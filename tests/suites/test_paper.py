@@ -86,6 +86,8 @@ MC_RIGHT = {
     "letter-then-explanation": "B\n\nExplanation: A is wrong because the femur is a leg bone.",
     "boxed-number-then-line": "The mass is $\\boxed{42}$ kg.\n\nAnswer: B",
     "header-over-prose": "**Final Answer**\n\nThe mass is 42 kg, which matches option B.\n\nAnswer: B",
+    "walk-through-options": "A) femur: a leg bone, no.\nB) ulna: in the forearm, yes.\nC) tibia: no.\n\nAnswer: B",
+    "one-line-with-text": "B) ulna",
 }  # fmt: skip
 MC_WRONG = {
     "negated": "The answer is not B.", "either-or": "Either A or B.", "listed-line": "Answer: B, C, D, A",
