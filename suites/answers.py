@@ -23,10 +23,10 @@ import re
 
 LETTERS = "ABCDEFGHIJ"
 
-# A declared answer: a line that begins (after markdown: #, >, -, *, _) with "Answer" or
-# "Final/Correct answer", then a colon and the answer, or nothing (a header: the answer is on the next line).
+# A declared answer: a line that begins (after markdown: #, >, -, *, _) with "Answer" or "Final/Correct/Exact/
+# Short/My/The answer", then a colon and the answer, or nothing (a header: the answer is on the next line).
 _FIELD = re.compile(
-    r"^[ \t>#*_-]*(?:(?:final|correct)[ \t]+)?answer[ \t]*[*_]*[ \t]*(?:[:：]|$)[*_]*[ \t]*(.*)$",
+    r"^[ \t>#*_-]*(?:(?:final|correct|exact|short|my|the)[ \t]+)?answer[ \t]*[*_]*[ \t]*(?:[:：]|$)[*_]*[ \t]*(.*)$",
     re.IGNORECASE | re.MULTILINE,
 )
 _BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")

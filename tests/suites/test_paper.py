@@ -87,7 +87,8 @@ MC_RIGHT = {
     "boxed-number-then-line": "The mass is $\\boxed{42}$ kg.\n\nAnswer: B",
     "header-over-prose": "**Final Answer**\n\nThe mass is 42 kg, which matches option B.\n\nAnswer: B",
     "walk-through-options": "A) femur: a leg bone, no.\nB) ulna: in the forearm, yes.\nC) tibia: no.\n\nAnswer: B",
-    "one-line-with-text": "B) ulna",
+    "one-line-with-text": "B) ulna", "answer-tags": "<answer>B</answer>", "option-label": "Correct option: B",
+    "doubt-resolved": "It could be A or B, but the ulna is in the forearm, so the answer is B.",
 }  # fmt: skip
 MC_WRONG = {
     "negated": "The answer is not B.", "either-or": "Either A or B.", "listed-line": "Answer: B, C, D, A",
@@ -103,6 +104,8 @@ MC_WRONG = {
     "article-then-wrong": "The correct option is C. A quick check confirms it.",
     "unfinished-thinking": "<think>", "no-letter": "Both are possible.", "empty": "",
     "letter-then-other-letter": "C\n\nB is tempting but wrong.", "letter-against-line": "B.\nAnswer: C",
+    "doubt-unresolved": "It could be A or B.", "tags-listed": "<answer>B or C</answer>",
+    "none-of-them": "Answer: None of the above",
 }  # fmt: skip
 
 
@@ -172,7 +175,7 @@ HLE_RIGHT = {
     "quoted-before": "Explanation: the user said the answer: 41, which is off by one.\nAnswer: 42\nConfidence: 70%",
     "quoted-after": "Answer: 42\nConfidence: 90%\nNote: a common wrong answer: 41.",
     "repeated": "Answer: 42\nConfidence: 90%\n\nAnswer: 42", "draft-in-thinking": "<think>Answer: 41</think>\nAnswer: 42",
-    "no-field": "Let me compute.\n42", "header-over-prose": "**Final Answer**\nThe product is 42.\n\nAnswer: 42",
+    "no-field": "Let me compute.\n42", "exact-answer": "Explanation: x.\nExact Answer: 42\nConfidence: 80%", "header-over-prose": "**Final Answer**\nThe product is 42.\n\nAnswer: 42",
 }  # fmt: skip
 HLE_WRONG = {
     "quoted-later": "Explanation: x.\nAnswer: 41\nthe user said the answer: 42",
