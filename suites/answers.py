@@ -50,6 +50,9 @@ _PREDICATES = frozenset(
      "can", "will", "holds", "gives", "works")
 )  # fmt: skip
 _NO_ANSWER = ""  # a span that names options, but not one: negated, hedged or listed
+_FOLLOWING_WORD = re.compile(r"[ \t]+([a-z]+)")
+_CONTENT_LINE = re.compile(r"^.*[^ \t*_#\n].*$", re.MULTILINE)  # a line with more than spaces and markup
+_CONTEXT = 40  # characters before a letter that can negate it or join it to another ("neither B nor")
 
 
 def after_thinking(text: str) -> str:
@@ -62,19 +65,19 @@ def _is_word(text: str, end: int) -> bool:
     that is not a predicate ("A quick check", "I think"; not "A is right")."""
     if text[end - 1] not in "AI":
         return False
-    following = re.match(r"[ \t]+([a-z]+)", text[end:])
+    following = _FOLLOWING_WORD.match(text, end)
     return following is not None and following.group(1) not in _PREDICATES
 
 
 def _joins_another(text: str, end: int, letters: str) -> bool:
     """Whether the option ending at `end` is joined to another ("B, C", "B or C", "A/B"): a list, not one answer."""
-    joined = re.match(rf"{_CLOSE}{_JOINED}([{letters}])(?![A-Za-z0-9])", text[end:])
-    return joined is not None and not _is_word(text, end + joined.end())
+    joined = re.compile(rf"{_CLOSE}{_JOINED}([{letters}])(?![A-Za-z0-9])").match(text, end)
+    return joined is not None and not _is_word(text, joined.end())
 
 
 def _negated_or_listed(text: str, start: int, end: int, letters: str) -> bool:
     """Whether the option at text[start:end] is negated or hedged ("not B", "either A or B") or one of a list."""
-    before = text[:start]
+    before = text[max(0, start - _CONTEXT) : start]
     return bool(
         re.search(rf"\b{_HEDGE}[ \t*_(]*$", before)
         or re.search(rf"(?<![A-Za-z0-9])[{letters}]{_CLOSE}{_JOINED}$", before)
@@ -105,9 +108,8 @@ def _fields(reply: str) -> list[str]:
     for match in _FIELD.finditer(reply):
         if match.group(1).strip(" \t*_#"):
             inline.append(match.group(1))
-        else:
-            rest = [line for line in reply[match.end() :].splitlines() if line.strip(" \t*_#")]
-            headed += rest[:1]
+        elif (following := _CONTENT_LINE.search(reply, match.end())) is not None:
+            headed.append(following.group())
     return inline or headed
 
 
@@ -137,9 +139,14 @@ def choice_letter(text: str, n_choices: int) -> str | None:
     return _standalone(reply, letters)
 
 
+def _rest_of_line(text: str, start: int) -> str:
+    end = text.find("\n", start)
+    return text[start : end if end >= 0 else len(text)]
+
+
 def _prose_readings(reply: str, letters: str) -> list[str | None]:
     """What each prose statement of an answer names, in reply order: "the answer is X" and "X is correct"."""
-    readings = [(m.end(), _read_span(reply[m.end() :].split("\n", 1)[0], letters)) for m in _ANCHOR.finditer(reply)]
+    readings = [(m.end(), _read_span(_rest_of_line(reply, m.end()), letters)) for m in _ANCHOR.finditer(reply)]
     subject = rf"(?<![A-Za-z0-9])\(?([{letters}])\)?[ \t]+(?:is|seems)[ \t]+(?:the[ \t]+)?(?:correct|right|best)\b"
     for m in re.finditer(subject, reply):
         listed = _negated_or_listed(reply, m.start(1), m.end(1), letters)
