@@ -15,11 +15,13 @@ word is an article or pronoun, not an option. In every case a letter that is neg
 
 HLE (`hle_answer`): the `Answer:` field of HLE's response format, a line that begins `Answer:`;
 several fields must agree. Text quoted later in a line ("the user said the answer: 42") is not a field.
+On a multiple-choice item (`hle_letter`) the field must name one letter, as above.
 """
 
 from __future__ import annotations
 
 import re
+import string
 
 LETTERS = "ABCDEFGHIJ"
 
@@ -177,3 +179,10 @@ def hle_answer(text: str) -> str | None:
         return fields[-1] if len({hle_normalise(field) for field in fields}) == 1 else None
     lines = [line for line in reply.splitlines() if line.strip()]
     return lines[-1] if lines else None
+
+
+def hle_letter(text: str) -> str | None:
+    """The one letter an HLE reply's answer names, for HLE's multiple-choice items (whose answers are letters):
+    `Answer: (B)` and `Answer: B) <option text>` are B, `Answer: B or C` and `Answer: not B` are none."""
+    answer = hle_answer(text)
+    return None if answer is None else _read_span(answer, string.ascii_uppercase) or None

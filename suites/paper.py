@@ -37,7 +37,8 @@ Departures from LightEval (the one place they are listed; the README's paper-sui
 - HLE's LightEval metric is an OpenAI-judged one; offline, a sample is correct when its answer
   (`answers.hle_answer`: the `Answer:` field of HLE's response format, a line that begins `Answer:`,
   several of which must agree; else the last line) equals the gold after `hle_normalise`: `**` and
-  `$` removed, whitespace runs collapsed, trailing `.,;:!?` dropped, case ignored.
+  `$` removed, whitespace runs collapsed, trailing `.,;:!?` dropped, case ignored. On a
+  multiple-choice item (its gold a letter) the answer must name that one letter (`answers.hle_letter`).
 """
 
 from __future__ import annotations
@@ -170,12 +171,13 @@ def _pass_at_1(metric_name: str, read: Callable[["Doc", str], str] | None = None
 
 
 def _hle_matches(doc: "Doc", model_response: "ModelResponse") -> float:
-    """1.0 when the reply's answer equals the gold under `hle_normalise`, else 0.0."""
-    answer = answers.hle_answer(model_response.final_text[0])
-    if answer is None:
-        return 0.0
-    normalised = answers.hle_normalise(answer)
-    return float(normalised != "" and normalised == answers.hle_normalise(doc.get_golds()[0]))
+    """1.0 when the reply's answer equals the gold under `hle_normalise` (on a multiple-choice item, whose gold is a
+    letter, when it names that one letter), else 0.0."""
+    gold = doc.get_golds()[0]
+    if re.fullmatch(r"[A-Z]", gold):
+        return float(answers.hle_letter(model_response.final_text[0]) == gold)
+    answer = answers.hle_normalise(answers.hle_answer(model_response.final_text[0]) or "")
+    return float(answer != "" and answer == answers.hle_normalise(gold))
 
 
 def custom_pass_at_1(check: Callable[["Doc", "ModelResponse"], float]) -> "SampleLevelMetric":

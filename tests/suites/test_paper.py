@@ -196,6 +196,15 @@ def test_hle_reads_the_replys_own_answer_field(reply: str, expected: float):
     assert verdict("hle", HLE[0], reply) == expected
 
 
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [("B", 1.0), ("(B)", 1.0), ("**B**", 1.0), ("b", 1.0), ("B) the second option", 1.0), ("$\\boxed{B}$", 1.0),
+     ("C", 0.0), ("B or C", 0.0), ("B, C", 0.0), ("not B", 0.0), ("Either B or C", 0.0), ("BC", 0.0)],
+)  # fmt: skip
+def test_hle_multiple_choice_items_name_one_letter(answer: str, expected: float):
+    assert verdict("hle", HLE[2], f"Explanation: x.\nAnswer: {answer}\nConfidence: 60%") == expected  # gold: B
+
+
 def test_paper_needs_local_copies_and_names_the_missing_file(tmp_path: Path):
     with pytest.raises(SuiteError, match=r"pass --data-dir DIR .*aime24\.jsonl.*HuggingFaceH4/aime_2024"):
         load_suite("paper")
