@@ -83,6 +83,8 @@ HUMANEVAL_REPLIES = {
     "wrong-then-example": (f"```python\n{WRONG_DEF}```\nExample:\n```python\nprint(truncate_number(3.5))\n```", False),
     "right-only-in-thinking": (f"<think>```python\n{RIGHT_DEF}```</think>\n```python\n{WRONG_DEF}```", False),
     "helper-only": ("```python\ndef helper(number):\n    return number % 1.0\n```", False),
+    "wrong-body-then-example": ("```python\n    return number\n```\n```python\nprint(truncate_number(2.25))\n```", False),
+    "unfenced-wrong-definition": (WRONG_DEF, False),
 }  # fmt: skip
 
 
