@@ -76,7 +76,8 @@ MC_RIGHT = {
     "trailing-explanation": "Answer: B\n\nExplanation: A is wrong because the femur is in the leg; C and D are not it.",
     "reason-after-comma": "Answer: B, since A is a leg bone.", "rejects-another": "The answer is B, not A.",
     "think-then-answer": "<think>\nMaybe A. No: C fails, so\n</think>\n\nAnswer: B",
-    "prose": "A is wrong since ulna... the answer is B.", "prose-after-options": "Comparing the options, A is too broad and so the answer is B.",
+    "prose": "A is wrong since ulna... the answer is B.",
+    "prose-after-options": "Comparing the options, A is too broad and so the answer is B.",
     "article-after-answer": "The correct option is B. A quick check confirms it.",
     "subject-form": "B is the correct answer, not A.", "later-remark": "The answer is B. The other option is clearly wrong.",
     "repeated-line": "Answer: B\nAnswer: B", "boxed-and-line": "\\boxed{B}\n\nAnswer: B",
@@ -175,14 +176,16 @@ HLE_RIGHT = {
     "quoted-before": "Explanation: the user said the answer: 41, which is off by one.\nAnswer: 42\nConfidence: 70%",
     "quoted-after": "Answer: 42\nConfidence: 90%\nNote: a common wrong answer: 41.",
     "repeated": "Answer: 42\nConfidence: 90%\n\nAnswer: 42", "draft-in-thinking": "<think>Answer: 41</think>\nAnswer: 42",
-    "no-field": "Let me compute.\n42", "exact-answer": "Explanation: x.\nExact Answer: 42\nConfidence: 80%", "header-over-prose": "**Final Answer**\nThe product is 42.\n\nAnswer: 42",
+    "no-field": "Let me compute.\n42", "exact-answer": "Explanation: x.\nExact Answer: 42\nConfidence: 80%",
+    "header-over-prose": "**Final Answer**\nThe product is 42.\n\nAnswer: 42",
 }  # fmt: skip
 HLE_WRONG = {
     "quoted-later": "Explanation: x.\nAnswer: 41\nthe user said the answer: 42",
     "quoted-in-aside": "Answer: 41\nConfidence: 90%\n(For reference, the answer: 42 appears in the source.)",
     "conflicting": "Answer: 41\nAnswer: 42", "conflicting-bold": "**Answer:** 42\n...\n**Answer:** 41",
     "hedged": "Answer: 42 or 41", "negated": "Answer: not 42", "near": "Answer: 421", "split": "Answer: 4 2",
-    "empty-field": "Explanation: x.\nAnswer:\nConfidence: 90%", "right-only-in-thinking": "<think>Answer: 42</think>\nAnswer: 41",
+    "empty-field": "Explanation: x.\nAnswer:\nConfidence: 90%",
+    "right-only-in-thinking": "<think>Answer: 42</think>\nAnswer: 41",
     "no-field-quoted": "I believe the answer: 42 is wrong; it is 41.", "empty": "",
 }  # fmt: skip
 
