@@ -43,9 +43,14 @@ _FILLER = (
     r"[:：]?[ \t]*)?"
 )
 _OPEN = r"(?:[ \t*_$(\[{]|\\boxed\{|\\text(?:bf)?\{|\\mathrm\{|\\\()*"
-_CLOSE = r"[)\]}*_$]*"
+_CLOSE = r"[)\]}*_$?]*"
 _HEDGE = r"(?i:not|neither|nor|either|both|between)"
-_JOINED = r"[ \t]*(?:[,;/&]|(?i:\bor\b|\band\b|\bnor\b|\bvs\b\.?))[ \t*_$(\[]*"
+# What joins one option to another: "B, C", "B or C", "B/C", "B (or possibly C)", "B, maybe C".
+_CONNECTOR = r"(?:[,;/&]|(?i:\bor\b|\band\b|\bnor\b|\bvs\b\.?))"
+_JOINED = (
+    rf"[ \t]*[(\[]?[ \t]*{_CONNECTOR}(?:[ \t]*{_CONNECTOR})*[ \t]*(?i:(?:possibly|maybe|perhaps|probably)[ \t]+)?"
+    r"[ \t*_$(\[]*"
+)
 # Words after "A" or "I" that make it an option named as a subject ("A is right"), not an article or pronoun.
 _PREDICATES = frozenset(
     ("is", "was", "seems", "appears", "looks", "fits", "matches", "remains", "must", "should", "would", "could",

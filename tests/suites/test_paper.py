@@ -90,6 +90,7 @@ MC_RIGHT = {
     "walk-through-options": "A) femur: a leg bone, no.\nB) ulna: in the forearm, yes.\nC) tibia: no.\n\nAnswer: B",
     "one-line-with-text": "B) ulna", "answer-tags": "<answer>B</answer>", "option-label": "Correct option: B",
     "doubt-resolved": "It could be A or B, but the ulna is in the forearm, so the answer is B.",
+    "aside-on-another": "Answer: B (A is a leg bone)", "then-sentence": "The answer is B. And A is wrong.",
 }  # fmt: skip
 MC_WRONG = {
     "negated": "The answer is not B.", "either-or": "Either A or B.", "listed-line": "Answer: B, C, D, A",
@@ -106,7 +107,8 @@ MC_WRONG = {
     "unfinished-thinking": "<think>", "no-letter": "Both are possible.", "empty": "",
     "letter-then-other-letter": "C\n\nB is tempting but wrong.", "letter-against-line": "B.\nAnswer: C",
     "doubt-unresolved": "It could be A or B.", "tags-listed": "<answer>B or C</answer>",
-    "none-of-them": "Answer: None of the above",
+    "none-of-them": "Answer: None of the above", "parenthetical-hedge": "Answer: B (or possibly C)",
+    "trailing-hedge": "The answer is B, or maybe D.",
 }  # fmt: skip
 
 
