@@ -3,8 +3,11 @@
 LightEval 0.13 has no HumanEval task. A row holds `task_id`, `prompt` (imports, signature and
 docstring), `canonical_solution` (the body), `test` (a `check(candidate)` function) and
 `entry_point`. The model is asked for the completed function; its reply becomes a program:
-- the code is the last ```python (or bare ```) block of the reply after any `</think>`, else the
-  whole reply after it;
+- the code is read from the reply after any `</think>`: of its ```python (or ```py, or bare ```)
+  blocks, the last that defines the entry point (`def <entry_point>(` at its top level, once the block
+  is dedented), since a later definition is the model's corrected or final version and blocks that only
+  call the function are examples; when no block defines it, the first block (replies give the code,
+  then examples); with no block at all, the whole reply;
 - when that code defines `entry_point`, the program is the prompt followed by that code (the new
   definition replaces the prompt's, whose imports and helper functions stay); otherwise the code is
   taken as the body that continues the prompt, as in the original HumanEval protocol;
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import re
+import textwrap
 from typing import TYPE_CHECKING
 
 from suites import SuiteError, sandbox
@@ -30,7 +34,8 @@ PROMPT = (
     "Complete the following Python function. Reply with the complete function, in one ```python code block.\n\n"
     "```python\n{prompt}```"
 )
-_FENCED = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
+_FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+-]*)[ \t]*$")
+_PYTHON = ("", "python", "py", "python3")
 
 
 class Gold(str):
@@ -57,16 +62,47 @@ def prompt(line: dict, task_name: str | None = None) -> "Doc":
     return Doc(task_name=task_name or "", query=PROMPT.format(prompt=line["prompt"]), choices=[gold], gold_index=0)
 
 
+def python_blocks(reply: str) -> list[str]:
+    """The reply's fenced Python (or unlabelled) blocks, in order; an unclosed last block runs to the end.
+
+    Fences are read line by line, so the closing fence of a ```bash block never opens a Python one; a
+    closing fence at the end of a code line (`return x```) closes the block there.
+    """
+    blocks: list[str] = []
+    language: str | None = None
+    lines: list[str] = []
+    for line in reply.splitlines():
+        fence = _FENCE.match(line)
+        if language is None:
+            if fence is not None:
+                language, lines = fence.group(1).lower(), []
+            continue
+        closes = fence is not None or line.rstrip().endswith("```")
+        if fence is None:
+            lines.append(line.rstrip()[:-3] if closes else line)
+        if closes:
+            if language in _PYTHON:
+                blocks.append("\n".join(lines) + "\n")
+            language = None
+    if language in _PYTHON:
+        blocks.append("\n".join(lines) + "\n")
+    return blocks
+
+
+def _definition(code: str, entry_point: str) -> str | None:
+    """`code` dedented when it defines `entry_point` at its top level, else None (a block indented in a list counts)."""
+    code = textwrap.dedent(code)
+    return code if re.search(rf"^(?:async\s+)?def\s+{re.escape(entry_point)}\s*\(", code, re.MULTILINE) else None
+
+
 def program(reply: str, gold: Gold) -> str:
     """The program `reply` makes (see the module docstring); it holds no test."""
     reply = reply.rsplit("</think>", 1)[-1]
-    blocks = _FENCED.findall(reply)
-    code = blocks[-1] if blocks else reply
-    if re.search(rf"^def\s+{re.escape(gold.entry_point)}\s*\(", code, re.MULTILINE):
-        body = f"{gold.prompt}\n\n{code}"
-    else:
-        body = gold.prompt + code
-    return f"{body}\n"
+    candidates = python_blocks(reply) or [reply]
+    definitions = [code for code in (_definition(c, gold.entry_point) for c in candidates) if code is not None]
+    if definitions:
+        return f"{gold.prompt}\n\n{definitions[-1]}\n"
+    return f"{gold.prompt}{candidates[0]}\n"
 
 
 def check(gold: Gold) -> str:

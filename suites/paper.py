@@ -23,11 +23,11 @@ Departures from LightEval (the one place they are listed; the README's paper-sui
   match, which a reasoning trace never meets). Each final answer is put in `$...$` when it has no
   math delimiters, and several are joined by ", ": bare, math-verify reads the list `1,3,5` as the
   decimal 1.3 and `1, 3, 5, 15` as its last number; in `$...$` it reads the set {1, 3, 5}.
-- GPQA-Diamond and MMLU-Redux: the chosen letter is found by `choice_letter` (after any
-  `</think>`: the last `Answer: X` / `answer is X` / `\\boxed{X}`, else the last standalone letter,
-  so `B`, ` B`, `(B)`, `B)`, `**B**`, `Answer: C) <option text>` all read as the letter) and
-  handed to LightEval's letter metric as `Answer: X`; LightEval alone skips a leading space, reads
-  letters inside the option text after `Answer: C)`, and fails `B)`.
+- GPQA-Diamond and MMLU-Redux: the chosen letter is read by `answers.choice_letter` and handed to
+  LightEval's letter metric as `Answer: X`; a reply that commits to no one letter is handed over empty
+  (scored 0). LightEval alone takes the rightmost letter its patterns catch: it reads "The answer is
+  not B.", "Answer: B, C, D, A" and four conflicting `Answer:` lines as B, reads letters inside the
+  option text after `Answer: C)`, and fails `B)`. The rule and why: `suites/answers.py`.
 - MMLU-Redux under the paper protocol is generative with room to reason (no 1-token limit, no
   newline stop: the run's max_new_tokens), scored by pass@1 over the letter; LightEval's
   log-likelihood accuracy is kept as its own metric, `loglikelihood_acc`, outside the headline.
@@ -35,8 +35,10 @@ Departures from LightEval (the one place they are listed; the README's paper-sui
   function, and each sample is executed against the item's tests in a sandbox (`suites.humaneval`,
   `suites.sandbox`); pass@1 is LightEval's pass@k estimator over those verdicts.
 - HLE's LightEval metric is an OpenAI-judged one; offline, a sample is correct when its answer
-  (the last "Answer:" line, else the last line) equals the gold after `hle_normalise`: `**` and `$`
-  removed, whitespace runs collapsed, trailing `.,;:!?` dropped, case ignored.
+  (`answers.hle_answer`: the `Answer:` field of HLE's response format, a line that begins `Answer:`,
+  several of which must agree; else the last line) equals the gold after `hle_normalise`: `**` and
+  `$` removed, whitespace runs collapsed, trailing `.,;:!?` dropped, case ignored. On a
+  multiple-choice item (its gold a letter) the answer must name that one letter (`answers.hle_letter`).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Callable
 
-from suites import sandbox
+from suites import answers, sandbox
 
 if TYPE_CHECKING:
     from lighteval.metrics.utils.metric_utils import SampleLevelMetric
@@ -133,38 +135,6 @@ def olympiad_gold(final_answers: list[str]) -> str:
     return ", ".join(a.strip() if _MATH_DELIMITED.match(a) else f"${a.strip()}$" for a in final_answers)
 
 
-def choice_letter(text: str, n_choices: int) -> str | None:
-    """The option letter a reply chose, or None: see the module docstring for the forms read."""
-    letters = "ABCDEFGHIJ"[:n_choices]
-    reply = text.rsplit("</think>", 1)[-1]
-    letter = rf"\(?\s*([{letters}])\s*\)?(?![A-Za-z0-9])"
-    anchored = re.findall(
-        rf"(?i:answer)(?:\s+is)?\s*(?:\*\*)?\s*[:：]?\s*(?:\*\*)?\s*{letter}|\\boxed\{{\s*(?:\\text\{{)?{letter}", reply
-    )
-    if anchored:
-        return next(group for group in anchored[-1] if group)
-    standalone = re.findall(rf"(?<![A-Za-z0-9]){letter}", reply)
-    return standalone[-1] if standalone else None
-
-
-def hle_normalise(text: str) -> str:
-    """An HLE answer as compared offline: no `**` or `$`, single spaces, no trailing .,;:!?, lower case."""
-    text = " ".join(text.replace("**", "").replace("$", "").split())
-    return text.rstrip(".,;:!? ").lower()
-
-
-_ANSWER_LINE = re.compile(r"answer\s*:\s*(.*)", re.IGNORECASE)
-
-
-def hle_answer(text: str) -> str:
-    """The answer of an HLE reply: its last "Answer:" line, else its last non-empty line."""
-    found = _ANSWER_LINE.findall(text.rsplit("</think>", 1)[-1])
-    if found:
-        return found[-1]
-    lines = [line for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else ""
-
-
 # ----------------------------------------------------------------------------------------- metrics
 class _ReadPrediction:
     """A LightEval per-sample check that first rewrites each prediction (see the module docstring).
@@ -185,8 +155,9 @@ class _ReadPrediction:
 
 
 def _as_answer_letter(doc: "Doc", text: str) -> str:
-    letter = choice_letter(text, len(doc.choices))
-    return text if letter is None else f"Answer: {letter}"
+    """The reply as LightEval's letter metric should read it: `Answer: X`, or nothing when it commits to no letter."""
+    letter = answers.choice_letter(text, len(doc.choices))
+    return "" if letter is None else f"Answer: {letter}"
 
 
 def _pass_at_1(metric_name: str, read: Callable[["Doc", str], str] | None = None) -> "SampleLevelMetric":
@@ -200,9 +171,13 @@ def _pass_at_1(metric_name: str, read: Callable[["Doc", str], str] | None = None
 
 
 def _hle_matches(doc: "Doc", model_response: "ModelResponse") -> float:
-    """1.0 when the reply's answer equals the gold under `hle_normalise`, else 0.0."""
-    answer = hle_normalise(hle_answer(model_response.final_text[0]))
-    return float(answer != "" and answer == hle_normalise(doc.get_golds()[0]))
+    """1.0 when the reply's answer equals the gold under `hle_normalise` (on a multiple-choice item, whose gold is a
+    letter, when it names that one letter), else 0.0."""
+    gold = doc.get_golds()[0]
+    if re.fullmatch(r"[A-Z]", gold):
+        return float(answers.hle_letter(model_response.final_text[0]) == gold)
+    answer = answers.hle_normalise(answers.hle_answer(model_response.final_text[0]) or "")
+    return float(answer != "" and answer == answers.hle_normalise(gold))
 
 
 def custom_pass_at_1(check: Callable[["Doc", "ModelResponse"], float]) -> "SampleLevelMetric":

@@ -64,6 +64,43 @@ def test_reply_forms_make_the_expected_program():
     assert check.rstrip().endswith("truncate_number = loopeval_program\ncheck(truncate_number)")
 
 
+RIGHT_DEF = "def truncate_number(number: float) -> float:\n    return number % 1.0\n"
+WRONG_DEF = "def truncate_number(number: float) -> float:\n    return number - 1\n"
+EXAMPLE = "```python\nprint(truncate_number(3.5))  # 0.5\n```"
+TESTS = "def test_truncate_number():\n    assert truncate_number(3.5) == 0.5\n"  # defines test_truncate_number only
+
+
+def fenced(code: str, tag: str = "python") -> str:
+    return f"```{tag}\n{code}```"
+
+
+# Replies to truncate_number in the shapes models write them: the block that defines the entry point is the program;
+# when several do, the last (the corrected, final version); when none does, the first block continues the prompt.
+HUMANEVAL_REPLIES = {
+    "right-then-example": (f"{fenced(RIGHT_DEF)}\nExample:\n{EXAMPLE}", True),
+    "example-then-right": ("Usage:\n" + fenced(">>> truncate_number(3.5)\n0.5\n") + "\nCode:\n" + fenced(RIGHT_DEF), True),
+    "corrected": (f"First try:\n{fenced(WRONG_DEF)}\nThat fails for 3.5. Fixed:\n{fenced(RIGHT_DEF)}", True),
+    "right-then-tests": (fenced(RIGHT_DEF) + "\n" + fenced(TESTS), True),
+    "capitalised-tag": (fenced(RIGHT_DEF, "Python"), True),
+    "indented-in-list": ("1. The function:\n" + "".join(f"   {line}\n" for line in fenced(RIGHT_DEF).splitlines()), True),
+    "shell-block-first": (fenced("pip install nothing\n", "bash") + "\nThen:\n" + fenced(RIGHT_DEF), True),
+    "fence-on-code-line": (fenced(RIGHT_DEF.rstrip()), True),
+    "body-then-example": (fenced("    return number % 1.0\n") + "\n" + EXAMPLE, True),
+    "unfenced-definition": (RIGHT_DEF, True),
+    "right-then-simplified-wrong": (f"{fenced(RIGHT_DEF)}\nSimpler:\n{fenced(WRONG_DEF)}", False),
+    "wrong-then-example": (f"{fenced(WRONG_DEF)}\nExample:\n{EXAMPLE}", False),
+    "right-only-in-thinking": (f"<think>{fenced(RIGHT_DEF)}</think>\n{fenced(WRONG_DEF)}", False),
+    "helper-only": (fenced("def helper(number):\n    return number % 1.0\n"), False),
+    "wrong-body-then-example": (fenced("    return number\n") + "\n" + EXAMPLE, False),
+    "unfenced-wrong-definition": (WRONG_DEF, False),
+}
+
+
+@pytest.mark.parametrize(("reply", "passes"), list(HUMANEVAL_REPLIES.values()), ids=list(HUMANEVAL_REPLIES))
+def test_the_block_that_defines_the_entry_point_is_scored(reply: str, passes: bool):
+    assert run(TRUNCATE, reply).passed == passes
+
+
 @pytest.mark.parametrize(
     "statements",
     [

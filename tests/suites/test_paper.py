@@ -7,6 +7,8 @@ score 1, wrong ones 0.
 
 from __future__ import annotations
 
+import functools
+import random
 from pathlib import Path
 
 import pytest
@@ -61,17 +63,76 @@ def test_olympiadbench_comma_lists_are_sets(final_answer: str, reply: str, expec
     assert verdict("olympiadbench", row, reply) == expected
 
 
+# Multiple-choice replies to a question whose answer is B, in the shapes models write them. Right answers in
+# unusual shapes score 1; wrong ones, hedges, negations, lists and conflicting answer lines score 0.
+MC_RIGHT = {
+    "bare": "B", "leading-space": " B", "parenthesised": "(B)", "closing-paren": "B)", "full-stop": "B.", "bold": "**B**",
+    "answer-line": "Answer: B", "bold-line": "**Answer: B**", "bold-label": "**Answer:** (B)", "upper": "ANSWER: B",
+    "lower-case": "answer: b", "option-text": "Answer: (B) 42 kg", "letter-paren-text": "Answer: B) ulna",
+    "dollar": "Answer: $B$", "bold-letter": "Answer: **B**", "full-width-colon": "Answer：B",
+    "boxed": "$\\boxed{B}$", "boxed-text": "The final answer is $\\boxed{\\text{B}}$.",
+    "header-then-letter": "### Final Answer\n\n**B**", "header-then-sentence": "## Answer\nThe correct option is B.",
+    "list-item-label": "- **Final Answer:** B) ulna", "blockquote": "> **Answer:** B",
+    "trailing-explanation": "Answer: B\n\nExplanation: A is wrong because the femur is in the leg; C and D are not it.",
+    "reason-after-comma": "Answer: B, since A is a leg bone.", "rejects-another": "The answer is B, not A.",
+    "think-then-answer": "<think>\nMaybe A. No: C fails, so\n</think>\n\nAnswer: B",
+    "prose": "A is wrong since ulna... the answer is B.",
+    "prose-after-options": "Comparing the options, A is too broad and so the answer is B.",
+    "article-after-answer": "The correct option is B. A quick check confirms it.",
+    "subject-form": "B is the correct answer, not A.", "later-remark": "The answer is B. The other option is clearly wrong.",
+    "repeated-line": "Answer: B\nAnswer: B", "boxed-and-line": "\\boxed{B}\n\nAnswer: B",
+    "article-in-reasoning": "Step 1: A femur is a leg bone.\nSo the answer is (B).",
+    "choose": "The ulna is the forearm bone, so I choose B.",
+    "draft-in-thinking": "<think>Answer: A? No.\nAnswer: C? No.</think>\nAnswer: B",
+    "letter-then-explanation": "B\n\nExplanation: A is wrong because the femur is a leg bone.",
+    "boxed-number-then-line": "The mass is $\\boxed{42}$ kg.\n\nAnswer: B",
+    "header-over-prose": "**Final Answer**\n\nThe mass is 42 kg, which matches option B.\n\nAnswer: B",
+    "walk-through-options": "A) femur: a leg bone, no.\nB) ulna: in the forearm, yes.\nC) tibia: no.\n\nAnswer: B",
+    "one-line-with-text": "B) ulna", "answer-tags": "<answer>B</answer>", "option-label": "Correct option: B",
+    "doubt-resolved": "It could be A or B, but the ulna is in the forearm, so the answer is B.",
+    "aside-on-another": "Answer: B (A is a leg bone)", "then-sentence": "The answer is B. And A is wrong.",
+}  # fmt: skip
+MC_WRONG = {
+    "negated": "The answer is not B.", "either-or": "Either A or B.", "listed-line": "Answer: B, C, D, A",
+    "listed-prose": "A, C, D or B", "four-lines": "Answer: A\nAnswer: C\nAnswer: D\nAnswer: B",
+    "or-line": "Answer: B or C", "either-line": "Answer: Either A or B.", "negated-line": "Answer: not B",
+    "slash-line": "Answer: B/C", "both": "Both A and B are plausible.", "slash": "A/B", "neither": "Neither B nor C.",
+    "between": "It is between B and D.", "pair": "(B) and (D)", "boxed-list": "\\boxed{B, C}",
+    "boxed-against-line": "\\boxed{A}\n\nAnswer: B", "plain-wrong": "Answer: C", "wrong-with-text": "Answer: C) tibia",
+    "wrong-prose": "The answer is C.", "wrong-bold": "**Answer: D**", "wrong-leading-space": " C",
+    "corrected-away": "The answer is B? No: on reflection the answer is A.",
+    "wrong-line-then-mention": "Answer: A\n\nExplanation: B is a forearm bone, but the question asks for the leg.",
+    "right-only-in-thinking": "<think>The answer is B.</think>\nAnswer: C",
+    "article-then-wrong": "The correct option is C. A quick check confirms it.",
+    "unfinished-thinking": "<think>", "no-letter": "Both are possible.", "empty": "",
+    "letter-then-other-letter": "C\n\nB is tempting but wrong.", "letter-against-line": "B.\nAnswer: C",
+    "doubt-unresolved": "It could be A or B.", "tags-listed": "<answer>B or C</answer>",
+    "none-of-them": "Answer: None of the above", "parenthetical-hedge": "Answer: B (or possibly C)",
+    "trailing-hedge": "The answer is B, or maybe D.",
+}  # fmt: skip
+
+
+@functools.cache
+def _mc_case(task: str):
+    """The task's doc for a question whose answer is B, and its pass@1 check (GPQA's prompt shuffles the options)."""
+    row = mmlu_rows("anatomy")[0] if task.startswith("mmlu") else GPQA[1]
+    for seed in range(64):
+        random.seed(seed)  # gpqa_instruct_prompt places the correct option at random.randint(0, 3)
+        doc, fn = configured(task, row)
+        if doc.gold_index == 1:
+            return doc, fn
+    raise AssertionError("no seed put the correct option at B")
+
+
+@pytest.mark.parametrize("task", ["mmlu_redux:anatomy", "gpqa_diamond"])
 @pytest.mark.parametrize(
     ("reply", "expected"),
-    [
-        ("B", 1.0), (" B", 1.0), ("(B)", 1.0), ("B)", 1.0), ("Answer: B", 1.0), ("**B**", 1.0), ("B.", 1.0),
-        ("<think>\nMaybe A. No: C fails, so\n</think>\n\nAnswer: B", 1.0), ("**Answer:** (B)", 1.0),
-        ("A is wrong since ulna... the answer is B.", 1.0), ("$\\boxed{B}$", 1.0),
-        (" C", 0.0), ("<think>", 0.0), ("Answer: A", 0.0), ("Both are possible.", 0.0),
-    ],
-)  # fmt: skip
-def test_mmlu_redux_reads_the_letter_in_every_form(reply: str, expected: float):
-    assert verdict("mmlu_redux:anatomy", mmlu_rows("anatomy")[0], reply) == expected  # gold: B (index 1)
+    [pytest.param(r, 1.0, id=f"right-{k}") for k, r in MC_RIGHT.items()]
+    + [pytest.param(r, 0.0, id=f"wrong-{k}") for k, r in MC_WRONG.items()],
+)
+def test_multiple_choice_scores_one_committed_letter(task: str, reply: str, expected: float):
+    doc, fn = _mc_case(task)
+    assert fn.compute(doc=doc, model_response=ModelResponse(text=[reply])) == expected
 
 
 def test_gpqa_answer_with_option_text_is_that_letter():
@@ -106,6 +167,47 @@ def test_hle_offline_rule_normalises_the_answer(answer: str, expected: float):
     assert verdict("hle", HLE[0], f"Explanation: x.\nAnswer: {answer}\nConfidence: 80%") == expected
     assert verdict("hle", HLE[3], "Explanation: x.\nAnswer: **The city of paris**") == 0.0
     assert verdict("hle", HLE[3], "Explanation: x.\n**Answer:** $PARIS$.") == 1.0
+
+
+# HLE replies to a question whose answer is 42. HLE's format asks for one `Answer:` field between the explanation
+# and the confidence; its judge reads "the final exact answer" and fails any inconsistency or ambiguity.
+HLE_RIGHT = {
+    "format": "Explanation: x.\nAnswer: 42\nConfidence: 80%", "bold-label": "Explanation: x.\n**Answer:** 42",
+    "bold-line": "**Answer: 42**", "lower-case": "answer: 42", "header": "### Answer\n42", "final-answer": "Final Answer: 42",
+    "list-item": "- Answer: 42\n- Confidence: 60%", "math": "Answer: $42$.",
+    "quoted-before": "Explanation: the user said the answer: 41, which is off by one.\nAnswer: 42\nConfidence: 70%",
+    "quoted-after": "Answer: 42\nConfidence: 90%\nNote: a common wrong answer: 41.",
+    "repeated": "Answer: 42\nConfidence: 90%\n\nAnswer: 42", "draft-in-thinking": "<think>Answer: 41</think>\nAnswer: 42",
+    "no-field": "Let me compute.\n42", "exact-answer": "Explanation: x.\nExact Answer: 42\nConfidence: 80%",
+    "header-over-prose": "**Final Answer**\nThe product is 42.\n\nAnswer: 42",
+}  # fmt: skip
+HLE_WRONG = {
+    "quoted-later": "Explanation: x.\nAnswer: 41\nthe user said the answer: 42",
+    "quoted-in-aside": "Answer: 41\nConfidence: 90%\n(For reference, the answer: 42 appears in the source.)",
+    "conflicting": "Answer: 41\nAnswer: 42", "conflicting-bold": "**Answer:** 42\n...\n**Answer:** 41",
+    "hedged": "Answer: 42 or 41", "negated": "Answer: not 42", "near": "Answer: 421", "split": "Answer: 4 2",
+    "empty-field": "Explanation: x.\nAnswer:\nConfidence: 90%",
+    "right-only-in-thinking": "<think>Answer: 42</think>\nAnswer: 41",
+    "no-field-quoted": "I believe the answer: 42 is wrong; it is 41.", "empty": "",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [pytest.param(r, 1.0, id=f"right-{k}") for k, r in HLE_RIGHT.items()]
+    + [pytest.param(r, 0.0, id=f"wrong-{k}") for k, r in HLE_WRONG.items()],
+)
+def test_hle_reads_the_replys_own_answer_field(reply: str, expected: float):
+    assert verdict("hle", HLE[0], reply) == expected
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [("B", 1.0), ("(B)", 1.0), ("**B**", 1.0), ("b", 1.0), ("B) the second option", 1.0), ("$\\boxed{B}$", 1.0),
+     ("C", 0.0), ("B or C", 0.0), ("B, C", 0.0), ("not B", 0.0), ("Either B or C", 0.0), ("BC", 0.0)],
+)  # fmt: skip
+def test_hle_multiple_choice_items_name_one_letter(answer: str, expected: float):
+    assert verdict("hle", HLE[2], f"Explanation: x.\nAnswer: {answer}\nConfidence: 60%") == expected  # gold: B
 
 
 def test_paper_needs_local_copies_and_names_the_missing_file(tmp_path: Path):
