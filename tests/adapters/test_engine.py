@@ -1,4 +1,9 @@
-"""The engine against transformers, against itself (cache vs recompute, batch vs single) and against its memory model."""
+"""The engine against transformers, against itself (cache vs recompute, batch vs single) and against its memory model.
+
+Two float32 computations of the same logits agree within what rounding allows on the model compared
+(`tests/adapters/rounding.py`: 2 sqrt(n) u times the model's measured sensitivity), a bound that holds on any CPU's
+kernels, where the fixed 1e-4 and 1e-5 were fitted to one.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from adapters.engine.generate import Decoder, ExitPolicy, Prompts, generate, sam
 from adapters.engine.memory import count_params, estimate, kv_bytes
 from adapters.engine.model import LoopedLM
 from adapters.engine.streams import stream_rows
+from tests.adapters.rounding import rounding_bound
 
 GREEDY = Sampling(temperature=0.0, max_new_tokens=12)
 
@@ -63,7 +69,7 @@ def test_hf_qwen3_logits_and_greedy_match(hf_qwen3):
     ids = torch.randint(3, 99, (2, 19), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ref = hf(ids).logits
-    assert (engine.forward_logits(ids) - ref).abs().max().item() < 1e-4
+    assert (engine.forward_logits(ids) - ref).abs().max().item() < rounding_bound(engine.model, lambda: engine.forward_logits(ids))
     prompt = ids[:1, :11]
     with torch.no_grad():
         hf_out = hf.generate(prompt, max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
@@ -105,7 +111,7 @@ def test_cached_decoding_equals_full_recompute(name, loops):
         full = model(ids, loops=loops).logits  # gated: chunk size 1, token by token
     cached = _decode_logits(model, ids, prefill=1 if name == "melt-tiny" else 7, loops=loops)
     start = ids.shape[1] - cached.shape[1]
-    assert (cached - full[:, start:]).abs().max().item() < 1e-4
+    assert (cached - full[:, start:]).abs().max().item() < rounding_bound(model, lambda: model(ids, loops=loops).logits)
 
 
 def test_melt_chunked_prefill_matches_chunkwise_forward():
@@ -115,9 +121,10 @@ def test_melt_chunked_prefill_matches_chunkwise_forward():
     with torch.no_grad():
         full = model(ids).logits
         one_chunk = model(ids, chunk_size=12).logits
+    bound = rounding_bound(model, lambda: model(ids).logits)
     for end in (4, 8, 12):
         cached = _decode_logits(model, ids[:, :end], prefill=end, loops=4, chunk=4)
-        assert (cached[:, 0] - full[:, end - 1]).abs().max().item() < 1e-4
+        assert (cached[:, 0] - full[:, end - 1]).abs().max().item() < bound
     assert (one_chunk - full).abs().max().item() > 1e-3  # chunking changes what later tokens see
 
 
@@ -133,11 +140,14 @@ def test_forward_chunks_a_prompt_as_the_prefill_does(spec, chunk):
     prompts = [torch.randint(3, 99, (n,), generator=gen).tolist() for n in lengths]
     batch = Prompts.left_padded(prompts, max(lengths), 0, torch.device("cpu"))
     cache = KVCache(cfg, len(prompts), max(lengths), adapter.loops, torch.float32, "cpu")
+    def forward_rows() -> torch.Tensor:
+        return torch.stack([adapter.forward_logits(torch.tensor([p]))[0, -1] for p in prompts])
+
     with torch.inference_mode():
         prefill, _ = Decoder(model, batch, cache, adapter.loops, ExitPolicy()).prefill()
-        forward = torch.stack([adapter.forward_logits(torch.tensor([p]))[0, -1] for p in prompts])
+        forward = forward_rows()
     assert len(prompts) >= 8
-    assert (forward - prefill).abs().max().item() < 1e-4
+    assert (forward - prefill).abs().max().item() < rounding_bound(model, forward_rows)
     assert forward.argmax(-1).tolist() == prefill.argmax(-1).tolist()
 
 
@@ -147,9 +157,10 @@ def test_gated_with_kv_mix_zero_is_the_looplm():
     ids = torch.randint(3, 99, (2, 14), generator=torch.Generator().manual_seed(5))
     ref = looplm(ids, return_loop_logits=True, return_attn_outputs=True)
     out = melt(ids, kv_mix=0.0, return_loop_logits=True, return_attn_outputs=True)
-    assert (out.logits - ref.logits).abs().max().item() < 1e-5
-    assert all((a - b).abs().max().item() < 1e-5 for a, b in zip(out.loop_logits, ref.loop_logits))
-    assert (out.exit_probs - ref.exit_probs).abs().max().item() < 1e-6
+    loop_logits = rounding_bound(looplm, lambda: torch.stack(looplm(ids, return_loop_logits=True).loop_logits))
+    assert (out.logits - ref.logits).abs().max().item() < loop_logits
+    assert all((a - b).abs().max().item() < loop_logits for a, b in zip(out.loop_logits, ref.loop_logits))
+    assert (out.exit_probs - ref.exit_probs).abs().max().item() < rounding_bound(looplm, lambda: looplm(ids).exit_probs)
     assert len(out.attn_outputs) == 4 and len(out.attn_outputs[0]) == 2 and out.attn_outputs[3][1].shape == (2, 14, 128)
     mixed = melt(ids, kv_mix=0.5).logits
     assert (mixed - ref.logits).abs().max().item() > 1e-4
@@ -176,7 +187,7 @@ def test_gate_variants_decode_like_recompute(variant):
     with torch.no_grad():
         full = model(ids).logits
     cached = _decode_logits(model, ids, prefill=1, loops=4)
-    assert (cached - full).abs().max().item() < 1e-4
+    assert (cached - full).abs().max().item() < rounding_bound(model, lambda: model(ids).logits)
 
 
 # ---------------------------------------------------------------------------- memory model
@@ -448,9 +459,10 @@ def test_fused_projections_are_the_parameters_and_follow_training():
         no_grad_path = model(ids).logits
     torch.testing.assert_close(no_grad_path, grad_path)
     assert (no_grad_path - before).abs().max() > 1e-3
+    bound = rounding_bound(model, lambda: model(ids).logits)  # float32 against float64 (whose norms run in float32)
     model.to(torch.float64)
     with torch.no_grad():
-        torch.testing.assert_close(model(ids).logits, model.float()(ids).logits.double(), atol=1e-5, rtol=0)
+        torch.testing.assert_close(model(ids).logits, model.float()(ids).logits.double(), atol=bound, rtol=0)
 
 
 def test_forward_follows_replaced_parameters():
