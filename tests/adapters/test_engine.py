@@ -62,6 +62,7 @@ def hf_qwen3(tmp_path_factory):
     return hf, path
 
 
+@pytest.mark.numerics
 def test_hf_qwen3_logits_and_greedy_match(hf_qwen3):
     hf, path = hf_qwen3
     engine = adapters.load(f"qwen3:{path}", dtype="fp32", device="cpu")
@@ -100,6 +101,7 @@ def _decode_logits(model: LoopedLM, ids: torch.Tensor, prefill: int, loops: int,
     return torch.stack(rows, dim=1)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize(
     "name,loops",
     [("qwen3-tiny", 1), ("ouro-tiny", 4), ("ouro-tiny", 2), ("melt-tiny", 4), ("melt-tiny", 3), ("coreloop-tiny", 4), ("coreloop-tiny", 2)],
@@ -114,6 +116,7 @@ def test_cached_decoding_equals_full_recompute(name, loops):
     assert (cached - full[:, start:]).abs().max().item() < rounding_bound(model, lambda: model(ids, loops=loops).logits)
 
 
+@pytest.mark.numerics
 def test_melt_chunked_prefill_matches_chunkwise_forward():
     """Prefill in chunks of 4 through the cache gives the chunk-wise forward's logits at every chunk end."""
     model = tiny("melt-tiny", chunk_size=4)
@@ -128,6 +131,7 @@ def test_melt_chunked_prefill_matches_chunkwise_forward():
     assert (one_chunk - full).abs().max().item() > 1e-3  # chunking changes what later tokens see
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("spec,chunk", [("zoo:melt-tiny", None), ("preset:melt-tiny", 5)])
 def test_forward_chunks_a_prompt_as_the_prefill_does(spec, chunk):
     """forward() (log-likelihood scoring, the conformance first-token check) gives the logits the first
@@ -151,6 +155,7 @@ def test_forward_chunks_a_prompt_as_the_prefill_does(spec, chunk):
     assert forward.argmax(-1).tolist() == prefill.argmax(-1).tolist()
 
 
+@pytest.mark.numerics
 def test_gated_with_kv_mix_zero_is_the_looplm():
     looplm = tiny("ouro-tiny")
     melt = looplm.to_melt(chunk_size=4)
@@ -172,6 +177,7 @@ def test_gated_with_kv_mix_zero_is_the_looplm():
     torch.testing.assert_close(ref.exit_probs.sum(0), torch.ones(2, 14))
 
 
+@pytest.mark.numerics
 def test_last_loop_logits_are_the_output():
     model = tiny("ouro-tiny")
     ids = torch.randint(3, 99, (1, 9), generator=torch.Generator().manual_seed(6))
@@ -180,6 +186,7 @@ def test_last_loop_logits_are_the_output():
     torch.testing.assert_close(out.loop_logits[-1], out.logits)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("variant", ["elementwise", "scalar", "last", "mean", "ema"])
 def test_gate_variants_decode_like_recompute(variant):
     model = tiny("melt-tiny", gate_variant=variant, chunk_size=1)
@@ -251,6 +258,7 @@ def test_static_generate_allocates_what_the_estimate_says_and_tracks_usage():
 
 
 # ------------------------------------------------------------------------------ generation
+@pytest.mark.numerics
 @pytest.mark.parametrize("name", ["qwen3-tiny", "ouro-tiny", "melt-tiny", "coreloop-tiny"])
 def test_batched_greedy_equals_one_by_one(name):
     adapter = load_preset(name, dtype="fp32", device="cpu", seed=3)
@@ -263,6 +271,7 @@ def test_batched_greedy_equals_one_by_one(name):
     assert len({tuple(g.token_ids) for g in batched}) > 1
 
 
+@pytest.mark.numerics
 def test_greedy_generation_follows_the_full_forward():
     """Each greedy MELT token is the argmax of the cache-free chunk-wise forward with the same chunks:
     the prefill's (counted back from the prompt's end: 2 + 3 + 3) then one per decoded token."""
@@ -434,6 +443,7 @@ def test_coreloop_fills_one_entry_per_executed_layer():
         adapters.inspect("preset:coreloop-tiny", **read_at_2)
 
 
+@pytest.mark.numerics
 def test_fused_projections_are_the_parameters_and_follow_training():
     """q/k/v and gate/up are each one parameter (one matmul, no second copy of the weights) whose row
     blocks are HF's tensors in state dicts; inference and training run the same forward, so it stays
@@ -465,6 +475,7 @@ def test_fused_projections_are_the_parameters_and_follow_training():
         torch.testing.assert_close(model(ids).logits, model.float()(ids).logits.double(), atol=bound, rtol=0)
 
 
+@pytest.mark.numerics
 def test_forward_follows_replaced_parameters():
     """Replacing parameters between calls (load_state_dict(assign=True), as checkpoint loading does,
     which also stacks HF's q/k/v and gate/up tensors) leaves nothing stale: the next forward uses

@@ -24,6 +24,8 @@ from adapters.testing import TINY_OURO_26B, save_tiny_ouro
 from tests.adapters.recurrent_reference import DISCRIMINATES
 from tests.adapters.rounding import FIXTURE_DIGITS, rounding_bound
 
+pytestmark = pytest.mark.numerics  # run again under a second ATen CPU capability by .ci/run
+
 REFERENCE = json.loads((Path(__file__).parent / "data" / "ouro_reference.json").read_text())
 
 
