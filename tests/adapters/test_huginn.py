@@ -9,8 +9,8 @@ after `torch.manual_seed(seed)`. Generation draws each token's state from its sa
 
 The logits agree within what float32 rounding allows on this checkpoint (`tests/adapters/rounding.py`), not a fixed
 1e-5: its 32-step recurrence on random weights amplifies rounding (about 10x more on the third prompt than on the others),
-so the kernels of another CPU (AVX512, AVX2, scalar) put the r = 32 logits 3e-5 to 7e-5 from the fixture; the bound,
-measured from the model's own sensitivity, is 4.6e-4 there and 3e-5 to 8e-5 elsewhere.
+so the kernels of other CPUs (AVX512, AVX2, scalar) put that prompt's r = 32 logits 3e-5 to 7e-5 from the fixture; the
+bound, measured from the model's own sensitivity, is 4.6e-4 there and 3e-5 to 8e-5 elsewhere.
 """
 
 from __future__ import annotations

@@ -84,9 +84,9 @@ def test_retrofit_random_initial_state_is_the_official_draw(checkpoint):
     greedy token, so generation, which draws its own per-sample state (`test_state_draws.py`), gives the official continuation."""
     prompt = REFERENCE["prompts"][SEEDED["prompt"]]
     model = load_model(checkpoint, "retrofit", torch.float32, "cpu")
-    _, bound = assert_logits_are_the_reference(model, prompt, SEEDED["loops"], SEEDED["logits"], lambda: model.seed_state(SEEDED["seed"]))
+    assert_logits_are_the_reference(model, prompt, SEEDED["loops"], SEEDED["logits"], lambda: model.seed_state(SEEDED["seed"]))
     model.seed_state(SEEDED["seed"], 0.0)
-    assert max_diff(model, prompt, SEEDED["loops"], SEEDED["logits"]) > 4 * bound  # the state matters, beyond rounding
+    assert max_diff(model, prompt, SEEDED["loops"], SEEDED["logits"]) > DISCRIMINATES  # the state matters
     adapter = engine(checkpoint, SEEDED["loops"], scale=1.0, batching="static")
     assert adapter.generate([prompt], Sampling(temperature=0.0, max_new_tokens=REFERENCE["new_tokens"]))[0].token_ids == SEEDED["greedy"]
 
