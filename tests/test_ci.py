@@ -16,14 +16,16 @@ CI = (ROOT / ".ci" / "run").read_text()
 def capability(env: dict[str, str]) -> str:
     """The ATen CPU capability torch dispatches to under `env`."""
     code = "import torch; print(torch.backends.cpu.get_cpu_capability())"
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.strip()
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return run.stdout.strip()
 
 
 def test_the_second_run_dispatches_to_other_kernels_than_the_first():
     """The capability `.ci/run` chooses (its own line, run by bash on this machine) is one torch takes, and not the
     one the main run used: the second run rounds differently."""
     choose = next(line for line in CI.splitlines() if line.startswith("if ") and "capability=" in line)
-    chosen = subprocess.run(["bash", "-c", f"{choose}\necho $capability"], capture_output=True, text=True, check=True).stdout.strip()
+    run = subprocess.run(["bash", "-c", f"{choose}\necho $capability"], capture_output=True, text=True, check=True)
+    chosen = run.stdout.strip()
     assert re.search(r"^ATEN_CPU_CAPABILITY=\$capability \S+python -m pytest -q -m numerics$", CI, re.MULTILINE)
     env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
     assert capability({**env, "ATEN_CPU_CAPABILITY": chosen}) == chosen.upper() != capability(env)

@@ -65,7 +65,7 @@ def test_hf_ouro_directory_loads_and_runs(tmp_path):
     d = ouro.describe()
     assert (d["family"], d["kv_strategy"], d["trained_loops"], d["loops"]) == ("ouro", "per_loop", 4, 3)
     with torch.no_grad():
-        torch.testing.assert_close(ouro.forward_logits(IDS), engine(IDS, loops=3).logits, rtol=0, atol=0)  # same weights, same kernels
+        torch.testing.assert_close(ouro.forward_logits(IDS), engine(IDS, loops=3).logits, rtol=0, atol=0)  # same arithmetic
     gen = ouro.generate(["7*6="], GREEDY)[0]
     assert gen.generated_tokens >= 1 and gen.loops_used == [3] * gen.generated_tokens and isinstance(gen.text, str)
 
@@ -107,7 +107,7 @@ def test_melt_from_ouro_directory_with_gate_tensors(tmp_path):
     loaded = adapters.load(f"melt:{tmp_path / 'melt'}", dtype="fp32", device="cpu")
     assert loaded.tokenizer is None and loaded.config.kv_strategy == "gated" and loaded.config.chunk_size == 2
     with torch.no_grad():
-        torch.testing.assert_close(loaded.forward_logits(IDS), melt(IDS).logits, rtol=0, atol=0)  # same weights, same kernels
+        torch.testing.assert_close(loaded.forward_logits(IDS), melt(IDS).logits, rtol=0, atol=0)  # same arithmetic
     assert loaded.generate([[1, 5, 6]], GREEDY)[0].text is None
     _write_ouro_dir(tmp_path / "gateless", random_model("ouro-tiny", 4, torch.float32, "cpu"))
     cfg = json.loads((tmp_path / "gateless" / "config.json").read_text())

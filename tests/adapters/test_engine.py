@@ -1,7 +1,7 @@
 """The engine against transformers, against itself (cache vs recompute, batch vs single) and against its memory model.
 
 Two float32 computations of the same logits agree within what rounding allows on the model compared
-(`tests/adapters/rounding.py`: 2 sqrt(n) u times the model's measured sensitivity), a bound that holds on any CPU's
+(`tests/rounding.py`: 2 sqrt(n) u times the model's measured sensitivity), a bound that holds on any CPU's
 kernels, where the fixed 1e-4 and 1e-5 were fitted to one.
 """
 
@@ -24,7 +24,7 @@ from adapters.engine.generate import Decoder, ExitPolicy, Prompts, generate, sam
 from adapters.engine.memory import count_params, estimate, kv_bytes
 from adapters.engine.model import LoopedLM
 from adapters.engine.streams import stream_rows
-from tests.adapters.rounding import rounding_bound
+from tests.rounding import rounding_bound
 
 GREEDY = Sampling(temperature=0.0, max_new_tokens=12)
 
@@ -70,7 +70,8 @@ def test_hf_qwen3_logits_and_greedy_match(hf_qwen3):
     ids = torch.randint(3, 99, (2, 19), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ref = hf(ids).logits
-    assert (engine.forward_logits(ids) - ref).abs().max().item() < rounding_bound(engine.model, lambda: engine.forward_logits(ids))
+    bound = rounding_bound(engine.model, lambda: engine.forward_logits(ids))
+    assert (engine.forward_logits(ids) - ref).abs().max().item() < bound
     prompt = ids[:1, :11]
     with torch.no_grad():
         hf_out = hf.generate(prompt, max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)

@@ -4,7 +4,7 @@ The reference (`tests/adapters/data/retrofit_reference.json`) comes from `script
 official `raven_modeling_minimal_llama.py` on the tiny checkpoint `adapters.testing.save_tiny_retrofit` builds from a
 seed (GQA, untied lm_head, Llama 3 RoPE scaling); the tests build the same checkpoint. As for Huginn-0125
 (`test_huginn.py`): the zero initial state at r = 1, 4 and 32, and the random state at r = 4, the logits within what
-float32 rounding allows on this checkpoint (`tests/adapters/rounding.py`).
+float32 rounding allows on this checkpoint (`tests/rounding.py`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,14 @@ from adapters.engine.model import LoopedLM
 from adapters.engine.presets import preset
 from adapters.testing import TINY_RETROFIT, public_config, save_tiny_huginn, save_tiny_retrofit, tiny_retrofit_tensors
 from harness.cli import main
-from tests.adapters.recurrent_reference import (DISCRIMINATES, assert_greedy_is_the_reference, assert_logits_are_the_reference,
-                                               assert_paged_accounting, max_diff, reference_engine)
+from tests.adapters.recurrent_reference import (
+    DISCRIMINATES,
+    assert_greedy_is_the_reference,
+    assert_logits_are_the_reference,
+    assert_paged_accounting,
+    max_diff,
+    reference_engine,
+)
 
 pytestmark = pytest.mark.numerics  # run again under a second ATen CPU capability by .ci/run
 
@@ -84,7 +90,8 @@ def test_retrofit_random_initial_state_is_the_official_draw(checkpoint):
     greedy token, so generation, which draws its own per-sample state (`test_state_draws.py`), gives the official continuation."""
     prompt = REFERENCE["prompts"][SEEDED["prompt"]]
     model = load_model(checkpoint, "retrofit", torch.float32, "cpu")
-    assert_logits_are_the_reference(model, prompt, SEEDED["loops"], SEEDED["logits"], lambda: model.seed_state(SEEDED["seed"]))
+    drawn_state = lambda: model.seed_state(SEEDED["seed"])
+    assert_logits_are_the_reference(model, prompt, SEEDED["loops"], SEEDED["logits"], drawn_state)
     model.seed_state(SEEDED["seed"], 0.0)
     assert max_diff(model, prompt, SEEDED["loops"], SEEDED["logits"]) > DISCRIMINATES  # the state matters
     adapter = engine(checkpoint, SEEDED["loops"], scale=1.0, batching="static")
