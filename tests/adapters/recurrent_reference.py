@@ -2,11 +2,13 @@
 
 Each compares the engine on a tiny checkpoint with a fixture the official modelling code wrote
 (`scripts/huginn_reference.py`, `scripts/retrofit_reference.py`, one record layout): logits per prompt and loop
-count, greedy continuations, and the paged pool's accounting against the analytic terms after every step.
+count, greedy continuations, and the paged pool's accounting against the analytic terms after every step. The
+logits agree within what float32 rounding allows on the checkpoint (`tests/rounding.py`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -15,7 +17,10 @@ import adapters
 from adapters.base import Request, Sampling
 from adapters.engine.continuous import ContinuousEngine
 from adapters.engine.model import LoopedLM
+from tests.rounding import FIXTURE_DIGITS, rounding_bound
 from tests.adapters.test_scheduler import Watch, pool_for
+
+DISCRIMINATES = 1e-3  # what a wrong loop count or initial state moves the logits by, at least
 
 
 def reference_engine(spec: str, seed: int, loops: int, scale: float = 0.0, **overrides: Any) -> Any:
@@ -32,6 +37,23 @@ def max_diff(model: LoopedLM, prompt: list[int], loops: int, expected: list) -> 
     """The largest |logit difference| of `model` on `prompt` at `loops` against the reference's logits."""
     with torch.no_grad():
         return (model.forward(torch.tensor([prompt]), loops=loops).logits[0] - torch.tensor(expected)).abs().max().item()
+
+
+def assert_logits_are_the_reference(model: LoopedLM, prompt: list[int], loops: int, expected: list,
+                                    before: Callable[[], None] = lambda: None) -> tuple[float, float]:
+    """The logits of `model` on `prompt` at `loops` (after `before`, which seeds the state) are the reference's up to
+    two float32 evaluations' rounding on this checkpoint and the fixture's 7 decimals; that bound stays below what a
+    wrong loop count or state moves, so the comparison still tests the model. Returns (difference, bound)."""
+
+    def run() -> torch.Tensor:
+        before()
+        return model.forward(torch.tensor([prompt]), loops=loops).logits[0]
+
+    bound = rounding_bound(model, run) + FIXTURE_DIGITS
+    before()
+    diff = max_diff(model, prompt, loops, expected)
+    assert diff < bound < DISCRIMINATES, (diff, bound)
+    return diff, bound
 
 
 def assert_greedy_is_the_reference(adapter: Any, reference: dict, loops: int) -> None:

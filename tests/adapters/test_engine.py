@@ -1,4 +1,9 @@
-"""The engine against transformers, against itself (cache vs recompute, batch vs single) and against its memory model."""
+"""The engine against transformers, against itself (cache vs recompute, batch vs single) and against its memory model.
+
+Two float32 computations of the same logits agree within what rounding allows on the model compared
+(`tests/rounding.py`: 2 sqrt(n) u times the model's measured sensitivity), a bound that holds on any CPU's
+kernels, where the fixed 1e-4 and 1e-5 were fitted to one.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from adapters.engine.generate import Decoder, ExitPolicy, Prompts, generate, sam
 from adapters.engine.memory import count_params, estimate, kv_bytes
 from adapters.engine.model import LoopedLM
 from adapters.engine.streams import stream_rows
+from tests.rounding import rounding_bound
 
 GREEDY = Sampling(temperature=0.0, max_new_tokens=12)
 
@@ -56,6 +62,7 @@ def hf_qwen3(tmp_path_factory):
     return hf, path
 
 
+@pytest.mark.numerics
 def test_hf_qwen3_logits_and_greedy_match(hf_qwen3):
     hf, path = hf_qwen3
     engine = adapters.load(f"qwen3:{path}", dtype="fp32", device="cpu")
@@ -63,7 +70,8 @@ def test_hf_qwen3_logits_and_greedy_match(hf_qwen3):
     ids = torch.randint(3, 99, (2, 19), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ref = hf(ids).logits
-    assert (engine.forward_logits(ids) - ref).abs().max().item() < 1e-4
+    bound = rounding_bound(engine.model, lambda: engine.forward_logits(ids))
+    assert (engine.forward_logits(ids) - ref).abs().max().item() < bound
     prompt = ids[:1, :11]
     with torch.no_grad():
         hf_out = hf.generate(prompt, max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
@@ -94,6 +102,7 @@ def _decode_logits(model: LoopedLM, ids: torch.Tensor, prefill: int, loops: int,
     return torch.stack(rows, dim=1)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize(
     "name,loops",
     [("qwen3-tiny", 1), ("ouro-tiny", 4), ("ouro-tiny", 2), ("melt-tiny", 4), ("melt-tiny", 3), ("coreloop-tiny", 4), ("coreloop-tiny", 2)],
@@ -105,9 +114,10 @@ def test_cached_decoding_equals_full_recompute(name, loops):
         full = model(ids, loops=loops).logits  # gated: chunk size 1, token by token
     cached = _decode_logits(model, ids, prefill=1 if name == "melt-tiny" else 7, loops=loops)
     start = ids.shape[1] - cached.shape[1]
-    assert (cached - full[:, start:]).abs().max().item() < 1e-4
+    assert (cached - full[:, start:]).abs().max().item() < rounding_bound(model, lambda: model(ids, loops=loops).logits)
 
 
+@pytest.mark.numerics
 def test_melt_chunked_prefill_matches_chunkwise_forward():
     """Prefill in chunks of 4 through the cache gives the chunk-wise forward's logits at every chunk end."""
     model = tiny("melt-tiny", chunk_size=4)
@@ -115,12 +125,14 @@ def test_melt_chunked_prefill_matches_chunkwise_forward():
     with torch.no_grad():
         full = model(ids).logits
         one_chunk = model(ids, chunk_size=12).logits
+    bound = rounding_bound(model, lambda: model(ids).logits)
     for end in (4, 8, 12):
         cached = _decode_logits(model, ids[:, :end], prefill=end, loops=4, chunk=4)
-        assert (cached[:, 0] - full[:, end - 1]).abs().max().item() < 1e-4
+        assert (cached[:, 0] - full[:, end - 1]).abs().max().item() < bound
     assert (one_chunk - full).abs().max().item() > 1e-3  # chunking changes what later tokens see
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("spec,chunk", [("zoo:melt-tiny", None), ("preset:melt-tiny", 5)])
 def test_forward_chunks_a_prompt_as_the_prefill_does(spec, chunk):
     """forward() (log-likelihood scoring, the conformance first-token check) gives the logits the first
@@ -133,23 +145,28 @@ def test_forward_chunks_a_prompt_as_the_prefill_does(spec, chunk):
     prompts = [torch.randint(3, 99, (n,), generator=gen).tolist() for n in lengths]
     batch = Prompts.left_padded(prompts, max(lengths), 0, torch.device("cpu"))
     cache = KVCache(cfg, len(prompts), max(lengths), adapter.loops, torch.float32, "cpu")
+    def forward_rows() -> torch.Tensor:
+        return torch.stack([adapter.forward_logits(torch.tensor([p]))[0, -1] for p in prompts])
+
     with torch.inference_mode():
         prefill, _ = Decoder(model, batch, cache, adapter.loops, ExitPolicy()).prefill()
-        forward = torch.stack([adapter.forward_logits(torch.tensor([p]))[0, -1] for p in prompts])
+        forward = forward_rows()
     assert len(prompts) >= 8
-    assert (forward - prefill).abs().max().item() < 1e-4
+    assert (forward - prefill).abs().max().item() < rounding_bound(model, forward_rows)
     assert forward.argmax(-1).tolist() == prefill.argmax(-1).tolist()
 
 
+@pytest.mark.numerics
 def test_gated_with_kv_mix_zero_is_the_looplm():
     looplm = tiny("ouro-tiny")
     melt = looplm.to_melt(chunk_size=4)
     ids = torch.randint(3, 99, (2, 14), generator=torch.Generator().manual_seed(5))
     ref = looplm(ids, return_loop_logits=True, return_attn_outputs=True)
     out = melt(ids, kv_mix=0.0, return_loop_logits=True, return_attn_outputs=True)
-    assert (out.logits - ref.logits).abs().max().item() < 1e-5
-    assert all((a - b).abs().max().item() < 1e-5 for a, b in zip(out.loop_logits, ref.loop_logits))
-    assert (out.exit_probs - ref.exit_probs).abs().max().item() < 1e-6
+    loop_logits = rounding_bound(looplm, lambda: torch.stack(looplm(ids, return_loop_logits=True).loop_logits))
+    assert (out.logits - ref.logits).abs().max().item() < loop_logits
+    assert all((a - b).abs().max().item() < loop_logits for a, b in zip(out.loop_logits, ref.loop_logits))
+    assert (out.exit_probs - ref.exit_probs).abs().max().item() < rounding_bound(looplm, lambda: looplm(ids).exit_probs)
     assert len(out.attn_outputs) == 4 and len(out.attn_outputs[0]) == 2 and out.attn_outputs[3][1].shape == (2, 14, 128)
     mixed = melt(ids, kv_mix=0.5).logits
     assert (mixed - ref.logits).abs().max().item() > 1e-4
@@ -161,6 +178,7 @@ def test_gated_with_kv_mix_zero_is_the_looplm():
     torch.testing.assert_close(ref.exit_probs.sum(0), torch.ones(2, 14))
 
 
+@pytest.mark.numerics
 def test_last_loop_logits_are_the_output():
     model = tiny("ouro-tiny")
     ids = torch.randint(3, 99, (1, 9), generator=torch.Generator().manual_seed(6))
@@ -169,6 +187,7 @@ def test_last_loop_logits_are_the_output():
     torch.testing.assert_close(out.loop_logits[-1], out.logits)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("variant", ["elementwise", "scalar", "last", "mean", "ema"])
 def test_gate_variants_decode_like_recompute(variant):
     model = tiny("melt-tiny", gate_variant=variant, chunk_size=1)
@@ -176,7 +195,7 @@ def test_gate_variants_decode_like_recompute(variant):
     with torch.no_grad():
         full = model(ids).logits
     cached = _decode_logits(model, ids, prefill=1, loops=4)
-    assert (cached - full).abs().max().item() < 1e-4
+    assert (cached - full).abs().max().item() < rounding_bound(model, lambda: model(ids).logits)
 
 
 # ---------------------------------------------------------------------------- memory model
@@ -240,6 +259,7 @@ def test_static_generate_allocates_what_the_estimate_says_and_tracks_usage():
 
 
 # ------------------------------------------------------------------------------ generation
+@pytest.mark.numerics
 @pytest.mark.parametrize("name", ["qwen3-tiny", "ouro-tiny", "melt-tiny", "coreloop-tiny"])
 def test_batched_greedy_equals_one_by_one(name):
     adapter = load_preset(name, dtype="fp32", device="cpu", seed=3)
@@ -252,6 +272,7 @@ def test_batched_greedy_equals_one_by_one(name):
     assert len({tuple(g.token_ids) for g in batched}) > 1
 
 
+@pytest.mark.numerics
 def test_greedy_generation_follows_the_full_forward():
     """Each greedy MELT token is the argmax of the cache-free chunk-wise forward with the same chunks:
     the prefill's (counted back from the prompt's end: 2 + 3 + 3) then one per decoded token."""
@@ -423,6 +444,7 @@ def test_coreloop_fills_one_entry_per_executed_layer():
         adapters.inspect("preset:coreloop-tiny", **read_at_2)
 
 
+@pytest.mark.numerics
 def test_fused_projections_are_the_parameters_and_follow_training():
     """q/k/v and gate/up are each one parameter (one matmul, no second copy of the weights) whose row
     blocks are HF's tensors in state dicts; inference and training run the same forward, so it stays
@@ -448,11 +470,13 @@ def test_fused_projections_are_the_parameters_and_follow_training():
         no_grad_path = model(ids).logits
     torch.testing.assert_close(no_grad_path, grad_path)
     assert (no_grad_path - before).abs().max() > 1e-3
+    bound = rounding_bound(model, lambda: model(ids).logits)  # float32 against float64 (whose norms run in float32)
     model.to(torch.float64)
     with torch.no_grad():
-        torch.testing.assert_close(model(ids).logits, model.float()(ids).logits.double(), atol=1e-5, rtol=0)
+        torch.testing.assert_close(model(ids).logits, model.float()(ids).logits.double(), atol=bound, rtol=0)
 
 
+@pytest.mark.numerics
 def test_forward_follows_replaced_parameters():
     """Replacing parameters between calls (load_state_dict(assign=True), as checkpoint loading does,
     which also stacks HF's q/k/v and gate/up tensors) leaves nothing stale: the next forward uses

@@ -25,6 +25,7 @@ def adapter(tiny_qwen3: Path) -> adapters.Adapter:
     return adapters.load(f"transformers:{tiny_qwen3}", device="cpu")
 
 
+@pytest.mark.numerics
 def test_greedy_equals_transformers_generate_and_batching_is_invisible(adapter, tiny_qwen3: Path) -> None:
     """The reference is transformers' own greedy `generate` on each prompt alone, unpadded."""
     from transformers import AutoModelForCausalLM

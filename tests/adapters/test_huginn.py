@@ -6,6 +6,11 @@ the tests build the same checkpoint. The comparison uses the official determinis
 zero state) at r = 1, 4 and 32, and the random state at r = 4, which `LoopedLM.forward` draws as the official code does
 after `torch.manual_seed(seed)`. Generation draws each token's state from its sample's own stream instead
 (`tests/adapters/test_state_draws.py`), so only the zero state's continuations are the official ones.
+
+The logits agree within what float32 rounding allows on this checkpoint (`tests/rounding.py`), not a fixed
+1e-5: its 32-step recurrence on random weights amplifies rounding (10x more on the third prompt than on the others),
+so the kernels of other CPUs (AVX512, AVX2, scalar) put that prompt's r = 32 logits 3e-5 to 7e-5 from the fixture;
+the bound, measured from the model's own sensitivity, is 4.6e-4 there and 3e-5 to 8e-5 elsewhere.
 """
 
 from __future__ import annotations
@@ -26,10 +31,18 @@ from adapters.engine.model import LoopedLM
 from adapters.engine.presets import preset
 from adapters.testing import save_tiny_huginn, tiny_huginn_tensors
 from harness.cli import main
-from tests.adapters.recurrent_reference import assert_greedy_is_the_reference, assert_paged_accounting, max_diff, reference_engine
+from tests.adapters.recurrent_reference import (
+    DISCRIMINATES,
+    assert_greedy_is_the_reference,
+    assert_logits_are_the_reference,
+    assert_paged_accounting,
+    max_diff,
+    reference_engine,
+)
+
+pytestmark = pytest.mark.numerics  # run again under a second ATen CPU capability by .ci/run
 
 REFERENCE = json.loads((Path(__file__).parent / "data" / "huginn_reference.json").read_text())
-TOLERANCE = 1e-5  # float32 logits
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +65,7 @@ def test_huginn_logits_match_the_official_code(checkpoint, loops):
     model = load_model(checkpoint, "huginn", torch.float32, "cpu")
     model.seed_state(0, 0.0)
     for prompt, expected in zip(REFERENCE["prompts"], REFERENCE["zero_state"][str(loops)]["logits"]):
-        assert max_diff(model, prompt, loops, expected) < TOLERANCE
+        assert_logits_are_the_reference(model, prompt, loops, expected)
 
 
 @pytest.mark.parametrize("loops", [1, 4, 32])
@@ -67,13 +80,10 @@ def test_huginn_random_initial_state_is_the_official_draw(checkpoint):
     seeded = REFERENCE["seeded_state"]
     prompt = REFERENCE["prompts"][seeded["prompt"]]
     model = load_model(checkpoint, "huginn", torch.float32, "cpu")
-    model.seed_state(seeded["seed"])
-    with torch.no_grad():
-        logits = model.forward(torch.tensor([prompt]), loops=seeded["loops"]).logits[0]
-    assert (logits - torch.tensor(seeded["logits"])).abs().max().item() < TOLERANCE
+    drawn_state = lambda: model.seed_state(seeded["seed"])
+    assert_logits_are_the_reference(model, prompt, seeded["loops"], seeded["logits"], drawn_state)
     model.seed_state(seeded["seed"], 0.0)
-    with torch.no_grad():
-        assert (model.forward(torch.tensor([prompt]), loops=seeded["loops"]).logits[0] - logits).abs().max().item() > 1e-3  # the state matters
+    assert max_diff(model, prompt, seeded["loops"], seeded["logits"]) > DISCRIMINATES  # the state matters
     adapter = engine(checkpoint, seeded["loops"], scale=1.0, batching="static")
     drawn = adapter.generate([prompt], Sampling(temperature=0.0, max_new_tokens=REFERENCE["new_tokens"]))[0].token_ids
     assert drawn not in (seeded["greedy"], REFERENCE["zero_state"][str(seeded["loops"])]["greedy"][seeded["prompt"]])

@@ -14,6 +14,8 @@ from adapters.engine.memory import conditioning_params, count_params, kv_bytes
 from adapters.engine.model import LoopedLM, LoopTrace
 from adapters.engine.presets import preset
 
+pytestmark = pytest.mark.numerics  # run again under a second ATen CPU capability by .ci/run
+
 OPTIONS = [
     {"injection": "scalar"}, {"injection": "channel"}, {"injection": "dense"},
     {"history": "scalar", "history_window": 1}, {"history": "channel", "history_window": 2}, {"history": "dense", "history_window": 3},

@@ -12,6 +12,8 @@ from adapters.engine.model import LoopedLM
 from adapters.engine.presets import preset
 from adapters.engine.probes import probe
 
+pytestmark = pytest.mark.numerics  # run again under a second ATen CPU capability by .ci/run
+
 TEXTS = [torch.randint(3, 99, (n,), generator=torch.Generator().manual_seed(n)) for n in (9, 14)]
 
 

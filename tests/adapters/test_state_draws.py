@@ -23,6 +23,8 @@ from adapters.engine.streams import stream_key
 from adapters.testing import save_tiny_huginn, save_tiny_retrofit
 from tests.adapters.test_scheduler import tiny_budget
 
+pytestmark = pytest.mark.numerics  # run again under a second ATen CPU capability by .ci/run
+
 GREEDY = Sampling(temperature=0.0, max_new_tokens=10)
 SAMPLED = Sampling(temperature=1.0, top_p=0.9, max_new_tokens=10, n=3, seed=5)
 TEXT = ["1+2=", "x", "17*3=51; 4*4=", "c30k4 0110100110 -> "]

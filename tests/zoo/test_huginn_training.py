@@ -64,6 +64,7 @@ def _grads(model: LoopedLM, tokens: torch.Tensor, loops: int, grad_loops: int | 
     return logits.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
+@pytest.mark.numerics
 def test_gradients_flow_through_the_last_k_loops_only() -> None:
     model = _model()
     tokens = torch.randint(3, 99, (2, 9), generator=torch.Generator().manual_seed(1))

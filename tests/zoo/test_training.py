@@ -13,6 +13,7 @@ from adapters.engine.model import LoopedLM
 from adapters.engine.training import TaskData, load_teacher, train
 from adapters.zoo import get_recipe
 from suites import synthetic
+from tests.rounding import rounding_bound
 
 pytestmark = pytest.mark.slow  # end to end: the fast tier (-m 'not slow') skips it
 
@@ -97,6 +98,7 @@ def test_melt_conversion_brings_pure_melt_closer_to_the_teacher(chunkwise: bool,
     assert info["teacher"] == f"ouro:{teacher_dir}"
 
 
+@pytest.mark.numerics
 def test_stage1_at_a0_reproduces_the_teacher(teacher_dir: Path, items: dict) -> None:
     """With kv_mix 0 the converted model, chunk-wise, computes exactly its LoopLM teacher's logits."""
     teacher = load_teacher(f"ouro:{teacher_dir}", "cpu")
@@ -106,8 +108,9 @@ def test_stage1_at_a0_reproduces_the_teacher(teacher_dir: Path, items: dict) -> 
     with torch.no_grad():
         ref = teacher(batch.inputs, return_loop_logits=True)
         out = student(batch.inputs, chunk_size=4, kv_mix=0.0, return_loop_logits=True)
+    bound = rounding_bound(teacher, lambda: torch.stack(teacher(batch.inputs, return_loop_logits=True).loop_logits))
     for s, t in zip(out.loop_logits, ref.loop_logits):
-        torch.testing.assert_close(s, t, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(s, t, atol=bound, rtol=0)  # two float32 paths: rounding alone (tests/rounding.py)
     assert T.distill_loss(out.loop_logits, ref.loop_logits, batch.token_mask).item() < 1e-6
     # and at a = 1 it is a different model (the gated K/V), which the ramp moves towards
     with torch.no_grad():
