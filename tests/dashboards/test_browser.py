@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from dashboards import figures
-from dashboards.data import accuracy_points, browse_samples
+from dashboards.data import accuracy_points, answer, browse_samples
 from dashboards.report import SAMPLE_PAGE_ROWS, packed_plotlyjs, write_report
 from db.session import open_existing
 from db.store import Store
@@ -71,7 +71,7 @@ def test_report_renders_offline_with_points_from_the_database(page, payload_url:
     # Every other selectable measure draws its own axis (or says it is unavailable).
     engine = open_existing(payload_url)
     set_id = page.locator("#set").input_value()
-    assert page.locator("#answer").text_content() == figures.answer(accuracy_points(engine, set_id), measure)
+    assert page.locator("#answer").text_content() == answer(accuracy_points(engine, set_id), measure)
     engine.dispose()
     page.select_option("#measure", "rss")
     page.wait_for_function("document.querySelector('#accuracy-memory .xtitle').textContent.includes('RSS')")
@@ -140,9 +140,9 @@ def test_served_app_switches_measure_and_shows_output_as_text(page, payload_url:
         measure = page.locator("#measure input:checked").get_attribute("value")
         assert point_count(page) == _points_with(payload_url, measure) > 0
         engine = open_existing(payload_url)
-        answer = figures.answer(accuracy_points(engine, None), measure)  # the default set: the latest
+        sentence = answer(accuracy_points(engine, None), measure)  # the default set: the latest
         engine.dispose()
-        assert page.locator("#answer").text_content() == answer
+        assert page.locator("#answer").text_content() == sentence
         before = x_axis_title(page)
 
         page.get_by_label("process RSS peak (CPU)").check()
