@@ -178,7 +178,7 @@ def _order_sets(runs: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = None, measure: str | None = None,
-                 per_task: bool = False, db: str | None = None, rank: str | None = None) -> None:
+                 per_task: bool = False, db: str | None = None, rank: str | None = None) -> str | None:
     """How much accuracy per gigabyte: one evaluation set of `runs` (run summaries, already filtered).
 
     Per point (model, loops, exit threshold, configuration: `db.queries.POINT`), its runs of the set with their seeds
@@ -187,8 +187,9 @@ def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = No
     accuracy per decimal GB, ranked by `rank` (`dashboards.data.RANKINGS`; default accuracy per GB), the Pareto
     frontier marked; then, in a second table under the same ranks (two tables stay readable at 80 columns), what a
     generated token cost. `per_task` prints each benchmark's pass@1 instead. Only runs of one set are compared
-    (`db.sets`); the others are listed below the table. Last comes the answer in one sentence
-    (`dashboards.data.answer`), as the report's. `db` is the database the user named, for the hints.
+    (`db.sets`); the others are listed below the table. Returns the answer in one sentence (`dashboards.data.answer`,
+    as the report's; None where nothing is scored), which the command prints last (`print_sentence`). `db` is the
+    database the user named, for the hints.
     """
     from dashboards import figures
     from dashboards.data import DEFAULT_RANKING, RANKINGS, accuracy_points, answer, ranked
@@ -205,7 +206,7 @@ def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = No
         raise UserError(f"--rank must be one of {', '.join(RANKINGS)}, got {rank!r}")
     if not evals:
         typer.echo("no evaluation runs match" + ("" if runs else f"; try `{with_db(env_command('loopeval') + ' run', db)}`"))
-        return
+        return None
     chosen = set_id or next(iter(sets))
     in_set = {r["id"]: r for r in evals if r["set_id"] == chosen}
     points = accuracy_points(store.engine, chosen, run_ids=list(in_set))
@@ -234,8 +235,13 @@ def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = No
         out.print(f"other evaluation sets, never mixed with this one ({with_db(env_command('loopeval') + ' results --set ID', db)}):\n"
                   + "\n".join(others),
                   markup=False, highlight=False)
-    if not points.empty:
-        out.print(answer(points, measure, rank), markup=False, highlight=False)
+    return None if points.empty else answer(points, measure, rank)
+
+
+def print_sentence(sentence: str | None) -> None:
+    """The answer, a command's last line: wrapped between words to the terminal (`console`)."""
+    if sentence is not None:
+        console().print(sentence, markup=False, highlight=False)
 
 
 def _config_cells(keys: list[Key]) -> dict[Key, str]:

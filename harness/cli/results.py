@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import typer
 
-from harness.cli.common import DbOption, JsonFlag, console, print_answer, print_table
+from harness.cli.common import DbOption, JsonFlag, console, print_answer, print_sentence, print_table
 from harness.errors import UserError
 from harness.hints import env_command, with_db
 
@@ -52,11 +52,12 @@ def results(
         elif profiles:
             _print_profiles(store, [r["id"] for r in runs if r["kind"] == "profile"], db)
         else:
-            print_answer(store, runs, set_id, measure, per_task=tasks, db=db, rank=rank)
+            sentence = print_answer(store, runs, set_id, measure, per_task=tasks, db=db, rank=rank)
             count = sum(r["kind"] == "profile" for r in runs)
             if count:
                 console().print(f"{count} profile run{'s' * (count > 1)}: {with_db(env_command('loopeval') + ' results --profiles', db)}",
                                 markup=False, highlight=False)
+            print_sentence(sentence)
     finally:
         store.close()
 
