@@ -248,7 +248,8 @@ def depth_points(engine: Engine, set_id: str) -> pd.DataFrame:
         trained = described.get("trained_loops") if isinstance(described, dict) else None
         runs = id_ranges({i for ids in point["run_ids"] for i in ids})
         for group, value in {SUITE: result.mean, **group_means(result.benchmarks, suite)}.items():
-            rows.append({"runs": runs, "seeds": int(point["seeds"].max()), "model": series_name(model, threshold, criterion, named[model, config]),
+            rows.append({"runs": runs, "seeds": int(point["seeds"].max()),
+                         "model": series_name(model, threshold, criterion, named[model, config]),
                          "loops": int(loops), "group": group,
                          "accuracy": value, "trained_loops": np.nan if trained is None else float(trained),
                          "set_label": info.at[newest, "set_label"]})

@@ -246,8 +246,8 @@ def accuracy_vs_memory(points: pd.DataFrame, measure: str, task: str = "all", la
     NULL are named, not plotted.
     Colour is the model and the marker's shape its loop count (a legend entry per shape), so no text
     label sits beside a point to collide with its neighbours; a model's points at one r and one memory (exit
-    thresholds, configurations) are set side by side (`_spread`), each hover naming its point. The memory axis starts at zero: a few
-    MB of noise on a 900 MB process must not look like a difference.
+    thresholds, configurations) are set side by side (`_spread`), each hover naming its point. The memory axis
+    starts at zero: a few MB of noise on a 900 MB process must not look like a difference.
     """
     label = label or measure_label(measure)
     title = _with_set(f"Accuracy against memory: {plain(task)}, {label}", points)

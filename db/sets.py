@@ -9,8 +9,8 @@ point merged from two. Runs stored before fingerprints existed still get a set, 
 
 `run_key` adds what makes two runs the same experiment (model, loops, exit threshold, per-model overrides, seed),
 which is how `loopeval run` recognises a run already stored. `configuration` is the part of it, beyond the model,
-loops and exit point, that changes the model run: what keeps two plotted points apart (`db.queries.POINT`). Pure functions of stored values (no
-sqlalchemy), so the store, the queries and the harness compute them alike.
+loops and exit point, that changes the model run: what keeps two plotted points apart (`db.queries.POINT`).
+Pure functions of stored values (no sqlalchemy), so the store, the queries and the harness compute them alike.
 """
 
 from __future__ import annotations

@@ -376,7 +376,8 @@ def _task_rows(table: Any, pooled: Any, configs: dict[Key, str]) -> list[list[st
         for index, (name, value) in enumerate(result.benchmarks.items()):
             first = index == 0
             key = _row_key(row)
-            r = " ".join(filter(None, (str(key[1]), f"exit {_exit_cell(key[2], key[3])}" if key[2] is not None else "", configs[key])))
+            exit_at = "" if key[2] is None else f"exit {_exit_cell(key[2], key[3])}"
+            r = " ".join(part for part in (str(key[1]), exit_at, configs[key]) if part)
             rows.append([row.model if first else "", r if first else "", str(row.seeds) if first else "",
                          name, _accuracy_text(value, errors.get(name)), id_ranges(row.run_ids) if first else ""])
         rows += [["", "", "", f"[{name}]", _accuracy_text(value, None), ""] for name, value in result.groups.items()]
