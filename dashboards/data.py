@@ -12,6 +12,7 @@ where an input is unavailable.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -140,9 +141,8 @@ def answer(points: pd.DataFrame, measure: str, rank: str = DEFAULT_RANKING, cont
     the report escapes it, Dash and the terminal show it as text.
     """
     words = figures.measure_words(measure, context_tokens)
-    shown = points[points[measure] > 0] if measure in points else points.iloc[0:0]
-    table = ranked(shown[shown["accuracy"].notna()], measure, rank)
     column, what = RANKINGS[rank]
+    table = ranked(_named(points, measure, column), measure, rank)
     if table.empty:
         return f"{words[0].upper()}{words[1:]} is unavailable for every point here; pick another memory measure."
     unit, scale = figures.byte_unit(table["memory"])
@@ -169,16 +169,35 @@ def _other_winners(points: pd.DataFrame, measure: str, rank: str, best: Any, con
     """'; by KV cache peak alone, zoo:melt-tiny r=4 would rank first': each other measure users quote
     (`figures.QUOTED_MEASURES`) that the points have and that ranks another point first (only where `rank` reads
     memory, pass@1 per GB), measures with one winner named together."""
-    if rank != DEFAULT_RANKING:
+    others = [name for name in figures.available_measures(points) if name in figures.QUOTED_MEASURES and name != measure]
+    if rank != DEFAULT_RANKING or not others:
         return ""
+    # as plain records: the report asks this of every set, task and measure, and a pandas sort per measure cost 7x
+    columns = [name for name in (*_NAMING, "accuracy", *others) if name in points]
+    rows = [SimpleNamespace(**row) for row in points[columns].to_dict("records")]
     winners: dict[str, list[str]] = {}
-    for other in (name for name in figures.available_measures(points) if name in figures.QUOTED_MEASURES):
-        shown = points[(points[other] > 0) & points["accuracy"].notna()]
-        first = next(ranked(shown, other, rank).itertuples(), None) if other != measure else None
-        if first is not None and first.per_gb > 0 and _point_key(first) != _point_key(best):
+    for other in others:
+        scored = [row for row in rows if getattr(row, other) > 0 and row.accuracy > 0]  # NaN compares False
+        if not scored:
+            continue
+        # `ranked`'s order: pass@1 per GB, accuracy breaking ties
+        first = max(scored, key=lambda row: (row.accuracy / getattr(row, other), row.accuracy))
+        if _point_key(first) != _point_key(best):
             alone = " alone" if other in figures.KV_ONLY else ""
             winners.setdefault(figures.point_name(first), []).append(figures.measure_label(other, context_tokens) + alone)
     return "".join(f"; by {' or by '.join(labels)}, {name} would rank first" for name, labels in winners.items())
+
+
+def _named(points: pd.DataFrame, measure: str, column: str) -> pd.DataFrame:
+    """The points with a score and more than 0 bytes of `measure`, narrowed to what the answer reads of them (the
+    point, its name, accuracy, `measure`, the ranking's `column` where stored): `ranked` copies and sorts them."""
+    if measure not in points:
+        return points.iloc[0:0]
+    narrow = points[[name for name in dict.fromkeys([*_NAMING, "seeds", "metric", "accuracy", measure, column]) if name in points]]
+    return narrow[(narrow[measure] > 0) & narrow["accuracy"].notna()]
+
+
+_NAMING = [*queries.POINT, "config_label"]  # what names a point (`figures.point_name`) and tells it from another
 
 
 def _point_key(row: Any) -> tuple:
