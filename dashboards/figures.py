@@ -214,7 +214,7 @@ def series_name(model: str, threshold: float | None, criterion: str | None, conf
 
 def point_label(row: Any) -> str:
     """A point's loops, its exit threshold where the set sweeps one and its configuration where the model has several
-    (`config_labels`, the `config_label` column): 'r=4', 'r=4 exit 0.5', 'r=4 dtype=bfloat16'. The configuration is
+    (`config_labels`, the `config_label` column): 'r=4', 'r=4 exit gate 0.5', 'r=4 dtype=bfloat16'. The configuration is
     stored text: a figure escapes its frame first (`_plain_frame`)."""
     threshold = getattr(row, "exit_threshold", None)
     exit_at = "" if threshold is None or threshold != threshold else f" exit {plain(exit_label(threshold, row.exit_criterion))}"
@@ -223,7 +223,7 @@ def point_label(row: Any) -> str:
 
 
 def point_name(row: Any) -> str:
-    """How a sentence names a point: 'zoo:ouro-tiny r=4 exit 0.9'."""
+    """How a sentence names a point: 'zoo:ouro-tiny r=4 exit gate 0.9'."""
     return f"{row.model} {point_label(row)}"
 
 
