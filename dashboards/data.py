@@ -12,13 +12,15 @@ where an input is unavailable.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 from sqlalchemy import Engine
 
-from dashboards.figures import ANALYTIC, WEIGHTS_PLUS_KV, pareto_mask, series_name
+from dashboards import figures
+from dashboards.figures import ANALYTIC, WEIGHTS_PLUS_KV, config_labels, pareto_mask, series_name
 from db import queries
 from db.headline import SUITE, group_means, headline
 from db.sets import id_ranges
@@ -89,10 +91,11 @@ def accuracy_points(
     engine: Engine, set_id: str | None, task: str = "all", context_tokens: int = DEFAULT_CONTEXT_TOKENS,
     run_ids: Iterable[int] | None = None,
 ) -> pd.DataFrame:
-    """One row per (model, loops) of one evaluation set (None: the latest), optionally of `run_ids` only,
-    with accuracy and every selectable measure."""
+    """One row per point (`queries.POINT`) of one evaluation set (None: the latest), optionally of `run_ids` only,
+    with accuracy, every selectable measure and `config_label`, what of its configuration tells it apart
+    (`figures.config_labels`)."""
     points = queries.accuracy_memory(engine, set_id=set_id, task=task, run_ids=run_ids)
-    return with_derived_measures(points, context_tokens)
+    return with_derived_measures(points, context_tokens).assign(config_label=config_labels(points))
 
 
 # How `ranked` can order the points (`loopeval results --rank`): name -> (column, what it means). Best first.
@@ -123,6 +126,83 @@ def ranked(points: pd.DataFrame, measure: str, rank: str = DEFAULT_RANKING) -> p
     column = RANKINGS[rank][0]
     order = [column] if column == "accuracy" else [column, "accuracy"]
     return table.sort_values(order, ascending=False, na_position="last").reset_index(drop=True)
+
+
+FRONTIER_NAMED = 6  # points of the frontier the answer names; more are counted
+
+
+def answer(points: pd.DataFrame, measure: str, rank: str = DEFAULT_RANKING, context_tokens: int | None = None) -> str:
+    """The answer in one sentence, the same at the end of `loopeval run` and `results` and atop the report: the best
+    point by `rank` (`ranked`) with its accuracy, memory and accuracy per GB, the Pareto frontier from least memory to
+    most accuracy, the measure named in words with whether it counts the weights (`figures.measure_words`), and,
+    where the ranking reads memory, which point another measure would rank first.
+
+    `points` are `accuracy_points` rows (a point's name carries its exit threshold and configuration). Plain text:
+    the report escapes it, Dash and the terminal show it as text.
+    """
+    words = figures.measure_words(measure, context_tokens)
+    column, what = RANKINGS[rank]
+    table = ranked(_named(points, measure, column), measure, rank)
+    if table.empty:
+        return f"{words[0].upper()}{words[1:]} is unavailable for every point here; pick another memory measure."
+    unit, scale = figures.byte_unit(table["memory"])
+    metric = table["metric"].iloc[0]
+
+    def named(row: Any) -> str:
+        seeds = f", {row.seeds} seeds pooled" if getattr(row, "seeds", 1) > 1 else ""
+        return f"{figures.point_name(row)} ({row.accuracy:.3f} at {row.memory / scale:.3g} {unit}{seeds})"
+
+    best = next(table.itertuples())
+    value = getattr(best, column)
+    if value != value or value <= 0:  # unknown (no timings) or nothing scored: no winner to name
+        lead = f"No point has {what} above 0 yet (memory as {words})"
+    else:
+        by = f"{metric} per GB of {words}" if rank == DEFAULT_RANKING else f"{what}, memory as {words}"
+        lead = f"Best by {by}: {named(best)}, {best.per_gb:.3g} {metric} per GB"
+    front = table[table["frontier"]].sort_values(["memory", "accuracy"])
+    more = f" and {len(front) - FRONTIER_NAMED} more" if len(front) > FRONTIER_NAMED else ""
+    frontier = " → ".join(named(row) for row in front.head(FRONTIER_NAMED).itertuples())
+    return f"{lead}; the frontier: {frontier}{more}{_other_winners(points, measure, rank, best, context_tokens)}."
+
+
+def _other_winners(points: pd.DataFrame, measure: str, rank: str, best: Any, context_tokens: int | None) -> str:
+    """'; by KV cache peak alone, zoo:melt-tiny r=4 would rank first': each other measure users quote
+    (`figures.QUOTED_MEASURES`) that the points have and that ranks another point first (only where `rank` reads
+    memory, pass@1 per GB), measures with one winner named together."""
+    others = [name for name in figures.available_measures(points) if name in figures.QUOTED_MEASURES and name != measure]
+    if rank != DEFAULT_RANKING or not others:
+        return ""
+    # as plain records: the report asks this of every set, task and measure, and a pandas sort per measure cost 7x
+    columns = [name for name in (*_NAMING, "accuracy", *others) if name in points]
+    rows = [SimpleNamespace(**row) for row in points[columns].to_dict("records")]
+    winners: dict[str, list[str]] = {}
+    for other in others:
+        scored = [row for row in rows if getattr(row, other) > 0 and row.accuracy > 0]  # NaN compares False
+        if not scored:
+            continue
+        # `ranked`'s order: pass@1 per GB, accuracy breaking ties
+        first = max(scored, key=lambda row: (row.accuracy / getattr(row, other), row.accuracy))
+        if _point_key(first) != _point_key(best):
+            alone = " alone" if other in figures.KV_ONLY else ""
+            winners.setdefault(figures.point_name(first), []).append(figures.measure_label(other, context_tokens) + alone)
+    return "".join(f"; by {' or by '.join(labels)}, {name} would rank first" for name, labels in winners.items())
+
+
+def _named(points: pd.DataFrame, measure: str, column: str) -> pd.DataFrame:
+    """The points with a score and more than 0 bytes of `measure`, narrowed to what the answer reads of them (the
+    point, its name, accuracy, `measure`, the ranking's `column` where stored): `ranked` copies and sorts them."""
+    if measure not in points:
+        return points.iloc[0:0]
+    narrow = points[[name for name in dict.fromkeys([*_NAMING, "seeds", "metric", "accuracy", measure, column]) if name in points]]
+    return narrow[(narrow[measure] > 0) & narrow["accuracy"].notna()]
+
+
+_NAMING = [*queries.POINT, "config_label"]  # what names a point (`figures.point_name`) and tells it from another
+
+
+def _point_key(row: Any) -> tuple:
+    """A point's identity (`queries.POINT`), NaN read as None so that equal points compare equal."""
+    return tuple(None if pd.isna(value) else value for value in (getattr(row, column) for column in queries.POINT))
 
 
 def set_choice(row: Any) -> str:
@@ -162,7 +242,7 @@ def browse_samples(
     return rows.assign(**{column: rows[column].map(clip) for column in ("prompt", "output", "gold")})
 def depth_points(engine: Engine, set_id: str) -> pd.DataFrame:
     """Depth extrapolation: one row per (model, loops r, task group) of one evaluation set (a model at each exit
-    threshold a line of its own, `figures.series_name`) with the group's
+    threshold and in each configuration a line of its own, `figures.series_name`) with the group's
     mean pass@1 and the model's trained loop count T ("all" is the suite mean; groups from
     `db.headline.TASK_GROUPS` and `GROUP_PATTERNS`).
 
@@ -172,19 +252,23 @@ def depth_points(engine: Engine, set_id: str) -> pd.DataFrame:
     """
     table = queries.pooled_metrics(engine, set_id)
     info = queries.runs(engine).set_index("run_id")
+    configs = table.drop_duplicates(["model", "config"])
+    named = dict(zip(zip(configs["model"], configs["config"]), config_labels(configs)))
     rows = []
-    for (model, loops, threshold, criterion), point in table[table["task"] != SUITE].groupby(queries.POINT, sort=True, dropna=False):
+    for (model, loops, threshold, criterion, config), point in table[table["task"] != SUITE].groupby(
+            queries.POINT, sort=True, dropna=False):
         by_task: dict[str, dict[str, float | None]] = {}
         for row in point.itertuples():
             by_task.setdefault(row.task, {})[row.metric] = None if pd.isna(row.value) else row.value
         suite = point["suite"].iloc[0]
         result = headline(by_task, suite)
         newest = int(point["run_id"].max())
-        config = info.at[newest, "model_config"]
-        trained = config.get("trained_loops") if isinstance(config, dict) else None
+        described = info.at[newest, "model_config"]
+        trained = described.get("trained_loops") if isinstance(described, dict) else None
         runs = id_ranges({i for ids in point["run_ids"] for i in ids})
         for group, value in {SUITE: result.mean, **group_means(result.benchmarks, suite)}.items():
-            rows.append({"runs": runs, "seeds": int(point["seeds"].max()), "model": series_name(model, threshold, criterion),
+            rows.append({"runs": runs, "seeds": int(point["seeds"].max()),
+                         "model": series_name(model, threshold, criterion, named[model, config]),
                          "loops": int(loops), "group": group,
                          "accuracy": value, "trained_loops": np.nan if trained is None else float(trained),
                          "set_label": info.at[newest, "set_label"]})

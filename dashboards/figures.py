@@ -17,6 +17,7 @@ figure given whole. The faceted ones (depth, probes) keep Plotly Express, which 
 from __future__ import annotations
 
 import html
+import json
 import textwrap
 from collections.abc import Sequence
 from typing import Any
@@ -26,21 +27,36 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
-from db.sets import id_ranges
+from db.sets import config_fields, id_ranges
 from measures import BY_NAME, BYTE_UNITS, COMPUTE_BY_NAME, GB
 
 # Selectable memory measures of the accuracy-against-memory plot: key (a DataFrame column) -> label, the
 # stored ones labelled by `measures` (each a run's peak), the two derived ones (`dashboards.data`) here.
+# The order is the default's (`default_measure`, the one home of it): what the model holds, as the MELT paper's
+# memory comparison counts it and as a user quoting "accuracy per GB" means it: the process's NVML total on a GPU,
+# else weights + KV cache peak. KV alone is one `--measure` away.
 WEIGHTS_PLUS_KV = "weights_bytes + kv_bytes_allocated"
 ANALYTIC = "analytic"
 MEMORY_MEASURES: dict[str, str] = {
     "nvml_process": BY_NAME["nvml_process"].label,
-    "torch_allocated": BY_NAME["torch_allocated"].label,
-    "kv_bytes_allocated": BY_NAME["kv_bytes_allocated"].label,
-    "kv_bytes_reserved": BY_NAME["kv_bytes_reserved"].label,
     WEIGHTS_PLUS_KV: "weights + KV cache peak",
+    "kv_bytes_allocated": BY_NAME["kv_bytes_allocated"].label,
+    "torch_allocated": BY_NAME["torch_allocated"].label,
+    "kv_bytes_reserved": BY_NAME["kv_bytes_reserved"].label,
     ANALYTIC: "analytic weights + KV",
     "rss": BY_NAME["rss"].label,
+}
+KV_ONLY = ("kv_bytes_allocated", "kv_bytes_reserved")  # the measures that leave the weights out
+# What users quote as a model's memory: the answer says when one of them would rank another point first.
+QUOTED_MEASURES = ("nvml_process", WEIGHTS_PLUS_KV, "kv_bytes_allocated", "rss")
+# What each measure holds, said wherever a sentence names it: above all whether the weights are counted.
+MEASURE_SCOPE: dict[str, str] = {
+    "nvml_process": "the process's whole GPU memory, weights counted",
+    WEIGHTS_PLUS_KV: "what the model holds, weights counted",
+    "torch_allocated": "the tensors on the GPU, weights counted",
+    **{name: "weights not counted" for name in KV_ONLY},
+    ANALYTIC: "from the config, weights counted",
+    "rss": "the whole process, weights counted",
 }
 DECIMAL_NOTE = "GB are decimal (1 GB = 1e9 bytes)"
 # What the empty profile figure suggests: a shipped model at lengths its 512-token context holds (with the decode steps).
@@ -49,7 +65,7 @@ _PALETTE = px.colors.qualitative.Plotly
 _SYMBOLS = ("circle", "square", "diamond", "triangle-up", "pentagon", "star", "hexagon", "triangle-down", "cross", "x")
 
 
-_STORED_TEXT = ("model", "task", "metric", "suite", "phase", "group")
+_STORED_TEXT = ("model", "task", "metric", "suite", "phase", "group", "config_label")
 
 
 def plain(value: object) -> str:
@@ -99,8 +115,16 @@ def available_measures(points: pd.DataFrame) -> list[str]:
     return [measure for measure in MEMORY_MEASURES if measure in points and points[measure].notna().any()]
 
 
+def measure_words(measure: str, context_tokens: int | None = None) -> str:
+    """A measure named for a sentence: its label and what it holds, 'weights + KV cache peak (what the model holds,
+    weights counted)'."""
+    scope = MEASURE_SCOPE.get(measure)
+    return measure_label(measure, context_tokens) + (f" ({scope})" if scope else "")
+
+
 def default_measure(points: pd.DataFrame) -> str:
-    """The first selectable measure that any point has."""
+    """The first selectable measure that any point has (`MEMORY_MEASURES` is in the default's order): the NVML
+    process total where a GPU was measured, else weights + KV cache peak."""
     return next(iter(available_measures(points) or MEMORY_MEASURES))
 
 
@@ -157,21 +181,54 @@ def loops_label(loops: object) -> str:
     return "r=?" if pd.isna(loops) else f"r={int(loops)}"
 
 
-def series_name(model: str, threshold: float | None, criterion: str | None) -> str:
-    """A line of a figure against r: the model, and its exit threshold where the set sweeps one, so the points of two
-    thresholds at one r are two lines, never a zigzag of one."""
-    return model if threshold is None or threshold != threshold else f"{model} exit {exit_label(threshold, criterion)}"
+def config_labels(points: pd.DataFrame) -> list[str]:
+    """Each point's configuration (`db.sets.configuration`, the `config` column) as far as it tells the point apart
+    from the same model's other points: the fields whose values differ among them, 'dtype=bfloat16 exit_loop=2';
+    '' where the model has one configuration in the set (or the frame has no `config`)."""
+    if "config" not in points:
+        return [""] * len(points)
+    fields = [config_fields(key) for key in points["config"]]
+    of_model: dict[str, list[dict[str, Any]]] = {}
+    for model, config in zip(points["model"], fields):
+        of_model.setdefault(model, []).append(config)
+
+    def tells_apart(model: str, name: str) -> bool:  # the model's points do not all hold one value of it
+        return len({_config_value(c[name]) if name in c else None for c in of_model[model]}) > 1
+
+    return [" ".join(f"{name}={_config_value(value)}" for name, value in sorted(config.items()) if tells_apart(model, name))
+            for model, config in zip(points["model"], fields)]
+
+
+def _config_value(value: Any) -> str:
+    """An override's value as a name shows it: text as written, anything else as JSON ('bfloat16', '2', 'true')."""
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def series_name(model: str, threshold: float | None, criterion: str | None, config: str = "") -> str:
+    """A line of a figure against r: the model with its configuration (`config_labels`), and its exit threshold
+    where the set sweeps one, so the points of two configurations or thresholds at one r are two lines, never a
+    zigzag of one."""
+    name = f"{model} {config}" if config else model
+    return name if threshold is None or threshold != threshold else f"{name} exit {exit_label(threshold, criterion)}"
 
 
 def point_label(row: Any) -> str:
-    """A point's loops, and its exit threshold where the set sweeps one: 'r=4', 'r=4 exit gate 0.5'."""
+    """A point's loops, its exit threshold where the set sweeps one and its configuration where the model has several
+    (`config_labels`, the `config_label` column): 'r=4', 'r=4 exit gate 0.5', 'r=4 dtype=bfloat16'. The configuration is
+    stored text: a figure escapes its frame first (`_plain_frame`)."""
     threshold = getattr(row, "exit_threshold", None)
     exit_at = "" if threshold is None or threshold != threshold else f" exit {plain(exit_label(threshold, row.exit_criterion))}"
-    return f"{loops_label(row.loops)}{exit_at}"
+    config = getattr(row, "config_label", "")
+    return f"{loops_label(row.loops)}{exit_at}{f' {config}' if config else ''}"
+
+
+def point_name(row: Any) -> str:
+    """How a sentence names a point: 'zoo:ouro-tiny r=4 exit gate 0.9'."""
+    return f"{row.model} {point_label(row)}"
 
 
 def _point_names(frame: pd.DataFrame) -> str:
-    return ", ".join(f"{row.model} {point_label(row)}" for row in frame.itertuples())
+    return ", ".join(point_name(row) for row in frame.itertuples())
 
 
 def _measured(points: pd.DataFrame, measure: str) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -181,49 +238,16 @@ def _measured(points: pd.DataFrame, measure: str) -> tuple[pd.DataFrame, pd.Data
     return points[points[measure].notna()].copy(), points[points[measure].isna()]
 
 
-FRONTIER_NAMED = 6  # points of the frontier the answer names; more are counted
-
-
-def answer(points: pd.DataFrame, measure: str, label: str | None = None) -> str:
-    """The report's answer in one sentence: the (model, loops) with the most accuracy per GB of `measure`,
-    and the Pareto frontier from least memory to most accuracy.
-
-    `points` as for `accuracy_vs_memory`. Plain text: the report escapes it, Dash renders it as text.
-    """
-    label = label or measure_label(measure)
-    shown, _ = _measured(points, measure)
-    if not shown.empty:
-        shown = shown[shown[measure] > 0]
-    if shown.empty:
-        return f"{label} is unavailable for every run with this task; pick another memory measure."
-    unit, scale = byte_unit(shown[measure])
-    rows = shown.assign(per_gb=shown["accuracy"] / (shown[measure] / GB)).to_dict("records")
-
-    def named(row: dict) -> str:
-        seeds = f", {row['seeds']} seeds pooled" if row.get("seeds", 1) > 1 else ""
-        return f"{row['model']} {loops_label(row['loops'])} ({row['accuracy']:.3f} at {row[measure] / scale:.3g} {unit}{seeds})"
-
-    best = max(rows, key=lambda row: row["per_gb"])
-    metric = rows[0]["metric"]
-    if best["per_gb"] <= 0:
-        lead = f"No run scores above 0 {metric} yet"
-    else:
-        lead = f"Best accuracy per GB of {label}: {named(best)}, {best['per_gb']:.3g} {metric} per GB"
-    front = sorted((row for row, keep in zip(rows, pareto_mask(shown[measure], shown["accuracy"])) if keep),
-                   key=lambda row: (row[measure], row["accuracy"]))
-    more = f" and {len(front) - FRONTIER_NAMED} more" if len(front) > FRONTIER_NAMED else ""
-    return f"{lead}; the frontier: {' → '.join(named(row) for row in front[:FRONTIER_NAMED])}{more}."
-
-
 def accuracy_vs_memory(points: pd.DataFrame, measure: str, task: str = "all", label: str | None = None) -> go.Figure:
-    """Accuracy against memory, one marker per (model, loops), with error bars and the Pareto frontier.
+    """Accuracy against memory, one marker per point (configuration), with error bars and the Pareto frontier.
 
     `points` is `queries.accuracy_memory(...)` (one evaluation set, named in the title) with the
     `measure` column present (see `dashboards.data.with_derived_measures`). Points whose measure is
     NULL are named, not plotted.
     Colour is the model and the marker's shape its loop count (a legend entry per shape), so no text
-    label sits beside a point to collide with its neighbours. The memory axis starts at zero: a few
-    MB of noise on a 900 MB process must not look like a difference.
+    label sits beside a point to collide with its neighbours; a model's points at one r and one memory (exit
+    thresholds, configurations) are set side by side (`_spread`), each hover naming its point. The memory axis
+    starts at zero: a few MB of noise on a 900 MB process must not look like a difference.
     """
     label = label or measure_label(measure)
     title = _with_set(f"Accuracy against memory: {plain(task)}, {label}", points)
@@ -240,6 +264,8 @@ def accuracy_vs_memory(points: pd.DataFrame, measure: str, task: str = "all", la
     shown["spread"] = [f" ± {e:.3f}" if np.isfinite(e) else "" for e in shown["stderr"]]
     shown["r"] = [point_label(row) for row in shown.itertuples()]
     shown["runs"] = _runs_text(shown)
+    shown["held"] = [f"{m:.4g}" for m in shown["memory"]]
+    shown["x"] = shown["memory"] + _spread(shown)
     frontier = pareto_mask(shown["memory"], shown["accuracy"])
     symbols = {r: _SYMBOLS[i % len(_SYMBOLS)] for i, r in enumerate(sorted(shown["loops"].unique()))}
     traces = []
@@ -250,23 +276,25 @@ def accuracy_vs_memory(points: pd.DataFrame, measure: str, task: str = "all", la
         # so the model's entry is a plain circle of its colour, toggling its points with it (`togglegroup`).
         traces.append(_legend_key(model, group, "model" if index == 0 else None, {"color": color, "size": 10, "symbol": "circle"}))
         traces.append({
-            "type": "scatter", "x": rows["memory"].to_numpy(), "y": rows["accuracy"].to_numpy(),
+            "type": "scatter", "x": rows["x"].to_numpy(), "y": rows["accuracy"].to_numpy(),
             "error_y": {"type": "data", "array": rows["stderr"].to_numpy()},
             "mode": "markers", "name": model, "legendgroup": group, "showlegend": False,
             "marker": {"color": color, "size": 12, "symbol": rows["loops"].map(symbols).tolist(),
                        "line": {"color": "#222", "width": [2.5 if ring else 0 for ring in ringed]}},
-            "customdata": rows[["r", "spread", "n_samples", "runs"]].to_numpy(),
+            "customdata": rows[["r", "spread", "n_samples", "runs", "held"]].to_numpy(),
             "hovertemplate": (f"model {model}<br>%{{customdata[0]}}<br>accuracy %{{y:.3f}}%{{customdata[1]}}"
-                              f"<br>%{{x:.4g}} {unit}<br>samples %{{customdata[2]}}, %{{customdata[3]}}<extra></extra>"),
+                              f"<br>%{{customdata[4]}} {unit}<br>samples %{{customdata[2]}}, %{{customdata[3]}}<extra></extra>"),
         })
     for index, (loops, symbol) in enumerate(symbols.items()):  # the shape key: drawn in the legend only
         traces.append(_legend_key(loops_label(loops), f"loops {loops}", "loops (shape)" if index == 0 else None,
                                   {"color": "#777", "size": 10, "symbol": symbol}))
     front = shown[frontier].sort_values(["memory", "accuracy"])
-    traces.append({"type": "scatter", "x": front["memory"].to_numpy(), "y": front["accuracy"].to_numpy(), "mode": "lines",
+    traces.append({"type": "scatter", "x": front["x"].to_numpy(), "y": front["accuracy"].to_numpy(), "mode": "lines",
                    "line": {"shape": "hv", "dash": "dot", "color": "#222"}, "name": "Pareto frontier (ringed)", "hoverinfo": "skip"})
     top = max(1.0, float((shown["accuracy"] + shown["stderr"].fillna(0)).max()))
     notes = [DECIMAL_NOTE, *_pooled_note(shown)]
+    if (shown["x"] != shown["memory"]).any():
+        notes.append(SPREAD_NOTE)
     if not missing.empty:
         notes.append(f"{label} unavailable: {_point_names(missing)}")
     return go.Figure(data=traces, layout={
@@ -275,6 +303,23 @@ def accuracy_vs_memory(points: pd.DataFrame, measure: str, task: str = "all", la
         "yaxis": {"range": [-0.05, top + 0.05], "title": {"text": f"accuracy ({shown['metric'].iloc[0]})"}},
         "annotations": [_note(" · ".join(notes), y=-0.22)], "margin": {"b": 110},
     })
+
+
+SPREAD = 0.015  # of the memory axis's largest value: how far apart coincident points are set side by side
+SPREAD_NOTE = "points of one model and r at one memory (exit thresholds, configurations) are set side by side; hover for each"
+
+
+def _spread(points: pd.DataFrame) -> np.ndarray:
+    """Sideways offsets (axis units) for the points of one model and r at one memory (to 3 significant digits): its
+    exit thresholds and configurations, which would otherwise hide one another exactly. Centred on the true memory,
+    in the order of their labels; 0 for a point alone there. Hovers give each point's own memory."""
+    offsets = np.zeros(len(points))
+    step = SPREAD * float(points["memory"].max())
+    at = points["memory"].map(lambda memory: f"{memory:.3g}")
+    for _, rows in points.groupby([points["model"], points["loops"], at], sort=False):
+        order = points.index.get_indexer(rows.sort_values("r").index)
+        offsets[order] = (np.arange(len(rows)) - (len(rows) - 1) / 2) * step
+    return offsets
 
 
 def _legend_key(name: str, group: str, title: str | None, marker: dict) -> dict[str, Any]:
@@ -312,7 +357,8 @@ def accuracy_vs_loops(points: pd.DataFrame, measure: str, task: str = "all", lab
     """
     label = label or measure_label(measure)
     title = _with_set(f"Accuracy and memory against loops: {plain(task)}", points)
-    keys = zip(points["model"], points.get("exit_threshold", [None] * len(points)), points.get("exit_criterion", [None] * len(points)))
+    keys = zip(*(points.get(column, [default] * len(points)) for column, default in
+                 (("model", ""), ("exit_threshold", None), ("exit_criterion", None), ("config_label", ""))))
     points = _plain_frame(points).assign(series=[plain(series_name(*key)) for key in keys])
     if points.empty:
         return _empty(title, "no evaluated runs with this task yet")
@@ -381,6 +427,8 @@ def accuracy_vs_compute(points: pd.DataFrame, axis: str, task: str = "all") -> g
                              "Sweep them with `loopeval run --exit-threshold 0.5,0.8,1.0` or `--loops 1,2,4`.")
     frame = _exit_lines(_plain_frame(points[points[axis].notna()]))
     frame["runs"] = _runs_text(frame)
+    frame["named"] = [series_name(model, None, None, config) for model, config in
+                      zip(frame["model"], frame.get("config_label", [""] * len(frame)))]
     frame = frame.sort_values(["line", "exit_threshold", "loops"], na_position="last")
     x_title = f"{measure.label} ({measure.unit})"
     hover = (f"model=%{{customdata[0]}}<br>{x_title}=%{{x}}<br>accuracy=%{{y}}<br>exit threshold=%{{customdata[1]}}"
@@ -392,7 +440,7 @@ def accuracy_vs_compute(points: pd.DataFrame, axis: str, task: str = "all") -> g
             "type": "scatter", "x": rows[axis].to_numpy(), "y": rows["accuracy"].to_numpy(),
             "error_y": {"array": rows["stderr"].to_numpy(dtype=float)}, "mode": "lines+markers",
             "name": model, "legendgroup": model, "showlegend": model not in named, "line": {"color": colors[model]},
-            "customdata": rows[["model", "exit", "loops", "runs"]].to_numpy(), "hovertemplate": hover,
+            "customdata": rows[["named", "exit", "loops", "runs"]].to_numpy(), "hovertemplate": hover,
         })
         named.add(model)
     notes = [f"{measure.label}: {'from the samples the runs stored' if axis == 'loops_per_token' else 'time inside generate, prefill included'}",
@@ -413,9 +461,11 @@ def _exit_lines(frame: pd.DataFrame) -> pd.DataFrame:
     frame = frame.assign(exit=[plain(exit_label(t, c)) for t, c in zip(frame["exit_threshold"], frame["exit_criterion"])])
     swept = frame["exit_threshold"].notna()
     at_r = " r=" + frame["loops"].astype(int).astype(str)
-    frame["line"] = frame["model"] + np.where(swept, at_r, "")
-    ends = frame[~swept & (frame["model"] + at_r).isin(frame.loc[swept, "line"])]
-    return pd.concat([frame, ends.assign(line=ends["model"] + at_r[ends.index])], ignore_index=True)
+    config = frame.get("config_label", pd.Series("", index=frame.index))
+    model = frame["model"] + np.where(config != "", " " + config, "")  # a configuration's points make lines of their own
+    frame["line"] = model + np.where(swept, at_r, "")
+    ends = frame[~swept & (model + at_r).isin(frame.loc[swept, "line"])]
+    return pd.concat([frame, ends.assign(line=(model + at_r)[ends.index])], ignore_index=True)
 
 
 def _mark_trained_loops(fig: go.Figure, trained: pd.Series, colors: dict[str, str]) -> None:

@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 from sqlalchemy import Engine
 
 from dashboards import figures
-from dashboards.data import DEFAULT_CONTEXT_TOKENS, accuracy_points, depth_points, probe_title, profile_points, set_choice
+from dashboards.data import DEFAULT_CONTEXT_TOKENS, accuracy_points, answer, depth_points, probe_title, profile_points, set_choice
 from db import queries
 from db.headline import SUITE
 import measures
@@ -134,7 +134,7 @@ def _measure_label(picked: Selection) -> str:
 
 
 def _answer(points: pd.DataFrame, picked: Selection) -> str:
-    return figures.answer(points, picked.measure, _measure_label(picked))
+    return answer(points, picked.measure, context_tokens=picked.context_tokens)
 
 
 def _accuracy_vs_memory(points: pd.DataFrame, picked: Selection) -> go.Figure:

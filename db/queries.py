@@ -19,7 +19,7 @@ from sqlalchemy import Engine, case, func, inspect, select
 from db.headline import HEADLINE, SUITE, Estimate, headline, headline_metric, headline_stderr, pool
 from db.models import MemoryPeak, MemorySample, ProbeValue, ProfilePoint, Run, Sample, TaskMetric
 from db.session import display_url
-from db.sets import id_ranges, run_set
+from db.sets import config_key, configuration, id_ranges, run_set
 from db import ResultsError
 from measures import PROFILE_MEASURES, SERIES_MEASURES
 
@@ -138,8 +138,8 @@ def sample_tasks(engine: Engine) -> list[str]:
 
 
 def metrics(engine: Engine, set_id: str | None = None, task: str | None = None) -> pd.DataFrame:
-    """Every stored metric of every evaluated run (of one set, of one task, when given): run, model, loops, seed,
-    task, metric, value, stderr."""
+    """Every stored metric of every evaluated run (of one set, of one task, when given): run, model, loops, exit point,
+    seed, task, metric, value, stderr and the run's `config` (`run_configs`)."""
     statement = (
         select(
             Run.id.label("run_id"), Run.sweep_id, Run.model_spec.label("model"), _LOOPS, Run.exit_threshold, Run.exit_criterion,
@@ -153,7 +153,16 @@ def metrics(engine: Engine, set_id: str | None = None, task: str | None = None) 
         statement = statement.where(Run.id.in_(_set_run_ids(engine, set_id)))
     if task is not None:
         statement = statement.where(TaskMetric.task == task)
-    return _frame(engine, statement)
+    frame = _frame(engine, statement)
+    return frame.assign(config=frame["run_id"].map(run_configs(engine, frame["run_id"].unique().tolist())).astype(object))
+
+
+def run_configs(engine: Engine, run_ids: Iterable[int]) -> dict[int, str]:
+    """run id -> its configuration (`db.sets.configuration`, as `config_key` writes it; '' for none): what keeps
+    runs of one model, loops and exit point apart as points of their own."""
+    statement = select(Run.id, Run.model_spec, Run.spec).where(Run.id.in_([int(i) for i in run_ids]))
+    with engine.connect() as conn:
+        return {row.id: config_key(configuration(row._mapping)) for row in conn.execute(statement)}
 
 
 def memory_peaks(engine: Engine, run_ids: Iterable[int] | None = None) -> pd.DataFrame:
@@ -188,9 +197,10 @@ def suite_means(table: pd.DataFrame, by: tuple[str, ...] = ("run_id",)) -> pd.Da
     return pd.DataFrame(rows, columns=list(table.columns))
 
 
-# One plotted point, one row of `loopeval results`: its seeds are pooled. The exit threshold and criterion are NaN /
+# One plotted point, one row of `loopeval results`: a configuration (its model, loops, exit point and the rest of
+# what changes the model, `config`: `run_configs`), whose seeds are pooled. The exit threshold and criterion are NaN /
 # None off the exit axis (`--exit-threshold`), so every grouping by POINT keeps missing keys (`dropna=False`).
-POINT = ["model", "loops", "exit_threshold", "exit_criterion"]
+POINT = ["model", "loops", "exit_threshold", "exit_criterion", "config"]
 _POOLED = [*POINT, "suite", "task", "metric", "value", "stderr", "seeds", "run_ids", "run_id"]
 
 
@@ -203,12 +213,13 @@ def item_counts(engine: Engine, run_ids: Iterable[int]) -> dict[tuple[int, str],
 
 
 def pooled_metrics(engine: Engine, set_id: str | None, run_ids: Iterable[int] | None = None, task: str | None = None) -> pd.DataFrame:
-    """Every metric of one evaluation set (None: the latest; of one task when given) per (model, loops), its seeds pooled.
+    """Every metric of one evaluation set (None: the latest; of one task when given) per POINT, its seeds pooled.
 
-    The runs of a (model, loops) with different seeds score the same docs again; their items are pooled
-    into one sample (`db.headline.pool`): the value is the mean over every seed's items, the stderr that
-    of all of them. `seeds` says how many were pooled, `run_ids` which runs (oldest first), `run_id` the
-    newest. Of runs repeating one seed (`--rerun`) the latest counts, so a rerun replaces the older run.
+    The runs of a point (one configuration: model, loops, exit point, overrides) with different seeds score the
+    same docs again; their items are pooled into one sample (`db.headline.pool`): the value is the mean over every
+    seed's items, the stderr that of all of them. `seeds` says how many were pooled, `run_ids` which runs (oldest
+    first), `run_id` the newest. Of runs repeating one seed, that is one run's identity (`db.sets.run_key`: a
+    `--rerun`), the latest counts; runs of two configurations are two points, so neither hides the other.
     `run_ids` keeps only those runs (`loopeval results` filters).
     """
     table = metrics(engine, set_id or latest_set(engine) or "", task)
@@ -232,10 +243,10 @@ def accuracy_memory(
     engine: Engine, set_id: str | None = None, task: str = "all", metric: str | None = None,
     run_ids: Iterable[int] | None = None,
 ) -> pd.DataFrame:
-    """One row per (model, loops) of one evaluation set: accuracy on `task` with stderr, sample count, every memory peak.
+    """One row per POINT (configuration) of one evaluation set: accuracy on `task` with stderr, sample count, every memory peak.
 
     `set_id` defaults to the latest set (`latest_set`); runs of other sets never enter, nor, when
-    given, runs outside `run_ids` (`loopeval results` filters). Runs of one (model, loops) with different
+    given, runs outside `run_ids` (`loopeval results` filters). Runs of one point with different
     seeds are pooled (`pooled_metrics`: `seeds`, `run_ids`); a rerun of a seed replaces the older run.
     Memory is the largest peak of the pooled runs (what the model needed, whichever seed), the samples
     their sum, the config, status and set those of the newest. `metric` defaults to the task's

@@ -8,8 +8,9 @@ repeats of one measurement. Figures, reports and `loopeval results` show one set
 point merged from two. Runs stored before fingerprints existed still get a set, labelled as such.
 
 `run_key` adds what makes two runs the same experiment (model, loops, exit threshold, per-model overrides, seed),
-which is how `loopeval run` recognises a run already stored. Pure functions of stored values (no
-sqlalchemy), so the store, the queries and the harness compute them alike.
+which is how `loopeval run` recognises a run already stored. `configuration` is the part of it, beyond the model,
+loops and exit point, that changes the model run: what keeps two plotted points apart (`db.queries.POINT`).
+Pure functions of stored values (no sqlalchemy), so the store, the queries and the harness compute them alike.
 """
 
 from __future__ import annotations
@@ -87,13 +88,32 @@ def run_set(run: Mapping[str, Any]) -> EvalSet:
     return EvalSet.of(run["suite"], run["tasks"], run["limit"], run["sampling"], run["data_fingerprint"])
 
 
+def configuration(run: Mapping[str, Any]) -> dict[str, Any]:
+    """What in a run's identity, beyond its model, loops and exit point, changes the model it runs: that model's
+    per-model overrides (`exit_policy`, `dtype`, conditioning fields, ...). Runs of one model that differ here are two
+    configurations, never pooled as seeds of one point. The KV policy and KV dtype join here as two more entries
+    when they are stored. `run` holds the `runs` columns, `spec` included."""
+    model = run["model_spec"]
+    return dict(((run.get("spec") or {}).get("model_overrides") or {}).get(model, {}))
+
+
+def config_key(config: Mapping[str, Any]) -> str:
+    """A configuration in one canonical text (sorted keys, compact JSON; '' for none): equal configurations give
+    equal keys whatever order their keys were written in, in every database."""
+    return json.dumps(dict(config), sort_keys=True, separators=(",", ":"), default=str) if config else ""
+
+
+def config_fields(key: str) -> dict[str, Any]:
+    """The configuration a `config_key` holds."""
+    return json.loads(key) if key else {}
+
+
 def run_key(run: Mapping[str, Any]) -> str:
     """Two runs with the same key are the same experiment (model, loops, exit threshold and criterion, that model's
     overrides, set, seed):
     `loopeval run` skips the second unless `--rerun`. `run` holds the `runs` columns, `spec` included."""
-    model = run["model_spec"]
-    overrides = ((run.get("spec") or {}).get("model_overrides") or {}).get(model, {})
-    key = {"model": model, "loops": run["loops"], "overrides": overrides, "set": run_set(run).id, "seed": run["seed"]}
+    key = {"model": run["model_spec"], "loops": run["loops"], "overrides": configuration(run), "set": run_set(run).id,
+           "seed": run["seed"]}
     if run.get("exit_threshold") is not None:  # only where set, so runs stored before the exit axis keep their keys
         key["exit"] = [run["exit_threshold"], run.get("exit_criterion")]
     return _digest(key, 16)

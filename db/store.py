@@ -22,7 +22,7 @@ from sqlalchemy import Engine, delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from db.headline import headline
-from db.sets import run_key, run_set
+from db.sets import configuration, run_key, run_set
 from db.models import MemoryPeak, MemorySample, ProbeValue, ProfilePoint, Run, Sample, TaskMetric, utcnow
 from db.session import display_url, open_engine, open_existing, session_factory
 from measures import BY_NAME, merged_peak
@@ -327,6 +327,7 @@ class Store:
                 "loops": run.loops,
                 "exit_threshold": run.exit_threshold,
                 "exit_criterion": run.exit_criterion,
+                "overrides": configuration(vars(run)),  # what else of its identity changes the model (db.sets)
                 "suite": run.suite,
                 "tasks": run.tasks,
                 "limit": run.limit,

@@ -24,21 +24,30 @@ import json
 import statistics
 import sys
 
+import pandas as pd
+
+from dashboards.figures import config_labels, series_name
 from db.headline import rounded
+from db.sets import config_key
 
 
 def by_point(runs: list[dict]) -> dict[tuple[str, int], list[dict]]:
-    """(model, loops r) -> its runs, one per seed (the latest run of a seed), in the order they were stored.
+    """(name, loops r) -> its runs, one per seed (the latest run of a seed), in the order they were stored.
 
+    The name is the model with what tells its point apart (`dashboards.figures.series_name`: the exit threshold,
+    the overrides its runs differ in), so two configurations are two rows, never one run hiding another.
     A plain model runs once: r = 1, as the report and `results` show it. Seeds are pooled as `loopeval
     results` pools them: a set scores the same docs in every seed, so the pooled mean is the seeds' mean.
     """
+    configs = pd.DataFrame({"model": [run["model"] for run in runs],
+                            "config": [config_key(run.get("overrides") or {}) for run in runs]})
     latest: dict[tuple[str, int, int | None], dict] = {}
-    for run in runs:
-        latest[(run["model"], run["loops"] or 1, run.get("seed"))] = run
+    for run, config in zip(runs, config_labels(configs)):
+        name = series_name(run["model"], run.get("exit_threshold"), run.get("exit_criterion"), config)
+        latest[(name, run["loops"] or 1, run.get("seed"))] = run
     points: dict[tuple[str, int], list[dict]] = {}
-    for (model, loops, _), run in latest.items():
-        points.setdefault((model, loops), []).append(run)
+    for (name, loops, _), run in latest.items():
+        points.setdefault((name, loops), []).append(run)
     return points
 
 

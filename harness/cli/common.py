@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -151,7 +152,8 @@ def _loops(run: dict[str, Any]) -> int:
     return run["loops"] or 1  # a plain model runs once, as db.queries reads it
 
 
-Key = tuple[str, int, float | None, str | None]  # one row: (model, loops, exit threshold, exit criterion), as db.queries.POINT
+# One row: (model, loops, exit threshold, exit criterion, configuration), as db.queries.POINT
+Key = tuple[str, int, float | None, str | None, str]
 
 
 def _known(value: Any) -> Any:
@@ -160,11 +162,13 @@ def _known(value: Any) -> Any:
 
 
 def _run_key(run: dict[str, Any]) -> Key:
-    return run["model"], _loops(run), run.get("exit_threshold"), run.get("exit_criterion")
+    from db.sets import config_key
+
+    return run["model"], _loops(run), run.get("exit_threshold"), run.get("exit_criterion"), config_key(run["overrides"])
 
 
 def _row_key(row: Any) -> Key:
-    return row.model, int(row.loops), _known(row.exit_threshold), _known(row.exit_criterion)
+    return row.model, int(row.loops), _known(row.exit_threshold), _known(row.exit_criterion), row.config
 
 
 def _order_sets(runs: list[dict[str, Any]]) -> dict[str, str]:
@@ -174,19 +178,21 @@ def _order_sets(runs: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = None, measure: str | None = None,
-                 per_task: bool = False, db: str | None = None, rank: str | None = None) -> None:
+                 per_task: bool = False, db: str | None = None, rank: str | None = None) -> str | None:
     """How much accuracy per gigabyte: one evaluation set of `runs` (run summaries, already filtered).
 
-    Per (model, loops, exit threshold), its runs of the set with their seeds pooled (`db.queries.pooled_metrics`):
-    the seed count, pass@1 (suite mean) with its 95% interval over every seed's items, memory at `measure`
-    (default: the first measure the runs have, as the report's), accuracy per decimal GB, ranked by `rank`
-    (`dashboards.data.RANKINGS`; default accuracy per GB), the Pareto frontier marked; then, in a second table
-    under the same ranks (two tables stay readable at 80 columns), what a generated token cost. `per_task`
-    prints each benchmark's pass@1 instead. Only runs of one set are compared (`db.sets`); the others are listed
-    below the table. `db` is the database the user named, for the hints.
+    Per point (model, loops, exit threshold, configuration: `db.queries.POINT`), its runs of the set with their seeds
+    pooled (`db.queries.pooled_metrics`): the seed count, pass@1 (suite mean) with its 95% interval over every seed's
+    items, memory at `measure` (default as the report's, `dashboards.figures.default_measure`: what the model holds),
+    accuracy per decimal GB, ranked by `rank` (`dashboards.data.RANKINGS`; default accuracy per GB), the Pareto
+    frontier marked; then, in a second table under the same ranks (two tables stay readable at 80 columns), what a
+    generated token cost. `per_task` prints each benchmark's pass@1 instead. Only runs of one set are compared
+    (`db.sets`); the others are listed below the table. Returns the answer in one sentence (`dashboards.data.answer`,
+    as the report's; None where nothing is scored), which the command prints last (`print_sentence`). `db` is the
+    database the user named, for the hints.
     """
     from dashboards import figures
-    from dashboards.data import DEFAULT_RANKING, RANKINGS, accuracy_points, ranked
+    from dashboards.data import DEFAULT_RANKING, RANKINGS, accuracy_points, answer, ranked
     from db import queries
     from measures import canonical
 
@@ -200,7 +206,7 @@ def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = No
         raise UserError(f"--rank must be one of {', '.join(RANKINGS)}, got {rank!r}")
     if not evals:
         typer.echo("no evaluation runs match" + ("" if runs else f"; try `{with_db(env_command('loopeval') + ' run', db)}`"))
-        return
+        return None
     chosen = set_id or next(iter(sets))
     in_set = {r["id"]: r for r in evals if r["set_id"] == chosen}
     points = accuracy_points(store.engine, chosen, run_ids=list(in_set))
@@ -214,24 +220,44 @@ def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = No
 
     # KV per token as the run summaries carry it (`Store.run_summaries`: the adapter's describe()), newest run's
     per_token = {_run_key(run): run["kv_bytes_per_token"] for run in in_set.values()}
+    configs = _config_cells([*map(_row_key, table.itertuples()), *unscored])
     out = console()
     out.print(sets[chosen], markup=False, highlight=False)
     if per_task:
         pooled = queries.pooled_metrics(store.engine, chosen, run_ids=list(in_set))
-        print_table(None, ["model", "r", "seeds", "task", "pass@1 ±95%", "runs"], _task_rows(table, pooled),
-                    right=("r", "seeds", "pass@1 ±95%"), fold=("model", "runs"), keep=("pass@1 ±95%",), caption=POOLED_CAPTION)
+        print_table(None, ["model", "r", "seeds", "task", "pass@1 ±95%", "runs"], _task_rows(table, pooled, configs),
+                    right=("r", "seeds", "pass@1 ±95%"), fold=("model", "r", "runs"), keep=("pass@1 ±95%",), caption=POOLED_CAPTION)
     else:
-        _print_ranking(table, unscored, measure, rank, per_token)
+        _print_ranking(table, unscored, measure, rank, per_token, configs)
     counts = {other: sum(r["set_id"] == other for r in evals) for other in sets}
     others = [f"  {label} ({counts[other]} run{'s' * (counts[other] > 1)})" for other, label in sets.items() if other != chosen]
     if others:
         out.print(f"other evaluation sets, never mixed with this one ({with_db(env_command('loopeval') + ' results --set ID', db)}):\n"
                   + "\n".join(others),
                   markup=False, highlight=False)
+    return None if points.empty else answer(points, measure, rank)
+
+
+def print_sentence(sentence: str | None) -> None:
+    """The answer, a command's last line: wrapped between words to the terminal (`console`)."""
+    if sentence is not None:
+        console().print(sentence, markup=False, highlight=False)
+
+
+def _config_cells(keys: list[Key]) -> dict[Key, str]:
+    """Each row's configuration as far as it tells the row apart (`dashboards.figures.config_labels`), scored rows
+    and rows without a score alike."""
+    import pandas as pd
+
+    from dashboards.figures import config_labels
+    from db.queries import POINT
+
+    return dict(zip(keys, config_labels(pd.DataFrame(keys, columns=POINT))))
 
 
 POOLED_CAPTION = "A row pools its seeds: pass@1 and its interval are over every item of all of them."
 EXIT_CAPTION = "exit: the per-token exit threshold (--exit-threshold), of the exit gate unless a criterion is named; - = the model's own policy."
+CONFIG_CAPTION = "config: the per-model overrides that tell a model's rows apart (a sweep file's overrides); blank = none."
 COMPUTE_CAPTION = ("what one generated token cost, same rows. KV/token: what one more token of context adds to the KV cache "
                    "at r (the engine's analytic count). loops/tok: loops run per generated token, its mean (below r where "
                    "tokens exit early). layers/tok: decoder-layer passes per generated token (prelude + coda + shared x loops; "
@@ -240,27 +266,40 @@ COMPUTE_CAPTION = ("what one generated token cost, same rows. KV/token: what one
 
 
 def _print_ranking(table: Any, unscored: dict[Key, list[dict[str, Any]]], measure: str, rank: str,
-                   per_token: dict[Key, int | None]) -> None:
+                   per_token: dict[Key, int | None], configs: dict[Key, str]) -> None:
     """The ranking and, under the same ranks, what a generated token cost: two tables, so each stays readable at 80
-    columns. The exit column appears only where the set sweeps the exit axis, the seeds column only where a row
-    pools several seeds."""
+    columns. The exit column appears only where the set sweeps the exit axis, the config column only where a model
+    has rows of several configurations, the seeds column only where a row pools several seeds."""
     from dashboards import figures
     from dashboards.data import RANKINGS
 
     swept = any(key[2] is not None for key in (*map(_row_key, table.itertuples()), *unscored))
+    shown = _Columns(swept, any(configs.values()))
     seeds = (any(row.seeds > 1 for row in table.itertuples())
              or any(len({r["seed"] for r in runs}) > 1 for runs in unscored.values()))
-    key = ["#", "model", "r", *(["exit"] * swept)]
+    key = ["#", "model", "r", *(["exit"] * shown.exit), *(["config"] * shown.config)]
     column = RANKINGS[rank][0]
     print_table(None, [*key, *(["seeds"] * seeds), "pass@1 ±95%", "memory", "pass@1/GB", "runs"],
-                _ranking_rows(table, column, unscored, measure, swept, seeds),
-                right=("#", "r", "exit", "seeds", "pass@1 ±95%", "memory", "pass@1/GB"), fold=("model", "runs"), keep=("pass@1 ±95%",),
+                _ranking_rows(table, column, unscored, measure, shown, seeds, configs),
+                right=("#", "r", "exit", "seeds", "pass@1 ±95%", "memory", "pass@1/GB"), fold=("model", "config", "runs"),
+                keep=("pass@1 ±95%",),
                 caption=f"ranked by {RANKINGS[rank][1]}; * marks the Pareto frontier (no point has less memory and more "
-                        f"accuracy). memory: {figures.measure_label(measure)}, the largest peak of the row's runs, decimal units "
-                        f"(1 GB = 1e9 bytes); n/a = unavailable here. ± is the 95% interval. "
-                        + (POOLED_CAPTION if seeds else "One seed a row.") + (f" {EXIT_CAPTION}" if swept else ""))
-    print_table(None, [*key, "KV/token", "loops/tok", "layers/tok", "tokens/s"], _compute_rows(table, column, unscored, per_token, swept),
-                right=("#", "r", "exit", "KV/token", "loops/tok", "layers/tok", "tokens/s"), fold=("model",), caption=COMPUTE_CAPTION)
+                        f"accuracy). memory: {figures.measure_words(measure)}, the largest peak of the row's runs, decimal "
+                        f"units (1 GB = 1e9 bytes); n/a = unavailable here. ± is the 95% interval. "
+                        + (POOLED_CAPTION if seeds else "One seed a row.") + (f" {EXIT_CAPTION}" if swept else "")
+                        + (f" {CONFIG_CAPTION}" if shown.config else ""))
+    print_table(None, [*key, "KV/token", "loops/tok", "layers/tok", "tokens/s"],
+                _compute_rows(table, column, unscored, per_token, shown, configs),
+                right=("#", "r", "exit", "KV/token", "loops/tok", "layers/tok", "tokens/s"), fold=("model", "config"),
+                caption=COMPUTE_CAPTION)
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """Which of the optional key columns the tables show."""
+
+    exit: bool
+    config: bool
 
 
 def _rank_text(rank: int, row: Any, column: str) -> str:
@@ -276,36 +315,36 @@ def _exit_cell(threshold: float | None, criterion: str | None) -> str:
     return exit_label(threshold, None if criterion == DEFAULT_EXIT_CRITERION else criterion)
 
 
-def _key_cells(key: Key, swept: bool) -> list[str]:
-    return [key[0], str(key[1]), *([_exit_cell(key[2], key[3])] * swept)]
+def _key_cells(key: Key, shown: _Columns, configs: dict[Key, str]) -> list[str]:
+    return [key[0], str(key[1]), *([_exit_cell(key[2], key[3])] * shown.exit), *([configs[key]] * shown.config)]
 
 
-def _ranking_rows(table: Any, column: str, unscored: dict[Key, list[dict[str, Any]]], measure: str, swept: bool,
-                  seeds: bool) -> list[list[str]]:
-    """`dashboards.data.ranked` rows in their order, then (model, loops, exit) of the set without a score; the seed
-    count only where `seeds`."""
+def _ranking_rows(table: Any, column: str, unscored: dict[Key, list[dict[str, Any]]], measure: str, shown: _Columns,
+                  seeds: bool, configs: dict[Key, str]) -> list[list[str]]:
+    """`dashboards.data.ranked` rows in their order, then the points of the set without a score; the seed count only
+    where `seeds`."""
     from db.sets import id_ranges
     from measures import byte_text
 
-    rows = [[_rank_text(rank, row, column), *_key_cells(_row_key(row), swept), *[str(row.seeds)] * seeds,
+    rows = [[_rank_text(rank, row, column), *_key_cells(_row_key(row), shown, configs), *[str(row.seeds)] * seeds,
              _accuracy_text(row.accuracy, row.stderr), byte_text(row.memory), _per_gb_text(row.per_gb), id_ranges(row.run_ids)]
             for rank, (_, row) in enumerate(table.iterrows(), 1)]
     for key, runs in unscored.items():
         newest = runs[-1]
-        rows.append(["", *_key_cells(key, swept), *[str(len({r["seed"] for r in runs}))] * seeds, newest["status"],
+        rows.append(["", *_key_cells(key, shown, configs), *[str(len({r["seed"] for r in runs}))] * seeds, newest["status"],
                      byte_text(newest["memory"].get(measure)), "n/a", id_ranges([r["id"] for r in runs])])
     return rows
 
 
 def _compute_rows(table: Any, column: str, unscored: dict[Key, list[dict[str, Any]]], per_token: dict[Key, int | None],
-                  swept: bool) -> list[list[str]]:
+                  shown: _Columns, configs: dict[Key, str]) -> list[list[str]]:
     """The same rows as `_ranking_rows`, with what a generated token cost (`measures.COMPUTE_MEASURES`)."""
     from measures import byte_text
 
-    rows = [[_rank_text(rank, row, column), *_key_cells(_row_key(row), swept),
+    rows = [[_rank_text(rank, row, column), *_key_cells(_row_key(row), shown, configs),
              byte_text(per_token.get(_row_key(row))), _number_text(row.loops_per_token), _number_text(row.layer_passes_per_token),
              _number_text(row.tokens_per_second)] for rank, (_, row) in enumerate(table.iterrows(), 1)]
-    rows += [["", *_key_cells(key, swept), byte_text(per_token.get(key)), "n/a", "n/a", "n/a"] for key in unscored]
+    rows += [["", *_key_cells(key, shown, configs), byte_text(per_token.get(key)), "n/a", "n/a", "n/a"] for key in unscored]
     return rows
 
 
@@ -316,8 +355,8 @@ def _number_text(value: float | None) -> str:
     return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
 
 
-def _task_rows(table: Any, pooled: Any) -> list[list[str]]:
-    """Per ranked (model, loops): each benchmark's pass@1 with its interval (`db.headline`) from its seeds' pooled
+def _task_rows(table: Any, pooled: Any, configs: dict[Key, str]) -> list[list[str]]:
+    """Per ranked point: each benchmark's pass@1 with its interval (`db.headline`) from its seeds' pooled
     per-task values, each task group's mean (`db.headline.TASK_GROUPS`, `GROUP_PATTERNS`), then the suite mean."""
     from dashboards import figures
     from db.headline import SUITE, benchmark_stderrs, headline
@@ -337,7 +376,8 @@ def _task_rows(table: Any, pooled: Any) -> list[list[str]]:
         for index, (name, value) in enumerate(result.benchmarks.items()):
             first = index == 0
             key = _row_key(row)
-            r = str(key[1]) + ("" if key[2] is None else f" exit {_exit_cell(key[2], key[3])}")
+            exit_at = "" if key[2] is None else f"exit {_exit_cell(key[2], key[3])}"
+            r = " ".join(part for part in (str(key[1]), exit_at, configs[key]) if part)
             rows.append([row.model if first else "", r if first else "", str(row.seeds) if first else "",
                          name, _accuracy_text(value, errors.get(name)), id_ranges(row.run_ids) if first else ""])
         rows += [["", "", "", f"[{name}]", _accuracy_text(value, None), ""] for name, value in result.groups.items()]

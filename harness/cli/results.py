@@ -1,9 +1,9 @@
 """`loopeval results`: how much accuracy per gigabyte, one evaluation set at a time.
 
 The table answers the project's question for the latest sweep's evaluation set (`db.sets`), or the
-one `--set` names: per (model, loops, exit threshold), pass@1 with its 95% interval, memory in auto-scaled
-decimal units, accuracy per GB, best first (or as `--rank` says), the Pareto frontier marked, and under the
-same ranks what a generated token cost. Filters narrow the runs first;
+one `--set` names: per point (model, loops, exit threshold, configuration), pass@1 with its 95% interval, memory
+in auto-scaled decimal units, accuracy per GB, best first (or as `--rank` says), the Pareto frontier marked, and
+under the same ranks what a generated token cost, then the answer in one sentence. Filters narrow the runs first;
 `--tasks` shows each benchmark, `--profiles` the `loopeval profile` runs, and `--json` every field
 of every matching run.
 """
@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import typer
 
-from harness.cli.common import DbOption, JsonFlag, console, print_answer, print_table
+from harness.cli.common import DbOption, JsonFlag, console, print_answer, print_sentence, print_table
 from harness.errors import UserError
 from harness.hints import env_command, with_db
 
@@ -29,14 +29,16 @@ def results(
     last: Optional[int] = typer.Option(None, "--last", min=1, help="Only the N most recently stored runs (after the other filters)."),
     set_id: Optional[str] = typer.Option(None, "--set", help="The evaluation set to show (its id, listed under the table). Default: the newest scored run's."),
     measure: Optional[str] = typer.Option(None, "--measure", help="Memory measure (each run's peak): kv_bytes_allocated, 'weights_bytes + kv_bytes_allocated', nvml_process, ... "
-                                                            "Names before 0007 (kv_bytes_peak, ...) still work. Default: the first one the runs have."),
+                                                            "Names before 0007 (kv_bytes_peak, ...) still work. Default: what the model holds, the process's NVML total on a GPU, "
+                                                            "else weights + KV cache peak."),
     rank: Optional[str] = typer.Option(None, "--rank", help="What orders the rows, best first: per-gb (pass@1 per GB, the default), "
                                                        "accuracy, per-layer-pass (pass@1 per layer pass per generated token), speed (tokens/s)."),
     tasks: bool = typer.Option(False, "--tasks", help="pass@1 of each benchmark instead of memory."),
     profiles: bool = typer.Option(False, "--profiles", help="The `loopeval profile` runs: memory against context length."),
 ) -> None:
-    """How much accuracy per gigabyte: per (model, loops, exit threshold), pass@1 ± 95%, memory and pass@1 per GB,
-    frontier marked; then what a generated token cost (loops and layer passes per token, tokens/s)."""
+    """How much accuracy per gigabyte: per point (model, loops, exit threshold, configuration), pass@1 ± 95%, memory
+    and pass@1 per GB, frontier marked; then what a generated token cost (loops and layer passes per token, tokens/s),
+    and the best point, the frontier and the measure in one sentence."""
     from db.store import Store
 
     store = Store.read(db)
@@ -50,11 +52,12 @@ def results(
         elif profiles:
             _print_profiles(store, [r["id"] for r in runs if r["kind"] == "profile"], db)
         else:
-            print_answer(store, runs, set_id, measure, per_task=tasks, db=db, rank=rank)
+            sentence = print_answer(store, runs, set_id, measure, per_task=tasks, db=db, rank=rank)
             count = sum(r["kind"] == "profile" for r in runs)
             if count:
                 console().print(f"{count} profile run{'s' * (count > 1)}: {with_db(env_command('loopeval') + ' results --profiles', db)}",
                                 markup=False, highlight=False)
+            print_sentence(sentence)
     finally:
         store.close()
 

@@ -17,8 +17,8 @@ from typing import Any, Optional
 import typer
 
 from adapters.base import EXIT_CRITERIA, PAPER_PROTOCOL
-from harness.cli.common import (AdaptersDirOption, DbOption, ThreadsOption, TrustRemoteCodeFlag, parse_int_list, print_answer, progress,
-                                report_path, use_threads)
+from harness.cli.common import (AdaptersDirOption, DbOption, ThreadsOption, TrustRemoteCodeFlag, parse_int_list, print_answer,
+                                print_sentence, progress, report_path, use_threads)
 from harness.hints import env_command, with_db
 from harness.spec import DEFAULT_EXIT_CRITERION, DEFAULTS, SUITE_SAMPLING
 
@@ -226,7 +226,7 @@ def _summarise(store: Any, outcomes: list[Any], db: str | None, report: bool) ->
 
     try:
         ids = {o.run_id for o in outcomes}
-        print_answer(store, [r for r in store.run_summaries() if r["id"] in ids], db=db)
+        sentence = print_answer(store, [r for r in store.run_summaries() if r["id"] in ids], db=db)
         typer.echo(f"results: {store.url}  (show them: {with_db(env_command('loopeval') + ' results', db)})")
     finally:
         store.close()
@@ -235,6 +235,7 @@ def _summarise(store: Any, outcomes: list[Any], db: str | None, report: bool) ->
 
         url = resolve_db_url(db)
         typer.echo(f"report: {write_report(url, report_path(url))}")
+    print_sentence(sentence)
     unfinished = [str(o.run_id) for o in outcomes if o.status != "finished"]
     if not unfinished:
         return 0

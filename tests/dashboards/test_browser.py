@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from dashboards import figures
-from dashboards.data import accuracy_points, browse_samples
+from dashboards.data import accuracy_points, answer, browse_samples
 from dashboards.report import SAMPLE_PAGE_ROWS, packed_plotlyjs, write_report
 from db.session import open_existing
 from db.store import Store
@@ -41,13 +41,22 @@ def page(browser):
     context.close()
 
 
+def _measured(measure: str) -> tuple[str, dict[str, str]]:
+    """SQL for the runs with a stored value of every part of `measure` (the derived 'weights_bytes +
+    kv_bytes_allocated' has two), and its parameters."""
+    parts = {f"m{i}": part for i, part in enumerate(measure.split(" + "))}
+    return (f"SELECT run_id FROM memory_peaks WHERE value IS NOT NULL AND measure IN ({', '.join(':' + k for k in parts)}) "
+            f"GROUP BY run_id HAVING COUNT(DISTINCT measure) = {len(parts)}"), parts
+
+
 def _points_with(url: str, measure: str) -> int:
     """(model, loops) pairs of the default suite with a stored value of `measure`, counted in plain SQL."""
+    measured, parts = _measured(measure)
     with create_engine(url).connect() as conn:
         return conn.execute(text(
             "SELECT COUNT(DISTINCT r.model_spec || '/' || COALESCE(r.loops, 1)) FROM runs r "
-            "JOIN memory_peaks p ON p.run_id = r.id JOIN task_metrics m ON m.run_id = r.id AND m.task = 'all' "
-            "WHERE r.kind = 'eval' AND p.measure = :measure AND p.value IS NOT NULL"), {"measure": measure}).scalar_one()
+            "JOIN task_metrics m ON m.run_id = r.id AND m.task = 'all' "
+            f"WHERE r.kind = 'eval' AND r.id IN ({measured})"), parts).scalar_one()
 
 
 def _payload_shown_as_text(page) -> None:
@@ -71,7 +80,7 @@ def test_report_renders_offline_with_points_from_the_database(page, payload_url:
     # Every other selectable measure draws its own axis (or says it is unavailable).
     engine = open_existing(payload_url)
     set_id = page.locator("#set").input_value()
-    assert page.locator("#answer").text_content() == figures.answer(accuracy_points(engine, set_id), measure)
+    assert page.locator("#answer").text_content() == answer(accuracy_points(engine, set_id), measure)
     engine.dispose()
     page.select_option("#measure", "rss")
     page.wait_for_function("document.querySelector('#accuracy-memory .xtitle').textContent.includes('RSS')")
@@ -140,9 +149,9 @@ def test_served_app_switches_measure_and_shows_output_as_text(page, payload_url:
         measure = page.locator("#measure input:checked").get_attribute("value")
         assert point_count(page) == _points_with(payload_url, measure) > 0
         engine = open_existing(payload_url)
-        answer = figures.answer(accuracy_points(engine, None), measure)  # the default set: the latest
+        sentence = answer(accuracy_points(engine, None), measure)  # the default set: the latest
         engine.dispose()
-        assert page.locator("#answer").text_content() == answer
+        assert page.locator("#answer").text_content() == sentence
         before = x_axis_title(page)
 
         page.get_by_label("process RSS peak (CPU)").check()
@@ -160,11 +169,11 @@ def test_served_app_switches_measure_and_shows_output_as_text(page, payload_url:
 
 def _points_in_set(url: str, run_ids: list[int], measure: str) -> int:
     """(model, loops) pairs among `run_ids` with a stored `measure`, counted in plain SQL."""
+    measured, parts = _measured(measure)
     with create_engine(url).connect() as conn:
         return conn.execute(text(
             "SELECT COUNT(DISTINCT r.model_spec || '/' || COALESCE(r.loops, 1)) FROM runs r "
-            "JOIN memory_peaks p ON p.run_id = r.id WHERE p.measure = :measure AND p.value IS NOT NULL "
-            f"AND r.id IN ({','.join(map(str, run_ids))})"), {"measure": measure}).scalar_one()
+            f"WHERE r.id IN ({measured}) AND r.id IN ({','.join(map(str, run_ids))})"), parts).scalar_one()
 
 
 def _set_runs(url: str) -> tuple[list[int], list[int]]:

@@ -14,7 +14,7 @@ from sqlalchemy import create_engine, text
 
 from dashboards import figures
 from dashboards.app import create_app, set_choices
-from dashboards.data import accuracy_points, analytic_bytes, profile_points
+from dashboards.data import accuracy_points, analytic_bytes, answer, profile_points
 from dashboards.report import build_report
 from db import queries
 from db.session import open_existing
@@ -224,18 +224,29 @@ def test_answer_names_the_best_accuracy_per_gb_and_the_frontier(engine, results_
         for run_id, value in zip(run_ids, np.random.default_rng(2).permutation(len(run_ids)) / len(run_ids)):
             conn.execute(text("UPDATE task_metrics SET value = :v WHERE run_id = :r"), {"v": float(value), "r": run_id})
     points = accuracy_points(engine, None)
-    for measure in ("kv_bytes_allocated", "rss", figures.WEIGHTS_PLUS_KV):
-        sentence = figures.answer(points, measure)
+
+    def best(measure: str) -> tuple[str, int]:
         per_gb = {(m, r): a / (v / 1e9) for m, r, a, v in zip(points.model, points.loops, points.accuracy, points[measure])}
-        best_model, best_loops = max(per_gb, key=per_gb.get)
-        assert sentence.startswith(f"Best accuracy per GB of {figures.measure_label(measure)}: {best_model} r={best_loops} (")
+        return max(per_gb, key=per_gb.get)
+
+    for measure in ("kv_bytes_allocated", "rss", figures.WEIGHTS_PLUS_KV):
+        sentence = answer(points, measure)
+        best_model, best_loops = best(measure)
+        assert sentence.startswith(f"Best by pass@1 per GB of {figures.measure_words(measure)}: {best_model} r={best_loops} (")
+        assert ("weights not counted" in sentence.split(":")[0]) == (measure == "kv_bytes_allocated")
         front = _brute_force_frontier(list(zip(points[measure], points["accuracy"])))
         named = sentence.split("the frontier: ")[1]
         on_front = [(m, r) for m, r, v, a in zip(points.model, points.loops, points[measure], points.accuracy)
                     if (v, a) in front]
-        assert named.count(" → ") == len(on_front) - 1
+        assert named.split("; by ")[0].count(" → ") == len(on_front) - 1, "each point of the frontier once"
         assert all(f"{m} r={r} (" in named for m, r in on_front)
-    assert "unavailable" in figures.answer(points.assign(nvml_process=math.nan), "nvml_process")
+        for other in ("kv_bytes_allocated", "rss", figures.WEIGHTS_PLUS_KV):  # the sentence says where another measure's winner differs
+            model, loops = best(other)
+            said = f"{figures.measure_label(other)}{' alone' if other in figures.KV_ONLY else ''}"
+            assert (said in named) == (other != measure and best(other) != best(measure)), (measure, other)
+            if said in named:
+                assert f"{model} r={loops} would rank first" in named.split(said)[1]
+    assert "unavailable" in answer(points.assign(nvml_process=math.nan), "nvml_process")
 
 
 def test_analytic_measure_follows_the_stored_config(engine) -> None:

@@ -17,6 +17,7 @@ from db.sets import run_set
 from db.store import Store
 from harness.cli import main
 from rich_tables import body_rows
+from stored_runs import store_run
 
 SAMPLING = {"temperature": 1.0, "top_p": 0.7, "top_k": None, "max_new_tokens": 8, "n": 4, "seed": 0, "stop": []}
 LONG = "transformers:/models/checkpoints/a-rather-long-directory-name/ouro-1.4b-thinking-step-120000"
@@ -96,7 +97,9 @@ def test_one_set_is_ranked_by_accuracy_per_gb_with_the_frontier(db: str, capsys:
         ["", "zoo:melt-tiny", "8", "1.02 KB", "n/a", "n/a", "n/a"],
     ]
     assert "KV/token: what one more token of context adds" in re.sub(r"\s+", " ", out)
-    assert "memory: weights + KV cache peak," in out and "decimal units (1 GB = 1e9 bytes)" in re.sub(r"\s+", " ", out)
+    flat = re.sub(r"\s+", " ", out)
+    assert "memory: weights + KV cache peak (what the model holds, weights counted)," in flat
+    assert "decimal units (1 GB = 1e9 bytes)" in flat
     assert "pass@k" not in out
 
 
@@ -198,3 +201,31 @@ def test_results_and_the_readme_table_script_print_one_mean_alike(tmp_path: Path
     assert listed.returncode == 0, listed.stderr
     average = listed.stdout.splitlines()[2].split(" | ")[-4]
     assert shown.split(" ± ")[0] == average == rounded(0.1425)
+
+
+def test_configurations_are_rows_of_their_own_and_the_answer_comes_last(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two configurations of ouro-tiny r=4 (float32, bfloat16) and melt-tiny: a row each, a config column saying what
+    tells the model's rows apart, and last the answer naming the best point and the measure, with whether the weights
+    are counted and what another measure would rank first (stored_runs: 2 MB of weights a run)."""
+    path = str(tmp_path / "configs.sqlite")
+    store = Store.open(path)
+    store_run(store, [1.0, 1.0, 1.0, 0.0])
+    store_run(store, [1.0, 1.0, 0.0, 0.0], overrides={"dtype": "bfloat16"}, kv=500_000)
+    store_run(store, [1.0, 0.0, 0.0, 0.0], model="zoo:melt-tiny", kv=100_000)
+    store.close()
+    out = _results(capsys, "--db", path)
+    assert [row[1:4] + row[5:7] for row in _rows(out)] == [  # model, r, config; memory (weights + KV), pass@1 per GB
+        ["zoo:ouro-tiny", "4", "", "3 MB", "250"], ["zoo:ouro-tiny", "4", "dtype=bfloat16", "2.5 MB", "200"],
+        ["zoo:melt-tiny", "4", "", "2.1 MB", "119"]]
+    flat = re.sub(r"\s+", " ", out).strip()
+    assert "memory: weights + KV cache peak (what the model holds, weights counted)" in flat and "config: the per-model" in flat
+    assert flat[flat.index("Best by"):] == ("Best by pass@1 per GB of weights + KV cache peak (what the model holds, weights counted): zoo:ouro-tiny r=4 "
+                    "(0.750 at 3 MB), 250 pass@1 per GB; the frontier: zoo:melt-tiny r=4 (0.250 at 2.1 MB) → zoo:ouro-tiny r=4 "
+                    "dtype=bfloat16 (0.500 at 2.5 MB) → zoo:ouro-tiny r=4 (0.750 at 3 MB); by KV cache peak alone, zoo:melt-tiny "
+                    "r=4 would rank first.")
+    flat = re.sub(r"\s+", " ", _results(capsys, "--db", path, "--measure", "kv_bytes_allocated")).strip()
+    assert "memory: KV cache peak (weights not counted)" in flat
+    assert flat.endswith("; by weights + KV cache peak, zoo:ouro-tiny r=4 would rank first.")
+    assert [row[1] for row in _rows(_results(capsys, "--db", path, "--tasks")) if row[1]] == ["4", "4 dtype=bfloat16", "4"]
+    runs = json.loads(_results(capsys, "--db", path, "--json"))
+    assert [r["overrides"] for r in runs] == [{}, {"dtype": "bfloat16"}, {}]
