@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from adapters import threads
 from adapters.base import MODEL_DTYPES, AdapterError, Generation, Prompt, Sampling, dtype_short
+from adapters.files import check_closed
 from adapters.registry import register
 from measures import MEMORY_KEYS
 
@@ -326,6 +327,7 @@ def load_transformers(
         raise AdapterError(f"{spec}: no such directory")
     if not (folder / "config.json").is_file():
         raise AdapterError(f"{spec}: not a transformers model directory (no config.json)")
+    check_closed(folder)  # transformers opens what the folder holds: no FIFO, device or shard outside it
     if loops not in (None, 1):
         raise AdapterError(f"{spec}: a transformers model does not loop; loops must be 1, got {loops}")
     if cache not in CACHE_KINDS:

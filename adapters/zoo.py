@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.base import Adapter, AdapterError
-from adapters.files import MIB, read_text
+from adapters.files import MIB, plain_name, read_text
 from adapters.engine.config import LoopConfig
 from adapters.engine.presets import preset
 from adapters.registry import inspect, load, register
@@ -129,6 +129,7 @@ class Recipe:
     distill_temperature: float = 1.0
 
     def __post_init__(self) -> None:
+        plain_name(self.name, "recipe name")  # `zoo train` writes the model to OUT/NAME, inside OUT
         for f in fields(self):
             _check_field(self.name, f, getattr(self, f.name))
         if self.kind not in KINDS:

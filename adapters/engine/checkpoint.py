@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from adapters.base import AdapterError
-from adapters.files import MIB, check_complete, commit_folder, parse_json, read_text
+from adapters.files import MIB, check_closed, check_complete, commit_folder, index_shards, parse_json, read_text
 from adapters.engine.config import ENGINE_FORMAT, LoopConfig
 from adapters.engine.huginn import MODEL_TYPE as HUGINN_TYPE, engine_tensors, huginn_config, is_retrofit, retrofit_config
 from adapters.engine.model import LoopedLM
@@ -105,6 +105,8 @@ def read_config(path: str | Path, family: str | None = None) -> LoopConfig:
     file = path / "config.json" if path.is_dir() else path
     if not path.exists():
         raise AdapterError(f"{path} not found: expected a preset name, a checkpoint directory or a config.json")
+    if path.is_dir():
+        check_closed(path)  # before its config is read: no FIFO, device or shard outside the folder
     raw = read_json(file)
     try:
         if raw.get("format") == ENGINE_FORMAT:
@@ -176,8 +178,8 @@ def _read_tensors(directory: Path) -> dict[str, torch.Tensor]:
             return read_safetensors(single)
         if index.is_file():
             tensors: dict[str, torch.Tensor] = {}
-            for shard in sorted(set(read_json(index)["weight_map"].values())):
-                tensors.update(read_safetensors(directory / shard))
+            for shard in index_shards(directory, index.name):
+                tensors.update(read_safetensors(shard))
             return tensors
     except AdapterError:
         raise

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.base import AdapterError
+from adapters.files import check_closed
 from adapters.engine.config import LoopConfig
 
 SPECIALS = ("<pad>", "<bos>", "<eos>")
@@ -46,6 +47,7 @@ def load_tokenizer(directory: Path) -> Any | None:
 
     if not (directory / "tokenizer.json").is_file():
         return None
+    check_closed(directory)  # transformers opens tokenizer_config.json, special_tokens_map.json, ... there
     try:
         return PreTrainedTokenizerFast.from_pretrained(str(directory), local_files_only=True, trust_remote_code=False)
     except Exception as exc:  # noqa: BLE001 (any parse failure is the user's file)

@@ -183,7 +183,7 @@ def convert(
         raise UserError(f"--recipe {recipe_name} is a {recipe.kind} recipe; conversion needs a melt recipe")
     items: dict[str, Any] = _read_items(data) if data is not None else _synthetic_items(recipe.tasks)
     recipe = recipe.with_overrides(
-        name=out.name, teacher=teacher, steps=steps, gate_variant=gate, chunk_size=chunk_size, ramp_steps=ramp_steps,
+        name=out.resolve().name, teacher=teacher, steps=steps, gate_variant=gate, chunk_size=chunk_size, ramp_steps=ramp_steps,
         stage2_start=stage2_start, beta=beta, lr=lr, batch_size=batch_size, tasks=tuple(items),
     )
     info = train_model(recipe, out, items, stop=STOP, device=device, resume=resume, teacher_spec=teacher)

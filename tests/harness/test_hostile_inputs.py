@@ -269,6 +269,10 @@ RECIPES = [
     Case("recipe-tasks-a-string", ZOO_TRAIN, "recipe a: tasks must be a list of task names", setup=_file(RECIPE, LM + 'tasks = "chain2"\n')),
     Case("recipe-is-dev-zero", ["zoo", "train", "a", "--recipes", "/dev/zero"], "recipes file /dev/zero: a device, FIFO or socket"),
     Case("recipe-unknown-preset", ZOO_TRAIN, "no-such", setup=_file(RECIPE, '[models.a]\nkind = "lm"\npreset = "no-such"\n')),
+    *(Case(f"recipe-name-{label}", ["zoo", "train", name, "--recipes", RECIPE, "--out", "zoo-out"],
+           f"recipe name {name!r} must be a plain name", setup=_file(RECIPE, LM.replace("[models.a]", f"[models.{json.dumps(name)}]")))
+      for label, name in (("parent", "../escape"), ("absolute", "/tmp/loopeval-escape"), ("nested", "a/b"), ("dot", "."),
+                          ("backslash", "a\\b"))),
 ]
 
 
