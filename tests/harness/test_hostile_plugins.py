@@ -216,3 +216,25 @@ def test_a_plugin_cannot_claim_a_builtin_prefix_by_any_source(source: str | None
     assert entry.source == "builtin" and entry.factory.__module__ == "adapters.zoo"
     with pytest.raises(AdapterError, match="source 'builtin' is loopeval's own"):
         registry.register("mine", "a module's own adapter", source="builtin")(lambda arg, **kw: None)
+
+
+@pytest.mark.parametrize(("what", "fragment"), [
+    ("describe-raises", "describe() raised RuntimeError: describe broke on a second line"),
+    ("generate-raises", "generate() raised RuntimeError: generate broke on a second line"),
+    ("memory-raises-late", "memory() raised RuntimeError: memory broke on a second line"),
+    ("huge-while-generating", "memory()['weights_bytes'] is 1000000000000000000000000000000;"),
+])
+def test_a_plugin_hook_that_fails_while_profiled_is_one_line_and_stores_no_point(
+        what: str, fragment: str, plugins: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """`loopeval profile` calls the same hooks outside a run: the same one line, and no profile point is stored."""
+    registry.load_plugins([plugins])  # profile has no --adapters-dir: the folder as LOOPEVAL_ADAPTERS would add it
+    db = tmp_path / "results.sqlite"
+    code = main(["profile", f"hostile:{what}", "--lengths", "8", "--decode-steps", "2", "--db", str(db)])
+    err = capfd.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    errors = [line for line in err.strip().splitlines() if not line.startswith("threads: ")]  # the thread notice comes first
+    assert len(errors) == 1 and errors[0].startswith(f"loopeval: error: hostile:{what}: ") and fragment in errors[0], err
+    if db.exists():
+        with sqlite3.connect(db) as conn:
+            assert conn.execute("SELECT count(*) FROM profile_points").fetchone() == (0,)
+        conn.close()
