@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 
 import adapters
 from adapters.base import AdapterError
-from adapters.engine.checkpoint import random_model
+from adapters.engine.checkpoint import random_model, save_checkpoint
 from adapters.engine.tokenizer import char_tokenizer
 from adapters.testing import save_tiny_huginn, save_tiny_retrofit
 
@@ -160,6 +160,23 @@ def test_token_ids_past_the_vocabulary_are_refused_at_load(what: str, make: Call
         tensors = load_file(str(folder / "model.safetensors"))
         save_file({k: v[:64].contiguous() if k in ("model.embed_tokens.weight", "lm_head.weight") else v for k, v in tensors.items()},
                   str(folder / "model.safetensors"))
+    with pytest.raises(AdapterError) as caught:
+        adapters.load(f"ouro:{folder}", device="cpu")
+    assert fragment in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
+
+
+@pytest.mark.parametrize(("extra", "fragment"), [
+    ("x", "config field extra must be a table of notes, got 'x'"),
+    ({"eos_token_ids": [2, "</s>"]}, "config extra field eos_token_ids must be a token id"),
+    ({"generation_eos_ids": [4000]}, "stop id 4000 is outside the model's vocabulary of 99 tokens"),
+])
+def test_an_engine_checkpoint_s_notes_are_checked_too(extra: Any, fragment: str, tmp_path: Path) -> None:
+    """The engine's own config.json carries free-form notes; the stop ids loading reads from them are checked the same way."""
+    source = adapters.load("preset:ouro-tiny", device="cpu", dtype="fp32")
+    folder = save_checkpoint(source.model, tmp_path / "ckpt", source.tokenizer)
+    config = json.loads((folder / "config.json").read_text())
+    config["config"]["extra"] = extra
+    (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(AdapterError) as caught:
         adapters.load(f"ouro:{folder}", device="cpu")
     assert fragment in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
