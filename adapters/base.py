@@ -263,13 +263,14 @@ def checked_generation(spec: str, generation: Any) -> Generation:
     g, problems = generation, []
     if g.finish_reason not in FINISH_REASONS:
         problems.append(f"finish_reason {g.finish_reason!r} is not one of {', '.join(FINISH_REASONS)}")
-    for name in ("prompt_tokens", "generated_tokens"):
-        if type(getattr(g, name)) is not int or getattr(g, name) < 0:
-            problems.append(f"{name} {getattr(g, name)!r} is not a whole number >= 0")
+    for name in ("prompt_tokens", "generated_tokens"):  # at most any model's context, and what an integer column holds
+        if type(getattr(g, name)) is not int or not 0 <= getattr(g, name) <= MAX_CONTEXT:
+            problems.append(f"{name} {getattr(g, name)!r} is not a whole number from 0 to {MAX_CONTEXT}")
     if g.text is not None and not isinstance(g.text, str):
         problems.append(f"text is a {type(g.text).__name__}, not a string or None")
-    if g.loops_used is not None and not (isinstance(g.loops_used, list) and all(type(r) is int and r >= 1 for r in g.loops_used)):
-        problems.append("loops_used is not None or a list of whole numbers >= 1")
+    if g.loops_used is not None and not (isinstance(g.loops_used, list) and all(type(r) is int and 1 <= r <= MAX_CONTEXT
+                                                                                for r in g.loops_used)):
+        problems.append(f"loops_used is not None or a list of whole numbers from 1 to {MAX_CONTEXT}")
     for name in ("prefill_seconds", "decode_seconds"):
         if type(getattr(g, name)) not in (int, float) or not 0 <= getattr(g, name) < math.inf:
             problems.append(f"{name} {getattr(g, name)!r} is not a finite number >= 0")

@@ -73,6 +73,8 @@ class Hostile:
                 g.finish_reason = "exploded"
             if self.what == "negative-tokens":
                 g.generated_tokens = -3
+            if self.what == "huge-tokens":
+                g.prompt_tokens = 10**30
         return out
 
     def memory(self):
@@ -142,7 +144,8 @@ def test_a_plugin_value_that_cannot_be_stored_is_refused_before_anything_is_writ
 
 @pytest.mark.parametrize(("what", "fragment"), [
     ("finish-reason", "finish_reason 'exploded' is not one of eos, stop, length"),
-    ("negative-tokens", "generated_tokens -3 is not a whole number >= 0"),
+    ("negative-tokens", "generated_tokens -3 is not a whole number from 0 to 16777216"),
+    ("huge-tokens", "prompt_tokens 1000000000000000000000000000000 is not a whole number from 0 to 16777216"),
     ("negative-while-generating", "memory()['kv_bytes_used'] is -1"),
     ("huge-while-generating", "memory()['weights_bytes'] is 1000000000000000000000000000000;"),
     ("memory-raises-late", "memory() raised RuntimeError: memory broke on a second line"),
