@@ -217,8 +217,8 @@ T = TypeVar("T")
 
 
 def hook(spec: str, name: str, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """`call(*args, **kwargs)`, one of an adapter's hooks (`memory()`, `generate()`, its `loops` setter...), any exception it raises
-    turned into one AdapterError naming the adapter and the hook. A plugin is someone else's code: its failure fails
+    """`call(*args, **kwargs)`, one of an adapter's hooks (`memory()`, `generate()`, its `loops` setter...), any
+    exception it raises turned into one AdapterError naming the adapter and the hook. A plugin is someone else's code: its failure fails
     its run with that line as the reason, or is refused before the run, never a traceback. AdapterError, the adapter's
     own word to the user, passes unchanged; Ctrl-C (not an Exception) still interrupts."""
     try:

@@ -43,7 +43,8 @@ def integer(raw: dict[str, Any], key: str, default: Any, where: str, low: int = 
     """A JSON integer of at least `low` (LoopConfig bounds it further)."""
     value = _get(raw, key, default, where)
     if type(value) is not int or value < low:
-        raise AdapterError(f"{where} field {key} must be {'a positive integer' if low == 1 else f'an integer >= {low}'}, got {value!r}")
+        what = "a positive integer" if low == 1 else f"an integer >= {low}"
+        raise AdapterError(f"{where} field {key} must be {what}, got {value!r}")
     return value
 
 

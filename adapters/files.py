@@ -123,7 +123,11 @@ def check_closed(folder: str | os.PathLike[str]) -> None:
     every shard its indexes (`*.index.json`) name is a regular file inside it: nothing a loader opens there is a FIFO,
     a device or a file elsewhere. A dangling link is left for the loader to find missing."""
     folder = Path(folder)
-    for entry in sorted(folder.iterdir()):
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError as exc:
+        raise AdapterError(f"model folder {folder}: cannot list it ({exc.strerror or exc})") from None
+    for entry in entries:
         try:
             mode = entry.stat().st_mode
         except OSError:

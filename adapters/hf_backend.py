@@ -90,7 +90,9 @@ class TransformersAdapter:
         for where, source in (("generation_config.json", self._source_generation_config.get("eos_token_id")),
                               ("config.json", getattr(self.model.config, "eos_token_id", None)),
                               ("the tokenizer", getattr(self.tokenizer, "eos_token_id", None))):
-            ids += [i for i in id_list({"eos_token_id": source}, "eos_token_id", f"{self.spec}: {where}") if i not in ids]
+            for i in id_list({"eos_token_id": source}, "eos_token_id", f"{self.spec}: {where}"):
+                if i not in ids:
+                    ids.append(i)
         return ids
 
     def _pad_id(self) -> int:

@@ -292,7 +292,9 @@ def _entry(spec: str) -> tuple[AdapterEntry, str]:
 def load(spec: str, **overrides: Any) -> Adapter:
     """Build the adapter a spec (or bare name) names. Overrides include `loops`, `dtype`, `device`, `seed`."""
     entry, arg = _entry(spec)
-    return entry.factory(arg, **overrides) if entry.source == "builtin" else hook(spec, "its loader", entry.factory, arg, **overrides)
+    if entry.source == "builtin":
+        return entry.factory(arg, **overrides)
+    return hook(spec, "its loader", entry.factory, arg, **overrides)  # a plugin's failure is one line
 
 
 def inspect(spec: str, **overrides: Any) -> dict[str, Any] | None:

@@ -72,7 +72,8 @@ class TimedAdapter:
     def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[Generation]:
         began = time.perf_counter()
         try:
-            generations = [checked_generation(self.spec, g) for g in hook(self.spec, "generate()", self.inner.generate, prompts, sampling)]
+            generated = hook(self.spec, "generate()", self.inner.generate, prompts, sampling)
+            generations = [checked_generation(self.spec, g) for g in generated]
         finally:
             self.generate_seconds += time.perf_counter() - began
         self.sampler.add_generated_tokens(sum(g.generated_tokens for g in generations))

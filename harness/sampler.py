@@ -158,7 +158,9 @@ class MemorySampler:
 
     def start(self) -> MemorySampler:
         """Reset peaks (adapter and torch), take a first tick, and start the thread."""
-        reset = None if self.adapter is None else hook(self.spec, "reset_memory_peak", getattr, self.adapter, "reset_memory_peak", None)
+        reset = None
+        if self.adapter is not None:
+            reset = hook(self.spec, "reset_memory_peak", getattr, self.adapter, "reset_memory_peak", None)
         if reset is not None:
             hook(self.spec, "reset_memory_peak()", reset)
         if self._cuda:

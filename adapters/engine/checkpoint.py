@@ -183,7 +183,7 @@ def load_model(path: str | Path, family: str, dtype: torch.dtype, device: str | 
         raise AdapterError(f"{directory} is not a directory: expected a checkpoint directory (config.json + model.safetensors)")
     cfg = read_config(directory, family)
     tensors = _read_tensors(directory)
-    if cfg.recurrent and any(name.startswith("transformer.") for name in tensors):  # the official layout (an engine checkpoint: the engine's names)
+    if cfg.recurrent and any(name.startswith("transformer.") for name in tensors):  # the official layout, not the engine's
         try:
             tensors = engine_tensors(tensors, cfg)
         except AdapterError as exc:

@@ -149,7 +149,8 @@ def check_official(tensors: dict[str, torch.Tensor], cfg: LoopConfig) -> None:
         if name not in tensors:
             raise AdapterError(f"{cfg.family} checkpoint lacks tensor {name} (shape {shape})")
         if tuple(tensors[name].shape) != shape:
-            raise AdapterError(f"{cfg.family} checkpoint: tensor {name} has shape {tuple(tensors[name].shape)}, the config expects {shape}")
+            raise AdapterError(f"{cfg.family} checkpoint: tensor {name} has shape {tuple(tensors[name].shape)}, "
+                               f"the config expects {shape}")
 
 
 def engine_tensors(tensors: dict[str, torch.Tensor], cfg: LoopConfig) -> dict[str, torch.Tensor]:

@@ -227,7 +227,8 @@ def model_configs(recipe: Recipe, teacher_spec: str | None) -> tuple[LoopConfig,
     if not isinstance(facts.get("config"), dict):
         raise AdapterError(f"teacher {spec!r} is not an engine model, whose LoopLM a MELT conversion starts from")
     teacher = LoopConfig.from_dict(facts["config"])
-    return teacher.replace(family="melt", kv_strategy="gated", gate_variant=recipe.gate_variant, chunk_size=recipe.chunk_size), teacher
+    student = teacher.replace(family="melt", kv_strategy="gated", gate_variant=recipe.gate_variant, chunk_size=recipe.chunk_size)
+    return student, teacher
 
 
 def training_bytes(recipe: Recipe, student: LoopConfig, teacher: LoopConfig | None, length: int) -> int:
@@ -242,7 +243,8 @@ def training_bytes(recipe: Recipe, student: LoopConfig, teacher: LoopConfig | No
     cfg = student
     loops = recipe.backprop_depth if recipe.kind == "huginn" else cfg.loops  # huginn backpropagates through its last loops only
     passes = cfg.prelude_layers + cfg.shared_layers * loops + cfg.coda_layers
-    per_pass = 6 * cfg.hidden_size + (2 * cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim + cfg.num_heads * length + 3 * cfg.ffn_size
+    attention = (2 * cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim + cfg.num_heads * length
+    per_pass = 6 * cfg.hidden_size + attention + 3 * cfg.ffn_size
     scored = cfg.loops if recipe.kind in ("looplm", "melt") else 1
     logits = 2 * cfg.vocab_size * scored + (cfg.vocab_size * teacher.loops if teacher is not None else 0)
     floats = 4 * count_params(cfg) + (count_params(teacher) if teacher is not None else 0)
