@@ -4,7 +4,7 @@
   a boolean written as text is refused, not truthy (`"tie_word_embeddings": "false"` dropped the folder's own lm_head),
   a number written as text is refused (`float("1e6")` read it), token id lists hold integers only.
 - Each family's tensors are checked by name and shape before they are split or reordered (Huginn's, the retrofit's).
-- The tokenizer's ids and size are checked against the model's vocabulary at load.
+- The tokenizer's ids and size are checked against the model's vocabulary at load (engine and transformers).
 
 The folders are real: tiny checkpoints written here (`adapters.testing`), configs changed one field at a time.
 """
@@ -24,7 +24,7 @@ import adapters
 from adapters.base import AdapterError
 from adapters.engine.checkpoint import random_model, save_checkpoint
 from adapters.engine.tokenizer import char_tokenizer
-from adapters.testing import save_tiny_huginn, save_tiny_retrofit
+from adapters.testing import save_tiny_huginn, save_tiny_qwen3, save_tiny_retrofit
 
 
 def _ouro(path: Path, **changes: Any) -> Path:
@@ -179,4 +179,18 @@ def test_an_engine_checkpoint_s_notes_are_checked_too(extra: Any, fragment: str,
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(AdapterError) as caught:
         adapters.load(f"ouro:{folder}", device="cpu")
+    assert fragment in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
+
+
+@pytest.mark.parametrize(("generation", "fragment"), [
+    ({"eos_token_id": ["</s>"]}, "generation_config.json field eos_token_id must be a token id"),
+    ({"eos_token_id": [2, 5000]}, "eos id 5000 is outside the model's vocabulary of 99 tokens"),
+])
+def test_a_transformers_folder_s_stop_ids_are_read_by_type_and_checked_at_load(generation: dict, fragment: str,
+                                                                                tmp_path: Path) -> None:
+    """The transformers backend reads the same ids through the same readers (`adapters.config_values`)."""
+    folder = save_tiny_qwen3(tmp_path / "qwen3")
+    (folder / "generation_config.json").write_text(json.dumps(generation))
+    with pytest.raises(AdapterError) as caught:
+        adapters.load(f"transformers:{folder}", device="cpu")
     assert fragment in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
