@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol, Sequence, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
@@ -66,6 +66,7 @@ def _whole(value: Any, low: int, high: int) -> bool:
 
 
 MAX_STORED_INT = 2**63 - 1  # what a database's integer column holds (a seed is stored in one)
+MAX_BYTES = 2**53  # bytes (8 PiB): more memory than any machine holds, and the last count a float still holds exactly
 
 # Each `Sampling` field's rule: what it must be (as errors say it) and the check. The one home of sampling's
 # validation: `Sampling` itself, `RunSpec.build` for the CLI options and the sweep file's keys all go through
@@ -212,17 +213,39 @@ class Adapter(Protocol):
 # (`harness.runner.TimedAdapter`, `harness.sampler`) and fails the run with the reason instead.
 
 
+T = TypeVar("T")
+
+
+def hook(spec: str, name: str, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`call(*args, **kwargs)`, one of an adapter's hooks (`memory()`, `generate()`, its `loops` setter...), any
+    exception it raises turned into one AdapterError naming the adapter and the hook. A plugin is someone else's code: its failure fails
+    its run with that line as the reason, or is refused before the run, never a traceback. AdapterError, the adapter's
+    own word to the user, passes unchanged; Ctrl-C (not an Exception) still interrupts."""
+    try:
+        return call(*args, **kwargs)
+    except AdapterError:
+        raise
+    except Exception as exc:
+        raise AdapterError(f"{spec}: {name} raised {type(exc).__name__}: {one_line(str(exc))}") from exc
+
+
+def one_line(text: str) -> str:
+    """`text` on one line (its whitespace runs as single spaces), as errors are printed and stored."""
+    return " ".join(text.split())
+
+
 def _count(value: Any) -> bool:
-    return type(value) is int and value >= 0 or type(value) is float and value.is_integer() and value >= 0
+    return (type(value) is int or type(value) is float and value.is_integer()) and 0 <= value <= MAX_BYTES
 
 
 def checked_memory(spec: str, values: Any) -> dict[str, int | None]:
-    """`memory()`'s values as stored: None or a non-negative whole number of bytes each; AdapterError otherwise."""
+    """`memory()`'s values as stored: None or a whole number of bytes from 0 to MAX_BYTES each; AdapterError otherwise."""
     if not isinstance(values, dict):
         raise AdapterError(f"{spec}: memory() must return a dict of byte counts, got {type(values).__name__}")
     for name, value in values.items():
         if value is not None and not _count(value):
-            raise AdapterError(f"{spec}: memory()[{name!r}] is {value!r}; byte counts must be whole numbers >= 0 or None")
+            raise AdapterError(f"{spec}: memory()[{name!r}] is {value!r}; byte counts must be whole numbers from 0 to "
+                               f"2**53 (more than any machine holds) or None")
     return {name: None if value is None else int(value) for name, value in values.items()}
 
 
@@ -240,13 +263,14 @@ def checked_generation(spec: str, generation: Any) -> Generation:
     g, problems = generation, []
     if g.finish_reason not in FINISH_REASONS:
         problems.append(f"finish_reason {g.finish_reason!r} is not one of {', '.join(FINISH_REASONS)}")
-    for name in ("prompt_tokens", "generated_tokens"):
-        if type(getattr(g, name)) is not int or getattr(g, name) < 0:
-            problems.append(f"{name} {getattr(g, name)!r} is not a whole number >= 0")
+    for name in ("prompt_tokens", "generated_tokens"):  # at most any model's context, and what an integer column holds
+        if type(getattr(g, name)) is not int or not 0 <= getattr(g, name) <= MAX_CONTEXT:
+            problems.append(f"{name} {getattr(g, name)!r} is not a whole number from 0 to {MAX_CONTEXT}")
     if g.text is not None and not isinstance(g.text, str):
         problems.append(f"text is a {type(g.text).__name__}, not a string or None")
-    if g.loops_used is not None and not (isinstance(g.loops_used, list) and all(type(r) is int and r >= 1 for r in g.loops_used)):
-        problems.append("loops_used is not None or a list of whole numbers >= 1")
+    if g.loops_used is not None and not (isinstance(g.loops_used, list) and all(type(r) is int and 1 <= r <= MAX_CONTEXT
+                                                                                for r in g.loops_used)):
+        problems.append(f"loops_used is not None or a list of whole numbers from 1 to {MAX_CONTEXT}")
     for name in ("prefill_seconds", "decode_seconds"):
         if type(getattr(g, name)) not in (int, float) or not 0 <= getattr(g, name) < math.inf:
             problems.append(f"{name} {getattr(g, name)!r} is not a finite number >= 0")

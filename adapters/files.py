@@ -5,6 +5,11 @@ open, /dev/zero would fill memory), reads at most a stated number of bytes and d
 failure one AdapterError naming the file. `parse_json` refuses NaN and Infinity, which Python's json
 reads but no JSON standard (nor Postgres) accepts.
 
+Folders: a model folder is closed (`check_closed`, which every checkpoint loader calls first): each of its entries is a
+regular file or a folder, and each shard its index names is a regular file inside it (`folder_file`), so nothing in it
+makes loopeval, or transformers reading it, open a FIFO, a device or weights elsewhere. A folder loopeval writes under
+one the user names takes a plain name (`plain_name`).
+
 Writing: `write_atomically` writes a temporary file beside the target, flushes it to disk and renames
 it over the target, so an interrupted write or a full disk leaves the old file as it was.
 `commit_folder` does the same for a set of files that only make sense together (a checkpoint's
@@ -57,6 +62,80 @@ def read_text(path: str | os.PathLike[str], what: str, limit: int) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise AdapterError(f"{what} {path}: not UTF-8 text (byte {exc.start})") from None
+
+
+# ------------------------------------------------------------------ folders a user hands loopeval (checkpoints)
+# A model folder is closed: what loopeval (or transformers, reading it for loopeval) opens there is a regular file inside
+# it. A FIFO would hang the open, a device would feed it forever, and an index naming `../x` or `/abs` shards would load
+# weights from elsewhere without a word.
+
+def plain_name(name: Any, what: str) -> str:
+    """`name` when it is one plain file or folder name (no separator, not empty, `.` or `..`, no leading dot), which
+    joined to a folder stays inside it; AdapterError naming `what` otherwise."""
+    if not isinstance(name, str) or not name or name.startswith(".") or any(c in name for c in "/\\\0"):
+        raise AdapterError(f"{what} {name!r} must be a plain name (no path separators, not starting with a dot): "
+                           "it names a folder that must stay inside its parent")
+    return name
+
+
+def folder_file(folder: Path, name: Any, what: str) -> Path:
+    """`folder / name` for a `name` one of the folder's own files gives (a shard index's): a relative path without `..`
+    to a regular file that, links followed, lies inside the folder; AdapterError naming `what` otherwise."""
+    if not isinstance(name, str) or not name or "\0" in name or Path(name).is_absolute() or ".." in Path(name).parts:
+        raise AdapterError(f"{what} {name!r} in {folder}: must name a file inside the folder (a relative path without ..)")
+    path = folder / name
+    try:
+        resolved = path.resolve(strict=True)
+    except (OSError, RuntimeError):  # missing, a dangling link or a loop of links
+        raise AdapterError(f"{what} {path}: no such file") from None
+    if not resolved.is_relative_to(folder.resolve()):
+        raise AdapterError(f"{what} {path}: a link to {resolved}, outside the folder {folder}")
+    _regular(path, resolved.stat().st_mode, what)
+    return path
+
+
+def _regular(path: Path, mode: int, what: str) -> None:
+    if not stat.S_ISREG(mode):
+        kind = "a folder" if stat.S_ISDIR(mode) else "a device, FIFO or socket"
+        raise AdapterError(f"{what} {path}: {kind}, not a regular file")
+
+
+INDEX_LIMIT = 16 * MIB  # a shard index of thousands of tensors is a few MB
+
+
+def index_shards(folder: Path, index: str) -> list[Path]:
+    """The shard files the index file `index` of `folder` names (its `weight_map` values), each checked by `folder_file`."""
+    try:
+        weight_map = parse_json(read_text(folder / index, "shard index", INDEX_LIMIT)).get("weight_map")
+    except (ValueError, AttributeError) as exc:
+        raise AdapterError(f"shard index {folder / index}: not a JSON object with a weight_map ({exc})") from None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise AdapterError(f"shard index {folder / index}: its weight_map must map tensor names to shard files, got {weight_map!r}")
+    names: list[Any] = []  # each shard once, in the index's order (a shard holds many tensors)
+    for name in weight_map.values():
+        if name not in names:
+            names.append(name)
+    return [folder_file(folder, name, f"shard of {index}") for name in names]
+
+
+def check_closed(folder: str | os.PathLike[str]) -> None:
+    """AdapterError unless every entry of the model folder `folder` is, links followed, a regular file or a folder, and
+    every shard its indexes (`*.index.json`) name is a regular file inside it: nothing a loader opens there is a FIFO,
+    a device or a file elsewhere. A dangling link is left for the loader to find missing."""
+    folder = Path(folder)
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError as exc:
+        raise AdapterError(f"model folder {folder}: cannot list it ({exc.strerror or exc})") from None
+    for entry in entries:
+        try:
+            mode = entry.stat().st_mode
+        except OSError:
+            continue
+        if not stat.S_ISDIR(mode):
+            _regular(entry, mode, "model folder file")
+    for index in sorted(folder.glob("*.index.json")):
+        index_shards(folder, index.name)
 
 
 def _no_constant(name: str) -> Any:

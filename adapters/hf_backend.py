@@ -39,6 +39,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from adapters import threads
 from adapters.base import MODEL_DTYPES, AdapterError, Generation, Prompt, Sampling, dtype_short
+from adapters.config_values import check_vocabulary, first_id, id_list
+from adapters.files import check_closed
 from adapters.registry import register
 from measures import MEMORY_KEYS
 
@@ -74,6 +76,7 @@ class TransformersAdapter:
         self._source_generation_config = source_generation_config
         self.eos_token_ids = self._eos_ids()
         self.pad_token_id = self._pad_id()
+        self._check_vocabulary()
         self._cache: Any | None = None  # the cache of the current or last generate call
         self._written = 0  # positions written into a static cache (dynamic caches know their length)
         self._kv_peak = 0
@@ -81,21 +84,27 @@ class TransformersAdapter:
     # --- setup helpers -------------------------------------------------------------------------
 
     def _eos_ids(self) -> list[int]:
+        """The stop ids the folder names (generation config, config, tokenizer), each read by `adapters.config_values`
+        and checked against the model's vocabulary at load."""
         ids: list[int] = []
-        for source in (self._source_generation_config.get("eos_token_id"), getattr(self.model.config, "eos_token_id", None),
-                       getattr(self.tokenizer, "eos_token_id", None)):
-            for value in source if isinstance(source, list) else [source]:
-                if value is not None and value not in ids:
-                    ids.append(int(value))
+        for where, source in (("generation_config.json", self._source_generation_config.get("eos_token_id")),
+                              ("config.json", getattr(self.model.config, "eos_token_id", None)),
+                              ("the tokenizer", getattr(self.tokenizer, "eos_token_id", None))):
+            for i in id_list({"eos_token_id": source}, "eos_token_id", f"{self.spec}: {where}"):
+                if i not in ids:
+                    ids.append(i)
         return ids
 
     def _pad_id(self) -> int:
         pad = getattr(self.tokenizer, "pad_token_id", None)
         if pad is None:
-            pad = self._source_generation_config.get("pad_token_id")
-        if pad is None:
-            pad = self.eos_token_ids[0] if self.eos_token_ids else 0
-        return int(pad)
+            pad = first_id(self._source_generation_config, "pad_token_id", f"{self.spec}: generation_config.json")
+        return (self.eos_token_ids[0] if self.eos_token_ids else 0) if pad is None else pad
+
+    def _check_vocabulary(self) -> None:
+        vocab = self.model.get_input_embeddings().num_embeddings
+        tokens = None if self.tokenizer is None else len(self.tokenizer)
+        check_vocabulary(self.spec, vocab, {"eos id": self.eos_token_ids, "pad id": self.pad_token_id}, tokens=tokens)
 
     @property
     def device(self) -> "torch.device":
@@ -326,6 +335,7 @@ def load_transformers(
         raise AdapterError(f"{spec}: no such directory")
     if not (folder / "config.json").is_file():
         raise AdapterError(f"{spec}: not a transformers model directory (no config.json)")
+    check_closed(folder)  # transformers opens what the folder holds: no FIFO, device or shard outside it
     if loops not in (None, 1):
         raise AdapterError(f"{spec}: a transformers model does not loop; loops must be 1, got {loops}")
     if cache not in CACHE_KINDS:

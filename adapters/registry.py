@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from adapters.base import Adapter, AdapterError
+from adapters.base import Adapter, AdapterError, hook
 
 Factory = Callable[..., Adapter]
 Inspector = Callable[..., dict[str, Any]]  # (arg, **overrides) -> describe()-like facts, no weights loaded
@@ -292,10 +292,14 @@ def _entry(spec: str) -> tuple[AdapterEntry, str]:
 def load(spec: str, **overrides: Any) -> Adapter:
     """Build the adapter a spec (or bare name) names. Overrides include `loops`, `dtype`, `device`, `seed`."""
     entry, arg = _entry(spec)
-    return entry.factory(arg, **overrides)
+    if entry.source == "builtin":
+        return entry.factory(arg, **overrides)
+    return hook(spec, "its loader", entry.factory, arg, **overrides)  # a plugin's failure is one line
 
 
 def inspect(spec: str, **overrides: Any) -> dict[str, Any] | None:
     """Validate a spec from its config alone: describe()-like facts, or None where the adapter can only tell once loaded."""
     entry, arg = _entry(spec)
-    return None if entry.inspect is None else entry.inspect(arg, **overrides)
+    if entry.inspect is None or entry.source == "builtin":
+        return None if entry.inspect is None else entry.inspect(arg, **overrides)
+    return hook(spec, "its inspector", entry.inspect, arg, **overrides)

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from adapters.base import DTYPE_BYTES, AdapterError, FinishReason, Generation, Prompt, Sampling, dtype_short
+from adapters.files import check_closed
 from adapters.registry import register
 from measures import MEMORY_KEYS
 
@@ -286,6 +287,7 @@ def inspect_vllm(
     spec = f"vllm:{path}"
     if not (Path(path).expanduser() / "config.json").is_file():
         raise AdapterError(f"{spec}: not a model directory (no config.json)")
+    check_closed(Path(path).expanduser())  # vLLM opens what the folder holds: no FIFO, device or shard outside it
     if loops not in (None, 1):
         raise AdapterError(f"{spec}: a vLLM model does not loop; loops must be 1, got {loops}")
     if device not in (None, "cuda"):

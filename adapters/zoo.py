@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from adapters.base import Adapter, AdapterError
-from adapters.files import MIB, read_text
-from adapters.engine.config import LoopConfig
+from adapters.files import MIB, plain_name, read_text
+from adapters.engine.config import MAX_LOOPS, LoopConfig
 from adapters.engine.presets import preset
 from adapters.registry import inspect, load, register
 
@@ -129,13 +129,11 @@ class Recipe:
     distill_temperature: float = 1.0
 
     def __post_init__(self) -> None:
+        plain_name(self.name, "recipe name")  # `zoo train` writes the model to OUT/NAME, inside OUT
         for f in fields(self):
             _check_field(self.name, f, getattr(self, f.name))
         if self.kind not in KINDS:
             raise AdapterError(f"recipe {self.name}: kind {self.kind!r} is not one of {', '.join(KINDS)}")
-        for name in ("steps", "batch_size", "log_every", "save_every", "chunk_size", "mean_recurrence", "backprop_depth"):
-            if getattr(self, name) < 1:
-                raise AdapterError(f"recipe {self.name}: {name} must be >= 1, got {getattr(self, name)}")
         if self.kind == "melt" and not self.teacher:
             raise AdapterError(f"recipe {self.name}: a melt recipe needs a teacher")
         if self.kind != "melt":
@@ -156,8 +154,22 @@ class Recipe:
         return preset(self.preset).replace(**self.config)
 
 
+# Each number's range (low, high; a float's low is excluded where the name is in OPEN_LOW): far beyond any recipe that
+# trains, they stop a typo or a hostile file (a learning rate of 1e9, a temperature of 0: NaN, a seed past what
+# torch's generators take) before anything is built. Sizes beyond memory are `training.training_bytes`' to refuse.
+RANGES: dict[str, tuple[int, int | float]] = {
+    "seed": (0, 2**32 - 1), "steps": (1, 10**9), "batch_size": (1, 1 << 20), "lr": (0, 1), "warmup_steps": (0, 10**9),
+    "weight_decay": (0, 1), "grad_clip": (0, 10**6), "min_lr_ratio": (0, 1), "val_items": (0, 10**7), "log_every": (1, 10**9),
+    "save_every": (1, 10**9), "entropy_weight": (0, 100), "exit_bias_init": (-100, 100), "mean_recurrence": (1, MAX_LOOPS),
+    "backprop_depth": (1, MAX_LOOPS), "chunk_size": (1, 1 << 16), "ramp_steps": (0, 10**9), "stage2_start": (0, 10**9),
+    "beta": (0, 10**6), "distill_temperature": (0, 100),
+}
+OPEN_LOW = ("lr", "grad_clip", "distill_temperature")  # 0 trains nothing, clips every gradient away, divides by zero
+
+
 def _check_field(recipe: str, f: Field[Any], value: Any) -> None:
-    """AdapterError unless `value` has the type of the field's default (a finite number for floats, >= 0 for ints)."""
+    """AdapterError unless `value` has the type of the field's default (a finite number for floats, >= 0 for ints) and
+    lies in its range (`RANGES`)."""
     kind = dict if f.name == "config" else str if f.default is MISSING else type(f.default)
     checks: dict[type, tuple[Callable[[Any], bool], str]] = {
         int: (lambda v: type(v) is int and v >= 0, "an integer >= 0"),
@@ -170,6 +182,11 @@ def _check_field(recipe: str, f: Field[Any], value: Any) -> None:
     check, what = checks[kind]
     if not check(value):
         raise AdapterError(f"recipe {recipe}: {f.name} must be {what}, got {value!r}")
+    if f.name in RANGES:
+        low, high = RANGES[f.name]
+        if not (low < value if f.name in OPEN_LOW else low <= value) or value > high:
+            bound = "(" if f.name in OPEN_LOW else "["
+            raise AdapterError(f"recipe {recipe}: {f.name} must be in {bound}{low}, {high}], got {value!r}")
 
 
 def _with_bases(tables: dict[str, Any], path: Path) -> dict[str, dict[str, Any]]:

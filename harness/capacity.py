@@ -44,12 +44,17 @@ def check_fits(what: str, facts: dict[str, Any], tokens: int, sequences: int, hi
     need = needed_bytes(facts, tokens, sequences)
     if need is None:
         return
-    free = available_bytes(facts.get("device", "cpu"))
+    budget = facts.get("kv_budget")
+    kv = f"the KV pool of kv_budget = {budget:g} GB" if budget is not None else f"the KV cache of {sequences} sequences x {tokens} tokens"
+    check_memory(f"{what}: weights and {kv}", need, facts.get("device", "cpu"), "kv_budget" if budget is not None else hint)
+
+
+def check_memory(what: str, need: int, device: str, hint: str) -> None:
+    """UserError when `need` bytes for `what` are more than `device` has free; `hint` names what to lower. The one
+    comparison every command that runs or trains a model makes before allocating (`check_fits`, `zoo train`, `zoo convert`)."""
+    free = available_bytes(device)
     if need > free:
-        budget = facts.get("kv_budget")
-        kv = f"the KV pool of kv_budget = {budget:g} GB" if budget is not None else f"the KV cache of {sequences} sequences x {tokens} tokens"
-        raise UserError(f"{what}: weights and {kv} need {need / GB:.3g} GB, but {free / GB:.3g} GB is free on "
-                        f"{facts.get('device', 'cpu')}: lower {'kv_budget' if budget is not None else hint}")
+        raise UserError(f"{what} need {need / GB:.3g} GB, but {free / GB:.3g} GB is free on {device}: lower {hint}")
 
 
 def context_excess(spec: str, facts: dict[str, Any], option: str, tokens: int, generated: int = 0) -> str | None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import adapters
-from adapters.base import Sampling
+from adapters.base import Sampling, checked_context, checked_description, checked_generation, hook
 from harness.errors import UserError
 from harness.capacity import check_context, check_fits
 from harness.spec import at_loops, check_int, is_looped
@@ -85,7 +85,8 @@ def plan_profile(spec: str, lengths: Sequence[int], loops: Sequence[int] | None 
     adapter, facts = None, adapters.inspect(spec, seed=seed)
     if facts is None:
         adapter = adapters.load(spec, seed=seed)
-        facts = adapter.describe() | {"max_context": adapter.max_context}
+        facts = checked_description(spec, hook(spec, "describe()", adapter.describe))
+        facts |= {"max_context": checked_context(spec, hook(spec, "max_context", getattr, adapter, "max_context"))}
     check_context(spec, facts, "--lengths", max(lengths), generated=decode_steps)
     longest = max(lengths) + decode_steps
     counts: list[int | None] = list(loops) if loops and is_looped(facts) else [None]
@@ -117,13 +118,17 @@ def profile_model(
         # static batches: one cache of exactly the point's size, so its KV is the paper's single-sequence
         # memory at that context, not a pool's blocks (`adapters.engine.adapter`)
         adapter = at_loops(adapter, spec, r, {"seed": seed}, batching="static")
-        info = adapter.describe()
+        info = checked_description(spec, hook(spec, "describe()", adapter.describe))
         vocab = (info.get("config") or {}).get("vocab_size") or len(adapter.tokenizer)
         for length in plan.lengths:
             _free_device_memory()
-            sampler = MemorySampler(adapter, interval=interval)
+            sampler = MemorySampler(adapter, interval=interval, spec=spec)
             with sampler:
-                generations = adapter.generate([_prompt(vocab, length, seed)] * batch, decode_sampling(decode_steps))
+                prompts = [_prompt(vocab, length, seed)] * batch
+                generations = [checked_generation(spec, g) for g in hook(spec, "generate()", adapter.generate, prompts,
+                                                                         decode_sampling(decode_steps))]
+            if sampler.failure is not None:
+                raise sampler.failure
             point_peaks = sampler.peaks()
             decode_seconds = max(g.decode_seconds for g in generations)
             generated = sum(g.generated_tokens for g in generations)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from adapters.base import (Finished, Generation, Prompt, Request, Sampling, Scheduling, checked_context, checked_description,
-                           checked_generation, checked_memory)
+                           checked_generation, checked_memory, hook, one_line)
 from db import ResultsError
 from db.sets import id_ranges, run_key
 from harness.capacity import check_fits
@@ -40,16 +40,17 @@ class TimedAdapter:
     """The adapter as the bridge sees it: same API, but `generate` is timed and its tokens counted.
 
     The time inside `generate` is what the harness overhead is measured against; the token count
-    feeds the sampler's running `generated_tokens`.
+    feeds the sampler's running `generated_tokens`. Every hook goes through `adapters.base.hook`, so an
+    exception in one fails the run with one line.
     """
 
-    def __init__(self, adapter: Any, sampler: MemorySampler) -> None:
+    def __init__(self, adapter: Any, sampler: MemorySampler, spec: str) -> None:
         self.inner = adapter
         self.sampler = sampler
         self.generate_seconds = 0.0
-        self.spec = adapter.spec
-        self.tokenizer = adapter.tokenizer
-        self.max_context = checked_context(self.spec, adapter.max_context)
+        self.spec = spec
+        self.tokenizer = hook(spec, "tokenizer", getattr, adapter, "tokenizer")
+        self.max_context = checked_context(spec, hook(spec, "max_context", getattr, adapter, "max_context"))
         if isinstance(adapter, Scheduling):  # the bridge hands such an adapter whole workloads
             self.generate_requests = self._generate_requests
 
@@ -64,27 +65,28 @@ class TimedAdapter:
 
         began = time.perf_counter()
         try:
-            self.inner.generate_requests(requests, counted)
+            hook(self.spec, "generate_requests()", self.inner.generate_requests, requests, counted)
         finally:
             self.generate_seconds += time.perf_counter() - began
 
     def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[Generation]:
         began = time.perf_counter()
         try:
-            generations = [checked_generation(self.spec, g) for g in self.inner.generate(prompts, sampling)]
+            generated = hook(self.spec, "generate()", self.inner.generate, prompts, sampling)
+            generations = [checked_generation(self.spec, g) for g in generated]
         finally:
             self.generate_seconds += time.perf_counter() - began
         self.sampler.add_generated_tokens(sum(g.generated_tokens for g in generations))
         return generations
 
     def forward_logits(self, input_ids: Any) -> Any:
-        return self.inner.forward_logits(input_ids)
+        return hook(self.spec, "forward_logits()", self.inner.forward_logits, input_ids)
 
     def memory(self) -> dict[str, int | None]:
-        return checked_memory(self.spec, self.inner.memory())
+        return checked_memory(self.spec, hook(self.spec, "memory()", self.inner.memory))
 
     def describe(self) -> dict[str, Any]:
-        return checked_description(self.spec, self.inner.describe())
+        return checked_description(self.spec, hook(self.spec, "describe()", self.inner.describe))
 
     def __getattr__(self, name: str) -> Any:  # optional adapter extras (reset_memory_peak, ...)
         return getattr(self.inner, name)
@@ -203,9 +205,9 @@ def prepare_sweep(spec: RunSpec) -> SweepPlan:
         description = adapters.inspect(model, **overrides)
         if description is None:  # a plugin's values are checked here, before anything is stored
             adapter = plan.loaded[model] = adapters.load(model, **overrides)
-            checked_context(model, adapter.max_context)
-            checked_memory(model, adapter.memory())
-            description = checked_description(model, adapter.describe())
+            checked_context(model, hook(model, "max_context", getattr, adapter, "max_context"))
+            checked_memory(model, hook(model, "memory()", adapter.memory))
+            description = checked_description(model, hook(model, "describe()", adapter.describe))
         elif "max_context" in description:
             checked_context(model, description["max_context"])
         plan.params[model] = description.get("params")
@@ -437,8 +439,8 @@ def _execute(
     from harness.evaluation import run_suite
     from harness.lighteval_model import CONTEXT_LIMIT
 
-    sampler = MemorySampler(adapter, interval=spec.sampler_interval)
-    timed = TimedAdapter(adapter, sampler)
+    sampler = MemorySampler(adapter, interval=spec.sampler_interval, spec=run[0])
+    timed = TimedAdapter(adapter, sampler, run[0])
     previous = store.get_run(run_id)
     recorder = RunRecorder(store, run_id, sampler, timed, previous=previous)
     recorder.acquire()  # refuses a run another live process is running
@@ -482,7 +484,8 @@ def _execute(
 
 
 def _error(exc: Exception) -> str:
-    return f"{type(exc).__name__}: {exc}"
+    """A failed run's reason as stored and logged: one line."""
+    return one_line(f"{type(exc).__name__}: {exc}")
 
 
 def _record_sampler(store: Store, run_id: int, sampler: MemorySampler, log: Callable[[str], None], headline: str) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 
 import psutil
 
-from adapters.base import AdapterError, checked_memory
+from adapters.base import AdapterError, checked_memory, hook
 from measures import ADAPTER_PEAKS, ADAPTER_SERIES, PEAK_MEASURES, SERIES_MEASURES, merged_peak
 
 DEFAULT_INTERVAL = 0.02
@@ -78,10 +78,12 @@ class MemorySampler:
     writes, safe to read from the sampler thread under the GIL.
     """
 
-    def __init__(self, adapter: Any | None = None, interval: float = DEFAULT_INTERVAL, device_index: int | None = None) -> None:
+    def __init__(self, adapter: Any | None = None, interval: float = DEFAULT_INTERVAL, device_index: int | None = None,
+                 spec: str = "the adapter") -> None:
         if interval <= 0:
             raise ValueError(f"sampler interval must be > 0 seconds, got {interval}")
         self.adapter = adapter
+        self.spec = spec  # how errors name the adapter
         self.interval = interval
         self.phase: str | None = None
         self.generated_tokens = 0
@@ -147,7 +149,7 @@ class MemorySampler:
         if self.failure is not None:
             return {}
         try:
-            return checked_memory(getattr(self.adapter, "spec", "the adapter"), self.adapter.memory())
+            return checked_memory(self.spec, hook(self.spec, "memory()", self.adapter.memory))
         except AdapterError as exc:
             self.failure = exc
             return {}
@@ -156,8 +158,11 @@ class MemorySampler:
 
     def start(self) -> MemorySampler:
         """Reset peaks (adapter and torch), take a first tick, and start the thread."""
-        if self.adapter is not None and hasattr(self.adapter, "reset_memory_peak"):
-            self.adapter.reset_memory_peak()
+        reset = None
+        if self.adapter is not None:
+            reset = hook(self.spec, "reset_memory_peak", getattr, self.adapter, "reset_memory_peak", None)
+        if reset is not None:
+            hook(self.spec, "reset_memory_peak()", reset)
         if self._cuda:
             import torch
 

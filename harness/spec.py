@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import adapters
-from adapters.base import EXIT_CRITERIA, MAX_STORED_INT, PAPER_PROTOCOL, AdapterError, Sampling, check_sampling
+from adapters.base import EXIT_CRITERIA, MAX_STORED_INT, PAPER_PROTOCOL, AdapterError, Sampling, check_sampling, hook
 from adapters.engine.config import MAX_LOOPS
 from harness.errors import UserError
 from harness.sampler import DEFAULT_INTERVAL
@@ -307,14 +307,18 @@ def at_loops(adapter: Any, model: str, loops: int | None, overrides: Mapping[str
     properties, which check the values as a load override is checked: a second full load would double
     load time on a GPU and can inflate NVML peaks. Its memory peak is reset, so the next measurement's
     peaks are its own. Any other adapter, or none yet (`adapter` None), is loaded with `overrides` and `loops`.
+    Each property and hook goes through `adapters.base.hook`: a plugin's that raises is one line.
     """
-    if adapter is None or (loops is not None and not hasattr(adapter, "loops")):
+    def has(name: str) -> bool:
+        return hook(model, name, hasattr, adapter, name)
+
+    if adapter is None or (loops is not None and not has("loops")):
         adapter = adapters.load(model, **{**overrides, **({} if loops is None else {"loops": loops})})
     else:
         if loops is not None:
-            adapter.loops = loops
-        if hasattr(adapter, "reset_memory_peak"):
-            adapter.reset_memory_peak()
-    if batching is not None and hasattr(adapter, "batching"):
-        adapter.batching = batching
+            hook(model, "its loops setter", setattr, adapter, "loops", loops)
+        if has("reset_memory_peak"):
+            hook(model, "reset_memory_peak()", adapter.reset_memory_peak)
+    if batching is not None and has("batching"):
+        hook(model, "its batching setter", setattr, adapter, "batching", batching)
     return adapter

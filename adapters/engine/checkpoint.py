@@ -25,7 +25,8 @@ from typing import Any
 import torch
 
 from adapters.base import AdapterError
-from adapters.files import MIB, check_complete, commit_folder, parse_json, read_text
+from adapters.config_values import MISSING, first_id, flag, id_list, integer, number
+from adapters.files import MIB, check_closed, check_complete, commit_folder, index_shards, parse_json, read_text
 from adapters.engine.config import ENGINE_FORMAT, LoopConfig
 from adapters.engine.huginn import MODEL_TYPE as HUGINN_TYPE, engine_tensors, huginn_config, is_retrofit, retrofit_config
 from adapters.engine.model import LoopedLM
@@ -50,37 +51,25 @@ def read_json(path: Path) -> dict[str, Any]:
     return raw
 
 
-def _float(value: Any) -> Any:
-    """A number as a float (HF configs write 1000000 or 1e6); anything else as it is, for LoopConfig to refuse."""
-    return float(value) if type(value) in (int, float) else value
-
-
-def _first(value: Any) -> int | None:
-    return value[0] if isinstance(value, list) and value else value if isinstance(value, int) else None
-
-
 def _hf_config(raw: dict[str, Any], family: str) -> LoopConfig:
     """Map a Qwen2/Qwen3/Ouro-style HF config.json (or a RavenConfig's) onto LoopConfig (which checks every field's type and range)."""
     if family == "huginn":
         return huginn_config(raw)
     if family == "retrofit":
         return retrofit_config(raw)
+    where = "HF config.json"
     try:
-        heads = raw["num_attention_heads"]
-        hidden = raw["hidden_size"]
-        for name, value in (("num_attention_heads", heads), ("hidden_size", hidden)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise AdapterError(f"HF config.json field {name} must be a positive integer, got {value!r}")
-        rope = raw.get("rope_parameters") or {}
-        eos = raw.get("eos_token_id")
+        heads, hidden = integer(raw, "num_attention_heads", MISSING, where), integer(raw, "hidden_size", MISSING, where)
+        rope = raw.get("rope_parameters")  # transformers 5 nests the RoPE fields here
+        theta = number(rope if isinstance(rope, dict) and "rope_theta" in rope else raw, "rope_theta", 10000.0, where)
+        eos = id_list(raw, "eos_token_id", where)
         cfg = dict(
             vocab_size=raw["vocab_size"], hidden_size=hidden, num_heads=heads,
             num_kv_heads=raw.get("num_key_value_heads") or heads, head_dim=raw.get("head_dim") or hidden // heads,
-            ffn_size=raw["intermediate_size"], rope_theta=_float((rope.get("rope_theta") if isinstance(rope, dict) else None) or raw.get("rope_theta") or 10000.0),
-            norm_eps=raw.get("rms_norm_eps", 1e-6), tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            max_position=raw.get("max_position_embeddings", 32768), bos_token_id=_first(raw.get("bos_token_id")),
-            eos_token_id=_first(eos), pad_token_id=_first(raw.get("pad_token_id")),
-            extra={"eos_token_ids": eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else []},
+            ffn_size=raw["intermediate_size"], rope_theta=theta,
+            norm_eps=raw.get("rms_norm_eps", 1e-6), tie_embeddings=flag(raw, "tie_word_embeddings", False, where),
+            max_position=raw.get("max_position_embeddings", 32768), bos_token_id=first_id(raw, "bos_token_id", where),
+            eos_token_id=eos[0] if eos else None, pad_token_id=first_id(raw, "pad_token_id", where), extra={"eos_token_ids": eos},
         )
         layers = raw["num_hidden_layers"]
     except KeyError as exc:
@@ -105,6 +94,8 @@ def read_config(path: str | Path, family: str | None = None) -> LoopConfig:
     file = path / "config.json" if path.is_dir() else path
     if not path.exists():
         raise AdapterError(f"{path} not found: expected a preset name, a checkpoint directory or a config.json")
+    if path.is_dir():
+        check_closed(path)  # before its config is read: no FIFO, device or shard outside the folder
     raw = read_json(file)
     try:
         if raw.get("format") == ENGINE_FORMAT:
@@ -125,9 +116,8 @@ def _with_generation_config(cfg: LoopConfig, directory: Path) -> LoopConfig:
     file = directory / "generation_config.json"
     if not file.is_file():
         return cfg
-    eos = read_json(file).get("eos_token_id")
-    ids = eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else []
-    return cfg.replace(extra={**cfg.extra, "generation_eos_ids": [i for i in ids if isinstance(i, int) and not isinstance(i, bool)]})
+    ids = id_list(read_json(file), "eos_token_id", str(file))
+    return cfg.replace(extra={**cfg.extra, "generation_eos_ids": ids})
 
 
 def _hf_family(raw: dict[str, Any], file: Path) -> str:
@@ -176,8 +166,8 @@ def _read_tensors(directory: Path) -> dict[str, torch.Tensor]:
             return read_safetensors(single)
         if index.is_file():
             tensors: dict[str, torch.Tensor] = {}
-            for shard in sorted(set(read_json(index)["weight_map"].values())):
-                tensors.update(read_safetensors(directory / shard))
+            for shard in index_shards(directory, index.name):
+                tensors.update(read_safetensors(shard))
             return tensors
     except AdapterError:
         raise
@@ -193,8 +183,11 @@ def load_model(path: str | Path, family: str, dtype: torch.dtype, device: str | 
         raise AdapterError(f"{directory} is not a directory: expected a checkpoint directory (config.json + model.safetensors)")
     cfg = read_config(directory, family)
     tensors = _read_tensors(directory)
-    if cfg.recurrent and "transformer.wte.weight" in tensors:  # the official layout (an engine checkpoint has the engine's names)
-        tensors = engine_tensors(tensors, cfg)
+    if cfg.recurrent and any(name.startswith("transformer.") for name in tensors):  # the official layout, not the engine's
+        try:
+            tensors = engine_tensors(tensors, cfg)
+        except AdapterError as exc:
+            raise AdapterError(f"{directory}: {exc}") from None
     if cfg.exit_gate and "model.early_exit_gate.weight" not in tensors:  # HF Ouro dirs without the gate still run
         cfg = cfg.replace(exit_gate=False)
     if cfg.tie_embeddings:

@@ -214,7 +214,10 @@ def _one_of(cfg: LoopConfig, name: str, allowed: tuple[str, ...]) -> None:
 
 
 def _check_values(cfg: LoopConfig) -> None:
-    """The exit threshold, the EMA decay, the token ids, what the recurrent families need, and the RoPE scaling."""
+    """The exit threshold, the EMA decay, the token ids, what the recurrent families need, the RoPE scaling, and the
+    free-form notes (a table: loaders read their stop ids from it)."""
+    if not isinstance(cfg.extra, dict):
+        raise AdapterError(f"config field extra must be a table of notes, got {cfg.extra!r}")
     threshold = cfg.exit_threshold
     if threshold is not None and not (cfg.exit_gate and type(threshold) in (int, float) and 0 < threshold <= 1):  # NaN fails too
         raise AdapterError(

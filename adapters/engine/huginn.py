@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from adapters.base import AdapterError
+from adapters.config_values import first_id, flag, number
 from adapters.engine.config import ROPE_SCALING_KEYS, LoopConfig
 
 MODEL_TYPE = "huginn_raven"
@@ -50,9 +51,12 @@ NORMS = {"norm_1": "input_layernorm", "norm_2": "input_layernorm_2", "norm_3": "
 RETROFIT_NORMS = {"norm_1": "input_layernorm", "norm_2": "post_attention_layernorm"}  # the Llama block's two norms
 
 
+WHERE = "RavenConfig config.json"  # how errors name the file
+
+
 def is_retrofit(raw: dict[str, Any]) -> bool:
     """Whether a RavenConfig config.json is a retrofitted model's (qk_bias false) rather than Huginn-0125's."""
-    return raw.get("qk_bias", True) is False
+    return not flag(raw, "qk_bias", True, WHERE)
 
 
 def huginn_config(raw: dict[str, Any]) -> LoopConfig:
@@ -64,10 +68,10 @@ def huginn_config(raw: dict[str, Any]) -> LoopConfig:
         family="huginn", vocab_size=raw.get("vocab_size", 65536), hidden_size=d, num_heads=heads, num_kv_heads=heads,
         head_dim=d // heads, ffn_size=raw.get("intermediate_size", 17920), prelude_layers=raw.get("n_layers_in_prelude", 2),
         shared_layers=raw.get("n_layers_in_recurrent_block", 4), coda_layers=raw.get("n_layers_in_coda", 2),
-        loops=raw.get("mean_recurrence", 32), rope_theta=float(raw.get("rope_base", ROPE_BASE)), norm_eps=raw.get("norm_eps", 1e-6),
-        tie_embeddings=bool(raw.get("tie_embeddings", True)), norm_layout="sandwich", kv_strategy="per_loop",
-        max_position=raw.get("block_size", 4096), bos_token_id=raw.get("bos_token_id"), eos_token_id=raw.get("eos_token_id"),
-        pad_token_id=raw.get("pad_token_id"),
+        loops=raw.get("mean_recurrence", 32), rope_theta=number(raw, "rope_base", ROPE_BASE, WHERE), norm_eps=raw.get("norm_eps", 1e-6),
+        tie_embeddings=flag(raw, "tie_embeddings", True, WHERE), norm_layout="sandwich", kv_strategy="per_loop",
+        max_position=raw.get("block_size", 4096), bos_token_id=first_id(raw, "bos_token_id", WHERE),
+        eos_token_id=first_id(raw, "eos_token_id", WHERE), pad_token_id=first_id(raw, "pad_token_id", WHERE),
     )
 
 
@@ -86,8 +90,9 @@ def retrofit_config(raw: dict[str, Any]) -> LoopConfig:
         num_kv_heads=raw.get("num_key_value_heads", heads), head_dim=d // heads, ffn_size=raw.get("intermediate_size", 17920),
         prelude_layers=raw.get("n_layers_in_prelude", 2), shared_layers=raw.get("n_layers_in_recurrent_block", 4),
         coda_layers=raw.get("n_layers_in_coda", 2), loops=raw.get("mean_recurrence", 32),
-        rope_theta=float(raw.get("rope_theta", raw.get("rope_base", ROPE_BASE))), rope_scaling=_llama3_scaling(raw.get("rope_scaling")),
-        norm_eps=raw.get("norm_eps", 1e-6), tie_embeddings=bool(raw.get("tie_embeddings", True)), norm_layout="pre",
+        rope_theta=number(raw, "rope_theta", number(raw, "rope_base", ROPE_BASE, WHERE), WHERE),
+        rope_scaling=_llama3_scaling(raw.get("rope_scaling")),
+        norm_eps=raw.get("norm_eps", 1e-6), tie_embeddings=flag(raw, "tie_embeddings", True, WHERE), norm_layout="pre",
         kv_strategy="per_loop", state_std=init["std"], max_position=raw.get("max_position_embeddings", raw.get("block_size", 4096)),
     )
 
@@ -96,7 +101,7 @@ def _raven_shape(raw: dict[str, Any], name: str) -> tuple[int, int]:
     """(n_embd, n_heads) of a RavenConfig config.json, after the checks both families share."""
     if raw.get("model_type") != MODEL_TYPE:
         raise AdapterError(f"not a {name} config.json: model_type is {raw.get('model_type')!r}, expected {MODEL_TYPE!r}")
-    if raw.get("injection_type", "linear") != "linear" or raw.get("bias", False):
+    if raw.get("injection_type", "linear") != "linear" or flag(raw, "bias", False, WHERE):
         raise AdapterError(f"{name} config.json: only injection_type 'linear' and bias false (the released models) are supported")
     d, heads = raw.get("n_embd", 5280), raw.get("n_heads", raw.get("num_attention_heads", 55))
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (d, heads)) or d % heads:
@@ -119,9 +124,39 @@ def rope_order(head_dim: int) -> torch.Tensor:
     return torch.cat((torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)))
 
 
+def official_shapes(cfg: LoopConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor the official layout of `cfg` holds, with its shape (the lm_head only when untied; a tied one is
+    dropped at load)."""
+    d, h, kv, hd, ffn = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.ffn_size
+    shapes = {"transformer.wte.weight": (cfg.vocab_size, d), "transformer.ln_f.weight": (d,), "transformer.adapter.weight": (d, 2 * d)}
+    if not cfg.tie_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, d)
+    for part, count in (("prelude", cfg.prelude_layers), ("core_block", cfg.shared_layers), ("coda", cfg.coda_layers)):
+        for i in range(count):
+            block = f"transformer.{part}.{i}."
+            shapes |= {f"{block}{norm}.weight": (d,) for norm in (NORMS if cfg.huginn else RETROFIT_NORMS)}
+            shapes |= {f"{block}attn.Wqkv.weight": ((h + 2 * kv) * hd, d), f"{block}attn.proj.weight": (d, h * hd),
+                       f"{block}mlp.fc.weight": (2 * ffn, d), f"{block}mlp.proj.weight": (d, ffn)}
+            if cfg.huginn:
+                shapes[f"{block}attn.qk_bias"] = (2, 1, h, hd)
+    return shapes
+
+
+def check_official(tensors: dict[str, torch.Tensor], cfg: LoopConfig) -> None:
+    """AdapterError naming the first tensor of the official layout that is missing or misshapen: checked before any is
+    split or reordered, which would otherwise fail as an index error."""
+    for name, shape in official_shapes(cfg).items():
+        if name not in tensors:
+            raise AdapterError(f"{cfg.family} checkpoint lacks tensor {name} (shape {shape})")
+        if tuple(tensors[name].shape) != shape:
+            raise AdapterError(f"{cfg.family} checkpoint: tensor {name} has shape {tuple(tensors[name].shape)}, "
+                               f"the config expects {shape}")
+
+
 def engine_tensors(tensors: dict[str, torch.Tensor], cfg: LoopConfig) -> dict[str, torch.Tensor]:
     """The official state dict under the engine's names (`LoopedLM.state_dict()`); Huginn-0125's q and k reordered for
-    rotate-half RoPE (a retrofit's are rotate-half already)."""
+    rotate-half RoPE (a retrofit's are rotate-half already). Each tensor's name and shape is checked first."""
+    check_official(tensors, cfg)
     out = {"model.embed_tokens.weight": tensors.pop("transformer.wte.weight"), "model.norm.weight": tensors.pop("transformer.ln_f.weight"),
            "model.recurrence.adapter.weight": tensors.pop("transformer.adapter.weight")}
     tensors.pop("freqs_cis", None)  # the official RoPE table, a buffer; the engine computes its own from rope_theta

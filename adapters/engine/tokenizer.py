@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from adapters.base import AdapterError
+from adapters.config_values import check_vocabulary, id_list
+from adapters.files import check_closed
 from adapters.engine.config import LoopConfig
 
 SPECIALS = ("<pad>", "<bos>", "<eos>")
@@ -46,6 +48,7 @@ def load_tokenizer(directory: Path) -> Any | None:
 
     if not (directory / "tokenizer.json").is_file():
         return None
+    check_closed(directory)  # transformers opens tokenizer_config.json, special_tokens_map.json, ... there
     try:
         return PreTrainedTokenizerFast.from_pretrained(str(directory), local_files_only=True, trust_remote_code=False)
     except Exception as exc:  # noqa: BLE001 (any parse failure is the user's file)
@@ -60,15 +63,21 @@ def token_ids(cfg: LoopConfig, tokenizer: Any | None) -> LoopConfig:
     wins: bos, eos and pad are its own where it has them. A sample stops on the tokenizer's eos plus
     generation_config.json's ids when that file names the tokenizer's eos (Qwen3 lists `<|im_end|>`
     and `<|endoftext|>`); otherwise on the tokenizer's eos plus the ids the config files claim that
-    the tokenizer does not map to another special token.
+    the tokenizer does not map to another special token. Every id, and the tokenizer's size, must fit the model's
+    vocabulary: checked here, at load, not found as an index error mid-run.
     """
-    if tokenizer is None or tokenizer.eos_token_id is None:
+    if tokenizer is None:
+        return cfg
+    check_vocabulary("the folder's tokenizer", cfg.vocab_size, {}, tokens=len(tokenizer))
+    if tokenizer.eos_token_id is None:
         return cfg
     eos = tokenizer.eos_token_id
-    generation = set(cfg.extra.get("generation_eos_ids", []))
-    claimed = {cfg.eos_token_id, *cfg.extra.get("eos_token_ids", []), *generation} - {None}
+    generation = set(id_list(cfg.extra, "generation_eos_ids", "config extra"))
+    claimed = {cfg.eos_token_id, *id_list(cfg.extra, "eos_token_ids", "config extra"), *generation} - {None}
     others = set(tokenizer.all_special_ids) - {eos}
     stops = generation | {eos} if eos in generation else {eos} | (claimed - others)
     bos = cfg.bos_token_id if tokenizer.bos_token_id is None else tokenizer.bos_token_id
     pad = cfg.pad_token_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id
+    check_vocabulary("the folder's tokenizer and config", cfg.vocab_size,
+                     {"bos id": bos, "eos id": eos, "pad id": pad, "stop id": stops})
     return cfg.replace(bos_token_id=bos, eos_token_id=eos, pad_token_id=pad, extra={**cfg.extra, "eos_token_ids": sorted(stops)})

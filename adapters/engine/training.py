@@ -39,6 +39,7 @@ import torch
 
 from adapters.base import AdapterError
 from adapters.engine import objectives as T
+from adapters.engine.config import LoopConfig
 from adapters.files import write_atomically
 from adapters.engine.model import LoopedLM, prefill_chunks
 
@@ -86,6 +87,7 @@ class TaskData:
             self.val[task] = encoded[cut:]
         if not self.train:
             raise AdapterError("no training items: check the recipe's tasks and the items given")
+        self.longest = max(len(ids) for ids, _ in self.train) - 1  # positions of the longest batch row (inputs drop the last)
 
     def collate(self, rows: list[tuple[list[int], int]], device: str) -> Batch:
         n = max(len(ids) for ids, _ in rows) - 1
@@ -210,6 +212,46 @@ def make_objective(recipe: Recipe, teacher: LoopedLM | None) -> Objective:
     return melt
 
 
+# ------------------------------------------------------------------------------------ memory
+FLOAT32 = 4  # bytes: training computes and keeps its state in float32
+
+
+def model_configs(recipe: Recipe, teacher_spec: str | None) -> tuple[LoopConfig, LoopConfig | None]:
+    """The config the recipe trains and its teacher's (None without one), read from configs, before either is built."""
+    if recipe.kind != "melt":
+        return recipe.model_config(), None
+    import adapters
+
+    spec = teacher_spec or recipe.teacher
+    facts = adapters.inspect(spec if ":" in spec else f"zoo:{spec}") or {}
+    if not isinstance(facts.get("config"), dict):
+        raise AdapterError(f"teacher {spec!r} is not an engine model, whose LoopLM a MELT conversion starts from")
+    teacher = LoopConfig.from_dict(facts["config"])
+    student = teacher.replace(family="melt", kv_strategy="gated", gate_variant=recipe.gate_variant, chunk_size=recipe.chunk_size)
+    return student, teacher
+
+
+def training_bytes(recipe: Recipe, student: LoopConfig, teacher: LoopConfig | None, length: int) -> int:
+    """A floor of the memory training holds, in bytes, so that a recipe that cannot fit is refused before anything is
+    allocated: the student's weights, gradients and AdamW's two moments (four float32 copies), the frozen teacher's
+    weights, and what autograd keeps of one batch of `recipe.batch_size` rows of `length` positions. Per position and
+    layer pass it keeps at least the block's inputs and norms (6 d), q, k, v and the attention output ((2 h + 2 kv) hd),
+    the attention weights over the row (h x length) and the MLP's three activations (3 ffn); per position, the logits
+    and their log-softmax of each loop that is scored (and the teacher's)."""
+    from adapters.engine.memory import count_params
+
+    cfg = student
+    loops = recipe.backprop_depth if recipe.kind == "huginn" else cfg.loops  # huginn backpropagates through its last loops only
+    passes = cfg.prelude_layers + cfg.shared_layers * loops + cfg.coda_layers
+    attention = (2 * cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim + cfg.num_heads * length
+    per_pass = 6 * cfg.hidden_size + attention + 3 * cfg.ffn_size
+    scored = cfg.loops if recipe.kind in ("looplm", "melt") else 1
+    logits = 2 * cfg.vocab_size * scored + (cfg.vocab_size * teacher.loops if teacher is not None else 0)
+    floats = 4 * count_params(cfg) + (count_params(teacher) if teacher is not None else 0)
+    floats += recipe.batch_size * length * (passes * per_pass + logits)
+    return FLOAT32 * floats
+
+
 # -------------------------------------------------------------------------------------- models
 def build_model(recipe: Recipe, device: str, teacher: LoopedLM | None) -> LoopedLM:
     """A seeded fresh model, or for `melt` the teacher's weights with fresh gates (the start of MELT stage 1)."""
@@ -306,6 +348,9 @@ class Trainer:
             group["lr"] = lr
         b = self.data.batch(recipe.seed, step, recipe.batch_size, self.device, one_prompt_length=recipe.kind == "melt" and recipe.chunkwise)
         loss, info = self.objective(self.model, b, step)
+        if not torch.isfinite(loss):  # diverged: every later step, and the checkpoint, would hold NaN weights
+            raise AdapterError(f"recipe {recipe.name}: the loss is {loss.item()} at step {step}; training stopped and no checkpoint "
+                               "was written (lower lr, or check distill_temperature and the other recipe values)")
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, recipe.grad_clip)
@@ -395,6 +440,7 @@ def train(
     teacher_spec: str | None = None,
     save_dtype: str = "bfloat16",
     until: int | None = None,
+    fits: Callable[[str, int], None] | None = None,
 ) -> dict[str, Any] | None:
     """Train one zoo model into `out_dir` and return its train_info (also written as train_info.json).
 
@@ -402,7 +448,8 @@ def train(
     the engine checkpoint. `teacher_spec` overrides a melt recipe's teacher (e.g. `ouro:/ckpt`).
     `items` maps each of the recipe's tasks to its prompt/answer rows; `stop` ends every answer.
     `until` stops after that many steps with the resume point saved and returns None (a planned
-    interruption).
+    interruption). `fits(what, bytes)` raises when the memory training needs (`training_bytes`) is more than the
+    device has; it is called before any model is built or any file written.
     """
     from adapters.engine.checkpoint import save_checkpoint
     from adapters.engine.tokenizer import char_tokenizer
@@ -411,10 +458,14 @@ def train(
         raise AdapterError("--device cuda asked for, but torch sees no CUDA device")
     torch.manual_seed(recipe.seed)
     teacher_name = (teacher_spec or recipe.teacher) if recipe.kind == "melt" else None
-    teacher = load_teacher(teacher_name, device) if recipe.kind == "melt" else None
-    model = build_model(recipe, device, teacher)
     tokenizer = char_tokenizer()
     data = TaskData(recipe.tasks, tokenizer, recipe.val_items, items, stop)
+    if fits is not None:
+        fits(f"training {recipe.name}: weights, gradients, optimizer states and the activations of batch_size "
+             f"{recipe.batch_size} x {data.longest} positions",
+             training_bytes(recipe, *model_configs(recipe, teacher_name), data.longest))
+    teacher = load_teacher(teacher_name, device) if recipe.kind == "melt" else None
+    model = build_model(recipe, device, teacher)
     out_dir.mkdir(parents=True, exist_ok=True)  # only now: a teacher that fails to load leaves no empty folder
     trainer = Trainer(recipe, out_dir, model, make_objective(recipe, teacher), data, device)
     if resume:

@@ -14,9 +14,10 @@ import gc
 import sys
 
 import typer
+import typer.core
 from typer.exceptions import TyperException
 
-from adapters.base import AdapterError
+from adapters.base import MAX_STORED_INT, AdapterError
 from db import ResultsError
 from harness.cli import adapter, dashboard, estimate, probe, profile, results, run, show_models, show_suites, zoo
 from suites import SuiteError
@@ -50,10 +51,26 @@ adapter_app.command("check")(adapter.check)
 app.add_typer(adapter_app, name="adapter")
 
 
+Command = typer.core.TyperCommand | typer.core.TyperGroup
+
+
+def bounded_ints(command: Command) -> Command:
+    """`command` with every integer option and argument that has no upper bound bounded by MAX_STORED_INT (a database's
+    integer column; the commands' own bounds, `harness.spec.BOUNDS`, are tighter): a value of 400 digits is a usage
+    error, one line, never an overflow where it meets a float, a tensor or SQLite."""
+    for param in command.params:
+        info = param.type_descriptor.parameter_info
+        if param.type_descriptor.annotation is int and info.max is None:
+            info.max = MAX_STORED_INT
+    for sub in getattr(command, "commands", {}).values():
+        bounded_ints(sub)
+    return command
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: runs the app and turns usage and user errors into one line + exit 2."""
     try:
-        result = app(args=argv, standalone_mode=False)
+        result = bounded_ints(typer.main.get_command(app)).main(args=argv, standalone_mode=False)
     except typer.Exit as exc:
         return exc.exit_code
     except (typer.Abort, KeyboardInterrupt):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from collections.abc import Callable
 from typing import Annotated, Any, Optional
 
 import typer
@@ -98,6 +99,13 @@ def _read_items(path: Path) -> dict[str, list[dict]]:
     return {"data": rows}
 
 
+def _fits(device: str, hint: str) -> Callable[[str, int], None]:
+    """The check `train` makes before building a model: its memory floor against what `device` has free, as `run` checks."""
+    from harness.capacity import check_memory
+
+    return lambda what, need: check_memory(what, need, device, hint)
+
+
 def list_models(as_json: JsonFlag = False) -> None:
     """The shipped models (loadable as zoo:NAME) with parameter counts and training budgets."""
     rows = zoo_rows()
@@ -140,7 +148,8 @@ def train(
         spec = teacher
         if recipe.kind == "melt" and spec is None and recipe.teacher in trained:
             spec = f"ouro:{trained[recipe.teacher]}"
-        info = train_model(recipe, out / name, _synthetic_items(recipe.tasks), stop=STOP, device=device, resume=resume, teacher_spec=spec)
+        info = train_model(recipe, out / name, _synthetic_items(recipe.tasks), stop=STOP, device=device, resume=resume, teacher_spec=spec,
+                           fits=_fits(device, "the recipe's batch_size or its model's sizes"))
         trained[name] = out / name
         print(f"{name}: {info['steps']} steps, {info['cpu_minutes']} CPU min, validation accuracy "
               f"{info['validation_accuracy']['average']:.3f} -> {out / name}")
@@ -183,9 +192,10 @@ def convert(
         raise UserError(f"--recipe {recipe_name} is a {recipe.kind} recipe; conversion needs a melt recipe")
     items: dict[str, Any] = _read_items(data) if data is not None else _synthetic_items(recipe.tasks)
     recipe = recipe.with_overrides(
-        name=out.name, teacher=teacher, steps=steps, gate_variant=gate, chunk_size=chunk_size, ramp_steps=ramp_steps,
+        name=out.resolve().name, teacher=teacher, steps=steps, gate_variant=gate, chunk_size=chunk_size, ramp_steps=ramp_steps,
         stage2_start=stage2_start, beta=beta, lr=lr, batch_size=batch_size, tasks=tuple(items),
     )
-    info = train_model(recipe, out, items, stop=STOP, device=device, resume=resume, teacher_spec=teacher)
+    info = train_model(recipe, out, items, stop=STOP, device=device, resume=resume, teacher_spec=teacher,
+                       fits=_fits(device, "--batch-size (or train on the GPU)"))
     print(f"MELT checkpoint written to {out} ({info['steps']} steps, validation accuracy "
           f"{info['validation_accuracy']['average']:.3f}); load it as melt:{out}")

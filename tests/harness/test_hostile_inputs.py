@@ -69,7 +69,7 @@ RUN_OPTIONS = [
     Case("loops-huge", ["run", *TINY, *FAST, "--loops", "10000000", "--db", KEPT], "--loops must be an integer from 1 to 1024"),
     Case("loops-zero-in-list", ["run", *TINY, *FAST, "--loops", "0,2", "--db", KEPT], "--loops must be comma-separated positive integers"),
     Case("loops-word", ["run", *TINY, *FAST, "--loops", "two", "--db", KEPT], "--loops must be comma-separated positive integers"),
-    Case("limit-beyond-64-bit", ["run", *TINY, *FAST, "--limit", "99999999999999999999", "--db", KEPT], "--limit must be an integer from 1 to"),
+    Case("limit-beyond-64-bit", ["run", *TINY, *FAST, "--limit", "99999999999999999999", "--db", KEPT], "Invalid value for '--limit'"),
     Case("limit-zero", ["run", *TINY, *FAST, "--limit", "0", "--db", KEPT], "--limit must be an integer from 1 to"),
     Case("seed-negative", ["run", *TINY, *FAST, "--seed", "-1", "--db", KEPT], "--seed must be comma-separated integers >= 0"),
     Case("seed-2-64", ["run", *TINY, *FAST, "--seed", str(2**64), "--db", KEPT], "--seed must be an integer from 0 to"),
@@ -269,6 +269,25 @@ RECIPES = [
     Case("recipe-tasks-a-string", ZOO_TRAIN, "recipe a: tasks must be a list of task names", setup=_file(RECIPE, LM + 'tasks = "chain2"\n')),
     Case("recipe-is-dev-zero", ["zoo", "train", "a", "--recipes", "/dev/zero"], "recipes file /dev/zero: a device, FIFO or socket"),
     Case("recipe-unknown-preset", ZOO_TRAIN, "no-such", setup=_file(RECIPE, '[models.a]\nkind = "lm"\npreset = "no-such"\n')),
+    Case("recipe-lr-huge", ZOO_TRAIN, "recipe a: lr must be in (0, 1], got 1000000000.0", setup=_file(RECIPE, LM + "lr = 1e9\n")),
+    Case("recipe-lr-zero", ZOO_TRAIN, "recipe a: lr must be in (0, 1], got 0", setup=_file(RECIPE, LM + "lr = 0\n")),
+    Case("recipe-seed-past-32-bits", ZOO_TRAIN, "recipe a: seed must be in [0, 4294967295], got 18446744073709551615",
+         setup=_file(RECIPE, LM + f"seed = {2**64 - 1}\n")),
+    Case("recipe-distill-temperature-zero", ZOO_TRAIN, "recipe a: distill_temperature must be in (0, 100], got 0",
+         setup=_file(RECIPE, LM + "distill_temperature = 0\n")),
+    Case("recipe-grad-clip-negative", ZOO_TRAIN, "recipe a: grad_clip must be in (0, 1000000], got -1.0",
+         setup=_file(RECIPE, LM + "grad_clip = -1.0\n")),
+    Case("recipe-min-lr-ratio-above-one", ZOO_TRAIN, "min_lr_ratio must be in [0, 1], got 2.5", setup=_file(RECIPE, LM + "min_lr_ratio = 2.5\n")),
+    Case("recipe-batch-size-huge", ZOO_TRAIN, "recipe a: batch_size must be in [1, 1048576], got 100000000",
+         setup=_file(RECIPE, LM + "batch_size = 100000000\n")),
+    Case("recipe-batch-beyond-memory", ZOO_TRAIN, "training a: weights, gradients, optimizer states and the activations of "
+         "batch_size 1000000", setup=_file(RECIPE, LM + "batch_size = 1000000\n")),
+    Case("recipe-hidden-32768-beyond-memory", ZOO_TRAIN, "GB is free on cpu: lower the recipe's batch_size or its model's sizes",
+         setup=_file(RECIPE, LM + "config = { hidden_size = 32768, ffn_size = 131072 }\n")),
+    *(Case(f"recipe-name-{label}", ["zoo", "train", name, "--recipes", RECIPE, "--out", "zoo-out"],
+           f"recipe name {name!r} must be a plain name", setup=_file(RECIPE, LM.replace("[models.a]", f"[models.{json.dumps(name)}]")))
+      for label, name in (("parent", "../escape"), ("absolute", "/tmp/loopeval-escape"), ("nested", "a/b"), ("dot", "."),
+                          ("backslash", "a\\b"))),
 ]
 
 
@@ -296,7 +315,14 @@ TEACHERS_AND_DATA = [
     Case("teacher-loops-100000", CONVERT, "loops must be an integer from 1 (no looping) to 1024, got 100000", setup=_teacher(total_ut_steps=100_000)),
     Case("teacher-exit-threshold-nan", CONVERT, "NaN is not a JSON number", setup=_teacher(whole='{"early_exit_threshold": NaN}')),
     Case("teacher-rope-theta-word", CONVERT, "rope_theta must be a finite number > 0, got 'big'", setup=_teacher(rope_theta="big")),
+    Case("teacher-tie-as-text", CONVERT, "tie_word_embeddings must be true or false, got 'false'",
+         setup=_teacher(tie_word_embeddings="false")),
+    Case("teacher-eos-list-with-text", CONVERT, "eos_token_id must be a token id", setup=_teacher(eos_token_id=[2, "</s>"])),
     Case("estimate-loops-100000", ["estimate", "ouro-1.4b", "--tokens", "8", "--loops", "100000"], "--loops must be an integer from 1 to 1024"),
+    Case("convert-batch-size-1e8", [*CONVERT_TINY[:-2], "--batch-size", "100000000"], "batch_size must be in [1, 1048576], got 100000000"),
+    Case("convert-batch-beyond-memory", [*CONVERT_TINY[:-2], "--batch-size", "1000000"],
+         "batch_size 1000000 x 41 positions need"),
+    Case("convert-lr-zero", [*CONVERT_TINY[:-2], "--lr", "0"], "lr must be in (0, 1], got 0.0"),
     Case("convert-data-not-utf8", CONVERT_TINY, "not UTF-8 text", setup=lambda root: (root / "data.jsonl").write_bytes(b'{"prompt": "\xff"}\n')),
     Case("convert-data-not-strings", CONVERT_TINY, "line 1: expected a JSON object whose \"prompt\" and \"answer\" are non-empty strings",
          setup=_file("data.jsonl", '{"prompt": 12, "answer": ["3"]}\n')),
@@ -441,3 +467,36 @@ def test_stored_names_that_look_like_console_markup_print_as_written(tmp_path: P
     out, err = capfd.readouterr()
     assert err == "" and "e:[/b]x" in out and "e:[red]y" in out, out + err
     assert snapshot(tmp_path) == before
+
+
+def _int_options() -> list[tuple[list[str], str]]:
+    """(command path, option) for every integer option of every command, read from the CLI itself."""
+    import typer
+
+    from harness.cli import app
+
+    found = []
+
+    def walk(command: typer.core.TyperCommand | typer.core.TyperGroup, path: list[str]) -> None:
+        for param in command.params:
+            if param.type_descriptor.annotation is int and param.opts[0].startswith("--"):
+                found.append((path, param.opts[0]))
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, [*path, name])
+
+    walk(typer.main.get_command(app), [])
+    return found
+
+
+@pytest.mark.parametrize(("path", "option"), _int_options(), ids=lambda v: " ".join(v) if isinstance(v, list) else v)
+def test_every_integer_option_refuses_a_number_of_400_digits_in_one_line(
+        path: list[str], option: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    """`estimate --batch 999...9` overflowed a float in its table; every integer option is bounded (at most a database's
+    integer column, tighter where the command says), so the class is one line and exit 2 before any work."""
+    monkeypatch.chdir(tmp_path)
+    code = main([*path, option, "9" * 400])
+    err = capfd.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"loopeval: error: Invalid value for '{option}'"), err
+    assert list(tmp_path.iterdir()) == []

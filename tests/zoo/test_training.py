@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import adapters
+from adapters.base import AdapterError
 from adapters.engine import objectives as T
 from adapters.engine.model import LoopedLM
 from adapters.engine.training import TaskData, load_teacher, train
@@ -204,3 +205,14 @@ def test_a_torn_last_line_of_the_loss_log_is_ignored_on_resume_and_said(tmp_path
     assert "losses.jsonl: its last line was cut off (an interrupted write) and is ignored" in capsys.readouterr().err
     assert losses(tmp_path / "straight") == pytest.approx(losses(tmp_path / "resumed"))
     assert info is not None and info["final_loss"] == pytest.approx(losses(tmp_path / "straight")[-1])
+
+
+def test_a_loss_that_is_not_finite_stops_training_and_writes_no_checkpoint(tmp_path: Path, items: dict, teacher_dir: Path) -> None:
+    """`distill_temperature = 0` trained to NaN, wrote a NaN checkpoint and exited 0; 0 is now out of the recipe's range,
+    and a temperature that still overflows (a denormal: the teacher's logits over it are inf, inf - inf is NaN) stops
+    the run at its step with one line. The folder holds no model (a resume point of finite weights at most)."""
+    recipe = tiny("melt-tiny", 40, distill_temperature=1e-45)
+    with pytest.raises(AdapterError, match=r"recipe melt-tiny: the loss is nan at step 0; training stopped") as caught:
+        train(recipe, tmp_path / "out", progress=False, items=items, stop=synthetic.STOP, teacher_spec=f"ouro:{teacher_dir}")
+    assert "\n" not in str(caught.value)
+    assert not (tmp_path / "out" / "model.safetensors").exists() and not (tmp_path / "out" / "train_info.json").exists()
