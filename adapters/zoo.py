@@ -4,7 +4,7 @@ Each model is an engine checkpoint directory under `adapters/zoo_data/NAME/` (mo
 bf16, config.json, tokenizer.json) plus `train_info.json`, the budget it was trained with (steps,
 tokens, CPU minutes, held-out validation accuracy). The recipes that produced them are in
 `adapters/zoo_data/recipes.toml` (`Recipe`, read here); `loopeval zoo train NAME` reproduces one from
-its seed with `adapters.engine.training.train`.
+its seed with `training.train.train`.
 
 Loading goes through the engine's own checkpoint factories (`qwen3:`, `ouro:`, `melt:` by the
 checkpoint's family), so a zoo model is exactly what a user would get from the files themselves;
@@ -24,7 +24,7 @@ from typing import Any
 from adapters.base import Adapter, AdapterError
 from adapters.files import MIB, read_text
 from adapters.engine.config import LoopConfig
-from adapters.engine.presets import preset
+from adapters.engine.io.presets import preset
 from adapters.registry import inspect, load, register
 
 ZOO_DIR = Path(__file__).resolve().parent / "zoo_data"

@@ -26,7 +26,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "architecture.md"
-PACKAGES = ("measures", "adapters", "harness", "suites", "db", "dashboards")
+PACKAGES = ("measures", "adapters", "training", "harness", "suites", "db", "dashboards")
 SCRIPT_FOLDERS = ("bench", "scripts")  # entry points: may import any package, public names only
 FIRST_PARTY = set(PACKAGES) | set(SCRIPT_FOLDERS) | {"tests"}
 STDLIB = set(sys.stdlib_module_names)
@@ -38,7 +38,8 @@ HEAVY = ("lighteval", "datasets", "sqlalchemy", "alembic", "pandas", "plotly", "
 LIGHT_MODULES = (
     *sorted(
         ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-        for p in (ROOT / "adapters").rglob("*.py")
+        for folder in ("adapters", "training")
+        for p in (ROOT / folder).rglob("*.py")
     ),
     "measures",
     "harness.sampler",

@@ -1,6 +1,6 @@
 """Static batches on a preallocated cache, and what every generation path shares (sampling, stops).
 
-`adapters.engine.continuous` is the engine's generation path (continuous batching on paged KV);
+`adapters.engine.serving.continuous` is the engine's generation path (continuous batching on paged KV);
 this static path stays for what needs one cache of known size: `loopeval profile`'s
 single-sequence memory at a given context (the analytic figure, to the byte) and the static
 baseline the continuous engine is measured and tested against (`batching="static"`).
@@ -47,7 +47,7 @@ from adapters.engine.cache import KVCache
 from adapters.engine.memory import kv_bytes
 from adapters.engine.exits import ExitPolicy, pick_loop
 from adapters.engine.model import LoopedLM, StepOutput, prefill_chunks
-from adapters.engine.sequence import Sequence as Seq
+from adapters.engine.serving.sequence import Sequence as Seq
 from adapters.engine.streams import prompt_key, stream_key, stream_rows, uniform
 from measures import GB
 

@@ -9,7 +9,7 @@ call takes its earlier rows from a cache (`adapters.engine.cache`). Two entry po
   (stage-1 conversion training, a `MixedCache`); it can return per-loop logits, per-(loop, shared
   layer) attention outputs (stage-2 alignment loss) and Ouro's exit probabilities.
 - `LoopedLM.step(tokens, positions, cache, slot, mask, loops=r)`: one prefill chunk or decode step
-  against a preallocated `adapters.engine.cache.KVCache` or an engine step's `adapters.engine.paged.PagedStep`,
+  against a preallocated `adapters.engine.cache.KVCache` or an engine step's `adapters.engine.serving.paged.PagedStep`,
   written in place. The recurrent families draw each token's initial state there from its own
   random stream (`streams`, `Recurrence`), not from a generator shared by the batch.
 

@@ -11,9 +11,9 @@ import adapters
 
 from adapters.base import AdapterError, Sampling
 from adapters.engine.cache import KVCache
-from adapters.engine.checkpoint import random_model
+from adapters.engine.io.checkpoint import random_model
 from adapters.engine.config import LoopConfig
-from adapters.engine.presets import PRESETS, preset
+from adapters.engine.io.presets import PRESETS, preset
 from adapters.engine.adapter import EngineAdapter, load_preset
 from adapters.engine.generate import Decoder, ExitPolicy, Prompts, generate, sample
 from adapters.engine.memory import count_params, estimate, kv_bytes

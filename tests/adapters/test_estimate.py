@@ -12,11 +12,11 @@ import torch
 
 from adapters.base import MAX_CONTEXT, Sampling
 from adapters.engine.cache import KVCache
-from adapters.engine.checkpoint import read_config
-from adapters.engine.paged import BlockPool
-from adapters.engine.sequence import Sequence
+from adapters.engine.io.checkpoint import read_config
+from adapters.engine.serving.paged import BlockPool
+from adapters.engine.serving.sequence import Sequence
 from adapters.engine.config import LoopConfig
-from adapters.engine.presets import preset
+from adapters.engine.io.presets import preset
 from adapters.engine.memory import count_params, estimate
 from adapters.engine.model import LoopedLM
 from adapters.testing import save_tiny_retrofit

@@ -14,9 +14,9 @@ import adapters
 from adapters.base import AdapterError, Request, Sampling
 from adapters.engine.adapter import EngineAdapter
 from adapters.engine.cache import entry_table
-from adapters.engine.continuous import ContinuousEngine
+from adapters.engine.serving.continuous import ContinuousEngine
 from adapters.engine.generate import generate
-from adapters.engine.presets import PRESETS
+from adapters.engine.io.presets import PRESETS
 from adapters.zoo import zoo_names
 
 PROMPTS = ["1+2=", "x", "17*3=51; 4*4=", "abcdefghijklmnopqrstu"]
@@ -227,7 +227,7 @@ POOL_CASES = [
 def test_the_pools_step_narrows_as_the_decode_rows_do(spec, overrides, monkeypatch):
     """Decode steps that gather from the pool (`PagedStep`, the path a GPU runs eagerly; here forced by leaving the
     decode rows no room) narrow to the looping rows too, and give the static masked step's tokens."""
-    import adapters.engine.rows as rows
+    import adapters.engine.serving.rows as rows
 
     adapter = load(spec, block_size=4, **overrides)
     static = run(adapter, SAMPLED, "static")

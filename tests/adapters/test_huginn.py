@@ -18,12 +18,12 @@ import torch
 
 import adapters
 from adapters.base import AdapterError, Sampling
-from adapters.engine.checkpoint import load_model
+from adapters.engine.io.checkpoint import load_model
 from adapters.engine.config import LoopConfig
-from adapters.engine.huginn import huginn_config
+from adapters.engine.io.raven import huginn_config
 from adapters.engine.memory import analytic_terms, count_params, estimate
 from adapters.engine.model import LoopedLM
-from adapters.engine.presets import preset
+from adapters.engine.io.presets import preset
 from adapters.testing import save_tiny_huginn, tiny_huginn_tensors
 from harness.cli import main
 from tests.adapters.recurrent_reference import assert_greedy_is_the_reference, assert_paged_accounting, max_diff, reference_engine

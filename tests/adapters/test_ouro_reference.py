@@ -16,7 +16,7 @@ import torch
 
 import adapters
 from adapters.engine.memory import estimate
-from adapters.engine.presets import preset
+from adapters.engine.io.presets import preset
 from adapters.testing import TINY_OURO_26B, save_tiny_ouro
 
 REFERENCE = json.loads((Path(__file__).parent / "data" / "ouro_reference.json").read_text())

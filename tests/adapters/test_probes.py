@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from adapters.engine.checkpoint import random_model
+from adapters.engine.io.checkpoint import random_model
 from adapters.engine.model import LoopedLM
-from adapters.engine.presets import preset
+from adapters.engine.io.presets import preset
 from adapters.engine.probes import probe
 
 TEXTS = [torch.randint(3, 99, (n,), generator=torch.Generator().manual_seed(n)) for n in (9, 14)]

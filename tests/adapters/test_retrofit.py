@@ -18,11 +18,11 @@ from safetensors.torch import load_file, save_file
 
 import adapters
 from adapters.base import AdapterError, Sampling
-from adapters.engine.checkpoint import load_model, read_config, save_checkpoint
-from adapters.engine.huginn import retrofit_config
+from adapters.engine.io.checkpoint import load_model, read_config, save_checkpoint
+from adapters.engine.io.raven import retrofit_config
 from adapters.engine.memory import analytic_terms, count_params
 from adapters.engine.model import LoopedLM
-from adapters.engine.presets import preset
+from adapters.engine.io.presets import preset
 from adapters.testing import TINY_RETROFIT, public_config, save_tiny_huginn, save_tiny_retrofit, tiny_retrofit_tensors
 from harness.cli import main
 from tests.adapters.recurrent_reference import assert_greedy_is_the_reference, assert_paged_accounting, max_diff, reference_engine

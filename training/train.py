@@ -2,7 +2,7 @@
 
 One function, `train(recipe, out_dir, items, stop=...)`, trains every zoo model. What differs between
 models lives in the recipe (`adapters.zoo.Recipe`, read from adapters/zoo_data/recipes.toml) and in
-the objective it selects (the losses are in `adapters.engine.objectives`):
+the objective it selects (the losses are in `training.objectives`):
 
 - `lm`: a plain transformer (Qwen3 layout), masked cross-entropy on the answer;
 - `looplm`: an Ouro-style LoopLM, Ouro's entropy-regularised exit-gate objective over loops;
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from adapters.base import AdapterError
-from adapters.engine import objectives as T
+from training import objectives as T
 from adapters.files import write_atomically
 from adapters.engine.model import LoopedLM, prefill_chunks
 
@@ -404,8 +404,8 @@ def train(
     `until` stops after that many steps with the resume point saved and returns None (a planned
     interruption).
     """
-    from adapters.engine.checkpoint import save_checkpoint
-    from adapters.engine.tokenizer import char_tokenizer
+    from adapters.engine.io.checkpoint import save_checkpoint
+    from adapters.engine.io.tokenizer import char_tokenizer
 
     if device == "cuda" and not torch.cuda.is_available():
         raise AdapterError("--device cuda asked for, but torch sees no CUDA device")

@@ -2,7 +2,7 @@
 
 `ContinuousEngine.run` alternates admitting waiting sequences (prefilled together) and decoding one
 token for every running one, until none is left. Each step reads top to bottom through the four parts,
-laid out as nano-vllm lays them out: the policy (`adapters.engine.scheduler`: queues, admission,
+laid out as nano-vllm lays them out: the policy (`adapters.engine.serving.scheduler`: queues, admission,
 preemption, no tensors), the block manager beside the pool's tensors (`block_manager`, `paged`), the
 model runner (`model_runner`: inputs, the model call, CUDA graphs, sampling) and post-processing
 (`postprocess`: stops, retirement, reports).
@@ -24,13 +24,13 @@ from torch import Tensor
 from adapters.base import Finished
 from adapters.engine.exits import ExitPolicy
 from adapters.engine.generate import is_looped
-from adapters.engine.graphs import DecodeGraphs
+from adapters.engine.serving.graphs import DecodeGraphs
 from adapters.engine.model import LoopedLM, prefill_chunks
-from adapters.engine.model_runner import ModelRunner
-from adapters.engine.paged import BlockPool
-from adapters.engine.postprocess import Postprocessor
-from adapters.engine.scheduler import Scheduler
-from adapters.engine.sequence import Sequence, setting
+from adapters.engine.serving.model_runner import ModelRunner
+from adapters.engine.serving.paged import BlockPool
+from adapters.engine.serving.postprocess import Postprocessor
+from adapters.engine.serving.scheduler import Scheduler
+from adapters.engine.serving.sequence import Sequence, setting
 
 
 class ContinuousEngine:

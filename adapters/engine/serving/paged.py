@@ -4,7 +4,7 @@ The pool holds every K/V entry of `adapters.engine.cache.entry_table` (so all th
 `standard`, `per_loop` with r entries per shared layer, `gated` with one row per layer) for
 `num_blocks * block_size` token slots, stored flat as [entries, slots, kv_heads, head_dim]. Which
 blocks are free, who holds them and how full they are is the `BlockManager`'s bookkeeping
-(`adapters.engine.block_manager`, `pool.manager`), which also keeps the exact byte accounting.
+(`adapters.engine.serving.block_manager`, `pool.manager`), which also keeps the exact byte accounting.
 The n samples of one prompt share its full prefilled blocks; the partly filled last one is copied
 (`BlockPool.fork`: each sample writes its own tokens there).
 
@@ -13,7 +13,7 @@ sequence's blocks into [B, kv_heads, L, head_dim] for attention, L the longest c
 the mask hides the rest. MELT's latent h for the tokens in flight lives in one buffer sized for the
 largest step (the concurrency cap, or a prefill chunk), reused by every step. Shapes depend only on
 B, n and L, which is what a captured decode step needs. On the CPU a decode step goes through the
-model runner's decode rows instead (`adapters.engine.rows`), which hand each block back when it fills.
+model runner's decode rows instead (`adapters.engine.serving.rows`), which hand each block back when it fills.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ import torch
 from torch import Tensor
 
 from adapters.base import AdapterError, dtype_short
-from adapters.engine.block_manager import BlockManager
+from adapters.engine.serving.block_manager import BlockManager
 from adapters.engine.cache import Gate, entry_table
 from adapters.engine.config import LoopConfig
 from adapters.engine.memory import analytic_terms
-from adapters.engine.sequence import Sequence
+from adapters.engine.serving.sequence import Sequence
 from measures import GB
 
 DEFAULT_BLOCK_SIZE = 16

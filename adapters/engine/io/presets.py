@@ -14,7 +14,7 @@ from typing import NamedTuple
 from adapters.base import AdapterError
 from adapters.engine.config import LoopConfig
 
-# Token ids of the character tokenizer (adapters/engine/tokenizer.py) shared by the tiny presets.
+# Token ids of the character tokenizer (adapters/engine/io/tokenizer.py) shared by the tiny presets.
 _CHAR = dict(vocab_size=99, pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position=512)
 _TINY = dict(hidden_size=128, num_heads=4, num_kv_heads=2, head_dim=32, ffn_size=384, rope_theta=10_000.0, **_CHAR)
 _OURO = dict(
