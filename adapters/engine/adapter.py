@@ -34,7 +34,8 @@ from adapters.engine.config import CONDITIONING_FIELDS, LoopConfig
 from adapters.engine.io.presets import PRESETS, preset
 from adapters.engine.serving.continuous import ContinuousEngine
 from adapters.engine.exits import SKIPPING_FILL, ExitPolicy, check_threshold
-from adapters.engine.generate import check_request, generate_static
+from adapters.engine.generate import generate_static
+from adapters.engine.sampling import check_request
 from adapters.engine.serving.graphs import DecodeGraphs
 from adapters.engine.memory import analytic_terms, count_params
 from adapters.engine.model import LoopedLM

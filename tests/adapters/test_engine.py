@@ -15,7 +15,9 @@ from adapters.engine.io.checkpoint import random_model
 from adapters.engine.config import LoopConfig
 from adapters.engine.io.presets import PRESETS, preset
 from adapters.engine.adapter import EngineAdapter, load_preset
-from adapters.engine.generate import Decoder, ExitPolicy, Prompts, generate, sample
+from adapters.engine.exits import ExitPolicy
+from adapters.engine.generate import Decoder, Prompts, generate
+from adapters.engine.sampling import sample
 from adapters.engine.memory import count_params, estimate, kv_bytes
 from adapters.engine.model import LoopedLM
 from adapters.engine.streams import stream_rows

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from adapters.base import Finished
 from adapters.engine.exits import ExitPolicy
-from adapters.engine.generate import is_looped
+from adapters.engine.sampling import is_looped
 from adapters.engine.serving.graphs import DecodeGraphs
 from adapters.engine.model import LoopedLM, prefill_chunks
 from adapters.engine.serving.model_runner import ModelRunner

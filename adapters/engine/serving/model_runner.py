@@ -16,7 +16,8 @@ import torch
 from torch import Tensor
 
 from adapters.engine.exits import ExitPolicy
-from adapters.engine.generate import int_tensor, read_logits, sample, stream_rows
+from adapters.engine.sampling import int_tensor, read_logits, sample
+from adapters.engine.streams import stream_rows
 from adapters.engine.serving.graphs import DecodeGraphs
 from adapters.engine.model import LoopedLM, StepOutput
 from adapters.engine.serving.paged import BlockPool, PagedStep, key_mask

@@ -6,7 +6,7 @@ import time
 from typing import Any, Callable
 
 from adapters.base import Finished, Generation
-from adapters.engine.generate import output_text, stop_reason
+from adapters.engine.sampling import output_text, stop_reason
 from adapters.engine.serving.scheduler import Scheduler
 from adapters.engine.serving.sequence import Sequence
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from adapters.engine.generate import int_tensor
+from adapters.engine.sampling import int_tensor
 from adapters.engine.serving.paged import BlockPool, PoolStep
 
 LIMIT_BYTES = 64 * 2**20
