@@ -40,7 +40,8 @@ import torch
 from adapters.base import AdapterError
 from training import objectives as T
 from adapters.files import write_atomically
-from adapters.engine.model import LoopedLM, prefill_chunks
+from adapters.engine.families.standard import prefill_chunks
+from adapters.engine.model import LoopedLM
 
 if TYPE_CHECKING:
     from adapters.zoo import Recipe

@@ -87,11 +87,6 @@ class LoopConfig:
         return self.kv_strategy == "gated"
 
     @property
-    def prefill_chunk(self) -> int | None:
-        """Tokens of a prompt one prefill step runs: MELT's chunk (its latent holds that many); None: the whole prompt."""
-        return self.chunk_size if self.gated else None
-
-    @property
     def huginn(self) -> bool:
         """Huginn-0125's recurrent depth: qk bias, embeddings times sqrt(d), every residual sum normed
         (`model.Block`), a random initial state and the injection W [h; e] at every step (`model.Recurrence`)."""
@@ -107,13 +102,6 @@ class LoopConfig:
     def sandwich(self) -> bool:
         """Ouro's norm layout: each sublayer's output normed too, and the final norm applied after every loop."""
         return self.norm_layout == "sandwich"
-
-    def kv_entries(self, loops: int | None = None) -> int:
-        """K/V entries per token: one per executed layer for per_loop, one per layer otherwise."""
-        r = self.loops if loops is None else loops
-        if self.kv_strategy == "per_loop":
-            return self.prelude_layers + self.shared_layers * r + self.coda_layers
-        return self.num_layers
 
     def check_loops(self, loops: int) -> int:
         """Validate an inference loop count r for this model and return it."""

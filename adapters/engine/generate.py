@@ -45,7 +45,8 @@ from adapters.base import AdapterError, Finished, Generation, Sampling, dtype_sh
 from adapters.engine.cache import KVCache
 from adapters.engine.memory import kv_bytes
 from adapters.engine.exits import ExitPolicy
-from adapters.engine.model import LoopedLM, StepOutput, prefill_chunks
+from adapters.engine.families.standard import prefill_chunks
+from adapters.engine.model import LoopedLM, StepOutput
 from adapters.engine.sampling import check_request, int_tensor, is_looped, output_text, read_logits, sample, stop_reason
 from adapters.engine.serving.sequence import Sequence as Seq
 from adapters.engine.streams import prompt_key, stream_key, stream_rows

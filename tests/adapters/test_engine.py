@@ -10,6 +10,7 @@ import torch
 import adapters
 
 from adapters.base import AdapterError, Sampling
+from adapters.engine.families import family_of
 from adapters.engine.cache import KVCache
 from adapters.engine.io.checkpoint import random_model
 from adapters.engine.config import LoopConfig
@@ -204,7 +205,7 @@ def test_analytic_kv_equals_allocated(name):
             if cfg.kv_strategy == "gated":
                 assert len(set(by_r)) == 1
             if cfg.kv_strategy == "per_loop":  # one entry per executed layer, p + s * r + c (for p = c = 0 proportional to r)
-                per_entry = by_r[0] // cfg.kv_entries(1)
+                per_entry = by_r[0] // family_of(cfg).kv.entries(cfg, 1)
                 assert by_r == [per_entry * (cfg.prelude_layers + cfg.shared_layers * r + cfg.coda_layers) for r in loop_counts]
 
 

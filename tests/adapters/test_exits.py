@@ -13,7 +13,7 @@ from test_scheduler import Watch, pool_for, tiny_budget
 import adapters
 from adapters.base import AdapterError, Request, Sampling
 from adapters.engine.adapter import EngineAdapter
-from adapters.engine.cache import entry_table
+from adapters.engine.families.ouro import PER_LOOP
 from adapters.engine.serving.continuous import ContinuousEngine
 from adapters.engine.generate import generate
 from adapters.engine.io.presets import PRESETS
@@ -135,7 +135,7 @@ def test_copy_fill_leaves_the_exit_loops_kv_in_the_skipped_loops(spec, overrides
     cfg, caches = adapter.config, []
     gen = generate(adapter.model, [[1, 11, 12, 13]], GREEDY, loops=cfg.loops, eos_ids=set(), exit_policy=adapter.exit_policy,
                    on_cache=lambda cache: caches.append(cache) if cache is not None else None)[0]
-    cache, table = caches[0], entry_table(cfg, cfg.loops, "per_loop")
+    cache, table = caches[0], PER_LOOP.table(cfg, cfg.loops)
     decoded = slice(4, 4 + gen.generated_tokens - 1)  # the slots of the tokens that went through a decode step
     assert gen.loops_used[1:] == [1] * (gen.generated_tokens - 1)
     for layer in range(cfg.prelude_layers, cfg.prelude_layers + cfg.shared_layers):

@@ -18,6 +18,7 @@ import torch
 
 import adapters
 from adapters.base import AdapterError, Sampling
+from adapters.engine.families import family_of
 from adapters.engine.io.checkpoint import load_model
 from adapters.engine.config import LoopConfig
 from adapters.engine.io.raven import huginn_config
@@ -88,7 +89,7 @@ def test_huginn_params_and_kv_layout_follow_the_official_model():
     assert count_params(cfg) == sum(t.numel() for t in tiny_huginn_tensors().values())
     with torch.device("meta"):
         assert count_params(preset("huginn-0125")) == sum(p.numel() for p in LoopedLM(preset("huginn-0125")).parameters())
-    assert [cfg.kv_entries(r) for r in (1, 4, 32)] == [1 + 2 * r + 1 for r in (1, 4, 32)]
+    assert [family_of(cfg).kv.entries(cfg, r) for r in (1, 4, 32)] == [1 + 2 * r + 1 for r in (1, 4, 32)]
 
 
 def test_huginn_paged_kv_accounting_equals_the_analytic_model(checkpoint):

@@ -25,7 +25,9 @@ from adapters.base import Finished
 from adapters.engine.exits import ExitPolicy
 from adapters.engine.sampling import is_looped
 from adapters.engine.serving.graphs import DecodeGraphs
-from adapters.engine.model import LoopedLM, prefill_chunks
+from adapters.engine.families import family_of
+from adapters.engine.families.standard import prefill_chunks
+from adapters.engine.model import LoopedLM
 from adapters.engine.serving.model_runner import ModelRunner
 from adapters.engine.serving.paged import BlockPool
 from adapters.engine.serving.postprocess import Postprocessor
@@ -40,7 +42,7 @@ class ContinuousEngine:
                  tokenizer: Any | None, max_seqs: int, on_finished: Callable[[list[Finished]], None],
                  graphs: DecodeGraphs | None = None) -> None:
         self.pool, self.manager = pool, pool.manager
-        self.chunk = model.config.prefill_chunk
+        self.chunk = family_of(model.config).prefill_chunk
         self.runner = ModelRunner(model, pool, loops=loops, policy=policy, graphs=graphs)
         self.scheduler = Scheduler(pool.manager, max_seqs, on_leave=self.runner.leave)
         self.post = Postprocessor(self.scheduler, loops=loops, looped=is_looped(model, loops), eos_ids=eos_ids, tokenizer=tokenizer,
