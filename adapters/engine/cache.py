@@ -1,7 +1,7 @@
 """K/V caches: where attention finds the rows of earlier tokens, and MELT its latent state h.
 
 Every attention call goes through one: a gated layer first asks it for the source of its K/V
-(`kv_source`: MELT's latent h), then `adapters.engine.model.Attention.attend` hands it the call's
+(`kv_source`: MELT's latent h), then `adapters.engine.layers.Attention.attend` hands it the call's
 rows and gets back every row the call attends to (`update`). Three implementations:
 
 - `KVCache`: the static cache of a generate call, preallocated once, written in place and

@@ -37,7 +37,7 @@ def count_params(cfg: LoopConfig) -> int:
 
 
 def conditioning_params(cfg: LoopConfig) -> int:
-    """Parameters the loop conditioning adds (`model.LoopConditioning`): A, the w maps B_j, T x 8 loop
+    """Parameters the loop conditioning adds (`conditioning.LoopConditioning`): A, the w maps B_j, T x 8 loop
     gates, and T x s x 2 x 8 branch gates."""
     d = cfg.hidden_size
     size = {"none": 0, "scalar": 1, "channel": d, "dense": d * d}

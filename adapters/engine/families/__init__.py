@@ -11,7 +11,7 @@ from adapters.engine.config import LoopConfig
 from adapters.engine.families.huginn import Huginn, Retrofit
 from adapters.engine.families.melt import GATED, Melt
 from adapters.engine.families.ouro import PER_LOOP, Ouro
-from adapters.engine.families.standard import STANDARD, Family, KVLayout
+from adapters.engine.families.standard import STANDARD, Family, KVLayout, Standard
 
 KV_LAYOUTS: dict[str, KVLayout] = {layout.name: layout for layout in (STANDARD, PER_LOOP, GATED)}
 
@@ -23,4 +23,4 @@ def family_of(cfg: LoopConfig) -> Family:
         return Huginn(cfg)
     if cfg.family == "retrofit":
         return Retrofit(cfg)
-    return {"gated": Melt, "per_loop": Ouro}.get(cfg.kv_strategy, Family)(cfg)
+    return {"gated": Melt, "per_loop": Ouro}.get(cfg.kv_strategy, Standard)(cfg)

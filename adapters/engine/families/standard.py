@@ -99,6 +99,10 @@ class Family:
         return self.cfg.hidden_size + 1 if self.cfg.exit_gate else 0
 
 
+class Standard(Family):
+    """Qwen3 and any plain stack: every hook at its base value, one K/V entry per layer."""
+
+
 def prefill_chunks(length: int, chunk: int) -> list[tuple[int, int]]:
     """(start, end) of each chunk of a `length`-token prompt, counted back from its last token: only the
     first chunk may be shorter (10 tokens, chunk 4: 2 + 4 + 4). Generation's prefill and `LoopedLM.forward`
