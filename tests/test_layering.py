@@ -269,7 +269,13 @@ ONE_HOME = {
 }
 # The old homes issue 30 moved (the memory vocabulary, LightEval's bridge, the run-row and loops setters), gone: a
 # module there again, or a name defined outside its one home (None: nowhere), is a second home.
-OLD_HOMES = ("db/measures.py", "harness/bridge.py")
+OLD_HOMES = (
+    "db/measures.py", "harness/bridge.py",
+    # issue 46 split the engine by concern: serving, checkpoint I/O and training moved whole, with no shim left behind
+    *(f"adapters/engine/{name}.py" for name in ("continuous", "scheduler", "block_manager", "model_runner", "sequence", "postprocess",
+                                                "paged", "rows", "graphs", "checkpoint", "presets", "tokenizer", "huginn",
+                                                "training", "objectives")),
+)
 OLD_NAMES = {
     "MEMORY_KEYS": "measures/__init__.py", "PEAK_OF_SERIES": None, "BYTE_UNITS": "measures/__init__.py",
     "create_run_row": None, "_at_loops": None, "at_loops": "harness/spec.py", "run_row": "harness/recorder.py",

@@ -7,7 +7,7 @@
   any LoopLM the engine loads, with the melt-tiny recipe's two stages and overridable
   hyper-parameters; the zoo's melt-tiny is this command's CPU-sized run.
 
-The training itself is the engine's (`training.train.train`); this module only reads the
+The training itself is the `training` package's (`training.train.train`); this module only reads the
 synthetic suite's train split (or the user's JSONL) and hands the items over.
 """
 
