@@ -302,7 +302,7 @@ class LoopedLM(nn.Module):
         `kv_mix * KV_melt + (1 - kv_mix) * KV_looplm` (default 1: pure MELT; 0 reproduces the LoopLM
         with the same weights exactly). Other strategies ignore both arguments. `trace` records (and
         may skip) loops for the probes (`LoopTrace`). `grad_loops` = k differentiates only the last k loops
-        (Huginn's truncated backprop; `Backbone.run`).
+        (Huginn's truncated backprop). Both reach the loops as one `Taps` value.
         """
         r = self.config.check_loops(loops if loops is not None else self.config.loops)
         b, n = tokens.shape

@@ -15,6 +15,8 @@ token's loops into one entry, as a shared mean or EMA, adds its write rule besid
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from torch import nn
 
 from adapters.engine.config import LoopConfig
@@ -90,7 +92,7 @@ class Family:
         """Tokens of a prompt one prefill step runs (MELT's chunk: its latent holds that many); None: the whole prompt."""
         return None
 
-    def forward_chunks(self, n: int, chunk_size: int | list[int] | None) -> list[tuple[int, int]]:
+    def forward_chunks(self, n: int, chunk_size: int | Sequence[int] | None) -> list[tuple[int, int]]:
         """(start, end) of each chunk a full-sequence forward over n tokens runs: one, unless the family prefills in chunks."""
         return [(0, n)]
 
