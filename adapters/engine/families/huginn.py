@@ -69,16 +69,19 @@ class Retrofit(Huginn):
 
 
 class HuginnBlock(Block):
-    """Huginn's SandwichBlock: each residual sum normed, h = n2(h + attn(n1(h))), then h = n4(h + mlp(n3(h))); q/k biased."""
+    """Huginn's SandwichBlock: each residual sum normed, h = n2(h + attn(n1(h))), then h = n4(h + mlp(n3(h)));
+    q and k biased."""
 
     def __init__(self, cfg: LoopConfig) -> None:
         super().__init__(cfg, qk_bias=True)
 
-    def forward(self, h: Tensor, span: Span, cache: Cache, layer: int, loop: int, scales: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def forward(self, h: Tensor, span: Span, cache: Cache, layer: int, loop: int,
+                scales: Tensor | None = None) -> tuple[Tensor, Tensor]:
         x = self.input_layernorm.forward(h)
         a = self.self_attn.attend(x, None, span, cache, layer, loop)
         h = self.input_layernorm_2.forward(h + a)
-        return self.post_attention_layernorm_2.forward(h + self.mlp.forward(self.post_attention_layernorm.forward(h))), a
+        m = self.mlp.forward(self.post_attention_layernorm.forward(h))
+        return self.post_attention_layernorm_2.forward(h + m), a
 
     def init_extra(self, generator: torch.Generator, std: float) -> None:
         self.self_attn.qk_bias.zero_()

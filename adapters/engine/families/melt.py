@@ -62,8 +62,8 @@ class Melt(Ouro):
         return self.cfg.chunk_size
 
     def forward_chunks(self, n: int, chunk_size: int | Sequence[int] | None) -> list[tuple[int, int]]:
-        """The chunks of `LoopedLM.forward`: `chunk_size` (default the config's) cut as a prompt's prefill is, or a list of
-        chunk lengths summing to n (a prompt's chunks followed by 1s for decoded tokens)."""
+        """The chunks of `LoopedLM.forward`: `chunk_size` (default the config's) cut as a prompt's prefill is, or a
+        list of chunk lengths summing to n (a prompt's chunks followed by 1s for decoded tokens)."""
         chunk = chunk_size or self.cfg.chunk_size
         if isinstance(chunk, int):
             return prefill_chunks(n, chunk)
@@ -74,7 +74,7 @@ class Melt(Ouro):
 
     def extra_params(self) -> int:
         d = self.cfg.hidden_size
-        gate = {"elementwise": 2 * d * d + d, "scalar": 1}.get(self.cfg.gate_variant, 0)  # W_z, U_z, b_z; one logit; none
+        gate = {"elementwise": 2 * d * d + d, "scalar": 1}.get(self.cfg.gate_variant, 0)  # W_z, U_z, b_z; a logit
         return super().extra_params() + self.cfg.shared_layers * gate
 
 

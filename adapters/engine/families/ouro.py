@@ -39,7 +39,8 @@ class Ouro(Family):
     kv = PER_LOOP
 
 def exit_probabilities(gate_logits: Tensor) -> Tensor:
-    """[r, ...] gate logits -> [r, ...] exit probabilities: p_t = l_t * prod_{j<t}(1 - l_j), the last loop takes the rest."""
+    """[r, ...] gate logits -> [r, ...] exit probabilities: p_t = l_t * prod_{j<t}(1 - l_j), the last loop
+    takes the rest."""
     lam = torch.sigmoid(gate_logits.float())
     survive = torch.cumprod(1 - lam, dim=0)
     before = torch.cat((torch.ones_like(survive[:1]), survive[:-1]), dim=0)

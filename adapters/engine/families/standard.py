@@ -59,7 +59,7 @@ class Family:
     """The plain stack's hooks. `cfg` is the model's config; subclasses override what their family changes."""
 
     kv: KVLayout = STANDARD
-    kv_reference: KVLayout | None = None  # the layout a blended forward mixes its K/V with (MELT's LoopLM); None: no blend
+    kv_reference: KVLayout | None = None  # the layout a blended forward mixes its K/V with (MELT's LoopLM), or none
     norm_after_loops = False  # the final norm once after the last loop, before any coda (Huginn)
 
     def __init__(self, cfg: LoopConfig) -> None:
@@ -89,11 +89,12 @@ class Family:
 
     @property
     def prefill_chunk(self) -> int | None:
-        """Tokens of a prompt one prefill step runs (MELT's chunk: its latent holds that many); None: the whole prompt."""
+        """Tokens of a prompt one prefill step runs (MELT's chunk: its latent holds that many); None: all of it."""
         return None
 
     def forward_chunks(self, n: int, chunk_size: int | Sequence[int] | None) -> list[tuple[int, int]]:
-        """(start, end) of each chunk a full-sequence forward over n tokens runs: one, unless the family prefills in chunks."""
+        """(start, end) of each chunk a full-sequence forward over n tokens runs: one, unless the family prefills
+        in chunks."""
         return [(0, n)]
 
     def extra_params(self) -> int:
