@@ -24,7 +24,7 @@ def save_tiny_qwen3(folder: str | Path, *, seed: int = 0, max_position: int = 12
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from adapters.engine.tokenizer import CHAR_VOCAB_SIZE, char_tokenizer
+    from adapters.engine.io.tokenizer import CHAR_VOCAB_SIZE, char_tokenizer
 
     tokenizer = char_tokenizer()
     config = Qwen3Config(vocab_size=CHAR_VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -58,7 +58,7 @@ RETROFIT_STATE_GAIN = 0.35  # `tiny_retrofit_tensors`
 def tiny_huginn_tensors(seed: int = 0) -> dict[str, "torch.Tensor"]:
     """A tiny Huginn's tensors under the official names (`RavenForCausalLM.state_dict()` less the `freqs_cis` buffer
     and the tied `lm_head`), every one random (`_tiny_raven_tensors`)."""
-    from adapters.engine.huginn import huginn_config
+    from adapters.engine.io.raven import huginn_config
 
     return _tiny_raven_tensors(huginn_config(_with_char_vocab(TINY_HUGINN)), seed)
 
@@ -71,7 +71,7 @@ def tiny_retrofit_tensors(seed: int = 0) -> dict[str, "torch.Tensor"]:
     and the official code's differ by ~1e-7) grows past 1e-5 in the logits by step 32 (at gain 1: 4e-5). The steps still
     matter: at r = 32 one more step moves the logits by ~6e-3.
     """
-    from adapters.engine.huginn import retrofit_config
+    from adapters.engine.io.raven import retrofit_config
 
     cfg = retrofit_config(_with_char_vocab(TINY_RETROFIT))
     tensors = _tiny_raven_tensors(cfg, seed)
@@ -80,7 +80,7 @@ def tiny_retrofit_tensors(seed: int = 0) -> dict[str, "torch.Tensor"]:
 
 
 def _with_char_vocab(config: dict) -> dict:
-    from adapters.engine.tokenizer import CHAR_VOCAB_SIZE
+    from adapters.engine.io.tokenizer import CHAR_VOCAB_SIZE
 
     return {**config, "vocab_size": CHAR_VOCAB_SIZE}
 
@@ -119,7 +119,7 @@ def _save_raven(folder: str | Path, config: dict, tensors: dict[str, "torch.Tens
 
     from safetensors.torch import save_file
 
-    from adapters.engine.tokenizer import char_tokenizer
+    from adapters.engine.io.tokenizer import char_tokenizer
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -151,7 +151,7 @@ def save_tiny_ouro(folder: str | Path, *, seed: int = 0) -> Path:
     import torch
     from safetensors.torch import save_file
 
-    from adapters.engine.tokenizer import CHAR_VOCAB_SIZE
+    from adapters.engine.io.tokenizer import CHAR_VOCAB_SIZE
 
     cfg, folder = {**TINY_OURO_26B, "vocab_size": CHAR_VOCAB_SIZE}, Path(folder)
     d, ffn, vocab, gen = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], torch.Generator().manual_seed(seed)

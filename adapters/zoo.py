@@ -4,7 +4,7 @@ Each model is an engine checkpoint directory under `adapters/zoo_data/NAME/` (mo
 bf16, config.json, tokenizer.json) plus `train_info.json`, the budget it was trained with (steps,
 tokens, CPU minutes, held-out validation accuracy). The recipes that produced them are in
 `adapters/zoo_data/recipes.toml` (`Recipe`, read here); `loopeval zoo train NAME` reproduces one from
-its seed with `adapters.engine.training.train`.
+its seed with `training.train.train`.
 
 Loading goes through the engine's own checkpoint factories (`qwen3:`, `ouro:`, `melt:` by the
 checkpoint's family), so a zoo model is exactly what a user would get from the files themselves;
@@ -24,7 +24,7 @@ from typing import Any
 from adapters.base import Adapter, AdapterError
 from adapters.files import MIB, plain_name, read_text
 from adapters.engine.config import MAX_LOOPS, LoopConfig
-from adapters.engine.presets import preset
+from adapters.engine.io.presets import preset
 from adapters.registry import inspect, load, register
 
 ZOO_DIR = Path(__file__).resolve().parent / "zoo_data"
@@ -156,7 +156,7 @@ class Recipe:
 
 # Each number's range (low, high; a float's low is excluded where the name is in OPEN_LOW): far beyond any recipe that
 # trains, they stop a typo or a hostile file (a learning rate of 1e9, a temperature of 0: NaN, a seed past what
-# torch's generators take) before anything is built. Sizes beyond memory are `training.training_bytes`' to refuse.
+# torch's generators take) before anything is built. Sizes beyond memory are `training.train.training_bytes`' to refuse.
 RANGES: dict[str, tuple[int, int | float]] = {
     "seed": (0, 2**32 - 1), "steps": (1, 10**9), "batch_size": (1, 1 << 20), "lr": (0, 1), "warmup_steps": (0, 10**9),
     "weight_decay": (0, 1), "grad_clip": (0, 10**6), "min_lr_ratio": (0, 1), "val_items": (0, 10**7), "log_every": (1, 10**9),

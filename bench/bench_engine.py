@@ -62,7 +62,7 @@ def hf_qwen3(name: str, seed: int = 0) -> "torch.nn.Module":
     """A transformers `Qwen3ForCausalLM` with a Qwen3 preset's shape and seeded random weights."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from adapters.engine.presets import preset
+    from adapters.engine.io.presets import preset
 
     cfg = preset(name)
     torch.manual_seed(seed)

@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from adapters.base import Sampling  # noqa: E402
 from adapters.engine.adapter import EngineAdapter, exit_policy  # noqa: E402
-from adapters.engine.checkpoint import random_model  # noqa: E402
-from adapters.engine.presets import preset  # noqa: E402
+from adapters.engine.io.checkpoint import random_model  # noqa: E402
+from adapters.engine.io.presets import preset  # noqa: E402
 
 THRESHOLDS = [0.5 + i / 100 for i in range(50)]  # the gate's cumulative exit probability, searched for --target
 

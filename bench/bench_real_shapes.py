@@ -99,13 +99,13 @@ def measure(folder: str, family: str, loops: int | None, context: int, new_token
 def run_one(name: str, args: argparse.Namespace) -> str:
     """Write the preset's public checkpoint, measure it in a fresh process, and format its line."""
     from adapters.base import AdapterError
-    from adapters.engine.presets import preset
+    from adapters.engine.io.presets import preset
     from adapters.testing import save_public_checkpoint
 
     try:
         cfg = preset(name)
     except AdapterError:
-        return f"{name}: SKIP: no preset {name!r} in adapters/engine/presets.py"
+        return f"{name}: SKIP: no preset {name!r} in adapters/engine/io/presets.py"
     loops = args.huginn_loops if cfg.huginn else None
     with tempfile.TemporaryDirectory(prefix=f"{name}-", dir=args.tmp) as tmp:
         start = time.perf_counter()

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from adapters.base import PAPER_PROTOCOL  # noqa: E402
 from adapters.engine.adapter import EngineAdapter  # noqa: E402
-from adapters.engine.checkpoint import random_model  # noqa: E402
+from adapters.engine.io.checkpoint import random_model  # noqa: E402
 from adapters.engine.config import LoopConfig  # noqa: E402
 from adapters.engine.memory import count_params  # noqa: E402
 from adapters.threads import cores  # noqa: E402

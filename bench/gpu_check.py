@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from adapters.base import PAPER_PROTOCOL  # noqa: E402
 from adapters.engine import adapter as engine_adapter  # noqa: E402
 from adapters.engine.adapter import EngineAdapter, load_preset  # noqa: E402
-from adapters.engine.graphs import DecodeGraphs  # noqa: E402
+from adapters.engine.serving.graphs import DecodeGraphs  # noqa: E402
 from adapters.engine.model import LoopedLM  # noqa: E402
 
 PRESETS = ("qwen3-tiny", "ouro-tiny", "coreloop-tiny", "melt-tiny")

@@ -3,7 +3,7 @@
     python scripts/zoo_trial.py ouro-tiny --tasks r30k4 --steps 1000 --out /tmp/trial --loops 1,2,4,8 \
         --config '{"norm_layout": "pre"}' --recipe '{"entropy_weight": 0.5}'
 
-Trains with the zoo's own machinery (`adapters.engine.training.train`, the recipe of
+Trains with the zoo's own machinery (`training.train.train`, the recipe of
 adapters/zoo_data/recipes.toml with the overrides given) on the synthetic train split of each task,
 prints the training budget and the held-out validation accuracy (teacher-forced argmax over the
 whole answer, which equals greedy decoding's exact match), and for a looped model the same figure
@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 import adapters
-from adapters.engine.tokenizer import char_tokenizer
-from adapters.engine.training import TaskData, answer_accuracy, train
+from adapters.engine.io.tokenizer import char_tokenizer
+from training.train import TaskData, answer_accuracy, train
 from adapters.zoo import checkpoint_spec, get_recipe
 from suites import synthetic
 

@@ -1,6 +1,6 @@
 """The engine as an `Adapter`: specs `preset:NAME`, `qwen3:PATH`, `ouro:PATH`, `melt:PATH`, `huginn:PATH`, `retrofit:PATH`.
 
-Generation runs on the continuous-batching engine (`adapters.engine.continuous`) over a paged KV
+Generation runs on the continuous-batching engine (`adapters.engine.serving.continuous`) over a paged KV
 pool; the adapter also takes a whole workload at once (`generate_requests`, the `Scheduling` extra)
 and reports each sample as it finishes. `batching="static"` runs static batches on a preallocated
 cache instead: what `loopeval profile` measures (one cache of known size) and the baseline the
@@ -11,7 +11,7 @@ Overrides (all optional): `loops` (inference r), `dtype` (fp32/bf16/fp16), `devi
 once: the continuous engine's cap, or the static batch), `batching` ("continuous" or "static"),
 `kv_budget` (GB of KV pool; default: what the workload needs at the cap without preemption, and on
 a GPU at most `paged.KV_FRACTION` of free memory), `block_size` (tokens per KV block), `cuda_graphs`
-(default true: on a GPU the engine's decode steps replay as CUDA graphs, `adapters.engine.graphs`), `exit_policy`
+(default true: on a GPU the engine's decode steps replay as CUDA graphs, `adapters.engine.serving.graphs`), `exit_policy`
 ("none", "fixed", "threshold") with `exit_loop` / `exit_threshold` (default: the checkpoint's
 `early_exit_threshold`, see `exit_policy`), `exit_criterion` (gate, kl, entropy) and `exit_fill` ("copy": a decoded token
 skips the loops after its exit and leaves its exit loop's K/V in them, the default when a policy is set; "masked":
@@ -31,17 +31,18 @@ from adapters import threads
 from adapters.base import MODEL_DTYPES, AdapterError, Finished, Generation, Prompt, Request, Sampling, dtype_short
 from adapters.engine.cache import KVCache
 from adapters.engine.config import CONDITIONING_FIELDS, LoopConfig
-from adapters.engine.presets import PRESETS, preset
-from adapters.engine.continuous import ContinuousEngine
+from adapters.engine.io.presets import PRESETS, preset
+from adapters.engine.serving.continuous import ContinuousEngine
 from adapters.engine.exits import SKIPPING_FILL, ExitPolicy, check_threshold
-from adapters.engine.generate import check_request, generate_static
-from adapters.engine.graphs import DecodeGraphs
+from adapters.engine.generate import generate_static
+from adapters.engine.sampling import check_request
+from adapters.engine.serving.graphs import DecodeGraphs
 from adapters.engine.memory import analytic_terms, count_params
 from adapters.engine.model import LoopedLM
-from adapters.engine.paged import DEFAULT_BLOCK_SIZE, BlockPool
-from adapters.engine.sequence import Sequence as Seq
+from adapters.engine.serving.paged import DEFAULT_BLOCK_SIZE, BlockPool
+from adapters.engine.serving.sequence import Sequence as Seq
 from adapters.engine.streams import prompt_key, stream_key
-from adapters.engine.tokenizer import token_ids
+from adapters.engine.io.tokenizer import token_ids
 from adapters.registry import register
 
 DEFAULT_MAX_BATCH = 64  # sequences decoding at once
@@ -358,8 +359,8 @@ def _tiny(name: str) -> bool:
 @register("preset", "engine preset with seeded random weights (qwen3-tiny, ouro-tiny, melt-tiny, qwen3-1.7b, ...)", inspect=inspect_preset,
           names=lambda: PRESETS)
 def load_preset(name: str, **overrides: Any) -> EngineAdapter:
-    from adapters.engine.checkpoint import random_model
-    from adapters.engine.tokenizer import char_tokenizer
+    from adapters.engine.io.checkpoint import random_model
+    from adapters.engine.io.tokenizer import char_tokenizer
 
     cfg = preset(name)
     seed = int(overrides.pop("seed", 0))
@@ -377,8 +378,8 @@ def _checkpoint_factory(family: str) -> Any:
     def load(path: str, **overrides: Any) -> EngineAdapter:
         from pathlib import Path
 
-        from adapters.engine.checkpoint import load_model
-        from adapters.engine.tokenizer import load_tokenizer
+        from adapters.engine.io.checkpoint import load_model
+        from adapters.engine.io.tokenizer import load_tokenizer
 
         seed = int(overrides.pop("seed", 0))  # weights come from the checkpoint; it seeds a recurrent family's initial state
         return _build(f"{family}:{path}", lambda dtype, device: state_seeded(load_model(path, family, dtype, device), seed),
@@ -390,7 +391,7 @@ def _checkpoint_factory(family: str) -> Any:
 
 def _checkpoint_inspector(family: str) -> Any:
     def inspect(path: str, **overrides: Any) -> dict[str, Any]:
-        from adapters.engine.checkpoint import read_config
+        from adapters.engine.io.checkpoint import read_config
 
         overrides.pop("seed", None)
         return config_facts(read_config(path, family), overrides)

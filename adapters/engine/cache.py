@@ -1,7 +1,7 @@
 """K/V caches: where attention finds the rows of earlier tokens, and MELT its latent state h.
 
 Every attention call goes through one: a gated layer first asks it for the source of its K/V
-(`kv_source`: MELT's latent h), then `adapters.engine.model.Attention.attend` hands it the call's
+(`kv_source`: MELT's latent h), then `adapters.engine.layers.Attention.attend` hands it the call's
 rows and gets back every row the call attends to (`update`). Three implementations:
 
 - `KVCache`: the static cache of a generate call, preallocated once, written in place and
@@ -11,12 +11,10 @@ rows and gets back every row the call attends to (`update`). Three implementatio
 - `MixedCache`: stage-1 conversion training, `KV = a * KV_melt + (1 - a) * KV_looplm`: a gated
   model's rows read as MELT and as its LoopLM, both kept, blended for attention.
 
-Layout (entries, `entry_table`): the entry of a token's K/V
-- `standard`: one per layer (prelude, shared, coda in order).
-- `per_loop` (LoopLM / Ouro): prelude entries, then loop t of shared layer i at `p + t * s + i`
-  (HF Ouro's own `t * num_hidden_layers + i` when p = 0), then coda entries. Grows with the loops r.
-- `gated` (MELT): one per layer, shared rows overwritten at every loop, plus the latent h of each
-  shared layer for the tokens in flight (a prefill chunk or the decoded token). Independent of r.
+Layout: which entry holds a (layer, loop)'s rows, and whether a latent is kept, is the family's `KVLayout`
+(`adapters.engine.families`): `standard` one entry per layer; `per_loop` (Ouro, Huginn) one per loop of each
+shared layer, growing with r; `gated` (MELT) one per layer, shared rows overwritten at every loop, plus the
+latent h of each shared layer for the tokens in flight (a prefill chunk or the decoded token).
 
 `KVCache` stores k and v as [entries, batch, kv_heads, length, head_dim] and the latent as
 [s, batch, chunk, hidden]. `kv_bytes_allocated` counts the K/V tensors plus the latent and the
@@ -35,6 +33,7 @@ import torch
 from torch import Tensor
 
 from adapters.engine.config import LoopConfig
+from adapters.engine.families import KVLayout, family_of
 from adapters.engine.memory import history_bytes
 
 Gate = Callable[[Tensor, Tensor, int], Tensor]  # MELT's update (x, h, loop) -> new h, for loops >= 1
@@ -48,33 +47,21 @@ class Cache(Protocol):
         """Keep the rows k, v [B, Hkv, n, D] of slots slot..slot+n-1; return every row up to them."""
 
 
-def entry_table(config: LoopConfig, loops: int, strategy: str) -> list[list[int]]:
-    """`table[layer][loop]`: the entry that holds physical layer `layer`'s rows at `loop` (see the module docstring)."""
-    p, s = config.prelude_layers, config.shared_layers
-
-    def entry(layer: int, loop: int) -> int:
-        if strategy != "per_loop" or layer < p:
-            return layer
-        return layer + s * (loop if layer < p + s else loops - 1)  # coda entries follow every loop's
-
-    return [[entry(layer, loop) for loop in range(loops)] for layer in range(config.num_layers)]
-
-
 class KVCache:
     """The static cache of one generate call (a batch of `batch` rows, `length` slots, `loops` loops)."""
 
     def __init__(self, config: LoopConfig, batch: int, length: int, loops: int, dtype: torch.dtype, device: torch.device | str) -> None:
-        self.strategy = config.kv_strategy
+        layout = family_of(config).kv
         self.loops = config.check_loops(loops)
         self.batch, self.capacity = batch, length
-        entries = config.kv_entries(loops)
+        entries = layout.entries(config, loops)
         shape = (entries, batch, config.num_kv_heads, length, config.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         k, v = self.k.unbind(0), self.v.unbind(0)  # views: no per-step indexing
-        self.rows = [[(k[e], v[e]) for e in row] for row in entry_table(config, loops, self.strategy)]
+        self.rows = [[(k[e], v[e]) for e in row] for row in layout.table(config, loops)]
         self.prelude, self.latent = config.prelude_layers, None
-        if self.strategy == "gated":
+        if layout.has_latent(config):
             chunk = min(config.chunk_size, length)
             self.latent = torch.zeros((config.shared_layers, batch, chunk, config.hidden_size), dtype=dtype, device=device)
         self.length = 0  # slots written (the generate loop advances it)
@@ -128,14 +115,14 @@ class ChunkCache:
 
     Each entry keeps its rows per chunk (keyed by the chunk's first slot), so a gated layer's later
     loops replace their chunk's rows as `KVCache` overwrites them, and later chunks see the final
-    ones. `strategy` may differ from the config's: a gated model read with `per_loop` rows is its LoopLM.
+    ones. `layout` may differ from the family's: a gated model read with `per_loop` rows is its LoopLM.
     """
 
-    def __init__(self, config: LoopConfig, loops: int, strategy: str | None = None) -> None:
-        strategy = strategy or config.kv_strategy
-        self.entries = entry_table(config, loops, strategy)
+    def __init__(self, config: LoopConfig, loops: int, layout: KVLayout | None = None) -> None:
+        layout = layout or family_of(config).kv
+        self.entries = layout.table(config, loops)
         self.rows: defaultdict[int, dict[int, tuple[Tensor, Tensor]]] = defaultdict(dict)  # entry -> chunk's slot -> rows
-        self.gated = strategy == "gated"
+        self.gated = layout.has_latent(config)
         self.latent: dict[int, Tensor] = {}  # layer -> h of the current chunk
 
     def kv_source(self, layer: int, loop: int, x: Tensor, gate: Gate) -> Tensor | None:

@@ -59,13 +59,13 @@ class LoopConfig:
     chunk_size: int = 64  # MELT prefill chunk (tokens processed in parallel); 1 == token by token
     exit_gate: bool = False  # Ouro's early-exit gate Linear(d, 1) on each loop's normed state
     # Loop conditioning (the recurrence study's options; all off by default, all zero-initialised so a
-    # converted model starts unchanged; model.LoopConditioning has the formulas):
+    # converted model starts unchanged; conditioning.LoopConditioning has the formulas):
     injection: str = "none"  # initial-state injection: loop input += A e, e the state entering loop 1 (MIX_KINDS)
     history: str = "none"  # history-state injection: loop l input += sum_j B_j (h_{l-j} - h_{l-j-1}) (MIX_KINDS)
     history_window: int = 1  # w, the lags the history injection reads
     loop_gate: bool = False  # Loop Gating: loop t's net update scaled by 1 + tanh(g_t), g_t of LOOP_GATE_DIM per loop position
     branch_gate: bool = False  # branch gating: each shared layer's attention and MLP outputs at loop t scaled the same way, each its own g
-    state_std: float | None = None  # std of the recurrent families' random initial state (`model.Recurrence`); None: sqrt(2 / (5 d))
+    state_std: float | None = None  # std of the recurrent families' random initial state (`families.huginn.Recurrence`); None: sqrt(2 / (5 d))
     exit_threshold: float | None = None  # Ouro's early_exit_threshold: the default exit policy (adapters.engine.adapter)
     max_position: int = 40960  # longest context (prompt + generated) the model accepts
     bos_token_id: int | None = None
@@ -87,33 +87,21 @@ class LoopConfig:
         return self.kv_strategy == "gated"
 
     @property
-    def prefill_chunk(self) -> int | None:
-        """Tokens of a prompt one prefill step runs: MELT's chunk (its latent holds that many); None: the whole prompt."""
-        return self.chunk_size if self.gated else None
-
-    @property
     def huginn(self) -> bool:
         """Huginn-0125's recurrent depth: qk bias, embeddings times sqrt(d), every residual sum normed
-        (`model.Block`), a random initial state and the injection W [h; e] at every step (`model.Recurrence`)."""
+        (`families.huginn.HuginnBlock`), a random initial state and the injection W [h; e] at every step (`families.huginn.Recurrence`)."""
         return self.family == "huginn"
 
     @property
     def recurrent(self) -> bool:
         """Huginn-style recurrence (Huginn-0125 and the retrofitted models): a random initial state, and the core
-        run on the injection W [h; e] of the state and the prelude's output at every step (`model.Recurrence`)."""
+        run on the injection W [h; e] of the state and the prelude's output at every step (`families.huginn.Recurrence`)."""
         return self.family in ("huginn", "retrofit")
 
     @property
     def sandwich(self) -> bool:
         """Ouro's norm layout: each sublayer's output normed too, and the final norm applied after every loop."""
         return self.norm_layout == "sandwich"
-
-    def kv_entries(self, loops: int | None = None) -> int:
-        """K/V entries per token: one per executed layer for per_loop, one per layer otherwise."""
-        r = self.loops if loops is None else loops
-        if self.kv_strategy == "per_loop":
-            return self.prelude_layers + self.shared_layers * r + self.coda_layers
-        return self.num_layers
 
     def check_loops(self, loops: int) -> int:
         """Validate an inference loop count r for this model and return it."""

@@ -5,7 +5,7 @@ loop where its criterion fires (`threshold`, criteria `adapters.base.EXIT_CRITER
 
 - `gate`: Ouro's learned exit gate. With lambda_t = sigmoid(gate(normed state of loop t)), the exit
   probability of loop t is p_t = lambda_t * prod_{j<t}(1 - lambda_j) and the last loop takes the rest
-  (`adapters.engine.model.exit_probabilities`, the official code's distribution); a token exits at the
+  (`adapters.engine.families.ouro.exit_probabilities`, the official code's distribution); a token exits at the
   first loop whose cumulative probability reaches the threshold, computed here loop by loop.
 - `kl`, `entropy`: Huginn's model-free tests between consecutive loops' next-token distributions, as
   the official `KLExitEvaluator` and `EntropyDiffExitEvaluator` define them (seal-rg/recurrent-pretraining,
@@ -56,7 +56,7 @@ from torch import Tensor
 from adapters.base import EXIT_CRITERIA, AdapterError
 
 if TYPE_CHECKING:
-    from adapters.engine.model import Span
+    from adapters.engine.layers import Span
 
 EXIT_KINDS: tuple[str, ...] = ("none", "fixed", "threshold")
 EXIT_FILLS: tuple[str, ...] = ("read", "copy", "masked")

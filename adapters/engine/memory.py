@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from adapters.base import DTYPE_BYTES, AdapterError, dtype_short
 from adapters.engine.config import LOOP_GATE_DIM, LoopConfig
+from adapters.engine.families import family_of
 from measures import analytic_kv_bytes
 
 
@@ -26,20 +27,17 @@ def dtype_bytes(dtype: str) -> int:
 
 
 def count_params(cfg: LoopConfig) -> int:
-    """Parameters of `adapters.engine.model.LoopedLM(cfg)`, shape by shape."""
+    """Parameters of `adapters.engine.model.LoopedLM(cfg)`, shape by shape; what a family adds, by its hook."""
     d, hd = cfg.hidden_size, cfg.head_dim
     attn = d * hd * (2 * cfg.num_heads + 2 * cfg.num_kv_heads) + (2 * hd if cfg.qk_norm else 0)
-    attn += 2 * cfg.num_heads * hd if cfg.huginn else 0  # Huginn's q and k biases
     norms = (4 if cfg.norm_layout == "sandwich" else 2) * d
     layer = attn + 3 * d * cfg.ffn_size + norms
-    gate = {"elementwise": 2 * d * d + d, "scalar": 1}.get(cfg.gate_variant, 0) if cfg.gated else 0
-    total = cfg.num_layers * layer + cfg.shared_layers * gate + (2 * d * d if cfg.recurrent else 0)  # the recurrence's injection adapter
-    total += cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2) + d  # embeddings, lm_head, final norm
-    return total + (d + 1 if cfg.exit_gate else 0) + conditioning_params(cfg)
+    total = cfg.num_layers * layer + cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2) + d  # embeddings, lm_head, final norm
+    return total + family_of(cfg).extra_params() + conditioning_params(cfg)
 
 
 def conditioning_params(cfg: LoopConfig) -> int:
-    """Parameters the loop conditioning adds (`model.LoopConditioning`): A, the w maps B_j, T x 8 loop
+    """Parameters the loop conditioning adds (`conditioning.LoopConditioning`): A, the w maps B_j, T x 8 loop
     gates, and T x s x 2 x 8 branch gates."""
     d = cfg.hidden_size
     size = {"none": 0, "scalar": 1, "channel": d, "dense": d * d}
@@ -82,11 +80,11 @@ def analytic_terms(cfg: LoopConfig, loops: int | None = None, dtype: str = "bf16
     """
     size = dtype_bytes(dtype)
     r = cfg.check_loops(cfg.loops if loops is None else loops)
-    gated = cfg.gated
+    layout = family_of(cfg).kv
     history = history_bytes(cfg, 1, size)
     return {
         "weights_bytes": count_params(cfg) * size,
-        "kv_bytes_per_token": 2 * cfg.kv_entries(r) * cfg.num_kv_heads * cfg.head_dim * size,
-        "latent_bytes_per_token": (cfg.shared_layers * cfg.hidden_size * size if gated else 0) + history,
-        "latent_tokens": cfg.chunk_size if gated else (1 if history else 0),
+        "kv_bytes_per_token": 2 * layout.entries(cfg, r) * cfg.num_kv_heads * cfg.head_dim * size,
+        "latent_bytes_per_token": layout.latent_width(cfg) * size + history,
+        "latent_tokens": layout.latent_tokens(cfg) or (1 if history else 0),
     }

@@ -6,8 +6,8 @@ is a pure function of that key, a counter (the token index for sampling noise, t
 for the recurrent families' initial state) and an index within the draw (the token id, the channel),
 so a row needs no generator state and a batch of rows is one set of kernels, whatever the batch
 holds: a sample's draws do not depend on the batch it runs in, the order it is admitted in,
-preemption or resume. `adapters.engine.generate.exponential_noise` (sampling) and
-`adapters.engine.model.Recurrence` (the state Huginn's recurrence starts from) draw from here.
+preemption or resume. `adapters.engine.sampling.exponential_noise` (sampling) and
+`adapters.engine.families.huginn.Recurrence` (the state Huginn's recurrence starts from) draw from here.
 """
 
 from __future__ import annotations

@@ -71,9 +71,10 @@ def estimate(
 
 def kv_terms(config: LoopConfig, loops: int, dtype: str) -> str:
     """The KV line's terms: bytes per token as K and V x entries x heads x head dim x bytes, and where the entries come from."""
+    from adapters.engine.families import family_of
     from adapters.engine.memory import analytic_terms, dtype_bytes
 
-    entries = config.kv_entries(loops)
+    entries = family_of(config).kv.entries(config, loops)
     source = (f"{config.prelude_layers} prelude + {config.shared_layers} shared x {loops} loops + {config.coda_layers} coda"
               if config.kv_strategy == "per_loop" else f"one per layer, {config.kv_strategy}")
     per_token = analytic_terms(config, loops, dtype)["kv_bytes_per_token"]

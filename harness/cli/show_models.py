@@ -10,13 +10,13 @@ def models() -> None:
     context lengths.
 
     Each family line says its KV strategy, where its checkpoints come from and what `--loops` means for it
-    (`adapters.engine.presets.FAMILY_GUIDE`, which the README's model table also shows).
+    (`adapters.engine.io.presets.FAMILY_GUIDE`, which the README's model table also shows).
 
     A bare name stands for the one spec that has it; the last line names those two prefixes share.
     """
     import adapters
     from adapters.engine.config import LoopConfig
-    from adapters.engine.presets import FAMILY_GUIDE, PRESETS
+    from adapters.engine.io.presets import FAMILY_GUIDE, PRESETS
     from adapters.registry import named_models
     from adapters.zoo import zoo_info, zoo_names
 

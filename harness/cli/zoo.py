@@ -7,7 +7,7 @@
   any LoopLM the engine loads, with the melt-tiny recipe's two stages and overridable
   hyper-parameters; the zoo's melt-tiny is this command's CPU-sized run.
 
-The training itself is the engine's (`adapters.engine.training.train`); this module only reads the
+The training itself is the `training` package's (`training.train.train`); this module only reads the
 synthetic suite's train split (or the user's JSONL) and hands the items over.
 """
 
@@ -128,7 +128,7 @@ def train(
 ) -> None:
     """Reproduce zoo models from their recipes (adapters/zoo_data/recipes.toml)."""
     from adapters import inspect, resolve
-    from adapters.engine.training import train as train_model
+    from training.train import train as train_model
     from adapters.zoo import RECIPES_PATH, load_recipes
     from suites.synthetic import STOP
 
@@ -176,7 +176,7 @@ def convert(
     """Convert a LoopLM into MELT with the paper's two stages (KV interpolation, then alignment)."""
     from adapters import inspect, resolve
     from adapters.engine.config import GATE_VARIANTS
-    from adapters.engine.training import train as train_model
+    from training.train import train as train_model
     from adapters.zoo import RECIPES_PATH, get_recipe
     from suites.synthetic import STOP
 

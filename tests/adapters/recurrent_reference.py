@@ -15,7 +15,7 @@ import torch
 
 import adapters
 from adapters.base import Request, Sampling
-from adapters.engine.continuous import ContinuousEngine
+from adapters.engine.serving.continuous import ContinuousEngine
 from adapters.engine.model import LoopedLM
 from tests.rounding import FIXTURE_DIGITS, rounding_bound
 from tests.adapters.test_scheduler import Watch, pool_for

@@ -10,10 +10,10 @@ from safetensors.torch import save_file
 
 import adapters
 from adapters.base import AdapterError, Sampling
-from adapters.engine.checkpoint import random_model, save_checkpoint
+from adapters.engine.io.checkpoint import random_model, save_checkpoint
 from adapters.files import COMPLETE_MARKER
-from adapters.engine.presets import preset
-from adapters.engine.tokenizer import char_tokenizer
+from adapters.engine.io.presets import preset
+from adapters.engine.io.tokenizer import char_tokenizer
 
 GREEDY = Sampling(temperature=0, max_new_tokens=8)
 IDS = torch.tensor([[1, 40, 41, 42, 43, 44]])

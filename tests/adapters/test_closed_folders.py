@@ -18,8 +18,8 @@ from safetensors.torch import save_file
 
 import adapters
 from adapters.base import AdapterError
-from adapters.engine.checkpoint import random_model
-from adapters.engine.tokenizer import char_tokenizer
+from adapters.engine.io.checkpoint import random_model
+from adapters.engine.io.tokenizer import char_tokenizer
 
 
 def _ouro_folder(path: Path, shard: str = "model-00001-of-00001.safetensors") -> Path:

@@ -15,12 +15,15 @@ import torch
 import adapters
 
 from adapters.base import AdapterError, Sampling
+from adapters.engine.families import family_of
 from adapters.engine.cache import KVCache
-from adapters.engine.checkpoint import random_model
+from adapters.engine.io.checkpoint import random_model
 from adapters.engine.config import LoopConfig
-from adapters.engine.presets import PRESETS, preset
+from adapters.engine.io.presets import PRESETS, preset
 from adapters.engine.adapter import EngineAdapter, load_preset
-from adapters.engine.generate import Decoder, ExitPolicy, Prompts, generate, sample
+from adapters.engine.exits import ExitPolicy
+from adapters.engine.generate import Decoder, Prompts, generate
+from adapters.engine.sampling import sample
 from adapters.engine.memory import count_params, estimate, kv_bytes
 from adapters.engine.model import LoopedLM
 from adapters.engine.streams import stream_rows
@@ -221,7 +224,7 @@ def test_analytic_kv_equals_allocated(name):
             if cfg.kv_strategy == "gated":
                 assert len(set(by_r)) == 1
             if cfg.kv_strategy == "per_loop":  # one entry per executed layer, p + s * r + c (for p = c = 0 proportional to r)
-                per_entry = by_r[0] // cfg.kv_entries(1)
+                per_entry = by_r[0] // family_of(cfg).kv.entries(cfg, 1)
                 assert by_r == [per_entry * (cfg.prelude_layers + cfg.shared_layers * r + cfg.coda_layers) for r in loop_counts]
 
 

@@ -13,10 +13,10 @@ from test_scheduler import Watch, pool_for, tiny_budget
 import adapters
 from adapters.base import AdapterError, Request, Sampling
 from adapters.engine.adapter import EngineAdapter
-from adapters.engine.cache import entry_table
-from adapters.engine.continuous import ContinuousEngine
+from adapters.engine.families.ouro import PER_LOOP
+from adapters.engine.serving.continuous import ContinuousEngine
 from adapters.engine.generate import generate
-from adapters.engine.presets import PRESETS
+from adapters.engine.io.presets import PRESETS
 from adapters.zoo import zoo_names
 
 pytestmark = pytest.mark.numerics  # batching paths agree: run again under a second ATen CPU capability by .ci/run
@@ -137,7 +137,7 @@ def test_copy_fill_leaves_the_exit_loops_kv_in_the_skipped_loops(spec, overrides
     cfg, caches = adapter.config, []
     gen = generate(adapter.model, [[1, 11, 12, 13]], GREEDY, loops=cfg.loops, eos_ids=set(), exit_policy=adapter.exit_policy,
                    on_cache=lambda cache: caches.append(cache) if cache is not None else None)[0]
-    cache, table = caches[0], entry_table(cfg, cfg.loops, "per_loop")
+    cache, table = caches[0], PER_LOOP.table(cfg, cfg.loops)
     decoded = slice(4, 4 + gen.generated_tokens - 1)  # the slots of the tokens that went through a decode step
     assert gen.loops_used[1:] == [1] * (gen.generated_tokens - 1)
     for layer in range(cfg.prelude_layers, cfg.prelude_layers + cfg.shared_layers):
@@ -229,7 +229,7 @@ POOL_CASES = [
 def test_the_pools_step_narrows_as_the_decode_rows_do(spec, overrides, monkeypatch):
     """Decode steps that gather from the pool (`PagedStep`, the path a GPU runs eagerly; here forced by leaving the
     decode rows no room) narrow to the looping rows too, and give the static masked step's tokens."""
-    import adapters.engine.rows as rows
+    import adapters.engine.serving.rows as rows
 
     adapter = load(spec, block_size=4, **overrides)
     static = run(adapter, SAMPLED, "static")

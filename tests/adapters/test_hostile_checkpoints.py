@@ -22,8 +22,8 @@ from safetensors.torch import load_file, save_file
 
 import adapters
 from adapters.base import AdapterError
-from adapters.engine.checkpoint import random_model, save_checkpoint
-from adapters.engine.tokenizer import char_tokenizer
+from adapters.engine.io.checkpoint import random_model, save_checkpoint
+from adapters.engine.io.tokenizer import char_tokenizer
 from adapters.testing import save_tiny_huginn, save_tiny_qwen3, save_tiny_retrofit
 
 

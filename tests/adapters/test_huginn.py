@@ -23,12 +23,13 @@ import torch
 
 import adapters
 from adapters.base import AdapterError, Sampling
-from adapters.engine.checkpoint import load_model
+from adapters.engine.families import family_of
+from adapters.engine.io.checkpoint import load_model
 from adapters.engine.config import LoopConfig
-from adapters.engine.huginn import huginn_config
+from adapters.engine.io.raven import huginn_config
 from adapters.engine.memory import analytic_terms, count_params, estimate
 from adapters.engine.model import LoopedLM
-from adapters.engine.presets import preset
+from adapters.engine.io.presets import preset
 from adapters.testing import save_tiny_huginn, tiny_huginn_tensors
 from harness.cli import main
 from tests.adapters.recurrent_reference import (
@@ -98,7 +99,7 @@ def test_huginn_params_and_kv_layout_follow_the_official_model():
     assert count_params(cfg) == sum(t.numel() for t in tiny_huginn_tensors().values())
     with torch.device("meta"):
         assert count_params(preset("huginn-0125")) == sum(p.numel() for p in LoopedLM(preset("huginn-0125")).parameters())
-    assert [cfg.kv_entries(r) for r in (1, 4, 32)] == [1 + 2 * r + 1 for r in (1, 4, 32)]
+    assert [family_of(cfg).kv.entries(cfg, r) for r in (1, 4, 32)] == [1 + 2 * r + 1 for r in (1, 4, 32)]
 
 
 def test_huginn_paged_kv_accounting_equals_the_analytic_model(checkpoint):

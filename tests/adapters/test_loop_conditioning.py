@@ -9,10 +9,10 @@ import torch
 from adapters.base import AdapterError, Sampling
 from adapters.engine.adapter import load_preset
 from adapters.engine.cache import KVCache
-from adapters.engine.checkpoint import load_model, random_model, save_checkpoint
+from adapters.engine.io.checkpoint import load_model, random_model, save_checkpoint
 from adapters.engine.memory import conditioning_params, count_params, kv_bytes
 from adapters.engine.model import LoopedLM, LoopTrace
-from adapters.engine.presets import preset
+from adapters.engine.io.presets import preset
 
 pytestmark = pytest.mark.numerics  # run again under a second ATen CPU capability by .ci/run
 

@@ -19,7 +19,7 @@ import torch
 
 import adapters
 from adapters.engine.memory import estimate
-from adapters.engine.presets import preset
+from adapters.engine.io.presets import preset
 from adapters.testing import TINY_OURO_26B, save_tiny_ouro
 from tests.adapters.recurrent_reference import DISCRIMINATES
 from tests.rounding import FIXTURE_DIGITS, rounding_bound

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from adapters.engine.checkpoint import random_model
+from adapters.engine.io.checkpoint import random_model
 from adapters.engine.model import LoopedLM
-from adapters.engine.presets import preset
+from adapters.engine.io.presets import preset
 from adapters.engine.probes import probe
 
 pytestmark = pytest.mark.numerics  # run again under a second ATen CPU capability by .ci/run

@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from adapters.engine.checkpoint import random_model
-from adapters.engine.tokenizer import char_tokenizer
+from adapters.engine.io.checkpoint import random_model
+from adapters.engine.io.tokenizer import char_tokenizer
 
 LOOPEVAL = str(Path(sys.executable).with_name("loopeval"))
 pytestmark = pytest.mark.slow  # the console script in subprocesses, answering prompts on stdin

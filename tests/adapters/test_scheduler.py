@@ -8,10 +8,10 @@ import torch
 
 from adapters.base import AdapterError, Request, Sampling
 from adapters.engine.adapter import EngineAdapter, load_preset
-from adapters.engine.continuous import ContinuousEngine
-from adapters.engine.graphs import DecodeGraphs
+from adapters.engine.serving.continuous import ContinuousEngine
+from adapters.engine.serving.graphs import DecodeGraphs
 from adapters.engine.memory import analytic_terms
-from adapters.engine.paged import BlockPool
+from adapters.engine.serving.paged import BlockPool
 
 PROMPTS = ["1+2=", "x", "17*3=51; 4*4=", "abcdefghijklmnopqrstu"]
 SAMPLED = Sampling(temperature=1.0, top_p=0.7, max_new_tokens=20, n=3, seed=5)

@@ -18,7 +18,9 @@ from adapters.base import Request, Sampling
 from adapters.engine.adapter import EngineAdapter
 from adapters.engine.cache import KVCache
 from adapters.engine.config import LoopConfig
-from adapters.engine.model import LoopedLM, Recurrence
+from adapters.engine.families import family_of
+from adapters.engine.families.huginn import Recurrence
+from adapters.engine.model import LoopedLM
 from adapters.engine.streams import stream_key
 from adapters.testing import save_tiny_huginn, save_tiny_retrofit
 from tests.adapters.test_scheduler import tiny_budget
@@ -121,9 +123,9 @@ def final_state(model: LoopedLM, seed: int) -> torch.Tensor:
 
 def recurrence(seed: int = 0, scale: float = 1.0) -> Recurrence:
     """Huginn-0125's recurrence at width 64 (std sqrt(2 / 5d), embedding scale sqrt(d)), seeded."""
-    rec = Recurrence(LoopConfig(family="huginn", vocab_size=99, hidden_size=64, num_heads=4, num_kv_heads=4, head_dim=16, ffn_size=96,
+    rec = family_of(LoopConfig(family="huginn", vocab_size=99, hidden_size=64, num_heads=4, num_kv_heads=4, head_dim=16, ffn_size=96,
                                 prelude_layers=1, shared_layers=2, coda_layers=1, loops=4, norm_layout="sandwich", kv_strategy="per_loop",
-                                tie_embeddings=True))
+                                tie_embeddings=True)).state()
     rec.reseed(seed, scale)
     return rec
 

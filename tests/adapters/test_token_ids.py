@@ -9,8 +9,8 @@ from safetensors.torch import save_file
 
 import adapters
 from adapters.base import Sampling
-from adapters.engine.checkpoint import random_model
-from adapters.engine.tokenizer import CHARS
+from adapters.engine.io.checkpoint import random_model
+from adapters.engine.io.tokenizer import CHARS
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0, 1, 2 in Ouro's tokenizer
 PROMPT = [1, 40, 41, 42, 43, 44]

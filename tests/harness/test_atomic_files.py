@@ -18,7 +18,7 @@ import torch
 
 import adapters
 import adapters.files
-from adapters.engine.checkpoint import random_model, save_checkpoint
+from adapters.engine.io.checkpoint import random_model, save_checkpoint
 from adapters.files import COMPLETE_MARKER
 from adapters.zoo import ZOO_DIR
 from dashboards.report import write_report

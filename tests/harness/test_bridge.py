@@ -180,7 +180,7 @@ class LetterAdapter:
     max_context = 64
 
     def __init__(self, favourite: str) -> None:
-        from adapters.engine.tokenizer import char_tokenizer
+        from adapters.engine.io.tokenizer import char_tokenizer
 
         self.tokenizer = char_tokenizer()
         self.favourite = self.tokenizer.convert_tokens_to_ids(favourite)

@@ -16,7 +16,7 @@ import pytest
 import adapters
 from adapters import AdapterError, registry
 from adapters.engine.config import FAMILIES, LoopConfig
-from adapters.engine.presets import FAMILY_GUIDE, PRESETS, family_table
+from adapters.engine.io.presets import FAMILY_GUIDE, PRESETS, family_table
 from adapters.zoo import zoo_info, zoo_names
 from harness.cli import main
 from harness.hints import env_command

@@ -217,7 +217,7 @@ class ReferenceAdapter:
     max_context = 4096
 
     def __init__(self, wrong: bool = False) -> None:
-        from adapters.engine.tokenizer import char_tokenizer
+        from adapters.engine.io.tokenizer import char_tokenizer
 
         self.spec = f"reference:{'wrong' if wrong else 'right'}"
         self.tokenizer = char_tokenizer()

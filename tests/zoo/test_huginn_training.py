@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from adapters.engine import objectives as T
+from training import objectives as T
 from adapters.engine.model import LoopedLM
-from adapters.engine.training import TaskData, make_objective, train
-from adapters.engine.tokenizer import char_tokenizer
+from training.train import TaskData, make_objective, train
+from adapters.engine.io.tokenizer import char_tokenizer
 from adapters.zoo import get_recipe
 from suites import synthetic
 

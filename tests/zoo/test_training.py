@@ -9,9 +9,9 @@ import torch
 
 import adapters
 from adapters.base import AdapterError
-from adapters.engine import objectives as T
+from training import objectives as T
 from adapters.engine.model import LoopedLM
-from adapters.engine.training import TaskData, load_teacher, train
+from training.train import TaskData, load_teacher, train
 from adapters.zoo import get_recipe
 from suites import synthetic
 from tests.rounding import rounding_bound
@@ -127,7 +127,7 @@ def test_chunk_size_one_training_forward_matches_decoding(teacher_dir: Path) -> 
         for layer in student.shared:
             layer.melt_gate.w_z.bias.fill_(0.5)
     out = Path(teacher_dir).parent / "melt-chunk1"
-    from adapters.engine.checkpoint import save_checkpoint
+    from adapters.engine.io.checkpoint import save_checkpoint
 
     save_checkpoint(student, out, tokenizer=adapters.load(f"ouro:{teacher_dir}").tokenizer)
     adapter = adapters.load(f"melt:{out}", dtype="float32", chunk_size=1)
@@ -166,9 +166,9 @@ def test_decode_aligned_chunks_reproduce_melt_decoding(tmp_path: Path) -> None:
     """MELT trains and validates with `Batch.decode_chunks`: the prompt chunked back from its end, then
     one token at a time. Teacher-forced on the engine's own greedy output, that forward predicts
     exactly the tokens the engine decoded (chunk size 4, random weights so that tokens vary)."""
-    from adapters.engine.checkpoint import random_model, save_checkpoint
-    from adapters.engine.presets import preset
-    from adapters.engine.tokenizer import char_tokenizer
+    from adapters.engine.io.checkpoint import random_model, save_checkpoint
+    from adapters.engine.io.presets import preset
+    from adapters.engine.io.tokenizer import char_tokenizer
 
     student = random_model(preset("melt-tiny").replace(chunk_size=4), seed=2, dtype=torch.float32, device="cpu")
     with torch.no_grad():

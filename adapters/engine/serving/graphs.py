@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from adapters.engine.model import LoopedLM, StepOutput
-from adapters.engine.paged import BlockPool, PagedStep, key_mask
+from adapters.engine.serving.paged import BlockPool, PagedStep, key_mask
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 

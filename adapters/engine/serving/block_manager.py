@@ -1,6 +1,6 @@
 """Block bookkeeping of the paged KV pool: block tables, the free list, reference counts, bytes held.
 
-No tensors here (`adapters.engine.paged.BlockPool` holds them): the manager answers the policy's
+No tensors here (`adapters.engine.serving.paged.BlockPool` holds them): the manager answers the policy's
 questions (how many blocks are free, how many a prompt needs) and keeps the exact accounting that
 `EngineAdapter.memory` reads through the pool. Blocks are reference-counted, so the n samples of one
 prompt share its full prefilled blocks. A sequence holds only the blocks its tokens fill, as they fill.
@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 
-from adapters.engine.sequence import Sequence
+from adapters.engine.serving.sequence import Sequence
 
 
 class BlockManager:

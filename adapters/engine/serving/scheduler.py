@@ -13,7 +13,7 @@ is keyed by (request seed, sample index, token index) (`streams.stream_key`, `ex
 so its output is the same as if it had never been preempted, and the same at any concurrency.
 
 The policy decides from the block manager's answers alone (free blocks, blocks a prompt needs) and
-holds no tensors; `adapters.engine.continuous` runs what it decides.
+holds no tensors; `adapters.engine.serving.continuous` runs what it decides.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from collections import deque
 from itertools import count
 from typing import Callable
 
-from adapters.engine.block_manager import BlockManager
-from adapters.engine.sequence import Sequence
+from adapters.engine.serving.block_manager import BlockManager
+from adapters.engine.serving.sequence import Sequence
 
 
 class Scheduler:

@@ -2,7 +2,7 @@
 
 One function, `train(recipe, out_dir, items, stop=...)`, trains every zoo model. What differs between
 models lives in the recipe (`adapters.zoo.Recipe`, read from adapters/zoo_data/recipes.toml) and in
-the objective it selects (the losses are in `adapters.engine.objectives`):
+the objective it selects (the losses are in `training.objectives`):
 
 - `lm`: a plain transformer (Qwen3 layout), masked cross-entropy on the answer;
 - `looplm`: an Ouro-style LoopLM, Ouro's entropy-regularised exit-gate objective over loops;
@@ -20,7 +20,11 @@ engine checkpoint directory (safetensors + config.json + tokenizer.json) with `t
 
 The caller hands in the items (prompt/answer rows per task: `loopeval zoo` reads the synthetic
 suite's train split) and the stop string answers end with; a slice of each task is held out as
-validation for choices. The engine never reads a suite itself.
+validation for choices. Training never reads a suite itself.
+
+This package imports the engine and the adapters' registry (a melt recipe's teacher is loaded by spec, through
+`adapters.load`), and nothing under `adapters/` imports it: the import table of docs/architecture.md says so and
+tests/test_layering.py checks it, so no import cycle hides inside a function.
 """
 
 from __future__ import annotations
@@ -37,11 +41,15 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+import adapters
 from adapters.base import AdapterError
-from adapters.engine import objectives as T
 from adapters.engine.config import LoopConfig
+from adapters.engine.families.standard import prefill_chunks
+from adapters.engine.io.checkpoint import save_checkpoint
+from adapters.engine.io.tokenizer import char_tokenizer
+from adapters.engine.model import LoopedLM
 from adapters.files import write_atomically
-from adapters.engine.model import LoopedLM, prefill_chunks
+from training import objectives as T
 
 if TYPE_CHECKING:
     from adapters.zoo import Recipe
@@ -271,8 +279,6 @@ def build_model(recipe: Recipe, device: str, teacher: LoopedLM | None) -> Looped
 
 def load_teacher(spec: str, device: str) -> LoopedLM:
     """The frozen LoopLM teacher: a zoo name (`ouro-tiny`) or any spec the engine loads (`ouro:PATH`)."""
-    import adapters
-
     adapter = adapters.load(spec if ":" in spec else f"zoo:{spec}", device=device, dtype="float32")
     model = adapter.model
     if model.config.kv_strategy != "per_loop" or model.config.shared_layers == 0:
@@ -451,9 +457,6 @@ def train(
     interruption). `fits(what, bytes)` raises when the memory training needs (`training_bytes`) is more than the
     device has; it is called before any model is built or any file written.
     """
-    from adapters.engine.checkpoint import save_checkpoint
-    from adapters.engine.tokenizer import char_tokenizer
-
     if device == "cuda" and not torch.cuda.is_available():
         raise AdapterError("--device cuda asked for, but torch sees no CUDA device")
     torch.manual_seed(recipe.seed)

@@ -1,10 +1,10 @@
 """Paged KV: the pool's tensors, and the `Cache` one engine step attends through.
 
-The pool holds every K/V entry of `adapters.engine.cache.entry_table` (so all three strategies:
-`standard`, `per_loop` with r entries per shared layer, `gated` with one row per layer) for
+The pool holds every K/V entry of the family's layout (`adapters.engine.families`: `standard`, `per_loop`
+with r entries per shared layer, `gated` with one row per layer) for
 `num_blocks * block_size` token slots, stored flat as [entries, slots, kv_heads, head_dim]. Which
 blocks are free, who holds them and how full they are is the `BlockManager`'s bookkeeping
-(`adapters.engine.block_manager`, `pool.manager`), which also keeps the exact byte accounting.
+(`adapters.engine.serving.block_manager`, `pool.manager`), which also keeps the exact byte accounting.
 The n samples of one prompt share its full prefilled blocks; the partly filled last one is copied
 (`BlockPool.fork`: each sample writes its own tokens there).
 
@@ -13,7 +13,7 @@ sequence's blocks into [B, kv_heads, L, head_dim] for attention, L the longest c
 the mask hides the rest. MELT's latent h for the tokens in flight lives in one buffer sized for the
 largest step (the concurrency cap, or a prefill chunk), reused by every step. Shapes depend only on
 B, n and L, which is what a captured decode step needs. On the CPU a decode step goes through the
-model runner's decode rows instead (`adapters.engine.rows`), which hand each block back when it fills.
+model runner's decode rows instead (`adapters.engine.serving.rows`), which hand each block back when it fills.
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ import torch
 from torch import Tensor
 
 from adapters.base import AdapterError, dtype_short
-from adapters.engine.block_manager import BlockManager
-from adapters.engine.cache import Gate, entry_table
+from adapters.engine.serving.block_manager import BlockManager
+from adapters.engine.cache import Gate
 from adapters.engine.config import LoopConfig
+from adapters.engine.families import family_of
 from adapters.engine.memory import analytic_terms
-from adapters.engine.sequence import Sequence
+from adapters.engine.serving.sequence import Sequence
 from measures import GB
 
 DEFAULT_BLOCK_SIZE = 16
@@ -48,16 +49,17 @@ class BlockPool:
         if num_blocks < 1 or block_size < 1:
             raise AdapterError(f"a KV pool needs at least one block of at least one token (got {num_blocks} x {block_size})")
         self.block_size = block_size
-        self.entries = entry_table(config, loops, config.kv_strategy)
+        layout = family_of(config).kv
+        self.entries = layout.table(config, loops)
         # a spare block past the last one, never allocated: padded decode steps (`graphs`) write their padding rows there
         self.spare = num_blocks if spare else None
-        shape = (config.kv_entries(loops), (num_blocks + spare) * block_size, config.num_kv_heads, config.head_dim)
+        shape = (layout.entries(config, loops), (num_blocks + spare) * block_size, config.num_kv_heads, config.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.k_entries, self.v_entries = self.k.unbind(0), self.v.unbind(0)  # views made once, not at every write
         self.prelude, self.shared, self.latent_tokens = config.prelude_layers, config.shared_layers, latent_tokens
         self.latent = None
-        if config.gated:
+        if layout.has_latent(config):
             self.latent = torch.zeros((config.shared_layers, latent_tokens, config.hidden_size), dtype=dtype, device=device)
         terms = analytic_terms(config, loops, str(dtype))
         self.manager = BlockManager(num_blocks, block_size, terms["kv_bytes_per_token"], terms["latent_bytes_per_token"])
@@ -69,7 +71,7 @@ class BlockPool:
         at most `KV_FRACTION` of free memory); never smaller than one sequence at its full length."""
         short = dtype_short(dtype)
         longest, rows = max(-(-c // block_size) for c in capacities), min(max_seqs, len(capacities))
-        latent = max(rows, config.prefill_chunk or 1)  # tokens one step may hold in flight
+        latent = max(rows, family_of(config).prefill_chunk or 1)  # tokens one step may hold in flight
         if kv_budget is not None:
             blocks = pool_blocks(config, loops, int(kv_budget * GB), block_size, latent, short)
         else:

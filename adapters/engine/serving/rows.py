@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from adapters.engine.generate import int_tensor
-from adapters.engine.paged import BlockPool, PoolStep
+from adapters.engine.sampling import int_tensor
+from adapters.engine.serving.paged import BlockPool, PoolStep
 
 LIMIT_BYTES = 64 * 2**20
 FIRST_LENGTH = 1024  # slots per row at first: most workloads' sequences fit without a copy

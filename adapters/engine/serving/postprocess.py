@@ -6,9 +6,9 @@ import time
 from typing import Any, Callable
 
 from adapters.base import Finished, Generation
-from adapters.engine.generate import output_text, stop_reason
-from adapters.engine.scheduler import Scheduler
-from adapters.engine.sequence import Sequence
+from adapters.engine.sampling import output_text, stop_reason
+from adapters.engine.serving.scheduler import Scheduler
+from adapters.engine.serving.sequence import Sequence
 
 
 class Postprocessor:

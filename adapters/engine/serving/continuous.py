@@ -2,7 +2,7 @@
 
 `ContinuousEngine.run` alternates admitting waiting sequences (prefilled together) and decoding one
 token for every running one, until none is left. Each step reads top to bottom through the four parts,
-laid out as nano-vllm lays them out: the policy (`adapters.engine.scheduler`: queues, admission,
+laid out as nano-vllm lays them out: the policy (`adapters.engine.serving.scheduler`: queues, admission,
 preemption, no tensors), the block manager beside the pool's tensors (`block_manager`, `paged`), the
 model runner (`model_runner`: inputs, the model call, CUDA graphs, sampling) and post-processing
 (`postprocess`: stops, retirement, reports).
@@ -23,14 +23,16 @@ from torch import Tensor
 
 from adapters.base import Finished
 from adapters.engine.exits import ExitPolicy
-from adapters.engine.generate import is_looped
-from adapters.engine.graphs import DecodeGraphs
-from adapters.engine.model import LoopedLM, prefill_chunks
-from adapters.engine.model_runner import ModelRunner
-from adapters.engine.paged import BlockPool
-from adapters.engine.postprocess import Postprocessor
-from adapters.engine.scheduler import Scheduler
-from adapters.engine.sequence import Sequence, setting
+from adapters.engine.sampling import is_looped
+from adapters.engine.serving.graphs import DecodeGraphs
+from adapters.engine.families import family_of
+from adapters.engine.families.standard import prefill_chunks
+from adapters.engine.model import LoopedLM
+from adapters.engine.serving.model_runner import ModelRunner
+from adapters.engine.serving.paged import BlockPool
+from adapters.engine.serving.postprocess import Postprocessor
+from adapters.engine.serving.scheduler import Scheduler
+from adapters.engine.serving.sequence import Sequence, setting
 
 
 class ContinuousEngine:
@@ -40,7 +42,7 @@ class ContinuousEngine:
                  tokenizer: Any | None, max_seqs: int, on_finished: Callable[[list[Finished]], None],
                  graphs: DecodeGraphs | None = None) -> None:
         self.pool, self.manager = pool, pool.manager
-        self.chunk = model.config.prefill_chunk
+        self.chunk = family_of(model.config).prefill_chunk
         self.runner = ModelRunner(model, pool, loops=loops, policy=policy, graphs=graphs)
         self.scheduler = Scheduler(pool.manager, max_seqs, on_leave=self.runner.leave)
         self.post = Postprocessor(self.scheduler, loops=loops, looped=is_looped(model, loops), eos_ids=eos_ids, tokenizer=tokenizer,

@@ -13,7 +13,7 @@ the elementwise gate, `.melt_gate.logit` for the scalar one; config.json may car
 `melt_gate_variant` and `melt_chunk_size`. Ouro's `early_exit_threshold` becomes
 `LoopConfig.exit_threshold`, the adapter's default exit policy. Huginn-0125's official layout
 (config.json `model_type` "huginn_raven", `transformer.*` tensors), and the retrofitted models saved in it
-(`qk_bias` false), are mapped in `adapters.engine.huginn`.
+(`qk_bias` false), are mapped in `adapters.engine.io.raven`.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from adapters.base import AdapterError
 from adapters.config_values import MISSING, first_id, flag, id_list, integer, number
 from adapters.files import MIB, check_closed, check_complete, commit_folder, index_shards, parse_json, read_text
 from adapters.engine.config import ENGINE_FORMAT, LoopConfig
-from adapters.engine.huginn import MODEL_TYPE as HUGINN_TYPE, engine_tensors, huginn_config, is_retrofit, retrofit_config
+from adapters.engine.io.raven import MODEL_TYPE as HUGINN_TYPE, engine_tensors, huginn_config, is_retrofit, retrofit_config
 from adapters.engine.model import LoopedLM
-from adapters.engine.presets import preset
+from adapters.engine.io.presets import preset
 
 
 # ----------------------------------------------------------------------- config.json files

@@ -2,10 +2,10 @@
 
 It owns every tensor a step touches besides the model's: the step's inputs (`StepInputs`, or the decode
 rows' `RowsInputs`, advanced in place while the running set stays the same), the decode rows
-(`adapters.engine.rows`, the CPU's decode path) or the CUDA graphs (`adapters.engine.graphs`, the GPU's),
+(`adapters.engine.serving.rows`, the CPU's decode path) or the CUDA graphs (`adapters.engine.serving.graphs`, the GPU's),
 and the draw of each sequence's next token from its own random stream (which a recurrent model's initial
 states are drawn from too: the step gets each row's key). What runs is the policy's question
-(`adapters.engine.scheduler`); the runner only runs it and tells the block manager what it wrote.
+(`adapters.engine.serving.scheduler`); the runner only runs it and tells the block manager what it wrote.
 """
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ import torch
 from torch import Tensor
 
 from adapters.engine.exits import ExitPolicy
-from adapters.engine.generate import int_tensor, read_logits, sample, stream_rows
-from adapters.engine.graphs import DecodeGraphs
+from adapters.engine.sampling import int_tensor, read_logits, sample
+from adapters.engine.streams import stream_rows
+from adapters.engine.serving.graphs import DecodeGraphs
 from adapters.engine.model import LoopedLM, StepOutput
-from adapters.engine.paged import BlockPool, PagedStep, key_mask
-from adapters.engine.rows import DecodeRows, RowsInputs
-from adapters.engine.sequence import Sequence, setting
+from adapters.engine.serving.paged import BlockPool, PagedStep, key_mask
+from adapters.engine.serving.rows import DecodeRows, RowsInputs
+from adapters.engine.serving.sequence import Sequence, setting
 
 
 @dataclass(slots=True)

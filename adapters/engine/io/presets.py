@@ -14,7 +14,7 @@ from typing import NamedTuple
 from adapters.base import AdapterError
 from adapters.engine.config import LoopConfig
 
-# Token ids of the character tokenizer (adapters/engine/tokenizer.py) shared by the tiny presets.
+# Token ids of the character tokenizer (adapters/engine/io/tokenizer.py) shared by the tiny presets.
 _CHAR = dict(vocab_size=99, pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position=512)
 _TINY = dict(hidden_size=128, num_heads=4, num_kv_heads=2, head_dim=32, ffn_size=384, rope_theta=10_000.0, **_CHAR)
 _OURO = dict(
@@ -32,7 +32,7 @@ _RETROFIT = dict(
 )
 
 
-class Family(NamedTuple):
+class FamilyGuide(NamedTuple):
     """What a user needs to know about one family the engine runs, in the words of the README's model table."""
 
     models: str  # the public models of the family
@@ -41,20 +41,20 @@ class Family(NamedTuple):
     loops: str  # what `--loops` (r) means for it
 
 
-FAMILY_GUIDE: dict[str, Family] = {
-    "qwen3": Family("Qwen3-1.7B (standard transformer)", "`standard`: one entry per layer",
+FAMILY_GUIDE: dict[str, FamilyGuide] = {
+    "qwen3": FamilyGuide("Qwen3-1.7B (standard transformer)", "`standard`: one entry per layer",
                     "`qwen3:DIR` (what `Qwen3ForCausalLM.save_pretrained` writes), `preset:qwen3-1.7b`",
                     "ignored: a plain model runs once"),
-    "ouro": Family("Ouro-1.4B, Ouro-1.4B-Thinking, Ouro-2.6B (LoopLM)", "`per_loop`: one entry per (loop, shared layer)",
+    "ouro": FamilyGuide("Ouro-1.4B, Ouro-1.4B-Thinking, Ouro-2.6B (LoopLM)", "`per_loop`: one entry per (loop, shared layer)",
                    "`ouro:DIR` (the HF Ouro folder, read without its remote code), `preset:ouro-1.4b`, `preset:ouro-2.6b`",
                    "loop passes over the 24 (2.6B: 48) shared layers; trained T = 4"),
-    "melt": Family("MELT-1.6B (Ouro plus gated KV)", "`gated`: one row per shared layer, overwritten at every loop",
+    "melt": FamilyGuide("MELT-1.6B (Ouro plus gated KV)", "`gated`: one row per shared layer, overwritten at every loop",
                    "`melt:DIR` (an engine checkpoint, or an Ouro folder plus `melt_gate` tensors), `preset:melt-1.6b`",
                    "loop passes, each rewriting the token's one gated row; KV does not grow with r"),
-    "huginn": Family("Huginn-0125 (recurrent depth)", "`per_loop`: prelude, one entry per (step, core layer), coda",
+    "huginn": FamilyGuide("Huginn-0125 (recurrent depth)", "`per_loop`: prelude, one entry per (step, core layer), coda",
                      "`huginn:DIR` (the official config.json and `transformer.*` safetensors), `preset:huginn-0125`",
                      "recurrence steps of the 4-layer core; the paper evaluates at 32"),
-    "retrofit": Family("retrofitted Llama-3.2-1B, TinyLlama-1.1B (retrofitted recurrence)",
+    "retrofit": FamilyGuide("retrofitted Llama-3.2-1B, TinyLlama-1.1B (retrofitted recurrence)",
                        "`per_loop`: prelude, one entry per (step, core layer), coda; GQA (8 and 4 KV heads)",
                        "`retrofit:DIR` (the conversion's RavenConfig config.json and `transformer.*` safetensors), "
                        "`preset:retrofit-llama-3.2-1b`, `preset:retrofit-tinyllama-1.1b`",
