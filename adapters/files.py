@@ -80,17 +80,22 @@ def plain_name(name: Any, what: str) -> str:
 
 def folder_file(folder: Path, name: Any, what: str) -> Path:
     """`folder / name` for a `name` one of the folder's own files gives (a shard index's): a relative path without `..`
-    to a regular file that, links followed, lies inside the folder; AdapterError naming `what` otherwise."""
+    whose folders are real folders inside `folder`, naming a regular file; AdapterError naming `what` otherwise.
+
+    The name is what a downloaded text file says, so it may not leave the folder. The file itself may be a link: the
+    Hugging Face hub's cache lays every snapshot file out as a link into the cache's `blobs/` (config.json included),
+    and a link in the folder is the folder maker's, trusted as the folder is; it must still lead to a regular file."""
     if not isinstance(name, str) or not name or "\0" in name or Path(name).is_absolute() or ".." in Path(name).parts:
         raise AdapterError(f"{what} {name!r} in {folder}: must name a file inside the folder (a relative path without ..)")
     path = folder / name
+    for parent in list(Path(name).parents)[:-1]:  # the index's sub-folders, not the folder itself
+        if (folder / parent).is_symlink():
+            raise AdapterError(f"{what} {path}: its folder {folder / parent} is a link, which may lead outside {folder}")
     try:
-        resolved = path.resolve(strict=True)
+        mode = path.stat().st_mode
     except (OSError, RuntimeError):  # missing, a dangling link or a loop of links
         raise AdapterError(f"{what} {path}: no such file") from None
-    if not resolved.is_relative_to(folder.resolve()):
-        raise AdapterError(f"{what} {path}: a link to {resolved}, outside the folder {folder}")
-    _regular(path, resolved.stat().st_mode, what)
+    _regular(path, mode, what)
     return path
 
 
@@ -120,8 +125,9 @@ def index_shards(folder: Path, index: str) -> list[Path]:
 
 def check_closed(folder: str | os.PathLike[str]) -> None:
     """AdapterError unless every entry of the model folder `folder` is, links followed, a regular file or a folder, and
-    every shard its indexes (`*.index.json`) name is a regular file inside it: nothing a loader opens there is a FIFO,
-    a device or a file elsewhere. A dangling link is left for the loader to find missing."""
+    every shard its indexes (`*.index.json`) name is a regular file the index names inside it (`folder_file`): nothing
+    a loader opens there is a FIFO or a device, and no index reaches outside. A dangling link is left for the loader
+    to find missing."""
     folder = Path(folder)
     try:
         entries = sorted(folder.iterdir())

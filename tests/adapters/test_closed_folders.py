@@ -1,5 +1,5 @@
 """Model folders are closed: nothing in a folder a user hands loopeval makes it open a FIFO, a device or a file outside
-the folder. A shard index naming `../x`, an absolute path, `/dev/stdin`, a FIFO or a link out is refused by name before
+the folder. A shard index naming `../x`, an absolute path, `/dev/stdin`, a FIFO or a path through a linked folder is refused by name before
 any weight is read, and so is a FIFO or device among the folder's other files (tokenizer, generation config), which
 transformers would open. Every load runs in a thread with a deadline, so a regression fails instead of hanging.
 """
@@ -85,8 +85,8 @@ CASES: list[tuple[str, Callable[[Path], None], str]] = [
     ("shard-dev-stdin", lambda f: _index_names(f, "/dev/stdin"), "'/dev/stdin' in"),
     ("shard-fifo", lambda f: (_fifo(f / "pipe.safetensors"), _index_names(f, "pipe.safetensors")),
      "pipe.safetensors: a device, FIFO or socket, not a regular file"),
-    ("shard-link-out", lambda f: (_shard_outside(f), (f / "link.safetensors").symlink_to(f.parent / "outside.safetensors"),
-                                  _index_names(f, "link.safetensors")), "outside.safetensors, outside the folder"),
+    ("shard-under-a-linked-folder", lambda f: (_shard_outside(f), (f / "sub").symlink_to(f.parent),
+                                               _index_names(f, "sub/outside.safetensors")), "is a link, which may lead outside"),
     ("shard-link-to-dev-zero", lambda f: ((f / "zero.safetensors").symlink_to("/dev/zero"), _index_names(f, "zero.safetensors")),
      "a device, FIFO or socket, not a regular file"),
     ("shard-a-number", lambda f: _index_names(f, 7), "shard of model.safetensors.index.json 7 in"),
@@ -102,6 +102,20 @@ CASES: list[tuple[str, Callable[[Path], None], str]] = [
 def test_the_good_sharded_folder_loads(tmp_path: Path) -> None:
     """The folder every case damages loads and runs as it is: the refusals below are the damage's."""
     adapter = adapters.load(f"ouro:{_ouro_folder(tmp_path / 'ouro')}", dtype="fp32", device="cpu")
+    assert adapter.forward_logits(torch.tensor([[1, 40, 41]])).shape == (1, 3, adapter.config.vocab_size)
+
+
+def test_a_hub_cache_snapshot_of_links_loads(tmp_path: Path) -> None:
+    """The Hugging Face hub's cache lays a snapshot out as links into `blobs/`, shards and config.json alike: such a
+    folder is the user's download, its links its maker's, and it loads as the plain folder does."""
+    plain = _ouro_folder(tmp_path / "plain")
+    blobs, snapshot = tmp_path / "hub" / "blobs", tmp_path / "hub" / "snapshots" / "0123abcd"
+    blobs.mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for i, file in enumerate(sorted(plain.iterdir())):
+        os.replace(file, blobs / f"blob{i}")
+        (snapshot / file.name).symlink_to(Path("../../blobs") / f"blob{i}")
+    adapter = adapters.load(f"ouro:{snapshot}", dtype="fp32", device="cpu")
     assert adapter.forward_logits(torch.tensor([[1, 40, 41]])).shape == (1, 3, adapter.config.vocab_size)
 
 
