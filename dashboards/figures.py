@@ -382,8 +382,9 @@ def accuracy_vs_loops(points: pd.DataFrame, measure: str, task: str = "all", lab
         if not measured.empty:
             traces.append({
                 "type": "scatter", "x": measured["loops"].to_numpy(), "y": (measured[measure] / scale).to_numpy(),
-                "mode": "lines", "name": f"{series} {label}", "legendgroup": model, "showlegend": False,
+                "mode": "lines+markers", "name": f"{series} {label}", "legendgroup": model, "showlegend": False,
                 "line": {"color": color, "dash": "dash"}, "xaxis": "x", "yaxis": "y2",
+                "marker": {"symbol": [f"{loops_symbol(r)}-open" for r in measured["loops"]], "size": 9},
                 "hovertemplate": f"{series}<br>loops %{{x}}<br>%{{y:.3f}} {unit}<extra></extra>",
             })
     loop_counts = sorted(int(r) for r in points["loops"].dropna().unique())
