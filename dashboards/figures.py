@@ -122,10 +122,13 @@ def pareto_mask(memory: Sequence[float], accuracy: Sequence[float]) -> np.ndarra
     return ~(no_worse & better).any(axis=1)
 
 
-def model_colors(models: Iterable[str]) -> dict[str, str]:
-    """One colour per model for a whole page: its models sorted by name onto the palette in turn. Every figure of the
-    page takes its colours from this one map, so a figure showing a few of the models keeps each one's colour."""
-    return {model: _PALETTE[index % len(_PALETTE)] for index, model in enumerate(sorted(set(models)))}
+def model_colors(models: Iterable[str], first: Iterable[str] = ()) -> dict[str, str]:
+    """One colour per model for a whole page: the `first` models (the page's opening set), then the others, each
+    sorted by name, onto the palette in turn, so the models the page opens on get its first, strongest colours. Every
+    figure of the page takes its colours from this one map, so a figure showing a few models keeps each one's colour."""
+    first = sorted(set(first))
+    order = first + sorted(set(models) - set(first))
+    return {model: _PALETTE[index % len(_PALETTE)] for index, model in enumerate(order)}
 
 
 def _colors_of(models: Iterable[str], colors: Mapping[str, str] | None) -> dict[str, str]:

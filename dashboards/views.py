@@ -52,9 +52,11 @@ class Selection:
 
 
 def palette(engine: Engine) -> tuple[tuple[str, str], ...]:
-    """One colour per model of the database (`figures.model_colors`), for every figure of a page: a model keeps its
-    colour from figure to figure, and from set to set."""
-    return tuple(figures.model_colors(queries.models(engine)).items())
+    """One colour per model of the database (`figures.model_colors`, the default set's models first), for every
+    figure of a page: a model keeps its colour from figure to figure, and from set to set."""
+    opening = queries.latest_set(engine)
+    first = queries.models(engine, opening) if opening is not None else []
+    return tuple(figures.model_colors(queries.models(engine), first).items())
 
 
 # Selector element id (the same in both pages) -> the Selection field it sets.

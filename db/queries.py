@@ -66,8 +66,10 @@ def runs(engine: Engine, kind: str | None = "eval", run_ids: Iterable[int] | Non
     return _frame(engine, statement).merge(run_sets(engine, run_ids), on="run_id", how="left")
 
 
-def models(engine: Engine) -> list[str]:
-    """Every model spec with a run of any kind, sorted: the models a page can show."""
+def models(engine: Engine, set_id: str | None = None) -> list[str]:
+    """Every model spec with a run of any kind (of the evaluation set `set_id` where given), sorted."""
+    if set_id is not None:
+        return sorted(set(runs(engine, run_ids=_set_run_ids(engine, set_id))["model"]))
     with engine.connect() as conn:
         return sorted(conn.execute(select(Run.model_spec).distinct()).scalars())
 

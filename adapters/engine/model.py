@@ -17,7 +17,7 @@ q/k/v and gate/up are each one parameter (one matmul); state dicts name HF's sep
 norms and MLPs are called through `.forward`: a tiny model's decode step is per-call overhead, and
 `nn.Module.__call__`'s hook dispatch cost about 3% of it (the engine registers no hooks on them).
 
-MELT choices the method leaves open (also in the README):
+MELT choices the method leaves open (also in docs/reference.md, Engine):
 - The latent state h of a shared layer starts as the first loop's normalised input x (loop 1 gives
   h = x, so its K/V equal the LoopLM's) and is carried across loops for the tokens in flight;
   the gate runs from loop 2 on. A converted model therefore starts close to its LoopLM.

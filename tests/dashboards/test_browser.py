@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from dashboards import figures
+from dashboards import figures, views
 from dashboards.data import accuracy_points, browse_samples
 from dashboards.report import SAMPLE_PAGE_ROWS, packed_plotlyjs, write_report
 from db.session import open_existing
@@ -248,16 +248,20 @@ def _model_colours(page, models: list[str]) -> dict[str, set[str]]:
 
 
 def _expected_colours(url: str) -> tuple[list[str], dict[str, set[str]]]:
+    """The database's models and the one colour each should have: the page's map (`views.palette`)."""
     engine = open_existing(url)
-    models = queries.models(engine)
+    models, colours = queries.models(engine), dict(views.palette(engine))
     engine.dispose()
-    return models, {model: {colour.lower()} for model, colour in figures.model_colors(models).items()}
+    assert sorted(colours) == models and len(set(colours.values())) == len(models)
+    return models, {model: {colour.lower()} for model, colour in colours.items()}
 
 
 def test_a_model_keeps_its_colour_in_every_figure_of_the_report_and_the_app(page, two_sets_url: str, tmp_path: Path) -> None:
     """The latest set holds one model, the first every tiny preset and zoo:ouro-tiny: the figures of both sets (and the
     depth and profile figures, which open on other sets) draw each model in the one colour of the database's map."""
     models, expected = _expected_colours(two_sets_url)
+    assert expected["zoo:ouro-tiny"] == {figures.model_colors(["zoo:ouro-tiny"]).popitem()[1].lower()}, \
+        "the opening set's one model takes the palette's first colour"
     open_report(page, write_report(two_sets_url, tmp_path / "report.html"))
     seen = _model_colours(page, models)
     second = page.locator("#set option").evaluate_all("options => options.map(o => o.value)")[1]

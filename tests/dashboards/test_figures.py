@@ -427,6 +427,8 @@ def test_every_figure_gives_a_model_the_pages_colour_and_an_r_its_shape(engine) 
             assert trace.marker.color == colors[trace.name]
             assert list(trace.marker.symbol) == [figures.loops_symbol(r) for r in points.loc[points["model"] == trace.name, "loops"]]
     assert [figures.loops_symbol(r) for r in (1, 2, 4)] == ["circle", "square", "triangle-up"]
+    ordered = figures.model_colors(["a", "b", "c"], first=["c"])  # the opening set's models take the first colours
+    assert list(ordered) == ["c", "a", "b"] and list(ordered.values()) == list(figures.model_colors(["a", "b", "c"]).values())
 
 
 def test_footnotes_hang_a_fixed_gap_below_the_plot_with_room_for_them(engine) -> None:
