@@ -149,10 +149,10 @@ def loops_symbol(loops: object) -> str:
 MESSAGE_WIDTH = 90  # characters per line of a note: a long list of runs wraps instead of running off both edges
 
 
-def _note(text: str, y: float = 0.5) -> dict[str, Any]:
+def _note(text: str) -> dict[str, Any]:
     """A note inside the plot area (empty data, unavailable measures), wrapped to fit it: a layout annotation."""
     lines = textwrap.wrap(text, MESSAGE_WIDTH, break_long_words=False, break_on_hyphens=False)
-    return {"text": "<br>".join(lines), "xref": "paper", "yref": "paper", "x": 0.5, "y": y, "showarrow": False,
+    return {"text": "<br>".join(lines), "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5, "showarrow": False,
             "font": {"size": 13, "color": "#555"}}
 
 
@@ -395,13 +395,14 @@ def accuracy_vs_loops(points: pd.DataFrame, measure: str, task: str = "all", lab
         {"title": {"text": "loops (r)"}, "type": "log", "tickvals": loop_counts, "ticktext": [str(r) for r in loop_counts]},  # every r run
         {"title": {"text": f"accuracy ({points['metric'].iloc[0]})"}, "range": [-0.05, 1.05]},
         # Its own round ticks: ticks synced to the left axis's grid read 1.02, 5.08, 9.15 MB.
-        {"title": {"text": unit_title(label, unit, scale)}, "rangemode": "tozero", "showgrid": False, "tickmode": "auto"})
+        {"title": {"text": unit_title(label, unit, scale)}, "rangemode": "tozero", "showgrid": False,
+         "tickmode": "auto"})
     notes = [DECIMAL_NOTE if has_memory else f"{label}: unavailable for every run", *_pooled_note(points)]
     note, margin = _footnote(" · ".join(notes))
     return go.Figure(data=traces, layout={
         **axes, "title": {"text": title},
-        "legend": {"title": {"text": "solid: accuracy · dashed: memory"}, "groupclick": "toggleitem", "tracegroupgap": 4,
-                   "x": 1.08},
+        "legend": {"title": {"text": "solid: accuracy · dashed: memory"}, "groupclick": "toggleitem",
+                   "tracegroupgap": 4, "x": 1.08},
         "annotations": [note], "margin": margin,
     })
 
@@ -425,7 +426,8 @@ def compute_varies(points: pd.DataFrame) -> bool:
     return bool(points["exit_threshold"].notna().any() or points.groupby("model")["loops"].nunique().gt(1).any())
 
 
-def accuracy_vs_compute(points: pd.DataFrame, axis: str, task: str = "all", colors: Mapping[str, str] | None = None) -> go.Figure:
+def accuracy_vs_compute(points: pd.DataFrame, axis: str, task: str = "all",
+                        colors: Mapping[str, str] | None = None) -> go.Figure:
     """Accuracy against what a generated token cost (`axis`: mean loops per token, or generate seconds per token),
     one line per model (and r, where exit thresholds are swept) through its points in threshold order, then r.
 
@@ -500,7 +502,8 @@ def accuracy_vs_depth(points: pd.DataFrame, colors: Mapping[str, str] | None = N
     points = _plain_frame(points)
     groups = ["all", *sorted(g for g in points["group"].unique() if g != "all")]
     fig = px.line(points, x="loops", y="accuracy", color="model", facet_col="group", markers=True,
-                  category_orders={"group": groups, "model": sorted(points["model"].unique())}, color_discrete_map=palette,
+                  category_orders={"group": groups, "model": sorted(points["model"].unique())},
+                  color_discrete_map=palette,
                   labels={"loops": "loops (r)", "accuracy": "pass@1"}, hover_data=["runs", "seeds", "trained_loops"])
     fig.for_each_trace(lambda trace: trace.update(marker_symbol=[loops_symbol(r) for r in trace.x]))
     _mark_trained_loops(fig, points.groupby("model")["trained_loops"].max(), palette)
@@ -570,7 +573,8 @@ def memory_over_run(series: pd.DataFrame, measures: Sequence[str], title: str = 
     notes = [DECIMAL_NOTE] + ([f"unavailable: {', '.join(missing)}"] if missing else [])
     note, margin = _footnote(" · ".join(notes))
     layout["annotations"].append(note)
-    return go.Figure(data=traces, layout=layout | {"title": {"text": title}, "legend": {"title": {"text": "measure"}}, "margin": margin})
+    return go.Figure(data=traces, layout=layout | {"title": {"text": title}, "legend": {"title": {"text": "measure"}},
+                                                   "margin": margin})
 
 
 def _side_by_side(titles: tuple[str, str], xaxis: dict, xaxis2: dict, yaxis: dict) -> dict[str, Any]:
@@ -593,7 +597,8 @@ _ANALYTIC_DASH = {"analytic KV": "dot", "analytic weights + KV": "dash"}
 _MEASURE_SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "cross", "star")
 
 
-def memory_vs_context(profile: pd.DataFrame, measures: Sequence[str], colors: Mapping[str, str] | None = None) -> go.Figure:
+def memory_vs_context(profile: pd.DataFrame, measures: Sequence[str],
+                      colors: Mapping[str, str] | None = None) -> go.Figure:
     """`loopeval profile` points: measured memory (markers) beside the analytic lines, against context length.
 
     A legend entry per (model, r, batch) in the model's colour, toggling its lines and markers, then one key of the
@@ -612,27 +617,24 @@ def memory_vs_context(profile: pd.DataFrame, measures: Sequence[str], colors: Ma
     symbols = dict(zip(present, _MEASURE_SYMBOLS))
     traces = []
     for (model, loops, batch), rows in profile.groupby(["model", "loops", "batch"], dropna=False, sort=True):
-        name, rows = f"{model} {loops_label(loops)} b={batch}", rows.sort_values("context_tokens")
-        traces.append(_legend_key(name, name, None, {"color": palette[model], "size": 10, "symbol": "circle"}))
-        lines = {kind: rows["kv_bytes_analytic"] + (rows["weights_bytes"] if "weights" in kind else 0) for kind in _ANALYTIC_DASH}
+        name, rows, color = f"{model} {loops_label(loops)} b={batch}", rows.sort_values("context_tokens"), palette[model]
+        traces.append(_legend_key(name, name, None, {"color": color, "size": 10, "symbol": "circle"}))
+        lines = {"analytic KV": rows["kv_bytes_analytic"], "analytic weights + KV": rows["weights_bytes"] + rows["kv_bytes_analytic"]}
         for kind, values in lines.items():
             if values.notna().any():
-                traces.append({"type": "scatter", "x": rows["context_tokens"].to_numpy(), "y": (values / scale).to_numpy(),
-                               "mode": "lines", "name": f"{name} · {kind}", "legendgroup": name, "showlegend": False,
-                               "line": {"color": palette[model], "dash": _ANALYTIC_DASH[kind]},
-                               "hovertemplate": f"{name}<br>{kind}<br>%{{x}} tokens<br>%{{y:.3f}} {unit}<extra></extra>"})
+                traces.append(_profile_trace(name, kind, rows["context_tokens"], values / scale, unit,
+                                             {"mode": "lines", "line": {"color": color, "dash": _ANALYTIC_DASH[kind]}}))
         for measure, symbol in symbols.items():
             measured = rows[rows[measure].notna()]
             if not measured.empty:
-                traces.append({"type": "scatter", "x": measured["context_tokens"].to_numpy(),
-                               "y": (measured[measure] / scale).to_numpy(), "mode": "markers", "name": f"{name} · {measure}",
-                               "legendgroup": name, "showlegend": False, "marker": {"color": palette[model], "symbol": symbol, "size": 9},
-                               "hovertemplate": f"{name}<br>{measure}<br>%{{x}} tokens<br>%{{y:.3f}} {unit}<extra></extra>"})
-    for index, (kind, dash) in enumerate(_ANALYTIC_DASH.items()):
+                traces.append(_profile_trace(name, measure, measured["context_tokens"], measured[measure] / scale, unit,
+                                             {"mode": "markers", "marker": {"color": color, "symbol": symbol, "size": 9}}))
+    for index, (kind, dash) in enumerate(_ANALYTIC_DASH.items()):  # the key: line styles, then marker shapes
         traces.append({"type": "scatter", "x": [None], "y": [None], "mode": "lines", "name": kind, "legendgroup": "key",
                        "line": {"color": "#777", "dash": dash}, "hoverinfo": "skip"}
                       | ({"legendgrouptitle": {"text": "key"}} if index == 0 else {}))
-    traces += [_legend_key(measure, "key", None, {"color": "#777", "size": 9, "symbol": symbol}) for measure, symbol in symbols.items()]
+    traces += [_legend_key(measure, "key", None, {"color": "#777", "size": 9, "symbol": symbol})
+               for measure, symbol in symbols.items()]
     notes = [DECIMAL_NOTE] + ([f"unavailable: {', '.join(missing)}"] if missing else [])
     note, margin = _footnote(" · ".join(notes))
     return go.Figure(data=traces, layout={
@@ -641,3 +643,10 @@ def memory_vs_context(profile: pd.DataFrame, measures: Sequence[str], colors: Ma
         "yaxis": {"type": "log", "title": {"text": unit_title("memory", unit, scale) + ", log scale"}},
         "annotations": [note], "margin": margin,
     })
+
+
+def _profile_trace(name: str, what: str, x: pd.Series, y: pd.Series, unit: str, style: dict[str, Any]) -> dict[str, Any]:
+    """One analytic line or one measure's markers of a profiled (model, r, batch): in its legend group, not its entry."""
+    return {"type": "scatter", "x": x.to_numpy(), "y": y.to_numpy(), "name": f"{name} · {what}", "legendgroup": name,
+            "showlegend": False, "hovertemplate": f"{name}<br>{what}<br>%{{x}} tokens<br>%{{y:.3f}} {unit}<extra></extra>",
+            **style}
