@@ -286,6 +286,8 @@ def test_no_note_is_drawn_over_an_axis_title_in_the_report_or_the_app(page, resu
     page.wait_for_selector("#memory-context .annotation-text-g")
     assert page.locator("#accuracy-memory .xtitle").count() == 1 and page.locator("#accuracy-memory .annotation-text-g").count() >= 1
     assert overlapping_texts(page) == []
+    scrolled = page.evaluate("[...document.querySelectorAll('.legend .scrollbar')].map(s => s.getBoundingClientRect().height)")
+    assert scrolled and not any(scrolled), "a legend in a scrolling box"
     with served_app(results_url) as url:
         open_app(page, url)
         page.wait_for_selector("#memory-run .annotation-text-g")

@@ -431,6 +431,23 @@ def test_every_figure_gives_a_model_the_pages_colour_and_an_r_its_shape(engine) 
     assert list(ordered) == ["c", "a", "b"] and list(ordered.values()) == list(figures.model_colors(["a", "b", "c"]).values())
 
 
+def test_the_loops_figures_legend_has_an_entry_per_line_grouped_by_model_and_round_memory_ticks() -> None:
+    """An exit sweep makes a line per (model, threshold): one legend entry each (its memory line toggles with it, in the
+    model's legend group and colour), not two, so 16 lines fit the legend without a scroll bar."""
+    rows = [(model, r, t, 0.5, 1e6 * r) for model in ("m", "n") for r in (1, 2, 4) for t in (None, 0.5, 0.7, 0.9)
+            if t is None or r == 4]
+    points = pd.DataFrame(rows, columns=["model", "loops", "exit_threshold", "accuracy", "rss"]).assign(
+        exit_criterion=lambda f: np.where(f["exit_threshold"].notna(), "gate", None), stderr=0.01, metric="pass@1",
+        run_id=range(1, len(rows) + 1))
+    colors = {"m": "#111111", "n": "#222222"}
+    fig = figures.accuracy_vs_loops(points, "rss", colors=colors)
+    shown = [trace for trace in fig.data if trace.showlegend is not False]
+    assert len(shown) == 8 and len(fig.data) == 16, "an entry per line, its memory line beside it in the group"
+    for trace in fig.data:
+        assert trace.line.color == colors[trace.legendgroup]
+    assert fig.layout.yaxis2.tickmode == "auto", "the memory axis ticks its own round values, not the left axis's grid"
+
+
 def test_footnotes_hang_a_fixed_gap_below_the_plot_with_room_for_them(engine) -> None:
     """A footnote sits `FOOTNOTE_GAP` pixels under the plot area, below the axis title, in a margin tall enough
     for its lines (the browser test measures that nothing overlaps)."""
