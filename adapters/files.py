@@ -11,7 +11,8 @@ makes loopeval, or transformers reading it, open a FIFO, a device or weights els
 one the user names takes a plain name (`plain_name`).
 
 Writing: `write_atomically` writes a temporary file beside the target, flushes it to disk and renames
-it over the target, so an interrupted write or a full disk leaves the old file as it was.
+it over the target, so an interrupted write or a full disk leaves the old file as it was. The file gets the
+mode a plain `open` would give it (0666 less the umask), not the temporary file's 0600.
 `commit_folder` does the same for a set of files that only make sense together (a checkpoint's
 weights and metadata): they are written to a staging folder first, the folder's completion marker
 is removed, the files are renamed into place, and the marker, listing the files, is written last. A
@@ -161,11 +162,22 @@ def _fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux says it (/proc), else set back at once."""
+    try:
+        return int(Path("/proc/self/status").read_text().split("Umask:")[1].split()[0], 8)
+    except (OSError, IndexError, ValueError):
+        mask = os.umask(0o022)
+        os.umask(mask)
+        return mask
+
+
 def write_atomically(path: str | os.PathLike[str], data: bytes) -> None:
     """Replace `path` with `data` in one step: the file is either the old one or the whole new one (OSError otherwise)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would hide the file from its group; open() would not
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()

@@ -302,7 +302,8 @@ def _draw_view(app: Dash, engine: Engine, view: views.View) -> None:
     outputs = ([Output("answer", "children")] if view.answer else []) + [Output(plot.id, "figure") for plot in view.plots]
 
     def draw(*values: Any) -> Any:
-        picked = views.selection(dict(zip(view.inputs, values)))  # the last value, the timer's tick, is left out
+        # the last value, the timer's tick, is left out; the colours are the database's models', as in the report
+        picked = views.selection(dict(zip(view.inputs, values)), views.palette(engine))
         data = view.query(engine, picked)
         drawn = ([view.answer(data, picked)] if view.answer else []) + [plot.draw(data, picked) for plot in view.plots]
         return tuple(drawn) if len(drawn) > 1 else drawn[0]

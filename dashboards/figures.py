@@ -19,7 +19,7 @@ from __future__ import annotations
 import html
 import json
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -61,8 +61,14 @@ MEASURE_SCOPE: dict[str, str] = {
 DECIMAL_NOTE = "GB are decimal (1 GB = 1e9 bytes)"
 # What the empty profile figure suggests: a shipped model at lengths its 512-token context holds (with the decode steps).
 PROFILE_EXAMPLE = "loopeval profile zoo:melt-tiny --lengths 64,256,448"
-_PALETTE = px.colors.qualitative.Plotly
-_SYMBOLS = ("circle", "square", "diamond", "triangle-up", "pentagon", "star", "hexagon", "triangle-down", "cross", "x")
+PROBE_EXAMPLE = "loopeval probe zoo:ouro-tiny"  # what the empty probe figure suggests: a shipped looped model
+# Models take these colours in turn (`model_colors`); a figure's other lines (a run's measures) take the second set,
+# so no colour stands for a model in one figure and for something else in the next.
+_PALETTE = (*px.colors.qualitative.Plotly, *px.colors.qualitative.Dark24)
+_MEASURE_PALETTE = px.colors.qualitative.Dark2
+# One shape per loop count r, r = 1 first (`loops_symbol`).
+_SYMBOLS = ("circle", "square", "diamond", "triangle-up", "pentagon", "star", "hexagon", "triangle-down", "star-diamond",
+            "hourglass", "triangle-left", "bowtie", "triangle-right", "octagon", "hexagram", "star-square")
 
 
 _STORED_TEXT = ("model", "task", "metric", "suite", "phase", "group", "config_label")
@@ -140,19 +146,58 @@ def pareto_mask(memory: Sequence[float], accuracy: Sequence[float]) -> np.ndarra
     return ~(no_worse & better).any(axis=1)
 
 
+def model_colors(models: Iterable[str], first: Iterable[str] = ()) -> dict[str, str]:
+    """One colour per model for a whole page: the `first` models (the page's opening set), then the others, each
+    sorted by name, onto the palette in turn, so the models the page opens on get its first, strongest colours. Every
+    figure of the page takes its colours from this one map, so a figure showing a few models keeps each one's colour."""
+    first = sorted(set(first))
+    order = first + sorted(set(models) - set(first))
+    return {model: _PALETTE[index % len(_PALETTE)] for index, model in enumerate(order)}
+
+
+def _colors_of(models: Iterable[str], colors: Mapping[str, str] | None) -> dict[str, str]:
+    """The page's map (`model_colors`; None: this figure's models alone) keyed by the escaped names the figure draws
+    (`plain`); a model the map lacks (stored since the page was drawn) takes the next colour in turn."""
+    known = dict(colors) if colors is not None else model_colors(models)
+    for model in sorted(set(models) - known.keys()):
+        known[model] = _PALETTE[len(known) % len(_PALETTE)]
+    return {plain(model): color for model, color in known.items()}
+
+
+def loops_symbol(loops: object) -> str:
+    """A loop count's marker, the same in every figure: r = 1 a circle, 2 a square, 3 a diamond, 4 a triangle, ...
+    (an unknown count an open circle). Kept apart so a marker per configuration (exit threshold) can refine it."""
+    return "circle-open" if pd.isna(loops) else _SYMBOLS[(int(loops) - 1) % len(_SYMBOLS)]
+
+
 MESSAGE_WIDTH = 90  # characters per line of a note: a long list of runs wraps instead of running off both edges
 
 
-def _note(text: str, y: float = 0.5) -> dict[str, Any]:
+def _note(text: str) -> dict[str, Any]:
     """A note inside the plot area (empty data, unavailable measures), wrapped to fit it: a layout annotation."""
     lines = textwrap.wrap(text, MESSAGE_WIDTH, break_long_words=False, break_on_hyphens=False)
-    return {"text": "<br>".join(lines), "xref": "paper", "yref": "paper", "x": 0.5, "y": y, "showarrow": False,
+    return {"text": "<br>".join(lines), "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5, "showarrow": False,
             "font": {"size": 13, "color": "#555"}}
 
 
-def _message(fig: go.Figure, text: str, y: float = 0.5) -> go.Figure:
-    """Write a note (`_note`) into a figure Plotly Express drew."""
-    return fig.add_annotation(_note(text, y))
+# Pixels from the bottom of the plot area down to a footnote: below the tick labels (log ticks included) and the axis
+# title, whatever the figure's height (a fraction of the plot area's height lands on the axis title in a short figure).
+FOOTNOTE_GAP = 72
+_LINE_PX = 18  # one line of a 13 px note
+
+
+def _footnote(text: str) -> tuple[dict[str, Any], dict[str, int]]:
+    """A note under the x axis title (`_note`, anchored by its top edge `FOOTNOTE_GAP` pixels below the plot area)
+    and the bottom margin that holds it."""
+    note = _note(text) | {"y": 0.0, "yanchor": "top", "yshift": -FOOTNOTE_GAP}
+    lines = note["text"].count("<br>") + 1
+    return note, {"b": FOOTNOTE_GAP + _LINE_PX * lines + 12}
+
+
+def _add_footnote(fig: go.Figure, text: str) -> go.Figure:
+    """Write a footnote (`_footnote`) under a figure Plotly Express drew."""
+    note, margin = _footnote(text)
+    return fig.add_annotation(note).update_layout(margin=margin)
 
 
 def _empty(title: str, text: str) -> go.Figure:
@@ -238,7 +283,8 @@ def _measured(points: pd.DataFrame, measure: str) -> tuple[pd.DataFrame, pd.Data
     return points[points[measure].notna()].copy(), points[points[measure].isna()]
 
 
-def accuracy_vs_memory(points: pd.DataFrame, measure: str, task: str = "all", label: str | None = None) -> go.Figure:
+def accuracy_vs_memory(points: pd.DataFrame, measure: str, task: str = "all", label: str | None = None,
+                       colors: Mapping[str, str] | None = None) -> go.Figure:
     """Accuracy against memory, one marker per point (configuration), with error bars and the Pareto frontier.
 
     `points` is `queries.accuracy_memory(...)` (one evaluation set, named in the title) with the
@@ -251,6 +297,7 @@ def accuracy_vs_memory(points: pd.DataFrame, measure: str, task: str = "all", la
     """
     label = label or measure_label(measure)
     title = _with_set(f"Accuracy against memory: {plain(task)}, {label}", points)
+    palette = _colors_of(points["model"], colors)
     points = _plain_frame(points)
     if points.empty:
         return _empty(title, "no evaluated runs with this task yet")
@@ -267,11 +314,11 @@ def accuracy_vs_memory(points: pd.DataFrame, measure: str, task: str = "all", la
     shown["held"] = [f"{m:.4g}" for m in shown["memory"]]
     shown["x"] = shown["memory"] + _spread(shown)
     frontier = pareto_mask(shown["memory"], shown["accuracy"])
-    symbols = {r: _SYMBOLS[i % len(_SYMBOLS)] for i, r in enumerate(sorted(shown["loops"].unique()))}
+    symbols = {r: loops_symbol(r) for r in sorted(shown["loops"].unique())}
     traces = []
     for index, (model, rows) in enumerate(shown.groupby("model", sort=True)):
         ringed = frontier[shown.index.get_indexer(rows.index)]
-        color, group = _PALETTE[index % len(_PALETTE)], f"model {index}"
+        color, group = palette[model], f"model {index}"
         # The legend draws a trace's first marker; a per-point shape and ring would stand for the model there,
         # so the model's entry is a plain circle of its colour, toggling its points with it (`togglegroup`).
         traces.append(_legend_key(model, group, "model" if index == 0 else None, {"color": color, "size": 10, "symbol": "circle"}))
@@ -297,11 +344,12 @@ def accuracy_vs_memory(points: pd.DataFrame, measure: str, task: str = "all", la
         notes.append(SPREAD_NOTE)
     if not missing.empty:
         notes.append(f"{label} unavailable: {_point_names(missing)}")
+    note, margin = _footnote(" · ".join(notes))
     return go.Figure(data=traces, layout={
         "title": {"text": title}, "legend": {"groupclick": "togglegroup", "tracegroupgap": 2},
         "xaxis": {"rangemode": "tozero", "title": {"text": unit_title(label, unit, scale)}},
         "yaxis": {"range": [-0.05, top + 0.05], "title": {"text": f"accuracy ({shown['metric'].iloc[0]})"}},
-        "annotations": [_note(" · ".join(notes), y=-0.22)], "margin": {"b": 110},
+        "annotations": [note], "margin": margin,
     })
 
 
@@ -350,13 +398,17 @@ def _pooled_note(points: pd.DataFrame) -> list[str]:
     return [f"seeds pooled: a point's accuracy and error bar are over every item of all its seeds (up to {most})"]
 
 
-def accuracy_vs_loops(points: pd.DataFrame, measure: str, task: str = "all", label: str | None = None) -> go.Figure:
+def accuracy_vs_loops(points: pd.DataFrame, measure: str, task: str = "all", label: str | None = None,
+                      colors: Mapping[str, str] | None = None) -> go.Figure:
     """Accuracy against loops per model (left axis) with the memory measure on a second axis (right).
 
-    Where the accuracy line flattens while the memory line keeps rising, extra depth stopped paying.
+    Where the accuracy line flattens while the memory line keeps rising, extra depth stopped paying. A model's lines
+    (one per exit threshold it ran at, where the set sweeps one) share its colour and its legend group: one legend
+    entry per line, its memory line toggled with it.
     """
     label = label or measure_label(measure)
     title = _with_set(f"Accuracy and memory against loops: {plain(task)}", points)
+    palette = _colors_of(points["model"], colors)
     keys = zip(*(points.get(column, [default] * len(points)) for column, default in
                  (("model", ""), ("exit_threshold", None), ("exit_criterion", None), ("config_label", ""))))
     points = _plain_frame(points).assign(series=[plain(series_name(*key)) for key in keys])
@@ -365,32 +417,39 @@ def accuracy_vs_loops(points: pd.DataFrame, measure: str, task: str = "all", lab
     has_memory = measure in points and points[measure].notna().any()
     unit, scale = byte_unit(points[measure]) if has_memory else ("GB", GB)
     traces = []
-    for index, (model, rows) in enumerate(points.sort_values("loops").groupby("series", sort=True)):
-        color = _PALETTE[index % len(_PALETTE)]
+    for (model, series), rows in points.sort_values("loops").groupby(["model", "series"], sort=True):
+        color = palette[model]
         traces.append({
             "type": "scatter", "x": rows["loops"].to_numpy(), "y": rows["accuracy"].to_numpy(),
             "error_y": {"type": "data", "array": rows["stderr"].to_numpy(dtype=float)},
-            "mode": "lines+markers", "name": f"{model} accuracy", "legendgroup": model, "line": {"color": color},
+            "mode": "lines+markers", "name": series, "legendgroup": model, "line": {"color": color},
+            "marker": {"symbol": rows["loops"].map(loops_symbol).tolist(), "size": 9},
             "customdata": _runs_text(rows), "xaxis": "x", "yaxis": "y",
-            "hovertemplate": f"{model}<br>loops %{{x}}<br>accuracy %{{y:.3f}}<br>%{{customdata}}<extra></extra>",
+            "hovertemplate": f"{series}<br>loops %{{x}}<br>accuracy %{{y:.3f}}<br>%{{customdata}}<extra></extra>",
         })
         measured = rows[rows[measure].notna()] if has_memory else rows.iloc[0:0]
         if not measured.empty:
             traces.append({
                 "type": "scatter", "x": measured["loops"].to_numpy(), "y": (measured[measure] / scale).to_numpy(),
-                "mode": "lines+markers", "name": f"{model} {label}", "legendgroup": model,
-                "line": {"color": color, "dash": "dash"}, "marker": {"symbol": "square-open"}, "xaxis": "x", "yaxis": "y2",
-                "hovertemplate": f"{model}<br>loops %{{x}}<br>%{{y:.3f}} {unit}<extra></extra>",
+                "mode": "lines+markers", "name": f"{series} {label}", "legendgroup": model, "showlegend": False,
+                "line": {"color": color, "dash": "dash"}, "xaxis": "x", "yaxis": "y2",
+                "marker": {"symbol": [f"{loops_symbol(r)}-open" for r in measured["loops"]], "size": 9},
+                "hovertemplate": f"{series}<br>loops %{{x}}<br>%{{y:.3f}} {unit}<extra></extra>",
             })
     loop_counts = sorted(int(r) for r in points["loops"].dropna().unique())
     axes = _secondary_y(
         {"title": {"text": "loops (r)"}, "type": "log", "tickvals": loop_counts, "ticktext": [str(r) for r in loop_counts]},  # every r run
         {"title": {"text": f"accuracy ({points['metric'].iloc[0]})"}, "range": [-0.05, 1.05]},
-        {"title": {"text": unit_title(label, unit, scale)}, "rangemode": "tozero", "showgrid": False})
+        # Its own round ticks: ticks synced to the left axis's grid read 1.02, 5.08, 9.15 MB.
+        {"title": {"text": unit_title(label, unit, scale)}, "rangemode": "tozero", "showgrid": False,
+         "tickmode": "auto"})
     notes = [DECIMAL_NOTE if has_memory else f"{label}: unavailable for every run", *_pooled_note(points)]
+    note, margin = _footnote(" · ".join(notes))
     return go.Figure(data=traces, layout={
-        **axes, "title": {"text": title}, "legend": {"title": {"text": "solid: accuracy · dashed: memory"}},
-        "annotations": [_note(" · ".join(notes), y=-0.22)], "margin": {"b": 110},
+        **axes, "title": {"text": title},
+        "legend": {"title": {"text": "solid: accuracy · dashed: memory"}, "groupclick": "toggleitem",
+                   "tracegroupgap": 4, "x": 1.08},
+        "annotations": [note], "margin": margin,
     })
 
 
@@ -413,7 +472,8 @@ def compute_varies(points: pd.DataFrame) -> bool:
     return bool(points["exit_threshold"].notna().any() or points.groupby("model")["loops"].nunique().gt(1).any())
 
 
-def accuracy_vs_compute(points: pd.DataFrame, axis: str, task: str = "all") -> go.Figure:
+def accuracy_vs_compute(points: pd.DataFrame, axis: str, task: str = "all",
+                        colors: Mapping[str, str] | None = None) -> go.Figure:
     """Accuracy against what a generated token cost (`axis`: mean loops per token, or generate seconds per token),
     one line per model (and r, where exit thresholds are swept) through its points in threshold order, then r.
 
@@ -425,6 +485,7 @@ def accuracy_vs_compute(points: pd.DataFrame, axis: str, task: str = "all") -> g
     if not compute_varies(points) or points[axis].isna().all():
         return _empty(title, "nothing to compare here: this set varies neither the exit threshold nor the loops. "
                              "Sweep them with `loopeval run --exit-threshold 0.5,0.8,1.0` or `--loops 1,2,4`.")
+    palette = _colors_of(points["model"], colors)
     frame = _exit_lines(_plain_frame(points[points[axis].notna()]))
     frame["runs"] = _runs_text(frame)
     frame["named"] = [series_name(model, None, None, config) for model, config in
@@ -433,23 +494,24 @@ def accuracy_vs_compute(points: pd.DataFrame, axis: str, task: str = "all") -> g
     x_title = f"{measure.label} ({measure.unit})"
     hover = (f"model=%{{customdata[0]}}<br>{x_title}=%{{x}}<br>accuracy=%{{y}}<br>exit threshold=%{{customdata[1]}}"
              "<br>r=%{customdata[2]}<br>runs=%{customdata[3]}<extra></extra>")
-    colors = {model: _PALETTE[i % len(_PALETTE)] for i, model in enumerate(dict.fromkeys(frame["model"]))}
     traces, named = [], set()
     for (model, _), rows in frame.groupby(["model", "line"], sort=False):  # lines in the order they were sorted
         traces.append({
             "type": "scatter", "x": rows[axis].to_numpy(), "y": rows["accuracy"].to_numpy(),
             "error_y": {"array": rows["stderr"].to_numpy(dtype=float)}, "mode": "lines+markers",
-            "name": model, "legendgroup": model, "showlegend": model not in named, "line": {"color": colors[model]},
+            "name": model, "legendgroup": model, "showlegend": model not in named, "line": {"color": palette[model]},
+            "marker": {"symbol": rows["loops"].map(loops_symbol).tolist(), "size": 9},
             "customdata": rows[["named", "exit", "loops", "runs"]].to_numpy(), "hovertemplate": hover,
         })
         named.add(model)
     notes = [f"{measure.label}: {'from the samples the runs stored' if axis == 'loops_per_token' else 'time inside generate, prefill included'}",
              *_pooled_note(points)]
+    note, margin = _footnote(" · ".join(notes))
     return go.Figure(data=traces, layout={
         "title": {"text": title}, "legend": {"title": {"text": "model (a line per r where exit thresholds vary)"}, "tracegroupgap": 0},
         "xaxis": {"title": {"text": x_title}},
         "yaxis": {"range": [-0.05, 1.05], "title": {"text": f"accuracy ({frame['metric'].iloc[0]})"}},
-        "annotations": [_note(" · ".join(notes), y=-0.22)], "margin": {"t": 60, "b": 110},
+        "annotations": [note], "margin": {"t": 60, **margin},
     })
 
 
@@ -477,49 +539,54 @@ def _mark_trained_loops(fig: go.Figure, trained: pd.Series, colors: dict[str, st
                               for model, value in trained.dropna().items() for x, y in panels])
 
 
-def accuracy_vs_depth(points: pd.DataFrame) -> go.Figure:
+def accuracy_vs_depth(points: pd.DataFrame, colors: Mapping[str, str] | None = None) -> go.Figure:
     """Depth extrapolation: pass@1 against the loop count r, one panel per task group, the trained T dotted.
 
     `points` are `dashboards.data.depth_points` rows. Beyond T the model runs loops it never trained on;
     panels per group keep a knowledge drop from hiding inside the suite mean.
     """
     title = _with_set("Depth extrapolation: accuracy against loops r (dotted: trained T)", points)
-    points = _plain_frame(points)
     if points.empty:
         return _empty(title, "no evaluated runs in this evaluation set yet")
+    palette = _colors_of(points["model"], colors)
+    points = _plain_frame(points)
     groups = ["all", *sorted(g for g in points["group"].unique() if g != "all")]
-    colors = {model: _PALETTE[i % len(_PALETTE)] for i, model in enumerate(sorted(points["model"].unique()))}
     fig = px.line(points, x="loops", y="accuracy", color="model", facet_col="group", markers=True,
-                  category_orders={"group": groups, "model": list(colors)}, color_discrete_map=colors,
+                  category_orders={"group": groups, "model": sorted(points["model"].unique())},
+                  color_discrete_map=palette,
                   labels={"loops": "loops (r)", "accuracy": "pass@1"}, hover_data=["runs", "seeds", "trained_loops"])
-    _mark_trained_loops(fig, points.groupby("model")["trained_loops"].max(), colors)
+    fig.for_each_trace(lambda trace: trace.update(marker_symbol=[loops_symbol(r) for r in trace.x]))
+    _mark_trained_loops(fig, points.groupby("model")["trained_loops"].max(), palette)
     fig.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))  # "group=knowledge" -> "knowledge"
     fig.update_yaxes(range=[-0.05, 1.05])
     fig.update_layout(title=title, margin={"t": 100})  # room for the set line above the panel titles
     pooled = _pooled_note(points)
-    return _message(fig, pooled[0], y=-0.2).update_layout(margin={"b": 90}) if pooled else fig
+    return _add_footnote(fig, pooled[0]) if pooled else fig
 
 
 PROBE_LABELS = {"angular_distance": "angular distance / pi", "relative_update": "relative update norm",
                 "state_variance": "normalised state variance", "interaction": "interaction (by lag k)"}
 
 
-def loop_probes(values: pd.DataFrame, title: str) -> go.Figure:
+def loop_probes(values: pd.DataFrame, title: str, colors: Mapping[str, str] | None = None) -> go.Figure:
     """`loopeval probe` values of one run against the loop index l, one panel per metric, the trained T dotted.
 
     `values` are `db.queries.probe_values` rows of one run; interaction has one line per lag k (the loop
     skipped is l - k). Loops right of the dotted line run beyond the depth the model was trained to.
     """
-    title, values = plain(title), _plain_frame(values)
+    title = plain(title)
     if values.empty:
-        return _empty(title, "no probe values stored yet: run `loopeval probe MODEL`")
+        return _empty(title, f"no probe runs yet: {PROBE_EXAMPLE} (or loopeval probe MODEL, any model) measures one")
+    palette = _colors_of(values["model"], colors)
+    values = _plain_frame(values)
     values = values.assign(panel=values["metric"].map(lambda m: PROBE_LABELS.get(m, plain(m))),
                            series=[f"lag {int(k)}" if pd.notna(k) else "per loop" for k in values["lag"]])
-    colors = {model: _PALETTE[i % len(_PALETTE)] for i, model in enumerate(sorted(values["model"].unique()))}
-    fig = px.line(values, x="loop", y="value", color="series", facet_col="panel", facet_col_wrap=2, markers=True,
+    # The model's colour, as in every figure; the interaction's lags told apart by their dash.
+    fig = px.line(values, x="loop", y="value", color="model", line_dash="series", facet_col="panel", facet_col_wrap=2,
+                  markers=True, color_discrete_map=palette,
                   category_orders={"panel": [p for p in PROBE_LABELS.values() if p in set(values["panel"])]},
                   labels={"loop": "loop l", "value": ""}, hover_data=["model", "lag"])
-    _mark_trained_loops(fig, values.groupby("model")["trained_loops"].max(), colors)
+    _mark_trained_loops(fig, values.groupby("model")["trained_loops"].max(), palette)
     fig.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))
     fig.update_yaxes(matches=None, showticklabels=True, rangemode="tozero")
     return fig.update_layout(title=f"{title} (dotted: trained T)", legend_title_text="")
@@ -540,7 +607,7 @@ def memory_over_run(series: pd.DataFrame, measures: Sequence[str], title: str = 
     unit, scale = byte_unit(np.concatenate([series[m].to_numpy(dtype=float) for m in present]))
     traces = []
     for index, measure in enumerate(present):
-        color = _PALETTE[index % len(_PALETTE)]
+        color = _MEASURE_PALETTE[index % len(_MEASURE_PALETTE)]
         rows = series[series[measure].notna()]
         y = (rows[measure] / scale).to_numpy()
         for axis, x, x_label in (("", "t", "s"), ("2", "generated_tokens", "tokens")):
@@ -554,8 +621,10 @@ def memory_over_run(series: pd.DataFrame, measures: Sequence[str], title: str = 
                            {"title": {"text": "generated tokens"}},
                            {"title": {"text": unit_title("memory", unit, scale) + ", log scale"}, "type": "log"})
     notes = [DECIMAL_NOTE] + ([f"unavailable: {', '.join(missing)}"] if missing else [])
-    layout["annotations"].append(_note(" · ".join(notes), y=-0.25))
-    return go.Figure(data=traces, layout=layout | {"title": {"text": title}, "legend": {"title": {"text": "measure"}}, "margin": {"b": 110}})
+    note, margin = _footnote(" · ".join(notes))
+    layout["annotations"].append(note)
+    return go.Figure(data=traces, layout=layout | {"title": {"text": title}, "legend": {"title": {"text": "measure"}},
+                                                   "margin": margin})
 
 
 def _side_by_side(titles: tuple[str, str], xaxis: dict, xaxis2: dict, yaxis: dict) -> dict[str, Any]:
@@ -573,11 +642,21 @@ def _side_by_side(titles: tuple[str, str], xaxis: dict, xaxis2: dict, yaxis: dic
             "annotations": above}
 
 
-def memory_vs_context(profile: pd.DataFrame, measures: Sequence[str]) -> go.Figure:
-    """`loopeval profile` points: measured memory (markers) beside the analytic lines, against context length."""
+# The profile figure's keys: a line style per analytic term, a marker per measured measure (grey, in the legend only).
+_ANALYTIC_DASH = {"analytic KV": "dot", "analytic weights + KV": "dash"}
+_MEASURE_SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "cross", "star")
+
+
+def memory_vs_context(profile: pd.DataFrame, measures: Sequence[str],
+                      colors: Mapping[str, str] | None = None) -> go.Figure:
+    """`loopeval profile` points: measured memory (markers) beside the analytic lines, against context length.
+
+    A legend entry per (model, r, batch) in the model's colour, toggling its lines and markers, then one key of the
+    line styles and marker shapes: a legend that stays a few lines long however many measures each run has."""
     title = "Memory against context length (loopeval profile)"
     if profile.empty:
         return _empty(title, f"no profile runs yet: {PROFILE_EXAMPLE} measures some")
+    palette = _colors_of(profile["model"], colors)
     profile = _plain_frame(profile)
     present = [m for m in measures if m in profile and profile[m].notna().any()]
     missing = [m for m in measures if m not in present]
@@ -585,32 +664,39 @@ def memory_vs_context(profile: pd.DataFrame, measures: Sequence[str]) -> go.Figu
     totals = profile["weights_bytes"] + analytic
     unit, scale = byte_unit(np.concatenate([profile[m].to_numpy(dtype=float) for m in present]
                                            + [analytic.to_numpy(dtype=float), totals.to_numpy(dtype=float)]))
-    fig = go.Figure()
-    symbols = ("circle", "square", "diamond", "triangle-up", "x", "cross", "star")
-    groups = profile.groupby(["model", "loops", "batch"], dropna=False, sort=True)
-    for index, ((model, loops, batch), rows) in enumerate(groups):
-        color = _PALETTE[index % len(_PALETTE)]
-        name = f"{model} {loops_label(loops)} b={batch}"
-        rows = rows.sort_values("context_tokens")
-        for kind, values, dash in (("analytic KV", rows["kv_bytes_analytic"], "dot"),
-                                   ("analytic weights + KV", rows["weights_bytes"] + rows["kv_bytes_analytic"], "dash")):
+    symbols = dict(zip(present, _MEASURE_SYMBOLS))
+    traces = []
+    for (model, loops, batch), rows in profile.groupby(["model", "loops", "batch"], dropna=False, sort=True):
+        name, rows, color = f"{model} {loops_label(loops)} b={batch}", rows.sort_values("context_tokens"), palette[model]
+        traces.append(_legend_key(name, name, None, {"color": color, "size": 10, "symbol": "circle"}))
+        lines = {"analytic KV": rows["kv_bytes_analytic"], "analytic weights + KV": rows["weights_bytes"] + rows["kv_bytes_analytic"]}
+        for kind, values in lines.items():
             if values.notna().any():
-                fig.add_trace(go.Scatter(
-                    x=rows["context_tokens"], y=values / scale, mode="lines", name=f"{name} · {kind}",
-                    legendgroup=name, line={"color": color, "dash": dash},
-                    hovertemplate=f"{name}<br>{kind}<br>%{{x}} tokens<br>%{{y:.3f}} {unit}<extra></extra>",
-                ))
-        for symbol, measure in zip(symbols, present):
+                traces.append(_profile_trace(name, kind, rows["context_tokens"], values / scale, unit,
+                                             {"mode": "lines", "line": {"color": color, "dash": _ANALYTIC_DASH[kind]}}))
+        for measure, symbol in symbols.items():
             measured = rows[rows[measure].notna()]
             if not measured.empty:
-                fig.add_trace(go.Scatter(
-                    x=measured["context_tokens"], y=measured[measure] / scale, mode="markers",
-                    name=f"{name} · {measure}", legendgroup=name,
-                    marker={"color": color, "symbol": symbol, "size": 9},
-                    hovertemplate=f"{name}<br>{measure}<br>%{{x}} tokens<br>%{{y:.3f}} {unit}<extra></extra>",
-                ))
-    fig.update_layout(title=title, legend_title_text="markers: measured · lines: analytic")
-    fig.update_xaxes(title_text="context length (tokens)", type="log")
-    fig.update_yaxes(title_text=unit_title("memory", unit, scale) + ", log scale", type="log")
+                traces.append(_profile_trace(name, measure, measured["context_tokens"], measured[measure] / scale, unit,
+                                             {"mode": "markers", "marker": {"color": color, "symbol": symbol, "size": 9}}))
+    for index, (kind, dash) in enumerate(_ANALYTIC_DASH.items()):  # the key: line styles, then marker shapes
+        traces.append({"type": "scatter", "x": [None], "y": [None], "mode": "lines", "name": kind, "legendgroup": "key",
+                       "line": {"color": "#777", "dash": dash}, "hoverinfo": "skip"}
+                      | ({"legendgrouptitle": {"text": "key"}} if index == 0 else {}))
+    traces += [_legend_key(measure, "key", None, {"color": "#777", "size": 9, "symbol": symbol})
+               for measure, symbol in symbols.items()]
     notes = [DECIMAL_NOTE] + ([f"unavailable: {', '.join(missing)}"] if missing else [])
-    return _message(fig, " · ".join(notes), y=-0.25).update_layout(margin={"b": 110})
+    note, margin = _footnote(" · ".join(notes))
+    return go.Figure(data=traces, layout={
+        "title": {"text": title}, "legend": {"title": {"text": "markers: measured · lines: analytic"}, "tracegroupgap": 2},
+        "xaxis": {"type": "log", "title": {"text": "context length (tokens)"}},
+        "yaxis": {"type": "log", "title": {"text": unit_title("memory", unit, scale) + ", log scale"}},
+        "annotations": [note], "margin": margin,
+    })
+
+
+def _profile_trace(name: str, what: str, x: pd.Series, y: pd.Series, unit: str, style: dict[str, Any]) -> dict[str, Any]:
+    """One analytic line or one measure's markers of a profiled (model, r, batch): in its legend group, not its entry."""
+    return {"type": "scatter", "x": x.to_numpy(), "y": y.to_numpy(), "name": f"{name} · {what}", "legendgroup": name,
+            "showlegend": False, "hovertemplate": f"{name}<br>{what}<br>%{{x}} tokens<br>%{{y:.3f}} {unit}<extra></extra>",
+            **style}

@@ -17,7 +17,6 @@ import html
 import json
 import multiprocessing
 import os
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -28,6 +27,7 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 from sqlalchemy import Engine
 
+from adapters.files import write_atomically
 from dashboards import figures, views
 from dashboards.data import DEFAULT_CONTEXT_TOKENS, SAMPLE_TEXT_CHARS, accuracy_points, browse_samples
 from db import ResultsError, queries
@@ -101,9 +101,10 @@ def report_figures(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS,
     cases are shared out among `processes` forked processes (default: the cores this process may use); the figures
     are the same, and come back in the same order, as drawn in one process."""
     cases: dict[tuple[Any, views.Selection], list[views.View]] = {}
+    colors = views.palette(engine)
     for view in views.VIEWS:
         for case in view.cases(engine):
-            cases.setdefault((view.query, dataclasses.replace(case, context_tokens=context_tokens)), []).append(view)
+            cases.setdefault((view.query, dataclasses.replace(case, context_tokens=context_tokens, colors=colors)), []).append(view)
     jobs = list(cases.items())
     processes = min(len(jobs), processes or len(os.sched_getaffinity(0)))
     parts = _in_processes(lambda k: [_draw_case(engine, *job) for job in jobs[k::processes]], processes, engine)
@@ -255,25 +256,10 @@ def write_report(db_url: str, out: Path) -> Path:
     out = Path(out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        _replace(out, text.encode("utf-8"))
+        write_atomically(out, text.encode("utf-8"))  # readable by its group, as the database beside it
     except OSError as exc:
         raise ResultsError(f"cannot write the report to {out}: {exc.strerror or exc}; any report already there is unchanged") from None
     return out
-
-
-def _replace(out: Path, data: bytes) -> None:
-    """Write `data` to a temporary file beside `out`, on disk, then rename it over `out`: an interrupted write
-    or a full disk leaves the report that was there, never a half-written one that still opens."""
-    fd, partial = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".partial")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(partial, out)
-    except BaseException:
-        Path(partial).unlink(missing_ok=True)
-        raise
 
 
 # The report runs offline: nothing may be fetched, framed, submitted or used as a base for links.

@@ -43,6 +43,20 @@ class Selection:
     models: tuple[str, ...] | None = None
     loops: tuple[int, ...] | None = None
     run_id: int | None = None
+    colors: tuple[tuple[str, str], ...] = ()  # the page's (model, colour) pairs (`palette`): no selector sets them
+
+    @property
+    def palette(self) -> dict[str, str] | None:
+        """The page's model colours for a figure; None (each figure's own) where the page gave none."""
+        return dict(self.colors) or None
+
+
+def palette(engine: Engine) -> tuple[tuple[str, str], ...]:
+    """One colour per model of the database (`figures.model_colors`, the default set's models first), for every
+    figure of a page: a model keeps its colour from figure to figure, and from set to set."""
+    opening = queries.latest_set(engine)
+    first = queries.models(engine, opening) if opening is not None else []
+    return tuple(figures.model_colors(queries.models(engine), first).items())
 
 
 # Selector element id (the same in both pages) -> the Selection field it sets.
@@ -55,9 +69,9 @@ FIELDS: dict[str, str] = {
 LIVE_FILTERS = ("models", "loops", "context")
 
 
-def selection(picked: Mapping[str, Any]) -> Selection:
-    """The Selection of the values the selectors hold, by element id: an unset task is the suite mean and an
-    unset or non-positive context the default; an unset checklist keeps nothing."""
+def selection(picked: Mapping[str, Any], colors: tuple[tuple[str, str], ...] = ()) -> Selection:
+    """The Selection of the values the selectors hold, by element id, drawn in the page's `colors`: an unset task is
+    the suite mean and an unset or non-positive context the default; an unset checklist keeps nothing."""
     fields = {FIELDS[name]: value for name, value in picked.items()}
     if "task" in fields:
         fields["task"] = fields["task"] or SUITE
@@ -67,7 +81,7 @@ def selection(picked: Mapping[str, Any]) -> Selection:
     for name in ("models", "loops"):
         if name in fields:
             fields[name] = tuple(fields[name] or ())
-    return Selection(**fields)
+    return Selection(**fields, colors=colors)
 
 
 @dataclass(frozen=True)
@@ -114,8 +128,10 @@ class View:
         return tuple(name for name in self.inputs if name not in LIVE_FILTERS)
 
     def key(self, prefix: str, picked: Selection) -> str:
-        """The report's key of one drawing: 'acc|<set>|<task>|<measure>' (its page script joins the same values)."""
-        return "|".join([prefix, *(str(getattr(picked, FIELDS[name])) for name in self.keyed)])
+        """The report's key of one drawing: 'acc|<set>|<task>|<measure>' (its page script joins the same values; an
+        empty selector's value is '', as None is here: the drawing that says how to fill the view)."""
+        values = (getattr(picked, FIELDS[name]) for name in self.keyed)
+        return "|".join([prefix, *("" if value is None else str(value) for value in values)])
 
 
 # ------------------------------------------------------------------------------------------- accuracy
@@ -138,11 +154,11 @@ def _answer(points: pd.DataFrame, picked: Selection) -> str:
 
 
 def _accuracy_vs_memory(points: pd.DataFrame, picked: Selection) -> go.Figure:
-    return figures.accuracy_vs_memory(points, picked.measure, picked.task, _measure_label(picked))
+    return figures.accuracy_vs_memory(points, picked.measure, picked.task, _measure_label(picked), picked.palette)
 
 
 def _accuracy_vs_loops(points: pd.DataFrame, picked: Selection) -> go.Figure:
-    return figures.accuracy_vs_loops(points, picked.measure, picked.task, _measure_label(picked))
+    return figures.accuracy_vs_loops(points, picked.measure, picked.task, _measure_label(picked), picked.palette)
 
 
 def _set_ids(engine: Engine) -> list[str]:
@@ -158,11 +174,11 @@ def _each_measure(case: Selection) -> list[Selection]:
 
 
 def _accuracy_vs_loops_per_token(points: pd.DataFrame, picked: Selection) -> go.Figure:
-    return figures.accuracy_vs_compute(points, "loops_per_token", picked.task)
+    return figures.accuracy_vs_compute(points, "loops_per_token", picked.task, picked.palette)
 
 
 def _accuracy_vs_decode_time(points: pd.DataFrame, picked: Selection) -> go.Figure:
-    return figures.accuracy_vs_compute(points, "seconds_per_token", picked.task)
+    return figures.accuracy_vs_compute(points, "seconds_per_token", picked.task, picked.palette)
 
 
 # ----------------------------------------------------------------------------------------------- depth
@@ -171,7 +187,7 @@ def _depth_points(engine: Engine, picked: Selection) -> pd.DataFrame:
 
 
 def _accuracy_vs_depth(points: pd.DataFrame, picked: Selection) -> go.Figure:
-    return figures.accuracy_vs_depth(points)
+    return figures.accuracy_vs_depth(points, picked.palette)
 
 
 def _each_set(engine: Engine) -> list[Selection]:
@@ -219,7 +235,7 @@ def _profile_points(engine: Engine, picked: Selection) -> pd.DataFrame:
 
 
 def _memory_vs_context(profile: pd.DataFrame, picked: Selection) -> go.Figure:
-    return figures.memory_vs_context(profile, measures.PROFILE_MEASURES)
+    return figures.memory_vs_context(profile, measures.PROFILE_MEASURES, picked.palette)
 
 
 # ---------------------------------------------------------------------------------------------- probes
@@ -229,11 +245,12 @@ def _probe_values(engine: Engine, picked: Selection) -> pd.DataFrame:
 
 
 def _loop_probes(values: pd.DataFrame, picked: Selection) -> go.Figure:
-    return figures.loop_probes(values, probe_title(values) if not values.empty else "Loop probes")
+    return figures.loop_probes(values, probe_title(values) if not values.empty else "Loop probes", picked.palette)
 
 
 def _each_probe_run(engine: Engine) -> list[Selection]:
-    return [Selection(run_id=int(run_id)) for run_id in queries.probe_values(engine)["run_id"].unique()]
+    """Each probe run; with none, the one case (no run) whose figure says how to make one."""
+    return [Selection(run_id=int(run_id)) for run_id in queries.probe_values(engine)["run_id"].unique()] or [Selection()]
 
 
 ACCURACY = View(
@@ -313,7 +330,7 @@ def _probe_choices(engine: Engine) -> list[tuple[Any, str]]:
 SELECTORS: dict[str, Choices] = {
     "set": Choices("evaluation set", _set_choices),
     "depth-set": Choices("evaluation set", _set_choices, queries.depth_set),
-    "run": Choices("run", _run_choices),
+    "run": Choices("run", _run_choices, queries.headline_run),
     "probe": Choices("probe run", _probe_choices),
 }
 

@@ -66,6 +66,25 @@ def runs(engine: Engine, kind: str | None = "eval", run_ids: Iterable[int] | Non
     return _frame(engine, statement).merge(run_sets(engine, run_ids), on="run_id", how="left")
 
 
+def models(engine: Engine, set_id: str | None = None) -> list[str]:
+    """Every model spec with a run of any kind (of the evaluation set `set_id` where given), sorted."""
+    if set_id is not None:
+        return sorted(set(runs(engine, run_ids=_set_run_ids(engine, set_id))["model"]))
+    with engine.connect() as conn:
+        return sorted(conn.execute(select(Run.model_spec).distinct()).scalars())
+
+
+def headline_run(engine: Engine) -> int | None:
+    """The run a page's memory-over-a-run figure opens on: the first run of the default evaluation set (`latest_set`:
+    after the default job the headline sweep, not the recurrence lab's sweep stored before it); else the first run."""
+    set_id = latest_set(engine)
+    ids = _set_run_ids(engine, set_id) if set_id is not None else []
+    if ids:
+        return min(ids)
+    first = runs(engine)["run_id"]
+    return int(first.min()) if len(first) else None
+
+
 def run_sets(engine: Engine, run_ids: Iterable[int] | None = None) -> pd.DataFrame:
     """The evaluation set of every eval run (only `run_ids` when given), with its seed: run_id, seed, set_id, set_label (db.sets)."""
     statement = select(Run.id, Run.seed, Run.suite, Run.tasks, Run.limit, Run.sampling, Run.data_fingerprint).where(

@@ -40,7 +40,7 @@ SAMPLING_OPTIONS: dict[str, str] = {
 @dataclass(frozen=True)
 class RunDefaults:
     """The default `loopeval run`'s headline sweep: the trained tiny zoo on the synthetic suite (its time, measured
-    with the date: README and docs/benchmarks.md)."""
+    with the date: docs/reference.md and docs/benchmarks.md)."""
 
     models: tuple[str, ...] = ("zoo:qwen3-tiny-small", "zoo:qwen3-tiny-deep", "zoo:ouro-tiny", "zoo:melt-tiny")
     suite: str = "synthetic"

@@ -1,6 +1,6 @@
-"""README tables from `loopeval results --json`: accuracy per task and average, weights, KV peak, KV per token.
+"""The zoo's tables (docs/findings.md) from `loopeval results --json`: accuracy per task and average, weights, KV peak, KV per token.
 
-The zoo section of the README is this script's output for the default run, so its numbers are
+The zoo section of docs/findings.md is this script's output for the default run, so its numbers are
 exactly what `loopeval results` prints:
 
     .venv/bin/loopeval results --json | .venv/bin/python scripts/results_tables.py

@@ -1,7 +1,7 @@
 """Which releases of a package on PyPI ship a given file, read from each wheel's file list without downloading it.
 
 A wheel is a zip whose directory sits at its end: two HTTP range requests per release (the end record, then the
-directory) give every file name, a few hundred kilobytes instead of the whole wheel. The README's Peers table
+directory) give every file name, a few hundred kilobytes instead of the whole wheel. The Peers table of docs/findings.md
 says which vLLM releases carry Ouro this way:
 
     python scripts/wheel_files.py vllm vllm/model_executor/models/ouro.py 0.11.0 0.11.1 0.26.0 0.27.0 0.34.0

@@ -12,7 +12,7 @@ Each benchmark's headline is pass@1 averaged over n samples (LightEval's pass@k 
 unbiased estimator), where each sample is judged by the check LightEval uses for that benchmark:
 math-verify extraction for the math sets, letter extraction for GPQA and MMLU-Redux.
 
-Departures from LightEval (the one place they are listed; the README's paper-suite section matches):
+Departures from LightEval (the one place they are listed; docs/reference.md's paper-suite section matches):
 - AIME26 and AMC23 have no LightEval task; they use LightEval's AIME prompt and metric on
   `MathArena/aime_2026` and `math-ai/amc23` (whose answers are numbers, read as text).
 - MATH-500: LightEval's prompt asks for a final line `ANSWER: $ANSWER`, which math-verify reads as

@@ -18,7 +18,7 @@ Every item is a short printable-ASCII prompt and a short answer, followed by the
 
 The chains are stated in order, so each operand sits at a fixed offset before the question: one
 attention layer can gather them all and the feed-forward layers compose the operations, which a
-2-layer model does well (README, zoo results). They test composing 2-4 operations, not following
+2-layer model does well (docs/findings.md, the zoo). They test composing 2-4 operations, not following
 names by content; `lookup` is a single retrieval by name.
 
 The cellular-automaton tasks close that shortcut: every step is local and the same at every cell,

@@ -40,11 +40,13 @@ def new(
     root = write_scaffold(name, parent)
     typer.echo(f"wrote {root}" + ("" if directory is not None or parent == here else
                                   " (beside loopeval's source folder, not inside it; --dir picks another)"))
-    python = env_command("python")
-    # The install and test run in a subshell, so the run after them stores into this folder's database, as every
-    # other command typed here does.
+    python, loopeval, db = env_command("python"), env_command("loopeval"), f"sqlite:///{name}.db"
+    # Every step runs in the package's folder, and its first run stores into the package's own database, as
+    # docs/adding-adapters.md does: a run in the folder typed in (the checkout, often) would put the new adapter's
+    # zeros in that folder's results, where `loopeval results` then opens.
     typer.echo(f"next: (cd {shlex.quote(str(root))} && {python} -m pip install --no-deps --no-build-isolation -e . "
-               f"&& {python} -m pytest) && {env_command('loopeval')} run --model {name}:tiny --limit 2")
+               f"&& {python} -m pytest && {loopeval} run --model {name}:tiny --limit 2 --db {db} "
+               f"&& {loopeval} results --db {db})")
 
 
 def check(

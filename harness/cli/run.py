@@ -106,15 +106,17 @@ def _planning() -> Iterator[None]:
 
 def _plain_log(bars: Any, threads: Any) -> Any:
     """A log line printer for the progress console: lines name models and errors, so plain text, never markup.
-    The first line the work logs is preceded by the thread count, said once (a refusal before any work says only itself)."""
-    said = False
+    The first line the work logs is preceded by the thread count, said once (a refusal before any work says only itself).
+    Output that is not a terminal (a file, a pipe, CI) gets each line whole: rich would break it at 80 columns there,
+    and a run's line split in two no longer greps as one."""
+    said, whole = False, not bars.console.is_terminal
 
     def log(line: str) -> None:
         nonlocal said
         if not said:
-            bars.console.print(f"threads: {threads}", markup=False)
+            bars.console.print(f"threads: {threads}", markup=False, soft_wrap=whole)
             said = True
-        bars.console.print(line, markup=False)
+        bars.console.print(line, markup=False, soft_wrap=whole)
 
     return log
 

@@ -81,20 +81,26 @@ def test_without_dir_the_package_lands_here_or_beside_loopevals_source_folder(tm
     assert (CHECKOUT / "pyproject.toml").is_file() and (CHECKOUT / "harness" / "cli" / "adapter.py").is_file()
 
 
-def test_the_suggested_run_stores_into_the_database_of_the_folder_it_was_typed_in(tmp_path: Path) -> None:
-    """`next:` installs and tests in a subshell, so its closing run reads and writes this folder's results database."""
+def test_the_suggested_run_stores_into_the_new_adapters_own_database(tmp_path: Path) -> None:
+    """`next:` runs in the package's folder and stores into the package's own database, as docs/adding-adapters.md
+    does: the results database of the folder it was typed in (the checkout's, often) is never touched."""
     work = tmp_path / "work"
     work.mkdir()
     made = _loopeval("adapter", "new", "herearch", cwd=work)
     assert made.returncode == 0, made.stderr
     root = work / "loopeval-herearch"
     assert made.stdout.splitlines()[0] == f"wrote {root}"
-    subshell, _, run = made.stdout.splitlines()[-1].removeprefix("next: ").rpartition(") && ")
-    assert subshell.startswith(f"(cd {root} && ") and "cd " not in run
+    line = made.stdout.splitlines()[-1]
+    assert line.startswith(f"next: (cd {root} && ") and line.endswith(")")
+    steps = line.removeprefix("next: (").removesuffix(")").split(" && ")
+    run, results = steps[-2:]
+    assert " run --model herearch:tiny " in run and run.endswith(" --db sqlite:///herearch.db")
+    assert results.endswith(" results --db sqlite:///herearch.db")
     # The package found through its folder instead of being pip-installed into this venv; the run as printed otherwise.
     env = {**os.environ, "LOOPEVAL_ADAPTERS": str(root), "HF_HUB_OFFLINE": "1"}
     env.pop("LOOPEVAL_DB", None)
-    done = subprocess.run(["bash", "-c", run + " --tasks chain2 --samples 1 --no-report"], cwd=work, env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(["bash", "-c", f"{steps[0]} && {run} --tasks chain2 --samples 1 --no-report && {results}"],
+                          cwd=work, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert (work / "results" / "loopeval.sqlite").is_file() and not (root / "results").exists()
+    assert "herearch:tiny" in done.stdout, done.stdout  # `results` shows the run it just stored
+    assert (root / "herearch.db").is_file() and not (work / "results").exists() and not (root / "results").exists()

@@ -19,7 +19,7 @@ D, T, SHARED = 128, 4, 2  # coreloop-tiny, the bench's default: hidden size, loo
 
 
 def test_bench_conditioning_counts_what_each_option_adds() -> None:
-    """The README's cost table, one round: with 64 new tokens after 32 prompt tokens the peak is at the end of
+    """The cost table of docs/lab.md, one round: with 64 new tokens after 32 prompt tokens the peak is at the end of
     decoding, where the history buffer holds one token per sequence (the prefill's w x 32 x d is gone by then)."""
     argv = [sys.executable, str(BENCH), "--batches", "1,2", "--new-tokens", "64", "--rounds", "1", "--threads", "1"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600)

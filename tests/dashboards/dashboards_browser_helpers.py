@@ -68,6 +68,33 @@ def x_axis_title(page: Any) -> str:
     return page.locator("#accuracy-memory .xtitle").text_content() or ""
 
 
+# Every drawn plot's traces as [plot element id, trace name, colour]: a line's colour where it draws a line, else its
+# markers' (one colour for the trace), as Plotly resolved them.
+_TRACE_COLOURS = """() => [...document.querySelectorAll('.js-plotly-plot')].flatMap((gd) => (gd._fullData || []).map((t) =>
+  [gd.closest('[id]').id, t.name, (t.mode || '').includes('lines') ? t.line.color : t.marker && t.marker.color]))"""
+# Every pair of a plot's annotation (notes, footnotes) and axis title whose boxes on the page intersect.
+_OVERLAPS = """() => {
+  const box = (e) => e.getBoundingClientRect();
+  const meet = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+  const found = [];
+  for (const gd of document.querySelectorAll('.js-plotly-plot')) {
+    const titles = [...gd.querySelectorAll('.infolayer text')].filter((t) => /^[xy]\\d*title$/.test(t.getAttribute('class')));
+    for (const note of gd.querySelectorAll('.annotation-text-g')) for (const title of titles)
+      if (meet(box(note), box(title)) && box(title).width > 0) found.push([gd.closest('[id]').id, note.textContent, title.textContent]);
+  }
+  return found;
+}"""
+
+
+def trace_colours(page: Any) -> list[tuple[str, str, Any]]:
+    return [tuple(row) for row in page.evaluate(_TRACE_COLOURS)]
+
+
+def overlapping_texts(page: Any) -> list[tuple[str, str, str]]:
+    """(plot id, annotation, axis title) for each annotation drawn over an axis title, in every plot of the page."""
+    return [tuple(row) for row in page.evaluate(_OVERLAPS)]
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

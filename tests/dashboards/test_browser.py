@@ -8,13 +8,15 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from dashboards import figures
+from dashboards import figures, views
 from dashboards.data import accuracy_points, answer, browse_samples
 from dashboards.report import SAMPLE_PAGE_ROWS, packed_plotlyjs, write_report
 from db.session import open_existing
 from db.store import Store
-from dashboards_browser_helpers import (CHROMIUM, PAYLOAD, POINTS, VIEWPORT, launch, open_app, open_report, point_count, record,
-                                        screenshot_app, screenshot_report, served_app, x_axis_title)
+from db import queries
+from dashboards_browser_helpers import (CHROMIUM, PAYLOAD, POINTS, VIEWPORT, launch, open_app, open_report, overlapping_texts,
+                                        point_count, record, screenshot_app, screenshot_report, served_app, trace_colours,
+                                        x_axis_title)
 
 
 pytestmark = [
@@ -242,3 +244,61 @@ def test_report_and_app_draw_accuracy_against_loops_per_token_where_the_set_vari
         page.wait_for_function(f"document.querySelectorAll('{COMPUTE_POINTS}').length > 1")
         assert page.locator(COMPUTE_POINTS).count() == _compute_points(two_sets_url, second)
         assert page.locator("#accuracy-decode-time .scatterlayer path.point").count() == _compute_points(two_sets_url, second)
+
+
+def _model_colours(page, models: list[str]) -> dict[str, set[str]]:
+    """Each model's colours in the plots drawn now: every trace named after the model (its points, lines, legend key)."""
+    seen: dict[str, set[str]] = {}
+    for _, name, colour in trace_colours(page):
+        model = next((m for m in sorted(models, key=len, reverse=True) if (name or "").startswith(m)), None)
+        if model is not None:
+            seen.setdefault(model, set()).add(str(colour).lower())
+    return seen
+
+
+def _expected_colours(url: str) -> tuple[list[str], dict[str, set[str]]]:
+    """The database's models and the one colour each should have: the page's map (`views.palette`)."""
+    engine = open_existing(url)
+    models, colours = queries.models(engine), dict(views.palette(engine))
+    engine.dispose()
+    assert sorted(colours) == models and len(set(colours.values())) == len(models)
+    return models, {model: {colour.lower()} for model, colour in colours.items()}
+
+
+def test_a_model_keeps_its_colour_in_every_figure_of_the_report_and_the_app(page, two_sets_url: str, tmp_path: Path) -> None:
+    """The latest set holds one model, the first every tiny preset and zoo:ouro-tiny: the figures of both sets (and the
+    depth and profile figures, which open on other sets) draw each model in the one colour of the database's map."""
+    models, expected = _expected_colours(two_sets_url)
+    assert expected["zoo:ouro-tiny"] == {figures.model_colors(["zoo:ouro-tiny"]).popitem()[1].lower()}, \
+        "the opening set's one model takes the palette's first colour"
+    open_report(page, write_report(two_sets_url, tmp_path / "report.html"))
+    seen = _model_colours(page, models)
+    second = page.locator("#set option").evaluate_all("options => options.map(o => o.value)")[1]
+    page.select_option("#set", second)
+    page.wait_for_function(f"document.querySelectorAll('{POINTS}').length > 1")
+    for model, colours in _model_colours(page, models).items():
+        seen.setdefault(model, set()).update(colours)
+    assert seen == expected, "a model drawn in two colours, or in another than the page's"
+    with served_app(two_sets_url) as url:
+        open_app(page, url)
+        assert _model_colours(page, models) == {model: expected[model] for model in _model_colours(page, models)}
+        page.locator("#set").click()
+        page.get_by_role("dialog").get_by_text("first 2 per task").click()
+        page.wait_for_function(f"document.querySelectorAll('{POINTS}').length > 1")
+        assert _model_colours(page, models) == expected
+
+
+def test_no_note_is_drawn_over_an_axis_title_in_the_report_or_the_app(page, results_url: str, tmp_path: Path) -> None:
+    """Every plot of both pages (profile, memory over a run and the rest): no annotation's box meets an axis title's.
+    The accuracy figure's axis titles and footnote are there to be checked, so the test can fail."""
+    open_report(page, write_report(results_url, tmp_path / "report.html"))
+    page.wait_for_selector("#memory-context .annotation-text-g")
+    assert page.locator("#accuracy-memory .xtitle").count() == 1 and page.locator("#accuracy-memory .annotation-text-g").count() >= 1
+    assert overlapping_texts(page) == []
+    scrolled = page.evaluate("[...document.querySelectorAll('.legend .scrollbar')].map(s => s.getBoundingClientRect().height)")
+    assert scrolled and not any(scrolled), "a legend in a scrolling box"
+    with served_app(results_url) as url:
+        open_app(page, url)
+        page.wait_for_selector("#memory-run .annotation-text-g")
+        page.wait_for_selector("#memory-context .annotation-text-g")
+        assert overlapping_texts(page) == []

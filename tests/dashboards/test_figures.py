@@ -329,9 +329,12 @@ def test_memory_vs_context_shows_measured_points_beside_analytic_lines(engine) -
     profile = profile_points(engine)
     assert len(profile) > 0, "loopeval profile wrote points"
     fig = figures.memory_vs_context(profile, measures.PROFILE_MEASURES)
-    lines = [t for t in fig.data if t.mode == "lines"]
-    markers = [t for t in fig.data if t.mode == "markers"]
+    drawn = [t for t in fig.data if t.x[0] is not None]  # the legend's keys draw nothing
+    lines = [t for t in drawn if t.mode == "lines"]
+    markers = [t for t in drawn if t.mode == "markers"]
     groups = profile.groupby(["model", "loops", "batch"]).ngroups
+    assert [t.name for t in fig.data if t.showlegend is not False and t.legendgroup != "key"] == \
+        sorted({t.legendgroup for t in drawn}), "one legend entry per (model, loops, batch)"
     assert len(lines) == 2 * groups  # analytic KV and analytic weights + KV per (model, loops, batch)
     measured = [m for m in measures.PROFILE_MEASURES if profile[m].notna().any()]
     assert sum(len(t.x) for t in markers) == sum(int(profile[m].notna().sum()) for m in measured)
@@ -399,6 +402,71 @@ def test_the_empty_profile_figure_suggests_a_command_that_runs_as_printed(tmp_pa
     assert done.returncode == 0, done.stderr
     stored = queries.profile_points(open_existing(str(tmp_path / "results" / "loopeval.sqlite")))
     assert sorted(stored["context_tokens"]) == [64, 256, 448]
+
+
+@pytest.mark.slow  # a whole `loopeval probe` in a process of its own
+def test_the_empty_probe_figure_suggests_a_command_that_runs_as_printed(tmp_path) -> None:
+    """The report of a database without probe runs (the default job's) says how to make one, and the command works."""
+    import shlex
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    note = _annotations(figures.loop_probes(pd.DataFrame(), "Loop probes"))
+    command = re.search(r"loopeval probe \S+", note).group(0)
+    assert command == figures.PROBE_EXAMPLE and "loopeval probe MODEL" in note
+    argv = [str(Path(sys.executable).with_name("loopeval")), *shlex.split(command)[1:]]
+    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert not queries.probe_values(open_existing(str(tmp_path / "results" / "loopeval.sqlite"))).empty
+
+
+def test_every_figure_gives_a_model_the_pages_colour_and_an_r_its_shape(engine) -> None:
+    """The page's map (`model_colors`, every model of the database) colours each figure, whichever models it shows:
+    a figure of one model draws it in the page's colour, not in the palette's first."""
+    colors = figures.model_colors(queries.models(engine))
+    assert len(set(colors.values())) == len(colors) > 2
+    points = accuracy_points(engine, None)
+    last = sorted(points["model"].unique())[-1]
+    alone = points[points["model"] == last]
+    drawn = {figures.accuracy_vs_memory(alone, "rss", colors=colors).data[1].marker.color,
+             figures.accuracy_vs_loops(alone, "rss", colors=colors).data[0].line.color}
+    assert drawn == {colors[last]} != {figures.accuracy_vs_memory(alone, "rss").data[1].marker.color}
+    fig = figures.accuracy_vs_memory(points, "rss", colors=colors)
+    for trace in fig.data:
+        if trace.x[0] is not None and trace.name in colors:  # a model's points: its colour, a shape per r
+            assert trace.marker.color == colors[trace.name]
+            assert list(trace.marker.symbol) == [figures.loops_symbol(r) for r in points.loc[points["model"] == trace.name, "loops"]]
+    assert [figures.loops_symbol(r) for r in (1, 2, 4)] == ["circle", "square", "triangle-up"]
+    ordered = figures.model_colors(["a", "b", "c"], first=["c"])  # the opening set's models take the first colours
+    assert list(ordered) == ["c", "a", "b"] and list(ordered.values()) == list(figures.model_colors(["a", "b", "c"]).values())
+
+
+def test_the_loops_figures_legend_has_an_entry_per_line_grouped_by_model_and_round_memory_ticks() -> None:
+    """An exit sweep makes a line per (model, threshold): one legend entry each (its memory line toggles with it, in the
+    model's legend group and colour), not two, so 16 lines fit the legend without a scroll bar."""
+    rows = [(model, r, t, 0.5, 1e6 * r) for model in ("m", "n") for r in (1, 2, 4) for t in (None, 0.5, 0.7, 0.9)
+            if t is None or r == 4]
+    points = pd.DataFrame(rows, columns=["model", "loops", "exit_threshold", "accuracy", "rss"]).assign(
+        exit_criterion=lambda f: np.where(f["exit_threshold"].notna(), "gate", None), stderr=0.01, metric="pass@1",
+        run_id=range(1, len(rows) + 1))
+    colors = {"m": "#111111", "n": "#222222"}
+    fig = figures.accuracy_vs_loops(points, "rss", colors=colors)
+    shown = [trace for trace in fig.data if trace.showlegend is not False]
+    assert len(shown) == 8 and len(fig.data) == 16, "an entry per line, its memory line beside it in the group"
+    for trace in fig.data:
+        assert trace.line.color == colors[trace.legendgroup]
+    assert fig.layout.yaxis2.tickmode == "auto", "the memory axis ticks its own round values, not the left axis's grid"
+
+
+def test_footnotes_hang_a_fixed_gap_below_the_plot_with_room_for_them(engine) -> None:
+    """A footnote sits `FOOTNOTE_GAP` pixels under the plot area, below the axis title, in a margin tall enough
+    for its lines (the browser test measures that nothing overlaps)."""
+    profile = profile_points(engine)
+    fig = figures.memory_vs_context(profile, measures.PROFILE_MEASURES)
+    note = fig.layout.annotations[-1]
+    assert (note.y, note.yanchor, note.yshift) == (0, "top", -figures.FOOTNOTE_GAP)
+    assert fig.layout.margin.b >= figures.FOOTNOTE_GAP + 18 * (note.text.count("<br>") + 1)
 
 
 def test_an_exit_line_ends_at_the_same_models_run_without_a_threshold() -> None:

@@ -168,3 +168,19 @@ def test_selections_from_the_app_read_as_the_report_reads_them() -> None:
     assert picked == views.Selection(set_id="abc", task="all", models=(), loops=(2,))
     assert views.selection({"depth-set": "abc"}) == views.Selection(set_id="abc")
     assert views.selection({"probe": 7}) == views.Selection(run_id=7) == views.selection({"run": 7})
+
+
+def test_memory_over_a_run_opens_on_a_run_of_the_default_set_in_both_pages(two_sets_url: str) -> None:
+    """After the default job the recurrence lab's runs come first; the figure opens on the headline's set instead:
+    here the later sweep's one run, not run 1 of the first sweep."""
+    engine = open_existing(two_sets_url)
+    runs, sets = queries.runs(engine), queries.run_sets(engine)
+    latest = set(sets.loc[sets["set_id"] == queries.latest_set(engine), "run_id"])
+    opening = views.SELECTORS["run"].first(engine, [(run_id, "") for run_id in runs["run_id"]])
+    assert opening == min(latest) != runs["run_id"].min()
+    page = build_report(engine)
+    assert f'<option value="{opening}" selected>' in page  # the report's selector, as the app's
+    probes = next(view for view in views.VIEWS if view.title == "Loop probes")
+    assert [case.run_id for case in probes.cases(engine)] == [None], "no probe run: one case, saying how to make one"
+    assert '"probe|": {' in page and figures.PROBE_EXAMPLE in page, "the empty selector's key: the drawing of that case"
+    engine.dispose()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
@@ -56,11 +57,22 @@ def test_an_interrupted_report_write_keeps_the_complete_report(stored_db: Path, 
     def interrupted(fd: int) -> None:  # Ctrl-C arriving while the new report is being written
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("dashboards.report.os.fsync", interrupted)
+    monkeypatch.setattr("adapters.files.os.fsync", interrupted)
     with pytest.raises(KeyboardInterrupt):
         write_report(str(stored_db), report)
     assert _digest(report) == before
     assert [p.name for p in tmp_path.iterdir()] == ["report.html"]
+
+
+def test_the_report_is_readable_by_its_group_as_a_file_open_writes(stored_db: Path, tmp_path: Path) -> None:
+    """The report gets the mode any file written here gets (0666 less the umask), not its temporary file's 0600."""
+    umask = os.umask(0o027)
+    try:
+        report = write_report(str(stored_db), tmp_path / "report.html")
+        (tmp_path / "plain.txt").write_text("written by open()")
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE(report.stat().st_mode) == stat.S_IMODE((tmp_path / "plain.txt").stat().st_mode) == 0o640
 
 
 def _model() -> torch.nn.Module:

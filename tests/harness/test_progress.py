@@ -121,3 +121,19 @@ def test_runs_side_by_side_count_on_the_job_line_with_a_bar_each_while_they_run(
     bars.update({1: ("finished", 8), 2: ("interrupted", 6), 3: ("finished", 8)})
     assert [t.description for t in view.tasks] == ["job: 2 sweeps"]
     assert (view.tasks[0].completed, view.tasks[0].fields["remaining"]) == (3, "done")
+
+
+def test_per_run_lines_stay_whole_when_output_is_not_a_terminal(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Output to a file or a pipe (no terminal, no $COLUMNS): the threads line and each run's line are one line each,
+    however long, where rich would have broken them at its default 80 columns."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    db = f"sqlite:///{tmp_path / 'runs.sqlite'}"
+    assert main(["run", "--model", "zoo:ouro-tiny", "--loops", "1,2", "--tasks", "chain2", "--limit", "1", "--samples", "1",
+                 "--no-report", "--db", db]) == 0  # the threads line says why it chose its count: over 80 columns
+    lines = capsys.readouterr().out.splitlines()
+    threads = [line for line in lines if line.startswith("threads: ")]
+    runs = [line for line in lines if re.match(r"run \d+ zoo:ouro-tiny r=\d: finished in ", line)]
+    assert len(threads) == 1 and len(runs) == 2, lines
+    assert max(map(len, threads + runs)) > 80, "a line long enough that rich would have broken it"
+    assert all(line.endswith(")") for line in threads + runs), lines  # each ends where it says its last figure

@@ -31,7 +31,7 @@ def test_list_and_tasks_without_importing_lighteval():
 
 def test_loopeval_suites_names_the_default_tasks_a_run_evaluates(capsys: pytest.CaptureFixture[str]) -> None:
     """The listing says which tasks `loopeval run` evaluates without --tasks: for synthetic the chains and the
-    automata the zoo trained on, with addition and lookup (out of the default mix, as the README says) by name only."""
+    automata the zoo trained on, with addition and lookup (out of the default mix, as docs/reference.md says) by name only."""
     from harness.cli import main
     from suites import synthetic
 

@@ -4,7 +4,7 @@ Each shared layer keeps a latent state h for the tokens in flight; with x the la
 `h <- z * h + (1 - z) * x` (`MeltGate`), then k = h W_K and v = h W_V overwrite the token's one row (`GATED`),
 while the query still comes from x. KV grows as layers x tokens and does not depend on r.
 
-Choices the method leaves open (also in the README):
+Choices the method leaves open (also in docs/reference.md, Engine):
 - h starts as the first loop's normalised input x (loop 1 gives h = x, so its K/V equal the LoopLM's) and is
   carried across loops for the tokens in flight; the gate runs from loop 2 on. A converted model therefore
   starts close to its LoopLM.
