@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 from adapters.base import (Finished, Generation, Prompt, Request, Sampling, Scheduling, checked_context, checked_description,
                            checked_generation, checked_memory)
 from db import ResultsError
+from db.session import display_url, resolve_db_url
 from db.sets import id_ranges, run_key
+from db.stored import DamagedRun
 from harness.capacity import check_fits
 from harness.errors import UserError
 from harness.hints import env_command, with_db
@@ -280,8 +282,20 @@ def _sweep_row(spec: RunSpec, plan: SweepPlan, run: Run, sweep_id: str | None) -
 
 
 def stored_spec(run: Any, db_url: str | None) -> RunSpec:
-    """The RunSpec an eval run was stored with: `runs.spec`, and its sampling from `runs.sampling`."""
-    return RunSpec.from_dict(run.spec, run.sampling, db_url)
+    """The RunSpec an eval run was stored with: `runs.spec`, and its sampling from `runs.sampling`.
+
+    Both are JSON objects (`db.stored` checked them as the run was read); fields a RunSpec does not take, or
+    values it refuses, make the run a `DamagedRun` too, named in one line.
+    """
+    for column, rebuild in (("runs.sampling", lambda: Sampling(**run.sampling)),
+                            ("runs.spec", lambda: RunSpec.from_dict(run.spec, run.sampling, db_url))):
+        try:
+            spec = rebuild()
+        except (TypeError, ValueError) as exc:  # UserError is a ValueError
+            reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise DamagedRun(run.id, column, f"does not hold what this loopeval stores there ({reason})",
+                             display_url(resolve_db_url(db_url))) from None
+    return spec
 
 
 def skip_stored(spec: RunSpec, plan: SweepPlan, store: Store, log: Callable[[str], None]) -> list[RunOutcome]:
