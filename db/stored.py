@@ -23,7 +23,8 @@ import weakref
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Column, DateTime, Engine, Float, Integer, event, func, or_, select, type_coerce
+from sqlalchemy import (JSON, BigInteger, Column, DateTime, Engine, Float, Integer, case, event, func, or_, select,
+                        type_coerce)
 from sqlalchemy.types import NullType
 
 from db import ResultsError
@@ -121,8 +122,11 @@ def _suspect(column: Column[Any], kind: str, dialect: str) -> Any:
         return condition | (column.is_not(None) & func.datetime(column).is_(None))
     if kind == "integer":
         return condition
-    return condition | (column.is_not(None) & ((func.json_valid(column) == 0) | (func.json_type(column) != (
-        "array" if kind == "list" else "object"))))
+    shape = func.json_type(column) != ("array" if kind == "list" else "object")
+    if kind == "counts":
+        each = func.json_each(column).table_valued("type")
+        shape = shape | select(each.c.type).where(each.c.type != "integer").exists()
+    return case((func.json_valid(column) == 1, shape), else_=column.is_not(None))  # json_type fails on invalid JSON
 
 
 def damaged_runs(engine: Engine, run_ids: list[int] | None = None) -> dict[int, DamagedRun]:

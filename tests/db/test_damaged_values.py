@@ -1,0 +1,210 @@
+"""One hand-edited value in a real database: invalid JSON, JSON of the wrong shape, text where a number or a date
+belongs, in every kind of checked column (`db.stored`). Commands listing many runs show the others and name the
+damaged run in one line; a command needing it fails with that line (exit 2); nothing stored is changed.
+
+Also the database on a read-only mount (a real tmpfs remounted read-only: the tests run as root, whom file
+permissions do not stop, but a read-only mount does): read commands read it, writing ones refuse it in one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import shutil
+import sqlite3
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from db.session import open_existing
+from db.stored import CHECKED, damaged_runs
+from harness.cli import main
+
+DAMAGED = 2  # run 2 of the three below is damaged; runs 1 and 3 must still be shown
+# (column, SQL value): each kind of checked column, each way it can be damaged
+CASES = [
+    ("runs.sampling", "'{\"temperature\": 1'"),  # invalid JSON
+    ("runs.spec", "'not json'"),
+    ("runs.model_config", "'{'"),
+    ("runs.host", "'[oops'"),
+    ("runs.tasks", "'{\"addition\": 1}'"),  # JSON of the wrong shape
+    ("runs.sampling", "'[1, 2]'"),
+    ("runs.spec", "'42'"),
+    ("runs.tasks", "'[1, 2]'"),
+    ("runs.loops", "'many'"),  # text where a number belongs
+    ("runs.seed", "'zero'"),
+    ("runs.exit_threshold", "'half'"),
+    ("runs.wall_seconds", "'slow'"),
+    ("task_metrics.value", "'high'"),
+    ("samples.score", "'right'"),
+    ("samples.generated_tokens", "2.5"),  # a fraction where a count belongs
+    ("memory_peaks.value", "'big'"),
+    ("memory_samples.rss", "'lots'"),
+    ("runs.started_at", "'yesterday'"),  # a text date
+    ("runs.finished_at", "'soon'"),
+    ("samples.created_at", "12345"),
+    ("samples.loops_histogram", "'{\"1\": \"three\"}'"),  # JSON of the wrong shape in a table of many rows
+    ("samples.loops_histogram", "'{\"1\": 3'"),
+]
+
+
+@pytest.fixture(scope="module")
+def intact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real database of three finished runs (a plain model and a looped one at two loop counts)."""
+    folder = tmp_path_factory.mktemp("intact")
+    path = folder / "r.sqlite"
+    with contextlib.chdir(folder):
+        assert main(["run", "--model", "preset:qwen3-tiny", "--model", "preset:ouro-tiny", "--loops", "1,2",
+                     "--tasks", "addition", "--limit", "2", "--samples", "1", "--max-new-tokens", "4",
+                     "--db", str(path), "--no-report"]) == 0
+    return path
+
+
+def _damaged(intact: Path, folder: Path, column: str, value: str) -> Path:
+    path = folder / "damaged.sqlite"
+    shutil.copy(intact, path)
+    table, name = column.split(".")
+    key = "id" if table == "runs" else "run_id"
+    with sqlite3.connect(path) as conn:
+        changed = conn.execute(f"UPDATE {table} SET {name} = {value} WHERE {key} = {DAMAGED}").rowcount
+    conn.close()
+    assert changed, f"nothing of run {DAMAGED} in {table} to damage"
+    return path
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _one_line(err: str, start: str) -> str:
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err and len(lines) == 1 and lines[0].startswith(start), err
+    return lines[0]
+
+
+def test_every_json_number_and_date_column_of_a_run_is_checked() -> None:
+    checked = {f"{column.table.name}.{column.name}" for _, columns in CHECKED for column, _ in columns}
+    assert {column for column, _ in CASES} <= checked
+    assert {"runs.versions", "runs.limit", "runs.lease_until", "runs.energy_joules", "task_metrics.stderr",
+            "profile_points.weights_bytes", "probe_values.value", "samples.loops_used"} <= checked
+    assert not {"runs.model_spec", "runs.status", "samples.output"} & checked, "text columns hold any text"
+
+
+@pytest.mark.parametrize(("column", "value"), CASES, ids=[f"{c}={v}" for c, v in CASES])
+def test_a_damaged_value_is_named_and_the_other_runs_still_shown(
+        column: str, value: str, intact: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    db = _damaged(intact, tmp_path, column, value)
+    before = _digest(db)
+    capfd.readouterr()
+    assert main(["results", "--json", "--db", str(db)]) == 0
+    out, err = capfd.readouterr()
+    line = _one_line(err, f"run {DAMAGED} skipped: {column} ")
+    assert f"({db.name})" not in line and f"sqlite:///{db}" in line, line
+    assert [run["id"] for run in json.loads(out)] == [1, 3]
+
+    assert main(["results", "--db", str(db)]) == 0
+    out, err = capfd.readouterr()
+    assert _one_line(err, f"run {DAMAGED} skipped: {column} ") == line
+    assert "preset:qwen3-tiny" in out and "preset:ouro-tiny" in out
+
+    assert main(["dashboard", "--db", str(db), "--out", str(tmp_path / "report.html")]) == 0
+    out, err = capfd.readouterr()
+    assert _one_line(err, f"run {DAMAGED} skipped: {column} ") == line
+    assert "preset:ouro-tiny" in (tmp_path / "report.html").read_text()
+    assert _digest(db) == before, "reading never writes"
+
+
+@pytest.mark.parametrize(("column", "value"), [CASES[0], CASES[4], CASES[8], CASES[12], CASES[17]],
+                         ids=["invalid-json", "wrong-shape", "text-number", "text-score", "text-date"])
+def test_resuming_the_damaged_run_is_one_line_and_exit_2(
+        column: str, value: str, intact: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    db = _damaged(intact, tmp_path, column, value)
+    with sqlite3.connect(db) as conn:
+        conn.execute(f"UPDATE runs SET status = 'interrupted' WHERE id = {DAMAGED}")
+    conn.close()
+    before = _digest(db)
+    capfd.readouterr()
+    assert main(["run", "--resume", str(DAMAGED), "--db", str(db), "--no-report"]) == 2
+    line = _one_line(capfd.readouterr().err, f"loopeval: error: run {DAMAGED}: {column} ")
+    assert f"sqlite:///{db}" in line
+    assert _digest(db) == before
+
+
+def test_a_stored_spec_loopeval_cannot_rebuild_is_one_line(intact: Path, tmp_path: Path,
+                                                           capfd: pytest.CaptureFixture[str]) -> None:
+    db = _damaged(intact, tmp_path, "runs.spec", "'{\"batch_size\": 4, \"unknown_field\": 1}'")
+    with sqlite3.connect(db) as conn:
+        conn.execute(f"UPDATE runs SET status = 'interrupted' WHERE id = {DAMAGED}")
+    conn.close()
+    capfd.readouterr()
+    assert main(["run", "--resume", str(DAMAGED), "--db", str(db), "--no-report"]) == 2
+    line = _one_line(capfd.readouterr().err, f"loopeval: error: run {DAMAGED}: runs.spec does not hold ")
+    assert "unknown_field" in line and f"sqlite:///{db}" in line
+
+
+def test_a_new_run_beside_a_damaged_one_runs_and_names_it(intact: Path, tmp_path: Path,
+                                                          capfd: pytest.CaptureFixture[str]) -> None:
+    db = _damaged(intact, tmp_path, "runs.sampling", "'{'")
+    capfd.readouterr()
+    assert main(["run", "--model", "preset:coreloop-tiny", "--tasks", "addition", "--limit", "1", "--samples", "1",
+                 "--max-new-tokens", "2", "--db", str(db), "--no-report"]) == 0
+    out, err = capfd.readouterr()
+    assert _one_line(err, f"run {DAMAGED} skipped: runs.sampling is not valid JSON")
+    assert "preset:coreloop-tiny" in out
+
+
+def test_the_scan_finds_only_the_damaged_runs(intact: Path, tmp_path: Path) -> None:
+    db = _damaged(intact, tmp_path, "samples.score", "'x'")
+    engine = open_existing(str(db))
+    try:
+        assert list(damaged_runs(engine)) == [DAMAGED]
+        assert damaged_runs(open_existing(str(intact))) == {}
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def read_only_mount(tmp_path: Path) -> Iterator[Path]:
+    """A tmpfs folder that is remounted read-only once the test has put its files there (`remount`)."""
+    folder = tmp_path / "mount"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(folder)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs (needs root): {mounted.stderr.strip()}")
+    yield folder
+    subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def _remount_read_only(folder: Path) -> None:
+    subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True)
+    with pytest.raises(OSError):
+        (folder / "probe").write_text("x")
+
+
+def test_a_database_on_a_read_only_mount_is_read_and_never_written(
+        intact: Path, read_only_mount: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    db = read_only_mount / "r.sqlite"
+    shutil.copy(intact, db)
+    _remount_read_only(read_only_mount)
+    capfd.readouterr()
+    assert main(["results", "--json", "--db", str(db)]) == 0
+    assert [run["id"] for run in json.loads(capfd.readouterr().out)] == [1, 2, 3]
+    assert main(["dashboard", "--db", str(db), "--out", str(tmp_path / "report.html")]) == 0
+    for command in (["run", "--resume", "1"], ["run", "--model", "preset:qwen3-tiny", "--tasks", "addition", "--limit", "1"]):
+        capfd.readouterr()
+        assert main([*command, "--db", str(db), "--no-report"]) == 2
+        assert _one_line(capfd.readouterr().err, "loopeval: error: ") == f"loopeval: error: database {db} is not writable"
+    assert sorted(p.name for p in read_only_mount.iterdir()) == ["r.sqlite"]
+
+
+def test_an_old_schema_on_a_read_only_mount_is_one_line(read_only_mount: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    db = read_only_mount / "old.sqlite"
+    shutil.copy(Path(__file__).with_name("data") / "made-by-4ad3e07.sqlite", db)
+    _remount_read_only(read_only_mount)
+    capfd.readouterr()
+    assert main(["results", "--db", str(db)]) == 2
+    line = _one_line(capfd.readouterr().err, f"loopeval: error: database {db} is not writable, and its schema")
+    assert "cannot be upgraded there" in line
