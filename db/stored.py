@@ -84,6 +84,8 @@ def _problem(kind: str, raw: Any) -> str | None:
             parsed = json.loads(raw) if isinstance(raw, (str, bytes)) else raw  # a server's driver parses JSON itself
         except ValueError:
             return "is not valid JSON"
+        if parsed is None:  # JSON null, which SQLAlchemy stores for a None and reads back as one
+            return None
         if kind == "list" and not (isinstance(parsed, list) and all(isinstance(item, str) for item in parsed)):
             return "is not a JSON list of names"
         if kind != "list" and not isinstance(parsed, dict):

@@ -162,6 +162,8 @@ def test_the_scan_finds_only_the_damaged_runs(intact: Path, tmp_path: Path) -> N
     try:
         assert list(damaged_runs(engine)) == [DAMAGED]
         assert damaged_runs(open_existing(str(intact))) == {}
+    null = _damaged(intact, tmp_path, "runs.model_config", "'null'")  # what SQLAlchemy stores for None: intact
+    assert damaged_runs(open_existing(str(null))) == {}
     finally:
         engine.dispose()
 
