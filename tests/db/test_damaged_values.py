@@ -158,14 +158,10 @@ def test_a_new_run_beside_a_damaged_one_runs_and_names_it(intact: Path, tmp_path
 
 def test_the_scan_finds_only_the_damaged_runs(intact: Path, tmp_path: Path) -> None:
     db = _damaged(intact, tmp_path, "samples.score", "'x'")
-    engine = open_existing(str(db))
-    try:
-        assert list(damaged_runs(engine)) == [DAMAGED]
-        assert damaged_runs(open_existing(str(intact))) == {}
+    assert list(damaged_runs(open_existing(str(db)))) == [DAMAGED]
+    assert damaged_runs(open_existing(str(intact))) == {}
     null = _damaged(intact, tmp_path, "runs.model_config", "'null'")  # what SQLAlchemy stores for None: intact
     assert damaged_runs(open_existing(str(null))) == {}
-    finally:
-        engine.dispose()
 
 
 @pytest.fixture
@@ -210,3 +206,28 @@ def test_an_old_schema_on_a_read_only_mount_is_one_line(read_only_mount: Path, c
     assert main(["results", "--db", str(db)]) == 2
     line = _one_line(capfd.readouterr().err, f"loopeval: error: database {db} is not writable, and its schema")
     assert "cannot be upgraded there" in line
+
+
+def test_a_json_value_of_the_wrong_shape_on_postgres_is_named_and_the_others_shown(
+        postgres_url: str, capfd: pytest.CaptureFixture[str]) -> None:
+    """A server enforces its columns' types, so only a JSON value's shape can be wrong there; the runs holding one
+    are left out through the same temporary views, and the password stays hidden."""
+    from db.store import Store
+
+    store = Store.open(postgres_url)
+    ids = [store.create_run(sweep_id="pg", model_spec="preset:qwen3-tiny", adapter="preset", suite="synthetic",
+                            tasks=["addition"], sampling={"temperature": 1.0}, seed=seed, status="finished")
+           for seed in range(3)]
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql(f"UPDATE runs SET sampling = '[1, 2]' WHERE id = {ids[1]}")
+        conn.exec_driver_sql(f"UPDATE runs SET tasks = '{{\"a\": 1}}' WHERE id = {ids[2]}")
+    store.close()
+    capfd.readouterr()
+    assert main(["results", "--json", "--db", postgres_url]) == 0
+    out, err = capfd.readouterr()
+    assert [run["id"] for run in json.loads(out)] == ids[:1]
+    lines = err.strip().splitlines()
+    assert [line.split(" (")[0] for line in lines] == [f"run {ids[1]} skipped: runs.sampling is not a JSON object",
+                                                       f"run {ids[2]} skipped: runs.tasks is not a JSON list of names"]
+    password = postgres_url.split("@")[0].rsplit(":", 1)[1]
+    assert "***@" in err and password not in err
