@@ -1,7 +1,8 @@
 """Opening the results database: URL resolution, safety checks, SQLite tuning and automatic migration.
 
 This module is the one door to the database: `open_engine()` for the writers (the run store),
-`open_existing()` for readers (dashboards, reports), which never creates anything. It resolves the URL (`--db`, else `LOOPEVAL_DB`,
+`open_existing()` for readers (dashboards, reports; read-only where the file cannot be written) and `--resume`,
+which never creates anything. It resolves the URL (`--db`, else `LOOPEVAL_DB`,
 else `results/loopeval.sqlite` under the working directory), refuses files it must not touch
 (not SQLite, unwritable, on a network filesystem, written by a newer loopeval) *before* anything
 writes to them, tunes SQLite for several writers (WAL, busy timeout, `BEGIN IMMEDIATE`) and upgrades
