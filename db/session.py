@@ -18,9 +18,11 @@ import functools
 import json
 import os
 import re
+import sqlite3
 import zlib
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from sqlalchemy import Engine, create_engine, event, inspect
 from sqlalchemy.engine import URL, make_url
@@ -233,8 +235,10 @@ def _readonly_engine(path: Path, where: str) -> Engine:
     # that is then refused stays byte-identical). With one, another process may be writing: read through its
     # WAL (whose files exist already).
     immutable = "" if path.with_name(f"{path.name}-wal").exists() else "&immutable=1"
-    engine = create_engine(f"sqlite:///file:{path.resolve()}?mode=ro{immutable}&uri=true",
-                           connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
+    uri = f"file:{quote(str(path.resolve()))}?mode=ro{immutable}"
+    # the engine's URL stays the file's own (what every message names); its connections come from the URI
+    engine = create_engine(f"sqlite:///{path}", creator=lambda: sqlite3.connect(
+        uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False))
     _one_line_errors(engine, where)
     return engine
 

@@ -198,6 +198,18 @@ def test_a_database_on_a_read_only_mount_is_read_and_never_written(
     assert sorted(p.name for p in read_only_mount.iterdir()) == ["r.sqlite"]
 
 
+def test_a_damaged_run_on_a_read_only_mount_is_named_and_the_others_shown(
+        intact: Path, read_only_mount: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    db = read_only_mount / "r.sqlite"
+    shutil.copy(_damaged(intact, tmp_path, "runs.started_at", "'last week'"), db)
+    _remount_read_only(read_only_mount)
+    capfd.readouterr()
+    assert main(["results", "--json", "--db", str(db)]) == 0
+    out, err = capfd.readouterr()
+    assert [run["id"] for run in json.loads(out)] == [1, 3]
+    assert _one_line(err, f"run {DAMAGED} skipped: runs.started_at holds 'last week', not a date (sqlite:///{db})")
+
+
 def test_an_old_schema_on_a_read_only_mount_is_one_line(read_only_mount: Path, capfd: pytest.CaptureFixture[str]) -> None:
     db = read_only_mount / "old.sqlite"
     shutil.copy(Path(__file__).with_name("data") / "made-by-4ad3e07.sqlite", db)
