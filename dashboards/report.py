@@ -250,9 +250,9 @@ def write_report(db_url: str, out: Path, log: Callable[[str], None] | None = Non
     """
     engine = open_existing(db_url)
     try:
-        for line in hide_damaged(engine):
-            if log is not None:
-                log(line)
+        skipped = hide_damaged(engine)
+        for line in skipped if log is not None else ():
+            log(line)
         text = build_report(engine)
     finally:
         engine.dispose()

@@ -499,10 +499,13 @@ def _execute(
         raise
     finally:
         sampler.stop()
-        recorder.stop()
-        _record_sampler(store, run_id, sampler, log, f"{run_label(run_id, *run, previous.exit_threshold)}: {status} in {recorder.wall_seconds:.1f} s "
-                        f"({timed.generate_seconds:.1f} s generating")
-        store.finish_run(run_id, status, error=error)
+        try:
+            recorder.stop()
+            _record_sampler(store, run_id, sampler, log, f"{run_label(run_id, *run, previous.exit_threshold)}: {status} in "
+                            f"{recorder.wall_seconds:.1f} s ({timed.generate_seconds:.1f} s generating")
+            store.finish_run(run_id, status, error=error)
+        finally:
+            recorder.release()
     return RunOutcome(run_id, *run, status, metrics)
 
 
