@@ -251,8 +251,9 @@ def write_report(db_url: str, out: Path, log: Callable[[str], None] | None = Non
     engine = open_existing(db_url)
     try:
         skipped = hide_damaged(engine)
-        for line in skipped if log is not None else ():
-            log(line)
+        if log is not None:
+            for line in skipped:
+                log(line)
         text = build_report(engine)
     finally:
         engine.dispose()
