@@ -225,9 +225,9 @@ def _summarise(store: Any, outcomes: list[Any], db: str | None, report: bool) ->
     from harness.runner import failure_summary
 
     try:
-        ids = {o.run_id for o in outcomes}
         for line in store.hide_damaged():  # the store only reads from here on: runs damaged by hand are named, not read
             typer.echo(line, err=True)
+        ids = {o.run_id for o in outcomes}
         print_answer(store, [r for r in store.run_summaries() if r["id"] in ids], db=db)
         typer.echo(f"results: {store.url}  (show them: {with_db(env_command('loopeval') + ' results', db)})")
     finally:
