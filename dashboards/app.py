@@ -349,5 +349,6 @@ def _draw_view(app: Dash, engine: Engine, view: views.View, reading: Callable[..
         drawn = ([view.answer(data, picked)] if view.answer else []) + [plot.draw(data, picked) for plot in view.plots]
         return tuple(drawn) if len(drawn) > 1 else drawn[0]
 
-    app.callback(*outputs, *(Input(name, "value") for name in view.inputs), Input("refresh", "n_intervals"))(reading(draw))
+    inputs = [*(Input(name, "value") for name in view.inputs), Input("refresh", "n_intervals")]
+    app.callback(*outputs, *inputs)(reading(draw))
 

@@ -443,7 +443,7 @@ def open_existing(url: str | None = None, write: bool = False) -> Engine:
         raise ResultsError(f"the database {where} holds no loopeval results; run `loopeval run` first")
     if revision != head_revision() and unwritable:
         raise ResultsError(f"{unwritable}, and its schema (revision {revision}) is older than this loopeval's "
-                           f"({head_revision()}) and cannot be upgraded there: copy it somewhere writable and read the copy")
+                           f"({head_revision()}) and cannot be upgraded there: copy it somewhere writable, read the copy")
     if revision != head_revision():
         _upgrade(engine)
     return engine

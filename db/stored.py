@@ -114,8 +114,9 @@ def _suspect(column: Column[Any], kind: str, dialect: str) -> Any:
     On SQLite any column can hold any type (`typeof`); a server enforces its columns' types, so only a JSON
     value's shape can be wrong there.
     """
+    json_type = "array" if kind == "list" else "object"
     if dialect != "sqlite":
-        return func.json_typeof(column) != ("array" if kind == "list" else "object") if kind in ("object", "list", "counts") else None
+        return func.json_typeof(column) != json_type if kind in ("object", "list", "counts") else None
     stored = {"integer": ["integer"], "number": ["integer", "real"]}.get(kind, ["text"])
     condition = func.typeof(column).not_in([*stored, "null"])
     if kind == "number":
@@ -124,7 +125,7 @@ def _suspect(column: Column[Any], kind: str, dialect: str) -> Any:
         return condition | (column.is_not(None) & func.datetime(column).is_(None))
     if kind == "integer":
         return condition
-    shape = func.json_type(column) != ("array" if kind == "list" else "object")
+    shape = func.json_type(column) != json_type
     if kind == "counts":
         each = func.json_each(column).table_valued("type")
         shape = shape | select(each.c.type).where(each.c.type != "integer").exists()

@@ -501,8 +501,9 @@ def _execute(
         sampler.stop()
         try:
             recorder.stop()
-            _record_sampler(store, run_id, sampler, log, f"{run_label(run_id, *run, previous.exit_threshold)}: {status} in "
-                            f"{recorder.wall_seconds:.1f} s ({timed.generate_seconds:.1f} s generating")
+            label = run_label(run_id, *run, previous.exit_threshold)
+            _record_sampler(store, run_id, sampler, log, f"{label}: {status} in {recorder.wall_seconds:.1f} s "
+                            f"({timed.generate_seconds:.1f} s generating")
             store.finish_run(run_id, status, error=error)
         finally:
             recorder.release()

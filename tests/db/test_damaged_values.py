@@ -14,7 +14,6 @@ import json
 import shutil
 import sqlite3
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -164,45 +163,35 @@ def test_the_scan_finds_only_the_damaged_runs(intact: Path, tmp_path: Path) -> N
     assert damaged_runs(open_existing(str(null))) == {}
 
 
-@pytest.fixture
-def read_only_mount(tmp_path: Path) -> Iterator[Path]:
-    """A tmpfs folder that is remounted read-only once the test has put its files there (`remount`)."""
-    folder = tmp_path / "mount"
-    folder.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(folder)], capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs (needs root): {mounted.stderr.strip()}")
-    yield folder
-    subprocess.run(["umount", "-l", str(folder)], check=False)
-
-
 def _remount_read_only(folder: Path) -> None:
+    """Remount the tests' tmpfs (`small_disk`, where the test has put its files) read-only."""
     subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True)
     with pytest.raises(OSError):
         (folder / "probe").write_text("x")
 
 
 def test_a_database_on_a_read_only_mount_is_read_and_never_written(
-        intact: Path, read_only_mount: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    db = read_only_mount / "r.sqlite"
+        intact: Path, small_disk: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    db = small_disk / "r.sqlite"
     shutil.copy(intact, db)
-    _remount_read_only(read_only_mount)
+    _remount_read_only(small_disk)
     capfd.readouterr()
     assert main(["results", "--json", "--db", str(db)]) == 0
     assert [run["id"] for run in json.loads(capfd.readouterr().out)] == [1, 2, 3]
     assert main(["dashboard", "--db", str(db), "--out", str(tmp_path / "report.html")]) == 0
-    for command in (["run", "--resume", "1"], ["run", "--model", "preset:qwen3-tiny", "--tasks", "addition", "--limit", "1"]):
+    new_run = ["run", "--model", "preset:qwen3-tiny", "--tasks", "addition", "--limit", "1"]
+    for command in (["run", "--resume", "1"], new_run):
         capfd.readouterr()
         assert main([*command, "--db", str(db), "--no-report"]) == 2
         assert _one_line(capfd.readouterr().err, "loopeval: error: ") == f"loopeval: error: database {db} is not writable"
-    assert sorted(p.name for p in read_only_mount.iterdir()) == ["r.sqlite"]
+    assert sorted(p.name for p in small_disk.iterdir()) == ["r.sqlite"]
 
 
 def test_a_damaged_run_on_a_read_only_mount_is_named_and_the_others_shown(
-        intact: Path, read_only_mount: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    db = read_only_mount / "r.sqlite"
+        intact: Path, small_disk: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    db = small_disk / "r.sqlite"
     shutil.copy(_damaged(intact, tmp_path, "runs.started_at", "'last week'"), db)
-    _remount_read_only(read_only_mount)
+    _remount_read_only(small_disk)
     capfd.readouterr()
     assert main(["results", "--json", "--db", str(db)]) == 0
     out, err = capfd.readouterr()
@@ -210,10 +199,10 @@ def test_a_damaged_run_on_a_read_only_mount_is_named_and_the_others_shown(
     assert _one_line(err, f"run {DAMAGED} skipped: runs.started_at holds 'last week', not a date (sqlite:///{db})")
 
 
-def test_an_old_schema_on_a_read_only_mount_is_one_line(read_only_mount: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    db = read_only_mount / "old.sqlite"
+def test_an_old_schema_on_a_read_only_mount_is_one_line(small_disk: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    db = small_disk / "old.sqlite"
     shutil.copy(Path(__file__).with_name("data") / "made-by-4ad3e07.sqlite", db)
-    _remount_read_only(read_only_mount)
+    _remount_read_only(small_disk)
     capfd.readouterr()
     assert main(["results", "--db", str(db)]) == 2
     line = _one_line(capfd.readouterr().err, f"loopeval: error: database {db} is not writable, and its schema")

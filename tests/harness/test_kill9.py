@@ -136,7 +136,8 @@ def test_two_resumes_of_one_sweep_at_once_both_end_0(tmp_path: Path) -> None:
     runs = query(db, "SELECT id, wall_seconds FROM runs ORDER BY id")
     resume = [LOOPEVAL, "run", "--adapters-dir", str(PLUGINS), "--db", str(db), "--no-report", "--resume"]
     slow = _env() | {"LOOPEVAL_KILL_DELAY": "3"}  # the first still holds run 1 when the second, started later, gets there
-    first = subprocess.Popen([*resume, str(runs[0][0])], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=slow)
+    first = subprocess.Popen([*resume, str(runs[0][0])], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=slow)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and first.poll() is None and \
             not query(db, f"SELECT 1 FROM runs WHERE id = {runs[0][0]} AND lease_owner LIKE '%:{first.pid}:%'"):
@@ -146,7 +147,8 @@ def test_two_resumes_of_one_sweep_at_once_both_end_0(tmp_path: Path) -> None:
     out, err = first.communicate(timeout=300)
     assert (first.returncode, second.returncode) == (0, 0), (err[-2000:], second.stderr[-2000:])
     assert "did not finish" not in err + second.stderr and "failed" not in err + second.stderr
-    assert f"run {runs[0][0]}: waiting for the process running it to finish" in second.stdout + second.stderr, second.stdout
+    waited = f"run {runs[0][0]}: waiting for the process running it to finish"
+    assert waited in second.stdout + second.stderr, second.stdout
     _check_completed(db, dict(runs), killed_stretch_traced=True)
 
 
