@@ -20,6 +20,7 @@ from db.headline import HEADLINE, SUITE, Estimate, headline, headline_metric, he
 from db.models import MemoryPeak, MemorySample, ProbeValue, ProfilePoint, Run, Sample, TaskMetric
 from db.session import display_url
 from db.sets import id_ranges, run_set
+from db.stored import hidden
 from db import ResultsError
 from measures import PROFILE_MEASURES, SERIES_MEASURES
 
@@ -34,6 +35,8 @@ def require_results(engine: Engine) -> int:
         raise ResultsError(f"the database {where} holds no loopeval results; run `loopeval run` first")
     with engine.connect() as conn:
         count = conn.execute(select(func.count()).select_from(Run)).scalar_one()
+    if count == 0 and hidden(engine):
+        raise ResultsError(f"the database {where} holds no run loopeval can read: each holds a damaged value (named above)")
     if count == 0:
         raise ResultsError(f"the database {where} holds no runs yet; run `loopeval run` first")
     return count

@@ -155,6 +155,21 @@ def test_a_new_run_beside_a_damaged_one_runs_and_names_it(intact: Path, tmp_path
     assert "preset:coreloop-tiny" in out
 
 
+def test_a_database_whose_every_run_is_damaged_says_so(intact: Path, tmp_path: Path,
+                                                       capfd: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "all.sqlite"
+    shutil.copy(intact, db)
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE runs SET host = '{'")
+    conn.close()
+    capfd.readouterr()
+    assert main(["dashboard", "--db", str(db), "--out", str(tmp_path / "report.html")]) == 2
+    lines = capfd.readouterr().err.strip().splitlines()
+    assert lines[:3] == [f"run {run_id} skipped: runs.host is not valid JSON (sqlite:///{db})" for run_id in (1, 2, 3)]
+    assert lines[3:] == [f"loopeval: error: the database sqlite:///{db} holds no run loopeval can read: each holds a "
+                         "damaged value (named above)"]
+
+
 def test_the_scan_finds_only_the_damaged_runs(intact: Path, tmp_path: Path) -> None:
     db = _damaged(intact, tmp_path, "samples.score", "'x'")
     assert list(damaged_runs(open_existing(str(db)))) == [DAMAGED]
