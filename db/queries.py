@@ -20,8 +20,8 @@ from db.headline import HEADLINE, SUITE, Estimate, headline, headline_metric, he
 from db.models import MemoryPeak, MemorySample, ProbeValue, ProfilePoint, Run, Sample, TaskMetric
 from db.session import display_url
 from db.sets import id_ranges, run_set
-from db.stored import hidden
 from db import ResultsError
+from db.stored import hidden
 from measures import PROFILE_MEASURES, SERIES_MEASURES
 
 # Profile runs keep NULL: they span several loop counts, recorded per point.
