@@ -35,6 +35,8 @@ from db.session import display_url
 _LISTS = frozenset({"runs.tasks"})
 # The JSON columns that hold an object of counts (loops run -> tokens).
 _COUNTS = frozenset({"samples.loops_histogram"})
+# The JSON column holding a run's spec, whose per-model overrides every reader of run identity opens (`db.sets`).
+_SPEC = "runs.spec"
 
 
 class DamagedRun(ResultsError):
@@ -52,12 +54,13 @@ class DamagedRun(ResultsError):
 
 
 def _kind(column: Column[Any]) -> str | None:
-    """What a checked column holds: 'object', 'list', 'counts', 'integer', 'number' or 'date'; None if unchecked."""
+    """What a checked column holds: 'object', 'spec', 'list', 'counts', 'integer', 'number' or 'date'; None if
+    unchecked."""
     name = f"{column.table.name}.{column.name}"
     if column.primary_key or column.foreign_keys:
         return None
     if isinstance(column.type, JSON):
-        return "list" if name in _LISTS else "counts" if name in _COUNTS else "object"
+        return "list" if name in _LISTS else "counts" if name in _COUNTS else "spec" if name == _SPEC else "object"
     if isinstance(column.type, (Integer, BigInteger)):
         return "integer"
     if isinstance(column.type, Float):
@@ -79,7 +82,7 @@ def _problem(kind: str, raw: Any) -> str | None:
     """What is wrong with a raw stored value of `kind`, or None when it reads as one (NULL always does)."""
     if raw is None:
         return None
-    if kind in ("object", "list", "counts"):
+    if kind in ("object", "spec", "list", "counts"):
         try:
             parsed = json.loads(raw) if isinstance(raw, (str, bytes)) else raw  # a server's driver parses JSON itself
         except ValueError:
@@ -92,6 +95,9 @@ def _problem(kind: str, raw: Any) -> str | None:
             return "is not a JSON object"
         if kind == "counts" and not all(type(count) is int for count in parsed.values()):
             return "is not a JSON object of counts"
+        overrides = (parsed.get("model_overrides") or {}) if kind == "spec" else {}
+        if not (isinstance(overrides, dict) and all(isinstance(values, dict) for values in overrides.values())):
+            return "holds model_overrides that are not a JSON object of objects"
         return None
     shown = repr(raw) if len(repr(raw)) <= 40 else repr(raw)[:37] + "..."
     if kind == "integer":
@@ -116,7 +122,7 @@ def _suspect(column: Column[Any], kind: str, dialect: str) -> Any:
     """
     json_type = "array" if kind == "list" else "object"
     if dialect != "sqlite":
-        return func.json_typeof(column) != json_type if kind in ("object", "list", "counts") else None
+        return func.json_typeof(column) != json_type if kind in ("object", "spec", "list", "counts") else None
     stored = {"integer": ["integer"], "number": ["integer", "real"]}.get(kind, ["text"])
     condition = func.typeof(column).not_in([*stored, "null"])
     if kind == "number":

@@ -33,6 +33,7 @@ CASES = [
     ("runs.sampling", "'[1, 2]'"),
     ("runs.spec", "'42'"),
     ("runs.tasks", "'[1, 2]'"),
+    ("runs.spec", "'{\"model_overrides\": [1]}'"),
     ("runs.loops", "'many'"),  # text where a number belongs
     ("runs.seed", "'zero'"),
     ("runs.exit_threshold", "'half'"),
