@@ -13,6 +13,8 @@ security headers.
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 from collections.abc import Callable, Collection
 from typing import Any
@@ -26,8 +28,9 @@ from sqlalchemy import Engine
 
 from dashboards import figures, views
 from dashboards.data import DEFAULT_CONTEXT_TOKENS, SAMPLE_BUDGET, SAMPLE_TEXT_CHARS, accuracy_points, browse_samples
-from db import queries
+from db import ResultsError, queries
 from db.session import open_existing
+from db.stored import hidden, hide_damaged
 
 REFRESH_SECONDS = 10
 SAMPLE_COLUMNS = {
@@ -108,6 +111,7 @@ def _layout(engine: Engine) -> html.Div:
         html.H1("loopeval"),
         html.P(f"Accuracy per gigabyte, live from the results database. {figures.DECIMAL_NOTE}. "
                "Unavailable measures are named, never drawn as zero."),
+        *(html.P(line, className="skipped") for line in hidden(engine)),
         *(part for view, shown in views.sections() for part in _view_section(engine, view, shown)),
         html.H2("Samples"),
         html.Div([
@@ -258,14 +262,19 @@ def create_app(db_url: str, hosts: Collection[str] = LOOPBACK_NAMES) -> Dash:
     engine = open_existing(db_url)
     queries.require_results(engine)
     app = Dash(__name__, title="loopeval", serve_locally=True)
+    reading = functools.partial(_around_damage, engine, app.server.logger)
+    for line in hide_damaged(engine):
+        app.server.logger.warning(line)
     app.index_string = app.index_string.replace("</body>", f"<script>{INERT_LINKS}</script></body>")
-    app.layout = lambda: _layout(engine)
+    app.layout = reading(lambda: _layout(engine))
     app.server.config["MAX_CONTENT_LENGTH"] = MAX_REQUEST_BYTES
     app.server.before_request(_guard(app, set(hosts)))
     app.server.register_error_handler(DependencyException, lambda _: ("not found", 404))  # a path Dash does not serve
+    app.server.register_error_handler(ResultsError, _database_problem(app.server.logger))
     app.server.after_request(_secure)
 
     @app.callback(Output("task", "options"), Output("task", "value"), Input("set", "value"))
+    @reading
     def _tasks(set_id: str | None) -> tuple[list[str], str | None]:
         names = queries.tasks(engine, set_id) if set_id else []
         return names, names[0] if names else None
@@ -274,17 +283,19 @@ def create_app(db_url: str, hosts: Collection[str] = LOOPBACK_NAMES) -> Dash:
         Output("models", "options"), Output("models", "value"), Output("loops", "options"), Output("loops", "value"),
         Output("measure", "options"), Output("measure", "value"), Input("set", "value"), State("measure", "value"),
     )
+    @reading
     def _choices(set_id: str | None, measure: str | None) -> tuple[list, list, list, list, list, str]:
         return set_choices(engine, set_id, measure)
 
     for view in views.VIEWS:
-        _draw_view(app, engine, view)
+        _draw_view(app, engine, view, reading)
 
     @app.callback(
         Output("samples", "data"), Output("sample-count", "children"),
         Input("sample-task", "value"), Input("sample-model", "value"), Input("sample-verdict", "value"),
         Input("refresh", "n_intervals"),
     )
+    @reading
     def _samples(task: str | None, model: str | None, verdict: str, _tick: int | None) -> tuple[list[dict], str]:
         correct = {"correct": True, "wrong": False}.get(verdict)
         rows = browse_samples(engine, task=task, model=model, correct=correct)
@@ -297,7 +308,38 @@ def create_app(db_url: str, hosts: Collection[str] = LOOPBACK_NAMES) -> Dash:
     return app
 
 
-def _draw_view(app: Dash, engine: Engine, view: views.View) -> None:
+def _around_damage(engine: Engine, logger: logging.Logger, read: Callable[..., Any]) -> Callable[..., Any]:
+    """`read` (a callback, the layout), which on a failure is read again around the runs damaged since the
+    server started (`db.stored.hide_damaged`), each named in one line of the log and on the page; a failure
+    that no damaged value explains is raised as it is."""
+
+    @functools.wraps(read)
+    def around(*values: Any) -> Any:
+        try:
+            return read(*values)
+        except Exception:
+            skipped = hide_damaged(engine)
+            if not skipped:
+                raise
+            for line in skipped:
+                logger.warning(line)
+            return read(*values)
+
+    return around
+
+
+def _database_problem(logger: logging.Logger) -> Callable[[ResultsError], tuple[str, int]]:
+    """The answer to a request the database failed (damaged or gone while the server runs): 503 with the
+    one-line error, which the log shows as that one line, not a stack trace."""
+
+    def answer(exc: ResultsError) -> tuple[str, int]:
+        logger.error(str(exc))
+        return str(exc), 503
+
+    return answer
+
+
+def _draw_view(app: Dash, engine: Engine, view: views.View, reading: Callable[..., Any]) -> None:
     """The view's callback: its selectors and the refresh timer in, its answer (if any) and figures out."""
     outputs = ([Output("answer", "children")] if view.answer else []) + [Output(plot.id, "figure") for plot in view.plots]
 
@@ -308,5 +350,6 @@ def _draw_view(app: Dash, engine: Engine, view: views.View) -> None:
         drawn = ([view.answer(data, picked)] if view.answer else []) + [plot.draw(data, picked) for plot in view.plots]
         return tuple(drawn) if len(drawn) > 1 else drawn[0]
 
-    app.callback(*outputs, *(Input(name, "value") for name in view.inputs), Input("refresh", "n_intervals"))(draw)
+    inputs = [*(Input(name, "value") for name in view.inputs), Input("refresh", "n_intervals")]
+    app.callback(*outputs, *inputs)(reading(draw))
 

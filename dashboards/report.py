@@ -33,6 +33,7 @@ from dashboards.data import DEFAULT_CONTEXT_TOKENS, SAMPLE_TEXT_CHARS, accuracy_
 from db import ResultsError, queries
 from db.headline import SUITE
 from db.session import open_existing
+from db.stored import hide_damaged
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 
@@ -242,14 +243,18 @@ def build_report(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -
     )
 
 
-def write_report(db_url: str, out: Path) -> Path:
+def write_report(db_url: str, out: Path, log: Callable[[str], None] | None = None) -> Path:
     """Write the static report of the database at `db_url` to `out`; return its path.
 
     Raises `db.ResultsError` (one line, exit 2 in the CLI) when the database is missing or holds no runs;
-    a missing SQLite file is not created.
+    a missing SQLite file is not created. A run holding a damaged value is left out, named by a line to `log`.
     """
     engine = open_existing(db_url)
     try:
+        skipped = hide_damaged(engine)
+        if log is not None:
+            for line in skipped:
+                log(line)
         text = build_report(engine)
     finally:
         engine.dispose()

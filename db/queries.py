@@ -21,6 +21,7 @@ from db.models import MemoryPeak, MemorySample, ProbeValue, ProfilePoint, Run, S
 from db.session import display_url
 from db.sets import config_key, configuration, id_ranges, run_set
 from db import ResultsError
+from db.stored import hidden
 from measures import PROFILE_MEASURES, SERIES_MEASURES
 
 # Profile runs keep NULL: they span several loop counts, recorded per point.
@@ -34,6 +35,8 @@ def require_results(engine: Engine) -> int:
         raise ResultsError(f"the database {where} holds no loopeval results; run `loopeval run` first")
     with engine.connect() as conn:
         count = conn.execute(select(func.count()).select_from(Run)).scalar_one()
+    if count == 0 and hidden(engine):
+        raise ResultsError(f"the database {where} holds no run loopeval can read: each holds a damaged value (named above)")
     if count == 0:
         raise ResultsError(f"the database {where} holds no runs yet; run `loopeval run` first")
     return count

@@ -1,7 +1,8 @@
 """Opening the results database: URL resolution, safety checks, SQLite tuning and automatic migration.
 
 This module is the one door to the database: `open_engine()` for the writers (the run store),
-`open_existing()` for readers (dashboards, reports), which never creates anything. It resolves the URL (`--db`, else `LOOPEVAL_DB`,
+`open_existing()` for readers (dashboards, reports; read-only where the file cannot be written) and `--resume`,
+which never creates anything. It resolves the URL (`--db`, else `LOOPEVAL_DB`,
 else `results/loopeval.sqlite` under the working directory), refuses files it must not touch
 (not SQLite, unwritable, on a network filesystem, written by a newer loopeval) *before* anything
 writes to them, tunes SQLite for several writers (WAL, busy timeout, `BEGIN IMMEDIATE`) and upgrades
@@ -17,9 +18,11 @@ import functools
 import json
 import os
 import re
+import sqlite3
 import zlib
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from sqlalchemy import Engine, create_engine, event, inspect
 from sqlalchemy.engine import URL, make_url
@@ -169,9 +172,9 @@ def _check_sqlite_file(path: Path) -> None:
         )
     if path.exists():
         _check_sqlite_header(path)
-        if not os.access(path, os.W_OK):
-            raise ResultsError(f"database {path} is not writable")
-        directory = path.parent
+        problem = _unwritable(path)
+        if problem:
+            raise ResultsError(problem)
     else:
         directory = path.parent
         try:
@@ -180,9 +183,9 @@ def _check_sqlite_file(path: Path) -> None:
             raise ResultsError(f"cannot create the database directory {directory}: a file is in the way") from None
         except OSError as exc:
             raise ResultsError(f"cannot create the database directory {directory}: {exc.strerror or exc}") from None
-    # WAL keeps -wal and -shm files beside the database, so the directory must be writable too.
-    if not os.access(directory, os.W_OK):
-        raise ResultsError(f"database directory {directory} is not writable")
+        # WAL keeps -wal and -shm files beside the database, so the directory must be writable too.
+        if not os.access(directory, os.W_OK):
+            raise ResultsError(f"database directory {directory} is not writable")
 
 
 def _revision(engine: Engine, where: str) -> str | None:
@@ -225,18 +228,40 @@ def _revision_on(conn: Any, where: str) -> str | None:
     return current
 
 
+def _readonly_engine(path: Path, where: str) -> Engine:
+    """A connection to a SQLite file that cannot write it: neither the file nor anything beside it changes."""
+    # Without a -wal file no process has the database open and every commit is in the main file: read it as
+    # immutable, which creates no -wal and -shm beside it (a read-only folder could not hold them, and a file
+    # that is then refused stays byte-identical). With one, another process may be writing: read through its
+    # WAL (whose files exist already).
+    immutable = "" if path.with_name(f"{path.name}-wal").exists() else "&immutable=1"
+    uri = f"file:{quote(str(path.resolve()))}?mode=ro{immutable}"
+    # the engine's URL stays the file's own (what every message names); its connections come from the URI
+    engine = create_engine(f"sqlite:///{path}", creator=lambda: sqlite3.connect(
+        uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False))
+    _one_line_errors(engine, where)
+    return engine
+
+
 def _readonly_revision(path: Path) -> str | None:
     """`_revision` of a SQLite file through a read-only connection: a refused file stays byte-identical."""
-    # Without a -wal file no process has the database open and every commit is in the main file: read it as
-    # immutable, which creates no -wal and -shm beside a file that is then refused. With one, another process
-    # may be writing: read through its WAL (whose files exist already).
-    immutable = "" if path.with_name(f"{path.name}-wal").exists() else "&immutable=1"
-    readonly = create_engine(f"sqlite:///file:{path.resolve()}?mode=ro{immutable}&uri=true")
-    _one_line_errors(readonly, str(path))
+    readonly = _readonly_engine(path, str(path))
     try:
         return _revision(readonly, str(path))
     finally:
         readonly.dispose()
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why loopeval cannot write the existing SQLite file `path` (the file, or the folder its WAL files go in), or None.
+
+    `os.access` asks the kernel, so a read-only mount or an immutable file (`chattr +i`) says no even to root.
+    """
+    if not os.access(path, os.W_OK):
+        return f"database {path} is not writable"
+    if not os.access(path.parent, os.W_OK):  # WAL keeps -wal and -shm files beside the database
+        return f"database directory {path.parent} is not writable"
+    return None
 
 
 def _tune_sqlite(engine: Engine) -> None:
@@ -392,11 +417,13 @@ def open_engine(url: str | None = None) -> Engine:
     return engine
 
 
-def open_existing(url: str | None = None) -> Engine:
-    """Open an existing loopeval database for reading: never creates a file, a folder or a table.
+def open_existing(url: str | None = None, write: bool = False) -> Engine:
+    """Open an existing loopeval database: never creates a file, a folder or a table.
 
     A missing SQLite file, an empty database or another application's database is one clear
-    ResultsError; an older loopeval schema is upgraded first (it is loopeval's own file).
+    ResultsError. To `write` (`--resume`), an older loopeval schema is upgraded first (it is loopeval's own
+    file) and a file loopeval cannot write is refused. To read, a SQLite file loopeval cannot write (a
+    read-only mount, no write permission) is opened read-only, and read as it is if its schema is current.
     """
     url = resolve_db_url(url)
     where = display_url(_parse(url))
@@ -405,12 +432,18 @@ def open_existing(url: str | None = None) -> Engine:
         if not path.exists():
             raise ResultsError(f"no results database at {path}; run `loopeval run` first")
         _check_sqlite_header(path)
+    unwritable = _unwritable(path) if path is not None else None
+    if unwritable and write:
+        raise ResultsError(unwritable)
     revision = _readonly_revision(path) if path is not None else None
-    engine = _create_engine(url)
+    engine = _readonly_engine(path, where) if unwritable else _create_engine(url)
     if path is None:
         revision = _revision(engine, where)
     if revision is None:
         raise ResultsError(f"the database {where} holds no loopeval results; run `loopeval run` first")
+    if revision != head_revision() and unwritable:
+        raise ResultsError(f"{unwritable}, and its schema (revision {revision}) is older than this loopeval's "
+                           f"({head_revision()}) and cannot be upgraded there: copy it somewhere writable, read the copy")
     if revision != head_revision():
         _upgrade(engine)
     return engine

@@ -25,6 +25,7 @@ from db.headline import headline
 from db.sets import configuration, run_key, run_set
 from db.models import MemoryPeak, MemorySample, ProbeValue, ProfilePoint, Run, Sample, TaskMetric, utcnow
 from db.session import display_url, open_engine, open_existing, session_factory
+from db.stored import damaged_runs, hide_damaged, require_intact
 from measures import BY_NAME, merged_peak
 
 SAMPLE_FIELDS = (
@@ -74,7 +75,11 @@ def _set_fields(run: Run) -> dict[str, str | None]:
 
 class Store:
     """One results database. `Store.open(url)` validates, creates or migrates it first; `Store.read(url)`
-    opens an existing one for a read command and never creates anything."""
+    opens an existing one (for a read command, or `--resume` with `write`) and never creates anything.
+
+    A run holding a damaged value (`db.stored`) is refused by name where one run is asked for (`get_run`,
+    `sweep_runs`), left out where runs are compared (`finished_run_keys`), and hidden from every read of a
+    read command's store by `hide_damaged`."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -85,8 +90,13 @@ class Store:
         return cls(open_engine(url))
 
     @classmethod
-    def read(cls, url: str | None = None) -> Store:
-        return cls(open_existing(url))
+    def read(cls, url: str | None = None, write: bool = False) -> Store:
+        return cls(open_existing(url, write))
+
+    def hide_damaged(self) -> list[str]:
+        """Leave the runs holding a damaged value out of every later read (`db.stored.hide_damaged`): for a
+        store that only reads. Returns one line per run left out, for the command to print."""
+        return hide_damaged(self.engine)
 
     @contextmanager
     def _read(self) -> Iterator[Session]:
@@ -134,7 +144,12 @@ class Store:
         self.update_run(run_id, status=status, error=error, finished_at=utcnow(), **fields)
 
     def sweep_runs(self, sweep_id: str) -> list[Run]:
-        """Every run of a sweep, in the order they were stored (the order the sweep runs them)."""
+        """Every run of a sweep, in the order they were stored (the order the sweep runs them); DamagedRun for the
+        first of them holding a damaged value."""
+        with self._read() as session:
+            ids = list(session.scalars(select(Run.id).where(Run.sweep_id == sweep_id)))
+        for damaged in damaged_runs(self.engine, ids).values():
+            raise damaged
         with self._read() as session:
             return list(session.scalars(select(Run).where(Run.sweep_id == sweep_id).order_by(Run.id)))
 
@@ -169,15 +184,19 @@ class Store:
             session.execute(update(Run).where(Run.id == run_id, Run.lease_owner == owner).values(lease_owner=None, lease_until=None))
 
     def finished_run_keys(self) -> dict[str, int]:
-        """`db.sets.run_key` of every finished eval run -> the newest such run's id (what a rerun would repeat)."""
+        """`db.sets.run_key` of every finished eval run -> the newest such run's id (what a rerun would repeat).
+        A run holding a damaged value is left out: what it was cannot be told, so nothing is skipped as its twin."""
         columns = [Run.id, Run.model_spec, Run.loops, Run.suite, Run.tasks, Run.limit, Run.sampling,
                    Run.data_fingerprint, Run.seed, Run.spec, Run.exit_threshold, Run.exit_criterion]
+        damaged = list(damaged_runs(self.engine))
         with self._read() as session:
-            rows = session.execute(select(*columns).where(Run.kind == "eval", Run.status == "finished").order_by(Run.id))
+            rows = session.execute(select(*columns).where(Run.kind == "eval", Run.status == "finished",
+                                                          Run.id.not_in(damaged)).order_by(Run.id))
             return {run_key(row._mapping): row.id for row in rows}
 
     def get_run(self, run_id: int) -> Run | None:
-        """The run row (detached, attributes loaded), or None."""
+        """The run row (detached, attributes loaded), or None; DamagedRun when it holds a damaged value."""
+        require_intact(self.engine, run_id)
         with self._read() as session:
             return session.get(Run, run_id)
 

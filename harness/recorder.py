@@ -158,11 +158,15 @@ class RunRecorder:
         return self
 
     def stop(self) -> None:
-        """Stop the thread, write what is left, and release the lease."""
+        """Stop the thread and write what is left; the lease stays held until `release`."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
         self.flush()
+
+    def release(self) -> None:
+        """Let the run go: after its final status is stored, so a process waiting for it (a second `--resume` of
+        the sweep) or taking it over never sees it unheld and still "running"."""
         self.store.release_lease(self.run_id, self.owner)
 
     @property

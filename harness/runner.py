@@ -23,11 +23,13 @@ from typing import TYPE_CHECKING, Any
 from adapters.base import (Finished, Generation, Prompt, Request, Sampling, Scheduling, checked_context, checked_description,
                            checked_generation, checked_memory, hook, one_line)
 from db import ResultsError
+from db.session import display_url, resolve_db_url
 from db.sets import id_ranges, run_key
+from db.stored import DamagedRun
 from harness.capacity import check_fits
 from harness.errors import UserError
 from harness.hints import env_command, with_db
-from harness.recorder import RunBusy, RunRecorder, holder_is_gone, host_info, new_sweep_id, run_row
+from harness.recorder import FLUSH_SECONDS, RunBusy, RunRecorder, holder_is_gone, host_info, new_sweep_id, run_row
 from harness.sampler import MemorySampler
 from harness.spec import DEFAULT_EXIT_CRITERION, RunSpec, at_loops, is_looped
 
@@ -250,7 +252,7 @@ def stored_params(store: Store, run_id: int) -> list[int | None]:
     import adapters
 
     run = store.get_run(run_id)
-    spec = stored_spec(run, None)
+    spec = stored_spec(run, None, store.url)
     facts = [adapters.inspect(model, **spec.load_overrides(model)) for model in {r.model_spec for r in store.sweep_runs(run.sweep_id)}]
     return [None if f is None else f.get("params") for f in facts]
 
@@ -281,9 +283,21 @@ def _sweep_row(spec: RunSpec, plan: SweepPlan, run: Run, sweep_id: str | None) -
                    exit_criterion=None if threshold is None else spec.exit_criterion)
 
 
-def stored_spec(run: Any, db_url: str | None) -> RunSpec:
-    """The RunSpec an eval run was stored with: `runs.spec`, and its sampling from `runs.sampling`."""
-    return RunSpec.from_dict(run.spec, run.sampling, db_url)
+def stored_spec(run: Any, db_url: str | None, where: str | None = None) -> RunSpec:
+    """The RunSpec an eval run was stored with: `runs.spec`, and its sampling from `runs.sampling`.
+
+    Both are JSON objects (`db.stored` checked them as the run was read); fields a RunSpec does not take, or
+    values it refuses, make the run a `DamagedRun` too, named in one line with `where` (default: `db_url`).
+    """
+    for column, rebuild in (("runs.sampling", lambda: Sampling(**run.sampling)),
+                            ("runs.spec", lambda: RunSpec.from_dict(run.spec, run.sampling, db_url))):
+        try:
+            spec = rebuild()
+        except (TypeError, ValueError) as exc:  # UserError is a ValueError
+            reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise DamagedRun(run.id, column, f"does not hold what this loopeval stores there ({reason})",
+                             where or display_url(resolve_db_url(db_url))) from None
+    return spec
 
 
 def skip_stored(spec: RunSpec, plan: SweepPlan, store: Store, log: Callable[[str], None]) -> list[RunOutcome]:
@@ -359,9 +373,20 @@ def resume_run(
     todo = [(r.id, r.model_spec, r.loops) for r in store.sweep_runs(run.sweep_id) if r.status != "finished"]
     if not todo:
         raise UserError(f"--resume {run_id}: run {run_id} and the rest of its sweep {run.sweep_id} already finished")
-    spec = stored_spec(run, db_url)
+    spec = stored_spec(run, db_url, store.url)
     log(f"resuming sweep {run.sweep_id}: run(s) {', '.join(str(r[0]) for r in todo)}")
-    return run_stored(spec, todo, _load_tasks(spec), store, progress, log)
+    outcomes = run_stored(spec, todo, _load_tasks(spec), store, progress, log)
+    return [_awaited(store, outcome, log) if outcome.status == "busy" else outcome for outcome in outcomes]
+
+
+def _awaited(store: Store, busy: RunOutcome, log: Callable[[str], None]) -> RunOutcome:
+    """The outcome of a run another live process held (two `--resume`s of one sweep at once): once that process
+    lets it go, what it left, so a sweep the two complete together ends well in both."""
+    log(f"run {busy.run_id}: waiting for the process running it to finish")
+    while store.lease_holder(busy.run_id, holder_is_gone) is not None:
+        time.sleep(FLUSH_SECONDS)
+    row = store.get_run(busy.run_id)
+    return dataclasses.replace(busy, status=row.status, error=row.error)
 
 
 def run_one(run_id: int, store: Store, db_url: str | None, log: Callable[[str], None] = print) -> RunOutcome:
@@ -369,7 +394,7 @@ def run_one(run_id: int, store: Store, db_url: str | None, log: Callable[[str], 
     run = resumable_run(store, run_id)
     if run.status == "finished":
         raise UserError(f"--resume {run_id}: run already finished")
-    spec = stored_spec(run, db_url)
+    spec = stored_spec(run, db_url, store.url)
     return run_stored(spec, [(run.id, run.model_spec, run.loops)], _load_tasks(spec), store, None, log)[0]
 
 
@@ -476,10 +501,14 @@ def _execute(
         raise
     finally:
         sampler.stop()
-        recorder.stop()
-        _record_sampler(store, run_id, sampler, log, f"{run_label(run_id, *run, previous.exit_threshold)}: {status} in {recorder.wall_seconds:.1f} s "
-                        f"({timed.generate_seconds:.1f} s generating")
-        store.finish_run(run_id, status, error=error)
+        try:
+            recorder.stop()
+            label = run_label(run_id, *run, previous.exit_threshold)
+            _record_sampler(store, run_id, sampler, log, f"{label}: {status} in {recorder.wall_seconds:.1f} s "
+                            f"({timed.generate_seconds:.1f} s generating")
+            store.finish_run(run_id, status, error=error)
+        finally:
+            recorder.release()
     return RunOutcome(run_id, *run, status, metrics)
 
 

@@ -41,5 +41,5 @@ def dashboard(
         return
     from dashboards.report import write_report
 
-    path = write_report(url, out or report_path(url))
+    path = write_report(url, out or report_path(url), log=lambda line: print(line, file=sys.stderr))
     print(f"loopeval dashboard: wrote {path.resolve()}")

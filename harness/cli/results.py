@@ -43,6 +43,8 @@ def results(
 
     store = Store.read(db)
     try:
+        for line in store.hide_damaged():  # on stderr: --json's output stays JSON
+            typer.echo(line, err=True)
         runs = _filtered(store.run_summaries(), sweep, model, suite, last)
         if set_id is not None and all(r["set_id"] != set_id for r in runs):
             sets = sorted({r["set_id"] for r in runs if r["set_id"]})

@@ -137,7 +137,7 @@ def _open_store(request: Any, plans: list[Any], resume: int | None, requested: i
     from harness.runner import largest_model, resumable_run, stored_params
 
     if resume is not None:
-        store = Store.read(request.db)
+        store = Store.read(request.db, write=True)
         try:
             resumable_run(store, resume)  # a run that cannot resume is refused before anything else is said
             chosen = use_threads(requested, largest_model(stored_params(store, resume)))
@@ -227,6 +227,8 @@ def _summarise(store: Any, outcomes: list[Any], db: str | None, report: bool) ->
     from harness.runner import failure_summary
 
     try:
+        for line in store.hide_damaged():  # the store only reads from here on: runs damaged by hand are named, not read
+            typer.echo(line, err=True)
         ids = {o.run_id for o in outcomes}
         sentence = print_answer(store, [r for r in store.run_summaries() if r["id"] in ids], db=db)
         typer.echo(f"results: {store.url}  (show them: {with_db(env_command('loopeval') + ' results', db)})")

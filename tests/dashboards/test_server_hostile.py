@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -272,3 +273,29 @@ def test_the_server_answers_after_a_burst_of_hostile_requests(server: tuple[str,
         assert 400 <= post(server, payload)[0] < 500
     assert_still_serving(server)
     assert time.monotonic() - began < 60
+
+
+def test_a_database_damaged_while_served_is_named_in_one_line(results_url: str) -> None:
+    """A hand edit while the app serves: the damaged run is left out, named once in the log and on the page, and
+    the views still draw the others; a database file that stops being one is a 503 with its one-line error."""
+    path = Path(results_url.removeprefix("sqlite:///"))
+    with served_process(results_url) as (url, process):
+        server = (urlsplit(url).hostname, urlsplit(url).port, process.pid)
+        assert post(server, DEPTH)[0] == 200
+        with sqlite3.connect(path) as conn:
+            conn.execute("UPDATE runs SET sampling = '{\"temperature\": ' WHERE id = 1")
+        conn.close()
+        for _ in range(2):
+            status, _, body = post(server, accuracy(models=["zoo:ouro-tiny"], loops=[1, 2]))
+            assert status == 200 and b'"accuracy-memory"' in body, body[:300]
+        status, _, body = request(server, "GET", "/_dash-layout")
+        line = f"run 1 skipped: runs.sampling is not valid JSON ({results_url})"
+        assert status == 200 and line in str(json.loads(body)), body[:300]  # in the layout: JSON escapes its slashes
+        path.write_bytes(b"this is no longer a database" * 100)
+        status, headers, body = request(server, "GET", "/_dash-layout")
+        assert status == 503 and body.decode().startswith(f"database {results_url}: "), body[:300]
+        assert len(body.decode().splitlines()) == 1 and b"Traceback" not in body
+        assert_secure(headers)
+    log = process.stdout.read()
+    assert "Traceback" not in log, log[-3000:]
+    assert log.count(line) == 1, log[-3000:]

@@ -127,6 +127,31 @@ def test_a_run_in_progress_cannot_be_resumed_by_a_second_process(tmp_path: Path,
     _check_completed(db, {}, killed_stretch_traced=False)
 
 
+def test_two_resumes_of_one_sweep_at_once_both_end_0(tmp_path: Path) -> None:
+    """The first resume takes run 1; the second (of run 2, so not refused) finds run 1 held, runs run 2 and
+    waits for run 1. The sweep is done by the two together: both end 0."""
+    db = tmp_path / "r.sqlite"
+    killed = _loopeval([*RUN, "--loops", "2,4", "--db", str(db)], "generate:3")
+    assert killed.returncode == -signal.SIGKILL
+    runs = query(db, "SELECT id, wall_seconds FROM runs ORDER BY id")
+    resume = [LOOPEVAL, "run", "--adapters-dir", str(PLUGINS), "--db", str(db), "--no-report", "--resume"]
+    slow = _env() | {"LOOPEVAL_KILL_DELAY": "3"}  # the first still holds run 1 when the second, started later, gets there
+    first = subprocess.Popen([*resume, str(runs[0][0])], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=slow)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and first.poll() is None and \
+            not query(db, f"SELECT 1 FROM runs WHERE id = {runs[0][0]} AND lease_owner LIKE '%:{first.pid}:%'"):
+        time.sleep(0.1)
+    assert first.poll() is None, first.communicate()
+    second = _loopeval([*resume[1:], str(runs[1][0])])
+    out, err = first.communicate(timeout=300)
+    assert (first.returncode, second.returncode) == (0, 0), (err[-2000:], second.stderr[-2000:])
+    assert "did not finish" not in err + second.stderr and "failed" not in err + second.stderr
+    waited = f"run {runs[0][0]}: waiting for the process running it to finish"
+    assert waited in second.stdout + second.stderr, second.stdout
+    _check_completed(db, dict(runs), killed_stretch_traced=True)
+
+
 @pytest.mark.parametrize("exits", [[], ["--exit-threshold", "0.5"]], ids=["every-loop", "exits-on"])
 def test_kill9_in_a_workload_then_resume_gives_the_unbroken_run(exits: list[str], tmp_path: Path) -> None:
     """An adapter that takes whole workloads (the engine's scheduler) killed mid-task: the resumed run stores

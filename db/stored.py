@@ -1,0 +1,213 @@
+"""The checked reader of stored values: what a run's JSON, number and date columns hold, or which run is damaged.
+
+SQLite keeps whatever a hand edit (or another program) writes: invalid JSON in `runs.sampling`, text in
+`runs.loops`, a text date. Read through SQLAlchemy's types, one such value raises deep inside a query and
+breaks every command on the whole store. So every checked column (`CHECKED`: each JSON, number and date
+column of `runs` and of the tables hanging off it, from `db.models`) is read raw here, and `value` tells a
+good value from a damaged one. A damaged value makes its run a `DamagedRun`, one line naming the run, the
+column and the database:
+
+- a command that needs that one run fails with it (`require_intact`);
+- a command that lists many runs shows the others and names it (`hide_damaged`: the run is left out of
+  every later read of that engine, whatever query makes it).
+
+Nothing here writes to the database.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import weakref
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (JSON, BigInteger, Column, DateTime, Engine, Float, Integer, case, event, func, or_, select,
+                        type_coerce)
+from sqlalchemy.types import NullType
+
+from db import ResultsError
+from db.models import Base, Run
+from db.session import display_url
+
+# The JSON columns that hold a list of names; every other JSON column holds an object.
+_LISTS = frozenset({"runs.tasks"})
+# The JSON columns that hold an object of counts (loops run -> tokens).
+_COUNTS = frozenset({"samples.loops_histogram"})
+# The JSON column holding a run's spec, whose per-model overrides every reader of run identity opens (`db.sets`).
+_SPEC = "runs.spec"
+
+
+class DamagedRun(ResultsError):
+    """A run with a stored value loopeval cannot read: one line naming the run, the column and the database."""
+
+    def __init__(self, run_id: int, column: str, problem: str, where: str) -> None:
+        self.run_id, self.column, self.problem, self.where = run_id, column, problem, where
+        super().__init__(f"run {run_id}: {column} {problem} ({where}); restore the database from a copy, "
+                         "or correct that value")
+
+    @property
+    def skipped(self) -> str:
+        """The line a command listing many runs prints for it."""
+        return f"run {self.run_id} skipped: {self.column} {self.problem} ({self.where})"
+
+
+def _kind(column: Column[Any]) -> str | None:
+    """What a checked column holds: 'object', 'spec', 'list', 'counts', 'integer', 'number' or 'date'; None if
+    unchecked."""
+    name = f"{column.table.name}.{column.name}"
+    if column.primary_key or column.foreign_keys:
+        return None
+    if isinstance(column.type, JSON):
+        return "list" if name in _LISTS else "counts" if name in _COUNTS else "spec" if name == _SPEC else "object"
+    if isinstance(column.type, (Integer, BigInteger)):
+        return "integer"
+    if isinstance(column.type, Float):
+        return "number"
+    return "date" if isinstance(column.type, DateTime) else None
+
+
+def _run_column(table: Any) -> Column[Any] | None:
+    """The column naming a row's run: `runs.id`, else `run_id`; None for a table of no run (alembic_version)."""
+    return table.c.id if table.name == Run.__tablename__ else table.c.get("run_id")
+
+
+# (run column, [(checked column, kind)]) per table: every value `damaged_runs` checks.
+CHECKED = [(_run_column(table), [(column, _kind(column)) for column in table.columns if _kind(column)])
+           for table in Base.metadata.sorted_tables if _run_column(table) is not None]
+
+
+def _problem(kind: str, raw: Any) -> str | None:
+    """What is wrong with a raw stored value of `kind`, or None when it reads as one (NULL always does)."""
+    if raw is None:
+        return None
+    if kind in ("object", "spec", "list", "counts"):
+        try:
+            parsed = json.loads(raw) if isinstance(raw, (str, bytes)) else raw  # a server's driver parses JSON itself
+        except ValueError:
+            return "is not valid JSON"
+        if parsed is None:  # JSON null, which SQLAlchemy stores for a None and reads back as one
+            return None
+        if kind == "list" and not (isinstance(parsed, list) and all(isinstance(item, str) for item in parsed)):
+            return "is not a JSON list of names"
+        if kind != "list" and not isinstance(parsed, dict):
+            return "is not a JSON object"
+        if kind == "counts" and not all(type(count) is int for count in parsed.values()):
+            return "is not a JSON object of counts"
+        overrides = (parsed.get("model_overrides") or {}) if kind == "spec" else {}
+        if not (isinstance(overrides, dict) and all(isinstance(values, dict) for values in overrides.values())):
+            return "holds model_overrides that are not a JSON object of objects"
+        return None
+    shown = repr(raw) if len(repr(raw)) <= 40 else repr(raw)[:37] + "..."
+    if kind == "integer":
+        return None if type(raw) is int else f"holds {shown}, not a whole number"
+    if kind == "number":
+        return None if type(raw) in (int, float) and math.isfinite(raw) else f"holds {shown}, not a finite number"
+    if isinstance(raw, datetime):
+        return None
+    try:
+        datetime.fromisoformat(raw)  # what SQLAlchemy's SQLite dialect parses a stored date with
+    except (TypeError, ValueError):
+        return f"holds {shown}, not a date"
+    return None
+
+
+def _suspect(column: Column[Any], kind: str, dialect: str) -> Any:
+    """A SQL condition true for every damaged value of `column` (and maybe a few good ones, which `_problem`
+    lets through), so a table of many rows is checked without reading them all; None where none can be damaged.
+
+    On SQLite any column can hold any type (`typeof`); a server enforces its columns' types, so only a JSON
+    value's shape can be wrong there.
+    """
+    json_type = "array" if kind == "list" else "object"
+    if dialect != "sqlite":
+        return func.json_typeof(column) != json_type if kind in ("object", "spec", "list", "counts") else None
+    stored = {"integer": ["integer"], "number": ["integer", "real"]}.get(kind, ["text"])
+    condition = func.typeof(column).not_in([*stored, "null"])
+    if kind == "number":
+        return condition | (func.abs(column) == float("inf"))
+    if kind == "date":
+        return condition | (column.is_not(None) & func.datetime(column).is_(None))
+    if kind == "integer":
+        return condition
+    shape = func.json_type(column) != json_type
+    if kind == "counts":
+        each = func.json_each(column).table_valued("type")
+        shape = shape | select(each.c.type).where(each.c.type != "integer").exists()
+    return case((func.json_valid(column) == 1, shape), else_=column.is_not(None))  # json_type fails on invalid JSON
+
+
+def damaged_runs(engine: Engine, run_ids: list[int] | None = None) -> dict[int, DamagedRun]:
+    """Every run (of `run_ids`, when given) holding a value `_problem` refuses, in any checked column: run id ->
+    its first damaged value. Runs are read whole (a few rows); other tables only where `_suspect` points."""
+    where, dialect = display_url(engine.url), engine.dialect.name
+    found: dict[int, DamagedRun] = {}
+    with engine.connect() as conn:
+        for run_column, checked in CHECKED:
+            statement = select(run_column, *(type_coerce(column, NullType()) for column, _ in checked))
+            if run_column.table.name != Run.__tablename__:
+                suspects = [s for s in (_suspect(column, kind, dialect) for column, kind in checked) if s is not None]
+                if not suspects:
+                    continue
+                statement = statement.where(or_(*suspects))
+            if run_ids is not None:
+                statement = statement.where(run_column.in_(run_ids))
+            for run_id, *values in conn.execute(statement.order_by(run_column)):
+                for (column, kind), raw in zip(checked, values):
+                    problem = run_id not in found and _problem(kind, raw)
+                    if problem:
+                        found[run_id] = DamagedRun(run_id, f"{column.table.name}.{column.name}", problem, where)
+    return dict(sorted(found.items()))
+
+
+def require_intact(engine: Engine, run_id: int) -> None:
+    """Raise the `DamagedRun` of run `run_id` when one of its stored values is damaged (a command needing it)."""
+    damaged = damaged_runs(engine, [run_id])
+    if damaged:
+        raise damaged[run_id]
+
+
+# engine -> the `DamagedRun.skipped` line of each run it hides, by run id (`hide_damaged`)
+_HIDDEN: weakref.WeakKeyDictionary[Engine, dict[int, str]] = weakref.WeakKeyDictionary()
+
+
+def hide_damaged(engine: Engine) -> list[str]:
+    """Leave the damaged runs out of every later read through `engine`; one `DamagedRun.skipped` line for each run
+    newly left out. Called again (a served app, when a value is damaged while it runs), it adds the runs damaged since.
+
+    Each new connection gets a temporary view over each table of runs, under the table's own name, without
+    the hidden runs' rows; both SQLite and Postgres look a name up among temporary objects first, so every
+    query, the ORM's included, reads around them without knowing. Only for an engine that does not write
+    (a view cannot be written through).
+    """
+    damaged = damaged_runs(engine)  # through the views already made: runs hidden before stay hidden
+    if not damaged:
+        return []
+    if engine not in _HIDDEN:
+        _HIDDEN[engine] = {}
+        event.listen(engine, "connect", functools.partial(_views, _HIDDEN[engine], engine.dialect.name == "sqlite"))
+    _HIDDEN[engine].update((run_id, run.skipped) for run_id, run in damaged.items())
+    engine.dispose()  # connections opened before have not got these runs' views
+    return [run.skipped for run in damaged.values()]
+
+
+def hidden(engine: Engine) -> list[str]:
+    """The `DamagedRun.skipped` line of every run `hide_damaged` left out of `engine`'s reads, by run id."""
+    return [line for _, line in sorted(_HIDDEN.get(engine, {}).items())]
+
+
+def _views(runs: dict[int, str], sqlite: bool, dbapi_connection: Any, _record: Any) -> None:
+    """On a new connection: each table of runs shadowed by a temporary view of itself without `runs`."""
+    ids = ", ".join(str(int(run_id)) for run_id in runs)
+    cursor = dbapi_connection.cursor()
+    if not sqlite:
+        cursor.execute("SELECT current_schema()")
+    schema = "main" if sqlite else cursor.fetchone()[0]
+    for run_column, _ in CHECKED:
+        table = run_column.table.name
+        cursor.execute(f'CREATE TEMPORARY VIEW "{table}" AS SELECT * FROM "{schema}"."{table}" '
+                       f'WHERE "{run_column.name}" NOT IN ({ids})')
+    cursor.close()
+    if not sqlite:
+        dbapi_connection.commit()

@@ -1,0 +1,250 @@
+"""One hand-edited value in a real database: invalid JSON, JSON of the wrong shape, text where a number or a date
+belongs, in every kind of checked column (`db.stored`). Commands listing many runs show the others and name the
+damaged run in one line; a command needing it fails with that line (exit 2); nothing stored is changed.
+
+Also the database on a read-only mount (a real tmpfs remounted read-only: the tests run as root, whom file
+permissions do not stop, but a read-only mount does): read commands read it, writing ones refuse it in one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import shutil
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from db.session import open_existing
+from db.stored import CHECKED, damaged_runs
+from harness.cli import main
+
+DAMAGED = 2  # run 2 of the three below is damaged; runs 1 and 3 must still be shown
+# (column, SQL value): each kind of checked column, each way it can be damaged
+CASES = [
+    ("runs.sampling", "'{\"temperature\": 1'"),  # invalid JSON
+    ("runs.spec", "'not json'"),
+    ("runs.model_config", "'{'"),
+    ("runs.host", "'[oops'"),
+    ("runs.tasks", "'{\"addition\": 1}'"),  # JSON of the wrong shape
+    ("runs.sampling", "'[1, 2]'"),
+    ("runs.spec", "'42'"),
+    ("runs.tasks", "'[1, 2]'"),
+    ("runs.spec", "'{\"model_overrides\": [1]}'"),
+    ("runs.loops", "'many'"),  # text where a number belongs
+    ("runs.seed", "'zero'"),
+    ("runs.exit_threshold", "'half'"),
+    ("runs.wall_seconds", "'slow'"),
+    ("task_metrics.value", "'high'"),
+    ("samples.score", "'right'"),
+    ("samples.generated_tokens", "2.5"),  # a fraction where a count belongs
+    ("memory_peaks.value", "'big'"),
+    ("memory_samples.rss", "'lots'"),
+    ("runs.started_at", "'yesterday'"),  # a text date
+    ("runs.finished_at", "'soon'"),
+    ("samples.created_at", "12345"),
+    ("samples.loops_histogram", "'{\"1\": \"three\"}'"),  # JSON of the wrong shape in a table of many rows
+    ("samples.loops_histogram", "'{\"1\": 3'"),
+]
+
+
+@pytest.fixture(scope="module")
+def intact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real database of three finished runs (a plain model and a looped one at two loop counts)."""
+    folder = tmp_path_factory.mktemp("intact")
+    path = folder / "r.sqlite"
+    with contextlib.chdir(folder):
+        assert main(["run", "--model", "preset:qwen3-tiny", "--model", "preset:ouro-tiny", "--loops", "1,2",
+                     "--tasks", "addition", "--limit", "2", "--samples", "1", "--max-new-tokens", "4",
+                     "--db", str(path), "--no-report"]) == 0
+    return path
+
+
+def _damaged(intact: Path, folder: Path, column: str, value: str) -> Path:
+    path = folder / "damaged.sqlite"
+    shutil.copy(intact, path)
+    table, name = column.split(".")
+    key = "id" if table == "runs" else "run_id"
+    with sqlite3.connect(path) as conn:
+        changed = conn.execute(f"UPDATE {table} SET {name} = {value} WHERE {key} = {DAMAGED}").rowcount
+    conn.close()
+    assert changed, f"nothing of run {DAMAGED} in {table} to damage"
+    return path
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _one_line(err: str, start: str) -> str:
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err and len(lines) == 1 and lines[0].startswith(start), err
+    return lines[0]
+
+
+def test_every_json_number_and_date_column_of_a_run_is_checked() -> None:
+    checked = {f"{column.table.name}.{column.name}" for _, columns in CHECKED for column, _ in columns}
+    assert {column for column, _ in CASES} <= checked
+    assert {"runs.versions", "runs.limit", "runs.lease_until", "runs.energy_joules", "task_metrics.stderr",
+            "profile_points.weights_bytes", "probe_values.value", "samples.loops_used"} <= checked
+    assert not {"runs.model_spec", "runs.status", "samples.output"} & checked, "text columns hold any text"
+
+
+@pytest.mark.parametrize(("column", "value"), CASES, ids=[f"{c}={v}" for c, v in CASES])
+def test_a_damaged_value_is_named_and_the_other_runs_still_shown(
+        column: str, value: str, intact: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    db = _damaged(intact, tmp_path, column, value)
+    before = _digest(db)
+    capfd.readouterr()
+    assert main(["results", "--json", "--db", str(db)]) == 0
+    out, err = capfd.readouterr()
+    line = _one_line(err, f"run {DAMAGED} skipped: {column} ")
+    assert f"({db.name})" not in line and f"sqlite:///{db}" in line, line
+    assert [run["id"] for run in json.loads(out)] == [1, 3]
+
+    assert main(["results", "--db", str(db)]) == 0
+    out, err = capfd.readouterr()
+    assert _one_line(err, f"run {DAMAGED} skipped: {column} ") == line
+    assert "preset:qwen3-tiny" in out and "preset:ouro-tiny" in out
+
+    assert main(["dashboard", "--db", str(db), "--out", str(tmp_path / "report.html")]) == 0
+    out, err = capfd.readouterr()
+    assert _one_line(err, f"run {DAMAGED} skipped: {column} ") == line
+    assert "preset:ouro-tiny" in (tmp_path / "report.html").read_text()
+    assert _digest(db) == before, "reading never writes"
+
+
+@pytest.mark.parametrize(("column", "value"), [CASES[0], CASES[4], CASES[8], CASES[12], CASES[17]],
+                         ids=["invalid-json", "wrong-shape", "text-number", "text-score", "text-date"])
+def test_resuming_the_damaged_run_is_one_line_and_exit_2(
+        column: str, value: str, intact: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    db = _damaged(intact, tmp_path, column, value)
+    with sqlite3.connect(db) as conn:
+        conn.execute(f"UPDATE runs SET status = 'interrupted' WHERE id = {DAMAGED}")
+    conn.close()
+    before = _digest(db)
+    capfd.readouterr()
+    assert main(["run", "--resume", str(DAMAGED), "--db", str(db), "--no-report"]) == 2
+    line = _one_line(capfd.readouterr().err, f"loopeval: error: run {DAMAGED}: {column} ")
+    assert f"sqlite:///{db}" in line
+    assert _digest(db) == before
+
+
+def test_a_stored_spec_loopeval_cannot_rebuild_is_one_line(intact: Path, tmp_path: Path,
+                                                           capfd: pytest.CaptureFixture[str]) -> None:
+    db = _damaged(intact, tmp_path, "runs.spec", "'{\"batch_size\": 4, \"unknown_field\": 1}'")
+    with sqlite3.connect(db) as conn:
+        conn.execute(f"UPDATE runs SET status = 'interrupted' WHERE id = {DAMAGED}")
+    conn.close()
+    capfd.readouterr()
+    assert main(["run", "--resume", str(DAMAGED), "--db", str(db), "--no-report"]) == 2
+    line = _one_line(capfd.readouterr().err, f"loopeval: error: run {DAMAGED}: runs.spec does not hold ")
+    assert "unknown_field" in line and f"sqlite:///{db}" in line
+
+
+def test_a_new_run_beside_a_damaged_one_runs_and_names_it(intact: Path, tmp_path: Path,
+                                                          capfd: pytest.CaptureFixture[str]) -> None:
+    db = _damaged(intact, tmp_path, "runs.sampling", "'{'")
+    capfd.readouterr()
+    assert main(["run", "--model", "preset:coreloop-tiny", "--tasks", "addition", "--limit", "1", "--samples", "1",
+                 "--max-new-tokens", "2", "--db", str(db), "--no-report"]) == 0
+    out, err = capfd.readouterr()
+    assert _one_line(err, f"run {DAMAGED} skipped: runs.sampling is not valid JSON")
+    assert "preset:coreloop-tiny" in out
+
+
+def test_a_database_whose_every_run_is_damaged_says_so(intact: Path, tmp_path: Path,
+                                                       capfd: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "all.sqlite"
+    shutil.copy(intact, db)
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE runs SET host = '{'")
+    conn.close()
+    capfd.readouterr()
+    assert main(["dashboard", "--db", str(db), "--out", str(tmp_path / "report.html")]) == 2
+    lines = capfd.readouterr().err.strip().splitlines()
+    assert lines[:3] == [f"run {run_id} skipped: runs.host is not valid JSON (sqlite:///{db})" for run_id in (1, 2, 3)]
+    assert lines[3:] == [f"loopeval: error: the database sqlite:///{db} holds no run loopeval can read: each holds a "
+                         "damaged value (named above)"]
+
+
+def test_the_scan_finds_only_the_damaged_runs(intact: Path, tmp_path: Path) -> None:
+    db = _damaged(intact, tmp_path, "samples.score", "'x'")
+    assert list(damaged_runs(open_existing(str(db)))) == [DAMAGED]
+    assert damaged_runs(open_existing(str(intact))) == {}
+    null = _damaged(intact, tmp_path, "runs.model_config", "'null'")  # what SQLAlchemy stores for None: intact
+    assert damaged_runs(open_existing(str(null))) == {}
+
+
+def _remount_read_only(folder: Path) -> None:
+    """Remount the tests' tmpfs (`small_disk`, where the test has put its files) read-only."""
+    subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True)
+    with pytest.raises(OSError):
+        (folder / "probe").write_text("x")
+
+
+def test_a_database_on_a_read_only_mount_is_read_and_never_written(
+        intact: Path, small_disk: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    db = small_disk / "r.sqlite"
+    shutil.copy(intact, db)
+    _remount_read_only(small_disk)
+    capfd.readouterr()
+    assert main(["results", "--json", "--db", str(db)]) == 0
+    assert [run["id"] for run in json.loads(capfd.readouterr().out)] == [1, 2, 3]
+    assert main(["dashboard", "--db", str(db), "--out", str(tmp_path / "report.html")]) == 0
+    new_run = ["run", "--model", "preset:qwen3-tiny", "--tasks", "addition", "--limit", "1"]
+    for command in (["run", "--resume", "1"], new_run):
+        capfd.readouterr()
+        assert main([*command, "--db", str(db), "--no-report"]) == 2
+        assert _one_line(capfd.readouterr().err, "loopeval: error: ") == f"loopeval: error: database {db} is not writable"
+    assert sorted(p.name for p in small_disk.iterdir()) == ["r.sqlite"]
+
+
+def test_a_damaged_run_on_a_read_only_mount_is_named_and_the_others_shown(
+        intact: Path, small_disk: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    db = small_disk / "r.sqlite"
+    shutil.copy(_damaged(intact, tmp_path, "runs.started_at", "'last week'"), db)
+    _remount_read_only(small_disk)
+    capfd.readouterr()
+    assert main(["results", "--json", "--db", str(db)]) == 0
+    out, err = capfd.readouterr()
+    assert [run["id"] for run in json.loads(out)] == [1, 3]
+    assert _one_line(err, f"run {DAMAGED} skipped: runs.started_at holds 'last week', not a date (sqlite:///{db})")
+
+
+def test_an_old_schema_on_a_read_only_mount_is_one_line(small_disk: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    db = small_disk / "old.sqlite"
+    shutil.copy(Path(__file__).with_name("data") / "made-by-4ad3e07.sqlite", db)
+    _remount_read_only(small_disk)
+    capfd.readouterr()
+    assert main(["results", "--db", str(db)]) == 2
+    line = _one_line(capfd.readouterr().err, f"loopeval: error: database {db} is not writable, and its schema")
+    assert "cannot be upgraded there" in line
+
+
+def test_a_json_value_of_the_wrong_shape_on_postgres_is_named_and_the_others_shown(
+        postgres_url: str, capfd: pytest.CaptureFixture[str]) -> None:
+    """A server enforces its columns' types, so only a JSON value's shape can be wrong there; the runs holding one
+    are left out through the same temporary views, and the password stays hidden."""
+    from db.store import Store
+
+    store = Store.open(postgres_url)
+    ids = [store.create_run(sweep_id="pg", model_spec="preset:qwen3-tiny", adapter="preset", suite="synthetic",
+                            tasks=["addition"], sampling={"temperature": 1.0}, seed=seed, status="finished")
+           for seed in range(3)]
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql(f"UPDATE runs SET sampling = '[1, 2]' WHERE id = {ids[1]}")
+        conn.exec_driver_sql(f"UPDATE runs SET tasks = '{{\"a\": 1}}' WHERE id = {ids[2]}")
+    store.close()
+    capfd.readouterr()
+    assert main(["results", "--json", "--db", postgres_url]) == 0
+    out, err = capfd.readouterr()
+    assert [run["id"] for run in json.loads(out)] == ids[:1]
+    lines = err.strip().splitlines()
+    assert [line.split(" (")[0] for line in lines] == [f"run {ids[1]} skipped: runs.sampling is not a JSON object",
+                                                       f"run {ids[2]} skipped: runs.tasks is not a JSON list of names"]
+    password = postgres_url.split("@")[0].rsplit(":", 1)[1]
+    assert "***@" in err and password not in err
