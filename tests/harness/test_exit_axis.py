@@ -126,7 +126,7 @@ def test_the_report_draws_accuracy_against_loops_per_token(swept: tuple[Path, st
     named = {c[0] for trace in memory if trace.get("customdata") for c in trace["customdata"]}
     assert named == {"r=4 exit gate 0.5", "r=4 exit gate 0.8", "r=4 exit gate 1"}, "the memory figure's hover tells them apart"
     lines = {trace["name"] for trace in blobs[key.replace("compute-loops", "loops") + "|kv_bytes_allocated"]["data"]}
-    assert {f"zoo:ouro-tiny exit gate {t:g} accuracy" for t in THRESHOLDS} <= lines, "against r: a line per threshold"
+    assert {f"zoo:ouro-tiny exit gate {t:g}" for t in THRESHOLDS} <= lines, "against r: a line per threshold (its accuracy)"
     engine = open_existing(f"sqlite:///{db}")
     depth = depth_points(engine, key.split("|")[1])
     engine.dispose()
