@@ -103,7 +103,9 @@ def _hover_first_point(page: Any) -> str:
     Plotly's drag layer lies over the markers, so the mouse is moved to the spot rather than
     hovering the element.
     """
+    page.locator(POINTS).first.scroll_into_view_if_needed()  # the answer above may push the figure past the fold
     box = page.locator(POINTS).first.bounding_box()
+    page.mouse.move(0, 0)  # off the figure first: a redrawn figure whose first marker sits where the mouse is gets no move
     page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
     page.wait_for_selector("#accuracy-memory .hoverlayer .hovertext", timeout=10_000)
     return "".join(_texts(page, "#accuracy-memory .hoverlayer .hovertext"))
