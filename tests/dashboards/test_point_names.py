@@ -11,7 +11,7 @@ import pytest
 from dashboards import figures
 from dashboards.data import accuracy_points, answer, depth_points
 from db.store import Store
-from stored_runs import MODEL, store_run
+from tests.support.stored_runs import MODEL, store_run
 
 MELT = "zoo:melt-tiny"
 
