@@ -15,6 +15,7 @@ from dashboards.report import build_report
 from db import queries
 from db.session import open_existing
 from harness.cli import main
+import measures
 
 pytestmark = pytest.mark.slow  # needs the real sweep of conftest.py
 
@@ -70,7 +71,7 @@ def test_the_app_offers_the_selected_sets_models_loops_and_measures_only(two_set
     offered = [option["value"] for option in measures]
     assert offered and not {"nvml_process", "torch_allocated"} & set(offered) and measure == offered[0]
     everything = accuracy_points(engine, older)
-    assert offered == [m for m in figures.MEMORY_MEASURES if m in everything and everything[m].notna().any()]
+    assert offered == [m for m in measures.MEMORY_MEASURES if m in everything and everything[m].notna().any()]
     models, _, loops, _, _, kept = set_choices(engine, older, "rss")
     assert models == sorted(everything["model"].unique()) and len(models) > 1 and kept == "rss"
     assert loops == sorted(int(r) for r in everything["loops"].unique())
