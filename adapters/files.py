@@ -30,7 +30,7 @@ import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from adapters.base import AdapterError
 
@@ -172,14 +172,18 @@ def _umask() -> int:
         return mask
 
 
-def write_atomically(path: str | os.PathLike[str], data: bytes) -> None:
-    """Replace `path` with `data` in one step: the file is either the old one or the whole new one (OSError otherwise)."""
+def write_atomically(path: str | os.PathLike[str], data: bytes | Callable[[BinaryIO], None]) -> None:
+    """Replace `path` with `data` in one step: the file is either the old one or the whole new one (OSError otherwise).
+
+    `data` is the bytes, or a function that writes them into the open file: a training state (weights and optimizer)
+    is streamed by `torch.save` rather than held in memory twice.
+    """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would hide the file from its group; open() would not
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            data(fh) if callable(data) else fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())  # a full disk fails here, before the old file is touched
         os.replace(tmp, path)

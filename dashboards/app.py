@@ -27,17 +27,14 @@ from flask import abort, request
 from sqlalchemy import Engine
 
 from dashboards import figures, views
-from dashboards.data import DEFAULT_CONTEXT_TOKENS, SAMPLE_BUDGET, SAMPLE_TEXT_CHARS, accuracy_points, browse_samples
+from dashboards.data import (DEFAULT_CONTEXT_TOKENS, SAMPLE_BUDGET, SAMPLE_COLUMNS, SAMPLE_TEXT_CHARS, accuracy_points,
+                             browse_samples)
 from db import ResultsError, queries
 from db.session import open_existing
 from db.stored import hidden, hide_damaged
+import measures
 
 REFRESH_SECONDS = 10
-SAMPLE_COLUMNS = {
-    "run_id": "run", "model": "model", "loops": "loops", "task": "task", "doc_id": "doc", "sample_index": "sample",
-    "prompt": "prompt", "output": "output", "gold": "gold", "score": "score", "prompt_tokens": "prompt tokens",
-    "generated_tokens": "generated tokens", "verdict": "verdict",
-}
 GRAPH_CONFIG = {"displaylogo": False}  # Plotly's logo links to plotly.com: no link in the page may leave it
 ANSWER_STYLE = {"fontSize": "1.1em", "background": "#f2f6fc", "borderLeft": "4px solid #3a6fc4", "padding": "0.7em 1em"}
 _ROW = {"display": "flex", "gap": "2em", "flexWrap": "wrap", "alignItems": "flex-start", "margin": "0.5em 0"}
@@ -58,8 +55,8 @@ def set_choices(engine: Engine, set_id: str | None, measure: str | None) -> tupl
     points = accuracy_points(engine, set_id) if set_id else pd.DataFrame(columns=["model", "loops"])
     models = sorted(points["model"].unique().tolist())
     loops = sorted(int(r) for r in points["loops"].dropna().unique())
-    present = figures.available_measures(points) or list(figures.MEMORY_MEASURES)
-    options = [{"label": figures.MEMORY_MEASURES[key], "value": key} for key in present]
+    present = figures.available_measures(points) or list(measures.MEMORY_MEASURES)
+    options = [{"label": measures.MEMORY_MEASURES[key], "value": key} for key in present]
     return models, models, loops, loops, options, measure if measure in present else present[0]
 
 
@@ -175,7 +172,7 @@ def _number(value: Any) -> bool:
 # before a callback runs. One missing here is refused too (tests check the table is complete).
 INPUT_CHECKS: dict[str, Callable[[Any], bool]] = {
     "set.value": _text, "task.value": _text, "models.value": _list_of(_text), "loops.value": _list_of(_integer),
-    "measure.value": lambda value: value is None or value in figures.MEMORY_MEASURES, "context.value": _number,
+    "measure.value": lambda value: value is None or value in measures.MEMORY_MEASURES, "context.value": _number,
     "refresh.n_intervals": _integer, "depth-set.value": _text, "probe.value": _integer, "run.value": _integer,
     "sample-task.value": _text, "sample-model.value": _text,
     "sample-verdict.value": lambda value: value in ("all", "correct", "wrong"),

@@ -20,7 +20,7 @@ import pandas as pd
 from sqlalchemy import Engine
 
 from dashboards import figures
-from dashboards.figures import ANALYTIC, WEIGHTS_PLUS_KV, config_labels, pareto_mask, series_name
+from dashboards.figures import config_labels, pareto_mask, series_name
 from db import queries
 from db.headline import SUITE, group_means, headline
 from db.sets import id_ranges
@@ -81,9 +81,9 @@ def with_derived_measures(points: pd.DataFrame, context_tokens: int = DEFAULT_CO
     for column in ("weights_bytes", "kv_bytes_allocated"):
         if column not in points:
             points[column] = np.nan
-    points[WEIGHTS_PLUS_KV] = points["weights_bytes"] + points["kv_bytes_allocated"]
-    points[ANALYTIC] = [analytic_bytes(config, context_tokens) for config in points.get("model_config", [])]
-    points[ANALYTIC] = points[ANALYTIC].astype("float64")
+    points[measures.WEIGHTS_PLUS_KV] = points["weights_bytes"] + points["kv_bytes_allocated"]
+    points[measures.ANALYTIC] = [analytic_bytes(config, context_tokens) for config in points.get("model_config", [])]
+    points[measures.ANALYTIC] = points[measures.ANALYTIC].astype("float64")
     return with_compute_measures(points)
 
 
@@ -224,6 +224,12 @@ def profile_points(engine: Engine) -> pd.DataFrame:
 
 SAMPLE_BUDGET = 600  # samples the browsers hold, spread over runs, tasks and verdicts (queries.sample_spread)
 SAMPLE_TEXT_CHARS = 1500  # of each prompt, output and gold: a 32k-token answer must not weigh down the page
+# The sample browsers' columns, in order: the `browse_samples` column -> its heading, in the report and the app.
+SAMPLE_COLUMNS = {
+    "run_id": "run", "model": "model", "loops": "loops", "task": "task", "doc_id": "doc", "sample_index": "sample",
+    "prompt": "prompt", "output": "output", "gold": "gold", "score": "score", "prompt_tokens": "prompt tokens",
+    "generated_tokens": "generated tokens", "verdict": "verdict",
+}
 
 
 def clip(text: object, limit: int = SAMPLE_TEXT_CHARS) -> str | None:

@@ -28,24 +28,8 @@ import plotly.express as px
 import plotly.graph_objects as go
 
 from db.sets import config_fields, id_ranges
-from measures import BY_NAME, BYTE_UNITS, COMPUTE_BY_NAME, GB
+from measures import ANALYTIC, BYTE_UNITS, COMPUTE_BY_NAME, GB, MEMORY_MEASURES, WEIGHTS_PLUS_KV
 
-# Selectable memory measures of the accuracy-against-memory plot: key (a DataFrame column) -> label, the
-# stored ones labelled by `measures` (each a run's peak), the two derived ones (`dashboards.data`) here.
-# The order is the default's (`default_measure`, the one home of it): what the model holds, as the MELT paper's
-# memory comparison counts it and as a user quoting "accuracy per GB" means it: the process's NVML total on a GPU,
-# else weights + KV cache peak. KV alone is one `--measure` away.
-WEIGHTS_PLUS_KV = "weights_bytes + kv_bytes_allocated"
-ANALYTIC = "analytic"
-MEMORY_MEASURES: dict[str, str] = {
-    "nvml_process": BY_NAME["nvml_process"].label,
-    WEIGHTS_PLUS_KV: "weights + KV cache peak",
-    "kv_bytes_allocated": BY_NAME["kv_bytes_allocated"].label,
-    "torch_allocated": BY_NAME["torch_allocated"].label,
-    "kv_bytes_reserved": BY_NAME["kv_bytes_reserved"].label,
-    ANALYTIC: "analytic weights + KV",
-    "rss": BY_NAME["rss"].label,
-}
 KV_ONLY = ("kv_bytes_allocated", "kv_bytes_reserved")  # the measures that leave the weights out
 # What users quote as a model's memory: the answer says when one of them would rank another point first.
 QUOTED_MEASURES = ("nvml_process", WEIGHTS_PLUS_KV, "kv_bytes_allocated", "rss")

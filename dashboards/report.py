@@ -29,11 +29,12 @@ from sqlalchemy import Engine
 
 from adapters.files import write_atomically
 from dashboards import figures, views
-from dashboards.data import DEFAULT_CONTEXT_TOKENS, SAMPLE_TEXT_CHARS, accuracy_points, browse_samples
+from dashboards.data import DEFAULT_CONTEXT_TOKENS, SAMPLE_COLUMNS, SAMPLE_TEXT_CHARS, accuracy_points, browse_samples
 from db import ResultsError, queries
 from db.headline import SUITE
 from db.session import open_existing
 from db.stored import hide_damaged
+import measures
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 
@@ -66,22 +67,26 @@ def _runs_table(engine: Engine) -> str:
     return f"<table class='runs'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
 
-SAMPLE_COLUMNS = ("run", "model", "loops", "task", "doc", "sample", "prompt", "output", "gold", "score",
-                  "prompt tokens", "generated tokens", "verdict")
 SAMPLE_PAGE_ROWS = 20  # the browser draws one page of rows at a time, so the page stays short
+_NUMBERS = {"score": float, "prompt_tokens": int, "generated_tokens": int}  # may be missing: null, never NaN
+
+
+def _sample_cell(column: str, value: Any) -> Any:
+    """One cell of the sample browser as JSON: loops as the figures label them, a missing number as null."""
+    if column == "loops":
+        return figures.loops_label(value)
+    if column in _NUMBERS:
+        return None if pd.isna(value) else _NUMBERS[column](value)
+    return value
 
 
 def _sample_rows(engine: Engine) -> list[list[Any]]:
-    """The sample browser's rows (`data.browse_samples`), as JSON lists in SAMPLE_COLUMNS order.
+    """The sample browser's rows (`data.browse_samples`), as JSON lists in `data.SAMPLE_COLUMNS` order.
 
     The page's script puts each cell in with textContent, so stored text never becomes markup.
     """
-    frame = browse_samples(engine)
-    number = lambda value, kind=int: None if pd.isna(value) else kind(value)  # noqa: E731
-    return [[row["run_id"], row["model"], figures.loops_label(row["loops"]), row["task"], row["doc_id"],
-             row["sample_index"], row["prompt"], row["output"], row["gold"], number(row["score"], float),
-             number(row["prompt_tokens"]), number(row["generated_tokens"]), row["verdict"]]
-            for row in frame.to_dict("records")]
+    rows = browse_samples(engine).to_dict("records")
+    return [[_sample_cell(column, row[column]) for column in SAMPLE_COLUMNS] for row in rows]
 
 
 def _shared_template(blobs: dict[str, Any]) -> Any:
@@ -183,8 +188,8 @@ def _selectors(engine: Engine, measure: str, context_tokens: int) -> dict[str, s
     tasks = sorted({task for set_id in queries.eval_sets(engine)["set_id"] for task in queries.tasks(engine, set_id)},
                    key=lambda task: (task != SUITE, task))
     controls["task"] = ("task", _options(tasks))
-    labels = [figures.measure_label(m, context_tokens) for m in figures.MEMORY_MEASURES]
-    controls["measure"] = ("memory measure", _options(list(figures.MEMORY_MEASURES), labels, selected=measure))
+    labels = [figures.measure_label(m, context_tokens) for m in measures.MEMORY_MEASURES]
+    controls["measure"] = ("memory measure", _options(list(measures.MEMORY_MEASURES), labels, selected=measure))
     return {name: f'<label>{html.escape(label)} <select id="{name}">{options}</select></label>'
             for name, (label, options) in controls.items()}
 
@@ -229,7 +234,7 @@ def build_report(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -
         runs_table=_runs_table(engine),
         sample_task_options=_options(["*", *sample_tasks], ["all tasks", *sample_tasks]),
         sample_model_options=_options(["*", *sample_models], ["all models", *sample_models]),
-        sample_head="".join(f"<th>{html.escape(c)}</th>" for c in SAMPLE_COLUMNS),
+        sample_head="".join(f"<th>{html.escape(c)}</th>" for c in SAMPLE_COLUMNS.values()),
         samples_note=html.escape(
             f"{len(samples)} of {total} samples, spread evenly over every run, task and verdict "
             f"(the served app filters them in the database)" if len(samples) < total else f"all {total} samples")
@@ -238,7 +243,7 @@ def build_report(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -
         figures_json=_script_json(blobs),
         template_json=_script_json(template),
         views_json=_script_json(_page_views()),
-        samples_json=_script_json({"columns": SAMPLE_COLUMNS, "rows": samples, "pageRows": SAMPLE_PAGE_ROWS}),
+        samples_json=_script_json({"columns": list(SAMPLE_COLUMNS.values()), "rows": samples, "pageRows": SAMPLE_PAGE_ROWS}),
         config_json=_script_json(PLOT_CONFIG),
     )
 

@@ -170,7 +170,7 @@ def _set_tasks(engine: Engine) -> list[Selection]:
 
 
 def _each_measure(case: Selection) -> list[Selection]:
-    return [dataclasses.replace(case, measure=measure) for measure in figures.MEMORY_MEASURES]
+    return [dataclasses.replace(case, measure=measure) for measure in measures.MEMORY_MEASURES]
 
 
 def _accuracy_vs_loops_per_token(points: pd.DataFrame, picked: Selection) -> go.Figure:

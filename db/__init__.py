@@ -1,5 +1,7 @@
 """The results store: SQLAlchemy models, engine/session setup, Alembic migrations and queries."""
 
+DB_ENV = "LOOPEVAL_DB"  # the results database's URL; here, not in session.py, so hints name it without sqlalchemy
+
 
 class ResultsError(ValueError):
     """A results-database problem the user can fix (bad URL, not a SQLite file, newer schema, no results).

@@ -29,9 +29,8 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
 
-from db import ResultsError
+from db import DB_ENV, ResultsError
 
-DB_ENV = "LOOPEVAL_DB"
 DEFAULT_DB_PATH = Path("results") / "loopeval.sqlite"
 BUSY_TIMEOUT_MS = 60_000  # a writer waits this long for another process's transaction
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")

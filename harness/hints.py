@@ -8,6 +8,8 @@ import shutil
 import sys
 from urllib.parse import urlsplit
 
+from db import DB_ENV
+
 
 def env_command(name: str) -> str:
     """This environment's `name` (loopeval, python) as a hint the user can paste and run: the bare name
@@ -22,9 +24,6 @@ def env_command(name: str) -> str:
     if (found and os.path.abspath(found) == script) or not os.path.exists(script):
         return name
     return shlex.quote(script)
-
-
-DB_ENV = "LOOPEVAL_DB"  # as db.session reads it; named here so hints stay free of sqlalchemy
 
 
 def has_password(db: str) -> bool:

@@ -28,7 +28,7 @@ begin "loopeval${extra} and its pinned dependencies (constraints.txt)"
 if [ -n "$extra" ]; then
     # Debian packages only the tests use: Chromium drives the dashboard browser tests (browser
     # downloads fail offline); bubblewrap is the sandbox HumanEval runs model-written code in; the
-    # Postgres tests start a throwaway cluster with the server's initdb and pg_ctl (tests/pg.py),
+    # Postgres tests start a throwaway cluster with the server's initdb and pg_ctl (tests/support/pg.py),
     # which Debian keeps in /usr/lib/postgresql/N/bin, off PATH.
     missing=()
     command -v chromium >/dev/null 2>&1 || missing+=(chromium)

@@ -1,6 +1,6 @@
 """Shared pytest fixtures. Tests run on the CPU with real tensors, real SQLite files and the real LightEval pipeline.
 
-Services are real too: a throwaway Postgres server (`postgres_server`, `postgres_url`; tests/pg.py)
+Services are real too: a throwaway Postgres server (`postgres_server`, `postgres_url`; tests/support/pg.py)
 and a local Ray instance with 2 CPUs (`ray_address`), never mocks of either. Where one cannot run,
 its tests skip with the reason (or fail, with LOOPEVAL_REQUIRE_SERVICES set, as .ci/run does).
 """
@@ -48,8 +48,8 @@ def _service_missing(reason: str) -> None:
 
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[Any]:
-    """A throwaway Postgres cluster for the whole session (tests/pg.py), stopped and deleted at the end."""
-    import pg
+    """A throwaway Postgres cluster for the whole session (tests/support/pg.py), stopped and deleted at the end."""
+    from tests.support import pg
 
     reason = pg.unavailable()
     if reason:

@@ -266,6 +266,18 @@ ONE_HOME = {
     "the analytic memory formula": (re.compile(r"latent_bytes_per_token\"?\]?\s*\*\s*min\("), "measures/__init__.py"),
     "a list of four or more measure names": (re.compile(r"""[(\[]\s*(?:{name}\s*,\s*){{3,}}{name}""".format(
         name=r"""["'](?:weights_bytes|kv_bytes_\w+|torch_\w+|nvml_\w+|rss\w*)["']""")), "measures/__init__.py"),
+    # the settings issue 46 gave one home: a second definition, or the literal it would be written with, anywhere else
+    "the atomic file write (temporary file, then rename)": (re.compile(r"\bos\.(?:replace|rename)\(|\bmkstemp\("),
+                                                            "adapters/files.py"),
+    "LOOPEVAL_DB's name": (re.compile(r"""["']LOOPEVAL_DB["']|^DB_ENV\b[^=\n]*=""", re.M), "db/__init__.py"),
+    "the sample browsers' columns": (re.compile(r"""^SAMPLE_COLUMNS\b[^=\n]*=|["']prompt_tokens["']\s*:\s*["']prompt """
+                                                r"""tokens["']|["']prompt tokens["']\s*,\s*["']generated tokens["']""", re.M),
+                                     "dashboards/data.py"),
+    "the selectable memory measures": (re.compile(r"^(?:MEMORY_MEASURES|WEIGHTS_PLUS_KV|ANALYTIC)\b[^=\n]*=", re.M),
+                                       "measures/__init__.py"),
+    "a memory measure's label": (re.compile(r"""["'](?:(?:weights \+ )?KV cache peak|analytic weights \+ KV|NVML process """
+                                            r"""peak|torch allocated peak|process RSS peak \(CPU\))["']\s*[,)}\]]"""),
+                                 "measures/__init__.py"),
 }
 # The old homes issue 30 moved (the memory vocabulary, LightEval's bridge, the run-row and loops setters), gone: a
 # module there again, or a name defined outside its one home (None: nowhere), is a second home.

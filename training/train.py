@@ -32,7 +32,6 @@ from __future__ import annotations
 import copy
 import functools
 import json
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -334,16 +333,13 @@ class Trainer:
         _truncate_log(self.log_path, self.step)
 
     def save(self) -> None:
-        tmp = self.state_path.with_suffix(".tmp")
-        torch.save(
-            {
-                "recipe": self._recipe_record(), "step": self.step, "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(), "cpu_seconds": self.cpu_seconds, "wall_seconds": self.wall_seconds,
-                "tokens": self.tokens,
-            },
-            tmp,
-        )
-        os.replace(tmp, self.state_path)
+        """The resume state, written whole or not at all: a kill mid-save leaves the previous state to resume from."""
+        state = {
+            "recipe": self._recipe_record(), "step": self.step, "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(), "cpu_seconds": self.cpu_seconds, "wall_seconds": self.wall_seconds,
+            "tokens": self.tokens,
+        }
+        write_atomically(self.state_path, lambda fh: torch.save(state, fh))
 
     def train_step(self) -> dict[str, Any] | None:
         """One optimizer step on the step's batch; its loss record on logging steps, else None."""

@@ -15,6 +15,7 @@ import typer
 
 from adapters.threads import ENV_VAR as THREADS_ENV
 from adapters.threads import SMALL_MODEL_PARAMS
+from measures import MEMORY_MEASURES
 from harness.errors import UserError
 from harness.hints import env_command, with_db
 
@@ -199,8 +200,8 @@ def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = No
     evals = [r for r in runs if r["kind"] == "eval"]
     sets = _order_sets(evals)
     measure = None if measure is None else canonical(measure)
-    if measure is not None and measure not in figures.MEMORY_MEASURES:
-        raise UserError(f"--measure must be one of {', '.join(figures.MEMORY_MEASURES)}, got {measure!r}")
+    if measure is not None and measure not in MEMORY_MEASURES:
+        raise UserError(f"--measure must be one of {', '.join(MEMORY_MEASURES)}, got {measure!r}")
     rank = rank or DEFAULT_RANKING
     if rank not in RANKINGS:
         raise UserError(f"--rank must be one of {', '.join(RANKINGS)}, got {rank!r}")

@@ -1,7 +1,7 @@
 """The engine against transformers, against itself (cache vs recompute, batch vs single) and against its memory model.
 
 Two float32 computations of the same logits agree within what rounding allows on the model compared
-(`tests/rounding.py`: 2 sqrt(n) u times the model's measured sensitivity), a bound that holds on any CPU's
+(`tests/support/rounding.py`: 2 sqrt(n) u times the model's measured sensitivity), a bound that holds on any CPU's
 kernels, where the fixed 1e-4 and 1e-5 were fitted to one.
 """
 
@@ -27,7 +27,7 @@ from adapters.engine.sampling import sample
 from adapters.engine.memory import count_params, estimate, kv_bytes
 from adapters.engine.model import LoopedLM
 from adapters.engine.streams import stream_rows
-from tests.rounding import rounding_bound
+from tests.support.rounding import rounding_bound
 
 GREEDY = Sampling(temperature=0.0, max_new_tokens=12)
 

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 import torch
-from test_scheduler import Watch, pool_for, tiny_budget
+from tests.support.kv_pool import Watch, pool_for, tiny_budget
 
 import adapters
 from adapters.base import AdapterError, Request, Sampling

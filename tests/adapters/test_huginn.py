@@ -7,7 +7,7 @@ zero state) at r = 1, 4 and 32, and the random state at r = 4, which `LoopedLM.f
 after `torch.manual_seed(seed)`. Generation draws each token's state from its sample's own stream instead
 (`tests/adapters/test_state_draws.py`), so only the zero state's continuations are the official ones.
 
-The logits agree within what float32 rounding allows on this checkpoint (`tests/rounding.py`), not a fixed
+The logits agree within what float32 rounding allows on this checkpoint (`tests/support/rounding.py`), not a fixed
 1e-5: its 32-step recurrence on random weights amplifies rounding (10x more on the third prompt than on the others),
 so the kernels of other CPUs (AVX512, AVX2, scalar) put that prompt's r = 32 logits 3e-5 to 7e-5 from the fixture;
 the bound, measured from the model's own sensitivity, is 4.6e-4 there and 3e-5 to 8e-5 elsewhere.
@@ -32,7 +32,7 @@ from adapters.engine.model import LoopedLM
 from adapters.engine.io.presets import preset
 from adapters.testing import save_tiny_huginn, tiny_huginn_tensors
 from harness.cli import main
-from tests.adapters.recurrent_reference import (
+from tests.support.recurrent_reference import (
     DISCRIMINATES,
     assert_greedy_is_the_reference,
     assert_logits_are_the_reference,

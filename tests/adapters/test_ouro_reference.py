@@ -4,7 +4,7 @@ The reference (`tests/adapters/data/ouro_reference.json`) comes from `scripts/ou
 `modeling_ouro.py` (a public copy of the one on the model hub; the fixture records which) in float32 on the tiny checkpoint
 `adapters.testing.save_tiny_ouro` builds from a seed: 48 layers of width 64, 4 trained loops. The tests build the same
 checkpoint, load it through `ouro:DIR` as a user would, and compare the logits of every position at r = 1, 4 and 6,
-within what float32 rounding allows on this checkpoint (`tests/rounding.py`): up to 288 layer passes, whose
+within what float32 rounding allows on this checkpoint (`tests/support/rounding.py`): up to 288 layer passes, whose
 rounding the kernels of another CPU (AVX512, AVX2, scalar) round differently.
 """
 
@@ -21,8 +21,8 @@ import adapters
 from adapters.engine.memory import estimate
 from adapters.engine.io.presets import preset
 from adapters.testing import TINY_OURO_26B, save_tiny_ouro
-from tests.adapters.recurrent_reference import DISCRIMINATES
-from tests.rounding import FIXTURE_DIGITS, rounding_bound
+from tests.support.recurrent_reference import DISCRIMINATES
+from tests.support.rounding import FIXTURE_DIGITS, rounding_bound
 
 pytestmark = pytest.mark.numerics  # run again under a second ATen CPU capability by .ci/run
 

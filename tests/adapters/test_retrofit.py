@@ -4,7 +4,7 @@ The reference (`tests/adapters/data/retrofit_reference.json`) comes from `script
 official `raven_modeling_minimal_llama.py` on the tiny checkpoint `adapters.testing.save_tiny_retrofit` builds from a
 seed (GQA, untied lm_head, Llama 3 RoPE scaling); the tests build the same checkpoint. As for Huginn-0125
 (`test_huginn.py`): the zero initial state at r = 1, 4 and 32, and the random state at r = 4, the logits within what
-float32 rounding allows on this checkpoint (`tests/rounding.py`).
+float32 rounding allows on this checkpoint (`tests/support/rounding.py`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from adapters.engine.model import LoopedLM
 from adapters.engine.io.presets import preset
 from adapters.testing import TINY_RETROFIT, public_config, save_tiny_huginn, save_tiny_retrofit, tiny_retrofit_tensors
 from harness.cli import main
-from tests.adapters.recurrent_reference import (
+from tests.support.recurrent_reference import (
     DISCRIMINATES,
     assert_greedy_is_the_reference,
     assert_logits_are_the_reference,

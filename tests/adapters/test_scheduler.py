@@ -10,11 +10,8 @@ from adapters.base import AdapterError, Request, Sampling
 from adapters.engine.adapter import EngineAdapter, load_preset
 from adapters.engine.serving.continuous import ContinuousEngine
 from adapters.engine.serving.graphs import DecodeGraphs
-from adapters.engine.memory import analytic_terms
-from adapters.engine.serving.paged import BlockPool
+from tests.support.kv_pool import PROMPTS, SAMPLED, Watch, pool_for, tiny_budget
 
-PROMPTS = ["1+2=", "x", "17*3=51; 4*4=", "abcdefghijklmnopqrstu"]
-SAMPLED = Sampling(temperature=1.0, top_p=0.7, max_new_tokens=20, n=3, seed=5)
 PRESETS = ["qwen3-tiny", "ouro-tiny", "melt-tiny", "coreloop-tiny"]
 
 
@@ -26,21 +23,6 @@ def engine(name: str, **overrides) -> EngineAdapter:
 
 def outputs(adapter: EngineAdapter, sampling: Sampling, prompts: list[str] = PROMPTS) -> list[list[int]]:
     return [g.token_ids for g in adapter.generate(prompts, sampling)]
-
-
-def pool_for(adapter: EngineAdapter, sequences: list, spare: bool = False) -> BlockPool:
-    """The pool the adapter's continuous path makes for `sequences`."""
-    return BlockPool.for_workload(adapter.config, adapter.loops, [s.capacity for s in sequences], max_seqs=adapter.max_batch,
-                                  kv_budget=adapter.kv_budget, block_size=adapter.block_size, dtype=adapter.dtype, device=adapter.device,
-                                  spare=spare)
-
-
-def tiny_budget(adapter: EngineAdapter, blocks: int) -> float:
-    """kv_budget in GB for a pool of `blocks` blocks (and the latent buffer) for PROMPTS x SAMPLED at the adapter's settings."""
-    terms = analytic_terms(adapter.config, adapter.loops, "fp32")
-    rows = min(adapter.max_batch, len(PROMPTS) * SAMPLED.n)  # the latent buffer holds the largest step's tokens
-    latent = max(rows, adapter.config.chunk_size if adapter.config.kv_strategy == "gated" else 1)
-    return (blocks * adapter.block_size * terms["kv_bytes_per_token"] + latent * terms["latent_bytes_per_token"]) / 1e9
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -113,43 +95,6 @@ def test_a_resumed_request_draws_only_the_missing_samples_unchanged():
     part: dict[int, list[int]] = {}
     adapter.generate_requests([Request(request.prompt, SAMPLED, samples=(2, 0))], lambda done: part.update((j, g.token_ids) for _, j, g in done))
     assert part == {0: whole[0], 2: whole[2]} and whole[0] != whole[2]
-
-
-class Watch:
-    """Checks the pool's accounting after every step of an engine, from its sequences' own block tables."""
-
-    def __init__(self, engine: ContinuousEngine, sequences: list, config, loops: int) -> None:
-        self.sequences, self.pool, self.steps, self.max_running = sequences, engine.pool, 0, 0
-        self.terms = analytic_terms(config, loops, "fp32")
-        runner = engine.runner
-        step, rows_step = runner.step, runner.rows_step
-
-        def checked(seqs, tokens, **options):  # prefill chunks, and decode steps without decode rows
-            out = step(seqs, tokens, **options)
-            self.check(seqs, sum(map(len, tokens)))
-            return out
-
-        def checked_rows(seqs):  # decode steps on the decode rows: one token per sequence
-            out = rows_step(seqs)
-            self.check(seqs, len(seqs))
-            return out
-
-        runner.step, runner.rows_step = checked, checked_rows
-
-    def check(self, stepped: list, in_flight: int) -> None:
-        """After a step: every sequence holding blocks (running, or admitted and being prefilled) accounts for them."""
-        pool, running = self.pool.manager, [seq for seq in self.sequences if seq.blocks]
-        assert all(seq in running for seq in stepped)
-        self.steps += 1
-        self.max_running = max(self.max_running, len(running))
-        block_bytes = pool.block_size * self.terms["kv_bytes_per_token"]
-        latent = self.terms["latent_bytes_per_token"] * in_flight
-        distinct = {b for seq in running for b in seq.blocks}
-        assert pool.held_blocks == len(distinct)
-        assert pool.kv_bytes_used == pool.tokens_held * self.terms["kv_bytes_per_token"] + latent
-        assert pool.kv_bytes_allocated == pool.held_blocks * block_bytes + latent
-        assert pool.kv_bytes_used <= pool.kv_bytes_allocated <= pool.kv_bytes_used + len(running) * block_bytes
-        assert pool.kv_bytes_allocated <= pool.peak_allocated <= self.pool.kv_bytes_reserved
 
 
 @pytest.mark.parametrize("name", ["ouro-tiny", "melt-tiny"])

@@ -23,7 +23,7 @@ from adapters.engine.families.huginn import Recurrence
 from adapters.engine.model import LoopedLM
 from adapters.engine.streams import stream_key
 from adapters.testing import save_tiny_huginn, save_tiny_retrofit
-from tests.adapters.test_scheduler import tiny_budget
+from tests.support.kv_pool import tiny_budget
 
 pytestmark = pytest.mark.numerics  # run again under a second ATen CPU capability by .ci/run
 

@@ -18,7 +18,7 @@ from dashboards.data import browse_samples
 from db.models import Sample
 from harness.cli import main
 
-from dashboards_browser_helpers import PAYLOAD
+from tests.support.browser import PAYLOAD
 
 
 def _loopeval(*args: str, cwd: Path) -> None:

@@ -14,7 +14,7 @@ from dashboards.report import SAMPLE_PAGE_ROWS, packed_plotlyjs, write_report
 from db.session import open_existing
 from db.store import Store
 from db import queries
-from dashboards_browser_helpers import (CHROMIUM, PAYLOAD, POINTS, VIEWPORT, launch, open_app, open_report, overlapping_texts,
+from tests.support.browser import (CHROMIUM, PAYLOAD, POINTS, VIEWPORT, launch, open_app, open_report, overlapping_texts,
                                         point_count, record, screenshot_app, screenshot_report, served_app, trace_colours,
                                         x_axis_title)
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from dashboards.report import write_report
-from dashboards_browser_helpers import CHROMIUM, POINTS, VIEWPORT, launch, open_app, open_report, record, served_app
+from tests.support.browser import CHROMIUM, POINTS, VIEWPORT, launch, open_app, open_report, record, served_app
 from db.store import Store
 
 pytestmark = [

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from plotly.offline import get_plotlyjs
 
-from dashboards_browser_helpers import LOOPEVAL, PAYLOAD
+from tests.support.browser import LOOPEVAL, PAYLOAD
 from db.session import open_engine
 
 pytestmark = pytest.mark.slow  # end to end: the fast tier (-m 'not slow') skips it

@@ -143,7 +143,7 @@ def test_frontier_is_exactly_the_non_dominated_points(engine, results_url: str) 
                          {"v": float(value), "r": run_id})
     points = accuracy_points(engine, None)
     assert points["accuracy"].nunique() == len(points) > 2
-    for measure in ("kv_bytes_allocated", figures.WEIGHTS_PLUS_KV, "rss", figures.ANALYTIC):
+    for measure in ("kv_bytes_allocated", measures.WEIGHTS_PLUS_KV, "rss", measures.ANALYTIC):
         fig = figures.accuracy_vs_memory(points, measure)
         plotted = _marker_points(fig)
         front = _frontier(fig)
@@ -229,7 +229,7 @@ def test_answer_names_the_best_accuracy_per_gb_and_the_frontier(engine, results_
         per_gb = {(m, r): a / (v / 1e9) for m, r, a, v in zip(points.model, points.loops, points.accuracy, points[measure])}
         return max(per_gb, key=per_gb.get)
 
-    for measure in ("kv_bytes_allocated", "rss", figures.WEIGHTS_PLUS_KV):
+    for measure in ("kv_bytes_allocated", "rss", measures.WEIGHTS_PLUS_KV):
         sentence = answer(points, measure)
         best_model, best_loops = best(measure)
         assert sentence.startswith(f"Best by pass@1 per GB of {figures.measure_words(measure)}: {best_model} r={best_loops} (")
@@ -240,7 +240,7 @@ def test_answer_names_the_best_accuracy_per_gb_and_the_frontier(engine, results_
                     if (v, a) in front]
         assert named.split("; by ")[0].count(" → ") == len(on_front) - 1, "each point of the frontier once"
         assert all(f"{m} r={r} (" in named for m, r in on_front)
-        for other in ("kv_bytes_allocated", "rss", figures.WEIGHTS_PLUS_KV):  # the sentence says where another measure's winner differs
+        for other in ("kv_bytes_allocated", "rss", measures.WEIGHTS_PLUS_KV):  # the sentence says where another measure's winner differs
             model, loops = best(other)
             said = f"{figures.measure_label(other)}{' alone' if other in figures.KV_ONLY else ''}"
             assert (said in named) == (other != measure and best(other) != best(measure)), (measure, other)
@@ -252,8 +252,8 @@ def test_answer_names_the_best_accuracy_per_gb_and_the_frontier(engine, results_
 def test_analytic_measure_follows_the_stored_config(engine) -> None:
     short = accuracy_points(engine, None, context_tokens=1024)
     long = accuracy_points(engine, None, context_tokens=4096)
-    assert short[figures.ANALYTIC].notna().all(), "engine presets store a LoopConfig, so the estimate exists"
-    assert (long[figures.ANALYTIC] > short[figures.ANALYTIC]).all(), "more context, more KV"
+    assert short[measures.ANALYTIC].notna().all(), "engine presets store a LoopConfig, so the estimate exists"
+    assert (long[measures.ANALYTIC] > short[measures.ANALYTIC]).all(), "more context, more KV"
     assert math.isnan(analytic_bytes({"family": "transformers", "config": {"model_type": "x"}}, 1024))
 
 

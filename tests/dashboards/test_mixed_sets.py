@@ -15,6 +15,7 @@ from dashboards.report import build_report
 from db import queries
 from db.session import open_existing
 from harness.cli import main
+import measures
 
 pytestmark = pytest.mark.slow  # needs the real sweep of conftest.py
 
@@ -65,12 +66,12 @@ def test_the_app_offers_the_selected_sets_models_loops_and_measures_only(two_set
 
     engine = open_existing(two_sets_url)
     latest, older = queries.eval_sets(engine)["set_id"]
-    models, checked, loops, _, measures, measure = set_choices(engine, latest, "nvml_process")
+    models, checked, loops, _, options, measure = set_choices(engine, latest, "nvml_process")
     assert models == checked == ["zoo:ouro-tiny"] and loops == [2]
-    offered = [option["value"] for option in measures]
+    offered = [option["value"] for option in options]
     assert offered and not {"nvml_process", "torch_allocated"} & set(offered) and measure == offered[0]
     everything = accuracy_points(engine, older)
-    assert offered == [m for m in figures.MEMORY_MEASURES if m in everything and everything[m].notna().any()]
+    assert offered == [m for m in measures.MEMORY_MEASURES if m in everything and everything[m].notna().any()]
     models, _, loops, _, _, kept = set_choices(engine, older, "rss")
     assert models == sorted(everything["model"].unique()) and len(models) > 1 and kept == "rss"
     assert loops == sorted(int(r) for r in everything["loops"].unique())

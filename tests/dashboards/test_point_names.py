@@ -11,7 +11,8 @@ import pytest
 from dashboards import figures
 from dashboards.data import accuracy_points, answer, depth_points
 from db.store import Store
-from stored_runs import MODEL, store_run
+import measures
+from tests.support.stored_runs import MODEL, store_run
 
 MELT = "zoo:melt-tiny"
 
@@ -47,7 +48,7 @@ def test_a_name_carries_what_tells_the_point_apart_in_its_set(store: Store) -> N
 
 def test_the_answer_names_each_point_once_and_another_measures_winner(store: Store) -> None:
     points = accuracy_points(store.engine, None)
-    sentence = answer(points, figures.WEIGHTS_PLUS_KV)
+    sentence = answer(points, measures.WEIGHTS_PLUS_KV)
     # weights + KV: ouro float32 0.75 / 3.0 MB = 250 per GB beats melt 0.25 / 2.1 MB = 119; KV alone: melt 0.25 / 0.1 MB
     assert sentence.startswith("Best by pass@1 per GB of weights + KV cache peak (what the model holds, weights counted): "
                                f"{MODEL} r=4 (0.750 at 3 MB), 250 pass@1 per GB; the frontier: ")
@@ -55,12 +56,12 @@ def test_the_answer_names_each_point_once_and_another_measures_winner(store: Sto
     assert frontier.split(" → ") == [f"{MELT} r=4 (0.250 at 2.1 MB)", f"{MODEL} r=4 dtype=bfloat16 (0.500 at 2.5 MB)",
                                      f"{MODEL} r=4 (0.750 at 3 MB)"]
     assert sentence.endswith(f"; by KV cache peak alone, {MELT} r=4 would rank first.")
-    assert "would rank first" not in answer(points, figures.WEIGHTS_PLUS_KV, rank="accuracy"), "memory does not rank it"
+    assert "would rank first" not in answer(points, measures.WEIGHTS_PLUS_KV, rank="accuracy"), "memory does not rank it"
 
 
 def test_coincident_points_are_set_side_by_side_with_their_own_hover(store: Store) -> None:
     points = accuracy_points(store.engine, None)
-    fig = figures.accuracy_vs_memory(points, figures.WEIGHTS_PLUS_KV)
+    fig = figures.accuracy_vs_memory(points, measures.WEIGHTS_PLUS_KV)
     (ouro,) = [trace for trace in fig.data if trace.customdata is not None and trace.name == MODEL]
     at = {label: (x, float(held)) for label, x, held in zip(ouro.customdata[:, 0], ouro.x, ouro.customdata[:, 4])}
     # the two exit thresholds and the float32 run hold 3 MB and two of them score alike: set apart, centred on 3 MB

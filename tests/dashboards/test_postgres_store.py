@@ -9,7 +9,7 @@ import subprocess
 import pytest
 from sqlalchemy.engine import make_url
 
-from dashboards_browser_helpers import CHROMIUM, LOOPEVAL, VIEWPORT, launch, open_app, point_count, served_app
+from tests.support.browser import CHROMIUM, LOOPEVAL, VIEWPORT, launch, open_app, point_count, served_app
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 

@@ -6,13 +6,17 @@ real tiny sweep for "every run shows up".
 
 from __future__ import annotations
 
+import json
 import random
+import re
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from dashboards.data import SAMPLE_TEXT_CHARS, browse_samples, clip
+from dashboards.app import create_app
+from dashboards.data import SAMPLE_COLUMNS, SAMPLE_TEXT_CHARS, browse_samples, clip
+from dashboards.report import build_report
 from db import queries
 from db.session import open_existing
 from db.store import Store
@@ -107,3 +111,34 @@ def test_the_sweep_browser_holds_every_run_with_both_verdicts(results_url: str) 
     assert set(rows["run_id"]) == set(stored["run_id"])
     verdicts = stored.assign(verdict=stored["score"].map(_verdict)).groupby("run_id")["verdict"].agg(set)
     assert (rows.groupby("run_id")["verdict"].agg(set) == verdicts).all()
+
+
+def _app_samples(url: str) -> list[dict]:
+    """The app's sample table as the browser receives it, every task, model and verdict."""
+    inputs = [("sample-task", None), ("sample-model", None), ("sample-verdict", "all")]
+    body = {"output": "..samples.data...sample-count.children..", "changedPropIds": [], "state": [],
+            "outputs": [{"id": "samples", "property": "data"}, {"id": "sample-count", "property": "children"}],
+            "inputs": [*({"id": name, "property": "value", "value": value} for name, value in inputs),
+                       {"id": "refresh", "property": "n_intervals", "value": None}]}  # fmt: skip
+    client = create_app(url).server.test_client()
+    reply = client.post("/_dash-update-component", base_url="http://127.0.0.1:8050", json=body)
+    assert reply.status_code == 200, reply.data[:500]
+    return reply.get_json()["response"]["samples"]["data"]
+
+
+def test_the_report_and_the_app_show_the_same_columns_and_cells(engine, tmp_path: Path) -> None:
+    """Both browsers read `data.SAMPLE_COLUMNS`: the report's headings are its labels in order, the app's rows its
+    columns, and every sample reads the same in both (doc ids compared as text: the app sorts them as numbers)."""
+    page = build_report(engine)
+    data = re.search(r'<script id="sample-data" type="application/json">(.*?)</script>', page, re.S).group(1)
+    report = json.loads(data)
+    assert report["columns"] == list(SAMPLE_COLUMNS.values())
+    headings = re.findall(r"<th>([^<]*)</th>", page.split('id="sample-data"')[0])
+    assert headings[-len(SAMPLE_COLUMNS):] == report["columns"]
+    app = _app_samples(f"sqlite:///{tmp_path / 'samples.sqlite'}")
+    assert [list(row) for row in app] == [list(SAMPLE_COLUMNS)] * len(app) and len(app) == len(report["rows"]) > 0
+    as_text = lambda value: None if value is None else str(value)  # noqa: E731
+    assert [[as_text(row[key]) for key in SAMPLE_COLUMNS] for row in app] == \
+        [[as_text(cell) for cell in row] for row in report["rows"]]
+    cells = dict(zip(report["columns"], report["rows"][0]))
+    assert cells["loops"] == "r=1" and isinstance(cells["score"], float) and cells["verdict"] in ("correct", "wrong")

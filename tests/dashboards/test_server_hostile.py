@@ -22,7 +22,7 @@ from dashboards.app import APP_HEADERS, INPUT_CHECKS, MAX_REQUEST_BYTES, create_
 from db.store import Store
 from harness.spec import RunSpec
 
-from dashboards_browser_helpers import served_process
+from tests.support.browser import served_process
 
 pytestmark = pytest.mark.slow  # starts the real server: the fast tier (-m 'not slow') skips it
 

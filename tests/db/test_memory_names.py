@@ -46,7 +46,7 @@ def figure_data(engine: Engine) -> dict[str, Any]:
     points = accuracy_points(engine, set_id)
     return {
         "set_id": set_id,
-        "ranked": {m: _records(ranked(points, m)[RANKED]) for m in figures.MEMORY_MEASURES},
+        "ranked": {m: _records(ranked(points, m)[RANKED]) for m in measures.MEMORY_MEASURES},
         "series": {str(r): _records(queries.memory_series(engine, int(r))) for r in queries.runs(engine, kind=None)["run_id"]},
         "profile": _records(queries.profile_points(engine)),
         "peaks": _records(queries.memory_peaks(engine)),

@@ -11,7 +11,7 @@ import pytest
 from db import queries
 from db.sets import config_fields, config_key, configuration, run_key
 from db.store import Store
-from stored_runs import DOCS, MODEL, SAMPLING, TASKS, store_run
+from tests.support.stored_runs import DOCS, MODEL, SAMPLING, TASKS, store_run
 
 @pytest.fixture()
 def store(tmp_path: Path):

@@ -1,4 +1,4 @@
-"""The results store on a real, throwaway Postgres server (tests/pg.py): migrations, the psycopg 3 driver, concurrent writers.
+"""The results store on a real, throwaway Postgres server (tests/support/pg.py): migrations, the psycopg 3 driver, concurrent writers.
 
 Every test gets a fresh database on the session's server; without a Postgres server here they skip
 with the reason (LOOPEVAL_REQUIRE_SERVICES turns that into a failure, as in .ci/run).

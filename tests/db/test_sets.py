@@ -11,7 +11,7 @@ from db import queries
 from db.headline import benchmark_stderrs, headline_stderr
 from db.sets import EvalSet, run_key, run_set
 from db.store import Store
-from test_store import older_database
+from tests.support.old_databases import older_database
 
 SAMPLING = {"temperature": 1.0, "top_p": 0.7, "top_k": None, "max_new_tokens": 8, "n": 4, "seed": 0, "stop": []}
 FIVE = ["addition", "chain2", "chain3", "chain4", "lookup"]

@@ -21,6 +21,7 @@ from db.session import alembic_config, head_revision, open_engine
 from db.sets import run_key
 from db.store import Store
 from db import ResultsError
+from tests.support.old_databases import older_database
 
 RUN = dict(sweep_id="s1", model_spec="preset:qwen3-tiny", adapter="preset", suite="synthetic")
 
@@ -36,21 +37,6 @@ def test_head_creates_exactly_the_declared_schema(tmp_path: Path) -> None:
         assert context.get_current_revision() == head_revision()
         assert compare_metadata(context, Base.metadata) == []
     assert set(inspect(engine).get_table_names()) == set(Base.metadata.tables) | {"alembic_version"}
-
-
-def older_database(path: Path, revision: str, model: str = "m", tasks: str = "[]", sampling: str = "{}") -> None:
-    """A SQLite file at schema `revision` holding one finished eval run, as an older loopeval wrote it."""
-    engine = create_engine(f"sqlite:///{path}")
-    config = alembic_config()
-    with engine.begin() as conn:
-        config.attributes["connection"] = conn
-        command.upgrade(config, revision)
-        conn.exec_driver_sql(
-            "INSERT INTO runs (sweep_id, kind, model_spec, adapter, model_config, suite, tasks, sampling, seed,"
-            " versions, host, status, started_at) VALUES ('old', 'eval', ?, 'preset', '{}', 'synthetic', ?,"
-            " ?, 0, '{}', '{}', 'finished', '2026-11-30 00:00:00')", (model, tasks, sampling)
-        )
-    engine.dispose()
 
 
 def test_older_database_is_upgraded_and_keeps_its_rows(tmp_path: Path) -> None:

@@ -75,6 +75,25 @@ def test_the_report_is_readable_by_its_group_as_a_file_open_writes(stored_db: Pa
     assert stat.S_IMODE(report.stat().st_mode) == stat.S_IMODE((tmp_path / "plain.txt").stat().st_mode) == 0o640
 
 
+def test_an_interrupted_streamed_write_keeps_the_previous_file(tmp_path: Path) -> None:
+    """The training state is streamed into the file (`torch.save` given the open file): a write stopped after the new
+    state was streamed, before it was synced and renamed, leaves the previous state whole and no temporary file."""
+    state = tmp_path / "train_state.pt"
+    adapters.files.write_atomically(state, lambda fh: torch.save({"step": 1}, fh))
+    before = _digest(state)
+
+    def interrupted(fh) -> None:
+        torch.save({"step": 2, "weights": torch.ones(4096)}, fh)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        adapters.files.write_atomically(state, interrupted)
+    assert _digest(state) == before and torch.load(state)["step"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["train_state.pt"]
+    adapters.files.write_atomically(state, lambda fh: torch.save({"step": 2}, fh))
+    assert torch.load(state)["step"] == 2 and [p.name for p in tmp_path.iterdir()] == ["train_state.pt"]
+
+
 def _model() -> torch.nn.Module:
     return random_model("qwen3-tiny", 0, torch.float32, "cpu")
 

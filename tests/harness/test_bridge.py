@@ -16,7 +16,7 @@ from harness.evaluation import run_suite
 from harness.lighteval_model import LOGLIKELIHOOD_SAMPLE_INDEX, SampleRecord, batch_seed
 from suites import synthetic
 from suites.registry import load_suite
-from tests.rounding import rounding_bound
+from tests.support.rounding import rounding_bound
 
 ANSWERS = {item["prompt"]: item["answer"] for task in synthetic.TASKS for item in synthetic.load_split(task, "test")}
 
@@ -260,7 +260,7 @@ def test_melt_choice_scores_do_not_depend_on_the_batch():
     def every_alone() -> torch.Tensor:
         return torch.tensor([[alone(doc, c) for c in doc.choices] for doc in docs])
 
-    # the padded batch and single rows round differently, as far as float32 rounding carries the model (tests/rounding.py)
+    # the padded batch and single rows round differently, as far as float32 rounding carries the model (tests/support/rounding.py)
     bound = rounding_bound(adapter.model, every_alone)
     together = [response.logprobs for _, response in model._score_choices(docs)]
     assert together == [pytest.approx(row, abs=bound) for row in every_alone().tolist()]

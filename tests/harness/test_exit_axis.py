@@ -27,7 +27,7 @@ from harness.cli import main
 from harness.runner import stored_spec
 from harness.sampler import MemorySampler
 from harness.sweep import build_request
-from rich_tables import body_rows
+from tests.support.rich_tables import body_rows
 
 THRESHOLDS = (0.5, 0.8, 1.0)
 ARGV = ["run", "--model", "zoo:ouro-tiny", "--exit-threshold", "0.5,0.8,1.0", "--loops", "4", "--limit", "3", "--samples", "1"]

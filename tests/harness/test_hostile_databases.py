@@ -3,7 +3,7 @@ that fills in the middle of a run. Each is one `loopeval: error:` line naming th
 stated time, and nothing half-committed: what was stored stays whole and the run continues with `--resume`.
 
 Real things throughout: a TCP server that accepts connections and says nothing, the tests' Postgres server
-(tests/pg.py), and a small tmpfs mount that really fills (the tests run as root; elsewhere those skip with the reason).
+(tests/support/pg.py), and a small tmpfs mount that really fills (the tests run as root; elsewhere those skip with the reason).
 """
 
 from __future__ import annotations

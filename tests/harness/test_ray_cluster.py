@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-import pg
+from tests.support import pg
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from interrupted_runs import SAMPLES, one_at_a_time
+from tests.support.interrupted_runs import SAMPLES, one_at_a_time
 from sqlalchemy import create_engine, inspect, text
 
 from harness.cli import main

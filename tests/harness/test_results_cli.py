@@ -16,8 +16,8 @@ from db.headline import rounded
 from db.sets import run_set
 from db.store import Store
 from harness.cli import main
-from rich_tables import body_rows
-from stored_runs import store_run
+from tests.support.rich_tables import body_rows
+from tests.support.stored_runs import store_run
 
 SAMPLING = {"temperature": 1.0, "top_p": 0.7, "top_k": None, "max_new_tokens": 8, "n": 4, "seed": 0, "stop": []}
 LONG = "transformers:/models/checkpoints/a-rather-long-directory-name/ouro-1.4b-thinking-step-120000"

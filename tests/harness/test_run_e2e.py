@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from interrupted_runs import SAMPLES, one_at_a_time
+from tests.support.interrupted_runs import SAMPLES, one_at_a_time
 
 from harness.cli import main
 from measures import PEAK_MEASURES as MEASURES

@@ -20,7 +20,7 @@ from unittest import mock
 
 import pytest
 
-import pg
+from tests.support import pg
 from harness.cli import main
 from harness.hints import has_password, with_db
 

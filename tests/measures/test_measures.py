@@ -51,8 +51,8 @@ def test_the_lists_derive_from_the_one_table() -> None:
 
 def test_every_old_name_means_a_measure_of_today() -> None:
     for old, new in measures.ALIASES.items():
-        assert old not in measures.PEAK_MEASURES and old not in figures.MEMORY_MEASURES
-        assert new in measures.PEAK_MEASURES or new in figures.MEMORY_MEASURES
+        assert old not in measures.PEAK_MEASURES and old not in measures.MEMORY_MEASURES
+        assert new in measures.PEAK_MEASURES or new in measures.MEMORY_MEASURES
         assert measures.canonical(old) == new and measures.canonical(new) == new
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from lighteval.models.model_output import ModelResponse
 
-from paper_data import HUMANEVAL
+from tests.support.paper_data import HUMANEVAL
 from suites import humaneval, sandbox
 from suites.loader import with_samples
 from suites.paper import task_configs

@@ -15,7 +15,7 @@ import pytest
 from lighteval.models.model_output import ModelResponse
 
 from adapters.base import Sampling
-from paper_data import AIME26, GPQA, HLE, MATH500, OLYMPIAD, ReferenceAdapter, mmlu_rows, write_data_dir, write_rows
+from tests.support.paper_data import AIME26, GPQA, HLE, MATH500, OLYMPIAD, ReferenceAdapter, mmlu_rows, write_data_dir, write_rows
 from suites import SuiteError, paper
 from suites.loader import with_samples
 from suites.registry import load_suite

@@ -1,6 +1,6 @@
 """`loopeval run --suite paper --data-dir DIR` on fixtures of all ten benchmarks, then `loopeval results`.
 
-The model is `ReferenceAdapter` (paper_data.py) loaded as a folder plugin: `reference:right` answers
+The model is `ReferenceAdapter` (tests/support/paper_data.py) loaded as a folder plugin: `reference:right` answers
 every item correctly in the forms reasoning models write, `reference:wrong` answers every item
 wrongly in the same forms. Real pipeline, real sandbox, real SQLite file.
 """
@@ -15,15 +15,15 @@ import pytest
 from db import queries
 from db.session import open_existing
 from harness.cli import main
-from paper_data import write_data_dir
 from suites.paper import TASKS
+from tests.support.paper_data import write_data_dir
 
 PLUGIN = '''
 import sys
 
-sys.path.insert(0, {folder!r})
+sys.path.insert(0, {root!r})  # the checkout, whose tests.support the plugin imports
 from adapters import register
-from paper_data import ReferenceAdapter
+from tests.support.paper_data import ReferenceAdapter
 
 
 @register("reference", "answers the paper fixtures: reference:right or reference:wrong")
@@ -36,7 +36,7 @@ def test_paper_suite_from_the_command_line(tmp_path: Path, capsys: pytest.Captur
     data = write_data_dir(tmp_path / "data")
     plugins = tmp_path / "plugins"
     plugins.mkdir()
-    (plugins / "reference.py").write_text(PLUGIN.format(folder=str(Path(__file__).parent)))
+    (plugins / "reference.py").write_text(PLUGIN.format(root=str(Path(__file__).parents[2])))
     db = tmp_path / "r.sqlite"
     argv = ["run", "--adapters-dir", str(plugins), "--suite", "paper", "--data-dir", str(data), "--model", "reference:right",
             "--model", "reference:wrong", "--samples", "2", "--db", str(db), "--no-report"]  # fmt: skip

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from lighteval.models.model_output import ModelResponse
 
-from paper_data import HUMANEVAL
+from tests.support.paper_data import HUMANEVAL
 from suites import humaneval, sandbox
 
 LIMITS = sandbox.Limits(wall_seconds=4, cpu_seconds=2)

@@ -14,7 +14,7 @@ from adapters.engine.model import LoopedLM
 from training.train import TaskData, load_teacher, train
 from adapters.zoo import get_recipe
 from suites import synthetic
-from tests.rounding import rounding_bound
+from tests.support.rounding import rounding_bound
 
 pytestmark = pytest.mark.slow  # end to end: the fast tier (-m 'not slow') skips it
 
@@ -111,7 +111,7 @@ def test_stage1_at_a0_reproduces_the_teacher(teacher_dir: Path, items: dict) -> 
         out = student(batch.inputs, chunk_size=4, kv_mix=0.0, return_loop_logits=True)
     bound = rounding_bound(teacher, lambda: torch.stack(teacher(batch.inputs, return_loop_logits=True).loop_logits))
     for s, t in zip(out.loop_logits, ref.loop_logits):
-        torch.testing.assert_close(s, t, atol=bound, rtol=0)  # two float32 paths: rounding alone (tests/rounding.py)
+        torch.testing.assert_close(s, t, atol=bound, rtol=0)  # two float32 paths: rounding alone (tests/support/rounding.py)
     assert T.distill_loss(out.loop_logits, ref.loop_logits, batch.token_mask).item() < 1e-6
     # and at a = 1 it is a different model (the gated K/V), which the ramp moves towards
     with torch.no_grad():

@@ -3,7 +3,7 @@
 Each compares the engine on a tiny checkpoint with a fixture the official modelling code wrote
 (`scripts/huginn_reference.py`, `scripts/retrofit_reference.py`, one record layout): logits per prompt and loop
 count, greedy continuations, and the paged pool's accounting against the analytic terms after every step. The
-logits agree within what float32 rounding allows on the checkpoint (`tests/rounding.py`).
+logits agree within what float32 rounding allows on the checkpoint (`tests/support/rounding.py`).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import adapters
 from adapters.base import Request, Sampling
 from adapters.engine.serving.continuous import ContinuousEngine
 from adapters.engine.model import LoopedLM
-from tests.rounding import FIXTURE_DIGITS, rounding_bound
-from tests.adapters.test_scheduler import Watch, pool_for
+from tests.support.rounding import FIXTURE_DIGITS, rounding_bound
+from tests.support.kv_pool import Watch, pool_for
 
 DISCRIMINATES = 1e-3  # what a wrong loop count or initial state moves the logits by, at least
 

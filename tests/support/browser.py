@@ -3,8 +3,8 @@
 Debian's /usr/bin/chromium is used through Playwright's `executable_path` (browser downloads fail
 offline). Run as a script to regenerate the committed screenshots from a results database:
 
-    .venv/bin/python tests/dashboards/dashboards_browser_helpers.py --db results/loopeval.sqlite --out docs/img
-    .venv/bin/python tests/dashboards/dashboards_browser_helpers.py --db lab.sqlite --out docs/img --lab
+    .venv/bin/python -m tests.support.browser --db results/loopeval.sqlite --out docs/img
+    .venv/bin/python -m tests.support.browser --db lab.sqlite --out docs/img --lab
 """
 
 from __future__ import annotations
