@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol, Sequence, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
+from collections.abc import Callable, Sequence
 
 if TYPE_CHECKING:
     import torch
@@ -192,7 +193,7 @@ class Adapter(Protocol):
     tokenizer: Any | None  # a transformers PreTrainedTokenizerBase, or None for token-id-only models
     max_context: int  # prompt + generated tokens the adapter can hold
 
-    def forward_logits(self, input_ids: "torch.Tensor") -> "torch.Tensor":
+    def forward_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Full forward without cache: [batch, length] token ids -> [batch, length, vocab] logits."""
         ...
 

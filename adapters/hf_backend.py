@@ -35,7 +35,8 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
 
 from adapters import threads
 from adapters.base import MODEL_DTYPES, AdapterError, Generation, Prompt, Sampling, dtype_short
@@ -51,7 +52,7 @@ CACHE_KINDS = ("dynamic", "static")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
-def _resolve_dtype(dtype: Any, checkpoint_dtype: "torch.dtype | None", device: str) -> "torch.dtype":
+def _resolve_dtype(dtype: Any, checkpoint_dtype: torch.dtype | None, device: str) -> torch.dtype:
     """Default: the checkpoint's dtype on an accelerator, float32 on the CPU (bf16 matmuls crawl there)."""
     import torch
 
@@ -107,12 +108,12 @@ class TransformersAdapter:
         check_vocabulary(self.spec, vocab, {"eos id": self.eos_token_ids, "pad id": self.pad_token_id}, tokens=tokens)
 
     @property
-    def device(self) -> "torch.device":
+    def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
     # --- Adapter protocol ----------------------------------------------------------------------
 
-    def forward_logits(self, input_ids: "torch.Tensor") -> "torch.Tensor":
+    def forward_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
         import torch
 
         with torch.inference_mode():
@@ -162,7 +163,7 @@ class TransformersAdapter:
         tokenizer, window = self.tokenizer, max(len(s) for s in stops) + 4
 
         class StopOnGeneratedText(StoppingCriteria):
-            def __call__(self, input_ids: "torch.Tensor", scores: "torch.Tensor", **kwargs: Any) -> "torch.Tensor":
+            def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
                 import torch
 
                 tails = tokenizer.batch_decode(input_ids[:, max(prompt_len, input_ids.shape[1] - window):], skip_special_tokens=True)

@@ -55,7 +55,7 @@ TINY_RETROFIT = dict(  # a retrofitted Llama at test size, as convert_llama.py s
 RETROFIT_STATE_GAIN = 0.35  # `tiny_retrofit_tensors`
 
 
-def tiny_huginn_tensors(seed: int = 0) -> dict[str, "torch.Tensor"]:
+def tiny_huginn_tensors(seed: int = 0) -> dict[str, torch.Tensor]:
     """A tiny Huginn's tensors under the official names (`RavenForCausalLM.state_dict()` less the `freqs_cis` buffer
     and the tied `lm_head`), every one random (`_tiny_raven_tensors`)."""
     from adapters.engine.io.raven import huginn_config
@@ -63,7 +63,7 @@ def tiny_huginn_tensors(seed: int = 0) -> dict[str, "torch.Tensor"]:
     return _tiny_raven_tensors(huginn_config(_with_char_vocab(TINY_HUGINN)), seed)
 
 
-def tiny_retrofit_tensors(seed: int = 0) -> dict[str, "torch.Tensor"]:
+def tiny_retrofit_tensors(seed: int = 0) -> dict[str, torch.Tensor]:
     """A tiny retrofitted Llama's tensors under the official names (what `save_pretrained` writes), every one random.
 
     The adapter's columns that read the state are scaled by `RETROFIT_STATE_GAIN`: the recurrence then contracts, as a
@@ -85,7 +85,7 @@ def _with_char_vocab(config: dict) -> dict:
     return {**config, "vocab_size": CHAR_VOCAB_SIZE}
 
 
-def _tiny_raven_tensors(cfg: LoopConfig, seed: int) -> dict[str, "torch.Tensor"]:
+def _tiny_raven_tensors(cfg: LoopConfig, seed: int) -> dict[str, torch.Tensor]:
     """Random tensors of the official layout's shapes, drawn in order from `seed` so that each one matters: norm weights
     near 1, the q/k biases and embeddings small, matrices scaled by 1 / sqrt(fan in)."""
     import torch
@@ -114,7 +114,7 @@ def save_tiny_retrofit(folder: str | Path, *, seed: int = 0) -> Path:
     return _save_raven(folder, TINY_RETROFIT, tiny_retrofit_tensors(seed))
 
 
-def _save_raven(folder: str | Path, config: dict, tensors: dict[str, "torch.Tensor"]) -> Path:
+def _save_raven(folder: str | Path, config: dict, tensors: dict[str, torch.Tensor]) -> Path:
     import json
 
     from safetensors.torch import save_file

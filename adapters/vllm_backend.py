@@ -41,7 +41,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from adapters.base import DTYPE_BYTES, AdapterError, FinishReason, Generation, Prompt, Sampling, dtype_short
 from adapters.files import check_closed

@@ -139,7 +139,7 @@ class Recipe:
         if self.kind != "melt":
             self.model_config()  # the preset and its config fields, checked now rather than when training starts
 
-    def with_overrides(self, **changes: Any) -> "Recipe":
+    def with_overrides(self, **changes: Any) -> Recipe:
         """A copy with some fields changed (None values are ignored: CLI options left unset)."""
         known = set(self.__dataclass_fields__)
         unknown = set(changes) - known

@@ -47,7 +47,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -58,7 +58,7 @@ from adapters.base import PAPER_PROTOCOL, Sampling  # noqa: E402
 from adapters.engine.adapter import EngineAdapter, load_preset  # noqa: E402
 
 
-def hf_qwen3(name: str, seed: int = 0) -> "torch.nn.Module":
+def hf_qwen3(name: str, seed: int = 0) -> torch.nn.Module:
     """A transformers `Qwen3ForCausalLM` with a Qwen3 preset's shape and seeded random weights."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -76,7 +76,7 @@ def hf_qwen3(name: str, seed: int = 0) -> "torch.nn.Module":
     ).eval()
 
 
-def tiny_qwen3_dir(directory: str, seed: int = 0) -> "torch.nn.Module":
+def tiny_qwen3_dir(directory: str, seed: int = 0) -> torch.nn.Module:
     """A random tiny Qwen3 (the qwen3-tiny preset's shape) saved as transformers writes it."""
     hf = hf_qwen3("qwen3-tiny", seed)
     hf.save_pretrained(directory)
@@ -120,7 +120,7 @@ def bench_cpu(new_tokens: int, prompt_len: int, rounds: int) -> dict:
     }
 
 
-def _hf_decode_tps(hf: "torch.nn.Module", prompts: torch.Tensor, sampling: Sampling) -> float:
+def _hf_decode_tps(hf: torch.nn.Module, prompts: torch.Tensor, sampling: Sampling) -> float:
     """transformers' decode tokens/s: (generate time - one-token generate time) over the tokens after the first."""
     kwargs = dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0, eos_token_id=None, pad_token_id=0)
     with torch.inference_mode():

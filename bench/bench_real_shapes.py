@@ -53,7 +53,7 @@ def rss() -> int:
 class PeakRss:
     """The largest RSS a thread reads every `RSS_PERIOD_S` while the block runs (ru_maxrss cannot be reset)."""
 
-    def __enter__(self) -> "PeakRss":
+    def __enter__(self) -> PeakRss:
         self.peak, self._done = rss(), threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
         self._thread.start()

@@ -17,9 +17,10 @@ import html
 import json
 import multiprocessing
 import os
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -224,7 +225,7 @@ def build_report(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -
     sample_tasks = sorted({row[3] for row in samples})
     sample_models = sorted({row[1] for row in samples})
     total = queries.count_samples(engine)
-    generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     return _TEMPLATE.format(
         csp=REPORT_CSP,
         plotlyjs=packed_plotlyjs(),

@@ -11,7 +11,8 @@ source was unavailable, so the figures can say "unavailable" instead of plotting
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 import pandas as pd
 from sqlalchemy import Engine, case, func, inspect, select

@@ -15,7 +15,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from typing import Any
 
 from sqlalchemy import Engine, delete, func, insert, select, update
@@ -62,7 +62,7 @@ def interrupts_held() -> Iterator[None]:
 
 def _aware(moment: datetime | None) -> datetime | None:
     """SQLite hands timezone-aware columns back naive; they were written in UTC."""
-    return moment.replace(tzinfo=timezone.utc) if moment is not None and moment.tzinfo is None else moment
+    return moment.replace(tzinfo=UTC) if moment is not None and moment.tzinfo is None else moment
 
 
 def _set_fields(run: Run) -> dict[str, str | None]:

@@ -35,7 +35,8 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from adapters.base import DTYPE_BYTES, Adapter, AdapterError, Generation, Prompt, Sampling, dtype_short
 from measures import MEMORY_KEYS
@@ -200,7 +201,7 @@ class _Kit:
         # A seeded sample (the seed check passed, so it reproduces) has varied text to cut; greedy text of a
         # random-weight model is often one repeated character.
         kw = dict(temperature=1.0, top_p=1.0, seed=7, n=4, max_new_tokens=max(self.max_new, 16))
-        for index, base in enumerate(self.gen(self.prompts, **kw)):
+        for index, base in enumerate(self.gen(self.prompts, **kw)):  # noqa: B007 (the index is read after the break)
             text = base.text or ""
             # a 2-character stop string whose first occurrence is inside the text, not at its start
             starts = [k for k in range(1, len(text) - 2) if text[k:k + 2].strip() and text.find(text[k:k + 2]) == k]

@@ -54,7 +54,7 @@ class Gold(str):
         return str(self), self.prompt, self.test, self.entry_point
 
 
-def prompt(line: dict, task_name: str | None = None) -> "Doc":
+def prompt(line: dict, task_name: str | None = None) -> Doc:
     """LightEval prompt function for one `openai_humaneval` row."""
     from lighteval.tasks.requests import Doc
 
@@ -117,7 +117,7 @@ def _passes(source: str, entry_point: str, check_source: str) -> bool:
     return sandbox.run_check(source, entry_point, check_source).passed
 
 
-def passes(doc: "Doc", model_response: "ModelResponse") -> float:
+def passes(doc: Doc, model_response: ModelResponse) -> float:
     """1.0 when the reply's program passes the item's tests in the sandbox, else 0.0."""
     gold = doc.get_golds()[0]
     if not isinstance(gold, Gold):

@@ -44,7 +44,8 @@ Departures from LightEval (the one place they are listed; docs/reference.md's pa
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from suites import answers, sandbox
 
@@ -143,24 +144,24 @@ class _ReadPrediction:
     bridge's per-sample scores all see the same reading of the sample.
     """
 
-    def __init__(self, check: Callable[..., float], read: Callable[["Doc", str], str]) -> None:
+    def __init__(self, check: Callable[..., float], read: Callable[[Doc, str], str]) -> None:
         self.check = check
         self.read = read
 
-    def __call__(self, doc: "Doc", model_response: "ModelResponse") -> float:
+    def __call__(self, doc: Doc, model_response: ModelResponse) -> float:
         from lighteval.models.model_output import ModelResponse
 
         texts = [self.read(doc, text) for text in model_response.final_text]
         return float(self.check(doc=doc, model_response=ModelResponse(text=texts)))
 
 
-def _as_answer_letter(doc: "Doc", text: str) -> str:
+def _as_answer_letter(doc: Doc, text: str) -> str:
     """The reply as LightEval's letter metric should read it: `Answer: X`, or nothing when it commits to no letter."""
     letter = answers.choice_letter(text, len(doc.choices))
     return "" if letter is None else f"Answer: {letter}"
 
 
-def _pass_at_1(metric_name: str, read: Callable[["Doc", str], str] | None = None) -> "SampleLevelMetric":
+def _pass_at_1(metric_name: str, read: Callable[[Doc, str], str] | None = None) -> SampleLevelMetric:
     """One of LightEval's pass@k metrics (a `Metrics` member name) at k=1; the run sets its n."""
     from lighteval.metrics.metrics import Metrics
 
@@ -170,7 +171,7 @@ def _pass_at_1(metric_name: str, read: Callable[["Doc", str], str] | None = None
     return metric
 
 
-def _hle_matches(doc: "Doc", model_response: "ModelResponse") -> float:
+def _hle_matches(doc: Doc, model_response: ModelResponse) -> float:
     """1.0 when the reply's answer equals the gold under `hle_normalise` (on a multiple-choice item, whose gold is a
     letter, when it names that one letter), else 0.0."""
     gold = doc.get_golds()[0]
@@ -180,7 +181,7 @@ def _hle_matches(doc: "Doc", model_response: "ModelResponse") -> float:
     return float(answer != "" and answer == answers.hle_normalise(gold))
 
 
-def custom_pass_at_1(check: Callable[["Doc", "ModelResponse"], float]) -> "SampleLevelMetric":
+def custom_pass_at_1(check: Callable[[Doc, ModelResponse], float]) -> SampleLevelMetric:
     """LightEval's pass@k (k=1, its unbiased estimator over the run's n) around a per-sample check of ours."""
     import numpy as np
     from lighteval.metrics.metrics_sample import PassAtK
@@ -197,7 +198,7 @@ def custom_pass_at_1(check: Callable[["Doc", "ModelResponse"], float]) -> "Sampl
     return metric(sample_params={"k": 1, "n": 1})
 
 
-def _loglikelihood_acc() -> "SampleLevelMetric":
+def _loglikelihood_acc() -> SampleLevelMetric:
     """LightEval's log-likelihood accuracy under a name that cannot pass for a generative score."""
     import copy
 
@@ -209,14 +210,14 @@ def _loglikelihood_acc() -> "SampleLevelMetric":
 
 
 # ----------------------------------------------------------------------------------------- prompts
-def _amc23_prompt(line: dict, task_name: str | None = None) -> "Doc":
+def _amc23_prompt(line: dict, task_name: str | None = None) -> Doc:
     """math-ai/amc23 names the problem `question`: reuse LightEval's AIME prompt."""
     from lighteval.tasks.tasks.aime import aime_prompt
 
     return aime_prompt({"problem": line["question"], "answer": line["answer"]}, task_name)
 
 
-def _olympiad_prompt(line: dict, task_name: str | None = None) -> "Doc":
+def _olympiad_prompt(line: dict, task_name: str | None = None) -> Doc:
     """LightEval's OlympiadBench prompt; its gold is `olympiad_gold` of the list `final_answer`."""
     from lighteval.tasks.tasks.olympiade_bench import olympiad_bench_prompt
 
@@ -225,7 +226,7 @@ def _olympiad_prompt(line: dict, task_name: str | None = None) -> "Doc":
     return doc
 
 
-def task_configs() -> list["LightevalTaskConfig"]:
+def task_configs() -> list[LightevalTaskConfig]:
     """Every task of the suite, against its public dataset name; `load_suite` points them at local files."""
     from lighteval.tasks.lighteval_task import LightevalTaskConfig
     from lighteval.tasks.tasks.aime import aime_prompt

@@ -60,13 +60,13 @@ def _select(name: str, tasks: list[str] | None) -> set[str]:
     return chosen
 
 
-def local_candidates(config: "LightevalTaskConfig", data_dir: Path) -> list[Path]:
+def local_candidates(config: LightevalTaskConfig, data_dir: Path) -> list[Path]:
     """The files that may hold a task's data in `data_dir`: `<task>.jsonl` or `<task>.parquet`, ":" as "/"."""
     stem = config.name.replace(":", "/")
     return [data_dir / f"{stem}.jsonl", data_dir / f"{stem}.parquet"]
 
 
-def _localize(config: "LightevalTaskConfig", data_dir: Path, columns: dict[str, str]) -> "LightevalTaskConfig":
+def _localize(config: LightevalTaskConfig, data_dir: Path, columns: dict[str, str]) -> LightevalTaskConfig:
     """Point a task at its local copy after checking its `columns`, or say exactly what to fix (one line)."""
     from suites.loader import CoercedPrompt, check_rows
 
@@ -85,7 +85,7 @@ def _localize(config: "LightevalTaskConfig", data_dir: Path, columns: dict[str, 
 
 def load_suite(
     name: str, *, tasks: list[str] | None = None, data_dir: Path | None = None
-) -> list["LightevalTaskConfig"]:
+) -> list[LightevalTaskConfig]:
     """The suite's LightEval task configs (`tasks`, else its DEFAULT_TASKS), reading local copies from `data_dir`.
 
     Their pass@k metrics count one sample; the run sets its n with `suites.loader.with_samples`.
@@ -115,7 +115,7 @@ def load_suite(
     return configs
 
 
-def data_fingerprint(configs: list["LightevalTaskConfig"]) -> str:
+def data_fingerprint(configs: list[LightevalTaskConfig]) -> str:
     """sha256 over each task's name and the bytes of the file it reads: two runs with the same
     fingerprint evaluated the same items (an edited or re-downloaded copy changes it)."""
     digest = hashlib.sha256()

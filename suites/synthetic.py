@@ -238,14 +238,14 @@ def write_data(out_dir: Path = DATA_DIR, seed: int = SEED) -> list[Path]:
     return written
 
 
-def synthetic_prompt(line: dict, task_name: str | None = None) -> "Doc":
+def synthetic_prompt(line: dict, task_name: str | None = None) -> Doc:
     """LightEval prompt function: the prompt as query, the answer as the only (gold) choice."""
     from lighteval.tasks.requests import Doc
 
     return Doc(task_name=task_name or "", query=line["prompt"], choices=[line["answer"]], gold_index=0)
 
 
-def task_configs() -> list["LightevalTaskConfig"]:
+def task_configs() -> list[LightevalTaskConfig]:
     """One LightEval task per synthetic task (all of TASKS), reading the committed test split.
 
     Scored with LightEval's pass@k at k=1 (over the run's n samples, set by `suites.loader.with_samples`), whose per-sample check is

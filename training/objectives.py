@@ -21,7 +21,7 @@ The objectives (docs/architecture.md, "MELT conversion"):
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import torch
 

@@ -27,7 +27,8 @@ because those slots are occupied) plus the latent once anything is written.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Callable, Protocol
+from typing import Protocol
+from collections.abc import Callable
 
 import torch
 from torch import Tensor

@@ -5,7 +5,7 @@ unchanged; any family without a recurrent state may carry it (`LoopConditioning`
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F

@@ -149,7 +149,7 @@ class LoopConfig:
         """Whether any loop conditioning option is on (the model then carries `LoopConditioning`)."""
         return self.injection != "none" or self.history != "none" or self.loop_gate or self.branch_gate
 
-    def replace(self, **changes: Any) -> "LoopConfig":
+    def replace(self, **changes: Any) -> LoopConfig:
         """A validated copy with some fields changed (unknown fields raise AdapterError)."""
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
         if unknown:
@@ -160,7 +160,7 @@ class LoopConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Any) -> "LoopConfig":
+    def from_dict(cls, data: Any) -> LoopConfig:
         if not isinstance(data, dict):
             raise AdapterError(f"an engine config must be a table of LoopConfig fields, got {type(data).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}

@@ -47,7 +47,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -164,7 +165,7 @@ def pick_loop(states: list[Tensor], policy: ExitPolicy, gate: Callable[[Tensor],
         return states[-1], None
     check, exit_loop = ExitCheck(policy, len(states), gate), None
     for t, state in enumerate(states):
-        fired = check.fires(t, state, lambda: logits(state))
+        fired = check.fires(t, state, lambda state=state: logits(state))
         loop = torch.where(fired, t + 1, len(states))
         exit_loop = loop if exit_loop is None else torch.minimum(exit_loop, loop)
     stacked = torch.stack(states)

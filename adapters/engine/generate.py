@@ -36,7 +36,8 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -71,7 +72,7 @@ class Prompts:
     lengths: list[int]
 
     @classmethod
-    def left_padded(cls, prompts: Sequence[Sequence[int]], capacity: int, pad_id: int, device: torch.device) -> "Prompts":
+    def left_padded(cls, prompts: Sequence[Sequence[int]], capacity: int, pad_id: int, device: torch.device) -> Prompts:
         lengths = [len(p) for p in prompts]
         width = max(lengths)
         tokens = torch.full((len(prompts), width), pad_id, dtype=torch.long)

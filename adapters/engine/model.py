@@ -24,7 +24,8 @@ import collections
 import contextlib
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -360,7 +361,7 @@ class LoopedLM(nn.Module):
         return StepOutput(states=[z[:, -1] for z in states] if states else [final[:, -1]])
 
     # ------------------------------------------------------------------------------ conversion
-    def with_conditioning(self, **fields: Any) -> "LoopedLM":
+    def with_conditioning(self, **fields: Any) -> LoopedLM:
         """This model with loop conditioning options changed (`LoopConfig` fields injection, history,
         history_window, loop_gate): new conditioning tensors start at zero, so the logits are unchanged."""
         cfg = self.config.replace(**fields)
@@ -370,7 +371,7 @@ class LoopedLM(nn.Module):
         model.load_state_dict({k: v for k, v in self.state_dict().items() if k in own and own[k].shape == v.shape}, strict=False)
         return model.train(self.training)
 
-    def to_melt(self, gate_variant: str = "elementwise", chunk_size: int | None = None, generator: torch.Generator | None = None) -> "LoopedLM":
+    def to_melt(self, gate_variant: str = "elementwise", chunk_size: int | None = None, generator: torch.Generator | None = None) -> LoopedLM:
         """A gated MELT model with this LoopLM's weights and fresh gates (the starting point of conversion training)."""
         cfg = self.config.replace(
             family="melt", kv_strategy="gated", gate_variant=gate_variant, chunk_size=chunk_size or self.config.chunk_size

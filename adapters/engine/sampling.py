@@ -9,7 +9,8 @@ the stream's key, the step and the token id, so a sample's tokens do not depend 
 from __future__ import annotations
 
 import array
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import functools
 import zlib
-from typing import Sequence, TypeVar
+from typing import TypeVar
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -29,7 +28,7 @@ def default_parent(cwd: Path, checkout: Path = CHECKOUT) -> Path:
 
 def new(
     name: str = typer.Argument(..., help="The adapter's spec prefix (lowercase letters, digits, _), e.g. myarch."),
-    directory: Optional[str] = typer.Option(None, "--dir", help="Where to write the package folder loopeval-NAME/. "
+    directory: str | None = typer.Option(None, "--dir", help="Where to write the package folder loopeval-NAME/. "
                                             "Default: here, or beside loopeval's source folder when here is inside it."),
 ) -> None:
     """Write a working adapter package: module, entry-point stanza, README and a conformance test."""

@@ -9,7 +9,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -21,7 +21,7 @@ from harness.hints import env_command, with_db
 
 
 DbOption = Annotated[
-    Optional[str],
+    str | None,
     typer.Option(
         "--db",
         help="Results database: a SQLAlchemy URL or a SQLite file path. "
@@ -30,7 +30,7 @@ DbOption = Annotated[
 ]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 AdaptersDirOption = Annotated[
-    Optional[list[str]],
+    list[str] | None,
     typer.Option("--adapters-dir", help="Folder of adapter plugin modules, repeatable (also LOOPEVAL_ADAPTERS)."),
 ]
 TrustRemoteCodeFlag = Annotated[
@@ -39,7 +39,7 @@ TrustRemoteCodeFlag = Annotated[
 ]
 DeviceOption = Annotated[str, typer.Option("--device", help="cpu or cuda.")]
 ThreadsOption = Annotated[
-    Optional[int],
+    int | None,
     typer.Option("--threads", help=f"torch CPU threads. Default: ${THREADS_ENV}, else 1 for models under "
                  f"{SMALL_MODEL_PARAMS // 1_000_000}M parameters (runs go side by side, one per core), else the cores this process may use."),
 ]
@@ -359,14 +359,13 @@ def _number_text(value: float | None) -> str:
 def _task_rows(table: Any, pooled: Any, configs: dict[Key, str]) -> list[list[str]]:
     """Per ranked point: each benchmark's pass@1 with its interval (`db.headline`) from its seeds' pooled
     per-task values, each task group's mean (`db.headline.TASK_GROUPS`, `GROUP_PATTERNS`), then the suite mean."""
-    from dashboards import figures
     from db.headline import SUITE, benchmark_stderrs, headline
     from db.queries import POINT
     from db.sets import id_ranges
 
     rows = []
     for row in table.itertuples():
-        same = pooled[POINT].apply(lambda point: _row_key(point) == _row_key(row), axis=1)
+        same = pooled[POINT].apply(lambda point, row=row: _row_key(point) == _row_key(row), axis=1)
         tasks = pooled[same & (pooled["task"] != SUITE)]
         values: dict[str, dict[str, float | None]] = {}
         stderrs: dict[str, dict[str, float | None]] = {}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -13,13 +12,13 @@ from harness.cli.common import DbOption, report_path
 
 def dashboard(
     db: DbOption = None,
-    out: Optional[Path] = typer.Option(
+    out: Path | None = typer.Option(
         None, "--out", help="Where the static report goes (one offline HTML file). Default: beside the database, "
         "as `loopeval run` writes it."),
     serve: bool = typer.Option(False, "--serve", help="Serve the live Dash app instead of writing a report."),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface the app binds to (only with --serve)."),
     port: int = typer.Option(8050, "--port", min=1, max=65535, help="Port of the app (only with --serve)."),
-    allowed_host: Optional[list[str]] = typer.Option(
+    allowed_host: list[str] | None = typer.Option(
         None, "--allowed-host", help="Another host name the app answers to (repeatable; only with --serve). By "
         "default it answers only requests naming --host (and localhost's names when that is loopback)."),
 ) -> None:

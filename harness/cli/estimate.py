@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -26,7 +26,7 @@ def estimate(
     model: str = typer.Argument(..., help="Model spec: ouro-1.4b, preset:melt-1.6b, zoo:melt-tiny, ouro:/path/to/checkpoint ... (see `loopeval models`)."),
     tokens: int = typer.Option(..., "--tokens", help="Context length: prompt + generated tokens per sequence (beyond the model's context, the figure is printed with a note that a run could not reach it)."),
     batch: int = typer.Option(1, "--batch", help="Sequences held at once."),
-    loops: Optional[int] = typer.Option(None, "--loops", help="Loops at inference (r); default the trained loop count."),
+    loops: int | None = typer.Option(None, "--loops", help="Loops at inference (r); default the trained loop count."),
     dtype: str = typer.Option("bf16", "--dtype", help="bf16, fp16 or fp32."),
     as_json: JsonFlag = False,
 ) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -29,10 +29,10 @@ TEXT_FILE_LIMIT = 64 * MIB  # bytes of --text-file; only the first --positions t
 
 def probe(
     model: str = typer.Argument(..., help="Engine model spec with loops, e.g. zoo:ouro-tiny, preset:coreloop-tiny, ouro:/path."),
-    loops: Optional[str] = typer.Option(None, "--loops", help="Loop counts or a range (1-12); the model runs at the largest, loops 1..r are reported. Default: 2T."),
-    suite: Optional[str] = typer.Option(None, "--suite", help=f"Suite whose test items are probed: {', '.join(PROBE_SUITES)} (default, unless --text-file)."),
-    tasks: Optional[str] = typer.Option(None, "--tasks", help="Comma-separated tasks of the suite. Default: all."),
-    text_file: Optional[Path] = typer.Option(None, "--text-file", help="Probe these texts instead, one per non-empty line (UTF-8)."),
+    loops: str | None = typer.Option(None, "--loops", help="Loop counts or a range (1-12); the model runs at the largest, loops 1..r are reported. Default: 2T."),
+    suite: str | None = typer.Option(None, "--suite", help=f"Suite whose test items are probed: {', '.join(PROBE_SUITES)} (default, unless --text-file)."),
+    tasks: str | None = typer.Option(None, "--tasks", help="Comma-separated tasks of the suite. Default: all."),
+    text_file: Path | None = typer.Option(None, "--text-file", help="Probe these texts instead, one per non-empty line (UTF-8)."),
     positions: int = typer.Option(64, "--positions", help="Tokens of each text probed (its first N)."),
     limit: int = typer.Option(4, "--limit", help="Texts per task (suite texts only)."),
     db: DbOption = None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -18,7 +18,7 @@ from harness.profiling import DECODE_STEPS, decode_sampling, plan_profile, profi
 def profile(
     model: str = typer.Argument(..., help="Model spec, e.g. zoo:melt-tiny, ouro-1.4b or ouro:/path/to/checkpoint (see `loopeval models`)."),
     lengths: str = typer.Option(..., "--lengths", help="Comma-separated context lengths to prefill, e.g. 64,256,448; each plus --decode-steps must fit the model's context."),
-    loops: Optional[str] = typer.Option(None, "--loops", help="Comma-separated loop counts or ranges such as 1-12 (looped models only). Default: the model's own."),
+    loops: str | None = typer.Option(None, "--loops", help="Comma-separated loop counts or ranges such as 1-12 (looped models only). Default: the model's own."),
     batch: int = typer.Option(1, "--batch", help="Sequences per point."),
     decode_steps: int = typer.Option(DECODE_STEPS, "--decode-steps", help="Greedy decode steps after each prefill."),
     seed: int = typer.Option(0, "--seed", help="Seed for random preset weights and the prompt tokens."),

@@ -11,7 +11,7 @@ of every matching run.
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -23,15 +23,15 @@ from harness.hints import env_command, with_db
 def results(
     db: DbOption = None,
     as_json: JsonFlag = False,
-    sweep: Optional[str] = typer.Option(None, "--sweep", help="Only the runs of this sweep (its id, or the start of it)."),
-    model: Optional[list[str]] = typer.Option(None, "--model", help="Only this model spec, repeatable."),
-    suite: Optional[str] = typer.Option(None, "--suite", help="Only runs of this suite."),
-    last: Optional[int] = typer.Option(None, "--last", min=1, help="Only the N most recently stored runs (after the other filters)."),
-    set_id: Optional[str] = typer.Option(None, "--set", help="The evaluation set to show (its id, listed under the table). Default: the newest scored run's."),
-    measure: Optional[str] = typer.Option(None, "--measure", help="Memory measure (each run's peak): kv_bytes_allocated, 'weights_bytes + kv_bytes_allocated', nvml_process, ... "
+    sweep: str | None = typer.Option(None, "--sweep", help="Only the runs of this sweep (its id, or the start of it)."),
+    model: list[str] | None = typer.Option(None, "--model", help="Only this model spec, repeatable."),
+    suite: str | None = typer.Option(None, "--suite", help="Only runs of this suite."),
+    last: int | None = typer.Option(None, "--last", min=1, help="Only the N most recently stored runs (after the other filters)."),
+    set_id: str | None = typer.Option(None, "--set", help="The evaluation set to show (its id, listed under the table). Default: the newest scored run's."),
+    measure: str | None = typer.Option(None, "--measure", help="Memory measure (each run's peak): kv_bytes_allocated, 'weights_bytes + kv_bytes_allocated', nvml_process, ... "
                                                             "Names before 0007 (kv_bytes_peak, ...) still work. Default: what the model holds, the process's NVML total on a GPU, "
                                                             "else weights + KV cache peak."),
-    rank: Optional[str] = typer.Option(None, "--rank", help="What orders the rows, best first: per-gb (pass@1 per GB, the default), "
+    rank: str | None = typer.Option(None, "--rank", help="What orders the rows, best first: per-gb (pass@1 per GB, the default), "
                                                        "accuracy, per-layer-pass (pass@1 per layer pass per generated token), speed (tokens/s)."),
     tasks: bool = typer.Option(False, "--tasks", help="pass@1 of each benchmark instead of memory."),
     profiles: bool = typer.Option(False, "--profiles", help="The `loopeval profile` runs: memory against context length."),

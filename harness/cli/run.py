@@ -12,7 +12,7 @@ import contextlib
 import gc
 import logging
 from collections.abc import Iterator
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -26,32 +26,32 @@ _SYNTHETIC = SUITE_SAMPLING[DEFAULTS.suite]
 
 
 def run(
-    model: Optional[list[str]] = typer.Option(None, "--model", help=f"Model spec, repeatable (see `loopeval models`). Default: {', '.join(DEFAULTS.models)}."),
-    suite: Optional[str] = typer.Option(None, "--suite", help=f"Suite name (see `loopeval suites`). Default: {DEFAULTS.suite}."),
-    tasks: Optional[str] = typer.Option(None, "--tasks", help="Comma-separated task names of the suite. Default: the suite's default tasks (synthetic: the chains and c30k2-c30k8)."),
-    loops: Optional[str] = typer.Option(None, "--loops", help=f"Comma-separated loop counts for looped models; ranges too (1-12: depth extrapolation). Default: {','.join(map(str, DEFAULTS.loops))}."),
-    exit_threshold: Optional[str] = typer.Option(None, "--exit-threshold", help="Comma-separated per-token early-exit thresholds: each looped engine model runs once per threshold (and loop count), a token stopping its loops once the exit criterion reaches it. Gate: in [0, 1] (0 = one loop, 1 = all r); kl, entropy: >= 0. Default: not swept (each model's own exit policy)."),
-    exit_criterion: Optional[str] = typer.Option(None, "--exit-criterion", help=f"What --exit-threshold is compared with: {', '.join(EXIT_CRITERIA)}. Default: {DEFAULT_EXIT_CRITERION} (Ouro's learned exit gate)."),
-    samples: Optional[int] = typer.Option(None, "--samples", help=f"Samples per problem (pass@1 is their mean). Default: the suite's ({_SYNTHETIC.n} on {DEFAULTS.suite})."),
-    temperature: Optional[float] = typer.Option(None, "--temperature", help=f"Sampling temperature, >= 0 (0 = greedy). Default: the suite's ({_SYNTHETIC.temperature} on {DEFAULTS.suite})."),
-    top_p: Optional[float] = typer.Option(None, "--top-p", help=f"Nucleus top-p in (0, 1]. Default: the suite's ({_SYNTHETIC.top_p} on {DEFAULTS.suite})."),
-    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help=f"New tokens per sample. Default: the suite's ({_SYNTHETIC.max_new_tokens} on {DEFAULTS.suite}, {PAPER_PROTOCOL.max_new_tokens} on paper)."),
-    limit: Optional[int] = typer.Option(None, "--limit", help="Docs per task. Default: all."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", help=f"Prompts per generate call, and docs per log-likelihood forward. The engine schedules its own batches: it takes each task's docs at once and decodes its max_batch override's sequences together. Default: {DEFAULTS.batch_size}."),
-    seed: Optional[str] = typer.Option(None, "--seed", help="Seed for weights of random presets and for sampling; comma-separated seeds run the sweep once per seed. Default: 0."),
+    model: list[str] | None = typer.Option(None, "--model", help=f"Model spec, repeatable (see `loopeval models`). Default: {', '.join(DEFAULTS.models)}."),
+    suite: str | None = typer.Option(None, "--suite", help=f"Suite name (see `loopeval suites`). Default: {DEFAULTS.suite}."),
+    tasks: str | None = typer.Option(None, "--tasks", help="Comma-separated task names of the suite. Default: the suite's default tasks (synthetic: the chains and c30k2-c30k8)."),
+    loops: str | None = typer.Option(None, "--loops", help=f"Comma-separated loop counts for looped models; ranges too (1-12: depth extrapolation). Default: {','.join(map(str, DEFAULTS.loops))}."),
+    exit_threshold: str | None = typer.Option(None, "--exit-threshold", help="Comma-separated per-token early-exit thresholds: each looped engine model runs once per threshold (and loop count), a token stopping its loops once the exit criterion reaches it. Gate: in [0, 1] (0 = one loop, 1 = all r); kl, entropy: >= 0. Default: not swept (each model's own exit policy)."),
+    exit_criterion: str | None = typer.Option(None, "--exit-criterion", help=f"What --exit-threshold is compared with: {', '.join(EXIT_CRITERIA)}. Default: {DEFAULT_EXIT_CRITERION} (Ouro's learned exit gate)."),
+    samples: int | None = typer.Option(None, "--samples", help=f"Samples per problem (pass@1 is their mean). Default: the suite's ({_SYNTHETIC.n} on {DEFAULTS.suite})."),
+    temperature: float | None = typer.Option(None, "--temperature", help=f"Sampling temperature, >= 0 (0 = greedy). Default: the suite's ({_SYNTHETIC.temperature} on {DEFAULTS.suite})."),
+    top_p: float | None = typer.Option(None, "--top-p", help=f"Nucleus top-p in (0, 1]. Default: the suite's ({_SYNTHETIC.top_p} on {DEFAULTS.suite})."),
+    max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", help=f"New tokens per sample. Default: the suite's ({_SYNTHETIC.max_new_tokens} on {DEFAULTS.suite}, {PAPER_PROTOCOL.max_new_tokens} on paper)."),
+    limit: int | None = typer.Option(None, "--limit", help="Docs per task. Default: all."),
+    batch_size: int | None = typer.Option(None, "--batch-size", help=f"Prompts per generate call, and docs per log-likelihood forward. The engine schedules its own batches: it takes each task's docs at once and decodes its max_batch override's sequences together. Default: {DEFAULTS.batch_size}."),
+    seed: str | None = typer.Option(None, "--seed", help="Seed for weights of random presets and for sampling; comma-separated seeds run the sweep once per seed. Default: 0."),
     db: DbOption = None,
-    data_dir: Optional[str] = typer.Option(None, "--data-dir", help="Directory with local copies of suite datasets (JSONL or parquet)."),
-    resume: Optional[int] = typer.Option(None, "--resume", help="Continue the stopped run RUN_ID with its stored settings (other sweep options are ignored)."),
+    data_dir: str | None = typer.Option(None, "--data-dir", help="Directory with local copies of suite datasets (JSONL or parquet)."),
+    resume: int | None = typer.Option(None, "--resume", help="Continue the stopped run RUN_ID with its stored settings (other sweep options are ignored)."),
     rerun: bool = typer.Option(False, "--rerun", help="Run again what is already stored finished (same model, overrides, loops, evaluation set and seed); by default it is reported and skipped."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write the HTML report beside the database at the end."),
     trust_remote_code: TrustRemoteCodeFlag = False,
     adapters_dir: AdaptersDirOption = None,
-    config: Optional[str] = typer.Option(None, "--config", help="Sweep file (TOML) with the same settings as these options, plus per-model overrides; an option given beside it overrides its key."),
-    executor: Optional[str] = typer.Option(None, "--executor", help="local: the runs one after another in this process (default). ray: each run a Ray task."),
-    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster to submit to (--executor ray). Default: $RAY_ADDRESS, else a new local Ray instance."),
-    gpus_per_run: Optional[float] = typer.Option(None, "--gpus-per-run", help="GPUs each run requests (--executor ray; a fraction shares a GPU). Default: 1 on a cluster with GPUs, else one CPU per run."),
+    config: str | None = typer.Option(None, "--config", help="Sweep file (TOML) with the same settings as these options, plus per-model overrides; an option given beside it overrides its key."),
+    executor: str | None = typer.Option(None, "--executor", help="local: the runs one after another in this process (default). ray: each run a Ray task."),
+    ray_address: str | None = typer.Option(None, "--ray-address", help="Ray cluster to submit to (--executor ray). Default: $RAY_ADDRESS, else a new local Ray instance."),
+    gpus_per_run: float | None = typer.Option(None, "--gpus-per-run", help="GPUs each run requests (--executor ray; a fraction shares a GPU). Default: 1 on a cluster with GPUs, else one CPU per run."),
     threads: ThreadsOption = None,
-    workers: Optional[int] = typer.Option(None, "--workers", help="Runs side by side in worker processes (--executor local). Default: the cores this process may use over each run's threads, 1 on a GPU."),
+    workers: int | None = typer.Option(None, "--workers", help="Runs side by side in worker processes (--executor local). Default: the cores this process may use over each run's threads, 1 on a GPU."),
 ) -> int:
     """Evaluate models x loop counts on a suite, storing every sample, metric and memory trace.
 

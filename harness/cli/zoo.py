@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from collections.abc import Callable
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -26,7 +26,7 @@ from harness.cli.common import DeviceOption, JsonFlag, ThreadsOption, check_devi
 from harness.errors import UserError
 
 RecipesOption = Annotated[
-    Optional[Path],
+    Path | None,
     typer.Option("--recipes", help="Recipes file (TOML, as adapters/zoo_data/recipes.toml, the default)."),
 ]
 
@@ -117,11 +117,11 @@ def list_models(as_json: JsonFlag = False) -> None:
 
 
 def train(
-    names: Optional[list[str]] = typer.Argument(None, help="Zoo models to train (default: all recipes)."),
+    names: list[str] | None = typer.Argument(None, help="Zoo models to train (default: all recipes)."),
     out: Path = typer.Option(Path("zoo-out"), "--out", help="Each model is written to OUT/NAME."),
-    steps: Optional[int] = typer.Option(None, "--steps", min=1, help="Override the recipe's step count."),
+    steps: int | None = typer.Option(None, "--steps", min=1, help="Override the recipe's step count."),
     device: DeviceOption = "cpu",
-    teacher: Optional[str] = typer.Option(None, "--teacher", help="MELT teacher spec (default: OUT/ouro-tiny when trained in this call, else the shipped zoo model)."),
+    teacher: str | None = typer.Option(None, "--teacher", help="MELT teacher spec (default: OUT/ouro-tiny when trained in this call, else the shipped zoo model)."),
     threads: ThreadsOption = None,
     resume: bool = typer.Option(True, "--resume/--no-resume", help="Continue from OUT/NAME/train_state.pt when present."),
     recipes_file: RecipesOption = None,
@@ -160,15 +160,15 @@ def convert(
     out: Path = typer.Option(..., "--out", help="Directory for the MELT checkpoint and its loss curve."),
     recipe_name: str = typer.Option("melt-tiny", "--recipe", help="Recipe whose hyper-parameters are the defaults."),
     device: DeviceOption = "cpu",
-    steps: Optional[int] = typer.Option(None, "--steps", min=1),
-    gate: Optional[str] = typer.Option(None, "--gate", help="elementwise, scalar, last, mean or ema."),
-    chunk_size: Optional[int] = typer.Option(None, "--chunk-size", min=1),
-    ramp_steps: Optional[int] = typer.Option(None, "--ramp-steps", min=0),
-    stage2_start: Optional[int] = typer.Option(None, "--stage2-start", min=0),
-    beta: Optional[float] = typer.Option(None, "--beta", min=0.0),
-    lr: Optional[float] = typer.Option(None, "--lr", min=0.0),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1),
-    data: Optional[Path] = typer.Option(None, "--data", help="JSONL of {prompt, answer} to train on (default: the synthetic train split)."),
+    steps: int | None = typer.Option(None, "--steps", min=1),
+    gate: str | None = typer.Option(None, "--gate", help="elementwise, scalar, last, mean or ema."),
+    chunk_size: int | None = typer.Option(None, "--chunk-size", min=1),
+    ramp_steps: int | None = typer.Option(None, "--ramp-steps", min=0),
+    stage2_start: int | None = typer.Option(None, "--stage2-start", min=0),
+    beta: float | None = typer.Option(None, "--beta", min=0.0),
+    lr: float | None = typer.Option(None, "--lr", min=0.0),
+    batch_size: int | None = typer.Option(None, "--batch-size", min=1),
+    data: Path | None = typer.Option(None, "--data", help="JSONL of {prompt, answer} to train on (default: the synthetic train split)."),
     threads: ThreadsOption = None,
     resume: bool = typer.Option(True, "--resume/--no-resume"),
     recipes_file: RecipesOption = None,

@@ -91,7 +91,10 @@ def test_retrofit_random_initial_state_is_the_official_draw(checkpoint):
     greedy token, so generation, which draws its own per-sample state (`test_state_draws.py`), gives the official continuation."""
     prompt = REFERENCE["prompts"][SEEDED["prompt"]]
     model = load_model(checkpoint, "retrofit", torch.float32, "cpu")
-    drawn_state = lambda: model.seed_state(SEEDED["seed"])
+
+    def drawn_state() -> None:
+        model.seed_state(SEEDED["seed"])
+
     assert_logits_are_the_reference(model, prompt, SEEDED["loops"], SEEDED["logits"], drawn_state)
     model.seed_state(SEEDED["seed"], 0.0)
     assert max_diff(model, prompt, SEEDED["loops"], SEEDED["logits"]) > DISCRIMINATES  # the state matters

@@ -68,7 +68,7 @@ def test_a_prompt_admitted_beside_decoding_sequences_leaves_their_kv_alone():
         requests = [Request([5 + i] * (chunk * (1 + i % 2) + 1), Sampling(temperature=1.0, top_p=0.7, max_new_tokens=4 + 5 * i, seed=i))
                     for i in range(6)]
         got: dict[int, list[int]] = {}
-        adapter.generate_requests(requests, lambda done: got.update({request: g.token_ids for request, _, g in done}))
+        adapter.generate_requests(requests, lambda done, got=got: got.update({request: g.token_ids for request, _, g in done}))
         by_cap[cap] = got
     assert by_cap[1] == by_cap[2] and len(by_cap[1]) == 6
 
@@ -185,7 +185,7 @@ def test_padded_decode_steps_of_the_gpu_path_change_nothing(name):
                               max_blocks=pool.manager.blocks_for(max(s.capacity for s in sequences)), capture=False) if padded else None
         done: dict = {}
         batcher = ContinuousEngine(adapter.model, pool, loops=adapter.loops, policy=adapter.exit_policy, eos_ids=set(), tokenizer=None,
-                                  max_seqs=12, on_finished=lambda f: done.update(((r, j), g.token_ids) for r, j, g in f), graphs=graphs)
+                                  max_seqs=12, on_finished=lambda f, done=done: done.update(((r, j), g.token_ids) for r, j, g in f), graphs=graphs)
         Watch(batcher, sequences, adapter.config, adapter.loops)
         batcher.run(sequences)
         runs[padded] = done

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from dashboards import figures
-from dashboards.app import create_app, set_choices
+from dashboards.app import set_choices
 from dashboards.data import accuracy_points, analytic_bytes, answer, profile_points
 from dashboards.report import build_report
 from db import queries

@@ -25,7 +25,6 @@ from alembic import command
 from sqlalchemy import Engine, create_engine
 
 import measures
-from dashboards import figures
 from dashboards.data import accuracy_points, ranked
 from db import queries
 from db.session import alembic_config, open_existing

@@ -49,7 +49,7 @@ def test_a_sqlite_store_on_a_network_filesystem_is_refused_before_anything_is_wr
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     mountinfo = tmp_path / "mountinfo"
-    mountinfo.write_text(f"22 1 0:52 / / rw,relatime - nfs4 fs1.lab:/export rw,vers=4.2\n")
+    mountinfo.write_text("22 1 0:52 / / rw,relatime - nfs4 fs1.lab:/export rw,vers=4.2\n")
     monkeypatch.setattr(session, "MOUNTINFO", mountinfo)
     target = tmp_path / "results" / "loopeval.sqlite"
     with pytest.raises(ResultsError, match=r"network filesystem \(nfs4\).*Postgres URL") as refused:

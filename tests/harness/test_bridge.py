@@ -114,7 +114,7 @@ def test_pass_at_1_averages_samples_and_scores_each_sample(configs):
     result = run_suite(ScriptedAdapter(right_samples={0, 2}), configs, Sampling(n=4), limit=5, progress=False)
     value, stderr = result.metrics["addition"]["pass@k:k=1&n=4"]
     assert value == 0.5 and stderr == 0.0
-    for (task, doc_id, index), score in result.scores.items():
+    for (_task, _doc_id, index), score in result.scores.items():
         assert score == (1.0 if index in (0, 2) else 0.0)
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import pytest
 

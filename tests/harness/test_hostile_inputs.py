@@ -245,7 +245,7 @@ SWEEP_FILES = [
     Case("sweep-over-the-size-cap", RUN_SWEEP, "over the limit of 1,048,576", setup=_file(SWEEP, "# padding\n" * 120_000)),
     Case("sweep-not-utf8", RUN_SWEEP, "not UTF-8 text", setup=lambda root: (root / SWEEP).write_bytes(b"suite = '\xff\xfe'\n")),
     Case("sweep-grid-over-the-limit", RUN_SWEEP, "the sweep asks for up to 2,048,000 runs (1 models x 1024 loop counts x 2000 seeds)",
-         setup=_file(SWEEP, 'models = ["preset:qwen3-tiny"]\nloops = "1-1024"\nseeds = [%s]\n' % ", ".join(map(str, range(2000))))),
+         setup=_file(SWEEP, f'models = ["preset:qwen3-tiny"]\nloops = "1-1024"\nseeds = [{", ".join(map(str, range(2000)))}]\n')),
     Case("flags-grid-over-the-limit", ["run", *TINY, "--loops", "1-1024", "--seed", ",".join(f"{i * 1000}-{i * 1000 + 999}" for i in range(20)),
                                        "--db", KEPT], "over the limit of 10,000"),
 ]

@@ -111,7 +111,7 @@ def test_reserved_series_shows_each_tasks_pool_and_its_exact_peak_is_stored(tmp_
         sampler.set_phase(f"task:{task}")
         pool = pools.setdefault(task, set())
         adapter.generate_requests([Request(p, sampling) for p in prompts],
-                                  lambda done: pool.add(adapter._live.k.nbytes + adapter._live.v.nbytes))  # ouro: no latent
+                                  lambda done, pool=pool: pool.add(adapter._live.k.nbytes + adapter._live.v.nbytes))  # ouro: no latent
         sampler.set_phase(None)
         time.sleep(0.05)
     sampler.stop()

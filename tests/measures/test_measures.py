@@ -8,7 +8,6 @@ import adapters
 import measures
 from adapters.engine.config import LoopConfig
 from adapters.engine.memory import analytic_terms, estimate
-from dashboards import figures
 from dashboards.data import analytic_bytes
 from harness.capacity import needed_bytes
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import pandas as pd
 import torch

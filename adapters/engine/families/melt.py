@@ -18,7 +18,8 @@ Choices the method leaves open (also in docs/reference.md, Engine):
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn

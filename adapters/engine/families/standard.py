@@ -15,7 +15,7 @@ token's loops into one entry, as a shared mean or EMA, adds its write rule besid
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from torch import nn
 

@@ -16,7 +16,8 @@ prompt has chunks. A prompt holds its blocks as its chunks fill them.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 from torch import Tensor

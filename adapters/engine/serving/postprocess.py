@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from adapters.base import Finished, Generation
 from adapters.engine.sampling import output_text, stop_reason

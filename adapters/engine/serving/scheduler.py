@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import deque
 from itertools import count
-from typing import Callable
+from collections.abc import Callable
 
 from adapters.engine.serving.block_manager import BlockManager
 from adapters.engine.serving.sequence import Sequence

@@ -13,7 +13,7 @@ Revises: 0006
 Create Date: 2026-12-04
 
 """
-from typing import Sequence, Union
+from collections.abc import Sequence
 
 from alembic import op
 import sqlalchemy as sa
@@ -21,9 +21,9 @@ import sqlalchemy as sa
 
 # revision identifiers, used by Alembic.
 revision: str = '0007'
-down_revision: Union[str, Sequence[str], None] = '0006'
-branch_labels: Union[str, Sequence[str], None] = None
-depends_on: Union[str, Sequence[str], None] = None
+down_revision: str | Sequence[str] | None = '0006'
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
 
 SUFFIXED = ('torch_allocated', 'torch_reserved', 'nvml_process', 'nvml_device', 'rss')
 

@@ -7,7 +7,7 @@ Revises: 0007
 Create Date: 2026-12-04
 
 """
-from typing import Sequence, Union
+from collections.abc import Sequence
 
 from alembic import op
 import sqlalchemy as sa
@@ -15,9 +15,9 @@ import sqlalchemy as sa
 
 # revision identifiers, used by Alembic.
 revision: str = '0008'
-down_revision: Union[str, Sequence[str], None] = '0007'
-branch_labels: Union[str, Sequence[str], None] = None
-depends_on: Union[str, Sequence[str], None] = None
+down_revision: str | Sequence[str] | None = '0007'
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
 
 runs = sa.table('runs', sa.column('id', sa.Integer), sa.column('kind', sa.String), sa.column('spec', sa.JSON),
                 sa.column('sampling', sa.JSON))
