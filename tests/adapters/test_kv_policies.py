@@ -58,6 +58,23 @@ def test_each_policy_leaves_its_fold_of_a_tokens_loops():
         assert torch.equal(per_loop.update(0, t, k, k, slot=0)[0][:, :, :1], k)
 
 
+def test_a_frozen_row_keeps_the_fold_of_the_loops_it_ran():
+    """The static path's exits (`FrozenCache`): row 1 exits after loop 2 of 4; under shared-mean its entry stays the
+    mean of its first two loops while row 0's takes all four (float32: the fold of old with itself is exact)."""
+    from adapters.engine.exits import FrozenCache
+
+    loops = [torch.randn(2, 2, 1, 32, generator=torch.Generator().manual_seed(t)) for t in range(4)]
+    cfg = preset("ouro-tiny").replace(kv_policy="shared-mean")
+    active = torch.ones(2, dtype=torch.bool)
+    cache = FrozenCache(KVCache(cfg, 2, 4, 4, torch.float32, "cpu"), active)
+    for t, k in enumerate(loops):
+        read, _ = cache.update(0, t, k, k, slot=0)
+        if t == 1:
+            active[1] = False
+    assert torch.equal(read[1], ((loops[0] + (loops[1] - loops[0]) / 2))[1])
+    torch.testing.assert_close(read[0], (sum(loops) / 4)[0], rtol=1e-6, atol=1e-6)
+
+
 # ------------------------------------------------------------------------------ exact bytes
 FAMILIES = ["qwen3-tiny", "ouro-tiny", "coreloop-tiny", "melt-tiny", "ouro-1.4b", "huginn-0125", "retrofit-llama-3.2-1b", "melt-1.6b"]
 
@@ -136,10 +153,12 @@ def test_continuous_equals_static_under_every_policy_and_dtype(policy, kv_dtype)
 
 
 @pytest.mark.parametrize("policy", SHARED)
-def test_exits_under_sharing_match_static_and_leave_the_exit_loops_entry(policy):
+@pytest.mark.parametrize("kv_dtype", ["auto", "int8"])
+def test_exits_under_sharing_match_static_and_leave_the_exit_loops_entry(policy, kv_dtype):
     """Threshold exits (copy fill): the same tokens and exit loops as the static path. An exited token's entry is
-    what its loops up to the exit left (the fill copies nothing: every loop maps to the one entry)."""
-    adapter = engine("ouro-tiny", kv_policy=policy, kv_dtype="int8", exit_policy="threshold", exit_threshold=0.3)
+    what its loops up to the exit left (the fill copies nothing: every loop maps to the one entry; the static path's
+    frozen rows write back what their entry holds, which the fold keeps)."""
+    adapter = engine("ouro-tiny", kv_policy=policy, kv_dtype=kv_dtype, exit_policy="threshold", exit_threshold=0.3)
     continuous = outputs(adapter, GREEDY)
     adapter.batching = "static"
     assert outputs(adapter, GREEDY) == continuous
