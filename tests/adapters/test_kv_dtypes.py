@@ -92,3 +92,10 @@ def test_melt_int8_preemption_changes_nothing():
     latent = max(8, adapter.config.chunk_size) * terms["latent_bytes_per_token"]
     adapter.kv_budget = (2 * 10 * 4 * terms["kv_bytes_per_token"] + latent) / 1e9  # two sequences' 10 blocks of eight
     assert run() == expected and adapter.preemptions > 0
+
+
+def test_fp8_decodes_every_finite_code_as_torchs_cast():
+    codes = torch.arange(256, dtype=torch.uint8)
+    cast = codes.view(torch.float8_e4m3fn).float()
+    finite = ~cast.isnan()  # 0x7f and 0xff: NaN, never written (values are clamped to +-448)
+    assert finite.sum() == 254 and torch.equal(KV_FORMATS["fp8"].decode(codes)[finite], cast[finite])
