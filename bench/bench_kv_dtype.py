@@ -2,7 +2,7 @@
 
 One Ouro-shaped model (ouro-tiny, widened with --width so the step is not all per-call overhead; random weights,
 the same seed for each dtype, so the same weights), r = 4, --batch prompts of 16 random tokens decoded together
-on the continuous engine (decode rows on the CPU), sampled (temperature 1.0, top-p 0.7), EOS off, --new-tokens
+on the continuous engine (decode rows on the CPU), sampled with the paper's protocol, EOS off, --new-tokens
 each. Every round times each dtype once, the order rotating; prints, per batch size, each dtype's best decode
 tokens/s and the median over rounds of its decode time against auto's in the same round (a cost: 1.20 is 20%
 slower). Quantized rows are written with one pack (amax, divide, round or cast, concatenate the scale) and every
@@ -19,13 +19,14 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from adapters.base import Sampling  # noqa: E402
+from adapters.base import PAPER_PROTOCOL, Sampling  # noqa: E402
 from adapters.engine.adapter import EngineAdapter  # noqa: E402
 from adapters.engine.io.checkpoint import random_model  # noqa: E402
 from adapters.engine.io.presets import preset  # noqa: E402
@@ -48,7 +49,7 @@ def decode(adapter: EngineAdapter, prompts: list[list[int]], sampling: Sampling)
 def bench(width: int, policy: str | None, batch: int, new_tokens: int, rounds: int) -> dict:
     generator = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, 99, (16,), generator=generator).tolist() for _ in range(batch)]
-    sampling = Sampling(temperature=1.0, top_p=0.7, max_new_tokens=new_tokens, seed=0)
+    sampling = replace(PAPER_PROTOCOL, max_new_tokens=new_tokens, n=1, seed=0)
     engines = {d: engine(width, policy, d, batch) for d in DTYPES}
     for adapter in engines.values():
         decode(adapter, prompts, sampling)  # warm-up
