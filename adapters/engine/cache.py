@@ -88,8 +88,7 @@ class KVCache:
         if loop and self.layout.folds:
             k = self.layout.fold(fmt.unpack(k_all[:, :, slot:end], self.dtype), k, loop)
             v = self.layout.fold(fmt.unpack(v_all[:, :, slot:end], self.dtype), v, loop)
-        k_all[:, :, slot:end] = fmt.pack(k)
-        v_all[:, :, slot:end] = fmt.pack(v)
+        k_all[:, :, slot:end], v_all[:, :, slot:end] = fmt.pack_pair(k, v)
         return fmt.unpack(k_all[:, :, :end], self.dtype), fmt.unpack(v_all[:, :, :end], self.dtype)
 
     @property

@@ -203,7 +203,7 @@ class PagedStep(PoolStep):
         if loop and pool.layout.folds:
             k_new = pool.layout.fold(self._own(pool.k_entries[entry]).view(k_new.shape), k_new, loop)
             v_new = pool.layout.fold(self._own(pool.v_entries[entry]).view(v_new.shape), v_new, loop)
-        k_new, v_new = fmt.pack(k_new), fmt.pack(v_new)
+        k_new, v_new = fmt.pack_pair(k_new, v_new)
         pool.k_entries[entry].index_copy_(0, self.slots, k_new.flatten(0, 1))
         pool.v_entries[entry].index_copy_(0, self.slots, v_new.flatten(0, 1))
         kept = None if self.kept is None else self.kept.get(entry)

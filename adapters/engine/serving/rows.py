@@ -152,8 +152,9 @@ class RowsStep(PoolStep):
         if loop and pool.layout.folds:  # the token's entry so far, dequantized, folded with this loop's K/V
             k = pool.layout.fold(fmt.unpack(rows.k_flat[entry].index_select(0, self.row_slots), dtype), k, loop)
             v = pool.layout.fold(fmt.unpack(rows.v_flat[entry].index_select(0, self.row_slots), dtype), v, loop)
-        rows.k_flat[entry].index_copy_(0, self.row_slots, fmt.pack(k))  # one token per row
-        rows.v_flat[entry].index_copy_(0, self.row_slots, fmt.pack(v))
+        k, v = fmt.pack_pair(k, v)
+        rows.k_flat[entry].index_copy_(0, self.row_slots, k)  # one token per row
+        rows.v_flat[entry].index_copy_(0, self.row_slots, v)
         offset = entry * self.entry_stride
         k_all, v_all = rows.k.as_strided(self.size, self.stride, offset), rows.v.as_strided(self.size, self.stride, offset)
         k_all, v_all = fmt.unpack(k_all, dtype), fmt.unpack(v_all, dtype)
