@@ -194,6 +194,11 @@ def test_huginn_latest_m4_is_per_loop_without_exits_and_matches_static_with_them
     continuous = outputs(exits, GREEDY)
     exits.batching = "static"
     assert outputs(exits, GREEDY) == continuous
+    for policy, kv_dtype in (("shared-last", "int8"), ("shared-ema", "fp8")):  # the recurrent state's draws beside sharing
+        shared = adapters.load(spec, dtype="fp32", device="cpu", kv_policy=policy, kv_dtype=kv_dtype, block_size=4)
+        continuous = outputs(shared, SAMPLED)
+        shared.batching = "static"
+        assert outputs(shared, SAMPLED) == continuous
 
 
 # ------------------------------------------------------------------------------ refusals
