@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import adapters
-from adapters.base import AdapterError, Request, Sampling
+from adapters.base import AdapterError, Sampling
 from adapters.engine.adapter import load_preset
 from adapters.engine.cache import KVCache
 from adapters.engine.config import KV_DTYPES, KV_POLICIES
@@ -71,7 +71,7 @@ def test_a_frozen_row_keeps_the_fold_of_the_loops_it_ran():
         read, _ = cache.update(0, t, k, k, slot=0)
         if t == 1:
             active[1] = False
-    assert torch.equal(read[1], ((loops[0] + (loops[1] - loops[0]) / 2))[1])
+    assert torch.equal(read[1], (loops[0] + (loops[1] - loops[0]) / 2)[1])
     torch.testing.assert_close(read[0], (sum(loops) / 4)[0], rtol=1e-6, atol=1e-6)
 
 
@@ -102,8 +102,8 @@ def test_caches_hold_the_analytic_bytes_for_every_policy_and_dtype(name):
 def test_sharing_holds_one_entry_per_layer_and_int8_under_three_tenths_on_the_zoo():
     """shared-* hold 1/r of per-loop's entries on a p = c = 0 model; on every zoo model (float32 on the CPU) int8 and fp8
     hold (head_dim + 4) / (4 head_dim) of auto's bytes per token, at most 0.30."""
-    from adapters.zoo import zoo_info, zoo_names
     from adapters.engine.config import LoopConfig
+    from adapters.zoo import zoo_info, zoo_names
 
     ouro = preset("ouro-tiny")
     for policy in SHARED:
@@ -203,8 +203,8 @@ def test_huginn_latest_m4_is_per_loop_without_exits_and_matches_static_with_them
 
 # ------------------------------------------------------------------------------ refusals
 @pytest.mark.parametrize("name, overrides, message", [
-    ("qwen3-tiny", {"kv_policy": "shared-last"}, "kv_policy shared-last applies to looped per-loop families (ouro, huginn, retrofit); "
-                                                 "this model (qwen3, standard KV) takes standard"),
+    ("qwen3-tiny", {"kv_policy": "shared-last"}, ("kv_policy shared-last applies to looped per-loop families (ouro, huginn, retrofit); "
+                                                  "this model (qwen3, standard KV) takes standard")),
     ("melt-tiny", {"kv_policy": "shared-mean"}, "takes gated"),
     ("ouro-tiny", {"kv_policy": "gated"}, "kv_policy gated applies to gated (MELT) models"),
     ("ouro-tiny", {"kv_policy": "latest-m4"}, "applies to the recurrent-depth families (huginn, retrofit)"),
