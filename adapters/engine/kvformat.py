@@ -50,6 +50,10 @@ class KVFormat:
         """Stored rows back as [..., head_dim] of `dtype`, what attention reads."""
         return rows
 
+    def unpack_copy(self, rows: Tensor, dtype: torch.dtype) -> Tensor:
+        """`unpack` into memory of its own: what a folding layout reads before it writes the rows over."""
+        return rows.clone()
+
     def round_trip(self, x: Tensor) -> Tensor:
         """What attention reads of rows `x` once stored (a full-sequence forward's cache keeps tensors, not bytes)."""
         return x
@@ -84,6 +88,9 @@ class Quantized(KVFormat):
     def unpack(self, rows: Tensor, dtype: torch.dtype) -> Tensor:
         d = rows.shape[-1] - SCALE_BYTES
         return (self.decode(rows[..., :d]) * rows[..., d:].view(SCALE_DTYPE)).to(dtype)
+
+    def unpack_copy(self, rows: Tensor, dtype: torch.dtype) -> Tensor:
+        return self.unpack(rows, dtype)  # dequantizing writes new memory
 
     def round_trip(self, x: Tensor) -> Tensor:
         return self.unpack(self.pack(x), x.dtype)

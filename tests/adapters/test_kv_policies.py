@@ -52,7 +52,9 @@ def test_each_policy_leaves_its_fold_of_a_tokens_loops():
         cache = KVCache(cfg, 1, 4, 3, torch.float32, "cpu")
         for t, k in enumerate(loops):
             read, _ = cache.update(0, t, k, k, slot=0)
-        torch.testing.assert_close(read[:, :, :1], want, rtol=1e-6, atol=1e-6)  # float32 sums: a few ulps
+            assert torch.equal(read, k)  # the token's own loop t reads its loop-t K/V
+        later, _ = cache.update(0, 0, loops[0], loops[0], slot=1)  # a later token reads the entry
+        torch.testing.assert_close(later[:, :, :1], want, rtol=1e-6, atol=1e-6)  # float32 sums: a few ulps
     per_loop = KVCache(preset("ouro-tiny").replace(loops=3), 1, 4, 3, torch.float32, "cpu")
     for t, k in enumerate(loops):
         assert torch.equal(per_loop.update(0, t, k, k, slot=0)[0][:, :, :1], k)
@@ -68,11 +70,12 @@ def test_a_frozen_row_keeps_the_fold_of_the_loops_it_ran():
     active = torch.ones(2, dtype=torch.bool)
     cache = FrozenCache(KVCache(cfg, 2, 4, 4, torch.float32, "cpu"), active)
     for t, k in enumerate(loops):
-        read, _ = cache.update(0, t, k, k, slot=0)
+        cache.update(0, t, k, k, slot=0)
         if t == 1:
             active[1] = False
-    assert torch.equal(read[1], (loops[0] + (loops[1] - loops[0]) / 2)[1])
-    torch.testing.assert_close(read[0], (sum(loops) / 4)[0], rtol=1e-6, atol=1e-6)
+    held, _ = cache.cache.stored(0, 3, 0, 1)
+    assert torch.equal(held[1], (loops[0] + (loops[1] - loops[0]) / 2)[1])
+    torch.testing.assert_close(held[0], (sum(loops) / 4)[0], rtol=1e-6, atol=1e-6)
 
 
 # ------------------------------------------------------------------------------ exact bytes
@@ -127,16 +130,17 @@ def test_a_run_reports_the_pool_it_held(policy):
 
 
 # ------------------------------------------------------------------------------ semantics
-def test_shared_last_prefills_as_per_loop_and_shares_at_decoding():
-    """A prompt prefilled in one step is per-loop's exactly (the first token, the scored logits); decoding then reads
-    earlier tokens' last loop, so the outputs part; at r = 1 every policy is per-loop."""
-    per_loop, shared = engine("ouro-tiny"), engine("ouro-tiny", kv_policy="shared-last")
+@pytest.mark.parametrize("policy", SHARED)
+def test_sharing_prefills_as_per_loop_and_shares_at_decoding(policy):
+    """A prompt prefilled in one step is per-loop's exactly (the first token, the scored logits): the step's tokens
+    read one another's current loop; decoding then reads earlier tokens' shared entry, so the outputs part; at
+    r = 1 every policy is per-loop."""
+    per_loop, shared = engine("ouro-tiny"), engine("ouro-tiny", kv_policy=policy)
     ids = torch.tensor([[5, 9, 12, 7, 30, 2]])
     assert torch.equal(per_loop.forward_logits(ids), shared.forward_logits(ids))
     a, b = outputs(per_loop, GREEDY), outputs(shared, GREEDY)
     assert [x[0][0] for x in a] == [x[0][0] for x in b] and a != b
-    for policy in SHARED:
-        assert outputs(engine("ouro-tiny", loops=1, kv_policy=policy), GREEDY) == outputs(engine("ouro-tiny", loops=1), GREEDY)
+    assert outputs(engine("ouro-tiny", loops=1, kv_policy=policy), GREEDY) == outputs(engine("ouro-tiny", loops=1), GREEDY)
 
 
 # ------------------------------------------------------------------------------ composition
