@@ -10,7 +10,9 @@ bytes), and every loop of a later token reads it:
   sharing acts at decoding, where the paper applies it (its 4x saving is decode-time sharing after a full prefill).
 - `shared-mean`, `shared-ema[:ALPHA]` (the MELT paper's static baselines, without its trained gate): loop t
   folds its K/V into the entry (`fold`): the running mean of the loops so far, or `ALPHA * new + (1 - ALPHA) * old`.
-  Attention at loop t reads the fold of loops 0..t for the step's tokens, the fold of all loops for earlier ones.
+  As under shared-last, the step's own tokens attend at loop t to their loop-t K/V (a one-step prefill is
+  per-loop's); earlier steps' tokens are read as the fold of all their loops. So the three sharing policies
+  differ only in what a finished token leaves.
 - `latest-m4` (Huginn-0125's official `HuginnDynamicCache` lookup): per-loop entries; a token that skipped
   its later loops (an exit) is read at each of them from the latest loop of the same core layer it ran. The
   exit fill `copy` writes exactly those rows (`adapters.engine.exits`), so the layout is per-loop's and the
