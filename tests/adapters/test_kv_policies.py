@@ -225,6 +225,16 @@ def test_a_policy_the_family_cannot_run_is_refused_at_inspect_and_load(name, ove
         assert "\n" not in str(err.value)
 
 
+def test_a_checkpoint_is_saved_without_the_runs_kv_policy_and_dtype(tmp_path):
+    from adapters.engine.io.checkpoint import save_checkpoint
+
+    adapter = load_preset("ouro-tiny", device="cpu", kv_policy="shared-last", kv_dtype="int8")
+    save_checkpoint(adapter.model, tmp_path / "ckpt")
+    reloaded = adapters.load(f"ouro:{tmp_path / 'ckpt'}", device="cpu")
+    assert (reloaded.describe()["kv_policy"], reloaded.describe()["kv_dtype"]) == ("per-loop", "auto")
+    assert adapter.describe()["kv_policy"] == "shared-last"  # the running model keeps its own
+
+
 def test_describe_and_inspect_carry_the_policy_dtype_and_bytes():
     facts = adapters.inspect("preset:ouro-tiny", device="cpu", kv_policy="shared-ema:0.3", kv_dtype="fp8")
     adapter = load_preset("ouro-tiny", device="cpu", kv_policy="shared-ema:0.3", kv_dtype="fp8")
