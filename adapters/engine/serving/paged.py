@@ -1,8 +1,9 @@
 """Paged KV: the pool's tensors, and the `Cache` one engine step attends through.
 
 The pool holds every K/V entry of the family's layout (`adapters.engine.families`: `standard`, `per_loop`
-with r entries per shared layer, `gated` with one row per layer) for
-`num_blocks * block_size` token slots, stored flat as [entries, slots, kv_heads, head_dim]. Which
+with r entries per shared layer, `gated` and the sharing policies with one row per layer) for
+`num_blocks * block_size` token slots, stored flat as [entries, slots, kv_heads, head_dim] in the config's
+`kv_dtype` (a quantized row: head_dim value bytes and its 4 scale bytes, `adapters.engine.kvformat`). Which
 blocks are free, who holds them and how full they are is the `BlockManager`'s bookkeeping
 (`adapters.engine.serving.block_manager`, `pool.manager`), which also keeps the exact byte accounting.
 The n samples of one prompt share its full prefilled blocks; the partly filled last one is copied
@@ -26,6 +27,7 @@ from adapters.engine.serving.block_manager import BlockManager
 from adapters.engine.cache import Gate
 from adapters.engine.config import LoopConfig
 from adapters.engine.families import family_of
+from adapters.engine.kvformat import KV_FORMATS
 from adapters.engine.memory import analytic_terms
 from adapters.engine.serving.sequence import Sequence
 from measures import GB
@@ -49,13 +51,14 @@ class BlockPool:
         if num_blocks < 1 or block_size < 1:
             raise AdapterError(f"a KV pool needs at least one block of at least one token (got {num_blocks} x {block_size})")
         self.block_size = block_size
-        layout = family_of(config).kv
+        self.layout, self.format, self.dtype = family_of(config).kv, KV_FORMATS[config.kv_dtype], dtype
+        layout, fmt = self.layout, self.format
         self.entries = layout.table(config, loops)
         # a spare block past the last one, never allocated: padded decode steps (`graphs`) write their padding rows there
         self.spare = num_blocks if spare else None
-        shape = (layout.entries(config, loops), (num_blocks + spare) * block_size, config.num_kv_heads, config.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        shape = (layout.entries(config, loops), (num_blocks + spare) * block_size, config.num_kv_heads, fmt.width(config.head_dim))
+        self.k = torch.zeros(shape, dtype=fmt.storage(dtype), device=device)
+        self.v = torch.zeros(shape, dtype=fmt.storage(dtype), device=device)
         self.k_entries, self.v_entries = self.k.unbind(0), self.v.unbind(0)  # views made once, not at every write
         self.prelude, self.shared, self.latent_tokens = config.prelude_layers, config.shared_layers, latent_tokens
         self.latent = None
@@ -136,7 +139,7 @@ class PoolStep:
     and `fill_skipped` fills the loops an exited row skips with its exit loop's K/V (`adapters.engine.exits`)."""
 
     def __init__(self, pool: BlockPool, in_flight: int) -> None:
-        self.pool, self.in_flight = pool, in_flight
+        self.pool, self.in_flight, self.layout = pool, in_flight, pool.layout
         self.index: Tensor | None = None  # the rows of the whole step this one runs (None: all)
 
     def kv_source(self, layer: int, loop: int, x: Tensor, gate: Gate) -> Tensor | None:
@@ -194,19 +197,38 @@ class PagedStep(PoolStep):
             self.row_index = torch.arange(self.rows, device=positions.device)[:, None]
 
     def update(self, layer: int, loop: int, k: Tensor, v: Tensor, slot: int) -> tuple[Tensor, Tensor]:
+        """Write the step's rows, read what attention sees; a folding layout's loop >= 1 then writes the fold over
+        them (the step's tokens attend to this loop's K/V, later steps read the fold; a gather reads a copy)."""
         entry, pool = self.pool.entries[layer][loop], self.pool
         k_new, v_new = k.transpose(1, 2), v.transpose(1, 2)  # [B, n, Hkv, D]
-        pool.k_entries[entry].index_copy_(0, self.slots, k_new.flatten(0, 1))
-        pool.v_entries[entry].index_copy_(0, self.slots, v_new.flatten(0, 1))
+        folding = loop and pool.layout.folds
+        if folding:
+            old_k, old_v = self._own(pool.k_entries[entry]).view(k_new.shape), self._own(pool.v_entries[entry]).view(v_new.shape)
+        k_packed, v_packed = self._write(entry, k_new, v_new)
         kept = None if self.kept is None else self.kept.get(entry)
         if kept is None:
             kept = (self._read(pool.k[entry]), self._read(pool.v[entry]))
             if self.kept is not None:
                 self.kept[entry] = kept
         else:
-            kept[0][self.row_index, self.positions] = k_new
-            kept[1][self.row_index, self.positions] = v_new
-        return kept[0].transpose(1, 2), kept[1].transpose(1, 2)
+            kept[0][self.row_index, self.positions] = k_packed
+            kept[1][self.row_index, self.positions] = v_packed
+        read = pool.format.unpack(kept[0], pool.dtype).transpose(1, 2), pool.format.unpack(kept[1], pool.dtype).transpose(1, 2)
+        if folding:
+            self._write(entry, pool.layout.fold(old_k, k_new, loop), pool.layout.fold(old_v, v_new, loop))
+        return read
+
+    def _write(self, entry: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Rows k, v [B, n, Hkv, D] into the step's slots of `entry`, as stored (returned)."""
+        pool = self.pool
+        k, v = pool.format.pack_pair(k, v)
+        pool.k_entries[entry].index_copy_(0, self.slots, k.flatten(0, 1))
+        pool.v_entries[entry].index_copy_(0, self.slots, v.flatten(0, 1))
+        return k, v
+
+    def _own(self, rows: Tensor) -> Tensor:
+        """The step's tokens' rows of one entry [B * n, Hkv, D], dequantized: what a folding layout's loop reads."""
+        return self.pool.format.unpack(rows.index_select(0, self.slots), self.pool.dtype)
 
     def narrow(self, index: Tensor) -> PagedStep:
         """The step of rows `index` only (a decode step's still-looping rows)."""
