@@ -28,7 +28,7 @@ def estimate(
     batch: int = typer.Option(1, "--batch", help="Sequences held at once."),
     loops: int | None = typer.Option(None, "--loops", help="Loops at inference (r); default the trained loop count."),
     dtype: str = typer.Option("bf16", "--dtype", help="bf16, fp16 or fp32."),
-    kv_policy: Optional[str] = typer.Option(None, "--kv-policy", help="KV policy: per-loop, shared-last, shared-mean, shared-ema[:ALPHA], latest-m4, gated, standard; default the model's own."),
+    kv_policy: str | None = typer.Option(None, "--kv-policy", help="KV policy: per-loop, shared-last, shared-mean, shared-ema[:ALPHA], latest-m4, gated, standard; default the model's own."),
     kv_dtype: str = typer.Option("auto", "--kv-dtype", help="KV storage: auto (the model's dtype), int8 or fp8 (with a float32 scale per token and head)."),
     as_json: JsonFlag = False,
 ) -> None:
