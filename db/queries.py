@@ -160,7 +160,7 @@ def metrics(engine: Engine, set_id: str | None = None, task: str | None = None) 
 def run_configs(engine: Engine, run_ids: Iterable[int]) -> dict[int, str]:
     """run id -> its configuration (`db.sets.configuration`, as `config_key` writes it; '' for none): what keeps
     runs of one model, loops and exit point apart as points of their own."""
-    statement = select(Run.id, Run.model_spec, Run.spec).where(Run.id.in_([int(i) for i in run_ids]))
+    statement = select(Run.id, Run.model_spec, Run.spec, Run.kv_policy, Run.kv_dtype).where(Run.id.in_([int(i) for i in run_ids]))
     with engine.connect() as conn:
         return {row.id: config_key(configuration(row._mapping)) for row in conn.execute(statement)}
 

@@ -149,12 +149,44 @@ def check_exit(thresholds: Sequence[float], criterion: str | None) -> None:
             raise UserError(f"--exit-threshold must be {what} with --exit-criterion {criterion or DEFAULT_EXIT_CRITERION}, got {value!r}")
 
 
+# The KV memory axis (`--kv-policy`, `--kv-dtype`): what the engine adapter takes as its `kv_policy` and `kv_dtype` load
+# overrides. Which policy a family can take is the adapter's inspector's to say, at plan time.
+KV_POLICIES = ("per-loop", "shared-last", "shared-mean", "shared-ema", "latest-m4", "gated", "standard")
+KV_DTYPES = ("auto", "int8", "fp8")
+EMA = "shared-ema"  # the one policy with a parameter: shared-ema:ALPHA, ALPHA in (0, 1)
+
+
+def checked_kv_policy(value: str) -> str:
+    """`value` as a KV policy in its canonical text (`shared-ema:.5` -> `shared-ema:0.5`, so one policy is one identity);
+    UserError naming --kv-policy on an unknown policy or an ALPHA outside (0, 1)."""
+    name, colon, alpha = value.strip().partition(":")
+    if name not in KV_POLICIES or (colon and name != EMA):
+        raise UserError(f"--kv-policy must be one of {', '.join(KV_POLICIES)} ({EMA}:ALPHA with ALPHA in (0, 1)), got {value!r}")
+    if not colon:
+        return name
+    try:
+        number = float(alpha)
+    except ValueError:
+        number = math.nan
+    if not 0 < number < 1:  # NaN fails too
+        raise UserError(f"--kv-policy {EMA}:ALPHA needs ALPHA in (0, 1), got {value!r}")
+    return f"{EMA}:{number:g}"
+
+
+def checked_kv_dtype(value: str) -> str:
+    """`value` as a KV dtype; UserError naming --kv-dtype on anything else."""
+    if value not in KV_DTYPES:
+        raise UserError(f"--kv-dtype must be one of {', '.join(KV_DTYPES)}, got {value!r}")
+    return value
+
+
 # Backends that can run code shipped inside a model directory, and so take trust_remote_code.
 REMOTE_CODE_PREFIXES = ("transformers", "vllm")
 # Set for the whole sweep, never per model: loops are what a sweep varies, the seed what makes it repeatable.
 SWEEP_WIDE_OVERRIDES = ("loops", "seed")
-# Load overrides the exit axis (`--exit-threshold`, `--exit-criterion`) sets per run.
+# Load overrides the exit axis (`--exit-threshold`, `--exit-criterion`) and the KV axis (`--kv-policy`, `--kv-dtype`) set per run.
 EXIT_OVERRIDES = ("exit_threshold", "exit_criterion")
+KV_OVERRIDES = ("kv_policy", "kv_dtype")
 
 
 @dataclass(frozen=True)
@@ -180,6 +212,10 @@ class RunSpec:
     # own exit policy). The criterion is None when no threshold is swept. Specs stored before it have neither.
     exit_thresholds: tuple[float, ...] = ()
     exit_criterion: str | None = None
+    # The KV memory axis: one run per policy of each looped model (a plain model keeps its standard cache) and per
+    # dtype of every model (empty: not swept; the model's own). Specs stored before it have neither.
+    kv_policies: tuple[str, ...] = ()
+    kv_dtypes: tuple[str, ...] = ()
 
     @classmethod
     def build(
@@ -203,6 +239,8 @@ class RunSpec:
         model_overrides: Mapping[str, Mapping[str, Any]] | None = None,
         exit_thresholds: Sequence[float] | None = None,
         exit_criterion: str | None = None,
+        kv_policies: Sequence[str] | None = None,
+        kv_dtypes: Sequence[str] | None = None,
     ) -> RunSpec:
         """Fill unset values and check every field; UserError names the bad option.
 
@@ -226,9 +264,14 @@ class RunSpec:
         per_model = _checked_model_overrides(models, {adapters.resolve(m): o for m, o in (model_overrides or {}).items()})
         check_exit(tuple(exit_thresholds or ()), exit_criterion)
         thresholds = tuple(sorted(set(float(t) for t in exit_thresholds or ())))
+        policies = tuple(dict.fromkeys(checked_kv_policy(str(p)) for p in kv_policies or ()))
+        dtypes = tuple(dict.fromkeys(checked_kv_dtype(d) for d in kv_dtypes or ()))
         for model, values in per_model.items():
             if thresholds and set(EXIT_OVERRIDES) & set(values):
                 raise UserError(f"overrides of {model}: --exit-threshold sweeps the exit policy, so the model's own exit overrides cannot be kept")
+            for swept, key, option in ((policies, "kv_policy", "--kv-policy"), (dtypes, "kv_dtype", "--kv-dtype")):
+                if swept and key in values:
+                    raise UserError(f"overrides of {model}: {option} sweeps {key}, so the model's own {key} override cannot be kept")
         return cls(
             models=models,
             suite=suite,
@@ -245,6 +288,8 @@ class RunSpec:
             model_overrides=per_model,
             exit_thresholds=thresholds,
             exit_criterion=(exit_criterion or DEFAULT_EXIT_CRITERION) if thresholds else None,
+            kv_policies=policies,
+            kv_dtypes=dtypes,
         )
 
     def load_overrides(self, model: str) -> dict[str, Any]:
@@ -254,14 +299,16 @@ class RunSpec:
             overrides["trust_remote_code"] = True
         return overrides
 
-    def run_overrides(self, model: str, exit_threshold: float | None, exit_criterion: str | None) -> dict[str, Any]:
-        """Overrides one run of `model` is loaded with: `load_overrides`, and the run's point on the exit axis (the
-        criterion only where it is not the gate, the engine's default)."""
+    def run_overrides(self, model: str, exit_threshold: float | None, exit_criterion: str | None,
+                      kv_policy: str | None = None, kv_dtype: str | None = None) -> dict[str, Any]:
+        """Overrides one run of `model` is loaded with: `load_overrides`, the run's point on the exit axis (the
+        criterion only where it is not the gate, the engine's default) and on the KV axis (each only where swept)."""
         overrides = self.load_overrides(model)
         if exit_threshold is not None:
             overrides["exit_threshold"] = exit_threshold
             if exit_criterion not in (None, DEFAULT_EXIT_CRITERION):
                 overrides["exit_criterion"] = exit_criterion
+        overrides.update({k: v for k, v in zip(KV_OVERRIDES, (kv_policy, kv_dtype)) if v is not None})
         return overrides
 
     def to_dict(self) -> dict[str, Any]:
@@ -275,7 +322,7 @@ class RunSpec:
     def from_dict(cls, data: Mapping[str, Any], sampling: Mapping[str, Any], db_url: str | None) -> RunSpec:
         """The spec `to_dict` stored, with its `sampling` (as `runs.sampling` holds it) and the store it was read from."""
         fields = {**data, "sampling": Sampling(**sampling), "db_url": db_url}
-        for name in ("models", "loops", "tasks", "exit_thresholds"):
+        for name in ("models", "loops", "tasks", "exit_thresholds", "kv_policies", "kv_dtypes"):
             if fields.get(name) is not None:
                 fields[name] = tuple(fields[name])
         return cls(**fields)

@@ -124,6 +124,20 @@ def _thresholds(name: str, value: Any) -> list[float]:
     return value
 
 
+def string_list(value: str, name: str) -> list[str]:
+    """'per-loop, shared-last' -> ['per-loop', 'shared-last']; UserError naming `name` when nothing is left (the values
+    themselves are `harness.spec`'s to check)."""
+    items = [part for part in (p.strip() for p in value.split(",")) if part]
+    if not items:
+        raise UserError(f"{name} must be comma-separated names, got {value!r}")
+    return items
+
+
+def _names(name: str, value: Any) -> list[str]:
+    """A sweep file's list of names (KV policies, KV dtypes), or a string of them ("per-loop,shared-last")."""
+    return string_list(value, name) if isinstance(value, str) else _strings(name, value)
+
+
 def _loops(name: str, value: Any) -> list[int]:
     """A sweep file's loops: a list of positive integers, or a string of them and ranges ("1-12")."""
     return int_ranges(value, name) if isinstance(value, str) else _positive_ints(name, value)
@@ -238,6 +252,8 @@ KEYS: dict[str, tuple[Callable[[str, Any], Any], str]] = {
     "loops": (_loops, "loops"),
     "exit_threshold": (_thresholds, "exit_thresholds"),
     "exit_criterion": (_string, "exit_criterion"),
+    "kv_policy": (_names, "kv_policies"),
+    "kv_dtype": (_names, "kv_dtypes"),
     "samples": (_sampling("n"), "samples"),
     "temperature": (_sampling("temperature"), "temperature"),
     "top_p": (_sampling("top_p"), "top_p"),
@@ -292,7 +308,7 @@ def read_sweep_file(path: str | Path) -> dict[str, Any]:
 # What a sweep runs. Without any of these and without a sweep file, `loopeval run` is the default benchmark:
 # the recurrence lab's sweep (harness.spec.LAB), then the headline sweep, whose set the views open on, then the exit
 # sweep (harness.spec.EXITS), in the headline's set.
-SWEEP_CHOICES = ("models", "suite", "tasks", "loops", "exit_thresholds", "samples", "temperature", "top_p", "max_new_tokens", "limit", "seeds")
+SWEEP_CHOICES = ("models", "suite", "tasks", "loops", "exit_thresholds", "kv_policies", "kv_dtypes", "samples", "temperature", "top_p", "max_new_tokens", "limit", "seeds")
 
 
 def _check_grid(values: Mapping[str, Any], seeds: list[int]) -> None:
@@ -300,9 +316,10 @@ def _check_grid(values: Mapping[str, Any], seeds: list[int]) -> None:
     models = len(values.get("models") or DEFAULTS.models)
     loops = len(set(values.get("loops") or DEFAULTS.loops))
     thresholds = len(set(values.get("exit_thresholds") or [None]))
-    runs = models * loops * thresholds * len(set(seeds))
+    kv = len(set(values.get("kv_policies") or [None])) * len(set(values.get("kv_dtypes") or [None]))
+    runs = models * loops * thresholds * kv * len(set(seeds))
     if runs > MAX_RUNS:
-        swept = f" x {thresholds} exit thresholds" if thresholds > 1 else ""
+        swept = (f" x {thresholds} exit thresholds" if thresholds > 1 else "") + (f" x {kv} KV settings" if kv > 1 else "")
         raise UserError(f"the sweep asks for up to {runs:,} runs ({models} models x {loops} loop counts{swept} x {len(set(seeds))} seeds), "
                         f"over the limit of {MAX_RUNS:,}: split it into several sweeps")
 
