@@ -27,7 +27,7 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
-from db.sets import config_fields, id_ranges
+from db.sets import KV_AXIS, config_fields, id_ranges
 from measures import BY_NAME, BYTE_UNITS, COMPUTE_BY_NAME, GB
 
 # Selectable memory measures of the accuracy-against-memory plot: key (a DataFrame column) -> label, the
@@ -183,8 +183,9 @@ def loops_label(loops: object) -> str:
 
 def config_labels(points: pd.DataFrame) -> list[str]:
     """Each point's configuration (`db.sets.configuration`, the `config` column) as far as it tells the point apart
-    from the same model's other points: the fields whose values differ among them, 'dtype=bfloat16 exit_loop=2';
-    '' where the model has one configuration in the set (or the frame has no `config`)."""
+    from the same model's other points: the fields whose values differ among them, 'dtype=bfloat16 exit_loop=2', the
+    KV policy and dtype first and by their values alone, as people name them ('shared-last int8'); '' where the model
+    has one configuration in the set (or the frame has no `config`)."""
     if "config" not in points:
         return [""] * len(points)
     fields = [config_fields(key) for key in points["config"]]
@@ -195,7 +196,13 @@ def config_labels(points: pd.DataFrame) -> list[str]:
     def tells_apart(model: str, name: str) -> bool:  # the model's points do not all hold one value of it
         return len({_config_value(c[name]) if name in c else None for c in of_model[model]}) > 1
 
-    return [" ".join(f"{name}={_config_value(value)}" for name, value in sorted(config.items()) if tells_apart(model, name))
+    def label(name: str, value: Any) -> str:
+        return _config_value(value) if name in KV_AXIS else f"{name}={_config_value(value)}"
+
+    def order(name: str) -> tuple[int, str]:  # the KV axis first, policy before dtype, then the overrides by name
+        return (KV_AXIS.index(name), "") if name in KV_AXIS else (len(KV_AXIS), name)
+
+    return [" ".join(label(name, config[name]) for name in sorted(config, key=order) if tells_apart(model, name))
             for model, config in zip(points["model"], fields)]
 
 

@@ -236,8 +236,12 @@ def prepare_sweep(spec: RunSpec) -> SweepPlan:
 def _model_runs(spec: RunSpec, model: str, description: dict[str, Any]) -> list[Run]:
     """The runs of one model: each loop count at each exit threshold and KV policy (those outer, so the model is
     loaded once per point of them) for a looped model, one run for a plain one, as the loops axis treats it; either
-    at each KV dtype. UserError where the exit axis cannot apply: a looped model outside the engine, or the gate
-    criterion without a gate. Whether the family takes a KV policy or dtype is the inspector's (`_check_fits`)."""
+    at each KV dtype. UserError where the exit axis cannot apply (a looped model outside the engine, or the gate
+    criterion without a gate) or the KV axis (a model outside the engine). Whether its family takes a KV policy or
+    dtype is its inspector's to say (`_check_fits`)."""
+    if (spec.kv_policies or spec.kv_dtypes) and "kv_policy" not in description:
+        option = "--kv-dtype" if spec.kv_dtypes else "--kv-policy"
+        raise UserError(f"{option}: {model} is not an engine model, whose KV cache the axis sets")
     dtypes = spec.kv_dtypes or (None,)
     if not is_looped(description):
         return [Run(model, None, kv_dtype=d) for d in dtypes]

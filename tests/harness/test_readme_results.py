@@ -32,7 +32,7 @@ def test_the_readme_results_example_has_a_fresh_databases_run_ids_and_sets() -> 
         plan = prepare_sweep(spec)
         sets.append((EvalSet.of(spec.suite, [t.name for t in plan.task_configs], spec.limit,
                                 dataclasses.asdict(spec.sampling), plan.fingerprint), len(plan.runs)))
-        for model, loops, threshold in plan.runs:
+        for model, loops, threshold, *_ in plan.runs:
             runs[(model, loops or 1, threshold)] = next_id
             next_id += 1
     (lab, lab_runs), (headline, _), (exits, exit_runs) = sets
