@@ -181,9 +181,11 @@ def _each_set(engine: Engine) -> list[Selection]:
 # ------------------------------------------------------------------------------------ memory over a run
 def run_label(run: Any) -> str:
     """How selectors and titles name an eval run (a `queries.runs` row): 'run 3: preset:qwen3-tiny r=2 (synthetic)',
-    'run 4: zoo:ouro-tiny r=4 exit gate 0.5 (synthetic)' on the exit axis."""
+    'run 4: zoo:ouro-tiny r=4 exit gate 0.5 (synthetic)' on the exit axis, 'run 5: zoo:ouro-tiny r=4 shared-last int8
+    (synthetic)' on the KV axis."""
     exit_at = "" if pd.isna(run.exit_threshold) else f" exit {figures.exit_label(run.exit_threshold, run.exit_criterion)}"
-    return f"run {run.run_id}: {run.model} {figures.loops_label(run.loops)}{exit_at} ({run.suite})"
+    kv = "".join(f" {value}" for value in (run.kv_policy, run.kv_dtype) if not pd.isna(value))
+    return f"run {run.run_id}: {run.model} {figures.loops_label(run.loops)}{exit_at}{kv} ({run.suite})"
 
 
 def thinned(series: pd.DataFrame, limit: int = MAX_SERIES_POINTS) -> pd.DataFrame:

@@ -52,8 +52,8 @@ def runs(engine: Engine, kind: str | None = "eval", run_ids: Iterable[int] | Non
     counts = select(Sample.run_id, func.count().label("n_samples")).group_by(Sample.run_id)
     statement = select(
         Run.id.label("run_id"), Run.sweep_id, Run.kind, Run.model_spec.label("model"), Run.adapter,
-        _LOOPS, Run.exit_threshold, Run.exit_criterion, Run.suite, Run.status, Run.started_at, Run.wall_seconds,
-        Run.energy_joules, Run.model_config,
+        _LOOPS, Run.exit_threshold, Run.exit_criterion, Run.kv_policy, Run.kv_dtype, Run.suite, Run.status, Run.started_at,
+        Run.wall_seconds, Run.energy_joules, Run.model_config,
     )
     if kind is not None:
         statement = statement.where(Run.kind == kind)
