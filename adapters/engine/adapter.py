@@ -16,7 +16,9 @@ a GPU at most `paged.KV_FRACTION` of free memory), `block_size` (tokens per KV b
 `early_exit_threshold`, see `exit_policy`), `exit_criterion` (gate, kl, entropy) and `exit_fill` ("copy": a decoded token
 skips the loops after its exit and leaves its exit loop's K/V in them, the default when a policy is set; "masked":
 it skips them and later tokens attend at each loop only to the tokens that ran it; "read": every loop runs, the
-exit loop's output is read; `adapters.engine.exits`), and the loop conditioning fields.
+exit loop's output is read; `adapters.engine.exits`), `kv_policy` (the KV layout run instead of the model's own:
+per-loop, shared-last, shared-mean, shared-ema[:ALPHA], latest-m4, gated, standard; `adapters.engine.families.sharing`)
+and `kv_dtype` (auto, int8, fp8; `adapters.engine.kvformat`), and the loop conditioning fields.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from adapters import threads
 from adapters.base import MODEL_DTYPES, AdapterError, Finished, Generation, Prompt, Request, Sampling, dtype_short
 from adapters.engine.cache import KVCache
 from adapters.engine.config import CONDITIONING_FIELDS, LoopConfig
+from adapters.engine.families import family_of
 from adapters.engine.io.presets import PRESETS, preset
 from adapters.engine.serving.continuous import ContinuousEngine
 from adapters.engine.exits import SKIPPING_FILL, ExitPolicy, check_threshold
@@ -47,8 +50,9 @@ from adapters.registry import register
 
 DEFAULT_MAX_BATCH = 64  # sequences decoding at once
 BATCHING = ("continuous", "static")
+KV_FIELDS = ("kv_policy", "kv_dtype")  # load overrides that are config fields (`LoopConfig`), checked there
 OVERRIDES = ("loops", "dtype", "device", "seed", "chunk_size", "max_batch", "batching", "kv_budget", "block_size", "cuda_graphs",
-             "exit_policy", "exit_loop", "exit_threshold", "exit_criterion", "exit_fill", *CONDITIONING_FIELDS)
+             "exit_policy", "exit_loop", "exit_threshold", "exit_criterion", "exit_fill", *KV_FIELDS, *CONDITIONING_FIELDS)
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
@@ -205,6 +209,7 @@ class EngineAdapter:
             "loops": self.loops,
             "trained_loops": cfg.loops,
             "kv_strategy": cfg.kv_strategy,
+            **kv_facts(cfg),
             "gate": cfg.gate_variant if cfg.gated else None,
             "dtype": dtype_short(self.dtype),
             "device": str(self.device),
@@ -274,22 +279,34 @@ def conditioning(overrides: dict[str, Any]) -> dict[str, Any]:
     return {k: overrides[k] for k in CONDITIONING_FIELDS if overrides.get(k) is not None}
 
 
+def kv_fields(overrides: dict[str, Any]) -> dict[str, Any]:
+    """The KV policy and dtype among load overrides: config fields, which `LoopConfig` checks against the family."""
+    return {k: overrides[k] for k in KV_FIELDS if overrides.get(k) is not None}
+
+
+def kv_facts(cfg: LoopConfig) -> dict[str, str]:
+    """The KV policy (the native one named when none was chosen) and dtype a run stores and sweeps by."""
+    return {"kv_policy": family_of(cfg).kv.policy, "kv_dtype": cfg.kv_dtype}
+
+
 def config_facts(cfg: LoopConfig, overrides: dict[str, Any]) -> dict[str, Any]:
     """What `describe()` will say about loops, KV and memory, from the config alone: a sweep plans its
     runs and checks they fit with it before any weights are loaded (`adapters.inspect`), and
     `loopeval estimate` reads the config from it."""
     _check_overrides(overrides)
-    cfg = cfg.replace(**conditioning(overrides))
+    cfg = cfg.replace(**conditioning(overrides), **kv_fields(overrides))
     if overrides.get("chunk_size") is not None:  # as _build applies it
         cfg = cfg.replace(chunk_size=int(overrides["chunk_size"]))
     loops = cfg.loops if overrides.get("loops") is None else cfg.check_loops(overrides["loops"])
     device = resolve_device(overrides.get("device"))
     dtype = dtype_short(resolve_dtype(overrides.get("dtype"), device))
     check_exit_support(cfg, exit_policy(cfg, overrides))  # a bad exit override fails the plan, before a run is stored
-    return {"family": cfg.family, "params": count_params(cfg), "kv_strategy": cfg.kv_strategy, "loops": loops, "trained_loops": cfg.loops,
+    analytic = analytic_terms(cfg, loops, dtype)
+    return {"family": cfg.family, "params": count_params(cfg), "kv_strategy": cfg.kv_strategy, **kv_facts(cfg),
+            "kv_bytes_per_token": analytic["kv_bytes_per_token"], "loops": loops, "trained_loops": cfg.loops,
             "max_context": cfg.max_position, "device": device, "dtype": dtype,
             "max_batch": _batching_overrides(overrides)[0], "kv_budget": _batching_overrides(overrides)[2],
-            "analytic": analytic_terms(cfg, loops, dtype),
+            "analytic": analytic,
             "config": cfg.to_dict()}
 
 
@@ -301,6 +318,7 @@ def _build(spec: str, model_fn: Any, tokenizer_fn: Any, overrides: dict[str, Any
     threads.ensure(count_params(model.config))
     if overrides.get("chunk_size") is not None:
         model.config = model.config.replace(chunk_size=int(overrides["chunk_size"]))
+    model.config = model.config.replace(**kv_fields(overrides))
     if conditioning(overrides):
         model = model.with_conditioning(**conditioning(overrides))
     max_batch, batching, kv_budget, block_size, cuda_graphs = _batching_overrides(overrides)
@@ -337,8 +355,12 @@ def check_exit_support(cfg: LoopConfig, policy: ExitPolicy) -> ExitPolicy:
     `read` (an exit loop's state read as the output) needs a model whose output is not the coda's."""
     if policy.kind == "threshold" and policy.criterion == "gate" and not cfg.exit_gate:
         raise AdapterError("exit_policy 'threshold' with the gate criterion needs a model with an exit gate (Ouro); try exit_criterion kl or entropy")
-    if policy.skips and policy.fill == "masked" and cfg.gated:
-        raise AdapterError("exit_fill 'masked' needs per-loop K/V: a gated (MELT) layer keeps one row per token, which every loop reads")
+    if policy.skips and policy.fill == "masked" and not family_of(cfg).kv.grows_with_loops:
+        raise AdapterError(f"exit_fill 'masked' needs per-loop K/V: kv_policy {family_of(cfg).kv.policy} keeps one row per layer "
+                           "and token, which every loop reads")
+    if policy.skips and policy.fill == "masked" and family_of(cfg).kv.policy == "latest-m4":
+        raise AdapterError("exit_fill 'masked' is Huginn's 'skip' lookup; kv_policy latest-m4 reads a skipped loop from the token's "
+                           "latest one (exit_fill copy)")
     if policy.kind != "none" and cfg.shared_layers == 0:
         raise AdapterError("exit policies need a looped model (shared layers)")
     if policy.kind != "none" and not policy.skips and cfg.coda_layers:

@@ -16,7 +16,11 @@ Layout: which entry holds a (layer, loop)'s rows, and whether a latent is kept, 
 shared layer, growing with r; `gated` (MELT) one per layer, shared rows overwritten at every loop, plus the
 latent h of each shared layer for the tokens in flight (a prefill chunk or the decoded token).
 
-`KVCache` stores k and v as [entries, batch, kv_heads, length, head_dim] and the latent as
+A layout that folds a token's loops into its entry (shared mean, EMA) reads the entry before each later loop
+writes it (`KVLayout.fold`). Rows are stored in the config's `kv_dtype` (`adapters.engine.kvformat`): a quantized
+row is its values and scale as bytes, written by `pack` and dequantized for attention by `unpack`.
+
+`KVCache` stores k and v as [entries, batch, kv_heads, length, head_dim (+ 4 scale bytes)] and the latent as
 [s, batch, chunk, hidden]. `kv_bytes_allocated` counts the K/V tensors plus the latent and the
 history buffer of the loop conditioning (`history_bytes`);
 `kv_bytes_used` counts the slots written so far (every row of the batch, padding included,
@@ -34,6 +38,7 @@ from torch import Tensor
 
 from adapters.engine.config import LoopConfig
 from adapters.engine.families import KVLayout, family_of
+from adapters.engine.kvformat import KV_FORMATS
 from adapters.engine.memory import history_bytes
 
 Gate = Callable[[Tensor, Tensor, int], Tensor]  # MELT's update (x, h, loop) -> new h, for loops >= 1
@@ -51,13 +56,14 @@ class KVCache:
     """The static cache of one generate call (a batch of `batch` rows, `length` slots, `loops` loops)."""
 
     def __init__(self, config: LoopConfig, batch: int, length: int, loops: int, dtype: torch.dtype, device: torch.device | str) -> None:
-        layout = family_of(config).kv
+        self.layout, self.format, self.dtype = family_of(config).kv, KV_FORMATS[config.kv_dtype], dtype
+        layout, fmt = self.layout, self.format
         self.loops = config.check_loops(loops)
         self.batch, self.capacity = batch, length
         entries = layout.entries(config, loops)
-        shape = (entries, batch, config.num_kv_heads, length, config.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        shape = (entries, batch, config.num_kv_heads, length, fmt.width(config.head_dim))
+        self.k = torch.zeros(shape, dtype=fmt.storage(dtype), device=device)
+        self.v = torch.zeros(shape, dtype=fmt.storage(dtype), device=device)
         k, v = self.k.unbind(0), self.v.unbind(0)  # views: no per-step indexing
         self.rows = [[(k[e], v[e]) for e in row] for row in layout.table(config, loops)]
         self.prelude, self.latent = config.prelude_layers, None
@@ -65,9 +71,9 @@ class KVCache:
             chunk = min(config.chunk_size, length)
             self.latent = torch.zeros((config.shared_layers, batch, chunk, config.hidden_size), dtype=dtype, device=device)
         self.length = 0  # slots written (the generate loop advances it)
-        self._slot_bytes = 2 * entries * batch * config.num_kv_heads * config.head_dim * self.k.element_size()
+        self._slot_bytes = 2 * entries * batch * config.num_kv_heads * self.k.shape[-1] * self.k.element_size()
         self._latent_bytes = 0 if self.latent is None else self.latent.numel() * self.latent.element_size()
-        self._latent_bytes += history_bytes(config, batch * (self.latent.shape[2] if self.latent is not None else 1), self.k.element_size())
+        self._latent_bytes += history_bytes(config, batch * (self.latent.shape[2] if self.latent is not None else 1), dtype.itemsize)
 
     def kv_source(self, layer: int, loop: int, x: Tensor, gate: Gate) -> Tensor | None:
         """The latent h of `layer`'s tokens in flight, updated in place: x at loop 0, then the gate."""
@@ -78,10 +84,13 @@ class KVCache:
 
     def update(self, layer: int, loop: int, k: Tensor, v: Tensor, slot: int) -> tuple[Tensor, Tensor]:
         k_all, v_all = self.rows[layer][loop]
-        end = slot + k.shape[2]
-        k_all[:, :, slot:end] = k
-        v_all[:, :, slot:end] = v
-        return k_all[:, :, :end], v_all[:, :, :end]
+        end, fmt = slot + k.shape[2], self.format
+        if loop and self.layout.folds:
+            k = self.layout.fold(fmt.unpack(k_all[:, :, slot:end], self.dtype), k, loop)
+            v = self.layout.fold(fmt.unpack(v_all[:, :, slot:end], self.dtype), v, loop)
+        k_all[:, :, slot:end] = fmt.pack(k)
+        v_all[:, :, slot:end] = fmt.pack(v)
+        return fmt.unpack(k_all[:, :, :end], self.dtype), fmt.unpack(v_all[:, :, :end], self.dtype)
 
     @property
     def kv_bytes_allocated(self) -> int:
@@ -119,7 +128,8 @@ class ChunkCache:
     """
 
     def __init__(self, config: LoopConfig, loops: int, layout: KVLayout | None = None) -> None:
-        layout = layout or family_of(config).kv
+        self.layout = layout = layout or family_of(config).kv
+        self.format = KV_FORMATS[config.kv_dtype]
         self.entries = layout.table(config, loops)
         self.rows: defaultdict[int, dict[int, tuple[Tensor, Tensor]]] = defaultdict(dict)  # entry -> chunk's slot -> rows
         self.gated = layout.has_latent(config)
@@ -133,7 +143,9 @@ class ChunkCache:
 
     def update(self, layer: int, loop: int, k: Tensor, v: Tensor, slot: int) -> tuple[Tensor, Tensor]:
         rows = self.rows[self.entries[layer][loop]]
-        rows[slot] = (k, v)
+        if loop and self.layout.folds:
+            k, v = self.layout.fold(rows[slot][0], k, loop), self.layout.fold(rows[slot][1], v, loop)
+        rows[slot] = (self.format.round_trip(k), self.format.round_trip(v))
         if len(rows) == 1:
             return k, v
         keys, values = zip(*rows.values())

@@ -27,6 +27,13 @@ FAMILIES = ("qwen3", "ouro", "melt", "huginn", "retrofit", "custom")
 ROPE_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")  # Llama 3's, the one kind read
 MIX_KINDS = ("none", "scalar", "channel", "dense")  # shape of an injection matrix: 1, d or d x d parameters
 CONDITIONING_FIELDS = ("injection", "history", "history_window", "loop_gate", "branch_gate")  # also load overrides of engine specs
+KV_DTYPES = ("auto", "int8", "fp8")  # how K/V are stored (`adapters.engine.kvformat`); auto: the model's dtype
+SHARED_POLICIES = ("shared-last", "shared-mean", "shared-ema")  # one entry per layer and token on a per-loop model
+DEFAULT_EMA_ALPHA = 0.5  # shared-ema's weight on the newest loop: MELT's `ema` gate at its default decay
+# the KV policies a model's own KV strategy admits (`LoopConfig.kv_policy`; each a layout of `adapters.engine.families`)
+KV_POLICIES = {"standard": ("standard",), "gated": ("gated",), "per_loop": ("per-loop", *SHARED_POLICIES, "latest-m4")}
+POLICY_SCOPE = {"standard": "plain stacks (qwen3)", "gated": "gated (MELT) models", "latest-m4": "the recurrent-depth families (huginn, retrofit)",
+                **{p: "looped per-loop families (ouro, huginn, retrofit)" for p in ("per-loop", *SHARED_POLICIES)}}
 LOOP_GATE_DIM = 8  # Loop Gating: one learned vector of this size per loop position, one entry per channel group
 MAX_LOOPS = 1024  # loop counts beyond any real run (the paper uses r <= 8): a typo, and hours of compute
 ENGINE_FORMAT = "loopeval-engine"  # config.json of engine checkpoints: {"format": ENGINE_FORMAT, "config": {...}}
@@ -71,6 +78,8 @@ class LoopConfig:
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     pad_token_id: int | None = None
+    kv_policy: str | None = None  # a KV policy run instead of the native one (KV_POLICIES; None: the kv_strategy's own)
+    kv_dtype: str = "auto"  # K/V storage: auto (the model's dtype), int8 or fp8 with a scale per token and head
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes (source checkpoint...)
 
     def __post_init__(self) -> None:
@@ -226,6 +235,39 @@ def _check_values(cfg: LoopConfig) -> None:
     if cfg.state_std is not None and (not cfg.recurrent or type(cfg.state_std) not in (int, float) or not 0 < cfg.state_std < math.inf):
         raise AdapterError(f"config field state_std must be a finite number > 0 on a huginn or retrofit model, got {cfg.state_std!r}")
     _check_rope_scaling(cfg.rope_scaling)
+    _check_kv(cfg)
+
+
+def parse_kv_policy(policy: str) -> tuple[str, float | None]:
+    """(name, ALPHA) of a policy: "shared-ema:0.3" -> ("shared-ema", 0.3), "shared-ema" -> its default ALPHA, else
+    (policy, None). A bad ALPHA raises."""
+    name, _, alpha = policy.partition(":")
+    if name != "shared-ema":
+        return policy, None
+    try:
+        value = float(alpha) if alpha else DEFAULT_EMA_ALPHA
+    except ValueError:
+        value = math.nan
+    if not 0 < value < 1:
+        raise AdapterError(f"kv_policy shared-ema:ALPHA needs 0 < ALPHA < 1 (the newest loop's weight), got {policy!r}")
+    return name, value
+
+
+def _check_kv(cfg: LoopConfig) -> None:
+    """The KV dtype, and a KV policy the model's own strategy admits (a looped model's sharing, MELT's gate, ...)."""
+    _one_of(cfg, "kv_dtype", KV_DTYPES)
+    if cfg.kv_dtype != "auto" and cfg.head_dim % 4:
+        raise AdapterError(f"kv_dtype {cfg.kv_dtype} needs head_dim divisible by 4 (a row keeps its float32 scale), got {cfg.head_dim}")
+    if cfg.kv_policy is None:
+        return
+    known = [p for policies in KV_POLICIES.values() for p in policies]
+    name, _ = parse_kv_policy(cfg.kv_policy) if isinstance(cfg.kv_policy, str) else (cfg.kv_policy, None)
+    if name not in known:
+        raise AdapterError(f"kv_policy {cfg.kv_policy!r} is not one of {', '.join(known)} (shared-ema:ALPHA too)")
+    allowed = [p for p in KV_POLICIES[cfg.kv_strategy] if p != "latest-m4" or cfg.recurrent]
+    if name not in allowed:
+        raise AdapterError(f"kv_policy {name} applies to {POLICY_SCOPE[name]}; this model ({cfg.family}, {cfg.kv_strategy} KV) "
+                           f"takes {', '.join(allowed)}")
 
 
 def _check_rope_scaling(scaling: Any) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from adapters.base import DTYPE_BYTES, AdapterError, dtype_short
 from adapters.engine.config import LOOP_GATE_DIM, LoopConfig
 from adapters.engine.families import family_of
+from adapters.engine.kvformat import KV_FORMATS
 from measures import analytic_kv_bytes
 
 
@@ -75,16 +76,18 @@ def analytic_terms(cfg: LoopConfig, loops: int | None = None, dtype: str = "bf16
 
     Engine adapters put these in `describe()`, so readers of the results database (the dashboards)
     evaluate the formula at any context length without importing the engine's packages.
-    The "latent" is the state kept per token in flight: MELT's h of each shared layer, for a prefill
+    KV bytes follow the config's KV policy (its layout's entries) and dtype (`kvformat`: a quantized row's scale
+    included). The "latent" is the state kept per token in flight: MELT's h of each shared layer, for a prefill
     chunk, plus the history buffer of the loop conditioning (w x d, for one decoded token unless gated).
     """
     size = dtype_bytes(dtype)
     r = cfg.check_loops(cfg.loops if loops is None else loops)
     layout = family_of(cfg).kv
     history = history_bytes(cfg, 1, size)
+    row = KV_FORMATS[cfg.kv_dtype].row_bytes(cfg.head_dim, size)  # one token and head: values, and a quantized row's scale
     return {
         "weights_bytes": count_params(cfg) * size,
-        "kv_bytes_per_token": 2 * layout.entries(cfg, r) * cfg.num_kv_heads * cfg.head_dim * size,
+        "kv_bytes_per_token": 2 * layout.entries(cfg, r) * cfg.num_kv_heads * row,
         "latent_bytes_per_token": layout.latent_width(cfg) * size + history,
         "latent_tokens": layout.latent_tokens(cfg) or (1 if history else 0),
     }

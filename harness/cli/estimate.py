@@ -28,12 +28,14 @@ def estimate(
     batch: int = typer.Option(1, "--batch", help="Sequences held at once."),
     loops: Optional[int] = typer.Option(None, "--loops", help="Loops at inference (r); default the trained loop count."),
     dtype: str = typer.Option("bf16", "--dtype", help="bf16, fp16 or fp32."),
+    kv_policy: Optional[str] = typer.Option(None, "--kv-policy", help="KV policy: per-loop, shared-last, shared-mean, shared-ema[:ALPHA], latest-m4, gated, standard; default the model's own."),
+    kv_dtype: str = typer.Option("auto", "--kv-dtype", help="KV storage: auto (the model's dtype), int8 or fp8 (with a float32 scale per token and head)."),
     as_json: JsonFlag = False,
 ) -> None:
-    """Predict memory: weights from the parameter shapes, KV for (tokens, batch, loops, dtype)."""
+    """Predict memory: weights from the parameter shapes, KV for (tokens, batch, loops, dtype, KV policy and dtype)."""
     import adapters
     from adapters.base import MAX_CONTEXT, MODEL_DTYPES
-    from adapters.engine.config import MAX_LOOPS, LoopConfig
+    from adapters.engine.config import KV_DTYPES, MAX_LOOPS, LoopConfig
     from adapters.engine.memory import estimate as analytic
     from harness.capacity import context_excess
 
@@ -45,8 +47,11 @@ def estimate(
         raise UserError(f"--batch must be >= 1, got {batch}")
     if loops is not None and not 1 <= loops <= MAX_LOOPS:
         raise UserError(f"--loops must be an integer from 1 to {MAX_LOOPS}, got {loops}")
+    if kv_dtype not in KV_DTYPES:
+        raise UserError(f"--kv-dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
     spec = adapters.resolve(model)
-    facts = adapters.inspect(spec, **({} if loops is None else {"loops": loops}))
+    overrides = {"loops": loops, "dtype": dtype, "kv_policy": kv_policy, "kv_dtype": kv_dtype}
+    facts = adapters.inspect(spec, **{k: v for k, v in overrides.items() if v is not None})
     if facts is None or "config" not in facts:
         raise UserError(f"{spec}: estimate reads an engine config (preset:, zoo:, qwen3:, ouro:, melt:, huginn:, retrofit: specs); this adapter has none")
     config = LoopConfig.from_dict(facts["config"])
@@ -54,7 +59,8 @@ def estimate(
     excess = context_excess(spec, facts, "--tokens", tokens)
     note = None if excess is None else f"{excess}: a run could not reach it (the figures are the analytic model's)"
     if as_json:
-        print(json.dumps({"params": result.params, "weights_bytes": result.weights_bytes, "kv_bytes": result.kv_bytes, "total_bytes": result.total_bytes}))
+        print(json.dumps({"params": result.params, "weights_bytes": result.weights_bytes, "kv_bytes": result.kv_bytes, "total_bytes": result.total_bytes,
+                          "kv_policy": facts["kv_policy"], "kv_dtype": facts["kv_dtype"], "kv_bytes_per_token": facts["kv_bytes_per_token"]}))
         if note is not None:
             print(note, file=sys.stderr)
         return
@@ -62,7 +68,7 @@ def estimate(
     rows = [["parameters", f"{result.params:,}", ""]]
     rows += [[name, f"{value:,}", f"{value / GB:.3f}"] for name, value in
              (("weights", result.weights_bytes), ("KV cache", result.kv_bytes), ("total", result.total_bytes))]
-    title = f"{spec}: {tokens} tokens x batch {batch}, loops {r}, {dtype} ({config.kv_strategy} KV)"
+    title = f"{spec}: {tokens} tokens x batch {batch}, loops {r}, {dtype} ({facts['kv_policy']} KV in {config.kv_dtype})"
     print_table(title, ["measure", "bytes", "GB (1e9 bytes)"], rows, right=("bytes", "GB (1e9 bytes)"))
     print(kv_terms(config, r, dtype))
     if note is not None:
@@ -70,13 +76,15 @@ def estimate(
 
 
 def kv_terms(config: LoopConfig, loops: int, dtype: str) -> str:
-    """The KV line's terms: bytes per token as K and V x entries x heads x head dim x bytes, and where the entries come from."""
+    """The KV line's terms: bytes per token as K and V x entries x heads x one row's bytes, and where the entries come from."""
     from adapters.engine.families import family_of
     from adapters.engine.memory import analytic_terms, dtype_bytes
 
-    entries = family_of(config).kv.entries(config, loops)
+    layout = family_of(config).kv
+    entries = layout.entries(config, loops)
     source = (f"{config.prelude_layers} prelude + {config.shared_layers} shared x {loops} loops + {config.coda_layers} coda"
-              if config.kv_strategy == "per_loop" else f"one per layer, {config.kv_strategy}")
+              if layout.grows_with_loops else f"one per layer, {layout.policy}")
     per_token = analytic_terms(config, loops, dtype)["kv_bytes_per_token"]
-    return (f"KV per token: {per_token:,} bytes = 2 (K, V) x {entries} entries ({source}) x {config.num_kv_heads} KV heads "
-            f"x head dim {config.head_dim} x {dtype_bytes(dtype)} bytes")
+    row = (f"head dim {config.head_dim} x {dtype_bytes(dtype)} bytes" if config.kv_dtype == "auto"
+           else f"(head dim {config.head_dim} x 1 {config.kv_dtype} byte + a 4-byte float32 scale)")
+    return f"KV per token: {per_token:,} bytes = 2 (K, V) x {entries} entries ({source}) x {config.num_kv_heads} KV heads x {row}"

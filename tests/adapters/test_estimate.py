@@ -25,6 +25,12 @@ from adapters.zoo import zoo_info
 from harness.cli import main
 
 
+def figures(out: str) -> dict[str, int]:
+    """The estimate's byte figures of a --json output (without the KV policy facts it also prints)."""
+    data = json.loads(out)
+    return {k: data[k] for k in ("params", "weights_bytes", "kv_bytes", "total_bytes")}
+
+
 def run(capsys, *args: str) -> tuple[int, str, str]:
     code = main(["estimate", *args])
     out, err = capsys.readouterr()
@@ -35,7 +41,8 @@ def test_json_matches_the_analytic_model(capsys):
     code, out, _ = run(capsys, "ouro-1.4b", "--tokens", "32000", "--json")
     assert code == 0
     data = json.loads(out)
-    assert data == estimate(preset("ouro-1.4b"), 32000).__dict__
+    assert data == {**estimate(preset("ouro-1.4b"), 32000).__dict__, "kv_policy": "per-loop", "kv_dtype": "auto",
+                    "kv_bytes_per_token": 24 * 4 * 2 * 16 * 128 * 2}
     assert data["kv_bytes"] == 24 * 4 * 2 * 16 * 128 * 2 * 32000  # 96 entries x K and V x heads x dim x bf16
     code, out, _ = run(capsys, "melt-1.6b", "--tokens", "1000", "--batch", "4", "--loops", "8", "--dtype", "fp32", "--json")
     assert json.loads(out)["kv_bytes"] == estimate(preset("melt-1.6b"), 1000, 4, 8, "fp32").kv_bytes
@@ -46,7 +53,7 @@ def test_json_matches_the_analytic_model(capsys):
 def test_ouro_2_6b_weights_and_kv(capsys):
     """48 shared layers x 4 loops = 192 KV entries per token, twice Ouro-1.4B's."""
     code, out, _ = run(capsys, "ouro-2.6b", "--tokens", "32000", "--json")
-    assert code == 0 and json.loads(out) == estimate(preset("ouro-2.6b"), 32000).__dict__
+    assert code == 0 and figures(out) == estimate(preset("ouro-2.6b"), 32000).__dict__
     assert json.loads(out)["params"] == 2_667_974_657
     assert json.loads(out)["kv_bytes"] == 48 * 4 * 2 * 16 * 128 * 2 * 32000
     code, out, _ = run(capsys, "ouro-2.6b", "--tokens", "32000")
@@ -72,7 +79,7 @@ def test_table_in_decimal_gb_and_config_files(capsys, tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"format": "loopeval-engine", "config": preset("ouro-tiny").replace(loops=2).to_dict()}))
     code, out, _ = run(capsys, f"ouro:{path}", "--tokens", "100", "--json")
-    assert code == 0 and json.loads(out) == estimate(preset("ouro-tiny").replace(loops=2), 100).__dict__
+    assert code == 0 and figures(out) == estimate(preset("ouro-tiny").replace(loops=2), 100).__dict__
 
 
 def test_takes_every_command_s_specs(capsys):
@@ -82,7 +89,7 @@ def test_takes_every_command_s_specs(capsys):
     assert code == code2 == 0 and bare == prefixed
     code, out, _ = run(capsys, "zoo:melt-tiny", "--tokens", "256", "--loops", "8", "--json")
     shipped = LoopConfig.from_dict(zoo_info("melt-tiny")["config"])
-    assert code == 0 and json.loads(out) == estimate(shipped, 256, loops=8).__dict__
+    assert code == 0 and figures(out) == estimate(shipped, 256, loops=8).__dict__
     code, out, _ = run(capsys, "zoo:melt-tiny", "--tokens", "256")
     assert code == 0 and "zoo:melt-tiny: 256 tokens" in out
 
@@ -100,7 +107,7 @@ def test_beyond_the_context_the_figure_is_printed_with_a_note(capsys):
     assert expected.kv_bytes == 2 * (2 + 4 * 32 + 2) * 55 * 96 * 2 * 32000
     assert out.strip().splitlines()[-1] == beyond_note(32000, "preset:huginn-0125", 4096)
     code, out, err = run(capsys, "huginn-0125", "--tokens", "32000", "--loops", "32", "--json")
-    assert code == 0 and json.loads(out) == expected.__dict__ and err.strip().splitlines() == [beyond_note(32000, "preset:huginn-0125", 4096)]
+    assert code == 0 and figures(out) == expected.__dict__ and err.strip().splitlines() == [beyond_note(32000, "preset:huginn-0125", 4096)]
     code, out, err = run(capsys, "huginn-0125", "--tokens", "4096", "--loops", "32")
     assert code == 0 and "exceeds" not in out + err
 
@@ -157,3 +164,22 @@ def test_estimate_imports_no_evaluation_stack():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "0 []"
+
+
+def test_kv_policy_and_dtype(capsys):
+    """--kv-policy and --kv-dtype reach the analytic model: shared-last is a quarter of Ouro-1.4B's per-loop KV at
+    r = 4, int8 is a byte and the float32 scale per token and head; a policy the family cannot run exits 2 in one line."""
+    code, out, _ = run(capsys, "ouro-1.4b", "--tokens", "32000", "--kv-policy", "shared-last", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["kv_bytes"] == 24 * 2 * 16 * 128 * 2 * 32000 <= 6.5e9
+    assert (data["kv_policy"], data["kv_dtype"], data["kv_bytes_per_token"]) == ("shared-last", "auto", 24 * 2 * 16 * 128 * 2)
+    code, out, _ = run(capsys, "ouro-1.4b", "--tokens", "10", "--kv-policy", "shared-mean", "--kv-dtype", "int8", "--json")
+    assert code == 0 and json.loads(out)["kv_bytes_per_token"] == 24 * 2 * 16 * (128 + 4)
+    code, out, _ = run(capsys, "huginn-0125", "--tokens", "4096", "--loops", "32", "--kv-policy", "latest-m4", "--json")
+    assert code == 0 and json.loads(out)["kv_bytes_per_token"] == 2 * (2 + 4 * 32 + 2) * 55 * 96 * 2
+    code, out, err = run(capsys, "zoo:qwen3-tiny-small", "--tokens", "10", "--kv-policy", "shared-last")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "applies to looped per-loop families" in err
+    code, out, err = run(capsys, "ouro-1.4b", "--tokens", "10", "--kv-dtype", "int4")
+    assert code == 2 and "--kv-dtype must be one of auto, int8, fp8" in err
+    code, out, err = run(capsys, "ouro-1.4b", "--tokens", "10", "--kv-policy", "latest-m4")
+    assert code == 2 and "applies to the recurrent-depth families" in err

@@ -36,6 +36,7 @@ class Gated(KVLayout):
     shared layer for the tokens in flight (a prefill chunk, or the decoded tokens)."""
 
     name = "gated"
+    policy = "gated"
 
     def latent_width(self, cfg: LoopConfig) -> int:
         return cfg.shared_layers * cfg.hidden_size

@@ -19,6 +19,8 @@ class PerLoop(KVLayout):
     `t * num_hidden_layers + i` when p = 0), then coda entries, which follow every loop's."""
 
     name = "per_loop"
+    policy = "per-loop"
+    grows_with_loops = True
 
     def entries(self, cfg: LoopConfig, loops: int) -> int:
         return cfg.prelude_layers + cfg.shared_layers * loops + cfg.coda_layers

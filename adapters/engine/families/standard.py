@@ -8,16 +8,16 @@ overrides the hooks it changes, and `family_of` (the package's `__init__`) the o
 
 A `KVLayout` is where a token's K/V live: entries per token, which entry layer `layer` reads and writes at loop
 `loop`, and the latent kept per token in flight. The caches (`adapters.engine.cache`, the paged pool) and the
-analytic memory model (`adapters.engine.memory`) read nothing else, so a new KV policy is one layout: a family
-offers the layouts it can run (`Family.kv`; a policy chosen at load would replace it, and a policy that folds a
-token's loops into one entry, as a shared mean or EMA, adds its write rule beside `entry`).
+analytic memory model (`adapters.engine.memory`) read nothing else, so a new KV policy is one layout: a family's
+`kv` is its native layout unless the config's `kv_policy` names another (`family_of`, `families.sharing`), and a
+policy that folds a token's loops into one entry (shared mean, EMA) adds its write rule, `fold`, beside `entry`.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-from torch import nn
+from torch import Tensor, nn
 
 from adapters.engine.config import LoopConfig
 from adapters.engine.layers import Block
@@ -27,6 +27,9 @@ class KVLayout:
     """`standard`: one entry per physical layer (prelude, shared, coda in order), written once per token."""
 
     name = "standard"
+    policy = "standard"  # the `kv_policy` that names it
+    grows_with_loops = False  # whether a token holds an entry per loop (exits may then leave loops unwritten)
+    folds = False  # whether a loop's K/V are folded into the entry its earlier loops wrote (`fold`), not written over it
 
     def entries(self, cfg: LoopConfig, loops: int) -> int:
         """K/V entries one token holds at `loops` loops."""
@@ -39,6 +42,10 @@ class KVLayout:
     def table(self, cfg: LoopConfig, loops: int) -> list[list[int]]:
         """`table[layer][loop]`: `entry` for every layer and loop, what the caches index by."""
         return [[self.entry(cfg, layer, loop, loops) for loop in range(loops)] for layer in range(cfg.num_layers)]
+
+    def fold(self, old: Tensor, new: Tensor, loop: int) -> Tensor:
+        """What loop `loop` (>= 1) leaves in a token's entry that holds `old` when it computes `new`: `new` here."""
+        return new
 
     def latent_width(self, cfg: LoopConfig) -> int:
         """Values kept per token in flight besides its K/V (MELT's latent h: shared layers x d); 0 for none."""

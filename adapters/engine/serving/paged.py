@@ -1,8 +1,9 @@
 """Paged KV: the pool's tensors, and the `Cache` one engine step attends through.
 
 The pool holds every K/V entry of the family's layout (`adapters.engine.families`: `standard`, `per_loop`
-with r entries per shared layer, `gated` with one row per layer) for
-`num_blocks * block_size` token slots, stored flat as [entries, slots, kv_heads, head_dim]. Which
+with r entries per shared layer, `gated` and the sharing policies with one row per layer) for
+`num_blocks * block_size` token slots, stored flat as [entries, slots, kv_heads, head_dim] in the config's
+`kv_dtype` (a quantized row: head_dim value bytes and its 4 scale bytes, `adapters.engine.kvformat`). Which
 blocks are free, who holds them and how full they are is the `BlockManager`'s bookkeeping
 (`adapters.engine.serving.block_manager`, `pool.manager`), which also keeps the exact byte accounting.
 The n samples of one prompt share its full prefilled blocks; the partly filled last one is copied
@@ -26,6 +27,7 @@ from adapters.engine.serving.block_manager import BlockManager
 from adapters.engine.cache import Gate
 from adapters.engine.config import LoopConfig
 from adapters.engine.families import family_of
+from adapters.engine.kvformat import KV_FORMATS
 from adapters.engine.memory import analytic_terms
 from adapters.engine.serving.sequence import Sequence
 from measures import GB
@@ -49,13 +51,14 @@ class BlockPool:
         if num_blocks < 1 or block_size < 1:
             raise AdapterError(f"a KV pool needs at least one block of at least one token (got {num_blocks} x {block_size})")
         self.block_size = block_size
-        layout = family_of(config).kv
+        self.layout, self.format, self.dtype = family_of(config).kv, KV_FORMATS[config.kv_dtype], dtype
+        layout, fmt = self.layout, self.format
         self.entries = layout.table(config, loops)
         # a spare block past the last one, never allocated: padded decode steps (`graphs`) write their padding rows there
         self.spare = num_blocks if spare else None
-        shape = (layout.entries(config, loops), (num_blocks + spare) * block_size, config.num_kv_heads, config.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        shape = (layout.entries(config, loops), (num_blocks + spare) * block_size, config.num_kv_heads, fmt.width(config.head_dim))
+        self.k = torch.zeros(shape, dtype=fmt.storage(dtype), device=device)
+        self.v = torch.zeros(shape, dtype=fmt.storage(dtype), device=device)
         self.k_entries, self.v_entries = self.k.unbind(0), self.v.unbind(0)  # views made once, not at every write
         self.prelude, self.shared, self.latent_tokens = config.prelude_layers, config.shared_layers, latent_tokens
         self.latent = None
@@ -195,7 +198,12 @@ class PagedStep(PoolStep):
 
     def update(self, layer: int, loop: int, k: Tensor, v: Tensor, slot: int) -> tuple[Tensor, Tensor]:
         entry, pool = self.pool.entries[layer][loop], self.pool
+        fmt, dtype = pool.format, pool.dtype
         k_new, v_new = k.transpose(1, 2), v.transpose(1, 2)  # [B, n, Hkv, D]
+        if loop and pool.layout.folds:
+            k_new = pool.layout.fold(self._own(pool.k_entries[entry]).view(k_new.shape), k_new, loop)
+            v_new = pool.layout.fold(self._own(pool.v_entries[entry]).view(v_new.shape), v_new, loop)
+        k_new, v_new = fmt.pack(k_new), fmt.pack(v_new)
         pool.k_entries[entry].index_copy_(0, self.slots, k_new.flatten(0, 1))
         pool.v_entries[entry].index_copy_(0, self.slots, v_new.flatten(0, 1))
         kept = None if self.kept is None else self.kept.get(entry)
@@ -206,7 +214,11 @@ class PagedStep(PoolStep):
         else:
             kept[0][self.row_index, self.positions] = k_new
             kept[1][self.row_index, self.positions] = v_new
-        return kept[0].transpose(1, 2), kept[1].transpose(1, 2)
+        return fmt.unpack(kept[0], dtype).transpose(1, 2), fmt.unpack(kept[1], dtype).transpose(1, 2)
+
+    def _own(self, rows: Tensor) -> Tensor:
+        """The step's tokens' rows of one entry [B * n, Hkv, D], dequantized: what a folding layout's loop reads."""
+        return self.pool.format.unpack(rows.index_select(0, self.slots), self.pool.dtype)
 
     def narrow(self, index: Tensor) -> PagedStep:
         """The step of rows `index` only (a decode step's still-looping rows)."""

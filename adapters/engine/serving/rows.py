@@ -147,11 +147,16 @@ class RowsStep(PoolStep):
         self.size = (b, h, length + 1, d)
 
     def update(self, layer: int, loop: int, k: Tensor, v: Tensor, slot: int) -> tuple[Tensor, Tensor]:
-        entry, rows = self.pool.entries[layer][loop], self.rows
-        rows.k_flat[entry].index_copy_(0, self.row_slots, k)  # one token per row
-        rows.v_flat[entry].index_copy_(0, self.row_slots, v)
+        entry, rows, pool = self.pool.entries[layer][loop], self.rows, self.pool
+        fmt, dtype = pool.format, pool.dtype
+        if loop and pool.layout.folds:  # the token's entry so far, dequantized, folded with this loop's K/V
+            k = pool.layout.fold(fmt.unpack(rows.k_flat[entry].index_select(0, self.row_slots), dtype), k, loop)
+            v = pool.layout.fold(fmt.unpack(rows.v_flat[entry].index_select(0, self.row_slots), dtype), v, loop)
+        rows.k_flat[entry].index_copy_(0, self.row_slots, fmt.pack(k))  # one token per row
+        rows.v_flat[entry].index_copy_(0, self.row_slots, fmt.pack(v))
         offset = entry * self.entry_stride
         k_all, v_all = rows.k.as_strided(self.size, self.stride, offset), rows.v.as_strided(self.size, self.stride, offset)
+        k_all, v_all = fmt.unpack(k_all, dtype), fmt.unpack(v_all, dtype)
         return (k_all, v_all) if self.index is None else (k_all[self.index], v_all[self.index])
 
     def narrow(self, index: Tensor) -> RowsStep:

@@ -1,0 +1,87 @@
+"""How K/V rows are stored: the model's dtype (`auto`), or int8 / fp8 values with a float32 scale per token and head.
+
+A quantized row keeps its head_dim values and their scale side by side as bytes, [..., head_dim + 4] uint8,
+so every block copy, gather and fork of the paged pool and the decode rows moves values and scale together
+untouched; only a cache's write (`pack`) and its read for attention (`unpack`) know the format. The scale is
+symmetric, amax / qmax over the row's head_dim values (int8: qmax 127, values rounded; fp8: float8_e4m3fn,
+qmax 448, vLLM's fp8 KV with a scale per token and head rather than per tensor).
+
+The scale is float32: exact for any amax (no fp16 underflow of a small row's scale, no bf16 rounding added to
+the values' own), at 4 bytes per token and head. On the float32 zoo (head_dim 32) an int8 token holds
+(32 + 4) / (4 x 32) = 0.281 of auto's bytes; on a bf16 model with head_dim 128, (128 + 4) / 256 = 0.516.
+`auto` returns the rows it is given, so the model-dtype path is the engine's as before, byte for byte.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+SCALE_DTYPE = torch.float32
+SCALE_BYTES = 4
+
+
+class KVFormat:
+    """`auto`: rows in the model's dtype, written and read as they are."""
+
+    name = "auto"
+
+    def storage(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype a cache's K/V tensors hold."""
+        return dtype
+
+    def width(self, head_dim: int) -> int:
+        """Elements of one stored row (one token, one head)."""
+        return head_dim
+
+    def row_bytes(self, head_dim: int, dtype_size: int) -> int:
+        """Bytes of one stored row for a model of `dtype_size` bytes per value."""
+        return head_dim * dtype_size
+
+    def pack(self, x: Tensor) -> Tensor:
+        """Rows [..., head_dim] as stored."""
+        return x
+
+    def unpack(self, rows: Tensor, dtype: torch.dtype) -> Tensor:
+        """Stored rows back as [..., head_dim] of `dtype`, what attention reads."""
+        return rows
+
+    def round_trip(self, x: Tensor) -> Tensor:
+        """What attention reads of rows `x` once stored (a full-sequence forward's cache keeps tensors, not bytes)."""
+        return x
+
+
+class Quantized(KVFormat):
+    """Values of `values` dtype scaled into [-qmax, qmax], and each row's float32 scale, packed as bytes."""
+
+    def __init__(self, name: str, values: torch.dtype, qmax: float, rounds: bool) -> None:
+        self.name, self.values, self.qmax, self.rounds = name, values, qmax, rounds
+
+    def storage(self, dtype: torch.dtype) -> torch.dtype:
+        return torch.uint8
+
+    def width(self, head_dim: int) -> int:
+        return head_dim + SCALE_BYTES
+
+    def row_bytes(self, head_dim: int, dtype_size: int) -> int:
+        return head_dim + SCALE_BYTES
+
+    def pack(self, x: Tensor) -> Tensor:
+        x = x.float()
+        scale = (x.abs().amax(-1, keepdim=True) / self.qmax).clamp_min_(torch.finfo(SCALE_DTYPE).tiny)
+        q = x / scale
+        q = (q.round_() if self.rounds else q).clamp_(-self.qmax, self.qmax).to(self.values)
+        return torch.cat((q.view(torch.uint8), scale.view(torch.uint8)), dim=-1)
+
+    def unpack(self, rows: Tensor, dtype: torch.dtype) -> Tensor:
+        d = rows.shape[-1] - SCALE_BYTES
+        values, scale = rows[..., :d].view(self.values), rows[..., d:].view(SCALE_DTYPE)
+        return (values.to(SCALE_DTYPE) * scale).to(dtype)
+
+    def round_trip(self, x: Tensor) -> Tensor:
+        return self.unpack(self.pack(x), x.dtype)
+
+
+AUTO = KVFormat()
+KV_FORMATS: dict[str, KVFormat] = {f.name: f for f in (AUTO, Quantized("int8", torch.int8, 127.0, True),
+                                                         Quantized("fp8", torch.float8_e4m3fn, 448.0, False))}
