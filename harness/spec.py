@@ -17,7 +17,8 @@ from typing import Any
 
 import adapters
 from adapters.base import EXIT_CRITERIA, MAX_STORED_INT, PAPER_PROTOCOL, AdapterError, Sampling, check_sampling, hook
-from adapters.engine.config import MAX_LOOPS
+from adapters.engine.config import KV_DTYPES, MAX_LOOPS, parse_kv_policy
+from adapters.engine.config import KV_POLICIES as ENGINE_KV_POLICIES
 from harness.errors import UserError
 from harness.sampler import DEFAULT_INTERVAL
 from suites import synthetic
@@ -149,28 +150,22 @@ def check_exit(thresholds: Sequence[float], criterion: str | None) -> None:
             raise UserError(f"--exit-threshold must be {what} with --exit-criterion {criterion or DEFAULT_EXIT_CRITERION}, got {value!r}")
 
 
-# The KV memory axis (`--kv-policy`, `--kv-dtype`): what the engine adapter takes as its `kv_policy` and `kv_dtype` load
-# overrides. Which policy a family can take is the adapter's inspector's to say, at plan time.
-KV_POLICIES = ("per-loop", "shared-last", "shared-mean", "shared-ema", "latest-m4", "gated", "standard")
-KV_DTYPES = ("auto", "int8", "fp8")
+# The KV memory axis (`--kv-policy`, `--kv-dtype`): the names the engine adapter takes as its `kv_policy` and `kv_dtype`
+# load overrides (`adapters.engine.config`, their one home). Which policy a family takes is its inspector's to say.
+KV_POLICIES = tuple(dict.fromkeys(policy for policies in ENGINE_KV_POLICIES.values() for policy in policies))
 EMA = "shared-ema"  # the one policy with a parameter: shared-ema:ALPHA, ALPHA in (0, 1)
 
 
 def checked_kv_policy(value: str) -> str:
-    """`value` as a KV policy in its canonical text (`shared-ema:.5` -> `shared-ema:0.5`, so one policy is one identity);
-    UserError naming --kv-policy on an unknown policy or an ALPHA outside (0, 1)."""
-    name, colon, alpha = value.strip().partition(":")
-    if name not in KV_POLICIES or (colon and name != EMA):
-        raise UserError(f"--kv-policy must be one of {', '.join(KV_POLICIES)} ({EMA}:ALPHA with ALPHA in (0, 1)), got {value!r}")
-    if not colon:
-        return name
+    """`value` as a KV policy in its canonical text (`shared-ema:.5` and `shared-ema` -> `shared-ema:0.5`, so one policy
+    is one identity); UserError naming --kv-policy on an unknown policy or an ALPHA outside (0, 1)."""
     try:
-        number = float(alpha)
-    except ValueError:
-        number = math.nan
-    if not 0 < number < 1:  # NaN fails too
-        raise UserError(f"--kv-policy {EMA}:ALPHA needs ALPHA in (0, 1), got {value!r}")
-    return f"{EMA}:{number:g}"
+        name, alpha = parse_kv_policy(value.strip())
+    except AdapterError:
+        raise UserError(f"--kv-policy {EMA}:ALPHA needs ALPHA in (0, 1) (the newest loop's weight), got {value!r}") from None
+    if name not in KV_POLICIES:
+        raise UserError(f"--kv-policy must be one of {', '.join(KV_POLICIES)} ({EMA}:ALPHA with ALPHA in (0, 1)), got {value!r}")
+    return name if alpha is None else f"{name}:{alpha:g}"
 
 
 def checked_kv_dtype(value: str) -> str:

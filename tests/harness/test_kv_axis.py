@@ -88,8 +88,8 @@ def test_a_repeat_is_skipped_and_every_run_keeps_its_own_identity(swept: tuple[P
 
 
 @pytest.mark.parametrize(("args", "words"), [
-    (["--kv-policy", "shared-max"], "--kv-policy must be one of per-loop, shared-last, shared-mean, shared-ema"),
-    (["--kv-policy", "shared-ema:1.5"], "--kv-policy shared-ema:ALPHA needs ALPHA in (0, 1), got 'shared-ema:1.5'"),
+    (["--kv-policy", "shared-max"], "--kv-policy must be one of standard, gated, per-loop, shared-last, shared-mean, shared-ema, latest-m4"),
+    (["--kv-policy", "shared-ema:1.5"], "--kv-policy shared-ema:ALPHA needs ALPHA in (0, 1) (the newest loop's weight), got 'shared-ema:1.5'"),
     (["--kv-policy", "shared-ema:0"], "needs ALPHA in (0, 1)"),
     (["--kv-policy", "shared-ema:nan"], "needs ALPHA in (0, 1)"),
     (["--kv-policy", "shared-last:0.5"], "--kv-policy must be one of"),
@@ -118,11 +118,11 @@ def test_a_policy_the_family_cannot_take_is_refused_at_plan_time(tmp_path: Path,
 
 def test_a_sweep_file_sweeps_the_same_axis_and_the_spec_keeps_it(tmp_path: Path) -> None:
     path = tmp_path / "sweep.toml"
-    path.write_text('models = ["zoo:ouro-tiny"]\nkv_policy = ["per-loop", "shared-ema:.5"]\nkv_dtype = "auto,int8"\n')
+    path.write_text('models = ["zoo:ouro-tiny"]\nkv_policy = ["per-loop", "shared-ema"]\nkv_dtype = "auto,int8"\n')
     from_file = build_request({}, str(path)).specs
     from_flags = build_request(dict(models=["zoo:ouro-tiny"], kv_policies=["per-loop", "shared-ema:0.5"], kv_dtypes=["auto", "int8"])).specs
     assert from_file == from_flags
-    assert from_file[0].kv_policies == ("per-loop", "shared-ema:0.5"), "one policy, one canonical text"
+    assert from_file[0].kv_policies == ("per-loop", "shared-ema:0.5"), "one policy, one canonical text: ALPHA's default named"
     assert from_file[0].kv_dtypes == ("auto", "int8")
     path.write_text('models = ["zoo:ouro-tiny"]\nkv_dtype = [8]\n')
     with pytest.raises(Exception, match="kv_dtype must be a non-empty list of strings"):
