@@ -160,3 +160,20 @@ def test_a_point_is_named_by_its_policy_and_dtype_where_its_models_points_differ
     one_dtype = pd.DataFrame({"model": [MODEL] * 2, "config": [config_key({"kv_policy": p, "kv_dtype": "int8", "exit_loop": i})
                                                               for i, p in enumerate(POLICIES)]})
     assert config_labels(one_dtype) == ["per-loop exit_loop=0", "shared-last exit_loop=1"], "the policy first, the rest by name"
+
+
+def test_a_profile_measures_one_policy_and_dtype_and_stores_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Under shared-last int8 the KV allocated is the adapter's bytes per token for every token held, and the profile
+    run keeps its policy and dtype; a policy the family cannot take is refused before the database exists."""
+    db = tmp_path / "p.sqlite"
+    assert main(["profile", "zoo:ouro-tiny", "--lengths", "16,32", "--decode-steps", "2", "--kv-policy", "shared-last",
+                 "--kv-dtype", "int8", "--json", "--db", str(db)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    per_token = result["description"]["kv_bytes_per_token"]
+    assert (result["description"]["kv_policy"], result["description"]["kv_dtype"]) == ("shared-last", "int8")
+    assert [p["kv_bytes_allocated"] for p in result["points"]] == [per_token * (n + 2) for n in (16, 32)]
+    assert query(db, "SELECT kind, kv_policy, kv_dtype FROM runs") == [("profile", "shared-last", "int8")]
+    refused = tmp_path / "refused.sqlite"
+    assert main(["profile", "zoo:melt-tiny", "--lengths", "16", "--kv-policy", "shared-last", "--db", str(refused)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "shared-last" in err[0] and not refused.exists(), err
