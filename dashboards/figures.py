@@ -621,3 +621,82 @@ def memory_vs_context(profile: pd.DataFrame, measures: Sequence[str]) -> go.Figu
     fig.update_yaxes(title_text=unit_title("memory", unit, scale) + ", log scale", type="log")
     notes = [DECIMAL_NOTE] + ([f"unavailable: {', '.join(missing)}"] if missing else [])
     return _message(fig, " · ".join(notes), y=-0.25).update_layout(margin={"b": 110})
+
+
+# The memory levers: a marker shape per KV policy, filled in the model's dtype and hollow when quantized.
+KV_MARKERS = {"per-loop": "circle", "shared-last": "square", "shared-mean": "diamond", "shared-ema": "triangle-up",
+              "latest-m4": "pentagon", "gated": "star", "standard": "hexagon"}
+KV_FILL = {"auto": "", "int8": "-open", "fp8": "-open-dot"}
+LEVERS_EXAMPLE = "loopeval run --model zoo:ouro-tiny --loops 4 --kv-policy per-loop,shared-last --kv-dtype auto,int8"
+LEVER_MEASURE = "kv_bytes_allocated"
+
+
+def _kv_setting(config: str, described: Any) -> tuple[str, str]:
+    """A point's (KV policy, KV dtype): as swept (its configuration), else as its adapter described itself."""
+    swept, described = config_fields(config), described if isinstance(described, dict) else {}
+    return (str(swept.get("kv_policy") or described.get("kv_policy") or "?"),
+            str(swept.get("kv_dtype") or described.get("kv_dtype") or "auto"))
+
+
+def lever_points(points: pd.DataFrame) -> pd.DataFrame:
+    """The points the memory-levers figure compares, with their `kv_policy` and `kv_dtype`: those a sweep set a KV
+    policy or dtype on (`db.sets.KV_AXIS`), and, as the reference each lever saves against, the same model's point at
+    that r without any setting (its own policy in its own dtype) where no swept point is that already. Off the exit
+    axis only: an exit changes accuracy too, so it would not compare like with like."""
+    if points.empty:
+        return points.assign(kv_policy=[], kv_dtype=[])
+    frame = points[points["exit_threshold"].isna()]
+    swept = frame["config"].map(lambda key: bool(set(config_fields(key)) & set(KV_AXIS)))
+    levers = set(zip(frame.loc[swept, "model"], frame.loc[swept, "loops"]))
+    keep = [(model, loops) in levers and (on or config == "")
+            for model, loops, on, config in zip(frame["model"], frame["loops"], swept, frame["config"])]
+    frame, swept = frame[keep], swept[keep]
+    settings = [_kv_setting(c, d) for c, d in zip(frame["config"], frame.get("model_config", [None] * len(frame)))]
+    frame = frame.assign(kv_policy=[p for p, _ in settings], kv_dtype=[d for _, d in settings], swept=swept)
+    frame = frame.sort_values("swept", ascending=False, kind="stable")  # a swept point stands for its setting
+    return frame.drop_duplicates(["model", "loops", "kv_policy", "kv_dtype"]).drop(columns="swept").sort_index()
+
+
+def memory_levers(points: pd.DataFrame, task: str = "all") -> go.Figure:
+    """Accuracy against the KV cache each memory lever leaves (`lever_points`): colour the model, shape the KV policy,
+    filled in the model's dtype and hollow in int8 (dotted in fp8). What the figure asks: does a training-free policy
+    (shared-last, shared-mean) reach the memory of MELT's trained gate at the accuracy of Ouro's per-loop KV, and what
+    does int8 cost on top? The memory is each point's measured KV peak (`kv_bytes_allocated`), from zero."""
+    title = _with_set(f"Memory levers: accuracy against KV cache, {plain(task)}", points)
+    frame = _plain_frame(lever_points(points))
+    frame = frame[frame[LEVER_MEASURE].notna()] if LEVER_MEASURE in frame else frame.iloc[0:0]
+    if frame.empty:
+        return _empty(title, f"nothing to compare here: this set runs no KV policy or dtype. Sweep them with `{LEVERS_EXAMPLE}`.")
+    unit, scale = byte_unit(frame[LEVER_MEASURE])
+    frame["memory"] = frame[LEVER_MEASURE] / scale
+    frame["stderr"] = frame["stderr"].astype(float)
+    frame["symbol"] = [KV_MARKERS.get(p.partition(":")[0], "x") + KV_FILL.get(d, "") for p, d in zip(frame["kv_policy"], frame["kv_dtype"])]
+    frame["runs"] = _runs_text(frame)
+    frame["r"] = [loops_label(loops) for loops in frame["loops"]]
+    hover = (f"%{{customdata[0]}} %{{customdata[1]}}<br>KV policy %{{customdata[2]}}, KV dtype %{{customdata[3]}}"
+             f"<br>accuracy %{{y:.3f}}<br>KV %{{x:.4g}} {unit}<br>%{{customdata[4]}}<extra></extra>")
+    traces = []
+    for index, (model, rows) in enumerate(frame.groupby("model", sort=True)):
+        color, group = _PALETTE[index % len(_PALETTE)], f"model {index}"
+        traces.append(_legend_key(model, group, "model" if index == 0 else None, {"color": color, "size": 10, "symbol": "circle"}))
+        traces.append({
+            "type": "scatter", "x": rows["memory"].to_numpy(), "y": rows["accuracy"].to_numpy(), "mode": "markers",
+            "error_y": {"type": "data", "array": rows["stderr"].to_numpy()}, "name": model, "legendgroup": group,
+            "showlegend": False, "marker": {"color": color, "size": 13, "symbol": rows["symbol"].tolist(), "line": {"width": 2}},
+            "customdata": rows[["model", "r", "kv_policy", "kv_dtype", "runs"]].to_numpy(), "hovertemplate": hover,
+        })
+    for index, policy in enumerate(dict.fromkeys(p.partition(":")[0] for p in frame["kv_policy"])):
+        traces.append(_legend_key(policy, f"policy {policy}", "KV policy (shape)" if index == 0 else None,
+                                  {"color": "#777", "size": 10, "symbol": KV_MARKERS.get(policy, "x")}))
+    for index, dtype in enumerate(dict.fromkeys(frame["kv_dtype"])):
+        traces.append(_legend_key(dtype, f"dtype {dtype}", "KV dtype (fill)" if index == 0 else None,
+                                  {"color": "#777", "size": 10, "symbol": "circle" + KV_FILL.get(dtype, ""), "line": {"width": 2}}))
+    top = max(1.0, float((frame["accuracy"] + frame["stderr"].fillna(0)).max()))
+    notes = [f"KV: each point's measured KV cache peak ({BY_NAME[LEVER_MEASURE].label}); {DECIMAL_NOTE}",
+             "a model's point without a KV setting is its own policy in its own dtype", *_pooled_note(frame)]
+    return go.Figure(data=traces, layout={
+        "title": {"text": title}, "legend": {"groupclick": "togglegroup", "tracegroupgap": 2},
+        "xaxis": {"rangemode": "tozero", "title": {"text": unit_title("KV cache", unit, scale)}},
+        "yaxis": {"range": [-0.05, top + 0.05], "title": {"text": f"accuracy ({frame['metric'].iloc[0]})"}},
+        "annotations": [_note(" · ".join(notes), y=-0.22)], "margin": {"b": 110},
+    })

@@ -166,6 +166,10 @@ def _accuracy_vs_decode_time(points: pd.DataFrame, picked: Selection) -> go.Figu
 
 
 # ----------------------------------------------------------------------------------------------- depth
+def _memory_levers(points: pd.DataFrame, picked: Selection) -> go.Figure:
+    return figures.memory_levers(points, picked.task)
+
+
 def _depth_points(engine: Engine, picked: Selection) -> pd.DataFrame:
     return depth_points(engine, picked.set_id) if picked.set_id else pd.DataFrame()
 
@@ -251,10 +255,17 @@ COMPUTE = View(
     note="What a generated token cost beside what it scored: mean loops run per token (below r where tokens exit "
          "early, --exit-threshold) and generate seconds per token. Drawn where the set varies the exit threshold or the loops.",
 )
+LEVERS = View(
+    title="Memory levers", inputs=("set", "task", "models", "loops"), query=_accuracy_points, cases=_set_tasks,
+    plots=(Plot("memory-levers", "levers", _memory_levers, 560),),
+    note="What memory each KV policy (--kv-policy) and KV dtype (--kv-dtype) saves, and what it costs in accuracy, "
+         "beside each model's own cache: a shape per policy, hollow where quantized. Drawn where the set sweeps them.",
+)
 # The views in page order: both pages draw every one of them.
 VIEWS: list[View] = [
     ACCURACY,
     COMPUTE,
+    LEVERS,
     View(title="Depth extrapolation", inputs=("depth-set",), query=_depth_points, cases=_each_set,
          plots=(Plot("depth", "depth", _accuracy_vs_depth),),
          note="Accuracy per task group against the loop count r; the set opens on the widest sweep of r."),

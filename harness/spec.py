@@ -96,6 +96,29 @@ class ExitDefaults:
 
 EXITS = ExitDefaults()
 
+
+@dataclass(frozen=True)
+class LeverDefaults:
+    """The memory-lever sweep the default `loopeval run` adds after its exit sweep, in the headline's set: the Ouro tiny
+    model at its trained T = 4 under its own per-loop KV and the training-free sharing of the Ouro and MELT papers
+    (`shared-last`, `shared-mean`), each in the model's dtype and in int8, and MELT's and Qwen3's tiny models in int8,
+    so that the first report's "Memory levers" figure sets what memory each lever saves against what it costs beside
+    MELT's trained gate. Two specs: a policy is a looped per-loop model's lever, a dtype every model's."""
+
+    shared: tuple[str, ...] = ("zoo:ouro-tiny",)
+    policies: tuple[str, ...] = ("per-loop", "shared-last", "shared-mean")
+    dtypes: tuple[str, ...] = ("auto", "int8")
+    quantized: tuple[str, ...] = ("zoo:melt-tiny", "zoo:qwen3-tiny-small")
+    loops: tuple[int, ...] = (4,)
+
+    def options(self) -> list[dict[str, Any]]:
+        """As `RunSpec.build` keywords, one dict per spec."""
+        return [dict(models=self.shared, loops=self.loops, kv_policies=self.policies, kv_dtypes=self.dtypes),
+                dict(models=self.quantized, loops=self.loops, kv_dtypes=("int8",))]
+
+
+LEVERS = LeverDefaults()
+
 # Bounds that catch typos before anything is loaded or written (sampling's are `adapters.base.SAMPLING_RULES`).
 # Stored integers end in signed 64-bit columns; the others are far beyond any real run (r <= 8 in the paper).
 BOUNDS: dict[str, tuple[int, int]] = {

@@ -21,7 +21,7 @@ from typing import Any
 from adapters.base import AdapterError
 from adapters.files import MIB, read_text
 from harness.errors import UserError
-from harness.spec import DEFAULTS, EXITS, LAB, SUITE_SAMPLING, SWEEP_WIDE_OVERRIDES, RunSpec, check_sampling_given
+from harness.spec import DEFAULTS, EXITS, LAB, LEVERS, SUITE_SAMPLING, SWEEP_WIDE_OVERRIDES, RunSpec, check_sampling_given
 
 EXECUTORS = ("local", "ray")
 RAY_ONLY = ("ray_address", "gpus_per_run")  # settings that mean nothing to the local executor
@@ -307,7 +307,7 @@ def read_sweep_file(path: str | Path) -> dict[str, Any]:
 
 # What a sweep runs. Without any of these and without a sweep file, `loopeval run` is the default benchmark:
 # the recurrence lab's sweep (harness.spec.LAB), then the headline sweep, whose set the views open on, then the exit
-# sweep (harness.spec.EXITS), in the headline's set.
+# sweep (harness.spec.EXITS) and the memory levers (harness.spec.LEVERS), in the headline's set.
 SWEEP_CHOICES = ("models", "suite", "tasks", "loops", "exit_thresholds", "kv_policies", "kv_dtypes", "samples", "temperature", "top_p", "max_new_tokens", "limit", "seeds")
 
 
@@ -326,7 +326,7 @@ def _check_grid(values: Mapping[str, Any], seeds: list[int]) -> None:
 
 def build_request(flags: Mapping[str, Any], config: str | None = None) -> SweepRequest:
     """Flags (None = not given) over the sweep file's values, validated into one RunSpec per seed
-    (between the lab's RunSpec and the exit sweep's when nothing chose what runs)."""
+    (between the lab's RunSpec and the exit and memory-lever sweeps' when nothing chose what runs)."""
     default_benchmark = config is None and all(flags.get(key) is None for key in SWEEP_CHOICES)
     values = read_sweep_file(config) if config else {}
     values.update({key: value for key, value in flags.items() if value is not None})
@@ -349,5 +349,6 @@ def build_request(flags: Mapping[str, Any], config: str | None = None) -> SweepR
     _check_grid(values, seeds)
     specs = tuple(RunSpec.build(**values, seed=seed) for seed in dict.fromkeys(seeds))
     if default_benchmark:
-        specs = (RunSpec.build(**values, **LAB.options()), *specs, RunSpec.build(**values, **EXITS.options()))
+        specs = (RunSpec.build(**values, **LAB.options()), *specs, RunSpec.build(**values, **EXITS.options()),
+                 *(RunSpec.build(**values, **options) for options in LEVERS.options()))
     return SweepRequest(specs, executor, ray["ray_address"], ray["gpus_per_run"], workers)

@@ -11,13 +11,16 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import sqlite3
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from dashboards.figures import config_labels
+from dashboards.data import accuracy_points
+from dashboards.figures import config_labels, lever_points
+from db.session import open_existing
 from db.sets import config_key, configuration, run_key
 from harness.cli import main
 from harness.sweep import build_request
@@ -177,3 +180,35 @@ def test_a_profile_measures_one_policy_and_dtype_and_stores_them(tmp_path: Path,
     assert main(["profile", "zoo:melt-tiny", "--lengths", "16", "--kv-policy", "shared-last", "--db", str(refused)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "shared-last" in err[0] and not refused.exists(), err
+
+
+def _blobs(html: str) -> dict:
+    return json.loads(re.search(r'<script id="figures" type="application/json">(.*?)</script>', html).group(1))
+
+
+def test_the_memory_levers_figure_sets_each_lever_against_its_models_own_cache(swept: tuple[Path, str]) -> None:
+    """MELT at int8 and MELT as it is join the sweep's set (same tasks, docs, sampling): the figure draws Ouro's four
+    settings and MELT's two, MELT's own cache as the reference its int8 saves against; the report draws it."""
+    db, _ = swept
+    common = ["--tasks", "chain3,c30k4", "--limit", "20", "--samples", "1", "--temperature", "0", "--db", f"sqlite:///{db}"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["run", "--model", "zoo:melt-tiny", "--loops", "4", "--kv-dtype", "int8", *common, "--no-report"]) == 0
+        assert main(["run", "--model", "zoo:melt-tiny", "--loops", "4", *common]) == 0
+    engine = open_existing(f"sqlite:///{db}")
+    try:
+        points = lever_points(accuracy_points(engine, None)).set_index(["model", "kv_policy", "kv_dtype"])
+    finally:
+        engine.dispose()
+    melt = [("zoo:melt-tiny", "gated", "auto"), ("zoo:melt-tiny", "gated", "int8")]
+    assert sorted(points.index) == sorted([*(("zoo:ouro-tiny", p, d) for p in POLICIES for d in DTYPES), *melt])
+    kv = points["kv_bytes_allocated"]
+    assert kv["zoo:ouro-tiny", "shared-last", "auto"] < kv["zoo:ouro-tiny", "per-loop", "auto"]
+    assert kv[melt[1]] < kv[melt[0]], "int8 saves on MELT's gated rows too"
+    html = (db.parent / "report.html").read_text()
+    assert "Memory levers" in html
+    (key,) = [k for k in _blobs(html) if k.startswith("levers|") and k.endswith("|all")]
+    drawn = [t for t in _blobs(html)[key]["data"] if t.get("customdata")]
+    shapes = {(c[0], c[2], c[3]): symbol for t in drawn for c, symbol in zip(t["customdata"], t["marker"]["symbol"])}
+    assert shapes == {("zoo:ouro-tiny", "per-loop", "auto"): "circle", ("zoo:ouro-tiny", "per-loop", "int8"): "circle-open",
+                      ("zoo:ouro-tiny", "shared-last", "auto"): "square", ("zoo:ouro-tiny", "shared-last", "int8"): "square-open",
+                      ("zoo:melt-tiny", "gated", "auto"): "star", ("zoo:melt-tiny", "gated", "int8"): "star-open"}
