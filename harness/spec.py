@@ -100,15 +100,17 @@ EXITS = ExitDefaults()
 @dataclass(frozen=True)
 class LeverDefaults:
     """The memory-lever sweep the default `loopeval run` adds after its exit sweep, in the headline's set: the Ouro tiny
-    model at its trained T = 4 under its own per-loop KV and the training-free sharing of the Ouro and MELT papers
-    (`shared-last`, `shared-mean`), each in the model's dtype and in int8, and MELT's and Qwen3's tiny models in int8,
-    so that the first report's "Memory levers" figure sets what memory each lever saves against what it costs beside
-    MELT's trained gate. Two specs: a policy is a looped per-loop model's lever, a dtype every model's."""
+    model at its trained T = 4 under the training-free sharing of the Ouro and MELT papers (`shared-last`,
+    `shared-mean`), each in the model's dtype and in int8, and the Ouro, MELT and Qwen3 tiny models in int8 under their
+    own KV, so that the first report's "Memory levers" figure sets what memory each lever saves against what it costs,
+    beside MELT's trained gate. Ouro's own per-loop KV in its own dtype is the headline's run at r = 4, the reference
+    every lever saves against (`dashboards.figures.lever_points`), so it is not decoded again, as the exit sweep does
+    not decode threshold 1.0 again. Two specs: a policy is a looped per-loop model's lever, a dtype every model's."""
 
     shared: tuple[str, ...] = ("zoo:ouro-tiny",)
-    policies: tuple[str, ...] = ("per-loop", "shared-last", "shared-mean")
+    policies: tuple[str, ...] = ("shared-last", "shared-mean")
     dtypes: tuple[str, ...] = ("auto", "int8")
-    quantized: tuple[str, ...] = ("zoo:melt-tiny", "zoo:qwen3-tiny-small")
+    quantized: tuple[str, ...] = ("zoo:ouro-tiny", "zoo:melt-tiny", "zoo:qwen3-tiny-small")
     loops: tuple[int, ...] = (4,)
 
     def options(self) -> list[dict[str, Any]]:

@@ -61,8 +61,8 @@ def run(
     models, paper sampling (temperature 1.0, top-p 0.7), after the recurrence lab's depth sweep (the lab
     zoo at r = 1-12, greedy, 20 docs per task; a set of its own) and before the exit sweep (ouro-tiny and
     melt-tiny at r = 4, exit thresholds 0.5, 0.7, 0.9; in the headline's set, whose r = 4 runs end each line) and the
-    memory levers (ouro-tiny at r = 4 under per-loop, shared-last and shared-mean KV, each at auto and int8; melt-tiny
-    and qwen3-tiny-small at int8; in the headline's set).
+    memory levers (ouro-tiny at r = 4 under shared-last and shared-mean KV, each at auto and int8; ouro-tiny, melt-tiny
+    and qwen3-tiny-small at int8 under their own KV; in the headline's set).
     """
     from harness.sweep import build_request, float_list, string_list
 
