@@ -145,7 +145,7 @@ class ChunkCache:
         rows = self.rows[self.entries[layer][loop]]
         if loop and self.layout.folds:
             k, v = self.layout.fold(rows[slot][0], k, loop), self.layout.fold(rows[slot][1], v, loop)
-        rows[slot] = (self.format.round_trip(k), self.format.round_trip(v))
+        rows[slot] = k, v = self.format.round_trip(k), self.format.round_trip(v)
         if len(rows) == 1:
             return k, v
         keys, values = zip(*rows.values())

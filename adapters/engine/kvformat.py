@@ -52,10 +52,10 @@ class KVFormat:
 
 
 class Quantized(KVFormat):
-    """Values of `values` dtype scaled into [-qmax, qmax], and each row's float32 scale, packed as bytes."""
+    """Values scaled into [-qmax, qmax] and stored as one byte each (`encode`, `decode`), beside each row's float32
+    scale, packed as bytes."""
 
-    def __init__(self, name: str, values: torch.dtype, qmax: float, rounds: bool) -> None:
-        self.name, self.values, self.qmax, self.rounds = name, values, qmax, rounds
+    name, qmax = "", 1.0
 
     def storage(self, dtype: torch.dtype) -> torch.dtype:
         return torch.uint8
@@ -69,19 +69,54 @@ class Quantized(KVFormat):
     def pack(self, x: Tensor) -> Tensor:
         x = x.float()
         scale = (x.abs().amax(-1, keepdim=True) / self.qmax).clamp_min_(torch.finfo(SCALE_DTYPE).tiny)
-        q = x / scale
-        q = (q.round_() if self.rounds else q).clamp_(-self.qmax, self.qmax).to(self.values)
-        return torch.cat((q.view(torch.uint8), scale.view(torch.uint8)), dim=-1)
+        return torch.cat((self.encode(x / scale), scale.view(torch.uint8)), dim=-1)
 
     def unpack(self, rows: Tensor, dtype: torch.dtype) -> Tensor:
         d = rows.shape[-1] - SCALE_BYTES
-        values, scale = rows[..., :d].view(self.values), rows[..., d:].view(SCALE_DTYPE)
-        return (values.to(SCALE_DTYPE) * scale).to(dtype)
+        return (self.decode(rows[..., :d]) * rows[..., d:].view(SCALE_DTYPE)).to(dtype)
 
     def round_trip(self, x: Tensor) -> Tensor:
         return self.unpack(self.pack(x), x.dtype)
 
+    def encode(self, q: Tensor) -> Tensor:
+        """float32 values within [-qmax, qmax] -> their bytes."""
+        raise NotImplementedError
+
+    def decode(self, values: Tensor) -> Tensor:
+        """Bytes -> float32 values."""
+        raise NotImplementedError
+
+
+class Int8(Quantized):
+    """int8: values rounded to the nearest of -127..127 (symmetric: -128 unused)."""
+
+    name, qmax = "int8", 127.0
+
+    def encode(self, q: Tensor) -> Tensor:
+        return q.round_().clamp_(-self.qmax, self.qmax).to(torch.int8).view(torch.uint8)
+
+    def decode(self, values: Tensor) -> Tensor:
+        return values.view(torch.int8).to(SCALE_DTYPE)
+
+
+class Fp8(Quantized):
+    """float8_e4m3fn (4 exponent bits, bias 7; 3 mantissa bits; 448 the largest finite value), as vLLM's fp8 KV.
+
+    Decoding moves the byte's exponent and mantissa into a float16's (sign to bit 15, the 7 low bits to bits 13..7),
+    multiplies by 2^(15 - 7), the difference of the biases, and widens: exact for every finite code, subnormals
+    included (their float16 image is subnormal by the same shift, and the product is at most 448). torch's own
+    float8 -> float32 cast cost 2.3x this on the CPU, and 25x an int8 cast.
+    """
+
+    name, qmax = "fp8", 448.0
+
+    def encode(self, q: Tensor) -> Tensor:
+        return q.clamp_(-self.qmax, self.qmax).to(torch.float8_e4m3fn).view(torch.uint8)
+
+    def decode(self, values: Tensor) -> Tensor:
+        bits = values.to(torch.int16)
+        return ((bits & 0x80) << 8 | (bits & 0x7F) << 7).view(torch.float16).mul_(256.0).to(SCALE_DTYPE)
+
 
 AUTO = KVFormat()
-KV_FORMATS: dict[str, KVFormat] = {f.name: f for f in (AUTO, Quantized("int8", torch.int8, 127.0, True),
-                                                         Quantized("fp8", torch.float8_e4m3fn, 448.0, False))}
+KV_FORMATS: dict[str, KVFormat] = {f.name: f for f in (AUTO, Int8(), Fp8())}

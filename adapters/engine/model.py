@@ -373,7 +373,7 @@ class LoopedLM(nn.Module):
     def to_melt(self, gate_variant: str = "elementwise", chunk_size: int | None = None, generator: torch.Generator | None = None) -> "LoopedLM":
         """A gated MELT model with this LoopLM's weights and fresh gates (the starting point of conversion training)."""
         cfg = self.config.replace(
-            family="melt", kv_strategy="gated", gate_variant=gate_variant, chunk_size=chunk_size or self.config.chunk_size
+            family="melt", kv_strategy="gated", kv_policy=None, gate_variant=gate_variant, chunk_size=chunk_size or self.config.chunk_size
         )
         weight = self.model.embed_tokens.weight
         melt = LoopedLM(cfg).to(device=weight.device, dtype=weight.dtype)

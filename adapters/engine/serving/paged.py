@@ -139,7 +139,7 @@ class PoolStep:
     and `fill_skipped` fills the loops an exited row skips with its exit loop's K/V (`adapters.engine.exits`)."""
 
     def __init__(self, pool: BlockPool, in_flight: int) -> None:
-        self.pool, self.in_flight = pool, in_flight
+        self.pool, self.in_flight, self.layout = pool, in_flight, pool.layout
         self.index: Tensor | None = None  # the rows of the whole step this one runs (None: all)
 
     def kv_source(self, layer: int, loop: int, x: Tensor, gate: Gate) -> Tensor | None:
