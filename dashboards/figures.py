@@ -643,13 +643,13 @@ def lever_points(points: pd.DataFrame) -> pd.DataFrame:
     policy or dtype on (`db.sets.KV_AXIS`), and, as the reference each lever saves against, the same model's point at
     that r without any setting (its own policy in its own dtype) where no swept point is that already. Off the exit
     axis only: an exit changes accuracy too, so it would not compare like with like."""
-    if points.empty:
-        return points.assign(kv_policy=[], kv_dtype=[])
-    frame = points[points["exit_threshold"].isna()]
-    swept = frame["config"].map(lambda key: bool(set(config_fields(key)) & set(KV_AXIS)))
+    frame = points[points["exit_threshold"].isna()] if not points.empty else points
+    swept = frame["config"].map(lambda key: bool(set(config_fields(key)) & set(KV_AXIS))) if not frame.empty else None
+    if swept is None or not swept.any():
+        return frame.iloc[0:0].assign(kv_policy=[], kv_dtype=[])
     levers = set(zip(frame.loc[swept, "model"], frame.loc[swept, "loops"]))
-    keep = [(model, loops) in levers and (on or config == "")
-            for model, loops, on, config in zip(frame["model"], frame["loops"], swept, frame["config"])]
+    keep = np.array([(model, loops) in levers and (on or config == "")
+                     for model, loops, on, config in zip(frame["model"], frame["loops"], swept, frame["config"])])
     frame, swept = frame[keep], swept[keep]
     settings = [_kv_setting(c, d) for c, d in zip(frame["config"], frame.get("model_config", [None] * len(frame)))]
     frame = frame.assign(kv_policy=[p for p, _ in settings], kv_dtype=[d for _, d in settings], swept=swept)
@@ -666,7 +666,7 @@ def memory_levers(points: pd.DataFrame, task: str = "all") -> go.Figure:
     frame = _plain_frame(lever_points(points))
     frame = frame[frame[LEVER_MEASURE].notna()] if LEVER_MEASURE in frame else frame.iloc[0:0]
     if frame.empty:
-        return _empty(title, f"nothing to compare here: this set runs no KV policy or dtype. Sweep them with `{LEVERS_EXAMPLE}`.")
+        return _empty(title, f"nothing to compare here: this set runs no KV policy or dtype. Sweep them with {LEVERS_EXAMPLE}")
     unit, scale = byte_unit(frame[LEVER_MEASURE])
     frame["memory"] = frame[LEVER_MEASURE] / scale
     frame["stderr"] = frame["stderr"].astype(float)

@@ -212,3 +212,23 @@ def test_the_memory_levers_figure_sets_each_lever_against_its_models_own_cache(s
     assert shapes == {("zoo:ouro-tiny", "per-loop", "auto"): "circle", ("zoo:ouro-tiny", "per-loop", "int8"): "circle-open",
                       ("zoo:ouro-tiny", "shared-last", "auto"): "square", ("zoo:ouro-tiny", "shared-last", "int8"): "square-open",
                       ("zoo:melt-tiny", "gated", "auto"): "star", ("zoo:melt-tiny", "gated", "int8"): "star-open"}
+
+
+def test_a_set_without_the_kv_axis_draws_a_note_not_a_figure(tmp_path: Path) -> None:
+    """Every point on the exit axis (so none left to compare), or none with a KV setting: no lever, one note."""
+    from dashboards.figures import memory_levers
+    from db.store import Store
+    from stored_runs import store_run
+
+    store = Store.open(str(tmp_path / "exits.sqlite"))
+    try:
+        store_run(store, [1.0] * DOCS, exit_threshold=0.5, exit_criterion="gate")
+        exits_only = accuracy_points(store.engine, None)
+        store_run(store, [1.0] * DOCS)
+        plain = accuracy_points(store.engine, None)
+    finally:
+        store.close()
+    for points in (exits_only, plain):
+        assert lever_points(points).empty
+        figure = memory_levers(points)
+        assert not figure.data and "this set runs no KV policy or dtype" in figure.layout.annotations[0].text
