@@ -17,7 +17,7 @@ shared layer, growing with r; `gated` (MELT) one per layer, shared rows overwrit
 latent h of each shared layer for the tokens in flight (a prefill chunk or the decoded token).
 
 A layout that folds a token's loops into its entry (shared mean, EMA) reads the entry before each later loop
-writes it (`KVLayout.fold`). Rows are stored in the config's `kv_dtype` (`adapters.engine.kvformat`): a quantized
+writes it (`KVLayout.fold`); the call's own tokens attend to the loop's own K/V, later calls to the fold. Rows are stored in the config's `kv_dtype` (`adapters.engine.kvformat`): a quantized
 row is its values and scale as bytes, written by `pack` and dequantized for attention by `unpack`.
 
 `KVCache` stores k and v as [entries, batch, kv_heads, length, head_dim (+ 4 scale bytes)] and the latent as
@@ -86,11 +86,25 @@ class KVCache:
         k_all, v_all = self.rows[layer][loop]
         end, fmt = slot + k.shape[2], self.format
         if loop and self.layout.folds:
-            k = self.layout.fold(fmt.unpack(k_all[:, :, slot:end], self.dtype), k, loop)
-            v = self.layout.fold(fmt.unpack(v_all[:, :, slot:end], self.dtype), v, loop)
-        k_all[:, :, slot:end] = fmt.pack(k)
-        v_all[:, :, slot:end] = fmt.pack(v)
+            return self._fold(layer, loop, slot, k, v)
+        k_all[:, :, slot:end], v_all[:, :, slot:end] = fmt.pack_pair(k, v)
         return fmt.unpack(k_all[:, :, :end], self.dtype), fmt.unpack(v_all[:, :, :end], self.dtype)
+
+    def _fold(self, layer: int, loop: int, slot: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """A folding layout's loop >= 1: the call's own tokens attend to this loop's K/V (written, then read), and
+        their entries keep the fold of their loops so far, what later calls read."""
+        fmt, dtype, end = self.format, self.dtype, slot + k.shape[2]
+        old_k, old_v = self.stored(layer, loop, slot, end)
+        k_all, v_all = (rows[:, :, :end] for rows in self.rows[layer][loop])
+        k_all[:, :, slot:], v_all[:, :, slot:] = fmt.pack_pair(k, v)
+        read = fmt.unpack_copy(k_all, dtype), fmt.unpack_copy(v_all, dtype)
+        k_all[:, :, slot:], v_all[:, :, slot:] = fmt.pack_pair(self.layout.fold(old_k, k, loop), self.layout.fold(old_v, v, loop))
+        return read
+
+    def stored(self, layer: int, loop: int, slot: int, end: int) -> tuple[Tensor, Tensor]:
+        """What (layer, loop)'s entry holds at slots slot..end-1, dequantized into memory of its own."""
+        k_all, v_all = self.rows[layer][loop]
+        return self.format.unpack_copy(k_all[:, :, slot:end], self.dtype), self.format.unpack_copy(v_all[:, :, slot:end], self.dtype)
 
     @property
     def kv_bytes_allocated(self) -> int:
@@ -142,13 +156,15 @@ class ChunkCache:
         return h
 
     def update(self, layer: int, loop: int, k: Tensor, v: Tensor, slot: int) -> tuple[Tensor, Tensor]:
-        rows = self.rows[self.entries[layer][loop]]
-        if loop and self.layout.folds:
-            k, v = self.layout.fold(rows[slot][0], k, loop), self.layout.fold(rows[slot][1], v, loop)
-        rows[slot] = k, v = self.format.round_trip(k), self.format.round_trip(v)
+        rows, fmt = self.rows[self.entries[layer][loop]], self.format
+        own = fmt.round_trip(k), fmt.round_trip(v)  # what the chunk's tokens attend to at this loop
+        if loop and self.layout.folds:  # ... and what their entries keep for later chunks: the fold
+            rows[slot] = fmt.round_trip(self.layout.fold(rows[slot][0], k, loop)), fmt.round_trip(self.layout.fold(rows[slot][1], v, loop))
+        else:
+            rows[slot] = own
         if len(rows) == 1:
-            return k, v
-        keys, values = zip(*rows.values())
+            return own
+        keys, values = zip(*(own if s == slot else kv for s, kv in rows.items()))
         return torch.cat(keys, dim=2), torch.cat(values, dim=2)
 
 

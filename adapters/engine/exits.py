@@ -258,9 +258,10 @@ class FrozenCache:
     """A cache whose rows outside `active` (bool [B], read at every call) neither change their latent (MELT's h)
     nor write new K/V in the loops after the first: their writes are the K/V they last wrote at that layer. (Rows
     exit after a loop, so every row runs loop 1; prelude and coda layers run as loop 0 and write as they are.)
-    Under a layout that folds loops into one entry (shared mean, EMA) a frozen row writes what its entry holds,
-    which the fold leaves as it is (old + (old - old) x w), as the active set leaves it unwritten; a quantized
-    entry is then packed again from its dequantized values (the same values, its scale to float32 rounding)."""
+    Under a layout that folds loops into one entry (shared mean, EMA) a frozen row writes what its entry holds
+    (`KVCache.stored`), which the fold leaves as it is (old + (old - old) x w), as the active set leaves it
+    unwritten; a quantized entry is then packed again from its dequantized values (the same values, its scale
+    to float32 rounding)."""
 
     def __init__(self, cache: Any, active: Tensor) -> None:
         self.cache, self.active = cache, active
@@ -274,11 +275,10 @@ class FrozenCache:
     def update(self, layer: int, loop: int, k: Tensor, v: Tensor, slot: int) -> tuple[Tensor, Tensor]:
         if loop > 0:
             active = self.active[:, None, None, None]
-            k, v = torch.where(active, k, self.last[layer][0]), torch.where(active, v, self.last[layer][1])
-        k_all, v_all = self.cache.update(layer, loop, k, v, slot)
-        end = slot + k.shape[2]
-        self.last[layer] = (k_all[:, :, slot:end], v_all[:, :, slot:end]) if self.folds else (k, v)
-        return k_all, v_all
+            last = self.cache.stored(layer, loop, slot, slot + k.shape[2]) if self.folds else self.last[layer]
+            k, v = torch.where(active, k, last[0]), torch.where(active, v, last[1])
+        self.last[layer] = (k, v)
+        return self.cache.update(layer, loop, k, v, slot)
 
 
 def narrow_span(span: Span, rows: Tensor) -> Span:

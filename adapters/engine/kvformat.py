@@ -42,9 +42,17 @@ class KVFormat:
         """Rows [..., head_dim] as stored."""
         return x
 
+    def pack_pair(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """K and V rows as stored (a quantized format packs them in one pass: a decode step's packing is per-kernel cost)."""
+        return k, v
+
     def unpack(self, rows: Tensor, dtype: torch.dtype) -> Tensor:
         """Stored rows back as [..., head_dim] of `dtype`, what attention reads."""
         return rows
+
+    def unpack_copy(self, rows: Tensor, dtype: torch.dtype) -> Tensor:
+        """`unpack` into memory of its own: what a folding layout reads before it writes the rows over."""
+        return rows.clone()
 
     def round_trip(self, x: Tensor) -> Tensor:
         """What attention reads of rows `x` once stored (a full-sequence forward's cache keeps tensors, not bytes)."""
@@ -67,13 +75,22 @@ class Quantized(KVFormat):
         return head_dim + SCALE_BYTES
 
     def pack(self, x: Tensor) -> Tensor:
+        """|x / scale| <= qmax up to float32 rounding, which int8's rounding and fp8's round-to-nearest cast keep
+        within range: no clamp. An all-zero row gets the smallest normal scale, not 0 / 0."""
         x = x.float()
         scale = (x.abs().amax(-1, keepdim=True) / self.qmax).clamp_min_(torch.finfo(SCALE_DTYPE).tiny)
         return torch.cat((self.encode(x / scale), scale.view(torch.uint8)), dim=-1)
 
+    def pack_pair(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        k_packed, v_packed = self.pack(torch.stack((k, v))).unbind(0)
+        return k_packed, v_packed
+
     def unpack(self, rows: Tensor, dtype: torch.dtype) -> Tensor:
         d = rows.shape[-1] - SCALE_BYTES
         return (self.decode(rows[..., :d]) * rows[..., d:].view(SCALE_DTYPE)).to(dtype)
+
+    def unpack_copy(self, rows: Tensor, dtype: torch.dtype) -> Tensor:
+        return self.unpack(rows, dtype)  # dequantizing writes new memory
 
     def round_trip(self, x: Tensor) -> Tensor:
         return self.unpack(self.pack(x), x.dtype)
@@ -93,7 +110,7 @@ class Int8(Quantized):
     name, qmax = "int8", 127.0
 
     def encode(self, q: Tensor) -> Tensor:
-        return q.round_().clamp_(-self.qmax, self.qmax).to(torch.int8).view(torch.uint8)
+        return q.round_().to(torch.int8).view(torch.uint8)
 
     def decode(self, values: Tensor) -> Tensor:
         return values.view(torch.int8).to(SCALE_DTYPE)
@@ -111,7 +128,7 @@ class Fp8(Quantized):
     name, qmax = "fp8", 448.0
 
     def encode(self, q: Tensor) -> Tensor:
-        return q.clamp_(-self.qmax, self.qmax).to(torch.float8_e4m3fn).view(torch.uint8)
+        return q.to(torch.float8_e4m3fn).view(torch.uint8)
 
     def decode(self, values: Tensor) -> Tensor:
         bits = values.to(torch.int16)

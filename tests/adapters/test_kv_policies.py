@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import adapters
-from adapters.base import AdapterError, Request, Sampling
+from adapters.base import AdapterError, Sampling
 from adapters.engine.adapter import load_preset
 from adapters.engine.cache import KVCache
 from adapters.engine.config import KV_DTYPES, KV_POLICIES
@@ -52,7 +52,9 @@ def test_each_policy_leaves_its_fold_of_a_tokens_loops():
         cache = KVCache(cfg, 1, 4, 3, torch.float32, "cpu")
         for t, k in enumerate(loops):
             read, _ = cache.update(0, t, k, k, slot=0)
-        torch.testing.assert_close(read[:, :, :1], want, rtol=1e-6, atol=1e-6)  # float32 sums: a few ulps
+            assert torch.equal(read, k)  # the token's own loop t reads its loop-t K/V
+        later, _ = cache.update(0, 0, loops[0], loops[0], slot=1)  # a later token reads the entry
+        torch.testing.assert_close(later[:, :, :1], want, rtol=1e-6, atol=1e-6)  # float32 sums: a few ulps
     per_loop = KVCache(preset("ouro-tiny").replace(loops=3), 1, 4, 3, torch.float32, "cpu")
     for t, k in enumerate(loops):
         assert torch.equal(per_loop.update(0, t, k, k, slot=0)[0][:, :, :1], k)
@@ -68,11 +70,12 @@ def test_a_frozen_row_keeps_the_fold_of_the_loops_it_ran():
     active = torch.ones(2, dtype=torch.bool)
     cache = FrozenCache(KVCache(cfg, 2, 4, 4, torch.float32, "cpu"), active)
     for t, k in enumerate(loops):
-        read, _ = cache.update(0, t, k, k, slot=0)
+        cache.update(0, t, k, k, slot=0)
         if t == 1:
             active[1] = False
-    assert torch.equal(read[1], ((loops[0] + (loops[1] - loops[0]) / 2))[1])
-    torch.testing.assert_close(read[0], (sum(loops) / 4)[0], rtol=1e-6, atol=1e-6)
+    held, _ = cache.cache.stored(0, 3, 0, 1)
+    assert torch.equal(held[1], (loops[0] + (loops[1] - loops[0]) / 2)[1])
+    torch.testing.assert_close(held[0], (sum(loops) / 4)[0], rtol=1e-6, atol=1e-6)
 
 
 # ------------------------------------------------------------------------------ exact bytes
@@ -102,8 +105,8 @@ def test_caches_hold_the_analytic_bytes_for_every_policy_and_dtype(name):
 def test_sharing_holds_one_entry_per_layer_and_int8_under_three_tenths_on_the_zoo():
     """shared-* hold 1/r of per-loop's entries on a p = c = 0 model; on every zoo model (float32 on the CPU) int8 and fp8
     hold (head_dim + 4) / (4 head_dim) of auto's bytes per token, at most 0.30."""
-    from adapters.zoo import zoo_info, zoo_names
     from adapters.engine.config import LoopConfig
+    from adapters.zoo import zoo_info, zoo_names
 
     ouro = preset("ouro-tiny")
     for policy in SHARED:
@@ -127,16 +130,17 @@ def test_a_run_reports_the_pool_it_held(policy):
 
 
 # ------------------------------------------------------------------------------ semantics
-def test_shared_last_prefills_as_per_loop_and_shares_at_decoding():
-    """A prompt prefilled in one step is per-loop's exactly (the first token, the scored logits); decoding then reads
-    earlier tokens' last loop, so the outputs part; at r = 1 every policy is per-loop."""
-    per_loop, shared = engine("ouro-tiny"), engine("ouro-tiny", kv_policy="shared-last")
+@pytest.mark.parametrize("policy", SHARED)
+def test_sharing_prefills_as_per_loop_and_shares_at_decoding(policy):
+    """A prompt prefilled in one step is per-loop's exactly (the first token, the scored logits): the step's tokens
+    read one another's current loop; decoding then reads earlier tokens' shared entry, so the outputs part; at
+    r = 1 every policy is per-loop."""
+    per_loop, shared = engine("ouro-tiny"), engine("ouro-tiny", kv_policy=policy)
     ids = torch.tensor([[5, 9, 12, 7, 30, 2]])
     assert torch.equal(per_loop.forward_logits(ids), shared.forward_logits(ids))
     a, b = outputs(per_loop, GREEDY), outputs(shared, GREEDY)
     assert [x[0][0] for x in a] == [x[0][0] for x in b] and a != b
-    for policy in SHARED:
-        assert outputs(engine("ouro-tiny", loops=1, kv_policy=policy), GREEDY) == outputs(engine("ouro-tiny", loops=1), GREEDY)
+    assert outputs(engine("ouro-tiny", loops=1, kv_policy=policy), GREEDY) == outputs(engine("ouro-tiny", loops=1), GREEDY)
 
 
 # ------------------------------------------------------------------------------ composition
@@ -194,12 +198,17 @@ def test_huginn_latest_m4_is_per_loop_without_exits_and_matches_static_with_them
     continuous = outputs(exits, GREEDY)
     exits.batching = "static"
     assert outputs(exits, GREEDY) == continuous
+    for policy, kv_dtype in (("shared-last", "int8"), ("shared-ema", "fp8")):  # the recurrent state's draws beside sharing
+        shared = adapters.load(spec, dtype="fp32", device="cpu", kv_policy=policy, kv_dtype=kv_dtype, block_size=4)
+        continuous = outputs(shared, SAMPLED)
+        shared.batching = "static"
+        assert outputs(shared, SAMPLED) == continuous
 
 
 # ------------------------------------------------------------------------------ refusals
 @pytest.mark.parametrize("name, overrides, message", [
-    ("qwen3-tiny", {"kv_policy": "shared-last"}, "kv_policy shared-last applies to looped per-loop families (ouro, huginn, retrofit); "
-                                                 "this model (qwen3, standard KV) takes standard"),
+    ("qwen3-tiny", {"kv_policy": "shared-last"}, ("kv_policy shared-last applies to looped per-loop families (ouro, huginn, retrofit); "
+                                                  "this model (qwen3, standard KV) takes standard")),
     ("melt-tiny", {"kv_policy": "shared-mean"}, "takes gated"),
     ("ouro-tiny", {"kv_policy": "gated"}, "kv_policy gated applies to gated (MELT) models"),
     ("ouro-tiny", {"kv_policy": "latest-m4"}, "applies to the recurrent-depth families (huginn, retrofit)"),
@@ -214,6 +223,16 @@ def test_a_policy_the_family_cannot_run_is_refused_at_inspect_and_load(name, ove
         with pytest.raises(AdapterError, match=message.replace("(", r"\(").replace(")", r"\)")) as err:
             call(f"preset:{name}", device="cpu", **overrides)
         assert "\n" not in str(err.value)
+
+
+def test_a_checkpoint_is_saved_without_the_runs_kv_policy_and_dtype(tmp_path):
+    from adapters.engine.io.checkpoint import save_checkpoint
+
+    adapter = load_preset("ouro-tiny", device="cpu", kv_policy="shared-last", kv_dtype="int8")
+    save_checkpoint(adapter.model, tmp_path / "ckpt")
+    reloaded = adapters.load(f"ouro:{tmp_path / 'ckpt'}", device="cpu")
+    assert (reloaded.describe()["kv_policy"], reloaded.describe()["kv_dtype"]) == ("per-loop", "auto")
+    assert adapter.describe()["kv_policy"] == "shared-last"  # the running model keeps its own
 
 
 def test_describe_and_inspect_carry_the_policy_dtype_and_bytes():

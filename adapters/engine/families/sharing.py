@@ -7,10 +7,12 @@ bytes), and every loop of a later token reads it:
 - `shared-last` (the Ouro paper's decode-time sharing): each loop writes over the entry, so a finished token
   leaves its last loop's K/V. A token's own loop t reads its own loop-t K/V; the tokens of the same step (a
   prompt prefilled in one step) read one another at loop t too, so a one-step prefill is exactly per-loop's:
-  sharing acts at decoding, where the paper applies it (sharing at prefill costs it far more accuracy).
+  sharing acts at decoding, where the paper applies it (its 4x saving is decode-time sharing after a full prefill).
 - `shared-mean`, `shared-ema[:ALPHA]` (the MELT paper's static baselines, without its trained gate): loop t
   folds its K/V into the entry (`fold`): the running mean of the loops so far, or `ALPHA * new + (1 - ALPHA) * old`.
-  Attention at loop t reads the fold of loops 0..t for the step's tokens, the fold of all loops for earlier ones.
+  As under shared-last, the step's own tokens attend at loop t to their loop-t K/V (a one-step prefill is
+  per-loop's); earlier steps' tokens are read as the fold of all their loops. So the three sharing policies
+  differ only in what a finished token leaves.
 - `latest-m4` (Huginn-0125's official `HuginnDynamicCache` lookup): per-loop entries; a token that skipped
   its later loops (an exit) is read at each of them from the latest loop of the same core layer it ran. The
   exit fill `copy` writes exactly those rows (`adapters.engine.exits`), so the layout is per-loop's and the
@@ -22,20 +24,18 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from adapters.engine.config import DEFAULT_EMA_ALPHA, LoopConfig, parse_kv_policy
+from adapters.engine.config import DEFAULT_EMA_ALPHA, parse_kv_policy
 from adapters.engine.families.melt import GATED
 from adapters.engine.families.ouro import PER_LOOP, PerLoop
 from adapters.engine.families.standard import STANDARD, KVLayout
 
 
 class SharedLast(KVLayout):
-    """`shared-last`: entry = physical layer at every loop, each loop writing over the token's entry."""
+    """`shared-last`: the plain stack's entries (one per physical layer, at every loop), each loop writing over the
+    token's entry."""
 
     name = "shared_last"
     policy = "shared-last"
-
-    def entries(self, cfg: LoopConfig, loops: int) -> int:
-        return cfg.num_layers
 
 
 class SharedMean(SharedLast):

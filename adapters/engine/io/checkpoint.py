@@ -229,14 +229,17 @@ def save_checkpoint(model: LoopedLM, directory: str | Path, tokenizer: Any | Non
     """Write the engine format: model.safetensors + config.json (+ tokenizer.json, + `extra_files`, name -> text).
 
     The files go in as one set (`adapters.files.commit_folder`): a save that is interrupted or runs out of
-    disk leaves a folder that loading refuses as incomplete, never new weights beside old metadata.
+    disk leaves a folder that loading refuses as incomplete, never new weights beside old metadata. The config
+    is saved without a run's KV policy and dtype (`kv_policy`, `kv_dtype`): they are how a run keeps its K/V,
+    not the model, so the checkpoint loads with its own.
     """
     from safetensors.torch import save_file
 
     def write(staging: Path) -> None:
         state = {k: v.detach().cpu() for k, v in model.state_dict().items()}  # HF names: fused projections come split
         save_file(state, str(staging / "model.safetensors"), metadata={"format": "pt"})
-        (staging / "config.json").write_text(json.dumps({"format": ENGINE_FORMAT, "config": model.config.to_dict()}, indent=2))
+        config = model.config.replace(kv_policy=None, kv_dtype="auto").to_dict()
+        (staging / "config.json").write_text(json.dumps({"format": ENGINE_FORMAT, "config": config}, indent=2))
         if tokenizer is not None:
             tokenizer.save_pretrained(str(staging))
         for name, text in (extra_files or {}).items():

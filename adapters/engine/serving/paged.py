@@ -197,24 +197,34 @@ class PagedStep(PoolStep):
             self.row_index = torch.arange(self.rows, device=positions.device)[:, None]
 
     def update(self, layer: int, loop: int, k: Tensor, v: Tensor, slot: int) -> tuple[Tensor, Tensor]:
+        """Write the step's rows, read what attention sees; a folding layout's loop >= 1 then writes the fold over
+        them (the step's tokens attend to this loop's K/V, later steps read the fold; a gather reads a copy)."""
         entry, pool = self.pool.entries[layer][loop], self.pool
-        fmt, dtype = pool.format, pool.dtype
         k_new, v_new = k.transpose(1, 2), v.transpose(1, 2)  # [B, n, Hkv, D]
-        if loop and pool.layout.folds:
-            k_new = pool.layout.fold(self._own(pool.k_entries[entry]).view(k_new.shape), k_new, loop)
-            v_new = pool.layout.fold(self._own(pool.v_entries[entry]).view(v_new.shape), v_new, loop)
-        k_new, v_new = fmt.pack(k_new), fmt.pack(v_new)
-        pool.k_entries[entry].index_copy_(0, self.slots, k_new.flatten(0, 1))
-        pool.v_entries[entry].index_copy_(0, self.slots, v_new.flatten(0, 1))
+        folding = loop and pool.layout.folds
+        if folding:
+            old_k, old_v = self._own(pool.k_entries[entry]).view(k_new.shape), self._own(pool.v_entries[entry]).view(v_new.shape)
+        k_packed, v_packed = self._write(entry, k_new, v_new)
         kept = None if self.kept is None else self.kept.get(entry)
         if kept is None:
             kept = (self._read(pool.k[entry]), self._read(pool.v[entry]))
             if self.kept is not None:
                 self.kept[entry] = kept
         else:
-            kept[0][self.row_index, self.positions] = k_new
-            kept[1][self.row_index, self.positions] = v_new
-        return fmt.unpack(kept[0], dtype).transpose(1, 2), fmt.unpack(kept[1], dtype).transpose(1, 2)
+            kept[0][self.row_index, self.positions] = k_packed
+            kept[1][self.row_index, self.positions] = v_packed
+        read = pool.format.unpack(kept[0], pool.dtype).transpose(1, 2), pool.format.unpack(kept[1], pool.dtype).transpose(1, 2)
+        if folding:
+            self._write(entry, pool.layout.fold(old_k, k_new, loop), pool.layout.fold(old_v, v_new, loop))
+        return read
+
+    def _write(self, entry: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Rows k, v [B, n, Hkv, D] into the step's slots of `entry`, as stored (returned)."""
+        pool = self.pool
+        k, v = pool.format.pack_pair(k, v)
+        pool.k_entries[entry].index_copy_(0, self.slots, k.flatten(0, 1))
+        pool.v_entries[entry].index_copy_(0, self.slots, v.flatten(0, 1))
+        return k, v
 
     def _own(self, rows: Tensor) -> Tensor:
         """The step's tokens' rows of one entry [B * n, Hkv, D], dequantized: what a folding layout's loop reads."""

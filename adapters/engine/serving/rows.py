@@ -147,17 +147,27 @@ class RowsStep(PoolStep):
         self.size = (b, h, length + 1, d)
 
     def update(self, layer: int, loop: int, k: Tensor, v: Tensor, slot: int) -> tuple[Tensor, Tensor]:
+        """As `PagedStep.update`: a folding layout's loop >= 1 reads a copy with the token's own loop-t K/V, then
+        writes the fold of the token's loops over them."""
         entry, rows, pool = self.pool.entries[layer][loop], self.rows, self.pool
-        fmt, dtype = pool.format, pool.dtype
-        if loop and pool.layout.folds:  # the token's entry so far, dequantized, folded with this loop's K/V
-            k = pool.layout.fold(fmt.unpack(rows.k_flat[entry].index_select(0, self.row_slots), dtype), k, loop)
-            v = pool.layout.fold(fmt.unpack(rows.v_flat[entry].index_select(0, self.row_slots), dtype), v, loop)
-        rows.k_flat[entry].index_copy_(0, self.row_slots, fmt.pack(k))  # one token per row
-        rows.v_flat[entry].index_copy_(0, self.row_slots, fmt.pack(v))
+        fmt, dtype, folding = pool.format, pool.dtype, loop and pool.layout.folds
+        if folding:  # the token's entry so far, dequantized
+            old_k = fmt.unpack(rows.k_flat[entry].index_select(0, self.row_slots), dtype)
+            old_v = fmt.unpack(rows.v_flat[entry].index_select(0, self.row_slots), dtype)
+        self._write(entry, k, v)
         offset = entry * self.entry_stride
         k_all, v_all = rows.k.as_strided(self.size, self.stride, offset), rows.v.as_strided(self.size, self.stride, offset)
-        k_all, v_all = fmt.unpack(k_all, dtype), fmt.unpack(v_all, dtype)
+        unpack = fmt.unpack_copy if folding else fmt.unpack
+        k_all, v_all = unpack(k_all, dtype), unpack(v_all, dtype)
+        if folding:
+            self._write(entry, pool.layout.fold(old_k, k, loop), pool.layout.fold(old_v, v, loop))
         return (k_all, v_all) if self.index is None else (k_all[self.index], v_all[self.index])
+
+    def _write(self, entry: int, k: Tensor, v: Tensor) -> None:
+        """One token per row, k, v [B, Hkv, 1, D], into its slot of `entry` in the rows."""
+        k, v = self.pool.format.pack_pair(k, v)
+        self.rows.k_flat[entry].index_copy_(0, self.row_slots, k)
+        self.rows.v_flat[entry].index_copy_(0, self.row_slots, v)
 
     def narrow(self, index: Tensor) -> RowsStep:
         """The step of rows `index` only (the still-looping rows): their slots, and their rows read by index."""
