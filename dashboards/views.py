@@ -332,7 +332,7 @@ SELECTORS: dict[str, Choices] = {
 
 # ------------------------------------------------------------------------------------------ runs table
 # The runs table's columns: the run's facts, then the peaks `measures.RUN_TABLE_MEASURES` names, by label, then the energy.
-RUN_COLUMNS = ("run", "sweep", "kind", "model", "loops", "exit threshold", "suite", "set", "seed", "status", "samples",
+RUN_COLUMNS = ("run", "sweep", "kind", "model", "loops", "exit threshold", "KV policy and dtype", "suite", "set", "seed", "status", "samples",
                "pass@1 (suite mean)", *(measures.BY_NAME[name].label for name in measures.RUN_TABLE_MEASURES),
                measures.COMPUTE_BY_NAME["energy_joules"].label)  # fmt: skip
 
@@ -349,7 +349,8 @@ def runs_table(engine: Engine) -> list[list[Any]]:
     for row in table.to_dict("records"):
         accuracy = "" if pd.isna(row.get("value")) else f"{row['value']:.3f} ({row['metric']})"
         exit_at = "" if pd.isna(row["exit_threshold"]) else figures.exit_label(row["exit_threshold"], row["exit_criterion"])
-        rows.append([row["run_id"], row["sweep_id"], row["kind"], row["model"], number(row["loops"]), exit_at, row["suite"],
+        kv = " ".join(value for value in (row["kv_policy"], row["kv_dtype"]) if not pd.isna(value))  # blank: not swept
+        rows.append([row["run_id"], row["sweep_id"], row["kind"], row["model"], number(row["loops"]), exit_at, kv, row["suite"],
                      "" if pd.isna(row["set_id"]) else row["set_id"], number(row["seed"]), row["status"],
                      row["n_samples"], accuracy, *(measures.byte_text(row.get(c)) for c in measures.RUN_TABLE_MEASURES),
                      measures.energy_text(row["energy_joules"])])

@@ -232,3 +232,22 @@ def test_a_set_without_the_kv_axis_draws_a_note_not_a_figure(tmp_path: Path) -> 
         assert lever_points(points).empty
         figure = memory_levers(points)
         assert not figure.data and "this set runs no KV policy or dtype" in figure.layout.annotations[0].text
+
+
+def test_the_pages_name_each_run_by_its_policy_and_dtype(swept: tuple[Path, str]) -> None:
+    """The runs table's column and the run selector's label; blank and absent off the axis."""
+    from dashboards import views
+    from db import queries
+
+    db, _ = swept
+    engine = open_existing(f"sqlite:///{db}")
+    try:
+        column = views.RUN_COLUMNS.index("KV policy and dtype")
+        cells = {row[0]: row[column] for row in views.runs_table(engine)}
+        labels = [views.run_label(run) for run in queries.runs(engine).itertuples()]
+    finally:
+        engine.dispose()
+    assert [cells[run_id] for run_id in (1, 2, 3, 4)] == [f"{p} {d}" for p in POLICIES for d in DTYPES]
+    assert labels[:4] == [f"run {i}: zoo:ouro-tiny r=4 {p} {d} (synthetic)" for i, (p, d) in
+                          enumerate(((p, d) for p in POLICIES for d in DTYPES), start=1)]
+    assert all(cells[run_id] == "" for run_id in cells if run_id > 4 and "int8" not in labels[run_id - 1]), "blank off the axis"
