@@ -666,11 +666,13 @@ def memory_levers(points: pd.DataFrame, task: str = "all") -> go.Figure:
     frame = _plain_frame(lever_points(points))
     frame = frame[frame[LEVER_MEASURE].notna()] if LEVER_MEASURE in frame else frame.iloc[0:0]
     if frame.empty:
-        return _empty(title, f"nothing to compare here: this set runs no KV policy or dtype. Sweep them with {LEVERS_EXAMPLE}")
+        return _empty(title, "nothing to compare here: this set runs no KV policy or dtype. "
+                             f"Sweep them with {LEVERS_EXAMPLE}")
     unit, scale = byte_unit(frame[LEVER_MEASURE])
     frame["memory"] = frame[LEVER_MEASURE] / scale
     frame["stderr"] = frame["stderr"].astype(float)
-    frame["symbol"] = [KV_MARKERS.get(p.partition(":")[0], "x") + KV_FILL.get(d, "") for p, d in zip(frame["kv_policy"], frame["kv_dtype"])]
+    frame["symbol"] = [KV_MARKERS.get(policy.partition(":")[0], "x") + KV_FILL.get(dtype, "")
+                       for policy, dtype in zip(frame["kv_policy"], frame["kv_dtype"])]
     frame["runs"] = _runs_text(frame)
     frame["r"] = [loops_label(loops) for loops in frame["loops"]]
     hover = (f"%{{customdata[0]}} %{{customdata[1]}}<br>KV policy %{{customdata[2]}}, KV dtype %{{customdata[3]}}"
