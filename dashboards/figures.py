@@ -27,8 +27,8 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
-from db.sets import config_fields, id_ranges
-from measures import ANALYTIC, BYTE_UNITS, COMPUTE_BY_NAME, GB, MEMORY_MEASURES, WEIGHTS_PLUS_KV
+from db.sets import KV_AXIS, config_fields, id_ranges
+from measures import ANALYTIC, BY_NAME, BYTE_UNITS, COMPUTE_BY_NAME, GB, MEMORY_MEASURES, WEIGHTS_PLUS_KV
 
 KV_ONLY = ("kv_bytes_allocated", "kv_bytes_reserved")  # the measures that leave the weights out
 # What users quote as a model's memory: the answer says when one of them would rank another point first.
@@ -212,8 +212,9 @@ def loops_label(loops: object) -> str:
 
 def config_labels(points: pd.DataFrame) -> list[str]:
     """Each point's configuration (`db.sets.configuration`, the `config` column) as far as it tells the point apart
-    from the same model's other points: the fields whose values differ among them, 'dtype=bfloat16 exit_loop=2';
-    '' where the model has one configuration in the set (or the frame has no `config`)."""
+    from the same model's other points: the fields whose values differ among them, 'dtype=bfloat16 exit_loop=2', the
+    KV policy and dtype first and by their values alone, as people name them ('shared-last int8'); '' where the model
+    has one configuration in the set (or the frame has no `config`)."""
     if "config" not in points:
         return [""] * len(points)
     fields = [config_fields(key) for key in points["config"]]
@@ -224,7 +225,13 @@ def config_labels(points: pd.DataFrame) -> list[str]:
     def tells_apart(model: str, name: str) -> bool:  # the model's points do not all hold one value of it
         return len({_config_value(c[name]) if name in c else None for c in of_model[model]}) > 1
 
-    return [" ".join(f"{name}={_config_value(value)}" for name, value in sorted(config.items()) if tells_apart(model, name))
+    def label(name: str, value: Any) -> str:
+        return _config_value(value) if name in KV_AXIS else f"{name}={_config_value(value)}"
+
+    def order(name: str) -> tuple[int, str]:  # the KV axis first, policy before dtype, then the overrides by name
+        return (KV_AXIS.index(name), "") if name in KV_AXIS else (len(KV_AXIS), name)
+
+    return [" ".join(label(name, config[name]) for name in sorted(config, key=order) if tells_apart(model, name))
             for model, config in zip(points["model"], fields)]
 
 
@@ -684,3 +691,85 @@ def _profile_trace(name: str, what: str, x: pd.Series, y: pd.Series, unit: str, 
     return {"type": "scatter", "x": x.to_numpy(), "y": y.to_numpy(), "name": f"{name} · {what}", "legendgroup": name,
             "showlegend": False, "hovertemplate": f"{name}<br>{what}<br>%{{x}} tokens<br>%{{y:.3f}} {unit}<extra></extra>",
             **style}
+
+
+# The memory levers: a marker shape per KV policy, filled in the model's dtype and hollow when quantized.
+KV_MARKERS = {"per-loop": "circle", "shared-last": "square", "shared-mean": "diamond", "shared-ema": "triangle-up",
+              "latest-m4": "pentagon", "gated": "star", "standard": "hexagon"}
+KV_FILL = {"auto": "", "int8": "-open", "fp8": "-open-dot"}
+LEVERS_EXAMPLE = "loopeval run --model zoo:ouro-tiny --loops 4 --kv-policy per-loop,shared-last --kv-dtype auto,int8"
+LEVER_MEASURE = "kv_bytes_allocated"
+
+
+def _kv_setting(config: str, described: Any) -> tuple[str, str]:
+    """A point's (KV policy, KV dtype): as swept (its configuration), else as its adapter described itself."""
+    swept, described = config_fields(config), described if isinstance(described, dict) else {}
+    return (str(swept.get("kv_policy") or described.get("kv_policy") or "?"),
+            str(swept.get("kv_dtype") or described.get("kv_dtype") or "auto"))
+
+
+def lever_points(points: pd.DataFrame) -> pd.DataFrame:
+    """The points the memory-levers figure compares, with their `kv_policy` and `kv_dtype`: those a sweep set a KV
+    policy or dtype on (`db.sets.KV_AXIS`), and, as the reference each lever saves against, the same model's point at
+    that r without any setting (its own policy in its own dtype) where no swept point is that already. Off the exit
+    axis only: an exit changes accuracy too, so it would not compare like with like."""
+    frame = points[points["exit_threshold"].isna()] if not points.empty else points
+    swept = frame["config"].map(lambda key: bool(set(config_fields(key)) & set(KV_AXIS))) if not frame.empty else None
+    if swept is None or not swept.any():
+        return frame.iloc[0:0].assign(kv_policy=[], kv_dtype=[])
+    levers = set(zip(frame.loc[swept, "model"], frame.loc[swept, "loops"]))
+    keep = np.array([(model, loops) in levers and (on or config == "")
+                     for model, loops, on, config in zip(frame["model"], frame["loops"], swept, frame["config"])])
+    frame, swept = frame[keep], swept[keep]
+    settings = [_kv_setting(c, d) for c, d in zip(frame["config"], frame.get("model_config", [None] * len(frame)))]
+    frame = frame.assign(kv_policy=[p for p, _ in settings], kv_dtype=[d for _, d in settings], swept=swept)
+    frame = frame.sort_values("swept", ascending=False, kind="stable")  # a swept point stands for its setting
+    return frame.drop_duplicates(["model", "loops", "kv_policy", "kv_dtype"]).drop(columns="swept").sort_index()
+
+
+def memory_levers(points: pd.DataFrame, task: str = "all", colors: Mapping[str, str] | None = None) -> go.Figure:
+    """Accuracy against the KV cache each memory lever leaves (`lever_points`): colour the model, shape the KV policy,
+    filled in the model's dtype and hollow in int8 (dotted in fp8). What the figure asks: does a training-free policy
+    (shared-last, shared-mean) reach the memory of MELT's trained gate at the accuracy of Ouro's per-loop KV, and what
+    does int8 cost on top? The memory is each point's measured KV peak (`kv_bytes_allocated`), from zero."""
+    title = _with_set(f"Memory levers: accuracy against KV cache, {plain(task)}", points)
+    frame = _plain_frame(lever_points(points))
+    frame = frame[frame[LEVER_MEASURE].notna()] if LEVER_MEASURE in frame else frame.iloc[0:0]
+    if frame.empty:
+        return _empty(title, "nothing to compare here: this set runs no KV policy or dtype. "
+                             f"Sweep them with {LEVERS_EXAMPLE}")
+    unit, scale = byte_unit(frame[LEVER_MEASURE])
+    frame["memory"] = frame[LEVER_MEASURE] / scale
+    frame["stderr"] = frame["stderr"].astype(float)
+    frame["symbol"] = [KV_MARKERS.get(policy.partition(":")[0], "x") + KV_FILL.get(dtype, "")
+                       for policy, dtype in zip(frame["kv_policy"], frame["kv_dtype"])]
+    frame["runs"] = _runs_text(frame)
+    frame["r"] = [loops_label(loops) for loops in frame["loops"]]
+    hover = (f"%{{customdata[0]}} %{{customdata[1]}}<br>KV policy %{{customdata[2]}}, KV dtype %{{customdata[3]}}"
+             f"<br>accuracy %{{y:.3f}}<br>KV %{{x:.4g}} {unit}<br>%{{customdata[4]}}<extra></extra>")
+    palette, traces = _colors_of(frame["model"], colors), []
+    for index, (model, rows) in enumerate(frame.groupby("model", sort=True)):
+        color, group = palette[model], f"model {index}"
+        traces.append(_legend_key(model, group, "model" if index == 0 else None, {"color": color, "size": 10, "symbol": "circle"}))
+        traces.append({
+            "type": "scatter", "x": rows["memory"].to_numpy(), "y": rows["accuracy"].to_numpy(), "mode": "markers",
+            "error_y": {"type": "data", "array": rows["stderr"].to_numpy()}, "name": model, "legendgroup": group,
+            "showlegend": False, "marker": {"color": color, "size": 13, "symbol": rows["symbol"].tolist(), "line": {"width": 2}},
+            "customdata": rows[["model", "r", "kv_policy", "kv_dtype", "runs"]].to_numpy(), "hovertemplate": hover,
+        })
+    for index, policy in enumerate(dict.fromkeys(p.partition(":")[0] for p in frame["kv_policy"])):
+        traces.append(_legend_key(policy, f"policy {policy}", "KV policy (shape)" if index == 0 else None,
+                                  {"color": "#777", "size": 10, "symbol": KV_MARKERS.get(policy, "x")}))
+    for index, dtype in enumerate(dict.fromkeys(frame["kv_dtype"])):
+        traces.append(_legend_key(dtype, f"dtype {dtype}", "KV dtype (fill)" if index == 0 else None,
+                                  {"color": "#777", "size": 10, "symbol": "circle" + KV_FILL.get(dtype, ""), "line": {"width": 2}}))
+    top = max(1.0, float((frame["accuracy"] + frame["stderr"].fillna(0)).max()))
+    notes = [f"KV: each point's measured KV cache peak ({BY_NAME[LEVER_MEASURE].label}); {DECIMAL_NOTE}",
+             "a model's point without a KV setting is its own policy in its own dtype", *_pooled_note(frame)]
+    note, margin = _footnote(" · ".join(notes))
+    return go.Figure(data=traces, layout={
+        "title": {"text": title}, "legend": {"groupclick": "togglegroup", "tracegroupgap": 2},
+        "xaxis": {"rangemode": "tozero", "title": {"text": unit_title("KV cache", unit, scale)}},
+        "yaxis": {"range": [-0.05, top + 0.05], "title": {"text": f"accuracy ({frame['metric'].iloc[0]})"}},
+        "annotations": [note], "margin": margin,
+    })

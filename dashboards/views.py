@@ -182,6 +182,10 @@ def _accuracy_vs_decode_time(points: pd.DataFrame, picked: Selection) -> go.Figu
 
 
 # ----------------------------------------------------------------------------------------------- depth
+def _memory_levers(points: pd.DataFrame, picked: Selection) -> go.Figure:
+    return figures.memory_levers(points, picked.task, picked.palette)
+
+
 def _depth_points(engine: Engine, picked: Selection) -> pd.DataFrame:
     return depth_points(engine, picked.set_id) if picked.set_id else pd.DataFrame()
 
@@ -197,9 +201,11 @@ def _each_set(engine: Engine) -> list[Selection]:
 # ------------------------------------------------------------------------------------ memory over a run
 def run_label(run: Any) -> str:
     """How selectors and titles name an eval run (a `queries.runs` row): 'run 3: preset:qwen3-tiny r=2 (synthetic)',
-    'run 4: zoo:ouro-tiny r=4 exit gate 0.5 (synthetic)' on the exit axis."""
+    'run 4: zoo:ouro-tiny r=4 exit gate 0.5 (synthetic)' on the exit axis, 'run 5: zoo:ouro-tiny r=4 shared-last int8
+    (synthetic)' on the KV axis."""
     exit_at = "" if pd.isna(run.exit_threshold) else f" exit {figures.exit_label(run.exit_threshold, run.exit_criterion)}"
-    return f"run {run.run_id}: {run.model} {figures.loops_label(run.loops)}{exit_at} ({run.suite})"
+    kv = "".join(f" {value}" for value in (run.kv_policy, run.kv_dtype) if not pd.isna(value))
+    return f"run {run.run_id}: {run.model} {figures.loops_label(run.loops)}{exit_at}{kv} ({run.suite})"
 
 
 def thinned(series: pd.DataFrame, limit: int = MAX_SERIES_POINTS) -> pd.DataFrame:
@@ -266,10 +272,17 @@ COMPUTE = View(
     note="What a generated token cost beside what it scored: mean loops run per token (below r where tokens exit "
          "early, --exit-threshold) and generate seconds per token. Drawn where the set varies the exit threshold or the loops.",
 )
+LEVERS = View(
+    title="Memory levers", inputs=("set", "task", "models", "loops"), query=_accuracy_points, cases=_set_tasks,
+    plots=(Plot("memory-levers", "levers", _memory_levers, 560),),
+    note="What memory each KV policy (--kv-policy) and KV dtype (--kv-dtype) saves, and what it costs in accuracy, "
+         "beside each model's own cache: a shape per policy, hollow where quantized. Drawn where the set sweeps them.",
+)
 # The views in page order: both pages draw every one of them.
 VIEWS: list[View] = [
     ACCURACY,
     COMPUTE,
+    LEVERS,
     View(title="Depth extrapolation", inputs=("depth-set",), query=_depth_points, cases=_each_set,
          plots=(Plot("depth", "depth", _accuracy_vs_depth),),
          note="Accuracy per task group against the loop count r; the set opens on the widest sweep of r."),
@@ -336,7 +349,7 @@ SELECTORS: dict[str, Choices] = {
 
 # ------------------------------------------------------------------------------------------ runs table
 # The runs table's columns: the run's facts, then the peaks `measures.RUN_TABLE_MEASURES` names, by label, then the energy.
-RUN_COLUMNS = ("run", "sweep", "kind", "model", "loops", "exit threshold", "suite", "set", "seed", "status", "samples",
+RUN_COLUMNS = ("run", "sweep", "kind", "model", "loops", "exit threshold", "KV policy and dtype", "suite", "set", "seed", "status", "samples",
                "pass@1 (suite mean)", *(measures.BY_NAME[name].label for name in measures.RUN_TABLE_MEASURES),
                measures.COMPUTE_BY_NAME["energy_joules"].label)  # fmt: skip
 
@@ -353,7 +366,8 @@ def runs_table(engine: Engine) -> list[list[Any]]:
     for row in table.to_dict("records"):
         accuracy = "" if pd.isna(row.get("value")) else f"{row['value']:.3f} ({row['metric']})"
         exit_at = "" if pd.isna(row["exit_threshold"]) else figures.exit_label(row["exit_threshold"], row["exit_criterion"])
-        rows.append([row["run_id"], row["sweep_id"], row["kind"], row["model"], number(row["loops"]), exit_at, row["suite"],
+        kv = " ".join(value for value in (row["kv_policy"], row["kv_dtype"]) if not pd.isna(value))  # blank: not swept
+        rows.append([row["run_id"], row["sweep_id"], row["kind"], row["model"], number(row["loops"]), exit_at, kv, row["suite"],
                      "" if pd.isna(row["set_id"]) else row["set_id"], number(row["seed"]), row["status"],
                      row["n_samples"], accuracy, *(measures.byte_text(row.get(c)) for c in measures.RUN_TABLE_MEASURES),
                      measures.energy_text(row["energy_joules"])])

@@ -54,6 +54,9 @@ class Run(Base):
     # the run's point on the per-token exit axis (`--exit-threshold`, `--exit-criterion`); NULL when not swept
     exit_threshold: Mapped[float | None] = mapped_column(Float)
     exit_criterion: Mapped[str | None] = mapped_column(String(16))
+    # the run's point on the KV memory axis (`--kv-policy`, `--kv-dtype`); NULL when not swept (the model's own)
+    kv_policy: Mapped[str | None] = mapped_column(String(32))
+    kv_dtype: Mapped[str | None] = mapped_column(String(16))
     # GPU energy over the run (NVML's total-energy counter, its stretches summed); NULL where unavailable (no NVML)
     energy_joules: Mapped[float | None] = mapped_column(Float)
     lease_owner: Mapped[str | None] = mapped_column(String(128))  # "host:pid:token" of the process running it

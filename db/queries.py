@@ -56,8 +56,8 @@ def runs(engine: Engine, kind: str | None = "eval", run_ids: Iterable[int] | Non
     counts = select(Sample.run_id, func.count().label("n_samples")).group_by(Sample.run_id)
     statement = select(
         Run.id.label("run_id"), Run.sweep_id, Run.kind, Run.model_spec.label("model"), Run.adapter,
-        _LOOPS, Run.exit_threshold, Run.exit_criterion, Run.suite, Run.status, Run.started_at, Run.wall_seconds,
-        Run.energy_joules, Run.model_config,
+        _LOOPS, Run.exit_threshold, Run.exit_criterion, Run.kv_policy, Run.kv_dtype, Run.suite, Run.status, Run.started_at,
+        Run.wall_seconds, Run.energy_joules, Run.model_config,
     )
     if kind is not None:
         statement = statement.where(Run.kind == kind)
@@ -183,7 +183,7 @@ def metrics(engine: Engine, set_id: str | None = None, task: str | None = None) 
 def run_configs(engine: Engine, run_ids: Iterable[int]) -> dict[int, str]:
     """run id -> its configuration (`db.sets.configuration`, as `config_key` writes it; '' for none): what keeps
     runs of one model, loops and exit point apart as points of their own."""
-    statement = select(Run.id, Run.model_spec, Run.spec).where(Run.id.in_([int(i) for i in run_ids]))
+    statement = select(Run.id, Run.model_spec, Run.spec, Run.kv_policy, Run.kv_dtype).where(Run.id.in_([int(i) for i in run_ids]))
     with engine.connect() as conn:
         return {row.id: config_key(configuration(row._mapping)) for row in conn.execute(statement)}
 

@@ -7,7 +7,8 @@ stored per run). That tuple is a run's evaluation set. The seed is not part of i
 repeats of one measurement. Figures, reports and `loopeval results` show one set at a time, never a
 point merged from two. Runs stored before fingerprints existed still get a set, labelled as such.
 
-`run_key` adds what makes two runs the same experiment (model, loops, exit threshold, per-model overrides, seed),
+`run_key` adds what makes two runs the same experiment (model, loops, exit threshold, per-model overrides and KV
+policy and dtype, seed),
 which is how `loopeval run` recognises a run already stored. `configuration` is the part of it, beyond the model,
 loops and exit point, that changes the model run: what keeps two plotted points apart (`db.queries.POINT`).
 Pure functions of stored values (no sqlalchemy), so the store, the queries and the harness compute them alike.
@@ -88,13 +89,18 @@ def run_set(run: Mapping[str, Any]) -> EvalSet:
     return EvalSet.of(run["suite"], run["tasks"], run["limit"], run["sampling"], run["data_fingerprint"])
 
 
+KV_AXIS = ("kv_policy", "kv_dtype")  # the `runs` columns of the KV memory axis, NULL off it
+
+
 def configuration(run: Mapping[str, Any]) -> dict[str, Any]:
     """What in a run's identity, beyond its model, loops and exit point, changes the model it runs: that model's
-    per-model overrides (`exit_policy`, `dtype`, conditioning fields, ...). Runs of one model that differ here are two
-    configurations, never pooled as seeds of one point. The KV policy and KV dtype join here as two more entries
-    when they are stored. `run` holds the `runs` columns, `spec` included."""
+    per-model overrides (`exit_policy`, `dtype`, conditioning fields, ...) and its KV policy and KV dtype where the
+    sweep set them (`KV_AXIS`; absent otherwise, so runs stored before the axis keep their configurations). Runs of
+    one model that differ here are two configurations, never pooled as seeds of one point. `run` holds the `runs`
+    columns, `spec` included."""
     model = run["model_spec"]
-    return dict(((run.get("spec") or {}).get("model_overrides") or {}).get(model, {}))
+    config = dict(((run.get("spec") or {}).get("model_overrides") or {}).get(model, {}))
+    return config | {key: run[key] for key in KV_AXIS if run.get(key) is not None}
 
 
 def config_key(config: Mapping[str, Any]) -> str:
@@ -110,7 +116,7 @@ def config_fields(key: str) -> dict[str, Any]:
 
 def run_key(run: Mapping[str, Any]) -> str:
     """Two runs with the same key are the same experiment (model, loops, exit threshold and criterion, that model's
-    overrides, set, seed):
+    overrides and its KV policy and dtype where set (`configuration`), set, seed):
     `loopeval run` skips the second unless `--rerun`. `run` holds the `runs` columns, `spec` included."""
     key = {"model": run["model_spec"], "loops": run["loops"], "overrides": configuration(run), "set": run_set(run).id,
            "seed": run["seed"]}

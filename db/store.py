@@ -22,7 +22,7 @@ from sqlalchemy import Engine, delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from db.headline import headline
-from db.sets import configuration, run_key, run_set
+from db.sets import KV_AXIS, configuration, run_key, run_set
 from db.models import MemoryPeak, MemorySample, ProbeValue, ProfilePoint, Run, Sample, TaskMetric, utcnow
 from db.session import display_url, open_engine, open_existing, session_factory
 from db.stored import damaged_runs, hide_damaged, require_intact
@@ -187,7 +187,7 @@ class Store:
         """`db.sets.run_key` of every finished eval run -> the newest such run's id (what a rerun would repeat).
         A run holding a damaged value is left out: what it was cannot be told, so nothing is skipped as its twin."""
         columns = [Run.id, Run.model_spec, Run.loops, Run.suite, Run.tasks, Run.limit, Run.sampling,
-                   Run.data_fingerprint, Run.seed, Run.spec, Run.exit_threshold, Run.exit_criterion]
+                   Run.data_fingerprint, Run.seed, Run.spec, Run.exit_threshold, Run.exit_criterion, Run.kv_policy, Run.kv_dtype]
         damaged = list(damaged_runs(self.engine))
         with self._read() as session:
             rows = session.execute(select(*columns).where(Run.kind == "eval", Run.status == "finished",
@@ -362,7 +362,9 @@ class Store:
                 "pass_at_1": dataclasses.asdict(headline(metrics[run.id], run.suite)),
                 "stderr": {task: dict(values) for task, values in stderrs[run.id].items()},
                 "memory": dict(memory[run.id]),
-                # what one more token of context adds to the KV cache, as the adapter described it (None if it did not)
+                # the KV policy and dtype it ran with: where swept its own (`overrides` holds them too), else as the
+                # adapter described itself (None if it did not), and what one more token of context adds to its KV cache
+                **{key: getattr(run, key) or (run.model_config or {}).get(key) for key in KV_AXIS},
                 "kv_bytes_per_token": (run.model_config or {}).get("kv_bytes_per_token"),
                 "started_at": run.started_at.isoformat() if run.started_at else None,
                 "wall_seconds": run.wall_seconds,

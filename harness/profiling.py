@@ -22,7 +22,7 @@ import adapters
 from adapters.base import Sampling, checked_context, checked_description, checked_generation, hook
 from harness.errors import UserError
 from harness.capacity import check_context, check_fits
-from harness.spec import at_loops, check_int, is_looped
+from harness.spec import at_loops, check_int, checked_kv_dtype, checked_kv_policy, is_looped
 from harness.sampler import DEFAULT_INTERVAL, MemorySampler
 from measures import PEAK_MEASURES, PROFILE_MEASURES, analytic_kv_bytes, merged_peak
 
@@ -70,31 +70,41 @@ class ProfilePlan:
     decode_steps: int
     adapter: Any = None  # loaded here only when the adapter could not describe itself from its config
     params: int | None = None  # the model's parameters (None: unknown)
+    kv: dict[str, str] = field(default_factory=dict)  # the KV policy and dtype given (`--kv-policy`, `--kv-dtype`)
+
+    @property
+    def overrides(self) -> dict[str, Any]:
+        """What the model is loaded with: the seed, and the KV policy and dtype where given."""
+        return {"seed": self.seed, **self.kv}
 
 
 def plan_profile(spec: str, lengths: Sequence[int], loops: Sequence[int] | None = None, batch: int = 1, *,
-                 seed: int = 0, decode_steps: int = DECODE_STEPS) -> ProfilePlan:
-    """Check every option and every point (context, memory) before anything is measured or stored."""
+                 seed: int = 0, decode_steps: int = DECODE_STEPS, kv_policy: str | None = None,
+                 kv_dtype: str | None = None) -> ProfilePlan:
+    """Check every option and every point (context, memory) before anything is measured or stored; the KV policy and
+    dtype (None: the model's own) by name here, and whether the model's family takes them by its inspector."""
     for option, values in (("--lengths", lengths), ("--loops", loops or ()), ("--batch", [batch]),
                            ("--decode-steps", [decode_steps]), ("--seed", [seed])):  # the seed is stored in a 64-bit column
         for value in values:
             check_int(option, value)
     if not lengths:
         raise UserError("--lengths needs at least one context length")
+    kv = {key: check(value) for key, check, value in (("kv_policy", checked_kv_policy, kv_policy),
+                                                       ("kv_dtype", checked_kv_dtype, kv_dtype)) if value is not None}
     spec = adapters.resolve(spec)
-    adapter, facts = None, adapters.inspect(spec, seed=seed)
+    adapter, facts = None, adapters.inspect(spec, seed=seed, **kv)
     if facts is None:
-        adapter = adapters.load(spec, seed=seed)
+        adapter = adapters.load(spec, seed=seed, **kv)
         facts = checked_description(spec, hook(spec, "describe()", adapter.describe))
         facts |= {"max_context": checked_context(spec, hook(spec, "max_context", getattr, adapter, "max_context"))}
     check_context(spec, facts, "--lengths", max(lengths), generated=decode_steps)
     longest = max(lengths) + decode_steps
     counts: list[int | None] = list(loops) if loops and is_looped(facts) else [None]
     for r in counts:
-        at_r = adapters.inspect(spec, seed=seed, **({} if r is None else {"loops": r}))
+        at_r = adapters.inspect(spec, seed=seed, **kv, **({} if r is None else {"loops": r}))
         if at_r is not None:
             check_fits(spec + ("" if r is None else f" at loops={r}"), at_r, longest, batch, "--lengths, --batch or --loops")
-    return ProfilePlan(spec, list(lengths), counts, batch, seed, decode_steps, adapter, facts.get("params"))
+    return ProfilePlan(spec, list(lengths), counts, batch, seed, decode_steps, adapter, facts.get("params"), kv)
 
 
 def decode_sampling(decode_steps: int) -> Sampling:
@@ -117,7 +127,7 @@ def profile_model(
     for r in plan.loop_counts:
         # static batches: one cache of exactly the point's size, so its KV is the paper's single-sequence
         # memory at that context, not a pool's blocks (`adapters.engine.adapter`)
-        adapter = at_loops(adapter, spec, r, {"seed": seed}, batching="static")
+        adapter = at_loops(adapter, spec, r, plan.overrides, batching="static")
         info = checked_description(spec, hook(spec, "describe()", adapter.describe))
         vocab = (info.get("config") or {}).get("vocab_size") or len(adapter.tokenizer)
         for length in plan.lengths:

@@ -89,21 +89,23 @@ def run_row(
     kind: str, model: str, *, loops: int | None, suite: str, tasks: Sequence[str], sampling: Sampling | None, seed: int,
     spec: Mapping[str, Any], limit: int | None = None, data_fingerprint: str | None = None,
     model_config: Mapping[str, Any] | None = None, sweep_id: str | None = None, status: str = "running",
-    exit_threshold: float | None = None, exit_criterion: str | None = None,
+    exit_threshold: float | None = None, exit_criterion: str | None = None, kv_policy: str | None = None,
+    kv_dtype: str | None = None,
 ) -> dict[str, Any]:
     """The `runs` row a run of any kind starts as, for `Store.create_run(s)`: what was run, how, where and with what.
 
     `spec` holds what else the kind needs to read the run back (an eval run's RunSpec, which `--resume`
     rebuilds with the `sampling` stored beside it; a profile's settings). `sampling` None: the run sampled
     nothing (a probe). A run of its own (a probe, a profile) gets a sweep id of its own. `exit_threshold` and
-    `exit_criterion`: the run's point on the exit axis (`--exit-threshold`), None when the sweep does not vary it.
+    `exit_criterion`: the run's point on the exit axis (`--exit-threshold`), `kv_policy` and `kv_dtype` on the KV axis
+    (`--kv-policy`, `--kv-dtype`), None when the sweep does not vary it.
     """
     return dict(
         sweep_id=sweep_id or new_sweep_id(), kind=kind, model_spec=model, adapter=model.partition(":")[0],
         model_config=dict(model_config or {}), loops=loops, suite=suite, tasks=list(tasks),
         sampling={} if sampling is None else dataclasses.asdict(sampling), seed=seed, limit=limit,
         data_fingerprint=data_fingerprint, spec=dict(spec), versions=package_versions(), host=host_info(), status=status,
-        exit_threshold=exit_threshold, exit_criterion=exit_criterion,
+        exit_threshold=exit_threshold, exit_criterion=exit_criterion, kv_policy=kv_policy, kv_dtype=kv_dtype,
     )
 
 

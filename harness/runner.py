@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from adapters.base import (Finished, Generation, Prompt, Request, Sampling, Scheduling, checked_context, checked_description,
                            checked_generation, checked_memory, hook, one_line)
@@ -172,7 +172,14 @@ def _load_tasks(spec: RunSpec) -> list[Any]:
         raise UserError(str(exc)) from None
 
 
-Run = tuple[str, int | None, float | None]  # one run of a plan: (model spec, loops, exit threshold); None: not on that axis
+class Run(NamedTuple):
+    """One run of a plan: a model at a point of each axis; None where the run is not on that axis."""
+
+    model: str
+    loops: int | None
+    exit_threshold: float | None = None
+    kv_policy: str | None = None
+    kv_dtype: str | None = None
 
 
 @dataclass
@@ -221,17 +228,25 @@ def prepare_sweep(spec: RunSpec) -> SweepPlan:
         for run in runs:
             _check_fits(spec, run)
         plan.runs.extend(runs)
-    if spec.exit_thresholds and all(threshold is None for _, _, threshold in plan.runs):
+    if spec.exit_thresholds and all(run.exit_threshold is None for run in plan.runs):
         raise UserError("--exit-threshold applies to looped models, and none of the sweep's models loops")
+    if spec.kv_policies and all(run.kv_policy is None for run in plan.runs):
+        raise UserError("--kv-policy applies to looped models, and none of the sweep's models loops (--kv-dtype applies to all)")
     return plan
 
 
 def _model_runs(spec: RunSpec, model: str, description: dict[str, Any]) -> list[Run]:
-    """The runs of one model: each loop count at each exit threshold (thresholds outer, so the model is loaded
-    once per threshold) for a looped model, one run for a plain one, as the loops axis treats it. UserError
-    where the exit axis cannot apply: a looped model outside the engine, or the gate criterion without a gate."""
+    """The runs of one model: each loop count at each exit threshold and KV policy (those outer, so the model is
+    loaded once per point of them) for a looped model, one run for a plain one, as the loops axis treats it; either
+    at each KV dtype. UserError where the exit axis cannot apply (a looped model outside the engine, or the gate
+    criterion without a gate) or the KV axis (a model outside the engine). Whether its family takes a KV policy or
+    dtype is its inspector's to say (`_check_fits`)."""
+    if (spec.kv_policies or spec.kv_dtypes) and "kv_policy" not in description:
+        option = "--kv-dtype" if spec.kv_dtypes else "--kv-policy"
+        raise UserError(f"{option}: {model} is not an engine model, whose KV cache the axis sets")
+    dtypes = spec.kv_dtypes or (None,)
     if not is_looped(description):
-        return [(model, None, None)]
+        return [Run(model, None, kv_dtype=d) for d in dtypes]
     if spec.exit_thresholds:
         config = description.get("config")
         if not isinstance(config, dict) or "exit_gate" not in config:
@@ -239,7 +254,8 @@ def _model_runs(spec: RunSpec, model: str, description: dict[str, Any]) -> list[
         if spec.exit_criterion == DEFAULT_EXIT_CRITERION and not config["exit_gate"]:
             raise UserError(f"--exit-threshold: {model} has no exit gate for --exit-criterion {DEFAULT_EXIT_CRITERION}; "
                             f"kl or entropy need none")
-    return [(model, r, t) for t in spec.exit_thresholds or (None,) for r in spec.loops]
+    return [Run(model, r, t, p, d) for t in spec.exit_thresholds or (None,) for p in spec.kv_policies or (None,)
+            for d in dtypes for r in spec.loops]
 
 
 def largest_model(params: Sequence[int | None]) -> int | None:
@@ -259,11 +275,12 @@ def stored_params(store: Store, run_id: int) -> list[int | None]:
 
 def _check_fits(spec: RunSpec, run: Run) -> None:
     """Refuse a run whose weights and KV cache cannot fit the machine (new tokens only: a lower bound); the
-    adapter checks the run's overrides (its exit threshold among them) on the way, before anything is stored."""
+    adapter checks the run's overrides (its exit threshold and KV policy and dtype among them) on the way, before
+    anything is stored."""
     import adapters
 
-    model, loops, threshold = run
-    overrides = spec.run_overrides(model, threshold, spec.exit_criterion)
+    model, loops = run.model, run.loops
+    overrides = spec.run_overrides(model, run.exit_threshold, spec.exit_criterion, run.kv_policy, run.kv_dtype)
     facts = adapters.inspect(model, **overrides, **({} if loops is None else {"loops": loops}))
     if facts is None:
         return
@@ -274,13 +291,13 @@ def _check_fits(spec: RunSpec, run: Run) -> None:
 
 
 def _sweep_row(spec: RunSpec, plan: SweepPlan, run: Run, sweep_id: str | None) -> dict[str, Any]:
-    """The `runs` row of one (model, loops, exit threshold) of a sweep, queued, with the spec so the run can be
-    resumed by id; the row is the one home of its threshold, which the executor reads back (`run_stored`)."""
-    model, loops, threshold = run
-    return run_row("eval", model, loops=loops, suite=spec.suite, tasks=[t.name for t in plan.task_configs],
+    """The `runs` row of one run of a sweep, queued, with the spec so the run can be resumed by id; the row is the
+    one home of its exit threshold and KV policy and dtype, which the executor reads back (`run_stored`)."""
+    return run_row("eval", run.model, loops=run.loops, suite=spec.suite, tasks=[t.name for t in plan.task_configs],
                    sampling=spec.sampling, seed=spec.seed, limit=spec.limit, data_fingerprint=plan.fingerprint,
-                   spec=spec.to_dict(), sweep_id=sweep_id, status="queued", exit_threshold=threshold,
-                   exit_criterion=None if threshold is None else spec.exit_criterion)
+                   spec=spec.to_dict(), sweep_id=sweep_id, status="queued", exit_threshold=run.exit_threshold,
+                   exit_criterion=None if run.exit_threshold is None else spec.exit_criterion,
+                   kv_policy=run.kv_policy, kv_dtype=run.kv_dtype)
 
 
 def stored_spec(run: Any, db_url: str | None, where: str | None = None) -> RunSpec:
@@ -313,12 +330,13 @@ def skip_stored(spec: RunSpec, plan: SweepPlan, store: Store, log: Callable[[str
         if twin is None:
             kept.append(run)
         else:
-            skipped.append(RunOutcome(twin, run[0], run[1], "finished"))
+            skipped.append(RunOutcome(twin, run.model, run.loops, "finished"))
     if skipped:
         ids = sorted(o.run_id for o in skipped)
         what = f"{len(skipped)} of {len(plan.runs)} runs" if kept else f"all {len(plan.runs)} runs"
         log(f"{what} identical to finished run{'s' if len(ids) > 1 else ''} {id_ranges(ids)} "
-            "(same model, overrides, loops, exit threshold, evaluation set and seed): skipped; --rerun runs them again")
+            "(same model, overrides, loops, exit threshold, KV policy and dtype, evaluation set and seed): skipped; "
+            "--rerun runs them again")
     plan.runs = kept
     return skipped
 
@@ -327,7 +345,7 @@ def store_sweep(spec: RunSpec, plan: SweepPlan, store: Store, sweep_id: str) -> 
     """Store every run of the sweep up front (status "queued"): a killed sweep is then completed by
     `--resume` of any of its runs. Returns (run id, model spec, loops) in the order they run."""
     ids = store.create_runs([_sweep_row(spec, plan, run, sweep_id) for run in plan.runs])  # one transaction: all or none
-    return [(run_id, model, loops) for run_id, (model, loops, _) in zip(ids, plan.runs)]
+    return [(run_id, run.model, run.loops) for run_id, run in zip(ids, plan.runs)]
 
 
 def run_sweep(
@@ -414,16 +432,17 @@ def run_stored(
     adapter, current = None, None
     for run_id, model, loops in runs:
         row = store.get_run(run_id)
-        exit_at = (row.exit_threshold, row.exit_criterion)  # the run's point on the exit axis (None, None: not swept)
+        # the run's point on the exit and KV axes (None: not swept), load overrides all
+        axes = (row.exit_threshold, row.exit_criterion, row.kv_policy, row.kv_dtype)
         if progress is not None:
-            progress.start_run(run_label(run_id, model, loops, row.exit_threshold))
+            progress.start_run(run_label(run_id, model, loops, row))
         elif starts:
-            log(f"{run_label(run_id, model, loops, row.exit_threshold)}: starting on {spec.suite}")
+            log(f"{run_label(run_id, model, loops, row)}: starting on {spec.suite}")
         try:
-            if (model, exit_at) != current:  # the previous model, or its exit policy (a load override), is done with
-                adapter = (loaded or {}).pop(model, None) if exit_at == (None, None) else None
-                current = (model, exit_at)
-            adapter = at_loops(adapter, model, loops, spec.run_overrides(model, *exit_at))
+            if (model, axes) != current:  # the previous model, or its exit or KV settings, is done with
+                adapter = (loaded or {}).pop(model, None) if axes == (None,) * 4 else None
+                current = (model, axes)
+            adapter = at_loops(adapter, model, loops, spec.run_overrides(model, *axes))
             outcomes.append(_execute(spec, store, run_id, (model, loops), adapter, task_configs, progress, log))
         except ResultsError:  # the store itself failed (disk full, damaged, unreachable): every later run would too
             raise
@@ -441,11 +460,14 @@ def run_stored(
     return outcomes
 
 
-def run_label(run_id: int, model: str, loops: int | None, exit_threshold: float | None = None) -> str:
-    """How progress and log lines name a run: 'run 14 zoo:ouro-tiny r=4', 'run 15 zoo:ouro-tiny r=4 exit=0.5'
-    (a plain model has no r, a run off the exit axis no exit)."""
+def run_label(run_id: int, model: str, loops: int | None, row: Any = None) -> str:
+    """How progress and log lines name a run: 'run 14 zoo:ouro-tiny r=4', 'run 15 zoo:ouro-tiny r=4 exit=0.5',
+    'run 16 zoo:ouro-tiny r=4 shared-last int8' (a plain model has no r, a run off an axis nothing of it); `row` is
+    its `runs` row (None: off every axis)."""
+    threshold = getattr(row, "exit_threshold", None)
+    kv = [value for value in (getattr(row, "kv_policy", None), getattr(row, "kv_dtype", None)) if value is not None]
     return (f"run {run_id} {model}" + ("" if loops is None else f" r={loops}")
-            + ("" if exit_threshold is None else f" exit={exit_threshold:g}"))
+            + ("" if threshold is None else f" exit={threshold:g}") + "".join(f" {value}" for value in kv))
 
 
 def _execute(
@@ -503,7 +525,7 @@ def _execute(
         sampler.stop()
         try:
             recorder.stop()
-            label = run_label(run_id, *run, previous.exit_threshold)
+            label = run_label(run_id, *run, previous)
             _record_sampler(store, run_id, sampler, log, f"{label}: {status} in {recorder.wall_seconds:.1f} s "
                             f"({timed.generate_seconds:.1f} s generating")
             store.finish_run(run_id, status, error=error)

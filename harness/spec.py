@@ -17,7 +17,8 @@ from typing import Any
 
 import adapters
 from adapters.base import EXIT_CRITERIA, MAX_STORED_INT, PAPER_PROTOCOL, AdapterError, Sampling, check_sampling, hook
-from adapters.engine.config import MAX_LOOPS
+from adapters.engine.config import KV_DTYPES, MAX_LOOPS, parse_kv_policy
+from adapters.engine.config import KV_POLICIES as ENGINE_KV_POLICIES
 from harness.errors import UserError
 from harness.sampler import DEFAULT_INTERVAL
 from suites import synthetic
@@ -95,6 +96,31 @@ class ExitDefaults:
 
 EXITS = ExitDefaults()
 
+
+@dataclass(frozen=True)
+class LeverDefaults:
+    """The memory-lever sweep the default `loopeval run` adds after its exit sweep, in the headline's set: the Ouro tiny
+    model at its trained T = 4 under the training-free sharing of the Ouro and MELT papers (`shared-last`,
+    `shared-mean`), each in the model's dtype and in int8, and the Ouro, MELT and Qwen3 tiny models in int8 under their
+    own KV, so that the first report's "Memory levers" figure sets what memory each lever saves against what it costs,
+    beside MELT's trained gate. Ouro's own per-loop KV in its own dtype is the headline's run at r = 4, the reference
+    every lever saves against (`dashboards.figures.lever_points`), so it is not decoded again, as the exit sweep does
+    not decode threshold 1.0 again. Two specs: a policy is a looped per-loop model's lever, a dtype every model's."""
+
+    shared: tuple[str, ...] = ("zoo:ouro-tiny",)
+    policies: tuple[str, ...] = ("shared-last", "shared-mean")
+    dtypes: tuple[str, ...] = ("auto", "int8")
+    quantized: tuple[str, ...] = ("zoo:ouro-tiny", "zoo:melt-tiny", "zoo:qwen3-tiny-small")
+    loops: tuple[int, ...] = (4,)
+
+    def options(self) -> list[dict[str, Any]]:
+        """As `RunSpec.build` keywords, one dict per spec."""
+        return [dict(models=self.shared, loops=self.loops, kv_policies=self.policies, kv_dtypes=self.dtypes),
+                dict(models=self.quantized, loops=self.loops, kv_dtypes=("int8",))]
+
+
+LEVERS = LeverDefaults()
+
 # Bounds that catch typos before anything is loaded or written (sampling's are `adapters.base.SAMPLING_RULES`).
 # Stored integers end in signed 64-bit columns; the others are far beyond any real run (r <= 8 in the paper).
 BOUNDS: dict[str, tuple[int, int]] = {
@@ -149,12 +175,38 @@ def check_exit(thresholds: Sequence[float], criterion: str | None) -> None:
             raise UserError(f"--exit-threshold must be {what} with --exit-criterion {criterion or DEFAULT_EXIT_CRITERION}, got {value!r}")
 
 
+# The KV memory axis (`--kv-policy`, `--kv-dtype`): the names the engine adapter takes as its `kv_policy` and `kv_dtype`
+# load overrides (`adapters.engine.config`, their one home). Which policy a family takes is its inspector's to say.
+KV_POLICIES = tuple(dict.fromkeys(policy for policies in ENGINE_KV_POLICIES.values() for policy in policies))
+EMA = "shared-ema"  # the one policy with a parameter: shared-ema:ALPHA, ALPHA in (0, 1)
+
+
+def checked_kv_policy(value: str) -> str:
+    """`value` as a KV policy in its canonical text (`shared-ema:.5` and `shared-ema` -> `shared-ema:0.5`, so one policy
+    is one identity); UserError naming --kv-policy on an unknown policy or an ALPHA outside (0, 1)."""
+    try:
+        name, alpha = parse_kv_policy(value.strip())
+    except AdapterError:
+        raise UserError(f"--kv-policy {EMA}:ALPHA needs ALPHA in (0, 1) (the newest loop's weight), got {value!r}") from None
+    if name not in KV_POLICIES:
+        raise UserError(f"--kv-policy must be one of {', '.join(KV_POLICIES)} ({EMA}:ALPHA with ALPHA in (0, 1)), got {value!r}")
+    return name if alpha is None else f"{name}:{alpha:g}"
+
+
+def checked_kv_dtype(value: str) -> str:
+    """`value` as a KV dtype; UserError naming --kv-dtype on anything else."""
+    if value not in KV_DTYPES:
+        raise UserError(f"--kv-dtype must be one of {', '.join(KV_DTYPES)}, got {value!r}")
+    return value
+
+
 # Backends that can run code shipped inside a model directory, and so take trust_remote_code.
 REMOTE_CODE_PREFIXES = ("transformers", "vllm")
 # Set for the whole sweep, never per model: loops are what a sweep varies, the seed what makes it repeatable.
 SWEEP_WIDE_OVERRIDES = ("loops", "seed")
-# Load overrides the exit axis (`--exit-threshold`, `--exit-criterion`) sets per run.
+# Load overrides the exit axis (`--exit-threshold`, `--exit-criterion`) and the KV axis (`--kv-policy`, `--kv-dtype`) set per run.
 EXIT_OVERRIDES = ("exit_threshold", "exit_criterion")
+KV_OVERRIDES = ("kv_policy", "kv_dtype")
 
 
 @dataclass(frozen=True)
@@ -180,6 +232,10 @@ class RunSpec:
     # own exit policy). The criterion is None when no threshold is swept. Specs stored before it have neither.
     exit_thresholds: tuple[float, ...] = ()
     exit_criterion: str | None = None
+    # The KV memory axis: one run per policy of each looped model (a plain model keeps its standard cache) and per
+    # dtype of every model (empty: not swept; the model's own). Specs stored before it have neither.
+    kv_policies: tuple[str, ...] = ()
+    kv_dtypes: tuple[str, ...] = ()
 
     @classmethod
     def build(
@@ -203,6 +259,8 @@ class RunSpec:
         model_overrides: Mapping[str, Mapping[str, Any]] | None = None,
         exit_thresholds: Sequence[float] | None = None,
         exit_criterion: str | None = None,
+        kv_policies: Sequence[str] | None = None,
+        kv_dtypes: Sequence[str] | None = None,
     ) -> RunSpec:
         """Fill unset values and check every field; UserError names the bad option.
 
@@ -226,9 +284,14 @@ class RunSpec:
         per_model = _checked_model_overrides(models, {adapters.resolve(m): o for m, o in (model_overrides or {}).items()})
         check_exit(tuple(exit_thresholds or ()), exit_criterion)
         thresholds = tuple(sorted(set(float(t) for t in exit_thresholds or ())))
+        policies = tuple(dict.fromkeys(checked_kv_policy(str(p)) for p in kv_policies or ()))
+        dtypes = tuple(dict.fromkeys(checked_kv_dtype(d) for d in kv_dtypes or ()))
         for model, values in per_model.items():
             if thresholds and set(EXIT_OVERRIDES) & set(values):
                 raise UserError(f"overrides of {model}: --exit-threshold sweeps the exit policy, so the model's own exit overrides cannot be kept")
+            for swept, key, option in ((policies, "kv_policy", "--kv-policy"), (dtypes, "kv_dtype", "--kv-dtype")):
+                if swept and key in values:
+                    raise UserError(f"overrides of {model}: {option} sweeps {key}, so the model's own {key} override cannot be kept")
         return cls(
             models=models,
             suite=suite,
@@ -245,6 +308,8 @@ class RunSpec:
             model_overrides=per_model,
             exit_thresholds=thresholds,
             exit_criterion=(exit_criterion or DEFAULT_EXIT_CRITERION) if thresholds else None,
+            kv_policies=policies,
+            kv_dtypes=dtypes,
         )
 
     def load_overrides(self, model: str) -> dict[str, Any]:
@@ -254,14 +319,16 @@ class RunSpec:
             overrides["trust_remote_code"] = True
         return overrides
 
-    def run_overrides(self, model: str, exit_threshold: float | None, exit_criterion: str | None) -> dict[str, Any]:
-        """Overrides one run of `model` is loaded with: `load_overrides`, and the run's point on the exit axis (the
-        criterion only where it is not the gate, the engine's default)."""
+    def run_overrides(self, model: str, exit_threshold: float | None, exit_criterion: str | None,
+                      kv_policy: str | None = None, kv_dtype: str | None = None) -> dict[str, Any]:
+        """Overrides one run of `model` is loaded with: `load_overrides`, the run's point on the exit axis (the
+        criterion only where it is not the gate, the engine's default) and on the KV axis (each only where swept)."""
         overrides = self.load_overrides(model)
         if exit_threshold is not None:
             overrides["exit_threshold"] = exit_threshold
             if exit_criterion not in (None, DEFAULT_EXIT_CRITERION):
                 overrides["exit_criterion"] = exit_criterion
+        overrides.update({k: v for k, v in zip(KV_OVERRIDES, (kv_policy, kv_dtype)) if v is not None})
         return overrides
 
     def to_dict(self) -> dict[str, Any]:
@@ -275,7 +342,7 @@ class RunSpec:
     def from_dict(cls, data: Mapping[str, Any], sampling: Mapping[str, Any], db_url: str | None) -> RunSpec:
         """The spec `to_dict` stored, with its `sampling` (as `runs.sampling` holds it) and the store it was read from."""
         fields = {**data, "sampling": Sampling(**sampling), "db_url": db_url}
-        for name in ("models", "loops", "tasks", "exit_thresholds"):
+        for name in ("models", "loops", "tasks", "exit_thresholds", "kv_policies", "kv_dtypes"):
             if fields.get(name) is not None:
                 fields[name] = tuple(fields[name])
         return cls(**fields)

@@ -21,7 +21,7 @@ from typing import Any
 from adapters.base import AdapterError
 from adapters.files import MIB, read_text
 from harness.errors import UserError
-from harness.spec import DEFAULTS, EXITS, LAB, SUITE_SAMPLING, SWEEP_WIDE_OVERRIDES, RunSpec, check_sampling_given
+from harness.spec import DEFAULTS, EXITS, LAB, LEVERS, SUITE_SAMPLING, SWEEP_WIDE_OVERRIDES, RunSpec, check_sampling_given
 
 EXECUTORS = ("local", "ray")
 RAY_ONLY = ("ray_address", "gpus_per_run")  # settings that mean nothing to the local executor
@@ -122,6 +122,20 @@ def _thresholds(name: str, value: Any) -> list[float]:
     if not isinstance(value, list) or not value or not all(_is_number(v) for v in value):
         raise _bad(name, "a non-empty list of finite numbers", value)
     return value
+
+
+def string_list(value: str, name: str) -> list[str]:
+    """'per-loop, shared-last' -> ['per-loop', 'shared-last']; UserError naming `name` when nothing is left (the values
+    themselves are `harness.spec`'s to check)."""
+    items = [part for part in (p.strip() for p in value.split(",")) if part]
+    if not items:
+        raise UserError(f"{name} must be comma-separated names, got {value!r}")
+    return items
+
+
+def _names(name: str, value: Any) -> list[str]:
+    """A sweep file's list of names (KV policies, KV dtypes), or a string of them ("per-loop,shared-last")."""
+    return string_list(value, name) if isinstance(value, str) else _strings(name, value)
 
 
 def _loops(name: str, value: Any) -> list[int]:
@@ -238,6 +252,8 @@ KEYS: dict[str, tuple[Callable[[str, Any], Any], str]] = {
     "loops": (_loops, "loops"),
     "exit_threshold": (_thresholds, "exit_thresholds"),
     "exit_criterion": (_string, "exit_criterion"),
+    "kv_policy": (_names, "kv_policies"),
+    "kv_dtype": (_names, "kv_dtypes"),
     "samples": (_sampling("n"), "samples"),
     "temperature": (_sampling("temperature"), "temperature"),
     "top_p": (_sampling("top_p"), "top_p"),
@@ -291,8 +307,8 @@ def read_sweep_file(path: str | Path) -> dict[str, Any]:
 
 # What a sweep runs. Without any of these and without a sweep file, `loopeval run` is the default benchmark:
 # the recurrence lab's sweep (harness.spec.LAB), then the headline sweep, whose set the views open on, then the exit
-# sweep (harness.spec.EXITS), in the headline's set.
-SWEEP_CHOICES = ("models", "suite", "tasks", "loops", "exit_thresholds", "samples", "temperature", "top_p", "max_new_tokens", "limit", "seeds")
+# sweep (harness.spec.EXITS) and the memory levers (harness.spec.LEVERS), in the headline's set.
+SWEEP_CHOICES = ("models", "suite", "tasks", "loops", "exit_thresholds", "kv_policies", "kv_dtypes", "samples", "temperature", "top_p", "max_new_tokens", "limit", "seeds")
 
 
 def _check_grid(values: Mapping[str, Any], seeds: list[int]) -> None:
@@ -300,16 +316,17 @@ def _check_grid(values: Mapping[str, Any], seeds: list[int]) -> None:
     models = len(values.get("models") or DEFAULTS.models)
     loops = len(set(values.get("loops") or DEFAULTS.loops))
     thresholds = len(set(values.get("exit_thresholds") or [None]))
-    runs = models * loops * thresholds * len(set(seeds))
+    kv = len(set(values.get("kv_policies") or [None])) * len(set(values.get("kv_dtypes") or [None]))
+    runs = models * loops * thresholds * kv * len(set(seeds))
     if runs > MAX_RUNS:
-        swept = f" x {thresholds} exit thresholds" if thresholds > 1 else ""
+        swept = (f" x {thresholds} exit thresholds" if thresholds > 1 else "") + (f" x {kv} KV settings" if kv > 1 else "")
         raise UserError(f"the sweep asks for up to {runs:,} runs ({models} models x {loops} loop counts{swept} x {len(set(seeds))} seeds), "
                         f"over the limit of {MAX_RUNS:,}: split it into several sweeps")
 
 
 def build_request(flags: Mapping[str, Any], config: str | None = None) -> SweepRequest:
     """Flags (None = not given) over the sweep file's values, validated into one RunSpec per seed
-    (between the lab's RunSpec and the exit sweep's when nothing chose what runs)."""
+    (between the lab's RunSpec and the exit and memory-lever sweeps' when nothing chose what runs)."""
     default_benchmark = config is None and all(flags.get(key) is None for key in SWEEP_CHOICES)
     values = read_sweep_file(config) if config else {}
     values.update({key: value for key, value in flags.items() if value is not None})
@@ -332,5 +349,6 @@ def build_request(flags: Mapping[str, Any], config: str | None = None) -> SweepR
     _check_grid(values, seeds)
     specs = tuple(RunSpec.build(**values, seed=seed) for seed in dict.fromkeys(seeds))
     if default_benchmark:
-        specs = (RunSpec.build(**values, **LAB.options()), *specs, RunSpec.build(**values, **EXITS.options()))
+        specs = (RunSpec.build(**values, **LAB.options()), *specs, RunSpec.build(**values, **EXITS.options()),
+                 *(RunSpec.build(**values, **options) for options in LEVERS.options()))
     return SweepRequest(specs, executor, ray["ray_address"], ray["gpus_per_run"], workers)

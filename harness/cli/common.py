@@ -258,7 +258,8 @@ def _config_cells(keys: list[Key]) -> dict[Key, str]:
 
 POOLED_CAPTION = "A row pools its seeds: pass@1 and its interval are over every item of all of them."
 EXIT_CAPTION = "exit: the per-token exit threshold (--exit-threshold), of the exit gate unless a criterion is named; - = the model's own policy."
-CONFIG_CAPTION = "config: the per-model overrides that tell a model's rows apart (a sweep file's overrides); blank = none."
+CONFIG_CAPTION = ("config: what tells a model's rows apart: its KV policy and dtype (--kv-policy, --kv-dtype) and per-model "
+                  "overrides (a sweep file's); blank = none.")
 COMPUTE_CAPTION = ("what one generated token cost, same rows. KV/token: what one more token of context adds to the KV cache "
                    "at r (the engine's analytic count). loops/tok: loops run per generated token, its mean (below r where "
                    "tokens exit early). layers/tok: decoder-layer passes per generated token (prelude + coda + shared x loops; "

@@ -13,6 +13,7 @@ from measures import byte_text
 from harness.cli.common import DbOption, JsonFlag, ThreadsOption, parse_int_list, say_threads, use_threads
 from harness.errors import UserError
 from harness.profiling import DECODE_STEPS, decode_sampling, plan_profile, profile_model
+from harness.spec import EMA, KV_DTYPES, KV_POLICIES
 
 
 def profile(
@@ -22,6 +23,8 @@ def profile(
     batch: int = typer.Option(1, "--batch", help="Sequences per point."),
     decode_steps: int = typer.Option(DECODE_STEPS, "--decode-steps", help="Greedy decode steps after each prefill."),
     seed: int = typer.Option(0, "--seed", help="Seed for random preset weights and the prompt tokens."),
+    kv_policy: Optional[str] = typer.Option(None, "--kv-policy", help=f"The KV policy to profile under: {', '.join(KV_POLICIES)} ({EMA}:ALPHA). Default: the model's own."),
+    kv_dtype: Optional[str] = typer.Option(None, "--kv-dtype", help=f"The KV cache dtype: {', '.join(KV_DTYPES)}. Default: auto (the model's dtype)."),
     as_json: JsonFlag = False,
     db: DbOption = None,
     store: bool = typer.Option(True, "--store/--no-store", help="Store the points as a run of kind 'profile'."),
@@ -31,7 +34,8 @@ def profile(
     if decode_steps < 1:
         raise UserError(f"--decode-steps must be a positive integer, got {decode_steps}")
     loop_list = parse_int_list(loops, "--loops")
-    plan = plan_profile(model, parse_int_list(lengths, "--lengths") or [], loop_list, batch, seed=seed, decode_steps=decode_steps)
+    plan = plan_profile(model, parse_int_list(lengths, "--lengths") or [], loop_list, batch, seed=seed, decode_steps=decode_steps,
+                        kv_policy=kv_policy, kv_dtype=kv_dtype)
     chosen = use_threads(threads, plan.params)
     results = None
     if store:  # opened (a new file created) only once every option and point is checked, and before measuring
@@ -43,7 +47,7 @@ def profile(
     try:
         result = profile_model(plan, on_point=(lambda point: None) if as_json else _print_point)
         settings = {"lengths": plan.lengths, "loops": loop_list, "batch": batch, "decode_steps": decode_steps}
-        run_id = None if results is None else _store(results, plan.spec, result, settings, seed, time.perf_counter() - began)
+        run_id = None if results is None else _store(results, plan, result, settings, time.perf_counter() - began)
     finally:
         if results is not None:
             results.close()
@@ -53,14 +57,16 @@ def profile(
         typer.echo(f"stored as profile run {run_id}")
 
 
-def _store(results: Any, model: str, result: Any, settings: dict[str, Any], seed: int, wall: float) -> int:
-    """Store the points as one finished run of kind "profile" (with the settings that made them); returns its id."""
+def _store(results: Any, plan: Any, result: Any, settings: dict[str, Any], wall: float) -> int:
+    """Store the points as one finished run of kind "profile" (with the settings that made them, its KV policy and
+    dtype where given); returns its id."""
     from harness.recorder import run_row
 
     loops = settings["loops"]
     run_id = results.create_run(**run_row(
-        "profile", model, loops=loops[0] if loops and len(loops) == 1 else None, suite="profile", tasks=[],
-        sampling=decode_sampling(settings["decode_steps"]), seed=seed, spec=settings, model_config=result.description,
+        "profile", plan.spec, loops=loops[0] if loops and len(loops) == 1 else None, suite="profile", tasks=[],
+        sampling=decode_sampling(settings["decode_steps"]), seed=plan.seed, spec=settings, model_config=result.description,
+        **plan.kv,
     ))
     results.add_profile_points(run_id, result.points)
     results.set_memory_peaks(run_id, result.peaks)

@@ -20,7 +20,7 @@ from adapters.base import EXIT_CRITERIA, PAPER_PROTOCOL
 from harness.cli.common import (AdaptersDirOption, DbOption, ThreadsOption, TrustRemoteCodeFlag, parse_int_list, print_answer,
                                 print_sentence, progress, report_path, use_threads)
 from harness.hints import env_command, with_db
-from harness.spec import DEFAULT_EXIT_CRITERION, DEFAULTS, SUITE_SAMPLING
+from harness.spec import DEFAULT_EXIT_CRITERION, DEFAULTS, EMA, KV_DTYPES, KV_POLICIES, SUITE_SAMPLING
 
 _SYNTHETIC = SUITE_SAMPLING[DEFAULTS.suite]
 
@@ -32,6 +32,8 @@ def run(
     loops: str | None = typer.Option(None, "--loops", help=f"Comma-separated loop counts for looped models; ranges too (1-12: depth extrapolation). Default: {','.join(map(str, DEFAULTS.loops))}."),
     exit_threshold: str | None = typer.Option(None, "--exit-threshold", help="Comma-separated per-token early-exit thresholds: each looped engine model runs once per threshold (and loop count), a token stopping its loops once the exit criterion reaches it. Gate: in [0, 1] (0 = one loop, 1 = all r); kl, entropy: >= 0. Default: not swept (each model's own exit policy)."),
     exit_criterion: str | None = typer.Option(None, "--exit-criterion", help=f"What --exit-threshold is compared with: {', '.join(EXIT_CRITERIA)}. Default: {DEFAULT_EXIT_CRITERION} (Ouro's learned exit gate)."),
+    kv_policy: str | None = typer.Option(None, "--kv-policy", help=f"Comma-separated KV policies: each looped engine model runs once per policy (a plain model keeps its standard cache): {', '.join(KV_POLICIES)} ({EMA}:ALPHA, ALPHA in (0, 1)). A policy a model's family cannot take is refused. Default: not swept (each model's own)."),
+    kv_dtype: str | None = typer.Option(None, "--kv-dtype", help=f"Comma-separated KV cache dtypes, each model run once per dtype: {', '.join(KV_DTYPES)} (auto: the model's dtype; int8 and fp8 keep a scale per token and head). Default: not swept (auto)."),
     samples: int | None = typer.Option(None, "--samples", help=f"Samples per problem (pass@1 is their mean). Default: the suite's ({_SYNTHETIC.n} on {DEFAULTS.suite})."),
     temperature: float | None = typer.Option(None, "--temperature", help=f"Sampling temperature, >= 0 (0 = greedy). Default: the suite's ({_SYNTHETIC.temperature} on {DEFAULTS.suite})."),
     top_p: float | None = typer.Option(None, "--top-p", help=f"Nucleus top-p in (0, 1]. Default: the suite's ({_SYNTHETIC.top_p} on {DEFAULTS.suite})."),
@@ -58,9 +60,11 @@ def run(
     With no options choosing what runs: the tiny zoo on the synthetic suite, loops 1,2,4,8 for looped
     models, paper sampling (temperature 1.0, top-p 0.7), after the recurrence lab's depth sweep (the lab
     zoo at r = 1-12, greedy, 20 docs per task; a set of its own) and before the exit sweep (ouro-tiny and
-    melt-tiny at r = 4, exit thresholds 0.5, 0.7, 0.9; in the headline's set, whose r = 4 runs end each line).
+    melt-tiny at r = 4, exit thresholds 0.5, 0.7, 0.9; in the headline's set, whose r = 4 runs end each line) and the
+    memory levers (ouro-tiny at r = 4 under shared-last and shared-mean KV, each at auto and int8; ouro-tiny, melt-tiny
+    and qwen3-tiny-small at int8 under their own KV; in the headline's set).
     """
-    from harness.sweep import build_request, float_list
+    from harness.sweep import build_request, float_list, string_list
 
     # LightEval warns on every run that --limit makes numbers partial; the table says what was run.
     logging.getLogger("lighteval").setLevel(logging.ERROR)
@@ -72,7 +76,8 @@ def run(
     flags = dict(
         models=model, suite=suite, tasks=[t.strip() for t in tasks.split(",") if t.strip()] if tasks else None,
         loops=parse_int_list(loops, "--loops"), exit_thresholds=None if exit_threshold is None else float_list(exit_threshold, "--exit-threshold"),
-        exit_criterion=exit_criterion, samples=samples, temperature=temperature, top_p=top_p,
+        exit_criterion=exit_criterion, kv_policies=None if kv_policy is None else string_list(kv_policy, "--kv-policy"),
+        kv_dtypes=None if kv_dtype is None else string_list(kv_dtype, "--kv-dtype"), samples=samples, temperature=temperature, top_p=top_p,
         max_new_tokens=max_new_tokens, limit=limit, batch_size=batch_size, seeds=parse_int_list(seed, "--seed", minimum=0),
         db_url=db, data_dir=data_dir, trust_remote_code=trust_remote_code or None,
         executor=executor, ray_address=ray_address, gpus_per_run=gpus_per_run, workers=workers,

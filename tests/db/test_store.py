@@ -233,3 +233,27 @@ def test_0009_adds_the_compute_columns_empty_and_downgrade_takes_them_back(tmp_p
         assert conn.exec_driver_sql("SELECT model_spec, status FROM runs").all() == [("m", "finished")]
         assert conn.exec_driver_sql("SELECT loops_used FROM samples ORDER BY doc_id").all() == [(2.5,), (None,), (None,)]
     engine.dispose()
+
+
+def test_0010_adds_the_kv_axis_empty_so_stored_runs_keep_their_identity_and_point(tmp_path: Path) -> None:
+    """A run stored before the KV axis reads NULL (not swept), keeps its key and configuration; downgrade takes the
+    columns back."""
+    path = tmp_path / "old.sqlite"
+    older_database(path, "0009", sampling='{"n": 1}')
+    before = run_key(dict(model_spec="m", loops=None, suite="synthetic", tasks=[], limit=None, sampling={"n": 1},
+                          data_fingerprint=None, seed=0, spec={}))
+    store = Store.open(str(path))
+    assert store.finished_run_keys() == {before: 1}, "the stored run keeps its identity"
+    (summary,) = store.run_summaries()
+    assert (summary["kv_policy"], summary["kv_dtype"], summary["kv_bytes_per_token"], summary["overrides"]) == (None, None, None, {})
+    store.close()
+
+    engine = create_engine(f"sqlite:///{path}")
+    config = alembic_config()
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0009")
+    assert not {c["name"] for c in inspect(engine).get_columns("runs")} & {"kv_policy", "kv_dtype"}
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT model_spec, status FROM runs").all() == [("m", "finished")]
+    engine.dispose()

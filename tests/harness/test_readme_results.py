@@ -1,9 +1,9 @@
 """The README's `loopeval results` example is what a fresh database shows after the default run.
 
 The run ids and sets in its table are worked out here from the default run's plan, as `loopeval run`
-stores it: the recurrence lab's sweep first, then the headline sweep, then the exit sweep in the headline's
-set, ids counted from 1. A README whose
-ids or set labels drift from what the command prints fails here.
+stores it: the recurrence lab's sweep first, then the headline sweep, then the exit sweep and the memory levers in
+the headline's set, ids counted from 1. A README whose ids or set labels drift from what the command prints fails
+here.
 """
 
 from __future__ import annotations
@@ -32,11 +32,12 @@ def test_the_readme_results_example_has_a_fresh_databases_run_ids_and_sets() -> 
         plan = prepare_sweep(spec)
         sets.append((EvalSet.of(spec.suite, [t.name for t in plan.task_configs], spec.limit,
                                 dataclasses.asdict(spec.sampling), plan.fingerprint), len(plan.runs)))
-        for model, loops, threshold in plan.runs:
-            runs[(model, loops or 1, threshold)] = next_id
+        for model, loops, threshold, kv_policy, kv_dtype in plan.runs:
+            runs[(model, loops or 1, threshold, kv_policy, kv_dtype)] = next_id
             next_id += 1
-    (lab, lab_runs), (headline, _), (exits, exit_runs) = sets
+    (lab, lab_runs), (headline, _), (exits, exit_runs), *levers = sets
     assert exits == headline and exit_runs == 6, "the exit sweep's runs join the headline's set"
+    assert [(kept, count) for kept, count in levers] == [(headline, 4), (headline, 3)], "so do the memory levers'"
 
     lines = _example()
     assert lines[0] == headline.label
@@ -45,7 +46,7 @@ def test_the_readme_results_example_has_a_fresh_databases_run_ids_and_sets() -> 
     assert len(rows) == 16 and "seeds" not in ranking, "one seed a row: no seeds column"
     for row in rows:
         model, loops, exit_at, shown = row[1], int(row[2]), row[3], row[-1]  # runs: the last column
-        assert shown == str(runs[(model, loops, None if exit_at == "-" else float(exit_at))]), row
+        assert shown == str(runs[(model, loops, None if exit_at == "-" else float(exit_at), None, None)]), row
     assert f"  {lab.label} ({lab_runs} runs)" in lines, "the other set is named under the tables"
     sentence = " ".join(lines[lines.index(f"  {lab.label} ({lab_runs} runs)") + 1:])
     assert not sentence or sentence.startswith("Best by pass@1 per GB of "), "the answer comes last"

@@ -218,7 +218,7 @@ def test_configurations_are_rows_of_their_own_and_the_answer_comes_last(tmp_path
         ["zoo:ouro-tiny", "4", "", "3 MB", "250"], ["zoo:ouro-tiny", "4", "dtype=bfloat16", "2.5 MB", "200"],
         ["zoo:melt-tiny", "4", "", "2.1 MB", "119"]]
     flat = re.sub(r"\s+", " ", out).strip()
-    assert "memory: weights + KV cache peak (what the model holds, weights counted)" in flat and "config: the per-model" in flat
+    assert "memory: weights + KV cache peak (what the model holds, weights counted)" in flat and "config: what tells a model's rows apart" in flat
     assert flat[flat.index("Best by"):] == ("Best by pass@1 per GB of weights + KV cache peak (what the model holds, weights counted): zoo:ouro-tiny r=4 "
                     "(0.750 at 3 MB), 250 pass@1 per GB; the frontier: zoo:melt-tiny r=4 (0.250 at 2.1 MB) → zoo:ouro-tiny r=4 "
                     "dtype=bfloat16 (0.500 at 2.5 MB) → zoo:ouro-tiny r=4 (0.750 at 3 MB); by KV cache peak alone, zoo:melt-tiny "

@@ -67,7 +67,7 @@ def _previous_schema_database(db: Path, spec: RunSpec, plan: Any) -> list[dict[s
     old_spec = json.loads(json.dumps({**spec.to_dict(), "sampling": sampling}))
     rows = [dict(model_spec=model, loops=loops, suite=spec.suite, tasks=["lookup"], limit=spec.limit, seed=spec.seed,
                  sampling=sampling, data_fingerprint=plan.fingerprint, spec=old_spec, status=status)
-            for (model, loops, _), status in zip([plan.runs[0], plan.runs[0]], ["finished", "queued"])]
+            for (model, loops, *_), status in zip([plan.runs[0], plan.runs[0]], ["finished", "queued"])]
     with engine.begin() as conn:
         config.attributes["connection"] = conn
         command.upgrade(config, "0006")

@@ -14,7 +14,7 @@ import pytest
 from harness.cli import main
 from harness.errors import UserError
 from harness.runner import prepare_sweep
-from harness.spec import EXITS, LAB, RunSpec
+from harness.spec import EXITS, LAB, LEVERS, RunSpec
 from harness.sweep import build_request
 
 SWEEP = """\
@@ -60,17 +60,21 @@ def test_the_file_and_the_flags_build_the_same_runspecs(tmp_path: Path) -> None:
     assert build_request(flags(), sweep_file(tmp_path, plain)).specs == from_flags.specs
 
 
-def test_the_default_benchmark_runs_the_lab_sweep_first_the_exit_sweep_last_and_any_choice_of_what_runs_drops_them(tmp_path: Path) -> None:
+def test_the_default_benchmark_runs_the_lab_sweep_first_the_exit_and_lever_sweeps_last_and_any_choice_of_what_runs_drops_them(
+        tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'r.sqlite'}"
-    lab, headline, exits = build_request(flags(db_url=db, batch_size=8)).specs  # where and how fast: still the default
+    lab, headline, exits, shared, quantized = build_request(flags(db_url=db, batch_size=8)).specs  # where and how fast: still the default
     assert headline == RunSpec.build(db_url=db, batch_size=8)
     assert (exits.models, exits.loops, exits.exit_thresholds) == (EXITS.models, (4,), (0.5, 0.7, 0.9))
-    assert (exits.suite, exits.sampling, exits.limit, exits.tasks) == (headline.suite, headline.sampling, headline.limit, headline.tasks)
+    assert (shared.models, shared.loops, shared.kv_policies, shared.kv_dtypes) == (LEVERS.shared, (4,), LEVERS.policies, ("auto", "int8"))
+    assert (quantized.models, quantized.kv_policies, quantized.kv_dtypes) == (LEVERS.quantized, (), ("int8",))
+    for joined in (exits, shared, quantized):  # in the headline's set
+        assert (joined.suite, joined.sampling, joined.limit, joined.tasks) == (headline.suite, headline.sampling, headline.limit, headline.tasks)
     assert lab.models == LAB.models and lab.loops == tuple(range(1, 13)) and lab.limit == 20 and lab.db_url == db
     assert (lab.sampling.temperature, lab.sampling.n, lab.batch_size) == (0.0, 1, 8)
     for choice in ({"limit": 5}, {"models": ["zoo:ouro-tiny"]}, {"loops": [4]}, {"seeds": [0]}, {"temperature": 1.0}):
         (only,) = build_request(flags(**choice)).specs
-        assert only.models != LAB.models and not only.exit_thresholds
+        assert only.models != LAB.models and not only.exit_thresholds and not only.kv_dtypes
     (only,) = build_request(flags(), sweep_file(tmp_path, SWEEP.replace("seeds = [0, 5]", ""))).specs
     assert only.limit == 3
 

@@ -9,7 +9,7 @@ import pytest
 import adapters
 from db.store import Store
 from harness.errors import UserError
-from harness.runner import prepare_sweep, run_sweep
+from harness.runner import Run, prepare_sweep, run_sweep
 from harness.spec import RunSpec
 
 
@@ -17,9 +17,9 @@ def test_engine_and_zoo_specs_are_planned_from_their_configs_without_loading():
     spec = RunSpec.build(models=["zoo:qwen3-tiny-small", "zoo:ouro-tiny", "preset:melt-tiny"], loops=[1, 4], tasks=["lookup"])
     plan = prepare_sweep(spec)
     assert plan.loaded == {}
-    # (model, loops, exit threshold): no threshold swept, so none
-    assert plan.runs == [("zoo:qwen3-tiny-small", None, None), ("zoo:ouro-tiny", 1, None), ("zoo:ouro-tiny", 4, None),
-                         ("preset:melt-tiny", 1, None), ("preset:melt-tiny", 4, None)]
+    # (model, loops): no exit threshold, KV policy or dtype swept, so none
+    assert plan.runs == [Run("zoo:qwen3-tiny-small", None), Run("zoo:ouro-tiny", 1), Run("zoo:ouro-tiny", 4),
+                         Run("preset:melt-tiny", 1), Run("preset:melt-tiny", 4)]
 
 
 def test_a_bad_spec_fails_the_plan_before_anything_is_loaded():
