@@ -24,7 +24,7 @@ from db.session import open_existing
 from db.sets import config_key, configuration, run_key
 from harness.cli import main
 from harness.sweep import build_request
-from stored_runs import DOCS, MODEL, SAMPLING, TASKS
+from tests.support.stored_runs import DOCS, MODEL, SAMPLING, TASKS
 
 POLICIES, DTYPES = ("per-loop", "shared-last"), ("auto", "int8")
 ARGV = ["run", "--model", "zoo:ouro-tiny", "--loops", "4", "--kv-policy", ",".join(POLICIES), "--kv-dtype", ",".join(DTYPES),
@@ -218,7 +218,7 @@ def test_a_set_without_the_kv_axis_draws_a_note_not_a_figure(tmp_path: Path) -> 
     """Every point on the exit axis (so none left to compare), or none with a KV setting: no lever, one note."""
     from dashboards.figures import memory_levers
     from db.store import Store
-    from stored_runs import store_run
+    from tests.support.stored_runs import store_run
 
     store = Store.open(str(tmp_path / "exits.sqlite"))
     try:
