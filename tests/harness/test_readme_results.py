@@ -43,10 +43,12 @@ def test_the_readme_results_example_has_a_fresh_databases_run_ids_and_sets() -> 
     assert lines[0] == headline.label
     ranking = "\n".join(lines).split("└")[0]  # the first table; the second repeats its rows with what a token cost
     rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in ranking.splitlines() if line.startswith("│")]
-    assert len(rows) == 16 and "seeds" not in ranking, "one seed a row: no seeds column"
+    assert len(rows) == len(runs) - lab_runs and "seeds" not in ranking, "a row per headline run: one seed a row"
     for row in rows:
-        model, loops, exit_at, shown = row[1], int(row[2]), row[3], row[-1]  # runs: the last column
-        assert shown == str(runs[(model, loops, None if exit_at == "-" else float(exit_at), None, None)]), row
+        model, loops, exit_at, config, shown = row[1], int(row[2]), row[3], row[4].split(), row[-1]  # runs: the last
+        policy = next((word for word in config if "-" in word), None)  # config: the KV policy and dtype, where set
+        dtype = next((word for word in config if word in ("auto", "int8", "fp8")), None)
+        assert shown == str(runs[(model, loops, None if exit_at == "-" else float(exit_at), policy, dtype)]), row
     assert f"  {lab.label} ({lab_runs} runs)" in lines, "the other set is named under the tables"
     sentence = " ".join(lines[lines.index(f"  {lab.label} ({lab_runs} runs)") + 1:])
     assert not sentence or sentence.startswith("Best by pass@1 per GB of "), "the answer comes last"
