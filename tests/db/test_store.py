@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -170,6 +171,15 @@ def test_ctrl_c_during_a_statement_stays_an_interrupt(tmp_path: Path) -> None:
     store.close()
 
 
+@pytest.fixture
+def ctrl_c_raises() -> Iterator[None]:
+    """Python's own Ctrl-C handler, as in a terminal: a test process started in the background inherits SIGINT ignored."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("ctrl_c_raises")
 def test_a_signal_inside_a_transaction_is_held_until_it_commits_and_leaves_no_lock(tmp_path: Path) -> None:
     """A real Ctrl-C that lands mid-transaction is delivered once the transaction ends: the write is stored, the
     write lock is free for the process's next write (a sweep storing its runs as interrupted), and the

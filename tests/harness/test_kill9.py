@@ -154,12 +154,14 @@ def test_two_resumes_of_one_sweep_at_once_both_end_0(tmp_path: Path) -> None:
     _check_completed(db, dict(runs), killed_stretch_traced=True)
 
 
-@pytest.mark.parametrize("exits", [[], ["--exit-threshold", "0.5"]], ids=["every-loop", "exits-on"])
+@pytest.mark.parametrize("exits", [[], ["--exit-threshold", "0.5"], ["--kv-policy", "shared-mean", "--kv-dtype", "int8"]],
+                         ids=["every-loop", "exits-on", "shared-mean-int8"])  # the run's options beyond RUN
 def test_kill9_in_a_workload_then_resume_gives_the_unbroken_run(exits: list[str], tmp_path: Path) -> None:
     """An adapter that takes whole workloads (the engine's scheduler) killed mid-task: the resumed run stores
     each sample once, and every sample is the one an unbroken run draws (per-sample random streams), with
-    per-token exits on as without them: the same tokens and the same loops run per token."""
-    run = [*RUN, "--loops", "4" if exits else "2", "--temperature", "1.0", *exits]
+    per-token exits on as without them (the same tokens and the same loops run per token), and under a KV policy
+    and dtype, which the resume reads back from the run's row."""
+    run = [*RUN, "--loops", "4" if "--exit-threshold" in exits else "2", "--temperature", "1.0", *exits]
     run[run.index("killer:ouro-tiny")] = "killer-workload:ouro-tiny"
     unbroken, db = tmp_path / "whole.sqlite", tmp_path / "r.sqlite"
     assert main([*run, "--adapters-dir", str(PLUGINS), "--db", str(unbroken)]) == 0  # in this process: nothing to kill
@@ -171,6 +173,8 @@ def test_kill9_in_a_workload_then_resume_gives_the_unbroken_run(exits: list[str]
     _check_completed(db, {}, killed_stretch_traced=False)
     outputs = "SELECT task, doc_id, sample_index, output, loops_used, loops_histogram FROM samples ORDER BY task, doc_id, sample_index"
     assert query(db, outputs) == query(unbroken, outputs)
-    if exits:
+    if "--kv-policy" in exits:
+        assert query(db, "SELECT kv_policy, kv_dtype FROM runs") == [("shared-mean", "int8")]
+    elif exits:
         assert query(db, "SELECT exit_threshold FROM runs") == [(0.5,)]
         assert any(loops < 4 for *_, loops, _ in query(db, outputs)), "some tokens exited before the last loop"
