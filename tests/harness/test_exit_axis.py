@@ -12,7 +12,6 @@ import contextlib
 import io
 import json
 import re
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -28,17 +27,11 @@ from harness.runner import stored_spec
 from harness.sampler import MemorySampler
 from harness.sweep import build_request
 from tests.support.rich_tables import body_rows
+from tests.support.sqlite import query
 
 THRESHOLDS = (0.5, 0.8, 1.0)
 ARGV = ["run", "--model", "zoo:ouro-tiny", "--exit-threshold", "0.5,0.8,1.0", "--loops", "4", "--limit", "3", "--samples", "1"]
 
-
-def query(db: Path, sql: str, *args: object) -> list[tuple]:
-    conn = sqlite3.connect(db)
-    try:
-        return conn.execute(sql, args).fetchall()
-    finally:
-        conn.close()
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
+from tests.support.sqlite import query
 
 pytestmark = pytest.mark.slow  # end to end: the fast tier (-m 'not slow') skips it
 
@@ -50,10 +51,6 @@ def _resume(run_id: int, db: Path) -> int:
     """`loopeval run --resume RUN_ID` in this process; its exit code."""
     return main(["run", "--resume", str(run_id), "--adapters-dir", str(PLUGINS), "--db", str(db), "--no-report"])
 
-
-def query(db: Path, sql: str) -> list[tuple]:
-    with sqlite3.connect(db) as conn:
-        return conn.execute(sql).fetchall()
 
 
 def _samples(db: Path) -> int:

@@ -12,7 +12,6 @@ import contextlib
 import io
 import json
 import re
-import sqlite3
 from pathlib import Path
 
 import pandas as pd
@@ -25,18 +24,12 @@ from db.sets import config_key, configuration, run_key
 from harness.cli import main
 from harness.sweep import build_request
 from tests.support.stored_runs import DOCS, MODEL, SAMPLING, TASKS
+from tests.support.sqlite import query
 
 POLICIES, DTYPES = ("per-loop", "shared-last"), ("auto", "int8")
 ARGV = ["run", "--model", "zoo:ouro-tiny", "--loops", "4", "--kv-policy", ",".join(POLICIES), "--kv-dtype", ",".join(DTYPES),
         "--tasks", "chain3,c30k4", "--limit", "20", "--samples", "1", "--temperature", "0", "--no-report"]
 
-
-def query(db: Path, sql: str) -> list[tuple]:
-    conn = sqlite3.connect(db)
-    try:
-        return conn.execute(sql).fetchall()
-    finally:
-        conn.close()
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from harness.cli import main
 from harness.pool import UNLIMITED_DOCS, default_workers, groups
 from harness.runner import SweepPlan
 from harness.spec import SUITE_SAMPLING, RunSpec
+from tests.support.sqlite import query
 
 LOOPEVAL = str(Path(sys.executable).with_name("loopeval"))
 # Two models, each decoding one sequence at a time (max_batch 1) so that samples are committed one by one; 200 samples
@@ -32,10 +33,6 @@ samples = 1
 max_new_tokens = 16
 """
 
-
-def query(db: Path, sql: str) -> list[tuple]:
-    with sqlite3.connect(db) as conn:
-        return conn.execute(sql).fetchall()
 
 
 def test_a_model_is_one_group_sized_by_its_decode_work() -> None:

@@ -18,17 +18,11 @@ from tests.support.interrupted_runs import SAMPLES, one_at_a_time
 
 from harness.cli import main
 from measures import PEAK_MEASURES as MEASURES
+from tests.support.sqlite import query
 
 pytestmark = pytest.mark.slow
 LOOPEVAL = str(Path(sys.executable).with_name("loopeval"))
 
-
-def query(db: Path, sql: str, *args: object) -> list[tuple]:
-    conn = sqlite3.connect(db)
-    try:
-        return conn.execute(sql, args).fetchall()
-    finally:
-        conn.close()
 
 
 def test_sweep_stores_runs_samples_metrics_and_memory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
