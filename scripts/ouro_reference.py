@@ -19,6 +19,15 @@ seed, so the test builds the same one), loads it into the official `OuroForCausa
 logits of every position of a few prompts (one forward, no cache) at r = 1, 4 and 6 (`total_ut_steps` set to r),
 with no exit threshold, so the official code reads the last loop, as the engine does by default.
 
+It also records decoding at r = 4 under the KV policies (`decode`): the first prompt prefilled through the official
+cache, then a fixed continuation fed one token a step, the logits of each step kept. `per-loop` uses the official
+`UniversalTransformerCache`; `shared-last` and `shared-mean` use `SharedCache`, written here over the official cache's
+interface, not from the engine: earlier steps' tokens are read as one row per layer (their last loop's K/V, or the
+mean of their loops), the step's own tokens at their current loop. This is the Ouro paper's decode-time sharing and
+the MELT paper's averaging baseline, checked against the engine's `kv_policy` independently of its paged layout.
+The attention masks are passed in (additive, causal over the cached keys), as transformers 5's mask builder does not
+size them from this cache.
+
 The checkpoint's sandwich output norms are drawn near 0.2 (`adapters.testing.BRANCH_NORM`). With them near 1, 192 to
 288 random layer passes grow float32 rounding into logit differences of 2e-4 (r = 4) to 3e-3 (r = 6) between the
 engine and the official code, although both agree to 1e-10 when every operation runs in float64 (the official code's
@@ -44,6 +53,9 @@ OUT = Path(__file__).resolve().parent.parent / "tests" / "adapters" / "data" / "
 CHECKPOINT_SEED = 0
 LOOPS = (1, 4, 6)
 PROMPTS = [[5, 40, 41, 12, 77], [3, 9, 27, 81, 64, 22, 50, 11]]
+DECODE_LOOPS = 4
+CONTINUATION = [9, 27, 81, 64, 22, 50]
+FOLDS = {"per-loop": None, "shared-last": "last", "shared-mean": "mean"}
 
 
 @functools.cache
@@ -89,15 +101,69 @@ def logits(model: torch.nn.Module, prompt: list[int]) -> list[list[float]]:
     return [[round(v, 7) for v in row] for row in out.tolist()]
 
 
+def shared_cache(modelling: types.ModuleType, layers: int, loops: int, fold: str) -> object:
+    """A cache over the official one's interface that shares K/V across loops at decoding (module docstring)."""
+
+    class SharedCache(modelling.UniversalTransformerCache):
+        def __init__(self) -> None:
+            super().__init__(None)
+            self.rows: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * layers  # committed, one per token
+            self.step: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(layers)]  # this step's loops
+
+        def update(self, key, value, layer_idx, cache_kwargs=None):
+            loop, layer = divmod(layer_idx, layers)
+            self.step[layer].append((key, value))
+            held = self.rows[layer]
+            seen = (key, value) if held is None else (torch.cat([held[0], key], 2), torch.cat([held[1], value], 2))
+            if loop == loops - 1:  # the step's last loop: commit its tokens' row
+                ks, vs = zip(*self.step[layer])
+                row = (ks[-1], vs[-1]) if fold == "last" else (torch.stack(ks).mean(0), torch.stack(vs).mean(0))
+                self.rows[layer] = row if held is None else (torch.cat([held[0], row[0]], 2), torch.cat([held[1], row[1]], 2))
+                self.step[layer] = []
+            return seen
+
+        def get_seq_length(self, layer_idx=0):
+            return 0 if self.rows[0] is None else self.rows[0][0].shape[2]
+
+    return SharedCache()
+
+
+def causal(queries: int, past: int) -> dict[str, torch.Tensor]:
+    """The additive mask of `queries` new tokens over `past` cached ones, as the official layers take it."""
+    allowed = torch.ones(queries, past + queries, dtype=torch.bool).tril(past)
+    return {"full_attention": torch.zeros(1, 1, queries, past + queries).masked_fill(~allowed, float("-inf"))}
+
+
+@torch.no_grad()
+def decode_logits(folder: Path, checkpoint: Path, fold: str | None) -> list[list[float]]:
+    """The prompt's last logits, then each continuation token's, decoded one token a step through a cache."""
+    _, modelling = official_modules(folder)
+    model = official_model(folder, checkpoint, DECODE_LOOPS)
+    layers = model.config.num_hidden_layers
+    cache = (modelling.UniversalTransformerCache(layers * DECODE_LOOPS) if fold is None
+             else shared_cache(modelling, layers, DECODE_LOOPS, fold))
+    tokens, rows = [PROMPTS[0], *([t] for t in CONTINUATION)], []
+    past = 0
+    for ids in tokens:
+        positions = torch.arange(past, past + len(ids))
+        out = model(torch.tensor([ids]), past_key_values=cache, use_cache=True, attention_mask=causal(len(ids), past),
+                    position_ids=positions[None], cache_position=positions)
+        rows.append([round(v, 7) for v in out.logits[0, -1].tolist()])
+        past += len(ids)
+    return rows
+
+
 def reference(folder: Path, source: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = save_tiny_ouro(Path(tmp), seed=CHECKPOINT_SEED)
         by_loops = {str(r): [logits(official_model(folder, checkpoint, r), p) for p in PROMPTS] for r in LOOPS}
+        decode = {policy: decode_logits(folder, checkpoint, fold) for policy, fold in FOLDS.items()}
     return {
         "reference": {"source": source, "files": ["modeling_ouro.py", "configuration_ouro.py"], "torch": torch.__version__,
                       "transformers": importlib.import_module("transformers").__version__},
         "checkpoint": {"builder": "adapters.testing.save_tiny_ouro", "seed": CHECKPOINT_SEED, "config": TINY_OURO_26B},
         "prompts": PROMPTS, "logits": by_loops,
+        "decode": {"loops": DECODE_LOOPS, "prompt": PROMPTS[0], "continuation": CONTINUATION, "logits": decode},
     }
 
 

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import adapters
+from adapters.engine.cache import KVCache
 from adapters.engine.memory import estimate
 from adapters.engine.io.presets import preset
 from adapters.testing import TINY_OURO_26B, save_tiny_ouro
@@ -58,3 +59,42 @@ def test_logits_match_the_official_code(ouro, loops):
 
 def test_the_loaded_checkpoint_holds_what_the_estimate_counts(ouro):
     assert ouro.memory()["weights_bytes"] == estimate(ouro.config, 1, dtype="fp32").weights_bytes
+
+
+DECODE = REFERENCE["decode"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    return save_tiny_ouro(tmp_path_factory.mktemp("ouro-policies"), seed=REFERENCE["checkpoint"]["seed"])
+
+
+def decode_logits(model: torch.nn.Module) -> torch.Tensor:
+    """The engine's logits decoding the fixture's continuation one token a step through its static cache (the
+    config's KV policy): the prompt's last position, then each step's."""
+    loops, prompt, continuation = DECODE["loops"], DECODE["prompt"], DECODE["continuation"]
+    cache = KVCache(model.config, 1, len(prompt) + len(continuation), loops, torch.float32, "cpu")
+    rows, slot = [], 0
+    for ids in [prompt, *([t] for t in continuation)]:
+        out = model.step(torch.tensor([ids]), torch.arange(slot, slot + len(ids))[None], cache, slot, None, loops=loops)
+        rows.append(model.logits(out.states[-1])[0])
+        slot += len(ids)
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("policy", list(DECODE["logits"]))
+def test_decoding_under_each_kv_policy_matches_the_official_code(checkpoint, policy):
+    """The engine's cached decoding at r = 4 against the official code's own cache (per-loop) and a cache sharing
+    K/V across loops over its interface (`scripts/ouro_reference.py`: shared-last keeps a token's last loop,
+    shared-mean the mean of its loops, the step's own token at its current loop). The sharing policies move the
+    logits far more than rounding allows, so a policy computed any other way fails here."""
+    ouro = adapters.load(f"ouro:{checkpoint}", dtype="fp32", device="cpu", kv_policy=policy)
+    run = functools.partial(decode_logits, ouro.model)
+    bound = rounding_bound(ouro.model, run) + FIXTURE_DIGITS
+    with torch.no_grad():
+        got = run()
+    expected = torch.tensor(DECODE["logits"][policy])
+    assert (got - expected).abs().max().item() < bound < DISCRIMINATES, policy
+    if policy != "per-loop":  # sharing acts at decoding only: the prompt's logits are per-loop's
+        per_loop = torch.tensor(DECODE["logits"]["per-loop"])
+        assert torch.equal(expected[0], per_loop[0]) and (expected[1:] - per_loop[1:]).abs().max() > 100 * bound
