@@ -103,7 +103,8 @@ class Columns(Protocol):
 def run_set(run: Columns) -> EvalSet:
     """The set of a run given as its `runs` columns; a column other than the suite left out reads as NULL (a new
     run's row may leave out what has a default)."""
-    return EvalSet.of(run["suite"], run.get("tasks"), run.get("limit"), run.get("sampling"), run.get("data_fingerprint"))
+    return EvalSet.of(run["suite"], run.get("tasks"), run.get("limit"), run.get("sampling"),
+                      run.get("data_fingerprint"))
 
 
 def set_label(set_id: str, evaluation: EvalSet) -> str:

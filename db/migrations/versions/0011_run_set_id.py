@@ -37,7 +37,7 @@ def _parsed(raw: Any) -> Any:
     return json.loads(raw) if isinstance(raw, (str, bytes)) else raw
 
 
-def set_id(suite: str, tasks: Any, limit: Any, sampling: Any, fingerprint: str | None) -> str | None:
+def _set_id(suite: str, tasks: Any, limit: Any, sampling: Any, fingerprint: str | None) -> str | None:
     """`db.sets.EvalSet.id` as of this revision, from a run's raw set columns; None for a damaged value."""
     try:
         tasks, sampling = _parsed(tasks) or [], _parsed(sampling) or {}
@@ -49,7 +49,8 @@ def set_id(suite: str, tasks: Any, limit: Any, sampling: Any, fingerprint: str |
         return None
     kept = sorted([key, value] for key, value in sampling.items() if key != 'seed')
     value = [suite, sorted(tasks), None if limit is None else int(limit), kept, fingerprint]
-    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(',', ':'), default=str).encode()).hexdigest()[:8]
+    text = json.dumps(value, sort_keys=True, separators=(',', ':'), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 def upgrade() -> None:
@@ -60,7 +61,7 @@ def upgrade() -> None:
     columns = (runs.c.id, runs.c.suite, runs.c.tasks, runs.c.limit, runs.c.sampling, runs.c.data_fingerprint)
     rows = connection.execute(sa.select(*columns).where(runs.c.kind == 'eval')).all()  # read whole before writing
     for run_id, *fields in rows:
-        connection.execute(runs.update().where(runs.c.id == run_id).values(set_id=set_id(*fields)))
+        connection.execute(runs.update().where(runs.c.id == run_id).values(set_id=_set_id(*fields)))
 
 
 def downgrade() -> None:
