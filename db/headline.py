@@ -85,7 +85,8 @@ def _leaves(metrics: Mapping[str, Mapping[str, float | None]]) -> dict[str, list
 
 
 def _combine(values: list[float | None], combine: Callable[[list[float]], float]) -> float | None:
-    return None if not values or any(v is None for v in values) else combine(values)  # type: ignore[arg-type]
+    known = [value for value in values if value is not None]
+    return combine(known) if values and len(known) == len(values) else None
 
 
 def _mean(values: list[float]) -> float:
@@ -150,14 +151,17 @@ def pool(estimates: list[Estimate]) -> tuple[float, float | None]:
     """
     if len(estimates) == 1:
         return estimates[0].mean, estimates[0].stderr
-    if any(e.stderr is None for e in estimates):
-        return _mean([e.mean for e in estimates]), None
-    if any(not e.items for e in estimates):
-        return _mean([e.mean for e in estimates]), _mean_stderr([e.stderr for e in estimates])  # type: ignore[misc]
-    total = sum(e.items for e in estimates)  # type: ignore[misc]
-    mean = sum(e.mean * e.items for e in estimates) / total  # type: ignore[operator]
+    means = [e.mean for e in estimates]
+    stderrs = [e.stderr for e in estimates if e.stderr is not None]
+    if len(stderrs) < len(estimates):
+        return _mean(means), None
+    items = [e.items for e in estimates if e.items]
+    if len(items) < len(estimates):
+        return _mean(means), _mean_stderr(stderrs)
+    total = sum(items)
+    mean = sum(m * n for m, n in zip(means, items)) / total
     # (items - 1) * variance within each run, from stderr = sd / sqrt(items), plus each run's offset from the pooled mean
-    squares = sum(e.stderr ** 2 * e.items * (e.items - 1) + e.items * (e.mean - mean) ** 2 for e in estimates)  # type: ignore[operator]
+    squares = sum(s ** 2 * n * (n - 1) + n * (m - mean) ** 2 for m, s, n in zip(means, stderrs, items))
     return mean, math.sqrt(squares / (total - 1) / total)
 
 

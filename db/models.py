@@ -40,6 +40,9 @@ class Run(Base):
     limit: Mapped[int | None] = mapped_column(Integer)
     # sha256 of the task files evaluated (suites.registry.data_fingerprint); NULL for runs stored before it existed
     data_fingerprint: Mapped[str | None] = mapped_column(String(64))
+    # an eval run's evaluation set (`db.sets.EvalSet.id` of the columns above, hashed once when it is written and
+    # read by every view); NULL for profiles and probes
+    set_id: Mapped[str | None] = mapped_column(String(8), index=True)
     # an eval run's RunSpec less its sampling (`sampling` above), so --resume can rebuild it; a probe's or profile's settings
     spec: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     versions: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)  # package -> version

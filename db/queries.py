@@ -20,7 +20,7 @@ from sqlalchemy import Engine, case, func, inspect, select
 from db.headline import HEADLINE, SUITE, Estimate, headline, headline_metric, headline_stderr, pool
 from db.models import MemoryPeak, MemorySample, ProbeValue, ProfilePoint, Run, Sample, TaskMetric
 from db.session import display_url
-from db.sets import config_key, configuration, id_ranges, run_set
+from db.sets import config_key, configuration, id_ranges, run_set, set_label
 from db import ResultsError
 from db.stored import hidden
 from measures import PROFILE_MEASURES, SERIES_MEASURES
@@ -90,15 +90,21 @@ def headline_run(engine: Engine) -> int | None:
 
 
 def run_sets(engine: Engine, run_ids: Iterable[int] | None = None) -> pd.DataFrame:
-    """The evaluation set of every eval run (only `run_ids` when given), with its seed: run_id, seed, set_id, set_label (db.sets)."""
-    statement = select(Run.id, Run.seed, Run.suite, Run.tasks, Run.limit, Run.sampling, Run.data_fingerprint).where(
-        Run.kind == "eval").order_by(Run.id)
+    """The evaluation set of every eval run (only `run_ids` when given), with its seed: run_id, seed, set_id, set_label
+    (db.sets). The id is the one stored with the run (`runs.set_id`), never hashed again; each set's label is made
+    once, from its first run's columns."""
+    statement = select(Run.id, Run.seed, Run.set_id, Run.suite, Run.tasks, Run.limit, Run.sampling,
+                       Run.data_fingerprint).where(Run.kind == "eval").order_by(Run.id)
     if run_ids is not None:
         statement = statement.where(Run.id.in_(list(run_ids)))
+    labels: dict[str, str] = {}
+    rows = []
     with engine.connect() as conn:
-        sets = [(row.id, row.seed, run_set(row._mapping)) for row in conn.execute(statement)]
-    frame = pd.DataFrame([(run_id, seed, s.id, s.label) for run_id, seed, s in sets], columns=["run_id", "seed", "set_id", "set_label"])
-    return frame.astype({"run_id": "int64"})
+        for row in conn.execute(statement):
+            if row.set_id is not None and row.set_id not in labels:
+                labels[row.set_id] = set_label(row.set_id, run_set(row._mapping))
+            rows.append((row.id, row.seed, row.set_id, None if row.set_id is None else labels[row.set_id]))
+    return pd.DataFrame(rows, columns=["run_id", "seed", "set_id", "set_label"]).astype({"run_id": "int64"})
 
 
 def eval_sets(engine: Engine) -> pd.DataFrame:
@@ -140,8 +146,9 @@ def depth_set(engine: Engine) -> str | None:
 
 
 def _set_run_ids(engine: Engine, set_id: str) -> list[int]:
-    table = run_sets(engine)
-    return table.loc[table["set_id"] == set_id, "run_id"].tolist()
+    """The eval runs of the set `set_id`, oldest first."""
+    with engine.connect() as conn:
+        return list(conn.scalars(select(Run.id).where(Run.kind == "eval", Run.set_id == set_id).order_by(Run.id)))
 
 
 def tasks(engine: Engine, set_id: str | None = None) -> list[str]:
@@ -304,7 +311,7 @@ _SUMMED = ("n_samples", "generated_tokens", "loop_tokens", "looped_tokens", "gen
 
 def _sum_known(values: pd.Series) -> float:
     """The sum of the known values; NaN when none is known (unavailable stays unavailable, never 0)."""
-    return values.sum(min_count=1)
+    return float(values.sum(min_count=1))
 
 
 def run_compute(engine: Engine, run_ids: Iterable[int]) -> pd.DataFrame:

@@ -21,15 +21,20 @@ import re
 import sqlite3
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy import Connection, Engine, create_engine, event, inspect
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine.interfaces import DBAPIConnection, ExceptionContext
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import ConnectionPoolEntry
 
 from db import DB_ENV, ResultsError
+
+if TYPE_CHECKING:  # for the annotation; alembic itself is imported where a migration needs it
+    from alembic.config import Config
 
 DEFAULT_DB_PATH = Path("results") / "loopeval.sqlite"
 BUSY_TIMEOUT_MS = 60_000  # a writer waits this long for another process's transaction
@@ -85,7 +90,7 @@ def engine_url(url: str) -> URL:
     return parsed
 
 
-def alembic_config() -> Any:
+def alembic_config() -> Config:
     """An Alembic `Config` pointing at the packaged migrations (no alembic.ini needed)."""
     from alembic.config import Config
 
@@ -193,7 +198,7 @@ def _revision(engine: Engine, where: str) -> str | None:
         return _revision_on(conn, where)
 
 
-def _revision_on(conn: Any, where: str) -> str | None:
+def _revision_on(conn: Connection, where: str) -> str | None:
     """The loopeval schema revision of a database; None for an empty one (no tables yet).
 
     Refuses what is not loopeval's: a database holding another application's tables, or a revision
@@ -277,7 +282,7 @@ def _tune_sqlite(engine: Engine) -> None:
     """
 
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+    def _on_connect(dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
@@ -287,7 +292,7 @@ def _tune_sqlite(engine: Engine) -> None:
         cursor.close()
 
     @event.listens_for(engine, "begin")
-    def _on_begin(conn: Any) -> None:
+    def _on_begin(conn: Connection) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
@@ -370,7 +375,7 @@ def _one_line_errors(engine: Engine, where: str) -> None:
     Ctrl-C and SIGTERM landing inside a statement, which must stop a run as interrupted, not fail it."""
 
     @event.listens_for(engine, "handle_error")
-    def _on_error(context: Any) -> None:
+    def _on_error(context: ExceptionContext) -> None:
         if not context.is_pre_ping and isinstance(context.original_exception, Exception):
             raise ResultsError(database_problem(where, context.original_exception)) from None
 
@@ -435,7 +440,7 @@ def open_existing(url: str | None = None, write: bool = False) -> Engine:
     if unwritable and write:
         raise ResultsError(unwritable)
     revision = _readonly_revision(path) if path is not None else None
-    engine = _readonly_engine(path, where) if unwritable else _create_engine(url)
+    engine = _readonly_engine(path, where) if path is not None and unwritable else _create_engine(url)
     if path is None:
         revision = _revision(engine, where)
     if revision is None:

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from db.headline import benchmark_of
 
@@ -51,15 +51,19 @@ class EvalSet:
 
     @property
     def id(self) -> str:
-        """A short stable id (8 hex digits, the same in every database): what `--set` and the selectors take."""
+        """A short stable id (8 hex digits, the same in every database): what `--set` and the selectors take.
+
+        Hashed once, when an eval run is stored (`runs.set_id`, migration 0011 for older runs); readers take the
+        stored id. So a change to what is hashed here needs a migration rewriting the stored ids too, or runs of
+        one set stored before and after it would read as two sets."""
         return _digest([self.suite, self.tasks, self.limit, self.sampling, self.fingerprint], 8)
 
     @property
-    def label(self) -> str:
-        """What the set is, in one line: 'set 1a2b3c4d: synthetic · chain3, chain4 · first 50 per task · n=4 temperature 1 ...'."""
+    def description(self) -> str:
+        """What the set is, in one line: 'synthetic · chain3, chain4 · first 50 per task · n=4 temperature 1 ...'."""
         items = "all items" if self.limit is None else f"first {self.limit} per task"
         data = f"data {self.fingerprint[:8]}" if self.fingerprint else "data not fingerprinted"
-        return f"set {self.id}: " + " · ".join([self.suite, self._tasks_text(), items, self._sampling_text(), data])
+        return " · ".join([self.suite, self._tasks_text(), items, self._sampling_text(), data])
 
     def _tasks_text(self) -> str:
         """Benchmark names, a family's subtasks counted once (`db.headline.benchmark_of`); many become a count."""
@@ -72,10 +76,11 @@ class EvalSet:
         sampling = dict(self.sampling)
         if not sampling:
             return "sampling unknown"
-        number = lambda key: isinstance(sampling.get(key), (int, float))  # noqa: E731
+        numbers = {key for key, value in sampling.items() if isinstance(value, (int, float))}
         # "temperature", never "T": figures use T for a looped model's trained depth
-        parts = [f"n={sampling.get('n', '?')}", f"temperature {sampling['temperature']:g}" if number("temperature") else "temperature ?"]
-        if number("top_p") and sampling["top_p"] != 1:
+        temperature = f"temperature {sampling['temperature']:g}" if "temperature" in numbers else "temperature ?"
+        parts = [f"n={sampling.get('n', '?')}", temperature]
+        if "top_p" in numbers and sampling["top_p"] != 1:
             parts.append(f"top-p {sampling['top_p']:g}")
         if sampling.get("top_k") is not None:
             parts.append(f"top-k {sampling['top_k']}")
@@ -84,15 +89,34 @@ class EvalSet:
         return " ".join(parts)
 
 
-def run_set(run: Mapping[str, Any]) -> EvalSet:
-    """The set of a run given as its `runs` columns (a dict, or a row's `_mapping`)."""
-    return EvalSet.of(run["suite"], run["tasks"], run["limit"], run["sampling"], run["data_fingerprint"])
+SET_COLUMNS = ("suite", "tasks", "limit", "sampling", "data_fingerprint")  # the `runs` columns a set is made of
+
+
+class Columns(Protocol):
+    """A run's `runs` columns by name: a dict, or a row's `_mapping`."""
+
+    def __getitem__(self, name: str, /) -> Any: ...
+
+    def get(self, name: str, /) -> Any: ...
+
+
+def run_set(run: Columns) -> EvalSet:
+    """The set of a run given as its `runs` columns; a column other than the suite left out reads as NULL (a new
+    run's row may leave out what has a default)."""
+    return EvalSet.of(run["suite"], run.get("tasks"), run.get("limit"), run.get("sampling"),
+                      run.get("data_fingerprint"))
+
+
+def set_label(set_id: str, evaluation: EvalSet) -> str:
+    """The one label every view gives a set: 'set 1a2b3c4d: synthetic · chain3, chain4 · first 50 per task ...'.
+    `set_id` is the id stored with its runs (`EvalSet.id` when they were written)."""
+    return f"set {set_id}: {evaluation.description}"
 
 
 KV_AXIS = ("kv_policy", "kv_dtype")  # the `runs` columns of the KV memory axis, NULL off it
 
 
-def configuration(run: Mapping[str, Any]) -> dict[str, Any]:
+def configuration(run: Columns) -> dict[str, Any]:
     """What in a run's identity, beyond its model, loops and exit point, changes the model it runs: that model's
     per-model overrides (`exit_policy`, `dtype`, conditioning fields, ...) and its KV policy and KV dtype where the
     sweep set them (`KV_AXIS`; absent otherwise, so runs stored before the axis keep their configurations). Runs of
@@ -114,7 +138,7 @@ def config_fields(key: str) -> dict[str, Any]:
     return json.loads(key) if key else {}
 
 
-def run_key(run: Mapping[str, Any]) -> str:
+def run_key(run: Columns) -> str:
     """Two runs with the same key are the same experiment (model, loops, exit threshold and criterion, that model's
     overrides and its KV policy and dtype where set (`configuration`), set, seed):
     `loopeval run` skips the second unless `--rerun`. `run` holds the `runs` columns, `spec` included."""
@@ -125,7 +149,7 @@ def run_key(run: Mapping[str, Any]) -> str:
     return _digest(key, 16)
 
 
-def id_ranges(ids: Sequence[int]) -> str:
+def id_ranges(ids: Iterable[int]) -> str:
     """Run ids (or seeds) as people read them: [13, 14, 15, 18] -> '13-15, 18'."""
     spans: list[list[int]] = []
     for value in sorted(ids):

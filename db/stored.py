@@ -23,8 +23,11 @@ import weakref
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import (JSON, BigInteger, Column, DateTime, Engine, Float, Integer, case, event, func, or_, select,
-                        type_coerce)
+from sqlalchemy import (JSON, BigInteger, Column, DateTime, Engine, Float, Integer, Table, case, event, func, or_,
+                        select, type_coerce)
+from sqlalchemy.engine.interfaces import DBAPIConnection
+from sqlalchemy.pool import ConnectionPoolEntry
+from sqlalchemy.sql import ColumnElement
 from sqlalchemy.types import NullType
 
 from db import ResultsError
@@ -68,14 +71,19 @@ def _kind(column: Column[Any]) -> str | None:
     return "date" if isinstance(column.type, DateTime) else None
 
 
-def _run_column(table: Any) -> Column[Any] | None:
+def _run_column(table: Table) -> Column[Any] | None:
     """The column naming a row's run: `runs.id`, else `run_id`; None for a table of no run (alembic_version)."""
     return table.c.id if table.name == Run.__tablename__ else table.c.get("run_id")
 
 
+def _checked(table: Table) -> list[tuple[Column[Any], str]]:
+    """Each checked column of `table` with what it holds (`_kind`)."""
+    return [(column, kind) for column in table.columns if (kind := _kind(column)) is not None]
+
+
 # (run column, [(checked column, kind)]) per table: every value `damaged_runs` checks.
-CHECKED = [(_run_column(table), [(column, _kind(column)) for column in table.columns if _kind(column)])
-           for table in Base.metadata.sorted_tables if _run_column(table) is not None]
+CHECKED = [(run_column, _checked(table)) for table in Base.metadata.sorted_tables
+           if (run_column := _run_column(table)) is not None]
 
 
 def _problem(kind: str, raw: Any) -> str | None:
@@ -113,7 +121,7 @@ def _problem(kind: str, raw: Any) -> str | None:
     return None
 
 
-def _suspect(column: Column[Any], kind: str, dialect: str) -> Any:
+def _suspect(column: Column[Any], kind: str, dialect: str) -> ColumnElement[bool] | None:
     """A SQL condition true for every damaged value of `column` (and maybe a few good ones, which `_problem`
     lets through), so a table of many rows is checked without reading them all; None where none can be damaged.
 
@@ -197,13 +205,16 @@ def hidden(engine: Engine) -> list[str]:
     return [line for _, line in sorted(_HIDDEN.get(engine, {}).items())]
 
 
-def _views(runs: dict[int, str], sqlite: bool, dbapi_connection: Any, _record: Any) -> None:
+def _views(runs: dict[int, str], sqlite: bool, dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
     """On a new connection: each table of runs shadowed by a temporary view of itself without `runs`."""
     ids = ", ".join(str(int(run_id)) for run_id in runs)
     cursor = dbapi_connection.cursor()
+    schema = "main"
     if not sqlite:
         cursor.execute("SELECT current_schema()")
-    schema = "main" if sqlite else cursor.fetchone()[0]
+        row = cursor.fetchone()
+        assert row is not None  # a SELECT of one value returns one row
+        schema = row[0]
     for run_column, _ in CHECKED:
         table = run_column.table.name
         cursor.execute(f'CREATE TEMPORARY VIEW "{table}" AS SELECT * FROM "{schema}"."{table}" '

@@ -157,7 +157,7 @@ def _work(run_groups: list[RunGroup], todo: Any, lines: Any, db_url: str) -> Non
     """A worker: take groups until the queue says stop, running each with its own store connection.
 
     SIGTERM (a killed parent's included) stops the worker as Ctrl-C does wherever it lands, not only inside
-    a run's generation (a store call in hand finishes first: `db.store.interrupts_held`); the worker then
+    a run's generation (a store call in hand finishes first: `db.store.base.interrupts_held`); the worker then
     stores its own group's unfinished runs as interrupted, since the parent that would otherwise do it may
     be gone."""
     from db.store import Store

@@ -7,7 +7,7 @@ generating a new revision, a URL may be given in `LOOPEVAL_DB` instead.
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import create_engine
+from sqlalchemy import Connection, create_engine
 
 from db.models import Base
 from db.session import resolve_db_url
@@ -25,7 +25,7 @@ def run_migrations() -> None:
         _run(connection)
 
 
-def _run(connection: object) -> None:
+def _run(connection: Connection) -> None:
     # render_as_batch: SQLite cannot ALTER most things; batch mode rebuilds tables instead.
     context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True)
     with context.begin_transaction():

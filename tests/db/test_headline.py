@@ -50,5 +50,5 @@ def test_task_group_falls_back_and_knows_suites_without_groups() -> None:
 
 def test_the_set_label_names_benchmarks_by_the_same_rule() -> None:
     tasks = ("mmlu_redux:anatomy", "mmlu_redux:virology", "aime24")
-    label = EvalSet.of("paper", tasks, None, {}, None).label
-    assert " · aime24, mmlu_redux · " in label
+    description = EvalSet.of("paper", tasks, None, {}, None).description
+    assert " · aime24, mmlu_redux · " in description

@@ -17,9 +17,11 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect
 from sqlalchemy.engine import make_url
 
+from db import queries
 from db.models import Base
 from db.session import alembic_config, head_revision, open_engine, open_existing
 from db.store import Store
+from tests.support.old_databases import SET_RUNS, add_set_runs, sets_read_before
 
 pytestmark = pytest.mark.slow  # starts a Postgres server: the fast tier (-m 'not slow') starts none
 
@@ -111,6 +113,32 @@ def test_0009_adds_the_compute_columns_empty_and_downgrade_takes_them_back(postg
     assert not columns["samples"] & {"loops_histogram", "decode_seconds"}
     with engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT count(*) FROM samples").scalar_one() == 2
+    engine.dispose()
+
+
+def test_0011_stores_each_old_run_the_set_readers_hashed_before(postgres_url: str) -> None:
+    """On a server, whose driver hands JSON parsed, an upgraded database reads the same sets as it did when every
+    read hashed them; downgrade takes the column back."""
+    engine = create_engine(postgres_url)
+    config = alembic_config()
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, "0010")
+        add_set_runs(conn)
+    before = sets_read_before(engine)
+    assert len(before) == 4 and len(set(before.values())) == 3, "runs 1 and 2 repeat one set with two seeds"
+
+    store = Store.open(postgres_url)
+    assert {row.run_id: (row.set_id, row.set_label) for row in queries.run_sets(store.engine).itertuples()} == before
+    assert {s["id"]: (s["set_id"], s["set_label"]) for s in store.run_summaries()} == before | {5: (None, None)}
+    new = store.create_run(sweep_id="new", model_spec="m", adapter="preset", **SET_RUNS[2])
+    assert store.get_run(new).set_id == before[3][0]
+    store.close()
+
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0010")
+    assert "set_id" not in {c["name"] for c in inspect(engine).get_columns("runs")}
     engine.dispose()
 
 

@@ -7,11 +7,13 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from sqlalchemy import create_engine
+
 from db import queries
 from db.headline import benchmark_stderrs, headline_stderr
-from db.sets import EvalSet, run_key, run_set
+from db.sets import EvalSet, run_key, run_set, set_label
 from db.store import Store
-from tests.support.old_databases import older_database
+from tests.support.old_databases import SET_RUNS, add_set_runs, older_database, sets_read_before
 
 SAMPLING = {"temperature": 1.0, "top_p": 0.7, "top_k": None, "max_new_tokens": 8, "n": 4, "seed": 0, "stop": []}
 FIVE = ["addition", "chain2", "chain3", "chain4", "lookup"]
@@ -36,11 +38,11 @@ def test_a_set_is_suite_tasks_limit_sampling_and_data_not_the_seed() -> None:
     for change in ({"tasks": ["chain3"]}, {"limit": None}, {"suite": "paper"}, {"data_fingerprint": "cd" * 32},
                    {"sampling": SAMPLING | {"n": 1}}, {"sampling": SAMPLING | {"max_new_tokens": 16}}):
         assert run_set(base | change).id != same.id, change
-    assert same.label == (f"set {same.id}: synthetic · chain3, chain4 · first 50 per task · n=4 temperature 1 top-p 0.7 "
-                          "8 new tokens · data abababab")
-    assert "T=" not in same.label  # T is a looped model's trained depth in every figure, never the temperature
-    assert "data not fingerprinted" in run_set(base | {"data_fingerprint": None}).label
-    assert "5 tasks" in EvalSet.of("synthetic", FIVE, None, SAMPLING, None).label
+    assert set_label(same.id, same) == (f"set {same.id}: synthetic · chain3, chain4 · first 50 per task · n=4 "
+                                        "temperature 1 top-p 0.7 8 new tokens · data abababab")
+    assert "T=" not in same.description  # T is a looped model's trained depth in every figure, never the temperature
+    assert "data not fingerprinted" in run_set(base | {"data_fingerprint": None}).description
+    assert "5 tasks" in EvalSet.of("synthetic", FIVE, None, SAMPLING, None).description
 
     run = base | {"model_spec": "zoo:ouro-tiny", "loops": 4, "seed": 0, "spec": {"model_overrides": {}}}
     assert run_key(run) == run_key(run | {"sampling": SAMPLING | {"seed": 0}})
@@ -105,4 +107,40 @@ def test_the_default_set_is_the_newest_with_scores(tmp_path: Path) -> None:
     sets = queries.eval_sets(store.engine)
     assert sets["runs"].tolist() == [1, 1] and sets["last_run_id"].tolist() == [scored, scored + 1]
     assert queries.accuracy_memory(store.engine)["run_id"].tolist() == [scored]
+    store.close()
+
+
+def test_0011_stores_each_old_run_the_set_readers_hashed_before(tmp_path: Path) -> None:
+    """An old database upgraded reads the same sets (ids and labels) as it did when every read hashed them; a run
+    whose set columns are damaged gets none and does not stop the upgrade; new runs store theirs."""
+    path = tmp_path / "old.sqlite"
+    older_database(path, "0010", tasks='["lookup"]', sampling='{"n": 4, "temperature": 1.0, "stop": ["\\n"]}')
+    engine = create_engine(f"sqlite:///{path}")
+    with engine.begin() as conn:
+        add_set_runs(conn)
+    before = sets_read_before(engine)
+    with engine.begin() as conn:  # a run with invalid JSON in its sampling (`db.stored`), which no reader could hash
+        conn.exec_driver_sql("INSERT INTO runs (sweep_id, kind, model_spec, adapter, model_config, suite, tasks,"
+                             " sampling, seed, versions, host, status, started_at) SELECT sweep_id, kind, model_spec,"
+                             " adapter, model_config, suite, tasks, '{\"n\": 4', seed, versions, host, status,"
+                             " started_at FROM runs WHERE id = 1")
+    engine.dispose()
+    assert len(before) == 5 and len(set(before.values())) == 4, "runs 2 and 3 repeat one set with two seeds"
+
+    store = Store.open(str(path))
+    with store.engine.begin() as conn:
+        assert conn.exec_driver_sql("SELECT set_id FROM runs WHERE id = 7").all() == [(None,)]
+        conn.exec_driver_sql("DELETE FROM runs WHERE id = 7")
+    stored = {row.run_id: (row.set_id, row.set_label) for row in queries.run_sets(store.engine).itertuples()}
+    assert stored == before
+    summaries = {s["id"]: (s["set_id"], s["set_label"]) for s in store.run_summaries()}
+    assert summaries == before | {6: (None, None)}, "the profile (run 6) has no set"
+    assert set(queries.eval_sets(store.engine)["set_id"]) == {set_id for set_id, _ in before.values()}
+
+    new = _run(store, "m", 1, ["chain3", "chain4"], 50, 0.5, 1000, "new", sampling=SET_RUNS[0]["sampling"],
+               data_fingerprint="ab" * 32)
+    assert summaries[2][0] == run_set(SET_RUNS[0]).id == store.get_run(new).set_id
+    assert queries.accuracy_memory(store.engine, set_id=summaries[2][0])["run_id"].tolist() == [new]
+    store.update_run(new, limit=10)  # what the set is made of, changed: its stored id follows
+    assert store.get_run(new).set_id == run_set(SET_RUNS[0] | {"limit": 10}).id
     store.close()

@@ -267,3 +267,22 @@ def test_0010_adds_the_kv_axis_empty_so_stored_runs_keep_their_identity_and_poin
     with engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT model_spec, status FROM runs").all() == [("m", "finished")]
     engine.dispose()
+
+
+def test_a_lease_passes_on_only_when_it_expired_or_its_holder_is_gone(tmp_path: Path) -> None:
+    store = Store.open(str(tmp_path / "r.sqlite"))
+    run_id = store.create_run(**RUN)
+    alive, gone = (lambda holder: False), (lambda holder: True)
+    assert store.lease_holder(run_id, alive) is None  # never leased
+    assert store.take_lease(run_id, "a", 60, alive) is None
+    assert store.take_lease(run_id, "b", 60, alive) == "a" and store.lease_holder(run_id, alive) == "a"
+    assert store.lease_holder(run_id, gone) is None and store.take_lease(run_id, "b", 60, gone) is None
+    assert store.lease_holder(run_id, alive) == "b"
+    store.release_lease(run_id, "a")  # not the holder: nothing changes
+    assert store.lease_holder(run_id, alive) == "b"
+    store.release_lease(run_id, "b")
+    assert store.lease_holder(run_id, alive) is None
+    assert store.take_lease(run_id, "c", -1, alive) is None  # a lease already expired
+    assert store.lease_holder(run_id, alive) is None and store.take_lease(run_id, "d", 60, alive) is None
+    assert store.lease_holder(run_id + 1, alive) is None  # no such run
+    store.close()

@@ -12,7 +12,7 @@ import dataclasses
 import re
 from pathlib import Path
 
-from db.sets import EvalSet
+from db.sets import EvalSet, set_label
 from harness.runner import prepare_sweep
 from harness.sweep import build_request
 
@@ -40,7 +40,7 @@ def test_the_readme_results_example_has_a_fresh_databases_run_ids_and_sets() -> 
     assert [(kept, count) for kept, count in levers] == [(headline, 4), (headline, 3)], "so do the memory levers'"
 
     lines = _example()
-    assert lines[0] == headline.label
+    assert lines[0] == set_label(headline.id, headline)
     ranking = "\n".join(lines).split("└")[0]  # the first table; the second repeats its rows with what a token cost
     rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in ranking.splitlines() if line.startswith("│")]
     assert len(rows) == len(runs) - lab_runs and "seeds" not in ranking, "a row per headline run: one seed a row"
@@ -49,7 +49,8 @@ def test_the_readme_results_example_has_a_fresh_databases_run_ids_and_sets() -> 
         policy = next((word for word in config if "-" in word), None)  # config: the KV policy and dtype, where set
         dtype = next((word for word in config if word in ("auto", "int8", "fp8")), None)
         assert shown == str(runs[(model, loops, None if exit_at == "-" else float(exit_at), policy, dtype)]), row
-    assert f"  {lab.label} ({lab_runs} runs)" in lines, "the other set is named under the tables"
-    sentence = " ".join(lines[lines.index(f"  {lab.label} ({lab_runs} runs)") + 1:])
+    named = f"  {set_label(lab.id, lab)} ({lab_runs} runs)"
+    assert named in lines, "the other set is named under the tables"
+    sentence = " ".join(lines[lines.index(named) + 1:])
     assert not sentence or sentence.startswith("Best by pass@1 per GB of "), "the answer comes last"
     assert re.search(r"\b0\.140 ± ", "\n".join(lines)), "melt-tiny at r = 1 reads as `results` rounds it: three places, the zero kept"

@@ -92,7 +92,7 @@ def test_a_database_of_the_schema_before_keeps_its_runs_identity_and_skips_them(
         assert "sampling" not in run.spec and run.spec == {k: v for k, v in old["spec"].items() if k != "sampling"}
         assert run.sampling == old["sampling"]
         assert stored_spec(run, None) == spec
-        assert run_set(_row(db, run.id)).id == run_set(old).id
+        assert run.set_id == run_set(_row(db, run.id)).id == run_set(old).id  # migration 0011: the set readers hashed
     assert store.finished_run_keys() == {run_key(before[0]): 1}
     skipped = skip_stored(spec, plan, store, lambda line: None)  # the sweep planned again is the stored one: skipped
     assert [(o.run_id, o.status) for o in skipped] == [(1, "finished")] and plan.runs == []

@@ -8,6 +8,7 @@ Create Date: 2026-12-04
 
 """
 from collections.abc import Sequence
+from typing import Any
 
 from alembic import op
 import sqlalchemy as sa
@@ -23,7 +24,7 @@ runs = sa.table('runs', sa.column('id', sa.Integer), sa.column('kind', sa.String
                 sa.column('sampling', sa.JSON))
 
 
-def _eval_runs(connection: sa.Connection) -> list[sa.Row]:
+def _eval_runs(connection: sa.Connection) -> Sequence[sa.Row[Any, Any, Any]]:
     """(id, spec, sampling) of every eval run, read whole before any is rewritten."""
     return connection.execute(sa.select(runs.c.id, runs.c.spec, runs.c.sampling).where(runs.c.kind == 'eval')).all()
 
