@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from adapters.engine.config import LoopConfig
 
 if TYPE_CHECKING:  # the caches find their layout through the families, which build these blocks
-    from adapters.engine.cache import Cache
+    from adapters.engine.cache import Cache, InPlaceCache
 
 Rope = tuple[Tensor, Tensor]  # cos, signed sin [B, 1, n, head_dim]
 
@@ -171,11 +171,15 @@ class Attention(nn.Module):
         `nn.Module.__call__`'s hook handling would cost more than some of its kernels.
         """
         q, k, v = self.project(x, src, span.rope)
-        k, v = cache.update(layer, loop, k, v, span.slot)
         b, _, n, _ = q.shape
-        causal = span.mask is None and n > 1
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=span.mask, is_causal=causal, enable_gqa=self.n_heads != self.n_kv)
-        return F.linear(y.transpose(1, 2).reshape(b, n, self.n_heads * self.head_dim), self.o_proj.weight)
+        if cache.in_place:  # the cache's kernel reads its blocks where they lie ([B, n, H, D])
+            y = cast("InPlaceCache", cache).attend(layer, loop, q, k, v)
+        else:
+            k, v = cache.update(layer, loop, k, v, span.slot)
+            causal = span.mask is None and n > 1
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=span.mask, is_causal=causal, enable_gqa=self.n_heads != self.n_kv)
+            y = y.transpose(1, 2)
+        return F.linear(y.reshape(b, n, self.n_heads * self.head_dim), self.o_proj.weight)
 
     def project(self, x: Tensor, src: Tensor | None, rope: Rope) -> tuple[Tensor, Tensor, Tensor]:
         """q [B,H,n,D] from x; k, v [..., B,Hkv,n,D] from `src` [..., B,n,d] (default x); q/k norm and RoPE applied."""
