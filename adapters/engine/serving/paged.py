@@ -21,7 +21,7 @@ model runner's decode rows instead (`adapters.engine.serving.rows`), which hand 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -36,6 +36,7 @@ from adapters.engine.memory import analytic_terms
 from adapters.engine.serving.sequence import Sequence
 from measures import GB
 
+Read = TypeVar("Read")
 PagedAttention = Callable[..., Tensor]  # `adapters.engine.kernels.attention.paged_attention`'s signature
 DEFAULT_BLOCK_SIZE = 16
 KEEP_BYTES = 64 * 2**20  # gathered K/V rows a gated step may keep across its loops (`PagedStep`)
@@ -216,12 +217,13 @@ class PagedStep(PoolStep):
     def attend(self, layer: int, loop: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """`update` and attention in one: the kernel reads the entry's blocks where they lie (`in_place`).
         q [B, H, n, D] -> [B, n, H, D]."""
-        pool = self.pool
-        return self._through(layer, loop, k, v, lambda entry, *_: pool.attention(
+        pool, attention = self.pool, self.pool.attention
+        assert attention is not None  # `in_place`
+        return self._through(layer, loop, k, v, lambda entry, *_: attention(
             q, pool.k_entries[entry], pool.v_entries[entry], self.blocks, self.positions, block_size=pool.block_size,
             kv_dtype=pool.format.name))
 
-    def _through(self, layer: int, loop: int, k: Tensor, v: Tensor, read: Callable[[int, Tensor, Tensor], Any]) -> Any:
+    def _through(self, layer: int, loop: int, k: Tensor, v: Tensor, read: Callable[[int, Tensor, Tensor], Read]) -> Read:
         """Write the step's rows k, v [B, Hkv, n, D] to (layer, loop)'s entry, `read(entry, k, v as stored)`, and under a
         folding layout's loop >= 1 write the fold over the rows after the read."""
         entry, pool = self.pool.entries[layer][loop], self.pool
