@@ -7,7 +7,9 @@ straight from one entry of the pool ([slots, Hkv, W], W = head_dim, or head_dim 
 for int8 / fp8 rows, `adapters.engine.kvformat`), dequantizing inside the kernel.
 
 One program takes one sequence, one KV head and a tile of query rows: the step's n tokens times the `group` query
-heads sharing that KV head (GQA), so a decode step's group of heads reads each block once. A query at position p
+heads sharing that KV head (GQA), so a decode step's group of heads reads each block once. It walks the keys in
+tiles of `BLOCK_N` positions, each key's row found through the table (block p // block_size, slot p % block_size),
+so a tile spans several blocks and any block size works. A query at position p
 sees keys 0..p of its sequence (the mask `key_mask` builds for the SDPA path), so one kernel serves a decode step
 (n = 1, ragged lengths) and a prefill chunk (causal over the context and the chunk). Scores and the online softmax
 run in float32 (the running max and sum, FlashAttention's rescaling); K and V are cast to the queries' dtype for
@@ -26,7 +28,8 @@ import triton.language as tl
 from torch import Tensor
 
 FORMATS = {"auto": 0, "int8": 1, "fp8": 2}  # `adapters.engine.kvformat` names -> the kernel's FORMAT
-SPLIT_BLOCKS = 16  # fewest blocks one part of a split context covers
+BLOCK_N = 64  # keys a program reads per iteration (from as many blocks as they span)
+SPLIT_KEYS = 256  # fewest keys one part of a split context covers
 TARGET_PROGRAMS = 264  # programs a step aims at before splitting contexts (2 per SM of an H100)
 
 
@@ -46,7 +49,7 @@ def _dequantize(rows, scale_ptrs, mask, FORMAT: tl.constexpr):
 
 @triton.jit
 def _paged_attention(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, pos_ptr, out_ptr, m_ptr, l_ptr,
-                     sm_scale, n_kv, n_tokens, group, block_size, blocks_per_split,
+                     sm_scale, n_kv, n_tokens, group, block_size, keys_per_split,
                      q_sb, q_sh, q_sn, k_ss, k_sh, s_ss, s_sh, t_sb, p_sb, p_sn,
                      o_ss, o_sb, o_sn, o_sh, ml_ss, ml_sb, ml_sn,
                      HEAD_DIM: tl.constexpr, SCALE_AT: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -61,15 +64,16 @@ def _paged_attention(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, pos_ptr, ou
     q = tl.load(q_ptr + b * q_sb + head[:, None] * q_sh + token[:, None] * q_sn + d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     pos = tl.load(pos_ptr + b * p_sb + token * p_sn, mask=row_ok, other=0)  # padding rows see key 0 only, unwritten
-    first = part * blocks_per_split
-    last = tl.minimum(tl.max(pos, axis=0) // block_size + 1, first + blocks_per_split)
+    first = part * keys_per_split
+    last = tl.minimum(tl.max(pos, axis=0) + 1, first + keys_per_split)  # past the tile's last key, or the part's end
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    offs = tl.arange(0, BLOCK_N)
-    key_ok = offs < block_size
-    for j in range(first, last):
-        slot = tl.load(table_ptr + b * t_sb + j) * block_size + offs
+    for start in range(first, last, BLOCK_N):
+        key = start + tl.arange(0, BLOCK_N)  # key positions; each finds its block in the table, its slot in the block
+        key_ok = key < last
+        block = tl.load(table_ptr + b * t_sb + key // block_size, mask=key_ok, other=0)
+        slot = block * block_size + key % block_size
         where = slot[:, None] * k_ss + kv_head * k_sh + d[None, :]
         kv_mask = key_ok[:, None] & d_ok[None, :]
         k = tl.load(k_ptr + where, mask=kv_mask, other=0)
@@ -79,7 +83,7 @@ def _paged_attention(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, pos_ptr, ou
             k = _dequantize(k, ks_ptr + scale_at, key_ok, FORMAT)
             v = _dequantize(v, vs_ptr + scale_at, key_ok, FORMAT)
         s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * sm_scale
-        seen = key_ok[None, :] & (j * block_size + offs[None, :] <= pos[:, None])
+        seen = key_ok[None, :] & (key[None, :] <= pos[:, None])
         s = tl.where(seen, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet: exp(-inf) = 0, not NaN
@@ -119,10 +123,11 @@ def paged_attention(q: Tensor, k: Tensor, v: Tensor, blocks: Tensor, positions: 
     block_m = max(16, triton.next_power_of_2(n * group))  # tl.dot needs 16 rows at least
     block_m = min(block_m, 64)
     tiles = triton.cdiv(n * group, block_m)
-    width = blocks.shape[1]
+    keys = blocks.shape[1] * block_size
+    block_n = min(BLOCK_N, max(16, triton.next_power_of_2(keys)))  # tl.dot needs 16 at least
     if splits is None:
-        splits = max(1, min(triton.cdiv(width, SPLIT_BLOCKS), TARGET_PROGRAMS // (b * n_kv * tiles)))
-    per_split = triton.cdiv(width, splits)
+        splits = max(1, min(triton.cdiv(keys, SPLIT_KEYS), TARGET_PROGRAMS // (b * n_kv * tiles)))
+    per_split = triton.cdiv(triton.cdiv(keys, splits), block_n) * block_n
     out = q.new_empty(b, n, h, d)
     parts = out if splits == 1 else q.new_empty(splits, b, n, h, d, dtype=torch.float32)
     m = l = parts  # unused unless split
@@ -136,7 +141,7 @@ def paged_attention(q: Tensor, k: Tensor, v: Tensor, blocks: Tensor, positions: 
         0 if splits == 1 else parts.stride(0), parts.stride(-4), parts.stride(-3), parts.stride(-2),
         m.stride(0), m.stride(1), m.stride(2),
         HEAD_DIM=d, SCALE_AT=d // 4, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_M=block_m,
-        BLOCK_N=max(16, triton.next_power_of_2(block_size)), FORMAT=fmt, SPLIT=splits > 1,
+        BLOCK_N=block_n, FORMAT=fmt, SPLIT=splits > 1,
     )
     if splits == 1:
         return out
