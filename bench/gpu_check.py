@@ -7,7 +7,7 @@ width), the same prompts are generated greedy and sampled (the paper's temperatu
 
 - `graphs`: the continuous engine on CUDA, decode steps replayed from captured graphs (the default), attention
   through the paged kernel (`adapters.engine.kernels`);
-- `sdpa`: the same with `paged_kernel=False`: attention over gathered blocks through SDPA, the path before the kernel;
+- `sdpa`: the same with `triton_kernels=False`: attention over gathered blocks through SDPA, the path before the kernel;
 - `padded`: the same padded steps run eagerly (`DecodeGraphs(capture=False)`): the same kernels on the same
   shapes, so its tokens must equal `graphs`' exactly;
 - `eager`: `cuda_graphs=False` (the decode rows, unpadded);
@@ -48,7 +48,7 @@ from adapters.engine.serving.graphs import DecodeGraphs  # noqa: E402
 from adapters.engine.model import LoopedLM  # noqa: E402
 
 PRESETS = ("qwen3-tiny", "ouro-tiny", "coreloop-tiny", "melt-tiny")
-WAYS = {"graphs": dict(device="cuda"), "sdpa": dict(device="cuda", paged_kernel=False), "padded": dict(device="cuda"), "eager": dict(device="cuda", cuda_graphs=False),
+WAYS = {"graphs": dict(device="cuda"), "sdpa": dict(device="cuda", triton_kernels=False), "padded": dict(device="cuda"), "eager": dict(device="cuda", cuda_graphs=False),
         "static": dict(device="cuda", batching="static"), "cpu": dict(device="cpu")}
 
 

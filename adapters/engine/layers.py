@@ -9,6 +9,7 @@ hook dispatch cost about 3% of it (the engine registers no hooks on them).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -221,8 +222,12 @@ class Block(nn.Module):
     """One decoder layer: `pre` (Qwen3, Llama) h + attn(norm(h)); `sandwich` (Ouro) also norms each sublayer's output.
 
     Families extend it: MELT's shared layers project K/V from a latent (`kv_input`), Huginn's norm each residual sum.
-    `init_extra` initialises what a family adds, after the model's generic initialisation.
+    `init_extra` initialises what a family adds, after the model's generic initialisation. `add_norm` (set by the
+    engine on a GPU, `adapters.engine.kernels.norm`): the attention branch's residual add and the norm after it in one
+    kernel, used outside autograd (it has no backward).
     """
+
+    add_norm: Callable[[Tensor, Tensor, Tensor, float], tuple[Tensor, Tensor]] | None = None
 
     def __init__(self, cfg: LoopConfig, qk_bias: bool = False) -> None:
         super().__init__()
@@ -239,8 +244,14 @@ class Block(nn.Module):
         x = self.input_layernorm.forward(h)
         a = self.self_attn.attend(x, self.kv_input(x, cache, layer, loop), span, cache, layer, loop)
         branch = self.input_layernorm_2.forward(a) if self.sandwich else a
-        h = h + (branch if scales is None else branch * scales[0])
-        m = self.mlp.forward(self.post_attention_layernorm.forward(h))
+        branch = branch if scales is None else branch * scales[0]
+        norm = self.post_attention_layernorm
+        if self.add_norm is None or torch.is_grad_enabled():
+            h = h + branch
+            x = norm.forward(h)
+        else:
+            h, x = self.add_norm(branch, h, norm.weight, norm.eps)
+        m = self.mlp.forward(x)
         branch = self.post_attention_layernorm_2.forward(m) if self.sandwich else m
         return h + (branch if scales is None else branch * scales[1]), a
 

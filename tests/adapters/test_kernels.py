@@ -16,6 +16,7 @@ import os
 os.environ["TRITON_INTERPRET"] = "1"  # before the kernels' modules (and triton) are imported: they run on the CPU
 
 import math  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -27,7 +28,7 @@ from adapters.engine.adapter import load_preset  # noqa: E402
 from adapters.engine.kernels.attention import paged_attention  # noqa: E402
 from adapters.engine.kernels.norm import add_rms_norm  # noqa: E402
 from adapters.engine.kvformat import KV_FORMATS  # noqa: E402
-from adapters.engine.layers import rms  # noqa: E402
+from adapters.engine.layers import Block, rms  # noqa: E402
 from adapters.engine.serving.continuous import ContinuousEngine  # noqa: E402
 from adapters.engine.serving.paged import key_mask  # noqa: E402
 from tests.support.kv_pool import pool_for  # noqa: E402
@@ -148,12 +149,22 @@ class Shadow:
         return out
 
 
+def with_kernels(model: torch.nn.Module, add_norm: Callable[..., tuple[Tensor, Tensor]] | None) -> None:
+    """The blocks' residual add and norm fused by `add_norm` (`Block.add_norm`, as the engine sets it on a GPU), or
+    torch's (None)."""
+    for block in model.modules():
+        if isinstance(block, Block):
+            block.add_norm = add_norm
+
+
 def generate(name: str, kv_dtype: str, kv_policy: str | None, attention: Shadow | None) -> list[list[int]]:
-    """Greedy tokens of two prompts on the continuous engine, attending through `attention` (None: SDPA)."""
+    """Greedy tokens of two prompts on the continuous engine, attending through `attention` with the fused norms
+    (None: SDPA and torch's norms, the CPU's path)."""
     overrides = {"kv_dtype": kv_dtype} | ({"kv_policy": kv_policy} if kv_policy else {})
     loops = 1 if name == "qwen3-tiny" else 2
     adapter = load_preset(name, dtype="fp32", device="cpu", seed=3, loops=loops, block_size=4, **overrides)
     adapter.config.eos_token_id = None
+    with_kernels(adapter.model, None if attention is None else add_rms_norm)
     sequences = adapter._sequences([Request(prompt, Sampling(temperature=0.0, max_new_tokens=3)) for prompt in ("1+2=", "abcdef")])
     pool = pool_for(adapter, sequences)
     pool.attention = attention
@@ -174,8 +185,9 @@ def generate(name: str, kv_dtype: str, kv_policy: str | None, attention: Shadow 
     ("melt-tiny", None, "int8"),
 ])
 def test_engine_attends_through_the_kernel(name, kv_policy, kv_dtype):
-    """The continuous engine on the kernel path: every attention call (prefill and decode, on blocks of 4 with a
-    prompt across two blocks) within the rounding bound of the SDPA path on the same pool, and the same tokens."""
+    """The continuous engine on the kernels' path: every attention call (prefill and decode, on blocks of 4 with a
+    prompt across two blocks) within the rounding bound of the SDPA path on the same pool, and, with the fused norms,
+    the same tokens as the CPU's path."""
     shadow = Shadow()
     tokens = generate(name, kv_dtype, kv_policy, shadow)
     queries = {n for n, _ in shadow.calls}
@@ -191,6 +203,32 @@ def norm_bound(h: Tensor, weight: Tensor) -> Tensor:
     d = h.shape[-1]
     scale = (h * weight).abs().amax(-1, keepdim=True) / h.pow(2).mean(-1, keepdim=True).sqrt()
     return 2 * gamma(d + 4) * scale
+
+
+def test_blocks_use_torch_norms_where_autograd_runs():
+    """The fused kernel has no backward: with gradients enabled a block adds and norms with torch (the kernel is not
+    called; the loss and every gradient are those without it); under inference mode it runs."""
+    model = load_preset("ouro-tiny", dtype="fp32", device="cpu", seed=3).model
+    tokens = torch.tensor([[1, 5, 9, 12, 7]])
+    calls = []
+
+    def counted(*args: Tensor | float) -> tuple[Tensor, Tensor]:
+        calls.append(1)
+        return add_rms_norm(*args)
+
+    runs = []
+    for add_norm in (None, counted):
+        with_kernels(model, add_norm)
+        model.zero_grad()
+        loss = model(tokens).logits.sum()
+        loss.backward()
+        runs.append((loss, {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}))
+    (plain, grads), (loss, fused_grads) = runs
+    assert not calls and torch.equal(loss, plain) and grads.keys() == fused_grads.keys() and len(grads) > 10
+    assert all(torch.equal(grads[name], fused_grads[name]) for name in grads)
+    with torch.inference_mode():
+        model(tokens)
+    assert len(calls) == 2 * 4  # ouro-tiny: 2 shared layers x 4 loops
 
 
 def test_add_rms_norm_matches_the_residual_then_the_norm():

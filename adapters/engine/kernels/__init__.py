@@ -21,6 +21,15 @@ def available(device: torch.device) -> bool:
     return device.type == "cuda" and importlib.util.find_spec("triton") is not None
 
 
+def add_rms_norm_for(device: torch.device) -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
+    """The fused residual add and RMSNorm a block uses on `device` (`Block.add_norm`), or None (torch's ops)."""
+    if not available(device):
+        return None
+    from adapters.engine.kernels.norm import add_rms_norm
+
+    return add_rms_norm
+
+
 def paged_attention_for(device: torch.device) -> Callable[..., torch.Tensor] | None:
     """The attention kernel a pool on `device` attends through in place (`BlockPool.attention`), or None where the
     kernels do not run (the SDPA path over gathered blocks)."""

@@ -13,7 +13,7 @@ so a tile spans several blocks and any block size works. A query at position p
 sees keys 0..p of its sequence (the mask `key_mask` builds for the SDPA path), so one kernel serves a decode step
 (n = 1, ragged lengths) and a prefill chunk (causal over the context and the chunk). Scores and the online softmax
 run in float32 (the running max and sum, FlashAttention's rescaling); K and V are cast to the queries' dtype for
-the products, as the SDPA path hands them over. A decode step with few programs splits each context into parts
+the products, as the SDPA path hands them over (float32 products in full float32, not TF32). A decode step with few programs splits each context into parts
 (`splits`, flash-decoding) whose partial sums are merged by their maxima afterwards: at batch 1 on an H100 one
 program per KV head would leave most of its 132 SMs idle.
 """
@@ -53,7 +53,7 @@ def _paged_attention(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, pos_ptr, ou
                      q_sb, q_sh, q_sn, k_ss, k_sh, s_ss, s_sh, t_sb, p_sb, p_sn,
                      o_ss, o_sb, o_sn, o_sh, ml_ss, ml_sb, ml_sn,
                      HEAD_DIM: tl.constexpr, SCALE_AT: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, FORMAT: tl.constexpr, SPLIT: tl.constexpr):
+                     BLOCK_N: tl.constexpr, FORMAT: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr):
     b, kv_head = tl.program_id(0) // n_kv, tl.program_id(0) % n_kv
     part = tl.program_id(2)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)  # query rows: token rows // group, head rows % group
@@ -63,7 +63,7 @@ def _paged_attention(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, pos_ptr, ou
     d_ok = d < HEAD_DIM
     q = tl.load(q_ptr + b * q_sb + head[:, None] * q_sh + token[:, None] * q_sn + d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    pos = tl.load(pos_ptr + b * p_sb + token * p_sn, mask=row_ok, other=0)  # padding rows see key 0 only, unwritten
+    pos = tl.load(pos_ptr + b * p_sb + token * p_sn, mask=row_ok, other=0).to(tl.int32)  # padding rows: key 0, unwritten
     first = part * keys_per_split
     last = tl.minimum(tl.max(pos, axis=0) + 1, first + keys_per_split)  # past the tile's last key, or the part's end
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -82,7 +82,7 @@ def _paged_attention(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, pos_ptr, ou
             scale_at = slot * s_ss + kv_head * s_sh + SCALE_AT
             k = _dequantize(k, ks_ptr + scale_at, key_ok, FORMAT)
             v = _dequantize(v, vs_ptr + scale_at, key_ok, FORMAT)
-        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * sm_scale
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION) * sm_scale
         seen = key_ok[None, :] & (key[None, :] <= pos[:, None])
         s = tl.where(seen, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -90,7 +90,7 @@ def _paged_attention(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, pos_ptr, ou
         p = tl.exp(s - m_safe[:, None])
         alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision="ieee")
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION)
         m_i = m_new
     at = part * o_ss + b * o_sb + token[:, None] * o_sn + head[:, None] * o_sh + d[None, :]
     out_mask = row_ok[:, None] & d_ok[None, :]
@@ -141,7 +141,7 @@ def paged_attention(q: Tensor, k: Tensor, v: Tensor, blocks: Tensor, positions: 
         0 if splits == 1 else parts.stride(0), parts.stride(-4), parts.stride(-3), parts.stride(-2),
         m.stride(0), m.stride(1), m.stride(2),
         HEAD_DIM=d, SCALE_AT=d // 4, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_M=block_m,
-        BLOCK_N=block_n, FORMAT=fmt, SPLIT=splits > 1,
+        BLOCK_N=block_n, FORMAT=fmt, SPLIT=splits > 1, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )
     if splits == 1:
         return out
