@@ -12,9 +12,9 @@ once: the continuous engine's cap, or the static batch), `batching` ("continuous
 `kv_budget` (GB of KV pool; default: what the workload needs at the cap without preemption, and on
 a GPU at most `paged.KV_FRACTION` of free memory), `block_size` (tokens per KV block), `cuda_graphs`
 (default true: on a GPU the engine's decode steps replay as CUDA graphs, `adapters.engine.serving.graphs`), `triton_kernels`
-(default true: on a GPU with triton, attention reads the pool's blocks in place and each block's residual add is
-fused with the norm after it, `adapters.engine.kernels`; false: SDPA over gathered blocks and torch's norms, the
-CPU's path), `exit_policy`
+(default true: on a GPU with triton, attention reads the pool's blocks in place, each block's residual add is fused
+with the norm after it and q and k are normed and rotated in one kernel, `adapters.engine.kernels`; false: SDPA over
+gathered blocks and torch's ops, the CPU's path), `exit_policy`
 ("none", "fixed", "threshold") with `exit_loop` / `exit_threshold` (default: the checkpoint's
 `early_exit_threshold`, see `exit_policy`), `exit_criterion` (gate, kl, entropy) and `exit_fill` ("copy": a decoded token
 skips the loops after its exit and leaves its exit loop's K/V in them, the default when a policy is set; "masked":
@@ -44,8 +44,7 @@ from adapters.engine.exits import SKIPPING_FILL, ExitPolicy, check_threshold
 from adapters.engine.generate import generate_static
 from adapters.engine.sampling import check_request
 from adapters.engine.serving.graphs import DecodeGraphs
-from adapters.engine.kernels import add_rms_norm_for, paged_attention_for
-from adapters.engine.layers import Block
+from adapters.engine import kernels
 from adapters.engine.memory import analytic_terms, count_params
 from adapters.engine.model import LoopedLM
 from adapters.engine.serving.paged import DEFAULT_BLOCK_SIZE, BlockPool
@@ -94,10 +93,7 @@ class EngineAdapter:
         self.exit_policy = check_exit_support(self.config, exit_policy)
         weight = model.model.embed_tokens.weight
         self.dtype, self.device = weight.dtype, weight.device
-        add_norm = add_rms_norm_for(self.device) if self.triton_kernels else None
-        for block in model.modules():
-            if isinstance(block, Block):
-                block.add_norm = add_norm
+        kernels.install(model, self.device, self.triton_kernels)
         self._weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         self._live: KVCache | BlockPool | None = None  # the KV store of the call in progress
         self._peak = self._reserved = 0
@@ -165,7 +161,7 @@ class EngineAdapter:
         capture, graphs = self.cuda_graphs and self.device.type == "cuda" and not self.model.draws_state and not self.exit_policy.skips, None
         pool = BlockPool.for_workload(self.config, self.loops, [s.capacity for s in sequences], max_seqs=self.max_batch, kv_budget=self.kv_budget,
                                       block_size=self.block_size, dtype=self.dtype, device=self.device, spare=capture)
-        pool.attention = paged_attention_for(self.device) if self.triton_kernels else None
+        pool.attention = kernels.paged_attention_for(self.device) if self.triton_kernels else None
         if capture:
             graphs = DecodeGraphs(self.model, pool, loops=self.loops, keep_loops=self.exit_policy.reads_loops(bool(self.model.coda)), max_seqs=self.max_batch,
                                   max_blocks=pool.manager.blocks_for(max(s.capacity for s in sequences)), capture=True)

@@ -151,7 +151,12 @@ def _join_fused(module: nn.Module, state: dict[str, Tensor], prefix: str, *_: An
 
 # ---------------------------------------------------------------------------------- modules
 class Attention(nn.Module):
-    """GQA attention over the rows a cache holds; K/V may come from another input than q (MELT's latent h)."""
+    """GQA attention over the rows a cache holds; K/V may come from another input than q (MELT's latent h).
+
+    `qk_rope` (set by the engine on a GPU, `adapters.engine.kernels.rope`): q and k's bias, norm and RoPE in one
+    kernel, used outside autograd (it has no backward)."""
+
+    qk_rope: Callable[..., tuple[Tensor, Tensor]] | None = None
 
     def __init__(self, cfg: LoopConfig, qk_bias: bool = False) -> None:
         super().__init__()
@@ -190,6 +195,11 @@ class Attention(nn.Module):
         if src is None:  # one matmul, and q and k normed and rotated together
             qkv = F.linear(x, weight).view(b, n, h + 2 * kv, d)
             qk, v = qkv[:, :, : h + kv], qkv[:, :, h + kv :]
+            if self.qk_rope is not None and not torch.is_grad_enabled():
+                bias = None if self.qk_bias is None else self.qk_bias.flatten(0, 2)
+                q, k = self.qk_rope(qkv, *rope, h, kv, bias=bias, q_weight=None if q_norm is None else q_norm.weight,
+                                    k_weight=None if k_norm is None else k_norm.weight, eps=0.0 if q_norm is None else q_norm.eps)
+                return q, k, v.transpose(1, 2)
             if self.qk_bias is not None:  # [2, 1, H, D] -> [2H, D]: q's heads, then k's
                 qk = qk + self.qk_bias.flatten(0, 2)
             if q_norm is not None:  # q and k normed per head in one pass, then each scaled by its weight

@@ -28,7 +28,9 @@ from adapters.engine.adapter import load_preset  # noqa: E402
 from adapters.engine.kernels.attention import paged_attention  # noqa: E402
 from adapters.engine.kernels.norm import add_rms_norm  # noqa: E402
 from adapters.engine.kvformat import KV_FORMATS  # noqa: E402
-from adapters.engine.layers import Block, rms  # noqa: E402
+from adapters.engine.io.presets import preset  # noqa: E402
+from adapters.engine.kernels.rope import qk_rope  # noqa: E402
+from adapters.engine.layers import Attention, Block, Rotary, rms  # noqa: E402
 from adapters.engine.serving.continuous import ContinuousEngine  # noqa: E402
 from adapters.engine.serving.paged import key_mask  # noqa: E402
 from tests.support.kv_pool import pool_for  # noqa: E402
@@ -149,12 +151,15 @@ class Shadow:
         return out
 
 
-def with_kernels(model: torch.nn.Module, add_norm: Callable[..., tuple[Tensor, Tensor]] | None) -> None:
-    """The blocks' residual add and norm fused by `add_norm` (`Block.add_norm`, as the engine sets it on a GPU), or
-    torch's (None)."""
-    for block in model.modules():
-        if isinstance(block, Block):
-            block.add_norm = add_norm
+def with_kernels(model: torch.nn.Module, add_norm: Callable[..., tuple[Tensor, Tensor]] | None,
+                 rope: Callable[..., tuple[Tensor, Tensor]] | None = None) -> None:
+    """The blocks' residual add and norm fused by `add_norm` (`Block.add_norm`) and q and k rotated by `rope`
+    (`Attention.qk_rope`), as `kernels.install` sets them on a GPU, or torch's ops (None)."""
+    for module in model.modules():
+        if isinstance(module, Block):
+            module.add_norm = add_norm
+        elif isinstance(module, Attention):
+            module.qk_rope = rope
 
 
 def generate(name: str, kv_dtype: str, kv_policy: str | None, attention: Shadow | None) -> list[list[int]]:
@@ -164,7 +169,7 @@ def generate(name: str, kv_dtype: str, kv_policy: str | None, attention: Shadow 
     loops = 1 if name == "qwen3-tiny" else 2
     adapter = load_preset(name, dtype="fp32", device="cpu", seed=3, loops=loops, block_size=4, **overrides)
     adapter.config.eos_token_id = None
-    with_kernels(adapter.model, None if attention is None else add_rms_norm)
+    with_kernels(adapter.model, *((None, None) if attention is None else (add_rms_norm, qk_rope)))
     sequences = adapter._sequences([Request(prompt, Sampling(temperature=0.0, max_new_tokens=3)) for prompt in ("1+2=", "abcdef")])
     pool = pool_for(adapter, sequences)
     pool.attention = attention
@@ -186,8 +191,8 @@ def generate(name: str, kv_dtype: str, kv_policy: str | None, attention: Shadow 
 ])
 def test_engine_attends_through_the_kernel(name, kv_policy, kv_dtype):
     """The continuous engine on the kernels' path: every attention call (prefill and decode, on blocks of 4 with a
-    prompt across two blocks) within the rounding bound of the SDPA path on the same pool, and, with the fused norms,
-    the same tokens as the CPU's path."""
+    prompt across two blocks) within the rounding bound of the SDPA path on the same pool, and, with the fused norms
+    and RoPE, the same tokens as the CPU's path."""
     shadow = Shadow()
     tokens = generate(name, kv_dtype, kv_policy, shadow)
     queries = {n for n, _ in shadow.calls}
@@ -205,17 +210,23 @@ def norm_bound(h: Tensor, weight: Tensor) -> Tensor:
     return 2 * gamma(d + 4) * scale
 
 
+class Counted:
+    """A kernel's function, counting its calls: whether a path ran it."""
+
+    def __init__(self, fn: Callable[..., tuple[Tensor, Tensor]]) -> None:
+        self.fn, self.calls = fn, 0
+
+    def __call__(self, *args: object, **kwargs: object) -> tuple[Tensor, Tensor]:
+        self.calls += 1
+        return self.fn(*args, **kwargs)
+
+
 def test_blocks_use_torch_norms_where_autograd_runs():
     """The fused kernel has no backward: with gradients enabled a block adds and norms with torch (the kernel is not
     called; the loss and every gradient are those without it); under inference mode it runs."""
     model = load_preset("ouro-tiny", dtype="fp32", device="cpu", seed=3).model
     tokens = torch.tensor([[1, 5, 9, 12, 7]])
-    calls = []
-
-    def counted(*args: Tensor | float) -> tuple[Tensor, Tensor]:
-        calls.append(1)
-        return add_rms_norm(*args)
-
+    counted = Counted(add_rms_norm)
     runs = []
     for add_norm in (None, counted):
         with_kernels(model, add_norm)
@@ -224,11 +235,11 @@ def test_blocks_use_torch_norms_where_autograd_runs():
         loss.backward()
         runs.append((loss, {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}))
     (plain, grads), (loss, fused_grads) = runs
-    assert not calls and torch.equal(loss, plain) and grads.keys() == fused_grads.keys() and len(grads) > 10
+    assert counted.calls == 0 and torch.equal(loss, plain) and grads.keys() == fused_grads.keys() and len(grads) > 10
     assert all(torch.equal(grads[name], fused_grads[name]) for name in grads)
     with torch.inference_mode():
         model(tokens)
-    assert len(calls) == 2 * 4  # ouro-tiny: 2 shared layers x 4 loops
+    assert counted.calls == 2 * 4  # ouro-tiny: 2 shared layers x 4 loops
 
 
 def test_add_rms_norm_matches_the_residual_then_the_norm():
@@ -243,3 +254,47 @@ def test_add_rms_norm_matches_the_residual_then_the_norm():
     assert torch.equal(h, residual + x)
     expected = rms(residual + x, eps, weight)
     assert bool(((normed - expected).abs() <= norm_bound(residual + x, weight)).all())
+
+
+# ------------------------------------------------------------------------------------------ fused q/k RoPE
+def rope_bound(qk: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Elementwise: y = a cos + roll(a) sin from the exactly normed rows a. Each evaluation's a is within gamma(D + 5)
+    of exact per element (the bias add is the same float32 sum on both sides; the norm: D squares summed, the mean,
+    eps, the square root, the division, the weight), and its two products and sum add gamma(2): so two evaluations
+    differ by at most 2 gamma(D + 7) (|a cos| + |roll(a) sin|)."""
+    d = qk.shape[-1]
+    return 2 * gamma(d + 7) * (qk.abs() * cos.abs() + qk.roll(d // 2, -1).abs() * sin.abs())
+
+
+@pytest.mark.parametrize(("name", "bias"), [("qwen3-tiny", False), ("ouro-tiny", False), ("ouro-tiny", True)])
+def test_qk_rope_matches_the_projection(name, bias):
+    """Attention.project with the fused kernel against torch's ops: Qwen3's per-head q/k norm with GQA, Ouro's
+    plain q and k, and a q/k bias as Huginn's (as many KV heads as heads): the same v, q and k within the bound."""
+    cfg = preset(name)
+    if bias:
+        cfg = cfg.replace(num_kv_heads=cfg.num_heads)
+    torch.manual_seed(0)
+    attention = Attention(cfg, qk_bias=bias)
+    if bias:
+        torch.nn.init.normal_(attention.qk_bias)
+    for norm in (attention.q_norm, attention.k_norm):
+        if norm is not None:
+            torch.nn.init.uniform_(norm.weight, 0.5, 1.5)
+    x = torch.randn(2, 5, cfg.hidden_size) * 3
+    positions = torch.tensor([[0, 1, 2, 3, 4], [17, 18, 19, 20, 21]])
+    rope = Rotary(cfg.head_dim, cfg.rope_theta)(positions, torch.float32)
+    with torch.inference_mode():
+        q, k, v = attention.project(x, None, rope)
+        attention.qk_rope = counted = Counted(qk_rope)
+        fused_q, fused_k, fused_v = attention.project(x, None, rope)
+        attention.qk_rope = None
+        # the rows the rotation reads: torch's own q and k before RoPE (normed, biased), recomputed for the bound
+        heads = cfg.num_heads
+        qkv = torch.nn.functional.linear(x, attention.qkv_proj.weight).view(2, 5, -1, cfg.head_dim)[:, :, : heads + cfg.num_kv_heads]
+        if bias:
+            qkv = qkv + attention.qk_bias.flatten(0, 2)
+        if attention.q_norm is not None:
+            qkv = torch.cat((attention.q_norm(qkv[:, :, :heads]), attention.k_norm(qkv[:, :, heads:])), 2)
+    bound = rope_bound(qkv.transpose(1, 2), *rope)
+    assert counted.calls == 1 and torch.equal(fused_v, v)
+    assert bool(((fused_q - q).abs() <= bound[:, :heads]).all()) and bool(((fused_k - k).abs() <= bound[:, heads:]).all())
