@@ -6,11 +6,12 @@ sequence decodes the same count; prompts of different lengths so steps are padde
 width), the same prompts are generated greedy and sampled (the paper's temperature 1.0, top-p 0.7) six ways:
 
 - `graphs`: the continuous engine on CUDA, decode steps replayed from captured graphs (the default), attention
-  through the paged kernel (`adapters.engine.kernels`);
-- `sdpa`: the same with `triton_kernels=False`: attention over gathered blocks through SDPA, the path before the kernel;
+  through the paged kernel, norms and RoPE fused (`adapters.engine.kernels`);
+- `sdpa`: the same with `triton_kernels=False`: attention over gathered blocks through SDPA, and torch's norms and
+  RoPE, the path before the kernels;
 - `padded`: the same padded steps run eagerly (`DecodeGraphs(capture=False)`): the same kernels on the same
   shapes, so its tokens must equal `graphs`' exactly;
-- `eager`: `cuda_graphs=False` (the decode rows, unpadded);
+- `eager`: `cuda_graphs=False` (unpadded steps run eagerly, through the same kernels);
 - `static`: static batching on CUDA;
 - `cpu`: the continuous engine on the CPU.
 

@@ -89,11 +89,10 @@ class EngineAdapter:
         self.loops = self.config.loops if loops is None else loops
         self.max_batch, self.batching, self.kv_budget, self.block_size, self.cuda_graphs = check_batching(
             max_batch, batching, kv_budget, block_size, cuda_graphs)
-        self.triton_kernels = check_flag("triton_kernels", triton_kernels)
         self.exit_policy = check_exit_support(self.config, exit_policy)
         weight = model.model.embed_tokens.weight
         self.dtype, self.device = weight.dtype, weight.device
-        kernels.install(model, self.device, self.triton_kernels)
+        self.attention = kernels.install(model, self.device, check_flag("triton_kernels", triton_kernels))  # the pools' kernel
         self._weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         self._live: KVCache | BlockPool | None = None  # the KV store of the call in progress
         self._peak = self._reserved = 0
@@ -160,8 +159,7 @@ class EngineAdapter:
         # rows' stream keys, so it could be captured, but the graphs' static inputs carry no keys and no capture of it is tested
         capture, graphs = self.cuda_graphs and self.device.type == "cuda" and not self.model.draws_state and not self.exit_policy.skips, None
         pool = BlockPool.for_workload(self.config, self.loops, [s.capacity for s in sequences], max_seqs=self.max_batch, kv_budget=self.kv_budget,
-                                      block_size=self.block_size, dtype=self.dtype, device=self.device, spare=capture)
-        pool.attention = kernels.paged_attention_for(self.device) if self.triton_kernels else None
+                                      block_size=self.block_size, dtype=self.dtype, device=self.device, spare=capture, attention=self.attention)
         if capture:
             graphs = DecodeGraphs(self.model, pool, loops=self.loops, keep_loops=self.exit_policy.reads_loops(bool(self.model.coda)), max_seqs=self.max_batch,
                                   max_blocks=pool.manager.blocks_for(max(s.capacity for s in sequences)), capture=True)

@@ -24,29 +24,23 @@ def available(device: torch.device) -> bool:
     return device.type == "cuda" and importlib.util.find_spec("triton") is not None
 
 
-def install(model: nn.Module, device: torch.device, on: bool) -> None:
+def install(model: nn.Module, device: torch.device, on: bool) -> Callable[..., torch.Tensor] | None:
     """The model's blocks fuse with the kernels where they run (`on` and `available`): each residual add with the
     norm after it (`Block.add_norm`, `norm`), q and k's bias, norm and RoPE (`Attention.qk_rope`, `rope`); else, or
-    with `on` false, they run torch's ops. Either way only outside autograd: the kernels have no backward."""
-    add_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
-    rope: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
+    with `on` false, they run torch's ops. Either way only outside autograd: the kernels have no backward. Returns
+    the paged attention kernel the engine's pools attend through in place (`BlockPool.attention`), or None: the
+    SDPA path over gathered blocks."""
+    fused: tuple[Callable[..., tuple[torch.Tensor, torch.Tensor]] | None, ...] = (None, None)
+    attention = None
     if on and available(device):
+        from adapters.engine.kernels.attention import paged_attention
         from adapters.engine.kernels.norm import add_rms_norm
         from adapters.engine.kernels.rope import qk_rope
 
-        add_norm, rope = add_rms_norm, qk_rope
+        fused, attention = (add_rms_norm, qk_rope), paged_attention
     for module in model.modules():
         if isinstance(module, Block):
-            module.add_norm = add_norm
+            module.add_norm = fused[0]
         elif isinstance(module, Attention):
-            module.qk_rope = rope
-
-
-def paged_attention_for(device: torch.device) -> Callable[..., torch.Tensor] | None:
-    """The attention kernel a pool on `device` attends through in place (`BlockPool.attention`), or None where the
-    kernels do not run (the SDPA path over gathered blocks)."""
-    if not available(device):
-        return None
-    from adapters.engine.kernels.attention import paged_attention
-
-    return paged_attention
+            module.qk_rope = fused[1]
+    return attention

@@ -53,7 +53,7 @@ class BlockPool:
     """K/V blocks for every entry of a model at `loops` (the tensors), and their `BlockManager`."""
 
     def __init__(self, config: LoopConfig, loops: int, num_blocks: int, block_size: int, latent_tokens: int,
-                 dtype: torch.dtype, device: torch.device | str, spare: bool = False) -> None:
+                 dtype: torch.dtype, device: torch.device | str, spare: bool = False, attention: PagedAttention | None = None) -> None:
         if num_blocks < 1 or block_size < 1:
             raise AdapterError(f"a KV pool needs at least one block of at least one token (got {num_blocks} x {block_size})")
         self.block_size = block_size
@@ -68,7 +68,7 @@ class BlockPool:
         self.k_entries, self.v_entries = self.k.unbind(0), self.v.unbind(0)  # views made once, not at every write
         self.prelude, self.shared, self.latent_tokens = config.prelude_layers, config.shared_layers, latent_tokens
         self.latent = None
-        self.attention: PagedAttention | None = None  # the kernel steps attend through in place, set where it runs (a GPU)
+        self.attention = attention  # the kernel steps attend through in place, where one runs (a GPU: `adapters.engine.kernels`)
         if layout.has_latent(config):
             self.latent = torch.zeros((config.shared_layers, latent_tokens, config.hidden_size), dtype=dtype, device=device)
         terms = analytic_terms(config, loops, str(dtype))
@@ -76,7 +76,8 @@ class BlockPool:
 
     @classmethod
     def for_workload(cls, config: LoopConfig, loops: int, capacities: list[int], *, max_seqs: int, kv_budget: float | None,
-                     block_size: int, dtype: torch.dtype, device: torch.device, spare: bool) -> BlockPool:
+                     block_size: int, dtype: torch.dtype, device: torch.device, spare: bool,
+                     attention: PagedAttention | None = None) -> BlockPool:
         """A workload's pool: `kv_budget` GB, else what sequences of `capacities` need at the cap `max_seqs` (on a GPU
         at most `KV_FRACTION` of free memory); never smaller than one sequence at its full length."""
         short = dtype_short(dtype)
@@ -95,7 +96,7 @@ class BlockPool:
                 f"the KV pool holds {max(blocks, 0) * block_size} tokens ({max(blocks, 0) * block_size * per_token / GB:.3f} GB) but one "
                 f"sequence needs {longest * block_size}: raise kv_budget, or lower max_new_tokens or the loops"
             )
-        return cls(config, loops, blocks, block_size, latent, dtype, device, spare=spare)
+        return cls(config, loops, blocks, block_size, latent, dtype, device, spare=spare, attention=attention)
 
     # ------------------------------------------- the KV store `EngineAdapter.memory` reads, as it reads a `KVCache`
     @property
