@@ -42,7 +42,8 @@ def _dequantize(rows, scale_ptrs, mask, FORMAT: tl.constexpr):
         values = rows.to(tl.int8, bitcast=True).to(tl.float32)
     else:
         bits = rows.to(tl.uint16)
-        values = (((bits & 0x80) << 8) | ((bits & 0x7F) << 7)).to(tl.float16, bitcast=True).to(tl.float32) * 256.0
+        half = (((bits & 0x80) << 8) | ((bits & 0x7F) << 7)).to(tl.uint16)  # 16 bits again, whatever the literals promoted to
+        values = half.to(tl.float16, bitcast=True).to(tl.float32) * 256.0
     scale = tl.load(scale_ptrs, mask=mask, other=0.0)
     return values * scale[:, None]
 
