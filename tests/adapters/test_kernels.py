@@ -35,6 +35,8 @@ from adapters.engine.serving.continuous import ContinuousEngine  # noqa: E402
 from adapters.engine.serving.paged import key_mask  # noqa: E402
 from tests.support.kv_pool import pool_for  # noqa: E402
 
+pytestmark = pytest.mark.numerics  # parity with the torch path: .ci/run checks the bounds under a second CPU capability
+
 U = 2.0**-24  # float32's unit roundoff
 EXP_ULPS = 4  # an exponential's error, in units of the last place (libm's and SIMD float32 exps are within 4)
 DTYPES = ["auto", "int8", "fp8"]
