@@ -19,11 +19,11 @@ Prints, per preset and sampling, how many sequences each way gives token for tok
 seconds, and `ok`: whether `padded` equals `graphs` everywhere. The other ways run other kernels on other shapes,
 so fp32 rounding may move a near-tied draw; their counts say how often.
 
-Before the presets, the attention kernel alone against the SDPA path (`attention`): one entry of a pool at Ouro-1.4B's attention
-shape (16 KV heads of 128, bf16, blocks of 16 scattered through the pool), decode steps at batch 1 x 32,000 tokens,
-8 x 4,000 and 64 x 500, and a prefill chunk of 256 tokens after 4,000, for auto, int8 and fp8 rows: the largest
-difference relative to max |v| (`ok` within 2^-6: bf16 rounds each weight and the output to 2^-9, on both sides),
-milliseconds per call of each, and the working memory the gather holds beyond the pool.
+Before the presets, the attention kernel alone against the SDPA path (`attention`): one entry of a pool at
+Ouro-1.4B's attention shape (16 KV heads of 128, bf16, blocks of 16 scattered through the pool), decode steps at
+batch 1 x 32,000 tokens, 8 x 4,000 and 64 x 500, and a prefill chunk of 256 tokens after 4,000, for auto, int8 and
+fp8 rows: the largest difference relative to max |v| (`ok` within 2^-6: bf16 rounds each weight and the output to
+2^-9, on both sides), milliseconds per call of each, and the working memory the gather holds beyond the pool.
 Needs torch and triton (the GPU machine has both).
 
     python bench/gpu_check.py
