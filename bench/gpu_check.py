@@ -49,7 +49,8 @@ from adapters.engine.serving.graphs import DecodeGraphs  # noqa: E402
 from adapters.engine.model import LoopedLM  # noqa: E402
 
 PRESETS = ("qwen3-tiny", "ouro-tiny", "coreloop-tiny", "melt-tiny")
-WAYS = {"graphs": dict(device="cuda"), "sdpa": dict(device="cuda", triton_kernels=False), "padded": dict(device="cuda"), "eager": dict(device="cuda", cuda_graphs=False),
+WAYS = {"graphs": dict(device="cuda"), "sdpa": dict(device="cuda", triton_kernels=False), "padded": dict(device="cuda"),
+        "eager": dict(device="cuda", cuda_graphs=False),
         "static": dict(device="cuda", batching="static"), "cpu": dict(device="cpu")}
 
 
@@ -111,9 +112,12 @@ def attention(kv_dtype: str, batch: int, context: int, chunk: int) -> dict:
     def kernel() -> torch.Tensor:
         return paged_attention(q, k, v, blocks, positions, block_size=size, kv_dtype=kv_dtype)
 
-    def sdpa() -> torch.Tensor:  # `PagedStep.update`'s gather and dequantization, then the model's SDPA call
-        keys, values = (fmt.unpack(rows.view(-1, size * heads * rows.shape[-1]).index_select(0, blocks.flatten())
-                                   .view(batch, width * size, heads, -1), torch.bfloat16).transpose(1, 2) for rows in (k, v))
+    def gathered(rows: torch.Tensor) -> torch.Tensor:  # `PagedStep._read` and the dequantization of `update`
+        table = rows.view(-1, size * heads * rows.shape[-1]).index_select(0, blocks.flatten())
+        return fmt.unpack(table.view(batch, width * size, heads, -1), torch.bfloat16).transpose(1, 2)
+
+    def sdpa() -> torch.Tensor:  # the gather, then the model's SDPA call
+        keys, values = gathered(k), gathered(v)
         mask = key_mask(positions, width * size)
         return torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask).transpose(1, 2)
 
@@ -148,7 +152,8 @@ def main() -> None:
             try:
                 out["attention"].append(attention(kv_dtype, batch, context, chunk))
             except Exception as error:  # noqa: BLE001 (report the failure and measure the other shapes)
-                out["attention"].append({"kv_dtype": kv_dtype, "batch": batch, "ok": False, "error": f"{type(error).__name__}: {error}"})
+                failed = f"{type(error).__name__}: {error}"
+                out["attention"].append({"kv_dtype": kv_dtype, "batch": batch, "ok": False, "error": failed})
             print(json.dumps(out["attention"][-1]), file=sys.stderr, flush=True)
     for name in PRESETS:
         try:

@@ -172,7 +172,8 @@ def generate(name: str, kv_dtype: str, kv_policy: str | None, attention: Shadow 
     adapter = load_preset(name, dtype="fp32", device="cpu", seed=3, loops=loops, block_size=4, **overrides)
     adapter.config.eos_token_id = None
     with_kernels(adapter.model, *((None, None) if attention is None else (add_rms_norm, qk_rope)))
-    sequences = adapter._sequences([Request(prompt, Sampling(temperature=0.0, max_new_tokens=3)) for prompt in ("1+2=", "abcdef")])
+    greedy = Sampling(temperature=0.0, max_new_tokens=3)
+    sequences = adapter._sequences([Request(prompt, greedy) for prompt in ("1+2=", "abcdef")])
     pool = pool_for(adapter, sequences)
     pool.attention = attention
     finished: list = []
@@ -292,11 +293,12 @@ def test_qk_rope_matches_the_projection(name, bias):
         attention.qk_rope = None
         # the rows the rotation reads: torch's own q and k before RoPE (normed, biased), recomputed for the bound
         heads = cfg.num_heads
-        qkv = torch.nn.functional.linear(x, attention.qkv_proj.weight).view(2, 5, -1, cfg.head_dim)[:, :, : heads + cfg.num_kv_heads]
+        qkv = F.linear(x, attention.qkv_proj.weight).view(2, 5, -1, cfg.head_dim)[:, :, : heads + cfg.num_kv_heads]
         if bias:
             qkv = qkv + attention.qk_bias.flatten(0, 2)
         if attention.q_norm is not None:
             qkv = torch.cat((attention.q_norm(qkv[:, :, :heads]), attention.k_norm(qkv[:, :, heads:])), 2)
     bound = rope_bound(qkv.transpose(1, 2), *rope)
     assert counted.calls == 1 and torch.equal(fused_v, v)
-    assert bool(((fused_q - q).abs() <= bound[:, :heads]).all()) and bool(((fused_k - k).abs() <= bound[:, heads:]).all())
+    assert bool(((fused_q - q).abs() <= bound[:, :heads]).all())
+    assert bool(((fused_k - k).abs() <= bound[:, heads:]).all())

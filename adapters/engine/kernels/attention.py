@@ -9,13 +9,13 @@ for int8 / fp8 rows, `adapters.engine.kvformat`), dequantizing inside the kernel
 One program takes one sequence, one KV head and a tile of query rows: the step's n tokens times the `group` query
 heads sharing that KV head (GQA), so a decode step's group of heads reads each block once. It walks the keys in
 tiles of `BLOCK_N` positions, each key's row found through the table (block p // block_size, slot p % block_size),
-so a tile spans several blocks and any block size works. A query at position p
-sees keys 0..p of its sequence (the mask `key_mask` builds for the SDPA path), so one kernel serves a decode step
-(n = 1, ragged lengths) and a prefill chunk (causal over the context and the chunk). Scores and the online softmax
-run in float32 (the running max and sum, FlashAttention's rescaling); K and V are cast to the queries' dtype for
-the products, as the SDPA path hands them over (float32 products in full float32, not TF32). A decode step with few programs splits each context into parts
-(`splits`, flash-decoding) whose partial sums are merged by their maxima afterwards: at batch 1 on an H100 one
-program per KV head would leave most of its 132 SMs idle.
+so a tile spans several blocks and any block size works. A query at position p sees keys 0..p of its sequence (the
+mask `key_mask` builds for the SDPA path), so one kernel serves a decode step (n = 1, ragged lengths) and a prefill
+chunk (causal over the context and the chunk). Scores and the online softmax run in float32 (the running max and
+sum, FlashAttention's rescaling); K and V are cast to the queries' dtype for the products, as the SDPA path hands
+them over (float32 products in full float32, not TF32). A decode step with few programs splits each context into
+parts (`splits`, flash-decoding) whose partial sums are merged by their maxima afterwards: at batch 1 on an H100
+one program per KV head would leave most of its 132 SMs idle.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def _dequantize(rows, scale_ptrs, mask, FORMAT: tl.constexpr):
         values = rows.to(tl.int8, bitcast=True).to(tl.float32)
     else:
         bits = rows.to(tl.uint16)
-        half = (((bits & 0x80) << 8) | ((bits & 0x7F) << 7)).to(tl.uint16)  # 16 bits again, whatever the literals promoted to
+        half = (((bits & 0x80) << 8) | ((bits & 0x7F) << 7)).to(tl.uint16)  # 16 bits, however the literals promote
         values = half.to(tl.float16, bitcast=True).to(tl.float32) * 256.0
     scale = tl.load(scale_ptrs, mask=mask, other=0.0)
     return values * scale[:, None]
@@ -64,7 +64,7 @@ def _paged_attention(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, pos_ptr, ou
     d_ok = d < HEAD_DIM
     q = tl.load(q_ptr + b * q_sb + head[:, None] * q_sh + token[:, None] * q_sn + d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    pos = tl.load(pos_ptr + b * p_sb + token * p_sn, mask=row_ok, other=0).to(tl.int32)  # padding rows: key 0, unwritten
+    pos = tl.load(pos_ptr + b * p_sb + token * p_sn, mask=row_ok, other=0).to(tl.int32)  # padding rows: key 0
     first = part * keys_per_split
     last = tl.minimum(tl.max(pos, axis=0) + 1, first + keys_per_split)  # past the tile's last key, or the part's end
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -104,8 +104,8 @@ def _paged_attention(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, pos_ptr, ou
         tl.store(out_ptr + at, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-def paged_attention(q: Tensor, k: Tensor, v: Tensor, blocks: Tensor, positions: Tensor, *, block_size: int, kv_dtype: str,
-                    splits: int | None = None) -> Tensor:
+def paged_attention(q: Tensor, k: Tensor, v: Tensor, blocks: Tensor, positions: Tensor, *, block_size: int,
+                    kv_dtype: str, splits: int | None = None) -> Tensor:
     """Attention of queries q [B, H, n, D] (RoPE applied) over one entry of the pool, read in place.
 
     k, v [slots, Hkv, W]: the entry's rows, as the pool stores them (`kv_dtype` auto: W = D in q's dtype; int8 and
