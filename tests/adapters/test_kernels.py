@@ -67,12 +67,14 @@ def reference(q: Tensor, k: Tensor, v: Tensor, blocks: Tensor, positions: Tensor
 def attention_bound(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, block_size: int) -> Tensor:
     """[B, n, H, 1]: how far two float32 evaluations of softmax(q k^T / sqrt(D)) v may differ, per query row.
 
-    Each evaluation's score s_j errs by at most gamma(D + 3) S (the D-term dot product, the scaling and the
-    subtraction of the running max; S = max_j sum_i |q_i k_ji| / sqrt(D)), its exponential by EXP_ULPS u more,
-    so each weight p_j is off by a relative eps <= gamma(D + 3) S + EXP_ULPS u. A weighted mean with weights off
-    by eps moves by at most 2 eps / (1 - eps) max |v|; its two sums over the L visible keys, each rescaled once per
-    block (the kernel's online softmax), add gamma(L + L / block_size + 2) max |v| each. The two evaluations
-    differ by at most the sum of their two errors."""
+    Each evaluation's score s_j errs by at most gamma(D + 5) S (the D-term dot product, the scaling, the
+    subtraction of the running max, and of the largest maximum where parts of a split context merge;
+    S = max_j sum_i |q_i k_ji| / sqrt(D)), its exponentials (the weight's, a part's merge weight) by 2 EXP_ULPS u
+    more, so each weight p_j is off by a relative eps <= gamma(D + 5) S + 2 EXP_ULPS u. A weighted mean with
+    weights off by eps moves by at most 2 eps / (1 - eps) max |v|; its two sums over the L visible keys, rescaled
+    once per key tile (at most L / block_size + 1 of them for blocks of up to 64 keys), merged over at most 3 parts
+    and divided, add gamma(L + L / block_size + 5) max |v| each. The two evaluations differ by at most the sum of
+    their two errors."""
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     d = q.shape[-1]
@@ -80,8 +82,8 @@ def attention_bound(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, block_size: i
     s = (q.abs() @ k.abs().transpose(-1, -2) / math.sqrt(d)).masked_fill(~seen, 0).amax(-1)
     v_max = (v.abs().amax(-1)[:, :, None, :] * seen).amax(-1)
     keys = seen.sum(-1)
-    eps = gamma(d + 3) * s + EXP_ULPS * U
-    each = v_max * (2 * eps / (1 - eps) + 2 * gamma(keys + keys / block_size + 2))
+    eps = gamma(d + 5) * s + 2 * EXP_ULPS * U
+    each = v_max * (2 * eps / (1 - eps) + 2 * gamma(keys + keys / block_size + 5))
     return (2 * each).transpose(1, 2)[..., None]
 
 
@@ -132,7 +134,7 @@ def test_chunked_prefill_is_causal_over_the_context(kv_dtype):
 
 def test_query_tiles_and_block_sizes():
     """Several query tiles per sequence (40 tokens x 4 heads per KV head: 160 rows, tiles of 64), one KV head (MQA),
-    and blocks of 6 tokens (not a power of two: the kernel masks its 16-key tile)."""
+    and blocks of 6 tokens (not a power of two: a tile of keys spans several blocks, each key's found in the table)."""
     run_case([40, 45], 40, "auto", heads=4, kv_heads=1, seed=2)
     run_case([1, 5, 6, 7, 20], 1, "int8", block_size=6, seed=3)
     run_case([12], 12, "fp8", block_size=6, seed=4)
