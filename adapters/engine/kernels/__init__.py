@@ -1,11 +1,11 @@
-"""Triton kernels for the continuous engine on a GPU: paged attention that reads K/V blocks where they lie, and the
-residual add fused with RMSNorm, and q and k normed and rotated in one kernel.
+"""Triton kernels for the engine on a GPU: paged attention that reads K/V blocks where they lie (`attention`), the
+residual add fused with RMSNorm (`norm`), and q and k biased, normed and rotated in one kernel (`rope`).
 
 Importing this package imports no triton: the engine imports it on every device, and the CPU never runs a kernel
 (docs/architecture.md, rule 4: what the GPU machine runs stays light, and the CPU's path stays byte for byte what
-`scripts/engine_golden.py` records). `available()` says whether the kernels can run here; the modules that
-define them (`attention`, `norm`, `rope`) import triton and are imported only where they run. Tests run them on the CPU
-through Triton's interpreter (`TRITON_INTERPRET=1`, set before the first `triton` import).
+`scripts/engine_golden.py` records). `install` sets the kernels on a model where they run (`available`) and
+imports their modules, which import triton, only then. Tests run them on the CPU through Triton's interpreter
+(`TRITON_INTERPRET=1`, set before the kernels' modules are imported: `triton.jit` reads it when a kernel is defined).
 """
 
 from __future__ import annotations
