@@ -3,18 +3,28 @@
 On the CPU the decode step's padding to CUDA-graph buckets is tested eagerly (`tests/adapters/test_scheduler.py`);
 the capture and replay run only on a GPU. For each tiny preset (fp32, random weights, EOS disabled so every
 sequence decodes the same count; prompts of different lengths so steps are padded in batch and in block-table
-width), the same prompts are generated greedy and sampled (the paper's temperature 1.0, top-p 0.7) five ways:
+width), the same prompts are generated greedy and sampled (the paper's temperature 1.0, top-p 0.7) six ways:
 
-- `graphs`: the continuous engine on CUDA, decode steps replayed from captured graphs (the default);
+- `graphs`: the continuous engine on CUDA, decode steps replayed from captured graphs (the default), attention
+  through the paged kernel, norms and RoPE fused (`adapters.engine.kernels`);
+- `sdpa`: the same with `triton_kernels=False`: attention over gathered blocks through SDPA, and torch's norms and
+  RoPE, the path before the kernels;
 - `padded`: the same padded steps run eagerly (`DecodeGraphs(capture=False)`): the same kernels on the same
   shapes, so its tokens must equal `graphs`' exactly;
-- `eager`: `cuda_graphs=False` (the decode rows, unpadded);
+- `eager`: `cuda_graphs=False` (unpadded steps run eagerly, through the same kernels);
 - `static`: static batching on CUDA;
 - `cpu`: the continuous engine on the CPU.
 
-Prints, per preset and sampling, how many sequences each way gives token for token as `graphs` does, and
-`ok`: whether `padded` equals `graphs` everywhere. The other ways run other kernels on other shapes, so fp32
-rounding may move a near-tied draw; their counts say how often. Needs only torch (runs on the GPU machine).
+Prints, per preset and sampling, how many sequences each way gives token for token as `graphs` does, each way's
+seconds, and `ok`: whether `padded` equals `graphs` everywhere. The other ways run other kernels on other shapes,
+so fp32 rounding may move a near-tied draw; their counts say how often.
+
+Before the presets, the attention kernel alone against the SDPA path (`attention`): one entry of a pool at
+Ouro-1.4B's attention shape (16 KV heads of 128, bf16, blocks of 16 scattered through the pool), decode steps at
+batch 1 x 32,000 tokens, 8 x 4,000 and 64 x 500, and a prefill chunk of 256 tokens after 4,000, for auto, int8 and
+fp8 rows: the largest difference relative to max |v| (`ok` within 2^-6: bf16 rounds each weight and the output to
+2^-9, on both sides), milliseconds per call of each, and the working memory the gather holds beyond the pool.
+Needs torch and triton (the GPU machine has both).
 
     python bench/gpu_check.py
 """
@@ -39,7 +49,8 @@ from adapters.engine.serving.graphs import DecodeGraphs  # noqa: E402
 from adapters.engine.model import LoopedLM  # noqa: E402
 
 PRESETS = ("qwen3-tiny", "ouro-tiny", "coreloop-tiny", "melt-tiny")
-WAYS = {"graphs": dict(device="cuda"), "padded": dict(device="cuda"), "eager": dict(device="cuda", cuda_graphs=False),
+WAYS = {"graphs": dict(device="cuda"), "sdpa": dict(device="cuda", triton_kernels=False), "padded": dict(device="cuda"),
+        "eager": dict(device="cuda", cuda_graphs=False),
         "static": dict(device="cuda", batching="static"), "cpu": dict(device="cpu")}
 
 
@@ -70,12 +81,64 @@ def check(name: str, new_tokens: int) -> dict:
     model.config.eos_token_id, model.config.extra["eos_token_ids"] = None, []  # every sequence decodes `new_tokens`
     rng = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, model.config.vocab_size, (length,), generator=rng).tolist() for length in (5, 17, 33, 40, 9, 64)]
-    row: dict = {"ok": True}
+    row: dict = {"ok": True, "seconds": {}}
     for greedy in (True, False):
-        outputs = {way: generate(model, way, prompts, greedy, new_tokens) for way in WAYS}
+        outputs = {}
+        for way in WAYS:
+            began = time.perf_counter()
+            outputs[way] = generate(model, way, prompts, greedy, new_tokens)
+            row["seconds"][way] = round(row["seconds"].get(way, 0.0) + time.perf_counter() - began, 2)
         row["greedy" if greedy else "sampled"] = {
             way: f"{sum(a == b for a, b in zip(ids, outputs['graphs']))}/{len(ids)}" for way, ids in outputs.items() if way != "graphs"}
         row["ok"] = row["ok"] and outputs["padded"] == outputs["graphs"]
+    return row
+
+
+def attention(kv_dtype: str, batch: int, context: int, chunk: int) -> dict:
+    """The kernel and the SDPA path on one pool entry: `batch` sequences whose last `chunk` queries end at `context`."""
+    from adapters.engine.kernels.attention import paged_attention
+    from adapters.engine.kvformat import KV_FORMATS
+    from adapters.engine.serving.paged import key_mask
+
+    fmt, size, heads, dim, device = KV_FORMATS[kv_dtype], 16, 16, 128, torch.device("cuda")
+    width = -(-context // size)
+    gen = torch.Generator(device=device).manual_seed(0)
+    k, v = (fmt.pack(torch.randn(batch * width * size, heads, dim, device=device, dtype=torch.bfloat16, generator=gen))
+            for _ in range(2))
+    blocks = torch.randperm(batch * width, device=device, generator=gen).view(batch, width)
+    positions = torch.arange(context - chunk, context, device=device).expand(batch, -1).contiguous()
+    q = torch.randn(batch, heads, chunk, dim, device=device, dtype=torch.bfloat16, generator=gen)
+
+    def kernel() -> torch.Tensor:
+        return paged_attention(q, k, v, blocks, positions, block_size=size, kv_dtype=kv_dtype)
+
+    def gathered(rows: torch.Tensor) -> torch.Tensor:  # `PagedStep._read` and the dequantization of `update`
+        table = rows.view(-1, size * heads * rows.shape[-1]).index_select(0, blocks.flatten())
+        return fmt.unpack(table.view(batch, width * size, heads, -1), torch.bfloat16).transpose(1, 2)
+
+    def sdpa() -> torch.Tensor:  # the gather, then the model's SDPA call
+        keys, values = gathered(k), gathered(v)
+        mask = key_mask(positions, width * size)
+        return torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask).transpose(1, 2)
+
+    row: dict = {"kv_dtype": kv_dtype, "batch": batch, "context": context, "queries": chunk}
+    diff = (kernel().float() - sdpa().float()).abs().max().item()
+    row["relative_diff"] = diff / fmt.unpack(v, torch.float32).abs().max().item()
+    row["ok"] = row["relative_diff"] <= 2.0**-6
+    for name, fn in (("kernel", kernel), ("sdpa", sdpa)):
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        row[f"{name}_extra_mb"] = round((torch.cuda.max_memory_allocated() - base) / 2**20, 1)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(20):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        row[f"{name}_ms"] = round(start.elapsed_time(end) / 20, 3)
     return row
 
 
@@ -83,14 +146,22 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("bench/gpu_check.py needs CUDA")
     began = time.perf_counter()
-    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "presets": {}}
+    out: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "attention": [], "presets": {}}
+    for kv_dtype in ("auto", "int8", "fp8"):  # first: seconds, and what the kernel changes most
+        for batch, context, chunk in ((1, 32_000, 1), (8, 4_000, 1), (64, 500, 1), (1, 4_256, 256)):
+            try:
+                out["attention"].append(attention(kv_dtype, batch, context, chunk))
+            except Exception as error:  # noqa: BLE001 (report the failure and measure the other shapes)
+                failed = f"{type(error).__name__}: {error}"
+                out["attention"].append({"kv_dtype": kv_dtype, "batch": batch, "ok": False, "error": failed})
+            print(json.dumps(out["attention"][-1]), file=sys.stderr, flush=True)
     for name in PRESETS:
         try:
             out["presets"][name] = check(name, new_tokens=80)
         except Exception as error:  # noqa: BLE001 (report the failure and check the other presets)
             out["presets"][name] = {"ok": False, "error": f"{type(error).__name__}: {error}"}
         print(name, json.dumps(out["presets"][name]), file=sys.stderr, flush=True)
-    out["ok"] = all(row["ok"] for row in out["presets"].values())
+    out["ok"] = all(row["ok"] for row in [*out["presets"].values(), *out["attention"]])
     out["seconds"] = round(time.perf_counter() - began, 1)
     print(json.dumps(out, indent=2))
 

@@ -2,7 +2,7 @@
 # Install loopeval into ./.venv on a fresh machine (idempotent; rerunning is cheap).
 #   bash scripts/install.sh          the main job: loopeval and its pinned dependencies, nothing else
 #   bash scripts/install.sh --test   also what the tests need: the test extra (pytest, Playwright,
-#                                    Ray, psycopg) and, as root, Debian's Chromium (browser tests),
+#                                    Ray, psycopg, Triton for the kernel tests) and, as root, Debian's Chromium (browser tests),
 #                                    bubblewrap (HumanEval sandbox) and Postgres server
 # torch is pinned to the CPU wheel first, so nothing pulls a multi-GB CUDA build;
 # constraints.txt pins every other package to the versions the tests were run with.

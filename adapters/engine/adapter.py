@@ -11,7 +11,10 @@ Overrides (all optional): `loops` (inference r), `dtype` (fp32/bf16/fp16), `devi
 once: the continuous engine's cap, or the static batch), `batching` ("continuous" or "static"),
 `kv_budget` (GB of KV pool; default: what the workload needs at the cap without preemption, and on
 a GPU at most `paged.KV_FRACTION` of free memory), `block_size` (tokens per KV block), `cuda_graphs`
-(default true: on a GPU the engine's decode steps replay as CUDA graphs, `adapters.engine.serving.graphs`), `exit_policy`
+(default true: on a GPU the engine's decode steps replay as CUDA graphs, `adapters.engine.serving.graphs`), `triton_kernels`
+(default true: on a GPU with triton, attention reads the pool's blocks in place, each block's residual add is fused
+with the norm after it and q and k are normed and rotated in one kernel, `adapters.engine.kernels`; false: SDPA over
+gathered blocks and torch's ops, the CPU's path), `exit_policy`
 ("none", "fixed", "threshold") with `exit_loop` / `exit_threshold` (default: the checkpoint's
 `early_exit_threshold`, see `exit_policy`), `exit_criterion` (gate, kl, entropy) and `exit_fill` ("copy": a decoded token
 skips the loops after its exit and leaves its exit loop's K/V in them, the default when a policy is set; "masked":
@@ -41,6 +44,7 @@ from adapters.engine.exits import SKIPPING_FILL, ExitPolicy, check_threshold
 from adapters.engine.generate import generate_static
 from adapters.engine.sampling import check_request
 from adapters.engine.serving.graphs import DecodeGraphs
+from adapters.engine import kernels
 from adapters.engine.memory import analytic_terms, count_params
 from adapters.engine.model import LoopedLM
 from adapters.engine.serving.paged import DEFAULT_BLOCK_SIZE, BlockPool
@@ -53,7 +57,7 @@ DEFAULT_MAX_BATCH = 64  # sequences decoding at once
 BATCHING = ("continuous", "static")
 KV_FIELDS = ("kv_policy", "kv_dtype")  # load overrides that are config fields (`LoopConfig`), checked there
 OVERRIDES = ("loops", "dtype", "device", "seed", "chunk_size", "max_batch", "batching", "kv_budget", "block_size", "cuda_graphs",
-             "exit_policy", "exit_loop", "exit_threshold", "exit_criterion", "exit_fill", *KV_FIELDS, *CONDITIONING_FIELDS)
+             "triton_kernels", "exit_policy", "exit_loop", "exit_threshold", "exit_criterion", "exit_fill", *KV_FIELDS, *CONDITIONING_FIELDS)
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
@@ -76,7 +80,7 @@ class EngineAdapter:
 
     def __init__(self, spec: str, model: LoopedLM, tokenizer: Any | None, *, loops: int | None = None, max_batch: int = DEFAULT_MAX_BATCH,
                  exit_policy: ExitPolicy = ExitPolicy(), batching: str = "continuous", kv_budget: float | None = None,
-                 block_size: int = DEFAULT_BLOCK_SIZE, cuda_graphs: bool = True) -> None:
+                 block_size: int = DEFAULT_BLOCK_SIZE, cuda_graphs: bool = True, triton_kernels: bool = True) -> None:
         self.spec = spec
         self.model = model
         self.tokenizer = tokenizer
@@ -88,6 +92,7 @@ class EngineAdapter:
         self.exit_policy = check_exit_support(self.config, exit_policy)
         weight = model.model.embed_tokens.weight
         self.dtype, self.device = weight.dtype, weight.device
+        self.attention = kernels.install(model, self.device, check_flag("triton_kernels", triton_kernels))  # the pools' kernel
         self._weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         self._live: KVCache | BlockPool | None = None  # the KV store of the call in progress
         self._peak = self._reserved = 0
@@ -154,7 +159,7 @@ class EngineAdapter:
         # rows' stream keys, so it could be captured, but the graphs' static inputs carry no keys and no capture of it is tested
         capture, graphs = self.cuda_graphs and self.device.type == "cuda" and not self.model.draws_state and not self.exit_policy.skips, None
         pool = BlockPool.for_workload(self.config, self.loops, [s.capacity for s in sequences], max_seqs=self.max_batch, kv_budget=self.kv_budget,
-                                      block_size=self.block_size, dtype=self.dtype, device=self.device, spare=capture)
+                                      block_size=self.block_size, dtype=self.dtype, device=self.device, spare=capture, attention=self.attention)
         if capture:
             graphs = DecodeGraphs(self.model, pool, loops=self.loops, keep_loops=self.exit_policy.reads_loops(bool(self.model.coda)), max_seqs=self.max_batch,
                                   max_blocks=pool.manager.blocks_for(max(s.capacity for s in sequences)), capture=True)
@@ -259,9 +264,14 @@ def check_batching(max_batch: Any, batching: Any, kv_budget: Any, block_size: An
     check_batching_mode(batching)
     if kv_budget is not None and (isinstance(kv_budget, bool) or not isinstance(kv_budget, (int, float)) or not 0 < kv_budget < float("inf")):
         raise AdapterError(f"kv_budget must be a positive number of GB, got {kv_budget!r}")
-    if not isinstance(cuda_graphs, bool):
-        raise AdapterError(f"cuda_graphs must be true or false, got {cuda_graphs!r}")
-    return max_batch, batching, None if kv_budget is None else float(kv_budget), block_size, cuda_graphs
+    return max_batch, batching, None if kv_budget is None else float(kv_budget), block_size, check_flag("cuda_graphs", cuda_graphs)
+
+
+def check_flag(name: str, value: Any) -> bool:
+    """A true-or-false override, checked."""
+    if not isinstance(value, bool):
+        raise AdapterError(f"{name} must be true or false, got {value!r}")
+    return value
 
 
 def _batching_overrides(overrides: dict[str, Any]) -> tuple[int, str, float | None, int, bool]:
@@ -302,6 +312,7 @@ def config_facts(cfg: LoopConfig, overrides: dict[str, Any]) -> dict[str, Any]:
     device = resolve_device(overrides.get("device"))
     dtype = dtype_short(resolve_dtype(overrides.get("dtype"), device))
     check_exit_support(cfg, exit_policy(cfg, overrides))  # a bad exit override fails the plan, before a run is stored
+    check_flag("triton_kernels", overrides.get("triton_kernels", True))
     analytic = analytic_terms(cfg, loops, dtype)
     return {"family": cfg.family, "params": count_params(cfg), "kv_strategy": cfg.kv_strategy, **kv_facts(cfg),
             "kv_bytes_per_token": analytic["kv_bytes_per_token"], "loops": loops, "trained_loops": cfg.loops,
@@ -327,7 +338,7 @@ def _build(spec: str, model_fn: Any, tokenizer_fn: Any, overrides: dict[str, Any
     model.config = token_ids(model.config, tokenizer)
     return EngineAdapter(spec, model, tokenizer, loops=overrides.get("loops"), max_batch=max_batch,
                          exit_policy=exit_policy(model.config, overrides), batching=batching, kv_budget=kv_budget, block_size=block_size,
-                         cuda_graphs=cuda_graphs)
+                         cuda_graphs=cuda_graphs, triton_kernels=overrides.get("triton_kernels", True))
 
 
 def exit_policy(cfg: LoopConfig, overrides: dict[str, Any]) -> ExitPolicy:

@@ -46,6 +46,8 @@ Gate = Callable[[Tensor, Tensor, int], Tensor]  # MELT's update (x, h, loop) -> 
 
 
 class Cache(Protocol):
+    in_place: bool  # attention goes through `attend` (a kernel over the cache's own storage), not `update` and SDPA
+
     def kv_source(self, layer: int, loop: int, x: Tensor, gate: Gate) -> Tensor | None:
         """What a gated layer projects K/V from at `loop` (None: from x itself, as a LoopLM does)."""
 
@@ -53,8 +55,17 @@ class Cache(Protocol):
         """Keep the rows k, v [B, Hkv, n, D] of slots slot..slot+n-1; return every row up to them."""
 
 
+class InPlaceCache(Cache, Protocol):
+    """A cache whose `in_place` is true (the paged pool's step with a GPU kernel, `adapters.engine.serving.paged`)."""
+
+    def attend(self, layer: int, loop: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Keep the rows k, v as `update` does and return attention's output [B, n, H, D] for q [B, H, n, D]."""
+
+
 class KVCache:
     """The static cache of one generate call (a batch of `batch` rows, `length` slots, `loops` loops)."""
+
+    in_place = False
 
     def __init__(self, config: LoopConfig, batch: int, length: int, loops: int, dtype: torch.dtype, device: torch.device | str) -> None:
         self.layout, self.format, self.dtype = family_of(config).kv, KV_FORMATS[config.kv_dtype], dtype
@@ -142,6 +153,8 @@ class ChunkCache:
     ones. `layout` may differ from the family's: a gated model read with `per_loop` rows is its LoopLM.
     """
 
+    in_place = False
+
     def __init__(self, config: LoopConfig, loops: int, layout: KVLayout | None = None) -> None:
         self.layout = layout = layout or family_of(config).kv
         self.format = KV_FORMATS[config.kv_dtype]
@@ -176,6 +189,8 @@ class MixedCache:
     rows from h, `looplm` those from x, each with its own layout, and attention gets their blend.
     Prelude and coda layers have no latent: their rows are the same in both and kept once.
     """
+
+    in_place = False
 
     def __init__(self, a: float, melt: ChunkCache, looplm: ChunkCache) -> None:
         self.a, self.melt, self.looplm = a, melt, looplm

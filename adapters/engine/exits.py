@@ -264,6 +264,8 @@ class FrozenCache:
     unwritten; a quantized entry is then packed again from its dequantized values (the same values, its scale
     to float32 rounding)."""
 
+    in_place = False  # its writes replace rows before the wrapped cache sees them: attention reads `update`'s
+
     def __init__(self, cache: Any, active: Tensor) -> None:
         self.cache, self.active = cache, active
         self.last: dict[int, tuple[Tensor, Tensor]] = {}

@@ -9,8 +9,9 @@ hook dispatch cost about 3% of it (the engine registers no hooks on them).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +20,7 @@ from torch import Tensor, nn
 from adapters.engine.config import LoopConfig
 
 if TYPE_CHECKING:  # the caches find their layout through the families, which build these blocks
-    from adapters.engine.cache import Cache
+    from adapters.engine.cache import Cache, InPlaceCache
 
 Rope = tuple[Tensor, Tensor]  # cos, signed sin [B, 1, n, head_dim]
 
@@ -150,7 +151,12 @@ def _join_fused(module: nn.Module, state: dict[str, Tensor], prefix: str, *_: An
 
 # ---------------------------------------------------------------------------------- modules
 class Attention(nn.Module):
-    """GQA attention over the rows a cache holds; K/V may come from another input than q (MELT's latent h)."""
+    """GQA attention over the rows a cache holds; K/V may come from another input than q (MELT's latent h).
+
+    `qk_rope` (set by the engine on a GPU, `adapters.engine.kernels.rope`): q and k's bias, norm and RoPE in one
+    kernel, used outside autograd (it has no backward)."""
+
+    qk_rope: Callable[..., tuple[Tensor, Tensor]] | None = None
 
     def __init__(self, cfg: LoopConfig, qk_bias: bool = False) -> None:
         super().__init__()
@@ -171,11 +177,15 @@ class Attention(nn.Module):
         `nn.Module.__call__`'s hook handling would cost more than some of its kernels.
         """
         q, k, v = self.project(x, src, span.rope)
-        k, v = cache.update(layer, loop, k, v, span.slot)
         b, _, n, _ = q.shape
-        causal = span.mask is None and n > 1
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=span.mask, is_causal=causal, enable_gqa=self.n_heads != self.n_kv)
-        return F.linear(y.transpose(1, 2).reshape(b, n, self.n_heads * self.head_dim), self.o_proj.weight)
+        if cache.in_place:  # the cache's kernel reads its blocks where they lie ([B, n, H, D])
+            y = cast("InPlaceCache", cache).attend(layer, loop, q, k, v)
+        else:
+            k, v = cache.update(layer, loop, k, v, span.slot)
+            causal = span.mask is None and n > 1
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=span.mask, is_causal=causal, enable_gqa=self.n_heads != self.n_kv)
+            y = y.transpose(1, 2)
+        return F.linear(y.reshape(b, n, self.n_heads * self.head_dim), self.o_proj.weight)
 
     def project(self, x: Tensor, src: Tensor | None, rope: Rope) -> tuple[Tensor, Tensor, Tensor]:
         """q [B,H,n,D] from x; k, v [..., B,Hkv,n,D] from `src` [..., B,n,d] (default x); q/k norm and RoPE applied."""
@@ -185,6 +195,11 @@ class Attention(nn.Module):
         if src is None:  # one matmul, and q and k normed and rotated together
             qkv = F.linear(x, weight).view(b, n, h + 2 * kv, d)
             qk, v = qkv[:, :, : h + kv], qkv[:, :, h + kv :]
+            if self.qk_rope is not None and not torch.is_grad_enabled():
+                bias = None if self.qk_bias is None else self.qk_bias.flatten(0, 2)
+                q, k = self.qk_rope(qkv, *rope, h, kv, bias=bias, q_weight=None if q_norm is None else q_norm.weight,
+                                    k_weight=None if k_norm is None else k_norm.weight, eps=0.0 if q_norm is None else q_norm.eps)
+                return q, k, v.transpose(1, 2)
             if self.qk_bias is not None:  # [2, 1, H, D] -> [2H, D]: q's heads, then k's
                 qk = qk + self.qk_bias.flatten(0, 2)
             if q_norm is not None:  # q and k normed per head in one pass, then each scaled by its weight
@@ -217,8 +232,12 @@ class Block(nn.Module):
     """One decoder layer: `pre` (Qwen3, Llama) h + attn(norm(h)); `sandwich` (Ouro) also norms each sublayer's output.
 
     Families extend it: MELT's shared layers project K/V from a latent (`kv_input`), Huginn's norm each residual sum.
-    `init_extra` initialises what a family adds, after the model's generic initialisation.
+    `init_extra` initialises what a family adds, after the model's generic initialisation. `add_norm` (set by the
+    engine on a GPU, `adapters.engine.kernels.norm`): the attention branch's residual add and the norm after it in one
+    kernel, used outside autograd (it has no backward).
     """
+
+    add_norm: Callable[[Tensor, Tensor, Tensor, float], tuple[Tensor, Tensor]] | None = None
 
     def __init__(self, cfg: LoopConfig, qk_bias: bool = False) -> None:
         super().__init__()
@@ -235,8 +254,14 @@ class Block(nn.Module):
         x = self.input_layernorm.forward(h)
         a = self.self_attn.attend(x, self.kv_input(x, cache, layer, loop), span, cache, layer, loop)
         branch = self.input_layernorm_2.forward(a) if self.sandwich else a
-        h = h + (branch if scales is None else branch * scales[0])
-        m = self.mlp.forward(self.post_attention_layernorm.forward(h))
+        branch = branch if scales is None else branch * scales[0]
+        norm = self.post_attention_layernorm
+        if self.add_norm is None or torch.is_grad_enabled():
+            h = h + branch
+            x = norm.forward(h)
+        else:
+            h, x = self.add_norm(branch, h, norm.weight, norm.eps)
+        m = self.mlp.forward(x)
         branch = self.post_attention_layernorm_2.forward(m) if self.sandwich else m
         return h + (branch if scales is None else branch * scales[1]), a
 

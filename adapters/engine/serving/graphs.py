@@ -93,7 +93,7 @@ class DecodeGraphs:
         """The padded step over the whole table width (slots and mask are computed inside the graph too)."""
         length = entry.blocks.shape[1] * self.pool.block_size
         cache = PagedStep(self.pool, entry.positions, entry.blocks, length)
-        mask = key_mask(entry.positions, length)
+        mask = None if cache.in_place else key_mask(entry.positions, length)  # the kernel masks by position itself
         return self.model.step(entry.tokens, entry.positions, cache, length - 1, mask, loops=self.loops, keep_loops=self.keep_loops)
 
     def _buffers(self, batch: int, width: int) -> _Graph:

@@ -47,8 +47,9 @@ class ModelRunner:
         self.next_inputs: RowsInputs | None = None  # the next decode step's, while the running set stays the same
 
     def use_rows(self, rows: int, longest: int) -> None:
-        """Decode on rows for `rows` sequences of up to `longest` tokens when there are no graphs and they fit."""
-        if self.graphs is None and DecodeRows.fits(self.pool, rows, longest):
+        """Decode on rows for `rows` sequences of up to `longest` tokens when there are no graphs, no attention kernel
+        (which reads the blocks in place: rows would be a copy) and they fit."""
+        if self.graphs is None and self.pool.attention is None and DecodeRows.fits(self.pool, rows, longest):
             self.rows = DecodeRows(self.pool, rows, longest)
 
     # ------------------------------------------------------------------------- the running set
@@ -94,10 +95,11 @@ class ModelRunner:
         if self.graphs is not None and n == 1:
             out = self.graphs.step(x.tokens, x.positions, x.blocks)
         else:
-            cache, mask = PagedStep(self.pool, x.positions, x.blocks, x.end), None if x.plain else key_mask(x.positions, x.end)
+            ran = self.ran_keys(seqs, x.end) if decoding else None
+            cache = PagedStep(self.pool, x.positions, x.blocks, x.end, in_place=ran is None)  # `ran` masks by loop: SDPA
+            mask = None if x.plain or cache.in_place else key_mask(x.positions, x.end)
             out = self.model.step(x.tokens, x.positions, cache, x.end - n, mask, loops=self.loops, keep_loops=self.keep_loops,
-                                  exits=self.policy if decoding else None, ran=self.ran_keys(seqs, x.end) if decoding else None,
-                                  streams=self.draw_streams(seqs, n))
+                                  exits=self.policy if decoding else None, ran=ran, streams=self.draw_streams(seqs, n))
         self.manager.wrote(seqs, n)
         return out
 

@@ -9,15 +9,19 @@ blocks are free, who holds them and how full they are is the `BlockManager`'s bo
 The n samples of one prompt share its full prefilled blocks; the partly filled last one is copied
 (`BlockPool.fork`: each sample writes its own tokens there).
 
-A step (`PagedStep`) writes its tokens' K/V to their slots (`index_copy_`) and gathers every
-sequence's blocks into [B, kv_heads, L, head_dim] for attention, L the longest context in the step;
-the mask hides the rest. MELT's latent h for the tokens in flight lives in one buffer sized for the
+A step (`PagedStep`) writes its tokens' K/V to their slots (`index_copy_`) and, where the pool has an attention
+kernel (`BlockPool.attention`: a GPU with triton, `adapters.engine.kernels`), attends over the blocks in place
+(`attend`); elsewhere it gathers every sequence's blocks into [B, kv_heads, L, head_dim] for SDPA (`update`), L the
+longest context in the step; the mask hides the rest. MELT's latent h for the tokens in flight lives in one buffer sized for the
 largest step (the concurrency cap, or a prefill chunk), reused by every step. Shapes depend only on
 B, n and L, which is what a captured decode step needs. On the CPU a decode step goes through the
 model runner's decode rows instead (`adapters.engine.serving.rows`), which hand each block back when it fills.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -32,6 +36,8 @@ from adapters.engine.memory import analytic_terms
 from adapters.engine.serving.sequence import Sequence
 from measures import GB
 
+Read = TypeVar("Read")
+PagedAttention = Callable[..., Tensor]  # `adapters.engine.kernels.attention.paged_attention`'s signature
 DEFAULT_BLOCK_SIZE = 16
 KEEP_BYTES = 64 * 2**20  # gathered K/V rows a gated step may keep across its loops (`PagedStep`)
 KV_FRACTION = 0.9  # of the GPU's free memory, the most a default pool takes
@@ -47,7 +53,7 @@ class BlockPool:
     """K/V blocks for every entry of a model at `loops` (the tensors), and their `BlockManager`."""
 
     def __init__(self, config: LoopConfig, loops: int, num_blocks: int, block_size: int, latent_tokens: int,
-                 dtype: torch.dtype, device: torch.device | str, spare: bool = False) -> None:
+                 dtype: torch.dtype, device: torch.device | str, spare: bool = False, attention: PagedAttention | None = None) -> None:
         if num_blocks < 1 or block_size < 1:
             raise AdapterError(f"a KV pool needs at least one block of at least one token (got {num_blocks} x {block_size})")
         self.block_size = block_size
@@ -62,6 +68,7 @@ class BlockPool:
         self.k_entries, self.v_entries = self.k.unbind(0), self.v.unbind(0)  # views made once, not at every write
         self.prelude, self.shared, self.latent_tokens = config.prelude_layers, config.shared_layers, latent_tokens
         self.latent = None
+        self.attention = attention  # the kernel steps attend through in place, where one runs (a GPU: `adapters.engine.kernels`)
         if layout.has_latent(config):
             self.latent = torch.zeros((config.shared_layers, latent_tokens, config.hidden_size), dtype=dtype, device=device)
         terms = analytic_terms(config, loops, str(dtype))
@@ -69,7 +76,8 @@ class BlockPool:
 
     @classmethod
     def for_workload(cls, config: LoopConfig, loops: int, capacities: list[int], *, max_seqs: int, kv_budget: float | None,
-                     block_size: int, dtype: torch.dtype, device: torch.device, spare: bool) -> BlockPool:
+                     block_size: int, dtype: torch.dtype, device: torch.device, spare: bool,
+                     attention: PagedAttention | None = None) -> BlockPool:
         """A workload's pool: `kv_budget` GB, else what sequences of `capacities` need at the cap `max_seqs` (on a GPU
         at most `KV_FRACTION` of free memory); never smaller than one sequence at its full length."""
         short = dtype_short(dtype)
@@ -88,7 +96,7 @@ class BlockPool:
                 f"the KV pool holds {max(blocks, 0) * block_size} tokens ({max(blocks, 0) * block_size * per_token / GB:.3f} GB) but one "
                 f"sequence needs {longest * block_size}: raise kv_budget, or lower max_new_tokens or the loops"
             )
-        return cls(config, loops, blocks, block_size, latent, dtype, device, spare=spare)
+        return cls(config, loops, blocks, block_size, latent, dtype, device, spare=spare, attention=attention)
 
     # ------------------------------------------- the KV store `EngineAdapter.memory` reads, as it reads a `KVCache`
     @property
@@ -138,6 +146,8 @@ class PoolStep:
     step of those rows (`index`, rows of the whole step: their latent h is theirs in the whole step's buffer),
     and `fill_skipped` fills the loops an exited row skips with its exit loop's K/V (`adapters.engine.exits`)."""
 
+    in_place = False  # whether attention goes through `attend` (the pool's kernel) rather than `update` and SDPA
+
     def __init__(self, pool: BlockPool, in_flight: int) -> None:
         self.pool, self.in_flight, self.layout = pool, in_flight, pool.layout
         self.index: Tensor | None = None  # the rows of the whole step this one runs (None: all)
@@ -175,7 +185,9 @@ class PagedStep(PoolStep):
     `positions` [B, n]: the new tokens' positions; `blocks` [B, W]: each sequence's block table up to
     the end of this step (padded with any block; the step's mask, `key_mask`, hides what is not the
     sequence's). The new tokens' K/V go to their pool slots (`slots`, row-major); attention reads
-    whole blocks (one index per block, not per token) and the first `length` rows of them.
+    whole blocks (one index per block, not per token) and the first `length` rows of them. `in_place`: attend
+    through the pool's kernel, when it has one (`attend`; each token sees its sequence's keys up to its
+    position, so the step needs no mask: a caller whose mask hides more, the exit fill `masked`, passes False).
 
     A gated (MELT) layer attends to the same rows at every loop but the step's own, which each loop
     overwrites. So when the gathered rows of all shared layers fit in `KEEP_BYTES`, the step keeps
@@ -185,26 +197,50 @@ class PagedStep(PoolStep):
     than `KEEP_BYTES` beyond one layer's rows.
     """
 
-    def __init__(self, pool: BlockPool, positions: Tensor, blocks: Tensor, length: int) -> None:
+    def __init__(self, pool: BlockPool, positions: Tensor, blocks: Tensor, length: int, in_place: bool = True) -> None:
         size = pool.block_size
         super().__init__(pool, positions.numel())
+        self.in_place = in_place and pool.attention is not None
         self.slots = (blocks.gather(1, positions // size) * size + positions % size).flatten()  # the new tokens', row-major
         self.positions, self.blocks, self.length = positions, blocks, length
         self.rows, self.tokens = positions.shape
         gathered = 2 * blocks.numel() * pool.block_size * pool.k[0, 0].numel() * pool.k.element_size() * pool.shared
-        self.kept: dict[int, tuple[Tensor, Tensor]] | None = {} if pool.latent is not None and gathered <= KEEP_BYTES else None
+        keeps = pool.latent is not None and gathered <= KEEP_BYTES and not self.in_place
+        self.kept: dict[int, tuple[Tensor, Tensor]] | None = {} if keeps else None
         if self.kept is not None:  # with `positions`: where the new rows go in kept K/V
             self.row_index = torch.arange(self.rows, device=positions.device)[:, None]
 
     def update(self, layer: int, loop: int, k: Tensor, v: Tensor, slot: int) -> tuple[Tensor, Tensor]:
-        """Write the step's rows, read what attention sees; a folding layout's loop >= 1 then writes the fold over
-        them (the step's tokens attend to this loop's K/V, later steps read the fold; a gather reads a copy)."""
+        """Write the step's rows, read what attention sees (gathered); a folding layout's loop >= 1 then writes the fold
+        over them (the step's tokens attend to this loop's K/V, later steps read the fold; a gather reads a copy)."""
+        return self._through(layer, loop, k, v, self._gathered)
+
+    def attend(self, layer: int, loop: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """`update` and attention in one: the kernel reads the entry's blocks where they lie (`in_place`).
+        q [B, H, n, D] -> [B, n, H, D]."""
+        pool, attention = self.pool, self.pool.attention
+        assert attention is not None  # `in_place`
+        return self._through(layer, loop, k, v, lambda entry, *_: attention(
+            q, pool.k_entries[entry], pool.v_entries[entry], self.blocks, self.positions, block_size=pool.block_size,
+            kv_dtype=pool.format.name))
+
+    def _through(self, layer: int, loop: int, k: Tensor, v: Tensor, read: Callable[[int, Tensor, Tensor], Read]) -> Read:
+        """Write the step's rows k, v [B, Hkv, n, D] to (layer, loop)'s entry, `read(entry, k, v as stored)`, and under a
+        folding layout's loop >= 1 write the fold over the rows after the read."""
         entry, pool = self.pool.entries[layer][loop], self.pool
         k_new, v_new = k.transpose(1, 2), v.transpose(1, 2)  # [B, n, Hkv, D]
         folding = loop and pool.layout.folds
         if folding:
             old_k, old_v = self._own(pool.k_entries[entry]).view(k_new.shape), self._own(pool.v_entries[entry]).view(v_new.shape)
-        k_packed, v_packed = self._write(entry, k_new, v_new)
+        out = read(entry, *self._write(entry, k_new, v_new))
+        if folding:
+            self._write(entry, pool.layout.fold(old_k, k_new, loop), pool.layout.fold(old_v, v_new, loop))
+        return out
+
+    def _gathered(self, entry: int, k_packed: Tensor, v_packed: Tensor) -> tuple[Tensor, Tensor]:
+        """The entry's rows of every sequence, gathered (or the kept ones, the step's new rows written in), dequantized
+        as [B, Hkv, length, D]."""
+        pool = self.pool
         kept = None if self.kept is None else self.kept.get(entry)
         if kept is None:
             kept = (self._read(pool.k[entry]), self._read(pool.v[entry]))
@@ -213,10 +249,7 @@ class PagedStep(PoolStep):
         else:
             kept[0][self.row_index, self.positions] = k_packed
             kept[1][self.row_index, self.positions] = v_packed
-        read = pool.format.unpack(kept[0], pool.dtype).transpose(1, 2), pool.format.unpack(kept[1], pool.dtype).transpose(1, 2)
-        if folding:
-            self._write(entry, pool.layout.fold(old_k, k_new, loop), pool.layout.fold(old_v, v_new, loop))
-        return read
+        return pool.format.unpack(kept[0], pool.dtype).transpose(1, 2), pool.format.unpack(kept[1], pool.dtype).transpose(1, 2)
 
     def _write(self, entry: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Rows k, v [B, n, Hkv, D] into the step's slots of `entry`, as stored (returned)."""
@@ -232,7 +265,7 @@ class PagedStep(PoolStep):
 
     def narrow(self, index: Tensor) -> PagedStep:
         """The step of rows `index` only (a decode step's still-looping rows)."""
-        step = PagedStep(self.pool, self.positions[index], self.blocks[index], self.length)
+        step = PagedStep(self.pool, self.positions[index], self.blocks[index], self.length, self.in_place)
         step.in_flight, step.index = self.in_flight, index
         return step
 

@@ -1,0 +1,46 @@
+"""Triton kernels for the engine on a GPU: paged attention that reads K/V blocks where they lie (`attention`), the
+residual add fused with RMSNorm (`norm`), and q and k biased, normed and rotated in one kernel (`rope`).
+
+Importing this package imports no triton: the engine imports it on every device, and the CPU never runs a kernel
+(docs/architecture.md, rule 4: what the GPU machine runs stays light, and the CPU's path stays byte for byte what
+`scripts/engine_golden.py` records). `install` sets the kernels on a model where they run (`available`) and
+imports their modules, which import triton, only then. Tests run them on the CPU through Triton's interpreter
+(`TRITON_INTERPRET=1`, set before the kernels' modules are imported: `triton.jit` reads it when a kernel is defined).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from adapters.engine.layers import Attention, Block
+
+
+def available(device: torch.device) -> bool:
+    """Whether the kernels run on `device`: a CUDA device with triton importable (interpreted runs are the tests')."""
+    return device.type == "cuda" and importlib.util.find_spec("triton") is not None
+
+
+def install(model: nn.Module, device: torch.device, on: bool) -> Callable[..., torch.Tensor] | None:
+    """The model's blocks fuse with the kernels where they run (`on` and `available`): each residual add with the
+    norm after it (`Block.add_norm`, `norm`), q and k's bias, norm and RoPE (`Attention.qk_rope`, `rope`); else, or
+    with `on` false, they run torch's ops. Either way only outside autograd: the kernels have no backward. Returns
+    the paged attention kernel the engine's pools attend through in place (`BlockPool.attention`), or None: the
+    SDPA path over gathered blocks."""
+    fused: tuple[Callable[..., tuple[torch.Tensor, torch.Tensor]] | None, ...] = (None, None)
+    attention = None
+    if on and available(device):
+        from adapters.engine.kernels.attention import paged_attention
+        from adapters.engine.kernels.norm import add_rms_norm
+        from adapters.engine.kernels.rope import qk_rope
+
+        fused, attention = (add_rms_norm, qk_rope), paged_attention
+    for module in model.modules():
+        if isinstance(module, Block):
+            module.add_norm = fused[0]
+        elif isinstance(module, Attention):
+            module.qk_rope = fused[1]
+    return attention
