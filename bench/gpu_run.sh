@@ -24,8 +24,11 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 {
     date -u
-    timeout 10 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-    timeout 20 "$py" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+    timeout 5 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    timeout 15 "$py" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+    # the image's packages the wheels need at some minimum version (datasets: pyarrow>=24, fsspec<=2026.9; textual: rich>=14.2)
+    timeout 10 "$py" -c "from importlib.metadata import version as v
+print(*(f'{n} {v(n)}' for n in ('pyarrow', 'fsspec', 'huggingface-hub', 'pandas', 'rich', 'anyio', 'click', 'typer')))"
 } >"$out/env.txt" 2>&1
 
 run() {  # run NAME LIMIT COMMAND...: stdout to NAME (to steps.log where NAME has no extension), stderr to steps.log,
