@@ -10,6 +10,9 @@
 # their distributions) that the GPU image does not hold: LightEval and what it imports at load (inspect-ai,
 # datasets, nltk, pydantic, ...), the store (sqlalchemy, alembic, mako) and the report (plotly). Pure-Python
 # wheels are py3-none-any; the compiled ones (pydantic-core, mmh3, zstandard, ...) are the cp312 manylinux builds.
+# FLOORS are small packages the image holds at a version not known here, which the wheels need at some minimum
+# (textual: rich>=14.2; inspect-ai: anyio>=4.14.2, fsspec<=2026.6; lighteval: typer>=0.20): brought at the tested
+# version, they shadow the image's (pyarrow, which datasets wants >=24, is too large to bring: env.txt names it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WHEELS=(
@@ -20,9 +23,10 @@ WHEELS=(
     sniffio sqlalchemy starlette tabledata tcolorpy tenacity textual truststore typepy typing-inspection
     zipfile-zstd zstandard
 )
+FLOORS=(anyio click fsspec rich typer)
 py=${PYTHON:-python3}
 pins=()
-for name in "${WHEELS[@]}"; do  # NAME==VERSION from constraints.txt (its spelling may use _ or . for -)
+for name in "${WHEELS[@]}" "${FLOORS[@]}"; do  # NAME==VERSION from constraints.txt (its spelling may use _ or . for -)
     pin=$(grep -i -E "^${name//-/[-_.]}==" constraints.txt) || { echo "scripts/gpu_wheels.sh: $name is not pinned in constraints.txt" >&2; exit 2; }
     pins+=("$pin")
 done
