@@ -22,6 +22,7 @@ out=${OUT:-gpu-out}
 py=${PYTHON:-python3}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1  # nothing outside the machine can be reached: never wait on the Hub
 {
     date -u
     timeout 5 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
