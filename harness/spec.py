@@ -202,6 +202,20 @@ def checked_kv_dtype(value: str) -> str:
 
 # Backends that can run code shipped inside a model directory, and so take trust_remote_code.
 REMOTE_CODE_PREFIXES = ("transformers", "vllm")
+DEVICES = ("cpu", "cuda")  # where a model computes: `--device` and the `device` load override
+
+
+def checked_device(option: str, value: str) -> str:
+    """`value` as a device this machine has; UserError naming `option` on another name, or on cuda without CUDA."""
+    if value not in DEVICES:
+        raise UserError(f"{option} must be {' or '.join(DEVICES)}, got {value!r}")
+    import torch
+
+    if value == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"{option} cuda: torch {torch.__version__} sees no CUDA device on this machine (use --device cpu)")
+    return value
+
+
 # Set for the whole sweep, never per model: loops are what a sweep varies, the seed what makes it repeatable.
 SWEEP_WIDE_OVERRIDES = ("loops", "seed")
 # Load overrides the exit axis (`--exit-threshold`, `--exit-criterion`) and the KV axis (`--kv-policy`, `--kv-dtype`) set per run.
@@ -261,10 +275,13 @@ class RunSpec:
         exit_criterion: str | None = None,
         kv_policies: Sequence[str] | None = None,
         kv_dtypes: Sequence[str] | None = None,
+        device: str | None = None,
     ) -> RunSpec:
         """Fill unset values and check every field; UserError names the bad option.
 
-        Unset sampling values come from the suite's entry in SUITE_SAMPLING, the rest from DEFAULTS.
+        Unset sampling values come from the suite's entry in SUITE_SAMPLING, the rest from DEFAULTS. `device`
+        (`--device`) becomes every model's `device` override where its own overrides set none: stored with them,
+        it is part of what the runs were (a run on cuda is not a run on cpu).
         """
         suite = suite or DEFAULTS.suite
         defaults = suite_sampling(suite)
@@ -282,6 +299,9 @@ class RunSpec:
         sampling = dataclasses.replace(defaults, **given)
         limit = DEFAULTS.limit if limit is None else limit
         per_model = _checked_model_overrides(models, {adapters.resolve(m): o for m, o in (model_overrides or {}).items()})
+        if device is not None:
+            checked_device("--device", device)
+            per_model = {model: {"device": device, **per_model.get(model, {})} for model in models}
         check_exit(tuple(exit_thresholds or ()), exit_criterion)
         thresholds = tuple(sorted(set(float(t) for t in exit_thresholds or ())))
         policies = tuple(dict.fromkeys(checked_kv_policy(str(p)) for p in kv_policies or ()))

@@ -269,6 +269,7 @@ KEYS: dict[str, tuple[Callable[[str, Any], Any], str]] = {
     "ray_address": (_string, "ray_address"),
     "gpus_per_run": (_gpus, "gpus_per_run"),
     "workers": (_workers, "workers"),
+    "device": (_string, "device"),
 }
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import re
 import textwrap
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from suites import SuiteError, sandbox
 
@@ -45,16 +45,20 @@ class Gold(str):
     tests and entry point travel on the gold string itself.
     """
 
+    prompt: str
+    test: str
+    entry_point: str
+
     def __new__(cls, solution: str, prompt: str, test: str, entry_point: str) -> Gold:
         gold = super().__new__(cls, solution)
         gold.prompt, gold.test, gold.entry_point = prompt, test, entry_point
         return gold
 
-    def __getnewargs__(self) -> tuple[str, str, str, str]:  # copies and pickles keep the fields
-        return str(self), self.prompt, self.test, self.entry_point
+    def __reduce__(self) -> tuple[type[Gold], tuple[str, str, str, str]]:  # copies and pickles keep the fields
+        return Gold, (str(self), self.prompt, self.test, self.entry_point)
 
 
-def prompt(line: dict, task_name: str | None = None) -> Doc:
+def prompt(line: dict[str, Any], task_name: str | None = None) -> Doc:
     """LightEval prompt function for one `openai_humaneval` row."""
     from lighteval.tasks.requests import Doc
 
@@ -119,7 +123,7 @@ def _passes(source: str, entry_point: str, check_source: str) -> bool:
 
 def passes(doc: Doc, model_response: ModelResponse) -> float:
     """1.0 when the reply's program passes the item's tests in the sandbox, else 0.0."""
-    gold = doc.get_golds()[0]
+    gold = doc.get_golds()[0]  # type: ignore[no-untyped-call]  # LightEval's Doc leaves it unannotated
     if not isinstance(gold, Gold):
         raise SuiteError("humaneval: the gold lost its tests on the way to the metric; cannot score")
     return float(_passes(program(model_response.final_text[0], gold), gold.entry_point, check(gold)))

@@ -50,7 +50,8 @@ def _text(value: Any) -> str:
         return value
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"expected text, got {type(value).__name__} {value!r}")
-    return str(int(value)) if float(value).is_integer() else str(value)
+    number = float(value)
+    return str(int(number)) if number.is_integer() else str(value)
 
 
 def _integer(value: Any) -> int:
@@ -112,7 +113,7 @@ class CoercedPrompt:
         self.columns = dict(columns)
         self.__name__ = getattr(prompt, "__name__", type(prompt).__name__)  # LightEval logs the function's name
 
-    def __call__(self, line: dict, task_name: str | None = None) -> Any:
+    def __call__(self, line: dict[str, Any], task_name: str | None = None) -> Any:
         return self.prompt(coerce_row(line, self.columns), task_name)
 
 
@@ -171,7 +172,7 @@ def load_task_dataset(config: LightevalTaskConfig) -> DatasetDict:
 
 
 @functools.lru_cache(maxsize=256)  # above the paper suite's 66 tasks (57 of them mmlu_redux subjects)
-def _dataset(task: str, path: str, version: tuple[int, int, int], split: str, hf_filter: Callable[[dict], bool] | None) -> DatasetDict:
+def _dataset(task: str, path: str, version: tuple[int, int, int], split: str, hf_filter: Callable[[dict[str, Any]], bool] | None) -> DatasetDict:
     try:
         rows = _read(Path(path))
     except (OSError, ValueError) as exc:
@@ -192,10 +193,13 @@ def with_samples(configs: list[LightevalTaskConfig], n: int) -> list[LightevalTa
     for config in configs:
         metrics = []
         for metric in config.metrics:
-            if isinstance(metric.sample_level_fn, PassAtK) and metric.sample_level_fn.n != n:
+            fn = metric.sample_level_fn
+            if isinstance(fn, PassAtK) and fn.n != n:
                 metric = copy.deepcopy(metric)
-                metric.sample_level_fn.n = n
-                metric.metric_name = f"{metric.metric_name.split(':')[0]}:k={metric.sample_level_fn.k}&n={n}"
+                fn = metric.sample_level_fn
+                assert isinstance(fn, PassAtK)  # the copy's
+                fn.n = n
+                metric.metric_name = f"{metric.metric_name.split(':')[0]}:k={fn.k}&n={n}"
             metrics.append(metric)
         result.append(copy.copy(config))
         result[-1].metrics = tuple(metrics)

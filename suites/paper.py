@@ -44,7 +44,7 @@ Departures from LightEval (the one place they are listed; docs/reference.md's pa
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from collections.abc import Callable
 
 from suites import answers, sandbox
@@ -165,16 +165,17 @@ def _pass_at_1(metric_name: str, read: Callable[[Doc, str], str] | None = None) 
     """One of LightEval's pass@k metrics (a `Metrics` member name) at k=1; the run sets its n."""
     from lighteval.metrics.metrics import Metrics
 
-    metric = Metrics[metric_name](sample_params={"k": 1, "n": 1})  # a fresh copy
+    metric: SampleLevelMetric = getattr(Metrics, metric_name)(sample_params={"k": 1, "n": 1})  # a fresh copy
     if read is not None:
-        metric.sample_level_fn.compute_score = _ReadPrediction(metric.sample_level_fn.compute_score, read)
+        fn: Any = metric.sample_level_fn  # a pass@k computation, which LightEval types as any computation
+        fn.compute_score = _ReadPrediction(fn.compute_score, read)
     return metric
 
 
 def _hle_matches(doc: Doc, model_response: ModelResponse) -> float:
     """1.0 when the reply's answer equals the gold under `hle_normalise` (on a multiple-choice item, whose gold is a
     letter, when it names that one letter), else 0.0."""
-    gold = doc.get_golds()[0]
+    gold: str = doc.get_golds()[0]  # type: ignore[no-untyped-call]  # LightEval's Doc leaves it unannotated
     if re.fullmatch(r"[A-Z]", gold):
         return float(answers.hle_letter(model_response.final_text[0]) == gold)
     answer = answers.hle_normalise(answers.hle_answer(model_response.final_text[0]) or "")
@@ -195,7 +196,8 @@ def custom_pass_at_1(check: Callable[[Doc, ModelResponse], float]) -> SampleLeve
         corpus_level_fn=np.mean,
         higher_is_better=True,
     )
-    return metric(sample_params={"k": 1, "n": 1})
+    fresh: SampleLevelMetric = metric(sample_params={"k": 1, "n": 1})
+    return fresh
 
 
 def _loglikelihood_acc() -> SampleLevelMetric:
@@ -204,24 +206,26 @@ def _loglikelihood_acc() -> SampleLevelMetric:
 
     from lighteval.metrics.metrics import Metrics
 
-    metric = copy.deepcopy(Metrics.loglikelihood_acc.value)
+    member: Any = Metrics.loglikelihood_acc  # an Enum member at run time, which LightEval's annotations do not say
+    metric: SampleLevelMetric = copy.deepcopy(member.value)
     metric.metric_name = "loglikelihood_acc"
     return metric
 
 
 # ----------------------------------------------------------------------------------------- prompts
-def _amc23_prompt(line: dict, task_name: str | None = None) -> Doc:
+def _amc23_prompt(line: dict[str, Any], task_name: str | None = None) -> Doc:
     """math-ai/amc23 names the problem `question`: reuse LightEval's AIME prompt."""
     from lighteval.tasks.tasks.aime import aime_prompt
 
-    return aime_prompt({"problem": line["question"], "answer": line["answer"]}, task_name)
+    doc: Doc = aime_prompt({"problem": line["question"], "answer": line["answer"]}, task_name or "")
+    return doc
 
 
-def _olympiad_prompt(line: dict, task_name: str | None = None) -> Doc:
+def _olympiad_prompt(line: dict[str, Any], task_name: str | None = None) -> Doc:
     """LightEval's OlympiadBench prompt; its gold is `olympiad_gold` of the list `final_answer`."""
     from lighteval.tasks.tasks.olympiade_bench import olympiad_bench_prompt
 
-    doc = olympiad_bench_prompt(line, task_name or "")
+    doc: Doc = olympiad_bench_prompt(line, task_name or "")
     doc.choices = [olympiad_gold(line["final_answer"])]
     return doc
 
@@ -237,7 +241,8 @@ def task_configs() -> list[LightevalTaskConfig]:
 
     from suites import humaneval
 
-    def task(name, prompt, repo, subset, split, metrics, generation_size=None) -> LightevalTaskConfig:
+    def task(name: str, prompt: Callable[..., Doc], repo: str, subset: str, split: str, metrics: list[Any],
+             generation_size: int | None = None) -> LightevalTaskConfig:
         return LightevalTaskConfig(
             name=name,
             prompt_function=prompt,
@@ -265,7 +270,8 @@ def task_configs() -> list[LightevalTaskConfig]:
         task("gpqa_diamond", gpqa_instruct_prompt, "Idavidrein/gpqa", "gpqa_diamond", "train", gpqa, 32768),
     ]  # fmt: skip
     configs += [
-        task(f"mmlu_redux:{subject}", mmlu_redux_2_prompt(subject), "edinburgh-dawg/mmlu-redux-2.0", subject, "test", mmlu)
+        task(f"mmlu_redux:{subject}", mmlu_redux_2_prompt(subject),  # type: ignore[no-untyped-call]
+             "edinburgh-dawg/mmlu-redux-2.0", subject, "test", mmlu)
         for subject in MMLU_REDUX_SUBJECTS
     ]  # fmt: skip
     configs += [

@@ -20,6 +20,8 @@ import ast
 import json
 import os
 import sys
+from collections.abc import Callable
+from typing import IO, Any
 
 ANSWER_CHARS = 16 << 20  # a longer answer line is refused, not parsed
 
@@ -37,7 +39,7 @@ def _error(error: BaseException) -> str:
 
 def serve(entry: str, requests: int, answers: int) -> None:
     """Run the program, then answer calls to its `entry` function until the check closes the pipe."""
-    namespace = {"__name__": "__main__"}
+    namespace: dict[str, Any] = {"__name__": "__main__"}
     with open("program.py", encoding="utf-8") as source:
         exec(compile(source.read(), "program.py", "exec"), namespace)
     function = namespace[entry]
@@ -58,10 +60,10 @@ def _send(fd: int, text: str) -> None:
         data = data[os.write(fd, data):]
 
 
-def _stand_in(calls: int, replies):
+def _stand_in(calls: int, replies: IO[str]) -> Callable[..., Any]:
     """The function the check calls in place of the program's: a call over the pipes, a literal back."""
 
-    def loopeval_program(*args, **kwargs):
+    def loopeval_program(*args: Any, **kwargs: Any) -> Any:
         try:
             _send(calls, repr((args, kwargs)) + "\n")
         except BrokenPipeError:
@@ -86,7 +88,7 @@ def check(requests: int, answers: int, nonce: int) -> None:
     """Run the check's source against the program; write the nonce only when it ran to its end."""
     spec = json.loads(sys.stdin.read())
     with open(answers, encoding="utf-8") as replies:
-        namespace = {"__name__": "__main__", "loopeval_program": _stand_in(requests, replies)}
+        namespace: dict[str, Any] = {"__name__": "__main__", "loopeval_program": _stand_in(requests, replies)}
         exec(compile(spec["source"], "check.py", "exec"), namespace)
     os.write(nonce, spec["nonce"].encode("ascii"))
 

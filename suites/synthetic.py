@@ -50,7 +50,7 @@ import json
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from suites import SuiteError
 
@@ -238,7 +238,7 @@ def write_data(out_dir: Path = DATA_DIR, seed: int = SEED) -> list[Path]:
     return written
 
 
-def synthetic_prompt(line: dict, task_name: str | None = None) -> Doc:
+def synthetic_prompt(line: dict[str, Any], task_name: str | None = None) -> Doc:
     """LightEval prompt function: the prompt as query, the answer as the only (gold) choice."""
     from lighteval.tasks.requests import Doc
 

@@ -47,7 +47,8 @@ LIGHT_MODULES = (
     "harness.cli.estimate",
     "harness.cli.profile",
 )
-LIGHT_SCRIPTS = ("bench/bench_engine.py", "bench/bench_exits.py", "bench/gpu_check.py", "bench/gpu_profile.py")  # what bench/gpu_run.sh runs
+LIGHT_SCRIPTS = ("bench/bench_engine.py", "bench/bench_exits.py", "bench/gpu_check.py", "bench/gpu_profile.py",
+                 "bench/pipeline_check.py")  # what bench/gpu_run.sh runs (pipeline_check.py: the standard library only)
 
 
 @dataclass(frozen=True)

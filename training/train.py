@@ -79,7 +79,7 @@ class TaskData:
     are held out.
     """
 
-    def __init__(self, tasks: tuple[str, ...], tokenizer: Any, val_items: int, items: dict[str, list[dict]], stop: str) -> None:
+    def __init__(self, tasks: tuple[str, ...], tokenizer: Any, val_items: int, items: dict[str, list[dict[str, Any]]], stop: str) -> None:
         self.pad_id = tokenizer.pad_token_id
         self.train: list[tuple[list[int], int]] = []  # (ids, prompt length including <bos>)
         self.val: dict[str, list[tuple[list[int], int]]] = {}
@@ -279,7 +279,11 @@ def build_model(recipe: Recipe, device: str, teacher: LoopedLM | None) -> Looped
 
 def load_teacher(spec: str, device: str) -> LoopedLM:
     """The frozen LoopLM teacher: a zoo name (`ouro-tiny`) or any spec the engine loads (`ouro:PATH`)."""
+    from adapters.engine.adapter import EngineAdapter
+
     adapter = adapters.load(spec if ":" in spec else f"zoo:{spec}", device=device, dtype="float32")
+    if not isinstance(adapter, EngineAdapter):
+        raise AdapterError(f"teacher {spec!r} is not an engine model (a zoo name, ouro:PATH or another engine spec)")
     model = adapter.model
     if model.config.kv_strategy != "per_loop" or model.config.shared_layers == 0:
         raise AdapterError(f"teacher {spec!r} is not a LoopLM (needs shared layers and kv_strategy per_loop)")
@@ -355,7 +359,7 @@ class Trainer:
             raise AdapterError(f"recipe {recipe.name}: the loss is {loss.item()} at step {step}; training stopped and no checkpoint "
                                "was written (lower lr, or check distill_temperature and the other recipe values)")
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        torch.autograd.backward(loss)  # loss.backward(), which torch leaves unannotated
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, recipe.grad_clip)
         self.optimizer.step()
         self.step, self.tokens = step + 1, self.tokens + int(b.token_mask.sum())
@@ -434,7 +438,7 @@ def _truncate_log(path: Path, before_step: int) -> None:
 def train(
     recipe: Recipe,
     out_dir: Path,
-    items: dict[str, list[dict]],
+    items: dict[str, list[dict[str, Any]]],
     *,
     stop: str,
     device: str = "cpu",
@@ -464,7 +468,7 @@ def train(
         fits(f"training {recipe.name}: weights, gradients, optimizer states and the activations of batch_size "
              f"{recipe.batch_size} x {data.longest} positions",
              training_bytes(recipe, *model_configs(recipe, teacher_name), data.longest))
-    teacher = load_teacher(teacher_name, device) if recipe.kind == "melt" else None
+    teacher = load_teacher(teacher_name, device) if teacher_name is not None else None  # a MELT recipe's
     model = build_model(recipe, device, teacher)
     out_dir.mkdir(parents=True, exist_ok=True)  # only now: a teacher that fails to load leaves no empty folder
     trainer = Trainer(recipe, out_dir, model, make_objective(recipe, teacher), data, device)

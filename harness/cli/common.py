@@ -61,8 +61,9 @@ def report_path(db_url: str) -> Path:
 
 
 def check_device(device: str) -> None:
-    if device not in ("cpu", "cuda"):
-        raise UserError(f"--device must be cpu or cuda, got {device!r}")
+    from harness.spec import checked_device
+
+    checked_device("--device", device)
 
 
 def check_out_dir(path: Path, option: str) -> None:

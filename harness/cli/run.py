@@ -53,6 +53,7 @@ def run(
     ray_address: str | None = typer.Option(None, "--ray-address", help="Ray cluster to submit to (--executor ray). Default: $RAY_ADDRESS, else a new local Ray instance."),
     gpus_per_run: float | None = typer.Option(None, "--gpus-per-run", help="GPUs each run requests (--executor ray; a fraction shares a GPU). Default: 1 on a cluster with GPUs, else one CPU per run."),
     threads: ThreadsOption = None,
+    device: str | None = typer.Option(None, "--device", help="Where every model computes: cpu or cuda (a model's own device override in a sweep file wins). Default: each model's own (the engine's: cuda where torch sees one, else cpu)."),
     workers: int | None = typer.Option(None, "--workers", help="Runs side by side in worker processes (--executor local). Default: the cores this process may use over each run's threads, 1 on a GPU."),
 ) -> int:
     """Evaluate models x loop counts on a suite, storing every sample, metric and memory trace.
@@ -80,7 +81,7 @@ def run(
         kv_dtypes=None if kv_dtype is None else string_list(kv_dtype, "--kv-dtype"), samples=samples, temperature=temperature, top_p=top_p,
         max_new_tokens=max_new_tokens, limit=limit, batch_size=batch_size, seeds=parse_int_list(seed, "--seed", minimum=0),
         db_url=db, data_dir=data_dir, trust_remote_code=trust_remote_code or None,
-        executor=executor, ray_address=ray_address, gpus_per_run=gpus_per_run, workers=workers,
+        executor=executor, ray_address=ray_address, gpus_per_run=gpus_per_run, workers=workers, device=device,
     )
     request = build_request(flags, config)
     try:

@@ -34,6 +34,7 @@ class StepInputs:
     blocks: Tensor  # [B, W]: each block table up to the step's end, padded with block 0 (the mask hides it)
     end: int  # the keys the step attends to: the longest sequence's, with its new tokens
     plain: bool  # plain causal attention over one sequence's rows: no mask needed
+    start: int | None  # one sequence whose blocks lie in one run: its first slot (`PagedStep` reads in place)
 
 
 class ModelRunner:
@@ -81,7 +82,9 @@ class ModelRunner:
         blocks = self.tensor([b for seq in seqs for b in (seq.blocks + [0] * width)[:width]]).view(rows, -1)
         positions = self.tensor([seq.written + j for seq in seqs for j in range(n)]).view(rows, -1)
         inputs = self.tensor([t for row in tokens for t in row]).view(rows, -1)
-        return StepInputs(inputs, positions, blocks, end, plain=rows == 1 and (n == 1 or seqs[0].written == 0))
+        run = seqs[0].blocks[:width]
+        start = run[0] * self.pool.block_size if rows == 1 and len(run) == width and run == list(range(run[0], run[0] + width)) else None
+        return StepInputs(inputs, positions, blocks, end, plain=rows == 1 and (n == 1 or seqs[0].written == 0), start=start)
 
     def step(self, seqs: list[Sequence], tokens: list[list[int]], decoding: bool = False) -> StepOutput:
         """Run `tokens` (n per sequence) of `seqs` through the model; their blocks hold them afterwards.
@@ -96,7 +99,7 @@ class ModelRunner:
             out = self.graphs.step(x.tokens, x.positions, x.blocks)
         else:
             ran = self.ran_keys(seqs, x.end) if decoding else None
-            cache = PagedStep(self.pool, x.positions, x.blocks, x.end, in_place=ran is None)  # `ran` masks by loop: SDPA
+            cache = PagedStep(self.pool, x.positions, x.blocks, x.end, x.start, in_place=ran is None)  # `ran` masks by loop: SDPA
             mask = None if x.plain or cache.in_place else key_mask(x.positions, x.end)
             out = self.model.step(x.tokens, x.positions, cache, x.end - n, mask, loops=self.loops, keep_loops=self.keep_loops,
                                   exits=self.policy if decoding else None, ran=ran, streams=self.draw_streams(seqs, n))

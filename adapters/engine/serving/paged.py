@@ -189,23 +189,32 @@ class PagedStep(PoolStep):
     through the pool's kernel, when it has one (`attend`; each token sees its sequence's keys up to its
     position, so the step needs no mask: a caller whose mask hides more, the exit fill `masked`, passes False).
 
-    A gated (MELT) layer attends to the same rows at every loop but the step's own, which each loop
-    overwrites. So when the gathered rows of all shared layers fit in `KEEP_BYTES`, the step keeps
+    A step of one sequence whose blocks lie in one run of the pool (`start`: its first slot; a long
+    prompt prefilled alone on a fresh pool) reads the rows in place instead: a slice of the entry,
+    the same values in the same layout as the gather, so attention gives the same bits and nothing is
+    copied. A folding layout does not (its fold overwrites the rows before attention reads them).
+    MELT's long prefill is the case: 500 chunk steps of 64 tokens at 32000 tokens, each attending to
+    the whole prefix at every layer and loop, gathered it 96 times a step.
+
+    Otherwise a gated (MELT) layer attends to the same rows at every loop but the step's own, which each
+    loop overwrites. So when the gathered rows of all shared layers fit in `KEEP_BYTES`, the step keeps
     each layer's gathered rows from loop 1 and later loops write only the new rows into them: one
     gather per layer instead of one per layer and loop (on the CPU the gathers were a quarter of a
     long-tailed MELT workload's time). Larger steps gather at every loop, so a step never holds more
     than `KEEP_BYTES` beyond one layer's rows.
     """
 
-    def __init__(self, pool: BlockPool, positions: Tensor, blocks: Tensor, length: int, in_place: bool = True) -> None:
+    def __init__(self, pool: BlockPool, positions: Tensor, blocks: Tensor, length: int, start: int | None = None,
+                 in_place: bool = True) -> None:
         size = pool.block_size
         super().__init__(pool, positions.numel())
         self.in_place = in_place and pool.attention is not None
         self.slots = (blocks.gather(1, positions // size) * size + positions % size).flatten()  # the new tokens', row-major
         self.positions, self.blocks, self.length = positions, blocks, length
+        self.start = None if pool.layout.folds else start  # a fold overwrites the rows before attention reads them
         self.rows, self.tokens = positions.shape
         gathered = 2 * blocks.numel() * pool.block_size * pool.k[0, 0].numel() * pool.k.element_size() * pool.shared
-        keeps = pool.latent is not None and gathered <= KEEP_BYTES and not self.in_place
+        keeps = pool.latent is not None and gathered <= KEEP_BYTES and not self.in_place and self.start is None
         self.kept: dict[int, tuple[Tensor, Tensor]] | None = {} if keeps else None
         if self.kept is not None:  # with `positions`: where the new rows go in kept K/V
             self.row_index = torch.arange(self.rows, device=positions.device)[:, None]
@@ -242,7 +251,10 @@ class PagedStep(PoolStep):
         as [B, Hkv, length, D]."""
         pool = self.pool
         kept = None if self.kept is None else self.kept.get(entry)
-        if kept is None:
+        if self.start is not None:  # one run of blocks: the rows where they lie
+            rows = slice(self.start, self.start + self.length)
+            kept = pool.k_entries[entry][rows].unsqueeze(0), pool.v_entries[entry][rows].unsqueeze(0)
+        elif kept is None:
             kept = (self._read(pool.k[entry]), self._read(pool.v[entry]))
             if self.kept is not None:
                 self.kept[entry] = kept
@@ -265,7 +277,7 @@ class PagedStep(PoolStep):
 
     def narrow(self, index: Tensor) -> PagedStep:
         """The step of rows `index` only (a decode step's still-looping rows)."""
-        step = PagedStep(self.pool, self.positions[index], self.blocks[index], self.length, self.in_place)
+        step = PagedStep(self.pool, self.positions[index], self.blocks[index], self.length, in_place=self.in_place)
         step.in_flight, step.index = self.in_flight, index
         return step
 
