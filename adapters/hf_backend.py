@@ -123,7 +123,7 @@ def stop_criteria(spec: str, tokenizer: Any | None, stops: tuple[str, ...], prom
     return StoppingCriteriaList([StopOnGeneratedText()])
 
 
-def cut_at_stop(tokenizer: Any, body: list[int], text: str, stops: tuple[str, ...]) -> tuple[list[int], str] | None:
+def cut_row_at_stop(tokenizer: Any, body: list[int], text: str, stops: tuple[str, ...]) -> tuple[list[int], str] | None:
     """A row cut at its first stop string, None where none occurs: the text just before it, and the shortest token
     prefix whose text contains it (decoding is monotone in the prefix)."""
     hits = [(text.find(s), s) for s in stops]
@@ -193,7 +193,8 @@ class CacheCall:
 class TransformersAdapter:
     """An `Adapter` around a transformers `PreTrainedModel` and its tokenizer."""
 
-    def __init__(self, spec: str, model: Any, tokenizer: Any | None, *, max_context: int, cache: str, source_generation_config: dict[str, Any]):
+    def __init__(self, spec: str, model: Any, tokenizer: Any | None, *, max_context: int, cache: str,
+                 source_generation_config: dict[str, Any]):
         self.spec = spec
         self.model = model
         self.tokenizer = tokenizer
@@ -263,7 +264,8 @@ class TransformersAdapter:
                 out = self.model.generate(
                     input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
                     generation_config=generation_config(sampling, max_new, self.eos_token_ids, self.pad_token_id),
-                    past_key_values=call.cache, stopping_criteria=stop_criteria(self.spec, self.tokenizer, sampling.stop, longest),
+                    past_key_values=call.cache,
+                    stopping_criteria=stop_criteria(self.spec, self.tokenizer, sampling.stop, longest),
                 )
         finally:
             hook.remove()
@@ -276,7 +278,8 @@ class TransformersAdapter:
             for i, row in enumerate(new_tokens)
         ]
 
-    def _finish(self, row: list[int], prompt: list[int], sampling: Sampling, max_new: int, prefill_s: float, decode_s: float) -> Generation:
+    def _finish(self, row: list[int], prompt: list[int], sampling: Sampling, max_new: int, prefill_s: float,
+                decode_s: float) -> Generation:
         """Cut one output row at EOS or at the token completing a stop string; classify why it ended.
 
         Conventions (shared with the engine): an EOS token stays in `token_ids` and is counted, but not
@@ -289,7 +292,7 @@ class TransformersAdapter:
         tokenizer = self.tokenizer
         text = tokenizer.decode(body, skip_special_tokens=True) if tokenizer is not None else None
         reason: FinishReason = "eos" if eos_at is not None else "length"
-        stopped = None if tokenizer is None or text is None else cut_at_stop(tokenizer, body, text, sampling.stop)
+        stopped = None if tokenizer is None or text is None else cut_row_at_stop(tokenizer, body, text, sampling.stop)
         if stopped is not None:
             tokens, text = stopped
             reason = "stop"

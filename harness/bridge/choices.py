@@ -23,8 +23,14 @@ EncodePair = Callable[[str, list[str]], tuple[Sequence[Sequence[int]], Sequence[
 class ChoiceRanker:
     """Ranks the choices of `batch_size` docs at a time and sends each doc's pick to the sink."""
 
-    def __init__(self, adapter: Adapter, prompts: PromptManager, encode_pair: EncodePair, sink: SampleSink | None,
-                 batch_size: int) -> None:
+    def __init__(
+        self,
+        adapter: Adapter,
+        prompts: PromptManager,
+        encode_pair: EncodePair,
+        sink: SampleSink | None,
+        batch_size: int,
+    ) -> None:
         self.adapter = adapter
         self.prompts = prompts
         self.encode_pair = encode_pair

@@ -92,7 +92,8 @@ def _sample_scores(pipeline: _ProjectPipeline) -> dict[tuple[str, str, int], flo
                 metric = next(m for m in task.metrics if m.category == SamplingMethod.GENERATIVE)
                 fn = metric.sample_level_fn
                 if isinstance(fn, SamplingMetric):
-                    gold_doc = Doc(query=doc.query, choices=[fn.preprocess(c) for c in doc.choices], gold_index=doc.gold_index)
+                    choices = [fn.preprocess(c) for c in doc.choices]
+                    gold_doc = Doc(query=doc.query, choices=choices, gold_index=doc.gold_index)
                     for j, text in enumerate(response.final_text):
                         judged = ModelResponse(text=[fn.preprocess(text)])
                         scores[(name, doc.id, j)] = float(fn.compute_score(gold_doc, judged))
@@ -106,8 +107,8 @@ def _sample_scores(pipeline: _ProjectPipeline) -> dict[tuple[str, str, int], flo
 
 
 def _metrics(pipeline: _ProjectPipeline) -> dict[str, Mapping[str, tuple[float | None, float | None]]]:
-    """LightEval's aggregated metrics by task name, plus each family's mean (`mmlu_redux`, `db.headline.benchmark_of`) and
-    `all`: the suite mean of pass@1 (`db.headline`)."""
+    """LightEval's aggregated metrics by task name, plus each family's mean (`mmlu_redux`,
+    `db.headline.benchmark_of`) and `all`: the suite mean of pass@1 (`db.headline`)."""
     aggregated = pipeline.evaluation_tracker.metrics_logger.metric_aggregated
     metrics: dict[str, dict[str, tuple[float, float | None]]] = {}
     for full_name in pipeline.tasks_dict:
@@ -131,7 +132,8 @@ def _metrics(pipeline: _ProjectPipeline) -> dict[str, Mapping[str, tuple[float |
     for benchmark, members in families.items():
         if members != [benchmark]:
             metrics[benchmark] = mean_of(members)
-    suite_mean = headline({task: {name: value for name, (value, _) in by_name.items()} for task, by_name in metrics.items()})
+    plain = {task: {name: value for name, (value, _) in by_name.items()} for task, by_name in metrics.items()}
+    suite_mean = headline(plain)
     return {**metrics, SUITE: {HEADLINE: (suite_mean.mean, None)}}
 
 

@@ -25,7 +25,13 @@ from lighteval.tasks.requests import Doc
 
 from adapters.base import Adapter, AdapterError, Finished, Generation, Request, Sampling, Scheduling
 from harness.bridge.records import (
-    CONTEXT_LIMIT, SampleRecord, SampleSink, StoredSamples, batch_seed, gold_of, loops_histogram,
+    CONTEXT_LIMIT,
+    SampleRecord,
+    SampleSink,
+    StoredSamples,
+    batch_seed,
+    gold_of,
+    loops_histogram,
 )
 
 # One slot per doc LightEval asked for, filled as the doc's samples are all known.
@@ -59,8 +65,9 @@ class Generator:
     """Generates the docs' samples with an adapter and sends their records to the sink. `context_cut` counts the
     samples that stopped at the model's context (finish reason CONTEXT_LIMIT)."""
 
-    def __init__(self, adapter: Adapter, sampling: Sampling, prompts: PromptManager, sink: SampleSink | None,
-                 batch_size: int) -> None:
+    def __init__(
+        self, adapter: Adapter, sampling: Sampling, prompts: PromptManager, sink: SampleSink | None, batch_size: int
+    ) -> None:
         self.adapter = adapter
         self.sampling = sampling  # the run's; each doc's is derived from it (`sampling_for`)
         self.prompts = prompts
@@ -108,8 +115,9 @@ class Generator:
         if self.sink is not None and records:
             self.sink.on_records(records)
 
-    def generate_batch(self, pending: Pending, batch_index: int, docs: list[Doc], slots: list[int],
-                       responses: Responses) -> None:
+    def generate_batch(
+        self, pending: Pending, batch_index: int, docs: list[Doc], slots: list[int], responses: Responses
+    ) -> None:
         """Generate for `docs[slots]` in one `generate` call, fill their `responses` and send the new records."""
         task, batch = pending.task, [docs[i] for i in slots]
         self.batch_started(task, batch_index, len(batch))
@@ -139,8 +147,17 @@ class Generator:
             responses[slot] = ModelResponse(input=prompt, text=texts, output_tokens=token_ids)
         self.send(records)
 
-    def sample(self, task: str, doc: Doc, index: int, prompt: str, generation: Generation, sampling: Sampling,
-               longest: int, latency: float) -> tuple[str, SampleRecord]:
+    def sample(
+        self,
+        task: str,
+        doc: Doc,
+        index: int,
+        prompt: str,
+        generation: Generation,
+        sampling: Sampling,
+        longest: int,
+        latency: float,
+    ) -> tuple[str, SampleRecord]:
         """A generated sample's text (cut at the first stop) and record.
 
         A sample that stopped at "length" before its budget, where the context cannot hold the longest
@@ -150,8 +167,11 @@ class Generator:
         if generation.text is None:
             raise AdapterError(f"{self.adapter.spec} returned no text; LightEval tasks need adapters with a tokenizer")
         text = cut_at_stop(generation.text, sampling.stop)
-        cut = (longest + sampling.max_new_tokens > self.adapter.max_context and generation.finish_reason == "length"
-               and generation.generated_tokens < sampling.max_new_tokens)
+        cut = (
+            longest + sampling.max_new_tokens > self.adapter.max_context
+            and generation.finish_reason == "length"
+            and generation.generated_tokens < sampling.max_new_tokens
+        )
         self.context_cut += cut
         return text, generated_record(task, doc, index, prompt, text, generation, latency, cut)
 
@@ -161,8 +181,9 @@ class Workload:
     `texts[r][j]` is sample j of request r (None until it finishes or when stored), so a doc's response is whole
     when its last sample is."""
 
-    def __init__(self, generator: Generator, pending: Pending, docs: list[Doc], responses: Responses,
-                 advance: Callable[[], None]) -> None:
+    def __init__(
+        self, generator: Generator, pending: Pending, docs: list[Doc], responses: Responses, advance: Callable[[], None]
+    ) -> None:
         self.generator, self.task, self.responses, self.advance = generator, pending.task, responses, advance
         self.slots = pending.todo
         self.docs = [docs[i] for i in self.slots]
@@ -177,8 +198,10 @@ class Workload:
     def generate(self, adapter: Scheduling) -> None:
         """Hand every unfinished sample to the adapter at once; samples are stored as they finish (`finished`)."""
         self.generator.batch_started(self.task, 0, len(self.slots))
-        requests = [Request(prompt, sampling, samples=tuple(j for j, text in enumerate(done) if text is None))
-                    for prompt, sampling, done in zip(self.prompts, self.samplings, self.texts)]
+        requests = [
+            Request(prompt, sampling, samples=tuple(j for j, text in enumerate(done) if text is None))
+            for prompt, sampling, done in zip(self.prompts, self.samplings, self.texts)
+        ]
         adapter.generate_requests(requests, self.finished)
 
     def finished(self, done: list[Finished]) -> None:
@@ -186,22 +209,30 @@ class Workload:
         records = []
         for r, j, generation in done:
             text, record = self.generator.sample(
-                self.task, self.docs[r], j, self.prompts[r], generation, self.samplings[r], generation.prompt_tokens,
+                self.task,
+                self.docs[r],
+                j,
+                self.prompts[r],
+                generation,
+                self.samplings[r],
+                generation.prompt_tokens,
                 generation.prefill_seconds + generation.decode_seconds,
             )
             self.texts[r][j], self.tokens[r][j] = text, list(generation.token_ids)
             records.append(record)
             texts = [t for t in self.texts[r] if t is not None]
             if len(texts) == len(self.texts[r]):
-                self.responses[self.slots[r]] = ModelResponse(input=self.prompts[r], text=texts,
-                                                              output_tokens=self.tokens[r])
+                self.responses[self.slots[r]] = ModelResponse(
+                    input=self.prompts[r], text=texts, output_tokens=self.tokens[r]
+                )
                 self.advance()
         if self.generator.sink is not None:
             self.generator.sink.on_records(records)
 
 
-def generated_record(task: str, doc: Doc, index: int, prompt: str, text: str, generation: Generation, latency: float,
-                     cut: bool) -> SampleRecord:
+def generated_record(
+    task: str, doc: Doc, index: int, prompt: str, text: str, generation: Generation, latency: float, cut: bool
+) -> SampleRecord:
     """A generated sample's record; `cut`: the context ended it before its budget (finish reason CONTEXT_LIMIT)."""
     loops = generation.loops_used
     return SampleRecord(

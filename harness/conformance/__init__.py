@@ -76,11 +76,26 @@ class ConformanceReport:
 
     def __str__(self) -> str:
         lines = [f"conformance of {self.spec}: {'PASS' if self.ok else f'{len(self.failures)} FAILED'}"]
-        lines += [f"  [{r.status}] {r.name} ({r.seconds:.1f} s)" + (f": {r.message}" if r.message else "") for r in self.results]
+        lines += [
+            f"  [{r.status}] {r.name} ({r.seconds:.1f} s)" + (f": {r.message}" if r.message else "")
+            for r in self.results
+        ]
         return "\n".join(lines)
 
 
-CHECKS: tuple[str, ...] = ("protocol", "greedy", "seed", "top_p", "max_new_tokens", "n_order", "stop", "eos", "memory", "errors", "bridge")
+CHECKS: tuple[str, ...] = (
+    "protocol",
+    "greedy",
+    "seed",
+    "top_p",
+    "max_new_tokens",
+    "n_order",
+    "stop",
+    "eos",
+    "memory",
+    "errors",
+    "bridge",
+)
 # top_p compares with the greedy outputs; stop replays a seeded sample
 _NEEDS_GREEDY = ("top_p",)
 # the checks of `SamplingChecks` (harness/conformance/sampling.py); the others are `ContractChecks`'
@@ -130,7 +145,9 @@ def check_adapter(
         except Skipped as exc:
             result = CheckResult(name, "skip", str(exc))
         except Exception as exc:  # an adapter crashing inside a check is a failure of that check, not of the kit
-            result = CheckResult(name, "fail", f"raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            result = CheckResult(
+                name, "fail", f"raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            )
         else:
             result = CheckResult(name, "pass")
         result.seconds = time.perf_counter() - start

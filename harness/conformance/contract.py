@@ -15,12 +15,22 @@ class ContractChecks(Probe):
 
     def protocol(self) -> None:
         a = self.adapter
-        missing = [m for m in ("spec", "tokenizer", "max_context", "forward_logits", "generate", "memory", "describe") if not hasattr(a, m)]
+        missing = [
+            m
+            for m in ("spec", "tokenizer", "max_context", "forward_logits", "generate", "memory", "describe")
+            if not hasattr(a, m)
+        ]
         expect(not missing, f"missing attributes: {', '.join(missing)}")
-        expect(isinstance(a.max_context, int) and a.max_context > 1, f"max_context must be an int > 1, got {a.max_context!r}")
+        expect(
+            isinstance(a.max_context, int) and a.max_context > 1,
+            f"max_context must be an int > 1, got {a.max_context!r}",
+        )
         expect(isinstance(a.describe(), dict), "describe() must return a dict")
         if a.tokenizer is None:
-            expect(all(not isinstance(p, str) for p in self.prompts), "adapter has no tokenizer: pass prompts as token-id lists")
+            expect(
+                all(not isinstance(p, str) for p in self.prompts),
+                "adapter has no tokenizer: pass prompts as token-id lists",
+            )
 
     def memory(self) -> None:
         problems: list[str] = []
@@ -36,7 +46,10 @@ class ContractChecks(Probe):
         for earlier, when in ((short, "2"), (before, "0")):
             peak = earlier["kv_bytes_peak"]
             if peak is not None and (long["kv_bytes_peak"] or 0) < peak:
-                problems.append(f"kv_bytes_peak fell from {peak} (after {when} new tokens) to {long['kv_bytes_peak']}: a peak never decreases")
+                problems.append(
+                    f"kv_bytes_peak fell from {peak} (after {when} new tokens) to {long['kv_bytes_peak']}: a peak "
+                    "never decreases"
+                )
         expect(not problems, "; ".join(dict.fromkeys(problems)))
 
     def _memory(self, when: str, problems: list[str]) -> dict[str, int | None]:
@@ -82,16 +95,23 @@ class ContractChecks(Probe):
     def errors(self) -> None:
         problems = []
         empty: Prompt = "" if self.adapter.tokenizer is not None else []
-        for what, prompt in (("an empty prompt", empty),
-                             (f"a prompt of {self.adapter.max_context + 1} tokens (max_context {self.adapter.max_context})",
-                              [self.ids(self.prompts[0])[0]] * (self.adapter.max_context + 1))):
+        for what, prompt in (
+            ("an empty prompt", empty),
+            (
+                f"a prompt of {self.adapter.max_context + 1} tokens (max_context {self.adapter.max_context})",
+                [self.ids(self.prompts[0])[0]] * (self.adapter.max_context + 1),
+            ),
+        ):
             try:
                 self.adapter.generate([prompt], Sampling(temperature=0, max_new_tokens=2))
             except AdapterError as exc:
                 if not str(exc).strip() or "\n" in str(exc).strip():
                     problems.append(f"{what}: AdapterError must carry a one-line message, got {str(exc)!r}")
             except Exception as exc:
-                problems.append(f"{what} raised {type(exc).__name__}: {str(exc)[:120]}; it must raise AdapterError with a clear message")
+                problems.append(
+                    f"{what} raised {type(exc).__name__}: {str(exc)[:120]}; it must raise AdapterError with a clear "
+                    "message"
+                )
             else:
                 problems.append(f"{what} was accepted; it must raise AdapterError with a clear message")
         expect(not problems, "; ".join(problems))
@@ -104,13 +124,23 @@ class ContractChecks(Probe):
             raise Skipped(f"the LightEval bridge is not importable here ({exc})") from exc
         task = load_suite("synthetic")[0]
         quiet = logging.getLogger("lighteval")
-        level, quiet.level = quiet.level, logging.ERROR  # LightEval warns that limited runs are partial; 2 docs are meant
+        level, quiet.level = (
+            quiet.level,
+            logging.ERROR,
+        )  # LightEval warns that limited runs are partial; 2 docs are meant
         try:
-            result = run_suite(self.adapter, [task], Sampling(temperature=0, max_new_tokens=8), limit=2, batch_size=2, progress=False)
+            result = run_suite(
+                self.adapter, [task], Sampling(temperature=0, max_new_tokens=8), limit=2, batch_size=2, progress=False
+            )
         finally:
             quiet.setLevel(level)
         name = next(iter(result.n_docs), task.name)
-        expect(sum(result.n_docs.values()) == 2, f"the bridge ran task {task.name} with limit 2 but LightEval saw {result.n_docs} docs")
-        expect(len(result.scores) == 2 and all(v in (0.0, 1.0) for v in result.scores.values()),
-                f"the bridge scored {len(result.scores)} samples of {name} ({result.scores}); expected 2 scores of 0 or 1")
+        expect(
+            sum(result.n_docs.values()) == 2,
+            f"the bridge ran task {task.name} with limit 2 but LightEval saw {result.n_docs} docs",
+        )
+        expect(
+            len(result.scores) == 2 and all(v in (0.0, 1.0) for v in result.scores.values()),
+            f"the bridge scored {len(result.scores)} samples of {name} ({result.scores}); expected 2 scores of 0 or 1",
+        )
         expect("all" in result.metrics, f"the bridge returned no suite average: metrics {sorted(result.metrics)}")

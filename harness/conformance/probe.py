@@ -38,9 +38,12 @@ class Probe:
         sampling.setdefault("max_new_tokens", self.max_new)
         s = Sampling(**sampling)
         out = self.adapter.generate(list(prompts), s)
-        expect(isinstance(out, list) and len(out) == len(prompts) * s.n,
-               f"generate({len(prompts)} prompts, n={s.n}) returned {len(out) if isinstance(out, list) else type(out).__name__} "
-               f"generations, expected {len(prompts) * s.n}")
+        expect(
+            isinstance(out, list) and len(out) == len(prompts) * s.n,
+            f"generate({len(prompts)} prompts, n={s.n}) returned "
+            f"{len(out) if isinstance(out, list) else type(out).__name__} "
+            f"generations, expected {len(prompts) * s.n}",
+        )
         return out
 
     def ids(self, prompt: Prompt) -> list[int]:
