@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from collections.abc import Sequence
 
 from adapters import threads
-from adapters.base import MODEL_DTYPES, AdapterError, Generation, Prompt, Sampling, dtype_short
+from adapters.base import MODEL_DTYPES, AdapterError, FinishReason, Generation, Prompt, Sampling, dtype_short
 from adapters.config_values import check_vocabulary, first_id, id_list
 from adapters.files import check_closed
 from adapters.registry import register
@@ -62,50 +62,152 @@ def _resolve_dtype(dtype: Any, checkpoint_dtype: torch.dtype | None, device: str
         return checkpoint_dtype
     if isinstance(dtype, torch.dtype):
         return dtype
-    return getattr(torch, MODEL_DTYPES[dtype_short(dtype, model=True)])
+    resolved: torch.dtype = getattr(torch, MODEL_DTYPES[dtype_short(dtype, model=True)])
+    return resolved
+
+
+def stop_ids(spec: str, model: Any, tokenizer: Any | None, source_generation_config: dict[str, Any]) -> list[int]:
+    """The stop ids the folder names (generation config, config, tokenizer), each read by `adapters.config_values`."""
+    ids: list[int] = []
+    for where, source in (("generation_config.json", source_generation_config.get("eos_token_id")),
+                          ("config.json", getattr(model.config, "eos_token_id", None)),
+                          ("the tokenizer", getattr(tokenizer, "eos_token_id", None))):
+        for i in id_list({"eos_token_id": source}, "eos_token_id", f"{spec}: {where}"):
+            if i not in ids:
+                ids.append(i)
+    return ids
+
+
+def pad_id(spec: str, tokenizer: Any | None, source_generation_config: dict[str, Any], eos_ids: list[int]) -> int:
+    """The tokenizer's pad id, else the generation config's, else the first EOS id (0 without one)."""
+    pad = getattr(tokenizer, "pad_token_id", None)
+    if pad is None:
+        pad = first_id(source_generation_config, "pad_token_id", f"{spec}: generation_config.json")
+    return (eos_ids[0] if eos_ids else 0) if pad is None else pad
+
+
+def generation_config(sampling: Sampling, max_new_tokens: int, eos_ids: list[int], pad: int) -> Any:
+    """The `GenerationConfig` of one call: exactly `sampling` (top_k None is 0, off, not transformers' default 50)."""
+    from transformers import GenerationConfig
+
+    common = dict(max_new_tokens=max_new_tokens, eos_token_id=eos_ids or None, pad_token_id=pad)
+    if sampling.greedy:
+        return GenerationConfig(do_sample=False, **common)
+    return GenerationConfig(do_sample=True, temperature=float(sampling.temperature), top_p=sampling.top_p,
+                            top_k=sampling.top_k or 0, **common)
+
+
+def stop_criteria(spec: str, tokenizer: Any | None, stops: tuple[str, ...], prompt_len: int) -> Any:
+    """Stop a row once its *generated* text contains a stop string.
+
+    transformers' own `stop_strings` also match across the prompt boundary (a prompt ending in
+    "\n" with stop "\n\n" would stop at the first generated newline); the engine and LightEval
+    look at the generated text only, so this criterion does too. A stop string first appears at
+    the end of the text, so decoding a short window of the newest tokens is enough.
+    """
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    if not stops:
+        return None
+    if tokenizer is None:
+        raise AdapterError(f"{spec} has no tokenizer, so it cannot match stop strings {list(stops)}")
+    window, decode = max(len(s) for s in stops) + 4, tokenizer.batch_decode
+
+    class StopOnGeneratedText(StoppingCriteria):
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+            import torch
+
+            tails = decode(input_ids[:, max(prompt_len, input_ids.shape[1] - window):], skip_special_tokens=True)
+            return torch.tensor([any(s in t for s in stops) for t in tails], device=input_ids.device)
+
+    return StoppingCriteriaList([StopOnGeneratedText()])
+
+
+def cut_row_at_stop(tokenizer: Any, body: list[int], text: str, stops: tuple[str, ...]) -> tuple[list[int], str] | None:
+    """A row cut at its first stop string, None where none occurs: the text just before it, and the shortest token
+    prefix whose text contains it (decoding is monotone in the prefix)."""
+    hits = [(text.find(s), s) for s in stops]
+    hits = [h for h in hits if h[0] >= 0]
+    if not hits:
+        return None
+    cut, stop = min(hits)
+    lo, hi = 1, len(body)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if stop in tokenizer.decode(body[:mid], skip_special_tokens=True):
+            hi = mid
+        else:
+            lo = mid + 1
+    return body[:lo], text[:cut]
+
+
+def left_padded(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Input ids and attention mask of `rows`, left padded so every row's next token sits in the last column."""
+    import torch
+
+    longest = max(len(x) for x in rows)
+    input_ids = torch.full((len(rows), longest), pad, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), longest), dtype=torch.long)
+    for row, x in enumerate(rows):
+        input_ids[row, longest - len(x):] = torch.tensor(x)
+        attention_mask[row, longest - len(x):] = 1
+    return input_ids, attention_mask
+
+
+def kv_bytes(cache: Any | None) -> int:
+    """The `nbytes` of the key and value tensors a cache holds now."""
+    if cache is None:
+        return 0
+    return sum(layer.keys.nbytes + layer.values.nbytes for layer in list(cache.layers)
+               if getattr(layer, "keys", None) is not None and layer.keys.numel())
+
+
+class CacheCall:
+    """One generate call's cache, and what its forwards did to it: the positions written (a static cache's tensors
+    cannot tell) and when the first forward, the prefill, ended. `on_forward` is the model's forward hook."""
+
+    def __init__(self, model_config: Any, kind: str, length: int) -> None:
+        from transformers import DynamicCache, StaticCache
+
+        self.kind = kind
+        self.cache: Any = (StaticCache(config=model_config, max_cache_len=length) if kind == "static"
+                      else DynamicCache(config=model_config))
+        self.written = 0
+        self.prefill_end: float | None = None
+
+    def on_forward(self, module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> None:
+        step = kwargs.get("input_ids")
+        self.written += int(step.shape[-1]) if step is not None else 0
+        if self.prefill_end is None:
+            self.prefill_end = time.perf_counter()
+
+    def kv_used(self, allocated: int) -> int:
+        """Bytes of the positions written: all of a DynamicCache (its tensors are as long as what was written, left
+        padding included), allocated x written / capacity of a StaticCache."""
+        if self.kind != "static" or not allocated:
+            return allocated
+        capacity = next(layer.keys.shape[-2] for layer in self.cache.layers if getattr(layer, "keys", None) is not None)
+        return allocated * min(self.written, capacity) // capacity
 
 
 class TransformersAdapter:
     """An `Adapter` around a transformers `PreTrainedModel` and its tokenizer."""
 
-    def __init__(self, spec: str, model: Any, tokenizer: Any | None, *, max_context: int, cache: str, source_generation_config: dict[str, Any]):
+    def __init__(self, spec: str, model: Any, tokenizer: Any | None, *, max_context: int, cache: str,
+                 source_generation_config: dict[str, Any]):
         self.spec = spec
         self.model = model
         self.tokenizer = tokenizer
         self.max_context = max_context
         self.cache_kind = cache
         self._source_generation_config = source_generation_config
-        self.eos_token_ids = self._eos_ids()
-        self.pad_token_id = self._pad_id()
-        self._check_vocabulary()
-        self._cache: Any | None = None  # the cache of the current or last generate call
-        self._written = 0  # positions written into a static cache (dynamic caches know their length)
+        self.eos_token_ids = stop_ids(spec, model, tokenizer, source_generation_config)
+        self.pad_token_id = pad_id(spec, tokenizer, source_generation_config, self.eos_token_ids)
+        vocab = model.get_input_embeddings().num_embeddings
+        check_vocabulary(spec, vocab, {"eos id": self.eos_token_ids, "pad id": self.pad_token_id},
+                         tokens=None if tokenizer is None else len(tokenizer))
+        self._call: CacheCall | None = None  # the current or last generate call, whose cache memory() reports
         self._kv_peak = 0
-
-    # --- setup helpers -------------------------------------------------------------------------
-
-    def _eos_ids(self) -> list[int]:
-        """The stop ids the folder names (generation config, config, tokenizer), each read by `adapters.config_values`
-        and checked against the model's vocabulary at load."""
-        ids: list[int] = []
-        for where, source in (("generation_config.json", self._source_generation_config.get("eos_token_id")),
-                              ("config.json", getattr(self.model.config, "eos_token_id", None)),
-                              ("the tokenizer", getattr(self.tokenizer, "eos_token_id", None))):
-            for i in id_list({"eos_token_id": source}, "eos_token_id", f"{self.spec}: {where}"):
-                if i not in ids:
-                    ids.append(i)
-        return ids
-
-    def _pad_id(self) -> int:
-        pad = getattr(self.tokenizer, "pad_token_id", None)
-        if pad is None:
-            pad = first_id(self._source_generation_config, "pad_token_id", f"{self.spec}: generation_config.json")
-        return (self.eos_token_ids[0] if self.eos_token_ids else 0) if pad is None else pad
-
-    def _check_vocabulary(self) -> None:
-        vocab = self.model.get_input_embeddings().num_embeddings
-        tokens = None if self.tokenizer is None else len(self.tokenizer)
-        check_vocabulary(self.spec, vocab, {"eos id": self.eos_token_ids, "pad id": self.pad_token_id}, tokens=tokens)
 
     @property
     def device(self) -> torch.device:
@@ -136,48 +238,6 @@ class TransformersAdapter:
             )
         return ids
 
-    def _generation_config(self, sampling: Sampling, max_new_tokens: int) -> Any:
-        from transformers import GenerationConfig
-
-        common = dict(max_new_tokens=max_new_tokens, eos_token_id=self.eos_token_ids or None,
-                      pad_token_id=self.pad_token_id)
-        if sampling.greedy:
-            return GenerationConfig(do_sample=False, **common)
-        return GenerationConfig(do_sample=True, temperature=float(sampling.temperature), top_p=sampling.top_p,
-                                top_k=sampling.top_k or 0, **common)
-
-    def _stop_criteria(self, stops: tuple[str, ...], prompt_len: int) -> Any:
-        """Stop a row once its *generated* text contains a stop string.
-
-        transformers' own `stop_strings` also match across the prompt boundary (a prompt ending in
-        "\n" with stop "\n\n" would stop at the first generated newline); the engine and LightEval
-        look at the generated text only, so this criterion does too. A stop string first appears at
-        the end of the text, so decoding a short window of the newest tokens is enough.
-        """
-        from transformers import StoppingCriteria, StoppingCriteriaList
-
-        if not stops:
-            return None
-        if self.tokenizer is None:
-            raise AdapterError(f"{self.spec} has no tokenizer, so it cannot match stop strings {list(stops)}")
-        tokenizer, window = self.tokenizer, max(len(s) for s in stops) + 4
-
-        class StopOnGeneratedText(StoppingCriteria):
-            def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-                import torch
-
-                tails = tokenizer.batch_decode(input_ids[:, max(prompt_len, input_ids.shape[1] - window):], skip_special_tokens=True)
-                return torch.tensor([any(s in t for s in stops) for t in tails], device=input_ids.device)
-
-        return StoppingCriteriaList([StopOnGeneratedText()])
-
-    def _new_cache(self, length: int) -> Any:
-        from transformers import DynamicCache, StaticCache
-
-        if self.cache_kind == "static":
-            return StaticCache(config=self.model.config, max_cache_len=length)
-        return DynamicCache(config=self.model.config)
-
     def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[Generation]:
         import torch
 
@@ -189,25 +249,11 @@ class TransformersAdapter:
         max_new = min(sampling.max_new_tokens, self.max_context - longest)
         device = self.device
         rows = [x for x in ids for _ in range(sampling.n)]  # prompt-major; greedy generate refuses num_return_sequences > 1
-        input_ids = torch.full((len(rows), longest), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(rows), longest), dtype=torch.long)
-        for row, x in enumerate(rows):  # left padding: every row's next token sits in the last column
-            input_ids[row, longest - len(x):] = torch.tensor(x)
-            attention_mask[row, longest - len(x):] = 1
+        input_ids, attention_mask = left_padded(rows, self.pad_token_id)
 
-        self._cache = None  # release the previous call's cache before allocating the next
-        self._written = 0
-        cache = self._new_cache(longest + max_new)
-        self._cache = cache
-        prefill_done: list[float] = []
-
-        def on_forward(module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> None:
-            step = kwargs.get("input_ids")
-            self._written += int(step.shape[-1]) if step is not None else 0
-            if not prefill_done:
-                prefill_done.append(time.perf_counter())
-
-        hook = self.model.register_forward_hook(on_forward, with_kwargs=True)
+        self._call = None  # release the previous call's cache before allocating the next
+        call = self._call = CacheCall(self.model.config, self.cache_kind, longest + max_new)
+        hook = self.model.register_forward_hook(call.on_forward, with_kwargs=True)
         fork_devices = [device] if device.type == "cuda" else []
         start = time.perf_counter()
         try:
@@ -217,21 +263,23 @@ class TransformersAdapter:
                 torch.manual_seed(sampling.seed)
                 out = self.model.generate(
                     input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                    generation_config=self._generation_config(sampling, max_new), past_key_values=cache,
-                    stopping_criteria=self._stop_criteria(sampling.stop, longest),
+                    generation_config=generation_config(sampling, max_new, self.eos_token_ids, self.pad_token_id),
+                    past_key_values=call.cache,
+                    stopping_criteria=stop_criteria(self.spec, self.tokenizer, sampling.stop, longest),
                 )
         finally:
             hook.remove()
         end = time.perf_counter()
-        self._kv_peak = max(self._kv_peak, self._kv_allocated())
-        prefill_end = prefill_done[0] if prefill_done else end
+        self._kv_peak = max(self._kv_peak, kv_bytes(call.cache))
+        prefill_end = call.prefill_end if call.prefill_end is not None else end
         new_tokens = out[:, longest:].tolist()
         return [
             self._finish(row, rows[i], sampling, max_new, prefill_end - start, end - prefill_end)
             for i, row in enumerate(new_tokens)
         ]
 
-    def _finish(self, row: list[int], prompt: list[int], sampling: Sampling, max_new: int, prefill_s: float, decode_s: float) -> Generation:
+    def _finish(self, row: list[int], prompt: list[int], sampling: Sampling, max_new: int, prefill_s: float,
+                decode_s: float) -> Generation:
         """Cut one output row at EOS or at the token completing a stop string; classify why it ended.
 
         Conventions (shared with the engine): an EOS token stays in `token_ids` and is counted, but not
@@ -241,40 +289,22 @@ class TransformersAdapter:
         eos_at = next((k for k, t in enumerate(row) if t in self.eos_token_ids), None)
         tokens = row[: eos_at + 1] if eos_at is not None else row
         body = row[:eos_at] if eos_at is not None else row
-        text = self.tokenizer.decode(body, skip_special_tokens=True) if self.tokenizer is not None else None
-        reason = "eos" if eos_at is not None else "length"
-        hits = [(text.find(s), s) for s in sampling.stop] if text is not None else []
-        hits = [h for h in hits if h[0] >= 0]
-        if hits:
-            cut, stop = min(hits)
-            # the shortest token prefix whose text contains the stop string (decoding is monotone in the prefix)
-            lo, hi = 1, len(body)
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if stop in self.tokenizer.decode(body[:mid], skip_special_tokens=True):
-                    hi = mid
-                else:
-                    lo = mid + 1
-            tokens, text, reason = body[:lo], text[:cut], "stop"
+        tokenizer = self.tokenizer
+        text = tokenizer.decode(body, skip_special_tokens=True) if tokenizer is not None else None
+        reason: FinishReason = "eos" if eos_at is not None else "length"
+        stopped = None if tokenizer is None or text is None else cut_row_at_stop(tokenizer, body, text, sampling.stop)
+        if stopped is not None:
+            tokens, text = stopped
+            reason = "stop"
         elif eos_at is None and len(row) < max_new:
             reason = "stop"  # generate ended this row early without EOS: only a stop string does that
         return Generation(token_ids=tokens, text=text, finish_reason=reason, prompt_tokens=len(prompt),
                           generated_tokens=len(tokens), prefill_seconds=prefill_s, decode_seconds=decode_s)
 
-    def _kv_allocated(self) -> int:
-        cache = self._cache
-        if cache is None:
-            return 0
-        return sum(layer.keys.nbytes + layer.values.nbytes for layer in list(cache.layers)
-                   if getattr(layer, "keys", None) is not None and layer.keys.numel())
-
     def memory(self) -> dict[str, int | None]:
-        allocated = self._kv_allocated()
-        if self.cache_kind == "static" and self._cache is not None and allocated:
-            capacity = next(layer.keys.shape[-2] for layer in self._cache.layers if getattr(layer, "keys", None) is not None)
-            used = allocated * min(self._written, capacity) // capacity
-        else:
-            used = allocated
+        call = self._call
+        allocated = kv_bytes(None if call is None else call.cache)
+        used = allocated if call is None else call.kv_used(allocated)
         values = {
             "weights_bytes": sum(p.numel() * p.element_size() for p in self.model.parameters()),
             "kv_bytes_allocated": allocated,
@@ -353,7 +383,7 @@ def load_transformers(
         raise AdapterError(f"{spec}: the model's code ships in the directory (auto_map); pass --trust-remote-code to run it")
     torch_dtype = _resolve_dtype(dtype, getattr(config, "dtype", None), torch.device(device).type)
     try:
-        model = AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=torch_dtype, local_files_only=True,
+        model: Any = AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=torch_dtype, local_files_only=True,
                                                      trust_remote_code=trust_remote_code)
     except Exception as exc:  # corrupt or mismatched files fail in many ways (SafetensorError, RuntimeError, OSError...)
         raise AdapterError(f"{spec}: cannot load the model: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc

@@ -58,7 +58,7 @@ def _task_value(metrics: Mapping[str, float | None]) -> float | None:
 def benchmark_of(task: str) -> str:
     """The benchmark a task counts toward: a subtask (`mmlu_redux:anatomy`) toward its family (`mmlu_redux`),
     any other task toward itself. The one rule for it: the evaluation stores a family's mean under this name
-    (`harness.evaluation`), the headline counts each benchmark once and the task groups are of benchmarks."""
+    (`harness.bridge.evaluation`), the headline counts each benchmark once and the task groups are of benchmarks."""
     return task.split(":")[0]
 
 

@@ -32,7 +32,7 @@ from harness.errors import UserError
 
 if TYPE_CHECKING:
     from db.store import Store
-    from harness.sampler import MemorySampler
+    from harness.measurement.sampler import MemorySampler
 
 FLUSH_SECONDS = 1.0
 LEASE_SECONDS = 30.0  # how long a holder that stopped renewing (a lost machine) keeps its run

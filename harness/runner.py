@@ -26,11 +26,11 @@ from db import ResultsError
 from db.session import display_url, resolve_db_url
 from db.sets import id_ranges, run_key
 from db.stored import DamagedRun
-from harness.capacity import check_fits
+from harness.measurement.capacity import check_fits
 from harness.errors import UserError
 from harness.hints import env_command, with_db
 from harness.recorder import FLUSH_SECONDS, RunBusy, RunRecorder, holder_is_gone, host_info, new_sweep_id, run_row
-from harness.sampler import MemorySampler
+from harness.measurement.sampler import MemorySampler
 from harness.spec import DEFAULT_EXIT_CRITERION, RunSpec, at_loops, is_looped
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ class StoreSink:
         self.sampler = sampler
 
     def finished(self, task: str) -> dict[tuple[str, int], Any]:
-        from harness.lighteval_model import SampleRecord
+        from harness.bridge.records import SampleRecord
 
         names = {f.name for f in dataclasses.fields(SampleRecord)}
         return {
@@ -483,8 +483,8 @@ def _execute(
     """Generate and score one stored run, (model spec, loops), with `adapter`, keeping the store current
     whatever happens: samples are committed as they finish, the recorder writes memory, timings and
     the run's lease every second, so a kill -9 loses at most the last second."""
-    from harness.evaluation import run_suite
-    from harness.lighteval_model import CONTEXT_LIMIT
+    from harness.bridge.evaluation import run_suite
+    from harness.bridge.records import CONTEXT_LIMIT
 
     sampler = MemorySampler(adapter, interval=spec.sampler_interval, spec=run[0])
     timed = TimedAdapter(adapter, sampler, run[0])

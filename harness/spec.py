@@ -20,7 +20,7 @@ from adapters.base import EXIT_CRITERIA, MAX_STORED_INT, PAPER_PROTOCOL, Adapter
 from adapters.engine.config import KV_DTYPES, MAX_LOOPS, parse_kv_policy
 from adapters.engine.config import KV_POLICIES as ENGINE_KV_POLICIES
 from harness.errors import UserError
-from harness.sampler import DEFAULT_INTERVAL
+from harness.measurement.sampler import DEFAULT_INTERVAL
 from suites import synthetic
 
 # Sampling where the user gave none, per suite. Synthetic answers are a few characters, so the

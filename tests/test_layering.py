@@ -38,12 +38,10 @@ HEAVY = ("lighteval", "datasets", "sqlalchemy", "alembic", "pandas", "plotly", "
 LIGHT_MODULES = (
     *sorted(
         ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-        for folder in ("adapters", "training")
+        for folder in ("adapters", "training", "harness/measurement")
         for p in (ROOT / folder).rglob("*.py")
     ),
     "measures",
-    "harness.sampler",
-    "harness.profiling",
     "harness.cli.estimate",
     "harness.cli.profile",
 )
@@ -252,7 +250,7 @@ def test_light_modules_import_no_evaluation_stack() -> None:
         violations.append(f"{where}: imports {package} when {target} is imported; import chain: {' -> '.join(chain)}")
     _report(
         violations,
-        "what the GPU machine runs (every adapters/ module, harness.sampler, harness.profiling, harness.cli.estimate, "
+        "what the GPU machine runs (every adapters/ and harness/measurement/ module, harness.cli.estimate, "
         f"harness.cli.profile, the GPU scripts of bench/) imports none of {', '.join(HEAVY)} at module import time",
     )
 
@@ -283,7 +281,9 @@ ONE_HOME = {
 # The old homes issue 30 moved (the memory vocabulary, LightEval's bridge, the run-row and loops setters), gone: a
 # module there again, or a name defined outside its one home (None: nowhere), is a second home.
 OLD_HOMES = (
-    "db/measures.py", "harness/bridge.py",
+    "db/measures.py",
+    # issue 46 split the harness by job: the LightEval bridge, measurement and conformance moved into sub-packages
+    *(f"harness/{name}.py" for name in ("lighteval_model", "evaluation", "sampler", "profiling", "capacity", "conformance")),
     # issue 46 split the engine by concern: serving, checkpoint I/O and training moved whole, with no shim left behind
     *(f"adapters/engine/{name}.py" for name in ("continuous", "scheduler", "block_manager", "model_runner", "sequence", "postprocess",
                                                 "paged", "rows", "graphs", "checkpoint", "presets", "tokenizer", "huginn",
@@ -320,9 +320,10 @@ def test_byte_units_have_one_home() -> None:
 
 
 def test_no_old_home_is_back() -> None:
-    """`db/measures.py` and `adapters.base.MEMORY_KEYS` moved to `measures/`, `harness/bridge.py` into
-    `lighteval_model.py` and `evaluation.py`, the runner's and profiler's `_at_loops` into `harness.spec.at_loops`,
-    `create_run_row` and the commands' own run rows into `harness.recorder.run_row`: nothing defines them elsewhere."""
+    """`db/measures.py` and `adapters.base.MEMORY_KEYS` moved to `measures/`, the LightEval bridge into
+    `harness/bridge/`, the sampler, profiling and capacity into `harness/measurement/`, the runner's and profiler's
+    `_at_loops` into `harness.spec.at_loops`, `create_run_row` and the commands' own run rows into
+    `harness.recorder.run_row`: nothing defines them elsewhere, and nothing imports them from their old homes."""
     assert not [old for old in OLD_HOMES if (ROOT / old).exists()]
     violations = []
     for p in _sources():
@@ -332,5 +333,7 @@ def test_no_old_home_is_back() -> None:
                 targets.append(node.name)
             violations += [f"{p.relative_to(ROOT)}:{node.lineno}: defines {name}" for name in targets
                            if name in OLD_NAMES and p.relative_to(ROOT).as_posix() != OLD_NAMES[name]]
-    violations += [f"{i.file}:{i.line}: {i}" for imports in ALL_IMPORTS.values() for i in imports if i.module in ("db.measures", "harness.bridge")]
+    moved = ("db.measures", *(f"harness.{name}" for name in ("lighteval_model", "evaluation", "sampler", "profiling",
+                                                              "capacity")))
+    violations += [f"{i.file}:{i.line}: {i}" for imports in ALL_IMPORTS.values() for i in imports if i.module in moved]
     _report(violations, "what issue 30 moved has one home (docs/architecture.md, Packages and import rules)")

@@ -37,7 +37,7 @@ def estimate(
     from adapters.base import MAX_CONTEXT, MODEL_DTYPES
     from adapters.engine.config import KV_DTYPES, MAX_LOOPS, LoopConfig
     from adapters.engine.memory import estimate as analytic
-    from harness.capacity import context_excess
+    from harness.measurement.capacity import context_excess
 
     if dtype not in MODEL_DTYPES:
         raise UserError(f"--dtype must be one of {', '.join(MODEL_DTYPES)}, got {dtype!r}")

@@ -12,7 +12,7 @@ import typer
 from measures import byte_text
 from harness.cli.common import DbOption, JsonFlag, ThreadsOption, parse_int_list, say_threads, use_threads
 from harness.errors import UserError
-from harness.profiling import DECODE_STEPS, decode_sampling, plan_profile, profile_model
+from harness.measurement.profiling import DECODE_STEPS, decode_sampling, plan_profile, profile_model
 from harness.spec import EMA, KV_DTYPES, KV_POLICIES
 
 

@@ -101,7 +101,7 @@ def _read_items(path: Path) -> dict[str, list[dict]]:
 
 def _fits(device: str, hint: str) -> Callable[[str, int], None]:
     """The check `train` makes before building a model: its memory floor against what `device` has free, as `run` checks."""
-    from harness.capacity import check_memory
+    from harness.measurement.capacity import check_memory
 
     return lambda what, need: check_memory(what, need, device, hint)
 

@@ -12,6 +12,7 @@ import torch
 
 import adapters
 from adapters import AdapterError, Sampling
+from adapters.hf_backend import generation_config
 from adapters.testing import save_tiny_qwen3
 
 
@@ -55,10 +56,13 @@ def test_seeded_sampling_reproduces_and_n_is_prompt_major(adapter) -> None:
 
 
 def test_top_k_none_means_off_not_transformers_default_50(adapter) -> None:
-    config = adapter._generation_config(Sampling(top_p=0.7, top_k=None), 4)
+    def config_of(sampling: Sampling):
+        return generation_config(sampling, 4, adapter.eos_token_ids, adapter.pad_token_id)
+
+    config = config_of(Sampling(top_p=0.7, top_k=None))
     assert config.top_k == 0 and config.top_p == 0.7 and config.temperature == 1.0 and config.do_sample
-    assert adapter._generation_config(Sampling(top_k=3), 4).top_k == 3
-    assert not adapter._generation_config(Sampling(temperature=0), 4).do_sample
+    assert config_of(Sampling(top_k=3)).top_k == 3
+    assert not config_of(Sampling(temperature=0)).do_sample
 
 
 def test_stop_strings_match_generated_text_only(adapter) -> None:

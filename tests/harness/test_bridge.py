@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from adapters.base import AdapterError, Generation, Sampling
-from harness.evaluation import run_suite
-from harness.lighteval_model import LOGLIKELIHOOD_SAMPLE_INDEX, SampleRecord, batch_seed
+from harness.bridge.evaluation import run_suite
+from harness.bridge.records import LOGLIKELIHOOD_SAMPLE_INDEX, SampleRecord, batch_seed
 from suites import synthetic
 from suites.registry import load_suite
 from tests.support.rounding import rounding_bound
@@ -244,7 +244,7 @@ def test_melt_choice_scores_do_not_depend_on_the_batch():
     import adapters
     from lighteval.tasks.requests import Doc
 
-    from harness.lighteval_model import AdapterModel
+    from harness.bridge.lighteval_model import AdapterModel
 
     adapter = adapters.load("zoo:melt-tiny", dtype="fp32", device="cpu")
     model = AdapterModel(adapter, Sampling(), progress=False)
@@ -262,7 +262,7 @@ def test_melt_choice_scores_do_not_depend_on_the_batch():
 
     # the padded batch and single rows round differently, as far as float32 rounding carries the model (tests/support/rounding.py)
     bound = rounding_bound(adapter.model, every_alone)
-    together = [response.logprobs for _, response in model._score_choices(docs)]
+    together = [response.logprobs for _, response in model.ranker.score(docs)]
     assert together == [pytest.approx(row, abs=bound) for row in every_alone().tolist()]
 
 

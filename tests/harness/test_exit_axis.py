@@ -24,7 +24,7 @@ from db.sets import run_key
 from db.store import Store
 from harness.cli import main
 from harness.runner import stored_spec
-from harness.sampler import MemorySampler
+from harness.measurement.sampler import MemorySampler
 from harness.sweep import build_request
 from tests.support.rich_tables import body_rows
 from tests.support.sqlite import query

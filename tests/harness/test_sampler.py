@@ -16,7 +16,7 @@ from adapters.base import Request
 from adapters.testing import save_tiny_qwen3
 from measures import PEAK_MEASURES as MEASURES
 from db.store import Store
-from harness.sampler import MemorySampler
+from harness.measurement.sampler import MemorySampler
 
 MB = 1_000_000
 

@@ -9,7 +9,7 @@ import measures
 from adapters.engine.config import LoopConfig
 from adapters.engine.memory import analytic_terms, estimate
 from dashboards.data import analytic_bytes
-from harness.capacity import needed_bytes
+from harness.measurement.capacity import needed_bytes
 
 # (spec, loops): per-loop KV, gated KV with a chunked latent, a plain model, the same with loop conditioning's history
 SPECS = (("preset:ouro-tiny", 2), ("preset:melt-tiny", 2), ("preset:qwen3-tiny", 1), ("preset:ouro-tiny", 3))

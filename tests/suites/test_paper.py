@@ -265,8 +265,8 @@ def test_paper_configs_follow_the_protocol(data_dir: Path):
 
 
 def test_paper_suite_end_to_end_on_fixtures(data_dir: Path):
-    from harness.evaluation import run_suite
-    from harness.lighteval_model import LOGLIKELIHOOD_SAMPLE_INDEX
+    from harness.bridge.evaluation import run_suite
+    from harness.bridge.records import LOGLIKELIHOOD_SAMPLE_INDEX
 
     adapter = ReferenceAdapter()
     configs = load_suite("paper", tasks=TASKS, data_dir=data_dir)
@@ -288,7 +288,7 @@ def test_paper_suite_end_to_end_on_fixtures(data_dir: Path):
 
 
 def test_paper_metrics_fail_wrong_answers(data_dir: Path):
-    from harness.evaluation import run_suite
+    from harness.bridge.evaluation import run_suite
 
     configs = load_suite("paper", tasks=TASKS, data_dir=data_dir)
     result = run_suite(ReferenceAdapter(wrong=True), configs, Sampling(n=1), progress=False)

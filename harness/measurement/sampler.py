@@ -71,38 +71,19 @@ def _cuda_initialized() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_initialized()
 
 
-class MemorySampler:
-    """Samples memory on a thread between `start()` and `stop()` (or as a context manager).
+class Sources:
+    """Every memory source this process can read, opened once: NVML, the torch CUDA allocator, the process RSS and
+    the adapter's own accounting. `unavailable` says why a source cannot be read here; `failure` is set once the
+    adapter's `memory()` returns what cannot be stored."""
 
-    The main thread calls `set_phase()` and `add_generated_tokens()`; both are single attribute
-    writes, safe to read from the sampler thread under the GIL.
-    """
-
-    def __init__(self, adapter: Any | None = None, interval: float = DEFAULT_INTERVAL, device_index: int | None = None,
-                 spec: str = "the adapter") -> None:
-        if interval <= 0:
-            raise ValueError(f"sampler interval must be > 0 seconds, got {interval}")
+    def __init__(self, adapter: Any | None, device_index: int | None, spec: str) -> None:
         self.adapter = adapter
         self.spec = spec  # how errors name the adapter
-        self.interval = interval
-        self.phase: str | None = None
-        self.generated_tokens = 0
-        self.ticks: list[dict[str, Any]] = []
         self.unavailable: dict[str, str] = {}  # source -> why it could not be read
         self.failure: AdapterError | None = None  # the adapter's memory() returned what cannot be stored
         self._process = psutil.Process()
         self._nvml = self._open_nvml(device_index)
         self._cuda = self._open_cuda()
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        self._t0 = 0.0
-        self._wall = 0.0
-        self._busy = 0.0
-        self._running = dict.fromkeys(SERIES_MEASURES)  # sampled maxima, updated every tick
-        self._final: dict[str, int | None] = {}
-        self._energy_began: int | None = None  # the device's energy counter at start(), millijoules
-
-    # --- sources ------------------------------------------------------------------------------
 
     def _open_nvml(self, device_index: int | None) -> _Nvml | None:
         try:
@@ -122,31 +103,28 @@ class MemorySampler:
             self.unavailable["torch_cuda"] = str(exc)
         return False
 
-    def read(self) -> dict[str, Any]:
-        """One tick: every SERIES_MEASURES reading (None where unavailable) plus phase and token count."""
-        tick: dict[str, Any] = dict.fromkeys(SERIES_MEASURES)
-        tick["t"] = time.perf_counter() - self._t0
-        tick["phase"] = self.phase
-        tick["generated_tokens"] = self.generated_tokens
-        tick["rss"] = self._process.memory_info().rss
+    def read(self) -> dict[str, int | None]:
+        """Every SERIES_MEASURES reading now, None where unavailable."""
+        readings: dict[str, int | None] = dict.fromkeys(SERIES_MEASURES)
+        readings["rss"] = self._process.memory_info().rss
         if self.adapter is not None:
-            accounted = self._accounted()
+            accounted = self.accounted()
             for name in ADAPTER_SERIES:
-                tick[name] = accounted.get(name)  # None from adapters without such accounting
+                readings[name] = accounted.get(name)  # None from adapters without such accounting
         if self._cuda:
             import torch
 
-            tick["torch_allocated"] = torch.cuda.memory_allocated()
-            tick["torch_reserved"] = torch.cuda.memory_reserved()
+            readings["torch_allocated"] = torch.cuda.memory_allocated()
+            readings["torch_reserved"] = torch.cuda.memory_reserved()
         if self._nvml is not None:
-            tick["nvml_device"], tick["nvml_process"] = self._nvml.read()
-        return tick
+            readings["nvml_device"], readings["nvml_process"] = self._nvml.read()
+        return readings
 
-    def _accounted(self) -> dict[str, int | None]:
+    def accounted(self) -> dict[str, int | None]:
         """The adapter's `memory()`, checked (`adapters.base.checked_memory`). Once it returns a value that cannot
         be stored (negative, infinite, a string), it is read no more and `failure` says why: the run fails with
         that reason rather than store it."""
-        if self.failure is not None:
+        if self.failure is not None or self.adapter is None:
             return {}
         try:
             return checked_memory(self.spec, hook(self.spec, "memory()", self.adapter.memory))
@@ -154,10 +132,8 @@ class MemorySampler:
             self.failure = exc
             return {}
 
-    # --- lifecycle ----------------------------------------------------------------------------
-
-    def start(self) -> MemorySampler:
-        """Reset peaks (adapter and torch), take a first tick, and start the thread."""
+    def reset_peaks(self) -> None:
+        """Reset the peaks the sources keep themselves (the adapter's, where it can, and torch's)."""
         reset = None
         if self.adapter is not None:
             reset = hook(self.spec, "reset_memory_peak", getattr, self.adapter, "reset_memory_peak", None)
@@ -167,8 +143,84 @@ class MemorySampler:
             import torch
 
             torch.cuda.reset_peak_memory_stats()
+
+    def exact(self) -> dict[str, int | None]:
+        """The values the sources keep themselves, read now, by measure: the adapter's weights and its exact KV
+        peaks (`measures.ADAPTER_PEAKS`), torch's allocator peaks. None where the source does not know."""
+        exact: dict[str, int | None] = {}
+        if self.adapter is not None:
+            accounted = self.accounted()
+            exact["weights_bytes"] = accounted.get("weights_bytes")
+            exact.update({measure: accounted.get(key) for key, measure in ADAPTER_PEAKS.items()})
+        if self._cuda:
+            import torch
+
+            exact["torch_allocated"] = torch.cuda.max_memory_allocated()
+            exact["torch_reserved"] = torch.cuda.max_memory_reserved()
+        return exact
+
+    def energy_millijoules(self) -> int | None:
+        """NVML's energy counter now, None where there is none (no NVML, a GPU without the counter)."""
+        if self._nvml is None:
+            return None
+        try:
+            return self._nvml.energy_millijoules()
+        except Exception as exc:  # NVMLError_NotSupported before Volta: unavailable, said once with the run
+            self.unavailable["nvml_energy"] = f"{type(exc).__name__}: {exc}"
+            return None
+
+
+class MemorySampler:
+    """Samples memory on a thread between `start()` and `stop()` (or as a context manager).
+
+    The main thread calls `set_phase()` and `add_generated_tokens()`; both are single attribute
+    writes, safe to read from the sampler thread under the GIL.
+    """
+
+    def __init__(self, adapter: Any | None = None, interval: float = DEFAULT_INTERVAL, device_index: int | None = None,
+                 spec: str = "the adapter") -> None:
+        if interval <= 0:
+            raise ValueError(f"sampler interval must be > 0 seconds, got {interval}")
+        self.sources = Sources(adapter, device_index, spec)
+        self.interval = interval
+        self.phase: str | None = None
+        self.generated_tokens = 0
+        self.ticks: list[dict[str, Any]] = []
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._t0 = 0.0
+        self._wall = 0.0
+        self._busy = 0.0
+        self._running: dict[str, int | None] = dict.fromkeys(SERIES_MEASURES)  # sampled maxima, updated every tick
+        self._final: dict[str, int | None] = {}
+        self._energy_began: int | None = None  # the device's energy counter at start(), millijoules
+
+    @property
+    def unavailable(self) -> dict[str, str]:
+        """Source -> why it could not be read here."""
+        return self.sources.unavailable
+
+    @property
+    def failure(self) -> AdapterError | None:
+        """Why the adapter's memory() is read no more (it returned what cannot be stored), else None."""
+        return self.sources.failure
+
+    def read(self) -> dict[str, Any]:
+        """One tick: every SERIES_MEASURES reading (None where unavailable) plus phase and token count."""
+        tick: dict[str, Any] = dict.fromkeys(SERIES_MEASURES)
+        tick["t"] = time.perf_counter() - self._t0
+        tick["phase"] = self.phase
+        tick["generated_tokens"] = self.generated_tokens
+        tick.update(self.sources.read())
+        return tick
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> MemorySampler:
+        """Reset peaks (adapter and torch), take a first tick, and start the thread."""
+        self.sources.reset_peaks()
         self._t0 = time.perf_counter()
-        self._energy_began = self._energy_now()
+        self._energy_began = self.sources.energy_millijoules()
         self._tick()
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="loopeval-memory-sampler", daemon=True)
@@ -183,22 +235,7 @@ class MemorySampler:
             self._thread = None
         self._tick()
         self._wall = time.perf_counter() - self._t0
-        self._final = self._exact()
-
-    def _exact(self) -> dict[str, int | None]:
-        """The values the sources keep themselves, read now, by measure: the adapter's weights and its exact KV
-        peaks (`measures.ADAPTER_PEAKS`), torch's allocator peaks. None where the source does not know."""
-        exact: dict[str, int | None] = {}
-        if self.adapter is not None:
-            accounted = self._accounted()
-            exact["weights_bytes"] = accounted.get("weights_bytes")
-            exact.update({measure: accounted.get(key) for key, measure in ADAPTER_PEAKS.items()})
-        if self._cuda:
-            import torch
-
-            exact["torch_allocated"] = torch.cuda.max_memory_allocated()
-            exact["torch_reserved"] = torch.cuda.max_memory_reserved()
-        return exact
+        self._final = self.sources.exact()
 
     def __enter__(self) -> MemorySampler:
         return self.start()
@@ -228,31 +265,21 @@ class MemorySampler:
 
     def peaks(self) -> dict[str, int | None]:
         """Every PEAK_MEASURES name -> bytes, None where the source was unavailable during the whole run: the
-        source's own value where it keeps one (`_exact`), else the sampled maximum.
+        source's own value where it keeps one (`Sources.exact`), else the sampled maximum.
 
         While the sampler runs this is the peak so far (a run's recorder stores it every second).
         """
         peaks: dict[str, int | None] = dict.fromkeys(PEAK_MEASURES)
         peaks.update(self._running)
-        for measure, value in (self._final or self._exact()).items():
+        for measure, value in (self._final or self.sources.exact()).items():
             if value is not None:
                 peaks[measure] = value
         return peaks
 
-    def _energy_now(self) -> int | None:
-        """NVML's energy counter now (millijoules), None where there is none (no NVML, a GPU without the counter)."""
-        if self._nvml is None:
-            return None
-        try:
-            return self._nvml.energy_millijoules()
-        except Exception as exc:  # NVMLError_NotSupported before Volta: unavailable, said once with the run
-            self.unavailable["nvml_energy"] = f"{type(exc).__name__}: {exc}"
-            return None
-
     def energy_joules(self) -> float | None:
         """GPU energy since `start()` (the device's, so other processes on it count too), None where unavailable:
         'no counter' must not read as 'used no energy'."""
-        now = None if self._energy_began is None else self._energy_now()
+        now = None if self._energy_began is None else self.sources.energy_millijoules()
         return None if now is None or self._energy_began is None else (now - self._energy_began) / 1000
 
     def overhead(self) -> dict[str, float]:
@@ -269,13 +296,17 @@ class MemorySampler:
     def series(self, start: int = 0, end: int | None = None, max_rows: int | None = None) -> list[dict[str, Any]]:
         """The ticks `start:end`, evenly thinned to about `max_rows` (None: all), always keeping each
         series' peak tick, so stored traces stay small while their maxima stay exact."""
-        ticks = self.ticks[start:end]
-        if max_rows is None or len(ticks) <= max_rows:
-            return ticks
-        step = len(ticks) / max_rows
-        keep = {int(i * step) for i in range(max_rows)} | {len(ticks) - 1}
-        for series in SERIES_MEASURES:
-            values = [(tick[series], i) for i, tick in enumerate(ticks) if tick[series] is not None]
-            if values:
-                keep.add(max(values)[1])
-        return [ticks[i] for i in sorted(keep)]
+        return thinned(self.ticks[start:end], max_rows)
+
+
+def thinned(ticks: list[dict[str, Any]], max_rows: int | None) -> list[dict[str, Any]]:
+    """`ticks` evenly thinned to about `max_rows` (None: all), each series' peak tick kept."""
+    if max_rows is None or len(ticks) <= max_rows:
+        return ticks
+    step = len(ticks) / max_rows
+    keep = {int(i * step) for i in range(max_rows)} | {len(ticks) - 1}
+    for series in SERIES_MEASURES:
+        values = [(tick[series], i) for i, tick in enumerate(ticks) if tick[series] is not None]
+        if values:
+            keep.add(max(values)[1])
+    return [ticks[i] for i in sorted(keep)]

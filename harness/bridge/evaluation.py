@@ -1,7 +1,7 @@
 """The evaluation of one run: LightEval's Pipeline on the project's tasks, and the scores read back.
 
 `run_suite` runs the real Pipeline with two substitutions: the model is `AdapterModel`
-(`harness.lighteval_model`) and the task set-up reads only the project's configs and local files
+(`harness.bridge.lighteval_model`) and the task set-up reads only the project's configs and local files
 (`_ProjectPipeline`). LightEval scores with its own metrics; this module reads back each sample's
 score and the aggregated metrics per task, per benchmark and for the suite (`db.headline`).
 """
@@ -9,6 +9,7 @@ score and the aggregated metrics per task, per benchmark and for the suite (`db.
 from __future__ import annotations
 
 import collections
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +23,8 @@ from rich.progress import Progress
 
 from adapters.base import Adapter, AdapterError, Sampling
 from db.headline import HEADLINE, SUITE, benchmark_of, headline
-from harness.lighteval_model import LOGLIKELIHOOD_SAMPLE_INDEX, AdapterModel, SampleSink, task_of
+from harness.bridge.lighteval_model import AdapterModel
+from harness.bridge.records import LOGLIKELIHOOD_SAMPLE_INDEX, SampleSink, task_of
 from suites.loader import ProjectRegistry, load_task_dataset, with_samples
 
 # LightEval's tracker wants an output folder, and writes to it only when asked to save, which loopeval never
@@ -37,14 +39,14 @@ class SuiteResult:
     `metrics`: task -> metric name -> (value, stderr or None), with LightEval's values per task, an
     entry per benchmark made of subtasks (`mmlu_redux`: the mean of its subtasks, `db.headline.benchmark_of`)
     and `all`: {"pass@1": the unweighted mean over benchmarks of their pass@1, each counting once} (`db.headline`).
-    `context_cut`: how many samples generated here stopped at the context (`harness.lighteval_model.CONTEXT_LIMIT`).
+    `context_cut`: how many samples generated here stopped at the context (`harness.bridge.records.CONTEXT_LIMIT`).
     `scores`: (task, doc_id, sample_index) -> 1.0/0.0 correctness of that sample, judged by the
     per-sample check of the task's first metric (for pass@k, the same check pass@k counts); for a
     metric without a per-sample check, the doc's score is given to each of its samples. Log-likelihood
     picks are under `LOGLIKELIHOOD_SAMPLE_INDEX` with the doc's score of the first log-prob metric.
     """
 
-    metrics: dict[str, dict[str, tuple[float, float | None]]]
+    metrics: dict[str, Mapping[str, tuple[float | None, float | None]]]
     scores: dict[tuple[str, str, int], float]
     n_docs: dict[str, int] = field(default_factory=dict)
     context_cut: int = 0  # samples generated in this call whose finish reason is CONTEXT_LIMIT
@@ -90,10 +92,11 @@ def _sample_scores(pipeline: _ProjectPipeline) -> dict[tuple[str, str, int], flo
                 metric = next(m for m in task.metrics if m.category == SamplingMethod.GENERATIVE)
                 fn = metric.sample_level_fn
                 if isinstance(fn, SamplingMetric):
-                    gold_doc = Doc(query=doc.query, choices=[fn.preprocess(c) for c in doc.choices], gold_index=doc.gold_index)
+                    choices = [fn.preprocess(c) for c in doc.choices]
+                    gold_doc = Doc(query=doc.query, choices=choices, gold_index=doc.gold_index)
                     for j, text in enumerate(response.final_text):
                         judged = ModelResponse(text=[fn.preprocess(text)])
-                        scores[(name, doc.id, j)] = float(fn.compute_score(doc=gold_doc, model_response=judged))
+                        scores[(name, doc.id, j)] = float(fn.compute_score(gold_doc, judged))
                 else:
                     for j in range(len(response.text)):
                         scores[(name, doc.id, j)] = float(detail.metric[metric.metric_name])
@@ -103,9 +106,9 @@ def _sample_scores(pipeline: _ProjectPipeline) -> dict[tuple[str, str, int], flo
     return scores
 
 
-def _metrics(pipeline: _ProjectPipeline) -> dict[str, dict[str, tuple[float, float | None]]]:
-    """LightEval's aggregated metrics by task name, plus each family's mean (`mmlu_redux`, `db.headline.benchmark_of`) and
-    `all`: the suite mean of pass@1 (`db.headline`)."""
+def _metrics(pipeline: _ProjectPipeline) -> dict[str, Mapping[str, tuple[float | None, float | None]]]:
+    """LightEval's aggregated metrics by task name, plus each family's mean (`mmlu_redux`,
+    `db.headline.benchmark_of`) and `all`: the suite mean of pass@1 (`db.headline`)."""
     aggregated = pipeline.evaluation_tracker.metrics_logger.metric_aggregated
     metrics: dict[str, dict[str, tuple[float, float | None]]] = {}
     for full_name in pipeline.tasks_dict:
@@ -129,9 +132,9 @@ def _metrics(pipeline: _ProjectPipeline) -> dict[str, dict[str, tuple[float, flo
     for benchmark, members in families.items():
         if members != [benchmark]:
             metrics[benchmark] = mean_of(members)
-    suite_mean = headline({task: {name: value for name, (value, _) in by_name.items()} for task, by_name in metrics.items()})
-    metrics[SUITE] = {HEADLINE: (suite_mean.mean, None)}
-    return metrics
+    plain = {task: {name: value for name, (value, _) in by_name.items()} for task, by_name in metrics.items()}
+    suite_mean = headline(plain)
+    return {**metrics, SUITE: {HEADLINE: (suite_mean.mean, None)}}
 
 
 def _float_or_none(value: Any) -> float | None:

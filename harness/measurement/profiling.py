@@ -21,9 +21,9 @@ from typing import Any
 import adapters
 from adapters.base import Sampling, checked_context, checked_description, checked_generation, hook
 from harness.errors import UserError
-from harness.capacity import check_context, check_fits
+from harness.measurement.capacity import check_context, check_fits
 from harness.spec import at_loops, check_int, checked_kv_dtype, checked_kv_policy, is_looped
-from harness.sampler import DEFAULT_INTERVAL, MemorySampler
+from harness.measurement.sampler import DEFAULT_INTERVAL, MemorySampler
 from measures import PEAK_MEASURES, PROFILE_MEASURES, analytic_kv_bytes, merged_peak
 
 DECODE_STEPS = 8
