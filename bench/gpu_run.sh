@@ -47,14 +47,14 @@ if compgen -G ".whl/*.whl" >/dev/null; then
         --target /tmp/site .whl/*.whl
     export PYTHONPATH=$PWD:/tmp/site
     db="$out/loopeval.sqlite"
-    run loopeval_run "${PIPELINE_LIMIT:-100}" "${loopeval[@]}" run --device cuda --limit "${DOCS:-3}" --loops 1,2,4,8 \
+    run loopeval_run "${PIPELINE_LIMIT:-85}" "${loopeval[@]}" run --device cuda --limit "${DOCS:-3}" --loops 1,2,4,8 \
         --db "$db" --no-report
     run report "${REPORT_LIMIT:-25}" "${loopeval[@]}" dashboard --db "$db" --out "$out/report.html"
     run pipeline_check.json 5 "$py" bench/pipeline_check.py "$db"
 else
     echo "pipeline: skipped (no .whl/: bash scripts/gpu_wheels.sh first)" | tee -a "$out/env.txt"
 fi
-run gpu_check.json "${GPU_CHECK_LIMIT:-45}" "$py" bench/gpu_check.py
+run gpu_check.json "${GPU_CHECK_LIMIT:-90}" "$py" bench/gpu_check.py
 run bench_engine_full.json "${BENCH_ENGINE_LIMIT:-155}" "$py" bench/bench_engine.py --gpu --full
-run bench_exits.json "${BENCH_EXITS_LIMIT:-90}" "$py" bench/bench_exits.py --gpu --width 1024 --batch 32
+run bench_exits.json "${BENCH_EXITS_LIMIT:-60}" "$py" bench/bench_exits.py --gpu --width 1024 --batch 32
 cat "$out/env.txt"
