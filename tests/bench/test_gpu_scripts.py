@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from harness.errors import UserError
-from harness.sampler import MemorySampler
+from harness.measurement.sampler import MemorySampler
 from harness.sweep import build_request
 from tests.support.sqlite import query
 
@@ -42,8 +42,8 @@ def cpu_ways(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_every_way_on_the_cpu_gives_the_same_tokens(cpu_ways: None) -> None:
     row = gpu_check.check("melt-tiny", new_tokens=6)
-    assert row == {"ok": True, "greedy": dict.fromkeys(("padded", "eager", "static", "cpu"), "6/6"),
-                   "sampled": dict.fromkeys(("padded", "eager", "static", "cpu"), "12/12")}
+    assert row == {"ok": True, "greedy": dict.fromkeys(("sdpa", "padded", "eager", "static", "cpu"), "6/6"),
+                   "sampled": dict.fromkeys(("sdpa", "padded", "eager", "static", "cpu"), "12/12")}
 
 
 def test_a_way_that_differs_is_counted_and_fails_the_check(cpu_ways: None, monkeypatch: pytest.MonkeyPatch) -> None:
