@@ -42,6 +42,7 @@ def cpu_ways(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_every_way_on_the_cpu_gives_the_same_tokens(cpu_ways: None) -> None:
     row = gpu_check.check("melt-tiny", new_tokens=6)
+    assert set(row.pop("seconds")) == set(gpu_check.WAYS)  # each way timed
     assert row == {"ok": True, "greedy": dict.fromkeys(("sdpa", "padded", "eager", "static", "cpu"), "6/6"),
                    "sampled": dict.fromkeys(("sdpa", "padded", "eager", "static", "cpu"), "12/12")}
 
