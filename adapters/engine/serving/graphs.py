@@ -16,7 +16,7 @@ RoPE table is grown to the pool's longest sequence up front.
 
 `DecodeGraphs(capture=False)` runs the same padded steps eagerly. On the CPU there is nothing to
 capture and the model runner calls the unpadded step; the eager mode is how the padding is tested
-there (`tests/adapters/test_scheduler.py`), and the capture itself runs only on a GPU.
+there (`tests/adapters/engine/serving/test_continuous.py`), and the capture itself runs only on a GPU.
 """
 
 from __future__ import annotations
