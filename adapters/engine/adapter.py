@@ -60,7 +60,8 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
     """bf16 on a GPU and fp32 on the CPU by default (bf16 matmuls crawl on CPUs)."""
     if dtype is None:
         return torch.bfloat16 if device.startswith("cuda") else torch.float32
-    return getattr(torch, MODEL_DTYPES[dtype_short(dtype, model=True)])
+    chosen: torch.dtype = getattr(torch, MODEL_DTYPES[dtype_short(dtype, model=True)])
+    return chosen
 
 
 def resolve_device(device: str | None) -> str:
@@ -114,7 +115,8 @@ class EngineAdapter:
     # ------------------------------------------------------------------------------- protocol
     def forward_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
-            return self.model(input_ids.to(self.device), loops=self.loops).logits
+            logits: torch.Tensor = self.model(input_ids.to(self.device), loops=self.loops).logits
+            return logits
 
     def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[Generation]:
         """`len(prompts) * n` generations, prompt-major. Prompt i's samples draw from streams of seed
@@ -248,7 +250,7 @@ def eos_ids(config: LoopConfig, tokenizer: Any | None) -> set[int]:
 def check_batching_mode(batching: Any) -> str:
     if batching not in BATCHING:
         raise AdapterError(f"batching {batching!r} is not one of {', '.join(BATCHING)}")
-    return batching
+    return str(batching)
 
 
 def check_batching(max_batch: Any, batching: Any, kv_budget: Any, block_size: Any, cuda_graphs: Any) -> tuple[int, str, float | None, int, bool]:

@@ -112,6 +112,7 @@ class MeltGate(nn.Module):
 
     def forward(self, x: Tensor, h: Tensor, loop: int) -> Tensor:
         """x, h [B,n,d]; `loop` is 0-based and >= 1 (loop 0 sets h = x)."""
+        z: Tensor | float
         if self.variant == "elementwise":
             z = torch.sigmoid(self.w_z(x) + self.u_z(h))
         elif self.variant == "scalar":

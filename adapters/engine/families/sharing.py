@@ -75,7 +75,7 @@ SHARED_LAST, SHARED_MEAN, LATEST_M4 = SharedLast(), SharedMean(), LatestM4()
 def policy_layout(policy: str) -> KVLayout:
     """The layout of a `kv_policy` the config has checked (`LoopConfig`), per-loop's and the natives' included."""
     name, alpha = parse_kv_policy(policy)
-    if name == "shared-ema":
+    if alpha is not None:  # shared-ema's
         return SharedEMA(alpha)
     layouts = (STANDARD, PER_LOOP, GATED, SHARED_LAST, SHARED_MEAN, LATEST_M4)
     return {layout.policy: layout for layout in layouts}[name]

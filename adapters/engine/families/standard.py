@@ -16,11 +16,15 @@ policy that folds a token's loops into one entry (shared mean, EMA) adds its wri
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from torch import Tensor, nn
 
 from adapters.engine.config import LoopConfig
 from adapters.engine.layers import Block
+
+if TYPE_CHECKING:
+    from adapters.engine.families.huginn import Recurrence
 
 
 class KVLayout:
@@ -81,7 +85,7 @@ class Family:
         """The factor the embeddings are scaled by (None: unscaled)."""
         return None
 
-    def state(self) -> nn.Module | None:
+    def state(self) -> Recurrence | None:
         """The recurrent state the loops start from and inject (`families.huginn.Recurrence`); None: loop 1 reads e."""
         return None
 

@@ -45,8 +45,8 @@ class DecodeRows:
         self.k = self.v = torch.empty(0)
         self.k_flat: list[Tensor] = []  # per entry, [rows * length, Hkv, 1, D]: where a step writes its new tokens
         self.v_flat: list[Tensor] = []
-        self.k_rows: list[Tensor] = []  # per row, [entries, length, Hkv, D]: what `write_back` copies from
-        self.v_rows: list[Tensor] = []
+        self.k_rows: tuple[Tensor, ...] = ()  # per row, [entries, length, Hkv, D]: what `write_back` copies from
+        self.v_rows: tuple[Tensor, ...] = ()
         self.pool_k = pool.k.unflatten(1, (-1, pool.block_size))  # [entries, blocks, block_size, Hkv, D]: where it copies to
         self.pool_v = pool.v.unflatten(1, (-1, pool.block_size))
 
