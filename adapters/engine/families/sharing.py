@@ -67,6 +67,7 @@ class LatestM4(PerLoop):
     """`latest-m4`: per-loop entries, a skipped loop read from the token's latest loop of the same layer."""
 
     policy = "latest-m4"
+    reads_latest = True
 
 
 SHARED_LAST, SHARED_MEAN, LATEST_M4 = SharedLast(), SharedMean(), LatestM4()

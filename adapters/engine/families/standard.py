@@ -33,6 +33,7 @@ class KVLayout:
     name = "standard"
     policy = "standard"  # the `kv_policy` that names it
     grows_with_loops = False  # whether a token holds an entry per loop (exits may then leave loops unwritten)
+    reads_latest = False  # whether a skipped loop is read from the token's latest one (so written: exit_fill copy)
     folds = False  # whether a loop's K/V are folded into the entry its earlier loops wrote (`fold`), not written over it
 
     def entries(self, cfg: LoopConfig, loops: int) -> int:
@@ -89,9 +90,24 @@ class Family:
         """The recurrent state the loops start from and inject (`families.huginn.Recurrence`); None: loop 1 reads e."""
         return None
 
+    @property
+    def has_exit_gate(self) -> bool:
+        """Whether the model reads Ouro's early-exit gate (the config's `exit_gate`): the gate exit criterion needs one."""
+        return self.cfg.exit_gate
+
     def exit_gate(self) -> nn.Linear | None:
         """Ouro's early-exit gate on each loop's normed state, where the config asks for one."""
-        return nn.Linear(self.cfg.hidden_size, 1) if self.cfg.exit_gate else None
+        return nn.Linear(self.cfg.hidden_size, 1) if self.has_exit_gate else None
+
+    @property
+    def gate_variant(self) -> str | None:
+        """The gate that writes the model's K/V (MELT's `gate_variant`), which a run's description names; None: none."""
+        return None
+
+    @property
+    def first_skippable_loop(self) -> int:
+        """The first loop (0-based) that can be skipped and the model still run (the probes' interactions)."""
+        return 0
 
     @property
     def norm_each_loop(self) -> bool:
@@ -110,7 +126,7 @@ class Family:
 
     def extra_params(self) -> int:
         """Parameters beyond the shared shape (`adapters.engine.memory.count_params`): here the exit gate's."""
-        return self.cfg.hidden_size + 1 if self.cfg.exit_gate else 0
+        return self.cfg.hidden_size + 1 if self.has_exit_gate else 0
 
 
 class Standard(Family):

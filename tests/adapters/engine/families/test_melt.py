@@ -24,6 +24,7 @@ def test_the_gated_layout_is_one_entry_per_layer_and_a_latent_per_shared_layer()
     assert GATED.latent_width(cfg) == cfg.shared_layers * cfg.hidden_size and GATED.latent_tokens(cfg) == cfg.chunk_size
     family = Melt(cfg)
     assert family.kv is GATED and family.kv_reference is PER_LOOP and family.prefill_chunk == cfg.chunk_size
+    assert family.gate_variant == "elementwise" and family.first_skippable_loop == 1  # loop 1 sets h = x
 
 
 def test_shared_layers_are_gated_blocks_and_the_rest_plain():
