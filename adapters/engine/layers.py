@@ -3,7 +3,8 @@
 A family (`adapters.engine.families`) picks and extends these; the backbone (`adapters.engine.model`) runs them.
 q/k/v and gate/up are each one parameter (one matmul); state dicts name HF's separate tensors. Layers, norms and
 MLPs are called through `.forward`: a tiny model's decode step is per-call overhead, and `nn.Module.__call__`'s
-hook dispatch cost about 3% of it (the engine registers no hooks on them).
+hook dispatch is a measurable part of it (docs/benchmarks.md, "Figures behind choices in the code"; the engine
+registers no hooks on them).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def rms(x: Tensor, eps: Tensor, weight: Tensor | None = None) -> Tensor:
 
     float32 takes a five-kernel form built on `vector_norm`: on the CPU `torch.rms_norm` is a
     composite of about ten small kernels, and a tiny model runs 13 norms per decoded token, so this
-    is ~5% of its decode speed (eps as a tensor the module keeps saves one more kernel, or a lookup,
+    shows in its decode speed (docs/benchmarks.md; eps as a tensor the module keeps saves one more kernel, or a lookup,
     per norm). It agrees with the textbook form to float rounding (~1e-6), and autograd runs through
     it. Other dtypes compute in float32 and cast back, as transformers' Qwen3RMSNorm does.
     """
