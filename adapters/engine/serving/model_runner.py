@@ -69,7 +69,7 @@ class ModelRunner:
     def decode(self, seqs: list[Sequence]) -> StepOutput:
         """One token per running sequence (row i is `seqs[i]`): the one after its written ones."""
         if self.rows is not None:
-            return self.rows_step(self.rows, seqs)
+            return self.rows_step(seqs)
         return self.step(seqs, [[seq.tokens[seq.written]] for seq in seqs], decoding=True)
 
     def prepare(self, seqs: list[Sequence], tokens: list[list[int]]) -> StepInputs:
@@ -101,10 +101,11 @@ class ModelRunner:
         self.manager.wrote(seqs, n)
         return out
 
-    def rows_step(self, rows: DecodeRows, seqs: list[Sequence]) -> StepOutput:
+    def rows_step(self, seqs: list[Sequence]) -> StepOutput:
         """A decode step of the running set on the decode rows: its inputs are the last step's advanced
         (`RowsInputs`) or go to the device as one tensor, and a block the step fills goes back to the pool."""
-        manager, size = self.manager, self.pool.block_size
+        rows, manager, size = self.rows, self.manager, self.pool.block_size
+        assert rows is not None  # `decode` steps on the rows only when there are some
         x = self.next_inputs
         if x is None or x.end > rows.length:  # a changed running set, or rows to grow (their row slots move)
             x = RowsInputs.build(rows, [seq.tokens[seq.written] for seq in seqs], [seq.written for seq in seqs], self.device)
