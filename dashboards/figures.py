@@ -11,7 +11,8 @@ escaped (`plain`) before it reaches a figure: it shows as the text it is, never 
 The figures the report draws by the hundred (accuracy against memory, loops and compute, memory over a run)
 are given to `go.Figure` whole, their traces and layout as dicts: Plotly validates at every `add_trace` and
 `update_*` call, and a figure built up call by call (or by Plotly Express) took several times as long as the
-same figure given whole (docs/benchmarks.md). The faceted ones (depth, probes) keep Plotly Express, which lays out their panels.
+same figure given whole (docs/benchmarks.md). The faceted ones (depth, probes) keep Plotly Express, which lays
+out their panels.
 """
 
 from __future__ import annotations

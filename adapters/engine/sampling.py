@@ -23,7 +23,8 @@ from adapters.engine.streams import uniform
 
 def int_tensor(values: list[int], device: torch.device) -> Tensor:
     """Host ints as an int64 tensor on `device`, through a buffer: `torch.tensor` on a list costs several times
-    more, a measurable part of a tiny model's decode step (docs/benchmarks.md, "Figures behind choices in the code"). On a GPU the copy goes through pinned memory without
+    more, a measurable part of a tiny model's decode step (docs/benchmarks.md, "Figures behind choices in the
+    code"). On a GPU the copy goes through pinned memory without
     waiting (a step's one host sync is reading the sampled ids)."""
     tensor = torch.frombuffer(array.array("q", values), dtype=torch.int64) if values else torch.empty(0, dtype=torch.int64)
     if device.type != "cuda":

@@ -92,7 +92,7 @@ class Family:
 
     @property
     def has_exit_gate(self) -> bool:
-        """Whether the model reads Ouro's early-exit gate (the config's `exit_gate`): the gate exit criterion needs one."""
+        """Whether the model reads Ouro's early-exit gate (the config's `exit_gate`): the gate criterion needs one."""
         return self.cfg.exit_gate
 
     def exit_gate(self) -> nn.Linear | None:
