@@ -254,8 +254,7 @@ class LoopedLM(nn.Module):
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 module.weight.normal_(0.0, std, generator=generator)
-                bias = getattr(module, "bias", None)
-                if bias is not None:
+                if (bias := getattr(module, "bias", None)) is not None:
                     bias.zero_()
             elif isinstance(module, RMSNorm):
                 module.weight.fill_(1.0)
@@ -314,9 +313,7 @@ class LoopedLM(nn.Module):
         family = family_of(self.config)  # of the config now: loading may replace it (chunk size, token ids)
         cache = forward_cache(family, r, kv_mix)
         per_loop = bool(self.shared) and (return_loop_logits or self.model.early_exit_gate is not None)
-        finals: list[Tensor] = []
-        states: list[list[Tensor]] = []
-        attn: list[list[Tensor]] = []
+        finals, states, attn = [], [], []
         for s0, s1 in family.forward_chunks(n, chunk_size):
             h = self.model.embed(tokens[:, s0:s1])
             positions = torch.arange(s0, s1, device=tokens.device).expand(b, -1)
@@ -389,9 +386,8 @@ class LoopedLM(nn.Module):
         melt.load_state_dict(self.state_dict(), strict=False)
         gen = generator or torch.Generator(device=weight.device).manual_seed(0)
         with torch.no_grad():
-            for layer in melt.shared:
-                if isinstance(layer, GatedBlock):  # every shared layer of a gated model
-                    fresh_gate(layer.melt_gate, gen)
+            for gate in (layer.melt_gate for layer in melt.shared if isinstance(layer, GatedBlock)):  # all of them
+                fresh_gate(gate, gen)
         return melt
 
 
