@@ -27,6 +27,7 @@ rolled back, and every other adapter still loads.
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 import importlib.metadata
 import importlib.util
@@ -126,7 +127,7 @@ def _ensure_plugins() -> None:
     _loaded_plugins = True
     for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         dist = ep.dist.name if ep.dist is not None else "unknown distribution"
-        _load_one(ep.name, f"entry point {dist} ({ep.value})", lambda ep=ep: _register_entry_point(ep))
+        _load_one(ep.name, f"entry point {dist} ({ep.value})", functools.partial(_register_entry_point, ep))
     env_dirs = [d for d in os.environ.get(ENV_VAR, "").split(os.pathsep) if d]
     _scan_dirs(env_dirs)
 
@@ -159,7 +160,7 @@ def _scan_dirs(dirs: Iterable[str | os.PathLike[str]]) -> None:
             if path.name.startswith(("_", ".")):
                 continue
             if path.suffix == ".py" or (path.is_dir() and (path / "__init__.py").is_file()):
-                _load_one(path.stem, f"folder {folder}", lambda path=path: _import_path(path))
+                _load_one(path.stem, f"folder {folder}", functools.partial(_import_path, path))
 
 
 def _import_path(path: Path) -> None:

@@ -7,7 +7,7 @@ The conformance kit that checks adapters is `harness.conformance.check_adapter`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -79,7 +79,7 @@ def tiny_retrofit_tensors(seed: int = 0) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _with_char_vocab(config: dict) -> dict:
+def _with_char_vocab(config: dict[str, Any]) -> dict[str, Any]:
     from adapters.engine.io.tokenizer import CHAR_VOCAB_SIZE
 
     return {**config, "vocab_size": CHAR_VOCAB_SIZE}
@@ -114,7 +114,7 @@ def save_tiny_retrofit(folder: str | Path, *, seed: int = 0) -> Path:
     return _save_raven(folder, TINY_RETROFIT, tiny_retrofit_tensors(seed))
 
 
-def _save_raven(folder: str | Path, config: dict, tensors: dict[str, torch.Tensor]) -> Path:
+def _save_raven(folder: str | Path, config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Path:
     import json
 
     from safetensors.torch import save_file
@@ -129,7 +129,7 @@ def _save_raven(folder: str | Path, config: dict, tensors: dict[str, torch.Tenso
     return folder
 
 
-TINY_OURO_26B = dict(  # Ouro-2.6B's 48 shared layers and 4 loops at test width, in the HF release's config names
+TINY_OURO_26B: dict[str, Any] = dict(  # Ouro-2.6B's 48 shared layers and 4 loops at test width, in the HF release's config names
     architectures=["OuroForCausalLM"], model_type="ouro", hidden_size=64, intermediate_size=96, num_attention_heads=4,
     num_key_value_heads=4, num_hidden_layers=48, total_ut_steps=4, rms_norm_eps=1e-6, rope_theta=1_000_000.0,
     max_position_embeddings=512, tie_word_embeddings=False, hidden_act="silu", bos_token_id=1, eos_token_id=2, pad_token_id=0,
@@ -176,7 +176,7 @@ def save_tiny_ouro(folder: str | Path, *, seed: int = 0) -> Path:
     return folder
 
 
-def public_config(cfg: LoopConfig) -> dict:
+def public_config(cfg: LoopConfig) -> dict[str, Any]:
     """The config.json a public release of `cfg`'s family ships (Qwen3, Ouro, RavenConfig names for Huginn-0125 and retrofits)."""
     if cfg.recurrent:
         return _raven_config(cfg)
@@ -189,7 +189,7 @@ def public_config(cfg: LoopConfig) -> dict:
     return config if cfg.family == "qwen3" else {**config, "total_ut_steps": cfg.loops, "early_exit_threshold": 1.0}
 
 
-def _raven_config(cfg: LoopConfig) -> dict:
+def _raven_config(cfg: LoopConfig) -> dict[str, Any]:
     """RavenConfig's config.json of a huginn or retrofit config (a retrofit's fields as convert_llama.py writes them)."""
     config = {"model_type": "huginn_raven", "n_embd": cfg.hidden_size, "n_heads": cfg.num_heads, "num_attention_heads": cfg.num_heads,
               "intermediate_size": cfg.ffn_size, "n_layers_in_prelude": cfg.prelude_layers, "n_layers_in_recurrent_block": cfg.shared_layers,

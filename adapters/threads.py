@@ -3,12 +3,10 @@
 torch's CPU pool splits every op over all its threads, and threads that finish first spin until the
 others catch up; when another process holds one of the cores, they wait for a thread that is not
 running. Measured on the 2-core machine (docs/benchmarks.md, "Threads and a busy machine"): idle, a
-second thread gives a Qwen3-shaped model nothing at batch 1 at any width from 2M to 126M parameters
-(0.98-1.08x) and 1.4-1.8x at batch 16-64 at every width, so there is no size where threads start to
-pay; what decides is the rest of the machine. One thread per run lets the local executor run a run
-per core (the default job: 71 s as two workers of one thread, 96 s as one process of two), and a run
-of one thread beside two busy processes took 1.44x its idle time, of two threads 2.41x. So the count
-is, in this order:
+second thread gives a Qwen3-shaped model nothing at batch 1 at any width and helps only batched decoding,
+so there is no size where threads start to pay; what decides is the rest of the machine. One thread per
+run lets the local executor run a run per core, the default job's fastest way through, and a run of one
+thread slows less beside busy processes than a run of two. So the count is, in this order:
 
 - `--threads N` (the CLI passes it as `requested`), else LOOPEVAL_THREADS;
 - one thread for models below `SMALL_MODEL_PARAMS` parameters: the bundled tiny and zoo models (up to

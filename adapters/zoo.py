@@ -73,8 +73,11 @@ def engine_spec(name: str) -> str:
     return checkpoint_spec(zoo_path(name))
 
 
-def inspect_zoo(name: str, **overrides: Any) -> dict[str, Any] | None:
-    return inspect(engine_spec(name), **overrides)
+def inspect_zoo(name: str, **overrides: Any) -> dict[str, Any]:
+    facts = inspect(engine_spec(name), **overrides)
+    if facts is None:  # every engine spec has an inspector (`adapters.engine.adapter`)
+        raise AdapterError(f"zoo model {name!r}: its engine spec has no inspector")
+    return facts
 
 
 @register("zoo", "trained tiny models shipped with loopeval (qwen3-tiny-small, qwen3-tiny-deep, ouro-tiny, melt-tiny, ablations, the recurrence lab)", inspect=inspect_zoo,

@@ -1,6 +1,6 @@
 """The engine's GPU decode paths against each other, on the tiny presets: what the CPU tests cannot run.
 
-On the CPU the decode step's padding to CUDA-graph buckets is tested eagerly (`tests/adapters/test_scheduler.py`);
+On the CPU the decode step's padding to CUDA-graph buckets is tested eagerly (`tests/adapters/engine/serving/test_continuous.py`);
 the capture and replay run only on a GPU. For each tiny preset (fp32, random weights, EOS disabled so every
 sequence decodes the same count; prompts of different lengths so steps are padded in batch and in block-table
 width), the same prompts are generated greedy and sampled (the paper's temperature 1.0, top-p 0.7) six ways:

@@ -172,7 +172,7 @@ def _other_winners(points: pd.DataFrame, measure: str, rank: str, best: Any, con
     others = [name for name in figures.available_measures(points) if name in figures.QUOTED_MEASURES and name != measure]
     if rank != DEFAULT_RANKING or not others:
         return ""
-    # as plain records: the report asks this of every set, task and measure, and a pandas sort per measure cost 7x
+    # as plain records: the report asks this of every set, task and measure, and a pandas sort per measure cost more
     columns = [name for name in (*_NAMING, "accuracy", *others) if name in points]
     rows = [SimpleNamespace(**row) for row in points[columns].to_dict("records")]
     winners: dict[str, list[str]] = {}

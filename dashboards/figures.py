@@ -10,8 +10,9 @@ escaped (`plain`) before it reaches a figure: it shows as the text it is, never 
 
 The figures the report draws by the hundred (accuracy against memory, loops and compute, memory over a run)
 are given to `go.Figure` whole, their traces and layout as dicts: Plotly validates at every `add_trace` and
-`update_*` call, and a figure built up call by call (or by Plotly Express) took 4-8x as long as the same
-figure given whole. The faceted ones (depth, probes) keep Plotly Express, which lays out their panels.
+`update_*` call, and a figure built up call by call (or by Plotly Express) took several times as long as the
+same figure given whole (docs/benchmarks.md). The faceted ones (depth, probes) keep Plotly Express, which lays
+out their panels.
 """
 
 from __future__ import annotations
@@ -523,7 +524,7 @@ def _exit_lines(frame: pd.DataFrame) -> pd.DataFrame:
 
 def _mark_trained_loops(fig: go.Figure, trained: pd.Series, colors: dict[str, str]) -> None:
     """A dotted vertical line at each model's trained T, in the model's colour, on every panel with data: the lines
-    `add_vline(row="all", col="all")` draws, given at once (it took about 0.2 s a model)."""
+    `add_vline(row="all", col="all")` draws, given at once: drawn by it, they were slow (docs/benchmarks.md)."""
     panels = list(dict.fromkeys((trace.xaxis or "x", trace.yaxis or "y") for trace in fig.data))
     fig.update_layout(shapes=[{"type": "line", "x0": float(value), "x1": float(value), "xref": x, "y0": 0, "y1": 1,
                                "yref": f"{y} domain", "line": {"color": colors[model], "dash": "dot"}, "opacity": 0.8}

@@ -104,7 +104,7 @@ def report_figures(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS,
     selectors, keyed as the page's script asks for them (`View.key`). Views fed by the same query (accuracy against
     memory and against compute) share each case's data.
 
-    Plotly builds a few hundred figures for a sweep (about 20 s of one core for the default `loopeval run`), so the
+    Plotly builds a few hundred figures for a sweep (the default job's report's time: docs/benchmarks.md), so the
     cases are shared out among `processes` forked processes (default: the cores this process may use); the figures
     are the same, and come back in the same order, as drawn in one process."""
     cases: dict[tuple[Any, views.Selection], list[views.View]] = {}

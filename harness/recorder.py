@@ -41,7 +41,7 @@ ROWS_PER_FLUSH = 8  # memory rows stored per flush: a few per second, whatever t
 
 def package_versions() -> dict[str, str]:
     """The versions a run is stored with; read once per process (importlib.metadata parses every package's
-    metadata file, about 60 ms, and a sweep stores dozens of runs)."""
+    metadata file, and a sweep stores dozens of runs)."""
     return dict(_package_versions())
 
 

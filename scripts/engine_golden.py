@@ -3,7 +3,7 @@
 The engine's speed work must not change a single token: this records a fingerprint of the token ids
 (and the loops each token was read from) that the engine generates for every tiny preset and every zoo model at two loop
 counts, greedy and with the paper's sampling, through the continuous scheduler (default cap, and a cap
-of 2 on blocks of 4 tokens) and the static path. `tests/adapters/test_golden.py` regenerates them and
+of 2 on blocks of 4 tokens) and the static path. `tests/adapters/engine/test_golden.py` regenerates them and
 compares token for token.
 
     python scripts/engine_golden.py --write     # record (only when a change is meant to change outputs)
@@ -29,7 +29,7 @@ import adapters  # noqa: E402
 from adapters.base import PAPER_PROTOCOL, Sampling  # noqa: E402
 from adapters.zoo import zoo_names  # noqa: E402
 
-GOLDEN = Path(__file__).resolve().parents[1] / "tests" / "adapters" / "data" / "engine_golden.json"
+GOLDEN = Path(__file__).resolve().parents[1] / "tests" / "adapters" / "engine" / "data" / "engine_golden.json"
 PRESETS = ["qwen3-tiny", "ouro-tiny", "coreloop-tiny", "melt-tiny"]
 PROMPTS = ["1+2=", "x", "17*3=51; 4*4=", "abcdefghijklmnopqrstu", "c30k4 0110100110 -> ", "chain3: a=4 b=a+3 c=b*2 c?"]
 SAMPLINGS = {

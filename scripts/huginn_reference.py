@@ -7,7 +7,7 @@ is read from a folder given on the command line and never copied into this repos
     python scripts/huginn_reference.py /tmp/raven/recpre --commit "$(git -C MIRROR rev-parse HEAD)"
 
 It builds the checkpoint `adapters.testing.save_tiny_huginn` writes (prelude 1, core 2, coda 1, width 64; made
-from a seed, so `tests/adapters/test_huginn.py` builds the same one), loads it into the official
+from a seed, so `tests/adapters/engine/families/test_huginn.py` builds the same one), loads it into the official
 `RavenForCausalLM` in float32 and records, at r = 1, 4 and 32:
 - the logits of every position of a few prompts (one forward, no cache), and
 - greedy continuations (8 new tokens), decoded token by token through the official `HuginnDynamicCache`,
@@ -39,7 +39,7 @@ import torch
 
 from adapters.testing import TINY_HUGINN, save_tiny_huginn
 
-OUT = Path(__file__).resolve().parent.parent / "tests" / "adapters" / "data" / "huginn_reference.json"
+OUT = Path(__file__).resolve().parent.parent / "tests" / "adapters" / "engine" / "data" / "huginn_reference.json"
 CHECKPOINT_SEED = 0
 STATE_SEED = 7  # the random-initial-state comparison
 LOOPS = (1, 4, 32)

@@ -1,5 +1,5 @@
 """Reference logits of the official Ouro modelling code on a tiny checkpoint of Ouro-2.6B's 48 layers, for the engine's
-fidelity test (`tests/adapters/test_ouro_reference.py`).
+fidelity test (`tests/adapters/engine/families/test_ouro.py`).
 
 The official code (`modeling_ouro.py` and `configuration_ouro.py`, shipped with the ByteDance/Ouro checkpoints on the
 model hub) is read from a folder given on the command line and never copied into this repository. The hub is not
@@ -49,7 +49,7 @@ import torch
 
 from adapters.testing import TINY_OURO_26B, save_tiny_ouro
 
-OUT = Path(__file__).resolve().parent.parent / "tests" / "adapters" / "data" / "ouro_reference.json"
+OUT = Path(__file__).resolve().parent.parent / "tests" / "adapters" / "engine" / "data" / "ouro_reference.json"
 CHECKPOINT_SEED = 0
 LOOPS = (1, 4, 6)
 PROMPTS = [[5, 40, 41, 12, 77], [3, 9, 27, 81, 64, 22, 50, 11]]

@@ -10,7 +10,7 @@ the command line and never copied into this repository:
 
 It builds the checkpoint `adapters.testing.save_tiny_retrofit` writes (a Llama-style retrofit: prelude 1, core 2, coda 1,
 width 64, 4 heads and 2 KV heads, untied lm_head, Llama 3 RoPE scaling; made from a seed, so
-`tests/adapters/test_retrofit.py` builds the same one), loads it into the official `RavenForCausalLM` in float32 and
+`tests/adapters/engine/families/test_retrofit.py` builds the same one), loads it into the official `RavenForCausalLM` in float32 and
 records, as `scripts/huginn_reference.py` does for Huginn-0125 (its `reference` and `main` are reused), at r = 1, 4, 32:
 the logits of every position of a few prompts, and greedy continuations decoded token by token through the official
 `HuginnDynamicCache`, with the zero initial state (`init_scale=0`), and at r = 4 with the random state drawn after
@@ -37,7 +37,7 @@ import torch
 from adapters.testing import TINY_RETROFIT, save_tiny_retrofit
 from huginn_reference import Reference, main  # this folder's Huginn-0125 reference: the same runs and fixture
 
-OUT = Path(__file__).resolve().parent.parent / "tests" / "adapters" / "data" / "retrofit_reference.json"
+OUT = Path(__file__).resolve().parent.parent / "tests" / "adapters" / "engine" / "data" / "retrofit_reference.json"
 REPOSITORY = "LoopedLMs/retrofitting-recurrence"  # the fork of mcleish7/retrofitting-recurrence that the library indexes
 FILE = "convert_pretrained_model/raven_modeling_minimal_llama.py"
 

@@ -158,7 +158,7 @@ def load_task_dataset(config: LightevalTaskConfig) -> DatasetDict:
     """The task's evaluation split read from the local file its `hf_repo` names, filtered like LightEval does.
 
     Read once per process while the file is unchanged (same size, modification time and inode): a sweep runs the
-    same tasks once per model and loop count, and reading a file into a Dataset costs about 20 ms a task. The
+    same tasks once per model and loop count, and reading a file into a Dataset takes time each task. The
     Dataset is never changed in place (LightEval reads rows from it), so runs can share it."""
     path = Path(config.hf_repo)
     if path.suffix not in LOCAL_SUFFIXES or not path.is_file():

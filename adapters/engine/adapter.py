@@ -64,7 +64,8 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
     """bf16 on a GPU and fp32 on the CPU by default (bf16 matmuls crawl on CPUs)."""
     if dtype is None:
         return torch.bfloat16 if device.startswith("cuda") else torch.float32
-    return getattr(torch, MODEL_DTYPES[dtype_short(dtype, model=True)])
+    chosen: torch.dtype = getattr(torch, MODEL_DTYPES[dtype_short(dtype, model=True)])
+    return chosen
 
 
 def resolve_device(device: str | None) -> str:
@@ -119,7 +120,8 @@ class EngineAdapter:
     # ------------------------------------------------------------------------------- protocol
     def forward_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
-            return self.model(input_ids.to(self.device), loops=self.loops).logits
+            logits: torch.Tensor = self.model(input_ids.to(self.device), loops=self.loops).logits
+            return logits
 
     def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[Generation]:
         """`len(prompts) * n` generations, prompt-major. Prompt i's samples draw from streams of seed
@@ -216,7 +218,7 @@ class EngineAdapter:
             "trained_loops": cfg.loops,
             "kv_strategy": cfg.kv_strategy,
             **kv_facts(cfg),
-            "gate": cfg.gate_variant if cfg.gated else None,
+            "gate": family_of(cfg).gate_variant,
             "dtype": dtype_short(self.dtype),
             "device": str(self.device),
             "kv_bytes_per_token": analytic["kv_bytes_per_token"],
@@ -253,7 +255,7 @@ def eos_ids(config: LoopConfig, tokenizer: Any | None) -> set[int]:
 def check_batching_mode(batching: Any) -> str:
     if batching not in BATCHING:
         raise AdapterError(f"batching {batching!r} is not one of {', '.join(BATCHING)}")
-    return batching
+    return str(batching)
 
 
 def check_batching(max_batch: Any, batching: Any, kv_budget: Any, block_size: Any, cuda_graphs: Any) -> tuple[int, str, float | None, int, bool]:
@@ -365,13 +367,14 @@ def exit_policy(cfg: LoopConfig, overrides: dict[str, Any]) -> ExitPolicy:
 def check_exit_support(cfg: LoopConfig, policy: ExitPolicy) -> ExitPolicy:
     """The policy, if the model can run it: the gate criterion needs an exit gate, exits need looped layers, and
     `read` (an exit loop's state read as the output) needs a model whose output is not the coda's."""
-    if policy.kind == "threshold" and policy.criterion == "gate" and not cfg.exit_gate:
+    family = family_of(cfg)
+    if policy.kind == "threshold" and policy.criterion == "gate" and not family.has_exit_gate:
         raise AdapterError("exit_policy 'threshold' with the gate criterion needs a model with an exit gate (Ouro); try exit_criterion kl or entropy")
-    if policy.skips and policy.fill == "masked" and not family_of(cfg).kv.grows_with_loops:
-        raise AdapterError(f"exit_fill 'masked' needs per-loop K/V: kv_policy {family_of(cfg).kv.policy} keeps one row per layer "
+    if policy.skips and policy.fill == "masked" and not family.kv.grows_with_loops:
+        raise AdapterError(f"exit_fill 'masked' needs per-loop K/V: kv_policy {family.kv.policy} keeps one row per layer "
                            "and token, which every loop reads")
-    if policy.skips and policy.fill == "masked" and family_of(cfg).kv.policy == "latest-m4":
-        raise AdapterError("exit_fill 'masked' is Huginn's 'skip' lookup; kv_policy latest-m4 reads a skipped loop from the token's "
+    if policy.skips and policy.fill == "masked" and family.kv.reads_latest:
+        raise AdapterError(f"exit_fill 'masked' is Huginn's 'skip' lookup; kv_policy {family.kv.policy} reads a skipped loop from the token's "
                            "latest one (exit_fill copy)")
     if policy.kind != "none" and cfg.shared_layers == 0:
         raise AdapterError("exit policies need a looped model (shared layers)")

@@ -196,7 +196,9 @@ class MixedCache:
         self.a, self.melt, self.looplm = a, melt, looplm
 
     def kv_source(self, layer: int, loop: int, x: Tensor, gate: Gate) -> Tensor:
-        return torch.stack((self.melt.kv_source(layer, loop, x, gate), x))
+        h = self.melt.kv_source(layer, loop, x, gate)
+        assert h is not None  # `melt` keeps the gated layout's latent
+        return torch.stack((h, x))
 
     def update(self, layer: int, loop: int, k: Tensor, v: Tensor, slot: int) -> tuple[Tensor, Tensor]:
         if k.dim() == 4:  # rows from x alone: a prelude or coda layer

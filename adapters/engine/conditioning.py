@@ -57,8 +57,9 @@ class LoopConditioning(nn.Module):
     def loop_input(self, h: Tensor, e: Tensor, diffs: Sequence[Tensor]) -> Tensor:
         """x_l from h_{l-1}, e and the newest-first differences h_{l-1} - h_{l-2}, ... (at most w)."""
         x = h if self.injection is None else h + self.injection(0, e)
-        for j, diff in enumerate(diffs if self.history is not None else ()):
-            x = x + self.history(j, diff)
+        if self.history is not None:
+            for j, diff in enumerate(diffs):
+                x = x + self.history(j, diff)
         return x
 
     def gated(self, x: Tensor, y: Tensor, loop: int) -> Tensor:

@@ -45,6 +45,7 @@ on all of them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -123,13 +124,15 @@ class ExitCheck:
         policy, b = self.policy, normed.shape[0]
         if t == self.loops - 1:
             return torch.ones(b, dtype=torch.bool, device=normed.device)
-        if policy.kind == "fixed":
+        if policy.kind == "fixed" and policy.loop is not None:  # a fixed policy always has its loop
             return torch.full((b,), t + 1 >= policy.loop, dtype=torch.bool, device=normed.device)
         if policy.criterion == "gate":
             return self._gate(normed) >= policy.threshold
         return self._change(logits().float()) < policy.threshold
 
     def _gate(self, normed: Tensor) -> Tensor:
+        if self.gate is None:
+            raise AdapterError("the exit criterion 'gate' needs a model with an exit gate")
         lam = torch.sigmoid(self.gate(normed).squeeze(-1).float())
         before = torch.ones_like(lam) if self.before is None else self.before
         p = lam * before
@@ -163,11 +166,11 @@ def pick_loop(states: list[Tensor], policy: ExitPolicy, gate: Callable[[Tensor],
     and that loop (1-based; None when the policy is `none`). `states` are the loops' normed states."""
     if policy.kind == "none" or len(states) == 1:
         return states[-1], None
-    check, exit_loop = ExitCheck(policy, len(states), gate), None
+    check, loops = ExitCheck(policy, len(states), gate), []
     for t, state in enumerate(states):
-        fired = check.fires(t, state, lambda state=state: logits(state))
-        loop = torch.where(fired, t + 1, len(states))
-        exit_loop = loop if exit_loop is None else torch.minimum(exit_loop, loop)
+        fired = check.fires(t, state, functools.partial(logits, state))
+        loops.append(torch.where(fired, t + 1, len(states)))
+    exit_loop = functools.reduce(torch.minimum, loops)  # the first loop that fired, else the last
     stacked = torch.stack(states)
     return stacked[exit_loop - 1, torch.arange(stacked.shape[1], device=stacked.device)], exit_loop
 
@@ -204,6 +207,11 @@ class ExitRows:
 
     def fires(self, t: int, h: Tensor, normed: Tensor, head: Callable[[Tensor, Span, Any], Tensor]) -> Tensor:
         return self.check.fires(t, normed[:, -1], lambda: head(h, self.span, self.cache)[:, -1])
+
+    def after_loop(self, t: int, h: Tensor, y: Tensor, normed: Tensor, carried: list[Tensor],
+                   head: Callable[[Tensor, Span, Any], Tensor]) -> tuple[Tensor, list[Tensor]]:
+        """Loop t's output y -> (the state the next loop reads, `carried` for the rows going on)."""
+        raise NotImplementedError
 
 
 class ActiveRows(ExitRows):
@@ -273,7 +281,8 @@ class FrozenCache:
 
     def kv_source(self, layer: int, loop: int, x: Tensor, gate: Callable[[Tensor, Tensor, int], Tensor]) -> Tensor | None:
         active = self.active[:, None, None]
-        return self.cache.kv_source(layer, loop, x, lambda x, h, t: torch.where(active, gate(x, h, t), h))
+        source: Tensor | None = self.cache.kv_source(layer, loop, x, lambda x, h, t: torch.where(active, gate(x, h, t), h))
+        return source
 
     def update(self, layer: int, loop: int, k: Tensor, v: Tensor, slot: int) -> tuple[Tensor, Tensor]:
         if loop > 0:
@@ -281,7 +290,8 @@ class FrozenCache:
             last = self.cache.stored(layer, loop, slot, slot + k.shape[2]) if self.folds else self.last[layer]
             k, v = torch.where(active, k, last[0]), torch.where(active, v, last[1])
         self.last[layer] = (k, v)
-        return self.cache.update(layer, loop, k, v, slot)
+        read: tuple[Tensor, Tensor] = self.cache.update(layer, loop, k, v, slot)
+        return read
 
 
 def narrow_span(span: Span, rows: Tensor) -> Span:

@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from adapters.base import AdapterError, Finished, Generation, Sampling, dtype_short
+from adapters.base import AdapterError, Finished, FinishReason, Generation, Sampling, dtype_short
 from adapters.engine.cache import KVCache
 from adapters.engine.memory import kv_bytes
 from adapters.engine.exits import ExitPolicy
@@ -124,7 +124,7 @@ class Decoder:
         ran = None if self.ran is None else self.ran[:, : slot + 1]
         out = self.model.step(tokens[:, None], positions, self.cache, slot, mask, loops=self.loops, keep_loops=self.keep_loops,
                               exits=self.policy, active_set=False, ran=ran, streams=None if self.streams is None else self.streams[:, 1:])
-        if ran is not None:
+        if ran is not None and out.loops_run is not None:  # a skipping policy reports the loops it ran
             ran[:, slot] = out.loops_run
         self.cache.length, self.positions = slot + 1, positions + 1
         return self._read(out)
@@ -140,7 +140,7 @@ class Transcript:
         self.sampling, self.eos_ids, self.tokenizer = sampling, eos_ids, tokenizer
         self.tokens: list[list[int]] = [[] for _ in range(batch)]
         self.loops: list[list[int]] = [[] for _ in range(batch)]
-        self.finish: list[str | None] = [None] * batch  # "eos", "stop", or None while running
+        self.finish: list[FinishReason | None] = [None] * batch  # "eos", "stop", or None while running
 
     def add(self, tokens: list[int], loops: list[int]) -> bool:
         """Record one token per running row; True once every row has finished.

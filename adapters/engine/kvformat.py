@@ -122,7 +122,8 @@ class Fp8(Quantized):
     Decoding moves the byte's exponent and mantissa into a float16's (sign to bit 15, the 7 low bits to bits 13..7),
     multiplies by 2^(15 - 7), the difference of the biases, and widens: exact for every finite code, subnormals
     included (their float16 image is subnormal by the same shift, and the product is at most 448). torch's own
-    float8 -> float32 cast cost 2.3x this on the CPU, and 25x an int8 cast.
+    float8 -> float32 cast is slower on the CPU, and far slower than an int8 cast (docs/benchmarks.md, "Figures
+    behind choices in the code").
     """
 
     name, qmax = "fp8", 448.0

@@ -3,7 +3,8 @@
 A family (`adapters.engine.families`) picks and extends these; the backbone (`adapters.engine.model`) runs them.
 q/k/v and gate/up are each one parameter (one matmul); state dicts name HF's separate tensors. Layers, norms and
 MLPs are called through `.forward`: a tiny model's decode step is per-call overhead, and `nn.Module.__call__`'s
-hook dispatch cost about 3% of it (the engine registers no hooks on them).
+hook dispatch is a measurable part of it (docs/benchmarks.md, "Figures behind choices in the code"; the engine
+registers no hooks on them).
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ class RMSNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return rms(x, self.eps_tensor, self.weight)
 
-    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001 (nn.Module's signature)
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> RMSNorm:
         """Moving the module (`.to`, `.cuda`, `to_empty`) brings `eps_tensor` along."""
-        super()._apply(fn, recurse)
+        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]  # nn.Module._apply is unannotated
         self.eps_tensor = self._eps_on_device()
         return self
 
@@ -51,7 +52,7 @@ def rms(x: Tensor, eps: Tensor, weight: Tensor | None = None) -> Tensor:
 
     float32 takes a five-kernel form built on `vector_norm`: on the CPU `torch.rms_norm` is a
     composite of about ten small kernels, and a tiny model runs 13 norms per decoded token, so this
-    is ~5% of its decode speed (eps as a tensor the module keeps saves one more kernel, or a lookup,
+    shows in its decode speed (docs/benchmarks.md; eps as a tensor the module keeps saves one more kernel, or a lookup,
     per norm). It agrees with the textbook form to float rounding (~1e-6), and autograd runs through
     it. Other dtypes compute in float32 and cast back, as transformers' Qwen3RMSNorm does.
     """
@@ -123,7 +124,14 @@ class Span:
 
 
 # ------------------------------------------------------------------------ fused projections
-def fuse_projections(module: nn.Module, fused: str, parts: dict[str, int]) -> None:
+class Fused(nn.Module):
+    """A module whose `fused` weight stacks HF's projections (`fuse_projections`): attention's q, k, v; the MLP's
+    gate and up."""
+
+    fused: tuple[str, dict[str, int]]  # (the fused projection's name, HF's projection name -> its rows)
+
+
+def fuse_projections(module: Fused, fused: str, parts: dict[str, int]) -> None:
     """Declare `module.<fused>` the row-wise stack of HF's projections `parts` (name -> rows), in order.
 
     Decoding a small model costs per-op overhead, not FLOPs: one matmul for q, k and v (and one for
@@ -131,18 +139,19 @@ def fuse_projections(module: nn.Module, fused: str, parts: dict[str, int]) -> No
     one tensor; state dicts keep HF's names: saving splits it, loading stacks the parts.
     """
     module.fused = (fused, parts)
-    module.register_state_dict_post_hook(_split_fused)
-    module.register_load_state_dict_pre_hook(_join_fused)
+    # nn.Module's hook registration is unannotated in torch
+    module.register_state_dict_post_hook(_split_fused)  # type: ignore[no-untyped-call]
+    module.register_load_state_dict_pre_hook(_join_fused)  # type: ignore[no-untyped-call]
 
 
-def _split_fused(module: nn.Module, state: dict[str, Tensor], prefix: str, *_: Any) -> None:
+def _split_fused(module: Fused, state: dict[str, Tensor], prefix: str, *_: Any) -> None:
     fused, parts = module.fused
     weight = state.pop(f"{prefix}{fused}.weight")
     for name, rows in zip(parts, weight.split(list(parts.values()))):
         state[f"{prefix}{name}.weight"] = rows.clone()  # a copy: safetensors refuses tensors sharing storage
 
 
-def _join_fused(module: nn.Module, state: dict[str, Tensor], prefix: str, *_: Any) -> None:
+def _join_fused(module: Fused, state: dict[str, Tensor], prefix: str, *_: Any) -> None:
     fused, parts = module.fused
     names = [f"{prefix}{name}.weight" for name in parts]
     if all(name in state for name in names):  # else loading reports the fused weight missing
@@ -150,7 +159,7 @@ def _join_fused(module: nn.Module, state: dict[str, Tensor], prefix: str, *_: An
 
 
 # ---------------------------------------------------------------------------------- modules
-class Attention(nn.Module):
+class Attention(Fused):
     """GQA attention over the rows a cache holds; K/V may come from another input than q (MELT's latent h).
 
     `qk_rope` (set by the engine on a GPU, `adapters.engine.kernels.rope`): q and k's bias, norm and RoPE in one
@@ -202,7 +211,7 @@ class Attention(nn.Module):
                 return q, k, v.transpose(1, 2)
             if self.qk_bias is not None:  # [2, 1, H, D] -> [2H, D]: q's heads, then k's
                 qk = qk + self.qk_bias.flatten(0, 2)
-            if q_norm is not None:  # q and k normed per head in one pass, then each scaled by its weight
+            if q_norm is not None and k_norm is not None:  # q and k normed per head in one pass, then each scaled by its weight
                 qk = rms(qk, q_norm.eps_tensor)
                 qk.narrow(2, 0, h).mul_(q_norm.weight)
                 qk.narrow(2, h, kv).mul_(k_norm.weight)
@@ -211,12 +220,12 @@ class Attention(nn.Module):
         w_q, w_kv = weight.split((h * d, 2 * kv * d))
         q = F.linear(x, w_q).view(b, n, h, d)
         k, v = F.linear(src, w_kv).unflatten(-1, (2 * kv, d)).split(kv, dim=-2)
-        if q_norm is not None:
+        if q_norm is not None and k_norm is not None:
             q, k = q_norm(q), k_norm(k)
         return apply_rope(q.transpose(1, 2), *rope), apply_rope(k.transpose(-3, -2), *rope), v.transpose(-3, -2)
 
 
-class MLP(nn.Module):
+class MLP(Fused):
     def __init__(self, cfg: LoopConfig) -> None:
         super().__init__()
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.ffn_size, bias=False)

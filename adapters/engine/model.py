@@ -36,7 +36,7 @@ from adapters.engine.conditioning import LoopConditioning
 from adapters.engine.config import LoopConfig
 from adapters.engine.exits import ExitPolicy, ExitRows, exit_rows
 from adapters.engine.families import Family, family_of
-from adapters.engine.families.melt import fresh_gate
+from adapters.engine.families.melt import GatedBlock, fresh_gate
 from adapters.engine.families.ouro import exit_probabilities
 from adapters.engine.layers import RMSNorm, Rotary, Span
 
@@ -48,18 +48,19 @@ class Backbone(nn.Module):
         super().__init__()
         p, s, family = cfg.prelude_layers, cfg.shared_layers, family_of(cfg)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(family.block(i) for i in range(cfg.num_layers))
+        blocks = [family.block(i) for i in range(cfg.num_layers)]
+        self.layers = nn.ModuleList(blocks)
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.early_exit_gate = family.exit_gate()
         self.loop_conditioning = LoopConditioning(cfg) if cfg.conditioned else None
         self.recurrence = family.state()
         self.embed_scale = family.embed_scale
-        self.prelude, self.shared, self.coda = list(self.layers[:p]), list(self.layers[p : p + s]), list(self.layers[p + s :])
+        self.prelude, self.shared, self.coda = blocks[:p], blocks[p : p + s], blocks[p + s :]
         self.norm_each_loop = family.norm_each_loop  # Ouro's final norm after every loop, its output feeding the next
         self.norm_after_loops = family.norm_after_loops  # Huginn's after the last one
 
     def embed(self, tokens: Tensor) -> Tensor:
-        h = self.embed_tokens(tokens)
+        h: Tensor = self.embed_tokens(tokens)
         return h if self.embed_scale is None else h * self.embed_scale
 
     def run(self, h: Tensor, span: Span, cache: Cache, loops: int, per_loop: bool, state_keys: Tensor | None = None,
@@ -75,7 +76,7 @@ class Backbone(nn.Module):
         h, e, diffs = self._enter(h, span, cache, state_keys)
         if taps is not None:
             taps.begin(h)
-        states = []
+        states: list[Tensor] = []
         for t in range(loops if self.shared else 0):
             if taps is None:
                 y, normed = self._loop(h, e, diffs, span, cache, t, per_loop, None)
@@ -87,7 +88,7 @@ class Backbone(nn.Module):
             h = y
             if taps is not None:
                 taps.record(h)
-            if per_loop:
+            if per_loop and normed is not None:  # asked for, so computed
                 states.append(normed)
         return self.tail(h, span, cache), states
 
@@ -114,20 +115,22 @@ class Backbone(nn.Module):
 
         for t in range(loops):
             y, normed = self._loop(h, e, diffs, rows.loop_span(t), rows.cache, t, True, None)
+            assert normed is not None  # per_loop asks for it
             diff = [y - h] if cond is not None and t > 0 else []  # the history excludes e: the first difference is h_2 - h_1
             h, carried = rows.after_loop(t, h, y, normed, [e, *diff, *diffs], logits)
             if rows.done:
                 break
-            e, diffs = carried[0], collections.deque(carried[1 : 1 + diffs.maxlen], maxlen=diffs.maxlen)  # the newest differences
+            window = diffs.maxlen or 1  # the deque is made with its length
+            e, diffs = carried[0], collections.deque(carried[1 : 1 + window], maxlen=window)  # the newest differences
         return self.tail(rows.final, span, cache)
 
-    def _enter(self, h: Tensor, span: Span, cache: Cache, state_keys: Tensor | None) -> tuple[Tensor, Tensor, collections.deque]:
+    def _enter(self, h: Tensor, span: Span, cache: Cache, state_keys: Tensor | None) -> tuple[Tensor, Tensor, collections.deque[Tensor]]:
         """The prelude, then what the first loop reads: (its state h, the prelude's output e, the empty history of
         differences h_(l-1) - h_(l-2), newest first). The recurrent families start h from their random state."""
         for i, layer in enumerate(self.prelude):
             h, _ = layer.forward(h, span, cache, i, 0)
         cond = self.loop_conditioning
-        diffs: collections.deque = collections.deque(maxlen=cond.window if cond is not None else 1)
+        diffs: collections.deque[Tensor] = collections.deque(maxlen=cond.window if cond is not None else 1)
         e = h
         if self.recurrence is not None:
             h = self.recurrence.initial_state(e, state_keys)
@@ -251,11 +254,11 @@ class LoopedLM(nn.Module):
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 module.weight.normal_(0.0, std, generator=generator)
-                if getattr(module, "bias", None) is not None:
-                    module.bias.zero_()
+                if (bias := getattr(module, "bias", None)) is not None:
+                    bias.zero_()
             elif isinstance(module, RMSNorm):
                 module.weight.fill_(1.0)
-        for layer in self.model.layers:
+        for layer in [*self.prelude, *self.shared, *self.coda]:  # the layers, in order
             layer.init_extra(generator, std)  # what the family adds to its blocks (MELT's gates, Huginn's q/k biases)
         if self.model.loop_conditioning is not None:
             for param in self.model.loop_conditioning.parameters():
@@ -315,8 +318,9 @@ class LoopedLM(nn.Module):
             h = self.model.embed(tokens[:, s0:s1])
             positions = torch.arange(s0, s1, device=tokens.device).expand(b, -1)
             span = Span(self.rotary(positions, h.dtype), s0, None if s0 == 0 else causal_mask(s0, s1, tokens.device))
-            attn.append([] if return_attn_outputs else None)
-            final, loop_states = self.model.run(h, span, cache, r, per_loop, taps=Taps(attn[-1], trace, grad_loops))
+            outputs: list[Tensor] | None = [] if return_attn_outputs else None
+            final, loop_states = self.model.run(h, span, cache, r, per_loop, taps=Taps(outputs, trace, grad_loops))
+            attn.append(outputs or [])
             finals.append(final)
             states.append(loop_states)
         return self._forward_output(finals, states, attn if return_attn_outputs else None, return_loop_logits)
@@ -325,7 +329,7 @@ class LoopedLM(nn.Module):
         """The chunks' results joined along the sequence."""
 
         def join(parts: Sequence[Tensor]) -> Tensor:
-            return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+            return parts[0] if len(parts) == 1 else torch.cat(list(parts), dim=1)
 
         out = ForwardOutput(logits=self.logits(join(finals)))
         per_loop = [join(chunks) for chunks in zip(*states)]  # r x [B, N, d]
@@ -349,7 +353,8 @@ class LoopedLM(nn.Module):
         set (`active_set`, the cache a step that can `narrow`) or as the masked full step (`adapters.engine.exits`); `ran`
         [B, L]: the loops each key ran. `streams` [B, n]: the stream each token draws its initial state from (`Recurrence`).
         """
-        state_keys = self.model.recurrence.token_keys(streams, positions) if self.draws_state else None
+        recurrence = self.model.recurrence if self.draws_state else None
+        state_keys = None if recurrence is None else recurrence.token_keys(streams, positions)
         h = self.model.embed(tokens)
         keys = slot + tokens.shape[1] if mask is None else mask.shape[-1]
         span = Span(self.rotary(positions, h.dtype, length=keys), slot, mask)  # a position never reaches the keys' count
@@ -381,8 +386,8 @@ class LoopedLM(nn.Module):
         melt.load_state_dict(self.state_dict(), strict=False)
         gen = generator or torch.Generator(device=weight.device).manual_seed(0)
         with torch.no_grad():
-            for layer in melt.shared:
-                fresh_gate(layer.melt_gate, gen)
+            for gate in (layer.melt_gate for layer in melt.shared if isinstance(layer, GatedBlock)):  # all of them
+                fresh_gate(gate, gen)
         return melt
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from adapters.engine.families import family_of
 from adapters.engine.model import LoopedLM, LoopTrace
 
 METRICS = ("angular_distance", "relative_update", "state_variance", "interaction")
@@ -77,9 +78,9 @@ class _Sums:
 
 
 def first_skip(model: LoopedLM) -> int:
-    """The first loop (0-based) a probe may skip: a gated (MELT) model's loop 1 sets its latent h = x, so
-    it always runs, and interactions with loop 1 are not measured there."""
-    return 1 if model.config.gated else 0
+    """The first loop (0-based) a probe may skip, the family's (a gated MELT model's loop 1 sets its latent h = x, so
+    it always runs, and interactions with loop 1 are not measured there)."""
+    return family_of(model.config).first_skippable_loop
 
 
 @torch.no_grad()

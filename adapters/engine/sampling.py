@@ -15,15 +15,16 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from adapters.base import AdapterError, Sampling
+from adapters.base import AdapterError, FinishReason, Sampling
 from adapters.engine.exits import ExitPolicy, pick_loop
 from adapters.engine.model import LoopedLM, StepOutput
 from adapters.engine.streams import uniform
 
 
 def int_tensor(values: list[int], device: torch.device) -> Tensor:
-    """Host ints as an int64 tensor on `device`, through a buffer: `torch.tensor` on a list costs 3-7x more,
-    a measurable part of a tiny model's decode step. On a GPU the copy goes through pinned memory without
+    """Host ints as an int64 tensor on `device`, through a buffer: `torch.tensor` on a list costs several times
+    more, a measurable part of a tiny model's decode step (docs/benchmarks.md, "Figures behind choices in the
+    code"). On a GPU the copy goes through pinned memory without
     waiting (a step's one host sync is reading the sampled ids)."""
     tensor = torch.frombuffer(array.array("q", values), dtype=torch.int64) if values else torch.empty(0, dtype=torch.int64)
     if device.type != "cuda":
@@ -82,7 +83,7 @@ def read_logits(model: LoopedLM, out: StepOutput, policy: ExitPolicy) -> tuple[T
     return model.logits(state), exit_loop
 
 
-def stop_reason(tokens: Sequence[int], eos_ids: set[int], sampling: Sampling, tokenizer: Any | None, start: int = 0) -> str | None:
+def stop_reason(tokens: Sequence[int], eos_ids: set[int], sampling: Sampling, tokenizer: Any | None, start: int = 0) -> FinishReason | None:
     """Why a sequence whose last token is `tokens[-1]` stops there: "eos", "stop", or None (it goes on).
 
     Stop strings are looked for in the decoded tail of the generated tokens (`tokens[start:]`), a few
@@ -90,7 +91,7 @@ def stop_reason(tokens: Sequence[int], eos_ids: set[int], sampling: Sampling, to
     """
     if tokens[-1] in eos_ids:
         return "eos"
-    if sampling.stop:
+    if sampling.stop and tokenizer is not None:  # `check_request` refuses stops without a tokenizer
         window = max(len(s) for s in sampling.stop) + 2
         tail = tokenizer.decode(tokens[max(start, len(tokens) - window) :], skip_special_tokens=True)
         if any(s in tail for s in sampling.stop):
@@ -102,7 +103,7 @@ def output_text(tokens: Sequence[int], finish: str, sampling: Sampling, tokenize
     """A sequence's text, cut before the first stop string when one ended it (None without a tokenizer)."""
     if tokenizer is None:
         return None
-    text = tokenizer.decode(tokens, skip_special_tokens=True)
+    text: str = tokenizer.decode(tokens, skip_special_tokens=True)
     if finish == "stop":
         text = text[: min(text.find(s) for s in sampling.stop if s in text)]
     return text

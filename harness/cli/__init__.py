@@ -92,8 +92,8 @@ def entry() -> None:
     """The `loopeval` console script: `main`, then exit with its code.
 
     The objects made so far are frozen first (`gc.freeze`): the interpreter's last collections would otherwise
-    walk everything LightEval, torch and transformers built, about 2 s at the end of every command on a 2-core
-    machine, to free memory the exit returns anyway."""
+    walk everything LightEval, torch and transformers built, seconds at the end of every command on a 2-core
+    machine (docs/benchmarks.md, "Figures behind choices in the code"), to free memory the exit returns anyway."""
     code = main()
     gc.freeze()
     sys.exit(code)

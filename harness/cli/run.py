@@ -99,7 +99,7 @@ def _planning() -> Iterator[None]:
     """Plan with Python's cyclic collector paused, then freeze what planning built (`gc.freeze`) until `run` ends.
 
     Planning imports LightEval, torch and transformers, whose objects live as long as the command, and the
-    collector's full passes over them as they grew took about 1.5 s of it (2 s to the first generated token).
+    collector's full passes over them as they grew took most of its time to the first generated token.
     Frozen, no later pass walks them, here or in the worker processes forked after: the use of `gc.freeze` its
     documentation gives, before a fork."""
     gc.disable()

@@ -41,7 +41,7 @@ class Huginn(Family):
     def embed_scale(self) -> float | None:
         return math.sqrt(self.cfg.hidden_size)
 
-    def state(self) -> nn.Module:
+    def state(self) -> Recurrence:
         return Recurrence(self.cfg, self.embed_scale or 1.0)
 
     @property
@@ -84,7 +84,9 @@ class HuginnBlock(Block):
         return self.post_attention_layernorm_2.forward(h + m), a
 
     def init_extra(self, generator: torch.Generator, std: float) -> None:
-        self.self_attn.qk_bias.zero_()
+        bias = self.self_attn.qk_bias
+        assert bias is not None  # a Huginn block is built with q/k biases
+        bias.zero_()
 
 
 TRUNCATION = 3.0  # the initial state is a normal truncated at +-3 std, as the official `initialize_state` draws it

@@ -63,6 +63,15 @@ class Melt(Ouro):
     def prefill_chunk(self) -> int | None:
         return self.cfg.chunk_size
 
+    @property
+    def gate_variant(self) -> str | None:
+        return self.cfg.gate_variant
+
+    @property
+    def first_skippable_loop(self) -> int:
+        """Loop 1 sets the latent h = x, which every later loop's gate reads: it always runs."""
+        return 1
+
     def forward_chunks(self, n: int, chunk_size: int | Sequence[int] | None) -> list[tuple[int, int]]:
         """The chunks of `LoopedLM.forward`: `chunk_size` (default the config's) cut as a prompt's prefill is, or a
         list of chunk lengths summing to n (a prompt's chunks followed by 1s for decoded tokens)."""
@@ -112,6 +121,7 @@ class MeltGate(nn.Module):
 
     def forward(self, x: Tensor, h: Tensor, loop: int) -> Tensor:
         """x, h [B,n,d]; `loop` is 0-based and >= 1 (loop 0 sets h = x)."""
+        z: Tensor | float
         if self.variant == "elementwise":
             z = torch.sigmoid(self.w_z(x) + self.u_z(h))
         elif self.variant == "scalar":

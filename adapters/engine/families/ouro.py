@@ -38,7 +38,7 @@ PER_LOOP = PerLoop()
 class Ouro(Family):
     """A LoopLM: the plain stack's blocks (Ouro's sandwich norms where the config says), looped, with per-loop K/V."""
 
-    kv = PER_LOOP
+    kv: KVLayout = PER_LOOP
 
 def exit_probabilities(gate_logits: Tensor) -> Tensor:
     """[r, ...] gate logits -> [r, ...] exit probabilities: p_t = l_t * prod_{j<t}(1 - l_j), the last loop

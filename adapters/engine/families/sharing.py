@@ -67,6 +67,7 @@ class LatestM4(PerLoop):
     """`latest-m4`: per-loop entries, a skipped loop read from the token's latest loop of the same layer."""
 
     policy = "latest-m4"
+    reads_latest = True
 
 
 SHARED_LAST, SHARED_MEAN, LATEST_M4 = SharedLast(), SharedMean(), LatestM4()
@@ -75,7 +76,7 @@ SHARED_LAST, SHARED_MEAN, LATEST_M4 = SharedLast(), SharedMean(), LatestM4()
 def policy_layout(policy: str) -> KVLayout:
     """The layout of a `kv_policy` the config has checked (`LoopConfig`), per-loop's and the natives' included."""
     name, alpha = parse_kv_policy(policy)
-    if name == "shared-ema":
+    if alpha is not None:  # shared-ema's
         return SharedEMA(alpha)
     layouts = (STANDARD, PER_LOOP, GATED, SHARED_LAST, SHARED_MEAN, LATEST_M4)
     return {layout.policy: layout for layout in layouts}[name]

@@ -16,11 +16,15 @@ policy that folds a token's loops into one entry (shared mean, EMA) adds its wri
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from torch import Tensor, nn
 
 from adapters.engine.config import LoopConfig
 from adapters.engine.layers import Block
+
+if TYPE_CHECKING:
+    from adapters.engine.families.huginn import Recurrence
 
 
 class KVLayout:
@@ -29,6 +33,7 @@ class KVLayout:
     name = "standard"
     policy = "standard"  # the `kv_policy` that names it
     grows_with_loops = False  # whether a token holds an entry per loop (exits may then leave loops unwritten)
+    reads_latest = False  # whether a skipped loop is read from the token's latest one (so written: exit_fill copy)
     folds = False  # whether a loop's K/V are folded into the entry its earlier loops wrote (`fold`), not written over it
 
     def entries(self, cfg: LoopConfig, loops: int) -> int:
@@ -81,13 +86,28 @@ class Family:
         """The factor the embeddings are scaled by (None: unscaled)."""
         return None
 
-    def state(self) -> nn.Module | None:
+    def state(self) -> Recurrence | None:
         """The recurrent state the loops start from and inject (`families.huginn.Recurrence`); None: loop 1 reads e."""
         return None
 
+    @property
+    def has_exit_gate(self) -> bool:
+        """Whether the model reads Ouro's early-exit gate (the config's `exit_gate`): the gate criterion needs one."""
+        return self.cfg.exit_gate
+
     def exit_gate(self) -> nn.Linear | None:
         """Ouro's early-exit gate on each loop's normed state, where the config asks for one."""
-        return nn.Linear(self.cfg.hidden_size, 1) if self.cfg.exit_gate else None
+        return nn.Linear(self.cfg.hidden_size, 1) if self.has_exit_gate else None
+
+    @property
+    def gate_variant(self) -> str | None:
+        """The gate that writes the model's K/V (MELT's `gate_variant`), which a run's description names; None: none."""
+        return None
+
+    @property
+    def first_skippable_loop(self) -> int:
+        """The first loop (0-based) that can be skipped and the model still run (the probes' interactions)."""
+        return 0
 
     @property
     def norm_each_loop(self) -> bool:
@@ -106,7 +126,7 @@ class Family:
 
     def extra_params(self) -> int:
         """Parameters beyond the shared shape (`adapters.engine.memory.count_params`): here the exit gate's."""
-        return self.cfg.hidden_size + 1 if self.cfg.exit_gate else 0
+        return self.cfg.hidden_size + 1 if self.has_exit_gate else 0
 
 
 class Standard(Family):

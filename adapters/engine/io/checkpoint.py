@@ -152,7 +152,8 @@ def read_safetensors(file: Path) -> dict[str, torch.Tensor]:
             begin, end = entry["data_offsets"]
             tensor = torch.empty(end - begin, dtype=torch.uint8)
             f.seek(8 + size + begin)
-            if f.readinto(tensor.numpy()) != end - begin:
+            # an ndarray is a writable buffer; numpy's stubs declare __buffer__ for Python 3.12 on only
+            if f.readinto(tensor.numpy()) != end - begin:  # type: ignore[arg-type]
                 raise ValueError(f"tensor {name} ends past the end of the file")
             tensors[name] = tensor.view(SAFETENSORS_DTYPES[entry["dtype"]]).reshape(entry["shape"])
     return tensors

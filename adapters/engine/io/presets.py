@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from adapters.base import AdapterError
 from adapters.engine.config import LoopConfig
 
 # Token ids of the character tokenizer (adapters/engine/io/tokenizer.py) shared by the tiny presets.
-_CHAR = dict(vocab_size=99, pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position=512)
-_TINY = dict(hidden_size=128, num_heads=4, num_kv_heads=2, head_dim=32, ffn_size=384, rope_theta=10_000.0, **_CHAR)
-_OURO = dict(
+_CHAR: dict[str, Any] = dict(vocab_size=99, pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position=512)
+_TINY: dict[str, Any] = dict(hidden_size=128, num_heads=4, num_kv_heads=2, head_dim=32, ffn_size=384, rope_theta=10_000.0, **_CHAR)
+_OURO: dict[str, Any] = dict(
     family="ouro", vocab_size=49152, hidden_size=2048, num_heads=16, num_kv_heads=16, head_dim=128, ffn_size=5632,
     loops=4, rope_theta=1_000_000.0, norm_eps=1e-6, tie_embeddings=False, norm_layout="sandwich",
     kv_strategy="per_loop", exit_gate=True, max_position=65536, bos_token_id=0, eos_token_id=0, pad_token_id=0,
@@ -26,7 +26,7 @@ _OURO = dict(
 # What every retrofitted Llama shares (convert_llama.py): the Llama's width 2048 and 32 heads of 64 (both sources), eps
 # 1e-5, an untied lm_head, embed_scale 1, and the cloned Huginn-0125 config's mean_recurrence 32 and init_values std
 # sqrt(2 / (5 * 5280)) (the state's std, not recomputed for the new width).
-_RETROFIT = dict(
+_RETROFIT: dict[str, Any] = dict(
     family="retrofit", hidden_size=2048, num_heads=32, head_dim=64, loops=32, norm_eps=1e-5, tie_embeddings=False,
     norm_layout="pre", kv_strategy="per_loop", state_std=math.sqrt(2 / (5 * 5280)),
 )

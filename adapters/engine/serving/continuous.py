@@ -97,7 +97,8 @@ class ContinuousEngine:
             ready += fresh
             rows += [i] * len(fresh)
         if ready:
-            exit_loop = None if last[0][1] is None else torch.stack([last[i][1] for i in rows])
+            loops = [last[i][1] for i in rows]  # every group's, or none (one policy)
+            exit_loop = None if last[0][1] is None else torch.stack([loop for loop in loops if loop is not None])
             self._sample(ready, torch.stack([last[i][0] for i in rows]), exit_loop)
 
     def _join(self, group: list[Sequence], began: float) -> None:

@@ -16,7 +16,7 @@ RoPE table is grown to the pool's longest sequence up front.
 
 `DecodeGraphs(capture=False)` runs the same padded steps eagerly. On the CPU there is nothing to
 capture and the model runner calls the unpadded step; the eager mode is how the padding is tested
-there (`tests/adapters/test_scheduler.py`), and the capture itself runs only on a GPU.
+there (`tests/adapters/engine/serving/test_continuous.py`), and the capture itself runs only on a GPU.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ class DecodeGraphs:
         if pool.spare is None:
             raise ValueError("padded decode steps need a pool with a spare block")
         self.model, self.pool, self.loops, self.keep_loops, self.capture = model, pool, loops, keep_loops, capture
+        self.spare: int = pool.spare
         limit = min(max_seqs, pool.latent_tokens if pool.latent is not None else max_seqs)
         self.batch_sizes = sorted({b for b in BATCH_BUCKETS if b < limit} | {limit})
         self.widths = sorted({1 << k for k in range(max_blocks.bit_length()) if 1 << k < max_blocks} | {max_blocks})
@@ -80,6 +81,7 @@ class DecodeGraphs:
         else:
             entry.out = self._run(entry)
         out = entry.out
+        assert out is not None  # run or captured above
         return StepOutput(states=[s[:b] for s in out.states])
 
     def _load(self, entry: _Graph, tokens: Tensor, positions: Tensor, blocks: Tensor) -> None:
@@ -87,7 +89,7 @@ class DecodeGraphs:
         b, w = blocks.shape
         entry.tokens.zero_()[:b].copy_(tokens, non_blocking=True)
         entry.positions.zero_()[:b].copy_(positions, non_blocking=True)
-        entry.blocks.fill_(self.pool.spare)[:b, :w].copy_(blocks, non_blocking=True)
+        entry.blocks.fill_(self.spare)[:b, :w].copy_(blocks, non_blocking=True)
 
     def _run(self, entry: _Graph) -> StepOutput:
         """The padded step over the whole table width (slots and mask are computed inside the graph too)."""

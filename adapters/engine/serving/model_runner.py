@@ -110,6 +110,7 @@ class ModelRunner:
         """A decode step of the running set on the decode rows: its inputs are the last step's advanced
         (`RowsInputs`) or go to the device as one tensor, and a block the step fills goes back to the pool."""
         rows, manager, size = self.rows, self.manager, self.pool.block_size
+        assert rows is not None  # `decode` steps on the rows only when there are some
         x = self.next_inputs
         if x is None or x.end > rows.length:  # a changed running set, or rows to grow (their row slots move)
             x = RowsInputs.build(rows, [seq.tokens[seq.written] for seq in seqs], [seq.written for seq in seqs], self.device)
@@ -168,7 +169,7 @@ class ModelRunner:
         rows = stream_rows([seq.key for seq in seqs], [len(seq.tokens) - seq.prompt_len for seq in seqs])  # each its token index
         if one_setting:
             return sample(logits, seqs[0].sampling, self.tensor(rows))
-        groups: dict[tuple, list[int]] = {}
+        groups: dict[tuple[float, float, int | None], list[int]] = {}
         for i, seq in enumerate(seqs):
             groups.setdefault(setting(seq.sampling), []).append(i)
         ids = torch.empty(len(seqs), dtype=torch.long, device=self.device)

@@ -6,7 +6,7 @@ import time
 from typing import Any
 from collections.abc import Callable
 
-from adapters.base import Finished, Generation
+from adapters.base import Finished, FinishReason, Generation
 from adapters.engine.sampling import output_text, stop_reason
 from adapters.engine.serving.scheduler import Scheduler
 from adapters.engine.serving.sequence import Sequence
@@ -27,19 +27,20 @@ class Postprocessor:
         for seq, token, loop in zip(seqs, ids, loops):
             seq.tokens.append(token)
             seq.loops.append(loop)
-            seq.finish = stop_reason(seq.tokens, self.eos_ids, seq.sampling, self.tokenizer, start=seq.prompt_len)
-            if seq.finish is None and len(seq.tokens) >= seq.capacity:  # its new tokens or the context used up
-                seq.finish = "length"
-            if seq.finish is not None:
-                done.append((seq.request, seq.sample, self._retire(seq)))
+            finish = stop_reason(seq.tokens, self.eos_ids, seq.sampling, self.tokenizer, start=seq.prompt_len)
+            if finish is None and len(seq.tokens) >= seq.capacity:  # its new tokens or the context used up
+                finish = "length"
+            seq.finish = finish
+            if finish is not None:
+                done.append((seq.request, seq.sample, self._retire(seq, finish)))
         if done:
             self.on_finished(done)
 
-    def _retire(self, seq: Sequence) -> Generation:
+    def _retire(self, seq: Sequence, finish: FinishReason) -> Generation:
         self.scheduler.finish(seq)
         ids = seq.tokens[seq.prompt_len :]
         return Generation(
-            token_ids=ids, text=output_text(ids, seq.finish, seq.sampling, self.tokenizer), finish_reason=seq.finish,
+            token_ids=ids, text=output_text(ids, finish, seq.sampling, self.tokenizer), finish_reason=finish,
             prompt_tokens=seq.prompt_len, generated_tokens=len(ids), loops_used=seq.loops if self.looped else None,
             prefill_seconds=seq.prefill_seconds, decode_seconds=time.perf_counter() - seq.decode_began,
         )

@@ -3,7 +3,7 @@
 The pool keeps a sequence's K/V in blocks spread over it, and on the CPU no attention kernel reads
 blocks in place (torch's FlexAttention runs there only under torch.compile, at a compile per shape
 and with other float rounding). Gathering every running sequence's blocks at every layer and loop of
-every decode step made a continuous decode step cost about 1.5x a static one on a tiny model. So the
+every decode step made a continuous decode step cost well over a static one on a tiny model. So the
 model runner keeps the running sequences' K/V contiguous: row i of `DecodeRows` holds running sequence
 i's K/V for every entry, gathered from the pool once, when the sequence starts decoding. A decode step
 (`RowsStep`) writes its new K/V to the rows, where attention reads `rows[:B, :length]` as a view (the
@@ -45,8 +45,8 @@ class DecodeRows:
         self.k = self.v = torch.empty(0)
         self.k_flat: list[Tensor] = []  # per entry, [rows * length, Hkv, 1, D]: where a step writes its new tokens
         self.v_flat: list[Tensor] = []
-        self.k_rows: list[Tensor] = []  # per row, [entries, length, Hkv, D]: what `write_back` copies from
-        self.v_rows: list[Tensor] = []
+        self.k_rows: tuple[Tensor, ...] = ()  # per row, [entries, length, Hkv, D]: what `write_back` copies from
+        self.v_rows: tuple[Tensor, ...] = ()
         self.pool_k = pool.k.unflatten(1, (-1, pool.block_size))  # [entries, blocks, block_size, Hkv, D]: where it copies to
         self.pool_v = pool.v.unflatten(1, (-1, pool.block_size))
 
@@ -97,7 +97,7 @@ class RowsInputs:
 
     While the running set stays the same and the rows hold the next token, the next step's inputs are these
     advanced in place (`advance`): the tokens just sampled, and every position and slot one further in one
-    kernel, where building them from host lists each step cost about 1% of a tiny model's step. The step's
+    kernel, where building them from host lists each step cost a share of a tiny model's step. The step's
     `Cache` (`RowsStep`) is kept with them and reads one more key per step, not built anew each step.
     """
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from adapters.base import Sampling
+from adapters.base import FinishReason, Sampling
 
 
 @dataclass(eq=False, slots=True)
@@ -23,7 +23,7 @@ class Sequence:
     written: int = 0  # tokens whose K/V the blocks hold
     order: int = -1  # admission order: the largest is the youngest, preempted first
     loops: list[int] = field(default_factory=list)
-    finish: str | None = None
+    finish: FinishReason | None = None
     prefill_seconds: float = 0.0
     decode_began: float = 0.0
 

@@ -1,6 +1,6 @@
 """Ouro at Ouro-2.6B's layer count (48 shared layers) in the engine against the official modelling code.
 
-The reference (`tests/adapters/data/ouro_reference.json`) comes from `scripts/ouro_reference.py`, which ran the official
+The reference (`tests/adapters/engine/data/ouro_reference.json`) comes from `scripts/ouro_reference.py`, which ran the official
 `modeling_ouro.py` (a public copy of the one on the model hub; the fixture records which) in float32 on the tiny checkpoint
 `adapters.testing.save_tiny_ouro` builds from a seed: 48 layers of width 64, 4 trained loops. The tests build the same
 checkpoint, load it through `ouro:DIR` as a user would, and compare the logits of every position at r = 1, 4 and 6,
@@ -27,7 +27,7 @@ from tests.support.rounding import FIXTURE_DIGITS, rounding_bound
 
 pytestmark = pytest.mark.numerics  # run again under a second ATen CPU capability by .ci/run
 
-REFERENCE = json.loads((Path(__file__).parent / "data" / "ouro_reference.json").read_text())
+REFERENCE = json.loads((Path(__file__).parents[1] / "data" / "ouro_reference.json").read_text())
 
 
 @pytest.fixture(scope="module")

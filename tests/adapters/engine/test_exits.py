@@ -177,6 +177,8 @@ def test_kv_accounting_stays_exact_with_exits_on(spec, fill):
         ("preset:ouro-tiny", dict(exit_threshold=0.5, exit_fill="skip"), "exit_fill"),
         ("zoo:lab-huginn", dict(exit_threshold=0.5), "exit gate"),
         ("preset:melt-tiny", dict(exit_threshold=0.5, exit_fill="masked"), "per-loop K/V"),
+        ("zoo:lab-huginn", dict(kv_policy="latest-m4", exit_criterion="kl", exit_threshold=0.01, exit_fill="masked"),
+         "kv_policy latest-m4 reads a skipped loop"),
         ("zoo:lab-huginn", dict(exit_criterion="kl", exit_threshold=0.01, exit_fill="read"), "without coda layers"),
     ],
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ENGINE = Path(__file__).resolve().parents[2] / "adapters" / "engine"
+ENGINE = Path(__file__).resolve().parents[3] / "adapters" / "engine"
 MAX_CLASS_LINES = 150
 
 

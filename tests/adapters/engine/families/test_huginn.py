@@ -1,11 +1,11 @@
 """Huginn-0125 (recurrent depth) in the engine against the official modelling code, and its KV against the analytic model.
 
-The reference (`tests/adapters/data/huginn_reference.json`) comes from `scripts/huginn_reference.py`, which ran the
+The reference (`tests/adapters/engine/data/huginn_reference.json`) comes from `scripts/huginn_reference.py`, which ran the
 official `raven_modeling_minimal.py` on the tiny checkpoint `adapters.testing.save_tiny_huginn` builds from a seed;
 the tests build the same checkpoint. The comparison uses the official deterministic initial state (`init_scale=0`, the
 zero state) at r = 1, 4 and 32, and the random state at r = 4, which `LoopedLM.forward` draws as the official code does
 after `torch.manual_seed(seed)`. Generation draws each token's state from its sample's own stream instead
-(`tests/adapters/test_state_draws.py`), so only the zero state's continuations are the official ones.
+(`tests/adapters/engine/test_streams.py`), so only the zero state's continuations are the official ones.
 
 The logits agree within what float32 rounding allows on this checkpoint (`tests/support/rounding.py`), not a fixed
 1e-5: its 32-step recurrence on random weights amplifies rounding (10x more on the third prompt than on the others),
@@ -43,7 +43,7 @@ from tests.support.recurrent_reference import (
 
 pytestmark = pytest.mark.numerics  # run again under a second ATen CPU capability by .ci/run
 
-REFERENCE = json.loads((Path(__file__).parent / "data" / "huginn_reference.json").read_text())
+REFERENCE = json.loads((Path(__file__).parents[1] / "data" / "huginn_reference.json").read_text())
 
 
 @pytest.fixture(scope="module")

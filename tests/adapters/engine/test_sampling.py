@@ -62,3 +62,17 @@ def test_a_request_is_checked_against_the_context_and_the_tokenizer():
         check_request(model, list(range(16)), Sampling(), None)
     with pytest.raises(AdapterError, match="stop strings need a tokenizer"):
         check_request(model, [1], Sampling(stop=("\n",)), None)
+
+
+def test_top_p_never_samples_outside_the_nucleus():
+    probs = torch.tensor([0.05, 0.4, 0.1, 0.25, 0.15, 0.05])  # nucleus at 0.7: 0.4 + 0.25 + 0.15 (0.65 < 0.7)
+    logits = probs.log().expand(4000, -1).contiguous()
+    keys = list(range(4000))  # 4000 streams, one draw each
+    rows, later = torch.tensor(stream_rows(keys, [0] * 4000)), torch.tensor(stream_rows(keys, [1] * 4000))
+    drawn = sample(logits, Sampling(temperature=1.0, top_p=0.7), rows)
+    assert set(drawn.tolist()) == {1, 3, 4}
+    frac = torch.bincount(drawn, minlength=6).float() / 4000  # renormalised: 0.4/0.8, 0.25/0.8, 0.15/0.8
+    assert abs(frac[1] - 0.5) < 0.04 and abs(frac[3] - 0.3125) < 0.04
+    top_k = sample(logits, Sampling(temperature=1.0, top_p=1.0, top_k=2), later)
+    assert set(top_k.tolist()) == {1, 3}
+    assert sample(logits[:3], Sampling(temperature=0.0), rows[:3]).tolist() == [1, 1, 1]

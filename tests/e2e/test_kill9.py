@@ -21,7 +21,7 @@ from tests.support.sqlite import query
 pytestmark = pytest.mark.slow  # end to end: the fast tier (-m 'not slow') skips it
 
 LOOPEVAL = str(Path(sys.executable).with_name("loopeval"))
-PLUGINS = Path(__file__).with_name("plugins")
+PLUGINS = Path(__file__).parents[1] / "harness" / "plugins"
 BATCHES = 8  # 2 tasks x 8 docs, 2 prompts per generate call
 RUN = ["run", "--model", "killer:ouro-tiny", "--tasks", "addition,chain2", "--limit", "8", "--samples", "1",
        "--max-new-tokens", "4", "--batch-size", "2", "--no-report"]

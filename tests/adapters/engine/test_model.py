@@ -1,4 +1,4 @@
-"""The engine against transformers, against itself (cache vs recompute, batch vs single) and against its memory model.
+"""The model (`LoopedLM`) against transformers and against itself: cache vs recompute, chunked vs whole, fused vs split.
 
 Two float32 computations of the same logits agree within what rounding allows on the model compared
 (`tests/support/rounding.py`: 2 sqrt(n) u times the model's measured sensitivity), a bound that holds on any CPU's
@@ -7,26 +7,18 @@ kernels, where the fixed 1e-4 and 1e-5 were fitted to one.
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
 import adapters
-
 from adapters.base import AdapterError, Sampling
-from adapters.engine.families import family_of
+from adapters.engine.adapter import load_preset
 from adapters.engine.cache import KVCache
-from adapters.engine.io.checkpoint import random_model
-from adapters.engine.config import LoopConfig
-from adapters.engine.io.presets import PRESETS, preset
-from adapters.engine.adapter import EngineAdapter, load_preset
 from adapters.engine.exits import ExitPolicy
 from adapters.engine.generate import Decoder, Prompts, generate
-from adapters.engine.sampling import sample
-from adapters.engine.memory import count_params, estimate, kv_bytes
+from adapters.engine.io.checkpoint import random_model
+from adapters.engine.io.presets import preset
 from adapters.engine.model import LoopedLM
-from adapters.engine.streams import stream_rows
 from tests.support.rounding import rounding_bound
 
 GREEDY = Sampling(temperature=0.0, max_new_tokens=12)
@@ -201,236 +193,9 @@ def test_gate_variants_decode_like_recompute(variant):
     assert (cached - full).abs().max().item() < rounding_bound(model, lambda: model(ids).logits)
 
 
-# ---------------------------------------------------------------------------- memory model
-def test_params_match_the_model_for_every_preset():
-    for name in PRESETS:
-        with torch.device("meta"):
-            model = LoopedLM(preset(name))
-        assert count_params(preset(name)) == sum(p.numel() for p in model.parameters()), name
-    assert count_params(preset("qwen3-1.7b")) == 1_720_574_976
 
 
-@pytest.mark.parametrize("name", ["qwen3-tiny", "ouro-tiny", "melt-tiny", "coreloop-tiny", "qwen3-1.7b", "ouro-1.4b", "ouro-2.6b", "melt-1.6b", "huginn-0125",
-                                  "retrofit-llama-3.2-1b", "retrofit-tinyllama-1.1b"])
-def test_analytic_kv_equals_allocated(name):
-    cfg = preset(name)
-    loop_counts = [1] if cfg.kv_strategy == "standard" else [1, 2, 4, 8]
-    for batch, tokens in [(1, 5), (3, 17), (2, 100)]:
-        for dtype, torch_dtype in [("fp32", torch.float32), ("bf16", torch.bfloat16)]:
-            for r in loop_counts:
-                cache = KVCache(cfg, batch, tokens, r, torch_dtype, "meta")
-                assert cache.kv_bytes_allocated == kv_bytes(cfg, tokens, batch, r, dtype) == estimate(cfg, tokens, batch, r, dtype).kv_bytes
-            by_r = [kv_bytes(cfg, tokens, batch, r, "bf16") for r in loop_counts]
-            if cfg.kv_strategy == "gated":
-                assert len(set(by_r)) == 1
-            if cfg.kv_strategy == "per_loop":  # one entry per executed layer, p + s * r + c (for p = c = 0 proportional to r)
-                per_entry = by_r[0] // family_of(cfg).kv.entries(cfg, 1)
-                assert by_r == [per_entry * (cfg.prelude_layers + cfg.shared_layers * r + cfg.coda_layers) for r in loop_counts]
-
-
-def test_static_generate_allocates_what_the_estimate_says_and_tracks_usage():
-    adapter = load_preset("ouro-tiny", dtype="fp32", device="cpu", batching="static")
-    adapter.config.eos_token_id, adapter.tokenizer = None, None  # no end of sequence: all 60 tokens
-    seen: list[dict] = []
-    stop = threading.Event()
-
-    def sampler() -> None:
-        while not stop.is_set():
-            seen.append(adapter.memory())
-            stop.wait(0.0005)
-
-    thread = threading.Thread(target=sampler)
-    thread.start()
-    gens = adapter.generate([[1, 5, 6, 7], [1, 8]], Sampling(temperature=1.0, max_new_tokens=60, seed=0))
-    stop.set()
-    thread.join()
-    tokens = 4 + 60
-    expected = estimate(adapter.config, tokens, batch=2, loops=4, dtype="fp32")
-    mem = adapter.memory()
-    assert mem["kv_bytes_peak"] == expected.kv_bytes and mem["weights_bytes"] == expected.weights_bytes
-    assert mem["kv_bytes_allocated"] == 0  # the cache lives only during generate
-    live = [m for m in seen if m["kv_bytes_allocated"]]
-    assert live and all(m["kv_bytes_used"] <= m["kv_bytes_allocated"] == expected.kv_bytes for m in live)
-    used = [m["kv_bytes_used"] for m in live]
-    assert used == sorted(used) and used[-1] > used[0]
-    assert all(g.loops_used == [4] * 60 for g in gens)
-    adapter.loops = 2
-    adapter.generate([[1, 5]], Sampling(temperature=0, max_new_tokens=3))
-    assert adapter.memory()["kv_bytes_peak"] == expected.kv_bytes  # peak kept until reset
-    adapter.reset_memory_peak()
-    assert adapter.memory()["kv_bytes_peak"] == 0
-
-
-# ------------------------------------------------------------------------------ generation
-@pytest.mark.numerics
-@pytest.mark.parametrize("name", ["qwen3-tiny", "ouro-tiny", "melt-tiny", "coreloop-tiny"])
-def test_batched_greedy_equals_one_by_one(name):
-    adapter = load_preset(name, dtype="fp32", device="cpu", seed=3)
-    adapter.config.eos_token_id = None
-    prompts = ["1+2=", "a much longer prompt, padded less", "x", "17*3=51; 4*4="]
-    batched = adapter.generate(prompts, GREEDY)
-    single = [adapter.generate([p], GREEDY)[0] for p in prompts]
-    assert [g.token_ids for g in batched] == [g.token_ids for g in single]
-    assert [g.prompt_tokens for g in batched] == [len(adapter.tokenizer(p)["input_ids"]) for p in prompts]
-    assert len({tuple(g.token_ids) for g in batched}) > 1
-
-
-@pytest.mark.numerics
-def test_greedy_generation_follows_the_full_forward():
-    """Each greedy MELT token is the argmax of the cache-free chunk-wise forward with the same chunks:
-    the prefill's (counted back from the prompt's end: 2 + 3 + 3) then one per decoded token."""
-    adapter = load_preset("melt-tiny", dtype="fp32", device="cpu", seed=5, chunk_size=3)
-    adapter.config.eos_token_id, adapter.tokenizer = None, None
-    prompt = [1, 10, 20, 30, 40, 50, 60, 70]
-    gen = adapter.generate([prompt], GREEDY)[0]
-    ids = torch.tensor([prompt + gen.token_ids[:-1]])
-    with torch.no_grad():
-        logits = adapter.model(ids, chunk_size=[2, 3, 3] + [1] * (len(gen.token_ids) - 1)).logits
-    assert logits[0, len(prompt) - 1 :].argmax(-1).tolist() == gen.token_ids
-
-
-def test_seed_reproduces_samples_and_n_is_prompt_major():
-    adapter = load_preset("qwen3-tiny", dtype="fp32", device="cpu")
-    adapter.config.eos_token_id = None
-    s = Sampling(temperature=1.0, top_p=0.9, top_k=50, max_new_tokens=16, n=3, seed=11)
-    a, b = adapter.generate(["abc", "de"], s), adapter.generate(["abc", "de"], s)
-    assert [g.token_ids for g in a] == [g.token_ids for g in b] and len(a) == 6
-    assert len({tuple(g.token_ids) for g in a[:3]}) > 1  # three different samples of prompt 0
-    assert [g.prompt_tokens for g in a] == [4, 4, 4, 3, 3, 3]
-    c = adapter.generate(["abc", "de"], Sampling(temperature=1.0, top_p=0.9, max_new_tokens=16, n=3, seed=12))
-    assert [g.token_ids for g in c] != [g.token_ids for g in a]
-
-
-def test_top_p_never_samples_outside_the_nucleus():
-    probs = torch.tensor([0.05, 0.4, 0.1, 0.25, 0.15, 0.05])  # nucleus at 0.7: 0.4 + 0.25 + 0.15 (0.65 < 0.7)
-    logits = probs.log().expand(4000, -1).contiguous()
-    keys = list(range(4000))  # 4000 streams, one draw each
-    rows, later = torch.tensor(stream_rows(keys, [0] * 4000)), torch.tensor(stream_rows(keys, [1] * 4000))
-    drawn = sample(logits, Sampling(temperature=1.0, top_p=0.7), rows)
-    assert set(drawn.tolist()) == {1, 3, 4}
-    frac = torch.bincount(drawn, minlength=6).float() / 4000  # renormalised: 0.4/0.8, 0.25/0.8, 0.15/0.8
-    assert abs(frac[1] - 0.5) < 0.04 and abs(frac[3] - 0.3125) < 0.04
-    top_k = sample(logits, Sampling(temperature=1.0, top_p=1.0, top_k=2), later)
-    assert set(top_k.tolist()) == {1, 3}
-    assert sample(logits[:3], Sampling(temperature=0.0), rows[:3]).tolist() == [1, 1, 1]
-
-
-def test_stop_strings_eos_and_length():
-    adapter = load_preset("qwen3-tiny", dtype="fp32", device="cpu", seed=2)
-    free = adapter.generate(["hello"], Sampling(temperature=0, max_new_tokens=20))[0]
-    assert free.finish_reason == "length" and free.generated_tokens == 20 and free.text == adapter.tokenizer.decode(free.token_ids)
-    stop = free.text[5:7]
-    cut = adapter.generate(["hello"], Sampling(temperature=0, max_new_tokens=20, stop=(stop,)))[0]
-    first = free.text.find(stop)
-    assert cut.finish_reason == "stop" and cut.text == free.text[:first]
-    assert cut.token_ids == free.token_ids[: first + len(stop)]
-    adapter.config.eos_token_id = free.token_ids[3]  # make the 4th greedy token the end of sequence
-    ended = adapter.generate(["hello"], Sampling(temperature=0, max_new_tokens=20))[0]
-    assert ended.finish_reason == "eos" and ended.token_ids == free.token_ids[: free.token_ids.index(free.token_ids[3]) + 1]
-    assert ended.prefill_seconds > 0 and ended.decode_seconds > 0
-
-
-def test_context_limit_and_prompt_errors():
-    adapter = load_preset("qwen3-tiny", dtype="fp32", device="cpu")
-    adapter.config.eos_token_id = None
-    gen = adapter.generate([[1] * 500], Sampling(temperature=0, max_new_tokens=100))[0]
-    assert gen.finish_reason == "length" and gen.prompt_tokens + gen.generated_tokens == adapter.max_context
-    with pytest.raises(AdapterError, match="context"):
-        adapter.generate([[1] * 600], GREEDY)
-    with pytest.raises(AdapterError, match="vocabulary"):
-        adapter.generate([[1, 500]], GREEDY)
-
-
-@pytest.mark.parametrize("fill", ["read", "copy"])
-def test_exit_policies_record_loops_and_read_that_loop(fill):
-    """Read semantics: every loop runs, the policy's loop is read. A fixed loop reads the same under `copy`, which
-    skips the later loops: loop 2 attends only to loops 1 and 2's K/V, which `copy` leaves as they are."""
-    adapter = load_preset("ouro-tiny", dtype="fp32", device="cpu", exit_policy="fixed", exit_loop=2, exit_fill=fill)
-    adapter.config.eos_token_id = None
-    prompt = [1, 11, 12, 13]
-    gen = adapter.generate([prompt], Sampling(temperature=0, max_new_tokens=6))[0]
-    assert gen.loops_used == [2] * 6
-    ids = torch.tensor([prompt + gen.token_ids])
-    with torch.no_grad():
-        loop2 = adapter.model(ids, return_loop_logits=True).loop_logits[1]
-    assert loop2[0, len(prompt) - 1 : -1].argmax(-1).tolist() == gen.token_ids
-    thr = load_preset("ouro-tiny", dtype="fp32", device="cpu", exit_policy="threshold", exit_threshold=0.5, exit_fill="read")
-    with torch.no_grad():  # a gate that exits early for some tokens and late for others
-        thr.model.model.early_exit_gate.weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
-    gen = thr.generate([prompt], Sampling(temperature=0, max_new_tokens=30))[0]
-    probs = thr.model(torch.tensor([prompt + gen.token_ids])).exit_probs[:, 0, len(prompt) - 1 : -1]
-    expected = ((probs.cumsum(0) < 0.5).sum(0) + 1).clamp(max=4).tolist()
-    assert gen.loops_used == expected[: len(gen.loops_used)] and len(set(expected)) > 1
-    alone = load_preset("ouro-tiny", exit_threshold=0.5).describe()["exit_policy"]  # a threshold below 1 is the policy
-    assert (alone["kind"], alone["threshold"]) == ("threshold", 0.5)
-
-
-def test_loop_override_changes_output_and_cache():
-    adapter = load_preset("ouro-tiny", dtype="fp32", device="cpu", loops=8)
-    assert adapter.describe()["kv_bytes_per_token"] == 2 * 2 * 8 * 2 * 32 * 4
-    ids = torch.tensor([[1, 4, 5, 6]])
-    eight = adapter.forward_logits(ids)
-    adapter.loops = 2
-    assert (adapter.forward_logits(ids) - eight).abs().max() > 1e-4
-    with pytest.raises(AdapterError, match="loops"):
-        adapter.loops = 0
-    with pytest.raises(AdapterError, match="standard"):
-        load_preset("qwen3-tiny", loops=2)
-    d = load_preset("melt-tiny", loops=8).describe()
-    assert d["kv_strategy"] == "gated" and d["gate"] == "elementwise" and d["trained_loops"] == 4 and d["loops"] == 8
-    assert d["kv_bytes_per_token"] == 2 * 2 * 2 * 32 * 4 and d["config"]["shared_layers"] == 2
-
-
-# ------------------------------------------------------------------------------- configs
-@pytest.mark.parametrize(
-    "changes,field",
-    [
-        (dict(num_heads=4, num_kv_heads=3), "num_kv_heads"),
-        (dict(loops=0), "loops"),
-        (dict(loops=-2), "loops"),
-        (dict(kv_strategy="paged"), "kv_strategy"),
-        (dict(kv_strategy="gated", shared_layers=0, prelude_layers=2), "gated"),
-        (dict(gate_variant="max"), "gate_variant"),
-        (dict(norm_layout="post"), "norm_layout"),
-        (dict(kv_strategy="standard", loops=4), "standard"),
-        (dict(hidden_size=0), "hidden_size"),
-        (dict(exit_threshold=1.5), "early_exit_threshold"),
-        (dict(exit_threshold="0.5"), "early_exit_threshold"),
-        (dict(exit_threshold=0.5, exit_gate=False), "exit gate"),
-    ],
-)
-def test_invalid_configs_name_the_field(changes, field):
-    with pytest.raises(AdapterError, match=field):
-        LoopConfig(**{**preset("melt-tiny").to_dict(), **changes})
-
-
-def test_unknown_preset_override_and_spec():
-    import adapters
-
-    with pytest.raises(AdapterError, match="qwen3-tiny"):
-        load_preset("qwen9")
-    with pytest.raises(AdapterError, match="max_batch"):
-        load_preset("qwen3-tiny", beam=4)
-    with pytest.raises(AdapterError, match="fp32"):
-        load_preset("qwen3-tiny", dtype="int3")
-    assert isinstance(adapters.load("preset:melt-tiny"), EngineAdapter)
-
-
-def test_token_id_prompts_without_tokenizer():
-    model = random_model("ouro-tiny", 0, torch.float32, "cpu")
-    adapter = EngineAdapter("test", model, None)
-    gen = adapter.generate([[1, 2, 3]], GREEDY)[0]
-    assert gen.text is None and gen.generated_tokens >= 1
-    with pytest.raises(AdapterError, match="token ids"):
-        adapter.generate(["text"], GREEDY)
-
-
-def test_generate_function_pads_left_and_reports_counts():
-    model = tiny("qwen3-tiny")
-    gens = generate(model, [[1, 5], [1, 5, 6, 7, 8]], GREEDY, loops=1, eos_ids=set(), exit_policy=ExitPolicy())
-    assert [g.prompt_tokens for g in gens] == [2, 5] and all(g.generated_tokens == 12 for g in gens)
-
-
+# ------------------------------------------------------------------------- the cache's entries
 def test_coreloop_fills_one_entry_per_executed_layer():
     """Prelude and coda layers run once around the loop: the per_loop cache holds p + s * r + c
     entries (1 + 2 * 3 + 1 here), every one written by the prefill; the exit fill `read`, which reads a

@@ -1,6 +1,6 @@
 """Retrofitted recurrence (a Llama cut into prelude, core and coda) in the engine against the official modelling code.
 
-The reference (`tests/adapters/data/retrofit_reference.json`) comes from `scripts/retrofit_reference.py`, which ran the
+The reference (`tests/adapters/engine/data/retrofit_reference.json`) comes from `scripts/retrofit_reference.py`, which ran the
 official `raven_modeling_minimal_llama.py` on the tiny checkpoint `adapters.testing.save_tiny_retrofit` builds from a
 seed (GQA, untied lm_head, Llama 3 RoPE scaling); the tests build the same checkpoint. As for Huginn-0125
 (`test_huginn.py`): the zero initial state at r = 1, 4 and 32, and the random state at r = 4, the logits within what
@@ -38,7 +38,7 @@ from tests.support.recurrent_reference import (
 
 pytestmark = pytest.mark.numerics  # run again under a second ATen CPU capability by .ci/run
 
-REFERENCE = json.loads((Path(__file__).parent / "data" / "retrofit_reference.json").read_text())
+REFERENCE = json.loads((Path(__file__).parents[1] / "data" / "retrofit_reference.json").read_text())
 SEEDED = REFERENCE["seeded_state"]
 
 
