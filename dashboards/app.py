@@ -26,9 +26,10 @@ from dash.exceptions import DependencyException
 from flask import abort, request
 from sqlalchemy import Engine
 
+from analysis.names import available_measures, loops_label
+from analysis.points import DEFAULT_CONTEXT_TOKENS, accuracy_points
 from dashboards import figures, views
-from dashboards.data import (DEFAULT_CONTEXT_TOKENS, SAMPLE_BUDGET, SAMPLE_COLUMNS, SAMPLE_TEXT_CHARS, accuracy_points,
-                             browse_samples)
+from dashboards.data import SAMPLE_BUDGET, SAMPLE_COLUMNS, SAMPLE_TEXT_CHARS, browse_samples
 from db import ResultsError, queries
 from db.session import open_existing
 from db.stored import hidden, hide_damaged
@@ -55,7 +56,7 @@ def set_choices(engine: Engine, set_id: str | None, measure: str | None) -> tupl
     points = accuracy_points(engine, set_id) if set_id else pd.DataFrame(columns=["model", "loops"])
     models = sorted(points["model"].unique().tolist())
     loops = sorted(int(r) for r in points["loops"].dropna().unique())
-    present = figures.available_measures(points) or list(measures.MEMORY_MEASURES)
+    present = available_measures(points) or list(measures.MEMORY_MEASURES)
     options = [{"label": measures.MEMORY_MEASURES[key], "value": key} for key in present]
     return models, models, loops, loops, options, measure if measure in present else present[0]
 
@@ -296,7 +297,7 @@ def create_app(db_url: str, hosts: Collection[str] = LOOPBACK_NAMES) -> Dash:
     def _samples(task: str | None, model: str | None, verdict: str, _tick: int | None) -> tuple[list[dict], str]:
         correct = {"correct": True, "wrong": False}.get(verdict)
         rows = browse_samples(engine, task=task, model=model, correct=correct)
-        rows = rows.assign(loops=rows["loops"].map(figures.loops_label), doc_id=rows["doc_id"].map(_doc_number))
+        rows = rows.assign(loops=rows["loops"].map(loops_label), doc_id=rows["doc_id"].map(_doc_number))
         rows = rows[list(SAMPLE_COLUMNS)].astype(object).where(rows[list(SAMPLE_COLUMNS)].notna(), None)
         note = (f"{len(rows)} samples, spread evenly over every run, task and verdict that matches (at most about "
                 f"{SAMPLE_BUDGET}); texts over {SAMPLE_TEXT_CHARS} characters are cut")

@@ -26,7 +26,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "architecture.md"
-PACKAGES = ("measures", "adapters", "training", "harness", "suites", "db", "dashboards")
+PACKAGES = ("measures", "adapters", "training", "harness", "suites", "db", "analysis", "dashboards")
 SCRIPT_FOLDERS = ("bench", "scripts")  # entry points: may import any package, public names only
 FIRST_PARTY = set(PACKAGES) | set(SCRIPT_FOLDERS) | {"tests"}
 STDLIB = set(sys.stdlib_module_names)
@@ -207,6 +207,16 @@ def test_cli_commands_import_no_other_command() -> None:
         elif i.module.startswith("harness.cli.") and i.module != "harness.cli.common":
             violations.append(f"{i.file}:{i.line}: {i}")
     _report(violations, "a harness/cli/ command module imports harness.cli.common, never another command module")
+
+
+def test_only_the_dashboard_command_imports_dashboards() -> None:
+    """`loopeval results` and `run` read points through `analysis/`; only `loopeval dashboard` draws them."""
+    violations = [
+        f"{i.file}:{i.line}: {i}"
+        for i in ALL_IMPORTS["harness"]
+        if i.file.startswith("harness/cli/") and i.file != "harness/cli/dashboard.py" and i.top == "dashboards"
+    ]
+    _report(violations, "no module of harness/cli but dashboard.py imports dashboards; the others read through analysis/")
 
 
 _PROBE = r"""

@@ -54,7 +54,7 @@ def results(
         elif profiles:
             _print_profiles(store, [r["id"] for r in runs if r["kind"] == "profile"], db)
         else:
-            sentence = print_answer(store, runs, set_id, measure, per_task=tasks, db=db, rank=rank)
+            sentence = print_answer(store.engine, [r["id"] for r in runs], set_id, measure, per_task=tasks, db=db, rank=rank)
             count = sum(r["kind"] == "profile" for r in runs)
             if count:
                 console().print(f"{count} profile run{'s' * (count > 1)}: {with_db(env_command('loopeval') + ' results --profiles', db)}",
@@ -85,7 +85,7 @@ def _filtered(runs: list[dict[str, Any]], sweep: str | None, models: list[str] |
 
 def _print_profiles(store: Any, run_ids: list[int], db: str | None) -> None:
     """One row per profiled (run, loops, batch) at its longest context: the analytic KV beside the measured peaks."""
-    from dashboards.figures import PROFILE_EXAMPLE
+    from analysis.names import PROFILE_EXAMPLE
     from db import queries
     from measures import byte_text
 
