@@ -79,10 +79,10 @@ def exit_label(threshold: float | None, criterion: str | None) -> str:
     return f"{threshold:g}" if criterion is None or criterion != criterion else f"{criterion} {threshold:g}"
 
 
-def loops_label(loops: object) -> str:
+def loops_label(loops: Any) -> str:
     """How a loop count reads everywhere: `r=4`. A plain transformer is r=1 (one pass, T = 1), as the
     queries store it; an unknown count (NaN) reads `r=?` rather than `r=nan`."""
-    return "r=?" if pd.isna(loops) else f"r={int(loops)}"  # type: ignore[call-overload]
+    return "r=?" if pd.isna(loops) else f"r={int(loops)}"
 
 
 def config_labels(points: pd.DataFrame) -> list[str]:

@@ -81,7 +81,7 @@ def depth_points(engine: Engine, set_id: str) -> pd.DataFrame:
         newest = int(point["run_id"].max())
         described = info.at[newest, "model_config"]
         trained = described.get("trained_loops") if isinstance(described, dict) else None
-        runs = id_ranges({i for ids in point["run_ids"] for i in ids})
+        runs = id_ranges(sorted({i for ids in point["run_ids"] for i in ids}))
         for group, value in {SUITE: result.mean, **group_means(result.benchmarks, suite)}.items():
             rows.append({"runs": runs, "seeds": int(point["seeds"].max()),
                          "model": series_name(model, threshold, criterion, named[model, config]),

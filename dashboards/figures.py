@@ -89,7 +89,7 @@ def _colors_of(models: Iterable[str], colors: Mapping[str, str] | None) -> dict[
     return {plain(model): color for model, color in known.items()}
 
 
-def loops_symbol(loops: object) -> str:
+def loops_symbol(loops: Any) -> str:
     """A loop count's marker, the same in every figure: r = 1 a circle, 2 a square, 3 a diamond, 4 a triangle, ...
     (an unknown count an open circle). Kept apart so a marker per configuration (exit threshold) can refine it."""
     return "circle-open" if pd.isna(loops) else _SYMBOLS[(int(loops) - 1) % len(_SYMBOLS)]
@@ -235,7 +235,7 @@ def _spread(points: pd.DataFrame) -> np.ndarray:
     return offsets
 
 
-def _legend_key(name: str, group: str, title: str | None, marker: dict) -> dict[str, Any]:
+def _legend_key(name: str, group: str, title: str | None, marker: dict[str, Any]) -> dict[str, Any]:
     """A trace drawn in the legend only (no data), heading its legend group."""
     key = {"type": "scatter", "x": [None], "y": [None], "mode": "markers", "name": name, "legendgroup": group,
            "marker": marker, "hoverinfo": "skip"}
@@ -318,7 +318,7 @@ def accuracy_vs_loops(points: pd.DataFrame, measure: str, task: str = "all", lab
     })
 
 
-def _secondary_y(xaxis: dict, yaxis: dict, yaxis2: dict) -> dict[str, dict]:
+def _secondary_y(xaxis: dict[str, Any], yaxis: dict[str, Any], yaxis2: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The axes of one plot with a second y axis on the right, as `make_subplots(specs=[[{"secondary_y": True}]])`
     lays them out (traces on it name `yaxis="y2"`), each merged with its own settings: written out so the figure
     is given whole (see the module's docstring)."""

@@ -119,7 +119,7 @@ def memory_over_run(series: pd.DataFrame, measures: Sequence[str], title: str = 
                                                    "margin": margin})
 
 
-def _side_by_side(titles: tuple[str, str], xaxis: dict, xaxis2: dict, yaxis: dict) -> dict[str, Any]:
+def _side_by_side(titles: tuple[str, str], xaxis: dict[str, Any], xaxis2: dict[str, Any], yaxis: dict[str, Any]) -> dict[str, Any]:
     """Two panels side by side sharing their y axis (the right one's labels hidden), a title above each, as
     `make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.06, subplot_titles=titles)` lays them
     out (traces of the right panel name `xaxis="x2", yaxis="y2"`); `yaxis` is both panels'. Written out so the

@@ -50,6 +50,12 @@ class Selection:
     colors: tuple[tuple[str, str], ...] = ()  # the page's (model, colour) pairs (`palette`): no selector sets them
 
     @property
+    def memory(self) -> str:
+        """The memory measure the accuracy figures read: as picked, else the first selectable one (`measure` stays
+        as picked: it keys the report's drawings)."""
+        return self.measure or next(iter(measures.MEMORY_MEASURES))
+
+    @property
     def palette(self) -> dict[str, str] | None:
         """The page's model colours for a figure; None (each figure's own) where the page gave none."""
         return dict(self.colors) or None
@@ -150,23 +156,23 @@ def _accuracy_points(engine: Engine, picked: Selection) -> pd.DataFrame:
 
 
 def _measure_label(picked: Selection) -> str:
-    return measure_label(picked.measure, picked.context_tokens)
+    return measure_label(picked.memory, picked.context_tokens)
 
 
 def _answer(points: pd.DataFrame, picked: Selection) -> str:
-    return answer(points, picked.measure, context_tokens=picked.context_tokens)
+    return answer(points, picked.memory, context_tokens=picked.context_tokens)
 
 
 def _accuracy_vs_memory(points: pd.DataFrame, picked: Selection) -> go.Figure:
-    return figures.accuracy_vs_memory(points, picked.measure, picked.task, _measure_label(picked), picked.palette)
+    return figures.accuracy_vs_memory(points, picked.memory, picked.task, _measure_label(picked), picked.palette)
 
 
 def _accuracy_vs_loops(points: pd.DataFrame, picked: Selection) -> go.Figure:
-    return figures.accuracy_vs_loops(points, picked.measure, picked.task, _measure_label(picked), picked.palette)
+    return figures.accuracy_vs_loops(points, picked.memory, picked.task, _measure_label(picked), picked.palette)
 
 
 def _set_ids(engine: Engine) -> list[str]:
-    return queries.eval_sets(engine)["set_id"].tolist()
+    return [str(set_id) for set_id in queries.eval_sets(engine)["set_id"]]
 
 
 def _set_tasks(engine: Engine) -> list[Selection]:
@@ -371,7 +377,9 @@ def runs_table(engine: Engine) -> list[list[Any]]:
     table = table.merge(queries.memory_peaks(engine), on="run_id", how="left")
     averages = queries.suite_means(queries.metrics(engine))
     table = table.merge(averages[["run_id", "metric", "value"]], on="run_id", how="left")
-    number = lambda value: "" if pd.isna(value) else int(value)  # noqa: E731
+    def number(value: Any) -> int | str:
+        return "" if pd.isna(value) else int(value)
+
     rows = []
     for row in table.to_dict("records"):
         accuracy = "" if pd.isna(row.get("value")) else f"{row['value']:.3f} ({row['metric']})"

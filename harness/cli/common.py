@@ -207,7 +207,7 @@ def print_answer(engine: Any, run_ids: list[int], set_id: str | None = None, mea
                     right=("r", "seeds", "pass@1 ±95%"), fold=("model", "r", "runs"), keep=("pass@1 ±95%",), caption=POOLED_CAPTION)
     else:
         _print_ranking(table, unscored, measure, rank, per_token, configs)
-    counts = evals["set_id"].value_counts()
+    counts = {other: int(count) for other, count in evals["set_id"].value_counts().items()}
     others = [f"  {label} ({counts[other]} run{'s' * (counts[other] > 1)})" for other, label in sets.items() if other != chosen]
     if others:
         out.print(f"other evaluation sets, never mixed with this one ({with_db(env_command('loopeval') + ' results --set ID', db)}):\n"
