@@ -75,10 +75,10 @@ def _other_winners(points: pd.DataFrame, measure: str, rank: str, best: Any, con
 
 def _named(points: pd.DataFrame, measure: str, column: str) -> pd.DataFrame:
     """The points with a score and more than 0 bytes of `measure`, narrowed to what the answer reads of them (the
-    point, its name, accuracy, `measure`, the energy, the ranking's `column` where stored): `ranked` copies and sorts
-    them."""
+    point, its name, accuracy, `measure`, what `ranked` derives the ratios from, the ranking's `column` where stored):
+    `ranked` copies and sorts them."""
     if measure not in points:
         return points.iloc[0:0]
-    wanted = dict.fromkeys([*_NAMING, "seeds", "metric", "accuracy", measure, "energy_joules", column])
+    wanted = dict.fromkeys([*_NAMING, "seeds", "metric", "accuracy", measure, "layer_passes_per_token", "energy_joules", column])
     narrow = points[[name for name in wanted if name in points]]
     return narrow[(narrow[measure] > 0) & narrow["accuracy"].notna()]

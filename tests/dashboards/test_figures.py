@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 import pytest
 from sqlalchemy import create_engine, text
 
-from analysis import names, ranking
+from analysis import names
 from dashboards import figures, trace_figures
 from dashboards.app import set_choices
 from analysis.answer import answer
@@ -22,6 +22,7 @@ from dashboards.report import build_report
 from db import queries
 from db.session import open_existing
 import measures
+from tests.support.frontier import brute_force_frontier
 
 EVERY = 10**9  # a sample budget larger than any stratum: sample_spread then returns every matching sample
 
@@ -51,11 +52,6 @@ def _frontier(fig: go.Figure) -> go.Scatter:
 
 def _annotations(fig: go.Figure) -> str:
     return " ".join(a.text for a in fig.layout.annotations)
-
-
-def _brute_force_frontier(points: list[tuple[float, float]]) -> set[tuple[float, float]]:
-    """Non-dominated (memory, accuracy) points by definition: less memory is better, more accuracy is better."""
-    return {p for p in points if not any(q[0] <= p[0] and q[1] >= p[1] and q != p for q in points)}
 
 
 def _stored_peaks(url: str, measure: str) -> dict[tuple[str, int], float]:
@@ -150,23 +146,11 @@ def test_frontier_is_exactly_the_non_dominated_points(engine, results_url: str) 
         fig = figures.accuracy_vs_memory(points, measure)
         plotted = _marker_points(fig)
         front = _frontier(fig)
-        assert set(zip(front.x, front.y)) == _brute_force_frontier(plotted), measure
+        assert set(zip(front.x, front.y)) == brute_force_frontier(plotted), measure
         assert list(front.x) == sorted(front.x), "the frontier is drawn left to right"
         ringed = {(x, y) for trace in fig.data if trace.customdata is not None
                   for x, y, width in zip(trace.x, trace.y, trace.marker.line.width) if width > 0}
         assert ringed == set(zip(front.x, front.y))
-
-
-def test_pareto_mask_against_brute_force_with_ties() -> None:
-    rng = np.random.default_rng(0)
-    for _ in range(50):
-        memory = rng.integers(1, 5, size=8).astype(float)  # few distinct values: many ties
-        accuracy = rng.integers(0, 4, size=8) / 4
-        mask = ranking.pareto_mask(memory, accuracy)
-        pairs = list(zip(memory, accuracy))
-        expected = _brute_force_frontier(pairs)
-        assert {p for p, keep in zip(pairs, mask) if keep} == expected
-        assert all(keep == (p in expected) for p, keep in zip(pairs, mask))  # duplicates of a frontier point stay
 
 
 def test_unavailable_measure_is_named_not_drawn_as_zero(engine, results_url: str) -> None:
@@ -237,7 +221,7 @@ def test_answer_names_the_best_accuracy_per_gb_and_the_frontier(engine, results_
         best_model, best_loops = best(measure)
         assert sentence.startswith(f"Best by pass@1 per GB of {names.measure_words(measure)}: {best_model} r={best_loops} (")
         assert ("weights not counted" in sentence.split(":")[0]) == (measure == "kv_bytes_allocated")
-        front = _brute_force_frontier(list(zip(points[measure], points["accuracy"])))
+        front = brute_force_frontier(list(zip(points[measure], points["accuracy"])))
         named = sentence.split("the frontier: ")[1]
         on_front = [(m, r) for m, r, v, a in zip(points.model, points.loops, points[measure], points.accuracy)
                     if (v, a) in front]
@@ -345,11 +329,7 @@ def test_memory_vs_context_shows_measured_points_beside_analytic_lines(engine) -
     assert "decimal" in fig.layout.yaxis.title.text or "bytes" in fig.layout.yaxis.title.text
 
 
-def test_byte_units_scale_to_the_largest_value() -> None:
-    assert names.byte_unit([0, 999]) == ("B", 1.0)
-    assert names.byte_unit([1_500, 20]) == ("KB", 1e3)
-    assert names.byte_unit([2.5e6, math.nan]) == ("MB", 1e6)
-    assert names.byte_unit([3.2e10]) == ("GB", 1e9)
+def test_axis_titles_name_the_decimal_unit() -> None:
     assert figures.unit_title("KV", "GB", 1e9) == "KV (decimal GB, 1e9 bytes)"
 
 
