@@ -316,7 +316,7 @@ def _sum_known(values: pd.Series) -> float:
 def run_compute(engine: Engine, run_ids: Iterable[int]) -> pd.DataFrame:
     """What each run's tokens cost, as stored: generated tokens, loop-token products (sum of a sample's mean loops x
     its tokens, over `looped_tokens`, the tokens of samples that report loops), seconds inside generate, GPU energy
-    (NaN where unavailable). `dashboards.data.with_derived_measures` turns them into the `measures.COMPUTE_MEASURES`."""
+    (NaN where unavailable). `analysis.points.with_derived_measures` turns them into the `measures.COMPUTE_MEASURES`."""
     looped = Sample.loops_used.is_not(None)
     tokens = (
         select(Sample.run_id, func.sum(Sample.generated_tokens).label("generated_tokens"),
