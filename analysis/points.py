@@ -19,7 +19,8 @@ unavailable.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -46,6 +47,64 @@ def point_key(row: Any) -> Key:
 
 def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _known(value: Any) -> Any:
+    """A stored value, None for NaN (pandas reads a NULL number as NaN)."""
+    return None if _missing(value) else value
+
+
+Z95 = 1.96  # a point's interval is the normal 95% interval: pass@1 ± 1.96 standard errors
+
+
+@dataclass(frozen=True)
+class Point:
+    """One plotted point as `loopeval results` lists it and the answer names it: a row of `analysis.ranking.ranked`,
+    unknown values None (never 0): its identity (`POINT`: model, r, exit threshold and criterion, the configuration
+    key) and what tells it apart in words, its KV setting, its set and pooled runs, pass@1 on the task with its
+    standard error, the memory of the ranked measure, what a generated token cost, one run's GPU energy, the ratios,
+    and whether it is on the Pareto frontier."""
+
+    model: str
+    loops: int
+    exit_threshold: float | None
+    exit_criterion: str | None
+    config: str
+    config_label: str
+    kv_policy: str
+    kv_dtype: str
+    set_id: str
+    suite: str
+    seeds: int
+    run_ids: tuple[int, ...]
+    metric: str
+    accuracy: float | None
+    stderr: float | None
+    memory: float | None
+    per_gb: float | None
+    per_layer_pass: float | None
+    per_kj: float | None
+    loops_per_token: float | None
+    layer_passes_per_token: float | None
+    tokens_per_second: float | None
+    energy_joules: float | None
+    frontier: bool
+
+    @classmethod
+    def of(cls, row: Mapping[str, Any]) -> Point:
+        """The point of a `ranked` row (a record of its table)."""
+        values = {name: _known(row.get(name)) for name in cls.__dataclass_fields__}
+        return cls(**values | {"loops": int(row["loops"]), "seeds": int(row["seeds"]), "frontier": bool(row["frontier"]),
+                               "run_ids": tuple(int(i) for i in row["run_ids"])})
+
+    @property
+    def key(self) -> Key:
+        return point_key(self)
+
+    @property
+    def interval(self) -> float | None:
+        """The half-width of the 95% interval of pass@1 (None where the standard error is unknown)."""
+        return None if self.stderr is None else Z95 * self.stderr
 
 
 def analytic_bytes(model_config: Any, context_tokens: int) -> float:

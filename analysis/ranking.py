@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 import measures
+from analysis.points import Point
 
 # How `ranked` can order the points (`loopeval results --rank`): name -> (column, what it means). Best first.
 RANKINGS: dict[str, tuple[str, str]] = {
@@ -53,3 +54,8 @@ def ranked(points: pd.DataFrame, measure: str, rank: str = DEFAULT_RANKING) -> p
     column = RANKINGS[rank][0]
     order = [column] if column == "accuracy" else [column, "accuracy"]
     return table.sort_values(order, ascending=False, na_position="last").reset_index(drop=True)
+
+
+def ranked_points(points: pd.DataFrame, measure: str, rank: str = DEFAULT_RANKING) -> list[Point]:
+    """`ranked`'s rows as `Point`s, best first."""
+    return [Point.of(row) for row in ranked(points, measure, rank).to_dict("records")]

@@ -20,7 +20,7 @@ from harness.errors import UserError
 from harness.hints import env_command, with_db
 
 if TYPE_CHECKING:
-    from analysis.points import Key
+    from analysis.points import Key, Point
 
 
 DbOption = Annotated[
@@ -135,10 +135,9 @@ def print_table(title: str | None, columns: list[str], rows: list[list[str]], ri
     console().print(table)
 
 
-Z95 = 1.96  # the accuracy interval printed is the normal 95% interval, accuracy ± 1.96 standard errors
-
-
 def _accuracy_text(accuracy: float | None, stderr: float | None) -> str:
+    """pass@1 with its 95% interval (`analysis.points.Z95` standard errors); n/a where unknown."""
+    from analysis.points import Z95
     from db.headline import rounded
 
     if accuracy is None or accuracy != accuracy:
@@ -146,8 +145,8 @@ def _accuracy_text(accuracy: float | None, stderr: float | None) -> str:
     return rounded(accuracy) + ("" if stderr is None or stderr != stderr else f" ± {rounded(Z95 * stderr)}")
 
 
-def _per_gb_text(value: float) -> str:
-    if value != value:
+def _per_gb_text(value: float | None) -> str:
+    if value is None or value != value:
         return "n/a"
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
@@ -169,7 +168,7 @@ def print_answer(engine: Any, run_ids: list[int], set_id: str | None = None, mea
     from analysis.answer import answer
     from analysis.names import default_measure
     from analysis.points import accuracy_points, point_key
-    from analysis.ranking import DEFAULT_RANKING, RANKINGS, ranked
+    from analysis.ranking import DEFAULT_RANKING, RANKINGS, ranked_points
     from analysis.runs import eval_runs, ordered_sets
     from db import queries
     from measures import canonical
@@ -190,15 +189,15 @@ def print_answer(engine: Any, run_ids: list[int], set_id: str | None = None, mea
     in_set = evals[evals["set_id"] == chosen].to_dict("records")
     points = accuracy_points(engine, chosen, run_ids=[run["run_id"] for run in in_set])
     measure = measure or default_measure(points)
-    table = ranked(points, measure, rank)
-    shown = {point_key(row) for row in table.itertuples()}
+    table = ranked_points(points, measure, rank)
+    shown = {point.key for point in table}
     unscored: dict[Key, list[dict[str, Any]]] = {}
     for run in in_set:
         if point_key(run) not in shown:
             unscored.setdefault(point_key(run), []).append(run)
 
     per_token = {point_key(run): run["kv_bytes_per_token"] for run in in_set}  # the newest run's, as it described itself
-    configs = _config_cells([*map(point_key, table.itertuples()), *unscored])
+    configs = _config_cells([*(point.key for point in table), *unscored])
     out = console()
     out.print(sets[chosen], markup=False, highlight=False)
     if per_task:
@@ -246,19 +245,18 @@ ENERGY_CAPTION = ("pass@1/kJ: pass@1 per kJ of the GPU energy one of the row's r
                   "other processes on it count too); energy/run: that energy.")
 
 
-def _print_ranking(table: Any, unscored: dict[Key, list[dict[str, Any]]], measure: str, rank: str,
+def _print_ranking(table: list[Point], unscored: dict[Key, list[dict[str, Any]]], measure: str, rank: str,
                    per_token: dict[Key, int | None], configs: dict[Key, str]) -> None:
     """The ranking and, under the same ranks, what a generated token cost: two tables, so each stays readable at 80
     columns. The exit column appears only where the set sweeps the exit axis, the config column only where a model
     has rows of several configurations, the seeds column only where a row pools several seeds."""
     from analysis.names import NOT_MEASURED, measure_words
-    from analysis.points import point_key
     from analysis.ranking import RANKINGS
 
-    swept = any(key[2] is not None for key in (*map(point_key, table.itertuples()), *unscored))
-    shown = _Columns(swept, any(configs.values()), bool(table["energy_joules"].notna().any()))
+    swept = any(key[2] is not None for key in (*(point.key for point in table), *unscored))
+    shown = _Columns(swept, any(configs.values()), any(point.energy_joules is not None for point in table))
     energy = ["pass@1/kJ"] * shown.energy
-    seeds = (any(row.seeds > 1 for row in table.itertuples())
+    seeds = (any(point.seeds > 1 for point in table)
              or any(len({r["seed"] for r in runs}) > 1 for runs in unscored.values()))
     key = ["#", "model", "r", *(["exit"] * shown.exit), *(["config"] * shown.config)]
     column = RANKINGS[rank][0]
@@ -287,9 +285,9 @@ class _Columns:
     energy: bool
 
 
-def _rank_text(rank: int, row: Any, column: str) -> str:
-    """The row's rank, '*' on the Pareto frontier; blank where the ranking's value is unknown (listed last)."""
-    return "" if row[column] != row[column] else f"{rank}{'*' if row.frontier else ''}"
+def _rank_text(rank: int, point: Point, column: str) -> str:
+    """The point's rank, '*' on the Pareto frontier; blank where the ranking's value is unknown (listed last)."""
+    return "" if getattr(point, column) is None else f"{rank}{'*' if point.frontier else ''}"
 
 
 def _exit_cell(threshold: float | None, criterion: str | None) -> str:
@@ -304,20 +302,19 @@ def _key_cells(key: Key, shown: _Columns, configs: dict[Key, str]) -> list[str]:
     return [key[0], str(key[1]), *([_exit_cell(key[2], key[3])] * shown.exit), *([configs[key]] * shown.config)]
 
 
-def _ranking_rows(table: Any, column: str, unscored: dict[Key, list[dict[str, Any]]], measure: str, shown: _Columns,
+def _ranking_rows(table: list[Point], column: str, unscored: dict[Key, list[dict[str, Any]]], measure: str, shown: _Columns,
                   seeds: bool, configs: dict[Key, str]) -> list[list[str]]:
-    """`analysis.ranking.ranked` rows in their order, then the points of the set without a score; the seed count only
-    where `seeds`, pass@1 per kJ only where `shown.energy` ("not measured" in a row whose runs had no counter)."""
-    from analysis.points import point_key
+    """The ranked points in their order, then the points of the set without a score; the seed count only where
+    `seeds`, pass@1 per kJ only where `shown.energy` ("not measured" in a row whose runs had no counter)."""
     from db.sets import id_ranges
     from measures import byte_text
 
-    def per_kj(value: float) -> list[str]:
-        return [("not measured" if value != value else _per_gb_text(value))] * shown.energy
+    def per_kj(value: float | None) -> list[str]:
+        return [("not measured" if value is None else _per_gb_text(value))] * shown.energy
 
-    rows = [[_rank_text(rank, row, column), *_key_cells(point_key(row), shown, configs), *[str(row.seeds)] * seeds,
-             _accuracy_text(row.accuracy, row.stderr), byte_text(row.memory), _per_gb_text(row.per_gb), *per_kj(row.per_kj),
-             id_ranges(row.run_ids)] for rank, (_, row) in enumerate(table.iterrows(), 1)]
+    rows = [[_rank_text(rank, point, column), *_key_cells(point.key, shown, configs), *[str(point.seeds)] * seeds,
+             _accuracy_text(point.accuracy, point.stderr), byte_text(point.memory), _per_gb_text(point.per_gb),
+             *per_kj(point.per_kj), id_ranges(list(point.run_ids))] for rank, point in enumerate(table, 1)]
     for key, runs in unscored.items():
         newest = runs[-1]
         rows.append(["", *_key_cells(key, shown, configs), *[str(len({r["seed"] for r in runs}))] * seeds, newest["status"],
@@ -325,16 +322,15 @@ def _ranking_rows(table: Any, column: str, unscored: dict[Key, list[dict[str, An
     return rows
 
 
-def _compute_rows(table: Any, column: str, unscored: dict[Key, list[dict[str, Any]]], per_token: dict[Key, int | None],
+def _compute_rows(table: list[Point], column: str, unscored: dict[Key, list[dict[str, Any]]], per_token: dict[Key, int | None],
                   shown: _Columns, configs: dict[Key, str]) -> list[list[str]]:
     """The same rows as `_ranking_rows`, with what a generated token cost (`measures.COMPUTE_MEASURES`)."""
-    from analysis.points import point_key
     from measures import byte_text, energy_text
 
-    rows = [[_rank_text(rank, row, column), *_key_cells(point_key(row), shown, configs),
-             byte_text(per_token.get(point_key(row))), _number_text(row.loops_per_token), _number_text(row.layer_passes_per_token),
-             _number_text(row.tokens_per_second), *[energy_text(row.energy_joules)] * shown.energy]
-            for rank, (_, row) in enumerate(table.iterrows(), 1)]
+    rows = [[_rank_text(rank, point, column), *_key_cells(point.key, shown, configs), byte_text(per_token.get(point.key)),
+             _number_text(point.loops_per_token), _number_text(point.layer_passes_per_token),
+             _number_text(point.tokens_per_second), *[energy_text(point.energy_joules)] * shown.energy]
+            for rank, point in enumerate(table, 1)]
     rows += [["", *_key_cells(key, shown, configs), byte_text(per_token.get(key)), "n/a", "n/a", "n/a", *["n/a"] * shown.energy]
              for key in unscored]
     return rows
@@ -347,7 +343,7 @@ def _number_text(value: float | None) -> str:
     return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
 
 
-def _task_rows(table: Any, pooled: Any, configs: dict[Key, str]) -> list[list[str]]:
+def _task_rows(table: list[Point], pooled: Any, configs: dict[Key, str]) -> list[list[str]]:
     """Per ranked point: each benchmark's pass@1 with its interval (`db.headline`) from its seeds' pooled
     per-task values, each task group's mean (`db.headline.TASK_GROUPS`, `GROUP_PATTERNS`), then the suite mean."""
     from analysis.points import POINT, point_key
@@ -355,8 +351,8 @@ def _task_rows(table: Any, pooled: Any, configs: dict[Key, str]) -> list[list[st
     from db.sets import id_ranges
 
     rows = []
-    for row in table.itertuples():
-        same = pooled[POINT].apply(lambda point, row=row: point_key(point) == point_key(row), axis=1)
+    for row in table:
+        same = pooled[POINT].apply(lambda point, row=row: point_key(point) == row.key, axis=1)
         tasks = pooled[same & (pooled["task"] != SUITE)]
         values: dict[str, dict[str, float | None]] = {}
         stderrs: dict[str, dict[str, float | None]] = {}
@@ -366,11 +362,11 @@ def _task_rows(table: Any, pooled: Any, configs: dict[Key, str]) -> list[list[st
         result, errors = headline(values, row.suite), benchmark_stderrs(stderrs)
         for index, (name, value) in enumerate(result.benchmarks.items()):
             first = index == 0
-            key = point_key(row)
+            key = row.key
             exit_at = "" if key[2] is None else f"exit {_exit_cell(key[2], key[3])}"
             r = " ".join(part for part in (str(key[1]), exit_at, configs[key]) if part)
             rows.append([row.model if first else "", r if first else "", str(row.seeds) if first else "",
-                         name, _accuracy_text(value, errors.get(name)), id_ranges(row.run_ids) if first else ""])
+                         name, _accuracy_text(value, errors.get(name)), id_ranges(list(row.run_ids)) if first else ""])
         rows += [["", "", "", f"[{name}]", _accuracy_text(value, None), ""] for name, value in result.groups.items()]
         rows.append(["", "", "", "mean", _accuracy_text(row.accuracy, row.stderr), ""])
     return rows
