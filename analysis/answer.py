@@ -7,7 +7,8 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.names import KV_ONLY, QUOTED_MEASURES, available_measures, byte_unit, measure_label, measure_words, point_name
+from analysis.names import (KV_ONLY, QUOTED_MEASURES, available_measures, byte_unit, measure_label, measure_words,
+                            point_name)
 from analysis.points import POINT, point_key
 from analysis.ranking import DEFAULT_RANKING, RANKINGS, ranked
 
@@ -79,6 +80,7 @@ def _named(points: pd.DataFrame, measure: str, column: str) -> pd.DataFrame:
     `ranked` copies and sorts them."""
     if measure not in points:
         return points.iloc[0:0]
-    wanted = dict.fromkeys([*_NAMING, "seeds", "metric", "accuracy", measure, "layer_passes_per_token", "energy_joules", column])
+    ratios = ("layer_passes_per_token", "energy_joules")  # what `ranked` divides accuracy by, besides the memory
+    wanted = dict.fromkeys([*_NAMING, "seeds", "metric", "accuracy", measure, *ratios, column])
     narrow = points[[name for name in wanted if name in points]]
     return narrow[(narrow[measure] > 0) & narrow["accuracy"].notna()]

@@ -127,7 +127,8 @@ def point_label(row: Any) -> str:
     """A point's loops, its exit threshold where the set sweeps one and its configuration where the model has several
     (`config_labels`, the `config_label` column): 'r=4', 'r=4 exit gate 0.5', 'r=4 dtype=bfloat16'."""
     threshold = getattr(row, "exit_threshold", None)
-    exit_at = "" if threshold is None or threshold != threshold else f" exit {exit_label(threshold, row.exit_criterion)}"
+    swept = threshold is not None and threshold == threshold
+    exit_at = f" exit {exit_label(threshold, row.exit_criterion)}" if swept else ""
     config = getattr(row, "config_label", "")
     return f"{loops_label(row.loops)}{exit_at}{f' {config}' if config else ''}"
 

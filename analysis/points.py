@@ -94,8 +94,8 @@ class Point:
     def of(cls, row: Mapping[str, Any]) -> Point:
         """The point of a `ranked` row (a record of its table)."""
         values = {name: _known(row.get(name)) for name in cls.__dataclass_fields__}
-        return cls(**values | {"loops": int(row["loops"]), "seeds": int(row["seeds"]), "frontier": bool(row["frontier"]),
-                               "run_ids": tuple(int(i) for i in row["run_ids"])})
+        counts = {"loops": int(row["loops"]), "seeds": int(row["seeds"]), "frontier": bool(row["frontier"])}
+        return cls(**values | counts | {"run_ids": tuple(int(i) for i in row["run_ids"])})
 
     @property
     def key(self) -> Key:
@@ -142,7 +142,8 @@ def with_compute_measures(points: pd.DataFrame) -> pd.DataFrame:
         points[column] = points[column].astype("float64") if column in points else np.nan
     reported = points["looped_tokens"] > 0
     ran_r = points["loops"].astype("float64").where(points["generated_tokens"] > 0)  # NaN where no token is stored
-    points["loops_per_token"] = np.where(reported, points["loop_tokens"] / points["looped_tokens"].where(reported), ran_r)
+    mean_loops = points["loop_tokens"] / points["looped_tokens"].where(reported)
+    points["loops_per_token"] = np.where(reported, mean_loops, ran_r)
     configs = points.get("model_config", pd.Series([None] * len(points), index=points.index))
     points["layer_passes_per_token"] = [layer_passes(config, loops)
                                         for config, loops in zip(configs, points["loops_per_token"])]

@@ -45,7 +45,8 @@ def store(tmp_path: Path):
     store = Store.open(str(tmp_path / "energy.sqlite"))
     for seed, joules in ((0, 1000.0), (1, 2000.0)):
         store.update_run(store_run(store, [1.0, 1.0, 1.0, 0.0], seed=seed), generate_seconds=2.0, energy_joules=joules)
-    store.update_run(store_run(store, [1.0, 0.0, 0.0, 0.0], model=MELT, kv=100_000), generate_seconds=1.0, energy_joules=250.0)
+    melt = store_run(store, [1.0, 0.0, 0.0, 0.0], model=MELT, kv=100_000)
+    store.update_run(melt, generate_seconds=1.0, energy_joules=250.0)
     yield store
     store.close()
 
