@@ -168,13 +168,13 @@ def test_vllm_only_in_its_backend() -> None:
     _report(violations, "vllm is imported in adapters/vllm_backend.py only")
 
 
-def test_dashboards_take_sqlalchemy_engine_only() -> None:
+def test_dashboards_and_analysis_take_sqlalchemy_engine_only() -> None:
     violations = [
         f"{i.file}:{i.line}: {i}"
-        for i in ALL_IMPORTS["dashboards"]
+        for i in ALL_IMPORTS["dashboards"] + ALL_IMPORTS["analysis"]
         if i.top == "sqlalchemy" and (i.module != "sqlalchemy" or set(i.names) - {"Engine"})
     ]
-    _report(violations, "dashboards/ use sqlalchemy only for the `Engine` type; they read through db.queries")
+    _report(violations, "dashboards/ and analysis/ use sqlalchemy only for the `Engine` type; they read through db.queries")
 
 
 def _private_imports() -> list[tuple[Import, str]]:
