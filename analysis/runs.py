@@ -3,11 +3,13 @@ set that have no score yet), keyed as the points are (`analysis.points.point_key
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import pandas as pd
 from sqlalchemy import Engine
 
+import measures
 from db import queries
 
 
@@ -31,3 +33,11 @@ def ordered_sets(runs: pd.DataFrame) -> dict[str, str]:
     scores, as `db.queries.eval_sets` orders them."""
     order = runs.sort_values(["scored", "run_id"], ascending=False)
     return dict(zip(order["set_id"], order["set_label"]))
+
+
+def with_per_kj(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """A run summary (`loopeval results --json`) with `pass_at_1_per_kj`: its suite mean pass@1 per kJ of the GPU
+    energy it drew, as the table's pass@1/kJ; None where NVML had no counter or nothing is scored, never 0."""
+    joules, mean = summary.get("energy_joules"), (summary.get("pass_at_1") or {}).get("mean")
+    per_kj = None if joules is None or mean is None or joules <= 0 else mean / (joules / measures.KB)
+    return {**summary, "pass_at_1_per_kj": per_kj}

@@ -50,7 +50,9 @@ def results(
             sets = sorted({r["set_id"] for r in runs if r["set_id"]})
             raise UserError(f"--set {set_id}: no such evaluation set among these runs (sets: {', '.join(sets) or 'none'})")
         if as_json:
-            typer.echo(json.dumps([r for r in runs if set_id is None or r["set_id"] == set_id], indent=2))
+            from analysis.runs import with_per_kj
+
+            typer.echo(json.dumps([with_per_kj(r) for r in runs if set_id is None or r["set_id"] == set_id], indent=2))
         elif profiles:
             _print_profiles(store, [r["id"] for r in runs if r["kind"] == "profile"], db)
         else:

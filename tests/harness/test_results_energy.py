@@ -53,7 +53,7 @@ def test_pass_at_1_per_kj_stands_beside_pass_at_1_per_gb(tmp_path: Path, capsys:
     ranked = body_rows(_results(capsys, "--db", db, "--rank", "per-kj"))[0]
     assert [row[1] for row in ranked] == [MELT, MODEL], "ranked by pass@1 per kJ, best first"
     runs = json.loads(_results(capsys, "--db", db, "--json"))
-    assert [r["energy_joules"] for r in runs] == [1500.0, 250.0]
+    assert [(r["energy_joules"], r["pass_at_1_per_kj"]) for r in runs] == [(1500.0, 0.5), (250.0, 1.0)]
 
 
 def test_without_a_counter_per_kj_says_not_measured(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -61,6 +61,8 @@ def test_without_a_counter_per_kj_says_not_measured(tmp_path: Path, capsys: pyte
     assert "pass@1/kJ" not in cpu and "energy/run" not in cpu, "no column of unknowns"
     assert "pass@1 per kJ of GPU energy: not measured (no NVML)." in _flat(cpu)
     assert "per kJ;" not in _flat(cpu) and " 0 per kJ" not in _flat(cpu)
+    runs = json.loads(_results(capsys, "--db", str(tmp_path / "cpu.sqlite"), "--json"))
+    assert [(r["energy_joules"], r["pass_at_1_per_kj"]) for r in runs] == [(None, None), (None, None)], "null, never 0"
     mixed = body_rows(_results(capsys, "--db", _store(tmp_path / "mixed.sqlite", {MODEL: 1500.0, MELT: None})))[0]
     assert [row[6] for row in mixed] == ["0.5", "not measured"]
 
