@@ -6,33 +6,35 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import pandas as pd
 from sqlalchemy import Engine
 
 import measures
 from db import queries
 
 
-def eval_runs(engine: Engine, run_ids: Iterable[int]) -> pd.DataFrame:
-    """The evaluation runs among `run_ids`, oldest first: each run's point (`queries.POINT`: loops as the points read
-    them, its configuration key), set (`set_id`, `set_label`), seed, status, `scored` (it has scores), its memory
-    peaks (a column per stored measure, NaN where unavailable) and `kv_bytes_per_token` (what one more token of
-    context adds to its KV cache, as its adapter described itself; None where it did not say)."""
-    runs = queries.runs(engine, run_ids=run_ids)
+def run_records(engine: Engine, run_ids: Iterable[int] | None = None) -> list[dict[str, Any]]:
+    """Every stored run (of every kind; only `run_ids` when given), oldest first, as plain records (None where
+    unknown): `run_id`, `sweep_id`, `kind`, `model`, `suite`, `status`, its point (`queries.POINT`: loops as the
+    points read them, its configuration key), its set (`set_id`, `set_label`; None off evaluation), seed, `scored`
+    (it has scores), its memory peaks (a key per stored measure) and `kv_bytes_per_token` (what one more token of
+    context adds to its KV cache, as its adapter described itself). What `loopeval results` filters and lists beside
+    the points, read once."""
+    runs = queries.runs(engine, kind=None, run_ids=run_ids)
     ids = runs["run_id"].tolist()
     configs = queries.run_configs(engine, ids)
-    scored = queries.scored_runs(engine)
     runs = runs.assign(
-        config=runs["run_id"].map(configs).astype(object), scored=runs["run_id"].isin(scored),
+        config=runs["run_id"].map(configs).astype(object), scored=runs["run_id"].isin(queries.scored_runs(engine)),
         kv_bytes_per_token=[c.get("kv_bytes_per_token") if isinstance(c, dict) else None for c in runs["model_config"]])
-    return runs.merge(queries.memory_peaks(engine, ids), on="run_id", how="left")
+    runs = runs.merge(queries.memory_peaks(engine, ids), on="run_id", how="left").astype(object)
+    return [{**row, "run_id": int(row["run_id"])} for row in runs.where(runs.notna(), None).to_dict("records")]
 
 
-def ordered_sets(runs: pd.DataFrame) -> dict[str, str]:
-    """set id -> label for the evaluation sets of `eval_runs` rows, the default first: the set of the newest run with
+def ordered_sets(runs: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """set id -> label for the evaluation sets of `run_records`, the default first: the set of the newest run with
     scores, as `db.queries.eval_sets` orders them."""
-    order = runs.sort_values(["scored", "run_id"], ascending=False)
-    return dict(zip(order["set_id"], order["set_label"]))
+    evals = sorted((run for run in runs if run["set_id"] is not None), key=lambda run: (run["scored"], run["run_id"]),
+                   reverse=True)
+    return {run["set_id"]: run["set_label"] for run in evals}
 
 
 def with_per_kj(summary: Mapping[str, Any]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -151,9 +152,9 @@ def _per_gb_text(value: float | None) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
-def print_answer(engine: Any, run_ids: list[int], set_id: str | None = None, measure: str | None = None,
+def print_answer(engine: Any, runs: list[dict[str, Any]], set_id: str | None = None, measure: str | None = None,
                  per_task: bool = False, db: str | None = None, rank: str | None = None) -> str | None:
-    """How much accuracy per gigabyte: one evaluation set of the runs `run_ids` (already filtered).
+    """How much accuracy per gigabyte: one evaluation set of `runs` (`analysis.runs.run_records`, already filtered).
 
     Per point (`analysis.points`: model, loops, exit threshold, configuration), its runs of the set with their seeds
     pooled: the seed count, pass@1 (suite mean) with its 95% interval over every seed's items, memory at `measure`
@@ -169,11 +170,11 @@ def print_answer(engine: Any, run_ids: list[int], set_id: str | None = None, mea
     from analysis.names import default_measure
     from analysis.points import accuracy_points, point_key
     from analysis.ranking import DEFAULT_RANKING, RANKINGS, ranked_points
-    from analysis.runs import eval_runs, ordered_sets
+    from analysis.runs import ordered_sets
     from db import queries
     from measures import canonical
 
-    evals = eval_runs(engine, run_ids)
+    evals = [run for run in runs if run["kind"] == "eval"]
     sets = ordered_sets(evals)
     measure = None if measure is None else canonical(measure)
     if measure is not None and measure not in MEMORY_MEASURES:
@@ -181,12 +182,12 @@ def print_answer(engine: Any, run_ids: list[int], set_id: str | None = None, mea
     rank = rank or DEFAULT_RANKING
     if rank not in RANKINGS:
         raise UserError(f"--rank must be one of {', '.join(RANKINGS)}, got {rank!r}")
-    if evals.empty:
-        hint = "" if run_ids else f"; try `{with_db(env_command('loopeval') + ' run', db)}`"
+    if not evals:
+        hint = "" if runs else f"; try `{with_db(env_command('loopeval') + ' run', db)}`"
         typer.echo("no evaluation runs match" + hint)
         return None
     chosen = set_id or next(iter(sets))
-    in_set = evals[evals["set_id"] == chosen].to_dict("records")
+    in_set = [run for run in evals if run["set_id"] == chosen]
     points = accuracy_points(engine, chosen, run_ids=[run["run_id"] for run in in_set])
     measure = measure or default_measure(points)
     table = ranked_points(points, measure, rank)
@@ -206,7 +207,7 @@ def print_answer(engine: Any, run_ids: list[int], set_id: str | None = None, mea
                     right=("r", "seeds", "pass@1 ±95%"), fold=("model", "r", "runs"), keep=("pass@1 ±95%",), caption=POOLED_CAPTION)
     else:
         _print_ranking(table, unscored, measure, rank, per_token, configs)
-    counts = {other: int(count) for other, count in evals["set_id"].value_counts().items()}
+    counts = Counter(run["set_id"] for run in evals)
     others = [f"  {label} ({counts[other]} run{'s' * (counts[other] > 1)})" for other, label in sets.items() if other != chosen]
     if others:
         out.print(f"other evaluation sets, never mixed with this one ({with_db(env_command('loopeval') + ' results --set ID', db)}):\n"

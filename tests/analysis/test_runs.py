@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from analysis.points import accuracy_points, point_key
-from analysis.runs import eval_runs, ordered_sets
+from analysis.runs import ordered_sets, run_records
 from db.store import Store
 from tests.support.stored_runs import MODEL, SAMPLING, store_run
 
@@ -21,12 +21,14 @@ def test_every_scored_run_finds_its_point_and_an_unscored_one_none(tmp_path: Pat
     queued = store.create_run(sweep_id="later", model_spec=MODEL, adapter="zoo", loops=2, suite="synthetic",
                               tasks=["chain3", "c30k4"], limit=4, sampling=SAMPLING, seed=0,
                               data_fingerprint="f" * 64, status="queued", spec={"models": [MODEL], "seed": 0})
-    runs = eval_runs(store.engine, [plain, own, exits, bf16, queued])
+    profile = store.create_run(sweep_id="profiled", kind="profile", model_spec=MODEL, adapter="zoo", suite="profile")
+    runs = run_records(store.engine)
     points = accuracy_points(store.engine, None)
     store.close()
     by_key = {point_key(row): row.run_id for row in points.itertuples()}
-    found = {row["run_id"]: by_key.get(point_key(row)) for row in runs.to_dict("records")}
-    assert found == {plain: plain, own: own, exits: exits, bf16: bf16, queued: None}
-    assert point_key(runs.iloc[0]) == ("zoo:qwen3-tiny-small", 1, None, None, ""), "NaN read as None, r as an int"
-    assert list(runs["scored"]) == [True, True, True, True, False]
-    assert list(ordered_sets(runs)) == [runs["set_id"].iloc[0]], "one set: every run's is the same"
+    found = {run["run_id"]: by_key.get(point_key(run)) for run in runs}
+    assert found == {plain: plain, own: own, exits: exits, bf16: bf16, queued: None, profile: None}
+    assert point_key(runs[0]) == ("zoo:qwen3-tiny-small", 1, None, None, ""), "a NULL loop count reads r=1, NaN None"
+    assert [run["scored"] for run in runs] == [True, True, True, True, False, False]
+    assert runs[-1]["set_id"] is None and runs[-1]["kind"] == "profile", "a profile has no evaluation set"
+    assert list(ordered_sets(runs)) == [runs[0]["set_id"]], "one set: every evaluation run's"
