@@ -244,20 +244,6 @@ def test_analytic_measure_follows_the_stored_config(engine) -> None:
     assert math.isnan(analytic_bytes({"family": "transformers", "config": {"model_type": "x"}}, 1024))
 
 
-@pytest.mark.parametrize("spec,loops", [("preset:melt-tiny", 3), ("preset:ouro-tiny", 8), ("preset:qwen3-tiny", None)])
-def test_analytic_coefficients_reproduce_the_estimate(spec: str, loops: int | None) -> None:
-    """The dashboards evaluate the stored coefficients; at every context (below and above MELT's
-    chunk) they give exactly what `loopeval estimate` computes from the config."""
-    import adapters
-    from adapters.engine.memory import estimate
-
-    adapter = adapters.load(spec, loops=loops) if loops else adapters.load(spec)
-    described = adapter.describe()
-    for tokens in (1, 5, 16, 17, 1024, 32768):
-        expected = estimate(adapter.config, tokens, 1, loops, described["dtype"]).total_bytes
-        assert analytic_bytes(described, tokens) == expected, (spec, tokens)
-
-
 def test_accuracy_vs_loops_labels_every_loop_count(engine) -> None:
     """Loop counts that are not powers of two get a tick too (Plotly's own log ticks skip them)."""
     points = accuracy_points(engine, None)
