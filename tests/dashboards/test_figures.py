@@ -365,7 +365,7 @@ def test_the_empty_profile_figure_suggests_a_command_that_runs_as_printed(tmp_pa
 
     note = _annotations(trace_figures.memory_vs_context(pd.DataFrame(), measures.PROFILE_MEASURES))
     command = re.search(r"loopeval profile \S+ --lengths \S+", note).group(0)
-    assert command == figures.PROFILE_EXAMPLE
+    assert command == names.PROFILE_EXAMPLE
     argv = [str(Path(sys.executable).with_name("loopeval")), *shlex.split(command)[1:]]
     done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
