@@ -21,21 +21,23 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pandas as pd
-from dash import Dash, Input, Output, State, dash_table, dcc, html
+from dash import Dash, Input, Output, State, dcc, html
+from dash.dash_table.DataTable import DataTable
 from dash.exceptions import DependencyException
 from flask import abort, request
 from sqlalchemy import Engine
 
+from analysis.names import available_measures, loops_label
+from analysis.points import DEFAULT_CONTEXT_TOKENS, accuracy_points
 from dashboards import figures, views
-from dashboards.data import (DEFAULT_CONTEXT_TOKENS, SAMPLE_BUDGET, SAMPLE_COLUMNS, SAMPLE_TEXT_CHARS, accuracy_points,
-                             browse_samples)
+from dashboards.data import SAMPLE_BUDGET, SAMPLE_COLUMNS, SAMPLE_TEXT_CHARS, browse_samples
 from db import ResultsError, queries
 from db.session import open_existing
 from db.stored import hidden, hide_damaged
 import measures
 
 REFRESH_SECONDS = 10
-GRAPH_CONFIG = {"displaylogo": False}  # Plotly's logo links to plotly.com: no link in the page may leave it
+GRAPH_CONFIG: dcc.Graph.Config = {"displaylogo": False}  # Plotly's logo links to plotly.com: no link in the page may leave it
 ANSWER_STYLE = {"fontSize": "1.1em", "background": "#f2f6fc", "borderLeft": "4px solid #3a6fc4", "padding": "0.7em 1em"}
 _ROW = {"display": "flex", "gap": "2em", "flexWrap": "wrap", "alignItems": "flex-start", "margin": "0.5em 0"}
 
@@ -49,13 +51,13 @@ def _doc_number(doc_id: str) -> int | str:
     return int(doc_id) if doc_id.isdigit() else doc_id
 
 
-def set_choices(engine: Engine, set_id: str | None, measure: str | None) -> tuple[list, list, list, list, list, str]:
+def set_choices(engine: Engine, set_id: str | None, measure: str | None) -> tuple[list[Any], list[Any], list[Any], list[Any], list[Any], str]:
     """What the filters offer for the selected set: its own models and loop counts (all checked) and the memory
     measures some run of it has (NVML and torch only where a GPU was measured), keeping `measure` if it is one."""
     points = accuracy_points(engine, set_id) if set_id else pd.DataFrame(columns=["model", "loops"])
     models = sorted(points["model"].unique().tolist())
     loops = sorted(int(r) for r in points["loops"].dropna().unique())
-    present = figures.available_measures(points) or list(measures.MEMORY_MEASURES)
+    present = available_measures(points) or list(measures.MEMORY_MEASURES)
     options = [{"label": measures.MEMORY_MEASURES[key], "value": key} for key in present]
     return models, models, loops, loops, options, measure if measure in present else present[0]
 
@@ -120,7 +122,7 @@ def _layout(engine: Engine) -> html.Div:
                  {"label": "wrong", "value": "wrong"}], "all", id="sample-verdict", inline=True)),
         ], style=_ROW),
         html.P(id="sample-count"),
-        dash_table.DataTable(
+        DataTable(
             id="samples", columns=[{"name": label, "id": key} for key, label in SAMPLE_COLUMNS.items()],
             page_size=20, sort_action="native",
             style_cell={"whiteSpace": "pre-wrap", "textAlign": "left", "verticalAlign": "top",
@@ -281,7 +283,7 @@ def create_app(db_url: str, hosts: Collection[str] = LOOPBACK_NAMES) -> Dash:
         Output("measure", "options"), Output("measure", "value"), Input("set", "value"), State("measure", "value"),
     )
     @reading
-    def _choices(set_id: str | None, measure: str | None) -> tuple[list, list, list, list, list, str]:
+    def _choices(set_id: str | None, measure: str | None) -> tuple[list[Any], list[Any], list[Any], list[Any], list[Any], str]:
         return set_choices(engine, set_id, measure)
 
     for view in views.VIEWS:
@@ -293,10 +295,10 @@ def create_app(db_url: str, hosts: Collection[str] = LOOPBACK_NAMES) -> Dash:
         Input("refresh", "n_intervals"),
     )
     @reading
-    def _samples(task: str | None, model: str | None, verdict: str, _tick: int | None) -> tuple[list[dict], str]:
+    def _samples(task: str | None, model: str | None, verdict: str, _tick: int | None) -> tuple[list[dict[str, Any]], str]:
         correct = {"correct": True, "wrong": False}.get(verdict)
         rows = browse_samples(engine, task=task, model=model, correct=correct)
-        rows = rows.assign(loops=rows["loops"].map(figures.loops_label), doc_id=rows["doc_id"].map(_doc_number))
+        rows = rows.assign(loops=rows["loops"].map(loops_label), doc_id=rows["doc_id"].map(_doc_number))
         rows = rows[list(SAMPLE_COLUMNS)].astype(object).where(rows[list(SAMPLE_COLUMNS)].notna(), None)
         note = (f"{len(rows)} samples, spread evenly over every run, task and verdict that matches (at most about "
                 f"{SAMPLE_BUDGET}); texts over {SAMPLE_TEXT_CHARS} characters are cut")

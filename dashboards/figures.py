@@ -8,19 +8,19 @@ Stored strings (model specs, task and metric names) come from users and plugins.
 subset of HTML in legends, titles and hovers, `<a href>` included, so every stored string is
 escaped (`plain`) before it reaches a figure: it shows as the text it is, never as markup.
 
-The figures the report draws by the hundred (accuracy against memory, loops and compute, memory over a run)
-are given to `go.Figure` whole, their traces and layout as dicts: Plotly validates at every `add_trace` and
-`update_*` call, and a figure built up call by call (or by Plotly Express) took several times as long as the
-same figure given whole (docs/benchmarks.md). The faceted ones (depth, probes) keep Plotly Express, which lays
-out their panels.
+The figures of a set's points are here (accuracy against memory, loops and compute, the memory levers), with what
+every figure shares (escaping, colours, notes); those of loops and memory traces are in `dashboards.trace_figures`.
+What a point is, how it is named and ranked, is `analysis/`'s. The figures the report draws by the hundred are given
+to `go.Figure` whole, their traces and layout as dicts: Plotly validates at every `add_trace` and `update_*` call,
+and a figure built up call by call (or by Plotly Express) took several times as long as the same figure given
+whole (docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import html
-import json
 import textwrap
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -28,25 +28,14 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
-from db.sets import KV_AXIS, config_fields, id_ranges
-from measures import ANALYTIC, BY_NAME, BYTE_UNITS, COMPUTE_BY_NAME, GB, MEMORY_MEASURES, WEIGHTS_PLUS_KV
+from analysis.names import (NOT_MEASURED, byte_unit, exit_label, loops_label, measure_label, point_label, point_name,
+                            series_name)
+from analysis.points import lever_points
+from analysis.ranking import pareto_mask
+from db.sets import id_ranges
+from measures import BY_NAME, COMPUTE_BY_NAME, GB, KB
 
-KV_ONLY = ("kv_bytes_allocated", "kv_bytes_reserved")  # the measures that leave the weights out
-# What users quote as a model's memory: the answer says when one of them would rank another point first.
-QUOTED_MEASURES = ("nvml_process", WEIGHTS_PLUS_KV, "kv_bytes_allocated", "rss")
-# What each measure holds, said wherever a sentence names it: above all whether the weights are counted.
-MEASURE_SCOPE: dict[str, str] = {
-    "nvml_process": "the process's whole GPU memory, weights counted",
-    WEIGHTS_PLUS_KV: "what the model holds, weights counted",
-    "torch_allocated": "the tensors on the GPU, weights counted",
-    **{name: "weights not counted" for name in KV_ONLY},
-    ANALYTIC: "from the config, weights counted",
-    "rss": "the whole process, weights counted",
-}
 DECIMAL_NOTE = "GB are decimal (1 GB = 1e9 bytes)"
-# What the empty profile figure suggests: a shipped model at lengths its 512-token context holds (with the decode steps).
-PROFILE_EXAMPLE = "loopeval profile zoo:melt-tiny --lengths 64,256,448"
-PROBE_EXAMPLE = "loopeval probe zoo:ouro-tiny"  # what the empty probe figure suggests: a shipped looped model
 # Models take these colours in turn (`model_colors`); a figure's other lines (a run's measures) take the second set,
 # so no colour stands for a model in one figure and for something else in the next.
 _PALETTE = (*px.colors.qualitative.Plotly, *px.colors.qualitative.Dark24)
@@ -56,7 +45,7 @@ _SYMBOLS = ("circle", "square", "diamond", "triangle-up", "pentagon", "star", "h
             "hourglass", "triangle-left", "bowtie", "triangle-right", "octagon", "hexagram", "star-square")
 
 
-_STORED_TEXT = ("model", "task", "metric", "suite", "phase", "group", "config_label")
+_STORED_TEXT = ("model", "task", "metric", "suite", "phase", "group", "config_label", "exit_criterion")
 
 
 def plain(value: object) -> str:
@@ -73,17 +62,7 @@ def _plain_frame(frame: pd.DataFrame) -> pd.DataFrame:
     present = [c for c in _STORED_TEXT if c in frame]
     if not present or frame.empty:
         return frame
-    return frame.assign(**{c: frame[c].map(plain) for c in present})
-
-
-def byte_unit(values: Sequence[float] | pd.Series | np.ndarray) -> tuple[str, float]:
-    """The largest decimal unit (GB, MB, KB, B) that keeps the biggest finite value at or above 1."""
-    finite = [abs(float(v)) for v in values if v is not None and np.isfinite(v)]
-    largest = max(finite, default=0.0)
-    for unit, scale in BYTE_UNITS:
-        if largest >= scale:
-            return unit, scale
-    return "GB", GB  # nothing to scale: label the axis in the unit people expect
+    return frame.assign(**{c: frame[c].map(plain, na_action="ignore") for c in present})
 
 
 def unit_title(label: str, unit: str, scale: float) -> str:
@@ -91,44 +70,6 @@ def unit_title(label: str, unit: str, scale: float) -> str:
     if unit == "B":
         return f"{label} (bytes)"
     return f"{label} (decimal {unit}, {scale:.0e} bytes)".replace("e+0", "e")
-
-
-def measure_label(measure: str, context_tokens: int | None = None) -> str:
-    """Human label of a selectable measure; the analytic one names its context length."""
-    label = MEMORY_MEASURES.get(measure, measure)
-    if measure == ANALYTIC and context_tokens is not None:
-        return f"{label} at {context_tokens} tokens"
-    return label
-
-
-def available_measures(points: pd.DataFrame) -> list[str]:
-    """The selectable measures that some point has (on a CPU-only machine NVML and torch are unavailable), in order."""
-    return [measure for measure in MEMORY_MEASURES if measure in points and points[measure].notna().any()]
-
-
-def measure_words(measure: str, context_tokens: int | None = None) -> str:
-    """A measure named for a sentence: its label and what it holds, 'weights + KV cache peak (what the model holds,
-    weights counted)'."""
-    scope = MEASURE_SCOPE.get(measure)
-    return measure_label(measure, context_tokens) + (f" ({scope})" if scope else "")
-
-
-def default_measure(points: pd.DataFrame) -> str:
-    """The first selectable measure that any point has (`MEMORY_MEASURES` is in the default's order): the NVML
-    process total where a GPU was measured, else weights + KV cache peak."""
-    return next(iter(available_measures(points) or MEMORY_MEASURES))
-
-
-def pareto_mask(memory: Sequence[float], accuracy: Sequence[float]) -> np.ndarray:
-    """True for each point no other point dominates (no more memory and no less accuracy, one strictly better).
-
-    Equal points do not dominate each other, so ties both stay on the frontier.
-    """
-    x = np.asarray(memory, dtype=float)
-    y = np.asarray(accuracy, dtype=float)
-    no_worse = (x[None, :] <= x[:, None]) & (y[None, :] >= y[:, None])  # [i, j]: j is no worse than i
-    better = (x[None, :] < x[:, None]) | (y[None, :] > y[:, None])
-    return ~(no_worse & better).any(axis=1)
 
 
 def model_colors(models: Iterable[str], first: Iterable[str] = ()) -> dict[str, str]:
@@ -149,7 +90,7 @@ def _colors_of(models: Iterable[str], colors: Mapping[str, str] | None) -> dict[
     return {plain(model): color for model, color in known.items()}
 
 
-def loops_symbol(loops: object) -> str:
+def loops_symbol(loops: Any) -> str:
     """A loop count's marker, the same in every figure: r = 1 a circle, 2 a square, 3 a diamond, 4 a triangle, ...
     (an unknown count an open circle). Kept apart so a marker per configuration (exit threshold) can refine it."""
     return "circle-open" if pd.isna(loops) else _SYMBOLS[(int(loops) - 1) % len(_SYMBOLS)]
@@ -197,73 +138,6 @@ def _with_set(title: str, points: pd.DataFrame) -> str:
     return f"{title}<br><sup>{plain(points['set_label'].iloc[0])}</sup>"
 
 
-def exit_label(threshold: float | None, criterion: str | None) -> str:
-    """A run's point on the per-token exit axis as tables, hovers and legends name it: 'gate 0.5', 'kl 0.1';
-    '-' off the axis (the model's own exit policy)."""
-    if threshold is None or threshold != threshold:
-        return "-"
-    return f"{threshold:g}" if criterion is None or criterion != criterion else f"{criterion} {threshold:g}"
-
-
-def loops_label(loops: object) -> str:
-    """How a loop count reads everywhere: `r=4`. A plain transformer is r=1 (one pass, T = 1), as the
-    queries store it; an unknown count (NaN) reads `r=?` rather than `r=nan`."""
-    return "r=?" if pd.isna(loops) else f"r={int(loops)}"
-
-
-def config_labels(points: pd.DataFrame) -> list[str]:
-    """Each point's configuration (`db.sets.configuration`, the `config` column) as far as it tells the point apart
-    from the same model's other points: the fields whose values differ among them, 'dtype=bfloat16 exit_loop=2', the
-    KV policy and dtype first and by their values alone, as people name them ('shared-last int8'); '' where the model
-    has one configuration in the set (or the frame has no `config`)."""
-    if "config" not in points:
-        return [""] * len(points)
-    fields = [config_fields(key) for key in points["config"]]
-    of_model: dict[str, list[dict[str, Any]]] = {}
-    for model, config in zip(points["model"], fields):
-        of_model.setdefault(model, []).append(config)
-
-    def tells_apart(model: str, name: str) -> bool:  # the model's points do not all hold one value of it
-        return len({_config_value(c[name]) if name in c else None for c in of_model[model]}) > 1
-
-    def label(name: str, value: Any) -> str:
-        return _config_value(value) if name in KV_AXIS else f"{name}={_config_value(value)}"
-
-    def order(name: str) -> tuple[int, str]:  # the KV axis first, policy before dtype, then the overrides by name
-        return (KV_AXIS.index(name), "") if name in KV_AXIS else (len(KV_AXIS), name)
-
-    return [" ".join(label(name, config[name]) for name in sorted(config, key=order) if tells_apart(model, name))
-            for model, config in zip(points["model"], fields)]
-
-
-def _config_value(value: Any) -> str:
-    """An override's value as a name shows it: text as written, anything else as JSON ('bfloat16', '2', 'true')."""
-    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
-def series_name(model: str, threshold: float | None, criterion: str | None, config: str = "") -> str:
-    """A line of a figure against r: the model with its configuration (`config_labels`), and its exit threshold
-    where the set sweeps one, so the points of two configurations or thresholds at one r are two lines, never a
-    zigzag of one."""
-    name = f"{model} {config}" if config else model
-    return name if threshold is None or threshold != threshold else f"{name} exit {exit_label(threshold, criterion)}"
-
-
-def point_label(row: Any) -> str:
-    """A point's loops, its exit threshold where the set sweeps one and its configuration where the model has several
-    (`config_labels`, the `config_label` column): 'r=4', 'r=4 exit gate 0.5', 'r=4 dtype=bfloat16'. The configuration is
-    stored text: a figure escapes its frame first (`_plain_frame`)."""
-    threshold = getattr(row, "exit_threshold", None)
-    exit_at = "" if threshold is None or threshold != threshold else f" exit {plain(exit_label(threshold, row.exit_criterion))}"
-    config = getattr(row, "config_label", "")
-    return f"{loops_label(row.loops)}{exit_at}{f' {config}' if config else ''}"
-
-
-def point_name(row: Any) -> str:
-    """How a sentence names a point: 'zoo:ouro-tiny r=4 exit gate 0.9'."""
-    return f"{row.model} {point_label(row)}"
-
-
 def _point_names(frame: pd.DataFrame) -> str:
     return ", ".join(point_name(row) for row in frame.itertuples())
 
@@ -279,8 +153,8 @@ def accuracy_vs_memory(points: pd.DataFrame, measure: str, task: str = "all", la
                        colors: Mapping[str, str] | None = None) -> go.Figure:
     """Accuracy against memory, one marker per point (configuration), with error bars and the Pareto frontier.
 
-    `points` is `queries.accuracy_memory(...)` (one evaluation set, named in the title) with the
-    `measure` column present (see `dashboards.data.with_derived_measures`). Points whose measure is
+    `points` are `analysis.points.accuracy_points` rows (one evaluation set, named in the title) with the
+    `measure` column present. Points whose measure is
     NULL are named, not plotted.
     Colour is the model and the marker's shape its loop count (a legend entry per shape), so no text
     label sits beside a point to collide with its neighbours; a model's points at one r and one memory (exit
@@ -362,7 +236,7 @@ def _spread(points: pd.DataFrame) -> np.ndarray:
     return offsets
 
 
-def _legend_key(name: str, group: str, title: str | None, marker: dict) -> dict[str, Any]:
+def _legend_key(name: str, group: str, title: str | None, marker: dict[str, Any]) -> dict[str, Any]:
     """A trace drawn in the legend only (no data), heading its legend group."""
     key = {"type": "scatter", "x": [None], "y": [None], "mode": "markers", "name": name, "legendgroup": group,
            "marker": marker, "hoverinfo": "skip"}
@@ -445,7 +319,7 @@ def accuracy_vs_loops(points: pd.DataFrame, measure: str, task: str = "all", lab
     })
 
 
-def _secondary_y(xaxis: dict, yaxis: dict, yaxis2: dict) -> dict[str, dict]:
+def _secondary_y(xaxis: dict[str, Any], yaxis: dict[str, Any], yaxis2: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The axes of one plot with a second y axis on the right, as `make_subplots(specs=[[{"secondary_y": True}]])`
     lays them out (traces on it name `yaxis="y2"`), each merged with its own settings: written out so the figure
     is given whole (see the module's docstring)."""
@@ -512,7 +386,7 @@ def _exit_lines(frame: pd.DataFrame) -> pd.DataFrame:
     runs of a swept threshold make a line per (model, r), which ends at the same model's run at that r without a
     threshold (its own exit policy, every loop for the tiny zoo), drawn on both lines. A threshold that keeps every
     loop (gate 1.0) decodes the same tokens as that run, so the default sweep does not run it twice."""
-    frame = frame.assign(exit=[plain(exit_label(t, c)) for t, c in zip(frame["exit_threshold"], frame["exit_criterion"])])
+    frame = frame.assign(exit=[exit_label(t, c) for t, c in zip(frame["exit_threshold"], frame["exit_criterion"])])  # escaped
     swept = frame["exit_threshold"].notna()
     at_r = " r=" + frame["loops"].astype(int).astype(str)
     config = frame.get("config_label", pd.Series("", index=frame.index))
@@ -522,176 +396,36 @@ def _exit_lines(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([frame, ends.assign(line=(model + at_r)[ends.index])], ignore_index=True)
 
 
-def _mark_trained_loops(fig: go.Figure, trained: pd.Series, colors: dict[str, str]) -> None:
-    """A dotted vertical line at each model's trained T, in the model's colour, on every panel with data: the lines
-    `add_vline(row="all", col="all")` draws, given at once: drawn by it, they were slow (docs/benchmarks.md)."""
-    panels = list(dict.fromkeys((trace.xaxis or "x", trace.yaxis or "y") for trace in fig.data))
-    fig.update_layout(shapes=[{"type": "line", "x0": float(value), "x1": float(value), "xref": x, "y0": 0, "y1": 1,
-                               "yref": f"{y} domain", "line": {"color": colors[model], "dash": "dot"}, "opacity": 0.8}
-                              for model, value in trained.dropna().items() for x, y in panels])
+ENERGY_NOTE = "energy: NVML's counter over each run (the device's: other processes on it count too), one run's mean"
 
 
-def accuracy_vs_depth(points: pd.DataFrame, colors: Mapping[str, str] | None = None) -> go.Figure:
-    """Depth extrapolation: pass@1 against the loop count r, one panel per task group, the trained T dotted.
-
-    `points` are `dashboards.data.depth_points` rows. Beyond T the model runs loops it never trained on;
-    panels per group keep a knowledge drop from hiding inside the suite mean.
-    """
-    title = _with_set("Depth extrapolation: accuracy against loops r (dotted: trained T)", points)
-    if points.empty:
-        return _empty(title, "no evaluated runs in this evaluation set yet")
+def accuracy_vs_energy(points: pd.DataFrame, task: str = "all", colors: Mapping[str, str] | None = None) -> go.Figure:
+    """Accuracy against the GPU energy one run of each point drew, its pass@1 per kJ in the hover: what accuracy a
+    joule buys, beside what a gigabyte buys. Where no run had an energy counter (no NVML, a CPU) the figure says so
+    and draws nothing, never a point at zero joules."""
+    title = _with_set(f"Accuracy against GPU energy: {plain(task)}", points)
+    shown, missing = _measured(points, "energy_joules")
+    if shown.empty:
+        return _empty(title, f"GPU energy: {NOT_MEASURED} for every run here; pass@1 per kJ needs a GPU's counter")
     palette = _colors_of(points["model"], colors)
-    points = _plain_frame(points)
-    groups = ["all", *sorted(g for g in points["group"].unique() if g != "all")]
-    fig = px.line(points, x="loops", y="accuracy", color="model", facet_col="group", markers=True,
-                  category_orders={"group": groups, "model": sorted(points["model"].unique())},
-                  color_discrete_map=palette,
-                  labels={"loops": "loops (r)", "accuracy": "pass@1"}, hover_data=["runs", "seeds", "trained_loops"])
-    fig.for_each_trace(lambda trace: trace.update(marker_symbol=[loops_symbol(r) for r in trace.x]))
-    _mark_trained_loops(fig, points.groupby("model")["trained_loops"].max(), palette)
-    fig.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))  # "group=knowledge" -> "knowledge"
-    fig.update_yaxes(range=[-0.05, 1.05])
-    fig.update_layout(title=title, margin={"t": 100})  # room for the set line above the panel titles
-    pooled = _pooled_note(points)
-    return _add_footnote(fig, pooled[0]) if pooled else fig
-
-
-PROBE_LABELS = {"angular_distance": "angular distance / pi", "relative_update": "relative update norm",
-                "state_variance": "normalised state variance", "interaction": "interaction (by lag k)"}
-
-
-def loop_probes(values: pd.DataFrame, title: str, colors: Mapping[str, str] | None = None) -> go.Figure:
-    """`loopeval probe` values of one run against the loop index l, one panel per metric, the trained T dotted.
-
-    `values` are `db.queries.probe_values` rows of one run; interaction has one line per lag k (the loop
-    skipped is l - k). Loops right of the dotted line run beyond the depth the model was trained to.
-    """
-    title = plain(title)
-    if values.empty:
-        return _empty(title, f"no probe runs yet: {PROBE_EXAMPLE} (or loopeval probe MODEL, any model) measures one")
-    palette = _colors_of(values["model"], colors)
-    values = _plain_frame(values)
-    values = values.assign(panel=values["metric"].map(lambda m: PROBE_LABELS.get(m, plain(m))),
-                           series=[f"lag {int(k)}" if pd.notna(k) else "per loop" for k in values["lag"]])
-    # The model's colour, as in every figure; the interaction's lags told apart by their dash.
-    fig = px.line(values, x="loop", y="value", color="model", line_dash="series", facet_col="panel", facet_col_wrap=2,
-                  markers=True, color_discrete_map=palette,
-                  category_orders={"panel": [p for p in PROBE_LABELS.values() if p in set(values["panel"])]},
-                  labels={"loop": "loop l", "value": ""}, hover_data=["model", "lag"])
-    _mark_trained_loops(fig, values.groupby("model")["trained_loops"].max(), palette)
-    fig.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))
-    fig.update_yaxes(matches=None, showticklabels=True, rangemode="tozero")
-    return fig.update_layout(title=f"{title} (dotted: trained T)", legend_title_text="")
-
-
-def memory_over_run(series: pd.DataFrame, measures: Sequence[str], title: str = "Memory over a run") -> go.Figure:
-    """Each measure of the sampler against time (left) and against generated tokens (right), one line per measure.
-
-    `title` may name stored strings (the run's model): it is shown as plain text.
-    """
-    title = plain(title)
-    if series.empty:
-        return _empty(title, "this run has no memory samples")
-    present = [m for m in measures if m in series and series[m].notna().any()]
-    missing = [m for m in measures if m not in present]
-    if not present:
-        return _empty(title, f"every measure unavailable: {', '.join(missing)}")
-    unit, scale = byte_unit(np.concatenate([series[m].to_numpy(dtype=float) for m in present]))
-    traces = []
-    for index, measure in enumerate(present):
-        color = _MEASURE_PALETTE[index % len(_MEASURE_PALETTE)]
-        rows = series[series[measure].notna()]
-        y = (rows[measure] / scale).to_numpy()
-        for axis, x, x_label in (("", "t", "s"), ("2", "generated_tokens", "tokens")):
-            traces.append({
-                "type": "scatter", "x": rows[x].to_numpy(), "y": y, "mode": "lines", "name": measure, "legendgroup": measure,
-                "showlegend": axis == "", "line": {"color": color}, "xaxis": f"x{axis}", "yaxis": f"y{axis}",
-                "hovertemplate": f"{measure}<br>%{{x}} {x_label}<br>%{{y:.3f}} {unit}<extra></extra>",
-            })
-    # Log scale: on a CPU the process RSS is ~1000x the KV cache, and both must stay readable.
-    layout = _side_by_side(("against time", "against generated tokens"), {"title": {"text": "time since start (s)"}},
-                           {"title": {"text": "generated tokens"}},
-                           {"title": {"text": unit_title("memory", unit, scale) + ", log scale"}, "type": "log"})
-    notes = [DECIMAL_NOTE] + ([f"unavailable: {', '.join(missing)}"] if missing else [])
-    note, margin = _footnote(" · ".join(notes))
-    layout["annotations"].append(note)
-    return go.Figure(data=traces, layout=layout | {"title": {"text": title}, "legend": {"title": {"text": "measure"}},
-                                                   "margin": margin})
-
-
-def _side_by_side(titles: tuple[str, str], xaxis: dict, xaxis2: dict, yaxis: dict) -> dict[str, Any]:
-    """Two panels side by side sharing their y axis (the right one's labels hidden), a title above each, as
-    `make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.06, subplot_titles=titles)` lays them
-    out (traces of the right panel name `xaxis="x2", yaxis="y2"`); `yaxis` is both panels'. Written out so the
-    figure is given whole (see the module's docstring)."""
-    left, right = [0.0, 0.47], [0.53, 1.0]
-    above = [{"text": text, "x": (lo + hi) / 2, "y": 1.0, "xref": "paper", "yref": "paper", "xanchor": "center",
-              "yanchor": "bottom", "showarrow": False, "font": {"size": 16}} for text, (lo, hi) in zip(titles, (left, right))]
-    return {"xaxis": {"anchor": "y", "domain": left, **xaxis}, "xaxis2": {"anchor": "y2", "domain": right, **xaxis2},
-            "yaxis": {"anchor": "x", "domain": [0.0, 1.0], **yaxis},
-            "yaxis2": {"anchor": "x2", "domain": [0.0, 1.0], "matches": "y", "showticklabels": False,
-                       **{k: v for k, v in yaxis.items() if k != "title"}},
-            "annotations": above}
-
-
-# The profile figure's keys: a line style per analytic term, a marker per measured measure (grey, in the legend only).
-_ANALYTIC_DASH = {"analytic KV": "dot", "analytic weights + KV": "dash"}
-_MEASURE_SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "cross", "star")
-
-
-def memory_vs_context(profile: pd.DataFrame, measures: Sequence[str],
-                      colors: Mapping[str, str] | None = None) -> go.Figure:
-    """`loopeval profile` points: measured memory (markers) beside the analytic lines, against context length.
-
-    A legend entry per (model, r, batch) in the model's colour, toggling its lines and markers, then one key of the
-    line styles and marker shapes: a legend that stays a few lines long however many measures each run has."""
-    title = "Memory against context length (loopeval profile)"
-    if profile.empty:
-        return _empty(title, f"no profile runs yet: {PROFILE_EXAMPLE} measures some")
-    palette = _colors_of(profile["model"], colors)
-    profile = _plain_frame(profile)
-    present = [m for m in measures if m in profile and profile[m].notna().any()]
-    missing = [m for m in measures if m not in present]
-    analytic = profile["kv_bytes_analytic"]
-    totals = profile["weights_bytes"] + analytic
-    unit, scale = byte_unit(np.concatenate([profile[m].to_numpy(dtype=float) for m in present]
-                                           + [analytic.to_numpy(dtype=float), totals.to_numpy(dtype=float)]))
-    symbols = dict(zip(present, _MEASURE_SYMBOLS))
-    traces = []
-    for (model, loops, batch), rows in profile.groupby(["model", "loops", "batch"], dropna=False, sort=True):
-        name, rows, color = f"{model} {loops_label(loops)} b={batch}", rows.sort_values("context_tokens"), palette[model]
-        traces.append(_legend_key(name, name, None, {"color": color, "size": 10, "symbol": "circle"}))
-        lines = {"analytic KV": rows["kv_bytes_analytic"], "analytic weights + KV": rows["weights_bytes"] + rows["kv_bytes_analytic"]}
-        for kind, values in lines.items():
-            if values.notna().any():
-                traces.append(_profile_trace(name, kind, rows["context_tokens"], values / scale, unit,
-                                             {"mode": "lines", "line": {"color": color, "dash": _ANALYTIC_DASH[kind]}}))
-        for measure, symbol in symbols.items():
-            measured = rows[rows[measure].notna()]
-            if not measured.empty:
-                traces.append(_profile_trace(name, measure, measured["context_tokens"], measured[measure] / scale, unit,
-                                             {"mode": "markers", "marker": {"color": color, "symbol": symbol, "size": 9}}))
-    for index, (kind, dash) in enumerate(_ANALYTIC_DASH.items()):  # the key: line styles, then marker shapes
-        traces.append({"type": "scatter", "x": [None], "y": [None], "mode": "lines", "name": kind, "legendgroup": "key",
-                       "line": {"color": "#777", "dash": dash}, "hoverinfo": "skip"}
-                      | ({"legendgrouptitle": {"text": "key"}} if index == 0 else {}))
-    traces += [_legend_key(measure, "key", None, {"color": "#777", "size": 9, "symbol": symbol})
-               for measure, symbol in symbols.items()]
-    notes = [DECIMAL_NOTE] + ([f"unavailable: {', '.join(missing)}"] if missing else [])
+    shown = _plain_frame(shown).assign(kj=shown["energy_joules"] / KB)
+    shown = shown.assign(r=[point_label(row) for row in shown.itertuples()], runs=_runs_text(shown),
+                         per_kj=[f"{a / kj:.3g}" for a, kj in zip(shown["accuracy"], shown["kj"])])
+    hover = ("model %{customdata[0]}<br>%{customdata[1]}<br>accuracy %{y:.3f}<br>%{x:.3g} kJ a run"
+             "<br>%{customdata[2]} pass@1 per kJ<br>%{customdata[3]}<extra></extra>")
+    traces = [{"type": "scatter", "x": rows["kj"].to_numpy(), "y": rows["accuracy"].to_numpy(), "mode": "markers",
+               "error_y": {"type": "data", "array": rows["stderr"].to_numpy(dtype=float)}, "name": model,
+               "marker": {"color": palette[model], "size": 12, "symbol": rows["loops"].map(loops_symbol).tolist()},
+               "customdata": rows[["model", "r", "per_kj", "runs"]].to_numpy(), "hovertemplate": hover}
+              for model, rows in shown.groupby("model", sort=True)]
+    notes = [ENERGY_NOTE, *_pooled_note(shown)] + ([f"{NOT_MEASURED}: {_point_names(missing)}"] if not missing.empty else [])
     note, margin = _footnote(" · ".join(notes))
     return go.Figure(data=traces, layout={
-        "title": {"text": title}, "legend": {"title": {"text": "markers: measured · lines: analytic"}, "tracegroupgap": 2},
-        "xaxis": {"type": "log", "title": {"text": "context length (tokens)"}},
-        "yaxis": {"type": "log", "title": {"text": unit_title("memory", unit, scale) + ", log scale"}},
+        "title": {"text": title}, "legend": {"title": {"text": "model (shape: r)"}},
+        "xaxis": {"rangemode": "tozero", "title": {"text": "GPU energy of a run (kJ)"}},
+        "yaxis": {"range": [-0.05, 1.05], "title": {"text": f"accuracy ({shown['metric'].iloc[0]})"}},
         "annotations": [note], "margin": margin,
     })
-
-
-def _profile_trace(name: str, what: str, x: pd.Series, y: pd.Series, unit: str, style: dict[str, Any]) -> dict[str, Any]:
-    """One analytic line or one measure's markers of a profiled (model, r, batch): in its legend group, not its entry."""
-    return {"type": "scatter", "x": x.to_numpy(), "y": y.to_numpy(), "name": f"{name} · {what}", "legendgroup": name,
-            "showlegend": False, "hovertemplate": f"{name}<br>{what}<br>%{{x}} tokens<br>%{{y:.3f}} {unit}<extra></extra>",
-            **style}
 
 
 # The memory levers: a marker shape per KV policy, filled in the model's dtype and hollow when quantized.
@@ -700,32 +434,6 @@ KV_MARKERS = {"per-loop": "circle", "shared-last": "square", "shared-mean": "dia
 KV_FILL = {"auto": "", "int8": "-open", "fp8": "-open-dot"}
 LEVERS_EXAMPLE = "loopeval run --model zoo:ouro-tiny --loops 4 --kv-policy per-loop,shared-last --kv-dtype auto,int8"
 LEVER_MEASURE = "kv_bytes_allocated"
-
-
-def _kv_setting(config: str, described: Any) -> tuple[str, str]:
-    """A point's (KV policy, KV dtype): as swept (its configuration), else as its adapter described itself."""
-    swept, described = config_fields(config), described if isinstance(described, dict) else {}
-    return (str(swept.get("kv_policy") or described.get("kv_policy") or "?"),
-            str(swept.get("kv_dtype") or described.get("kv_dtype") or "auto"))
-
-
-def lever_points(points: pd.DataFrame) -> pd.DataFrame:
-    """The points the memory-levers figure compares, with their `kv_policy` and `kv_dtype`: those a sweep set a KV
-    policy or dtype on (`db.sets.KV_AXIS`), and, as the reference each lever saves against, the same model's point at
-    that r without any setting (its own policy in its own dtype) where no swept point is that already. Off the exit
-    axis only: an exit changes accuracy too, so it would not compare like with like."""
-    frame = points[points["exit_threshold"].isna()] if not points.empty else points
-    swept = frame["config"].map(lambda key: bool(set(config_fields(key)) & set(KV_AXIS))) if not frame.empty else None
-    if swept is None or not swept.any():
-        return frame.iloc[0:0].assign(kv_policy=[], kv_dtype=[])
-    levers = set(zip(frame.loc[swept, "model"], frame.loc[swept, "loops"]))
-    keep = np.array([(model, loops) in levers and (on or config == "")
-                     for model, loops, on, config in zip(frame["model"], frame["loops"], swept, frame["config"])])
-    frame, swept = frame[keep], swept[keep]
-    settings = [_kv_setting(c, d) for c, d in zip(frame["config"], frame.get("model_config", [None] * len(frame)))]
-    frame = frame.assign(kv_policy=[p for p, _ in settings], kv_dtype=[d for _, d in settings], swept=swept)
-    frame = frame.sort_values("swept", ascending=False, kind="stable")  # a swept point stands for its setting
-    return frame.drop_duplicates(["model", "loops", "kv_policy", "kv_dtype"]).drop(columns="swept").sort_index()
 
 
 def memory_levers(points: pd.DataFrame, task: str = "all", colors: Mapping[str, str] | None = None) -> go.Figure:

@@ -1,4 +1,5 @@
-"""The static report: one self-contained HTML file that opens offline.
+"""The static report: one self-contained HTML page that opens offline, built as a string (`build_report`; the
+harness writes it to its file whole, `harness.report`).
 
 plotly.js is embedded once (gzipped, unpacked by the page), every figure is embedded as JSON and
 drawn by a few lines of inline script when a selector changes, so the file makes no network request
@@ -18,7 +19,6 @@ import json
 import multiprocessing
 import os
 from datetime import datetime, UTC
-from pathlib import Path
 from typing import Any
 from collections.abc import Callable
 
@@ -28,13 +28,12 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 from sqlalchemy import Engine
 
-from adapters.files import write_atomically
+from analysis.names import default_measure, loops_label, measure_label
+from analysis.points import DEFAULT_CONTEXT_TOKENS, accuracy_points
 from dashboards import figures, views
-from dashboards.data import DEFAULT_CONTEXT_TOKENS, SAMPLE_COLUMNS, SAMPLE_TEXT_CHARS, accuracy_points, browse_samples
+from dashboards.data import SAMPLE_COLUMNS, SAMPLE_TEXT_CHARS, browse_samples
 from db import ResultsError, queries
 from db.headline import SUITE
-from db.session import open_existing
-from db.stored import hide_damaged
 import measures
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
@@ -75,7 +74,7 @@ _NUMBERS = {"score": float, "prompt_tokens": int, "generated_tokens": int}  # ma
 def _sample_cell(column: str, value: Any) -> Any:
     """One cell of the sample browser as JSON: loops as the figures label them, a missing number as null."""
     if column == "loops":
-        return figures.loops_label(value)
+        return loops_label(value)
     if column in _NUMBERS:
         return None if pd.isna(value) else _NUMBERS[column](value)
     return value
@@ -189,7 +188,7 @@ def _selectors(engine: Engine, measure: str, context_tokens: int) -> dict[str, s
     tasks = sorted({task for set_id in queries.eval_sets(engine)["set_id"] for task in queries.tasks(engine, set_id)},
                    key=lambda task: (task != SUITE, task))
     controls["task"] = ("task", _options(tasks))
-    labels = [figures.measure_label(m, context_tokens) for m in measures.MEMORY_MEASURES]
+    labels = [measure_label(m, context_tokens) for m in measures.MEMORY_MEASURES]
     controls["measure"] = ("memory measure", _options(list(measures.MEMORY_MEASURES), labels, selected=measure))
     return {name: f'<label>{html.escape(label)} <select id="{name}">{options}</select></label>'
             for name, (label, options) in controls.items()}
@@ -218,7 +217,7 @@ def build_report(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -
     blobs = report_figures(engine, context_tokens)
     template = _shared_template(blobs)
     sets = queries.eval_sets(engine)  # the default first: the set of the newest scored run
-    measure = figures.default_measure(accuracy_points(engine, None, SUITE, context_tokens))  # the first any point has
+    measure = default_measure(accuracy_points(engine, None, SUITE, context_tokens))  # the first any point has
     opening = views.Selection(set_id=sets["set_id"].iloc[0], measure=measure) if len(sets) else None
     answer = blobs.get(views.ACCURACY.key("answer", opening), "") if opening else "No evaluated runs yet."
     samples = _sample_rows(engine)
@@ -247,30 +246,6 @@ def build_report(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -
         samples_json=_script_json({"columns": list(SAMPLE_COLUMNS.values()), "rows": samples, "pageRows": SAMPLE_PAGE_ROWS}),
         config_json=_script_json(PLOT_CONFIG),
     )
-
-
-def write_report(db_url: str, out: Path, log: Callable[[str], None] | None = None) -> Path:
-    """Write the static report of the database at `db_url` to `out`; return its path.
-
-    Raises `db.ResultsError` (one line, exit 2 in the CLI) when the database is missing or holds no runs;
-    a missing SQLite file is not created. A run holding a damaged value is left out, named by a line to `log`.
-    """
-    engine = open_existing(db_url)
-    try:
-        skipped = hide_damaged(engine)
-        if log is not None:
-            for line in skipped:
-                log(line)
-        text = build_report(engine)
-    finally:
-        engine.dispose()
-    out = Path(out)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(out, text.encode("utf-8"))  # readable by its group, as the database beside it
-    except OSError as exc:
-        raise ResultsError(f"cannot write the report to {out}: {exc.strerror or exc}; any report already there is unchanged") from None
-    return out
 
 
 # The report runs offline: nothing may be fetched, framed, submitted or used as a base for links.

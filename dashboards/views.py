@@ -1,7 +1,8 @@
 """The dashboard views: every figure the report and the app show, each wired once to the query that feeds it.
 
 A view is one section of both pages: its title, the selectors it reads, the query (`db.queries`,
-`dashboards.data`) that feeds it and the figures (`dashboards.figures`, pure) drawn from that data,
+`analysis.points`, `dashboards.data`) that feeds it and the figures (`dashboards.figures`, `trace_figures`, pure)
+drawn from that data,
 with what both pages must show alike: series thinning, titles, the selectors' choices and the runs
 table's columns. `report.py` draws every view for every choice ahead into one offline page, and
 `app.py` draws a view when its selectors change. Neither wires a query to a figure itself, so a view
@@ -19,8 +20,11 @@ import pandas as pd
 import plotly.graph_objects as go
 from sqlalchemy import Engine
 
-from dashboards import figures
-from dashboards.data import DEFAULT_CONTEXT_TOKENS, accuracy_points, answer, depth_points, probe_title, profile_points, set_choice
+from analysis.answer import answer
+from analysis.names import exit_label, loops_label, measure_label
+from analysis.points import DEFAULT_CONTEXT_TOKENS, accuracy_points
+from dashboards import figures, trace_figures
+from dashboards.data import depth_points, probe_title, profile_points, set_choice
 from db import queries
 from db.headline import SUITE
 import measures
@@ -44,6 +48,12 @@ class Selection:
     loops: tuple[int, ...] | None = None
     run_id: int | None = None
     colors: tuple[tuple[str, str], ...] = ()  # the page's (model, colour) pairs (`palette`): no selector sets them
+
+    @property
+    def memory(self) -> str:
+        """The memory measure the accuracy figures read: as picked, else the first selectable one (`measure` stays
+        as picked: it keys the report's drawings)."""
+        return self.measure or next(iter(measures.MEMORY_MEASURES))
 
     @property
     def palette(self) -> dict[str, str] | None:
@@ -146,23 +156,23 @@ def _accuracy_points(engine: Engine, picked: Selection) -> pd.DataFrame:
 
 
 def _measure_label(picked: Selection) -> str:
-    return figures.measure_label(picked.measure, picked.context_tokens)
+    return measure_label(picked.memory, picked.context_tokens)
 
 
 def _answer(points: pd.DataFrame, picked: Selection) -> str:
-    return answer(points, picked.measure, context_tokens=picked.context_tokens)
+    return answer(points, picked.memory, context_tokens=picked.context_tokens)
 
 
 def _accuracy_vs_memory(points: pd.DataFrame, picked: Selection) -> go.Figure:
-    return figures.accuracy_vs_memory(points, picked.measure, picked.task, _measure_label(picked), picked.palette)
+    return figures.accuracy_vs_memory(points, picked.memory, picked.task, _measure_label(picked), picked.palette)
 
 
 def _accuracy_vs_loops(points: pd.DataFrame, picked: Selection) -> go.Figure:
-    return figures.accuracy_vs_loops(points, picked.measure, picked.task, _measure_label(picked), picked.palette)
+    return figures.accuracy_vs_loops(points, picked.memory, picked.task, _measure_label(picked), picked.palette)
 
 
 def _set_ids(engine: Engine) -> list[str]:
-    return queries.eval_sets(engine)["set_id"].tolist()
+    return [str(set_id) for set_id in queries.eval_sets(engine)["set_id"]]
 
 
 def _set_tasks(engine: Engine) -> list[Selection]:
@@ -181,6 +191,10 @@ def _accuracy_vs_decode_time(points: pd.DataFrame, picked: Selection) -> go.Figu
     return figures.accuracy_vs_compute(points, "seconds_per_token", picked.task, picked.palette)
 
 
+def _accuracy_vs_energy(points: pd.DataFrame, picked: Selection) -> go.Figure:
+    return figures.accuracy_vs_energy(points, picked.task, picked.palette)
+
+
 # ----------------------------------------------------------------------------------------------- depth
 def _memory_levers(points: pd.DataFrame, picked: Selection) -> go.Figure:
     return figures.memory_levers(points, picked.task, picked.palette)
@@ -191,7 +205,7 @@ def _depth_points(engine: Engine, picked: Selection) -> pd.DataFrame:
 
 
 def _accuracy_vs_depth(points: pd.DataFrame, picked: Selection) -> go.Figure:
-    return figures.accuracy_vs_depth(points, picked.palette)
+    return trace_figures.accuracy_vs_depth(points, picked.palette)
 
 
 def _each_set(engine: Engine) -> list[Selection]:
@@ -203,9 +217,9 @@ def run_label(run: Any) -> str:
     """How selectors and titles name an eval run (a `queries.runs` row): 'run 3: preset:qwen3-tiny r=2 (synthetic)',
     'run 4: zoo:ouro-tiny r=4 exit gate 0.5 (synthetic)' on the exit axis, 'run 5: zoo:ouro-tiny r=4 shared-last int8
     (synthetic)' on the KV axis."""
-    exit_at = "" if pd.isna(run.exit_threshold) else f" exit {figures.exit_label(run.exit_threshold, run.exit_criterion)}"
+    exit_at = "" if pd.isna(run.exit_threshold) else f" exit {exit_label(run.exit_threshold, run.exit_criterion)}"
     kv = "".join(f" {value}" for value in (run.kv_policy, run.kv_dtype) if not pd.isna(value))
-    return f"run {run.run_id}: {run.model} {figures.loops_label(run.loops)}{exit_at}{kv} ({run.suite})"
+    return f"run {run.run_id}: {run.model} {loops_label(run.loops)}{exit_at}{kv} ({run.suite})"
 
 
 def thinned(series: pd.DataFrame, limit: int = MAX_SERIES_POINTS) -> pd.DataFrame:
@@ -228,7 +242,7 @@ def _run_memory(engine: Engine, picked: Selection) -> tuple[pd.DataFrame, str]:
 
 def _memory_over_run(data: tuple[pd.DataFrame, str], picked: Selection) -> go.Figure:
     series, title = data
-    return figures.memory_over_run(series, measures.SERIES_MEASURES, title)
+    return trace_figures.memory_over_run(series, measures.SERIES_MEASURES, title)
 
 
 def _each_run(engine: Engine) -> list[Selection]:
@@ -241,7 +255,7 @@ def _profile_points(engine: Engine, picked: Selection) -> pd.DataFrame:
 
 
 def _memory_vs_context(profile: pd.DataFrame, picked: Selection) -> go.Figure:
-    return figures.memory_vs_context(profile, measures.PROFILE_MEASURES, picked.palette)
+    return trace_figures.memory_vs_context(profile, measures.PROFILE_MEASURES, picked.palette)
 
 
 # ---------------------------------------------------------------------------------------------- probes
@@ -251,7 +265,7 @@ def _probe_values(engine: Engine, picked: Selection) -> pd.DataFrame:
 
 
 def _loop_probes(values: pd.DataFrame, picked: Selection) -> go.Figure:
-    return figures.loop_probes(values, probe_title(values) if not values.empty else "Loop probes", picked.palette)
+    return trace_figures.loop_probes(values, probe_title(values) if not values.empty else "Loop probes", picked.palette)
 
 
 def _each_probe_run(engine: Engine) -> list[Selection]:
@@ -268,9 +282,11 @@ ACCURACY = View(
 COMPUTE = View(
     title="Accuracy against compute", inputs=("set", "task", "models", "loops"), query=_accuracy_points, cases=_set_tasks,
     plots=(Plot("accuracy-loops-per-token", "compute-loops", _accuracy_vs_loops_per_token, 520),
-           Plot("accuracy-decode-time", "compute-time", _accuracy_vs_decode_time, 520)),
+           Plot("accuracy-decode-time", "compute-time", _accuracy_vs_decode_time, 520),
+           Plot("accuracy-energy", "compute-energy", _accuracy_vs_energy, 520)),
     note="What a generated token cost beside what it scored: mean loops run per token (below r where tokens exit "
-         "early, --exit-threshold) and generate seconds per token. Drawn where the set varies the exit threshold or the loops.",
+         "early, --exit-threshold) and generate seconds per token, drawn where the set varies the exit threshold or the "
+         "loops; and the GPU energy a run drew (NVML), whose pass@1 per kJ stands beside pass@1 per GB.",
 )
 LEVERS = View(
     title="Memory levers", inputs=("set", "task", "models", "loops"), query=_accuracy_points, cases=_set_tasks,
@@ -361,11 +377,13 @@ def runs_table(engine: Engine) -> list[list[Any]]:
     table = table.merge(queries.memory_peaks(engine), on="run_id", how="left")
     averages = queries.suite_means(queries.metrics(engine))
     table = table.merge(averages[["run_id", "metric", "value"]], on="run_id", how="left")
-    number = lambda value: "" if pd.isna(value) else int(value)  # noqa: E731
+    def number(value: Any) -> int | str:
+        return "" if pd.isna(value) else int(value)
+
     rows = []
     for row in table.to_dict("records"):
         accuracy = "" if pd.isna(row.get("value")) else f"{row['value']:.3f} ({row['metric']})"
-        exit_at = "" if pd.isna(row["exit_threshold"]) else figures.exit_label(row["exit_threshold"], row["exit_criterion"])
+        exit_at = "" if pd.isna(row["exit_threshold"]) else exit_label(row["exit_threshold"], row["exit_criterion"])
         kv = " ".join(value for value in (row["kv_policy"], row["kv_dtype"]) if not pd.isna(value))  # blank: not swept
         rows.append([row["run_id"], row["sweep_id"], row["kind"], row["model"], number(row["loops"]), exit_at, kv, row["suite"],
                      "" if pd.isna(row["set_id"]) else row["set_id"], number(row["seed"]), row["status"],

@@ -114,15 +114,19 @@ def eval_sets(engine: Engine) -> pd.DataFrame:
     none, and a set without scores has nothing to plot), then sets by their newest run.
     """
     table = run_sets(engine)
-    with engine.connect() as conn:
-        scored = {row[0] for row in conn.execute(select(TaskMetric.run_id).distinct())}
-    table = table.assign(scored_run_id=table["run_id"].where(table["run_id"].isin(scored)))
+    table = table.assign(scored_run_id=table["run_id"].where(table["run_id"].isin(scored_runs(engine))))
     grouped = table.groupby(["set_id", "set_label"], sort=False).agg(
         runs=("run_id", "count"), seeds=("seed", lambda seeds: id_ranges({int(s) for s in seeds.dropna()})),
         seed_count=("seed", "nunique"),
         last_run_id=("run_id", "max"), last_scored=("scored_run_id", "max"))
     grouped = grouped.reset_index().sort_values(["last_scored", "last_run_id"], ascending=False, na_position="last")
     return grouped.drop(columns="last_scored").reset_index(drop=True)
+
+
+def scored_runs(engine: Engine) -> set[int]:
+    """The runs with scores (a queued, failed or still running run has none)."""
+    with engine.connect() as conn:
+        return {row[0] for row in conn.execute(select(TaskMetric.run_id).distinct())}
 
 
 def latest_set(engine: Engine) -> str | None:
@@ -300,13 +304,15 @@ def accuracy_memory(
     pooled = pooled.merge(memory_peaks(engine, pooled["run_id"].tolist()), on="run_id", how="left")
     pooled = pooled.merge(run_compute(engine, pooled["run_id"].tolist()), on="run_id", how="left")
     per_point = pooled.drop(columns="run_id").groupby(POINT, as_index=False, dropna=False).agg(
-        {c: _sum_known if c in _SUMMED else "max" for c in pooled.columns if c not in (*POINT, "run_id")})
+        {c: _sum_known if c in _SUMMED else "mean" if c in _PER_RUN else "max" for c in pooled.columns if c not in (*POINT, "run_id")})
     table = table.merge(per_point, on=POINT, how="left")
     return table.sort_values(POINT).reset_index(drop=True)
 
 
-# What a point's pooled runs add up (counts, seconds, joules); memory takes their largest peak.
-_SUMMED = ("n_samples", "generated_tokens", "loop_tokens", "looped_tokens", "generate_seconds", "energy_joules")
+# What a point's pooled runs add up (counts, seconds); what one run of them drew on average (GPU energy: NaN where no
+# run had a counter); memory takes their largest peak.
+_SUMMED = ("n_samples", "generated_tokens", "loop_tokens", "looped_tokens", "generate_seconds")
+_PER_RUN = ("energy_joules",)
 
 
 def _sum_known(values: pd.Series) -> float:
@@ -317,7 +323,7 @@ def _sum_known(values: pd.Series) -> float:
 def run_compute(engine: Engine, run_ids: Iterable[int]) -> pd.DataFrame:
     """What each run's tokens cost, as stored: generated tokens, loop-token products (sum of a sample's mean loops x
     its tokens, over `looped_tokens`, the tokens of samples that report loops), seconds inside generate, GPU energy
-    (NaN where unavailable). `dashboards.data.with_derived_measures` turns them into the `measures.COMPUTE_MEASURES`."""
+    (NaN where unavailable). `analysis.points.with_derived_measures` turns them into the `measures.COMPUTE_MEASURES`."""
     looped = Sample.loops_used.is_not(None)
     tokens = (
         select(Sample.run_id, func.sum(Sample.generated_tokens).label("generated_tokens"),

@@ -104,7 +104,7 @@ class LeverDefaults:
     `shared-mean`), each in the model's dtype and in int8, and the Ouro, MELT and Qwen3 tiny models in int8 under their
     own KV, so that the first report's "Memory levers" figure sets what memory each lever saves against what it costs,
     beside MELT's trained gate. Ouro's own per-loop KV in its own dtype is the headline's run at r = 4, the reference
-    every lever saves against (`dashboards.figures.lever_points`), so it is not decoded again, as the exit sweep does
+    every lever saves against (`analysis.points.lever_points`), so it is not decoded again, as the exit sweep does
     not decode threshold 1.0 again. Two specs: a policy is a looped per-loop model's lever, a dtype every model's."""
 
     shared: tuple[str, ...] = ("zoo:ouro-tiny",)

@@ -26,7 +26,7 @@ import sys
 
 import pandas as pd
 
-from dashboards.figures import config_labels, series_name
+from analysis.names import config_labels, series_name
 from db.headline import rounded
 from db.sets import config_key
 
@@ -34,7 +34,7 @@ from db.sets import config_key
 def by_point(runs: list[dict]) -> dict[tuple[str, int], list[dict]]:
     """(name, loops r) -> its runs, one per seed (the latest run of a seed), in the order they were stored.
 
-    The name is the model with what tells its point apart (`dashboards.figures.series_name`: the exit threshold,
+    The name is the model with what tells its point apart (`analysis.names.series_name`: the exit threshold,
     the overrides its runs differ in), so two configurations are two rows, never one run hiding another.
     A plain model runs once: r = 1, as the report and `results` show it. Seeds are pooled as `loopeval
     results` pools them: a set scores the same docs in every seed, so the pooled mean is the seeds' mean.

@@ -26,7 +26,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "architecture.md"
-PACKAGES = ("measures", "adapters", "training", "harness", "suites", "db", "dashboards")
+PACKAGES = ("measures", "adapters", "training", "harness", "suites", "db", "analysis", "dashboards")
 SCRIPT_FOLDERS = ("bench", "scripts")  # entry points: may import any package, public names only
 FIRST_PARTY = set(PACKAGES) | set(SCRIPT_FOLDERS) | {"tests"}
 STDLIB = set(sys.stdlib_module_names)
@@ -167,13 +167,13 @@ def test_vllm_only_in_its_backend() -> None:
     _report(violations, "vllm is imported in adapters/vllm_backend.py only")
 
 
-def test_dashboards_take_sqlalchemy_engine_only() -> None:
+def test_dashboards_and_analysis_take_sqlalchemy_engine_only() -> None:
     violations = [
         f"{i.file}:{i.line}: {i}"
-        for i in ALL_IMPORTS["dashboards"]
+        for i in ALL_IMPORTS["dashboards"] + ALL_IMPORTS["analysis"]
         if i.top == "sqlalchemy" and (i.module != "sqlalchemy" or set(i.names) - {"Engine"})
     ]
-    _report(violations, "dashboards/ use sqlalchemy only for the `Engine` type; they read through db.queries")
+    _report(violations, "dashboards/ and analysis/ use sqlalchemy only for the `Engine` type; they read through db.queries")
 
 
 def _private_imports() -> list[tuple[Import, str]]:
@@ -206,6 +206,16 @@ def test_cli_commands_import_no_other_command() -> None:
         elif i.module.startswith("harness.cli.") and i.module != "harness.cli.common":
             violations.append(f"{i.file}:{i.line}: {i}")
     _report(violations, "a harness/cli/ command module imports harness.cli.common, never another command module")
+
+
+def test_only_the_dashboard_command_imports_dashboards() -> None:
+    """`loopeval results` and `run` read points through `analysis/`; only `loopeval dashboard` draws them."""
+    violations = [
+        f"{i.file}:{i.line}: {i}"
+        for i in ALL_IMPORTS["harness"]
+        if i.file.startswith("harness/cli/") and i.file != "harness/cli/dashboard.py" and i.top == "dashboards"
+    ]
+    _report(violations, "no module of harness/cli but dashboard.py imports dashboards; the others read through analysis/")
 
 
 _PROBE = r"""

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import os
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -18,6 +19,9 @@ from adapters.threads import SMALL_MODEL_PARAMS
 from measures import MEMORY_MEASURES
 from harness.errors import UserError
 from harness.hints import env_command, with_db
+
+if TYPE_CHECKING:
+    from analysis.points import Key, Point
 
 
 DbOption = Annotated[
@@ -133,10 +137,9 @@ def print_table(title: str | None, columns: list[str], rows: list[list[str]], ri
     console().print(table)
 
 
-Z95 = 1.96  # the accuracy interval printed is the normal 95% interval, accuracy ± 1.96 standard errors
-
-
 def _accuracy_text(accuracy: float | None, stderr: float | None) -> str:
+    """pass@1 with its 95% interval (`analysis.points.Z95` standard errors); n/a where unknown."""
+    from analysis.points import Z95
     from db.headline import rounded
 
     if accuracy is None or accuracy != accuracy:
@@ -144,62 +147,36 @@ def _accuracy_text(accuracy: float | None, stderr: float | None) -> str:
     return rounded(accuracy) + ("" if stderr is None or stderr != stderr else f" ± {rounded(Z95 * stderr)}")
 
 
-def _per_gb_text(value: float) -> str:
-    if value != value:
+def _per_gb_text(value: float | None) -> str:
+    if value is None or value != value:
         return "n/a"
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
-def _loops(run: dict[str, Any]) -> int:
-    return run["loops"] or 1  # a plain model runs once, as db.queries reads it
-
-
-# One row: (model, loops, exit threshold, exit criterion, configuration), as db.queries.POINT
-Key = tuple[str, int, float | None, str | None, str]
-
-
-def _known(value: Any) -> Any:
-    """A stored value, None for NaN (pandas reads a NULL float as NaN)."""
-    return None if value is None or value != value else value
-
-
-def _run_key(run: dict[str, Any]) -> Key:
-    from db.sets import config_key
-
-    return run["model"], _loops(run), run.get("exit_threshold"), run.get("exit_criterion"), config_key(run["overrides"])
-
-
-def _row_key(row: Any) -> Key:
-    return row.model, int(row.loops), _known(row.exit_threshold), _known(row.exit_criterion), row.config
-
-
-def _order_sets(runs: list[dict[str, Any]]) -> dict[str, str]:
-    """set id -> label for the evaluation sets of `runs`, the default first: the set of the newest run with
-    scores, as `db.queries.eval_sets` orders them."""
-    return {r["set_id"]: r["set_label"] for r in sorted(runs, key=lambda r: (bool(r["metrics"]), r["id"]), reverse=True)}
-
-
-def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = None, measure: str | None = None,
+def print_answer(engine: Any, runs: list[dict[str, Any]], set_id: str | None = None, measure: str | None = None,
                  per_task: bool = False, db: str | None = None, rank: str | None = None) -> str | None:
-    """How much accuracy per gigabyte: one evaluation set of `runs` (run summaries, already filtered).
+    """How much accuracy per gigabyte: one evaluation set of `runs` (`analysis.runs.run_records`, already filtered).
 
-    Per point (model, loops, exit threshold, configuration: `db.queries.POINT`), its runs of the set with their seeds
-    pooled (`db.queries.pooled_metrics`): the seed count, pass@1 (suite mean) with its 95% interval over every seed's
-    items, memory at `measure` (default as the report's, `dashboards.figures.default_measure`: what the model holds),
-    accuracy per decimal GB, ranked by `rank` (`dashboards.data.RANKINGS`; default accuracy per GB), the Pareto
-    frontier marked; then, in a second table under the same ranks (two tables stay readable at 80 columns), what a
-    generated token cost. `per_task` prints each benchmark's pass@1 instead. Only runs of one set are compared
-    (`db.sets`); the others are listed below the table. Returns the answer in one sentence (`dashboards.data.answer`,
-    as the report's; None where nothing is scored), which the command prints last (`print_sentence`). `db` is the
-    database the user named, for the hints.
+    Per point (`analysis.points`: model, loops, exit threshold, configuration), its runs of the set with their seeds
+    pooled: the seed count, pass@1 (suite mean) with its 95% interval over every seed's items, memory at `measure`
+    (default as the report's, `analysis.names.default_measure`: what the model holds), accuracy per decimal GB and,
+    where NVML counted the energy, per kJ, ranked by `rank` (`analysis.ranking.RANKINGS`; default accuracy per GB),
+    the Pareto frontier marked; then, in a second table under the same ranks (two tables stay readable at 80
+    columns), what a generated token cost. `per_task` prints each benchmark's pass@1 instead. Only runs of one set
+    are compared (`db.sets`); the others are listed below the table. Returns the answer in one sentence
+    (`analysis.answer.answer`, as the report's; None where nothing is scored), which the command prints last
+    (`print_sentence`). `db` is the database the user named, for the hints.
     """
-    from dashboards import figures
-    from dashboards.data import DEFAULT_RANKING, RANKINGS, accuracy_points, answer, ranked
+    from analysis.answer import answer
+    from analysis.names import default_measure
+    from analysis.points import accuracy_points, point_key
+    from analysis.ranking import DEFAULT_RANKING, RANKINGS, ranked_points
+    from analysis.runs import ordered_sets
     from db import queries
     from measures import canonical
 
-    evals = [r for r in runs if r["kind"] == "eval"]
-    sets = _order_sets(evals)
+    evals = [run for run in runs if run["kind"] == "eval"]
+    sets = ordered_sets(evals)
     measure = None if measure is None else canonical(measure)
     if measure is not None and measure not in MEMORY_MEASURES:
         raise UserError(f"--measure must be one of {', '.join(MEMORY_MEASURES)}, got {measure!r}")
@@ -207,31 +184,31 @@ def print_answer(store: Any, runs: list[dict[str, Any]], set_id: str | None = No
     if rank not in RANKINGS:
         raise UserError(f"--rank must be one of {', '.join(RANKINGS)}, got {rank!r}")
     if not evals:
-        typer.echo("no evaluation runs match" + ("" if runs else f"; try `{with_db(env_command('loopeval') + ' run', db)}`"))
+        hint = "" if runs else f"; try `{with_db(env_command('loopeval') + ' run', db)}`"
+        typer.echo("no evaluation runs match" + hint)
         return None
     chosen = set_id or next(iter(sets))
-    in_set = {r["id"]: r for r in evals if r["set_id"] == chosen}
-    points = accuracy_points(store.engine, chosen, run_ids=list(in_set))
-    measure = measure or figures.default_measure(points)
-    table = ranked(points, measure, rank)
-    shown = {_row_key(row) for row in table.itertuples()}
+    in_set = [run for run in evals if run["set_id"] == chosen]
+    points = accuracy_points(engine, chosen, run_ids=[run["run_id"] for run in in_set])
+    measure = measure or default_measure(points)
+    table = ranked_points(points, measure, rank)
+    shown = {point.key for point in table}
     unscored: dict[Key, list[dict[str, Any]]] = {}
-    for run in in_set.values():
-        if _run_key(run) not in shown:
-            unscored.setdefault(_run_key(run), []).append(run)
+    for run in in_set:
+        if point_key(run) not in shown:
+            unscored.setdefault(point_key(run), []).append(run)
 
-    # KV per token as the run summaries carry it (`Store.run_summaries`: the adapter's describe()), newest run's
-    per_token = {_run_key(run): run["kv_bytes_per_token"] for run in in_set.values()}
-    configs = _config_cells([*map(_row_key, table.itertuples()), *unscored])
+    per_token = {point_key(run): run["kv_bytes_per_token"] for run in in_set}  # the newest run's, as it described itself
+    configs = _config_cells([*(point.key for point in table), *unscored])
     out = console()
     out.print(sets[chosen], markup=False, highlight=False)
     if per_task:
-        pooled = queries.pooled_metrics(store.engine, chosen, run_ids=list(in_set))
+        pooled = queries.pooled_metrics(engine, chosen, run_ids=[run["run_id"] for run in in_set])
         print_table(None, ["model", "r", "seeds", "task", "pass@1 ±95%", "runs"], _task_rows(table, pooled, configs),
                     right=("r", "seeds", "pass@1 ±95%"), fold=("model", "r", "runs"), keep=("pass@1 ±95%",), caption=POOLED_CAPTION)
     else:
         _print_ranking(table, unscored, measure, rank, per_token, configs)
-    counts = {other: sum(r["set_id"] == other for r in evals) for other in sets}
+    counts = Counter(run["set_id"] for run in evals)
     others = [f"  {label} ({counts[other]} run{'s' * (counts[other] > 1)})" for other, label in sets.items() if other != chosen]
     if others:
         out.print(f"other evaluation sets, never mixed with this one ({with_db(env_command('loopeval') + ' results --set ID', db)}):\n"
@@ -247,12 +224,12 @@ def print_sentence(sentence: str | None) -> None:
 
 
 def _config_cells(keys: list[Key]) -> dict[Key, str]:
-    """Each row's configuration as far as it tells the row apart (`dashboards.figures.config_labels`), scored rows
+    """Each row's configuration as far as it tells the row apart (`analysis.names.config_labels`), scored rows
     and rows without a score alike."""
     import pandas as pd
 
-    from dashboards.figures import config_labels
-    from db.queries import POINT
+    from analysis.names import config_labels
+    from analysis.points import POINT
 
     return dict(zip(keys, config_labels(pd.DataFrame(keys, columns=POINT))))
 
@@ -266,53 +243,58 @@ COMPUTE_CAPTION = ("what one generated token cost, same rows. KV/token: what one
                    "tokens exit early). layers/tok: decoder-layer passes per generated token (prelude + coda + shared x loops; "
                    "n/a where the adapter does not give its layers). tokens/s: generated tokens per second inside generate, "
                    "prefill included.")
+ENERGY_CAPTION = ("pass@1/kJ: pass@1 per kJ of the GPU energy one of the row's runs drew (NVML's counter; the device's, so "
+                  "other processes on it count too); energy/run: that energy.")
 
 
-def _print_ranking(table: Any, unscored: dict[Key, list[dict[str, Any]]], measure: str, rank: str,
+def _print_ranking(table: list[Point], unscored: dict[Key, list[dict[str, Any]]], measure: str, rank: str,
                    per_token: dict[Key, int | None], configs: dict[Key, str]) -> None:
     """The ranking and, under the same ranks, what a generated token cost: two tables, so each stays readable at 80
     columns. The exit column appears only where the set sweeps the exit axis, the config column only where a model
     has rows of several configurations, the seeds column only where a row pools several seeds."""
-    from dashboards import figures
-    from dashboards.data import RANKINGS
+    from analysis.names import NOT_MEASURED, measure_words
+    from analysis.ranking import RANKINGS
 
-    swept = any(key[2] is not None for key in (*map(_row_key, table.itertuples()), *unscored))
-    shown = _Columns(swept, any(configs.values()))
-    seeds = (any(row.seeds > 1 for row in table.itertuples())
+    swept = any(key[2] is not None for key in (*(point.key for point in table), *unscored))
+    shown = _Columns(swept, any(configs.values()), any(point.energy_joules is not None for point in table))
+    energy = ["pass@1/kJ"] * shown.energy
+    seeds = (any(point.seeds > 1 for point in table)
              or any(len({r["seed"] for r in runs}) > 1 for runs in unscored.values()))
     key = ["#", "model", "r", *(["exit"] * shown.exit), *(["config"] * shown.config)]
     column = RANKINGS[rank][0]
-    print_table(None, [*key, *(["seeds"] * seeds), "pass@1 ±95%", "memory", "pass@1/GB", "runs"],
+    print_table(None, [*key, *(["seeds"] * seeds), "pass@1 ±95%", "memory", "pass@1/GB", *energy, "runs"],
                 _ranking_rows(table, column, unscored, measure, shown, seeds, configs),
-                right=("#", "r", "exit", "seeds", "pass@1 ±95%", "memory", "pass@1/GB"), fold=("model", "config", "runs"),
+                right=("#", "r", "exit", "seeds", "pass@1 ±95%", "memory", "pass@1/GB", *energy), fold=("model", "config", "runs"),
                 keep=("pass@1 ±95%",),
                 caption=f"ranked by {RANKINGS[rank][1]}; * marks the Pareto frontier (no point has less memory and more "
-                        f"accuracy). memory: {figures.measure_words(measure)}, the largest peak of the row's runs, decimal "
+                        f"accuracy). memory: {measure_words(measure)}, the largest peak of the row's runs, decimal "
                         f"units (1 GB = 1e9 bytes); n/a = unavailable here. ± is the 95% interval. "
                         + (POOLED_CAPTION if seeds else "One seed a row.") + (f" {EXIT_CAPTION}" if swept else "")
-                        + (f" {CONFIG_CAPTION}" if shown.config else ""))
-    print_table(None, [*key, "KV/token", "loops/tok", "layers/tok", "tokens/s"],
+                        + (f" {CONFIG_CAPTION}" if shown.config else "")
+                        + (f" {ENERGY_CAPTION}" if shown.energy else f" pass@1 per kJ of GPU energy: {NOT_MEASURED}."))
+    print_table(None, [*key, "KV/token", "loops/tok", "layers/tok", "tokens/s", *["energy/run"] * shown.energy],
                 _compute_rows(table, column, unscored, per_token, shown, configs),
-                right=("#", "r", "exit", "KV/token", "loops/tok", "layers/tok", "tokens/s"), fold=("model", "config"),
-                caption=COMPUTE_CAPTION)
+                right=("#", "r", "exit", "KV/token", "loops/tok", "layers/tok", "tokens/s", "energy/run"),
+                fold=("model", "config"), caption=COMPUTE_CAPTION)
 
 
 @dataclass(frozen=True)
 class _Columns:
-    """Which of the optional key columns the tables show."""
+    """Which of the optional columns the tables show: the exit and config keys, the energy (where NVML counted it)."""
 
     exit: bool
     config: bool
+    energy: bool
 
 
-def _rank_text(rank: int, row: Any, column: str) -> str:
-    """The row's rank, '*' on the Pareto frontier; blank where the ranking's value is unknown (listed last)."""
-    return "" if row[column] != row[column] else f"{rank}{'*' if row.frontier else ''}"
+def _rank_text(rank: int, point: Point, column: str) -> str:
+    """The point's rank, '*' on the Pareto frontier; blank where the ranking's value is unknown (listed last)."""
+    return "" if getattr(point, column) is None else f"{rank}{'*' if point.frontier else ''}"
 
 
 def _exit_cell(threshold: float | None, criterion: str | None) -> str:
     """The exit column: the gate's threshold alone ('0.5'), another criterion's named ('kl 0.1'), '-' off the axis."""
-    from dashboards.figures import exit_label
+    from analysis.names import exit_label
     from harness.spec import DEFAULT_EXIT_CRITERION
 
     return exit_label(threshold, None if criterion == DEFAULT_EXIT_CRITERION else criterion)
@@ -322,32 +304,37 @@ def _key_cells(key: Key, shown: _Columns, configs: dict[Key, str]) -> list[str]:
     return [key[0], str(key[1]), *([_exit_cell(key[2], key[3])] * shown.exit), *([configs[key]] * shown.config)]
 
 
-def _ranking_rows(table: Any, column: str, unscored: dict[Key, list[dict[str, Any]]], measure: str, shown: _Columns,
+def _ranking_rows(table: list[Point], column: str, unscored: dict[Key, list[dict[str, Any]]], measure: str, shown: _Columns,
                   seeds: bool, configs: dict[Key, str]) -> list[list[str]]:
-    """`dashboards.data.ranked` rows in their order, then the points of the set without a score; the seed count only
-    where `seeds`."""
+    """The ranked points in their order, then the points of the set without a score; the seed count only where
+    `seeds`, pass@1 per kJ only where `shown.energy` ("not measured" in a row whose runs had no counter)."""
     from db.sets import id_ranges
     from measures import byte_text
 
-    rows = [[_rank_text(rank, row, column), *_key_cells(_row_key(row), shown, configs), *[str(row.seeds)] * seeds,
-             _accuracy_text(row.accuracy, row.stderr), byte_text(row.memory), _per_gb_text(row.per_gb), id_ranges(row.run_ids)]
-            for rank, (_, row) in enumerate(table.iterrows(), 1)]
+    def per_kj(value: float | None) -> list[str]:
+        return [("not measured" if value is None else _per_gb_text(value))] * shown.energy
+
+    rows = [[_rank_text(rank, point, column), *_key_cells(point.key, shown, configs), *[str(point.seeds)] * seeds,
+             _accuracy_text(point.accuracy, point.stderr), byte_text(point.memory), _per_gb_text(point.per_gb),
+             *per_kj(point.per_kj), id_ranges(list(point.run_ids))] for rank, point in enumerate(table, 1)]
     for key, runs in unscored.items():
         newest = runs[-1]
         rows.append(["", *_key_cells(key, shown, configs), *[str(len({r["seed"] for r in runs}))] * seeds, newest["status"],
-                     byte_text(newest["memory"].get(measure)), "n/a", id_ranges([r["id"] for r in runs])])
+                     byte_text(newest.get(measure)), "n/a", *["n/a"] * shown.energy, id_ranges([r["run_id"] for r in runs])])
     return rows
 
 
-def _compute_rows(table: Any, column: str, unscored: dict[Key, list[dict[str, Any]]], per_token: dict[Key, int | None],
+def _compute_rows(table: list[Point], column: str, unscored: dict[Key, list[dict[str, Any]]], per_token: dict[Key, int | None],
                   shown: _Columns, configs: dict[Key, str]) -> list[list[str]]:
     """The same rows as `_ranking_rows`, with what a generated token cost (`measures.COMPUTE_MEASURES`)."""
-    from measures import byte_text
+    from measures import byte_text, energy_text
 
-    rows = [[_rank_text(rank, row, column), *_key_cells(_row_key(row), shown, configs),
-             byte_text(per_token.get(_row_key(row))), _number_text(row.loops_per_token), _number_text(row.layer_passes_per_token),
-             _number_text(row.tokens_per_second)] for rank, (_, row) in enumerate(table.iterrows(), 1)]
-    rows += [["", *_key_cells(key, shown, configs), byte_text(per_token.get(key)), "n/a", "n/a", "n/a"] for key in unscored]
+    rows = [[_rank_text(rank, point, column), *_key_cells(point.key, shown, configs), byte_text(per_token.get(point.key)),
+             _number_text(point.loops_per_token), _number_text(point.layer_passes_per_token),
+             _number_text(point.tokens_per_second), *[energy_text(point.energy_joules)] * shown.energy]
+            for rank, point in enumerate(table, 1)]
+    rows += [["", *_key_cells(key, shown, configs), byte_text(per_token.get(key)), "n/a", "n/a", "n/a", *["n/a"] * shown.energy]
+             for key in unscored]
     return rows
 
 
@@ -358,16 +345,16 @@ def _number_text(value: float | None) -> str:
     return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
 
 
-def _task_rows(table: Any, pooled: Any, configs: dict[Key, str]) -> list[list[str]]:
+def _task_rows(table: list[Point], pooled: Any, configs: dict[Key, str]) -> list[list[str]]:
     """Per ranked point: each benchmark's pass@1 with its interval (`db.headline`) from its seeds' pooled
     per-task values, each task group's mean (`db.headline.TASK_GROUPS`, `GROUP_PATTERNS`), then the suite mean."""
+    from analysis.points import POINT, point_key
     from db.headline import SUITE, benchmark_stderrs, headline
-    from db.queries import POINT
     from db.sets import id_ranges
 
     rows = []
-    for row in table.itertuples():
-        same = pooled[POINT].apply(lambda point, row=row: _row_key(point) == _row_key(row), axis=1)
+    for row in table:
+        same = pooled[POINT].apply(lambda point, row=row: point_key(point) == row.key, axis=1)
         tasks = pooled[same & (pooled["task"] != SUITE)]
         values: dict[str, dict[str, float | None]] = {}
         stderrs: dict[str, dict[str, float | None]] = {}
@@ -377,11 +364,11 @@ def _task_rows(table: Any, pooled: Any, configs: dict[Key, str]) -> list[list[st
         result, errors = headline(values, row.suite), benchmark_stderrs(stderrs)
         for index, (name, value) in enumerate(result.benchmarks.items()):
             first = index == 0
-            key = _row_key(row)
+            key = row.key
             exit_at = "" if key[2] is None else f"exit {_exit_cell(key[2], key[3])}"
             r = " ".join(part for part in (str(key[1]), exit_at, configs[key]) if part)
             rows.append([row.model if first else "", r if first else "", str(row.seeds) if first else "",
-                         name, _accuracy_text(value, errors.get(name)), id_ranges(row.run_ids) if first else ""])
+                         name, _accuracy_text(value, errors.get(name)), id_ranges(list(row.run_ids)) if first else ""])
         rows += [["", "", "", f"[{name}]", _accuracy_text(value, None), ""] for name, value in result.groups.items()]
         rows.append(["", "", "", "mean", _accuracy_text(row.accuracy, row.stderr), ""])
     return rows

@@ -38,7 +38,7 @@ def dashboard(
               "(--allowed-host adds a name; Ctrl+C stops)")
         dash_app.run(host=host, port=port, debug=False)
         return
-    from dashboards.report import write_report
+    from harness.report import write_report
 
     path = write_report(url, out or report_path(url), log=lambda line: print(line, file=sys.stderr))
     print(f"loopeval dashboard: wrote {path.resolve()}")

@@ -39,22 +39,24 @@ def results(
     """How much accuracy per gigabyte: per point (model, loops, exit threshold, configuration), pass@1 ± 95%, memory
     and pass@1 per GB, frontier marked; then what a generated token cost (loops and layer passes per token, tokens/s),
     and the best point, the frontier and the measure in one sentence."""
+    from analysis.runs import run_records, with_per_kj
     from db.store import Store
 
     store = Store.read(db)
     try:
         for line in store.hide_damaged():  # on stderr: --json's output stays JSON
             typer.echo(line, err=True)
-        runs = _filtered(store.run_summaries(), sweep, model, suite, last)
+        runs = _filtered(run_records(store.engine), sweep, model, suite, last)
         if set_id is not None and all(r["set_id"] != set_id for r in runs):
             sets = sorted({r["set_id"] for r in runs if r["set_id"]})
             raise UserError(f"--set {set_id}: no such evaluation set among these runs (sets: {', '.join(sets) or 'none'})")
-        if as_json:
-            typer.echo(json.dumps([r for r in runs if set_id is None or r["set_id"] == set_id], indent=2))
+        if as_json:  # every field of every run: its summary (`Store.run_summaries`)
+            shown = {r["run_id"] for r in runs if set_id is None or r["set_id"] == set_id}
+            typer.echo(json.dumps([with_per_kj(r) for r in store.run_summaries() if r["id"] in shown], indent=2))
         elif profiles:
-            _print_profiles(store, [r["id"] for r in runs if r["kind"] == "profile"], db)
+            _print_profiles(store, [r["run_id"] for r in runs if r["kind"] == "profile"], db)
         else:
-            sentence = print_answer(store, runs, set_id, measure, per_task=tasks, db=db, rank=rank)
+            sentence = print_answer(store.engine, runs, set_id, measure, per_task=tasks, db=db, rank=rank)
             count = sum(r["kind"] == "profile" for r in runs)
             if count:
                 console().print(f"{count} profile run{'s' * (count > 1)}: {with_db(env_command('loopeval') + ' results --profiles', db)}",
@@ -85,7 +87,7 @@ def _filtered(runs: list[dict[str, Any]], sweep: str | None, models: list[str] |
 
 def _print_profiles(store: Any, run_ids: list[int], db: str | None) -> None:
     """One row per profiled (run, loops, batch) at its longest context: the analytic KV beside the measured peaks."""
-    from dashboards.figures import PROFILE_EXAMPLE
+    from analysis.names import PROFILE_EXAMPLE
     from db import queries
     from measures import byte_text
 

@@ -229,6 +229,7 @@ def _on_ray(request: Any, resume: int | None, plugin_dirs: list[str], rerun: boo
 
 def _summarise(store: Any, outcomes: list[Any], db: str | None, report: bool) -> int:
     """The table of this sweep's runs, where they are stored, the report; exit 1 naming the runs that did not finish."""
+    from analysis.runs import run_records
     from db.session import resolve_db_url
     from harness.runner import failure_summary
 
@@ -236,12 +237,12 @@ def _summarise(store: Any, outcomes: list[Any], db: str | None, report: bool) ->
         for line in store.hide_damaged():  # the store only reads from here on: runs damaged by hand are named, not read
             typer.echo(line, err=True)
         ids = {o.run_id for o in outcomes}
-        sentence = print_answer(store, [r for r in store.run_summaries() if r["id"] in ids], db=db)
+        sentence = print_answer(store.engine, run_records(store.engine, sorted(ids)), db=db)
         typer.echo(f"results: {store.url}  (show them: {with_db(env_command('loopeval') + ' results', db)})")
     finally:
         store.close()
     if report:
-        from dashboards.report import write_report
+        from harness.report import write_report
 
         url = resolve_db_url(db)
         typer.echo(f"report: {write_report(url, report_path(url))}")

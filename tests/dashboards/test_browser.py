@@ -9,8 +9,11 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from dashboards import figures, views
-from dashboards.data import accuracy_points, answer, browse_samples
-from dashboards.report import SAMPLE_PAGE_ROWS, packed_plotlyjs, write_report
+from analysis.answer import answer
+from analysis.points import accuracy_points
+from dashboards.data import browse_samples
+from dashboards.report import SAMPLE_PAGE_ROWS, packed_plotlyjs
+from harness.report import write_report
 from db.session import open_existing
 from db.store import Store
 from db import queries

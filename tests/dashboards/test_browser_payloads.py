@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from dashboards.report import write_report
+from harness.report import write_report
 from tests.support.browser import CHROMIUM, POINTS, VIEWPORT, launch, open_app, open_report, record, served_app
 from db.store import Store
 

@@ -12,13 +12,17 @@ import plotly.graph_objects as go
 import pytest
 from sqlalchemy import create_engine, text
 
-from dashboards import figures
+from analysis import names
+from dashboards import figures, trace_figures
 from dashboards.app import set_choices
-from dashboards.data import accuracy_points, analytic_bytes, answer, profile_points
+from analysis.answer import answer
+from analysis.points import accuracy_points, analytic_bytes
+from dashboards.data import profile_points
 from dashboards.report import build_report
 from db import queries
 from db.session import open_existing
 import measures
+from tests.support.frontier import brute_force_frontier
 
 EVERY = 10**9  # a sample budget larger than any stratum: sample_spread then returns every matching sample
 
@@ -50,11 +54,6 @@ def _annotations(fig: go.Figure) -> str:
     return " ".join(a.text for a in fig.layout.annotations)
 
 
-def _brute_force_frontier(points: list[tuple[float, float]]) -> set[tuple[float, float]]:
-    """Non-dominated (memory, accuracy) points by definition: less memory is better, more accuracy is better."""
-    return {p for p in points if not any(q[0] <= p[0] and q[1] >= p[1] and q != p for q in points)}
-
-
 def _stored_peaks(url: str, measure: str) -> dict[tuple[str, int], float]:
     """(model, loops) -> stored peak, read with plain SQL rather than through db.queries."""
     with create_engine(url).connect() as conn:
@@ -70,7 +69,7 @@ def test_accuracy_vs_memory_has_one_point_per_model_and_loops(engine, results_ur
     assert len(peaks) >= 4, "the sweep should give several (model, loops) pairs with accounted KV"
 
     fig = figures.accuracy_vs_memory(points, "kv_bytes_allocated")
-    unit, scale = figures.byte_unit(list(peaks.values()))
+    unit, scale = names.byte_unit(list(peaks.values()))
     plotted = sorted(_marker_points(fig))
     assert len(plotted) == len(peaks)
     stored = sorted((value / scale, acc) for (model, loops), value in peaks.items()
@@ -98,7 +97,7 @@ def test_kv_pool_reserved_is_plotted_from_its_stored_peak_and_offered_by_both_se
     assert len(reserved) == len(points) > 0
     assert all(reserved[(model, loops)] >= peak > 0 for model, loops, peak in zip(points["model"], points["loops"], points["kv_bytes_allocated"]))
     fig = figures.accuracy_vs_memory(points, "kv_bytes_reserved")
-    _, scale = figures.byte_unit(list(reserved.values()))
+    _, scale = names.byte_unit(list(reserved.values()))
     assert sorted(x for x, _ in _marker_points(fig)) == pytest.approx(sorted(value / scale for value in reserved.values()))
     assert "KV pool reserved peak" in fig.layout.xaxis.title.text
 
@@ -113,7 +112,7 @@ def test_marker_shape_is_the_loop_count(engine) -> None:
     points = accuracy_points(engine, None)
     fig = figures.accuracy_vs_memory(points, "kv_bytes_allocated")
     key = {trace.name: trace.marker.symbol for trace in fig.data if (trace.legendgroup or "").startswith("loops")}
-    assert sorted(key) == sorted(figures.loops_label(r) for r in points["loops"].unique())
+    assert sorted(key) == sorted(names.loops_label(r) for r in points["loops"].unique())
     assert len(set(key.values())) == len(key), "every loop count has its own shape"
     for trace in _model_traces(fig):
         assert [key[r] for r in trace.customdata[:, 0]] == list(trace.marker.symbol)
@@ -147,23 +146,11 @@ def test_frontier_is_exactly_the_non_dominated_points(engine, results_url: str) 
         fig = figures.accuracy_vs_memory(points, measure)
         plotted = _marker_points(fig)
         front = _frontier(fig)
-        assert set(zip(front.x, front.y)) == _brute_force_frontier(plotted), measure
+        assert set(zip(front.x, front.y)) == brute_force_frontier(plotted), measure
         assert list(front.x) == sorted(front.x), "the frontier is drawn left to right"
         ringed = {(x, y) for trace in fig.data if trace.customdata is not None
                   for x, y, width in zip(trace.x, trace.y, trace.marker.line.width) if width > 0}
         assert ringed == set(zip(front.x, front.y))
-
-
-def test_pareto_mask_against_brute_force_with_ties() -> None:
-    rng = np.random.default_rng(0)
-    for _ in range(50):
-        memory = rng.integers(1, 5, size=8).astype(float)  # few distinct values: many ties
-        accuracy = rng.integers(0, 4, size=8) / 4
-        mask = figures.pareto_mask(memory, accuracy)
-        pairs = list(zip(memory, accuracy))
-        expected = _brute_force_frontier(pairs)
-        assert {p for p, keep in zip(pairs, mask) if keep} == expected
-        assert all(keep == (p in expected) for p, keep in zip(pairs, mask))  # duplicates of a frontier point stay
 
 
 def test_unavailable_measure_is_named_not_drawn_as_zero(engine, results_url: str) -> None:
@@ -232,9 +219,9 @@ def test_answer_names_the_best_accuracy_per_gb_and_the_frontier(engine, results_
     for measure in ("kv_bytes_allocated", "rss", measures.WEIGHTS_PLUS_KV):
         sentence = answer(points, measure)
         best_model, best_loops = best(measure)
-        assert sentence.startswith(f"Best by pass@1 per GB of {figures.measure_words(measure)}: {best_model} r={best_loops} (")
+        assert sentence.startswith(f"Best by pass@1 per GB of {names.measure_words(measure)}: {best_model} r={best_loops} (")
         assert ("weights not counted" in sentence.split(":")[0]) == (measure == "kv_bytes_allocated")
-        front = _brute_force_frontier(list(zip(points[measure], points["accuracy"])))
+        front = brute_force_frontier(list(zip(points[measure], points["accuracy"])))
         named = sentence.split("the frontier: ")[1]
         on_front = [(m, r) for m, r, v, a in zip(points.model, points.loops, points[measure], points.accuracy)
                     if (v, a) in front]
@@ -242,7 +229,7 @@ def test_answer_names_the_best_accuracy_per_gb_and_the_frontier(engine, results_
         assert all(f"{m} r={r} (" in named for m, r in on_front)
         for other in ("kv_bytes_allocated", "rss", measures.WEIGHTS_PLUS_KV):  # the sentence says where another measure's winner differs
             model, loops = best(other)
-            said = f"{figures.measure_label(other)}{' alone' if other in figures.KV_ONLY else ''}"
+            said = f"{names.measure_label(other)}{' alone' if other in names.KV_ONLY else ''}"
             assert (said in named) == (other != measure and best(other) != best(measure)), (measure, other)
             if said in named:
                 assert f"{model} r={loops} would rank first" in named.split(said)[1]
@@ -255,20 +242,6 @@ def test_analytic_measure_follows_the_stored_config(engine) -> None:
     assert short[measures.ANALYTIC].notna().all(), "engine presets store a LoopConfig, so the estimate exists"
     assert (long[measures.ANALYTIC] > short[measures.ANALYTIC]).all(), "more context, more KV"
     assert math.isnan(analytic_bytes({"family": "transformers", "config": {"model_type": "x"}}, 1024))
-
-
-@pytest.mark.parametrize("spec,loops", [("preset:melt-tiny", 3), ("preset:ouro-tiny", 8), ("preset:qwen3-tiny", None)])
-def test_analytic_coefficients_reproduce_the_estimate(spec: str, loops: int | None) -> None:
-    """The dashboards evaluate the stored coefficients; at every context (below and above MELT's
-    chunk) they give exactly what `loopeval estimate` computes from the config."""
-    import adapters
-    from adapters.engine.memory import estimate
-
-    adapter = adapters.load(spec, loops=loops) if loops else adapters.load(spec)
-    described = adapter.describe()
-    for tokens in (1, 5, 16, 17, 1024, 32768):
-        expected = estimate(adapter.config, tokens, 1, loops, described["dtype"]).total_bytes
-        assert analytic_bytes(described, tokens) == expected, (spec, tokens)
 
 
 def test_accuracy_vs_loops_labels_every_loop_count(engine) -> None:
@@ -287,7 +260,7 @@ def test_accuracy_vs_loops_has_accuracy_and_memory_per_model(engine) -> None:
     memory = [t for t in fig.data if t.yaxis == "y2"]
     assert len(accuracy) == len(memory) == points["model"].nunique()
     assert sum(len(t.x) for t in accuracy) == len(points)
-    unit, _ = figures.byte_unit(points["kv_bytes_allocated"])
+    unit, _ = names.byte_unit(points["kv_bytes_allocated"])
     assert f"decimal {unit}" in fig.layout.yaxis2.title.text
     assert fig.layout.xaxis.title.text == "loops (r)"
 
@@ -302,14 +275,14 @@ def test_memory_over_run_draws_each_available_measure_against_time_and_tokens(en
     kv = series.dropna(subset=["kv_bytes_used", "kv_bytes_allocated", "kv_bytes_reserved"])
     assert len(kv) == len(series) and (kv["kv_bytes_reserved"] > 0).any()
     assert ((kv["kv_bytes_used"] <= kv["kv_bytes_allocated"]) & (kv["kv_bytes_allocated"] <= kv["kv_bytes_reserved"])).all()
-    fig = figures.memory_over_run(series, measures.SERIES_MEASURES)
+    fig = trace_figures.memory_over_run(series, measures.SERIES_MEASURES)
     assert sorted(t.name for t in fig.data) == sorted(available * 2)
     assert {t.xaxis for t in fig.data} == {"x", "x2"}
     for trace in fig.data:
         assert len(trace.x) == series[trace.name].notna().sum()
     if missing:
         assert all(m in _annotations(fig) for m in missing) and "unavailable" in _annotations(fig)
-    unit, _ = figures.byte_unit(np.concatenate([series[m].dropna().to_numpy() for m in available]))
+    unit, _ = names.byte_unit(np.concatenate([series[m].dropna().to_numpy() for m in available]))
     assert f"decimal {unit}" in fig.layout.yaxis.title.text
 
 
@@ -320,7 +293,7 @@ def test_memory_vs_context_names_the_loops_each_profile_ran_at(engine) -> None:
     profile = profile_points(engine)
     assert profile["loops"].notna().all()
     assert set(profile.loc[profile["model"] == "preset:qwen3-tiny", "loops"]) == {1}
-    names = [trace.name for trace in figures.memory_vs_context(profile, measures.PROFILE_MEASURES).data]
+    names = [trace.name for trace in trace_figures.memory_vs_context(profile, measures.PROFILE_MEASURES).data]
     assert not any("nan" in name for name in names)
     assert any(name.startswith("preset:qwen3-tiny r=1 ") for name in names)
 
@@ -328,7 +301,7 @@ def test_memory_vs_context_names_the_loops_each_profile_ran_at(engine) -> None:
 def test_memory_vs_context_shows_measured_points_beside_analytic_lines(engine) -> None:
     profile = profile_points(engine)
     assert len(profile) > 0, "loopeval profile wrote points"
-    fig = figures.memory_vs_context(profile, measures.PROFILE_MEASURES)
+    fig = trace_figures.memory_vs_context(profile, measures.PROFILE_MEASURES)
     drawn = [t for t in fig.data if t.x[0] is not None]  # the legend's keys draw nothing
     lines = [t for t in drawn if t.mode == "lines"]
     markers = [t for t in drawn if t.mode == "markers"]
@@ -342,19 +315,15 @@ def test_memory_vs_context_shows_measured_points_beside_analytic_lines(engine) -
     assert "decimal" in fig.layout.yaxis.title.text or "bytes" in fig.layout.yaxis.title.text
 
 
-def test_byte_units_scale_to_the_largest_value() -> None:
-    assert figures.byte_unit([0, 999]) == ("B", 1.0)
-    assert figures.byte_unit([1_500, 20]) == ("KB", 1e3)
-    assert figures.byte_unit([2.5e6, math.nan]) == ("MB", 1e6)
-    assert figures.byte_unit([3.2e10]) == ("GB", 1e9)
+def test_axis_titles_name_the_decimal_unit() -> None:
     assert figures.unit_title("KV", "GB", 1e9) == "KV (decimal GB, 1e9 bytes)"
 
 
 def test_empty_inputs_say_so() -> None:
     empty = pd.DataFrame(columns=["model", "loops", "accuracy", "stderr", "metric", "n_samples", "kv_bytes_allocated"])
     for fig in (figures.accuracy_vs_memory(empty, "kv_bytes_allocated"), figures.accuracy_vs_loops(empty, "kv_bytes_allocated"),
-                figures.memory_over_run(pd.DataFrame(), measures.SERIES_MEASURES),
-                figures.memory_vs_context(pd.DataFrame(), measures.PROFILE_MEASURES)):
+                trace_figures.memory_over_run(pd.DataFrame(), measures.SERIES_MEASURES),
+                trace_figures.memory_vs_context(pd.DataFrame(), measures.PROFILE_MEASURES)):
         assert len(fig.data) == 0 and _annotations(fig)
 
 
@@ -380,8 +349,8 @@ def test_report_texts_carry_no_markdown(engine) -> None:
         if isinstance(blob, dict):
             texts += [note["text"] for note in blob["layout"].get("annotations", [])]
             texts.append(blob["layout"].get("title", {}).get("text", ""))
-    empty = [figures.memory_vs_context(pd.DataFrame(), measures.PROFILE_MEASURES),
-             figures.memory_over_run(pd.DataFrame(), measures.SERIES_MEASURES)]
+    empty = [trace_figures.memory_vs_context(pd.DataFrame(), measures.PROFILE_MEASURES),
+             trace_figures.memory_over_run(pd.DataFrame(), measures.SERIES_MEASURES)]
     texts += [note.text for fig in empty for note in fig.layout.annotations]
     assert len(texts) > 100 and not [text for text in texts if "`" in text]
 
@@ -394,9 +363,9 @@ def test_the_empty_profile_figure_suggests_a_command_that_runs_as_printed(tmp_pa
     import sys
     from pathlib import Path
 
-    note = _annotations(figures.memory_vs_context(pd.DataFrame(), measures.PROFILE_MEASURES))
+    note = _annotations(trace_figures.memory_vs_context(pd.DataFrame(), measures.PROFILE_MEASURES))
     command = re.search(r"loopeval profile \S+ --lengths \S+", note).group(0)
-    assert command == figures.PROFILE_EXAMPLE
+    assert command == names.PROFILE_EXAMPLE
     argv = [str(Path(sys.executable).with_name("loopeval")), *shlex.split(command)[1:]]
     done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -412,9 +381,9 @@ def test_the_empty_probe_figure_suggests_a_command_that_runs_as_printed(tmp_path
     import sys
     from pathlib import Path
 
-    note = _annotations(figures.loop_probes(pd.DataFrame(), "Loop probes"))
+    note = _annotations(trace_figures.loop_probes(pd.DataFrame(), "Loop probes"))
     command = re.search(r"loopeval probe \S+", note).group(0)
-    assert command == figures.PROBE_EXAMPLE and "loopeval probe MODEL" in note
+    assert command == trace_figures.PROBE_EXAMPLE and "loopeval probe MODEL" in note
     argv = [str(Path(sys.executable).with_name("loopeval")), *shlex.split(command)[1:]]
     done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -463,7 +432,7 @@ def test_footnotes_hang_a_fixed_gap_below_the_plot_with_room_for_them(engine) ->
     """A footnote sits `FOOTNOTE_GAP` pixels under the plot area, below the axis title, in a margin tall enough
     for its lines (the browser test measures that nothing overlaps)."""
     profile = profile_points(engine)
-    fig = figures.memory_vs_context(profile, measures.PROFILE_MEASURES)
+    fig = trace_figures.memory_vs_context(profile, measures.PROFILE_MEASURES)
     note = fig.layout.annotations[-1]
     assert (note.y, note.yanchor, note.yshift) == (0, "top", -figures.FOOTNOTE_GAP)
     assert fig.layout.margin.b >= figures.FOOTNOTE_GAP + 18 * (note.text.count("<br>") + 1)

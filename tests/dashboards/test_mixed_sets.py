@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from dashboards import figures
-from dashboards.data import accuracy_points
+from analysis.points import accuracy_points
 from dashboards.report import build_report
 from db import queries
 from db.session import open_existing

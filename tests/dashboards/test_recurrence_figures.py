@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dashboards import figures
+from dashboards import trace_figures
 from dashboards.data import depth_points, probe_title
 from dashboards.report import build_report
 from db import queries
@@ -60,7 +60,7 @@ def test_depth_points_give_each_group_against_r_with_the_trained_t(db: str) -> N
     assert by[("arithmetic", 2)] == pytest.approx(0.7) and by[("recall", 3)] == pytest.approx(0.2)
     assert by[("all", 1)] == pytest.approx((0.2 + 0.4 + 0.8) / 3)
     assert set(points["trained_loops"]) == {2.0}
-    fig = figures.accuracy_vs_depth(points)
+    fig = trace_figures.accuracy_vs_depth(points)
     assert [a.text for a in fig.layout.annotations] == ["all", "arithmetic", "recall"]  # one panel per group, "all" first
     assert {shape.x0 for shape in fig.layout.shapes} == {2.0} and len(fig.layout.shapes) == 3  # T on every panel
     assert all("<b>" not in trace.name for trace in fig.data)  # stored model names are escaped
@@ -72,7 +72,7 @@ def test_probe_values_keep_undefined_as_nan_and_draw_a_panel_per_metric(db: str)
     values = queries.probe_values(engine)
     interaction = values[values["metric"] == "interaction"].set_index("lag")["value"]
     assert interaction[1] == 0.5 and math.isnan(interaction[2])
-    fig = figures.loop_probes(values, probe_title(values))
+    fig = trace_figures.loop_probes(values, probe_title(values))
     assert [a.text for a in fig.layout.annotations] == ["relative update norm", "interaction (by lag k)"]
     assert {shape.x0 for shape in fig.layout.shapes} == {2.0}
     assert "&lt;b&gt;" in fig.layout.title.text and "r = 1..3" in fig.layout.title.text

@@ -24,7 +24,8 @@ import pytest
 
 from dashboards import figures
 from dashboards.app import create_app
-from dashboards.data import accuracy_points, depth_points
+from analysis.points import accuracy_points
+from dashboards.data import depth_points
 from db import queries
 from db.headline import rounded
 from db.session import open_existing

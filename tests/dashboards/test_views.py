@@ -16,7 +16,8 @@ import plotly.graph_objects as go
 import pytest
 from dash import dcc
 
-from dashboards import figures, views
+from analysis import names
+from dashboards import trace_figures, views
 from dashboards.app import create_app, set_choices
 from dashboards.report import build_report, report_figures
 import measures
@@ -139,7 +140,7 @@ def test_memory_over_a_run_is_thinned_keeping_each_peak_and_titled_by_the_run(en
             assert thin[measure].max() == series[measure].max()
     (memory_run,) = [view for view in views.VIEWS if view.plots[0].id == "memory-run"]
     series, title = memory_run.query(engine, views.Selection(run_id=int(run["run_id"])))
-    assert title == f"Memory over run {run['run_id']}: {run['model']} {figures.loops_label(run['loops'])} ({run['suite']})"
+    assert title == f"Memory over run {run['run_id']}: {run['model']} {names.loops_label(run['loops'])} ({run['suite']})"
     assert len(series) <= views.MAX_SERIES_POINTS
 
 
@@ -182,5 +183,5 @@ def test_memory_over_a_run_opens_on_a_run_of_the_default_set_in_both_pages(two_s
     assert f'<option value="{opening}" selected>' in page  # the report's selector, as the app's
     probes = next(view for view in views.VIEWS if view.title == "Loop probes")
     assert [case.run_id for case in probes.cases(engine)] == [None], "no probe run: one case, saying how to make one"
-    assert '"probe|": {' in page and figures.PROBE_EXAMPLE in page, "the empty selector's key: the drawing of that case"
+    assert '"probe|": {' in page and trace_figures.PROBE_EXAMPLE in page, "the empty selector's key: the drawing of that case"
     engine.dispose()

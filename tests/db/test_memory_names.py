@@ -25,7 +25,8 @@ from alembic import command
 from sqlalchemy import Engine, create_engine
 
 import measures
-from dashboards.data import accuracy_points, ranked
+from analysis.points import accuracy_points
+from analysis.ranking import ranked
 from db import queries
 from db.session import alembic_config, open_existing
 from db.store import Store

@@ -22,7 +22,7 @@ import adapters.files
 from adapters.engine.io.checkpoint import random_model, save_checkpoint
 from adapters.files import COMPLETE_MARKER
 from adapters.zoo import ZOO_DIR
-from dashboards.report import write_report
+from harness.report import write_report
 from harness.cli import main
 
 

@@ -17,8 +17,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dashboards.data import accuracy_points
-from dashboards.figures import config_labels, lever_points
+from analysis.points import accuracy_points
+from analysis.names import config_labels
+from analysis.points import lever_points
 from db.session import open_existing
 from db.sets import config_key, configuration, run_key
 from harness.cli import main

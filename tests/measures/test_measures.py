@@ -8,7 +8,7 @@ import adapters
 import measures
 from adapters.engine.config import LoopConfig
 from adapters.engine.memory import analytic_terms, estimate
-from dashboards.data import analytic_bytes
+from analysis.points import analytic_bytes
 from harness.measurement.capacity import needed_bytes
 
 # (spec, loops): per-loop KV, gated KV with a chunked latent, a plain model, the same with loop conditioning's history

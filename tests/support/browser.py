@@ -171,7 +171,7 @@ def main() -> None:
     lab's figures (docs/img/depth-extrapolation.png, loop-probes.png) from the lab's database instead."""
     from playwright.sync_api import sync_playwright
 
-    from dashboards.report import write_report
+    from harness.report import write_report
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", required=True, help="results database URL or SQLite path")

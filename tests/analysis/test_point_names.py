@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from analysis import names
 from dashboards import figures
-from dashboards.data import accuracy_points, answer, depth_points
+from analysis.answer import answer
+from analysis.points import accuracy_points
+from dashboards.data import depth_points
 from db.store import Store
 import measures
 from tests.support.stored_runs import MODEL, store_run
@@ -32,7 +35,7 @@ def store(tmp_path: Path):
 
 
 def _names(points) -> list[str]:
-    return [figures.point_name(row) for row in points.itertuples()]
+    return [names.point_name(row) for row in points.itertuples()]
 
 
 def test_a_name_carries_what_tells_the_point_apart_in_its_set(store: Store) -> None:
