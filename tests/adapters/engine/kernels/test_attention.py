@@ -1,53 +1,35 @@
-"""The Triton kernels (`adapters.engine.kernels`) against the CPU's torch path, run on the CPU through Triton's
-interpreter: paged attention over every block layout and KV dtype, and the residual add fused with RMSNorm.
-
-The interpreter is chosen when a kernel is defined (`triton.jit` reads TRITON_INTERPRET then), so the variable is
-set before the kernels' modules are imported; the engine imports them only where they run (a GPU), never here.
+"""`kernels.attention.paged_attention` against the SDPA path, through Triton's interpreter on the CPU
+(`tests.support.triton_interpreter`): over every block layout and KV dtype, and in the continuous engine with the
+fused norms and RoPE, every call checked on the pool's state.
 
 Each comparison's tolerance is a bound on float32 rounding in the two computations, derived from their arithmetic
-(`attention_bound`, `norm_bound`), never fitted: both sides read the same stored K/V, dequantized by the same float32
-product, so only the order of the sums, the exponentials and the rescalings differ.
+(`attention_bound`), never fitted: both sides read the same stored K/V, dequantized by the same float32 product,
+so only the order of the sums, the exponentials and the rescalings differ.
 """
 
 from __future__ import annotations
 
-import os
+import math
 
-os.environ["TRITON_INTERPRET"] = "1"  # before the kernels' modules (and triton) are imported: they run on the CPU
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor
 
-import math  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import Tensor  # noqa: E402
-
-from adapters.base import Request, Sampling  # noqa: E402
-from adapters.engine.adapter import load_preset  # noqa: E402
-from adapters.engine.kernels.attention import paged_attention  # noqa: E402
-from adapters.engine.kernels.norm import add_rms_norm  # noqa: E402
-from adapters.engine.kvformat import KV_FORMATS  # noqa: E402
-from adapters.engine.io.presets import preset  # noqa: E402
-from adapters.engine.kernels.rope import qk_rope  # noqa: E402
-from adapters.engine.layers import Attention, Block, Rotary, rms  # noqa: E402
-from adapters.engine.serving.continuous import ContinuousEngine  # noqa: E402
-from adapters.engine.serving.paged import key_mask  # noqa: E402
-from tests.support.kv_pool import pool_for  # noqa: E402
+from adapters.base import Request, Sampling
+from adapters.engine.adapter import load_preset
+from adapters.engine.kvformat import KV_FORMATS
+from adapters.engine.serving.continuous import ContinuousEngine
+from adapters.engine.serving.paged import key_mask
+from tests.support.kv_pool import pool_for
+from tests.support.triton_interpreter import U, add_rms_norm, gamma, paged_attention, qk_rope, with_kernels
 
 pytestmark = pytest.mark.numerics  # parity with the torch path: .ci/run checks the bounds under a second CPU capability
 
-U = 2.0**-24  # float32's unit roundoff
 EXP_ULPS = 4  # an exponential's error, in units of the last place (libm's and SIMD float32 exps are within 4)
 DTYPES = ["auto", "int8", "fp8"]
 
 
-def gamma(n: Tensor | float) -> Tensor | float:
-    """The classical bound n u / (1 - n u) on the relative error of a sum or product chain of n float32 terms."""
-    return n * U / (1 - n * U)
-
-
-# ---------------------------------------------------------------------------------------------- paged attention
 def reference(q: Tensor, k: Tensor, v: Tensor, blocks: Tensor, positions: Tensor, block_size: int, kv_dtype: str
               ) -> tuple[Tensor, Tensor]:
     """The SDPA path: every sequence's blocks gathered and dequantized (`PagedStep.update`), masked by position
@@ -155,17 +137,6 @@ class Shadow:
         return out
 
 
-def with_kernels(model: torch.nn.Module, add_norm: Callable[..., tuple[Tensor, Tensor]] | None,
-                 rope: Callable[..., tuple[Tensor, Tensor]] | None = None) -> None:
-    """The blocks' residual add and norm fused by `add_norm` (`Block.add_norm`) and q and k rotated by `rope`
-    (`Attention.qk_rope`), as `kernels.install` sets them on a GPU, or torch's ops (None)."""
-    for module in model.modules():
-        if isinstance(module, Block):
-            module.add_norm = add_norm
-        elif isinstance(module, Attention):
-            module.qk_rope = rope
-
-
 def generate(name: str, kv_dtype: str, kv_policy: str | None, attention: Shadow | None) -> list[list[int]]:
     """Greedy tokens of two prompts on the continuous engine, attending through `attention` with the fused norms
     (None: SDPA and torch's norms, the CPU's path)."""
@@ -203,104 +174,3 @@ def test_engine_attends_through_the_kernel(name, kv_policy, kv_dtype):
     queries = {n for n, _ in shadow.calls}
     assert 1 in queries and max(queries) > 1  # prompts and decode steps
     assert tokens == generate(name, kv_dtype, kv_policy, None)
-
-
-# ------------------------------------------------------------------------------------------ fused RMSNorm
-def norm_bound(h: Tensor, weight: Tensor) -> Tensor:
-    """[rows, 1]: two float32 evaluations of rms(x + r) * w, x + r rounded alike (one addition, exact on both
-    sides), differ by at most twice gamma(d + 4) relative to max |(x + r) w| / rms: the sum of d squares, the mean,
-    the epsilon, the square root, the division and the weight's product, each within u."""
-    d = h.shape[-1]
-    scale = (h * weight).abs().amax(-1, keepdim=True) / h.pow(2).mean(-1, keepdim=True).sqrt()
-    return 2 * gamma(d + 4) * scale
-
-
-class Counted:
-    """A kernel's function, counting its calls: whether a path ran it."""
-
-    def __init__(self, fn: Callable[..., tuple[Tensor, Tensor]]) -> None:
-        self.fn, self.calls = fn, 0
-
-    def __call__(self, *args: object, **kwargs: object) -> tuple[Tensor, Tensor]:
-        self.calls += 1
-        return self.fn(*args, **kwargs)
-
-
-def test_blocks_use_torch_norms_where_autograd_runs():
-    """The fused kernel has no backward: with gradients enabled a block adds and norms with torch (the kernel is not
-    called; the loss and every gradient are those without it); under inference mode it runs."""
-    model = load_preset("ouro-tiny", dtype="fp32", device="cpu", seed=3).model
-    tokens = torch.tensor([[1, 5, 9, 12, 7]])
-    counted = Counted(add_rms_norm)
-    runs = []
-    for add_norm in (None, counted):
-        with_kernels(model, add_norm)
-        model.zero_grad()
-        loss = model(tokens).logits.sum()
-        loss.backward()
-        runs.append((loss, {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}))
-    (plain, grads), (loss, fused_grads) = runs
-    assert counted.calls == 0 and torch.equal(loss, plain) and grads.keys() == fused_grads.keys() and len(grads) > 10
-    assert all(torch.equal(grads[name], fused_grads[name]) for name in grads)
-    with torch.inference_mode():
-        model(tokens)
-    assert counted.calls == 2 * 4  # ouro-tiny: 2 shared layers x 4 loops
-
-
-def test_add_rms_norm_matches_the_residual_then_the_norm():
-    """Rows of a spread of magnitudes, a width that is not a power of two: the sum h = x + r exactly as torch adds
-    it, and rms(h) * w within the rounding bound of the engine's own `rms`."""
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(5, 3, 96, generator=gen) * torch.rand(5, 3, 1, generator=gen).mul(6).exp()
-    residual = torch.randn(5, 3, 96, generator=gen)
-    weight = torch.rand(96, generator=gen) + 0.5
-    eps = torch.tensor(1e-6)
-    h, normed = add_rms_norm(x, residual, weight, 1e-6)
-    assert torch.equal(h, residual + x)
-    expected = rms(residual + x, eps, weight)
-    assert bool(((normed - expected).abs() <= norm_bound(residual + x, weight)).all())
-
-
-# ------------------------------------------------------------------------------------------ fused q/k RoPE
-def rope_bound(qk: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Elementwise: y = a cos + roll(a) sin from the exactly normed rows a. Each evaluation's a is within gamma(D + 5)
-    of exact per element (the bias add is the same float32 sum on both sides; the norm: D squares summed, the mean,
-    eps, the square root, the division, the weight), and its two products and sum add gamma(2): so two evaluations
-    differ by at most 2 gamma(D + 7) (|a cos| + |roll(a) sin|)."""
-    d = qk.shape[-1]
-    return 2 * gamma(d + 7) * (qk.abs() * cos.abs() + qk.roll(d // 2, -1).abs() * sin.abs())
-
-
-@pytest.mark.parametrize(("name", "bias"), [("qwen3-tiny", False), ("ouro-tiny", False), ("ouro-tiny", True)])
-def test_qk_rope_matches_the_projection(name, bias):
-    """Attention.project with the fused kernel against torch's ops: Qwen3's per-head q/k norm with GQA, Ouro's
-    plain q and k, and a q/k bias as Huginn's (as many KV heads as heads): the same v, q and k within the bound."""
-    cfg = preset(name)
-    if bias:
-        cfg = cfg.replace(num_kv_heads=cfg.num_heads)
-    torch.manual_seed(0)
-    attention = Attention(cfg, qk_bias=bias)
-    if bias:
-        torch.nn.init.normal_(attention.qk_bias)
-    for norm in (attention.q_norm, attention.k_norm):
-        if norm is not None:
-            torch.nn.init.uniform_(norm.weight, 0.5, 1.5)
-    x = torch.randn(2, 5, cfg.hidden_size) * 3
-    positions = torch.tensor([[0, 1, 2, 3, 4], [17, 18, 19, 20, 21]])
-    rope = Rotary(cfg.head_dim, cfg.rope_theta)(positions, torch.float32)
-    with torch.inference_mode():
-        q, k, v = attention.project(x, None, rope)
-        attention.qk_rope = counted = Counted(qk_rope)
-        fused_q, fused_k, fused_v = attention.project(x, None, rope)
-        attention.qk_rope = None
-        # the rows the rotation reads: torch's own q and k before RoPE (normed, biased), recomputed for the bound
-        heads = cfg.num_heads
-        qkv = F.linear(x, attention.qkv_proj.weight).view(2, 5, -1, cfg.head_dim)[:, :, : heads + cfg.num_kv_heads]
-        if bias:
-            qkv = qkv + attention.qk_bias.flatten(0, 2)
-        if attention.q_norm is not None:
-            qkv = torch.cat((attention.q_norm(qkv[:, :, :heads]), attention.k_norm(qkv[:, :, heads:])), 2)
-    bound = rope_bound(qkv.transpose(1, 2), *rope)
-    assert counted.calls == 1 and torch.equal(fused_v, v)
-    assert bool(((fused_q - q).abs() <= bound[:, :heads]).all())
-    assert bool(((fused_k - k).abs() <= bound[:, heads:]).all())
