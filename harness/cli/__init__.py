@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import sys
+from typing import cast
 
 import typer
 import typer.core
@@ -59,8 +60,9 @@ def bounded_ints(command: Command) -> Command:
     integer column; the commands' own bounds, `harness.spec.BOUNDS`, are tighter): a value of 400 digits is a usage
     error, one line, never an overflow where it meets a float, a tensor or SQLite."""
     for param in command.params:
-        info = param.type_descriptor.parameter_info
-        if param.type_descriptor.annotation is int and info.max is None:
+        described = param.type_descriptor  # type: ignore[attr-defined]  # typer's options carry it; click's type does not
+        info = described.parameter_info
+        if described.annotation is int and info.max is None:
             info.max = MAX_STORED_INT
     for sub in getattr(command, "commands", {}).values():
         bounded_ints(sub)
@@ -70,7 +72,7 @@ def bounded_ints(command: Command) -> Command:
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: runs the app and turns usage and user errors into one line + exit 2."""
     try:
-        result = bounded_ints(typer.main.get_command(app)).main(args=argv, standalone_mode=False)
+        result = bounded_ints(cast(Command, typer.main.get_command(app))).main(args=argv, standalone_mode=False)
     except typer.Exit as exc:
         return exc.exit_code
     except (typer.Abort, KeyboardInterrupt):
@@ -78,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except TyperException as exc:  # usage errors: unknown option, bad value, missing argument
         if type(exc).__name__ == "NoArgsIsHelpError":
-            print(exc.ctx.get_help() if getattr(exc, "ctx", None) else "loopeval --help")
+            ctx = getattr(exc, "ctx", None)
+            print(ctx.get_help() if ctx else "loopeval --help")
             return 0
         print(f"loopeval: error: {exc.format_message()}", file=sys.stderr)
         return 2

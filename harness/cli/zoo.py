@@ -150,6 +150,7 @@ def train(
             spec = f"ouro:{trained[recipe.teacher]}"
         info = train_model(recipe, out / name, _synthetic_items(recipe.tasks), stop=STOP, device=device, resume=resume, teacher_spec=spec,
                            fits=_fits(device, "the recipe's batch_size or its model's sizes"))
+        assert info is not None  # None only for a run stopped early (`until`), which the CLI never asks
         trained[name] = out / name
         print(f"{name}: {info['steps']} steps, {info['cpu_minutes']} CPU min, validation accuracy "
               f"{info['validation_accuracy']['average']:.3f} -> {out / name}")
@@ -197,5 +198,6 @@ def convert(
     )
     info = train_model(recipe, out, items, stop=STOP, device=device, resume=resume, teacher_spec=teacher,
                        fits=_fits(device, "--batch-size (or train on the GPU)"))
+    assert info is not None  # None only for a run stopped early (`until`), which the CLI never asks
     print(f"MELT checkpoint written to {out} ({info['steps']} steps, validation accuracy "
           f"{info['validation_accuracy']['average']:.3f}); load it as melt:{out}")
