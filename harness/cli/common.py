@@ -47,7 +47,7 @@ ThreadsOption = Annotated[
 
 def parse_int_list(value: str | None, option: str, minimum: int = 1) -> list[int] | None:
     """'1,2,4' -> [1, 2, 4], ranges included ('1-12'); UserError naming the option on anything else."""
-    from harness.sweep import int_ranges
+    from harness.planning.sweep import int_ranges
 
     return None if value is None else int_ranges(value, option, minimum)
 
@@ -95,13 +95,6 @@ def use_threads(requested: int | None, params: int | None) -> Any:
 def say_threads(chosen: Any) -> None:
     """The count, said once when the command starts its work (stderr: --json output stays JSON)."""
     typer.echo(f"threads: {chosen}", err=True)
-
-
-def progress() -> Any:
-    """The live view of a `loopeval run` job (`harness.progress.JobProgress`): the job, the sweep and run running now."""
-    from harness.progress import JobProgress
-
-    return JobProgress()
 
 
 def console() -> Any:
@@ -312,7 +305,7 @@ def _rank_text(rank: int, row: Any, column: str) -> str:
 def _exit_cell(threshold: float | None, criterion: str | None) -> str:
     """The exit column: the gate's threshold alone ('0.5'), another criterion's named ('kl 0.1'), '-' off the axis."""
     from dashboards.figures import exit_label
-    from harness.spec import DEFAULT_EXIT_CRITERION
+    from harness.planning.spec import DEFAULT_EXIT_CRITERION
 
     return exit_label(threshold, None if criterion == DEFAULT_EXIT_CRITERION else criterion)
 

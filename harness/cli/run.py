@@ -1,26 +1,23 @@
 """`loopeval run`: evaluate models x loop counts on a suite, storing every sample, metric and memory trace.
 
-Options, or a sweep file (`--config`, see `harness.sweep`), are validated by `RunSpec.build` before
+Options, or a sweep file (`--config`, see `harness.planning.sweep`), are validated by `RunSpec.build` before
 anything is loaded or written; torch, lighteval, sqlalchemy and Ray are imported inside the command
-so `loopeval --help` stays instant. `--executor local` (the default) runs the sweep in this process;
-`--executor ray` submits each run as a Ray task (`harness.ray_executor`).
+so `loopeval --help` stays instant. The job itself, on the executor `--executor` names, is
+`harness.execution.executor.run_job`'s.
 """
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import typer
 
 from adapters.base import EXIT_CRITERIA, PAPER_PROTOCOL
 from harness.cli.common import (AdaptersDirOption, DbOption, ThreadsOption, TrustRemoteCodeFlag, parse_int_list, print_answer,
-                                print_sentence, progress, report_path, use_threads)
+                                print_sentence, report_path)
 from harness.hints import env_command, with_db
-from harness.spec import DEFAULT_EXIT_CRITERION, DEFAULTS, EMA, KV_DTYPES, KV_POLICIES, SUITE_SAMPLING
+from harness.planning.spec import DEFAULT_EXIT_CRITERION, DEFAULTS, EMA, KV_DTYPES, KV_POLICIES, SUITE_SAMPLING
 
 _SYNTHETIC = SUITE_SAMPLING[DEFAULTS.suite]
 
@@ -64,7 +61,8 @@ def run(
     memory levers (ouro-tiny at r = 4 under shared-last and shared-mean KV, each at auto and int8; ouro-tiny, melt-tiny
     and qwen3-tiny-small at int8 under their own KV; in the headline's set).
     """
-    from harness.sweep import build_request, float_list, string_list
+    from harness.execution.executor import run_job
+    from harness.planning.sweep import build_request, float_list, string_list
 
     # LightEval warns on every run that --limit makes numbers partial; the table says what was run.
     logging.getLogger("lighteval").setLevel(logging.ERROR)
@@ -83,153 +81,14 @@ def run(
         executor=executor, ray_address=ray_address, gpus_per_run=gpus_per_run, workers=workers,
     )
     request = build_request(flags, config)
-    try:
-        if request.executor == "ray":
-            store, outcomes = _on_ray(request, resume, adapters_dir or [], rerun, threads)
-        else:
-            store, outcomes = _here(request, resume, rerun, threads)
-        return _summarise(store, outcomes, request.db, report)
-    finally:
-        gc.unfreeze()  # what `_planning` froze is collectable again once the command is done (tests call it in-process)
-
-
-@contextlib.contextmanager
-def _planning() -> Iterator[None]:
-    """Plan with Python's cyclic collector paused, then freeze what planning built (`gc.freeze`) until `run` ends.
-
-    Planning imports LightEval, torch and transformers, whose objects live as long as the command, and the
-    collector's full passes over them as they grew took about 1.5 s of it (2 s to the first generated token).
-    Frozen, no later pass walks them, here or in the worker processes forked after: the use of `gc.freeze` its
-    documentation gives, before a fork."""
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.freeze()
-        gc.enable()
-
-
-def _plain_log(bars: Any, threads: Any) -> Any:
-    """A log line printer for the progress console: lines name models and errors, so plain text, never markup.
-    The first line the work logs is preceded by the thread count, said once (a refusal before any work says only itself).
-    Output that is not a terminal (a file, a pipe, CI) gets each line whole: rich would break it at 80 columns there,
-    and a run's line split in two no longer greps as one."""
-    said, whole = False, not bars.console.is_terminal
-
-    def log(line: str) -> None:
-        nonlocal said
-        if not said:
-            bars.console.print(f"threads: {threads}", markup=False, soft_wrap=whole)
-            said = True
-        bars.console.print(line, markup=False, soft_wrap=whole)
-
-    return log
-
-
-def _skip_stored(request: Any, plans: list[Any], store: Any, rerun: bool) -> list[Any]:
-    """Take runs already stored finished out of the plans (unless --rerun); their outcomes, for the summary."""
-    from harness.runner import skip_stored
-
-    if rerun:
-        return []
-    return [outcome for spec, plan in zip(request.specs, plans) for outcome in skip_stored(spec, plan, store, typer.echo)]
-
-
-def _open_store(request: Any, plans: list[Any], resume: int | None, requested: int | None) -> tuple[Any, Any]:
-    """The results store (read only to resume: it is never created then) and the thread count of this
-    invocation, decided from its largest model (`adapters.threads`) and checked before anything is written."""
-    from db.store import Store
-    from harness.runner import largest_model, resumable_run, stored_params
-
-    if resume is not None:
-        store = Store.read(request.db, write=True)
-        try:
-            resumable_run(store, resume)  # a run that cannot resume is refused before anything else is said
-            chosen = use_threads(requested, largest_model(stored_params(store, resume)))
-        except BaseException:
-            store.close()
-            raise
-    else:
-        chosen = use_threads(requested, largest_model([p for plan in plans for p in plan.params.values()]))
-        store = Store.open(request.db)
-    return store, chosen
-
-
-def _here(request: Any, resume: int | None, rerun: bool, threads: int | None) -> tuple[Any, list[Any]]:
-    """The local executor: the runs in this process one after another, each model loaded once, or in worker
-    processes side by side when the cores allow (`harness.pool`).
-
-    `--resume` completes every unfinished run of the resumed run's sweep, in this process, and never creates a database.
-    """
-    from harness.recorder import new_sweep_id
-    from harness.runner import prepare_sweep, resume_run, run_stored, store_sweep
-
-    with _planning():
-        plans = [] if resume is not None else [prepare_sweep(spec) for spec in request.specs]  # bad names fail here
-    store, chosen = _open_store(request, plans, resume, threads)
-    try:
-        skipped = _skip_stored(request, plans, store, rerun)
-        if resume is not None:
-            with progress() as bars:
-                return store, resume_run(resume, store, request.db, progress=bars, log=_plain_log(bars, chosen))
-        sweep_id = new_sweep_id()
-        stored = [(spec, plan, store_sweep(spec, plan, store, sweep_id)) for spec, plan in zip(request.specs, plans) if plan.runs]
-        workers = _start_workers(request, stored, chosen.count)  # forked before any thread starts here
-        with progress() as bars:
-            log = _plain_log(bars, chosen)
-            if workers is not None:
-                return store, skipped + workers.wait(store, bars, log, len(stored))
-            bars.start_job(sum(len(runs) for _, _, runs in stored), len(stored))
-            return store, skipped + [outcome for spec, plan, runs in stored
-                                     for outcome in run_stored(spec, runs, plan.task_configs, store, bars, log, plan.loaded)]
-    except BaseException:
-        store.close()  # an open SQLite connection would leave -wal and -shm files beside the database
-        raise
-
-
-def _start_workers(request: Any, stored: list[Any], threads: int) -> Any:
-    """Worker processes for the stored runs when more than one would run (`harness.pool`), else None: one group
-    of runs (one model), one core to spare per run, or --workers 1 run in this process."""
-    from adapters.threads import cores
-    from db.session import resolve_db_url
-    from harness.pool import Workers, default_workers, groups
-
-    devices = [device for _, plan, _ in stored for device in plan.devices.values()]
-    wanted = request.workers or default_workers(threads, cores(), devices)
-    run_groups = [group for spec, plan, runs in stored for group in groups(spec, plan, runs)] if wanted > 1 else []
-    if len(run_groups) < 2:
-        return None
-    return Workers.start(run_groups, resolve_db_url(request.db), min(wanted, len(run_groups)))
-
-
-def _on_ray(request: Any, resume: int | None, plugin_dirs: list[str], rerun: bool, threads: int | None) -> tuple[Any, list[Any]]:
-    """The Ray executor: plan here, then every run as a Ray task writing to the shared store."""
-    from harness.ray_executor import RayExecutor, worker_db_url
-    from harness.runner import prepare_sweep
-
-    RayExecutor.preflight(request.ray_address)  # Ray missing or the address wrong: told before the seconds of planning
-    with _planning():
-        plans = [] if resume is not None else [prepare_sweep(spec) for spec in request.specs]
-    url = worker_db_url(request.db)
-    with RayExecutor.connect(request.ray_address, plugin_dirs) as ray:
-        ray.check_store(url)  # a SQLite file other machines cannot see fails here, before it is written
-        store, chosen = _open_store(request, plans, resume, threads)  # each CPU run asks Ray for as many CPUs as it has threads
-        try:
-            skipped = _skip_stored(request, plans, store, rerun)
-            with progress() as bars:
-                log = _plain_log(bars, chosen)
-                if resume is not None:
-                    return store, ray.resume(resume, store, url, request.gpus_per_run, chosen.count, progress=bars, log=log)
-                return store, skipped + ray.run_sweep(request, plans, store, url, chosen.count, progress=bars, log=log)
-        except BaseException:
-            store.close()
-            raise
+    with run_job(request, resume, rerun, threads, adapters_dir or [], typer.echo) as job:
+        return _summarise(job.store, job.outcomes, request.db, report)
 
 
 def _summarise(store: Any, outcomes: list[Any], db: str | None, report: bool) -> int:
     """The table of this sweep's runs, where they are stored, the report; exit 1 naming the runs that did not finish."""
     from db.session import resolve_db_url
-    from harness.runner import failure_summary
+    from harness.execution.runner import failure_summary
 
     try:
         for line in store.hide_damaged():  # the store only reads from here on: runs damaged by hand are named, not read

@@ -13,7 +13,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import adapters
 from adapters.base import EXIT_CRITERIA, MAX_STORED_INT, PAPER_PROTOCOL, AdapterError, Sampling, check_sampling, hook
@@ -22,6 +22,9 @@ from adapters.engine.config import KV_POLICIES as ENGINE_KV_POLICIES
 from harness.errors import UserError
 from harness.sampler import DEFAULT_INTERVAL
 from suites import synthetic
+
+if TYPE_CHECKING:
+    from db.record import PlannedRun
 
 # Sampling where the user gave none, per suite. Synthetic answers are a few characters, so the
 # paper's sampling with a short budget, and two samples per problem rather than the paper's four: with
@@ -273,7 +276,7 @@ class RunSpec:
         batch_size = DEFAULTS.batch_size if batch_size is None else batch_size
         for option, value in (("--limit", limit), ("--batch-size", batch_size), *(("--loops", r) for r in loops)):
             check_int(option, value)
-        given = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens, "n": samples, "seed": seed}
+        given: dict[str, Any] = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens, "n": samples, "seed": seed}
         given = {name: value for name, value in given.items() if value is not None}
         for name, value in given.items():
             check_sampling_given(name, value, SAMPLING_OPTIONS[name])
@@ -319,16 +322,15 @@ class RunSpec:
             overrides["trust_remote_code"] = True
         return overrides
 
-    def run_overrides(self, model: str, exit_threshold: float | None, exit_criterion: str | None,
-                      kv_policy: str | None = None, kv_dtype: str | None = None) -> dict[str, Any]:
-        """Overrides one run of `model` is loaded with: `load_overrides`, the run's point on the exit axis (the
-        criterion only where it is not the gate, the engine's default) and on the KV axis (each only where swept)."""
-        overrides = self.load_overrides(model)
-        if exit_threshold is not None:
-            overrides["exit_threshold"] = exit_threshold
-            if exit_criterion not in (None, DEFAULT_EXIT_CRITERION):
-                overrides["exit_criterion"] = exit_criterion
-        overrides.update({k: v for k, v in zip(KV_OVERRIDES, (kv_policy, kv_dtype)) if v is not None})
+    def run_overrides(self, run: PlannedRun) -> dict[str, Any]:
+        """Overrides `run` is loaded with: its model's `load_overrides`, its point on the exit axis (the criterion only
+        where it is not the gate, the engine's default) and on the KV axis (each only where swept)."""
+        overrides = self.load_overrides(run.model)
+        if run.exit_threshold is not None:
+            overrides["exit_threshold"] = run.exit_threshold
+            if run.exit_criterion not in (None, DEFAULT_EXIT_CRITERION):
+                overrides["exit_criterion"] = run.exit_criterion
+        overrides.update({k: v for k, v in zip(KV_OVERRIDES, (run.kv_policy, run.kv_dtype)) if v is not None})
         return overrides
 
     def to_dict(self) -> dict[str, Any]:

@@ -5,7 +5,7 @@ name with underscores, `--max-new-tokens` is `max_new_tokens`), a list where the
 values, plus what flags cannot say: a model entry may be `{spec = "zoo:ouro-tiny", overrides =
 {max_batch = 8}}`. The file's values are checked here (one line naming the key), merged with the
 flags (a flag given beside `--config` overrides that key) and passed to the same `RunSpec.build`
-call the flags use, so the stored RunSpec is identical either way and `harness.spec` stays the one
+call the flags use, so the stored RunSpec is identical either way and `harness.planning.spec` stays the one
 home of the defaults. Several seeds make one RunSpec each, run as one sweep.
 """
 
@@ -21,11 +21,11 @@ from typing import Any
 from adapters.base import AdapterError
 from adapters.files import MIB, read_text
 from harness.errors import UserError
-from harness.spec import DEFAULTS, EXITS, LAB, LEVERS, SUITE_SAMPLING, SWEEP_WIDE_OVERRIDES, RunSpec, check_sampling_given
+from harness.planning.spec import DEFAULTS, EXITS, LAB, LEVERS, SUITE_SAMPLING, SWEEP_WIDE_OVERRIDES, RunSpec, check_sampling_given
 
 EXECUTORS = ("local", "ray")
 RAY_ONLY = ("ray_address", "gpus_per_run")  # settings that mean nothing to the local executor
-MAX_WORKERS = 256  # the local executor's worker processes (`harness.pool`)
+MAX_WORKERS = 256  # the local executor's worker processes (`harness.execution.pool`)
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class SweepRequest:
     executor: str = "local"
     ray_address: str | None = None
     gpus_per_run: float | None = None
-    workers: int | None = None  # the local executor's worker processes (None: `harness.pool.default_workers`)
+    workers: int | None = None  # the local executor's worker processes (None: `harness.execution.pool.default_workers`)
 
     @property
     def db(self) -> str | None:
@@ -105,7 +105,7 @@ def int_ranges(value: str, name: str, minimum: int = 1) -> list[int]:
 
 def float_list(value: str, name: str) -> list[float]:
     """'0.5,0.8,1' -> [0.5, 0.8, 1.0], duplicates dropped; UserError naming `name` on anything else (the values'
-    ranges are `harness.spec.check_exit`'s)."""
+    ranges are `harness.planning.spec.check_exit`'s)."""
     try:
         items = [float(part) for part in (p.strip() for p in value.split(",")) if part]
     except ValueError:
@@ -126,7 +126,7 @@ def _thresholds(name: str, value: Any) -> list[float]:
 
 def string_list(value: str, name: str) -> list[str]:
     """'per-loop, shared-last' -> ['per-loop', 'shared-last']; UserError naming `name` when nothing is left (the values
-    themselves are `harness.spec`'s to check)."""
+    themselves are `harness.planning.spec`'s to check)."""
     items = [part for part in (p.strip() for p in value.split(",")) if part]
     if not items:
         raise UserError(f"{name} must be comma-separated names, got {value!r}")
@@ -306,8 +306,8 @@ def read_sweep_file(path: str | Path) -> dict[str, Any]:
 
 
 # What a sweep runs. Without any of these and without a sweep file, `loopeval run` is the default benchmark:
-# the recurrence lab's sweep (harness.spec.LAB), then the headline sweep, whose set the views open on, then the exit
-# sweep (harness.spec.EXITS) and the memory levers (harness.spec.LEVERS), in the headline's set.
+# the recurrence lab's sweep (harness.planning.spec.LAB), then the headline sweep, whose set the views open on, then the exit
+# sweep (harness.planning.spec.EXITS) and the memory levers (harness.planning.spec.LEVERS), in the headline's set.
 SWEEP_CHOICES = ("models", "suite", "tasks", "loops", "exit_thresholds", "kv_policies", "kv_dtypes", "samples", "temperature", "top_p", "max_new_tokens", "limit", "seeds")
 
 
