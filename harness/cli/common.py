@@ -47,7 +47,7 @@ ThreadsOption = Annotated[
 
 def parse_int_list(value: str | None, option: str, minimum: int = 1) -> list[int] | None:
     """'1,2,4' -> [1, 2, 4], ranges included ('1-12'); UserError naming the option on anything else."""
-    from harness.planning.sweep import int_ranges
+    from harness.planning.options import int_ranges
 
     return None if value is None else int_ranges(value, option, minimum)
 
@@ -305,7 +305,7 @@ def _rank_text(rank: int, row: Any, column: str) -> str:
 def _exit_cell(threshold: float | None, criterion: str | None) -> str:
     """The exit column: the gate's threshold alone ('0.5'), another criterion's named ('kl 0.1'), '-' off the axis."""
     from dashboards.figures import exit_label
-    from harness.planning.spec import DEFAULT_EXIT_CRITERION
+    from harness.planning.defaults import DEFAULT_EXIT_CRITERION
 
     return exit_label(threshold, None if criterion == DEFAULT_EXIT_CRITERION else criterion)
 

@@ -9,11 +9,12 @@ from typing import Any
 
 import typer
 
+from adapters.engine.config import KV_DTYPES
 from measures import byte_text
 from harness.cli.common import DbOption, JsonFlag, ThreadsOption, parse_int_list, say_threads, use_threads
 from harness.errors import UserError
+from harness.planning.defaults import EMA, KV_POLICIES
 from harness.profiling import DECODE_STEPS, decode_sampling, plan_profile, profile_model
-from harness.planning.spec import EMA, KV_DTYPES, KV_POLICIES
 
 
 def profile(

@@ -19,7 +19,8 @@ from db.session import display_url, resolve_db_url
 from db.stored import DamagedRun
 from harness.capacity import check_fits
 from harness.errors import UserError
-from harness.planning.spec import DEFAULT_EXIT_CRITERION, RunSpec, is_looped
+from harness.planning.defaults import DEFAULT_EXIT_CRITERION
+from harness.planning.spec import RunSpec, is_looped
 
 if TYPE_CHECKING:
     from db.store import Store

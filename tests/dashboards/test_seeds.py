@@ -28,7 +28,7 @@ from dashboards.data import accuracy_points, depth_points
 from db import queries
 from db.headline import rounded
 from db.session import open_existing
-from harness.planning.spec import SUITE_SAMPLING
+from harness.planning.defaults import SUITE_SAMPLING
 
 pytestmark = pytest.mark.slow  # a real sweep of four runs
 

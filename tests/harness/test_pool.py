@@ -18,7 +18,8 @@ from harness.cli import main
 from harness.execution.pool import UNLIMITED_DOCS, default_workers, groups
 from db.record import PlannedRun
 from harness.planning.plan import SweepPlan
-from harness.planning.spec import SUITE_SAMPLING, RunSpec
+from harness.planning.defaults import SUITE_SAMPLING
+from harness.planning.spec import RunSpec
 from tests.support.sqlite import query
 
 LOOPEVAL = str(Path(sys.executable).with_name("loopeval"))

@@ -14,7 +14,8 @@ import pytest
 from harness.cli import main
 from harness.errors import UserError
 from harness.planning.plan import prepare_sweep
-from harness.planning.spec import EXITS, LAB, LEVERS, RunSpec
+from harness.planning.defaults import EXITS, LAB, LEVERS
+from harness.planning.spec import RunSpec
 from harness.planning.sweep import build_request
 
 SWEEP = """\
