@@ -45,7 +45,7 @@ class PlannedRun:
     id: int | None = None
 
     def __post_init__(self) -> None:
-        """`sampling` and `spec` as their JSON columns hold them (lists, not tuples), so a run read back equals itself."""
+        """`sampling` and `spec` as their JSON columns hold them (lists, not tuples): a run read back equals itself."""
         for name in ("sampling", "spec"):
             object.__setattr__(self, name, json.loads(json.dumps(getattr(self, name))))
 
@@ -88,6 +88,7 @@ class PlannedRun:
     def of(cls, row: Any) -> PlannedRun:
         """A stored run (a `db.models.Run`, or a mapping of its columns) read back as the run it was planned as."""
         names = ("id", "model_spec", "tasks", "sampling", "spec", *_COLUMNS)
-        values: dict[str, Any] = {name: row.get(name) if isinstance(row, Mapping) else getattr(row, name) for name in names}
+        read = row.get if isinstance(row, Mapping) else lambda name: getattr(row, name)
+        values: dict[str, Any] = {name: read(name) for name in names}
         return cls(model=values.pop("model_spec"), tasks=tuple(values.pop("tasks") or ()),
                    sampling=dict(values.pop("sampling") or {}), spec=dict(values.pop("spec") or {}), **values)

@@ -15,8 +15,8 @@ from typing import Any
 
 import typer
 
-from harness.cli.common import (AdaptersDirOption, DbOption, ThreadsOption, TrustRemoteCodeFlag, print_answer, print_sentence,
-                                report_path)
+from harness.cli.common import (AdaptersDirOption, DbOption, ThreadsOption, TrustRemoteCodeFlag, print_answer,
+                                print_sentence, report_path)
 from harness.hints import env_command, with_db
 from harness.planning.options import OPTIONS, RunOption, given
 
@@ -26,18 +26,19 @@ SHARED = {"db": DbOption, "trust_remote_code": TrustRemoteCodeFlag}
 
 def _parameter(option: RunOption) -> inspect.Parameter:
     """The typer parameter of a row of the options table (not given: None, or a shared flag's own default)."""
+    keyword = inspect.Parameter.KEYWORD_ONLY
     if option.help is None:
         default = False if option.type is bool else None
-        return inspect.Parameter(option.key, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=SHARED[option.key])
-    return inspect.Parameter(option.key, inspect.Parameter.KEYWORD_ONLY, annotation=option.type | None,
+        return inspect.Parameter(option.key, keyword, default=default, annotation=SHARED[option.key])
+    return inspect.Parameter(option.key, keyword, annotation=option.type | None,
                              default=typer.Option(None, option.flag, help=option.help))
 
 
 def _with_options(command: Callable[..., int]) -> Callable[..., int]:
     """`command` declaring a typer option for every flag of the options table (`harness.planning.options.OPTIONS`),
     then its own; typer passes the table's as `**flags`."""
-    own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in inspect.signature(command, eval_str=True).parameters.values()
-           if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    parameters = inspect.signature(command, eval_str=True).parameters.values()
+    own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in parameters if p.kind is not inspect.Parameter.VAR_KEYWORD]
     table = [_parameter(option) for option in OPTIONS if option.type is not None]
     command.__signature__ = inspect.Signature([*table, *own], return_annotation=int)  # type: ignore[attr-defined]
     return command

@@ -91,7 +91,7 @@ def run_job(request: SweepRequest, resume: int | None, rerun: bool, threads: int
         with executor.connected():
             store, chosen = _open_store(request, plans, resume, threads)
             try:
-                outcomes = _execute(executor, request, plans, store, resume, rerun, chosen, say)
+                outcomes = _run_or_resume(executor, request, plans, store, resume, rerun, chosen, say)
             except BaseException:
                 store.close()  # an open SQLite connection would leave -wal and -shm files beside the database
                 raise
@@ -100,7 +100,7 @@ def run_job(request: SweepRequest, resume: int | None, rerun: bool, threads: int
         gc.unfreeze()  # what `_planning` froze is collectable again once the job is done (tests call it in-process)
 
 
-def _execute(executor: Executor, request: SweepRequest, plans: list[SweepPlan], store: Store, resume: int | None,
+def _run_or_resume(executor: Executor, request: SweepRequest, plans: list[SweepPlan], store: Store, resume: int | None,
              rerun: bool, chosen: Any, say: Log) -> list[RunOutcome]:
     """The runs not already stored finished (unless --rerun), stored as one sweep and executed; or the resumed one."""
     from harness.progress import JobProgress
@@ -132,7 +132,8 @@ def _planning() -> Iterator[None]:
         gc.enable()
 
 
-def _open_store(request: SweepRequest, plans: list[SweepPlan], resume: int | None, requested: int | None) -> tuple[Store, Any]:
+def _open_store(request: SweepRequest, plans: list[SweepPlan], resume: int | None,
+                requested: int | None) -> tuple[Store, Any]:
     """The results store (read only to resume: it is never created then) and the thread count of this job, decided
     from its largest model (`adapters.threads`) and checked before anything is written."""
     from adapters.threads import apply, choose
@@ -155,8 +156,8 @@ def _open_store(request: SweepRequest, plans: list[SweepPlan], resume: int | Non
 
 def _console_log(bars: Any, threads: Any) -> Log:
     """A log line printer for the job's view: lines name models and errors, so plain text, never markup.
-    The first line the work logs is preceded by the thread count, said once (a refusal before any work says only itself).
-    Output that is not a terminal (a file, a pipe, CI) gets each line whole: rich would break it at 80 columns there,
+    The first line the work logs is preceded by the thread count, said once (a refusal before any work says only
+    itself). Output that is not a terminal (a file, a pipe, CI) gets each line whole: rich would break it at 80 columns there,
     and a run's line split in two no longer greps as one."""
     said, whole = False, not bars.console.is_terminal
 

@@ -150,7 +150,8 @@ def stored_params(store: Store, run_id: int) -> list[int | None]:
     if run is None:
         raise UserError(f"--resume {run_id}: no such run in {store.url}")
     spec = stored_spec(run, None, store.url)
-    facts = [adapters.inspect(model, **spec.load_overrides(model)) for model in {r.model_spec for r in store.sweep_runs(run.sweep_id)}]
+    models = {r.model_spec for r in store.sweep_runs(run.sweep_id)}
+    facts = [adapters.inspect(model, **spec.load_overrides(model)) for model in models]
     return [None if f is None else f.get("params") for f in facts]
 
 
