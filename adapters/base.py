@@ -211,7 +211,7 @@ class Adapter(Protocol):
 # --- what an adapter hands back, checked before the harness stores it -------------------------------
 # A plugin adapter is someone else's code: a negative or infinite byte count would rank on the Pareto
 # frontier, a string would poison an integer column. The harness checks every value at the boundary
-# (`harness.runner.TimedAdapter`, `harness.measurement.sampler`) and fails the run with the reason instead.
+# (`harness.execution.runner.TimedAdapter`, `harness.measurement.sampler`) and fails the run with the reason instead.
 
 
 T = TypeVar("T")

@@ -14,7 +14,7 @@ thread slows less beside busy processes than a run of two. So the count is, in t
 - else every core this process may use (its CPU affinity), never more: a real model (Qwen3-0.6B and
   up) runs one at a time on a machine, with its memory.
 
-A Ray task computes with the CPUs Ray gave it (harness.ray_executor), so runs that share a node
+A Ray task computes with the CPUs Ray gave it (harness.execution.ray_executor), so runs that share a node
 never ask for more cores than it has. `apply` also sets OMP_NUM_THREADS and MKL_NUM_THREADS, which
 processes started from this one read when their own OpenMP runtime starts.
 """

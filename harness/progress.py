@@ -43,7 +43,7 @@ def eta_text(elapsed: float, done: int, left: int) -> str:
 
 class JobProgress(Progress):
     """The live view of one job: `start_job`, then per part of it `start_sweep`, per run `start_run` and `end_run`;
-    where runs go side by side (`harness.pool`, Ray) a `RunBars` draws them from the store and calls `count_run`.
+    where runs go side by side (`harness.execution.pool`, Ray) a `RunBars` draws them from the store and calls `count_run`.
 
     It is a rich `Progress`, so the bridge and the Ray executor add their bars to it as to any other.
     """

@@ -298,10 +298,13 @@ OLD_HOMES = (
     *(f"adapters/engine/{name}.py" for name in ("continuous", "scheduler", "block_manager", "model_runner", "sequence", "postprocess",
                                                 "paged", "rows", "graphs", "checkpoint", "presets", "tokenizer", "huginn",
                                                 "training", "objectives")),
+    # and the harness by job: planning and execution moved whole
+    *(f"harness/{name}.py" for name in ("spec", "sweep", "runner", "pool", "ray_executor", "recorder")),
 )
 OLD_NAMES = {
     "MEMORY_KEYS": "measures/__init__.py", "PEAK_OF_SERIES": None, "BYTE_UNITS": "measures/__init__.py",
-    "create_run_row": None, "_at_loops": None, "at_loops": "harness/spec.py", "run_row": "harness/recorder.py",
+    "create_run_row": None, "_at_loops": None, "at_loops": "harness/planning/spec.py",
+    "run_row": "harness/execution/recorder.py",
 }
 
 
@@ -332,8 +335,8 @@ def test_byte_units_have_one_home() -> None:
 def test_no_old_home_is_back() -> None:
     """`db/measures.py` and `adapters.base.MEMORY_KEYS` moved to `measures/`, the LightEval bridge into
     `harness/bridge/`, the sampler, profiling and capacity into `harness/measurement/`, the runner's and profiler's
-    `_at_loops` into `harness.spec.at_loops`, `create_run_row` and the commands' own run rows into
-    `harness.recorder.run_row`: nothing defines them elsewhere, and nothing imports them from their old homes."""
+    `_at_loops` into `harness.planning.spec.at_loops`, `create_run_row` and the commands' own run rows into
+    `harness.execution.recorder.run_row`: nothing defines them elsewhere, and nothing imports them from their old homes."""
     assert not [old for old in OLD_HOMES if (ROOT / old).exists()]
     violations = []
     for p in _sources():

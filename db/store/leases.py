@@ -1,6 +1,6 @@
 """Leases: which process holds a run, so that `--resume`, a pool's workers and Ray's retries never run one run twice.
 
-A holder renews its lease while it runs (`harness.recorder`); a lease passes on when it has expired or its
+A holder renews its lease while it runs (`harness.execution.recorder`); a lease passes on when it has expired or its
 holder is known to be gone.
 """
 

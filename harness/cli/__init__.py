@@ -57,7 +57,7 @@ Command = typer.core.TyperCommand | typer.core.TyperGroup
 
 def bounded_ints(command: Command) -> Command:
     """`command` with every integer option and argument that has no upper bound bounded by MAX_STORED_INT (a database's
-    integer column; the commands' own bounds, `harness.spec.BOUNDS`, are tighter): a value of 400 digits is a usage
+    integer column; the commands' own bounds, `harness.planning.spec.BOUNDS`, are tighter): a value of 400 digits is a usage
     error, one line, never an overflow where it meets a float, a tensor or SQLite."""
     for param in command.params:
         described = param.type_descriptor  # type: ignore[attr-defined]  # typer's options carry it; click's type does not

@@ -51,7 +51,7 @@ ThreadsOption = Annotated[
 
 def parse_int_list(value: str | None, option: str, minimum: int = 1) -> list[int] | None:
     """'1,2,4' -> [1, 2, 4], ranges included ('1-12'); UserError naming the option on anything else."""
-    from harness.sweep import int_ranges
+    from harness.planning.options import int_ranges
 
     return None if value is None else int_ranges(value, option, minimum)
 
@@ -65,7 +65,7 @@ def report_path(db_url: str) -> Path:
 
 
 def check_device(device: str) -> None:
-    from harness.spec import checked_device
+    from harness.planning.spec import checked_device
 
     checked_device("--device", device)
 
@@ -100,13 +100,6 @@ def use_threads(requested: int | None, params: int | None) -> Any:
 def say_threads(chosen: Any) -> None:
     """The count, said once when the command starts its work (stderr: --json output stays JSON)."""
     typer.echo(f"threads: {chosen}", err=True)
-
-
-def progress() -> Any:
-    """The live view of a `loopeval run` job (`harness.progress.JobProgress`): the job, the sweep and run running now."""
-    from harness.progress import JobProgress
-
-    return JobProgress()
 
 
 def console() -> Any:
@@ -295,7 +288,7 @@ def _rank_text(rank: int, point: Point, column: str) -> str:
 def _exit_cell(threshold: float | None, criterion: str | None) -> str:
     """The exit column: the gate's threshold alone ('0.5'), another criterion's named ('kl 0.1'), '-' off the axis."""
     from analysis.names import exit_label
-    from harness.spec import DEFAULT_EXIT_CRITERION
+    from harness.planning.defaults import DEFAULT_EXIT_CRITERION
 
     return exit_label(threshold, None if criterion == DEFAULT_EXIT_CRITERION else criterion)
 

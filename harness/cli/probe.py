@@ -129,11 +129,12 @@ def _measure(adapter: Any, texts: list[str], positions: int, r: int, label: str)
 
 def _store(results: Any, model: str, adapter: Any, source: str, r: int, values: list[Any], wall: float) -> int:
     """One finished run of kind "probe" holding every value; returns its id."""
-    from harness.recorder import run_row
+    from db.record import PlannedRun
+    from harness.execution.recorder import run_row
 
     adapter.loops = r
-    run_id = results.create_run(**run_row("probe", model, loops=r, suite=source, tasks=[], sampling=None, seed=0,
-                                          spec={"loops": r, "source": source}, model_config=adapter.describe()))
+    run = PlannedRun(model, r, suite=source, tasks=(), sampling={}, seed=0, spec={"loops": r, "source": source})
+    run_id = results.create_run(**run_row("probe", run, model_config=adapter.describe()))
     results.add_probe_values(run_id, [{"loop": v.loop, "metric": v.metric, "lag": v.lag, "value": v.value} for v in values])
     results.finish_run(run_id, "finished", wall_seconds=wall)
     return run_id

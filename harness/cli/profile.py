@@ -9,11 +9,12 @@ from typing import Any
 
 import typer
 
+from adapters.engine.config import KV_DTYPES
 from measures import byte_text
 from harness.cli.common import DbOption, JsonFlag, ThreadsOption, parse_int_list, say_threads, use_threads
 from harness.errors import UserError
 from harness.measurement.profiling import DECODE_STEPS, decode_sampling, plan_profile, profile_model
-from harness.spec import EMA, KV_DTYPES, KV_POLICIES
+from harness.planning.defaults import EMA, KV_POLICIES
 
 
 def profile(
@@ -60,14 +61,14 @@ def profile(
 def _store(results: Any, plan: Any, result: Any, settings: dict[str, Any], wall: float) -> int:
     """Store the points as one finished run of kind "profile" (with the settings that made them, its KV policy and
     dtype where given); returns its id."""
-    from harness.recorder import run_row
+    from db.record import PlannedRun
+    from harness.execution.recorder import run_row
 
     loops = settings["loops"]
-    run_id = results.create_run(**run_row(
-        "profile", plan.spec, loops=loops[0] if loops and len(loops) == 1 else None, suite="profile", tasks=[],
-        sampling=decode_sampling(settings["decode_steps"]), seed=plan.seed, spec=settings, model_config=result.description,
-        **plan.kv,
-    ))
+    run = PlannedRun(plan.spec, loops[0] if loops and len(loops) == 1 else None, suite="profile", tasks=(),
+                     sampling=dataclasses.asdict(decode_sampling(settings["decode_steps"])), seed=plan.seed, spec=settings,
+                     **plan.kv)
+    run_id = results.create_run(**run_row("profile", run, model_config=result.description))
     results.add_profile_points(run_id, result.points)
     results.set_memory_peaks(run_id, result.peaks)
     results.finish_run(run_id, "finished", wall_seconds=wall)

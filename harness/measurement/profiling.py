@@ -22,8 +22,8 @@ import adapters
 from adapters.base import Sampling, checked_context, checked_description, checked_generation, hook
 from harness.errors import UserError
 from harness.measurement.capacity import check_context, check_fits
-from harness.spec import at_loops, check_int, checked_kv_dtype, checked_kv_policy, is_looped
 from harness.measurement.sampler import DEFAULT_INTERVAL, MemorySampler
+from harness.planning.spec import at_loops, check_int, checked_kv_dtype, checked_kv_policy, is_looped
 from measures import PEAK_MEASURES, PROFILE_MEASURES, analytic_kv_bytes, merged_peak
 
 DECODE_STEPS = 8

@@ -158,13 +158,13 @@ def test_bad_vllm_arguments_are_user_errors(tiny_qwen3: Path, tmp_path: Path) ->
 
 def test_a_sweep_plans_a_vllm_model_without_loading_it(tiny_qwen3: Path) -> None:
     """The submitter of a Ray sweep may have neither vLLM nor a GPU: the spec is checked from its folder."""
-    from harness.runner import Run, prepare_sweep
-    from harness.spec import RunSpec
+    from harness.planning.plan import prepare_sweep
+    from harness.planning.spec import RunSpec
 
     spec = f"vllm:{tiny_qwen3}"
     assert adapters.inspect(spec, tensor_parallel_size=2)["tensor_parallel_size"] == 2
     plan = prepare_sweep(RunSpec.build(models=[spec], tasks=["lookup"], loops=[1, 4], model_overrides={spec: {"tensor_parallel_size": 2}}))
-    assert plan.runs == [Run(spec, None)] and plan.loaded == {}  # a vLLM model does not loop (no r, no exit threshold), and nothing was loaded
+    assert [(r.model, r.loops) for r in plan.runs] == [(spec, None)] and plan.loaded == {}  # a vLLM model does not loop (no r, no exit threshold), and nothing was loaded
     with pytest.raises(AdapterError, match="tensor_parallel_size must be a positive integer"):
         adapters.inspect(spec, tensor_parallel_size=1.5)
 

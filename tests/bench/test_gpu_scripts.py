@@ -20,7 +20,7 @@ import torch
 
 from harness.errors import UserError
 from harness.measurement.sampler import MemorySampler
-from harness.sweep import build_request
+from harness.planning.sweep import build_request
 from tests.support.sqlite import query
 
 pytestmark = pytest.mark.slow  # the benchmarks' scripts, as tests/bench's others: the fast tier (-m 'not slow') skips them

@@ -29,7 +29,7 @@ from dashboards.data import depth_points
 from db import queries
 from db.headline import rounded
 from db.session import open_existing
-from harness.spec import SUITE_SAMPLING
+from harness.planning.defaults import SUITE_SAMPLING
 
 pytestmark = pytest.mark.slow  # a real sweep of four runs
 

@@ -20,7 +20,7 @@ import pytest
 
 from dashboards.app import APP_HEADERS, INPUT_CHECKS, MAX_REQUEST_BYTES, create_app
 from db.store import Store
-from harness.spec import RunSpec
+from harness.planning.spec import RunSpec
 
 from tests.support.browser import served_process
 

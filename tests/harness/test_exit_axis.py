@@ -20,12 +20,13 @@ import pytest
 
 from dashboards.data import depth_points
 from db.session import open_existing
+from db.record import PlannedRun
 from db.sets import run_key
 from db.store import Store
 from harness.cli import main
-from harness.runner import stored_spec
 from harness.measurement.sampler import MemorySampler
-from harness.sweep import build_request
+from harness.planning.plan import stored_spec
+from harness.planning.sweep import build_request
 from tests.support.rich_tables import body_rows
 from tests.support.sqlite import query
 
@@ -178,11 +179,17 @@ def test_a_sweep_file_sweeps_the_same_thresholds(tmp_path: Path) -> None:
 def test_runs_off_the_axis_pass_no_exit_override() -> None:
     (spec,) = build_request(dict(models=["zoo:ouro-tiny"])).specs
     assert spec.exit_thresholds == () and spec.exit_criterion is None
-    assert "exit_threshold" not in spec.run_overrides("zoo:ouro-tiny", None, None)
+    assert "exit_threshold" not in spec.run_overrides(_run())
     (kl,) = build_request(dict(models=["zoo:ouro-tiny"], exit_thresholds=[0.1], exit_criterion="kl")).specs
-    assert kl.run_overrides("zoo:ouro-tiny", 0.1, "kl") == {"seed": 0, "exit_threshold": 0.1, "exit_criterion": "kl"}
+    assert kl.run_overrides(_run(exit_threshold=0.1, exit_criterion="kl")) == {"seed": 0, "exit_threshold": 0.1, "exit_criterion": "kl"}
     (gate,) = build_request(dict(models=["zoo:ouro-tiny"], exit_thresholds=[0.5])).specs
-    assert gate.run_overrides("zoo:ouro-tiny", 0.5, "gate") == {"seed": 0, "exit_threshold": 0.5}, "the engine's default criterion is not passed"
+    assert gate.run_overrides(_run(exit_threshold=0.5, exit_criterion="gate")) == {"seed": 0, "exit_threshold": 0.5}, \
+        "the engine's default criterion is not passed"
+
+
+def _run(**axes: Any) -> PlannedRun:
+    """A run of zoo:ouro-tiny at r = 4 at these points of the axes."""
+    return PlannedRun("zoo:ouro-tiny", 4, "synthetic", (), {}, 0, **axes)
 
 
 def _energy_of(sampler: MemorySampler) -> Any:

@@ -27,7 +27,7 @@ import pytest
 
 from db.store import Store
 from harness.cli import main
-from harness.spec import RunSpec
+from harness.planning.spec import RunSpec
 
 FAST = ["--tasks", "lookup", "--limit", "1", "--samples", "1", "--max-new-tokens", "1", "--loops", "1", "--no-report"]
 TINY = ["--model", "preset:qwen3-tiny"]

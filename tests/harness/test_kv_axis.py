@@ -12,6 +12,7 @@ import contextlib
 import io
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -21,9 +22,10 @@ from analysis.points import accuracy_points
 from analysis.names import config_labels
 from analysis.points import lever_points
 from db.session import open_existing
+from db.record import PlannedRun
 from db.sets import config_key, configuration, run_key
 from harness.cli import main
-from harness.sweep import build_request
+from harness.planning.sweep import build_request
 from tests.support.stored_runs import DOCS, MODEL, SAMPLING, TASKS
 from tests.support.sqlite import query
 
@@ -132,9 +134,10 @@ def test_a_sweep_file_sweeps_the_same_axis_and_the_spec_keeps_it(tmp_path: Path)
 def test_runs_off_the_axis_pass_no_kv_override() -> None:
     (spec,) = build_request(dict(models=["zoo:ouro-tiny"])).specs
     assert spec.kv_policies == () and spec.kv_dtypes == ()
-    assert spec.run_overrides("zoo:ouro-tiny", None, None) == {"seed": 0}
-    assert spec.run_overrides("zoo:ouro-tiny", None, None, "shared-last", None) == {"seed": 0, "kv_policy": "shared-last"}
-    assert spec.run_overrides("zoo:ouro-tiny", None, None, None, "int8") == {"seed": 0, "kv_dtype": "int8"}
+    run = PlannedRun("zoo:ouro-tiny", 4, "synthetic", (), {}, 0)
+    assert spec.run_overrides(run) == {"seed": 0}
+    assert spec.run_overrides(replace(run, kv_policy="shared-last")) == {"seed": 0, "kv_policy": "shared-last"}
+    assert spec.run_overrides(replace(run, kv_dtype="int8")) == {"seed": 0, "kv_dtype": "int8"}
 
 
 def test_the_axis_joins_a_runs_identity_and_configuration_only_where_set() -> None:

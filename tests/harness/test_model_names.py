@@ -20,7 +20,7 @@ from adapters.engine.io.presets import FAMILY_GUIDE, PRESETS, family_table
 from adapters.zoo import zoo_info, zoo_names
 from harness.cli import main
 from harness.hints import env_command
-from harness.spec import RunSpec
+from harness.planning.spec import RunSpec
 
 
 def test_bare_names_resolve_to_their_one_spec() -> None:

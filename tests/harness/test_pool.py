@@ -1,4 +1,4 @@
-"""The local executor's worker processes (`harness.pool`) for real: forked workers running a sweep's runs side by side
+"""The local executor's worker processes (`harness.execution.pool`) for real: forked workers running a sweep's runs side by side
 store what one process stores, and Ctrl-C, a killed parent or a killed worker leave every run finished or
 interrupted (never held), ready for `--resume`, which completes the sweep with every sample stored once."""
 
@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.pool import UNLIMITED_DOCS, default_workers, groups
-from harness.runner import SweepPlan
-from harness.spec import SUITE_SAMPLING, RunSpec
+from harness.execution.pool import UNLIMITED_DOCS, default_workers, groups
+from db.record import PlannedRun
+from harness.planning.plan import SweepPlan
+from harness.planning.defaults import SUITE_SAMPLING
+from harness.planning.spec import RunSpec
 from tests.support.sqlite import query
 
 LOOPEVAL = str(Path(sys.executable).with_name("loopeval"))
@@ -38,9 +40,10 @@ max_new_tokens = 16
 def test_a_model_is_one_group_sized_by_its_decode_work() -> None:
     spec = RunSpec.build(models=["preset:ouro-tiny", "preset:qwen3-tiny"], loops=[1, 4], limit=3, samples=2)
     plan = SweepPlan(task_configs=["t1", "t2"], runs=[], params={"preset:ouro-tiny": 100, "preset:qwen3-tiny": 50})
-    stored = [(1, "preset:ouro-tiny", 1), (2, "preset:ouro-tiny", 4), (3, "preset:qwen3-tiny", None)]
+    stored = [PlannedRun(model, loops, "synthetic", ("t1", "t2"), {}, 0, id=run_id)
+              for run_id, model, loops in ((1, "preset:ouro-tiny", 1), (2, "preset:ouro-tiny", 4), (3, "preset:qwen3-tiny", None))]
     ouro, qwen = groups(spec, plan, stored)
-    assert [r[0] for r in ouro.runs] == [1, 2] and [r[0] for r in qwen.runs] == [3]
+    assert [r.id for r in ouro.runs] == [1, 2] and [r.id for r in qwen.runs] == [3]
     assert ouro.size == 3 * 2 * 2 * 100 * (1 + 4) and qwen.size == 3 * 2 * 2 * 50
     unlimited = groups(RunSpec.build(models=["preset:qwen3-tiny"]), plan, stored[2:])[0]
     assert unlimited.size == UNLIMITED_DOCS * 2 * SUITE_SAMPLING["synthetic"].n * 50  # the synthetic suite's n

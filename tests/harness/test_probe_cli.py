@@ -14,7 +14,8 @@ from adapters.engine.adapter import load_preset
 from adapters.engine.probes import probe
 from harness.cli import main
 from harness.errors import UserError
-from harness.sweep import int_ranges, read_sweep_file
+from harness.planning.options import int_ranges
+from harness.planning.sweep import read_sweep_file
 
 TEXTS = ["x=3; y=x+1; y?", "12+30=42"]
 

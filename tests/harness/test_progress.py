@@ -19,10 +19,12 @@ from rich.console import Console
 from db.store import Store
 from harness.cli import main
 from harness.progress import JobProgress, eta_text
-from harness.ray_executor import Job, RunBars
-from harness.recorder import new_sweep_id
-from harness.runner import prepare_sweep, run_sweep
-from harness.spec import RunSpec
+from db.record import PlannedRun
+from harness.execution.bars import RunBars
+from harness.execution.recorder import new_sweep_id
+from harness.execution.runner import run_sweep
+from harness.planning.plan import prepare_sweep
+from harness.planning.spec import RunSpec
 
 
 def _frame(view: JobProgress) -> list[str]:
@@ -109,7 +111,7 @@ def test_probe_shows_each_loop_as_it_runs(tmp_path: Path, capsys: pytest.Capture
 def test_runs_side_by_side_count_on_the_job_line_with_a_bar_each_while_they_run() -> None:
     """Worker processes and Ray tasks run several runs at once; the view draws them from the store (`RunBars`)."""
     view = JobProgress(console=Console(file=io.StringIO(), width=80, color_system=None))
-    bars = RunBars(view, [Job(run_id, "zoo:ouro-tiny", 2, {}) for run_id in (1, 2, 3)], sweeps=2)
+    bars = RunBars(view, [PlannedRun("zoo:ouro-tiny", 2, "synthetic", (), {}, 0, id=run_id) for run_id in (1, 2, 3)], sweeps=2)
     bars.update({1: ("running", 3), 2: ("running", 0), 3: ("queued", 0)})
     assert [t.description for t in view.tasks] == ["job: 2 sweeps", "run 1 zoo:ouro-tiny r=2: running",
                                                    "run 2 zoo:ouro-tiny r=2: running"]

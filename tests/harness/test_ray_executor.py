@@ -21,8 +21,8 @@ from tests.support.interrupted_runs import SAMPLES, one_at_a_time
 from sqlalchemy import create_engine, inspect, text
 
 from harness.cli import main
-from harness.ray_executor import resources
-from harness.spec import RunSpec
+from harness.execution.ray_executor import resources
+from harness.planning.spec import RunSpec
 
 LOOPEVAL = str(Path(sys.executable).with_name("loopeval"))
 
@@ -173,7 +173,6 @@ def test_a_run_never_asks_for_more_cpus_than_a_node_has(ray_address: str) -> Non
     """`--threads 8` on the 2-CPU test instance asks Ray for 2 CPUs per run: 8 would leave the task waiting forever."""
     import ray
 
-    from harness.ray_executor import RayExecutor
+    from harness.execution.ray_executor import feasible_cpus
 
-    executor = RayExecutor(ray)
-    assert [executor.feasible_cpus(n) for n in (1, 2, 8)] == [1, 2, 2]
+    assert [feasible_cpus(ray, n) for n in (1, 2, 8)] == [1, 2, 2]

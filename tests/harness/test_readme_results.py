@@ -13,8 +13,8 @@ import re
 from pathlib import Path
 
 from db.sets import EvalSet, set_label
-from harness.runner import prepare_sweep
-from harness.sweep import build_request
+from harness.planning.plan import prepare_sweep
+from harness.planning.sweep import build_request
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -32,8 +32,8 @@ def test_the_readme_results_example_has_a_fresh_databases_run_ids_and_sets() -> 
         plan = prepare_sweep(spec)
         sets.append((EvalSet.of(spec.suite, [t.name for t in plan.task_configs], spec.limit,
                                 dataclasses.asdict(spec.sampling), plan.fingerprint), len(plan.runs)))
-        for model, loops, threshold, kv_policy, kv_dtype in plan.runs:
-            runs[(model, loops or 1, threshold, kv_policy, kv_dtype)] = next_id
+        for run in plan.runs:
+            runs[(run.model, run.loops or 1, run.exit_threshold, run.kv_policy, run.kv_dtype)] = next_id
             next_id += 1
     (lab, lab_runs), (headline, _), (exits, exit_runs), *levers = sets
     assert exits == headline and exit_runs == 6, "the exit sweep's runs join the headline's set"

@@ -16,10 +16,12 @@ from sqlalchemy import create_engine
 import adapters
 from adapters.base import AdapterError
 from db.session import alembic_config
+from db.record import PlannedRun
 from db.sets import run_key, run_set
 from db.store import Store
-from harness.runner import prepare_sweep, resume_run, skip_stored, store_sweep, stored_spec
-from harness.spec import RunSpec, at_loops
+from harness.execution.runner import resume_run, skip_stored, store_sweep
+from harness.planning.plan import prepare_sweep, stored_spec
+from harness.planning.spec import RunSpec, at_loops
 
 OVERRIDES = {"preset:ouro-tiny": {"exit_policy": "none"}}
 
@@ -43,16 +45,17 @@ def test_a_sweep_stores_each_run_with_its_sampling_once(tmp_path: Path) -> None:
     spec, db = _spec(), tmp_path / "r.sqlite"
     plan = prepare_sweep(spec)
     store = Store.open(str(db))
-    ((run_id, model, loops),) = store_sweep(spec, plan, store, "sweep1")
+    (run,) = store_sweep(plan, store, "sweep1")
     store.close()
-    row = _row(db, run_id)
+    row = _row(db, run.id)
     sampling = {"temperature": 1.0, "top_p": 0.7, "top_k": None, "max_new_tokens": 3, "n": 2, "seed": 5, "stop": []}
     assert {k: row[k] for k in ("sweep_id", "kind", "model_spec", "adapter", "model_config", "loops", "suite", "tasks",
                                 "sampling", "seed", "limit", "data_fingerprint", "status")} == {
         "sweep_id": "sweep1", "kind": "eval", "model_spec": "preset:ouro-tiny", "adapter": "preset", "model_config": {},
         "loops": 2, "suite": "synthetic", "tasks": ["lookup"], "sampling": sampling, "seed": 5, "limit": 1,
         "data_fingerprint": plan.fingerprint, "status": "queued"}
-    assert (model, loops) == ("preset:ouro-tiny", 2)
+    assert (run.model, run.loops, run.sweep_id) == ("preset:ouro-tiny", 2, "sweep1")
+    assert PlannedRun.of(row) == run and run.key == run_key(row), "the stored row reads back as the run it was planned as"
     assert "sampling" not in row["spec"] and row["spec"]["model_overrides"] == OVERRIDES and row["spec"]["batch_size"] == 1
     assert "torch" in row["versions"] and row["host"]["cpu_count"] > 0
     assert RunSpec.from_dict(row["spec"], row["sampling"], None) == spec
@@ -67,7 +70,8 @@ def _previous_schema_database(db: Path, spec: RunSpec, plan: Any) -> list[dict[s
     old_spec = json.loads(json.dumps({**spec.to_dict(), "sampling": sampling}))
     rows = [dict(model_spec=model, loops=loops, suite=spec.suite, tasks=["lookup"], limit=spec.limit, seed=spec.seed,
                  sampling=sampling, data_fingerprint=plan.fingerprint, spec=old_spec, status=status)
-            for (model, loops, *_), status in zip([plan.runs[0], plan.runs[0]], ["finished", "queued"])]
+            for model, loops, status in [(plan.runs[0].model, plan.runs[0].loops, "finished"),
+                                         (plan.runs[0].model, plan.runs[0].loops, "queued")]]
     with engine.begin() as conn:
         config.attributes["connection"] = conn
         command.upgrade(config, "0006")
@@ -94,7 +98,7 @@ def test_a_database_of_the_schema_before_keeps_its_runs_identity_and_skips_them(
         assert stored_spec(run, None) == spec
         assert run.set_id == run_set(_row(db, run.id)).id == run_set(old).id  # migration 0011: the set readers hashed
     assert store.finished_run_keys() == {run_key(before[0]): 1}
-    skipped = skip_stored(spec, plan, store, lambda line: None)  # the sweep planned again is the stored one: skipped
+    skipped = skip_stored(plan, store, lambda line: None)  # the sweep planned again is the stored one: skipped
     assert [(o.run_id, o.status) for o in skipped] == [(1, "finished")] and plan.runs == []
     store.close()
 

@@ -13,9 +13,10 @@ import pytest
 
 from harness.cli import main
 from harness.errors import UserError
-from harness.runner import prepare_sweep
-from harness.spec import EXITS, LAB, LEVERS, RunSpec
-from harness.sweep import build_request
+from harness.planning.plan import prepare_sweep
+from harness.planning.defaults import EXITS, LAB, LEVERS
+from harness.planning.spec import RunSpec
+from harness.planning.sweep import build_request
 
 SWEEP = """\
 models = ["preset:qwen3-tiny", {spec = "preset:ouro-tiny", overrides = {max_batch = 3}}]

@@ -9,8 +9,9 @@ import pytest
 import adapters
 from db.store import Store
 from harness.errors import UserError
-from harness.runner import Run, prepare_sweep, run_sweep
-from harness.spec import RunSpec
+from harness.execution.runner import run_sweep
+from harness.planning.plan import prepare_sweep
+from harness.planning.spec import RunSpec
 
 
 def test_engine_and_zoo_specs_are_planned_from_their_configs_without_loading():
@@ -18,8 +19,12 @@ def test_engine_and_zoo_specs_are_planned_from_their_configs_without_loading():
     plan = prepare_sweep(spec)
     assert plan.loaded == {}
     # (model, loops): no exit threshold, KV policy or dtype swept, so none
-    assert plan.runs == [Run("zoo:qwen3-tiny-small", None), Run("zoo:ouro-tiny", 1), Run("zoo:ouro-tiny", 4),
-                         Run("preset:melt-tiny", 1), Run("preset:melt-tiny", 4)]
+    assert [(r.model, r.loops, r.exit_threshold, r.kv_policy, r.kv_dtype) for r in plan.runs] == [
+        ("zoo:qwen3-tiny-small", None, None, None, None), ("zoo:ouro-tiny", 1, None, None, None),
+        ("zoo:ouro-tiny", 4, None, None, None), ("preset:melt-tiny", 1, None, None, None),
+        ("preset:melt-tiny", 4, None, None, None)]
+    assert {(r.suite, r.tasks, r.seed, r.data_fingerprint, r.id) for r in plan.runs} == {
+        ("synthetic", ("lookup",), 0, plan.fingerprint, None)}, "one set and seed, none stored yet"
 
 
 def test_a_bad_spec_fails_the_plan_before_anything_is_loaded():
@@ -43,7 +48,7 @@ def test_each_model_is_loaded_once_per_sweep(tmp_path: Path, monkeypatch: pytest
     store = Store.open(spec.db_url)
     outcomes = run_sweep(spec, prepare_sweep(spec), store, log=lambda line: None)
     assert loads == ["preset:ouro-tiny", "preset:qwen3-tiny"]
-    assert [(o.model, o.loops, o.status) for o in outcomes] == [
+    assert [(o.run.model, o.run.loops, o.status) for o in outcomes] == [
         ("preset:ouro-tiny", 1, "finished"), ("preset:ouro-tiny", 2, "finished"), ("preset:ouro-tiny", 3, "finished"),
         ("preset:qwen3-tiny", None, "finished"),
     ]

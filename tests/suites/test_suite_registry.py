@@ -74,7 +74,8 @@ def test_the_names_checked_before_loading_are_the_configs_names(suite: str) -> N
 
 def test_every_suite_has_its_sampling_and_paper_runs_the_paper_protocol():
     from adapters.base import PAPER_PROTOCOL, Sampling
-    from harness.spec import SUITE_SAMPLING, RunSpec
+    from harness.planning.defaults import SUITE_SAMPLING
+    from harness.planning.spec import RunSpec
 
     assert set(SUITE_SAMPLING) == set(list_suites())
     assert PAPER_PROTOCOL == Sampling(temperature=1.0, top_p=0.7, max_new_tokens=32768, n=4)

@@ -12,7 +12,7 @@ import adapters
 from adapters.zoo import ZOO_DIR, zoo_names
 from harness.cli import main
 from adapters.zoo import load_recipes
-from harness.spec import LAB
+from harness.planning.defaults import LAB
 
 SHIPPED = zoo_names()
 EXPECTED = {"qwen3-tiny-small", "qwen3-tiny-deep", "ouro-tiny", "melt-tiny"}

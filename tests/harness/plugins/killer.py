@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 import adapters
-from harness.recorder import FLUSH_SECONDS
+from harness.execution.recorder import FLUSH_SECONDS
 
 KILL_AT = os.environ.get("LOOPEVAL_KILL_AT", "")
 # `generate:3`, the earliest kill after which a test expects stored timings, comes after two delays: 1.5 flush

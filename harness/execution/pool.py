@@ -6,7 +6,7 @@ many processes once the sweep is planned and stored (the evaluation stack, alrea
 instead of imported again), and each worker takes the next group of runs from a queue. A group is one
 RunSpec's runs of one model, so a worker loads each model once; groups are handed out largest first,
 so the workers finish close together. A worker runs its groups exactly as the in-process executor runs
-a sweep (`harness.runner.run_stored`): samples committed as they finish, each run's lease held, memory
+a sweep (`harness.execution.runner.run_stored`): samples committed as they finish, each run's lease held, memory
 sampled in the worker's own process (RSS is the worker's). The parent draws the progress from the
 store, as the Ray executor does, and prints the workers' log lines.
 
@@ -31,9 +31,11 @@ from multiprocessing import connection
 from typing import TYPE_CHECKING, Any
 
 from db import ResultsError
-from harness.ray_executor import Job, RunBars
-from harness.runner import RunOutcome, SweepPlan, raise_interrupt, run_stored, sigterm_as_interrupt
-from harness.spec import RunSpec
+from db.record import PlannedRun
+from harness.execution.bars import RunBars
+from harness.execution.runner import RunOutcome, raise_interrupt, run_stored, sigterm_as_interrupt, stored_row
+from harness.planning.plan import SweepPlan
+from harness.planning.spec import RunSpec
 
 if TYPE_CHECKING:
     from harness.progress import JobProgress
@@ -51,25 +53,20 @@ class RunGroup:
 
     spec: RunSpec
     task_configs: list[Any]
-    runs: list[tuple[int, str, int | None]]
+    runs: list[PlannedRun]
     adapter: Any = None  # loaded while planning, for adapters that cannot describe themselves from their config
     size: float = 0.0  # decode work, only to hand the largest groups out first
 
-    @property
-    def jobs(self) -> list[Job]:
-        return [Job(run_id, model, loops, {}) for run_id, model, loops in self.runs]
 
-
-def groups(spec: RunSpec, plan: SweepPlan, runs: Sequence[tuple[int, str, int | None]]) -> list[RunGroup]:
+def groups(spec: RunSpec, plan: SweepPlan, runs: Sequence[PlannedRun]) -> list[RunGroup]:
     """A stored sweep's runs (`runner.store_sweep`) as one group per model, each sized by its decode work:
     samples x the model's parameters x loops."""
     samples = (spec.limit or UNLIMITED_DOCS) * len(plan.task_configs) * spec.sampling.n
     by_model: dict[str, RunGroup] = {}
     for run in runs:
-        model, loops = run[1], run[2]
-        group = by_model.setdefault(model, RunGroup(spec, plan.task_configs, [], plan.loaded.get(model)))
+        group = by_model.setdefault(run.model, RunGroup(spec, plan.task_configs, [], plan.loaded.get(run.model)))
         group.runs.append(run)
-        group.size += samples * (plan.params.get(model) or 1) * (loops or 1)
+        group.size += samples * (plan.params.get(run.model) or 1) * (run.loops or 1)
     return list(by_model.values())
 
 
@@ -106,9 +103,9 @@ class Workers:
 
         Ctrl-C or SIGTERM here interrupts the workers, waits for them to store their runs and stores the
         runs they never reached as interrupted."""
-        jobs = [job for group in self.groups for job in group.jobs]
-        ids = [job.run_id for job in jobs]
-        bars = RunBars(progress, jobs, sweeps)
+        runs = [run for group in self.groups for run in group.runs]
+        ids = [run.run_id for run in runs]
+        bars = RunBars(progress, runs, sweeps)
         try:
             with sigterm_as_interrupt():
                 while alive := [process.sentinel for process in self.processes if process.is_alive()]:
@@ -125,7 +122,7 @@ class Workers:
             bars.update(store.run_progress(ids))
         if self.failure is not None:
             raise ResultsError(self.failure)
-        return _outcomes(store, jobs)
+        return _outcomes(store, runs)
 
     def _join(self) -> None:
         """Every worker ended: those still alive after the grace period are killed, so no run is left held."""
@@ -173,12 +170,12 @@ def _work(run_groups: list[RunGroup], todo: Any, lines: Any, db_url: str) -> Non
     try:
         while (index := todo.get()) is not None:
             group = run_groups[index]
-            loaded = {group.runs[0][1]: group.adapter} if group.adapter is not None else None
+            loaded = {group.runs[0].model: group.adapter} if group.adapter is not None else None
             run_stored(group.spec, group.runs, group.task_configs, store, None, lambda line: lines.put(("log", line)), loaded,
                        starts=False)
     except KeyboardInterrupt:
         if group is not None:
-            _settle(store, [job.run_id for job in group.jobs])
+            _settle(store, [run.run_id for run in group.runs])
     except ResultsError as exc:  # the store failed: every later run would too
         lines.put(("failure", str(exc)))
     finally:
@@ -202,9 +199,10 @@ def _settle(store: Store, run_ids: list[int]) -> None:
             store.finish_run(run_id, "interrupted", error="sweep interrupted before this run finished")
 
 
-def _outcomes(store: Store, jobs: list[Job]) -> list[RunOutcome]:
+def _outcomes(store: Store, runs: list[PlannedRun]) -> list[RunOutcome]:
+    """How each run ended, as its worker stored it."""
     outcomes = []
-    for job in jobs:
-        run = store.get_run(job.run_id)
-        outcomes.append(RunOutcome(job.run_id, job.model, job.loops, run.status, error=run.error))
+    for run in runs:
+        row = stored_row(store, run.run_id)
+        outcomes.append(RunOutcome(run, row.status, error=row.error))
     return outcomes

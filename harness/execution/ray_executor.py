@@ -1,4 +1,4 @@
-"""The Ray executor (`loopeval run --executor ray`): each (model, loops) run of a sweep is one Ray task.
+"""The Ray executor (`loopeval run --executor ray`): each run of a sweep is one Ray task.
 
 The submitting process plans the sweep as the local executor does, creates every run's row up front
 (status `queued`, with the full spec) and submits one task per run with its resource request: its
@@ -6,7 +6,7 @@ GPUs (`--gpus-per-run`, at least the model's `tensor_parallel_size`), or one CPU
 without GPUs, as many CPUs as the run computes with threads (`adapters.threads`): a task computes with
 the CPUs Ray gave it, OMP_NUM_THREADS and MKL_NUM_THREADS set to match before its worker starts, so
 runs that share a node never ask for more cores than it has. A task opens the store by URL in its worker and runs the stored run through
-`harness.runner.run_one`, the local path (`_execute`, `StoreSink`): samples are committed as they
+`harness.execution.runner.run_one`, the local path (`_execute`, `StoreSink`): samples are committed as they
 finish, so a worker that dies (killed process, lost node) leaves a resumable run, and Ray's retry of
 the task resumes it without storing a sample twice. Each task gets a fresh worker process
 (`max_calls=1`), so a run's RSS, CUDA and NVML peaks are its own and its GPU memory is freed after
@@ -22,18 +22,23 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from db.record import PlannedRun
+
 from harness.errors import UserError
 from harness.hints import env_command
-from harness.recorder import host_info, new_sweep_id, package_versions
-from harness.runner import RunOutcome, SweepPlan, resumable_run, run_label, run_one, store_sweep, stored_spec
-from harness.spec import RunSpec
-from harness.sweep import SweepRequest
+from harness.execution.bars import RunBars
+from harness.execution.executor import Log, Queued
+from harness.execution.recorder import host_info, package_versions
+from harness.execution.runner import RunOutcome, resumable_run, run_label, run_one
+from harness.planning.plan import stored_spec
+from harness.planning.spec import RunSpec
+from harness.planning.sweep import SweepRequest
 
 if TYPE_CHECKING:
     from harness.progress import JobProgress
@@ -47,16 +52,18 @@ CANCEL_GRACE_SECONDS = 30.0  # after Ctrl-C, how long running tasks get to mark 
 
 @dataclass(frozen=True)
 class Job:
-    """One run as submitted: its row, what the bars call it, and its Ray resource request."""
+    """One run as submitted: the stored run and its Ray resource request."""
 
-    run_id: int
-    model: str
-    loops: int | None
+    run: PlannedRun
     resources: dict[str, float]
 
     @property
+    def run_id(self) -> int:
+        return self.run.run_id
+
+    @property
     def label(self) -> str:
-        return run_label(self.run_id, self.model, self.loops)
+        return run_label(self.run)
 
 
 def run_in_worker(run_id: int, db_url: str) -> str:
@@ -72,7 +79,7 @@ def run_in_worker(run_id: int, db_url: str) -> str:
     from db.store import Store
 
     logging.getLogger("lighteval").setLevel(logging.ERROR)
-    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
+    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)  # type: ignore[no-untyped-call]
     apply(Threads(max(1, int(cpus)), f"the {cpus:g} CPU{'' if cpus == 1 else 's'} Ray gave this task"))
     store = Store.open(db_url)
     try:
@@ -97,59 +104,80 @@ def worker_db_url(db: str | None) -> str:
     return url if path is None else f"sqlite:///{path.resolve()}"
 
 
+@contextmanager
+def connect(address: str | None, plugin_dirs: Sequence[str] = ()) -> Iterator[Any]:
+    """The `ray` module connected to `address` (else $RAY_ADDRESS, else a new local instance); a connection opened here
+    closes here. Plugin folders reach the workers through LOOPEVAL_ADAPTERS, since each worker loads its own adapter.
+    """
+    ray = preflight(address)
+    if ray.is_initialized():  # the caller (a notebook, a test) is connected already
+        yield ray
+        return
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    kwargs: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
+    if plugin_dirs:
+        from adapters.registry import ENV_VAR
+
+        dirs = [str(Path(d).resolve()) for d in plugin_dirs] + [d for d in os.environ.get(ENV_VAR, "").split(os.pathsep) if d]
+        kwargs["runtime_env"] = {"env_vars": {ENV_VAR: os.pathsep.join(dirs)}}
+    where = address or os.environ.get("RAY_ADDRESS")
+    if where is None:
+        kwargs["include_dashboard"] = False  # a local instance only for this sweep
+    try:
+        ray.init(address=address, **kwargs)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise UserError(f"cannot connect to Ray at {where}: {str(exc).splitlines()[0]}") from None
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def preflight(address: str | None) -> Any:
+    """The `ray` module, once the cluster at `address` (else $RAY_ADDRESS) is known to take this machine:
+    Ray is installed, something listens there, its GCS accepts our token. One line (UserError) if not.
+
+    `loopeval run` calls it before planning the sweep (which imports LightEval, seconds), so a missing Ray or
+    a wrong address is told at once; `connect` calls it again (a connection opened by the caller skips it)."""
+    try:
+        import ray
+    except ImportError:
+        raise UserError("--executor ray needs Ray: pip install 'loopeval[ray]'") from None
+    where = address or os.environ.get("RAY_ADDRESS")
+    if where is not None and not ray.is_initialized():
+        _use_token_at_hand()
+        _check_reachable(where)
+        _check_token(where)
+    return ray
+
+
+def feasible_cpus(ray: Any, cpus: int) -> int:
+    """`cpus`, or fewer where no node of the cluster has that many (a task asking more would wait forever)."""
+    largest = max((n["Resources"].get("CPU", 0) for n in ray.nodes() if n.get("Alive")), default=1)
+    return max(1, min(cpus, int(largest)))
+
+
 class RayExecutor:
-    """A connection to a Ray cluster that runs sweeps; make one with `RayExecutor.connect`."""
+    """The Ray executor: planned here, then every run a Ray task writing to the shared store."""
 
-    def __init__(self, ray: Any) -> None:
-        self.ray = ray
+    def __init__(self, request: SweepRequest, plugin_dirs: Sequence[str] = ()) -> None:
+        self.address, self.gpus_per_run, self.db = request.ray_address, request.gpus_per_run, request.db
+        self.plugin_dirs = plugin_dirs
+        self.ray: Any = None
+        self.url = ""  # the store as workers open it (`worker_db_url`), once connected
+        self.jobs: list[Job] = []
 
-    @classmethod
+    def preflight(self) -> None:
+        """Ray missing or the address wrong: told before the seconds of planning."""
+        preflight(self.address)
+
     @contextmanager
-    def connect(cls, address: str | None, plugin_dirs: Sequence[str] = ()) -> Iterator[RayExecutor]:
-        """Connect to `address` (else $RAY_ADDRESS, else a new local instance); a connection opened here closes here.
-
-        Plugin folders reach the workers through LOOPEVAL_ADAPTERS, since each worker loads its own adapter.
-        """
-        ray = cls.preflight(address)
-        if ray.is_initialized():  # the caller (a notebook, a test) is connected already
-            yield cls(ray)
-            return
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        kwargs: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
-        if plugin_dirs:
-            from adapters.registry import ENV_VAR
-
-            dirs = [str(Path(d).resolve()) for d in plugin_dirs] + [d for d in os.environ.get(ENV_VAR, "").split(os.pathsep) if d]
-            kwargs["runtime_env"] = {"env_vars": {ENV_VAR: os.pathsep.join(dirs)}}
-        where = address or os.environ.get("RAY_ADDRESS")
-        if where is None:
-            kwargs["include_dashboard"] = False  # a local instance only for this sweep
-        try:
-            ray.init(address=address, **kwargs)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise UserError(f"cannot connect to Ray at {where}: {str(exc).splitlines()[0]}") from None
-        try:
-            yield cls(ray)
-        finally:
-            ray.shutdown()
-
-    @staticmethod
-    def preflight(address: str | None) -> Any:
-        """The `ray` module, once the cluster at `address` (else $RAY_ADDRESS) is known to take this machine:
-        Ray is installed, something listens there, its GCS accepts our token. One line (UserError) if not.
-
-        `loopeval run` calls it before planning the sweep (which imports LightEval, seconds), so a missing Ray or
-        a wrong address is told at once; `connect` calls it again (a connection opened by the caller skips it)."""
-        try:
-            import ray
-        except ImportError:
-            raise UserError("--executor ray needs Ray: pip install 'loopeval[ray]'") from None
-        where = address or os.environ.get("RAY_ADDRESS")
-        if where is not None and not ray.is_initialized():
-            _use_token_at_hand()
-            _check_reachable(where)
-            _check_token(where)
-        return ray
+    def connected(self) -> Iterator[None]:
+        self.url = worker_db_url(self.db)
+        with connect(self.address, self.plugin_dirs) as ray:
+            self.ray = ray
+            self.check_store(self.url)  # a SQLite file other machines cannot see fails here, before it is written
+            yield
 
     def check_store(self, db_url: str) -> None:
         """Refuse a SQLite store when a worker could run on another machine, where that file does not exist."""
@@ -164,76 +192,65 @@ class RayExecutor:
                 f"file {path} on this one; give a Postgres URL (--db postgresql://USER@HOST/DATABASE)"
             )
 
-    def default_gpus(self, gpus_per_run: float | None) -> float:
+    def default_gpus(self) -> float:
         """GPUs per run: as given, else one where the cluster has GPUs, else none (the run takes one CPU)."""
-        if gpus_per_run is not None:
-            return gpus_per_run
+        if self.gpus_per_run is not None:
+            return self.gpus_per_run
         return 1.0 if self.ray.cluster_resources().get("GPU", 0) > 0 else 0.0
 
-    def feasible_cpus(self, cpus: int) -> int:
-        """`cpus`, or fewer where no node of the cluster has that many (a task asking more would wait forever)."""
-        largest = max((n["Resources"].get("CPU", 0) for n in self.ray.nodes() if n.get("Alive")), default=1)
-        return max(1, min(cpus, int(largest)))
+    def prepare(self, queued: list[Queued], threads: int) -> None:
+        """One job per stored run, with its resource request (each CPU run asks for as many CPUs as it has threads)."""
+        gpus, cpus = self.default_gpus(), feasible_cpus(self.ray, threads)
+        for q in queued:
+            q.plan.loaded.clear()  # adapters loaded to plan are not needed here: every worker loads its own
+            self.jobs += [Job(run, resources(q.spec, run.model, gpus, cpus)) for run in q.runs]
 
-    def run_sweep(
-        self, request: SweepRequest, plans: Sequence[SweepPlan], store: Store, db_url: str, cpus: int = 1,
-        progress: JobProgress | None = None, log: Callable[[str], None] = print,
-    ) -> list[RunOutcome]:
-        """Queue every run of every spec (one per seed) as one sweep, submit them all, and wait for them."""
-        sweep_id = new_sweep_id()
-        gpus, cpus = self.default_gpus(request.gpus_per_run), self.feasible_cpus(cpus)
-        jobs = []
-        for spec, plan in zip(request.specs, plans):
-            plan.loaded.clear()  # adapters loaded to plan are not needed here: every worker loads its own
-            for run_id, model, loops in store_sweep(spec, plan, store, sweep_id):
-                jobs.append(Job(run_id, model, loops, resources(spec, model, gpus, cpus)))
-        if not jobs:  # every run was already stored finished (runner.skip_stored)
+    def run(self, store: Store, progress: JobProgress, log: Log) -> list[RunOutcome]:
+        """Submit every prepared run and wait for them."""
+        if not self.jobs:  # every run was already stored finished (runner.skip_stored)
             return []
         where = self.ray.get_runtime_context().gcs_address
-        log(f"sweep {sweep_id}: {len(jobs)} runs queued on Ray at {where}, {_describe(jobs[0].resources)} each")
-        return self.execute(jobs, store, db_url, progress, log)
+        log(f"sweep {self.jobs[0].run.sweep_id}: {len(self.jobs)} runs queued on Ray at {where}, "
+            f"{_describe(self.jobs[0].resources)} each")
+        return self.execute(self.jobs, store, progress, log)
 
-    def resume(
-        self, run_id: int, store: Store, db_url: str, gpus_per_run: float | None, cpus: int = 1,
-        progress: JobProgress | None = None, log: Callable[[str], None] = print,
-    ) -> list[RunOutcome]:
+    def resume(self, run_id: int, store: Store, threads: int, progress: JobProgress, log: Log) -> list[RunOutcome]:
         """Continue the stopped run `run_id` as one Ray task."""
-        run = resumable_run(store, run_id)
-        if run.status == "finished":
+        row = resumable_run(store, run_id)
+        if row.status == "finished":
             raise UserError(f"--resume {run_id}: run already finished")
-        spec = stored_spec(run, db_url)
-        job = Job(run_id, run.model_spec, run.loops, resources(spec, run.model_spec, self.default_gpus(gpus_per_run), self.feasible_cpus(cpus)))
-        return self.execute([job], store, db_url, progress, log)
+        run = PlannedRun.of(row)
+        job = Job(run, resources(stored_spec(row, self.url), run.model, self.default_gpus(), feasible_cpus(self.ray, threads)))
+        return self.execute([job], store, progress, log)
 
-    def execute(
-        self, jobs: list[Job], store: Store, db_url: str, progress: JobProgress | None, log: Callable[[str], None],
-    ) -> list[RunOutcome]:
+    def execute(self, jobs: list[Job], store: Store, progress: JobProgress | None, log: Log) -> list[RunOutcome]:
         """Submit one task per job and wait for all of them, drawing progress from the store; outcomes in job order.
 
         Ctrl-C cancels the tasks (running ones mark their runs interrupted) and queued runs are marked
         interrupted too, so every run of the sweep can be continued with `--resume`.
         """
-        refs = {self._task(job.resources).remote(job.run_id, db_url): job for job in jobs}
-        bars = RunBars(progress, jobs)
+        refs = {self._task(job.resources).remote(job.run_id, self.url): job for job in jobs}
+        ids = [job.run_id for job in jobs]
+        bars = RunBars(progress, [job.run for job in jobs])
         pending = list(refs)
         try:
             while pending:
                 done, pending = self.ray.wait(pending, num_returns=len(pending), timeout=POLL_SECONDS)
                 for ref in done:
                     self._settle(ref, refs[ref], store, log)
-                bars.update(store.run_progress(job.run_id for job in jobs))
+                bars.update(store.run_progress(ids))
         except KeyboardInterrupt:
             self._cancel(pending, [refs[ref] for ref in pending], store, log)
             raise
-        final = {run_id: status for run_id, (status, _) in store.run_progress(job.run_id for job in jobs).items()}
-        return [RunOutcome(job.run_id, job.model, job.loops, final[job.run_id]) for job in jobs]
+        final = {run_id: status for run_id, (status, _) in store.run_progress(ids).items()}
+        return [RunOutcome(job.run, final[job.run_id]) for job in jobs]
 
     def _task(self, resources: dict[str, float]) -> Any:
         threads = str(max(1, int(resources["num_cpus"])))
         return self.ray.remote(max_retries=RETRIES, max_calls=1, runtime_env={"env_vars": {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}},
                                **resources)(run_in_worker)
 
-    def _settle(self, ref: Any, job: Job, store: Store, log: Callable[[str], None]) -> None:
+    def _settle(self, ref: Any, job: Job, store: Store, log: Log) -> None:
         """Log how a finished task ended; a run whose last worker died is marked interrupted, ready to resume."""
         try:
             status = self.ray.get(ref)
@@ -249,7 +266,7 @@ class RayExecutor:
             return
         log(f"{job.label}: {status}")
 
-    def _cancel(self, refs: list[Any], jobs: list[Job], store: Store, log: Callable[[str], None]) -> None:
+    def _cancel(self, refs: list[Any], jobs: list[Job], store: Store, log: Log) -> None:
         for ref in refs:
             self.ray.cancel(ref)
         self.ray.wait(refs, num_returns=len(refs), timeout=CANCEL_GRACE_SECONDS)
@@ -322,7 +339,7 @@ def _check_token(address: str) -> None:
     """
     if "://" in address or ":" not in address:
         return
-    from ray._raylet import GcsClient  # the client `ray.init` itself opens first; Ray has no public one
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]  # the client `ray.init` itself opens first; Ray has no public one
     from ray.exceptions import AuthenticationError
 
     try:
@@ -356,33 +373,3 @@ def resources(spec: RunSpec, model: str, gpus_per_run: float, cpus: int = 1) -> 
 def _describe(resources: dict[str, float]) -> str:
     gpus = resources.get("num_gpus")
     return f"{gpus:g} GPU" if gpus else f"{resources['num_cpus']:g} CPU"
-
-
-class RunBars:
-    """Runs going side by side, drawn from the store on a job's view: the job's line counts the runs that ended,
-    and each run has a bar while it runs (samples stored); a run that ends leaves its bar (its worker logs how it
-    ended), so the bars on screen are the present."""
-
-    def __init__(self, progress: JobProgress | None, jobs: list[Job], sweeps: int = 1) -> None:
-        self.progress = progress
-        self.jobs = {job.run_id: job for job in jobs}
-        self.bars: dict[int, Any] = {}
-        self.ended: set[int] = set()
-        if progress is not None:
-            progress.start_job(len(jobs), sweeps)
-
-    def update(self, states: dict[int, tuple[str, int]]) -> None:
-        if self.progress is None:
-            return
-        for run_id, (status, samples) in states.items():
-            ended = status not in ("queued", "running")
-            if ended and run_id not in self.ended:
-                self.ended.add(run_id)
-                self.progress.count_run()
-            bar = self.bars.get(run_id)
-            if bar is None and status == "running":
-                bar = self.bars[run_id] = self.progress.add_task(f"{self.jobs[run_id].label}: running", total=None)
-            if bar is not None and ended:
-                self.progress.remove_task(self.bars.pop(run_id))
-            elif bar is not None:
-                self.progress.update(bar, completed=samples)

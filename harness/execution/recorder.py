@@ -14,7 +14,6 @@ and a killed holder's lease passes on at once when it lived on this machine, els
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib.metadata
 import os
@@ -23,11 +22,11 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from adapters.base import Sampling
 from adapters.threads import applied
+from db.record import PlannedRun
 from harness.errors import UserError
 
 if TYPE_CHECKING:
@@ -60,6 +59,7 @@ def host_info() -> dict[str, Any]:
     """Where the run happened: host, CPU, memory, and the GPU (from torch, else NVML) if any."""
     import psutil
 
+    threads = applied()
     info: dict[str, Any] = {
         "hostname": socket.gethostname(),
         "platform": platform.platform(),
@@ -67,7 +67,7 @@ def host_info() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "memory_bytes": psutil.virtual_memory().total,
         "gpu": None,
-        "threads": None if applied() is None else applied().to_dict(),
+        "threads": None if threads is None else threads.to_dict(),
     }
     try:
         import torch
@@ -85,28 +85,16 @@ def new_sweep_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
-def run_row(
-    kind: str, model: str, *, loops: int | None, suite: str, tasks: Sequence[str], sampling: Sampling | None, seed: int,
-    spec: Mapping[str, Any], limit: int | None = None, data_fingerprint: str | None = None,
-    model_config: Mapping[str, Any] | None = None, sweep_id: str | None = None, status: str = "running",
-    exit_threshold: float | None = None, exit_criterion: str | None = None, kv_policy: str | None = None,
-    kv_dtype: str | None = None,
-) -> dict[str, Any]:
-    """The `runs` row a run of any kind starts as, for `Store.create_run(s)`: what was run, how, where and with what.
+def run_row(kind: str, run: PlannedRun, *, model_config: Mapping[str, Any] | None = None, status: str = "running") -> dict[str, Any]:
+    """The `runs` row a run of any kind starts as, for `Store.create_run(s)`: what was run (`run`'s columns), how,
+    where and with what.
 
-    `spec` holds what else the kind needs to read the run back (an eval run's RunSpec, which `--resume`
-    rebuilds with the `sampling` stored beside it; a profile's settings). `sampling` None: the run sampled
-    nothing (a probe). A run of its own (a probe, a profile) gets a sweep id of its own. `exit_threshold` and
-    `exit_criterion`: the run's point on the exit axis (`--exit-threshold`), `kv_policy` and `kv_dtype` on the KV axis
-    (`--kv-policy`, `--kv-dtype`), None when the sweep does not vary it.
+    `run.spec` holds what else the kind needs to read the run back (an eval run's RunSpec, which `--resume`
+    rebuilds with the sampling stored beside it; a profile's settings); `run.sampling` is empty for a run that sampled
+    nothing (a probe). A run without a sweep (a probe, a profile) gets a sweep id of its own.
     """
-    return dict(
-        sweep_id=sweep_id or new_sweep_id(), kind=kind, model_spec=model, adapter=model.partition(":")[0],
-        model_config=dict(model_config or {}), loops=loops, suite=suite, tasks=list(tasks),
-        sampling={} if sampling is None else dataclasses.asdict(sampling), seed=seed, limit=limit,
-        data_fingerprint=data_fingerprint, spec=dict(spec), versions=package_versions(), host=host_info(), status=status,
-        exit_threshold=exit_threshold, exit_criterion=exit_criterion, kv_policy=kv_policy, kv_dtype=kv_dtype,
-    )
+    return {**run.columns(), "sweep_id": run.sweep_id or new_sweep_id(), "kind": kind, "adapter": run.model.partition(":")[0],
+            "model_config": dict(model_config or {}), "versions": package_versions(), "host": host_info(), "status": status}
 
 
 class RunBusy(UserError):

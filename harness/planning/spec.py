@@ -1,9 +1,9 @@
-"""What a run is: the defaults of `loopeval run`, each suite's sampling, and `RunSpec`.
+"""What a run is: `RunSpec`, the validated request for one sweep, and the checks of what its settings mean.
 
-Every setting a run takes has its home here. `SUITE_SAMPLING` holds each suite's sampling
-(`adapters.base.PAPER_PROTOCOL` for `paper`), `DEFAULTS` the rest of the no-argument `loopeval run`, and `RunSpec.build` fills what the
-user left unset from them and validates everything before anything is loaded or written.
-`at_loops` is the one way a loaded adapter is set to a run's loops (and a profile's batching).
+`RunSpec.build` fills what the user left unset from `harness.planning.defaults` (each suite's sampling, the default
+job) and validates everything before anything is loaded or written; how each setting is given (flag, sweep-file key)
+is `harness.planning.options`'. `at_loops` is the one way a loaded adapter is set to a run's loops (and a profile's
+batching).
 """
 
 from __future__ import annotations
@@ -13,113 +13,18 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import adapters
-from adapters.base import EXIT_CRITERIA, MAX_STORED_INT, PAPER_PROTOCOL, AdapterError, Sampling, check_sampling, hook
+from adapters.base import EXIT_CRITERIA, MAX_STORED_INT, AdapterError, Sampling, hook
 from adapters.engine.config import KV_DTYPES, MAX_LOOPS, parse_kv_policy
-from adapters.engine.config import KV_POLICIES as ENGINE_KV_POLICIES
 from harness.errors import UserError
+from harness.planning.defaults import DEFAULT_EXIT_CRITERION, DEFAULTS, EMA, KV_POLICIES, SUITE_SAMPLING
+from harness.planning.options import SAMPLING_FLAGS, SWEEP_WIDE_OVERRIDES, check_sampling_given
 from harness.measurement.sampler import DEFAULT_INTERVAL
-from suites import synthetic
 
-# Sampling where the user gave none, per suite. Synthetic answers are a few characters, so the
-# paper's sampling with a short budget, and two samples per problem rather than the paper's four: with
-# 200 problems per task the spread between problems dominates pass@1's standard error, so samples 3
-# and 4 would narrow the default job's intervals by about 8% for twice its decoding (docs/benchmarks.md,
-# "Threads and a busy machine"). `--samples 4` gives the paper's n.
-SUITE_SAMPLING: dict[str, Sampling] = {
-    "synthetic": dataclasses.replace(PAPER_PROTOCOL, max_new_tokens=synthetic.GENERATION_SIZE, n=2),
-    "paper": PAPER_PROTOCOL,
-}
-# The option each sampling field is given by on the command line, as errors name it.
-SAMPLING_OPTIONS: dict[str, str] = {
-    "temperature": "--temperature", "top_p": "--top-p", "max_new_tokens": "--max-new-tokens", "n": "--samples", "seed": "--seed",
-}
-
-
-@dataclass(frozen=True)
-class RunDefaults:
-    """The default `loopeval run`'s headline sweep: the trained tiny zoo on the synthetic suite (its time, measured
-    with the date: docs/reference.md and docs/benchmarks.md)."""
-
-    models: tuple[str, ...] = ("zoo:qwen3-tiny-small", "zoo:qwen3-tiny-deep", "zoo:ouro-tiny", "zoo:melt-tiny")
-    suite: str = "synthetic"
-    loops: tuple[int, ...] = (1, 2, 4, 8)
-    limit: int | None = None  # docs per task: all of them
-    batch_size: int = 32
-
-
-DEFAULTS = RunDefaults()
-
-
-@dataclass(frozen=True)
-class LabDefaults:
-    """The recurrence-lab sweep the default `loopeval run` adds before its headline sweep, so that the default
-    report's depth-extrapolation figure shows the lab zoo (BaseLoop, its conditioned variants, the CoreLoop and
-    the Huginn-style model trained with sampled recurrence, all at T = 4 or a mean of 4) at every r from 1 to 3T.
-    Greedy on the first 20 docs of each task, and a set of its own, never compared with the headline's sampled
-    points."""
-
-    models: tuple[str, ...] = ("zoo:lab-baseloop", "zoo:lab-history", "zoo:lab-loopgate", "zoo:lab-history-loopgate",
-                               "zoo:lab-coreloop", "zoo:lab-huginn")
-    loops: tuple[int, ...] = tuple(range(1, 13))
-    limit: int = 20
-    temperature: float = 0.0
-    samples: int = 1
-
-    def options(self) -> dict[str, Any]:
-        """As `RunSpec.build` keywords."""
-        return dataclasses.asdict(self)
-
-
-LAB = LabDefaults()
-
-
-@dataclass(frozen=True)
-class ExitDefaults:
-    """The exit sweep the default `loopeval run` adds after its headline sweep, in the headline's set (same suite,
-    sampling and docs): the Ouro and MELT tiny models at their trained T = 4 with the exit gate's threshold swept,
-    so that the first report a user opens draws accuracy against the loops a token ran beside accuracy against
-    memory. Each token stops at the first loop whose cumulative exit probability reaches the threshold and skips
-    the rest (`adapters.engine.exits`). No 1.0: it runs every loop, the same tokens as the headline's run at r = 4,
-    which the figures draw as each line's full-depth end (`dashboards.figures.accuracy_vs_compute`)."""
-
-    models: tuple[str, ...] = ("zoo:ouro-tiny", "zoo:melt-tiny")
-    loops: tuple[int, ...] = (4,)
-    exit_thresholds: tuple[float, ...] = (0.5, 0.7, 0.9)
-
-    def options(self) -> dict[str, Any]:
-        """As `RunSpec.build` keywords."""
-        return dataclasses.asdict(self)
-
-
-EXITS = ExitDefaults()
-
-
-@dataclass(frozen=True)
-class LeverDefaults:
-    """The memory-lever sweep the default `loopeval run` adds after its exit sweep, in the headline's set: the Ouro tiny
-    model at its trained T = 4 under the training-free sharing of the Ouro and MELT papers (`shared-last`,
-    `shared-mean`), each in the model's dtype and in int8, and the Ouro, MELT and Qwen3 tiny models in int8 under their
-    own KV, so that the first report's "Memory levers" figure sets what memory each lever saves against what it costs,
-    beside MELT's trained gate. Ouro's own per-loop KV in its own dtype is the headline's run at r = 4, the reference
-    every lever saves against (`analysis.points.lever_points`), so it is not decoded again, as the exit sweep does
-    not decode threshold 1.0 again. Two specs: a policy is a looped per-loop model's lever, a dtype every model's."""
-
-    shared: tuple[str, ...] = ("zoo:ouro-tiny",)
-    policies: tuple[str, ...] = ("shared-last", "shared-mean")
-    dtypes: tuple[str, ...] = ("auto", "int8")
-    quantized: tuple[str, ...] = ("zoo:ouro-tiny", "zoo:melt-tiny", "zoo:qwen3-tiny-small")
-    loops: tuple[int, ...] = (4,)
-
-    def options(self) -> list[dict[str, Any]]:
-        """As `RunSpec.build` keywords, one dict per spec."""
-        return [dict(models=self.shared, loops=self.loops, kv_policies=self.policies, kv_dtypes=self.dtypes),
-                dict(models=self.quantized, loops=self.loops, kv_dtypes=("int8",))]
-
-
-LEVERS = LeverDefaults()
+if TYPE_CHECKING:
+    from db.record import PlannedRun
 
 # Bounds that catch typos before anything is loaded or written (sampling's are `adapters.base.SAMPLING_RULES`).
 # Stored integers end in signed 64-bit columns; the others are far beyond any real run (r <= 8 in the paper).
@@ -141,22 +46,11 @@ def check_int(option: str, value: int | None) -> None:
         raise UserError(f"{option} must be an integer from {low} to {high}, got {value}")
 
 
-def check_sampling_given(field: str, value: Any, given_as: str) -> None:
-    """`Sampling.field`'s rule (`adapters.base.check_sampling`) as a UserError naming the option or sweep-file key."""
-    try:
-        check_sampling(field, value, given_as)
-    except AdapterError as exc:
-        raise UserError(str(exc)) from None
-
-
 def suite_sampling(suite: str) -> Sampling:
     """`suite`'s sampling where the user gave none."""
     if suite not in SUITE_SAMPLING:
         raise UserError(f"unknown suite {suite!r} (suites: {', '.join(SUITE_SAMPLING)})")
     return SUITE_SAMPLING[suite]
-
-
-DEFAULT_EXIT_CRITERION = EXIT_CRITERIA[0]  # Ouro's learned exit gate
 
 
 def check_exit(thresholds: Sequence[float], criterion: str | None) -> None:
@@ -175,10 +69,6 @@ def check_exit(thresholds: Sequence[float], criterion: str | None) -> None:
             raise UserError(f"--exit-threshold must be {what} with --exit-criterion {criterion or DEFAULT_EXIT_CRITERION}, got {value!r}")
 
 
-# The KV memory axis (`--kv-policy`, `--kv-dtype`): the names the engine adapter takes as its `kv_policy` and `kv_dtype`
-# load overrides (`adapters.engine.config`, their one home). Which policy a family takes is its inspector's to say.
-KV_POLICIES = tuple(dict.fromkeys(policy for policies in ENGINE_KV_POLICIES.values() for policy in policies))
-EMA = "shared-ema"  # the one policy with a parameter: shared-ema:ALPHA, ALPHA in (0, 1)
 
 
 def checked_kv_policy(value: str) -> str:
@@ -216,8 +106,6 @@ def checked_device(option: str, value: str) -> str:
     return value
 
 
-# Set for the whole sweep, never per model: loops are what a sweep varies, the seed what makes it repeatable.
-SWEEP_WIDE_OVERRIDES = ("loops", "seed")
 # Load overrides the exit axis (`--exit-threshold`, `--exit-criterion`) and the KV axis (`--kv-policy`, `--kv-dtype`) set per run.
 EXIT_OVERRIDES = ("exit_threshold", "exit_criterion")
 KV_OVERRIDES = ("kv_policy", "kv_dtype")
@@ -290,10 +178,10 @@ class RunSpec:
         batch_size = DEFAULTS.batch_size if batch_size is None else batch_size
         for option, value in (("--limit", limit), ("--batch-size", batch_size), *(("--loops", r) for r in loops)):
             check_int(option, value)
-        given = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens, "n": samples, "seed": seed}
+        given: dict[str, Any] = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens, "n": samples, "seed": seed}
         given = {name: value for name, value in given.items() if value is not None}
         for name, value in given.items():
-            check_sampling_given(name, value, SAMPLING_OPTIONS[name])
+            check_sampling_given(name, value, SAMPLING_FLAGS[name])
         if data_dir is not None and not os.path.isdir(data_dir):
             raise UserError(f"--data-dir {data_dir} is not a directory")
         sampling = dataclasses.replace(defaults, **given)
@@ -339,16 +227,15 @@ class RunSpec:
             overrides["trust_remote_code"] = True
         return overrides
 
-    def run_overrides(self, model: str, exit_threshold: float | None, exit_criterion: str | None,
-                      kv_policy: str | None = None, kv_dtype: str | None = None) -> dict[str, Any]:
-        """Overrides one run of `model` is loaded with: `load_overrides`, the run's point on the exit axis (the
-        criterion only where it is not the gate, the engine's default) and on the KV axis (each only where swept)."""
-        overrides = self.load_overrides(model)
-        if exit_threshold is not None:
-            overrides["exit_threshold"] = exit_threshold
-            if exit_criterion not in (None, DEFAULT_EXIT_CRITERION):
-                overrides["exit_criterion"] = exit_criterion
-        overrides.update({k: v for k, v in zip(KV_OVERRIDES, (kv_policy, kv_dtype)) if v is not None})
+    def run_overrides(self, run: PlannedRun) -> dict[str, Any]:
+        """Overrides `run` is loaded with: its model's `load_overrides`, its point on the exit axis (the criterion only
+        where it is not the gate, the engine's default) and on the KV axis (each only where swept)."""
+        overrides = self.load_overrides(run.model)
+        if run.exit_threshold is not None:
+            overrides["exit_threshold"] = run.exit_threshold
+            if run.exit_criterion not in (None, DEFAULT_EXIT_CRITERION):
+                overrides["exit_criterion"] = run.exit_criterion
+        overrides.update({k: v for k, v in zip(KV_OVERRIDES, (run.kv_policy, run.kv_dtype)) if v is not None})
         return overrides
 
     def to_dict(self) -> dict[str, Any]:
