@@ -36,6 +36,7 @@ EXAMPLES: dict[str, tuple[list[str], str]] = {
     "executor": (["--executor", "ray"], 'executor = "ray"'),
     "ray_address": (["--executor", "ray", "--ray-address", "head:6379"], 'executor = "ray"\nray_address = "head:6379"'),
     "gpus_per_run": (["--executor", "ray", "--gpus-per-run", "0.5"], 'executor = "ray"\ngpus_per_run = 0.5'),
+    "device": (["--device", "cpu"], 'device = "cpu"'),
     "workers": (["--workers", "2"], "workers = 2"),
 }
 
