@@ -49,9 +49,14 @@ from adapters.engine.serving.graphs import DecodeGraphs  # noqa: E402
 from adapters.engine.model import LoopedLM  # noqa: E402
 
 PRESETS = ("qwen3-tiny", "ouro-tiny", "coreloop-tiny", "melt-tiny")
-WAYS = {"graphs": dict(device="cuda"), "sdpa": dict(device="cuda", triton_kernels=False), "padded": dict(device="cuda"),
-        "eager": dict(device="cuda", cuda_graphs=False),
-        "static": dict(device="cuda", batching="static"), "cpu": dict(device="cpu")}
+WAYS = {
+    "graphs": dict(device="cuda"),
+    "sdpa": dict(device="cuda", triton_kernels=False),
+    "padded": dict(device="cuda"),
+    "eager": dict(device="cuda", cuda_graphs=False),
+    "static": dict(device="cuda", batching="static"),
+    "cpu": dict(device="cpu"),
+}
 
 
 class EagerGraphs(DecodeGraphs):
@@ -68,7 +73,9 @@ def generate(model: LoopedLM, way: str, prompts: list[list[int]], greedy: bool, 
     engine_adapter.DecodeGraphs = EagerGraphs if way == "padded" else DecodeGraphs
     try:
         adapter = EngineAdapter(f"gpu-check:{way}", model, None, max_batch=8, **options)
-        sampling = replace(PAPER_PROTOCOL, max_new_tokens=new_tokens, n=1 if greedy else 2, seed=7, temperature=0.0 if greedy else 1.0)
+        sampling = replace(
+            PAPER_PROTOCOL, max_new_tokens=new_tokens, n=1 if greedy else 2, seed=7, temperature=0.0 if greedy else 1.0
+        )
         return [g.token_ids for g in adapter.generate(prompts, sampling)]
     finally:
         engine_adapter.DecodeGraphs = DecodeGraphs
@@ -80,7 +87,10 @@ def check(name: str, new_tokens: int) -> dict:
     model = load_preset(name, dtype="fp32", device="cpu").model
     model.config.eos_token_id, model.config.extra["eos_token_ids"] = None, []  # every sequence decodes `new_tokens`
     rng = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, model.config.vocab_size, (length,), generator=rng).tolist() for length in (5, 17, 33, 40, 9, 64)]
+    prompts = [
+        torch.randint(3, model.config.vocab_size, (length,), generator=rng).tolist()
+        for length in (5, 17, 33, 40, 9, 64)
+    ]
     row: dict = {"ok": True, "seconds": {}}
     for greedy in (True, False):
         outputs = {}
@@ -89,7 +99,10 @@ def check(name: str, new_tokens: int) -> dict:
             outputs[way] = generate(model, way, prompts, greedy, new_tokens)
             row["seconds"][way] = round(row["seconds"].get(way, 0.0) + time.perf_counter() - began, 2)
         row["greedy" if greedy else "sampled"] = {
-            way: f"{sum(a == b for a, b in zip(ids, outputs['graphs']))}/{len(ids)}" for way, ids in outputs.items() if way != "graphs"}
+            way: f"{sum(a == b for a, b in zip(ids, outputs['graphs']))}/{len(ids)}"
+            for way, ids in outputs.items()
+            if way != "graphs"
+        }
         row["ok"] = row["ok"] and outputs["padded"] == outputs["graphs"]
     return row
 
@@ -103,8 +116,10 @@ def attention(kv_dtype: str, batch: int, context: int, chunk: int) -> dict:
     fmt, size, heads, dim, device = KV_FORMATS[kv_dtype], 16, 16, 128, torch.device("cuda")
     width = -(-context // size)
     gen = torch.Generator(device=device).manual_seed(0)
-    k, v = (fmt.pack(torch.randn(batch * width * size, heads, dim, device=device, dtype=torch.bfloat16, generator=gen))
-            for _ in range(2))
+    k, v = (
+        fmt.pack(torch.randn(batch * width * size, heads, dim, device=device, dtype=torch.bfloat16, generator=gen))
+        for _ in range(2)
+    )
     blocks = torch.randperm(batch * width, device=device, generator=gen).view(batch, width)
     positions = torch.arange(context - chunk, context, device=device).expand(batch, -1).contiguous()
     q = torch.randn(batch, heads, chunk, dim, device=device, dtype=torch.bfloat16, generator=gen)

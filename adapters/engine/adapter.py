@@ -56,8 +56,26 @@ from adapters.registry import register
 DEFAULT_MAX_BATCH = 64  # sequences decoding at once
 BATCHING = ("continuous", "static")
 KV_FIELDS = ("kv_policy", "kv_dtype")  # load overrides that are config fields (`LoopConfig`), checked there
-OVERRIDES = ("loops", "dtype", "device", "seed", "chunk_size", "max_batch", "batching", "kv_budget", "block_size", "cuda_graphs",
-             "triton_kernels", "exit_policy", "exit_loop", "exit_threshold", "exit_criterion", "exit_fill", *KV_FIELDS, *CONDITIONING_FIELDS)
+OVERRIDES = (
+    "loops",
+    "dtype",
+    "device",
+    "seed",
+    "chunk_size",
+    "max_batch",
+    "batching",
+    "kv_budget",
+    "block_size",
+    "cuda_graphs",
+    "triton_kernels",
+    "exit_policy",
+    "exit_loop",
+    "exit_threshold",
+    "exit_criterion",
+    "exit_fill",
+    *KV_FIELDS,
+    *CONDITIONING_FIELDS,
+)
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
@@ -79,9 +97,21 @@ def resolve_device(device: str | None) -> str:
 class EngineAdapter:
     """One engine model behind the Adapter protocol. `loops` may be changed between calls."""
 
-    def __init__(self, spec: str, model: LoopedLM, tokenizer: Any | None, *, loops: int | None = None, max_batch: int = DEFAULT_MAX_BATCH,
-                 exit_policy: ExitPolicy = ExitPolicy(), batching: str = "continuous", kv_budget: float | None = None,
-                 block_size: int = DEFAULT_BLOCK_SIZE, cuda_graphs: bool = True, triton_kernels: bool = True) -> None:
+    def __init__(
+        self,
+        spec: str,
+        model: LoopedLM,
+        tokenizer: Any | None,
+        *,
+        loops: int | None = None,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        exit_policy: ExitPolicy = ExitPolicy(),
+        batching: str = "continuous",
+        kv_budget: float | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        cuda_graphs: bool = True,
+        triton_kernels: bool = True,
+    ) -> None:
         self.spec = spec
         self.model = model
         self.tokenizer = tokenizer
@@ -89,11 +119,14 @@ class EngineAdapter:
         self.max_context = self.config.max_position
         self.loops = self.config.loops if loops is None else loops
         self.max_batch, self.batching, self.kv_budget, self.block_size, self.cuda_graphs = check_batching(
-            max_batch, batching, kv_budget, block_size, cuda_graphs)
+            max_batch, batching, kv_budget, block_size, cuda_graphs
+        )
         self.exit_policy = check_exit_support(self.config, exit_policy)
         weight = model.model.embed_tokens.weight
         self.dtype, self.device = weight.dtype, weight.device
-        self.attention = kernels.install(model, self.device, check_flag("triton_kernels", triton_kernels))  # the pools' kernel
+        self.attention = kernels.install(
+            model, self.device, check_flag("triton_kernels", triton_kernels)
+        )  # the pools' kernel
         self._weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         self._live: KVCache | BlockPool | None = None  # the KV store of the call in progress
         self._peak = self._reserved = 0
@@ -126,7 +159,9 @@ class EngineAdapter:
     def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[Generation]:
         """`len(prompts) * n` generations, prompt-major. Prompt i's samples draw from streams of seed
         `stream_key(sampling.seed, i)`, so they do not depend on the other prompts or the batching."""
-        requests = [Request(p, dataclasses.replace(sampling, seed=stream_key(sampling.seed, i))) for i, p in enumerate(prompts)]
+        requests = [
+            Request(p, dataclasses.replace(sampling, seed=stream_key(sampling.seed, i))) for i, p in enumerate(prompts)
+        ]
         results: dict[tuple[int, int], Generation] = {}
         self.generate_requests(requests, lambda done: results.update(((r, j), g) for r, j, g in done))
         return [results[(i, j)] for i in range(len(prompts)) for j in range(sampling.n)]
@@ -138,9 +173,17 @@ class EngineAdapter:
             return
         with self._lock:
             if self.batching == "static":
-                generate_static(self.model, sequences, on_finished, max_batch=self.max_batch, loops=self.loops,
-                                eos_ids=eos_ids(self.config, self.tokenizer), tokenizer=self.tokenizer, exit_policy=self.exit_policy,
-                                on_cache=self._track)
+                generate_static(
+                    self.model,
+                    sequences,
+                    on_finished,
+                    max_batch=self.max_batch,
+                    loops=self.loops,
+                    eos_ids=eos_ids(self.config, self.tokenizer),
+                    tokenizer=self.tokenizer,
+                    exit_policy=self.exit_policy,
+                    on_cache=self._track,
+                )
             else:
                 self._run_continuous(sequences, on_finished)
 
@@ -151,22 +194,64 @@ class EngineAdapter:
             ids = encode(request.prompt, self.tokenizer, self.config.vocab_size, self.spec)
             capacity = check_request(self.model, ids, request.sampling, self.tokenizer)
             for j in request.indices:
-                sequences.append(Seq(r, j, stream_key(request.sampling.seed, j), len(ids), list(ids), capacity, request.sampling,
-                                     prompt_key(request.sampling.seed)))
+                sequences.append(
+                    Seq(
+                        r,
+                        j,
+                        stream_key(request.sampling.seed, j),
+                        len(ids),
+                        list(ids),
+                        capacity,
+                        request.sampling,
+                        prompt_key(request.sampling.seed),
+                    )
+                )
         return sequences
 
     def _run_continuous(self, sequences: list[Seq], on_finished: Callable[[list[Finished]], None]) -> None:
         # a graph replays one fixed-depth step: with loops skipped per token the decode runs eagerly. A model that draws its
         # initial state runs eagerly too: its keyed draw (`Recurrence.keyed_draw`) is a pure function of the positions and the
         # rows' stream keys, so it could be captured, but the graphs' static inputs carry no keys and no capture of it is tested
-        capture, graphs = self.cuda_graphs and self.device.type == "cuda" and not self.model.draws_state and not self.exit_policy.skips, None
-        pool = BlockPool.for_workload(self.config, self.loops, [s.capacity for s in sequences], max_seqs=self.max_batch, kv_budget=self.kv_budget,
-                                      block_size=self.block_size, dtype=self.dtype, device=self.device, spare=capture, attention=self.attention)
+        capture, graphs = (
+            self.cuda_graphs
+            and self.device.type == "cuda"
+            and not self.model.draws_state
+            and not self.exit_policy.skips,
+            None,
+        )
+        pool = BlockPool.for_workload(
+            self.config,
+            self.loops,
+            [s.capacity for s in sequences],
+            max_seqs=self.max_batch,
+            kv_budget=self.kv_budget,
+            block_size=self.block_size,
+            dtype=self.dtype,
+            device=self.device,
+            spare=capture,
+            attention=self.attention,
+        )
         if capture:
-            graphs = DecodeGraphs(self.model, pool, loops=self.loops, keep_loops=self.exit_policy.reads_loops(bool(self.model.coda)), max_seqs=self.max_batch,
-                                  max_blocks=pool.manager.blocks_for(max(s.capacity for s in sequences)), capture=True)
-        engine = ContinuousEngine(self.model, pool, loops=self.loops, policy=self.exit_policy, eos_ids=eos_ids(self.config, self.tokenizer),
-                                  tokenizer=self.tokenizer, max_seqs=self.max_batch, on_finished=on_finished, graphs=graphs)
+            graphs = DecodeGraphs(
+                self.model,
+                pool,
+                loops=self.loops,
+                keep_loops=self.exit_policy.reads_loops(bool(self.model.coda)),
+                max_seqs=self.max_batch,
+                max_blocks=pool.manager.blocks_for(max(s.capacity for s in sequences)),
+                capture=True,
+            )
+        engine = ContinuousEngine(
+            self.model,
+            pool,
+            loops=self.loops,
+            policy=self.exit_policy,
+            eos_ids=eos_ids(self.config, self.tokenizer),
+            tokenizer=self.tokenizer,
+            max_seqs=self.max_batch,
+            on_finished=on_finished,
+            graphs=graphs,
+        )
         self._live = pool
         try:
             engine.run(sequences)
@@ -188,8 +273,14 @@ class EngineAdapter:
         `reset_memory_peak`."""
         live = self._live  # one read: the generate thread may swap it
         if live is None:
-            return {"weights_bytes": self._weights_bytes, "kv_bytes_allocated": 0, "kv_bytes_used": 0, "kv_bytes_peak": self._peak,
-                    "kv_bytes_reserved": 0, "kv_bytes_reserved_peak": self._reserved}
+            return {
+                "weights_bytes": self._weights_bytes,
+                "kv_bytes_allocated": 0,
+                "kv_bytes_used": 0,
+                "kv_bytes_peak": self._peak,
+                "kv_bytes_reserved": 0,
+                "kv_bytes_reserved_peak": self._reserved,
+            }
         reserved = live.kv_bytes_reserved
         used, allocated, peak = live.accounting()
         return {
@@ -224,7 +315,12 @@ class EngineAdapter:
             "kv_bytes_per_token": analytic["kv_bytes_per_token"],
             "analytic": analytic,
             "exit_policy": dataclasses.asdict(self.exit_policy),
-            "batching": {"mode": self.batching, "max_batch": self.max_batch, "block_size": self.block_size, "kv_budget": self.kv_budget},
+            "batching": {
+                "mode": self.batching,
+                "max_batch": self.max_batch,
+                "block_size": self.block_size,
+                "kv_budget": self.kv_budget,
+            },
             "config": cfg.to_dict(),
         }
 
@@ -258,15 +354,25 @@ def check_batching_mode(batching: Any) -> str:
     return str(batching)
 
 
-def check_batching(max_batch: Any, batching: Any, kv_budget: Any, block_size: Any, cuda_graphs: Any) -> tuple[int, str, float | None, int, bool]:
+def check_batching(
+    max_batch: Any, batching: Any, kv_budget: Any, block_size: Any, cuda_graphs: Any
+) -> tuple[int, str, float | None, int, bool]:
     """The batching overrides, checked: (max_batch, batching, kv_budget in GB or None, block_size, cuda_graphs)."""
     for name, value in (("max_batch", max_batch), ("block_size", block_size)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise AdapterError(f"{name} must be a positive integer, got {value!r}")
     check_batching_mode(batching)
-    if kv_budget is not None and (isinstance(kv_budget, bool) or not isinstance(kv_budget, (int, float)) or not 0 < kv_budget < float("inf")):
+    if kv_budget is not None and (
+        isinstance(kv_budget, bool) or not isinstance(kv_budget, (int, float)) or not 0 < kv_budget < float("inf")
+    ):
         raise AdapterError(f"kv_budget must be a positive number of GB, got {kv_budget!r}")
-    return max_batch, batching, None if kv_budget is None else float(kv_budget), block_size, check_flag("cuda_graphs", cuda_graphs)
+    return (
+        max_batch,
+        batching,
+        None if kv_budget is None else float(kv_budget),
+        block_size,
+        check_flag("cuda_graphs", cuda_graphs),
+    )
 
 
 def check_flag(name: str, value: Any) -> bool:
@@ -277,8 +383,13 @@ def check_flag(name: str, value: Any) -> bool:
 
 
 def _batching_overrides(overrides: dict[str, Any]) -> tuple[int, str, float | None, int, bool]:
-    return check_batching(overrides.get("max_batch", DEFAULT_MAX_BATCH), overrides.get("batching", "continuous"),
-                          overrides.get("kv_budget"), overrides.get("block_size", DEFAULT_BLOCK_SIZE), overrides.get("cuda_graphs", True))
+    return check_batching(
+        overrides.get("max_batch", DEFAULT_MAX_BATCH),
+        overrides.get("batching", "continuous"),
+        overrides.get("kv_budget"),
+        overrides.get("block_size", DEFAULT_BLOCK_SIZE),
+        overrides.get("cuda_graphs", True),
+    )
 
 
 def _check_overrides(overrides: dict[str, Any]) -> None:
@@ -316,12 +427,22 @@ def config_facts(cfg: LoopConfig, overrides: dict[str, Any]) -> dict[str, Any]:
     check_exit_support(cfg, exit_policy(cfg, overrides))  # a bad exit override fails the plan, before a run is stored
     check_flag("triton_kernels", overrides.get("triton_kernels", True))
     analytic = analytic_terms(cfg, loops, dtype)
-    return {"family": cfg.family, "params": count_params(cfg), "kv_strategy": cfg.kv_strategy, **kv_facts(cfg),
-            "kv_bytes_per_token": analytic["kv_bytes_per_token"], "loops": loops, "trained_loops": cfg.loops,
-            "max_context": cfg.max_position, "device": device, "dtype": dtype,
-            "max_batch": _batching_overrides(overrides)[0], "kv_budget": _batching_overrides(overrides)[2],
-            "analytic": analytic,
-            "config": cfg.to_dict()}
+    return {
+        "family": cfg.family,
+        "params": count_params(cfg),
+        "kv_strategy": cfg.kv_strategy,
+        **kv_facts(cfg),
+        "kv_bytes_per_token": analytic["kv_bytes_per_token"],
+        "loops": loops,
+        "trained_loops": cfg.loops,
+        "max_context": cfg.max_position,
+        "device": device,
+        "dtype": dtype,
+        "max_batch": _batching_overrides(overrides)[0],
+        "kv_budget": _batching_overrides(overrides)[2],
+        "analytic": analytic,
+        "config": cfg.to_dict(),
+    }
 
 
 def _build(spec: str, model_fn: Any, tokenizer_fn: Any, overrides: dict[str, Any]) -> EngineAdapter:
@@ -338,9 +459,19 @@ def _build(spec: str, model_fn: Any, tokenizer_fn: Any, overrides: dict[str, Any
     max_batch, batching, kv_budget, block_size, cuda_graphs = _batching_overrides(overrides)
     tokenizer = tokenizer_fn()
     model.config = token_ids(model.config, tokenizer)
-    return EngineAdapter(spec, model, tokenizer, loops=overrides.get("loops"), max_batch=max_batch,
-                         exit_policy=exit_policy(model.config, overrides), batching=batching, kv_budget=kv_budget, block_size=block_size,
-                         cuda_graphs=cuda_graphs, triton_kernels=overrides.get("triton_kernels", True))
+    return EngineAdapter(
+        spec,
+        model,
+        tokenizer,
+        loops=overrides.get("loops"),
+        max_batch=max_batch,
+        exit_policy=exit_policy(model.config, overrides),
+        batching=batching,
+        kv_budget=kv_budget,
+        block_size=block_size,
+        cuda_graphs=cuda_graphs,
+        triton_kernels=overrides.get("triton_kernels", True),
+    )
 
 
 def exit_policy(cfg: LoopConfig, overrides: dict[str, Any]) -> ExitPolicy:
@@ -361,7 +492,9 @@ def exit_policy(cfg: LoopConfig, overrides: dict[str, Any]) -> ExitPolicy:
     kind = overrides.get("exit_policy") or ("threshold" if threshold < 1 or criterion is not None else "none")
     chosen = any(overrides.get(k) is not None for k in ("exit_policy", "exit_threshold", "exit_criterion"))
     fill = overrides.get("exit_fill") or (SKIPPING_FILL if chosen and kind != "none" else "read")
-    return ExitPolicy(kind=kind, loop=overrides.get("exit_loop"), threshold=threshold, criterion=criterion or "gate", fill=fill)
+    return ExitPolicy(
+        kind=kind, loop=overrides.get("exit_loop"), threshold=threshold, criterion=criterion or "gate", fill=fill
+    )
 
 
 def check_exit_support(cfg: LoopConfig, policy: ExitPolicy) -> ExitPolicy:
@@ -369,13 +502,19 @@ def check_exit_support(cfg: LoopConfig, policy: ExitPolicy) -> ExitPolicy:
     `read` (an exit loop's state read as the output) needs a model whose output is not the coda's."""
     family = family_of(cfg)
     if policy.kind == "threshold" and policy.criterion == "gate" and not family.has_exit_gate:
-        raise AdapterError("exit_policy 'threshold' with the gate criterion needs a model with an exit gate (Ouro); try exit_criterion kl or entropy")
+        raise AdapterError(
+            "exit_policy 'threshold' with the gate criterion needs a model with an exit gate (Ouro); try exit_criterion kl or entropy"
+        )
     if policy.skips and policy.fill == "masked" and not family.kv.grows_with_loops:
-        raise AdapterError(f"exit_fill 'masked' needs per-loop K/V: kv_policy {family.kv.policy} keeps one row per layer "
-                           "and token, which every loop reads")
+        raise AdapterError(
+            f"exit_fill 'masked' needs per-loop K/V: kv_policy {family.kv.policy} keeps one row per layer "
+            "and token, which every loop reads"
+        )
     if policy.skips and policy.fill == "masked" and family.kv.reads_latest:
-        raise AdapterError(f"exit_fill 'masked' is Huginn's 'skip' lookup; kv_policy {family.kv.policy} reads a skipped loop from the token's "
-                           "latest one (exit_fill copy)")
+        raise AdapterError(
+            f"exit_fill 'masked' is Huginn's 'skip' lookup; kv_policy {family.kv.policy} reads a skipped loop from the token's "
+            "latest one (exit_fill copy)"
+        )
     if policy.kind != "none" and cfg.shared_layers == 0:
         raise AdapterError("exit policies need a looped model (shared layers)")
     if policy.kind != "none" and not policy.skips and cfg.coda_layers:
@@ -393,16 +532,24 @@ def _tiny(name: str) -> bool:
     return name.endswith("-tiny")
 
 
-@register("preset", "engine preset with seeded random weights (qwen3-tiny, ouro-tiny, melt-tiny, qwen3-1.7b, ...)", inspect=inspect_preset,
-          names=lambda: PRESETS)
+@register(
+    "preset",
+    "engine preset with seeded random weights (qwen3-tiny, ouro-tiny, melt-tiny, qwen3-1.7b, ...)",
+    inspect=inspect_preset,
+    names=lambda: PRESETS,
+)
 def load_preset(name: str, **overrides: Any) -> EngineAdapter:
     from adapters.engine.io.checkpoint import random_model
     from adapters.engine.io.tokenizer import char_tokenizer
 
     cfg = preset(name)
     seed = int(overrides.pop("seed", 0))
-    return _build(f"preset:{name}", lambda dtype, device: state_seeded(random_model(cfg, seed, dtype, device), seed),
-                  char_tokenizer if _tiny(name) else (lambda: None), overrides)
+    return _build(
+        f"preset:{name}",
+        lambda dtype, device: state_seeded(random_model(cfg, seed, dtype, device), seed),
+        char_tokenizer if _tiny(name) else (lambda: None),
+        overrides,
+    )
 
 
 def state_seeded(model: LoopedLM, seed: int) -> LoopedLM:
@@ -418,9 +565,15 @@ def _checkpoint_factory(family: str) -> Any:
         from adapters.engine.io.checkpoint import load_model
         from adapters.engine.io.tokenizer import load_tokenizer
 
-        seed = int(overrides.pop("seed", 0))  # weights come from the checkpoint; it seeds a recurrent family's initial state
-        return _build(f"{family}:{path}", lambda dtype, device: state_seeded(load_model(path, family, dtype, device), seed),
-                      lambda: load_tokenizer(Path(path)), overrides)
+        seed = int(
+            overrides.pop("seed", 0)
+        )  # weights come from the checkpoint; it seeds a recurrent family's initial state
+        return _build(
+            f"{family}:{path}",
+            lambda dtype, device: state_seeded(load_model(path, family, dtype, device), seed),
+            lambda: load_tokenizer(Path(path)),
+            overrides,
+        )
 
     load.__doc__ = f"Engine adapter for a {family} checkpoint directory (engine format or HF)."
     return load
@@ -440,7 +593,13 @@ for _family, _description in (
     ("qwen3", "Qwen3 checkpoint: HF directory (save_pretrained) or engine checkpoint"),
     ("ouro", "Ouro checkpoint: HF-format directory (no remote code) or engine checkpoint"),
     ("melt", "MELT checkpoint: engine checkpoint or Ouro-format directory plus gate tensors"),
-    ("huginn", "Huginn-0125 (recurrent depth) checkpoint: the official layout (config.json + safetensors) or engine checkpoint"),
-    ("retrofit", "retrofitted recurrence (a Llama cut into prelude, core and coda): the official RavenConfig layout or engine checkpoint"),
+    (
+        "huginn",
+        "Huginn-0125 (recurrent depth) checkpoint: the official layout (config.json + safetensors) or engine checkpoint",
+    ),
+    (
+        "retrofit",
+        "retrofitted recurrence (a Llama cut into prelude, core and coda): the official RavenConfig layout or engine checkpoint",
+    ),
 ):
     register(_family, _description, inspect=_checkpoint_inspector(_family))(_checkpoint_factory(_family))

@@ -39,12 +39,23 @@ def engine(tmp_path: Path):
     path = tmp_path / "samples.sqlite"
     store = Store.open(str(path))
     for run_index, (model, loops) in enumerate(RUNS):
-        run = store.create_run(sweep_id="s", model_spec=model, adapter="engine", loops=loops, suite="synthetic",
-                               tasks=list(TASKS))
-        rows = [dict(task=task, doc_id=str(doc), sample_index=sample, prompt=f"{task} {doc}",
-                     output="x" * 5000 if (run_index, task, doc, sample) == (0, "t1", 3, 0) else str(doc),
-                     gold=str(doc), score=_score(run_index, doc, sample))
-                for task in TASKS for doc in range(DOCS) for sample in range(SAMPLES)]
+        run = store.create_run(
+            sweep_id="s", model_spec=model, adapter="engine", loops=loops, suite="synthetic", tasks=list(TASKS)
+        )
+        rows = [
+            dict(
+                task=task,
+                doc_id=str(doc),
+                sample_index=sample,
+                prompt=f"{task} {doc}",
+                output="x" * 5000 if (run_index, task, doc, sample) == (0, "t1", 3, 0) else str(doc),
+                gold=str(doc),
+                score=_score(run_index, doc, sample),
+            )
+            for task in TASKS
+            for doc in range(DOCS)
+            for sample in range(SAMPLES)
+        ]
         random.Random(run_index).shuffle(rows)
         store.add_samples(run, rows)
         store.finish_run(run, "finished", wall_seconds=1.0)
@@ -134,11 +145,12 @@ def test_the_report_and_the_app_show_the_same_columns_and_cells(engine, tmp_path
     report = json.loads(data)
     assert report["columns"] == list(SAMPLE_COLUMNS.values())
     headings = re.findall(r"<th>([^<]*)</th>", page.split('id="sample-data"')[0])
-    assert headings[-len(SAMPLE_COLUMNS):] == report["columns"]
+    assert headings[-len(SAMPLE_COLUMNS) :] == report["columns"]
     app = _app_samples(f"sqlite:///{tmp_path / 'samples.sqlite'}")
     assert [list(row) for row in app] == [list(SAMPLE_COLUMNS)] * len(app) and len(app) == len(report["rows"]) > 0
     as_text = lambda value: None if value is None else str(value)  # noqa: E731
-    assert [[as_text(row[key]) for key in SAMPLE_COLUMNS] for row in app] == \
-        [[as_text(cell) for cell in row] for row in report["rows"]]
+    assert [[as_text(row[key]) for key in SAMPLE_COLUMNS] for row in app] == [
+        [as_text(cell) for cell in row] for row in report["rows"]
+    ]
     cells = dict(zip(report["columns"], report["rows"][0]))
     assert cells["loops"] == "r=1" and isinstance(cells["score"], float) and cells["verdict"] in ("correct", "wrong")

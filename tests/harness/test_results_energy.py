@@ -47,9 +47,11 @@ def test_pass_at_1_per_kj_stands_beside_pass_at_1_per_gb(tmp_path: Path, capsys:
     assert [[row[1], *row[4:7]] for row in ranking] == [[MODEL, "3 MB", "250", "0.5"], [MELT, "2.1 MB", "119", "1"]]
     assert [[row[1], row[-1]] for row in compute] == [[MODEL, "1.5 kJ"], [MELT, "250 J"]]
     assert "pass@1/kJ: pass@1 per kJ of the GPU energy one of the row's runs drew" in _flat(out)
-    assert _flat(out).endswith("250 pass@1 per GB, 0.5 per kJ; the frontier: zoo:melt-tiny r=4 (0.250 at 2.1 MB) → "
-                               "zoo:ouro-tiny r=4 (0.750 at 3 MB); by KV cache peak alone, zoo:melt-tiny r=4 would "
-                               "rank first.")
+    assert _flat(out).endswith(
+        "250 pass@1 per GB, 0.5 per kJ; the frontier: zoo:melt-tiny r=4 (0.250 at 2.1 MB) → "
+        "zoo:ouro-tiny r=4 (0.750 at 3 MB); by KV cache peak alone, zoo:melt-tiny r=4 would "
+        "rank first."
+    )
     ranked = body_rows(_results(capsys, "--db", db, "--rank", "per-kj"))[0]
     assert [row[1] for row in ranked] == [MELT, MODEL], "ranked by pass@1 per kJ, best first"
     runs = json.loads(_results(capsys, "--db", db, "--json"))

@@ -39,15 +39,31 @@ from adapters.engine.serving.sequence import Sequence, setting
 class ContinuousEngine:
     """Runs sequences to completion on one block pool, reporting each step's finished samples."""
 
-    def __init__(self, model: LoopedLM, pool: BlockPool, *, loops: int, policy: ExitPolicy, eos_ids: set[int],
-                 tokenizer: Any | None, max_seqs: int, on_finished: Callable[[list[Finished]], None],
-                 graphs: DecodeGraphs | None = None) -> None:
+    def __init__(
+        self,
+        model: LoopedLM,
+        pool: BlockPool,
+        *,
+        loops: int,
+        policy: ExitPolicy,
+        eos_ids: set[int],
+        tokenizer: Any | None,
+        max_seqs: int,
+        on_finished: Callable[[list[Finished]], None],
+        graphs: DecodeGraphs | None = None,
+    ) -> None:
         self.pool, self.manager = pool, pool.manager
         self.chunk = family_of(model.config).prefill_chunk
         self.runner = ModelRunner(model, pool, loops=loops, policy=policy, graphs=graphs)
         self.scheduler = Scheduler(pool.manager, max_seqs, on_leave=self.runner.leave)
-        self.post = Postprocessor(self.scheduler, loops=loops, looped=is_looped(model, loops), eos_ids=eos_ids, tokenizer=tokenizer,
-                                  on_finished=on_finished)
+        self.post = Postprocessor(
+            self.scheduler,
+            loops=loops,
+            looped=is_looped(model, loops),
+            eos_ids=eos_ids,
+            tokenizer=tokenizer,
+            on_finished=on_finished,
+        )
         self.one_setting = True  # every sequence samples with the same temperature, top-p and top-k
 
     def run(self, sequences: list[Sequence]) -> None:
@@ -89,7 +105,9 @@ class ContinuousEngine:
                     ending = [row for row, i in enumerate(part) if k == len(plans[i]) - 1]
                     if ending:
                         logits, exit_loop = runner.logits(out)
-                        last.update({part[row]: (logits[row], None if exit_loop is None else exit_loop[row]) for row in ending})
+                        last.update(
+                            {part[row]: (logits[row], None if exit_loop is None else exit_loop[row]) for row in ending}
+                        )
         ready, rows = [], []  # the first tokens of every group, drawn in one call
         for i, group in enumerate(groups):
             self._join(group, began)

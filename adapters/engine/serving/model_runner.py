@@ -40,8 +40,17 @@ class StepInputs:
 class ModelRunner:
     """Runs steps of `model` on `pool` for the engine, and samples their next tokens."""
 
-    def __init__(self, model: LoopedLM, pool: BlockPool, *, loops: int, policy: ExitPolicy, graphs: DecodeGraphs | None) -> None:
-        self.model, self.pool, self.manager, self.loops, self.policy, self.graphs = model, pool, pool.manager, loops, policy, graphs
+    def __init__(
+        self, model: LoopedLM, pool: BlockPool, *, loops: int, policy: ExitPolicy, graphs: DecodeGraphs | None
+    ) -> None:
+        self.model, self.pool, self.manager, self.loops, self.policy, self.graphs = (
+            model,
+            pool,
+            pool.manager,
+            loops,
+            policy,
+            graphs,
+        )
         self.keep_loops = policy.reads_loops(bool(model.coda))
         self.device = model.model.embed_tokens.weight.device
         self.rows: DecodeRows | None = None
@@ -83,8 +92,14 @@ class ModelRunner:
         positions = self.tensor([seq.written + j for seq in seqs for j in range(n)]).view(rows, -1)
         inputs = self.tensor([t for row in tokens for t in row]).view(rows, -1)
         run = seqs[0].blocks[:width]
-        start = run[0] * self.pool.block_size if rows == 1 and len(run) == width and run == list(range(run[0], run[0] + width)) else None
-        return StepInputs(inputs, positions, blocks, end, plain=rows == 1 and (n == 1 or seqs[0].written == 0), start=start)
+        start = (
+            run[0] * self.pool.block_size
+            if rows == 1 and len(run) == width and run == list(range(run[0], run[0] + width))
+            else None
+        )
+        return StepInputs(
+            inputs, positions, blocks, end, plain=rows == 1 and (n == 1 or seqs[0].written == 0), start=start
+        )
 
     def step(self, seqs: list[Sequence], tokens: list[list[int]], decoding: bool = False) -> StepOutput:
         """Run `tokens` (n per sequence) of `seqs` through the model; their blocks hold them afterwards.
@@ -99,10 +114,22 @@ class ModelRunner:
             out = self.graphs.step(x.tokens, x.positions, x.blocks)
         else:
             ran = self.ran_keys(seqs, x.end) if decoding else None
-            cache = PagedStep(self.pool, x.positions, x.blocks, x.end, x.start, in_place=ran is None)  # `ran` masks by loop: SDPA
+            cache = PagedStep(
+                self.pool, x.positions, x.blocks, x.end, x.start, in_place=ran is None
+            )  # `ran` masks by loop: SDPA
             mask = None if x.plain or cache.in_place else key_mask(x.positions, x.end)
-            out = self.model.step(x.tokens, x.positions, cache, x.end - n, mask, loops=self.loops, keep_loops=self.keep_loops,
-                                  exits=self.policy if decoding else None, ran=ran, streams=self.draw_streams(seqs, n))
+            out = self.model.step(
+                x.tokens,
+                x.positions,
+                cache,
+                x.end - n,
+                mask,
+                loops=self.loops,
+                keep_loops=self.keep_loops,
+                exits=self.policy if decoding else None,
+                ran=ran,
+                streams=self.draw_streams(seqs, n),
+            )
         self.manager.wrote(seqs, n)
         return out
 
@@ -113,11 +140,23 @@ class ModelRunner:
         assert rows is not None  # `decode` steps on the rows only when there are some
         x = self.next_inputs
         if x is None or x.end > rows.length:  # a changed running set, or rows to grow (their row slots move)
-            x = RowsInputs.build(rows, [seq.tokens[seq.written] for seq in seqs], [seq.written for seq in seqs], self.device)
+            x = RowsInputs.build(
+                rows, [seq.tokens[seq.written] for seq in seqs], [seq.written for seq in seqs], self.device
+            )
         manager.begin_step(len(seqs))
         mask = None if x.aligned else key_mask(x.positions, x.end)  # None: every row sees every key
-        out = self.model.step(x.tokens, x.positions, x.cache, x.end - 1, mask, loops=self.loops, keep_loops=self.keep_loops,
-                              exits=self.policy, ran=self.ran_keys(seqs, x.end), streams=self.draw_streams(seqs, 1))
+        out = self.model.step(
+            x.tokens,
+            x.positions,
+            x.cache,
+            x.end - 1,
+            mask,
+            loops=self.loops,
+            keep_loops=self.keep_loops,
+            exits=self.policy,
+            ran=self.ran_keys(seqs, x.end),
+            streams=self.draw_streams(seqs, 1),
+        )
         self.next_inputs = x
         blocks = []
         for i, seq in enumerate(seqs):
@@ -166,7 +205,9 @@ class ModelRunner:
 
     def sample(self, seqs: list[Sequence], logits: Tensor, one_setting: bool) -> Tensor:
         """Each sequence's next token [B] from its stream at its token index: one `sample` per distinct setting."""
-        rows = stream_rows([seq.key for seq in seqs], [len(seq.tokens) - seq.prompt_len for seq in seqs])  # each its token index
+        rows = stream_rows(
+            [seq.key for seq in seqs], [len(seq.tokens) - seq.prompt_len for seq in seqs]
+        )  # each its token index
         if one_setting:
             return sample(logits, seqs[0].sampling, self.tensor(rows))
         groups: dict[tuple[float, float, int | None], list[int]] = {}

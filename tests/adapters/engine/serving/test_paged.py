@@ -32,8 +32,15 @@ def pool(name: str = "qwen3-tiny", loops: int = 1, num_blocks: int = 6, block_si
 
 
 def seq(prompt_len: int, sample: int = 0) -> Sequence:
-    return Sequence(request=0, sample=sample, key=0, prompt_len=prompt_len, tokens=[3] * prompt_len,
-                    capacity=prompt_len + 4, sampling=Sampling(temperature=0.0, max_new_tokens=4))
+    return Sequence(
+        request=0,
+        sample=sample,
+        key=0,
+        prompt_len=prompt_len,
+        tokens=[3] * prompt_len,
+        capacity=prompt_len + 4,
+        sampling=Sampling(temperature=0.0, max_new_tokens=4),
+    )
 
 
 @pytest.mark.parametrize("name,loops", [("qwen3-tiny", 1), ("ouro-tiny", 3), ("melt-tiny", 3)])
@@ -49,12 +56,30 @@ def test_a_budget_gives_whole_blocks_and_one_too_small_for_a_sequence_is_refused
     cfg = preset("ouro-tiny")
     per_token = analytic_terms(cfg, 4, "fp32")["kv_bytes_per_token"]
     assert pool_blocks(cfg, 4, 10 * 4 * per_token + 5, 4, 0, "fp32") == 10
-    sized = BlockPool.for_workload(cfg, 4, [9, 5], max_seqs=2, kv_budget=None, block_size=4, dtype=torch.float32,
-                                   device=torch.device("cpu"), spare=False)
+    sized = BlockPool.for_workload(
+        cfg,
+        4,
+        [9, 5],
+        max_seqs=2,
+        kv_budget=None,
+        block_size=4,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+        spare=False,
+    )
     assert sized.manager.num_blocks == 2 * 3  # both sequences at the longest one's 3 blocks
     with pytest.raises(AdapterError, match="raise kv_budget"):
-        BlockPool.for_workload(cfg, 4, [400], max_seqs=1, kv_budget=1e-6, block_size=4, dtype=torch.float32,
-                               device=torch.device("cpu"), spare=False)
+        BlockPool.for_workload(
+            cfg,
+            4,
+            [400],
+            max_seqs=1,
+            kv_budget=1e-6,
+            block_size=4,
+            dtype=torch.float32,
+            device=torch.device("cpu"),
+            spare=False,
+        )
 
 
 def test_a_fork_shares_the_full_blocks_and_copies_the_partly_filled_one():
