@@ -2,7 +2,7 @@
 and decode tokens/s relative to the plain looped model, all in one process.
 
 Every variant is the same preset with the same seeded weights plus zero-initialised conditioning
-(`LoopedLM.with_conditioning` through the `injection`, `history`, `history_window`, `loop_gate` and `branch_gate`
+(`model.with_conditioning` through the `injection`, `history`, `history_window`, `loop_gate` and `branch_gate`
 load overrides), so all generate the same tokens; EOS is off, so every run decodes the same count.
 Every round times each variant once, each round starting at another variant; a variant's speed is
 its best round (other processes only ever add time, so the best round is the least disturbed) and

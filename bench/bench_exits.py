@@ -29,7 +29,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from adapters.base import Sampling  # noqa: E402
-from adapters.engine.adapter import EngineAdapter, exit_policy  # noqa: E402
+from adapters.engine.adapter import EngineAdapter  # noqa: E402
+from adapters.engine.overrides import exit_policy  # noqa: E402
 from adapters.engine.io.checkpoint import random_model  # noqa: E402
 from adapters.engine.io.presets import preset  # noqa: E402
 

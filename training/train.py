@@ -47,7 +47,7 @@ from adapters.engine.config import LoopConfig
 from adapters.engine.families.standard import prefill_chunks
 from adapters.engine.io.checkpoint import save_checkpoint
 from adapters.engine.io.tokenizer import char_tokenizer
-from adapters.engine.model import LoopedLM
+from adapters.engine.model import LoopedLM, to_melt
 from adapters.files import write_atomically
 from training import objectives as T
 
@@ -283,7 +283,7 @@ def build_model(recipe: Recipe, device: str, teacher: LoopedLM | None) -> Looped
     if recipe.kind == "melt":
         assert teacher is not None
         # every variant prefills with the same chunk size at evaluation, whatever it was trained with
-        student = teacher.to_melt(recipe.gate_variant, chunk_size=recipe.chunk_size, generator=gen)
+        student = to_melt(teacher, recipe.gate_variant, chunk_size=recipe.chunk_size, generator=gen)
         return student.to(device)
     model = LoopedLM(recipe.model_config())
     model.init_weights(gen)

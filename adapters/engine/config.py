@@ -148,54 +148,10 @@ class LoopConfig:
 
     def validate(self) -> None:
         """Every field checked, the first bad one raised as an `AdapterError` that names it."""
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "num_heads",
-            "num_kv_heads",
-            "head_dim",
-            "ffn_size",
-            "chunk_size",
-            "max_position",
-            "history_window",
-        ):
-            _at_least(self, 1, name)
-        for name in ("prelude_layers", "shared_layers", "coda_layers"):
-            _at_least(self, 0, name)
-        for name in ("tie_embeddings", "qk_norm", "exit_gate", "loop_gate", "branch_gate"):
-            if not isinstance(getattr(self, name), bool):
-                raise AdapterError(f"config field {name} must be true or false, got {getattr(self, name)!r}")
-        if not isinstance(self.loops, int) or isinstance(self.loops, bool) or not 1 <= self.loops <= MAX_LOOPS:
-            raise AdapterError(
-                f"config field loops must be an integer from 1 (no looping) to {MAX_LOOPS}, got {self.loops!r}"
-            )
-        if self.max_position > MAX_CONTEXT:
-            raise AdapterError(
-                f"config field max_position (the context) must be at most {MAX_CONTEXT} tokens, got {self.max_position}"
-            )
-        for name in ("rope_theta", "norm_eps"):
-            _positive_number(self, name)
-        for name, allowed in (
-            ("family", FAMILIES),
-            ("kv_strategy", KV_STRATEGIES),
-            ("norm_layout", NORM_LAYOUTS),
-            ("gate_variant", GATE_VARIANTS),
-            ("injection", MIX_KINDS),
-            ("history", MIX_KINDS),
-        ):
-            _one_of(self, name, allowed)
+        _check_types(self)
         _check_conditioning(self)
         _check_shape(self)
-        if self.gated and self.shared_layers == 0:
-            raise AdapterError(
-                "config kv_strategy 'gated' needs shared_layers >= 1 (the gate lives in the shared layers)"
-            )
-        if self.kv_strategy == "standard" and self.shared_layers > 0 and self.loops > 1:
-            raise AdapterError(
-                f"config kv_strategy 'standard' cannot loop shared layers (loops={self.loops}); use 'per_loop' or 'gated', or loops=1"
-            )
-        if self.exit_gate and self.shared_layers == 0:
-            raise AdapterError("config exit_gate needs shared_layers >= 1 (it reads each loop's state)")
+        _check_layout(self)
         _check_values(self)
 
     @property
@@ -227,6 +183,58 @@ class LoopConfig:
 
 
 # ------------------------------------------------------------------ the checks `validate` runs
+def _check_types(cfg: LoopConfig) -> None:
+    """Each field's type and range on its own: counts, flags, the loop count, the context, the named choices."""
+    for name in (
+        "vocab_size",
+        "hidden_size",
+        "num_heads",
+        "num_kv_heads",
+        "head_dim",
+        "ffn_size",
+        "chunk_size",
+        "max_position",
+        "history_window",
+    ):
+        _at_least(cfg, 1, name)
+    for name in ("prelude_layers", "shared_layers", "coda_layers"):
+        _at_least(cfg, 0, name)
+    for name in ("tie_embeddings", "qk_norm", "exit_gate", "loop_gate", "branch_gate"):
+        if not isinstance(getattr(cfg, name), bool):
+            raise AdapterError(f"config field {name} must be true or false, got {getattr(cfg, name)!r}")
+    if not isinstance(cfg.loops, int) or isinstance(cfg.loops, bool) or not 1 <= cfg.loops <= MAX_LOOPS:
+        raise AdapterError(
+            f"config field loops must be an integer from 1 (no looping) to {MAX_LOOPS}, got {cfg.loops!r}"
+        )
+    if cfg.max_position > MAX_CONTEXT:
+        raise AdapterError(
+            f"config field max_position (the context) must be at most {MAX_CONTEXT} tokens, got {cfg.max_position}"
+        )
+    for name in ("rope_theta", "norm_eps"):
+        _positive_number(cfg, name)
+    for name, allowed in (
+        ("family", FAMILIES),
+        ("kv_strategy", KV_STRATEGIES),
+        ("norm_layout", NORM_LAYOUTS),
+        ("gate_variant", GATE_VARIANTS),
+        ("injection", MIX_KINDS),
+        ("history", MIX_KINDS),
+    ):
+        _one_of(cfg, name, allowed)
+
+
+def _check_layout(cfg: LoopConfig) -> None:
+    """The KV strategy and the exit gate against the layers that carry them."""
+    if cfg.gated and cfg.shared_layers == 0:
+        raise AdapterError("config kv_strategy 'gated' needs shared_layers >= 1 (the gate lives in the shared layers)")
+    if cfg.kv_strategy == "standard" and cfg.shared_layers > 0 and cfg.loops > 1:
+        raise AdapterError(
+            f"config kv_strategy 'standard' cannot loop shared layers (loops={cfg.loops}); use 'per_loop' or 'gated', or loops=1"
+        )
+    if cfg.exit_gate and cfg.shared_layers == 0:
+        raise AdapterError("config exit_gate needs shared_layers >= 1 (it reads each loop's state)")
+
+
 def _at_least(cfg: LoopConfig, low: int, name: str) -> None:
     """Field `name` is an integer of at least `low` (0 or 1)."""
     value = getattr(cfg, name)

@@ -201,7 +201,7 @@ def exit_rows(
 class ExitRows:
     """The rows of one decode step under a skipping policy: the criterion, each row's state at exit and loops run.
 
-    `Backbone.run_exits` runs the loops and hands each loop's output to `after_loop`; `span` and `cache`
+    `model.run_exits` runs the loops and hands each loop's output to `after_loop`; `span` and `cache`
     are what the next loop runs on. Subclasses say what becomes of a row that exits.
     """
 

@@ -81,20 +81,20 @@ class Backbone(nn.Module):
         stop differentiating loops for training and the probes; inference passes none.
         """
         cond = self.loop_conditioning
-        h, e, diffs = self._enter(h, span, cache, state_keys)
+        h, e, diffs = self.enter(h, span, cache, state_keys)
         if taps is not None:
             taps.begin(h)
         states: list[Tensor] = []
         for t in range(loops if self.shared else 0):
             if taps is None:
-                y, normed = self._loop(h, e, diffs, span, cache, t, per_loop, None)
+                y, normed = self.loop(h, e, diffs, span, cache, t, per_loop, None)
             else:
                 y, normed = taps.loop(
                     t,
                     loops,
                     h,
                     self.norm.forward if per_loop else None,
-                    functools.partial(self._loop, h, e, diffs, span, cache, t, per_loop),
+                    functools.partial(self.loop, h, e, diffs, span, cache, t, per_loop),
                 )
             if cond is not None and t > 0:  # the history excludes e: the first difference is h_2 - h_1
                 diffs.appendleft(y - h)
@@ -114,40 +114,7 @@ class Backbone(nn.Module):
             h, _ = layer.forward(h, span, cache, first + k, 0)
         return self._final(h)
 
-    def run_exits(
-        self,
-        h: Tensor,
-        span: Span,
-        cache: Cache,
-        loops: int,
-        rows: ExitRows,
-        head: Callable[[Tensor], Tensor],
-        state_keys: Tensor | None = None,
-    ) -> Tensor:
-        """A decode step whose rows stop looping where their exit policy says (`adapters.engine.exits`): prelude,
-        the loops while any row goes on (`rows` says which rows each loop runs on and on what span and cache),
-        then the tail once on every row's state at its exit. `head` maps normed states to logits (kl, entropy);
-        `state_keys` as for `run`."""
-        cond = self.loop_conditioning
-        h, e, diffs = self._enter(h, span, cache, state_keys)
-
-        def logits(y: Tensor, sp: Span, c: Cache) -> Tensor:
-            return head(self.tail(y, sp, c))
-
-        for t in range(loops):
-            y, normed = self._loop(h, e, diffs, rows.loop_span(t), rows.cache, t, True, None)
-            assert normed is not None  # per_loop asks for it
-            diff = (
-                [y - h] if cond is not None and t > 0 else []
-            )  # the history excludes e: the first difference is h_2 - h_1
-            h, carried = rows.after_loop(t, h, y, normed, [e, *diff, *diffs], logits)
-            if rows.done:
-                break
-            window = diffs.maxlen or 1  # the deque is made with its length
-            e, diffs = carried[0], collections.deque(carried[1 : 1 + window], maxlen=window)  # the newest differences
-        return self.tail(rows.final, span, cache)
-
-    def _enter(
+    def enter(
         self, h: Tensor, span: Span, cache: Cache, state_keys: Tensor | None
     ) -> tuple[Tensor, Tensor, collections.deque[Tensor]]:
         """The prelude, then what the first loop reads: (its state h, the prelude's output e, the empty history of
@@ -161,7 +128,7 @@ class Backbone(nn.Module):
             h = self.recurrence.initial_state(e, state_keys)
         return h, e, diffs
 
-    def _loop(
+    def loop(
         self,
         h: Tensor,
         e: Tensor,
@@ -423,43 +390,82 @@ class LoopedLM(nn.Module):
         )  # a position never reaches the keys' count
         if exits is not None and exits.skips and tokens.shape[1] == 1 and self.shared:
             rows = exit_rows(exits, loops, self.model.early_exit_gate, span, cache, h, active_set, ran)
-            final = self.model.run_exits(h, span, cache, loops, rows, self.logits, state_keys)
+            final = run_exits(self.model, h, span, cache, loops, rows, self.logits, state_keys)
             return StepOutput(states=[final[:, -1]], loops_run=rows.loops_run)
         final, states = self.model.run(h, span, cache, loops, keep_loops and bool(self.shared), state_keys=state_keys)
         return StepOutput(states=[z[:, -1] for z in states] if states else [final[:, -1]])
 
-    # ------------------------------------------------------------------------------ conversion
-    def with_conditioning(self, **fields: Any) -> LoopedLM:
-        """This model with loop conditioning options changed (`LoopConfig` fields injection, history,
-        history_window, loop_gate): new conditioning tensors start at zero, so the logits are unchanged."""
-        cfg = self.config.replace(**fields)
-        weight = self.model.embed_tokens.weight
-        model = LoopedLM(cfg).to(device=weight.device, dtype=weight.dtype)  # conditioning tensors are built as zeros
-        own = model.state_dict()
-        model.load_state_dict(
-            {k: v for k, v in self.state_dict().items() if k in own and own[k].shape == v.shape}, strict=False
-        )
-        return model.train(self.training)
 
-    def to_melt(
-        self, gate_variant: str = "elementwise", chunk_size: int | None = None, generator: torch.Generator | None = None
-    ) -> LoopedLM:
-        """A gated MELT model with this LoopLM's weights and fresh gates (the starting point of conversion training)."""
-        cfg = self.config.replace(
-            family="melt",
-            kv_strategy="gated",
-            kv_policy=None,
-            gate_variant=gate_variant,
-            chunk_size=chunk_size or self.config.chunk_size,
-        )
-        weight = self.model.embed_tokens.weight
-        melt = LoopedLM(cfg).to(device=weight.device, dtype=weight.dtype)
-        melt.load_state_dict(self.state_dict(), strict=False)
-        gen = generator or torch.Generator(device=weight.device).manual_seed(0)
-        with torch.no_grad():
-            for gate in (layer.melt_gate for layer in melt.shared if isinstance(layer, GatedBlock)):  # all of them
-                fresh_gate(gate, gen)
-        return melt
+# ------------------------------------------------------------------------------ conversion
+def with_conditioning(model: LoopedLM, **fields: Any) -> LoopedLM:
+    """`model` with loop conditioning options changed (`LoopConfig` fields injection, history,
+    history_window, loop_gate): new conditioning tensors start at zero, so the logits are unchanged."""
+    cfg = model.config.replace(**fields)
+    weight = model.model.embed_tokens.weight
+    conditioned = LoopedLM(cfg).to(device=weight.device, dtype=weight.dtype)  # conditioning tensors are built as zeros
+    own = conditioned.state_dict()
+    conditioned.load_state_dict(
+        {k: v for k, v in model.state_dict().items() if k in own and own[k].shape == v.shape}, strict=False
+    )
+    return conditioned.train(model.training)
+
+
+def to_melt(
+    looplm: LoopedLM,
+    gate_variant: str = "elementwise",
+    chunk_size: int | None = None,
+    generator: torch.Generator | None = None,
+) -> LoopedLM:
+    """A gated MELT model with `looplm`'s weights and fresh gates (the starting point of conversion training)."""
+    cfg = looplm.config.replace(
+        family="melt",
+        kv_strategy="gated",
+        kv_policy=None,
+        gate_variant=gate_variant,
+        chunk_size=chunk_size or looplm.config.chunk_size,
+    )
+    weight = looplm.model.embed_tokens.weight
+    melt = LoopedLM(cfg).to(device=weight.device, dtype=weight.dtype)
+    melt.load_state_dict(looplm.state_dict(), strict=False)
+    gen = generator or torch.Generator(device=weight.device).manual_seed(0)
+    with torch.no_grad():
+        for gate in (layer.melt_gate for layer in melt.shared if isinstance(layer, GatedBlock)):  # all of them
+            fresh_gate(gate, gen)
+    return melt
+
+
+# ------------------------------------------------------------------------ the exit-aware decode step
+def run_exits(
+    backbone: Backbone,
+    h: Tensor,
+    span: Span,
+    cache: Cache,
+    loops: int,
+    rows: ExitRows,
+    head: Callable[[Tensor], Tensor],
+    state_keys: Tensor | None = None,
+) -> Tensor:
+    """A decode step of `backbone` whose rows stop looping where their exit policy says (`adapters.engine.exits`): prelude,
+    the loops while any row goes on (`rows` says which rows each loop runs on and on what span and cache),
+    then the tail once on every row's state at its exit. `head` maps normed states to logits (kl, entropy);
+    `state_keys` as for `run`."""
+    cond = backbone.loop_conditioning
+    h, e, diffs = backbone.enter(h, span, cache, state_keys)
+
+    def logits(y: Tensor, sp: Span, c: Cache) -> Tensor:
+        return head(backbone.tail(y, sp, c))
+
+    for t in range(loops):
+        y, normed = backbone.loop(h, e, diffs, rows.loop_span(t), rows.cache, t, True, None)
+        assert normed is not None  # per_loop asks for it
+        # the history excludes e: the first difference is h_2 - h_1
+        diff = [y - h] if cond is not None and t > 0 else []
+        h, carried = rows.after_loop(t, h, y, normed, [e, *diff, *diffs], logits)
+        if rows.done:
+            break
+        window = diffs.maxlen or 1  # the deque is made with its length
+        e, diffs = carried[0], collections.deque(carried[1 : 1 + window], maxlen=window)  # the newest differences
+    return backbone.tail(rows.final, span, cache)
 
 
 def forward_cache(family: Family, loops: int, kv_mix: float | None) -> ChunkCache | MixedCache:

@@ -116,7 +116,7 @@ def test_reserved_series_shows_each_tasks_pool_and_its_exact_peak_is_stored(tmp_
         pool = pools.setdefault(task, set())
         adapter.generate_requests(
             [Request(p, sampling) for p in prompts],
-            lambda done, pool=pool: pool.add(adapter._live.k.nbytes + adapter._live.v.nbytes),
+            lambda done, pool=pool: pool.add(adapter.meter.live.k.nbytes + adapter.meter.live.v.nbytes),
         )  # ouro: no latent
         sampler.set_phase(None)
         time.sleep(0.05)

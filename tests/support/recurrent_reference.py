@@ -15,6 +15,7 @@ import torch
 
 import adapters
 from adapters.base import Request, Sampling
+from adapters.engine.adapter import sequences_of
 from adapters.engine.serving.continuous import ContinuousEngine
 from adapters.engine.model import LoopedLM
 from tests.support.rounding import FIXTURE_DIGITS, rounding_bound
@@ -71,7 +72,12 @@ def assert_greedy_is_the_reference(adapter: Any, reference: dict, loops: int) ->
 def assert_paged_accounting(adapter: Any, prompts: list[list[int]], loops: int) -> None:
     """Three prompts through the continuous engine at cap 3 on blocks of 4: `Watch` checks the pool's exact accounting
     against the analytic terms after every step, and every block comes back."""
-    sequences = adapter._sequences([Request(p, Sampling(temperature=0.0, max_new_tokens=6)) for p in prompts])
+    sequences = sequences_of(
+        [Request(p, Sampling(temperature=0.0, max_new_tokens=6)) for p in prompts],
+        adapter.model,
+        adapter.tokenizer,
+        adapter.spec,
+    )
     pool = pool_for(adapter, sequences)
     finished: list = []
     batcher = ContinuousEngine(

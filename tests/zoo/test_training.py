@@ -10,7 +10,7 @@ import torch
 import adapters
 from adapters.base import AdapterError
 from training import objectives as T
-from adapters.engine.model import LoopedLM
+from adapters.engine.model import LoopedLM, to_melt
 from training.train import TaskData, load_teacher, train
 from adapters.zoo import get_recipe
 from suites import synthetic
@@ -95,10 +95,10 @@ def test_melt_conversion_brings_pure_melt_closer_to_the_teacher(
     assert values[0] < 1e-4, "at a = 0 the converted model is its teacher"
     assert any("align" in line for line in (tmp_path / "melt" / "losses.jsonl").read_text().splitlines()[12:])
     teacher = load_teacher(f"ouro:{teacher_dir}", "cpu")
-    fresh = teacher.to_melt("elementwise", chunk_size=recipe.chunk_size)
+    fresh = to_melt(teacher, "elementwise", chunk_size=recipe.chunk_size)
     shipped = adapters.load(f"melt:{tmp_path / 'melt'}", dtype="float32").model
     assert shipped.config.kv_strategy == "gated" and shipped.config.chunk_size == recipe.chunk_size
-    trained = teacher.to_melt("elementwise", chunk_size=recipe.chunk_size)  # float32 weights, not the bf16 files
+    trained = to_melt(teacher, "elementwise", chunk_size=recipe.chunk_size)  # float32 weights, not the bf16 files
     trained.load_state_dict(torch.load(tmp_path / "melt" / "train_state.pt", weights_only=False)["model"])
     data = TaskData(
         TASKS, adapters.load(f"ouro:{teacher_dir}").tokenizer, 0, {k: v[:16] for k, v in items.items()}, synthetic.STOP
@@ -123,7 +123,7 @@ def test_melt_conversion_brings_pure_melt_closer_to_the_teacher(
 def test_stage1_at_a0_reproduces_the_teacher(teacher_dir: Path, items: dict) -> None:
     """With kv_mix 0 the converted model, chunk-wise, computes exactly its LoopLM teacher's logits."""
     teacher = load_teacher(f"ouro:{teacher_dir}", "cpu")
-    student = teacher.to_melt("elementwise", chunk_size=4)
+    student = to_melt(teacher, "elementwise", chunk_size=4)
     data = TaskData(
         TASKS, adapters.load(f"ouro:{teacher_dir}").tokenizer, 0, {k: v[:8] for k, v in items.items()}, synthetic.STOP
     )
@@ -146,7 +146,7 @@ def test_stage1_at_a0_reproduces_the_teacher(teacher_dir: Path, items: dict) -> 
 def test_chunk_size_one_training_forward_matches_decoding(teacher_dir: Path) -> None:
     """The training forward at chunk size 1 and the engine's token-by-token decoding give the same greedy text."""
     teacher = load_teacher(f"ouro:{teacher_dir}", "cpu")
-    student: LoopedLM = teacher.to_melt("elementwise", chunk_size=1, generator=torch.Generator().manual_seed(3))
+    student: LoopedLM = to_melt(teacher, "elementwise", chunk_size=1, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():  # make the gate matter, so that a wrong latent would show
         for layer in student.shared:
             layer.melt_gate.w_z.bias.fill_(0.5)

@@ -36,6 +36,27 @@ class StepInputs:
     plain: bool  # plain causal attention over one sequence's rows: no mask needed
     start: int | None  # one sequence whose blocks lie in one run: its first slot (`PagedStep` reads in place)
 
+    @classmethod
+    def build(cls, seqs: list[Sequence], tokens: list[list[int]], pool: BlockPool, device: torch.device) -> StepInputs:
+        """`tokens` (n per sequence) of `seqs` at their next slots in `pool`, as the device tensors a step reads."""
+        n, rows = len(tokens[0]), len(seqs)
+        end = max(seq.written for seq in seqs) + n
+        width = pool.manager.blocks_for(end)
+
+        def tensor(values: list[int]) -> Tensor:
+            return int_tensor(values, device).view(rows, -1)
+
+        blocks = tensor([b for seq in seqs for b in (seq.blocks + [0] * width)[:width]])
+        positions = tensor([seq.written + j for seq in seqs for j in range(n)])
+        inputs = tensor([t for row in tokens for t in row])
+        run = seqs[0].blocks[:width]
+        start = (
+            run[0] * pool.block_size
+            if rows == 1 and len(run) == width and run == list(range(run[0], run[0] + width))
+            else None
+        )
+        return cls(inputs, positions, blocks, end, plain=rows == 1 and (n == 1 or seqs[0].written == 0), start=start)
+
 
 class ModelRunner:
     """Runs steps of `model` on `pool` for the engine, and samples their next tokens."""
@@ -83,24 +104,6 @@ class ModelRunner:
             return self.rows_step(seqs)
         return self.step(seqs, [[seq.tokens[seq.written]] for seq in seqs], decoding=True)
 
-    def prepare(self, seqs: list[Sequence], tokens: list[list[int]]) -> StepInputs:
-        """`tokens` (n per sequence) of `seqs` at their next slots, as the device tensors a step reads."""
-        n, rows = len(tokens[0]), len(seqs)
-        end = max(seq.written for seq in seqs) + n
-        width = self.manager.blocks_for(end)
-        blocks = self.tensor([b for seq in seqs for b in (seq.blocks + [0] * width)[:width]]).view(rows, -1)
-        positions = self.tensor([seq.written + j for seq in seqs for j in range(n)]).view(rows, -1)
-        inputs = self.tensor([t for row in tokens for t in row]).view(rows, -1)
-        run = seqs[0].blocks[:width]
-        start = (
-            run[0] * self.pool.block_size
-            if rows == 1 and len(run) == width and run == list(range(run[0], run[0] + width))
-            else None
-        )
-        return StepInputs(
-            inputs, positions, blocks, end, plain=rows == 1 and (n == 1 or seqs[0].written == 0), start=start
-        )
-
     def step(self, seqs: list[Sequence], tokens: list[list[int]], decoding: bool = False) -> StepOutput:
         """Run `tokens` (n per sequence) of `seqs` through the model; their blocks hold them afterwards.
 
@@ -108,7 +111,7 @@ class ModelRunner:
         steps gather from the pool. (Decode steps on the decode rows are `rows_step`.) Only a `decoding`
         step applies a skipping exit policy: a prompt's tokens run every loop, a one-token chunk too.
         """
-        x, n = self.prepare(seqs, tokens), len(tokens[0])
+        x, n = StepInputs.build(seqs, tokens, self.pool, self.device), len(tokens[0])
         self.manager.begin_step(len(seqs) * n)
         if self.graphs is not None and n == 1:
             out = self.graphs.step(x.tokens, x.positions, x.blocks)
@@ -193,32 +196,28 @@ class ModelRunner:
         elif self.next_inputs is not None:
             self.next_inputs.advance(ids)
 
-    def rows_per_step(self, members: list[int], length: int) -> list[list[int]]:
-        """`members` split so one step's tokens in flight fit the pool's latent buffer (MELT's h)."""
-        rows = len(members) if self.pool.latent is None else max(1, self.pool.latent_tokens // length)
-        return [members[i : i + rows] for i in range(0, len(members), rows)]
-
     # -------------------------------------------------------------------------------- sampling
     def logits(self, out: StepOutput) -> tuple[Tensor, Tensor | None]:
         """Each row's next-token logits and, under an exit policy, the loop they come from."""
         return read_logits(self.model, out, self.policy)
 
-    def sample(self, seqs: list[Sequence], logits: Tensor, one_setting: bool) -> Tensor:
-        """Each sequence's next token [B] from its stream at its token index: one `sample` per distinct setting."""
-        rows = stream_rows(
-            [seq.key for seq in seqs], [len(seq.tokens) - seq.prompt_len for seq in seqs]
-        )  # each its token index
-        if one_setting:
-            return sample(logits, seqs[0].sampling, self.tensor(rows))
-        groups: dict[tuple[float, float, int | None], list[int]] = {}
-        for i, seq in enumerate(seqs):
-            groups.setdefault(setting(seq.sampling), []).append(i)
-        ids = torch.empty(len(seqs), dtype=torch.long, device=self.device)
-        for members in groups.values():
-            index = self.tensor(members)
-            ids[index] = sample(logits[index], seqs[members[0]].sampling, self.tensor([rows[i] for i in members]))
-        return ids
-
     def tensor(self, values: list[int]) -> Tensor:
         """Host ints on the model's device (`int_tensor`)."""
         return int_tensor(values, self.device)
+
+
+def sample_next(seqs: list[Sequence], logits: Tensor, one_setting: bool, device: torch.device) -> Tensor:
+    """Each sequence's next token [B] (on `device`) from its stream at its token index: one `sample` per distinct setting."""
+    rows = stream_rows(
+        [seq.key for seq in seqs], [len(seq.tokens) - seq.prompt_len for seq in seqs]
+    )  # each its token index
+    if one_setting:
+        return sample(logits, seqs[0].sampling, int_tensor(rows, device))
+    groups: dict[tuple[float, float, int | None], list[int]] = {}
+    for i, seq in enumerate(seqs):
+        groups.setdefault(setting(seq.sampling), []).append(i)
+    ids = torch.empty(len(seqs), dtype=torch.long, device=device)
+    for members in groups.values():
+        index = int_tensor(members, device)
+        ids[index] = sample(logits[index], seqs[members[0]].sampling, int_tensor([rows[i] for i in members], device))
+    return ids

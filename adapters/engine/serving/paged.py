@@ -155,6 +155,11 @@ class BlockPool:
         self.manager.reset_peak()
 
     # ------------------------------------------------------------------------------ prompts
+    def rows_per_step(self, members: list[int], length: int) -> list[list[int]]:
+        """`members` split so one step's tokens in flight (`length` each) fit the latent buffer (MELT's h)."""
+        rows = len(members) if self.latent is None else max(1, self.latent_tokens // length)
+        return [members[i : i + rows] for i in range(0, len(members), rows)]
+
     def fork(self, first: Sequence, seq: Sequence) -> None:
         """`seq` takes `first`'s prefilled prompt: its full blocks shared, its partly filled last block copied."""
         full, tail = divmod(first.prompt_len, self.block_size)

@@ -11,7 +11,7 @@ from adapters.engine.adapter import load_preset
 from adapters.engine.cache import KVCache
 from adapters.engine.io.checkpoint import load_model, random_model, save_checkpoint
 from adapters.engine.memory import conditioning_params, count_params, kv_bytes
-from adapters.engine.model import LoopedLM, LoopTrace
+from adapters.engine.model import LoopedLM, LoopTrace, with_conditioning
 from adapters.engine.io.presets import preset
 
 pytestmark = pytest.mark.numerics  # run again under a second ATen CPU capability by .ci/run
@@ -42,7 +42,7 @@ def _model(name: str, **changes) -> LoopedLM:
 @pytest.mark.parametrize("option", OPTIONS, ids=lambda o: "+".join(f"{k}={v}" for k, v in o.items()))
 def test_zero_init_reproduces_the_unconditioned_logits_exactly(name, option):
     plain = _model(name, chunk_size=4)
-    conditioned = plain.with_conditioning(**option).eval()
+    conditioned = with_conditioning(plain, **option).eval()
     assert conditioned.model.loop_conditioning is not None
     ids = torch.randint(3, 99, (2, 11), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

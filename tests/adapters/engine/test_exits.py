@@ -12,7 +12,7 @@ from tests.support.kv_pool import Watch, pool_for, tiny_budget
 
 import adapters
 from adapters.base import AdapterError, Request, Sampling
-from adapters.engine.adapter import EngineAdapter
+from adapters.engine.adapter import EngineAdapter, sequences_of
 from adapters.engine.families.ouro import PER_LOOP
 from adapters.engine.serving.continuous import ContinuousEngine
 from adapters.engine.generate import generate
@@ -111,14 +111,14 @@ def test_loops_used_are_the_loops_each_decode_step_ran(spec):
     step that drew it (token 1 is drawn from the prefill, which runs every loop)."""
     adapter = load(spec, exit_criterion="kl", exit_threshold=0.02)
     backbone, rows_run = adapter.model.model, [0]
-    loop = backbone._loop
+    loop = backbone.loop
 
     def counted(h, *args):
         if h.shape[1] == 1:  # a decode step (no prompt here is one token long)
             rows_run[0] += h.shape[0]
         return loop(h, *args)
 
-    backbone._loop = counted
+    backbone.loop = counted
     gens = adapter.generate(PROMPTS[2:], GREEDY)
     assert rows_run[0] == sum(sum(g.loops_used[1:]) for g in gens)
     assert rows_run[0] < len(gens) * (GREEDY.max_new_tokens - 1) * adapter.loops  # work was skipped
@@ -172,7 +172,7 @@ def test_kv_accounting_stays_exact_with_exits_on(spec, fill):
     and the analytic figures agree after every step (`Watch`), whatever the loops each token ran."""
     adapter = load(spec, exit_threshold=0.6, block_size=8, max_batch=4, exit_fill=fill)
     sampling = dataclasses.replace(SAMPLED, n=3, max_new_tokens=20)
-    sequences = adapter._sequences([Request(p, sampling) for p in PROMPTS])
+    sequences = sequences_of([Request(p, sampling) for p in PROMPTS], adapter.model, adapter.tokenizer, adapter.spec)
     pool, finished = pool_for(adapter, sequences), []
     engine = ContinuousEngine(
         adapter.model,
@@ -248,7 +248,10 @@ def test_preemption_with_exits_on_changes_nothing(fill):
     (and, masked, the loops its earlier tokens ran) are those of the first time: the same tokens and loops."""
     adapter = load("preset:ouro-tiny", exit_threshold=0.6, exit_fill=fill, block_size=4)
     expected = run(adapter, SAMPLED, "continuous")
-    longest = max(seq.capacity for seq in adapter._sequences([Request(p, SAMPLED) for p in PROMPTS]))
+    longest = max(
+        seq.capacity
+        for seq in sequences_of([Request(p, SAMPLED) for p in PROMPTS], adapter.model, adapter.tokenizer, adapter.spec)
+    )
     adapter.kv_budget = tiny_budget(adapter, blocks=2 * -(-longest // 4))  # room for about two of the eight sequences
     assert run(adapter, SAMPLED, "continuous") == expected
     assert adapter.preemptions > 0

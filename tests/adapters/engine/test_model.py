@@ -18,7 +18,7 @@ from adapters.engine.exits import ExitPolicy
 from adapters.engine.generate import Decoder, Prompts, generate
 from adapters.engine.io.checkpoint import random_model
 from adapters.engine.io.presets import preset
-from adapters.engine.model import LoopedLM
+from adapters.engine.model import LoopedLM, to_melt
 from tests.support.rounding import rounding_bound
 
 GREEDY = Sampling(temperature=0.0, max_new_tokens=12)
@@ -174,7 +174,7 @@ def test_forward_chunks_a_prompt_as_the_prefill_does(spec, chunk):
 @pytest.mark.numerics
 def test_gated_with_kv_mix_zero_is_the_looplm():
     looplm = tiny("ouro-tiny")
-    melt = looplm.to_melt(chunk_size=4)
+    melt = to_melt(looplm, chunk_size=4)
     ids = torch.randint(3, 99, (2, 14), generator=torch.Generator().manual_seed(5))
     ref = looplm(ids, return_loop_logits=True, return_attn_outputs=True)
     out = melt(ids, kv_mix=0.0, return_loop_logits=True, return_attn_outputs=True)

@@ -15,7 +15,7 @@ import torch
 
 import adapters
 from adapters.base import Request, Sampling
-from adapters.engine.adapter import EngineAdapter
+from adapters.engine.adapter import EngineAdapter, sequences_of
 from adapters.engine.cache import KVCache
 from adapters.engine.config import LoopConfig
 from adapters.engine.families import family_of
@@ -99,7 +99,10 @@ def test_preemption_keeps_each_sample_s_draws(specs):
     """A pool with room for about two of the twelve sequences: samples are preempted and replayed, tokens unchanged."""
     adapter = load(specs["lab-huginn"][0], block_size=4, max_batch=8)
     expected = tokens(adapter, [Request(p, SAMPLED) for p in TEXT])
-    longest = max(adapter._sequences([Request(p, SAMPLED) for p in TEXT]), key=lambda seq: seq.capacity)
+    longest = max(
+        sequences_of([Request(p, SAMPLED) for p in TEXT], adapter.model, adapter.tokenizer, adapter.spec),
+        key=lambda seq: seq.capacity,
+    )
     adapter.kv_budget = tiny_budget(adapter, blocks=2 * -(-longest.capacity // 4))
     assert tokens(adapter, [Request(p, SAMPLED) for p in TEXT]) == expected
     assert adapter.preemptions > 0

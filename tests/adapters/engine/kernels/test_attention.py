@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from adapters.base import Request, Sampling
-from adapters.engine.adapter import load_preset
+from adapters.engine.adapter import load_preset, sequences_of
 from adapters.engine.kvformat import KV_FORMATS
 from adapters.engine.serving.continuous import ContinuousEngine
 from adapters.engine.serving.paged import key_mask
@@ -157,7 +157,9 @@ def generate(name: str, kv_dtype: str, kv_policy: str | None, attention: Shadow 
     adapter.config.eos_token_id = None
     with_kernels(adapter.model, *((None, None) if attention is None else (add_rms_norm, qk_rope)))
     greedy = Sampling(temperature=0.0, max_new_tokens=3)
-    sequences = adapter._sequences([Request(prompt, greedy) for prompt in ("1+2=", "abcdef")])
+    sequences = sequences_of(
+        [Request(prompt, greedy) for prompt in ("1+2=", "abcdef")], adapter.model, adapter.tokenizer, adapter.spec
+    )
     pool = pool_for(adapter, sequences)
     pool.attention = attention
     finished: list = []

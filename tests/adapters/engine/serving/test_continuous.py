@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from adapters.base import AdapterError, Request, Sampling
-from adapters.engine.adapter import EngineAdapter, load_preset
-from adapters.engine.serving.continuous import ContinuousEngine
+from adapters.engine.adapter import EngineAdapter, load_preset, sequences_of
+from adapters.engine.exits import ExitPolicy
+from adapters.engine.serving.continuous import ContinuousEngine, continuous_engine
 from adapters.engine.serving.graphs import DecodeGraphs
 from tests.support.kv_pool import PROMPTS, SAMPLED, Watch, pool_for, tiny_budget
 
@@ -84,7 +85,10 @@ def test_a_prompt_admitted_beside_decoding_sequences_leaves_their_kv_alone():
 def test_preemption_under_a_tiny_pool_changes_nothing(name):
     adapter = engine(name, block_size=4)
     expected = outputs(adapter, SAMPLED)
-    longest = max(adapter._sequences([Request(p, SAMPLED) for p in PROMPTS]), key=lambda seq: seq.capacity)
+    longest = max(
+        sequences_of([Request(p, SAMPLED) for p in PROMPTS], adapter.model, adapter.tokenizer, adapter.spec),
+        key=lambda seq: seq.capacity,
+    )
     one = -(-longest.capacity // 4)  # blocks of one sequence at its longest (the 22-token prompt plus 20)
     adapter.kv_budget = tiny_budget(adapter, blocks=2 * one)  # room for about two of the twelve sequences
     assert outputs(adapter, SAMPLED) == expected
@@ -110,7 +114,7 @@ def test_a_resumed_request_draws_only_the_missing_samples_unchanged():
 @pytest.mark.parametrize("name", ["ouro-tiny", "melt-tiny"])
 def test_kv_accounting_is_exact_and_held_is_at_most_one_block_over_used(name):
     adapter = engine(name, block_size=8, max_batch=4)
-    sequences = adapter._sequences([Request(p, SAMPLED) for p in PROMPTS])
+    sequences = sequences_of([Request(p, SAMPLED) for p in PROMPTS], adapter.model, adapter.tokenizer, adapter.spec)
     pool = pool_for(adapter, sequences)
     finished = []
     batcher = ContinuousEngine(
@@ -136,7 +140,12 @@ def test_kv_accounting_is_exact_and_held_is_at_most_one_block_over_used(name):
 def test_samples_of_one_prompt_share_its_prefilled_blocks():
     """20 prompt tokens in blocks of 8: two full blocks shared by three samples, each with its own copy of the third."""
     adapter = engine("qwen3-tiny", block_size=8)
-    sequences = adapter._sequences([Request([1] + [5] * 19, Sampling(temperature=1.0, max_new_tokens=2, n=3))])
+    sequences = sequences_of(
+        [Request([1] + [5] * 19, Sampling(temperature=1.0, max_new_tokens=2, n=3))],
+        adapter.model,
+        adapter.tokenizer,
+        adapter.spec,
+    )
     pool = pool_for(adapter, sequences)
     batcher = ContinuousEngine(
         adapter.model,
@@ -217,7 +226,7 @@ def test_padded_decode_steps_of_the_gpu_path_change_nothing(name):
     ]
     runs = {}
     for padded in (False, True):
-        sequences = adapter._sequences(requests)
+        sequences = sequences_of(requests, adapter.model, adapter.tokenizer, adapter.spec)
         pool = pool_for(adapter, sequences, spare=padded)
         graphs = (
             DecodeGraphs(
@@ -249,3 +258,27 @@ def test_padded_decode_steps_of_the_gpu_path_change_nothing(name):
         runs[padded] = done
     assert len(runs[True]) == 12 and runs[True] == runs[False]
     assert {b for b, _ in graphs.graphs} == {4, 8, 12} and len({w for _, w in graphs.graphs}) >= 2
+
+
+def test_the_engine_for_a_workload_holds_it_at_the_cap_and_runs_eagerly_off_a_gpu():
+    """`continuous_engine` sizes the pool for `max_seqs` of the longest sequence (no preemption) and asks for CUDA
+    graphs only where they run: on the CPU the decode is eager whatever `cuda_graphs` says."""
+    adapter = load_preset("ouro-tiny", device="cpu")
+    sequences = sequences_of([Request(p, SAMPLED) for p in PROMPTS], adapter.model, adapter.tokenizer, adapter.spec)
+    engine = continuous_engine(
+        adapter.model,
+        sequences,
+        lambda done: None,
+        loops=adapter.loops,
+        policy=ExitPolicy(),
+        eos_ids=set(),
+        tokenizer=adapter.tokenizer,
+        max_seqs=2,
+        kv_budget=None,
+        block_size=4,
+        cuda_graphs=True,
+        attention=None,
+    )
+    longest = max(-(-seq.capacity // 4) for seq in sequences)
+    assert engine.runner.graphs is None and engine.pool.spare is None
+    assert engine.pool.block_size == 4 and engine.manager.num_blocks == 2 * longest

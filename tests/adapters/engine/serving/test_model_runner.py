@@ -9,7 +9,7 @@ import torch
 from adapters.base import Sampling
 from adapters.engine.exits import ExitPolicy
 from adapters.engine.io.checkpoint import random_model
-from adapters.engine.serving.model_runner import ModelRunner
+from adapters.engine.serving.model_runner import ModelRunner, sample_next
 from adapters.engine.serving.paged import BlockPool
 from adapters.engine.serving.sequence import Sequence
 from tests.support.rounding import rounding_bound
@@ -73,17 +73,14 @@ def test_the_rows_hand_a_filled_block_back_to_the_pool():
 
 
 def test_sequences_of_different_settings_draw_in_calls_of_their_own():
-    model = random_model("qwen3-tiny", 4, torch.float32, "cpu")
-    pool = BlockPool(model.config, 1, 4, 4, latent_tokens=2, dtype=torch.float32, device="cpu")
-    runner = ModelRunner(model, pool, loops=1, policy=ExitPolicy(), graphs=None)
+    vocab, cpu = 99, torch.device("cpu")
     greedy, hot = Sampling(temperature=0.0, max_new_tokens=4), Sampling(temperature=1.0, max_new_tokens=4, seed=3)
     seqs = [
         Sequence(request=i, sample=0, key=i, prompt_len=1, tokens=[1], capacity=5, sampling=s)
         for i, s in enumerate((greedy, hot))
     ]
-    logits = torch.randn(2, model.config.vocab_size, generator=torch.Generator().manual_seed(0))
-    ids = runner.sample(seqs, logits, one_setting=False)
+    logits = torch.randn(2, vocab, generator=torch.Generator().manual_seed(0))
+    ids = sample_next(seqs, logits, False, cpu)
     assert ids[0] == logits[0].argmax()
-    assert (
-        ids[1] == runner.sample(seqs[1:], logits[1:], one_setting=True)[0]
-    )  # the same stream, alone or beside another
+    # the same stream, alone or beside another
+    assert ids[1] == sample_next(seqs[1:], logits[1:], True, cpu)[0]
