@@ -31,7 +31,7 @@ from analysis.names import available_measures, loops_label
 from analysis.points import DEFAULT_CONTEXT_TOKENS, accuracy_points
 from dashboards import figures, views
 from dashboards.data import SAMPLE_BUDGET, SAMPLE_COLUMNS, SAMPLE_TEXT_CHARS, browse_samples
-from db import ResultsError, queries
+from db import ResultsError, queries, sample_queries
 from db.session import open_existing
 from db.stored import hidden, hide_damaged
 import measures
@@ -126,7 +126,9 @@ def _layout(engine: Engine) -> html.Div:
                 [
                     _labelled(
                         "task",
-                        dcc.Dropdown(queries.sample_tasks(engine), None, id="sample-task", placeholder="all tasks"),
+                        dcc.Dropdown(
+                            sample_queries.sample_tasks(engine), None, id="sample-task", placeholder="all tasks"
+                        ),
                     ),
                     _labelled("model", dcc.Dropdown(models, None, id="sample-model", placeholder="all models"), "20em"),
                     _labelled(

@@ -10,7 +10,7 @@ import pandas as pd
 from sqlalchemy import Engine
 
 from analysis.names import config_labels, series_name
-from db import queries
+from db import queries, sample_queries
 from db.headline import SUITE, group_means, headline
 from db.sets import id_ranges
 
@@ -35,7 +35,7 @@ def profile_points(engine: Engine) -> pd.DataFrame:
     return points.assign(loops=points["loops"].astype("float64").fillna(ran_at))
 
 
-SAMPLE_BUDGET = 600  # samples the browsers hold, spread over runs, tasks and verdicts (queries.sample_spread)
+SAMPLE_BUDGET = 600  # samples the browsers hold, spread over runs, tasks and verdicts (sample_queries.sample_spread)
 SAMPLE_TEXT_CHARS = 1500  # of each prompt, output and gold: a 32k-token answer must not weigh down the page
 # The sample browsers' columns, in order: the `browse_samples` column -> its heading, in the report and the app.
 SAMPLE_COLUMNS = {
@@ -66,8 +66,8 @@ def clip(text: object, limit: int = SAMPLE_TEXT_CHARS) -> str | None:
 def browse_samples(
     engine: Engine, task: str | None = None, model: str | None = None, correct: bool | None = None
 ) -> pd.DataFrame:
-    """What the report's and the app's sample browsers list: `queries.sample_spread`, texts clipped."""
-    rows = queries.sample_spread(engine, SAMPLE_BUDGET, task=task, model=model, correct=correct)
+    """What the report's and the app's sample browsers list: `sample_queries.sample_spread`, texts clipped."""
+    rows = sample_queries.sample_spread(engine, SAMPLE_BUDGET, task=task, model=model, correct=correct)
     return rows.assign(**{column: rows[column].map(clip) for column in ("prompt", "output", "gold")})
 
 

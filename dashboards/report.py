@@ -32,7 +32,7 @@ from analysis.names import default_measure, loops_label, measure_label
 from analysis.points import DEFAULT_CONTEXT_TOKENS, accuracy_points
 from dashboards import figures, views
 from dashboards.data import SAMPLE_COLUMNS, SAMPLE_TEXT_CHARS, browse_samples
-from db import ResultsError, queries
+from db import ResultsError, queries, sample_queries
 from db.headline import SUITE
 import measures
 
@@ -247,7 +247,7 @@ def build_report(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -
     samples = _sample_rows(engine)
     sample_tasks = sorted({row[3] for row in samples})
     sample_models = sorted({row[1] for row in samples})
-    total = queries.count_samples(engine)
+    total = sample_queries.count_samples(engine)
     generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     return _TEMPLATE.format(
         csp=REPORT_CSP,

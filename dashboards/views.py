@@ -23,7 +23,7 @@ from sqlalchemy import Engine
 from analysis.answer import answer
 from analysis.names import exit_label, loops_label, measure_label
 from analysis.points import DEFAULT_CONTEXT_TOKENS, accuracy_points
-from dashboards import figures, trace_figures
+from dashboards import cost_figures, figures, trace_figures
 from dashboards.data import depth_points, probe_title, profile_points, set_choice
 from db import queries
 from db.headline import SUITE
@@ -186,20 +186,20 @@ def _each_measure(case: Selection) -> list[Selection]:
 
 
 def _accuracy_vs_loops_per_token(points: pd.DataFrame, picked: Selection) -> go.Figure:
-    return figures.accuracy_vs_compute(points, "loops_per_token", picked.task, picked.palette)
+    return cost_figures.accuracy_vs_compute(points, "loops_per_token", picked.task, picked.palette)
 
 
 def _accuracy_vs_decode_time(points: pd.DataFrame, picked: Selection) -> go.Figure:
-    return figures.accuracy_vs_compute(points, "seconds_per_token", picked.task, picked.palette)
+    return cost_figures.accuracy_vs_compute(points, "seconds_per_token", picked.task, picked.palette)
 
 
 def _accuracy_vs_energy(points: pd.DataFrame, picked: Selection) -> go.Figure:
-    return figures.accuracy_vs_energy(points, picked.task, picked.palette)
+    return cost_figures.accuracy_vs_energy(points, picked.task, picked.palette)
 
 
 # ----------------------------------------------------------------------------------------------- depth
 def _memory_levers(points: pd.DataFrame, picked: Selection) -> go.Figure:
-    return figures.memory_levers(points, picked.task, picked.palette)
+    return cost_figures.memory_levers(points, picked.task, picked.palette)
 
 
 def _depth_points(engine: Engine, picked: Selection) -> pd.DataFrame:

@@ -26,7 +26,7 @@ from db.stored import hidden
 from measures import PROFILE_MEASURES, SERIES_MEASURES
 
 # Profile runs keep NULL: they span several loop counts, recorded per point.
-_LOOPS = case((Run.kind == "eval", func.coalesce(Run.loops, 1)), else_=Run.loops).label("loops")
+LOOPS = case((Run.kind == "eval", func.coalesce(Run.loops, 1)), else_=Run.loops).label("loops")
 
 
 def require_results(engine: Engine) -> int:
@@ -45,7 +45,7 @@ def require_results(engine: Engine) -> int:
     return count
 
 
-def _frame(engine: Engine, statement: Any) -> pd.DataFrame:
+def read_frame(engine: Engine, statement: Any) -> pd.DataFrame:
     """Run a select and return its rows as a DataFrame whose columns exist even when no row came back."""
     with engine.connect() as conn:
         result = conn.execute(statement)
@@ -62,7 +62,7 @@ def runs(engine: Engine, kind: str | None = "eval", run_ids: Iterable[int] | Non
         Run.kind,
         Run.model_spec.label("model"),
         Run.adapter,
-        _LOOPS,
+        LOOPS,
         Run.exit_threshold,
         Run.exit_criterion,
         Run.kv_policy,
@@ -85,7 +85,7 @@ def runs(engine: Engine, kind: str | None = "eval", run_ids: Iterable[int] | Non
         .outerjoin(n_samples, n_samples.c.run_id == Run.id)
         .order_by(Run.id)
     )
-    return _frame(engine, statement).merge(run_sets(engine, run_ids), on="run_id", how="left")
+    return read_frame(engine, statement).merge(run_sets(engine, run_ids), on="run_id", how="left")
 
 
 def models(engine: Engine, set_id: str | None = None) -> list[str]:
@@ -168,8 +168,8 @@ def depth_set(engine: Engine) -> str | None:
     sets = eval_sets(engine)
     if sets.empty:
         return None
-    loops = _frame(
-        engine, select(Run.id.label("run_id"), _LOOPS).where(Run.kind == "eval")
+    loops = read_frame(
+        engine, select(Run.id.label("run_id"), LOOPS).where(Run.kind == "eval")
     )  # not `runs`: no sample count
     counts = loops.merge(run_sets(engine), on="run_id").groupby("set_id")["loops"].nunique()
     return str(max(sets["set_id"], key=lambda set_id: counts.get(set_id, 0)))  # max keeps the first of equals
@@ -191,12 +191,6 @@ def tasks(engine: Engine, set_id: str | None = None) -> list[str]:
     return sorted(names, key=lambda name: name != "all")
 
 
-def sample_tasks(engine: Engine) -> list[str]:
-    """Task names that have samples, sorted (an interrupted run has samples before it has metrics)."""
-    with engine.connect() as conn:
-        return [row[0] for row in conn.execute(select(Sample.task).distinct().order_by(Sample.task))]
-
-
 def metrics(engine: Engine, set_id: str | None = None, task: str | None = None) -> pd.DataFrame:
     """Every stored metric of every evaluated run (of one set, of one task, when given): run, model, loops, exit point,
     seed, task, metric, value, stderr and the run's `config` (`run_configs`)."""
@@ -205,7 +199,7 @@ def metrics(engine: Engine, set_id: str | None = None, task: str | None = None) 
             Run.id.label("run_id"),
             Run.sweep_id,
             Run.model_spec.label("model"),
-            _LOOPS,
+            LOOPS,
             Run.exit_threshold,
             Run.exit_criterion,
             Run.suite,
@@ -223,7 +217,7 @@ def metrics(engine: Engine, set_id: str | None = None, task: str | None = None) 
         statement = statement.where(Run.id.in_(_set_run_ids(engine, set_id)))
     if task is not None:
         statement = statement.where(TaskMetric.task == task)
-    frame = _frame(engine, statement)
+    frame = read_frame(engine, statement)
     return frame.assign(
         config=frame["run_id"].map(run_configs(engine, frame["run_id"].unique().tolist())).astype(object)
     )
@@ -244,7 +238,7 @@ def memory_peaks(engine: Engine, run_ids: Iterable[int] | None = None) -> pd.Dat
     statement = select(MemoryPeak.run_id, MemoryPeak.measure, MemoryPeak.value)
     if run_ids is not None:
         statement = statement.where(MemoryPeak.run_id.in_(list(run_ids)))
-    long = _frame(engine, statement)
+    long = read_frame(engine, statement)
     if long.empty:
         return pd.DataFrame({"run_id": pd.Series(dtype="int64")})
     wide = long.pivot(index="run_id", columns="measure", values="value").astype("float64")
@@ -421,7 +415,7 @@ def run_compute(engine: Engine, run_ids: Iterable[int]) -> pd.DataFrame:
         .outerjoin(tokens, tokens.c.run_id == Run.id)
         .where(Run.id.in_(list(run_ids)))
     )
-    frame = _frame(engine, statement)
+    frame = read_frame(engine, statement)
     return frame.astype({column: "float64" for column in frame.columns if column != "run_id"})
 
 
@@ -429,7 +423,7 @@ def memory_series(engine: Engine, run_id: int) -> pd.DataFrame:
     """The sampler's ticks of one run: t (seconds), phase, generated_tokens and each measure."""
     columns = [getattr(MemorySample, name) for name in ("t", "phase", "generated_tokens", *SERIES_MEASURES)]
     statement = select(*columns).where(MemorySample.run_id == run_id).order_by(MemorySample.t)
-    return _frame(engine, statement).astype({name: "float64" for name in SERIES_MEASURES})
+    return read_frame(engine, statement).astype({name: "float64" for name in SERIES_MEASURES})
 
 
 def profile_points(engine: Engine) -> pd.DataFrame:
@@ -449,79 +443,9 @@ def profile_points(engine: Engine) -> pd.DataFrame:
         .join(Run)
         .order_by(Run.model_spec, ProfilePoint.loops, ProfilePoint.batch, ProfilePoint.context_tokens)
     )
-    frame = _frame(engine, statement)
+    frame = read_frame(engine, statement)
     byte_columns = ["weights_bytes", "kv_bytes_analytic", *PROFILE_MEASURES]
     return frame.astype({name: "float64" for name in byte_columns})
-
-
-def _sample_filters(statement: Any, task: str | None, model: str | None, correct: bool | None) -> Any:
-    if task is not None:
-        statement = statement.where(Sample.task == task)
-    if model is not None:
-        statement = statement.where(Run.model_spec == model)
-    if correct is True:
-        statement = statement.where(Sample.score >= 1.0)
-    elif correct is False:
-        statement = statement.where(Sample.score < 1.0)
-    return statement
-
-
-# A sample's stratum in `sample_spread`: its run (model and loops), its task and its verdict.
-_VERDICT = case((Sample.score.is_(None), "unscored"), (Sample.score >= 1.0, "correct"), else_="wrong").label("verdict")
-_STRATUM = (Sample.run_id, Sample.task, _VERDICT)
-
-
-def sample_spread(
-    engine: Engine, budget: int, task: str | None = None, model: str | None = None, correct: bool | None = None
-) -> pd.DataFrame:
-    """About `budget` samples spread evenly over every (run, task, verdict) that has any, in SQL.
-
-    Each stratum gives the same number (budget // strata, at least one), its first doc ids first
-    (shortest id, then text: numeric ids in numeric order), first samples of a doc before its
-    repeats, so every model and loop count shows correct and wrong answers side by side. The
-    filters (task, model, `correct`) apply first; rows come in (run, task, doc id, sample) order with a `verdict` column.
-    """
-    strata = _sample_filters(select(*_STRATUM).join(Run).distinct(), task, model, correct).subquery()
-    with engine.connect() as conn:
-        n_strata = conn.execute(select(func.count()).select_from(strata)).scalar_one()
-    rank = (
-        func.row_number()
-        .over(partition_by=_STRATUM, order_by=(Sample.sample_index, func.length(Sample.doc_id), Sample.doc_id))
-        .label("rank")
-    )
-    ranked = _sample_filters(
-        select(Sample.id.label("sample_id"), _VERDICT, rank).join(Run), task, model, correct
-    ).subquery()
-    statement = (
-        select(
-            Sample.id.label("sample_id"),
-            Sample.run_id,
-            Run.model_spec.label("model"),
-            _LOOPS,
-            Run.suite,
-            Sample.task,
-            Sample.doc_id,
-            Sample.sample_index,
-            Sample.prompt,
-            Sample.output,
-            Sample.gold,
-            Sample.score,
-            ranked.c.verdict,
-            Sample.prompt_tokens,
-            Sample.generated_tokens,
-        )
-        .join(Run)
-        .join(ranked, ranked.c.sample_id == Sample.id)
-        .where(ranked.c.rank <= max(1, budget // max(1, n_strata)))
-        .order_by(Sample.run_id, Sample.task, func.length(Sample.doc_id), Sample.doc_id, Sample.sample_index)
-    )
-    return _frame(engine, statement)
-
-
-def count_samples(engine: Engine) -> int:
-    """Total stored samples (the report says how many it shows out of how many)."""
-    with engine.connect() as conn:
-        return conn.execute(select(func.count()).select_from(Sample)).scalar_one()
 
 
 def probe_values(engine: Engine) -> pd.DataFrame:
@@ -541,7 +465,7 @@ def probe_values(engine: Engine) -> pd.DataFrame:
         .join(Run)
         .order_by(ProbeValue.run_id, ProbeValue.metric, ProbeValue.lag, ProbeValue.loop)
     )
-    frame = _frame(engine, statement)
+    frame = read_frame(engine, statement)
     trained = [c.get("trained_loops") if isinstance(c, dict) else None for c in frame["model_config"]]
     frame = frame.drop(columns="model_config").assign(
         trained_loops=pd.Series(trained, dtype="float64", index=frame.index)

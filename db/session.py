@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from db import DB_ENV, ResultsError
+from db.filesystems import network_filesystem
 
 if TYPE_CHECKING:  # for the annotation; alembic itself is imported where a migration needs it
     from alembic.config import Config
@@ -40,35 +41,6 @@ DEFAULT_DB_PATH = Path("results") / "loopeval.sqlite"
 BUSY_TIMEOUT_MS = 60_000  # a writer waits this long for another process's transaction
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 _SQLITE_HEADER = b"SQLite format 3\x00"
-# Where the kernel lists this process's mounts (a module constant so tests can give sample lines).
-MOUNTINFO = Path("/proc/self/mountinfo")
-# Filesystems whose locking SQLite cannot rely on (and where WAL's shared memory does not work
-# between machines): https://www.sqlite.org/wal.html and https://www.sqlite.org/lockingv3.html.
-NETWORK_FILESYSTEMS = frozenset(
-    {
-        "nfs",
-        "nfs4",
-        "cifs",
-        "smb3",
-        "smbfs",
-        "9p",
-        "afs",
-        "ceph",
-        "glusterfs",
-        "lustre",
-        "gpfs",
-        "beegfs",
-        "fuse.sshfs",
-        "fuse.glusterfs",
-        "fuse.cephfs",
-        "fuse.s3fs",
-        "fuse.gcsfuse",
-        "fuse.rclone",
-        "davfs",
-        "fuse.davfs2",
-    }
-)
-# Postgres URLs without a driver use psycopg 3, the driver loopeval supports (the `postgres` extra).
 POSTGRES_DRIVER = "postgresql+psycopg"
 # Key of the Postgres advisory lock that writers opening one database at once migrate under.
 _MIGRATION_LOCK = zlib.crc32(b"loopeval schema migration")
@@ -139,41 +111,6 @@ def sqlite_path(url: str) -> Path | None:
     if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
         return None
     return Path(parsed.database)
-
-
-def _unescape_mount(field: str) -> str:
-    """mountinfo writes space, tab, newline and backslash in paths as octal escapes (\\040 ...)."""
-    for code in ("040", "011", "012", "134"):
-        field = field.replace(f"\\{code}", chr(int(code, 8)))
-    return field
-
-
-def filesystem_type(path: Path, mountinfo: str) -> str | None:
-    """The filesystem type of the mount holding `path` (absolute, resolved), from mountinfo lines.
-
-    The deepest mount point containing the path wins; of equal ones the last listed, which is the
-    one mounted over the others.
-    """
-    best: tuple[int, str] | None = None
-    for line in mountinfo.splitlines():
-        fields, _, rest = line.partition(" - ")
-        parts = fields.split()
-        if len(parts) < 5 or not rest:
-            continue
-        mount = Path(_unescape_mount(parts[4]))
-        if (mount == path or mount in path.parents) and (best is None or len(mount.parts) >= best[0]):
-            best = (len(mount.parts), rest.split()[0])
-    return best[1] if best else None
-
-
-def network_filesystem(path: Path) -> str | None:
-    """The network filesystem type `path` lies on (nfs4, cifs, ...), or None when local or unknown."""
-    try:
-        mountinfo = MOUNTINFO.read_text(encoding="utf-8", errors="replace")
-    except OSError:  # not Linux: nothing to tell
-        return None
-    kind = filesystem_type(path.resolve(), mountinfo)
-    return kind if kind in NETWORK_FILESYSTEMS else None
 
 
 def _check_sqlite_header(path: Path) -> None:

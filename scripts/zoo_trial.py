@@ -21,7 +21,8 @@ import torch
 
 import adapters
 from adapters.engine.io.tokenizer import char_tokenizer
-from training.train import TaskData, answer_accuracy, train
+from training.data import TaskData, answer_accuracy
+from training.train import train
 from adapters.zoo import checkpoint_spec, get_recipe
 from suites import synthetic
 

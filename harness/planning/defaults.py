@@ -77,7 +77,7 @@ class ExitDefaults:
     so that the first report a user opens draws accuracy against the loops a token ran beside accuracy against
     memory. Each token stops at the first loop whose cumulative exit probability reaches the threshold and skips
     the rest (`adapters.engine.exits`). No 1.0: it runs every loop, the same tokens as the headline's run at r = 4,
-    which the figures draw as each line's full-depth end (`dashboards.figures.accuracy_vs_compute`)."""
+    which the figures draw as each line's full-depth end (`dashboards.cost_figures.accuracy_vs_compute`)."""
 
     models: tuple[str, ...] = ("zoo:ouro-tiny", "zoo:melt-tiny")
     loops: tuple[int, ...] = (4,)

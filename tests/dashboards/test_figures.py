@@ -13,13 +13,13 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from analysis import names
-from dashboards import figures, trace_figures
+from dashboards import cost_figures, figures, trace_figures
 from dashboards.app import set_choices
 from analysis.answer import answer
 from analysis.points import accuracy_points, analytic_bytes
 from dashboards.data import profile_points
 from dashboards.report import build_report
-from db import queries
+from db import queries, sample_queries
 from db.session import open_existing
 import measures
 from tests.support.frontier import brute_force_frontier
@@ -379,14 +379,14 @@ def test_empty_inputs_say_so() -> None:
 
 
 def test_sample_filters_partition_the_scored_samples(engine) -> None:
-    everything = queries.sample_spread(engine, EVERY)
-    assert len(everything) == queries.count_samples(engine) > 0
-    correct = queries.sample_spread(engine, EVERY, correct=True)
-    wrong = queries.sample_spread(engine, EVERY, correct=False)
+    everything = sample_queries.sample_spread(engine, EVERY)
+    assert len(everything) == sample_queries.count_samples(engine) > 0
+    correct = sample_queries.sample_spread(engine, EVERY, correct=True)
+    wrong = sample_queries.sample_spread(engine, EVERY, correct=False)
     assert len(correct) + len(wrong) == everything["score"].notna().sum()
     assert (correct["score"] >= 1).all() and (wrong["score"] < 1).all()
     for task, model in itertools.islice(everything[["task", "model"]].drop_duplicates().itertuples(index=False), 3):
-        subset = queries.sample_spread(engine, EVERY, task=task, model=model)
+        subset = sample_queries.sample_spread(engine, EVERY, task=task, model=model)
         assert len(subset) == ((everything.task == task) & (everything.model == model)).sum()
 
 
@@ -523,7 +523,7 @@ def test_an_exit_line_ends_at_the_same_models_run_without_a_threshold() -> None:
         seconds_per_token=0.001,
         run_id=range(1, len(rows) + 1),
     )
-    fig = figures.accuracy_vs_compute(points, "loops_per_token")
+    fig = cost_figures.accuracy_vs_compute(points, "loops_per_token")
     drawn = sorted(sorted((float(x), custom[1]) for x, custom in zip(trace.x, trace.customdata)) for trace in fig.data)
     assert drawn == [
         [(1.0, "-"), (2.0, "-"), (4.0, "-")],  # m against its fixed r

@@ -332,7 +332,7 @@ def test_the_memory_levers_figure_sets_each_lever_against_its_models_own_cache(s
 
 def test_a_set_without_the_kv_axis_draws_a_note_not_a_figure(tmp_path: Path) -> None:
     """Every point on the exit axis (so none left to compare), or none with a KV setting: no lever, one note."""
-    from dashboards.figures import memory_levers
+    from dashboards.cost_figures import memory_levers
     from db.store import Store
     from tests.support.stored_runs import store_run
 

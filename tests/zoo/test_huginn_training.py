@@ -11,7 +11,8 @@ import torch
 
 from training import objectives as T
 from adapters.engine.model import LoopedLM
-from training.train import TaskData, make_objective, train
+from training.data import TaskData
+from training.train import make_objective, train
 from adapters.engine.io.tokenizer import char_tokenizer
 from adapters.zoo import get_recipe
 from suites import synthetic

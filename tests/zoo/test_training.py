@@ -11,7 +11,8 @@ import adapters
 from adapters.base import AdapterError
 from training import objectives as T
 from adapters.engine.model import LoopedLM, to_melt
-from training.train import TaskData, load_teacher, train
+from training.data import TaskData
+from training.train import load_teacher, train
 from adapters.zoo import get_recipe
 from suites import synthetic
 from tests.support.rounding import rounding_bound
