@@ -10,4 +10,15 @@ from adapters.base import Adapter, AdapterError, Generation, Sampling
 from adapters.registry import available, inspect, load, register, resolve
 from measures import MEMORY_KEYS
 
-__all__ = ["MEMORY_KEYS", "Adapter", "AdapterError", "Generation", "Sampling", "available", "inspect", "load", "register", "resolve"]
+__all__ = [
+    "MEMORY_KEYS",
+    "Adapter",
+    "AdapterError",
+    "Generation",
+    "Sampling",
+    "available",
+    "inspect",
+    "load",
+    "register",
+    "resolve",
+]

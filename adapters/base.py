@@ -18,13 +18,38 @@ if TYPE_CHECKING:
 # (short name -> torch's name). `_DTYPE_SPELLINGS` maps what configs and libraries write for the same
 # types (torch names, safetensors' "BF16", vLLM's "half"), so every backend accepts the same names.
 DTYPE_BYTES: dict[str, int] = {
-    "fp64": 8, "fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int64": 8, "int32": 4, "int16": 2, "int8": 1, "bool": 1,
+    "fp64": 8,
+    "fp32": 4,
+    "bf16": 2,
+    "fp16": 2,
+    "fp8": 1,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "bool": 1,
 }
 MODEL_DTYPES: dict[str, str] = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 _DTYPE_SPELLINGS: dict[str, str] = {
-    "float64": "fp64", "float32": "fp32", "float": "fp32", "f32": "fp32", "bfloat16": "bf16", "float16": "fp16",
-    "half": "fp16", "f16": "fp16", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "f8_e4m3": "fp8", "f8_e5m2": "fp8",
-    "f64": "fp64", "i64": "int64", "i32": "int32", "i16": "int16", "i8": "int8", "u8": "int8", "uint8": "int8",
+    "float64": "fp64",
+    "float32": "fp32",
+    "float": "fp32",
+    "f32": "fp32",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "f16": "fp16",
+    "fp8_e4m3": "fp8",
+    "fp8_e5m2": "fp8",
+    "f8_e4m3": "fp8",
+    "f8_e5m2": "fp8",
+    "f64": "fp64",
+    "i64": "int64",
+    "i32": "int32",
+    "i16": "int16",
+    "i8": "int8",
+    "u8": "int8",
+    "uint8": "int8",
 }
 
 MAX_CONTEXT = 1 << 24  # tokens: beyond any released model's context (16.7M); a larger one is a typo or a hostile config
@@ -245,8 +270,10 @@ def checked_memory(spec: str, values: Any) -> dict[str, int | None]:
         raise AdapterError(f"{spec}: memory() must return a dict of byte counts, got {type(values).__name__}")
     for name, value in values.items():
         if value is not None and not _count(value):
-            raise AdapterError(f"{spec}: memory()[{name!r}] is {value!r}; byte counts must be whole numbers from 0 to "
-                               f"2**53 (more than any machine holds) or None")
+            raise AdapterError(
+                f"{spec}: memory()[{name!r}] is {value!r}; byte counts must be whole numbers from 0 to "
+                f"2**53 (more than any machine holds) or None"
+            )
     return {name: None if value is None else int(value) for name, value in values.items()}
 
 
@@ -269,8 +296,9 @@ def checked_generation(spec: str, generation: Any) -> Generation:
             problems.append(f"{name} {getattr(g, name)!r} is not a whole number from 0 to {MAX_CONTEXT}")
     if g.text is not None and not isinstance(g.text, str):
         problems.append(f"text is a {type(g.text).__name__}, not a string or None")
-    if g.loops_used is not None and not (isinstance(g.loops_used, list) and all(type(r) is int and 1 <= r <= MAX_CONTEXT
-                                                                                for r in g.loops_used)):
+    if g.loops_used is not None and not (
+        isinstance(g.loops_used, list) and all(type(r) is int and 1 <= r <= MAX_CONTEXT for r in g.loops_used)
+    ):
         problems.append(f"loops_used is not None or a list of whole numbers from 1 to {MAX_CONTEXT}")
     for name in ("prefill_seconds", "decode_seconds"):
         if type(getattr(g, name)) not in (int, float) or not 0 <= getattr(g, name) < math.inf:

@@ -71,5 +71,7 @@ def check_vocabulary(where: str, vocab_size: int, ids: dict[str, Any], tokens: i
             if i is not None and (type(i) is not int or not 0 <= i < vocab_size):
                 raise AdapterError(f"{where}: {name} {i!r} is outside the model's vocabulary of {vocab_size} tokens")
     if tokens is not None and tokens > vocab_size:
-        raise AdapterError(f"{where}: the tokenizer has {tokens} tokens, more than the model's vocabulary of {vocab_size}: "
-                           "its last ids would index no embedding")
+        raise AdapterError(
+            f"{where}: the tokenizer has {tokens} tokens, more than the model's vocabulary of {vocab_size}: "
+            "its last ids would index no embedding"
+        )

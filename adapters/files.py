@@ -70,12 +70,15 @@ def read_text(path: str | os.PathLike[str], what: str, limit: int) -> str:
 # it. A FIFO would hang the open, a device would feed it forever, and an index naming `../x` or `/abs` shards would load
 # weights from elsewhere without a word.
 
+
 def plain_name(name: Any, what: str) -> str:
     """`name` when it is one plain file or folder name (no separator, not empty, `.` or `..`, no leading dot), which
     joined to a folder stays inside it; AdapterError naming `what` otherwise."""
     if not isinstance(name, str) or not name or name.startswith(".") or any(c in name for c in "/\\\0"):
-        raise AdapterError(f"{what} {name!r} must be a plain name (no path separators, not starting with a dot): "
-                           "it names a folder that must stay inside its parent")
+        raise AdapterError(
+            f"{what} {name!r} must be a plain name (no path separators, not starting with a dot): "
+            "it names a folder that must stay inside its parent"
+        )
     return name
 
 
@@ -87,11 +90,15 @@ def folder_file(folder: Path, name: Any, what: str) -> Path:
     Hugging Face hub's cache lays every snapshot file out as a link into the cache's `blobs/` (config.json included),
     and a link in the folder is the folder maker's, trusted as the folder is; it must still lead to a regular file."""
     if not isinstance(name, str) or not name or "\0" in name or Path(name).is_absolute() or ".." in Path(name).parts:
-        raise AdapterError(f"{what} {name!r} in {folder}: must name a file inside the folder (a relative path without ..)")
+        raise AdapterError(
+            f"{what} {name!r} in {folder}: must name a file inside the folder (a relative path without ..)"
+        )
     path = folder / name
     for parent in list(Path(name).parents)[:-1]:  # the index's sub-folders, not the folder itself
         if (folder / parent).is_symlink():
-            raise AdapterError(f"{what} {path}: its folder {folder / parent} is a link, which may lead outside {folder}")
+            raise AdapterError(
+                f"{what} {path}: its folder {folder / parent} is a link, which may lead outside {folder}"
+            )
     try:
         mode = path.stat().st_mode
     except (OSError, RuntimeError):  # missing, a dangling link or a loop of links
@@ -116,7 +123,9 @@ def index_shards(folder: Path, index: str) -> list[Path]:
     except (ValueError, AttributeError) as exc:
         raise AdapterError(f"shard index {folder / index}: not a JSON object with a weight_map ({exc})") from None
     if not isinstance(weight_map, dict) or not weight_map:
-        raise AdapterError(f"shard index {folder / index}: its weight_map must map tensor names to shard files, got {weight_map!r}")
+        raise AdapterError(
+            f"shard index {folder / index}: its weight_map must map tensor names to shard files, got {weight_map!r}"
+        )
     names: list[Any] = []  # each shard once, in the index's order (a shard holds many tensors)
     for name in weight_map.values():
         if name not in names:
@@ -223,8 +232,10 @@ def check_complete(folder: str | os.PathLike[str]) -> None:
     """AdapterError unless `folder` holds its completion marker and every file the marker lists."""
     folder = Path(folder)
     marker = folder / COMPLETE_MARKER
-    incomplete = (f"checkpoint {folder} is incomplete: {{}} (writing it was interrupted, or a loopeval older than the marker "
-                  "wrote it); write it again (`loopeval zoo train` and `zoo convert` continue from the train_state.pt beside it)")
+    incomplete = (
+        f"checkpoint {folder} is incomplete: {{}} (writing it was interrupted, or a loopeval older than the marker "
+        "wrote it); write it again (`loopeval zoo train` and `zoo convert` continue from the train_state.pt beside it)"
+    )
     try:
         files = parse_json(marker.read_text(encoding="utf-8")).get("files")
     except FileNotFoundError:
@@ -235,4 +246,6 @@ def check_complete(folder: str | os.PathLike[str]) -> None:
         raise AdapterError(incomplete.format(f"its completion marker {COMPLETE_MARKER} is unreadable"))
     missing = [name for name in files if not (folder / str(name)).is_file()]
     if missing:
-        raise AdapterError(incomplete.format(f"{', '.join(map(str, missing))}, listed in its completion marker, is missing"))
+        raise AdapterError(
+            incomplete.format(f"{', '.join(map(str, missing))}, listed in its completion marker, is missing")
+        )

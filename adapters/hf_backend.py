@@ -69,9 +69,11 @@ def _resolve_dtype(dtype: Any, checkpoint_dtype: torch.dtype | None, device: str
 def stop_ids(spec: str, model: Any, tokenizer: Any | None, source_generation_config: dict[str, Any]) -> list[int]:
     """The stop ids the folder names (generation config, config, tokenizer), each read by `adapters.config_values`."""
     ids: list[int] = []
-    for where, source in (("generation_config.json", source_generation_config.get("eos_token_id")),
-                          ("config.json", getattr(model.config, "eos_token_id", None)),
-                          ("the tokenizer", getattr(tokenizer, "eos_token_id", None))):
+    for where, source in (
+        ("generation_config.json", source_generation_config.get("eos_token_id")),
+        ("config.json", getattr(model.config, "eos_token_id", None)),
+        ("the tokenizer", getattr(tokenizer, "eos_token_id", None)),
+    ):
         for i in id_list({"eos_token_id": source}, "eos_token_id", f"{spec}: {where}"):
             if i not in ids:
                 ids.append(i)
@@ -93,8 +95,13 @@ def generation_config(sampling: Sampling, max_new_tokens: int, eos_ids: list[int
     common = dict(max_new_tokens=max_new_tokens, eos_token_id=eos_ids or None, pad_token_id=pad)
     if sampling.greedy:
         return GenerationConfig(do_sample=False, **common)
-    return GenerationConfig(do_sample=True, temperature=float(sampling.temperature), top_p=sampling.top_p,
-                            top_k=sampling.top_k or 0, **common)
+    return GenerationConfig(
+        do_sample=True,
+        temperature=float(sampling.temperature),
+        top_p=sampling.top_p,
+        top_k=sampling.top_k or 0,
+        **common,
+    )
 
 
 def stop_criteria(spec: str, tokenizer: Any | None, stops: tuple[str, ...], prompt_len: int) -> Any:
@@ -117,7 +124,7 @@ def stop_criteria(spec: str, tokenizer: Any | None, stops: tuple[str, ...], prom
         def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
             import torch
 
-            tails = decode(input_ids[:, max(prompt_len, input_ids.shape[1] - window):], skip_special_tokens=True)
+            tails = decode(input_ids[:, max(prompt_len, input_ids.shape[1] - window) :], skip_special_tokens=True)
             return torch.tensor([any(s in t for s in stops) for t in tails], device=input_ids.device)
 
     return StoppingCriteriaList([StopOnGeneratedText()])
@@ -149,8 +156,8 @@ def left_padded(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Te
     input_ids = torch.full((len(rows), longest), pad, dtype=torch.long)
     attention_mask = torch.zeros((len(rows), longest), dtype=torch.long)
     for row, x in enumerate(rows):
-        input_ids[row, longest - len(x):] = torch.tensor(x)
-        attention_mask[row, longest - len(x):] = 1
+        input_ids[row, longest - len(x) :] = torch.tensor(x)
+        attention_mask[row, longest - len(x) :] = 1
     return input_ids, attention_mask
 
 
@@ -158,8 +165,11 @@ def kv_bytes(cache: Any | None) -> int:
     """The `nbytes` of the key and value tensors a cache holds now."""
     if cache is None:
         return 0
-    return sum(layer.keys.nbytes + layer.values.nbytes for layer in list(cache.layers)
-               if getattr(layer, "keys", None) is not None and layer.keys.numel())
+    return sum(
+        layer.keys.nbytes + layer.values.nbytes
+        for layer in list(cache.layers)
+        if getattr(layer, "keys", None) is not None and layer.keys.numel()
+    )
 
 
 class CacheCall:
@@ -170,8 +180,11 @@ class CacheCall:
         from transformers import DynamicCache, StaticCache
 
         self.kind = kind
-        self.cache: Any = (StaticCache(config=model_config, max_cache_len=length) if kind == "static"
-                      else DynamicCache(config=model_config))
+        self.cache: Any = (
+            StaticCache(config=model_config, max_cache_len=length)
+            if kind == "static"
+            else DynamicCache(config=model_config)
+        )
         self.written = 0
         self.prefill_end: float | None = None
 
@@ -193,8 +206,16 @@ class CacheCall:
 class TransformersAdapter:
     """An `Adapter` around a transformers `PreTrainedModel` and its tokenizer."""
 
-    def __init__(self, spec: str, model: Any, tokenizer: Any | None, *, max_context: int, cache: str,
-                 source_generation_config: dict[str, Any]):
+    def __init__(
+        self,
+        spec: str,
+        model: Any,
+        tokenizer: Any | None,
+        *,
+        max_context: int,
+        cache: str,
+        source_generation_config: dict[str, Any],
+    ):
         self.spec = spec
         self.model = model
         self.tokenizer = tokenizer
@@ -204,8 +225,12 @@ class TransformersAdapter:
         self.eos_token_ids = stop_ids(spec, model, tokenizer, source_generation_config)
         self.pad_token_id = pad_id(spec, tokenizer, source_generation_config, self.eos_token_ids)
         vocab = model.get_input_embeddings().num_embeddings
-        check_vocabulary(spec, vocab, {"eos id": self.eos_token_ids, "pad id": self.pad_token_id},
-                         tokens=None if tokenizer is None else len(tokenizer))
+        check_vocabulary(
+            spec,
+            vocab,
+            {"eos id": self.eos_token_ids, "pad id": self.pad_token_id},
+            tokens=None if tokenizer is None else len(tokenizer),
+        )
         self._call: CacheCall | None = None  # the current or last generate call, whose cache memory() reports
         self._kv_peak = 0
 
@@ -248,7 +273,9 @@ class TransformersAdapter:
         # One batch shares one length: every row may generate until the longest prompt fills the context.
         max_new = min(sampling.max_new_tokens, self.max_context - longest)
         device = self.device
-        rows = [x for x in ids for _ in range(sampling.n)]  # prompt-major; greedy generate refuses num_return_sequences > 1
+        rows = [
+            x for x in ids for _ in range(sampling.n)
+        ]  # prompt-major; greedy generate refuses num_return_sequences > 1
         input_ids, attention_mask = left_padded(rows, self.pad_token_id)
 
         self._call = None  # release the previous call's cache before allocating the next
@@ -262,7 +289,8 @@ class TransformersAdapter:
                 warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated", category=FutureWarning)
                 torch.manual_seed(sampling.seed)
                 out = self.model.generate(
-                    input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                    input_ids=input_ids.to(device),
+                    attention_mask=attention_mask.to(device),
                     generation_config=generation_config(sampling, max_new, self.eos_token_ids, self.pad_token_id),
                     past_key_values=call.cache,
                     stopping_criteria=stop_criteria(self.spec, self.tokenizer, sampling.stop, longest),
@@ -278,8 +306,9 @@ class TransformersAdapter:
             for i, row in enumerate(new_tokens)
         ]
 
-    def _finish(self, row: list[int], prompt: list[int], sampling: Sampling, max_new: int, prefill_s: float,
-                decode_s: float) -> Generation:
+    def _finish(
+        self, row: list[int], prompt: list[int], sampling: Sampling, max_new: int, prefill_s: float, decode_s: float
+    ) -> Generation:
         """Cut one output row at EOS or at the token completing a stop string; classify why it ended.
 
         Conventions (shared with the engine): an EOS token stays in `token_ids` and is counted, but not
@@ -298,8 +327,15 @@ class TransformersAdapter:
             reason = "stop"
         elif eos_at is None and len(row) < max_new:
             reason = "stop"  # generate ended this row early without EOS: only a stop string does that
-        return Generation(token_ids=tokens, text=text, finish_reason=reason, prompt_tokens=len(prompt),
-                          generated_tokens=len(tokens), prefill_seconds=prefill_s, decode_seconds=decode_s)
+        return Generation(
+            token_ids=tokens,
+            text=text,
+            finish_reason=reason,
+            prompt_tokens=len(prompt),
+            generated_tokens=len(tokens),
+            prefill_seconds=prefill_s,
+            decode_seconds=decode_s,
+        )
 
     def memory(self) -> dict[str, int | None]:
         call = self._call
@@ -341,7 +377,9 @@ def _max_context(config: Any, override: int | None, path: str) -> int:
         value = getattr(text, name, None)
         if isinstance(value, int) and value > 0:
             return value
-    raise AdapterError(f"transformers:{path}: config.json names no context length (max_position_embeddings); pass max_context=N")
+    raise AdapterError(
+        f"transformers:{path}: config.json names no context length (max_position_embeddings); pass max_context=N"
+    )
 
 
 @register("transformers", "any local transformers causal-LM directory (AutoModelForCausalLM, local files only)")
@@ -377,16 +415,27 @@ def load_transformers(
     try:
         config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
-        hint = " (the directory ships its own code: pass --trust-remote-code to run it)" if "trust_remote_code" in str(exc) else ""
+        hint = (
+            " (the directory ships its own code: pass --trust-remote-code to run it)"
+            if "trust_remote_code" in str(exc)
+            else ""
+        )
         raise AdapterError(f"{spec}: cannot read config.json: {str(exc).splitlines()[0]}{hint}") from exc
     if getattr(config, "auto_map", None) and not trust_remote_code:
-        raise AdapterError(f"{spec}: the model's code ships in the directory (auto_map); pass --trust-remote-code to run it")
+        raise AdapterError(
+            f"{spec}: the model's code ships in the directory (auto_map); pass --trust-remote-code to run it"
+        )
     torch_dtype = _resolve_dtype(dtype, getattr(config, "dtype", None), torch.device(device).type)
     try:
-        model: Any = AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=torch_dtype, local_files_only=True,
-                                                     trust_remote_code=trust_remote_code)
-    except Exception as exc:  # corrupt or mismatched files fail in many ways (SafetensorError, RuntimeError, OSError...)
-        raise AdapterError(f"{spec}: cannot load the model: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        model: Any = AutoModelForCausalLM.from_pretrained(
+            folder, config=config, dtype=torch_dtype, local_files_only=True, trust_remote_code=trust_remote_code
+        )
+    except (
+        Exception
+    ) as exc:  # corrupt or mismatched files fail in many ways (SafetensorError, RuntimeError, OSError...)
+        raise AdapterError(
+            f"{spec}: cannot load the model: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        ) from exc
     model.to(device).eval()
     threads.ensure(sum(p.numel() for p in model.parameters()))
     source_generation_config = model.generation_config.to_diff_dict() if model.generation_config is not None else {}
@@ -394,8 +443,16 @@ def load_transformers(
     tokenizer = None
     if any((folder / name).is_file() for name in _TOKENIZER_FILES):
         try:
-            tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
+            tokenizer = AutoTokenizer.from_pretrained(
+                folder, local_files_only=True, trust_remote_code=trust_remote_code
+            )
         except (OSError, ValueError) as exc:
             raise AdapterError(f"{spec}: cannot load the tokenizer: {str(exc).splitlines()[0]}") from exc
-    return TransformersAdapter(spec, model, tokenizer, max_context=_max_context(config, max_context, path), cache=cache,
-                               source_generation_config=source_generation_config)
+    return TransformersAdapter(
+        spec,
+        model,
+        tokenizer,
+        max_context=_max_context(config, max_context, path),
+        cache=cache,
+        source_generation_config=source_generation_config,
+    )

@@ -47,7 +47,12 @@ Inspector = Callable[..., dict[str, Any]]  # (arg, **overrides) -> describe()-li
 Names = Callable[[], Iterable[str]]  # the bare names a prefix knows: preset and zoo model names
 
 # Modules whose import registers built-in prefixes.
-BUILTIN_MODULES: tuple[str, ...] = ("adapters.engine.adapter", "adapters.hf_backend", "adapters.vllm_backend", "adapters.zoo")
+BUILTIN_MODULES: tuple[str, ...] = (
+    "adapters.engine.adapter",
+    "adapters.hf_backend",
+    "adapters.vllm_backend",
+    "adapters.zoo",
+)
 
 ENTRY_POINT_GROUP = "loopeval.adapters"
 ENV_VAR = "LOOPEVAL_ADAPTERS"
@@ -83,8 +88,13 @@ _current_source: str | None = None  # set while a plugin is being imported, so i
 _BROKEN_NAMES: set[str] = set()  # prefixes whose names() failed: reported once, then taken to know no names
 
 
-def register(prefix: str, description: str, source: str | None = None, inspect: Inspector | None = None,
-             names: Names | None = None) -> Callable[[Factory], Factory]:
+def register(
+    prefix: str,
+    description: str,
+    source: str | None = None,
+    inspect: Inspector | None = None,
+    names: Names | None = None,
+) -> Callable[[Factory], Factory]:
     """Decorator: `@register("preset", "random-init engine preset")` on `factory(arg, **overrides)`.
 
     The source is the plugin being loaded whatever `source` says, else "builtin" for the modules in
@@ -98,7 +108,9 @@ def register(prefix: str, description: str, source: str | None = None, inspect: 
 
     def wrap(factory: Factory) -> Factory:
         if source == BUILTIN:
-            raise AdapterError(f"adapter prefix {prefix!r}: source {BUILTIN!r} is loopeval's own; a plugin's source is where it comes from")
+            raise AdapterError(
+                f"adapter prefix {prefix!r}: source {BUILTIN!r} is loopeval's own; a plugin's source is where it comes from"
+            )
         builtin = _current_source is None and factory.__module__ in BUILTIN_MODULES
         origin = _current_source or (BUILTIN if builtin else source or f"module {factory.__module__}")
         existing = _REGISTRY.get(prefix)
@@ -152,7 +164,9 @@ def _scan_dirs(dirs: Iterable[str | os.PathLike[str]]) -> None:
     for raw in dirs:
         folder = Path(raw).expanduser().resolve()
         if not folder.is_dir():
-            raise AdapterError(f"adapters folder {str(raw)!r} does not exist or is not a folder ({ENV_VAR} / --adapters-dir)")
+            raise AdapterError(
+                f"adapters folder {str(raw)!r} does not exist or is not a folder ({ENV_VAR} / --adapters-dir)"
+            )
         if folder in _scanned_dirs:
             continue
         _scanned_dirs.add(folder)
@@ -169,7 +183,9 @@ def _import_path(path: Path) -> None:
     sys.modules.setdefault(PLUGIN_NAMESPACE, types.ModuleType(PLUGIN_NAMESPACE, "adapter plugins loaded from folders"))
     name = f"{PLUGIN_NAMESPACE}.{path.stem}"
     if path.is_dir():
-        spec = importlib.util.spec_from_file_location(name, path / "__init__.py", submodule_search_locations=[str(path)])
+        spec = importlib.util.spec_from_file_location(
+            name, path / "__init__.py", submodule_search_locations=[str(path)]
+        )
     else:
         spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
@@ -192,7 +208,9 @@ def _register_entry_point(ep: importlib.metadata.EntryPoint) -> None:
         doc = (obj.__doc__ or "").strip().splitlines()
         register(ep.name, doc[0] if doc else f"plugin adapter {ep.value}")(obj)
     else:
-        raise AdapterError(f"entry point {ep.value} must name a module that registers {ep.name!r} or a factory, got {type(obj).__name__}")
+        raise AdapterError(
+            f"entry point {ep.value} must name a module that registers {ep.name!r} or a factory, got {type(obj).__name__}"
+        )
 
 
 @contextmanager
@@ -211,7 +229,9 @@ def _load_one(name: str, source: str, action: Callable[[], None]) -> None:
     try:
         with _attributed(source):
             action()
-    except BaseException as exc:  # a plugin may fail in any way, sys.exit() and KeyboardInterrupt included; never stop the others
+    except (
+        BaseException
+    ) as exc:  # a plugin may fail in any way, sys.exit() and KeyboardInterrupt included; never stop the others
         _REGISTRY.clear()
         _REGISTRY.update(snapshot)
         _skipped(name, source, exc)
@@ -277,12 +297,16 @@ def resolve(spec: str) -> str:
     if candidates:
         raise AdapterError(f"model name {spec!r} is ambiguous: give one of {', '.join(candidates)}")
     if os.path.exists(spec):
-        raise AdapterError(f"model {spec!r} is a path: give it with its adapter's prefix, e.g. ouro:{spec} "
-                           f"(prefixes: {', '.join(sorted(_REGISTRY))})")
+        raise AdapterError(
+            f"model {spec!r} is a path: give it with its adapter's prefix, e.g. ouro:{spec} "
+            f"(prefixes: {', '.join(sorted(_REGISTRY))})"
+        )
     close = difflib.get_close_matches(spec, named_models(), n=3)
     hint = f"; close: {', '.join(close)}" if close else ""
-    raise AdapterError(f"unknown model {spec!r}: give PREFIX:NAME_OR_PATH (prefixes: {', '.join(sorted(_REGISTRY))}) "
-                       f"or a name `loopeval models` lists{hint}")
+    raise AdapterError(
+        f"unknown model {spec!r}: give PREFIX:NAME_OR_PATH (prefixes: {', '.join(sorted(_REGISTRY))}) "
+        f"or a name `loopeval models` lists{hint}"
+    )
 
 
 def _entry(spec: str) -> tuple[AdapterEntry, str]:

@@ -27,9 +27,20 @@ def save_tiny_qwen3(folder: str | Path, *, seed: int = 0, max_position: int = 12
     from adapters.engine.io.tokenizer import CHAR_VOCAB_SIZE, char_tokenizer
 
     tokenizer = char_tokenizer()
-    config = Qwen3Config(vocab_size=CHAR_VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=24, max_position_embeddings=max_position, tie_word_embeddings=True,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    config = Qwen3Config(
+        vocab_size=CHAR_VOCAB_SIZE,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=24,
+        max_position_embeddings=max_position,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(seed)
     folder = Path(folder)
     Qwen3ForCausalLM(config).save_pretrained(folder)
@@ -37,19 +48,61 @@ def save_tiny_qwen3(folder: str | Path, *, seed: int = 0, max_position: int = 12
     return folder
 
 
-TINY_HUGINN = dict(  # Huginn's shape at test size: prelude 1, core 2, coda 1; RavenConfig's names (its defaults fill the rest)
-    model_type="huginn_raven", n_embd=64, n_heads=4, num_attention_heads=4, num_key_value_heads=4, intermediate_size=96,
-    n_layers=4, n_layers_in_prelude=1, n_layers_in_recurrent_block=2, n_layers_in_coda=1, mean_recurrence=4, block_size=128,
-    padding_multiple=1, tie_embeddings=True, bias=False, qk_bias=True, injection_type="linear", rope_base=50_000.0, norm_eps=1e-6,
+TINY_HUGINN = (
+    dict(  # Huginn's shape at test size: prelude 1, core 2, coda 1; RavenConfig's names (its defaults fill the rest)
+        model_type="huginn_raven",
+        n_embd=64,
+        n_heads=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        intermediate_size=96,
+        n_layers=4,
+        n_layers_in_prelude=1,
+        n_layers_in_recurrent_block=2,
+        n_layers_in_coda=1,
+        mean_recurrence=4,
+        block_size=128,
+        padding_multiple=1,
+        tie_embeddings=True,
+        bias=False,
+        qk_bias=True,
+        injection_type="linear",
+        rope_base=50_000.0,
+        norm_eps=1e-6,
+    )
 )
 TINY_RETROFIT = dict(  # a retrofitted Llama at test size, as convert_llama.py saves one: GQA (4 heads, 2 KV heads), no q/k bias,
     # untied lm_head, embed_scale 1 and the cloned Huginn-0125 state std; Llama 3 RoPE scaling with a short original context
     # (64), so that at these positions all three of its frequency bands differ from plain RoPE
-    model_type="huginn_raven", n_embd=64, n_heads=4, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
-    n_layers=4, n_layers_in_prelude=1, n_layers_in_recurrent_block=2, n_layers_in_coda=1, mean_recurrence=4, block_size=4096,
-    max_position_embeddings=128, padding_multiple=1, tie_embeddings=False, bias=False, qk_bias=False, injection_type="linear",
-    rope_base=500_000.0, rope_theta=500_000.0, norm_eps=1e-5, init_values={"std": (2 / (5 * 5280)) ** 0.5, "embed_scale": 1.0},
-    rope_scaling={"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64, "rope_type": "llama3"},
+    model_type="huginn_raven",
+    n_embd=64,
+    n_heads=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=96,
+    n_layers=4,
+    n_layers_in_prelude=1,
+    n_layers_in_recurrent_block=2,
+    n_layers_in_coda=1,
+    mean_recurrence=4,
+    block_size=4096,
+    max_position_embeddings=128,
+    padding_multiple=1,
+    tie_embeddings=False,
+    bias=False,
+    qk_bias=False,
+    injection_type="linear",
+    rope_base=500_000.0,
+    rope_theta=500_000.0,
+    norm_eps=1e-5,
+    init_values={"std": (2 / (5 * 5280)) ** 0.5, "embed_scale": 1.0},
+    rope_scaling={
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+        "rope_type": "llama3",
+    },
 )
 
 RETROFIT_STATE_GAIN = 0.35  # `tiny_retrofit_tensors`
@@ -93,8 +146,15 @@ def _tiny_raven_tensors(cfg: LoopConfig, seed: int) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     tensors = {}
     for name, shape in _raven_shapes(cfg).items():
-        scale, base = (0.1, 1.0) if len(shape) == 1 else (0.1, 0.0) if name.endswith("qk_bias") else \
-            (0.15, 0.0) if name == "transformer.wte.weight" else (shape[1] ** -0.5, 0.0)
+        scale, base = (
+            (0.1, 1.0)
+            if len(shape) == 1
+            else (0.1, 0.0)
+            if name.endswith("qk_bias")
+            else (0.15, 0.0)
+            if name == "transformer.wte.weight"
+            else (shape[1] ** -0.5, 0.0)
+        )
         tensors[name] = base + scale * torch.randn(shape, generator=gen)
     return tensors
 
@@ -129,10 +189,25 @@ def _save_raven(folder: str | Path, config: dict[str, Any], tensors: dict[str, t
     return folder
 
 
-TINY_OURO_26B: dict[str, Any] = dict(  # Ouro-2.6B's 48 shared layers and 4 loops at test width, in the HF release's config names
-    architectures=["OuroForCausalLM"], model_type="ouro", hidden_size=64, intermediate_size=96, num_attention_heads=4,
-    num_key_value_heads=4, num_hidden_layers=48, total_ut_steps=4, rms_norm_eps=1e-6, rope_theta=1_000_000.0,
-    max_position_embeddings=512, tie_word_embeddings=False, hidden_act="silu", bos_token_id=1, eos_token_id=2, pad_token_id=0,
+TINY_OURO_26B: dict[str, Any] = (
+    dict(  # Ouro-2.6B's 48 shared layers and 4 loops at test width, in the HF release's config names
+        architectures=["OuroForCausalLM"],
+        model_type="ouro",
+        hidden_size=64,
+        intermediate_size=96,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        num_hidden_layers=48,
+        total_ut_steps=4,
+        rms_norm_eps=1e-6,
+        rope_theta=1_000_000.0,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        hidden_act="silu",
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
 )
 
 
@@ -154,22 +229,45 @@ def save_tiny_ouro(folder: str | Path, *, seed: int = 0) -> Path:
     from adapters.engine.io.tokenizer import CHAR_VOCAB_SIZE
 
     cfg, folder = {**TINY_OURO_26B, "vocab_size": CHAR_VOCAB_SIZE}, Path(folder)
-    d, ffn, vocab, gen = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], torch.Generator().manual_seed(seed)
+    d, ffn, vocab, gen = (
+        cfg["hidden_size"],
+        cfg["intermediate_size"],
+        cfg["vocab_size"],
+        torch.Generator().manual_seed(seed),
+    )
 
     def rand(*shape: int, scale: float, base: float = 0.0) -> torch.Tensor:
         return base + scale * torch.randn(*shape, generator=gen)
 
-    tensors = {"model.embed_tokens.weight": rand(vocab, d, scale=1.0), "lm_head.weight": rand(vocab, d, scale=d**-0.5),
-               "model.norm.weight": rand(d, scale=0.1, base=1.0), "model.early_exit_gate.weight": rand(1, d, scale=d**-0.5),
-               "model.early_exit_gate.bias": rand(1, scale=0.1)}
+    tensors = {
+        "model.embed_tokens.weight": rand(vocab, d, scale=1.0),
+        "lm_head.weight": rand(vocab, d, scale=d**-0.5),
+        "model.norm.weight": rand(d, scale=0.1, base=1.0),
+        "model.early_exit_gate.weight": rand(1, d, scale=d**-0.5),
+        "model.early_exit_gate.bias": rand(1, scale=0.1),
+    }
     for i in range(cfg["num_hidden_layers"]):
         layer = f"model.layers.{i}."
         tensors.update({layer + f"self_attn.{p}_proj.weight": rand(d, d, scale=d**-0.5) for p in "qkvo"})
-        tensors.update({layer + "mlp.gate_proj.weight": rand(ffn, d, scale=d**-0.5), layer + "mlp.up_proj.weight": rand(ffn, d, scale=d**-0.5),
-                        layer + "mlp.down_proj.weight": rand(d, ffn, scale=ffn**-0.5)})
-        tensors.update({layer + f"{norm}.weight": rand(d, scale=0.1, base=1.0) for norm in ("input_layernorm", "post_attention_layernorm")})
-        tensors.update({layer + f"{norm}.weight": rand(d, scale=0.02, base=BRANCH_NORM)
-                        for norm in ("input_layernorm_2", "post_attention_layernorm_2")})
+        tensors.update(
+            {
+                layer + "mlp.gate_proj.weight": rand(ffn, d, scale=d**-0.5),
+                layer + "mlp.up_proj.weight": rand(ffn, d, scale=d**-0.5),
+                layer + "mlp.down_proj.weight": rand(d, ffn, scale=ffn**-0.5),
+            }
+        )
+        tensors.update(
+            {
+                layer + f"{norm}.weight": rand(d, scale=0.1, base=1.0)
+                for norm in ("input_layernorm", "post_attention_layernorm")
+            }
+        )
+        tensors.update(
+            {
+                layer + f"{norm}.weight": rand(d, scale=0.02, base=BRANCH_NORM)
+                for norm in ("input_layernorm_2", "post_attention_layernorm_2")
+            }
+        )
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
@@ -180,26 +278,57 @@ def public_config(cfg: LoopConfig) -> dict[str, Any]:
     """The config.json a public release of `cfg`'s family ships (Qwen3, Ouro, RavenConfig names for Huginn-0125 and retrofits)."""
     if cfg.recurrent:
         return _raven_config(cfg)
-    config = {"model_type": cfg.family, "architectures": ["Qwen3ForCausalLM" if cfg.family == "qwen3" else "OuroForCausalLM"],
-              "hidden_size": cfg.hidden_size, "intermediate_size": cfg.ffn_size, "num_attention_heads": cfg.num_heads,
-              "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "num_hidden_layers": cfg.shared_layers,
-              "vocab_size": cfg.vocab_size, "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta,
-              "max_position_embeddings": cfg.max_position, "tie_word_embeddings": cfg.tie_embeddings, "bos_token_id": cfg.bos_token_id,
-              "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.pad_token_id, "torch_dtype": "bfloat16"}
+    config = {
+        "model_type": cfg.family,
+        "architectures": ["Qwen3ForCausalLM" if cfg.family == "qwen3" else "OuroForCausalLM"],
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.ffn_size,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "num_hidden_layers": cfg.shared_layers,
+        "vocab_size": cfg.vocab_size,
+        "rms_norm_eps": cfg.norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "max_position_embeddings": cfg.max_position,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "bos_token_id": cfg.bos_token_id,
+        "eos_token_id": cfg.eos_token_id,
+        "pad_token_id": cfg.pad_token_id,
+        "torch_dtype": "bfloat16",
+    }
     return config if cfg.family == "qwen3" else {**config, "total_ut_steps": cfg.loops, "early_exit_threshold": 1.0}
 
 
 def _raven_config(cfg: LoopConfig) -> dict[str, Any]:
     """RavenConfig's config.json of a huginn or retrofit config (a retrofit's fields as convert_llama.py writes them)."""
-    config = {"model_type": "huginn_raven", "n_embd": cfg.hidden_size, "n_heads": cfg.num_heads, "num_attention_heads": cfg.num_heads,
-              "intermediate_size": cfg.ffn_size, "n_layers_in_prelude": cfg.prelude_layers, "n_layers_in_recurrent_block": cfg.shared_layers,
-              "n_layers_in_coda": cfg.coda_layers, "mean_recurrence": cfg.loops, "vocab_size": cfg.vocab_size,
-              "tie_embeddings": cfg.tie_embeddings, "norm_eps": cfg.norm_eps, "torch_dtype": "bfloat16"}
+    config = {
+        "model_type": "huginn_raven",
+        "n_embd": cfg.hidden_size,
+        "n_heads": cfg.num_heads,
+        "num_attention_heads": cfg.num_heads,
+        "intermediate_size": cfg.ffn_size,
+        "n_layers_in_prelude": cfg.prelude_layers,
+        "n_layers_in_recurrent_block": cfg.shared_layers,
+        "n_layers_in_coda": cfg.coda_layers,
+        "mean_recurrence": cfg.loops,
+        "vocab_size": cfg.vocab_size,
+        "tie_embeddings": cfg.tie_embeddings,
+        "norm_eps": cfg.norm_eps,
+        "torch_dtype": "bfloat16",
+    }
     if cfg.huginn:
         return {**config, "block_size": cfg.max_position}
     scaling = None if cfg.rope_scaling is None else {**cfg.rope_scaling, "rope_type": "llama3"}
-    return {**config, "num_key_value_heads": cfg.num_kv_heads, "qk_bias": False, "rope_theta": cfg.rope_theta, "rope_scaling": scaling,
-            "max_position_embeddings": cfg.max_position, "init_values": {"std": cfg.state_std, "embed_scale": 1.0}}
+    return {
+        **config,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "qk_bias": False,
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": scaling,
+        "max_position_embeddings": cfg.max_position,
+        "init_values": {"std": cfg.state_std, "embed_scale": 1.0},
+    }
 
 
 def public_shapes(cfg: LoopConfig) -> dict[str, tuple[int, ...]]:
@@ -218,19 +347,31 @@ def _raven_shapes(cfg: LoopConfig) -> dict[str, tuple[int, ...]]:
     """The official `transformer.*` tensors of a huginn or retrofit config, in `RavenForCausalLM`'s order: Huginn-0125's
     blocks carry q/k biases and four norms, a retrofit's (Llama blocks, GQA) two norms; an untied lm_head comes last."""
     d, ffn, heads, kv, hd = cfg.hidden_size, cfg.ffn_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    shapes = {"transformer.wte.weight": (cfg.vocab_size, d), "transformer.adapter.weight": (d, 2 * d), "transformer.ln_f.weight": (d,)}
+    shapes = {
+        "transformer.wte.weight": (cfg.vocab_size, d),
+        "transformer.adapter.weight": (d, 2 * d),
+        "transformer.ln_f.weight": (d,),
+    }
     for group, count in (("prelude", cfg.prelude_layers), ("core_block", cfg.shared_layers), ("coda", cfg.coda_layers)):
         for i in range(count):
             block = f"transformer.{group}.{i}."
             shapes[block + "attn.Wqkv.weight"] = ((heads + 2 * kv) * hd, d)
             if cfg.huginn:
                 shapes[block + "attn.qk_bias"] = (2, 1, heads, hd)
-            shapes.update({block + "attn.proj.weight": (d, heads * hd), block + "mlp.fc.weight": (2 * ffn, d), block + "mlp.proj.weight": (d, ffn),
-                           **{f"{block}norm_{k}.weight": (d,) for k in range(1, 5 if cfg.huginn else 3)}})
+            shapes.update(
+                {
+                    block + "attn.proj.weight": (d, heads * hd),
+                    block + "mlp.fc.weight": (2 * ffn, d),
+                    block + "mlp.proj.weight": (d, ffn),
+                    **{f"{block}norm_{k}.weight": (d,) for k in range(1, 5 if cfg.huginn else 3)},
+                }
+            )
     return shapes if cfg.tie_embeddings else {**shapes, "lm_head.weight": (cfg.vocab_size, d)}
 
 
-def save_public_checkpoint(folder: str | Path, cfg: LoopConfig, *, seed: int = 0, shard_bytes: int = 2_000_000_000) -> Path:
+def save_public_checkpoint(
+    folder: str | Path, cfg: LoopConfig, *, seed: int = 0, shard_bytes: int = 2_000_000_000
+) -> Path:
     """Write random bf16 weights of `cfg` in its family's public layout: config.json plus safetensors shards and their index.
 
     Tensors are drawn one at a time straight in bf16 and written a shard at a time, so a full-size
@@ -260,7 +401,9 @@ def save_public_checkpoint(folder: str | Path, cfg: LoopConfig, *, seed: int = 0
         total += sum(t.numel() * 2 for t in tensors.values())
         weight_map.update(dict.fromkeys(tensors, file))
         del tensors
-    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map})
+    )
     (folder / "config.json").write_text(json.dumps(public_config(cfg), indent=2))
     return folder
 

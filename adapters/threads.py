@@ -75,8 +75,11 @@ def choose(params: int | None, requested: int | None = None) -> Threads:
                 return Threads(available, f"{source} {count}, capped at the {available} cores this process may use")
             return Threads(count, source)
     if params is not None and params < SMALL_MODEL_PARAMS:
-        return Threads(1, f"a model under {SMALL_MODEL_PARAMS // 1_000_000}M parameters: one run per core; "
-                          f"--threads or {ENV_VAR} to change")
+        return Threads(
+            1,
+            f"a model under {SMALL_MODEL_PARAMS // 1_000_000}M parameters: one run per core; "
+            f"--threads or {ENV_VAR} to change",
+        )
     return Threads(available, "the cores this process may use")
 
 

@@ -167,7 +167,11 @@ def nvml() -> dict[str, int | None]:
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
     info = pynvml.nvmlDeviceGetMemoryInfo(handle)
     mine = [p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle) if p.pid == os.getpid()]
-    return {"nvml_device_used": int(info.used), "nvml_device_total": int(info.total), "nvml_process_used": int(mine[0]) if mine and mine[0] else None}
+    return {
+        "nvml_device_used": int(info.used),
+        "nvml_device_total": int(info.total),
+        "nvml_process_used": int(mine[0]) if mine and mine[0] else None,
+    }
 
 
 # --- the adapter (needs vLLM and a GPU) ----------------------------------------------------------------
@@ -204,7 +208,9 @@ class VLLMAdapter:
         return self.layout.pool_bytes(self.num_gpu_blocks) * self.tensor_parallel_size if self.num_gpu_blocks else None
 
     def forward_logits(self, input_ids: Any) -> Any:
-        raise AdapterError(f"{self.spec}: vLLM does not expose full-sequence logits; use transformers:PATH for loglikelihood tasks")
+        raise AdapterError(
+            f"{self.spec}: vLLM does not expose full-sequence logits; use transformers:PATH for loglikelihood tasks"
+        )
 
     def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[Generation]:
         from vllm import SamplingParams
@@ -215,7 +221,9 @@ class VLLMAdapter:
                 raise AdapterError(f"prompt {i} is empty: give at least one character or token")
             ids = self.tokenizer.encode(p) if isinstance(p, str) else [int(t) for t in p]
             if len(ids) >= self.max_context:
-                raise AdapterError(f"prompt {i} has {len(ids)} tokens but {self.spec} holds at most {self.max_context} (max_model_len)")
+                raise AdapterError(
+                    f"prompt {i} has {len(ids)} tokens but {self.spec} holds at most {self.max_context} (max_model_len)"
+                )
             requests.append({"prompt_token_ids": ids})
         kwargs = sampling_params_kwargs(sampling)
         longest = max(len(r["prompt_token_ids"]) for r in requests)
@@ -223,13 +231,24 @@ class VLLMAdapter:
         start = time.perf_counter()
         outputs = self.llm.generate(requests, SamplingParams(**kwargs), use_tqdm=False)
         seconds = time.perf_counter() - start
-        needed = sum(self.layout.blocks_for(len(o.prompt_token_ids) + len(c.token_ids)) for o in outputs for c in o.outputs)
+        needed = sum(
+            self.layout.blocks_for(len(o.prompt_token_ids) + len(c.token_ids)) for o in outputs for c in o.outputs
+        )
         if self.num_gpu_blocks:
-            self._kv_peak = max(self._kv_peak, min(needed, self.num_gpu_blocks) * self.layout.block_bytes * self.tensor_parallel_size)
+            self._kv_peak = max(
+                self._kv_peak, min(needed, self.num_gpu_blocks) * self.layout.block_bytes * self.tensor_parallel_size
+            )
         return [
-            Generation(token_ids=list(c.token_ids), text=c.text, finish_reason=finish_reason(c.finish_reason, c.stop_reason),
-                       prompt_tokens=len(o.prompt_token_ids), generated_tokens=len(c.token_ids), decode_seconds=seconds)
-            for o in outputs for c in sorted(o.outputs, key=lambda c: c.index)
+            Generation(
+                token_ids=list(c.token_ids),
+                text=c.text,
+                finish_reason=finish_reason(c.finish_reason, c.stop_reason),
+                prompt_tokens=len(o.prompt_token_ids),
+                generated_tokens=len(c.token_ids),
+                decode_seconds=seconds,
+            )
+            for o in outputs
+            for c in sorted(o.outputs, key=lambda c: c.index)
         ]
 
     def _usage_fraction(self) -> float | None:
@@ -244,28 +263,51 @@ class VLLMAdapter:
         used = used_bytes(fraction, pool) if pool is not None and fraction is not None else None
         if used is not None:
             self._kv_peak = max(self._kv_peak, used)
-        values = {"weights_bytes": self.weights_bytes, "kv_bytes_allocated": pool, "kv_bytes_used": used,
-                  "kv_bytes_peak": self._kv_peak if pool is not None else None}
+        values = {
+            "weights_bytes": self.weights_bytes,
+            "kv_bytes_allocated": pool,
+            "kv_bytes_used": used,
+            "kv_bytes_peak": self._kv_peak if pool is not None else None,
+        }
         return {key: values[key] for key in MEMORY_KEYS}
 
     def memory_breakdown(self) -> dict[str, dict[str, Any]]:
         """The three measures side by side, as the module docstring explains them."""
         return {
-            "reserved_kv_pool": {"bytes": self.pool_bytes, "num_gpu_blocks": self.num_gpu_blocks, "block_bytes": self.layout.block_bytes,
-                                 "block_size": self.layout.block_size, "gpu_memory_utilization": self.gpu_memory_utilization,
-                                 "tensor_parallel_size": self.tensor_parallel_size},
-            "kv_used": {"bytes": self.memory()["kv_bytes_used"], "peak_bytes": self._kv_peak, "source": "vllm:kv_cache_usage_perc"},
+            "reserved_kv_pool": {
+                "bytes": self.pool_bytes,
+                "num_gpu_blocks": self.num_gpu_blocks,
+                "block_bytes": self.layout.block_bytes,
+                "block_size": self.layout.block_size,
+                "gpu_memory_utilization": self.gpu_memory_utilization,
+                "tensor_parallel_size": self.tensor_parallel_size,
+            },
+            "kv_used": {
+                "bytes": self.memory()["kv_bytes_used"],
+                "peak_bytes": self._kv_peak,
+                "source": "vllm:kv_cache_usage_perc",
+            },
             "nvml": nvml(),
         }
 
     def describe(self) -> dict[str, Any]:
         import vllm
 
-        return {"family": "vllm", "vllm_version": vllm.__version__, "params": None, "loops": 1, "kv_strategy": "standard",
-                "dtype": self.dtype, "device": "cuda", "max_context": self.max_context, "weights_bytes": self.weights_bytes,
-                "kv_layout": self.layout.__dict__, "num_gpu_blocks": self.num_gpu_blocks,
-                "gpu_memory_utilization": self.gpu_memory_utilization,
-                "tensor_parallel_size": self.tensor_parallel_size}
+        return {
+            "family": "vllm",
+            "vllm_version": vllm.__version__,
+            "params": None,
+            "loops": 1,
+            "kv_strategy": "standard",
+            "dtype": self.dtype,
+            "device": "cuda",
+            "max_context": self.max_context,
+            "weights_bytes": self.weights_bytes,
+            "kv_layout": self.layout.__dict__,
+            "num_gpu_blocks": self.num_gpu_blocks,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "tensor_parallel_size": self.tensor_parallel_size,
+        }
 
 
 def inspect_vllm(
@@ -296,8 +338,16 @@ def inspect_vllm(
     if not 0 < gpu_memory_utilization <= 1:
         raise AdapterError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     if isinstance(tensor_parallel_size, bool) or not isinstance(tensor_parallel_size, int) or tensor_parallel_size < 1:
-        raise AdapterError(f"tensor_parallel_size must be a positive integer (GPUs for one model), got {tensor_parallel_size!r}")
-    return {"family": "vllm", "loops": 1, "kv_strategy": "standard", "device": "cuda", "tensor_parallel_size": tensor_parallel_size}
+        raise AdapterError(
+            f"tensor_parallel_size must be a positive integer (GPUs for one model), got {tensor_parallel_size!r}"
+        )
+    return {
+        "family": "vllm",
+        "loops": 1,
+        "kv_strategy": "standard",
+        "device": "cuda",
+        "tensor_parallel_size": tensor_parallel_size,
+    }
 
 
 @register("vllm", "a local checkpoint through vLLM (optional extra loopeval[vllm]; GPU)", inspect=inspect_vllm)
@@ -316,15 +366,29 @@ def load_vllm(
     """Load `vllm:PATH`. `gpu_memory_utilization`, `max_model_len` and `tensor_parallel_size` (GPUs that
     share one model) go straight to `vllm.LLM`."""
     spec = f"vllm:{path}"
-    inspect_vllm(path, loops=loops, device=device, gpu_memory_utilization=gpu_memory_utilization,
-                 tensor_parallel_size=tensor_parallel_size)
+    inspect_vllm(
+        path,
+        loops=loops,
+        device=device,
+        gpu_memory_utilization=gpu_memory_utilization,
+        tensor_parallel_size=tensor_parallel_size,
+    )
     try:
         from vllm import LLM
     except ImportError as exc:
-        raise AdapterError(f"{spec}: vLLM is not installed; install the optional extra: pip install 'loopeval[vllm]' ({exc})") from exc
+        raise AdapterError(
+            f"{spec}: vLLM is not installed; install the optional extra: pip install 'loopeval[vllm]' ({exc})"
+        ) from exc
     if trust_remote_code:
         print(f"loopeval: warning: trust_remote_code=True runs Python code shipped in {path}", file=sys.stderr)
-    llm = LLM(model=str(Path(path).expanduser()), dtype=dtype or "auto", seed=seed or 0, gpu_memory_utilization=gpu_memory_utilization,
-              max_model_len=max_model_len, trust_remote_code=trust_remote_code, tensor_parallel_size=tensor_parallel_size,
-              disable_log_stats=False)
+    llm = LLM(
+        model=str(Path(path).expanduser()),
+        dtype=dtype or "auto",
+        seed=seed or 0,
+        gpu_memory_utilization=gpu_memory_utilization,
+        max_model_len=max_model_len,
+        trust_remote_code=trust_remote_code,
+        tensor_parallel_size=tensor_parallel_size,
+        disable_log_stats=False,
+    )
     return VLLMAdapter(spec, llm, path=str(Path(path).expanduser()))

@@ -55,7 +55,13 @@ def zoo_info(name: str) -> dict[str, Any]:
     return {"name": name, "path": str(path), "config": config, "train": info, "file_bytes": weight_bytes}
 
 
-CHECKPOINT_PREFIXES = ("qwen3", "ouro", "melt", "huginn", "retrofit")  # the families with a checkpoint prefix of their own (adapters.engine.adapter)
+CHECKPOINT_PREFIXES = (
+    "qwen3",
+    "ouro",
+    "melt",
+    "huginn",
+    "retrofit",
+)  # the families with a checkpoint prefix of their own (adapters.engine.adapter)
 
 
 def checkpoint_spec(path: str | Path) -> str:
@@ -80,8 +86,12 @@ def inspect_zoo(name: str, **overrides: Any) -> dict[str, Any]:
     return facts
 
 
-@register("zoo", "trained tiny models shipped with loopeval (qwen3-tiny-small, qwen3-tiny-deep, ouro-tiny, melt-tiny, ablations, the recurrence lab)", inspect=inspect_zoo,
-          names=zoo_names)
+@register(
+    "zoo",
+    "trained tiny models shipped with loopeval (qwen3-tiny-small, qwen3-tiny-deep, ouro-tiny, melt-tiny, ablations, the recurrence lab)",
+    inspect=inspect_zoo,
+    names=zoo_names,
+)
 def load_zoo(name: str, **overrides: Any) -> Adapter:
     """Load a shipped model by name with the engine adapter of its family (overrides as for any engine spec)."""
     adapter = load(engine_spec(name), **overrides)
@@ -161,11 +171,26 @@ class Recipe:
 # trains, they stop a typo or a hostile file (a learning rate of 1e9, a temperature of 0: NaN, a seed past what
 # torch's generators take) before anything is built. Sizes beyond memory are `training.train.training_bytes`' to refuse.
 RANGES: dict[str, tuple[int, int | float]] = {
-    "seed": (0, 2**32 - 1), "steps": (1, 10**9), "batch_size": (1, 1 << 20), "lr": (0, 1), "warmup_steps": (0, 10**9),
-    "weight_decay": (0, 1), "grad_clip": (0, 10**6), "min_lr_ratio": (0, 1), "val_items": (0, 10**7), "log_every": (1, 10**9),
-    "save_every": (1, 10**9), "entropy_weight": (0, 100), "exit_bias_init": (-100, 100), "mean_recurrence": (1, MAX_LOOPS),
-    "backprop_depth": (1, MAX_LOOPS), "chunk_size": (1, 1 << 16), "ramp_steps": (0, 10**9), "stage2_start": (0, 10**9),
-    "beta": (0, 10**6), "distill_temperature": (0, 100),
+    "seed": (0, 2**32 - 1),
+    "steps": (1, 10**9),
+    "batch_size": (1, 1 << 20),
+    "lr": (0, 1),
+    "warmup_steps": (0, 10**9),
+    "weight_decay": (0, 1),
+    "grad_clip": (0, 10**6),
+    "min_lr_ratio": (0, 1),
+    "val_items": (0, 10**7),
+    "log_every": (1, 10**9),
+    "save_every": (1, 10**9),
+    "entropy_weight": (0, 100),
+    "exit_bias_init": (-100, 100),
+    "mean_recurrence": (1, MAX_LOOPS),
+    "backprop_depth": (1, MAX_LOOPS),
+    "chunk_size": (1, 1 << 16),
+    "ramp_steps": (0, 10**9),
+    "stage2_start": (0, 10**9),
+    "beta": (0, 10**6),
+    "distill_temperature": (0, 100),
 }
 OPEN_LOW = ("lr", "grad_clip", "distill_temperature")  # 0 trains nothing, clips every gradient away, divides by zero
 
@@ -202,15 +227,19 @@ def _with_bases(tables: dict[str, Any], path: Path) -> dict[str, dict[str, Any]]
         while chain[-1] not in resolved and "base" in tables[chain[-1]]:
             base = tables[chain[-1]]["base"]
             if not isinstance(base, str) or base not in tables or base in chain:
-                raise AdapterError(f"recipes file {path}, model {chain[-1]}: base {base!r} is not another model of the file, "
-                                   "or its bases lead back here")
+                raise AdapterError(
+                    f"recipes file {path}, model {chain[-1]}: base {base!r} is not another model of the file, "
+                    "or its bases lead back here"
+                )
             chain.append(base)
         merged = resolved.get(chain[-1])
         for step in reversed(chain[:-1] if merged is not None else chain):
             table = {k: v for k, v in tables[step].items() if k != "base"}
             config = table.get("config", {})
             if not isinstance(config, dict):
-                raise AdapterError(f"recipes file {path}, model {step}: config must be a table of engine config fields, got {config!r}")
+                raise AdapterError(
+                    f"recipes file {path}, model {step}: config must be a table of engine config fields, got {config!r}"
+                )
             parent = {k: v for k, v in (merged or {}).items() if k != "description"}  # a description is never inherited
             merged = resolved[step] = {**parent, **table, "config": {**parent.get("config", {}), **config}}
     return resolved
@@ -229,7 +258,11 @@ def load_recipes(path: Path = RECIPES_PATH) -> dict[str, Recipe]:
         raise AdapterError(f"cannot read recipes file {path}: arrays or tables nested too deeply") from None
     defaults = data.get("defaults", {})
     tables = data.get("models", {})
-    for what, table in (("[defaults]", defaults), ("[models]", tables), *((f"[models.{n}]", t) for n, t in tables.items())):
+    for what, table in (
+        ("[defaults]", defaults),
+        ("[models]", tables),
+        *((f"[models.{n}]", t) for n, t in tables.items()),
+    ):
         if not isinstance(table, dict):
             raise AdapterError(f"recipes file {path}: {what} must be a table, got {table!r}")
     recipes = {}

@@ -7,8 +7,15 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.names import (KV_ONLY, QUOTED_MEASURES, available_measures, byte_unit, measure_label, measure_words,
-                            point_name)
+from analysis.names import (
+    KV_ONLY,
+    QUOTED_MEASURES,
+    available_measures,
+    byte_unit,
+    measure_label,
+    measure_words,
+    point_name,
+)
 from analysis.points import POINT, point_key
 from analysis.ranking import DEFAULT_RANKING, RANKINGS, ranked
 

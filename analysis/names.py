@@ -106,8 +106,10 @@ def config_labels(points: pd.DataFrame) -> list[str]:
     def order(name: str) -> tuple[int, str]:  # the KV axis first, policy before dtype, then the overrides by name
         return (KV_AXIS.index(name), "") if name in KV_AXIS else (len(KV_AXIS), name)
 
-    return [" ".join(label(name, config[name]) for name in sorted(config, key=order) if tells_apart(model, name))
-            for model, config in zip(points["model"], fields)]
+    return [
+        " ".join(label(name, config[name]) for name in sorted(config, key=order) if tells_apart(model, name))
+        for model, config in zip(points["model"], fields)
+    ]
 
 
 def _config_value(value: Any) -> str:

@@ -41,8 +41,9 @@ def point_key(row: Any) -> Key:
     """A point's (or a run's) identity, `POINT` read off a row (a named tuple or a dict), NaN read as None and the loop
     count as an int: the one key by which a run finds its point, so equal points compare equal."""
     values = [row[column] if isinstance(row, dict | pd.Series) else getattr(row, column) for column in POINT]
-    return tuple(None if _missing(value) else int(value) if column == "loops" else value
-                 for column, value in zip(POINT, values))
+    return tuple(
+        None if _missing(value) else int(value) if column == "loops" else value for column, value in zip(POINT, values)
+    )
 
 
 def _missing(value: Any) -> bool:
@@ -145,8 +146,9 @@ def with_compute_measures(points: pd.DataFrame) -> pd.DataFrame:
     mean_loops = points["loop_tokens"] / points["looped_tokens"].where(reported)
     points["loops_per_token"] = np.where(reported, mean_loops, ran_r)
     configs = points.get("model_config", pd.Series([None] * len(points), index=points.index))
-    points["layer_passes_per_token"] = [layer_passes(config, loops)
-                                        for config, loops in zip(configs, points["loops_per_token"])]
+    points["layer_passes_per_token"] = [
+        layer_passes(config, loops) for config, loops in zip(configs, points["loops_per_token"])
+    ]
     points["layer_passes_per_token"] = points["layer_passes_per_token"].astype("float64")
     timed = points["generate_seconds"] > 0
     tokens = points["generated_tokens"]
@@ -171,12 +173,17 @@ def with_derived_measures(points: pd.DataFrame, context_tokens: int = DEFAULT_CO
 def kv_setting(config: str, described: Any) -> tuple[str, str]:
     """A point's (KV policy, KV dtype): as swept (its configuration), else as its adapter described itself."""
     swept, described = config_fields(config), described if isinstance(described, dict) else {}
-    return (str(swept.get("kv_policy") or described.get("kv_policy") or "?"),
-            str(swept.get("kv_dtype") or described.get("kv_dtype") or "auto"))
+    return (
+        str(swept.get("kv_policy") or described.get("kv_policy") or "?"),
+        str(swept.get("kv_dtype") or described.get("kv_dtype") or "auto"),
+    )
 
 
 def accuracy_points(
-    engine: Engine, set_id: str | None, task: str = "all", context_tokens: int = DEFAULT_CONTEXT_TOKENS,
+    engine: Engine,
+    set_id: str | None,
+    task: str = "all",
+    context_tokens: int = DEFAULT_CONTEXT_TOKENS,
     run_ids: Iterable[int] | None = None,
 ) -> pd.DataFrame:
     """One row per point (`POINT`) of one evaluation set (None: the latest), optionally of `run_ids` only, with
@@ -185,7 +192,8 @@ def accuracy_points(
     points = queries.accuracy_memory(engine, set_id=set_id, task=task, run_ids=run_ids)
     settings = [kv_setting(c, d) for c, d in zip(points["config"], points.get("model_config", [None] * len(points)))]
     return with_derived_measures(points, context_tokens).assign(
-        config_label=config_labels(points), kv_policy=[p for p, _ in settings], kv_dtype=[d for _, d in settings])
+        config_label=config_labels(points), kv_policy=[p for p, _ in settings], kv_dtype=[d for _, d in settings]
+    )
 
 
 def lever_points(points: pd.DataFrame) -> pd.DataFrame:
@@ -198,8 +206,12 @@ def lever_points(points: pd.DataFrame) -> pd.DataFrame:
     if swept is None or not swept.any():
         return frame.iloc[0:0].assign(kv_policy=[], kv_dtype=[])
     levers = set(zip(frame.loc[swept, "model"], frame.loc[swept, "loops"]))
-    keep = np.array([(model, loops) in levers and (on or config == "")
-                     for model, loops, on, config in zip(frame["model"], frame["loops"], swept, frame["config"])])
+    keep = np.array(
+        [
+            (model, loops) in levers and (on or config == "")
+            for model, loops, on, config in zip(frame["model"], frame["loops"], swept, frame["config"])
+        ]
+    )
     frame = frame[keep].assign(swept=swept[keep])
     frame = frame.sort_values("swept", ascending=False, kind="stable")  # a swept point stands for its setting
     return frame.drop_duplicates(["model", "loops", "kv_policy", "kv_dtype"]).drop(columns="swept").sort_index()

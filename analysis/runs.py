@@ -23,8 +23,10 @@ def run_records(engine: Engine, run_ids: Iterable[int] | None = None) -> list[di
     ids = runs["run_id"].tolist()
     configs = queries.run_configs(engine, ids)
     runs = runs.assign(
-        config=runs["run_id"].map(configs).astype(object), scored=runs["run_id"].isin(queries.scored_runs(engine)),
-        kv_bytes_per_token=[c.get("kv_bytes_per_token") if isinstance(c, dict) else None for c in runs["model_config"]])
+        config=runs["run_id"].map(configs).astype(object),
+        scored=runs["run_id"].isin(queries.scored_runs(engine)),
+        kv_bytes_per_token=[c.get("kv_bytes_per_token") if isinstance(c, dict) else None for c in runs["model_config"]],
+    )
     runs = runs.merge(queries.memory_peaks(engine, ids), on="run_id", how="left").astype(object)
     return [{**row, "run_id": int(row["run_id"])} for row in runs.where(runs.notna(), None).to_dict("records")]
 
@@ -32,8 +34,9 @@ def run_records(engine: Engine, run_ids: Iterable[int] | None = None) -> list[di
 def ordered_sets(runs: Iterable[Mapping[str, Any]]) -> dict[str, str]:
     """set id -> label for the evaluation sets of `run_records`, the default first: the set of the newest run with
     scores, as `db.queries.eval_sets` orders them."""
-    evals = sorted((run for run in runs if run["set_id"] is not None), key=lambda run: (run["scored"], run["run_id"]),
-                   reverse=True)
+    evals = sorted(
+        (run for run in runs if run["set_id"] is not None), key=lambda run: (run["scored"], run["run_id"]), reverse=True
+    )
     return {run["set_id"]: run["set_label"] for run in evals}
 
 

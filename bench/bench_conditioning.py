@@ -2,7 +2,7 @@
 and decode tokens/s relative to the plain looped model, all in one process.
 
 Every variant is the same preset with the same seeded weights plus zero-initialised conditioning
-(`LoopedLM.with_conditioning` through the `injection`, `history`, `history_window`, `loop_gate` and `branch_gate`
+(`model.with_conditioning` through the `injection`, `history`, `history_window`, `loop_gate` and `branch_gate`
 load overrides), so all generate the same tokens; EOS is off, so every run decodes the same count.
 Every round times each variant once, each round starting at another variant; a variant's speed is
 its best round (other processes only ever add time, so the best round is the least disturbed) and
@@ -62,15 +62,26 @@ def bench(preset: str, loops: int, batches: list[int], prompt_len: int, new_toke
     adapters = {name: load(preset, loops, options) for name, options in VARIANTS.items()}
     plain = adapters["plain"]
     sampling = replace(PAPER_PROTOCOL, n=1, max_new_tokens=new_tokens, seed=0)
-    out: dict = {"preset": preset, "loops": loops, "threads": torch.get_num_threads(), "prompt_tokens": prompt_len,
-                 "new_tokens": new_tokens, "rounds": rounds, "variants": {}}
+    out: dict = {
+        "preset": preset,
+        "loops": loops,
+        "threads": torch.get_num_threads(),
+        "prompt_tokens": prompt_len,
+        "new_tokens": new_tokens,
+        "rounds": rounds,
+        "variants": {},
+    }
     for name, adapter in adapters.items():
         params = adapter.describe()["params"]
-        out["variants"][name] = {"params_added": params - plain.describe()["params"],
-                                 "weights_bytes_added": adapter.memory()["weights_bytes"] - plain.memory()["weights_bytes"]}
+        out["variants"][name] = {
+            "params_added": params - plain.describe()["params"],
+            "weights_bytes_added": adapter.memory()["weights_bytes"] - plain.memory()["weights_bytes"],
+        }
     names = list(adapters)
     for batch in batches:
-        prompts = torch.randint(3, plain.config.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(batch)).tolist()
+        prompts = torch.randint(
+            3, plain.config.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(batch)
+        ).tolist()
         speeds: dict[str, list[float]] = {name: [] for name in names}
         held: dict[str, int] = {}
         for adapter in adapters.values():
@@ -85,7 +96,8 @@ def bench(preset: str, loops: int, batches: list[int], prompt_len: int, new_toke
                 "decode_tok_s_best": round(max(speeds[name]), 1),
                 "ratio_vs_plain": round(max(speeds[name]) / best_plain, 3),
                 "spread": round(max(speeds[name]) / min(speeds[name]), 2),  # best over worst round: the noise
-                "decode_bytes_held": held[name], "decode_bytes_added": held[name] - held["plain"],
+                "decode_bytes_held": held[name],
+                "decode_bytes_added": held[name] - held["plain"],
             }
     return out
 
@@ -103,7 +115,9 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     batches = [int(b) for b in args.batches.split(",")]
-    print(json.dumps(bench(args.preset, args.loops, batches, args.prompt_tokens, args.new_tokens, args.rounds), indent=2))
+    print(
+        json.dumps(bench(args.preset, args.loops, batches, args.prompt_tokens, args.new_tokens, args.rounds), indent=2)
+    )
 
 
 if __name__ == "__main__":

@@ -68,10 +68,17 @@ def hf_qwen3(name: str, seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     return Qwen3ForCausalLM(
         Qwen3Config(
-            vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.ffn_size,
-            num_hidden_layers=cfg.shared_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
-            head_dim=cfg.head_dim, max_position_embeddings=cfg.max_position, tie_word_embeddings=cfg.tie_embeddings,
-            rope_parameters={"rope_theta": cfg.rope_theta, "rope_type": "default"}, rms_norm_eps=cfg.norm_eps,
+            vocab_size=cfg.vocab_size,
+            hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.ffn_size,
+            num_hidden_layers=cfg.shared_layers,
+            num_attention_heads=cfg.num_heads,
+            num_key_value_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+            max_position_embeddings=cfg.max_position,
+            tie_word_embeddings=cfg.tie_embeddings,
+            rope_parameters={"rope_theta": cfg.rope_theta, "rope_type": "default"},
+            rms_norm_eps=cfg.norm_eps,
         )
     ).eval()
 
@@ -98,37 +105,56 @@ def bench_cpu(new_tokens: int, prompt_len: int, rounds: int) -> dict:
     sampling = replace(PAPER_PROTOCOL, n=1, max_new_tokens=new_tokens, seed=0)
     engine.config.extra["eos_token_ids"] = []  # the same fixed token count on both sides
     engine.config.eos_token_id = None
-    prompts = {b: torch.randint(3, engine.config.vocab_size, (b, prompt_len), generator=torch.Generator().manual_seed(b)) for b in (1, 4, 16)}
+    prompts = {
+        b: torch.randint(3, engine.config.vocab_size, (b, prompt_len), generator=torch.Generator().manual_seed(b))
+        for b in (1, 4, 16)
+    }
     tok_s: dict[str, list[float]] = {}
     for _ in range(rounds):
         for batch, tokens in prompts.items():
             for mode in ("static", "continuous"):
                 engine.batching = mode
                 gens = engine.generate(tokens.tolist(), sampling)
-                tok_s.setdefault(f"{mode} {batch}", []).append(sum(g.generated_tokens - 1 for g in gens) / max(g.decode_seconds for g in gens))
+                tok_s.setdefault(f"{mode} {batch}", []).append(
+                    sum(g.generated_tokens - 1 for g in gens) / max(g.decode_seconds for g in gens)
+                )
         tok_s.setdefault("transformers 1", []).append(_hf_decode_tps(hf, prompts[1], sampling))
 
     def median_ratio(a: str, b: str) -> float:
         return round(statistics.median(x / y for x, y in zip(tok_s[a], tok_s[b])), 2)
 
     return {
-        "threads": torch.get_num_threads(), "new_tokens": new_tokens, "prompt_tokens": prompt_len, "rounds": rounds,
+        "threads": torch.get_num_threads(),
+        "new_tokens": new_tokens,
+        "prompt_tokens": prompt_len,
+        "rounds": rounds,
         "best_decode_tok_s": {key: round(max(values), 1) for key, values in tok_s.items()},
         "engine / transformers at batch 1 (target >= 2)": median_ratio("continuous 1", "transformers 1"),
-        "continuous / static tok/s (target >= 1 at batch 1 and 4)": {b: median_ratio(f"continuous {b}", f"static {b}") for b in (1, 4)},
+        "continuous / static tok/s (target >= 1 at batch 1 and 4)": {
+            b: median_ratio(f"continuous {b}", f"static {b}") for b in (1, 4)
+        },
         "continuous / static step cost at batch 16 (target <= 1.2)": median_ratio("static 16", "continuous 16"),
     }
 
 
 def _hf_decode_tps(hf: torch.nn.Module, prompts: torch.Tensor, sampling: Sampling) -> float:
     """transformers' decode tokens/s: (generate time - one-token generate time) over the tokens after the first."""
-    kwargs = dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0, eos_token_id=None, pad_token_id=0)
+    kwargs = dict(
+        do_sample=True,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=0,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
     with torch.inference_mode():
         t0 = time.perf_counter()
         hf.generate(prompts, max_new_tokens=1, min_new_tokens=1, **kwargs)
         first = time.perf_counter() - t0
         t0 = time.perf_counter()
-        out = hf.generate(prompts, max_new_tokens=sampling.max_new_tokens, min_new_tokens=sampling.max_new_tokens, **kwargs)
+        out = hf.generate(
+            prompts, max_new_tokens=sampling.max_new_tokens, min_new_tokens=sampling.max_new_tokens, **kwargs
+        )
         if out.is_cuda:
             torch.cuda.synchronize()
         total = time.perf_counter() - t0
@@ -148,8 +174,13 @@ def bench_memory(device: str, names: list[str], context: int, new_tokens: int, b
     nvml = _nvml_process_bytes() if cuda else None
     if cuda:
         torch.zeros(1, device=device)
-    out = {"device": torch.cuda.get_device_name() if cuda else "cpu", "context": context, "new_tokens": new_tokens,
-           "cuda_context_bytes": nvml() if nvml else None, "models": {}}
+    out = {
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "context": context,
+        "new_tokens": new_tokens,
+        "cuda_context_bytes": nvml() if nvml else None,
+        "models": {},
+    }
     for name in names:
         if cuda:
             gc.collect()
@@ -164,7 +195,14 @@ def bench_memory(device: str, names: list[str], context: int, new_tokens: int, b
     return out
 
 
-def _memory_row(name: str, device: str, context: int, new_tokens: int, batches: tuple[int, ...], nvml: Callable[[], int | None] | None) -> dict:
+def _memory_row(
+    name: str,
+    device: str,
+    context: int,
+    new_tokens: int,
+    batches: tuple[int, ...],
+    nvml: Callable[[], int | None] | None,
+) -> dict:
     """One preset's figures: memory after prefilling `context` tokens, decode speed at it and per batch size."""
     from adapters.engine.memory import estimate
 
@@ -178,9 +216,12 @@ def _memory_row(name: str, device: str, context: int, new_tokens: int, batches: 
     gen = adapter.generate([prompt], replace(PAPER_PROTOCOL, n=1, max_new_tokens=new_tokens))[0]
     mem = adapter.memory()
     row.update(
-        weights_bytes=mem["weights_bytes"], kv_bytes=mem["kv_bytes_peak"], prefill_seconds=round(gen.prefill_seconds, 3),
+        weights_bytes=mem["weights_bytes"],
+        kv_bytes=mem["kv_bytes_peak"],
+        prefill_seconds=round(gen.prefill_seconds, 3),
         decode_tok_s_at_context=round((gen.generated_tokens - 1) / gen.decode_seconds, 1),
-        torch_allocated_peak=torch.cuda.max_memory_allocated() if cuda else None, nvml_process=nvml() if nvml else None,
+        torch_allocated_peak=torch.cuda.max_memory_allocated() if cuda else None,
+        nvml_process=nvml() if nvml else None,
     )
     for batch in batches:
         prompts = torch.randint(3, vocab, (batch, 64)).tolist()
@@ -196,8 +237,12 @@ def _transformers_decode(name: str, device: str, vocab: int, new_tokens: int, ba
     """transformers' decode tok/s on the same shape (its own random weights: speed does not depend on them)."""
     hf = hf_qwen3(name).to(device=device, dtype=torch.bfloat16)
     sampling = replace(PAPER_PROTOCOL, n=1, max_new_tokens=new_tokens)
-    row = {f"transformers_decode_tok_s_batch{batch}": round(_hf_decode_tps(hf, torch.randint(3, vocab, (batch, 64), device=device), sampling), 1)
-           for batch in batches}
+    row = {
+        f"transformers_decode_tok_s_batch{batch}": round(
+            _hf_decode_tps(hf, torch.randint(3, vocab, (batch, 64), device=device), sampling), 1
+        )
+        for batch in batches
+    }
     del hf
     return row
 
@@ -207,29 +252,42 @@ def _checks(out: dict, batches: tuple[int, ...]) -> dict:
     models, checks = {name: row for name, row in out["models"].items() if "error" not in row}, {}
     for name, target in BATCH1_TARGETS.items():
         if name in models:
-            checks[f"{name} batch-1 decode / {target:.0f} tok/s"] = round(models[name]["decode_tok_s_batch1"] / target, 2)
+            checks[f"{name} batch-1 decode / {target:.0f} tok/s"] = round(
+                models[name]["decode_tok_s_batch1"] / target, 2
+            )
     big = max(batches)
     for name, row in models.items():
         if f"transformers_decode_tok_s_batch{big}" in row:
             checks[f"{name} batch-{big} decode / transformers (target 5)"] = round(
-                row[f"decode_tok_s_batch{big}"] / row[f"transformers_decode_tok_s_batch{big}"], 2)
+                row[f"decode_tok_s_batch{big}"] / row[f"transformers_decode_tok_s_batch{big}"], 2
+            )
         if row["nvml_process"] is not None and out["cuda_context_bytes"] is not None:
             bound = 1.05 * (row["weights_bytes"] + row["kv_bytes"]) + out["cuda_context_bytes"]
-            checks[f"{name} NVML process / (1.05 x (weights + KV) + context) (target <= 1)"] = round(row["nvml_process"] / bound, 3)
+            checks[f"{name} NVML process / (1.05 x (weights + KV) + context) (target <= 1)"] = round(
+                row["nvml_process"] / bound, 3
+            )
     if "melt-1.6b" in models and "ouro-1.4b" in models:
         checks["melt-1.6b / ouro-1.4b batch-1 decode (target >= 0.95)"] = round(
-            models["melt-1.6b"]["decode_tok_s_batch1"] / models["ouro-1.4b"]["decode_tok_s_batch1"], 2)
+            models["melt-1.6b"]["decode_tok_s_batch1"] / models["ouro-1.4b"]["decode_tok_s_batch1"], 2
+        )
     return checks
 
 
-def bench_batching(name: str, prompts: int, samples: int, cap: int, new_tokens: int, repeats: int, eos_id: int | None) -> dict:
+def bench_batching(
+    name: str, prompts: int, samples: int, cap: int, new_tokens: int, repeats: int, eos_id: int | None
+) -> dict:
     """Useful tokens/s of static and continuous batching at the same cap on one long-tailed workload."""
     adapter = load_preset(name, dtype="fp32", device="cpu", max_batch=cap)
     if eos_id is not None:
         adapter.config.eos_token_id, adapter.tokenizer = eos_id, None  # the token that ends a sequence, and no other
     rng = torch.Generator().manual_seed(0)
-    workload = [[1] + torch.randint(5, adapter.config.vocab_size, (int(torch.randint(16, 33, (1,), generator=rng)),), generator=rng).tolist()
-                for _ in range(prompts)]
+    workload = [
+        [1]
+        + torch.randint(
+            5, adapter.config.vocab_size, (int(torch.randint(16, 33, (1,), generator=rng)),), generator=rng
+        ).tolist()
+        for _ in range(prompts)
+    ]
     sampling = replace(PAPER_PROTOCOL, max_new_tokens=new_tokens, n=samples, seed=0)
     runs: dict[str, list[dict]] = {"static": [], "continuous": []}
     outputs: dict[str, list[list[int]]] = {}
@@ -248,22 +306,43 @@ def bench_batching(name: str, prompts: int, samples: int, cap: int, new_tokens: 
             reader.join()
             outputs[mode] = [g.token_ids for g in gens]
             memory = adapter.memory()
-            runs[mode].append({"wall": wall, "tokens": sum(g.generated_tokens for g in gens), "kv_peak": memory["kv_bytes_peak"],
-                               "kv_reserved": memory["kv_bytes_reserved_peak"], "slack": max((m["kv_bytes_allocated"] - m["kv_bytes_used"] for m in seen), default=0)})
+            runs[mode].append(
+                {
+                    "wall": wall,
+                    "tokens": sum(g.generated_tokens for g in gens),
+                    "kv_peak": memory["kv_bytes_peak"],
+                    "kv_reserved": memory["kv_bytes_reserved_peak"],
+                    "slack": max((m["kv_bytes_allocated"] - m["kv_bytes_used"] for m in seen), default=0),
+                }
+            )
     lengths = sorted(len(ids) for ids in outputs["continuous"])
     block_bytes = adapter.block_size * adapter.describe()["kv_bytes_per_token"]
     best = {mode: max(r["tokens"] / r["wall"] for r in rs) for mode, rs in runs.items()}
     return {
-        "preset": name, "eos_id": adapter.config.eos_token_id, "threads": torch.get_num_threads(), "cap": cap, "sequences": prompts * samples, "new_tokens": new_tokens,
-        "lengths": {"mean": round(statistics.mean(lengths), 1), "median": lengths[len(lengths) // 2], "p90": lengths[int(0.9 * len(lengths))],
-                    "max": lengths[-1]},
+        "preset": name,
+        "eos_id": adapter.config.eos_token_id,
+        "threads": torch.get_num_threads(),
+        "cap": cap,
+        "sequences": prompts * samples,
+        "new_tokens": new_tokens,
+        "lengths": {
+            "mean": round(statistics.mean(lengths), 1),
+            "median": lengths[len(lengths) // 2],
+            "p90": lengths[int(0.9 * len(lengths))],
+            "max": lengths[-1],
+        },
         "sequences_differing_from_static": sum(a != b for a, b in zip(outputs["static"], outputs["continuous"])),
         "useful_tok_s": {mode: [round(r["tokens"] / r["wall"], 1) for r in rs] for mode, rs in runs.items()},
         "ratio_best": round(best["continuous"] / best["static"], 2),
-        "ratio_per_round": [round((c["tokens"] / c["wall"]) / (s["tokens"] / s["wall"]), 2) for s, c in zip(runs["static"], runs["continuous"])],
+        "ratio_per_round": [
+            round((c["tokens"] / c["wall"]) / (s["tokens"] / s["wall"]), 2)
+            for s, c in zip(runs["static"], runs["continuous"])
+        ],
         "kv_peak_bytes": {mode: rs[0]["kv_peak"] for mode, rs in runs.items()},
         "kv_reserved_bytes": {mode: rs[0]["kv_reserved"] for mode, rs in runs.items()},
-        "continuous_max_held_minus_used_blocks": round(max(r["slack"] for r in runs["continuous"]) / block_bytes, 2),  # <= sequences running <= cap
+        "continuous_max_held_minus_used_blocks": round(
+            max(r["slack"] for r in runs["continuous"]) / block_bytes, 2
+        ),  # <= sequences running <= cap
         "preemptions": adapter.preemptions,
     }
 
@@ -302,25 +381,42 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="--batching: rounds")
     parser.add_argument("--rounds", type=int, default=9, help="CPU mode: alternating rounds")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    parser.add_argument("--presets", default="qwen3-1.7b,ouro-1.4b,ouro-2.6b,melt-1.6b", help="--full: comma-separated presets")
-    parser.add_argument("--device", default=None, help="--full without --gpu: run the memory path on this device (a dry run)")
-    parser.add_argument("--batching", action="store_true", help="continuous vs static batching on a long-tailed workload (CPU)")
+    parser.add_argument(
+        "--presets", default="qwen3-1.7b,ouro-1.4b,ouro-2.6b,melt-1.6b", help="--full: comma-separated presets"
+    )
+    parser.add_argument(
+        "--device", default=None, help="--full without --gpu: run the memory path on this device (a dry run)"
+    )
+    parser.add_argument(
+        "--batching", action="store_true", help="continuous vs static batching on a long-tailed workload (CPU)"
+    )
     parser.add_argument("--preset", default="qwen3-tiny", help="--batching: the tiny preset")
     parser.add_argument("--prompts", type=int, default=32, help="--batching: prompts in the workload")
     parser.add_argument("--samples", type=int, default=4, help="--batching: samples per prompt")
     parser.add_argument("--cap", type=int, default=16, help="--batching: sequences decoding at once (both modes)")
-    parser.add_argument("--eos-id", type=int, default=None, help="--batching: the token id that ends a sequence (default: the preset's)")
+    parser.add_argument(
+        "--eos-id", type=int, default=None, help="--batching: the token id that ends a sequence (default: the preset's)"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.batching:
-        print(json.dumps(bench_batching(args.preset, args.prompts, args.samples, args.cap, args.new_tokens, args.repeats, args.eos_id), indent=2))
+        print(
+            json.dumps(
+                bench_batching(
+                    args.preset, args.prompts, args.samples, args.cap, args.new_tokens, args.repeats, args.eos_id
+                ),
+                indent=2,
+            )
+        )
     elif args.full:
         if args.gpu and not torch.cuda.is_available():
             parser.error("--gpu needs CUDA")
         device = "cuda" if args.gpu else (args.device or "cpu")
         batches = (1, 32) if args.gpu else (1, 4)
-        print(json.dumps(bench_memory(device, args.presets.split(","), args.context, args.new_tokens, batches), indent=2))
+        print(
+            json.dumps(bench_memory(device, args.presets.split(","), args.context, args.new_tokens, batches), indent=2)
+        )
     elif args.gpu:
         parser.error("GPU mode is --gpu --full")
     else:

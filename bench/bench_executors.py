@@ -37,8 +37,23 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def sweep_args(limit: int) -> list[str]:
-    return ["--model", "preset:ouro-tiny", "--model", "preset:melt-tiny", "--loops", "1,2", "--tasks", "addition,chain2",
-            "--limit", str(limit), "--samples", "1", "--max-new-tokens", "6", "--no-report"]
+    return [
+        "--model",
+        "preset:ouro-tiny",
+        "--model",
+        "preset:melt-tiny",
+        "--loops",
+        "1,2",
+        "--tasks",
+        "addition,chain2",
+        "--limit",
+        str(limit),
+        "--samples",
+        "1",
+        "--max-new-tokens",
+        "6",
+        "--no-report",
+    ]
 
 
 def timed(argv: list[str], db: Path) -> dict[str, float]:
@@ -50,7 +65,9 @@ def timed(argv: list[str], db: Path) -> dict[str, float]:
     if done.returncode != 0:
         raise SystemExit(f"loopeval run {' '.join(argv)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     conn = sqlite3.connect(db)
-    (run_seconds, runs), = conn.execute("SELECT SUM(wall_seconds), COUNT(*) FROM runs WHERE status = 'finished'").fetchall()
+    ((run_seconds, runs),) = conn.execute(
+        "SELECT SUM(wall_seconds), COUNT(*) FROM runs WHERE status = 'finished'"
+    ).fetchall()
     conn.close()
     if runs != 4:
         raise SystemExit(f"expected 4 finished runs in {db}, found {runs}")
@@ -72,7 +89,9 @@ def main() -> None:
 def measure(args: argparse.Namespace, scratch: Path) -> dict[str, object]:
     """Every variant once per round, in `scratch` (the databases and the Ray instance's files)."""
     sweep = sweep_args(args.limit)
-    report: dict[str, object] = {"workload": {"runs": 4, "limit": args.limit, "tasks": 2, "samples": 1, "ray_cpus": args.cpus}}
+    report: dict[str, object] = {
+        "workload": {"runs": 4, "limit": args.limit, "tasks": 2, "samples": 1, "ray_cpus": args.cpus}
+    }
     report["ray_own_instance"] = timed([*sweep, "--executor", "ray"], scratch / "own.sqlite")
 
     import ray
@@ -87,9 +106,15 @@ def measure(args: argparse.Namespace, scratch: Path) -> dict[str, object]:
     finally:
         ray.shutdown()
     ratios = [r["wall_seconds"] / l["wall_seconds"] for l, r in zip(local, connected)]
-    report.update(local=local, ray_connected=connected, ratio_per_round=[round(r, 3) for r in ratios],
-                  ratio=round(statistics.median(ratios), 3),
-                  ray_extra_seconds_per_run=round(statistics.median(r["wall_seconds"] - l["wall_seconds"] for l, r in zip(local, connected)) / 4, 2))
+    report.update(
+        local=local,
+        ray_connected=connected,
+        ratio_per_round=[round(r, 3) for r in ratios],
+        ratio=round(statistics.median(ratios), 3),
+        ray_extra_seconds_per_run=round(
+            statistics.median(r["wall_seconds"] - l["wall_seconds"] for l, r in zip(local, connected)) / 4, 2
+        ),
+    )
     return report
 
 

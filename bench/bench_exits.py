@@ -29,7 +29,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from adapters.base import Sampling  # noqa: E402
-from adapters.engine.adapter import EngineAdapter, exit_policy  # noqa: E402
+from adapters.engine.adapter import EngineAdapter  # noqa: E402
+from adapters.engine.overrides import exit_policy  # noqa: E402
 from adapters.engine.io.checkpoint import random_model  # noqa: E402
 from adapters.engine.io.presets import preset  # noqa: E402
 
@@ -38,8 +39,14 @@ THRESHOLDS = [0.5 + i / 100 for i in range(50)]  # the gate's cumulative exit pr
 
 def model_for(width: int, loops: int, device: str) -> torch.nn.Module:
     """ouro-tiny widened to `width` (heads of 32, MLP 3x), trained loops `loops`, its exit gate scaled to vary."""
-    cfg = preset("ouro-tiny").replace(hidden_size=width, num_heads=width // 32, num_kv_heads=width // 64, ffn_size=3 * width,
-                                      loops=loops, eos_token_id=None)
+    cfg = preset("ouro-tiny").replace(
+        hidden_size=width,
+        num_heads=width // 32,
+        num_kv_heads=width // 64,
+        ffn_size=3 * width,
+        loops=loops,
+        eos_token_id=None,
+    )
     model = random_model(cfg, 0, torch.float32 if device == "cpu" else torch.bfloat16, device)
     with torch.no_grad():
         gate = model.model.early_exit_gate.weight
@@ -81,9 +88,17 @@ def bench(width: int, loops: int, batch: int, new_tokens: int, rounds: int, targ
             seen[name].append(run(engine, prompts, sampling))
     ratio = statistics.median(e[0] / f[0] for e, f in zip(seen["exits"], seen["fixed"]))
     return {
-        "width": width, "loops": loops, "batch": batch, "new_tokens": new_tokens, "rounds": rounds, "device": device,
-        "threshold": threshold, "mean_loops_exits": round(seen["exits"][0][2], 2), "mean_loops_fixed": seen["fixed"][0][2],
-        "loop_fraction": round(seen["exits"][0][2] / loops, 3), "decode_time_ratio": round(ratio, 3),
+        "width": width,
+        "loops": loops,
+        "batch": batch,
+        "new_tokens": new_tokens,
+        "rounds": rounds,
+        "device": device,
+        "threshold": threshold,
+        "mean_loops_exits": round(seen["exits"][0][2], 2),
+        "mean_loops_fixed": seen["fixed"][0][2],
+        "loop_fraction": round(seen["exits"][0][2] / loops, 3),
+        "decode_time_ratio": round(ratio, 3),
         "decode_tps_fixed": round(max(t / s for s, t, _ in seen["fixed"]), 1),
         "decode_tps_exits": round(max(t / s for s, t, _ in seen["exits"]), 1),
     }
@@ -97,13 +112,17 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16, help="prompts decoded together")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds")
-    parser.add_argument("--target", type=float, default=0.6, help="mean loops per decoded token, as a fraction of --loops")
+    parser.add_argument(
+        "--target", type=float, default=0.6, help="mean loops per decoded token, as a fraction of --loops"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     with torch.inference_mode():
-        out = bench(args.width, args.loops, args.batch, args.new_tokens, args.rounds, args.target, "cuda" if args.gpu else "cpu")
+        out = bench(
+            args.width, args.loops, args.batch, args.new_tokens, args.rounds, args.target, "cuda" if args.gpu else "cpu"
+        )
     print(json.dumps(out, indent=1))
 
 

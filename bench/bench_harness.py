@@ -60,7 +60,9 @@ class Recording:
         return getattr(self.inner, name)
 
 
-@adapters.register("bench", "benchmark wrapper: bench:<spec> records the generate calls of <spec>", source="bench_harness")
+@adapters.register(
+    "bench", "benchmark wrapper: bench:<spec> records the generate calls of <spec>", source="bench_harness"
+)
 def _load_recording(spec: str, **overrides: Any) -> Recording:
     return Recording(adapters.load(spec, **overrides))
 
@@ -85,7 +87,12 @@ def main_bench() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="zoo:ouro-tiny")
     parser.add_argument("--loops", type=int, default=4)
-    parser.add_argument("--limit", type=int, default=None, help="docs per task (default: all 200 of each of the synthetic suite's default tasks)")
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        help="docs per task (default: all 200 of each of the synthetic suite's default tasks)",
+    )
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=32)
@@ -99,8 +106,20 @@ def main_bench() -> None:
 
     from db.store import Store
 
-    common = ["run", "--model", f"bench:{args.model}", "--loops", str(args.loops), "--samples", str(args.samples),
-              "--max-new-tokens", str(args.max_new_tokens), "--batch-size", str(args.batch_size), "--no-report"]
+    common = [
+        "run",
+        "--model",
+        f"bench:{args.model}",
+        "--loops",
+        str(args.loops),
+        "--samples",
+        str(args.samples),
+        "--max-new-tokens",
+        str(args.max_new_tokens),
+        "--batch-size",
+        str(args.batch_size),
+        "--no-report",
+    ]
     if args.limit is not None:
         common += ["--limit", str(args.limit)]
     bare = adapters.load(args.model, loops=args.loops, seed=0)
@@ -117,20 +136,30 @@ def main_bench() -> None:
             replays.append(replay(bare))
 
     median = statistics.median(w / r for w, r in zip(walls, replays))
-    print(json.dumps({
-        "workload": {**vars(args), "suite": "synthetic", "generate_calls": len(CALLS), "samples_stored": summary["n_samples"]},
-        "loopeval_run_wall_seconds": [round(w, 3) for w in walls],
-        "adapter_generate_seconds_same_calls": [round(r, 3) for r in replays],
-        "ratio": round(median, 3),
-        "harness_overhead_percent": round(100 * (median - 1), 1),
-        "ratio_per_round": [round(w / r, 3) for w, r in zip(walls, replays)],
-        "ratio_of_fastest": round(min(walls) / min(replays), 3),
-        "inside_generate_during_run_seconds": [round(g, 3) for g in inside],
-        "ratio_wall_to_inside_generate": round(statistics.median(w / g for w, g in zip(walls, inside)), 3),
-        "ratio_inside_generate_to_replay": round(statistics.median(g / r for g, r in zip(inside, replays)), 3),
-        "cold_start_seconds_first_run": round(cold, 3),
-        "target_ratio": 1.10,
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "workload": {
+                    **vars(args),
+                    "suite": "synthetic",
+                    "generate_calls": len(CALLS),
+                    "samples_stored": summary["n_samples"],
+                },
+                "loopeval_run_wall_seconds": [round(w, 3) for w in walls],
+                "adapter_generate_seconds_same_calls": [round(r, 3) for r in replays],
+                "ratio": round(median, 3),
+                "harness_overhead_percent": round(100 * (median - 1), 1),
+                "ratio_per_round": [round(w / r, 3) for w, r in zip(walls, replays)],
+                "ratio_of_fastest": round(min(walls) / min(replays), 3),
+                "inside_generate_during_run_seconds": [round(g, 3) for g in inside],
+                "ratio_wall_to_inside_generate": round(statistics.median(w / g for w, g in zip(walls, inside)), 3),
+                "ratio_inside_generate_to_replay": round(statistics.median(g / r for g, r in zip(inside, replays)), 3),
+                "cold_start_seconds_first_run": round(cold, 3),
+                "target_ratio": 1.10,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -35,8 +35,15 @@ DTYPES = ("auto", "int8", "fp8")
 
 
 def engine(width: int, policy: str | None, kv_dtype: str, batch: int) -> EngineAdapter:
-    cfg = preset("ouro-tiny").replace(hidden_size=width, num_heads=width // 32, num_kv_heads=width // 64, ffn_size=3 * width,
-                                      eos_token_id=None, kv_policy=policy, kv_dtype=kv_dtype)
+    cfg = preset("ouro-tiny").replace(
+        hidden_size=width,
+        num_heads=width // 32,
+        num_kv_heads=width // 64,
+        ffn_size=3 * width,
+        eos_token_id=None,
+        kv_policy=policy,
+        kv_dtype=kv_dtype,
+    )
     return EngineAdapter("bench", random_model(cfg, 0, torch.float32, "cpu"), None, max_batch=batch)
 
 
@@ -55,11 +62,13 @@ def bench(width: int, policy: str | None, batch: int, new_tokens: int, rounds: i
         decode(adapter, prompts, sampling)  # warm-up
     seen: dict[str, list[tuple[float, int]]] = {d: [] for d in DTYPES}
     for i in range(rounds):
-        for d in DTYPES[i % 3:] + DTYPES[: i % 3]:
+        for d in DTYPES[i % 3 :] + DTYPES[: i % 3]:
             seen[d].append(decode(engines[d], prompts, sampling))
     out = {"batch": batch, "kv_bytes_per_token": {d: engines[d].describe()["kv_bytes_per_token"] for d in DTYPES}}
     out["decode_tps"] = {d: round(max(t / s for s, t in seen[d]), 1) for d in DTYPES}
-    out["cost_vs_auto"] = {d: round(statistics.median(x[0] / a[0] for x, a in zip(seen[d], seen["auto"])), 3) for d in DTYPES[1:]}
+    out["cost_vs_auto"] = {
+        d: round(statistics.median(x[0] / a[0] for x, a in zip(seen[d], seen["auto"])), 3) for d in DTYPES[1:]
+    }
     return out
 
 
@@ -77,8 +86,19 @@ def main() -> None:
     began = time.perf_counter()
     with torch.inference_mode():
         runs = [bench(args.width, args.policy, int(b), args.new_tokens, args.rounds) for b in args.batch.split(",")]
-    print(json.dumps({"width": args.width, "policy": args.policy or "per-loop", "new_tokens": args.new_tokens, "rounds": args.rounds,
-                      "seconds": round(time.perf_counter() - began, 1), "runs": runs}, indent=1))
+    print(
+        json.dumps(
+            {
+                "width": args.width,
+                "policy": args.policy or "per-loop",
+                "new_tokens": args.new_tokens,
+                "rounds": args.rounds,
+                "seconds": round(time.perf_counter() - began, 1),
+                "runs": runs,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

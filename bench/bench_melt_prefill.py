@@ -42,8 +42,16 @@ from adapters.engine.serving.sequence import Sequence  # noqa: E402
 def wide_melt(width: int, tokens: int, chunk: int) -> LoopConfig:
     """melt-tiny (2 shared layers, 4 loops, gated KV) at `width`, heads of 64, room for `tokens` positions."""
     heads = width // 64
-    return replace(preset("melt-tiny"), hidden_size=width, num_heads=heads, num_kv_heads=heads, head_dim=64,
-                   ffn_size=3 * width, chunk_size=chunk, max_position=max(tokens + 1, preset("melt-tiny").max_position))
+    return replace(
+        preset("melt-tiny"),
+        hidden_size=width,
+        num_heads=heads,
+        num_kv_heads=heads,
+        head_dim=64,
+        ffn_size=3 * width,
+        chunk_size=chunk,
+        max_position=max(tokens + 1, preset("melt-tiny").max_position),
+    )
 
 
 def prefill(model: LoopedLM, prompt: list[int], in_place: bool, chunk: int | None = None) -> tuple[float, torch.Tensor]:
@@ -53,7 +61,9 @@ def prefill(model: LoopedLM, prompt: list[int], in_place: bool, chunk: int | Non
     cfg, size = model.config, DEFAULT_BLOCK_SIZE
     chunk = chunk or cfg.chunk_size
     device = model.model.embed_tokens.weight.device
-    pool = BlockPool(cfg, cfg.loops, -(-len(prompt) // size), size, chunk, model.model.embed_tokens.weight.dtype, device)
+    pool = BlockPool(
+        cfg, cfg.loops, -(-len(prompt) // size), size, chunk, model.model.embed_tokens.weight.dtype, device
+    )
     if not in_place:
         pool.manager.free = deque(reversed(pool.manager.free))
     runner = ModelRunner(model, pool, loops=cfg.loops, policy=ExitPolicy(), graphs=None)
@@ -88,14 +98,30 @@ def main() -> None:
             if reference is None:
                 reference = logits
             elif not torch.equal(logits, reference):
-                raise SystemExit(f"bench/bench_melt_prefill.py: the {way} prefill's logits differ from the gathered one's")
-    print(json.dumps({
-        "config": {"width": args.width, "shared_layers": cfg.shared_layers, "loops": cfg.loops, "chunk": args.chunk,
-                   "tokens": args.tokens, "threads": args.threads, "torch": torch.__version__},
-        "seconds_best": {way: round(min(t), 3) for way, t in times.items()},
-        "gathered_over_in_place_median": round(statistics.median(g / p for g, p in zip(times["gathered"], times["in_place"])), 3),
-        "logits_identical": True,
-    }, indent=1))
+                raise SystemExit(
+                    f"bench/bench_melt_prefill.py: the {way} prefill's logits differ from the gathered one's"
+                )
+    print(
+        json.dumps(
+            {
+                "config": {
+                    "width": args.width,
+                    "shared_layers": cfg.shared_layers,
+                    "loops": cfg.loops,
+                    "chunk": args.chunk,
+                    "tokens": args.tokens,
+                    "threads": args.threads,
+                    "torch": torch.__version__,
+                },
+                "seconds_best": {way: round(min(t), 3) for way, t in times.items()},
+                "gathered_over_in_place_median": round(
+                    statistics.median(g / p for g, p in zip(times["gathered"], times["in_place"])), 3
+                ),
+                "logits_identical": True,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -86,14 +86,25 @@ def measure(folder: str, family: str, loops: int | None, context: int, new_token
     adapter = adapters.load(f"{family}:{folder}", dtype="bf16", device="cpu", loops=loops, max_batch=1)
     load_s = time.perf_counter() - start
     load_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
-    prompt = torch.randint(0, adapter.config.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
+    prompt = torch.randint(
+        0, adapter.config.vocab_size, (context,), generator=torch.Generator().manual_seed(0)
+    ).tolist()
     start = time.perf_counter()
     with PeakRss() as peak:
         gen = adapter.generate([prompt], Sampling(temperature=0, max_new_tokens=new_tokens))[0]
     terms = adapter.describe()["analytic"]
-    return {"weights": terms["weights_bytes"], "kv": analytic_kv_bytes(terms, context + gen.generated_tokens), "overhead": overhead,
-            "rss_after": rss(), "rss_peak_generate": peak.peak, "load_peak": load_peak, "loops": adapter.loops,
-            "generated": gen.generated_tokens, "load_s": load_s, "generate_s": time.perf_counter() - start}
+    return {
+        "weights": terms["weights_bytes"],
+        "kv": analytic_kv_bytes(terms, context + gen.generated_tokens),
+        "overhead": overhead,
+        "rss_after": rss(),
+        "rss_peak_generate": peak.peak,
+        "load_peak": load_peak,
+        "loops": adapter.loops,
+        "generated": gen.generated_tokens,
+        "load_s": load_s,
+        "generate_s": time.perf_counter() - start,
+    }
 
 
 def run_one(name: str, args: argparse.Namespace) -> str:
@@ -111,8 +122,21 @@ def run_one(name: str, args: argparse.Namespace) -> str:
         start = time.perf_counter()
         save_public_checkpoint(tmp, cfg, seed=0)
         write_s = time.perf_counter() - start
-        child = subprocess.run([sys.executable, __file__, "--child", tmp, cfg.family, str(loops or 0), str(args.context), str(args.new_tokens)],
-                               capture_output=True, text=True, check=False)
+        child = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--child",
+                tmp,
+                cfg.family,
+                str(loops or 0),
+                str(args.context),
+                str(args.new_tokens),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
     if child.returncode:
         return f"{name}: FAILED (exit {child.returncode}): {child.stderr.strip().splitlines()[-1] if child.stderr.strip() else ''}"
     return format_line(name, json.loads(child.stdout.strip().splitlines()[-1]), write_s)
@@ -122,13 +146,15 @@ def format_line(name: str, f: dict, write_s: float) -> str:
     from measures import GB as gb
 
     held = f["weights"] + f["overhead"]
-    return (f"{name} (r={f['loops']}, {f['generated']} new tokens): weights {f['weights'] / gb:.3f} GB, KV {f['kv'] / gb:.3f} GB, "
-            f"overhead {f['overhead'] / gb:.3f} GB (RSS after a tiny warm-up run); peak RSS while generating "
-            f"{f['rss_peak_generate'] / gb:.3f} GB = {f['rss_peak_generate'] / (held + f['kv']):.3f} x (weights + KV + overhead); "
-            f"RSS after generation {f['rss_after'] / gb:.3f} GB = {f['rss_after'] / held:.3f} x (weights + overhead: the KV pool "
-            f"lives for the call); peak while loading {f['load_peak'] / gb:.3f} GB, less overhead = "
-            f"{(f['load_peak'] - f['overhead']) / f['weights']:.3f} x weights; write {write_s:.0f} s, load {f['load_s']:.0f} s, "
-            f"generate {f['generate_s']:.0f} s")
+    return (
+        f"{name} (r={f['loops']}, {f['generated']} new tokens): weights {f['weights'] / gb:.3f} GB, KV {f['kv'] / gb:.3f} GB, "
+        f"overhead {f['overhead'] / gb:.3f} GB (RSS after a tiny warm-up run); peak RSS while generating "
+        f"{f['rss_peak_generate'] / gb:.3f} GB = {f['rss_peak_generate'] / (held + f['kv']):.3f} x (weights + KV + overhead); "
+        f"RSS after generation {f['rss_after'] / gb:.3f} GB = {f['rss_after'] / held:.3f} x (weights + overhead: the KV pool "
+        f"lives for the call); peak while loading {f['load_peak'] / gb:.3f} GB, less overhead = "
+        f"{(f['load_peak'] - f['overhead']) / f['weights']:.3f} x weights; write {write_s:.0f} s, load {f['load_s']:.0f} s, "
+        f"generate {f['generate_s']:.0f} s"
+    )
 
 
 def main() -> int:

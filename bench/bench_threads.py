@@ -37,20 +37,50 @@ from adapters.engine.memory import count_params  # noqa: E402
 from adapters.threads import cores  # noqa: E402
 
 # Fixed whatever the suite defaults: four samples a problem, as when the figures in docs/benchmarks.md were first taken.
-SWEEP = ["--model", "zoo:melt-tiny", "--loops", "8", "--tasks", "c30k4,chain3", "--limit", "40", "--samples", "4", "--no-report"]
+SWEEP = [
+    "--model",
+    "zoo:melt-tiny",
+    "--loops",
+    "8",
+    "--tasks",
+    "c30k4,chain3",
+    "--limit",
+    "40",
+    "--samples",
+    "4",
+    "--no-report",
+]
 WIDTHS = (128, 256, 512, 768, 1024, 1536)
 
 
 def qwen3_shaped(width: int) -> LoopConfig:
     """A 4-layer Qwen3-like config of the given width (head dim 64, half as many K/V heads, FFN 3x)."""
     heads = max(2, width // 64)
-    return LoopConfig(family="qwen3", vocab_size=8192, hidden_size=width, num_heads=heads, num_kv_heads=heads // 2, head_dim=64,
-                      ffn_size=3 * width, shared_layers=4, loops=1, tie_embeddings=True, norm_layout="pre", qk_norm=True,
-                      kv_strategy="standard", max_position=1024, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    return LoopConfig(
+        family="qwen3",
+        vocab_size=8192,
+        hidden_size=width,
+        num_heads=heads,
+        num_kv_heads=heads // 2,
+        head_dim=64,
+        ffn_size=3 * width,
+        shared_layers=4,
+        loops=1,
+        tie_embeddings=True,
+        norm_layout="pre",
+        qk_norm=True,
+        kv_strategy="standard",
+        max_position=1024,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
 
 
 def decode_tok_s(adapter: EngineAdapter, batch: int, new_tokens: int) -> float:
-    prompts = torch.randint(3, adapter.config.vocab_size, (batch, 32), generator=torch.Generator().manual_seed(batch)).tolist()
+    prompts = torch.randint(
+        3, adapter.config.vocab_size, (batch, 32), generator=torch.Generator().manual_seed(batch)
+    ).tolist()
     gens = adapter.generate(prompts, replace(PAPER_PROTOCOL, n=1, max_new_tokens=new_tokens, seed=0))
     return sum(g.generated_tokens - 1 for g in gens) / max(g.decode_seconds for g in gens)
 
@@ -69,8 +99,11 @@ def bench_sizes(batches: list[int], new_tokens: int, rounds: int) -> dict:
                 for threads in best:
                     torch.set_num_threads(threads)
                     best[threads] = max(best[threads], decode_tok_s(adapter, batch, new_tokens))
-            row[f"batch{batch}"] = {"1 thread": round(best[1], 1), f"{many} threads": round(best[many], 1),
-                                    "all cores / 1": round(best[many] / best[1], 2)}
+            row[f"batch{batch}"] = {
+                "1 thread": round(best[1], 1),
+                f"{many} threads": round(best[many], 1),
+                "all cores / 1": round(best[many] / best[1], 2),
+            }
         rows.append(row)
         print(json.dumps(row), flush=True)
     return {"cores": many, "new_tokens": new_tokens, "rounds": rounds, "widths": rows}
@@ -83,8 +116,21 @@ def timed_sweep(threads: int | None) -> float:
     flags = [] if threads is None else ["--threads", str(threads)]
     with tempfile.TemporaryDirectory() as scratch:
         began = time.perf_counter()
-        subprocess.run([str(Path(sys.executable).with_name("loopeval")), "run", *SWEEP, *flags, "--db", str(Path(scratch) / "bench.sqlite")],
-                       check=True, env=env, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                str(Path(sys.executable).with_name("loopeval")),
+                "run",
+                *SWEEP,
+                *flags,
+                "--db",
+                str(Path(scratch) / "bench.sqlite"),
+            ],
+            check=True,
+            env=env,
+            cwd=Path(__file__).resolve().parents[1],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         return time.perf_counter() - began
 
 
@@ -103,8 +149,12 @@ def bench_contention(compare: list[int | None], busy: int) -> dict:
     out: dict = {"sweep": " ".join(SWEEP), "busy_processes": busy, "cores": cores(), "runs": []}
     for threads in compare:
         idle, loaded = timed_sweep(threads), beside_load(threads, busy)
-        row = {"threads": "default policy" if threads is None else threads, "idle_s": round(idle, 1), "loaded_s": round(loaded, 1),
-               "loaded / idle": round(loaded / idle, 2)}
+        row = {
+            "threads": "default policy" if threads is None else threads,
+            "idle_s": round(idle, 1),
+            "loaded_s": round(loaded, 1),
+            "loaded / idle": round(loaded / idle, 2),
+        }
         out["runs"].append(row)
         print(json.dumps(row), flush=True)
     return out
@@ -118,7 +168,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32, help="--sizes: tokens decoded per measurement")
     parser.add_argument("--rounds", type=int, default=3, help="--sizes: alternating rounds (best of)")
     parser.add_argument("--busy", type=int, default=2, help="--contention: processes spinning beside the sweep")
-    parser.add_argument("--compare-threads", type=int, action="append", default=[], help="--contention: also run with N threads")
+    parser.add_argument(
+        "--compare-threads", type=int, action="append", default=[], help="--contention: also run with N threads"
+    )
     args = parser.parse_args()
     if args.sizes:
         result = bench_sizes([int(b) for b in args.batches.split(",")], args.new_tokens, args.rounds)

@@ -42,8 +42,12 @@ def profile_preset(name: str, new_tokens: int, rounds: int, rows: int) -> dict:
         for graphs in seen:
             adapter.cuda_graphs = graphs
             seen[graphs].append(decode_tok_s(adapter, prompt, new_tokens))
-    out = {"decode_tok_s_graphs": [round(x, 1) for x in seen[True]], "decode_tok_s_eager": [round(x, 1) for x in seen[False]],
-           "median_graphs": round(statistics.median(seen[True]), 1), "median_eager": round(statistics.median(seen[False]), 1)}
+    out = {
+        "decode_tok_s_graphs": [round(x, 1) for x in seen[True]],
+        "decode_tok_s_eager": [round(x, 1) for x in seen[False]],
+        "median_graphs": round(statistics.median(seen[True]), 1),
+        "median_eager": round(statistics.median(seen[False]), 1),
+    }
     print(name, json.dumps(out), file=sys.stderr, flush=True)  # a call cut short keeps what it timed
     for graphs in (True, False):
         adapter.cuda_graphs = graphs
@@ -55,7 +59,11 @@ def profile_preset(name: str, new_tokens: int, rounds: int, rows: int) -> dict:
         print(f"== {name}, {label}: by host time", file=sys.stderr)
         print(averages.table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=60), file=sys.stderr)
         print(f"== {name}, {label}: by device time", file=sys.stderr)
-        print(averages.table(sort_by="self_device_time_total", row_limit=rows, max_name_column_width=60), file=sys.stderr, flush=True)
+        print(
+            averages.table(sort_by="self_device_time_total", row_limit=rows, max_name_column_width=60),
+            file=sys.stderr,
+            flush=True,
+        )
     return out
 
 

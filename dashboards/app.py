@@ -31,13 +31,15 @@ from analysis.names import available_measures, loops_label
 from analysis.points import DEFAULT_CONTEXT_TOKENS, accuracy_points
 from dashboards import figures, views
 from dashboards.data import SAMPLE_BUDGET, SAMPLE_COLUMNS, SAMPLE_TEXT_CHARS, browse_samples
-from db import ResultsError, queries
+from db import ResultsError, queries, sample_queries
 from db.session import open_existing
 from db.stored import hidden, hide_damaged
 import measures
 
 REFRESH_SECONDS = 10
-GRAPH_CONFIG: dcc.Graph.Config = {"displaylogo": False}  # Plotly's logo links to plotly.com: no link in the page may leave it
+GRAPH_CONFIG: dcc.Graph.Config = {
+    "displaylogo": False
+}  # Plotly's logo links to plotly.com: no link in the page may leave it
 ANSWER_STYLE = {"fontSize": "1.1em", "background": "#f2f6fc", "borderLeft": "4px solid #3a6fc4", "padding": "0.7em 1em"}
 _ROW = {"display": "flex", "gap": "2em", "flexWrap": "wrap", "alignItems": "flex-start", "margin": "0.5em 0"}
 
@@ -51,7 +53,9 @@ def _doc_number(doc_id: str) -> int | str:
     return int(doc_id) if doc_id.isdigit() else doc_id
 
 
-def set_choices(engine: Engine, set_id: str | None, measure: str | None) -> tuple[list[Any], list[Any], list[Any], list[Any], list[Any], str]:
+def set_choices(
+    engine: Engine, set_id: str | None, measure: str | None
+) -> tuple[list[Any], list[Any], list[Any], list[Any], list[Any], str]:
     """What the filters offer for the selected set: its own models and loop counts (all checked) and the memory
     measures some run of it has (NVML and torch only where a GPU was measured), keeping `measure` if it is one."""
     points = accuracy_points(engine, set_id) if set_id else pd.DataFrame(columns=["model", "loops"])
@@ -69,8 +73,10 @@ _OWN_CONTROLS: dict[str, tuple[str, Callable[[], Any]]] = {
     "models": ("models", lambda: dcc.Checklist([], [], id="models")),
     "loops": ("loops", lambda: dcc.Checklist([], [], id="loops", inline=True)),
     "measure": ("memory measure", lambda: dcc.RadioItems([], None, id="measure")),
-    "context": ("analytic context (tokens)", lambda: dcc.Input(
-        id="context", type="number", min=1, step=1, value=DEFAULT_CONTEXT_TOKENS, debounce=True)),
+    "context": (
+        "analytic context (tokens)",
+        lambda: dcc.Input(id="context", type="number", min=1, step=1, value=DEFAULT_CONTEXT_TOKENS, debounce=True),
+    ),
 }
 _WIDE = {"set": "32em"}  # set labels are long
 
@@ -106,30 +112,60 @@ def _view_section(engine: Engine, view: views.View, shown: tuple[str, ...]) -> l
 def _layout(engine: Engine) -> html.Div:
     """Built on every page load, so a reload sees runs added since the server started."""
     models = sorted(queries.runs(engine)["model"].unique().tolist())
-    return html.Div([
-        html.H1("loopeval"),
-        html.P(f"Accuracy per gigabyte, live from the results database. {figures.DECIMAL_NOTE}. "
-               "Unavailable measures are named, never drawn as zero."),
-        *(html.P(line, className="skipped") for line in hidden(engine)),
-        *(part for view, shown in views.sections() for part in _view_section(engine, view, shown)),
-        html.H2("Samples"),
-        html.Div([
-            _labelled("task", dcc.Dropdown(queries.sample_tasks(engine), None, id="sample-task",
-                                           placeholder="all tasks")),
-            _labelled("model", dcc.Dropdown(models, None, id="sample-model", placeholder="all models"), "20em"),
-            _labelled("show", dcc.RadioItems(
-                [{"label": "all", "value": "all"}, {"label": "correct", "value": "correct"},
-                 {"label": "wrong", "value": "wrong"}], "all", id="sample-verdict", inline=True)),
-        ], style=_ROW),
-        html.P(id="sample-count"),
-        DataTable(
-            id="samples", columns=[{"name": label, "id": key} for key, label in SAMPLE_COLUMNS.items()],
-            page_size=20, sort_action="native",
-            style_cell={"whiteSpace": "pre-wrap", "textAlign": "left", "verticalAlign": "top",
-                        "maxWidth": "28em", "fontFamily": "monospace", "fontSize": "12px"},
-        ),
-        dcc.Interval(id="refresh", interval=REFRESH_SECONDS * 1000),
-    ], style={"fontFamily": "system-ui, sans-serif", "margin": "1.5em"})
+    return html.Div(
+        [
+            html.H1("loopeval"),
+            html.P(
+                f"Accuracy per gigabyte, live from the results database. {figures.DECIMAL_NOTE}. "
+                "Unavailable measures are named, never drawn as zero."
+            ),
+            *(html.P(line, className="skipped") for line in hidden(engine)),
+            *(part for view, shown in views.sections() for part in _view_section(engine, view, shown)),
+            html.H2("Samples"),
+            html.Div(
+                [
+                    _labelled(
+                        "task",
+                        dcc.Dropdown(
+                            sample_queries.sample_tasks(engine), None, id="sample-task", placeholder="all tasks"
+                        ),
+                    ),
+                    _labelled("model", dcc.Dropdown(models, None, id="sample-model", placeholder="all models"), "20em"),
+                    _labelled(
+                        "show",
+                        dcc.RadioItems(
+                            [
+                                {"label": "all", "value": "all"},
+                                {"label": "correct", "value": "correct"},
+                                {"label": "wrong", "value": "wrong"},
+                            ],
+                            "all",
+                            id="sample-verdict",
+                            inline=True,
+                        ),
+                    ),
+                ],
+                style=_ROW,
+            ),
+            html.P(id="sample-count"),
+            DataTable(
+                id="samples",
+                columns=[{"name": label, "id": key} for key, label in SAMPLE_COLUMNS.items()],
+                page_size=20,
+                sort_action="native",
+                style_cell={
+                    "whiteSpace": "pre-wrap",
+                    "textAlign": "left",
+                    "verticalAlign": "top",
+                    "maxWidth": "28em",
+                    "fontFamily": "monospace",
+                    "fontSize": "12px",
+                },
+            ),
+            dcc.Interval(id="refresh", interval=REFRESH_SECONDS * 1000),
+        ],
+        style={"fontFamily": "system-ui, sans-serif", "margin": "1.5em"},
+    )
 
 
 # Dash serves its own scripts and inline bootstrap; nothing may come from elsewhere, and the app may not be framed.
@@ -196,7 +232,9 @@ def callback_problem(callbacks: dict[str, dict[str, Any]], body: Any) -> str | N
     changed = body.get("changedPropIds", [])
     if not isinstance(changed, list) or not all(isinstance(name, str) for name in changed):
         return "changedPropIds is not a list of names"
-    return _values_problem(body.get("inputs"), spec["inputs"], "inputs") or _values_problem(body.get("state", []), spec["state"], "state")
+    return _values_problem(body.get("inputs"), spec["inputs"], "inputs") or _values_problem(
+        body.get("state", []), spec["state"], "state"
+    )
 
 
 def _values_problem(sent: Any, declared: list[dict[str, str]], part: str) -> str | None:
@@ -279,29 +317,44 @@ def create_app(db_url: str, hosts: Collection[str] = LOOPBACK_NAMES) -> Dash:
         return names, names[0] if names else None
 
     @app.callback(
-        Output("models", "options"), Output("models", "value"), Output("loops", "options"), Output("loops", "value"),
-        Output("measure", "options"), Output("measure", "value"), Input("set", "value"), State("measure", "value"),
+        Output("models", "options"),
+        Output("models", "value"),
+        Output("loops", "options"),
+        Output("loops", "value"),
+        Output("measure", "options"),
+        Output("measure", "value"),
+        Input("set", "value"),
+        State("measure", "value"),
     )
     @reading
-    def _choices(set_id: str | None, measure: str | None) -> tuple[list[Any], list[Any], list[Any], list[Any], list[Any], str]:
+    def _choices(
+        set_id: str | None, measure: str | None
+    ) -> tuple[list[Any], list[Any], list[Any], list[Any], list[Any], str]:
         return set_choices(engine, set_id, measure)
 
     for view in views.VIEWS:
         _draw_view(app, engine, view, reading)
 
     @app.callback(
-        Output("samples", "data"), Output("sample-count", "children"),
-        Input("sample-task", "value"), Input("sample-model", "value"), Input("sample-verdict", "value"),
+        Output("samples", "data"),
+        Output("sample-count", "children"),
+        Input("sample-task", "value"),
+        Input("sample-model", "value"),
+        Input("sample-verdict", "value"),
         Input("refresh", "n_intervals"),
     )
     @reading
-    def _samples(task: str | None, model: str | None, verdict: str, _tick: int | None) -> tuple[list[dict[str, Any]], str]:
+    def _samples(
+        task: str | None, model: str | None, verdict: str, _tick: int | None
+    ) -> tuple[list[dict[str, Any]], str]:
         correct = {"correct": True, "wrong": False}.get(verdict)
         rows = browse_samples(engine, task=task, model=model, correct=correct)
         rows = rows.assign(loops=rows["loops"].map(loops_label), doc_id=rows["doc_id"].map(_doc_number))
         rows = rows[list(SAMPLE_COLUMNS)].astype(object).where(rows[list(SAMPLE_COLUMNS)].notna(), None)
-        note = (f"{len(rows)} samples, spread evenly over every run, task and verdict that matches (at most about "
-                f"{SAMPLE_BUDGET}); texts over {SAMPLE_TEXT_CHARS} characters are cut")
+        note = (
+            f"{len(rows)} samples, spread evenly over every run, task and verdict that matches (at most about "
+            f"{SAMPLE_BUDGET}); texts over {SAMPLE_TEXT_CHARS} characters are cut"
+        )
         return rows.to_dict("records"), note
 
     return app
@@ -340,7 +393,9 @@ def _database_problem(logger: logging.Logger) -> Callable[[ResultsError], tuple[
 
 def _draw_view(app: Dash, engine: Engine, view: views.View, reading: Callable[..., Any]) -> None:
     """The view's callback: its selectors and the refresh timer in, its answer (if any) and figures out."""
-    outputs = ([Output("answer", "children")] if view.answer else []) + [Output(plot.id, "figure") for plot in view.plots]
+    outputs = ([Output("answer", "children")] if view.answer else []) + [
+        Output(plot.id, "figure") for plot in view.plots
+    ]
 
     def draw(*values: Any) -> Any:
         # the last value, the timer's tick, is left out; the colours are the database's models', as in the report
@@ -351,4 +406,3 @@ def _draw_view(app: Dash, engine: Engine, view: views.View, reading: Callable[..
 
     inputs = [*(Input(name, "value") for name in view.inputs), Input("refresh", "n_intervals")]
     app.callback(*outputs, *inputs)(reading(draw))
-

@@ -10,7 +10,7 @@ import pandas as pd
 from sqlalchemy import Engine
 
 from analysis.names import config_labels, series_name
-from db import queries
+from db import queries, sample_queries
 from db.headline import SUITE, group_means, headline
 from db.sets import id_ranges
 
@@ -27,18 +27,31 @@ def profile_points(engine: Engine) -> pd.DataFrame:
     none per point, so it is read from the run's stored config (the r it ran at; 1 for a plain transformer)."""
     points = queries.profile_points(engine)
     configs = queries.runs(engine, kind="profile").set_index("run_id")["model_config"]
-    ran_at = pd.to_numeric(points["run_id"].map(
-        lambda run_id: configs[run_id].get("loops") if isinstance(configs.get(run_id), dict) else None))
+    ran_at = pd.to_numeric(
+        points["run_id"].map(
+            lambda run_id: configs[run_id].get("loops") if isinstance(configs.get(run_id), dict) else None
+        )
+    )
     return points.assign(loops=points["loops"].astype("float64").fillna(ran_at))
 
 
-SAMPLE_BUDGET = 600  # samples the browsers hold, spread over runs, tasks and verdicts (queries.sample_spread)
+SAMPLE_BUDGET = 600  # samples the browsers hold, spread over runs, tasks and verdicts (sample_queries.sample_spread)
 SAMPLE_TEXT_CHARS = 1500  # of each prompt, output and gold: a 32k-token answer must not weigh down the page
 # The sample browsers' columns, in order: the `browse_samples` column -> its heading, in the report and the app.
 SAMPLE_COLUMNS = {
-    "run_id": "run", "model": "model", "loops": "loops", "task": "task", "doc_id": "doc", "sample_index": "sample",
-    "prompt": "prompt", "output": "output", "gold": "gold", "score": "score", "prompt_tokens": "prompt tokens",
-    "generated_tokens": "generated tokens", "verdict": "verdict",
+    "run_id": "run",
+    "model": "model",
+    "loops": "loops",
+    "task": "task",
+    "doc_id": "doc",
+    "sample_index": "sample",
+    "prompt": "prompt",
+    "output": "output",
+    "gold": "gold",
+    "score": "score",
+    "prompt_tokens": "prompt tokens",
+    "generated_tokens": "generated tokens",
+    "verdict": "verdict",
 }
 
 
@@ -53,9 +66,11 @@ def clip(text: object, limit: int = SAMPLE_TEXT_CHARS) -> str | None:
 def browse_samples(
     engine: Engine, task: str | None = None, model: str | None = None, correct: bool | None = None
 ) -> pd.DataFrame:
-    """What the report's and the app's sample browsers list: `queries.sample_spread`, texts clipped."""
-    rows = queries.sample_spread(engine, SAMPLE_BUDGET, task=task, model=model, correct=correct)
+    """What the report's and the app's sample browsers list: `sample_queries.sample_spread`, texts clipped."""
+    rows = sample_queries.sample_spread(engine, SAMPLE_BUDGET, task=task, model=model, correct=correct)
     return rows.assign(**{column: rows[column].map(clip) for column in ("prompt", "output", "gold")})
+
+
 def depth_points(engine: Engine, set_id: str) -> pd.DataFrame:
     """Depth extrapolation: one row per (model, loops r, task group) of one evaluation set (a model at each exit
     threshold and in each configuration a line of its own, `figures.series_name`) with the group's
@@ -72,7 +87,8 @@ def depth_points(engine: Engine, set_id: str) -> pd.DataFrame:
     named = dict(zip(zip(configs["model"], configs["config"]), config_labels(configs)))
     rows = []
     for (model, loops, threshold, criterion, config), point in table[table["task"] != SUITE].groupby(
-            queries.POINT, sort=True, dropna=False):
+        queries.POINT, sort=True, dropna=False
+    ):
         by_task: dict[str, dict[str, float | None]] = {}
         for row in point.itertuples():
             by_task.setdefault(row.task, {})[row.metric] = None if pd.isna(row.value) else row.value
@@ -83,11 +99,18 @@ def depth_points(engine: Engine, set_id: str) -> pd.DataFrame:
         trained = described.get("trained_loops") if isinstance(described, dict) else None
         runs = id_ranges(sorted({i for ids in point["run_ids"] for i in ids}))
         for group, value in {SUITE: result.mean, **group_means(result.benchmarks, suite)}.items():
-            rows.append({"runs": runs, "seeds": int(point["seeds"].max()),
-                         "model": series_name(model, threshold, criterion, named[model, config]),
-                         "loops": int(loops), "group": group,
-                         "accuracy": value, "trained_loops": np.nan if trained is None else float(trained),
-                         "set_label": info.at[newest, "set_label"]})
+            rows.append(
+                {
+                    "runs": runs,
+                    "seeds": int(point["seeds"].max()),
+                    "model": series_name(model, threshold, criterion, named[model, config]),
+                    "loops": int(loops),
+                    "group": group,
+                    "accuracy": value,
+                    "trained_loops": np.nan if trained is None else float(trained),
+                    "set_label": info.at[newest, "set_label"],
+                }
+            )
     columns = ["runs", "seeds", "model", "loops", "group", "accuracy", "trained_loops", "set_label"]
     return pd.DataFrame(rows, columns=columns).sort_values(["model", "group", "loops"]).reset_index(drop=True)
 

@@ -8,8 +8,9 @@ Stored strings (model specs, task and metric names) come from users and plugins.
 subset of HTML in legends, titles and hovers, `<a href>` included, so every stored string is
 escaped (`plain`) before it reaches a figure: it shows as the text it is, never as markup.
 
-The figures of a set's points are here (accuracy against memory, loops and compute, the memory levers), with what
-every figure shares (escaping, colours, notes); those of loops and memory traces are in `dashboards.trace_figures`.
+The figures of a set's points against memory and loops are here, with what every figure shares (escaping, colours,
+notes); those against compute, energy and the memory levers are in `dashboards.cost_figures`, those of loops and
+memory traces in `dashboards.trace_figures`.
 What a point is, how it is named and ranked, is `analysis/`'s. The figures the report draws by the hundred are given
 to `go.Figure` whole, their traces and layout as dicts: Plotly validates at every `add_trace` and `update_*` call,
 and a figure built up call by call (or by Plotly Express) took several times as long as the same figure given
@@ -28,12 +29,17 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
-from analysis.names import (NOT_MEASURED, byte_unit, exit_label, loops_label, measure_label, point_label, point_name,
-                            series_name)
-from analysis.points import lever_points
+from analysis.names import (
+    byte_unit,
+    loops_label,
+    measure_label,
+    point_label,
+    point_name,
+    series_name,
+)
 from analysis.ranking import pareto_mask
 from db.sets import id_ranges
-from measures import BY_NAME, COMPUTE_BY_NAME, GB, KB
+from measures import GB
 
 DECIMAL_NOTE = "GB are decimal (1 GB = 1e9 bytes)"
 # Models take these colours in turn (`model_colors`); a figure's other lines (a run's measures) take the second set,
@@ -41,8 +47,24 @@ DECIMAL_NOTE = "GB are decimal (1 GB = 1e9 bytes)"
 _PALETTE = (*px.colors.qualitative.Plotly, *px.colors.qualitative.Dark24)
 _MEASURE_PALETTE = px.colors.qualitative.Dark2
 # One shape per loop count r, r = 1 first (`loops_symbol`).
-_SYMBOLS = ("circle", "square", "diamond", "triangle-up", "pentagon", "star", "hexagon", "triangle-down", "star-diamond",
-            "hourglass", "triangle-left", "bowtie", "triangle-right", "octagon", "hexagram", "star-square")
+_SYMBOLS = (
+    "circle",
+    "square",
+    "diamond",
+    "triangle-up",
+    "pentagon",
+    "star",
+    "hexagon",
+    "triangle-down",
+    "star-diamond",
+    "hourglass",
+    "triangle-left",
+    "bowtie",
+    "triangle-right",
+    "octagon",
+    "hexagram",
+    "star-square",
+)
 
 
 _STORED_TEXT = ("model", "task", "metric", "suite", "phase", "group", "config_label", "exit_criterion")
@@ -102,8 +124,15 @@ MESSAGE_WIDTH = 90  # characters per line of a note: a long list of runs wraps i
 def _note(text: str) -> dict[str, Any]:
     """A note inside the plot area (empty data, unavailable measures), wrapped to fit it: a layout annotation."""
     lines = textwrap.wrap(text, MESSAGE_WIDTH, break_long_words=False, break_on_hyphens=False)
-    return {"text": "<br>".join(lines), "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5, "showarrow": False,
-            "font": {"size": 13, "color": "#555"}}
+    return {
+        "text": "<br>".join(lines),
+        "xref": "paper",
+        "yref": "paper",
+        "x": 0.5,
+        "y": 0.5,
+        "showarrow": False,
+        "font": {"size": 13, "color": "#555"},
+    }
 
 
 # Pixels from the bottom of the plot area down to a footnote: below the tick labels (log ticks included) and the axis
@@ -127,8 +156,14 @@ def _add_footnote(fig: go.Figure, text: str) -> go.Figure:
 
 
 def _empty(title: str, text: str) -> go.Figure:
-    return go.Figure(layout={"title": {"text": title}, "xaxis": {"visible": False}, "yaxis": {"visible": False},
-                             "annotations": [_note(text)]})
+    return go.Figure(
+        layout={
+            "title": {"text": title},
+            "xaxis": {"visible": False},
+            "yaxis": {"visible": False},
+            "annotations": [_note(text)],
+        }
+    )
 
 
 def _with_set(title: str, points: pd.DataFrame) -> str:
@@ -149,8 +184,13 @@ def _measured(points: pd.DataFrame, measure: str) -> tuple[pd.DataFrame, pd.Data
     return points[points[measure].notna()].copy(), points[points[measure].isna()]
 
 
-def accuracy_vs_memory(points: pd.DataFrame, measure: str, task: str = "all", label: str | None = None,
-                       colors: Mapping[str, str] | None = None) -> go.Figure:
+def accuracy_vs_memory(
+    points: pd.DataFrame,
+    measure: str,
+    task: str = "all",
+    label: str | None = None,
+    colors: Mapping[str, str] | None = None,
+) -> go.Figure:
     """Accuracy against memory, one marker per point (configuration), with error bars and the Pareto frontier.
 
     `points` are `analysis.points.accuracy_points` rows (one evaluation set, named in the title) with the
@@ -187,23 +227,53 @@ def accuracy_vs_memory(points: pd.DataFrame, measure: str, task: str = "all", la
         color, group = palette[model], f"model {index}"
         # The legend draws a trace's first marker; a per-point shape and ring would stand for the model there,
         # so the model's entry is a plain circle of its colour, toggling its points with it (`togglegroup`).
-        traces.append(_legend_key(model, group, "model" if index == 0 else None, {"color": color, "size": 10, "symbol": "circle"}))
-        traces.append({
-            "type": "scatter", "x": rows["x"].to_numpy(), "y": rows["accuracy"].to_numpy(),
-            "error_y": {"type": "data", "array": rows["stderr"].to_numpy()},
-            "mode": "markers", "name": model, "legendgroup": group, "showlegend": False,
-            "marker": {"color": color, "size": 12, "symbol": rows["loops"].map(symbols).tolist(),
-                       "line": {"color": "#222", "width": [2.5 if ring else 0 for ring in ringed]}},
-            "customdata": rows[["r", "spread", "n_samples", "runs", "held"]].to_numpy(),
-            "hovertemplate": (f"model {model}<br>%{{customdata[0]}}<br>accuracy %{{y:.3f}}%{{customdata[1]}}"
-                              f"<br>%{{customdata[4]}} {unit}<br>samples %{{customdata[2]}}, %{{customdata[3]}}<extra></extra>"),
-        })
+        traces.append(
+            _legend_key(model, group, "model" if index == 0 else None, {"color": color, "size": 10, "symbol": "circle"})
+        )
+        traces.append(
+            {
+                "type": "scatter",
+                "x": rows["x"].to_numpy(),
+                "y": rows["accuracy"].to_numpy(),
+                "error_y": {"type": "data", "array": rows["stderr"].to_numpy()},
+                "mode": "markers",
+                "name": model,
+                "legendgroup": group,
+                "showlegend": False,
+                "marker": {
+                    "color": color,
+                    "size": 12,
+                    "symbol": rows["loops"].map(symbols).tolist(),
+                    "line": {"color": "#222", "width": [2.5 if ring else 0 for ring in ringed]},
+                },
+                "customdata": rows[["r", "spread", "n_samples", "runs", "held"]].to_numpy(),
+                "hovertemplate": (
+                    f"model {model}<br>%{{customdata[0]}}<br>accuracy %{{y:.3f}}%{{customdata[1]}}"
+                    f"<br>%{{customdata[4]}} {unit}<br>samples %{{customdata[2]}}, %{{customdata[3]}}<extra></extra>"
+                ),
+            }
+        )
     for index, (loops, symbol) in enumerate(symbols.items()):  # the shape key: drawn in the legend only
-        traces.append(_legend_key(loops_label(loops), f"loops {loops}", "loops (shape)" if index == 0 else None,
-                                  {"color": "#777", "size": 10, "symbol": symbol}))
+        traces.append(
+            _legend_key(
+                loops_label(loops),
+                f"loops {loops}",
+                "loops (shape)" if index == 0 else None,
+                {"color": "#777", "size": 10, "symbol": symbol},
+            )
+        )
     front = shown[frontier].sort_values(["memory", "accuracy"])
-    traces.append({"type": "scatter", "x": front["x"].to_numpy(), "y": front["accuracy"].to_numpy(), "mode": "lines",
-                   "line": {"shape": "hv", "dash": "dot", "color": "#222"}, "name": "Pareto frontier (ringed)", "hoverinfo": "skip"})
+    traces.append(
+        {
+            "type": "scatter",
+            "x": front["x"].to_numpy(),
+            "y": front["accuracy"].to_numpy(),
+            "mode": "lines",
+            "line": {"shape": "hv", "dash": "dot", "color": "#222"},
+            "name": "Pareto frontier (ringed)",
+            "hoverinfo": "skip",
+        }
+    )
     top = max(1.0, float((shown["accuracy"] + shown["stderr"].fillna(0)).max()))
     notes = [DECIMAL_NOTE, *_pooled_note(shown)]
     if (shown["x"] != shown["memory"]).any():
@@ -211,16 +281,23 @@ def accuracy_vs_memory(points: pd.DataFrame, measure: str, task: str = "all", la
     if not missing.empty:
         notes.append(f"{label} unavailable: {_point_names(missing)}")
     note, margin = _footnote(" · ".join(notes))
-    return go.Figure(data=traces, layout={
-        "title": {"text": title}, "legend": {"groupclick": "togglegroup", "tracegroupgap": 2},
-        "xaxis": {"rangemode": "tozero", "title": {"text": unit_title(label, unit, scale)}},
-        "yaxis": {"range": [-0.05, top + 0.05], "title": {"text": f"accuracy ({shown['metric'].iloc[0]})"}},
-        "annotations": [note], "margin": margin,
-    })
+    return go.Figure(
+        data=traces,
+        layout={
+            "title": {"text": title},
+            "legend": {"groupclick": "togglegroup", "tracegroupgap": 2},
+            "xaxis": {"rangemode": "tozero", "title": {"text": unit_title(label, unit, scale)}},
+            "yaxis": {"range": [-0.05, top + 0.05], "title": {"text": f"accuracy ({shown['metric'].iloc[0]})"}},
+            "annotations": [note],
+            "margin": margin,
+        },
+    )
 
 
 SPREAD = 0.015  # of the memory axis's largest value: how far apart coincident points are set side by side
-SPREAD_NOTE = "points of one model and r at one memory (exit thresholds, configurations) are set side by side; hover for each"
+SPREAD_NOTE = (
+    "points of one model and r at one memory (exit thresholds, configurations) are set side by side; hover for each"
+)
 
 
 def _spread(points: pd.DataFrame) -> np.ndarray:
@@ -238,8 +315,16 @@ def _spread(points: pd.DataFrame) -> np.ndarray:
 
 def _legend_key(name: str, group: str, title: str | None, marker: dict[str, Any]) -> dict[str, Any]:
     """A trace drawn in the legend only (no data), heading its legend group."""
-    key = {"type": "scatter", "x": [None], "y": [None], "mode": "markers", "name": name, "legendgroup": group,
-           "marker": marker, "hoverinfo": "skip"}
+    key = {
+        "type": "scatter",
+        "x": [None],
+        "y": [None],
+        "mode": "markers",
+        "name": name,
+        "legendgroup": group,
+        "marker": marker,
+        "hoverinfo": "skip",
+    }
     return key | ({"legendgrouptitle": {"text": title}} if title is not None else {})
 
 
@@ -252,8 +337,10 @@ def _runs_text(points: pd.DataFrame) -> list[str]:
     """What each point is made of, for its hover: 'run 7', or '4 seeds pooled (runs 1-4)'."""
     if "run_ids" not in points:
         return [f"run {run_id}" for run_id in points.get("run_id", pd.Series("?", index=points.index))]
-    return [f"{seeds} seeds pooled (runs {id_ranges(ids)})" if seeds > 1 else f"run {ids[0]}"
-            for seeds, ids in zip(_seeds(points), points["run_ids"])]
+    return [
+        f"{seeds} seeds pooled (runs {id_ranges(ids)})" if seeds > 1 else f"run {ids[0]}"
+        for seeds, ids in zip(_seeds(points), points["run_ids"])
+    ]
 
 
 def _pooled_note(points: pd.DataFrame) -> list[str]:
@@ -264,8 +351,13 @@ def _pooled_note(points: pd.DataFrame) -> list[str]:
     return [f"seeds pooled: a point's accuracy and error bar are over every item of all its seeds (up to {most})"]
 
 
-def accuracy_vs_loops(points: pd.DataFrame, measure: str, task: str = "all", label: str | None = None,
-                      colors: Mapping[str, str] | None = None) -> go.Figure:
+def accuracy_vs_loops(
+    points: pd.DataFrame,
+    measure: str,
+    task: str = "all",
+    label: str | None = None,
+    colors: Mapping[str, str] | None = None,
+) -> go.Figure:
     """Accuracy against loops per model (left axis) with the memory measure on a second axis (right).
 
     Where the accuracy line flattens while the memory line keeps rising, extra depth stopped paying. A model's lines
@@ -275,8 +367,17 @@ def accuracy_vs_loops(points: pd.DataFrame, measure: str, task: str = "all", lab
     label = label or measure_label(measure)
     title = _with_set(f"Accuracy and memory against loops: {plain(task)}", points)
     palette = _colors_of(points["model"], colors)
-    keys = zip(*(points.get(column, [default] * len(points)) for column, default in
-                 (("model", ""), ("exit_threshold", None), ("exit_criterion", None), ("config_label", ""))))
+    keys = zip(
+        *(
+            points.get(column, [default] * len(points))
+            for column, default in (
+                ("model", ""),
+                ("exit_threshold", None),
+                ("exit_criterion", None),
+                ("config_label", ""),
+            )
+        )
+    )
     points = _plain_frame(points).assign(series=[plain(series_name(*key)) for key in keys])
     if points.empty:
         return _empty(title, "no evaluated runs with this task yet")
@@ -285,200 +386,83 @@ def accuracy_vs_loops(points: pd.DataFrame, measure: str, task: str = "all", lab
     traces = []
     for (model, series), rows in points.sort_values("loops").groupby(["model", "series"], sort=True):
         color = palette[model]
-        traces.append({
-            "type": "scatter", "x": rows["loops"].to_numpy(), "y": rows["accuracy"].to_numpy(),
-            "error_y": {"type": "data", "array": rows["stderr"].to_numpy(dtype=float)},
-            "mode": "lines+markers", "name": series, "legendgroup": model, "line": {"color": color},
-            "marker": {"symbol": rows["loops"].map(loops_symbol).tolist(), "size": 9},
-            "customdata": _runs_text(rows), "xaxis": "x", "yaxis": "y",
-            "hovertemplate": f"{series}<br>loops %{{x}}<br>accuracy %{{y:.3f}}<br>%{{customdata}}<extra></extra>",
-        })
+        traces.append(
+            {
+                "type": "scatter",
+                "x": rows["loops"].to_numpy(),
+                "y": rows["accuracy"].to_numpy(),
+                "error_y": {"type": "data", "array": rows["stderr"].to_numpy(dtype=float)},
+                "mode": "lines+markers",
+                "name": series,
+                "legendgroup": model,
+                "line": {"color": color},
+                "marker": {"symbol": rows["loops"].map(loops_symbol).tolist(), "size": 9},
+                "customdata": _runs_text(rows),
+                "xaxis": "x",
+                "yaxis": "y",
+                "hovertemplate": f"{series}<br>loops %{{x}}<br>accuracy %{{y:.3f}}<br>%{{customdata}}<extra></extra>",
+            }
+        )
         measured = rows[rows[measure].notna()] if has_memory else rows.iloc[0:0]
         if not measured.empty:
-            traces.append({
-                "type": "scatter", "x": measured["loops"].to_numpy(), "y": (measured[measure] / scale).to_numpy(),
-                "mode": "lines+markers", "name": f"{series} {label}", "legendgroup": model, "showlegend": False,
-                "line": {"color": color, "dash": "dash"}, "xaxis": "x", "yaxis": "y2",
-                "marker": {"symbol": [f"{loops_symbol(r)}-open" for r in measured["loops"]], "size": 9},
-                "hovertemplate": f"{series}<br>loops %{{x}}<br>%{{y:.3f}} {unit}<extra></extra>",
-            })
+            traces.append(
+                {
+                    "type": "scatter",
+                    "x": measured["loops"].to_numpy(),
+                    "y": (measured[measure] / scale).to_numpy(),
+                    "mode": "lines+markers",
+                    "name": f"{series} {label}",
+                    "legendgroup": model,
+                    "showlegend": False,
+                    "line": {"color": color, "dash": "dash"},
+                    "xaxis": "x",
+                    "yaxis": "y2",
+                    "marker": {"symbol": [f"{loops_symbol(r)}-open" for r in measured["loops"]], "size": 9},
+                    "hovertemplate": f"{series}<br>loops %{{x}}<br>%{{y:.3f}} {unit}<extra></extra>",
+                }
+            )
     loop_counts = sorted(int(r) for r in points["loops"].dropna().unique())
     axes = _secondary_y(
-        {"title": {"text": "loops (r)"}, "type": "log", "tickvals": loop_counts, "ticktext": [str(r) for r in loop_counts]},  # every r run
+        {
+            "title": {"text": "loops (r)"},
+            "type": "log",
+            "tickvals": loop_counts,
+            "ticktext": [str(r) for r in loop_counts],
+        },  # every r run
         {"title": {"text": f"accuracy ({points['metric'].iloc[0]})"}, "range": [-0.05, 1.05]},
         # Its own round ticks: ticks synced to the left axis's grid read 1.02, 5.08, 9.15 MB.
-        {"title": {"text": unit_title(label, unit, scale)}, "rangemode": "tozero", "showgrid": False,
-         "tickmode": "auto"})
+        {
+            "title": {"text": unit_title(label, unit, scale)},
+            "rangemode": "tozero",
+            "showgrid": False,
+            "tickmode": "auto",
+        },
+    )
     notes = [DECIMAL_NOTE if has_memory else f"{label}: unavailable for every run", *_pooled_note(points)]
     note, margin = _footnote(" · ".join(notes))
-    return go.Figure(data=traces, layout={
-        **axes, "title": {"text": title},
-        "legend": {"title": {"text": "solid: accuracy · dashed: memory"}, "groupclick": "toggleitem",
-                   "tracegroupgap": 4, "x": 1.08},
-        "annotations": [note], "margin": margin,
-    })
+    return go.Figure(
+        data=traces,
+        layout={
+            **axes,
+            "title": {"text": title},
+            "legend": {
+                "title": {"text": "solid: accuracy · dashed: memory"},
+                "groupclick": "toggleitem",
+                "tracegroupgap": 4,
+                "x": 1.08,
+            },
+            "annotations": [note],
+            "margin": margin,
+        },
+    )
 
 
 def _secondary_y(xaxis: dict[str, Any], yaxis: dict[str, Any], yaxis2: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The axes of one plot with a second y axis on the right, as `make_subplots(specs=[[{"secondary_y": True}]])`
     lays them out (traces on it name `yaxis="y2"`), each merged with its own settings: written out so the figure
     is given whole (see the module's docstring)."""
-    return {"xaxis": {"anchor": "y", "domain": [0.0, 0.94], **xaxis}, "yaxis": {"anchor": "x", "domain": [0.0, 1.0], **yaxis},
-            "yaxis2": {"anchor": "x", "overlaying": "y", "side": "right", **yaxis2}}
-
-
-# The compute axes of the accuracy-against-compute figures: `measures.COMPUTE_MEASURES` columns of `dashboards.data`.
-COMPUTE_AXES: tuple[str, ...] = ("loops_per_token", "seconds_per_token")
-
-
-def compute_varies(points: pd.DataFrame) -> bool:
-    """Whether a set's points spread along the compute axis: an exit threshold swept, or a model run at several r."""
-    if points.empty:
-        return False
-    return bool(points["exit_threshold"].notna().any() or points.groupby("model")["loops"].nunique().gt(1).any())
-
-
-def accuracy_vs_compute(points: pd.DataFrame, axis: str, task: str = "all",
-                        colors: Mapping[str, str] | None = None) -> go.Figure:
-    """Accuracy against what a generated token cost (`axis`: mean loops per token, or generate seconds per token),
-    one line per model (and r, where exit thresholds are swept) through its points in threshold order, then r.
-
-    Where a lower exit threshold saves loops without losing accuracy, the line runs left level; the hover names
-    each point's threshold. Drawn only where the set varies compute (`compute_varies`), else a note says how to.
-    """
-    measure = COMPUTE_BY_NAME[axis]
-    title = _with_set(f"Accuracy against {measure.label}: {plain(task)}", points)
-    if not compute_varies(points) or points[axis].isna().all():
-        return _empty(title, "nothing to compare here: this set varies neither the exit threshold nor the loops. "
-                             "Sweep them with `loopeval run --exit-threshold 0.5,0.8,1.0` or `--loops 1,2,4`.")
-    palette = _colors_of(points["model"], colors)
-    frame = _exit_lines(_plain_frame(points[points[axis].notna()]))
-    frame["runs"] = _runs_text(frame)
-    frame["named"] = [series_name(model, None, None, config) for model, config in
-                      zip(frame["model"], frame.get("config_label", [""] * len(frame)))]
-    frame = frame.sort_values(["line", "exit_threshold", "loops"], na_position="last")
-    x_title = f"{measure.label} ({measure.unit})"
-    hover = (f"model=%{{customdata[0]}}<br>{x_title}=%{{x}}<br>accuracy=%{{y}}<br>exit threshold=%{{customdata[1]}}"
-             "<br>r=%{customdata[2]}<br>runs=%{customdata[3]}<extra></extra>")
-    traces, named = [], set()
-    for (model, _), rows in frame.groupby(["model", "line"], sort=False):  # lines in the order they were sorted
-        traces.append({
-            "type": "scatter", "x": rows[axis].to_numpy(), "y": rows["accuracy"].to_numpy(),
-            "error_y": {"array": rows["stderr"].to_numpy(dtype=float)}, "mode": "lines+markers",
-            "name": model, "legendgroup": model, "showlegend": model not in named, "line": {"color": palette[model]},
-            "marker": {"symbol": rows["loops"].map(loops_symbol).tolist(), "size": 9},
-            "customdata": rows[["named", "exit", "loops", "runs"]].to_numpy(), "hovertemplate": hover,
-        })
-        named.add(model)
-    notes = [f"{measure.label}: {'from the samples the runs stored' if axis == 'loops_per_token' else 'time inside generate, prefill included'}",
-             *_pooled_note(points)]
-    note, margin = _footnote(" · ".join(notes))
-    return go.Figure(data=traces, layout={
-        "title": {"text": title}, "legend": {"title": {"text": "model (a line per r where exit thresholds vary)"}, "tracegroupgap": 0},
-        "xaxis": {"title": {"text": x_title}},
-        "yaxis": {"range": [-0.05, 1.05], "title": {"text": f"accuracy ({frame['metric'].iloc[0]})"}},
-        "annotations": [note], "margin": {"t": 60, **margin},
-    })
-
-
-def _exit_lines(frame: pd.DataFrame) -> pd.DataFrame:
-    """`frame` with its `exit` label and `line`: a model's runs without a threshold make one line through its r; the
-    runs of a swept threshold make a line per (model, r), which ends at the same model's run at that r without a
-    threshold (its own exit policy, every loop for the tiny zoo), drawn on both lines. A threshold that keeps every
-    loop (gate 1.0) decodes the same tokens as that run, so the default sweep does not run it twice."""
-    frame = frame.assign(exit=[exit_label(t, c) for t, c in zip(frame["exit_threshold"], frame["exit_criterion"])])  # escaped
-    swept = frame["exit_threshold"].notna()
-    at_r = " r=" + frame["loops"].astype(int).astype(str)
-    config = frame.get("config_label", pd.Series("", index=frame.index))
-    model = frame["model"] + np.where(config != "", " " + config, "")  # a configuration's points make lines of their own
-    frame["line"] = model + np.where(swept, at_r, "")
-    ends = frame[~swept & (model + at_r).isin(frame.loc[swept, "line"])]
-    return pd.concat([frame, ends.assign(line=(model + at_r)[ends.index])], ignore_index=True)
-
-
-ENERGY_NOTE = "energy: NVML's counter over each run (the device's: other processes on it count too), one run's mean"
-
-
-def accuracy_vs_energy(points: pd.DataFrame, task: str = "all", colors: Mapping[str, str] | None = None) -> go.Figure:
-    """Accuracy against the GPU energy one run of each point drew, its pass@1 per kJ in the hover: what accuracy a
-    joule buys, beside what a gigabyte buys. Where no run had an energy counter (no NVML, a CPU) the figure says so
-    and draws nothing, never a point at zero joules."""
-    title = _with_set(f"Accuracy against GPU energy: {plain(task)}", points)
-    shown, missing = _measured(points, "energy_joules")
-    if shown.empty:
-        return _empty(title, f"GPU energy: {NOT_MEASURED} for every run here; pass@1 per kJ needs a GPU's counter")
-    palette = _colors_of(points["model"], colors)
-    shown = _plain_frame(shown).assign(kj=shown["energy_joules"] / KB)
-    shown = shown.assign(r=[point_label(row) for row in shown.itertuples()], runs=_runs_text(shown),
-                         per_kj=[f"{a / kj:.3g}" for a, kj in zip(shown["accuracy"], shown["kj"])])
-    hover = ("model %{customdata[0]}<br>%{customdata[1]}<br>accuracy %{y:.3f}<br>%{x:.3g} kJ a run"
-             "<br>%{customdata[2]} pass@1 per kJ<br>%{customdata[3]}<extra></extra>")
-    traces = [{"type": "scatter", "x": rows["kj"].to_numpy(), "y": rows["accuracy"].to_numpy(), "mode": "markers",
-               "error_y": {"type": "data", "array": rows["stderr"].to_numpy(dtype=float)}, "name": model,
-               "marker": {"color": palette[model], "size": 12, "symbol": rows["loops"].map(loops_symbol).tolist()},
-               "customdata": rows[["model", "r", "per_kj", "runs"]].to_numpy(), "hovertemplate": hover}
-              for model, rows in shown.groupby("model", sort=True)]
-    notes = [ENERGY_NOTE, *_pooled_note(shown)] + ([f"{NOT_MEASURED}: {_point_names(missing)}"] if not missing.empty else [])
-    note, margin = _footnote(" · ".join(notes))
-    return go.Figure(data=traces, layout={
-        "title": {"text": title}, "legend": {"title": {"text": "model (shape: r)"}},
-        "xaxis": {"rangemode": "tozero", "title": {"text": "GPU energy of a run (kJ)"}},
-        "yaxis": {"range": [-0.05, 1.05], "title": {"text": f"accuracy ({shown['metric'].iloc[0]})"}},
-        "annotations": [note], "margin": margin,
-    })
-
-
-# The memory levers: a marker shape per KV policy, filled in the model's dtype and hollow when quantized.
-KV_MARKERS = {"per-loop": "circle", "shared-last": "square", "shared-mean": "diamond", "shared-ema": "triangle-up",
-              "latest-m4": "pentagon", "gated": "star", "standard": "hexagon"}
-KV_FILL = {"auto": "", "int8": "-open", "fp8": "-open-dot"}
-LEVERS_EXAMPLE = "loopeval run --model zoo:ouro-tiny --loops 4 --kv-policy per-loop,shared-last --kv-dtype auto,int8"
-LEVER_MEASURE = "kv_bytes_allocated"
-
-
-def memory_levers(points: pd.DataFrame, task: str = "all", colors: Mapping[str, str] | None = None) -> go.Figure:
-    """Accuracy against the KV cache each memory lever leaves (`lever_points`): colour the model, shape the KV policy,
-    filled in the model's dtype and hollow in int8 (dotted in fp8). What the figure asks: does a training-free policy
-    (shared-last, shared-mean) reach the memory of MELT's trained gate at the accuracy of Ouro's per-loop KV, and what
-    does int8 cost on top? The memory is each point's measured KV peak (`kv_bytes_allocated`), from zero."""
-    title = _with_set(f"Memory levers: accuracy against KV cache, {plain(task)}", points)
-    frame = _plain_frame(lever_points(points))
-    frame = frame[frame[LEVER_MEASURE].notna()] if LEVER_MEASURE in frame else frame.iloc[0:0]
-    if frame.empty:
-        return _empty(title, "nothing to compare here: this set runs no KV policy or dtype. "
-                             f"Sweep them with {LEVERS_EXAMPLE}")
-    unit, scale = byte_unit(frame[LEVER_MEASURE])
-    frame["memory"] = frame[LEVER_MEASURE] / scale
-    frame["stderr"] = frame["stderr"].astype(float)
-    frame["symbol"] = [KV_MARKERS.get(policy.partition(":")[0], "x") + KV_FILL.get(dtype, "")
-                       for policy, dtype in zip(frame["kv_policy"], frame["kv_dtype"])]
-    frame["runs"] = _runs_text(frame)
-    frame["r"] = [loops_label(loops) for loops in frame["loops"]]
-    hover = (f"%{{customdata[0]}} %{{customdata[1]}}<br>KV policy %{{customdata[2]}}, KV dtype %{{customdata[3]}}"
-             f"<br>accuracy %{{y:.3f}}<br>KV %{{x:.4g}} {unit}<br>%{{customdata[4]}}<extra></extra>")
-    palette, traces = _colors_of(frame["model"], colors), []
-    for index, (model, rows) in enumerate(frame.groupby("model", sort=True)):
-        color, group = palette[model], f"model {index}"
-        traces.append(_legend_key(model, group, "model" if index == 0 else None, {"color": color, "size": 10, "symbol": "circle"}))
-        traces.append({
-            "type": "scatter", "x": rows["memory"].to_numpy(), "y": rows["accuracy"].to_numpy(), "mode": "markers",
-            "error_y": {"type": "data", "array": rows["stderr"].to_numpy()}, "name": model, "legendgroup": group,
-            "showlegend": False, "marker": {"color": color, "size": 13, "symbol": rows["symbol"].tolist(), "line": {"width": 2}},
-            "customdata": rows[["model", "r", "kv_policy", "kv_dtype", "runs"]].to_numpy(), "hovertemplate": hover,
-        })
-    for index, policy in enumerate(dict.fromkeys(p.partition(":")[0] for p in frame["kv_policy"])):
-        traces.append(_legend_key(policy, f"policy {policy}", "KV policy (shape)" if index == 0 else None,
-                                  {"color": "#777", "size": 10, "symbol": KV_MARKERS.get(policy, "x")}))
-    for index, dtype in enumerate(dict.fromkeys(frame["kv_dtype"])):
-        traces.append(_legend_key(dtype, f"dtype {dtype}", "KV dtype (fill)" if index == 0 else None,
-                                  {"color": "#777", "size": 10, "symbol": "circle" + KV_FILL.get(dtype, ""), "line": {"width": 2}}))
-    top = max(1.0, float((frame["accuracy"] + frame["stderr"].fillna(0)).max()))
-    notes = [f"KV: each point's measured KV cache peak ({BY_NAME[LEVER_MEASURE].label}); {DECIMAL_NOTE}",
-             "a model's point without a KV setting is its own policy in its own dtype", *_pooled_note(frame)]
-    note, margin = _footnote(" · ".join(notes))
-    return go.Figure(data=traces, layout={
-        "title": {"text": title}, "legend": {"groupclick": "togglegroup", "tracegroupgap": 2},
-        "xaxis": {"rangemode": "tozero", "title": {"text": unit_title("KV cache", unit, scale)}},
-        "yaxis": {"range": [-0.05, top + 0.05], "title": {"text": f"accuracy ({frame['metric'].iloc[0]})"}},
-        "annotations": [note], "margin": margin,
-    })
+    return {
+        "xaxis": {"anchor": "y", "domain": [0.0, 0.94], **xaxis},
+        "yaxis": {"anchor": "x", "domain": [0.0, 1.0], **yaxis},
+        "yaxis2": {"anchor": "x", "overlaying": "y", "side": "right", **yaxis2},
+    }

@@ -32,7 +32,7 @@ from analysis.names import default_measure, loops_label, measure_label
 from analysis.points import DEFAULT_CONTEXT_TOKENS, accuracy_points
 from dashboards import figures, views
 from dashboards.data import SAMPLE_COLUMNS, SAMPLE_TEXT_CHARS, browse_samples
-from db import ResultsError, queries
+from db import ResultsError, queries, sample_queries
 from db.headline import SUITE
 import measures
 
@@ -56,14 +56,18 @@ def _figure_json(fig: go.Figure) -> Any:
 
 def _options(values: list[Any], labels: list[str] | None = None, selected: Any = None) -> str:
     labels = labels or [str(v) for v in values]
-    return "".join(f'<option value="{html.escape(str(v))}"{" selected" if v == selected else ""}>'
-                   f'{html.escape(label)}</option>' for v, label in zip(values, labels))
+    return "".join(
+        f'<option value="{html.escape(str(v))}"{" selected" if v == selected else ""}>{html.escape(label)}</option>'
+        for v, label in zip(values, labels)
+    )
 
 
 def _runs_table(engine: Engine) -> str:
     """Every run with status, samples, suite-average accuracy and memory peaks (`views.runs_table`), as escaped text."""
     head = "".join(f"<th>{html.escape(c)}</th>" for c in views.RUN_COLUMNS)
-    rows = ["<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in views.runs_table(engine)]
+    rows = [
+        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in views.runs_table(engine)
+    ]
     return f"<table class='runs'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
 
@@ -98,7 +102,9 @@ def _shared_template(blobs: dict[str, Any]) -> Any:
     return template
 
 
-def report_figures(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS, processes: int | None = None) -> dict[str, Any]:
+def report_figures(
+    engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS, processes: int | None = None
+) -> dict[str, Any]:
     """Every figure (Plotly JSON) and answer sentence of every view (`views.VIEWS`), for every choice of its
     selectors, keyed as the page's script asks for them (`View.key`). Views fed by the same query (accuracy against
     memory and against compute) share each case's data.
@@ -110,7 +116,9 @@ def report_figures(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS,
     colors = views.palette(engine)
     for view in views.VIEWS:
         for case in view.cases(engine):
-            cases.setdefault((view.query, dataclasses.replace(case, context_tokens=context_tokens, colors=colors)), []).append(view)
+            cases.setdefault(
+                (view.query, dataclasses.replace(case, context_tokens=context_tokens, colors=colors)), []
+            ).append(view)
     jobs = list(cases.items())
     processes = min(len(jobs), processes or len(os.sched_getaffinity(0)))
     parts = _in_processes(lambda k: [_draw_case(engine, *job) for job in jobs[k::processes]], processes, engine)
@@ -144,7 +152,9 @@ def _in_processes(part: Callable[[int], Any], processes: int, engine: Engine) ->
     forked = []
     for k in range(1, processes):
         reader, writer = context.Pipe(duplex=False)
-        process = context.Process(target=_send, args=(writer, part, k, engine), daemon=True, name=f"loopeval report {k}")
+        process = context.Process(
+            target=_send, args=(writer, part, k, engine), daemon=True, name=f"loopeval report {k}"
+        )
         process.start()
         writer.close()
         forked.append((reader, process))
@@ -157,7 +167,9 @@ def _in_processes(part: Callable[[int], Any], processes: int, engine: Engine) ->
                 failed, value = True, None
             process.join()
             if failed:
-                raise value or ResultsError(f"a process drawing the report's figures ended with exit code {process.exitcode}")
+                raise value or ResultsError(
+                    f"a process drawing the report's figures ended with exit code {process.exitcode}"
+                )
             results.append(value)
         return results
     finally:  # after an error here, or in one of them, the others are not waited for
@@ -185,13 +197,17 @@ def _selectors(engine: Engine, measure: str, context_tokens: int) -> dict[str, s
         choices = selector.choices(engine)
         selected = selector.default(engine) if selector.default else None  # else the browser shows the first
         controls[name] = (selector.label, _options([v for v, _ in choices], [label for _, label in choices], selected))
-    tasks = sorted({task for set_id in queries.eval_sets(engine)["set_id"] for task in queries.tasks(engine, set_id)},
-                   key=lambda task: (task != SUITE, task))
+    tasks = sorted(
+        {task for set_id in queries.eval_sets(engine)["set_id"] for task in queries.tasks(engine, set_id)},
+        key=lambda task: (task != SUITE, task),
+    )
     controls["task"] = ("task", _options(tasks))
     labels = [measure_label(m, context_tokens) for m in measures.MEMORY_MEASURES]
     controls["measure"] = ("memory measure", _options(list(measures.MEMORY_MEASURES), labels, selected=measure))
-    return {name: f'<label>{html.escape(label)} <select id="{name}">{options}</select></label>'
-            for name, (label, options) in controls.items()}
+    return {
+        name: f'<label>{html.escape(label)} <select id="{name}">{options}</select></label>'
+        for name, (label, options) in controls.items()
+    }
 
 
 def _sections(selectors: dict[str, str]) -> str:
@@ -200,15 +216,23 @@ def _sections(selectors: dict[str, str]) -> str:
     for view, shown in views.sections():
         note = f'<p class="note">{html.escape(view.note)}</p>\n' if view.note else ""
         controls = "".join(selectors[name] + "\n" for name in shown if name in view.keyed)
-        plots = "".join(f'<div id="{plot.id}" class="plot" style="height: {plot.height}px"></div>\n' for plot in view.plots)
+        plots = "".join(
+            f'<div id="{plot.id}" class="plot" style="height: {plot.height}px"></div>\n' for plot in view.plots
+        )
         sections.append(f"<section><h2>{html.escape(view.title)}</h2>\n{note}{controls}{plots}</section>\n")
     return "".join(sections)
 
 
 def _page_views() -> list[dict[str, Any]]:
     """What the page's script needs of each view: the selectors that key its figures, its plots, its answer."""
-    return [{"inputs": list(view.keyed), "plots": [[plot.id, plot.key] for plot in view.plots],
-             "answer": view.answer is not None} for view in views.VIEWS]
+    return [
+        {
+            "inputs": list(view.keyed),
+            "plots": [[plot.id, plot.key] for plot in view.plots],
+            "answer": view.answer is not None,
+        }
+        for view in views.VIEWS
+    ]
 
 
 def build_report(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -> str:
@@ -223,7 +247,7 @@ def build_report(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -
     samples = _sample_rows(engine)
     sample_tasks = sorted({row[3] for row in samples})
     sample_models = sorted({row[1] for row in samples})
-    total = queries.count_samples(engine)
+    total = sample_queries.count_samples(engine)
     generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     return _TEMPLATE.format(
         csp=REPORT_CSP,
@@ -237,20 +261,27 @@ def build_report(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -
         sample_head="".join(f"<th>{html.escape(c)}</th>" for c in SAMPLE_COLUMNS.values()),
         samples_note=html.escape(
             f"{len(samples)} of {total} samples, spread evenly over every run, task and verdict "
-            f"(the served app filters them in the database)" if len(samples) < total else f"all {total} samples")
-            + html.escape(f"; texts over {SAMPLE_TEXT_CHARS} characters are cut"),
+            f"(the served app filters them in the database)"
+            if len(samples) < total
+            else f"all {total} samples"
+        )
+        + html.escape(f"; texts over {SAMPLE_TEXT_CHARS} characters are cut"),
         decimal_note=html.escape(figures.DECIMAL_NOTE),
         figures_json=_script_json(blobs),
         template_json=_script_json(template),
         views_json=_script_json(_page_views()),
-        samples_json=_script_json({"columns": list(SAMPLE_COLUMNS.values()), "rows": samples, "pageRows": SAMPLE_PAGE_ROWS}),
+        samples_json=_script_json(
+            {"columns": list(SAMPLE_COLUMNS.values()), "rows": samples, "pageRows": SAMPLE_PAGE_ROWS}
+        ),
         config_json=_script_json(PLOT_CONFIG),
     )
 
 
 # The report runs offline: nothing may be fetched, framed, submitted or used as a base for links.
-REPORT_CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; "
-              "font-src data:; form-action 'none'; base-uri 'none'")
+REPORT_CSP = (
+    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; "
+    "font-src data:; form-action 'none'; base-uri 'none'"
+)
 
 _TEMPLATE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">

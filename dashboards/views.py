@@ -23,7 +23,7 @@ from sqlalchemy import Engine
 from analysis.answer import answer
 from analysis.names import exit_label, loops_label, measure_label
 from analysis.points import DEFAULT_CONTEXT_TOKENS, accuracy_points
-from dashboards import figures, trace_figures
+from dashboards import cost_figures, figures, trace_figures
 from dashboards.data import depth_points, probe_title, profile_points, set_choice
 from db import queries
 from db.headline import SUITE
@@ -176,7 +176,9 @@ def _set_ids(engine: Engine) -> list[str]:
 
 
 def _set_tasks(engine: Engine) -> list[Selection]:
-    return [Selection(set_id=set_id, task=task) for set_id in _set_ids(engine) for task in queries.tasks(engine, set_id)]
+    return [
+        Selection(set_id=set_id, task=task) for set_id in _set_ids(engine) for task in queries.tasks(engine, set_id)
+    ]
 
 
 def _each_measure(case: Selection) -> list[Selection]:
@@ -184,20 +186,20 @@ def _each_measure(case: Selection) -> list[Selection]:
 
 
 def _accuracy_vs_loops_per_token(points: pd.DataFrame, picked: Selection) -> go.Figure:
-    return figures.accuracy_vs_compute(points, "loops_per_token", picked.task, picked.palette)
+    return cost_figures.accuracy_vs_compute(points, "loops_per_token", picked.task, picked.palette)
 
 
 def _accuracy_vs_decode_time(points: pd.DataFrame, picked: Selection) -> go.Figure:
-    return figures.accuracy_vs_compute(points, "seconds_per_token", picked.task, picked.palette)
+    return cost_figures.accuracy_vs_compute(points, "seconds_per_token", picked.task, picked.palette)
 
 
 def _accuracy_vs_energy(points: pd.DataFrame, picked: Selection) -> go.Figure:
-    return figures.accuracy_vs_energy(points, picked.task, picked.palette)
+    return cost_figures.accuracy_vs_energy(points, picked.task, picked.palette)
 
 
 # ----------------------------------------------------------------------------------------------- depth
 def _memory_levers(points: pd.DataFrame, picked: Selection) -> go.Figure:
-    return figures.memory_levers(points, picked.task, picked.palette)
+    return cost_figures.memory_levers(points, picked.task, picked.palette)
 
 
 def _depth_points(engine: Engine, picked: Selection) -> pd.DataFrame:
@@ -270,44 +272,79 @@ def _loop_probes(values: pd.DataFrame, picked: Selection) -> go.Figure:
 
 def _each_probe_run(engine: Engine) -> list[Selection]:
     """Each probe run; with none, the one case (no run) whose figure says how to make one."""
-    return [Selection(run_id=int(run_id)) for run_id in queries.probe_values(engine)["run_id"].unique()] or [Selection()]
+    return [Selection(run_id=int(run_id)) for run_id in queries.probe_values(engine)["run_id"].unique()] or [
+        Selection()
+    ]
 
 
 ACCURACY = View(
-    title="Accuracy per gigabyte", inputs=("set", "task", "models", "loops", "measure", "context"),
-    query=_accuracy_points, cases=_set_tasks, variants=_each_measure, answer=_answer,
-    plots=(Plot("accuracy-memory", "acc", _accuracy_vs_memory, 560),
-           Plot("accuracy-loops", "loops", _accuracy_vs_loops, 520)),
+    title="Accuracy per gigabyte",
+    inputs=("set", "task", "models", "loops", "measure", "context"),
+    query=_accuracy_points,
+    cases=_set_tasks,
+    variants=_each_measure,
+    answer=_answer,
+    plots=(
+        Plot("accuracy-memory", "acc", _accuracy_vs_memory, 560),
+        Plot("accuracy-loops", "loops", _accuracy_vs_loops, 520),
+    ),
 )
 COMPUTE = View(
-    title="Accuracy against compute", inputs=("set", "task", "models", "loops"), query=_accuracy_points, cases=_set_tasks,
-    plots=(Plot("accuracy-loops-per-token", "compute-loops", _accuracy_vs_loops_per_token, 520),
-           Plot("accuracy-decode-time", "compute-time", _accuracy_vs_decode_time, 520),
-           Plot("accuracy-energy", "compute-energy", _accuracy_vs_energy, 520)),
+    title="Accuracy against compute",
+    inputs=("set", "task", "models", "loops"),
+    query=_accuracy_points,
+    cases=_set_tasks,
+    plots=(
+        Plot("accuracy-loops-per-token", "compute-loops", _accuracy_vs_loops_per_token, 520),
+        Plot("accuracy-decode-time", "compute-time", _accuracy_vs_decode_time, 520),
+        Plot("accuracy-energy", "compute-energy", _accuracy_vs_energy, 520),
+    ),
     note="What a generated token cost beside what it scored: mean loops run per token (below r where tokens exit "
-         "early, --exit-threshold) and generate seconds per token, drawn where the set varies the exit threshold or the "
-         "loops; and the GPU energy a run drew (NVML), whose pass@1 per kJ stands beside pass@1 per GB.",
+    "early, --exit-threshold) and generate seconds per token, drawn where the set varies the exit threshold or the "
+    "loops; and the GPU energy a run drew (NVML), whose pass@1 per kJ stands beside pass@1 per GB.",
 )
 LEVERS = View(
-    title="Memory levers", inputs=("set", "task", "models", "loops"), query=_accuracy_points, cases=_set_tasks,
+    title="Memory levers",
+    inputs=("set", "task", "models", "loops"),
+    query=_accuracy_points,
+    cases=_set_tasks,
     plots=(Plot("memory-levers", "levers", _memory_levers, 560),),
     note="What memory each KV policy (--kv-policy) and KV dtype (--kv-dtype) saves, and what it costs in accuracy, "
-         "beside each model's own cache: a shape per policy, hollow where quantized. Drawn where the set sweeps them.",
+    "beside each model's own cache: a shape per policy, hollow where quantized. Drawn where the set sweeps them.",
 )
 # The views in page order: both pages draw every one of them.
 VIEWS: list[View] = [
     ACCURACY,
     COMPUTE,
     LEVERS,
-    View(title="Depth extrapolation", inputs=("depth-set",), query=_depth_points, cases=_each_set,
-         plots=(Plot("depth", "depth", _accuracy_vs_depth),),
-         note="Accuracy per task group against the loop count r; the set opens on the widest sweep of r."),
-    View(title="Memory over a run", inputs=("run",), query=_run_memory, cases=_each_run,
-         plots=(Plot("memory-run", "run", _memory_over_run),)),
-    View(title="Memory against context length", inputs=(), query=_profile_points,
-         plots=(Plot("memory-context", "profile", _memory_vs_context),)),
-    View(title="Loop probes", inputs=("probe",), query=_probe_values, cases=_each_probe_run,
-         plots=(Plot("probe-values", "probe", _loop_probes, 640),)),
+    View(
+        title="Depth extrapolation",
+        inputs=("depth-set",),
+        query=_depth_points,
+        cases=_each_set,
+        plots=(Plot("depth", "depth", _accuracy_vs_depth),),
+        note="Accuracy per task group against the loop count r; the set opens on the widest sweep of r.",
+    ),
+    View(
+        title="Memory over a run",
+        inputs=("run",),
+        query=_run_memory,
+        cases=_each_run,
+        plots=(Plot("memory-run", "run", _memory_over_run),),
+    ),
+    View(
+        title="Memory against context length",
+        inputs=(),
+        query=_profile_points,
+        plots=(Plot("memory-context", "profile", _memory_vs_context),),
+    ),
+    View(
+        title="Loop probes",
+        inputs=("probe",),
+        query=_probe_values,
+        cases=_each_probe_run,
+        plots=(Plot("probe-values", "probe", _loop_probes, 640),),
+    ),
 ]
 
 
@@ -377,6 +414,7 @@ def runs_table(engine: Engine) -> list[list[Any]]:
     table = table.merge(queries.memory_peaks(engine), on="run_id", how="left")
     averages = queries.suite_means(queries.metrics(engine))
     table = table.merge(averages[["run_id", "metric", "value"]], on="run_id", how="left")
+
     def number(value: Any) -> int | str:
         return "" if pd.isna(value) else int(value)
 
@@ -385,8 +423,23 @@ def runs_table(engine: Engine) -> list[list[Any]]:
         accuracy = "" if pd.isna(row.get("value")) else f"{row['value']:.3f} ({row['metric']})"
         exit_at = "" if pd.isna(row["exit_threshold"]) else exit_label(row["exit_threshold"], row["exit_criterion"])
         kv = " ".join(value for value in (row["kv_policy"], row["kv_dtype"]) if not pd.isna(value))  # blank: not swept
-        rows.append([row["run_id"], row["sweep_id"], row["kind"], row["model"], number(row["loops"]), exit_at, kv, row["suite"],
-                     "" if pd.isna(row["set_id"]) else row["set_id"], number(row["seed"]), row["status"],
-                     row["n_samples"], accuracy, *(measures.byte_text(row.get(c)) for c in measures.RUN_TABLE_MEASURES),
-                     measures.energy_text(row["energy_joules"])])
+        rows.append(
+            [
+                row["run_id"],
+                row["sweep_id"],
+                row["kind"],
+                row["model"],
+                number(row["loops"]),
+                exit_at,
+                kv,
+                row["suite"],
+                "" if pd.isna(row["set_id"]) else row["set_id"],
+                number(row["seed"]),
+                row["status"],
+                row["n_samples"],
+                accuracy,
+                *(measures.byte_text(row.get(c)) for c in measures.RUN_TABLE_MEASURES),
+                measures.energy_text(row["energy_joules"]),
+            ]
+        )
     return rows

@@ -161,7 +161,7 @@ def pool(estimates: list[Estimate]) -> tuple[float, float | None]:
     total = sum(items)
     mean = sum(m * n for m, n in zip(means, items)) / total
     # (items - 1) * variance within each run, from stderr = sd / sqrt(items), plus each run's offset from the pooled mean
-    squares = sum(s ** 2 * n * (n - 1) + n * (m - mean) ** 2 for m, s, n in zip(means, stderrs, items))
+    squares = sum(s**2 * n * (n - 1) + n * (m - mean) ** 2 for m, s, n in zip(means, stderrs, items))
     return mean, math.sqrt(squares / (total - 1) / total)
 
 

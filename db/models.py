@@ -129,7 +129,9 @@ class MemorySample(Base):
     generated_tokens: Mapped[int | None] = mapped_column(BigInteger)  # tokens generated so far in the run
     kv_bytes_used: Mapped[int | None] = mapped_column(BigInteger)
     kv_bytes_allocated: Mapped[int | None] = mapped_column(BigInteger)
-    kv_bytes_reserved: Mapped[int | None] = mapped_column(BigInteger)  # the KV pool held; NULL in ticks stored before 0006
+    kv_bytes_reserved: Mapped[int | None] = mapped_column(
+        BigInteger
+    )  # the KV pool held; NULL in ticks stored before 0006
     torch_allocated: Mapped[int | None] = mapped_column(BigInteger)
     torch_reserved: Mapped[int | None] = mapped_column(BigInteger)
     nvml_process: Mapped[int | None] = mapped_column(BigInteger)

@@ -26,7 +26,7 @@ from db.stored import hidden
 from measures import PROFILE_MEASURES, SERIES_MEASURES
 
 # Profile runs keep NULL: they span several loop counts, recorded per point.
-_LOOPS = case((Run.kind == "eval", func.coalesce(Run.loops, 1)), else_=Run.loops).label("loops")
+LOOPS = case((Run.kind == "eval", func.coalesce(Run.loops, 1)), else_=Run.loops).label("loops")
 
 
 def require_results(engine: Engine) -> int:
@@ -37,13 +37,15 @@ def require_results(engine: Engine) -> int:
     with engine.connect() as conn:
         count = conn.execute(select(func.count()).select_from(Run)).scalar_one()
     if count == 0 and hidden(engine):
-        raise ResultsError(f"the database {where} holds no run loopeval can read: each holds a damaged value (named above)")
+        raise ResultsError(
+            f"the database {where} holds no run loopeval can read: each holds a damaged value (named above)"
+        )
     if count == 0:
         raise ResultsError(f"the database {where} holds no runs yet; run `loopeval run` first")
     return count
 
 
-def _frame(engine: Engine, statement: Any) -> pd.DataFrame:
+def read_frame(engine: Engine, statement: Any) -> pd.DataFrame:
     """Run a select and return its rows as a DataFrame whose columns exist even when no row came back."""
     with engine.connect() as conn:
         result = conn.execute(statement)
@@ -55,9 +57,22 @@ def runs(engine: Engine, kind: str | None = "eval", run_ids: Iterable[int] | Non
     evaluation set."""
     counts = select(Sample.run_id, func.count().label("n_samples")).group_by(Sample.run_id)
     statement = select(
-        Run.id.label("run_id"), Run.sweep_id, Run.kind, Run.model_spec.label("model"), Run.adapter,
-        _LOOPS, Run.exit_threshold, Run.exit_criterion, Run.kv_policy, Run.kv_dtype, Run.suite, Run.status, Run.started_at,
-        Run.wall_seconds, Run.energy_joules, Run.model_config,
+        Run.id.label("run_id"),
+        Run.sweep_id,
+        Run.kind,
+        Run.model_spec.label("model"),
+        Run.adapter,
+        LOOPS,
+        Run.exit_threshold,
+        Run.exit_criterion,
+        Run.kv_policy,
+        Run.kv_dtype,
+        Run.suite,
+        Run.status,
+        Run.started_at,
+        Run.wall_seconds,
+        Run.energy_joules,
+        Run.model_config,
     )
     if kind is not None:
         statement = statement.where(Run.kind == kind)
@@ -65,9 +80,12 @@ def runs(engine: Engine, kind: str | None = "eval", run_ids: Iterable[int] | Non
         run_ids = list(run_ids)
         counts, statement = counts.where(Sample.run_id.in_(run_ids)), statement.where(Run.id.in_(run_ids))
     n_samples = counts.subquery()
-    statement = (statement.add_columns(func.coalesce(n_samples.c.n_samples, 0).label("n_samples"))
-                 .outerjoin(n_samples, n_samples.c.run_id == Run.id).order_by(Run.id))
-    return _frame(engine, statement).merge(run_sets(engine, run_ids), on="run_id", how="left")
+    statement = (
+        statement.add_columns(func.coalesce(n_samples.c.n_samples, 0).label("n_samples"))
+        .outerjoin(n_samples, n_samples.c.run_id == Run.id)
+        .order_by(Run.id)
+    )
+    return read_frame(engine, statement).merge(run_sets(engine, run_ids), on="run_id", how="left")
 
 
 def models(engine: Engine, set_id: str | None = None) -> list[str]:
@@ -93,8 +111,11 @@ def run_sets(engine: Engine, run_ids: Iterable[int] | None = None) -> pd.DataFra
     """The evaluation set of every eval run (only `run_ids` when given), with its seed: run_id, seed, set_id, set_label
     (db.sets). The id is the one stored with the run (`runs.set_id`), never hashed again; each set's label is made
     once, from its first run's columns."""
-    statement = select(Run.id, Run.seed, Run.set_id, Run.suite, Run.tasks, Run.limit, Run.sampling,
-                       Run.data_fingerprint).where(Run.kind == "eval").order_by(Run.id)
+    statement = (
+        select(Run.id, Run.seed, Run.set_id, Run.suite, Run.tasks, Run.limit, Run.sampling, Run.data_fingerprint)
+        .where(Run.kind == "eval")
+        .order_by(Run.id)
+    )
     if run_ids is not None:
         statement = statement.where(Run.id.in_(list(run_ids)))
     labels: dict[str, str] = {}
@@ -116,9 +137,12 @@ def eval_sets(engine: Engine) -> pd.DataFrame:
     table = run_sets(engine)
     table = table.assign(scored_run_id=table["run_id"].where(table["run_id"].isin(scored_runs(engine))))
     grouped = table.groupby(["set_id", "set_label"], sort=False).agg(
-        runs=("run_id", "count"), seeds=("seed", lambda seeds: id_ranges({int(s) for s in seeds.dropna()})),
+        runs=("run_id", "count"),
+        seeds=("seed", lambda seeds: id_ranges({int(s) for s in seeds.dropna()})),
         seed_count=("seed", "nunique"),
-        last_run_id=("run_id", "max"), last_scored=("scored_run_id", "max"))
+        last_run_id=("run_id", "max"),
+        last_scored=("scored_run_id", "max"),
+    )
     grouped = grouped.reset_index().sort_values(["last_scored", "last_run_id"], ascending=False, na_position="last")
     return grouped.drop(columns="last_scored").reset_index(drop=True)
 
@@ -144,7 +168,9 @@ def depth_set(engine: Engine) -> str | None:
     sets = eval_sets(engine)
     if sets.empty:
         return None
-    loops = _frame(engine, select(Run.id.label("run_id"), _LOOPS).where(Run.kind == "eval"))  # not `runs`: no sample count
+    loops = read_frame(
+        engine, select(Run.id.label("run_id"), LOOPS).where(Run.kind == "eval")
+    )  # not `runs`: no sample count
     counts = loops.merge(run_sets(engine), on="run_id").groupby("set_id")["loops"].nunique()
     return str(max(sets["set_id"], key=lambda set_id: counts.get(set_id, 0)))  # max keeps the first of equals
 
@@ -165,19 +191,23 @@ def tasks(engine: Engine, set_id: str | None = None) -> list[str]:
     return sorted(names, key=lambda name: name != "all")
 
 
-def sample_tasks(engine: Engine) -> list[str]:
-    """Task names that have samples, sorted (an interrupted run has samples before it has metrics)."""
-    with engine.connect() as conn:
-        return [row[0] for row in conn.execute(select(Sample.task).distinct().order_by(Sample.task))]
-
-
 def metrics(engine: Engine, set_id: str | None = None, task: str | None = None) -> pd.DataFrame:
     """Every stored metric of every evaluated run (of one set, of one task, when given): run, model, loops, exit point,
     seed, task, metric, value, stderr and the run's `config` (`run_configs`)."""
     statement = (
         select(
-            Run.id.label("run_id"), Run.sweep_id, Run.model_spec.label("model"), _LOOPS, Run.exit_threshold, Run.exit_criterion,
-            Run.suite, Run.seed, TaskMetric.task, TaskMetric.metric, TaskMetric.value, TaskMetric.stderr,
+            Run.id.label("run_id"),
+            Run.sweep_id,
+            Run.model_spec.label("model"),
+            LOOPS,
+            Run.exit_threshold,
+            Run.exit_criterion,
+            Run.suite,
+            Run.seed,
+            TaskMetric.task,
+            TaskMetric.metric,
+            TaskMetric.value,
+            TaskMetric.stderr,
         )
         .join(Run)
         .where(Run.kind == "eval")
@@ -187,14 +217,18 @@ def metrics(engine: Engine, set_id: str | None = None, task: str | None = None) 
         statement = statement.where(Run.id.in_(_set_run_ids(engine, set_id)))
     if task is not None:
         statement = statement.where(TaskMetric.task == task)
-    frame = _frame(engine, statement)
-    return frame.assign(config=frame["run_id"].map(run_configs(engine, frame["run_id"].unique().tolist())).astype(object))
+    frame = read_frame(engine, statement)
+    return frame.assign(
+        config=frame["run_id"].map(run_configs(engine, frame["run_id"].unique().tolist())).astype(object)
+    )
 
 
 def run_configs(engine: Engine, run_ids: Iterable[int]) -> dict[int, str]:
     """run id -> its configuration (`db.sets.configuration`, as `config_key` writes it; '' for none): what keeps
     runs of one model, loops and exit point apart as points of their own."""
-    statement = select(Run.id, Run.model_spec, Run.spec, Run.kv_policy, Run.kv_dtype).where(Run.id.in_([int(i) for i in run_ids]))
+    statement = select(Run.id, Run.model_spec, Run.spec, Run.kv_policy, Run.kv_dtype).where(
+        Run.id.in_([int(i) for i in run_ids])
+    )
     with engine.connect() as conn:
         return {row.id: config_key(configuration(row._mapping)) for row in conn.execute(statement)}
 
@@ -204,7 +238,7 @@ def memory_peaks(engine: Engine, run_ids: Iterable[int] | None = None) -> pd.Dat
     statement = select(MemoryPeak.run_id, MemoryPeak.measure, MemoryPeak.value)
     if run_ids is not None:
         statement = statement.where(MemoryPeak.run_id.in_(list(run_ids)))
-    long = _frame(engine, statement)
+    long = read_frame(engine, statement)
     if long.empty:
         return pd.DataFrame({"run_id": pd.Series(dtype="int64")})
     wide = long.pivot(index="run_id", columns="measure", values="value").astype("float64")
@@ -226,8 +260,15 @@ def suite_means(table: pd.DataFrame, by: tuple[str, ...] = ("run_id",)) -> pd.Da
         for task, metric, value, stderr in zip(group["task"], group["metric"], group["value"], group["stderr"]):
             values.setdefault(task, {})[metric] = None if pd.isna(value) else value
             stderrs.setdefault(task, {})[metric] = None if pd.isna(stderr) else stderr
-        rows.append({**group.iloc[0].to_dict(), "task": SUITE, "metric": HEADLINE, "value": headline(values).mean,
-                     "stderr": headline_stderr(stderrs)})
+        rows.append(
+            {
+                **group.iloc[0].to_dict(),
+                "task": SUITE,
+                "metric": HEADLINE,
+                "value": headline(values).mean,
+                "stderr": headline_stderr(stderrs),
+            }
+        )
     return pd.DataFrame(rows, columns=list(table.columns))
 
 
@@ -240,13 +281,18 @@ _POOLED = [*POINT, "suite", "task", "metric", "value", "stderr", "seeds", "run_i
 
 def item_counts(engine: Engine, run_ids: Iterable[int]) -> dict[tuple[int, str], int]:
     """(run, task) -> how many docs the run has samples of: the item count behind its per-task mean."""
-    statement = (select(Sample.run_id, Sample.task, func.count(func.distinct(Sample.doc_id)))
-                 .where(Sample.run_id.in_(list(run_ids))).group_by(Sample.run_id, Sample.task))
+    statement = (
+        select(Sample.run_id, Sample.task, func.count(func.distinct(Sample.doc_id)))
+        .where(Sample.run_id.in_(list(run_ids)))
+        .group_by(Sample.run_id, Sample.task)
+    )
     with engine.connect() as conn:
         return {(run_id, task): count for run_id, task, count in conn.execute(statement)}
 
 
-def pooled_metrics(engine: Engine, set_id: str | None, run_ids: Iterable[int] | None = None, task: str | None = None) -> pd.DataFrame:
+def pooled_metrics(
+    engine: Engine, set_id: str | None, run_ids: Iterable[int] | None = None, task: str | None = None
+) -> pd.DataFrame:
     """Every metric of one evaluation set (None: the latest; of one task when given) per POINT, its seeds pooled.
 
     The runs of a point (one configuration: model, loops, exit point, overrides) with different seeds score the
@@ -264,17 +310,26 @@ def pooled_metrics(engine: Engine, set_id: str | None, run_ids: Iterable[int] | 
     repeated = table.duplicated([*POINT, "task", "metric"]).any()
     counts = item_counts(engine, table["run_id"].unique().tolist()) if repeated else {}
     rows = []
-    for (*point, task, metric), group in table.groupby([*POINT, "task", "metric"], sort=False, dropna=False):  # tasks as stored
+    for (*point, task, metric), group in table.groupby(
+        [*POINT, "task", "metric"], sort=False, dropna=False
+    ):  # tasks as stored
         # the columns zipped: itertuples copies every column of the group, once per group
-        value, stderr = pool([Estimate(v, None if pd.isna(s) else s, counts.get((run_id, task)))
-                              for v, s, run_id in zip(group["value"], group["stderr"], group["run_id"])])
+        value, stderr = pool(
+            [
+                Estimate(v, None if pd.isna(s) else s, counts.get((run_id, task)))
+                for v, s, run_id in zip(group["value"], group["stderr"], group["run_id"])
+            ]
+        )
         ids = sorted(int(i) for i in group["run_id"])
         rows.append([*point, group["suite"].iloc[0], task, metric, value, stderr, len(group), ids, ids[-1]])
     return pd.DataFrame(rows, columns=_POOLED).sort_values(list(POINT), kind="stable", ignore_index=True)
 
 
 def accuracy_memory(
-    engine: Engine, set_id: str | None = None, task: str = "all", metric: str | None = None,
+    engine: Engine,
+    set_id: str | None = None,
+    task: str = "all",
+    metric: str | None = None,
     run_ids: Iterable[int] | None = None,
 ) -> pd.DataFrame:
     """One row per POINT (configuration) of one evaluation set: accuracy on `task` with stderr, sample count, every memory peak.
@@ -297,14 +352,27 @@ def accuracy_memory(
         names = sorted(table["metric"].unique())
         metric = headline_metric(names) or names[0]
     table = table[table["metric"] == metric].rename(columns={"value": "accuracy"})
-    pooled = table[[*POINT, "run_ids"]].explode("run_ids").rename(columns={"run_ids": "run_id"}).astype({"run_id": "int64"})
-    info = runs(engine, run_ids=pooled["run_id"].tolist())[["run_id", "n_samples", "model_config", "status", "set_id", "set_label"]]
+    pooled = (
+        table[[*POINT, "run_ids"]].explode("run_ids").rename(columns={"run_ids": "run_id"}).astype({"run_id": "int64"})
+    )
+    info = runs(engine, run_ids=pooled["run_id"].tolist())[
+        ["run_id", "n_samples", "model_config", "status", "set_id", "set_label"]
+    ]
     table = table.merge(info.drop(columns="n_samples"), on="run_id", how="left")
     pooled = pooled.merge(info[["run_id", "n_samples"]], on="run_id", how="left")
     pooled = pooled.merge(memory_peaks(engine, pooled["run_id"].tolist()), on="run_id", how="left")
     pooled = pooled.merge(run_compute(engine, pooled["run_id"].tolist()), on="run_id", how="left")
-    per_point = pooled.drop(columns="run_id").groupby(POINT, as_index=False, dropna=False).agg(
-        {c: _sum_known if c in _SUMMED else "mean" if c in _PER_RUN else "max" for c in pooled.columns if c not in (*POINT, "run_id")})
+    per_point = (
+        pooled.drop(columns="run_id")
+        .groupby(POINT, as_index=False, dropna=False)
+        .agg(
+            {
+                c: _sum_known if c in _SUMMED else "mean" if c in _PER_RUN else "max"
+                for c in pooled.columns
+                if c not in (*POINT, "run_id")
+            }
+        )
+    )
     table = table.merge(per_point, on=POINT, how="left")
     return table.sort_values(POINT).reset_index(drop=True)
 
@@ -326,18 +394,28 @@ def run_compute(engine: Engine, run_ids: Iterable[int]) -> pd.DataFrame:
     (NaN where unavailable). `analysis.points.with_derived_measures` turns them into the `measures.COMPUTE_MEASURES`."""
     looped = Sample.loops_used.is_not(None)
     tokens = (
-        select(Sample.run_id, func.sum(Sample.generated_tokens).label("generated_tokens"),
-               func.sum(case((looped, Sample.loops_used * Sample.generated_tokens), else_=0)).label("loop_tokens"),
-               func.sum(case((looped, Sample.generated_tokens), else_=0)).label("looped_tokens"))
-        .group_by(Sample.run_id).subquery()
+        select(
+            Sample.run_id,
+            func.sum(Sample.generated_tokens).label("generated_tokens"),
+            func.sum(case((looped, Sample.loops_used * Sample.generated_tokens), else_=0)).label("loop_tokens"),
+            func.sum(case((looped, Sample.generated_tokens), else_=0)).label("looped_tokens"),
+        )
+        .group_by(Sample.run_id)
+        .subquery()
     )
     statement = (
-        select(Run.id.label("run_id"), tokens.c.generated_tokens, tokens.c.loop_tokens, tokens.c.looped_tokens,
-               Run.generate_seconds, Run.energy_joules)
+        select(
+            Run.id.label("run_id"),
+            tokens.c.generated_tokens,
+            tokens.c.loop_tokens,
+            tokens.c.looped_tokens,
+            Run.generate_seconds,
+            Run.energy_joules,
+        )
         .outerjoin(tokens, tokens.c.run_id == Run.id)
         .where(Run.id.in_(list(run_ids)))
     )
-    frame = _frame(engine, statement)
+    frame = read_frame(engine, statement)
     return frame.astype({column: "float64" for column in frame.columns if column != "run_id"})
 
 
@@ -345,91 +423,51 @@ def memory_series(engine: Engine, run_id: int) -> pd.DataFrame:
     """The sampler's ticks of one run: t (seconds), phase, generated_tokens and each measure."""
     columns = [getattr(MemorySample, name) for name in ("t", "phase", "generated_tokens", *SERIES_MEASURES)]
     statement = select(*columns).where(MemorySample.run_id == run_id).order_by(MemorySample.t)
-    return _frame(engine, statement).astype({name: "float64" for name in SERIES_MEASURES})
+    return read_frame(engine, statement).astype({name: "float64" for name in SERIES_MEASURES})
 
 
 def profile_points(engine: Engine) -> pd.DataFrame:
     """Every `loopeval profile` point with its run's model: memory against context length."""
     point_columns = [
-        ProfilePoint.context_tokens, ProfilePoint.batch, ProfilePoint.loops, ProfilePoint.weights_bytes,
-        ProfilePoint.kv_bytes_analytic, *(getattr(ProfilePoint, name) for name in PROFILE_MEASURES),
-        ProfilePoint.prefill_seconds, ProfilePoint.decode_tokens_per_second,
+        ProfilePoint.context_tokens,
+        ProfilePoint.batch,
+        ProfilePoint.loops,
+        ProfilePoint.weights_bytes,
+        ProfilePoint.kv_bytes_analytic,
+        *(getattr(ProfilePoint, name) for name in PROFILE_MEASURES),
+        ProfilePoint.prefill_seconds,
+        ProfilePoint.decode_tokens_per_second,
     ]
     statement = (
         select(ProfilePoint.run_id, Run.model_spec.label("model"), *point_columns)
         .join(Run)
         .order_by(Run.model_spec, ProfilePoint.loops, ProfilePoint.batch, ProfilePoint.context_tokens)
     )
-    frame = _frame(engine, statement)
+    frame = read_frame(engine, statement)
     byte_columns = ["weights_bytes", "kv_bytes_analytic", *PROFILE_MEASURES]
     return frame.astype({name: "float64" for name in byte_columns})
-
-
-def _sample_filters(statement: Any, task: str | None, model: str | None, correct: bool | None) -> Any:
-    if task is not None:
-        statement = statement.where(Sample.task == task)
-    if model is not None:
-        statement = statement.where(Run.model_spec == model)
-    if correct is True:
-        statement = statement.where(Sample.score >= 1.0)
-    elif correct is False:
-        statement = statement.where(Sample.score < 1.0)
-    return statement
-
-
-# A sample's stratum in `sample_spread`: its run (model and loops), its task and its verdict.
-_VERDICT = case((Sample.score.is_(None), "unscored"), (Sample.score >= 1.0, "correct"), else_="wrong").label("verdict")
-_STRATUM = (Sample.run_id, Sample.task, _VERDICT)
-
-
-def sample_spread(
-    engine: Engine, budget: int, task: str | None = None, model: str | None = None, correct: bool | None = None
-) -> pd.DataFrame:
-    """About `budget` samples spread evenly over every (run, task, verdict) that has any, in SQL.
-
-    Each stratum gives the same number (budget // strata, at least one), its first doc ids first
-    (shortest id, then text: numeric ids in numeric order), first samples of a doc before its
-    repeats, so every model and loop count shows correct and wrong answers side by side. The
-    filters (task, model, `correct`) apply first; rows come in (run, task, doc id, sample) order with a `verdict` column.
-    """
-    strata = _sample_filters(select(*_STRATUM).join(Run).distinct(), task, model, correct).subquery()
-    with engine.connect() as conn:
-        n_strata = conn.execute(select(func.count()).select_from(strata)).scalar_one()
-    rank = func.row_number().over(
-        partition_by=_STRATUM, order_by=(Sample.sample_index, func.length(Sample.doc_id), Sample.doc_id)
-    ).label("rank")
-    ranked = _sample_filters(
-        select(Sample.id.label("sample_id"), _VERDICT, rank).join(Run), task, model, correct).subquery()
-    statement = (
-        select(
-            Sample.id.label("sample_id"), Sample.run_id, Run.model_spec.label("model"), _LOOPS, Run.suite,
-            Sample.task, Sample.doc_id, Sample.sample_index, Sample.prompt, Sample.output, Sample.gold,
-            Sample.score, ranked.c.verdict, Sample.prompt_tokens, Sample.generated_tokens,
-        )
-        .join(Run)
-        .join(ranked, ranked.c.sample_id == Sample.id)
-        .where(ranked.c.rank <= max(1, budget // max(1, n_strata)))
-        .order_by(Sample.run_id, Sample.task, func.length(Sample.doc_id), Sample.doc_id, Sample.sample_index)
-    )
-    return _frame(engine, statement)
-
-
-def count_samples(engine: Engine) -> int:
-    """Total stored samples (the report says how many it shows out of how many)."""
-    with engine.connect() as conn:
-        return conn.execute(select(func.count()).select_from(Sample)).scalar_one()
 
 
 def probe_values(engine: Engine) -> pd.DataFrame:
     """Every `loopeval probe` value with its run: run_id, model, suite (what was probed), trained_loops
     (T, NaN where the adapter did not say), loop, metric, lag, value (NaN = undefined)."""
     statement = (
-        select(ProbeValue.run_id, Run.model_spec.label("model"), Run.suite, Run.model_config,
-               ProbeValue.loop, ProbeValue.metric, ProbeValue.lag, ProbeValue.value)
+        select(
+            ProbeValue.run_id,
+            Run.model_spec.label("model"),
+            Run.suite,
+            Run.model_config,
+            ProbeValue.loop,
+            ProbeValue.metric,
+            ProbeValue.lag,
+            ProbeValue.value,
+        )
         .join(Run)
         .order_by(ProbeValue.run_id, ProbeValue.metric, ProbeValue.lag, ProbeValue.loop)
     )
-    frame = _frame(engine, statement)
+    frame = read_frame(engine, statement)
     trained = [c.get("trained_loops") if isinstance(c, dict) else None for c in frame["model_config"]]
-    frame = frame.drop(columns="model_config").assign(trained_loops=pd.Series(trained, dtype="float64", index=frame.index))
+    frame = frame.drop(columns="model_config").assign(
+        trained_loops=pd.Series(trained, dtype="float64", index=frame.index)
+    )
     return frame.astype({"value": "float64"})

@@ -18,8 +18,18 @@ from typing import Any
 from db.sets import EvalSet, configuration, run_key, run_set
 
 # The `runs` columns a PlannedRun fills, in its own field names where they differ (`model` is `runs.model_spec`).
-_COLUMNS = ("loops", "suite", "limit", "seed", "data_fingerprint", "exit_threshold", "exit_criterion", "kv_policy",
-            "kv_dtype", "sweep_id")
+_COLUMNS = (
+    "loops",
+    "suite",
+    "limit",
+    "seed",
+    "data_fingerprint",
+    "exit_threshold",
+    "exit_criterion",
+    "kv_policy",
+    "kv_dtype",
+    "sweep_id",
+)
 
 
 @dataclass(frozen=True)
@@ -81,8 +91,13 @@ class PlannedRun:
 
     def columns(self) -> dict[str, Any]:
         """The `runs` columns it fills, as the store writes them (lists and dicts: JSON columns)."""
-        return {"model_spec": self.model, "tasks": list(self.tasks), "sampling": dict(self.sampling),
-                "spec": dict(self.spec), **{name: getattr(self, name) for name in _COLUMNS}}
+        return {
+            "model_spec": self.model,
+            "tasks": list(self.tasks),
+            "sampling": dict(self.sampling),
+            "spec": dict(self.spec),
+            **{name: getattr(self, name) for name in _COLUMNS},
+        }
 
     @classmethod
     def of(cls, row: Any) -> PlannedRun:
@@ -90,5 +105,10 @@ class PlannedRun:
         names = ("id", "model_spec", "tasks", "sampling", "spec", *_COLUMNS)
         read = row.get if isinstance(row, Mapping) else lambda name: getattr(row, name)
         values: dict[str, Any] = {name: read(name) for name in names}
-        return cls(model=values.pop("model_spec"), tasks=tuple(values.pop("tasks") or ()),
-                   sampling=dict(values.pop("sampling") or {}), spec=dict(values.pop("spec") or {}), **values)
+        return cls(
+            model=values.pop("model_spec"),
+            tasks=tuple(values.pop("tasks") or ()),
+            sampling=dict(values.pop("sampling") or {}),
+            spec=dict(values.pop("spec") or {}),
+            **values,
+        )

@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from db import DB_ENV, ResultsError
+from db.filesystems import network_filesystem
 
 if TYPE_CHECKING:  # for the annotation; alembic itself is imported where a migration needs it
     from alembic.config import Config
@@ -40,15 +41,6 @@ DEFAULT_DB_PATH = Path("results") / "loopeval.sqlite"
 BUSY_TIMEOUT_MS = 60_000  # a writer waits this long for another process's transaction
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 _SQLITE_HEADER = b"SQLite format 3\x00"
-# Where the kernel lists this process's mounts (a module constant so tests can give sample lines).
-MOUNTINFO = Path("/proc/self/mountinfo")
-# Filesystems whose locking SQLite cannot rely on (and where WAL's shared memory does not work
-# between machines): https://www.sqlite.org/wal.html and https://www.sqlite.org/lockingv3.html.
-NETWORK_FILESYSTEMS = frozenset({
-    "nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "afs", "ceph", "glusterfs", "lustre", "gpfs", "beegfs",
-    "fuse.sshfs", "fuse.glusterfs", "fuse.cephfs", "fuse.s3fs", "fuse.gcsfuse", "fuse.rclone", "davfs", "fuse.davfs2",
-})
-# Postgres URLs without a driver use psycopg 3, the driver loopeval supports (the `postgres` extra).
 POSTGRES_DRIVER = "postgresql+psycopg"
 # Key of the Postgres advisory lock that writers opening one database at once migrate under.
 _MIGRATION_LOCK = zlib.crc32(b"loopeval schema migration")
@@ -121,41 +113,6 @@ def sqlite_path(url: str) -> Path | None:
     return Path(parsed.database)
 
 
-def _unescape_mount(field: str) -> str:
-    """mountinfo writes space, tab, newline and backslash in paths as octal escapes (\\040 ...)."""
-    for code in ("040", "011", "012", "134"):
-        field = field.replace(f"\\{code}", chr(int(code, 8)))
-    return field
-
-
-def filesystem_type(path: Path, mountinfo: str) -> str | None:
-    """The filesystem type of the mount holding `path` (absolute, resolved), from mountinfo lines.
-
-    The deepest mount point containing the path wins; of equal ones the last listed, which is the
-    one mounted over the others.
-    """
-    best: tuple[int, str] | None = None
-    for line in mountinfo.splitlines():
-        fields, _, rest = line.partition(" - ")
-        parts = fields.split()
-        if len(parts) < 5 or not rest:
-            continue
-        mount = Path(_unescape_mount(parts[4]))
-        if (mount == path or mount in path.parents) and (best is None or len(mount.parts) >= best[0]):
-            best = (len(mount.parts), rest.split()[0])
-    return best[1] if best else None
-
-
-def network_filesystem(path: Path) -> str | None:
-    """The network filesystem type `path` lies on (nfs4, cifs, ...), or None when local or unknown."""
-    try:
-        mountinfo = MOUNTINFO.read_text(encoding="utf-8", errors="replace")
-    except OSError:  # not Linux: nothing to tell
-        return None
-    kind = filesystem_type(path.resolve(), mountinfo)
-    return kind if kind in NETWORK_FILESYSTEMS else None
-
-
 def _check_sqlite_header(path: Path) -> None:
     """Refuse a path that is not a file, or a file that is not SQLite (an empty file is a new database)."""
     if not path.is_file():
@@ -209,14 +166,18 @@ def _revision_on(conn: Connection, where: str) -> str | None:
 
     heads = MigrationContext.configure(conn).get_current_heads()
     if len(heads) > 1:
-        raise ResultsError(f"database {where} records {len(heads)} schema revisions ({', '.join(sorted(heads))}) where loopeval keeps "
-                           "one: it was damaged or changed by another program; restore it from a copy, or use another --db")
+        raise ResultsError(
+            f"database {where} records {len(heads)} schema revisions ({', '.join(sorted(heads))}) where loopeval keeps "
+            "one: it was damaged or changed by another program; restore it from a copy, or use another --db"
+        )
     current = heads[0] if heads else None
     tables = sorted(set(inspect(conn).get_table_names()) - {"alembic_version"})
     if current is None and tables:
         shown = ", ".join(tables[:4]) + (", ..." if len(tables) > 4 else "")
-        raise ResultsError(f"database {where} is not a loopeval database (it holds tables {shown}); "
-                           "it is left untouched: use another --db")
+        raise ResultsError(
+            f"database {where} is not a loopeval database (it holds tables {shown}); "
+            "it is left untouched: use another --db"
+        )
     if current is not None and current not in _known_revisions():
         raise ResultsError(
             f"database {where} has schema revision {current}, which this loopeval does not know (head {head_revision()}): "
@@ -227,8 +188,10 @@ def _revision_on(conn: Connection, where: str) -> str | None:
 
         missing = sorted(set(Base.metadata.tables) - set(tables))
         if missing:
-            raise ResultsError(f"database {where} lacks table(s) {', '.join(missing)} of its schema revision {current}: "
-                               "it was damaged or changed by another program; restore it from a copy, or use another --db")
+            raise ResultsError(
+                f"database {where} lacks table(s) {', '.join(missing)} of its schema revision {current}: "
+                "it was damaged or changed by another program; restore it from a copy, or use another --db"
+            )
     return current
 
 
@@ -241,8 +204,10 @@ def _readonly_engine(path: Path, where: str) -> Engine:
     immutable = "" if path.with_name(f"{path.name}-wal").exists() else "&immutable=1"
     uri = f"file:{quote(str(path.resolve()))}?mode=ro{immutable}"
     # the engine's URL stays the file's own (what every message names); its connections come from the URI
-    engine = create_engine(f"sqlite:///{path}", creator=lambda: sqlite3.connect(
-        uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False))
+    engine = create_engine(
+        f"sqlite:///{path}",
+        creator=lambda: sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False),
+    )
     _one_line_errors(engine, where)
     return engine
 
@@ -324,8 +289,10 @@ def _parse(url: str) -> URL:
     except (ArgumentError, ValueError):
         parsed, port_ok = None, False
     if parsed is None or not port_ok:
-        raise ResultsError(f"--db {display_url(url)!r} is not a database URL: give sqlite:///PATH, a file path, or "
-                           "postgresql://USER:PASSWORD@HOST:PORT/DATABASE (PORT a number from 1 to 65535, an IPv6 HOST in brackets)")
+        raise ResultsError(
+            f"--db {display_url(url)!r} is not a database URL: give sqlite:///PATH, a file path, or "
+            "postgresql://USER:PASSWORD@HOST:PORT/DATABASE (PORT a number from 1 to 65535, an IPv6 HOST in brackets)"
+        )
     return parsed
 
 
@@ -340,24 +307,50 @@ def _seconds(env: str, default: int) -> int:
 
 def _server_arguments(parsed: URL) -> dict[str, Any]:
     """psycopg connection settings that bound every wait on the server (a URL's own query settings win)."""
-    connect, statement = _seconds(CONNECT_TIMEOUT_ENV, DEFAULT_CONNECT_TIMEOUT), _seconds(STATEMENT_TIMEOUT_ENV, DEFAULT_STATEMENT_TIMEOUT)
-    settings = {"connect_timeout": connect, "options": f"-c statement_timeout={statement * 1000}",
-                "keepalives": 1, "keepalives_idle": connect, "keepalives_interval": connect, "keepalives_count": 3}
+    connect, statement = (
+        _seconds(CONNECT_TIMEOUT_ENV, DEFAULT_CONNECT_TIMEOUT),
+        _seconds(STATEMENT_TIMEOUT_ENV, DEFAULT_STATEMENT_TIMEOUT),
+    )
+    settings = {
+        "connect_timeout": connect,
+        "options": f"-c statement_timeout={statement * 1000}",
+        "keepalives": 1,
+        "keepalives_idle": connect,
+        "keepalives_interval": connect,
+        "keepalives_count": 3,
+    }
     return {key: value for key, value in settings.items() if key not in parsed.query}
 
 
 # What a driver's message means to the user: (a piece of the message, lower case) -> what to do.
 _DAMAGED = "the file is damaged: restore it from a copy, or use another --db"
 _SCHEMA = "part of its schema is missing: it was damaged or changed by another program; restore it from a copy, or use another --db"
-_FULL = ("the disk is full: the write was rolled back and everything stored before it is intact; free space, then continue "
-         "(`loopeval run --resume RUN_ID` for a run)")
+_FULL = (
+    "the disk is full: the write was rolled back and everything stored before it is intact; free space, then continue "
+    "(`loopeval run --resume RUN_ID` for a run)"
+)
 _PROBLEMS = (
-    ("database or disk is full", _FULL), ("no space left on device", _FULL), ("could not extend file", _FULL),
-    ("database disk image is malformed", _DAMAGED), ("file is not a database", _DAMAGED),
-    ("no such table", _SCHEMA), ("no such column", _SCHEMA), ("undefinedtable", _SCHEMA), ("undefinedcolumn", _SCHEMA),
-    ("not json compliant", "a value to store is NaN or infinite, which standard JSON (and so Postgres) cannot hold; nothing was stored"),
-    ("statement timeout", f"no answer within the statement timeout (${STATEMENT_TIMEOUT_ENV}, default {DEFAULT_STATEMENT_TIMEOUT} s)"),
-    ("connection timeout expired", f"no answer within the connect timeout (${CONNECT_TIMEOUT_ENV}, default {DEFAULT_CONNECT_TIMEOUT} s)"),
+    ("database or disk is full", _FULL),
+    ("no space left on device", _FULL),
+    ("could not extend file", _FULL),
+    ("database disk image is malformed", _DAMAGED),
+    ("file is not a database", _DAMAGED),
+    ("no such table", _SCHEMA),
+    ("no such column", _SCHEMA),
+    ("undefinedtable", _SCHEMA),
+    ("undefinedcolumn", _SCHEMA),
+    (
+        "not json compliant",
+        "a value to store is NaN or infinite, which standard JSON (and so Postgres) cannot hold; nothing was stored",
+    ),
+    (
+        "statement timeout",
+        f"no answer within the statement timeout (${STATEMENT_TIMEOUT_ENV}, default {DEFAULT_STATEMENT_TIMEOUT} s)",
+    ),
+    (
+        "connection timeout expired",
+        f"no answer within the connect timeout (${CONNECT_TIMEOUT_ENV}, default {DEFAULT_CONNECT_TIMEOUT} s)",
+    ),
 )
 
 
@@ -387,8 +380,12 @@ def _create(parsed: URL) -> Engine:
     server = parsed.get_backend_name() != "sqlite"
     arguments = _server_arguments(parsed) if parsed.get_backend_name() == "postgresql" else {}
     try:
-        engine = create_engine(parsed, pool_pre_ping=server, connect_args=arguments,
-                               json_serializer=functools.partial(json.dumps, allow_nan=False))
+        engine = create_engine(
+            parsed,
+            pool_pre_ping=server,
+            connect_args=arguments,
+            json_serializer=functools.partial(json.dumps, allow_nan=False),
+        )
     except (NoSuchModuleError, ImportError):
         extra = " (pip install 'loopeval[postgres]')" if parsed.get_backend_name() == "postgresql" else ""
         raise ResultsError(f"--db {parsed.drivername!r}: no SQLAlchemy driver installed for it{extra}") from None
@@ -446,8 +443,10 @@ def open_existing(url: str | None = None, write: bool = False) -> Engine:
     if revision is None:
         raise ResultsError(f"the database {where} holds no loopeval results; run `loopeval run` first")
     if revision != head_revision() and unwritable:
-        raise ResultsError(f"{unwritable}, and its schema (revision {revision}) is older than this loopeval's "
-                           f"({head_revision()}) and cannot be upgraded there: copy it somewhere writable, read the copy")
+        raise ResultsError(
+            f"{unwritable}, and its schema (revision {revision}) is older than this loopeval's "
+            f"({head_revision()}) and cannot be upgraded there: copy it somewhere writable, read the copy"
+        )
     if revision != head_revision():
         _upgrade(engine)
     return engine

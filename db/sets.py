@@ -43,10 +43,21 @@ class EvalSet:
     fingerprint: str | None
 
     @classmethod
-    def of(cls, suite: str, tasks: Sequence[str] | None, limit: int | None, sampling: Mapping[str, Any] | None,
-           fingerprint: str | None) -> EvalSet:
-        kept = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in (sampling or {}).items()
-                            if k not in _NOT_OF_THE_SET))
+    def of(
+        cls,
+        suite: str,
+        tasks: Sequence[str] | None,
+        limit: int | None,
+        sampling: Mapping[str, Any] | None,
+        fingerprint: str | None,
+    ) -> EvalSet:
+        kept = tuple(
+            sorted(
+                (k, tuple(v) if isinstance(v, list) else v)
+                for k, v in (sampling or {}).items()
+                if k not in _NOT_OF_THE_SET
+            )
+        )
         return cls(suite, tuple(sorted(tasks or ())), None if limit is None else int(limit), kept, fingerprint)
 
     @property
@@ -103,8 +114,9 @@ class Columns(Protocol):
 def run_set(run: Columns) -> EvalSet:
     """The set of a run given as its `runs` columns; a column other than the suite left out reads as NULL (a new
     run's row may leave out what has a default)."""
-    return EvalSet.of(run["suite"], run.get("tasks"), run.get("limit"), run.get("sampling"),
-                      run.get("data_fingerprint"))
+    return EvalSet.of(
+        run["suite"], run.get("tasks"), run.get("limit"), run.get("sampling"), run.get("data_fingerprint")
+    )
 
 
 def set_label(set_id: str, evaluation: EvalSet) -> str:
@@ -142,8 +154,13 @@ def run_key(run: Columns) -> str:
     """Two runs with the same key are the same experiment (model, loops, exit threshold and criterion, that model's
     overrides and its KV policy and dtype where set (`configuration`), set, seed):
     `loopeval run` skips the second unless `--rerun`. `run` holds the `runs` columns, `spec` included."""
-    key = {"model": run["model_spec"], "loops": run["loops"], "overrides": configuration(run), "set": run_set(run).id,
-           "seed": run["seed"]}
+    key = {
+        "model": run["model_spec"],
+        "loops": run["loops"],
+        "overrides": configuration(run),
+        "set": run_set(run).id,
+        "seed": run["seed"],
+    }
     if run.get("exit_threshold") is not None:  # only where set, so runs stored before the exit axis keep their keys
         key["exit"] = [run["exit_threshold"], run.get("exit_criterion")]
     return _digest(key, 16)

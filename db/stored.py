@@ -23,8 +23,22 @@ import weakref
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import (JSON, BigInteger, Column, DateTime, Engine, Float, Integer, Table, case, event, func, or_,
-                        select, type_coerce)
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    DateTime,
+    Engine,
+    Float,
+    Integer,
+    Table,
+    case,
+    event,
+    func,
+    or_,
+    select,
+    type_coerce,
+)
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.pool import ConnectionPoolEntry
 from sqlalchemy.sql import ColumnElement
@@ -47,8 +61,9 @@ class DamagedRun(ResultsError):
 
     def __init__(self, run_id: int, column: str, problem: str, where: str) -> None:
         self.run_id, self.column, self.problem, self.where = run_id, column, problem, where
-        super().__init__(f"run {run_id}: {column} {problem} ({where}); restore the database from a copy, "
-                         "or correct that value")
+        super().__init__(
+            f"run {run_id}: {column} {problem} ({where}); restore the database from a copy, or correct that value"
+        )
 
     @property
     def skipped(self) -> str:
@@ -82,8 +97,11 @@ def _checked(table: Table) -> list[tuple[Column[Any], str]]:
 
 
 # (run column, [(checked column, kind)]) per table: every value `damaged_runs` checks.
-CHECKED = [(run_column, _checked(table)) for table in Base.metadata.sorted_tables
-           if (run_column := _run_column(table)) is not None]
+CHECKED = [
+    (run_column, _checked(table))
+    for table in Base.metadata.sorted_tables
+    if (run_column := _run_column(table)) is not None
+]
 
 
 def _problem(kind: str, raw: Any) -> str | None:
@@ -217,8 +235,10 @@ def _views(runs: dict[int, str], sqlite: bool, dbapi_connection: DBAPIConnection
         schema = row[0]
     for run_column, _ in CHECKED:
         table = run_column.table.name
-        cursor.execute(f'CREATE TEMPORARY VIEW "{table}" AS SELECT * FROM "{schema}"."{table}" '
-                       f'WHERE "{run_column.name}" NOT IN ({ids})')
+        cursor.execute(
+            f'CREATE TEMPORARY VIEW "{table}" AS SELECT * FROM "{schema}"."{table}" '
+            f'WHERE "{run_column.name}" NOT IN ({ids})'
+        )
     cursor.close()
     if not sqlite:
         dbapi_connection.commit()

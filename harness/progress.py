@@ -27,8 +27,13 @@ class _Remaining(ProgressColumn):
 def columns() -> tuple[ProgressColumn, ...]:
     """One bar's columns, each on one line at 80 columns: what it is (stored names shown as written, never as
     console markup; cut with an ellipsis when long), a short bar, count, time, and the job's ETA."""
-    return (TextColumn("{task.description}", markup=False, table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis")),
-            BarColumn(bar_width=12), MofNCompleteColumn(), TimeElapsedColumn(), _Remaining(table_column=Column(no_wrap=True)))
+    return (
+        TextColumn("{task.description}", markup=False, table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis")),
+        BarColumn(bar_width=12),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        _Remaining(table_column=Column(no_wrap=True)),
+    )
 
 
 def eta_text(elapsed: float, done: int, left: int) -> str:
@@ -60,7 +65,9 @@ class JobProgress(Progress):
     def start_job(self, runs: int, sweeps: int) -> None:
         """The job's line: `runs` runs in `sweeps` sweeps, none done yet."""
         self._began, self._done, self._sweeps = time.monotonic(), 0, (0, sweeps)
-        self._job = self.add_task(f"job: {sweeps} sweep{'s' * (sweeps != 1)}", total=runs, remaining=eta_text(0, 0, runs))
+        self._job = self.add_task(
+            f"job: {sweeps} sweep{'s' * (sweeps != 1)}", total=runs, remaining=eta_text(0, 0, runs)
+        )
         self._kept.add(self._job)
 
     def start_sweep(self, runs: int) -> None:
@@ -94,7 +101,9 @@ class JobProgress(Progress):
             self._done += 1
             job = self._tasks[self._job]
             left = int(job.total or 0) - self._done
-            self.update(self._job, completed=self._done, remaining=eta_text(time.monotonic() - self._began, self._done, left))
+            self.update(
+                self._job, completed=self._done, remaining=eta_text(time.monotonic() - self._began, self._done, left)
+            )
 
     def _drop(self, task_id: TaskID) -> None:
         self.remove_task(task_id)

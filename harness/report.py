@@ -34,6 +34,7 @@ def write_report(db_url: str, out: Path, log: Callable[[str], None] | None = Non
         out.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(out, text.encode("utf-8"))  # readable by its group, as the database beside it
     except OSError as exc:
-        raise ResultsError(f"cannot write the report to {out}: {exc.strerror or exc}; "
-                           "any report already there is unchanged") from None
+        raise ResultsError(
+            f"cannot write the report to {out}: {exc.strerror or exc}; any report already there is unchanged"
+        ) from None
     return out

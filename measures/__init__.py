@@ -83,10 +83,23 @@ SERIES_MEASURES: tuple[str, ...] = tuple(m.name for m in MEASURES if m.kind == "
 PEAK_MEASURES: tuple[str, ...] = tuple(m.name for m in MEASURES)
 # The peaks `loopeval profile` records per context length (columns of `profile_points`), measured ones only.
 PROFILE_MEASURES: tuple[str, ...] = (
-    "kv_bytes_allocated", "kv_bytes_used", "torch_allocated", "torch_reserved", "nvml_process", "nvml_device", "rss",
+    "kv_bytes_allocated",
+    "kv_bytes_used",
+    "torch_allocated",
+    "torch_reserved",
+    "nvml_process",
+    "nvml_device",
+    "rss",
 )
 # The values the report's table of runs shows per run, in its column order.
-RUN_TABLE_MEASURES: tuple[str, ...] = ("nvml_process", "torch_allocated", "weights_bytes", "kv_bytes_allocated", "kv_bytes_reserved", "rss")
+RUN_TABLE_MEASURES: tuple[str, ...] = (
+    "nvml_process",
+    "torch_allocated",
+    "weights_bytes",
+    "kv_bytes_allocated",
+    "kv_bytes_reserved",
+    "rss",
+)
 
 # The adapter protocol's `memory()` keys (user plugins implement them, so they keep their names): the
 # required ones, and those only some adapters give (None or absent from the others). `kv_bytes_peak`

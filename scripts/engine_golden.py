@@ -36,7 +36,11 @@ SAMPLINGS = {
     "greedy": Sampling(temperature=0.0, max_new_tokens=24),
     "paper": replace(PAPER_PROTOCOL, max_new_tokens=24, n=2, seed=7),
 }
-MODES = {"continuous": {}, "continuous-cap2-block4": {"max_batch": 2, "block_size": 4}, "static": {"batching": "static"}}
+MODES = {
+    "continuous": {},
+    "continuous-cap2-block4": {"max_batch": 2, "block_size": 4},
+    "static": {"batching": "static"},
+}
 
 
 def specs() -> list[str]:
@@ -66,23 +70,35 @@ def fingerprint(outputs: list) -> str:
 
 def record(only: list[str] | None = None) -> dict[str, dict[str, str]]:
     """Every spec's case fingerprints, or those of the specs in `only`."""
-    return {spec: {case: fingerprint(out) for case, out in case_outputs(spec).items()} for spec in specs() if not only or spec in only}
+    return {
+        spec: {case: fingerprint(out) for case, out in case_outputs(spec).items()}
+        for spec in specs()
+        if not only or spec in only
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="record the outputs into the golden file")
-    parser.add_argument("--only", action="append", metavar="SPEC",
-                        help="with --write: record only this model (repeatable; a new zoo model), keeping every other recorded case")
+    parser.add_argument(
+        "--only",
+        action="append",
+        metavar="SPEC",
+        help="with --write: record only this model (repeatable; a new zoo model), keeping every other recorded case",
+    )
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     unknown = sorted(set(args.only or []) - set(specs()))
     if unknown or (args.only and not args.write):
-        parser.error(f"--only {unknown[0]}: not a preset or zoo model of the workload" if unknown else "--only goes with --write")
+        parser.error(
+            f"--only {unknown[0]}: not a preset or zoo model of the workload" if unknown else "--only goes with --write"
+        )
     torch.set_num_threads(args.threads)
     outputs = record(args.only)
     if args.write:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=GOLDEN.parent).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=GOLDEN.parent
+        ).stdout.strip()
         if args.only:  # added to the recorded file: the other models' cases stay as they were recorded, and when
             data = json.loads(GOLDEN.read_text())
             data["outputs"].update(outputs)
@@ -90,10 +106,17 @@ def main() -> None:
         else:
             data = {"recorded_at": commit, "outputs": outputs}
         GOLDEN.write_text(json.dumps(data, indent=1) + "\n")
-        print(f"wrote {GOLDEN} ({sum(len(v) for v in outputs.values())} cases of {', '.join(outputs)}, recorded at {commit})")
+        print(
+            f"wrote {GOLDEN} ({sum(len(v) for v in outputs.values())} cases of {', '.join(outputs)}, recorded at {commit})"
+        )
         return
     golden = json.loads(GOLDEN.read_text())["outputs"]
-    differ = [f"{spec} {case}" for spec in golden for case in golden[spec] if outputs.get(spec, {}).get(case) != golden[spec][case]]
+    differ = [
+        f"{spec} {case}"
+        for spec in golden
+        for case in golden[spec]
+        if outputs.get(spec, {}).get(case) != golden[spec][case]
+    ]
     print("\n".join(differ) or f"all {sum(len(v) for v in golden.values())} cases identical")
     sys.exit(1 if differ else 0)
 

@@ -51,7 +51,9 @@ def official_model(folder: Path, checkpoint: Path) -> tuple[types.ModuleType, to
     """The official module and a `RavenForCausalLM` holding the checkpoint's weights (strictly: every tensor used)."""
     from safetensors.torch import load_file
 
-    package = types.ModuleType("huginn_official")  # the folder as a package, without running its __init__ (it imports training code)
+    package = types.ModuleType(
+        "huginn_official"
+    )  # the folder as a package, without running its __init__ (it imports training code)
     package.__path__ = [str(folder)]
     sys.modules[package.__name__] = package
     config_module = importlib.import_module("huginn_official.raven_config_minimal")
@@ -59,7 +61,9 @@ def official_model(folder: Path, checkpoint: Path) -> tuple[types.ModuleType, to
     modelling.RavenForCausalLM._tied_weights_keys = {"lm_head.weight": "transformer.wte.weight"}
     modelling.CausalLMOutputRecurrentLatents = lambda **fields: types.SimpleNamespace(**fields)
     raw = json.loads((checkpoint / "config.json").read_text())
-    config = config_module.RavenConfig(**{k: v for k, v in raw.items() if k not in ("model_type", "num_attention_heads", "num_key_value_heads")})
+    config = config_module.RavenConfig(
+        **{k: v for k, v in raw.items() if k not in ("model_type", "num_attention_heads", "num_key_value_heads")}
+    )
     model = modelling.RavenForCausalLM(config).float().eval()
     state = load_file(str(checkpoint / "model.safetensors"))
     state["freqs_cis"] = model.freqs_cis  # the official RoPE table, computed by the official code
@@ -70,23 +74,40 @@ def official_model(folder: Path, checkpoint: Path) -> tuple[types.ModuleType, to
 
 
 @torch.no_grad()
-def greedy(modelling: types.ModuleType, model: torch.nn.Module, prompt: list[int], loops: int, init_scale: float) -> list[int]:
+def greedy(
+    modelling: types.ModuleType, model: torch.nn.Module, prompt: list[int], loops: int, init_scale: float
+) -> list[int]:
     """NEW_TOKENS greedy tokens: the prompt in one call, then one token per call, through the official cache."""
     cache, ids, out = modelling.HuginnDynamicCache(), torch.tensor([prompt]), []
-    logits = model(ids, num_steps=loops, init_scale=init_scale, past_key_values=cache, use_cache=True,
-                   position_ids=torch.arange(len(prompt))[None]).logits
+    logits = model(
+        ids,
+        num_steps=loops,
+        init_scale=init_scale,
+        past_key_values=cache,
+        use_cache=True,
+        position_ids=torch.arange(len(prompt))[None],
+    ).logits
     for position in range(len(prompt), len(prompt) + NEW_TOKENS):
         out.append(int(logits[0, -1].argmax()))
         if len(out) == NEW_TOKENS:
             break
-        logits = model(torch.tensor([[out[-1]]]), num_steps=loops, init_scale=init_scale, past_key_values=cache,
-                       use_cache=True, position_ids=torch.tensor([[position]])).logits
+        logits = model(
+            torch.tensor([[out[-1]]]),
+            num_steps=loops,
+            init_scale=init_scale,
+            past_key_values=cache,
+            use_cache=True,
+            position_ids=torch.tensor([[position]]),
+        ).logits
     return out
 
 
 @torch.no_grad()
 def logits(model: torch.nn.Module, prompt: list[int], loops: int, init_scale: float) -> list[list[float]]:
-    return [[round(v, 7) for v in row] for row in model(torch.tensor([prompt]), num_steps=loops, init_scale=init_scale).logits[0].tolist()]
+    return [
+        [round(v, 7) for v in row]
+        for row in model(torch.tensor([prompt]), num_steps=loops, init_scale=init_scale).logits[0].tolist()
+    ]
 
 
 @dataclass(frozen=True)
@@ -108,17 +129,33 @@ def reference(ref: Reference, folder: Path, commit: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = ref.save(Path(tmp), seed=CHECKPOINT_SEED)
         modelling, model = ref.official_model(folder, checkpoint)
-        zero = {str(r): {"logits": [logits(model, p, r, 0.0) for p in PROMPTS],
-                         "greedy": [greedy(modelling, model, p, r, 0.0) for p in PROMPTS]} for r in LOOPS}
+        zero = {
+            str(r): {
+                "logits": [logits(model, p, r, 0.0) for p in PROMPTS],
+                "greedy": [greedy(modelling, model, p, r, 0.0) for p in PROMPTS],
+            }
+            for r in LOOPS
+        }
         torch.manual_seed(STATE_SEED)
         seeded_logits = logits(model, PROMPTS[0], 4, 1.0)
         torch.manual_seed(STATE_SEED)
         seeded_greedy = greedy(modelling, model, PROMPTS[0], 4, 1.0)
     return {
-        "reference": {"repository": ref.repository, "commit": commit, "file": ref.file,
-                      "torch": torch.__version__, "transformers": importlib.import_module("transformers").__version__},
-        "checkpoint": {"builder": f"adapters.testing.{ref.save.__name__}", "seed": CHECKPOINT_SEED, "config": ref.config},
-        "prompts": PROMPTS, "new_tokens": NEW_TOKENS, "zero_state": zero,
+        "reference": {
+            "repository": ref.repository,
+            "commit": commit,
+            "file": ref.file,
+            "torch": torch.__version__,
+            "transformers": importlib.import_module("transformers").__version__,
+        },
+        "checkpoint": {
+            "builder": f"adapters.testing.{ref.save.__name__}",
+            "seed": CHECKPOINT_SEED,
+            "config": ref.config,
+        },
+        "prompts": PROMPTS,
+        "new_tokens": NEW_TOKENS,
+        "zero_state": zero,
         "seeded_state": {"seed": STATE_SEED, "loops": 4, "prompt": 0, "logits": seeded_logits, "greedy": seeded_greedy},
     }
 
@@ -129,15 +166,26 @@ def main(ref: Reference, description: str) -> None:
     parser.add_argument("--commit", help="the reference's commit (default: git rev-parse HEAD in that folder)")
     parser.add_argument("--out", type=Path, default=ref.out)
     args = parser.parse_args()
-    commit = args.commit or subprocess.run(["git", "-C", str(args.official), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                           check=True).stdout.strip()
+    commit = (
+        args.commit
+        or subprocess.run(
+            ["git", "-C", str(args.official), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    )
     torch.set_num_threads(1)
     args.out.write_text(json.dumps(reference(ref, args.official.resolve(), commit), separators=(",", ":")) + "\n")
     print(f"wrote {args.out} ({args.out.stat().st_size} bytes)")
 
 
-HUGINN = Reference("seal-rg/recurrent-pretraining", "recpre/raven_modeling_minimal.py", OUT, save_tiny_huginn, TINY_HUGINN,
-                   official_model, "folder holding raven_modeling_minimal.py and raven_config_minimal.py")
+HUGINN = Reference(
+    "seal-rg/recurrent-pretraining",
+    "recpre/raven_modeling_minimal.py",
+    OUT,
+    save_tiny_huginn,
+    TINY_HUGINN,
+    official_model,
+    "folder holding raven_modeling_minimal.py and raven_config_minimal.py",
+)
 
 if __name__ == "__main__":
     main(HUGINN, __doc__.split("\n\n")[0])

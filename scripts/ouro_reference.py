@@ -67,10 +67,13 @@ def official_modules(folder: Path) -> tuple[types.ModuleType, types.ModuleType]:
     config_module = importlib.import_module("ouro_official.configuration_ouro")
     modelling = importlib.import_module("ouro_official.modeling_ouro")
     modelling.ROPE_INIT_FUNCTIONS = {**modelling.ROPE_INIT_FUNCTIONS, "default": default_rope}
-    modelling.OuroRotaryEmbedding.compute_default_rope_parameters = staticmethod(default_rope)  # where transformers 5 looks
+    modelling.OuroRotaryEmbedding.compute_default_rope_parameters = staticmethod(
+        default_rope
+    )  # where transformers 5 looks
     causal_mask = modelling.create_causal_mask
     modelling.create_causal_mask = lambda input_embeds, past_key_values, cache_position, **kwargs: causal_mask(
-        inputs_embeds=input_embeds, cache=past_key_values, allow_is_causal_skip=False, **kwargs)  # always a mask, as eager had
+        inputs_embeds=input_embeds, cache=past_key_values, allow_is_causal_skip=False, **kwargs
+    )  # always a mask, as eager had
     return config_module, modelling
 
 
@@ -118,7 +121,9 @@ def shared_cache(modelling: types.ModuleType, layers: int, loops: int, fold: str
             if loop == loops - 1:  # the step's last loop: commit its tokens' row
                 ks, vs = zip(*self.step[layer])
                 row = (ks[-1], vs[-1]) if fold == "last" else (torch.stack(ks).mean(0), torch.stack(vs).mean(0))
-                self.rows[layer] = row if held is None else (torch.cat([held[0], row[0]], 2), torch.cat([held[1], row[1]], 2))
+                self.rows[layer] = (
+                    row if held is None else (torch.cat([held[0], row[0]], 2), torch.cat([held[1], row[1]], 2))
+                )
                 self.step[layer] = []
             return seen
 
@@ -140,14 +145,23 @@ def decode_logits(folder: Path, checkpoint: Path, fold: str | None) -> list[list
     _, modelling = official_modules(folder)
     model = official_model(folder, checkpoint, DECODE_LOOPS)
     layers = model.config.num_hidden_layers
-    cache = (modelling.UniversalTransformerCache(layers * DECODE_LOOPS) if fold is None
-             else shared_cache(modelling, layers, DECODE_LOOPS, fold))
+    cache = (
+        modelling.UniversalTransformerCache(layers * DECODE_LOOPS)
+        if fold is None
+        else shared_cache(modelling, layers, DECODE_LOOPS, fold)
+    )
     tokens, rows = [PROMPTS[0], *([t] for t in CONTINUATION)], []
     past = 0
     for ids in tokens:
         positions = torch.arange(past, past + len(ids))
-        out = model(torch.tensor([ids]), past_key_values=cache, use_cache=True, attention_mask=causal(len(ids), past),
-                    position_ids=positions[None], cache_position=positions)
+        out = model(
+            torch.tensor([ids]),
+            past_key_values=cache,
+            use_cache=True,
+            attention_mask=causal(len(ids), past),
+            position_ids=positions[None],
+            cache_position=positions,
+        )
         rows.append([round(v, 7) for v in out.logits[0, -1].tolist()])
         past += len(ids)
     return rows
@@ -159,10 +173,15 @@ def reference(folder: Path, source: str) -> dict:
         by_loops = {str(r): [logits(official_model(folder, checkpoint, r), p) for p in PROMPTS] for r in LOOPS}
         decode = {policy: decode_logits(folder, checkpoint, fold) for policy, fold in FOLDS.items()}
     return {
-        "reference": {"source": source, "files": ["modeling_ouro.py", "configuration_ouro.py"], "torch": torch.__version__,
-                      "transformers": importlib.import_module("transformers").__version__},
+        "reference": {
+            "source": source,
+            "files": ["modeling_ouro.py", "configuration_ouro.py"],
+            "torch": torch.__version__,
+            "transformers": importlib.import_module("transformers").__version__,
+        },
         "checkpoint": {"builder": "adapters.testing.save_tiny_ouro", "seed": CHECKPOINT_SEED, "config": TINY_OURO_26B},
-        "prompts": PROMPTS, "logits": by_loops,
+        "prompts": PROMPTS,
+        "logits": by_loops,
         "decode": {"loops": DECODE_LOOPS, "prompt": PROMPTS[0], "continuation": CONTINUATION, "logits": decode},
     }
 

@@ -39,8 +39,9 @@ def by_point(runs: list[dict]) -> dict[tuple[str, int], list[dict]]:
     A plain model runs once: r = 1, as the report and `results` show it. Seeds are pooled as `loopeval
     results` pools them: a set scores the same docs in every seed, so the pooled mean is the seeds' mean.
     """
-    configs = pd.DataFrame({"model": [run["model"] for run in runs],
-                            "config": [config_key(run.get("overrides") or {}) for run in runs]})
+    configs = pd.DataFrame(
+        {"model": [run["model"] for run in runs], "config": [config_key(run.get("overrides") or {}) for run in runs]}
+    )
     latest: dict[tuple[str, int, int | None], dict] = {}
     for run, config in zip(runs, config_labels(configs)):
         name = series_name(run["model"], run.get("exit_threshold"), run.get("exit_criterion"), config)
@@ -71,7 +72,9 @@ def table(runs: list[dict], memory: bool) -> str:
         cells += [rounded(v) if v is not None else "n/a" for v in values]
         if memory:
             per_token = seeds[-1]["kv_bytes_per_token"]
-            cells += [f"{max(run['memory'].get(k) or 0 for run in seeds):,}" for k in ("weights_bytes", "kv_bytes_allocated")]
+            cells += [
+                f"{max(run['memory'].get(k) or 0 for run in seeds):,}" for k in ("weights_bytes", "kv_bytes_allocated")
+            ]
             cells.append(f"{per_token:,}" if per_token is not None else "n/a")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -86,8 +89,12 @@ def depth_table(runs: list[dict]) -> str:
         by_r = {r: [run["pass_at_1"] for run in seeds] for (m, r), seeds in points.items() if m == model}
         groups = ["all", *sorted({g for p in by_r.values() for one in p for g in one["groups"]})]
         for group in groups:
-            values = [None if r not in by_r else mean([p["mean"] if group == "all" else p["groups"].get(group) for p in by_r[r]])
-                      for r in loops]
+            values = [
+                None
+                if r not in by_r
+                else mean([p["mean"] if group == "all" else p["groups"].get(group) for p in by_r[r]])
+                for r in loops
+            ]
             cells = [rounded(v, 2) if v is not None else "-" for v in values]
             lines.append(f"| {model if group == 'all' else ''} | {group} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -113,7 +120,9 @@ def one_set(runs: list[dict], set_id: str | None, widest: bool = False) -> list[
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-memory", action="store_true", help="accuracy columns only (the ablation table)")
-    parser.add_argument("--depth", action="store_true", help="pass@1 per task group against r (the recurrence lab's table)")
+    parser.add_argument(
+        "--depth", action="store_true", help="pass@1 per task group against r (the recurrence lab's table)"
+    )
     parser.add_argument("--set", dest="set_id", help="the evaluation set to table (default: the latest finished run's)")
     args = parser.parse_args()
     runs = one_set(json.load(sys.stdin), args.set_id, widest=args.depth)

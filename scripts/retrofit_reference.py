@@ -38,7 +38,9 @@ from adapters.testing import TINY_RETROFIT, save_tiny_retrofit
 from huginn_reference import Reference, main  # this folder's Huginn-0125 reference: the same runs and fixture
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "adapters" / "engine" / "data" / "retrofit_reference.json"
-REPOSITORY = "LoopedLMs/retrofitting-recurrence"  # the fork of mcleish7/retrofitting-recurrence that the library indexes
+REPOSITORY = (
+    "LoopedLMs/retrofitting-recurrence"  # the fork of mcleish7/retrofitting-recurrence that the library indexes
+)
 FILE = "convert_pretrained_model/raven_modeling_minimal_llama.py"
 
 
@@ -54,18 +56,34 @@ def official_model(folder: Path, checkpoint: Path) -> tuple[types.ModuleType, to
     modelling.RavenForCausalLM._tied_weights_keys = {}
     modelling.CausalLMOutputRecurrentLatents = lambda **fields: types.SimpleNamespace(**fields)
     raw = json.loads((checkpoint / "config.json").read_text())
-    rope = ("rope_theta", "rope_scaling")  # given as transformers 5's `rope_parameters` (its config rewrites these names)
-    config = config_module.RavenConfig(**{k: v for k, v in raw.items() if k not in ("model_type", "num_attention_heads", *rope)})
+    rope = (
+        "rope_theta",
+        "rope_scaling",
+    )  # given as transformers 5's `rope_parameters` (its config rewrites these names)
+    config = config_module.RavenConfig(
+        **{k: v for k, v in raw.items() if k not in ("model_type", "num_attention_heads", *rope)}
+    )
     config.rope_parameters = {"rope_theta": raw["rope_theta"], **raw["rope_scaling"]}
-    assert (config.num_key_value_heads, config.init_values, config.tie_embeddings) == (raw["num_key_value_heads"], raw["init_values"], False)
+    assert (config.num_key_value_heads, config.init_values, config.tie_embeddings) == (
+        raw["num_key_value_heads"],
+        raw["init_values"],
+        False,
+    )
     model = modelling.RavenForCausalLM(config).float().eval()
     assert model.emb_scale == 1 and model.transformer.core_block[0].attn.n_kv_heads == raw["num_key_value_heads"]
     model.load_state_dict(load_file(str(checkpoint / "model.safetensors")), strict=True)
     return modelling, model
 
 
-RETROFIT = Reference(REPOSITORY, FILE, OUT, save_tiny_retrofit, TINY_RETROFIT, official_model,
-                     "folder holding raven_modeling_minimal_llama.py and raven_config_minimal.py")
+RETROFIT = Reference(
+    REPOSITORY,
+    FILE,
+    OUT,
+    save_tiny_retrofit,
+    TINY_RETROFIT,
+    official_model,
+    "folder holding raven_modeling_minimal_llama.py and raven_config_minimal.py",
+)
 
 if __name__ == "__main__":
     main(RETROFIT, __doc__.split("\n\n")[0])

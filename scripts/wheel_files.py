@@ -46,7 +46,9 @@ def wheel_names(url: str, size: int) -> list[str]:
 
 def linux_wheel(package: str, release: str, index: dict) -> tuple[str, int]:
     """(URL, size) of the release's x86-64 Linux wheel."""
-    files = [f for f in index["releases"].get(release, []) if f["filename"].endswith(".whl") and "x86_64" in f["filename"]]
+    files = [
+        f for f in index["releases"].get(release, []) if f["filename"].endswith(".whl") and "x86_64" in f["filename"]
+    ]
     if not files:
         raise SystemExit(f"{package} {release}: no x86-64 wheel on the index")
     return urllib.parse.urljoin(INDEX.format(package=package), files[0]["url"]), files[0]["size"]

@@ -21,7 +21,8 @@ import torch
 
 import adapters
 from adapters.engine.io.tokenizer import char_tokenizer
-from training.train import TaskData, answer_accuracy, train
+from training.data import TaskData, answer_accuracy
+from training.train import train
 from adapters.zoo import checkpoint_spec, get_recipe
 from suites import synthetic
 
@@ -44,11 +45,19 @@ def main() -> None:
     items = {task: synthetic.load_split(task, "train") for task in tasks}
     recipe = get_recipe(args.recipe_name)
     recipe = recipe.with_overrides(
-        tasks=tasks, steps=args.steps, seed=args.seed, config={**recipe.config, **json.loads(args.config)},
-        save_every=10**9, log_every=100, **json.loads(args.recipe),
+        tasks=tasks,
+        steps=args.steps,
+        seed=args.seed,
+        config={**recipe.config, **json.loads(args.config)},
+        save_every=10**9,
+        log_every=100,
+        **json.loads(args.recipe),
     )
     info = train(recipe, args.out, items, stop=synthetic.STOP, progress=False)
-    print("TRAIN", json.dumps({k: info[k] for k in ("name", "steps", "cpu_minutes", "wall_minutes", "validation_accuracy")}))
+    print(
+        "TRAIN",
+        json.dumps({k: info[k] for k in ("name", "steps", "cpu_minutes", "wall_minutes", "validation_accuracy")}),
+    )
     if args.loops:
         model = adapters.load(checkpoint_spec(args.out), device="cpu", dtype="float32").model
         data = TaskData(tasks, char_tokenizer(), recipe.val_items, items, synthetic.STOP)

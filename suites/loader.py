@@ -87,7 +87,13 @@ def _texts(value: Any) -> list[str]:
 
 
 # Column kinds a suite's COLUMNS may name, each a coercion that raises ValueError on a value it cannot take.
-_KINDS: dict[str, Callable[[Any], Any]] = {"text": _text, "prompt": _prompt, "int": _integer, "flag": _flag, "texts": _texts}
+_KINDS: dict[str, Callable[[Any], Any]] = {
+    "text": _text,
+    "prompt": _prompt,
+    "int": _integer,
+    "flag": _flag,
+    "texts": _texts,
+}
 
 
 def coerce_row(row: Mapping[str, Any], columns: Mapping[str, str]) -> dict[str, Any]:
@@ -167,12 +173,19 @@ def load_task_dataset(config: LightevalTaskConfig) -> DatasetDict:
             "load the suite with --data-dir DIR holding a copy (nothing is downloaded at run time)"
         )
     stat = path.stat()
-    return _dataset(config.name, str(path.resolve()), (stat.st_size, stat.st_mtime_ns, stat.st_ino), config.evaluation_splits[0],
-                    config.hf_filter)
+    return _dataset(
+        config.name,
+        str(path.resolve()),
+        (stat.st_size, stat.st_mtime_ns, stat.st_ino),
+        config.evaluation_splits[0],
+        config.hf_filter,
+    )
 
 
 @functools.lru_cache(maxsize=256)  # above the paper suite's 66 tasks (57 of them mmlu_redux subjects)
-def _dataset(task: str, path: str, version: tuple[int, int, int], split: str, hf_filter: Callable[[dict[str, Any]], bool] | None) -> DatasetDict:
+def _dataset(
+    task: str, path: str, version: tuple[int, int, int], split: str, hf_filter: Callable[[dict[str, Any]], bool] | None
+) -> DatasetDict:
     try:
         rows = _read(Path(path))
     except (OSError, ValueError) as exc:

@@ -80,7 +80,10 @@ TASKS: tuple[str, ...] = (
 DEFAULT_TASKS = TASKS  # a run without --tasks evaluates all of them
 # The name of every task config `task_configs` builds, in its order: names are checked against these before lighteval is imported.
 CONFIG_NAMES: tuple[str, ...] = tuple(
-    name for task in TASKS for name in ([f"mmlu_redux:{s}" for s in MMLU_REDUX_SUBJECTS] if task == "mmlu_redux" else [task]))
+    name
+    for task in TASKS
+    for name in ([f"mmlu_redux:{s}" for s in MMLU_REDUX_SUBJECTS] if task == "mmlu_redux" else [task])
+)
 
 # The columns each task's prompt and metric read, by top-level task (see `suites.loader.coerce_row`
 # for the kinds): every local file is checked against them before a run starts.
@@ -241,8 +244,15 @@ def task_configs() -> list[LightevalTaskConfig]:
 
     from suites import humaneval
 
-    def task(name: str, prompt: Callable[..., Doc], repo: str, subset: str, split: str, metrics: list[Any],
-             generation_size: int | None = None) -> LightevalTaskConfig:
+    def task(
+        name: str,
+        prompt: Callable[..., Doc],
+        repo: str,
+        subset: str,
+        split: str,
+        metrics: list[Any],
+        generation_size: int | None = None,
+    ) -> LightevalTaskConfig:
         return LightevalTaskConfig(
             name=name,
             prompt_function=prompt,

@@ -31,8 +31,9 @@ def list_suites() -> dict[str, str]:
     lines = {}
     for name, module in _MODULES.items():
         others = [task for task in module.TASKS if task not in module.DEFAULT_TASKS]
-        lines[name] = (f"{_DESCRIPTIONS[name]}; default tasks: {', '.join(module.DEFAULT_TASKS)}"
-                       + (f"; also by name: {', '.join(others)}" if others else ""))
+        lines[name] = f"{_DESCRIPTIONS[name]}; default tasks: {', '.join(module.DEFAULT_TASKS)}" + (
+            f"; also by name: {', '.join(others)}" if others else ""
+        )
     return lines
 
 
@@ -80,12 +81,12 @@ def _localize(config: LightevalTaskConfig, data_dir: Path, columns: dict[str, st
             f"datasets.load_dataset({config.hf_repo!r}, {config.hf_subset!r}, split={split!r}).to_json({str(candidates[0])!r})"
         )
     check_rows(config, found, columns, f"the {split!r} split of {config.hf_repo} (subset {config.hf_subset})")
-    return dataclasses.replace(config, hf_repo=str(found), prompt_function=CoercedPrompt(config.prompt_function, columns))
+    return dataclasses.replace(
+        config, hf_repo=str(found), prompt_function=CoercedPrompt(config.prompt_function, columns)
+    )
 
 
-def load_suite(
-    name: str, *, tasks: list[str] | None = None, data_dir: Path | None = None
-) -> list[LightevalTaskConfig]:
+def load_suite(name: str, *, tasks: list[str] | None = None, data_dir: Path | None = None) -> list[LightevalTaskConfig]:
     """The suite's LightEval task configs (`tasks`, else its DEFAULT_TASKS), reading local copies from `data_dir`.
 
     Their pass@k metrics count one sample; the run sets its n with `suites.loader.with_samples`.

@@ -60,7 +60,9 @@ from typing import IO
 from suites import SuiteError
 
 NOGROUP = 65534
-SANDBOX_UIDS = range(0x7000_0000, 0x7001_0000)  # no account's: as root, each sandbox runs as one of these, unused at its start
+SANDBOX_UIDS = range(
+    0x7000_0000, 0x7001_0000
+)  # no account's: as root, each sandbox runs as one of these, unused at its start
 INSIDE_WORKDIR = "/sandbox"
 STAND_IN = "loopeval_program"  # the name a check's source calls the program's function by
 CGROUP_MOUNTS = Path("/sys/fs/cgroup")
@@ -319,8 +321,16 @@ class _Sandbox:
 
     `stack` ends it: the process tree killed, then the cgroup removed, then the files closed."""
 
-    def __init__(self, stack: contextlib.ExitStack, limits: Limits, parents: list[Path], role: list[str],
-                 pass_fds: tuple[int, ...], program: str | None = None, stdin: str | None = None) -> None:
+    def __init__(
+        self,
+        stack: contextlib.ExitStack,
+        limits: Limits,
+        parents: list[Path],
+        role: list[str],
+        pass_fds: tuple[int, ...],
+        program: str | None = None,
+        stdin: str | None = None,
+    ) -> None:
         contents = {"seccomp": _no_user_namespaces(), "program": program}
         fds = {name: stack.enter_context(_data(text)).fileno() for name, text in contents.items() if text is not None}
         uid, held = _sandbox_user()
@@ -402,7 +412,9 @@ def check_available() -> None:
 
     It first removes the cgroups that killed harness processes left (the next start's cleanup)."""
     remove_stale_cgroups()
-    outcome = _check("def probe():\n    return 'sandboxed'\n", "probe", f"assert {STAND_IN}() == 'sandboxed'\n", Limits())
+    outcome = _check(
+        "def probe():\n    return 'sandboxed'\n", "probe", f"assert {STAND_IN}() == 'sandboxed'\n", Limits()
+    )
     if not outcome.passed:
         first = (outcome.output.strip().splitlines() or [outcome.reason])[0]
         raise SandboxUnavailable(f"the sandbox could not run a probe program ({outcome.reason}): {first}")

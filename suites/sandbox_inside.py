@@ -57,7 +57,7 @@ def serve(entry: str, requests: int, answers: int) -> None:
 def _send(fd: int, text: str) -> None:
     data = text.encode("utf-8")
     while data:
-        data = data[os.write(fd, data):]
+        data = data[os.write(fd, data) :]
 
 
 def _stand_in(calls: int, replies: IO[str]) -> Callable[..., Any]:

@@ -62,15 +62,36 @@ DATA_DIR = Path(__file__).parent / "data" / "synthetic"
 NUMERIC_TASKS: tuple[str, ...] = ("addition", "chain2", "chain3", "chain4", "lookup")  # answers are numbers
 # (neighbourhood, rule, steps): "r" reads cells i-1, i, i+1 on a ring; "c" (causal) reads i-2, i-1, i on a line
 CA_TASKS: tuple[tuple[str, int, int], ...] = (
-    ("r", 30, 3), ("r", 30, 4), ("r", 30, 5), ("r", 30, 6), ("r", 30, 8), ("r", 110, 4),
-    ("c", 30, 2), ("c", 30, 4), ("c", 30, 6), ("c", 30, 8),
-    ("c", 150, 2), ("c", 150, 3), ("c", 150, 5), ("c", 150, 7),
+    ("r", 30, 3),
+    ("r", 30, 4),
+    ("r", 30, 5),
+    ("r", 30, 6),
+    ("r", 30, 8),
+    ("r", 110, 4),
+    ("c", 30, 2),
+    ("c", 30, 4),
+    ("c", 30, 6),
+    ("c", 30, 8),
+    ("c", 150, 2),
+    ("c", 150, 3),
+    ("c", 150, 5),
+    ("c", 150, 7),
 )
 DEPTH_TASKS: tuple[str, ...] = tuple(f"{kind}{rule}k{steps}" for kind, rule, steps in CA_TASKS)
 TASKS: tuple[str, ...] = NUMERIC_TASKS + DEPTH_TASKS  # every selectable task
-DEFAULT_TASKS: tuple[str, ...] = ("chain2", "chain3", "chain4", "c30k2", "c30k4", "c30k6", "c30k8")  # a run without --tasks
+DEFAULT_TASKS: tuple[str, ...] = (
+    "chain2",
+    "chain3",
+    "chain4",
+    "c30k2",
+    "c30k4",
+    "c30k6",
+    "c30k8",
+)  # a run without --tasks
 CONFIG_NAMES = TASKS  # the name of every task config `task_configs` builds: one per task
-COLUMNS: dict[str, dict[str, str]] = {task: {"prompt": "prompt", "answer": "text"} for task in TASKS}  # read by the prompt
+COLUMNS: dict[str, dict[str, str]] = {
+    task: {"prompt": "prompt", "answer": "text"} for task in TASKS
+}  # read by the prompt
 SPLITS: tuple[str, ...] = ("train", "test")
 TEST_SIZE = 200  # items per task in the committed test split
 TRAIN_SIZE = 8000  # items per task in the committed train split (19 tasks: 156k items, about 9.6 MB)
@@ -83,6 +104,7 @@ def generation_size(task: str) -> int:
     """New tokens a task's docs allow: 8 for the numeric tasks (answers of at most 4 characters), 20
     for the automata. A cap per task keeps a sample that never stops from costing 20 tokens on the chains."""
     return GENERATION_SIZE if task in DEPTH_TASKS else 8
+
 
 _NAMES = "abcdefghijklmnopqrstuvwxyz"
 _MAX_VALUE = 99  # chain values stay in 0..99 so that answers are at most two digits

@@ -64,7 +64,11 @@ def postgres_server() -> Iterator[Any]:
 @pytest.fixture()
 def postgres_url(postgres_server: Any, request: pytest.FixtureRequest) -> str:
     """A fresh, empty database on the session's Postgres server, as a SQLAlchemy URL (psycopg 3)."""
-    name = "t_" + "".join(c if c.isalnum() else "_" for c in request.node.name.lower())[:50] + f"_{os.getpid()}_{id(request)}"
+    name = (
+        "t_"
+        + "".join(c if c.isalnum() else "_" for c in request.node.name.lower())[:50]
+        + f"_{os.getpid()}_{id(request)}"
+    )
     return postgres_server.database(name[:63])
 
 
@@ -78,7 +82,12 @@ def ray_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         import ray
     except ImportError:
         _service_missing("Ray is not installed (pip install -e '.[test]')")
-    offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+    offline = {
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
     saved = {name: os.environ.get(name) for name in offline}
     os.environ.update(offline)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=str(tmp_path_factory.mktemp("ray")))
@@ -100,7 +109,10 @@ def stored_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     path = tmp_path_factory.mktemp("store") / "kept.sqlite"
     store = Store.open(str(path))
-    store.finish_run(store.create_run(sweep_id="kept", model_spec="preset:qwen3-tiny", adapter="preset", suite="synthetic"), "finished")
+    store.finish_run(
+        store.create_run(sweep_id="kept", model_spec="preset:qwen3-tiny", adapter="preset", suite="synthetic"),
+        "finished",
+    )
     store.close()
     return path
 
@@ -111,7 +123,9 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     root); elsewhere the test skips with the reason."""
     folder = tmp_path / "disk"
     folder.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(folder)], capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(folder)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs to fill (needs root): {mounted.stderr.strip()}")
     yield folder
@@ -124,8 +138,13 @@ def isolated_registry() -> Iterator[None]:
     from adapters import registry
 
     registry.available()  # built-ins loaded before the snapshot is taken
-    saved = (dict(registry._REGISTRY), list(registry._FAILURES), set(registry._scanned_dirs), registry._loaded_plugins,
-             set(registry._BROKEN_NAMES))
+    saved = (
+        dict(registry._REGISTRY),
+        list(registry._FAILURES),
+        set(registry._scanned_dirs),
+        registry._loaded_plugins,
+        set(registry._BROKEN_NAMES),
+    )
     yield
     registry._REGISTRY.clear()
     registry._REGISTRY.update(saved[0])

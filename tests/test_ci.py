@@ -32,12 +32,36 @@ def test_the_second_run_dispatches_to_other_kernels_than_the_first():
 
 
 def test_the_numerics_marker_selects_references_golden_outputs_and_parity():
-    files = ["tests/adapters/engine/families/test_huginn.py", "tests/adapters/engine/test_golden.py", "tests/adapters/engine/test_model.py",
-             "tests/adapters/engine/test_memory.py"]
-    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider",
-                          "-m", "numerics", *files], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    files = [
+        "tests/adapters/engine/families/test_huginn.py",
+        "tests/adapters/engine/test_golden.py",
+        "tests/adapters/engine/test_model.py",
+        "tests/adapters/engine/test_memory.py",
+    ]
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-n",
+            "0",
+            "-p",
+            "no:cacheprovider",
+            "-m",
+            "numerics",
+            *files,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     selected = {line.split("[")[0] for line in out.splitlines() if "::" in line}
-    assert {"tests/adapters/engine/families/test_huginn.py::test_huginn_logits_match_the_official_code",
-            "tests/adapters/engine/test_golden.py::test_the_model_generates_what_it_generated_before",
-            "tests/adapters/engine/test_model.py::test_hf_qwen3_logits_and_greedy_match"} <= selected
+    assert {
+        "tests/adapters/engine/families/test_huginn.py::test_huginn_logits_match_the_official_code",
+        "tests/adapters/engine/test_golden.py::test_the_model_generates_what_it_generated_before",
+        "tests/adapters/engine/test_model.py::test_hf_qwen3_logits_and_greedy_match",
+    } <= selected
     assert "tests/adapters/engine/test_memory.py::test_params_match_the_model_for_every_preset" not in selected

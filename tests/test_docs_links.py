@@ -48,7 +48,10 @@ def test_every_relative_link_resolves(page: Path) -> None:
 def test_the_readme_is_a_short_page_that_starts_with_the_two_commands() -> None:
     text = (ROOT / "README.md").read_text()
     assert len(text.splitlines()) <= 400
-    run, test = "    bash scripts/install.sh && .venv/bin/loopeval run\n", "    bash scripts/install.sh --test && .venv/bin/python -m pytest\n"
+    run, test = (
+        "    bash scripts/install.sh && .venv/bin/loopeval run\n",
+        "    bash scripts/install.sh --test && .venv/bin/python -m pytest\n",
+    )
     assert run in text and test in text and text.index(test) < text.index("## What the main job runs and shows")
     assert text.index("## Add your model") < text.index("## Reading results"), "adding a model comes near the top"
     assert "![" in text and (ROOT / "docs" / "img" / "report.png").is_file()

@@ -38,22 +38,32 @@ def scratch(tmp_path: Path) -> Path:
 def install(root: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     log = root / "calls.log"
     env = {"PATH": str(root / "bin"), "LOG": str(log), "HOME": str(root)}
-    done = subprocess.run([shutil.which("bash"), str(root / "scripts" / "install.sh"), *args], capture_output=True, text=True,
-                          env=env, timeout=60)
+    done = subprocess.run(
+        [shutil.which("bash"), str(root / "scripts" / "install.sh"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     return done, log.read_text().splitlines() if log.exists() else []
 
 
 def test_the_main_job_installs_python_packages_only_with_a_header_per_step(scratch: Path) -> None:
     done, calls = install(scratch)
     assert done.returncode == 0, done.stderr
-    headers = [re.sub(r"\(\d+s so far\)", "(Ns so far)", line) for line in done.stdout.splitlines() if line.startswith("==>")]
+    headers = [
+        re.sub(r"\(\d+s so far\)", "(Ns so far)", line) for line in done.stdout.splitlines() if line.startswith("==>")
+    ]
     assert headers == [  # any count of seconds: a busy machine takes more than 0
         "==> install.sh [1/3] virtual environment .venv and an up-to-date pip (Ns so far)",
         "==> install.sh [2/3] torch 2.13.0, CPU build (Ns so far)",
         "==> install.sh [3/3] loopeval and its pinned dependencies (constraints.txt) (Ns so far)",
     ]
-    assert calls == ["python -m pip install -q --upgrade pip", "python -m pip install --progress-bar on torch==2.13.0",
-                     "python -m pip install --progress-bar on -c constraints.txt -e ."]  # no apt-get: no Chromium
+    assert calls == [
+        "python -m pip install -q --upgrade pip",
+        "python -m pip install --progress-bar on torch==2.13.0",
+        "python -m pip install --progress-bar on -c constraints.txt -e .",
+    ]  # no apt-get: no Chromium
     assert ".venv/bin/loopeval" in done.stdout.splitlines()[-1]
 
 
@@ -63,7 +73,10 @@ def test_the_test_setup_adds_the_missing_debian_packages(scratch: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "==> install.sh [4/4] Debian packages for the tests: chromium bubblewrap" in done.stdout
     assert calls[2] == "python -m pip install --progress-bar on -c constraints.txt -e .[test]"
-    assert calls[3:] == ["apt-get update", "apt-get install -y chromium bubblewrap" + ("" if Path("/usr/lib/postgresql").is_dir() else " postgresql")]
+    assert calls[3:] == [
+        "apt-get update",
+        "apt-get install -y chromium bubblewrap" + ("" if Path("/usr/lib/postgresql").is_dir() else " postgresql"),
+    ]
 
 
 def test_unknown_options_are_refused(scratch: Path) -> None:

@@ -45,8 +45,13 @@ LIGHT_MODULES = (
     "harness.cli.estimate",
     "harness.cli.profile",
 )
-LIGHT_SCRIPTS = ("bench/bench_engine.py", "bench/bench_exits.py", "bench/gpu_check.py", "bench/gpu_profile.py",
-                 "bench/pipeline_check.py")  # what bench/gpu_run.sh runs (pipeline_check.py: the standard library only)
+LIGHT_SCRIPTS = (
+    "bench/bench_engine.py",
+    "bench/bench_exits.py",
+    "bench/gpu_check.py",
+    "bench/gpu_profile.py",
+    "bench/pipeline_check.py",
+)  # what bench/gpu_run.sh runs (pipeline_check.py: the standard library only)
 
 
 @dataclass(frozen=True)
@@ -118,7 +123,9 @@ def _allowed_from_doc() -> dict[str, tuple[set[str], set[str] | None]]:
         package = cells[0].strip("`/ ")
         names = [set(re.findall(r"`([a-z_][a-z0-9_]*)/?`", cell)) for cell in cells[2:4]]
         rows[package] = (names[0], names[1] or (set() if cells[3].startswith("nothing") else None))
-    assert set(rows) >= set(PACKAGES), f"{DOC.relative_to(ROOT)}: the import-rules table lacks rows for {set(PACKAGES) - set(rows)}"
+    assert set(rows) >= set(PACKAGES), (
+        f"{DOC.relative_to(ROOT)}: the import-rules table lacks rows for {set(PACKAGES) - set(rows)}"
+    )
     return rows
 
 
@@ -173,7 +180,9 @@ def test_dashboards_and_analysis_take_sqlalchemy_engine_only() -> None:
         for i in ALL_IMPORTS["dashboards"] + ALL_IMPORTS["analysis"]
         if i.top == "sqlalchemy" and (i.module != "sqlalchemy" or set(i.names) - {"Engine"})
     ]
-    _report(violations, "dashboards/ and analysis/ use sqlalchemy only for the `Engine` type; they read through db.queries")
+    _report(
+        violations, "dashboards/ and analysis/ use sqlalchemy only for the `Engine` type; they read through db.queries"
+    )
 
 
 def _private_imports() -> list[tuple[Import, str]]:
@@ -189,10 +198,7 @@ def _private_imports() -> list[tuple[Import, str]]:
 
 
 def test_no_private_names_across_packages() -> None:
-    violations = [
-        f"{i.file}:{i.line}: {i} (private name {name})"
-        for i, name in _private_imports()
-    ]
+    violations = [f"{i.file}:{i.line}: {i} (private name {name})" for i, name in _private_imports()]
     _report(violations, "no module imports a private name (_x) from another top-level package")
 
 
@@ -202,7 +208,9 @@ def test_cli_commands_import_no_other_command() -> None:
         if not i.file.startswith("harness/cli/") or i.file == "harness/cli/__init__.py":
             continue  # __init__ is where every command is registered
         if i.module == "harness.cli":
-            violations += [f"{i.file}:{i.line}: {i} (imports harness.cli.{name})" for name in i.names if name != "common"]
+            violations += [
+                f"{i.file}:{i.line}: {i} (imports harness.cli.{name})" for name in i.names if name != "common"
+            ]
         elif i.module.startswith("harness.cli.") and i.module != "harness.cli.common":
             violations.append(f"{i.file}:{i.line}: {i}")
     _report(violations, "a harness/cli/ command module imports harness.cli.common, never another command module")
@@ -215,7 +223,9 @@ def test_only_the_dashboard_command_imports_dashboards() -> None:
         for i in ALL_IMPORTS["harness"]
         if i.file.startswith("harness/cli/") and i.file != "harness/cli/dashboard.py" and i.top == "dashboards"
     ]
-    _report(violations, "no module of harness/cli but dashboard.py imports dashboards; the others read through analysis/")
+    _report(
+        violations, "no module of harness/cli but dashboard.py imports dashboards; the others read through analysis/"
+    )
 
 
 _PROBE = r"""
@@ -247,8 +257,20 @@ print(json.dumps({"already": already, "loaded": loaded, "culprits": culprits}))
 def test_light_modules_import_no_evaluation_stack() -> None:
     """The modules the GPU machine runs import none of HEAVY when they are imported."""
     probe = subprocess.run(
-        [sys.executable, "-c", _PROBE, str(ROOT), json.dumps(HEAVY), json.dumps(LIGHT_MODULES), json.dumps(LIGHT_SCRIPTS)],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-c",
+            _PROBE,
+            str(ROOT),
+            json.dumps(HEAVY),
+            json.dumps(LIGHT_MODULES),
+            json.dumps(LIGHT_SCRIPTS),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert probe.returncode == 0, probe.stderr
     result = json.loads(probe.stdout.strip().splitlines()[-1])
@@ -273,37 +295,80 @@ ONE_HOME = {
     "sampling's rules": (re.compile(r"""["']?top_p["']?\s*:\s*\(\s*["']a number in"""), "adapters/base.py"),
     # the memory vocabulary (item 1 of issue 30): the analytic formula, the measure-name tuples, the GB constant
     "the analytic memory formula": (re.compile(r"latent_bytes_per_token\"?\]?\s*\*\s*min\("), "measures/__init__.py"),
-    "a list of four or more measure names": (re.compile(r"""[(\[]\s*(?:{name}\s*,\s*){{3,}}{name}""".format(
-        name=r"""["'](?:weights_bytes|kv_bytes_\w+|torch_\w+|nvml_\w+|rss\w*)["']""")), "measures/__init__.py"),
+    "a list of four or more measure names": (
+        re.compile(
+            r"""[(\[]\s*(?:{name}\s*,\s*){{3,}}{name}""".format(
+                name=r"""["'](?:weights_bytes|kv_bytes_\w+|torch_\w+|nvml_\w+|rss\w*)["']"""
+            )
+        ),
+        "measures/__init__.py",
+    ),
     # the settings issue 46 gave one home: a second definition, or the literal it would be written with, anywhere else
-    "the atomic file write (temporary file, then rename)": (re.compile(r"\bos\.(?:replace|rename)\(|\bmkstemp\("),
-                                                            "adapters/files.py"),
+    "the atomic file write (temporary file, then rename)": (
+        re.compile(r"\bos\.(?:replace|rename)\(|\bmkstemp\("),
+        "adapters/files.py",
+    ),
     "LOOPEVAL_DB's name": (re.compile(r"""["']LOOPEVAL_DB["']|^DB_ENV\b[^=\n]*=""", re.M), "db/__init__.py"),
-    "the sample browsers' columns": (re.compile(r"""^SAMPLE_COLUMNS\b[^=\n]*=|["']prompt_tokens["']\s*:\s*["']prompt """
-                                                r"""tokens["']|["']prompt tokens["']\s*,\s*["']generated tokens["']""", re.M),
-                                     "dashboards/data.py"),
-    "the selectable memory measures": (re.compile(r"^(?:MEMORY_MEASURES|WEIGHTS_PLUS_KV|ANALYTIC)\b[^=\n]*=", re.M),
-                                       "measures/__init__.py"),
-    "a memory measure's label": (re.compile(r"""["'](?:(?:weights \+ )?KV cache peak|analytic weights \+ KV|NVML process """
-                                            r"""peak|torch allocated peak|process RSS peak \(CPU\))["']\s*[,)}\]]"""),
-                                 "measures/__init__.py"),
+    "the sample browsers' columns": (
+        re.compile(
+            r"""^SAMPLE_COLUMNS\b[^=\n]*=|["']prompt_tokens["']\s*:\s*["']prompt """
+            r"""tokens["']|["']prompt tokens["']\s*,\s*["']generated tokens["']""",
+            re.M,
+        ),
+        "dashboards/data.py",
+    ),
+    "the selectable memory measures": (
+        re.compile(r"^(?:MEMORY_MEASURES|WEIGHTS_PLUS_KV|ANALYTIC)\b[^=\n]*=", re.M),
+        "measures/__init__.py",
+    ),
+    "a memory measure's label": (
+        re.compile(
+            r"""["'](?:(?:weights \+ )?KV cache peak|analytic weights \+ KV|NVML process """
+            r"""peak|torch allocated peak|process RSS peak \(CPU\))["']\s*[,)}\]]"""
+        ),
+        "measures/__init__.py",
+    ),
 }
 # The old homes issue 30 moved (the memory vocabulary, LightEval's bridge, the run-row and loops setters), gone: a
 # module there again, or a name defined outside its one home (None: nowhere), is a second home.
 OLD_HOMES = (
     "db/measures.py",
     # issue 46 split the harness by job: the LightEval bridge, measurement and conformance moved into sub-packages
-    *(f"harness/{name}.py" for name in ("lighteval_model", "evaluation", "sampler", "profiling", "capacity", "conformance")),
+    *(
+        f"harness/{name}.py"
+        for name in ("lighteval_model", "evaluation", "sampler", "profiling", "capacity", "conformance")
+    ),
     # issue 46 split the engine by concern: serving, checkpoint I/O and training moved whole, with no shim left behind
-    *(f"adapters/engine/{name}.py" for name in ("continuous", "scheduler", "block_manager", "model_runner", "sequence", "postprocess",
-                                                "paged", "rows", "graphs", "checkpoint", "presets", "tokenizer", "huginn",
-                                                "training", "objectives")),
+    *(
+        f"adapters/engine/{name}.py"
+        for name in (
+            "continuous",
+            "scheduler",
+            "block_manager",
+            "model_runner",
+            "sequence",
+            "postprocess",
+            "paged",
+            "rows",
+            "graphs",
+            "checkpoint",
+            "presets",
+            "tokenizer",
+            "huginn",
+            "training",
+            "objectives",
+        )
+    ),
     # and the harness by job: planning and execution moved whole
     *(f"harness/{name}.py" for name in ("spec", "sweep", "runner", "pool", "ray_executor", "recorder")),
 )
 OLD_NAMES = {
-    "MEMORY_KEYS": "measures/__init__.py", "PEAK_OF_SERIES": None, "BYTE_UNITS": "measures/__init__.py",
-    "create_run_row": None, "_at_loops": None, "at_loops": "harness/planning/spec.py",
+    "MEMORY_KEYS": "measures/__init__.py",
+    "PEAK_OF_SERIES": None,
+    "BYTE_UNITS": "measures/__init__.py",
+    "create_run_row": None,
+    "_at_loops": None,
+    "at_loops": "harness/planning/spec.py",
     "run_row": "harness/execution/recorder.py",
 }
 
@@ -327,8 +392,12 @@ def test_byte_units_have_one_home() -> None:
         if p.relative_to(ROOT).parts[0] == "measures":
             continue
         with p.open("rb") as source:
-            violations += [f"{p.relative_to(ROOT)}:{t.start[0]}: {t.string}" for t in tokenize.tokenize(source.readline)
-                           if t.type == tokenize.NUMBER and t.string.replace("_", "").lower() in ("1e9", "1e6", "1000000000", "1e+9")]
+            violations += [
+                f"{p.relative_to(ROOT)}:{t.start[0]}: {t.string}"
+                for t in tokenize.tokenize(source.readline)
+                if t.type == tokenize.NUMBER
+                and t.string.replace("_", "").lower() in ("1e9", "1e6", "1000000000", "1e+9")
+            ]
     _report(violations, "byte units are measures.GB / MB, never a bare 1e9 or 1e6")
 
 
@@ -341,12 +410,19 @@ def test_no_old_home_is_back() -> None:
     violations = []
     for p in _sources():
         for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
-            targets = [t.id for t in getattr(node, "targets", [getattr(node, "target", None)]) if isinstance(t, ast.Name)]
+            targets = [
+                t.id for t in getattr(node, "targets", [getattr(node, "target", None)]) if isinstance(t, ast.Name)
+            ]
             if isinstance(node, ast.FunctionDef | ast.ClassDef):
                 targets.append(node.name)
-            violations += [f"{p.relative_to(ROOT)}:{node.lineno}: defines {name}" for name in targets
-                           if name in OLD_NAMES and p.relative_to(ROOT).as_posix() != OLD_NAMES[name]]
-    moved = ("db.measures", *(f"harness.{name}" for name in ("lighteval_model", "evaluation", "sampler", "profiling",
-                                                              "capacity")))
+            violations += [
+                f"{p.relative_to(ROOT)}:{node.lineno}: defines {name}"
+                for name in targets
+                if name in OLD_NAMES and p.relative_to(ROOT).as_posix() != OLD_NAMES[name]
+            ]
+    moved = (
+        "db.measures",
+        *(f"harness.{name}" for name in ("lighteval_model", "evaluation", "sampler", "profiling", "capacity")),
+    )
     violations += [f"{i.file}:{i.line}: {i}" for imports in ALL_IMPORTS.values() for i in imports if i.module in moved]
     _report(violations, "what issue 30 moved has one home (docs/architecture.md, Packages and import rules)")

@@ -123,7 +123,9 @@ def kv_mix(step: int, ramp_steps: int) -> float:
     return min(1.0, step / ramp_steps)
 
 
-def sampled_recurrence(mean_recurrence: int, backprop_depth: int, seed: int, step: int, sigma: float = 0.5) -> tuple[int, int]:
+def sampled_recurrence(
+    mean_recurrence: int, backprop_depth: int, seed: int, step: int, sigma: float = 0.5
+) -> tuple[int, int]:
     """Huginn's recurrence draw for one training step: (loops run without gradient, loops backpropagated).
 
     As Huginn-0125 was trained (Geiping et al. 2025, "Scaling up Test-Time Compute with Latent

@@ -1,4 +1,4 @@
-"""Training engine models on the CPU (or a GPU): data, the loop, checkpoints and loss curves.
+"""Training engine models on the CPU (or a GPU): the loop, checkpoints and loss curves (the data: `training.data`).
 
 One function, `train(recipe, out_dir, items, stop=...)`, trains every zoo model. What differs between
 models lives in the recipe (`adapters.zoo.Recipe`, read from adapters/zoo_data/recipes.toml) and in
@@ -30,11 +30,10 @@ tests/test_layering.py checks it, so no import cycle hides inside a function.
 from __future__ import annotations
 
 import copy
-import functools
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from collections.abc import Callable
@@ -44,123 +43,15 @@ import torch
 import adapters
 from adapters.base import AdapterError
 from adapters.engine.config import LoopConfig
-from adapters.engine.families.standard import prefill_chunks
 from adapters.engine.io.checkpoint import save_checkpoint
 from adapters.engine.io.tokenizer import char_tokenizer
-from adapters.engine.model import LoopedLM
+from adapters.engine.model import LoopedLM, to_melt
 from adapters.files import write_atomically
 from training import objectives as T
+from training.data import Batch, TaskData, answer_accuracy
 
 if TYPE_CHECKING:
     from adapters.zoo import Recipe
-
-# --------------------------------------------------------------------------------------- data
-@dataclass
-class Batch:
-    inputs: torch.Tensor  # [B, N] token ids (right-padded)
-    targets: torch.Tensor  # [B, N] next tokens
-    answer_mask: torch.Tensor  # [B, N] 1 where the target is an answer or stop token
-    token_mask: torch.Tensor  # [B, N] 1 where the target is a real token (not padding)
-    prompt_length: int | None = None  # set when every row's prompt (with <bos>) has this length
-
-    def decode_chunks(self, chunk_size: int) -> list[int]:
-        """Chunk lengths that reproduce MELT decoding on this batch: the prompt in chunks counted back
-        from its end (as `adapters.engine.generate` prefills), then every later token alone (as it is decoded)."""
-        assert self.prompt_length is not None, "decode-aligned chunks need a batch of one prompt length"
-        prefill = [s1 - s0 for s0, s1 in prefill_chunks(self.prompt_length, chunk_size)]
-        return prefill + [1] * (self.inputs.shape[1] - self.prompt_length)
-
-
-class TaskData:
-    """Tokenised train items, split into train and a held-out validation slice.
-
-    Each item is `<bos> prompt answer stop`: exactly what the model sees and must produce at
-    evaluation (the harness cuts the answer at the stop). The last `val_items` items of each task
-    are held out.
-    """
-
-    def __init__(self, tasks: tuple[str, ...], tokenizer: Any, val_items: int, items: dict[str, list[dict[str, Any]]], stop: str) -> None:
-        self.pad_id = tokenizer.pad_token_id
-        self.train: list[tuple[list[int], int]] = []  # (ids, prompt length including <bos>)
-        self.val: dict[str, list[tuple[list[int], int]]] = {}
-        for task in tasks:
-            rows = items[task]
-            encoded = []
-            for row in rows:
-                prompt = tokenizer.encode(row["prompt"])
-                answer = tokenizer.encode(row["answer"] + stop, add_special_tokens=False)
-                encoded.append((prompt + answer, len(prompt)))
-            cut = max(0, len(encoded) - val_items)
-            self.train += encoded[:cut]
-            self.val[task] = encoded[cut:]
-        if not self.train:
-            raise AdapterError("no training items: check the recipe's tasks and the items given")
-        self.longest = max(len(ids) for ids, _ in self.train) - 1  # positions of the longest batch row (inputs drop the last)
-
-    def collate(self, rows: list[tuple[list[int], int]], device: str) -> Batch:
-        n = max(len(ids) for ids, _ in rows) - 1
-        lengths = {plen for _, plen in rows}
-        inputs = torch.full((len(rows), n), self.pad_id, dtype=torch.long)
-        targets = torch.full((len(rows), n), self.pad_id, dtype=torch.long)
-        answer = torch.zeros(len(rows), n)
-        real = torch.zeros(len(rows), n)
-        for i, (ids, plen) in enumerate(rows):
-            m = len(ids) - 1
-            inputs[i, :m] = torch.tensor(ids[:-1])
-            targets[i, :m] = torch.tensor(ids[1:])
-            answer[i, plen - 1 : m] = 1
-            real[i, :m] = 1
-        prompt_length = lengths.pop() if len(lengths) == 1 else None
-        return Batch(inputs.to(device), targets.to(device), answer.to(device), real.to(device), prompt_length)
-
-    def batch(self, seed: int, step: int, size: int, device: str, one_prompt_length: bool = False) -> Batch:
-        """The batch of `step`: a pure function of (seed, step), which is what makes resuming exact.
-
-        `one_prompt_length` draws every row from the prompt-length group of one random item (so
-        groups come up in proportion to their size), for MELT's decode-aligned chunks.
-        """
-        gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
-        if not one_prompt_length:
-            idx = torch.randint(len(self.train), (size,), generator=gen).tolist()
-            return self.collate([self.train[i] for i in idx], device)
-        group = self._by_prompt_length[self.train[int(torch.randint(len(self.train), (1,), generator=gen))][1]]
-        idx = torch.randint(len(group), (size,), generator=gen).tolist()
-        return self.collate([self.train[group[i]] for i in idx], device)
-
-    @functools.cached_property
-    def _by_prompt_length(self) -> dict[int, list[int]]:
-        groups: dict[int, list[int]] = {}
-        for i, (_, plen) in enumerate(self.train):
-            groups.setdefault(plen, []).append(i)
-        return groups
-
-
-@torch.no_grad()
-def answer_accuracy(model: LoopedLM, data: TaskData, device: str, loops: int | None = None, batch_size: int = 200) -> dict[str, float]:
-    """Validation exact match per task: every answer token (and the stop) is the argmax.
-
-    With teacher forcing this equals greedy decoding's exact match: if each next token is the
-    argmax given the correct prefix, greedy decoding produces exactly the answer. Gated (MELT)
-    models run with the chunks decoding uses (`Batch.decode_chunks`), rows grouped by prompt
-    length, so the figure is their greedy decoding accuracy too.
-    """
-    model.eval()
-    gated = model.config.gated
-    accuracy = {}
-    for task, rows in data.val.items():
-        groups = [rows] if not gated else [[r for r in rows if r[1] == n] for n in sorted({r[1] for r in rows})]
-        correct = 0
-        for group in groups:
-            for i in range(0, len(group), batch_size):
-                b = data.collate(group[i : i + batch_size], device)
-                chunks = b.decode_chunks(model.config.chunk_size) if gated else None
-                pred = model(b.inputs, loops=loops, chunk_size=chunks).logits.argmax(-1)
-                ok = ((pred == b.targets) | (b.answer_mask == 0)).all(dim=1)
-                correct += int(ok.sum())
-        accuracy[task] = correct / max(1, len(rows))
-    model.train()
-    accuracy["average"] = sum(accuracy.values()) / max(1, len(accuracy))
-    return accuracy
 
 
 # ---------------------------------------------------------------------------------- objectives
@@ -191,9 +82,14 @@ def make_objective(recipe: Recipe, teacher: LoopedLM | None) -> Objective:
 
         def huginn(model: LoopedLM, b: Batch, step: int) -> tuple[torch.Tensor, dict[str, float]]:
             no_grad, with_grad = T.sampled_recurrence(recipe.mean_recurrence, recipe.backprop_depth, recipe.seed, step)
-            model.seed_state(recipe.seed * 1_000_003 + step)  # the step's initial-state draw, a function of (seed, step) too
+            model.seed_state(
+                recipe.seed * 1_000_003 + step
+            )  # the step's initial-state draw, a function of (seed, step) too
             out = model(b.inputs, loops=no_grad + with_grad, grad_loops=with_grad)
-            return T.lm_loss(out.logits, b.targets, b.answer_mask), {"loops": no_grad + with_grad, "grad_loops": with_grad}
+            return T.lm_loss(out.logits, b.targets, b.answer_mask), {
+                "loops": no_grad + with_grad,
+                "grad_loops": with_grad,
+            }
 
         return huginn
 
@@ -235,7 +131,9 @@ def model_configs(recipe: Recipe, teacher_spec: str | None) -> tuple[LoopConfig,
     if not isinstance(facts.get("config"), dict):
         raise AdapterError(f"teacher {spec!r} is not an engine model, whose LoopLM a MELT conversion starts from")
     teacher = LoopConfig.from_dict(facts["config"])
-    student = teacher.replace(family="melt", kv_strategy="gated", gate_variant=recipe.gate_variant, chunk_size=recipe.chunk_size)
+    student = teacher.replace(
+        family="melt", kv_strategy="gated", gate_variant=recipe.gate_variant, chunk_size=recipe.chunk_size
+    )
     return student, teacher
 
 
@@ -249,7 +147,9 @@ def training_bytes(recipe: Recipe, student: LoopConfig, teacher: LoopConfig | No
     from adapters.engine.memory import count_params
 
     cfg = student
-    loops = recipe.backprop_depth if recipe.kind == "huginn" else cfg.loops  # huginn backpropagates through its last loops only
+    loops = (
+        recipe.backprop_depth if recipe.kind == "huginn" else cfg.loops
+    )  # huginn backpropagates through its last loops only
     passes = cfg.prelude_layers + cfg.shared_layers * loops + cfg.coda_layers
     attention = (2 * cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim + cfg.num_heads * length
     per_pass = 6 * cfg.hidden_size + attention + 3 * cfg.ffn_size
@@ -267,7 +167,7 @@ def build_model(recipe: Recipe, device: str, teacher: LoopedLM | None) -> Looped
     if recipe.kind == "melt":
         assert teacher is not None
         # every variant prefills with the same chunk size at evaluation, whatever it was trained with
-        student = teacher.to_melt(recipe.gate_variant, chunk_size=recipe.chunk_size, generator=gen)
+        student = to_melt(teacher, recipe.gate_variant, chunk_size=recipe.chunk_size, generator=gen)
         return student.to(device)
     model = LoopedLM(recipe.model_config())
     model.init_weights(gen)
@@ -303,21 +203,26 @@ class Trainer:
     `losses.jsonl` (the loss curve).
     """
 
-    def __init__(self, recipe: Recipe, out_dir: Path, model: LoopedLM, objective: Objective, data: TaskData, device: str) -> None:
+    def __init__(
+        self, recipe: Recipe, out_dir: Path, model: LoopedLM, objective: Objective, data: TaskData, device: str
+    ) -> None:
         self.recipe, self.model, self.objective, self.data, self.device = recipe, model, objective, data, device
         self.params = [p for p in model.parameters() if p.requires_grad]
         decay = [p for p in self.params if p.dim() >= 2]
         no_decay = [p for p in self.params if p.dim() < 2]
         self.optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": recipe.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=recipe.lr, betas=(0.9, 0.95),
+            lr=recipe.lr,
+            betas=(0.9, 0.95),
         )
         self.state_path, self.log_path = out_dir / "train_state.pt", out_dir / "losses.jsonl"
         self.step, self.cpu_seconds, self.wall_seconds, self.tokens = 0, 0.0, 0.0, 0
 
     def _recipe_record(self) -> dict[str, Any]:
         record = asdict(self.recipe) | {"tasks": list(self.recipe.tasks)}
-        if self.recipe.kind != "huginn":  # fields only huginn reads: a resume point written before they existed still fits
+        if (
+            self.recipe.kind != "huginn"
+        ):  # fields only huginn reads: a resume point written before they existed still fits
             del record["mean_recurrence"], record["backprop_depth"]
         return record
 
@@ -333,15 +238,26 @@ class Trainer:
         try:
             self.optimizer.load_state_dict(state["optimizer"])
         except ValueError as exc:  # one entry per parameter: states written before q/k/v and gate/up were fused differ
-            raise AdapterError(f"{self.state_path}: its optimizer state does not fit this engine's parameters ({exc}); use --no-resume") from exc
-        self.step, self.cpu_seconds, self.wall_seconds, self.tokens = state["step"], state["cpu_seconds"], state["wall_seconds"], state["tokens"]
+            raise AdapterError(
+                f"{self.state_path}: its optimizer state does not fit this engine's parameters ({exc}); use --no-resume"
+            ) from exc
+        self.step, self.cpu_seconds, self.wall_seconds, self.tokens = (
+            state["step"],
+            state["cpu_seconds"],
+            state["wall_seconds"],
+            state["tokens"],
+        )
         _truncate_log(self.log_path, self.step)
 
     def save(self) -> None:
         """The resume state, written whole or not at all: a kill mid-save leaves the previous state to resume from."""
         state = {
-            "recipe": self._recipe_record(), "step": self.step, "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(), "cpu_seconds": self.cpu_seconds, "wall_seconds": self.wall_seconds,
+            "recipe": self._recipe_record(),
+            "step": self.step,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "cpu_seconds": self.cpu_seconds,
+            "wall_seconds": self.wall_seconds,
             "tokens": self.tokens,
         }
         write_atomically(self.state_path, lambda fh: torch.save(state, fh))
@@ -353,11 +269,19 @@ class Trainer:
         lr = T.lr_at(step, recipe.steps, recipe.lr, recipe.warmup_steps, recipe.min_lr_ratio)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        b = self.data.batch(recipe.seed, step, recipe.batch_size, self.device, one_prompt_length=recipe.kind == "melt" and recipe.chunkwise)
+        b = self.data.batch(
+            recipe.seed,
+            step,
+            recipe.batch_size,
+            self.device,
+            one_prompt_length=recipe.kind == "melt" and recipe.chunkwise,
+        )
         loss, info = self.objective(self.model, b, step)
         if not torch.isfinite(loss):  # diverged: every later step, and the checkpoint, would hold NaN weights
-            raise AdapterError(f"recipe {recipe.name}: the loss is {loss.item()} at step {step}; training stopped and no checkpoint "
-                               "was written (lower lr, or check distill_temperature and the other recipe values)")
+            raise AdapterError(
+                f"recipe {recipe.name}: the loss is {loss.item()} at step {step}; training stopped and no checkpoint "
+                "was written (lower lr, or check distill_temperature and the other recipe values)"
+            )
         self.optimizer.zero_grad(set_to_none=True)
         torch.autograd.backward(loss)  # loss.backward(), which torch leaves unannotated
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, recipe.grad_clip)
@@ -375,7 +299,13 @@ class Trainer:
 
         recipe = self.recipe
         self.model.train()
-        columns = [TextColumn(f"[bold]{recipe.name}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"), TimeRemainingColumn()]
+        columns = [
+            TextColumn(f"[bold]{recipe.name}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeRemainingColumn(),
+        ]
         with Progress(*columns, disable=not progress) as bar:
             task_id = bar.add_task("train", total=recipe.steps, completed=self.step, info="")
             while self.step < until:
@@ -393,9 +323,17 @@ class Trainer:
         """train_info.json: the budget spent and held-out validation accuracy."""
         recipe, val = self.recipe, answer_accuracy(self.model, self.data, self.device)
         return {
-            "name": recipe.name, "kind": recipe.kind, "params": count_params(self.model), "steps": recipe.steps,
-            "batch_size": recipe.batch_size, "tokens": self.tokens, "cpu_minutes": round(self.cpu_seconds / 60, 2),
-            "wall_minutes": round(self.wall_seconds / 60, 2), "seed": recipe.seed, "device": self.device, "teacher": teacher,
+            "name": recipe.name,
+            "kind": recipe.kind,
+            "params": count_params(self.model),
+            "steps": recipe.steps,
+            "batch_size": recipe.batch_size,
+            "tokens": self.tokens,
+            "cpu_minutes": round(self.cpu_seconds / 60, 2),
+            "wall_minutes": round(self.wall_seconds / 60, 2),
+            "seed": recipe.seed,
+            "device": self.device,
+            "teacher": teacher,
             "validation_accuracy": {k: round(v, 4) for k, v in val.items()},
             "final_loss": read_log(self.log_path)[-1]["loss"],
         }
@@ -418,8 +356,13 @@ def read_log(path: Path) -> list[dict[str, Any]]:
                 raise ValueError("not a loss record")
         except ValueError:
             if number < len(lines):
-                raise AdapterError(f"{path}, line {number}: not a loss record ({line[:60]!r}); use a fresh --out or --no-resume") from None
-            print(f"loopeval: warning: {path}: its last line was cut off (an interrupted write) and is ignored", file=sys.stderr)
+                raise AdapterError(
+                    f"{path}, line {number}: not a loss record ({line[:60]!r}); use a fresh --out or --no-resume"
+                ) from None
+            print(
+                f"loopeval: warning: {path}: its last line was cut off (an interrupted write) and is ignored",
+                file=sys.stderr,
+            )
             continue
         records.append(record)
     return records
@@ -465,9 +408,11 @@ def train(
     tokenizer = char_tokenizer()
     data = TaskData(recipe.tasks, tokenizer, recipe.val_items, items, stop)
     if fits is not None:
-        fits(f"training {recipe.name}: weights, gradients, optimizer states and the activations of batch_size "
-             f"{recipe.batch_size} x {data.longest} positions",
-             training_bytes(recipe, *model_configs(recipe, teacher_name), data.longest))
+        fits(
+            f"training {recipe.name}: weights, gradients, optimizer states and the activations of batch_size "
+            f"{recipe.batch_size} x {data.longest} positions",
+            training_bytes(recipe, *model_configs(recipe, teacher_name), data.longest),
+        )
     teacher = load_teacher(teacher_name, device) if teacher_name is not None else None  # a MELT recipe's
     model = build_model(recipe, device, teacher)
     out_dir.mkdir(parents=True, exist_ok=True)  # only now: a teacher that fails to load leaves no empty folder
@@ -484,5 +429,7 @@ def train(
     model.config.extra = {**model.config.extra, "zoo": recipe.name}
     shipped = copy.deepcopy(model).to(getattr(torch, save_dtype))  # bf16 halves the package size
     # weights and train_info.json go in together: never new weights beside an earlier run's figures
-    save_checkpoint(shipped, out_dir, tokenizer=tokenizer, extra_files={"train_info.json": json.dumps(info, indent=2) + "\n"})
+    save_checkpoint(
+        shipped, out_dir, tokenizer=tokenizer, extra_files={"train_info.json": json.dumps(info, indent=2) + "\n"}
+    )
     return info

@@ -21,7 +21,8 @@ skips the loops after its exit and leaves its exit loop's K/V in them, the defau
 it skips them and later tokens attend at each loop only to the tokens that ran it; "read": every loop runs, the
 exit loop's output is read; `adapters.engine.exits`), `kv_policy` (the KV layout run instead of the model's own:
 per-loop, shared-last, shared-mean, shared-ema[:ALPHA], latest-m4, gated, standard; `adapters.engine.families.sharing`)
-and `kv_dtype` (auto, int8, fp8; `adapters.engine.kvformat`), and the loop conditioning fields.
+and `kv_dtype` (auto, int8, fp8; `adapters.engine.kvformat`), and the loop conditioning fields. They are checked in
+`adapters.engine.overrides`, before anything loads.
 """
 
 from __future__ import annotations
@@ -34,54 +35,116 @@ from collections.abc import Callable, Sequence
 import torch
 
 from adapters import threads
-from adapters.base import MODEL_DTYPES, AdapterError, Finished, Generation, Prompt, Request, Sampling, dtype_short
+from adapters.base import AdapterError, Finished, Generation, Prompt, Request, Sampling, dtype_short
 from adapters.engine.cache import KVCache
-from adapters.engine.config import CONDITIONING_FIELDS, LoopConfig
+from adapters.engine.config import LoopConfig
 from adapters.engine.families import family_of
 from adapters.engine.io.presets import PRESETS, preset
-from adapters.engine.serving.continuous import ContinuousEngine
-from adapters.engine.exits import SKIPPING_FILL, ExitPolicy, check_threshold
+from adapters.engine.serving.continuous import continuous_engine
+from adapters.engine.exits import ExitPolicy
 from adapters.engine.generate import generate_static
 from adapters.engine.sampling import check_request
-from adapters.engine.serving.graphs import DecodeGraphs
 from adapters.engine import kernels
 from adapters.engine.memory import analytic_terms, count_params
-from adapters.engine.model import LoopedLM
+from adapters.engine.model import LoopedLM, with_conditioning
 from adapters.engine.serving.paged import DEFAULT_BLOCK_SIZE, BlockPool
 from adapters.engine.serving.sequence import Sequence as Seq
 from adapters.engine.streams import prompt_key, stream_key
 from adapters.engine.io.tokenizer import token_ids
+from adapters.engine.overrides import (
+    DEFAULT_MAX_BATCH,
+    batching_overrides,
+    check_batching,
+    check_batching_mode,
+    check_exit_support,
+    check_flag,
+    check_overrides,
+    conditioning,
+    config_facts,
+    exit_policy,
+    kv_facts,
+    kv_fields,
+    resolve_device,
+    resolve_dtype,
+)
 from adapters.registry import register
 
-DEFAULT_MAX_BATCH = 64  # sequences decoding at once
-BATCHING = ("continuous", "static")
-KV_FIELDS = ("kv_policy", "kv_dtype")  # load overrides that are config fields (`LoopConfig`), checked there
-OVERRIDES = ("loops", "dtype", "device", "seed", "chunk_size", "max_batch", "batching", "kv_budget", "block_size", "cuda_graphs",
-             "triton_kernels", "exit_policy", "exit_loop", "exit_threshold", "exit_criterion", "exit_fill", *KV_FIELDS, *CONDITIONING_FIELDS)
 
+class KVMeter:
+    """The KV bytes `memory()` reports: the live store's while a call runs (a static batch's `KVCache` or the
+    continuous engine's `BlockPool`), and the peaks across calls until `reset_peak`.
 
-def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
-    """bf16 on a GPU and fp32 on the CPU by default (bf16 matmuls crawl on CPUs)."""
-    if dtype is None:
-        return torch.bfloat16 if device.startswith("cuda") else torch.float32
-    chosen: torch.dtype = getattr(torch, MODEL_DTYPES[dtype_short(dtype, model=True)])
-    return chosen
+    Apart from the adapter because the generate thread swaps the live store while a memory sampler reads it: each
+    read takes the store once."""
 
+    def __init__(self, weights_bytes: int) -> None:
+        self.weights_bytes = weights_bytes
+        self.live: KVCache | BlockPool | None = None  # the KV store of the call in progress
+        self.peak = self.reserved = 0
 
-def resolve_device(device: str | None) -> str:
-    if device is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise AdapterError(f"device {device!r} requested but CUDA is not available (use device='cpu')")
-    return device
+    def track(self, cache: KVCache | None) -> None:
+        """A static batch's cache begins (preallocated: its bytes are known now), or, with None, the batch ends."""
+        self.live = cache
+        if cache is not None:
+            self.peak = max(self.peak, cache.kv_bytes_allocated)
+            self.reserved = max(self.reserved, cache.kv_bytes_reserved)
+
+    def pool_done(self, pool: BlockPool) -> None:
+        """A continuous call on `pool` ended: its peak is kept, the pool is no longer live."""
+        self.peak = max(self.peak, pool.manager.peak_allocated)
+        self.reserved = max(self.reserved, pool.kv_bytes_reserved)
+        self.live = None
+
+    def memory(self) -> dict[str, int | None]:
+        """`memory()`'s bytes: the weights', and the live store's and the peaks (see the adapter's)."""
+        live = self.live  # one read: the generate thread may swap it
+        if live is None:
+            return {
+                "weights_bytes": self.weights_bytes,
+                "kv_bytes_allocated": 0,
+                "kv_bytes_used": 0,
+                "kv_bytes_peak": self.peak,
+                "kv_bytes_reserved": 0,
+                "kv_bytes_reserved_peak": self.reserved,
+            }
+        reserved = live.kv_bytes_reserved
+        used, allocated, peak = live.accounting()
+        return {
+            "weights_bytes": self.weights_bytes,
+            "kv_bytes_allocated": allocated,
+            "kv_bytes_used": used,
+            "kv_bytes_peak": max(self.peak, peak),
+            "kv_bytes_reserved": reserved,
+            "kv_bytes_reserved_peak": max(self.reserved, reserved),
+        }
+
+    def reset_peak(self) -> None:
+        """The peaks start again from the live store's bytes (0 between calls)."""
+        live = self.live
+        self.peak = 0 if live is None else live.kv_bytes_allocated
+        self.reserved = 0 if live is None else live.kv_bytes_reserved
+        if isinstance(live, BlockPool):
+            live.reset_peak()
 
 
 class EngineAdapter:
     """One engine model behind the Adapter protocol. `loops` may be changed between calls."""
 
-    def __init__(self, spec: str, model: LoopedLM, tokenizer: Any | None, *, loops: int | None = None, max_batch: int = DEFAULT_MAX_BATCH,
-                 exit_policy: ExitPolicy = ExitPolicy(), batching: str = "continuous", kv_budget: float | None = None,
-                 block_size: int = DEFAULT_BLOCK_SIZE, cuda_graphs: bool = True, triton_kernels: bool = True) -> None:
+    def __init__(
+        self,
+        spec: str,
+        model: LoopedLM,
+        tokenizer: Any | None,
+        *,
+        loops: int | None = None,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        exit_policy: ExitPolicy = ExitPolicy(),
+        batching: str = "continuous",
+        kv_budget: float | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        cuda_graphs: bool = True,
+        triton_kernels: bool = True,
+    ) -> None:
         self.spec = spec
         self.model = model
         self.tokenizer = tokenizer
@@ -89,14 +152,15 @@ class EngineAdapter:
         self.max_context = self.config.max_position
         self.loops = self.config.loops if loops is None else loops
         self.max_batch, self.batching, self.kv_budget, self.block_size, self.cuda_graphs = check_batching(
-            max_batch, batching, kv_budget, block_size, cuda_graphs)
+            max_batch, batching, kv_budget, block_size, cuda_graphs
+        )
         self.exit_policy = check_exit_support(self.config, exit_policy)
         weight = model.model.embed_tokens.weight
         self.dtype, self.device = weight.dtype, weight.device
-        self.attention = kernels.install(model, self.device, check_flag("triton_kernels", triton_kernels))  # the pools' kernel
-        self._weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        self._live: KVCache | BlockPool | None = None  # the KV store of the call in progress
-        self._peak = self._reserved = 0
+        self.attention = kernels.install(
+            model, self.device, check_flag("triton_kernels", triton_kernels)
+        )  # the pools' kernel
+        self.meter = KVMeter(sum(p.numel() * p.element_size() for p in model.parameters()))
         self.preemptions = 0  # sequences the engine preempted (and recomputed) so far
         self._lock = threading.Lock()  # one generate at a time: the KV store is per call
 
@@ -126,87 +190,64 @@ class EngineAdapter:
     def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[Generation]:
         """`len(prompts) * n` generations, prompt-major. Prompt i's samples draw from streams of seed
         `stream_key(sampling.seed, i)`, so they do not depend on the other prompts or the batching."""
-        requests = [Request(p, dataclasses.replace(sampling, seed=stream_key(sampling.seed, i))) for i, p in enumerate(prompts)]
+        requests = [
+            Request(p, dataclasses.replace(sampling, seed=stream_key(sampling.seed, i))) for i, p in enumerate(prompts)
+        ]
         results: dict[tuple[int, int], Generation] = {}
         self.generate_requests(requests, lambda done: results.update(((r, j), g) for r, j, g in done))
         return [results[(i, j)] for i in range(len(prompts)) for j in range(sampling.n)]
 
     def generate_requests(self, requests: Sequence[Request], on_finished: Callable[[list[Finished]], None]) -> None:
         """Generate every requested sample, calling `on_finished` with each group of samples as they finish."""
-        sequences = self._sequences(requests)
+        sequences = sequences_of(requests, self.model, self.tokenizer, self.spec)
         if not sequences:
             return
         with self._lock:
             if self.batching == "static":
-                generate_static(self.model, sequences, on_finished, max_batch=self.max_batch, loops=self.loops,
-                                eos_ids=eos_ids(self.config, self.tokenizer), tokenizer=self.tokenizer, exit_policy=self.exit_policy,
-                                on_cache=self._track)
+                generate_static(
+                    self.model,
+                    sequences,
+                    on_finished,
+                    max_batch=self.max_batch,
+                    loops=self.loops,
+                    eos_ids=eos_ids(self.config, self.tokenizer),
+                    tokenizer=self.tokenizer,
+                    exit_policy=self.exit_policy,
+                    on_cache=self.meter.track,
+                )
             else:
                 self._run_continuous(sequences, on_finished)
 
-    def _sequences(self, requests: Sequence[Request]) -> list[Seq]:
-        """One sequence per requested sample, every request checked before anything runs."""
-        sequences = []
-        for r, request in enumerate(requests):
-            ids = encode(request.prompt, self.tokenizer, self.config.vocab_size, self.spec)
-            capacity = check_request(self.model, ids, request.sampling, self.tokenizer)
-            for j in request.indices:
-                sequences.append(Seq(r, j, stream_key(request.sampling.seed, j), len(ids), list(ids), capacity, request.sampling,
-                                     prompt_key(request.sampling.seed)))
-        return sequences
-
     def _run_continuous(self, sequences: list[Seq], on_finished: Callable[[list[Finished]], None]) -> None:
-        # a graph replays one fixed-depth step: with loops skipped per token the decode runs eagerly. A model that draws its
-        # initial state runs eagerly too: its keyed draw (`Recurrence.keyed_draw`) is a pure function of the positions and the
-        # rows' stream keys, so it could be captured, but the graphs' static inputs carry no keys and no capture of it is tested
-        capture, graphs = self.cuda_graphs and self.device.type == "cuda" and not self.model.draws_state and not self.exit_policy.skips, None
-        pool = BlockPool.for_workload(self.config, self.loops, [s.capacity for s in sequences], max_seqs=self.max_batch, kv_budget=self.kv_budget,
-                                      block_size=self.block_size, dtype=self.dtype, device=self.device, spare=capture, attention=self.attention)
-        if capture:
-            graphs = DecodeGraphs(self.model, pool, loops=self.loops, keep_loops=self.exit_policy.reads_loops(bool(self.model.coda)), max_seqs=self.max_batch,
-                                  max_blocks=pool.manager.blocks_for(max(s.capacity for s in sequences)), capture=True)
-        engine = ContinuousEngine(self.model, pool, loops=self.loops, policy=self.exit_policy, eos_ids=eos_ids(self.config, self.tokenizer),
-                                  tokenizer=self.tokenizer, max_seqs=self.max_batch, on_finished=on_finished, graphs=graphs)
-        self._live = pool
+        engine = continuous_engine(
+            self.model,
+            sequences,
+            on_finished,
+            loops=self.loops,
+            policy=self.exit_policy,
+            eos_ids=eos_ids(self.config, self.tokenizer),
+            tokenizer=self.tokenizer,
+            max_seqs=self.max_batch,
+            kv_budget=self.kv_budget,
+            block_size=self.block_size,
+            cuda_graphs=self.cuda_graphs,
+            attention=self.attention,
+        )
+        self.meter.live = engine.pool
         try:
             engine.run(sequences)
         finally:
             self.preemptions += engine.scheduler.preemptions
-            self._peak = max(self._peak, pool.manager.peak_allocated)
-            self._reserved = max(self._reserved, pool.kv_bytes_reserved)
-            self._live = None
-
-    def _track(self, cache: KVCache | None) -> None:
-        self._live = cache
-        if cache is not None:
-            self._peak = max(self._peak, cache.kv_bytes_allocated)
-            self._reserved = max(self._reserved, cache.kv_bytes_reserved)
+            self.meter.pool_done(engine.pool)
 
     def memory(self) -> dict[str, int | None]:
         """The live KV store's bytes, `kv_bytes_reserved` included (the whole pool while a call runs, 0
         between calls); `kv_bytes_peak` and `kv_bytes_reserved_peak` are kept across calls until
         `reset_memory_peak`."""
-        live = self._live  # one read: the generate thread may swap it
-        if live is None:
-            return {"weights_bytes": self._weights_bytes, "kv_bytes_allocated": 0, "kv_bytes_used": 0, "kv_bytes_peak": self._peak,
-                    "kv_bytes_reserved": 0, "kv_bytes_reserved_peak": self._reserved}
-        reserved = live.kv_bytes_reserved
-        used, allocated, peak = live.accounting()
-        return {
-            "weights_bytes": self._weights_bytes,
-            "kv_bytes_allocated": allocated,
-            "kv_bytes_used": used,
-            "kv_bytes_peak": max(self._peak, peak),
-            "kv_bytes_reserved": reserved,
-            "kv_bytes_reserved_peak": max(self._reserved, reserved),
-        }
+        return self.meter.memory()
 
     def reset_memory_peak(self) -> None:
-        live = self._live
-        self._peak = 0 if live is None else live.kv_bytes_allocated
-        self._reserved = 0 if live is None else live.kv_bytes_reserved
-        if isinstance(live, BlockPool):
-            live.reset_peak()
+        self.meter.reset_peak()
 
     def describe(self) -> dict[str, Any]:
         cfg = self.config
@@ -224,9 +265,36 @@ class EngineAdapter:
             "kv_bytes_per_token": analytic["kv_bytes_per_token"],
             "analytic": analytic,
             "exit_policy": dataclasses.asdict(self.exit_policy),
-            "batching": {"mode": self.batching, "max_batch": self.max_batch, "block_size": self.block_size, "kv_budget": self.kv_budget},
+            "batching": {
+                "mode": self.batching,
+                "max_batch": self.max_batch,
+                "block_size": self.block_size,
+                "kv_budget": self.kv_budget,
+            },
             "config": cfg.to_dict(),
         }
+
+
+def sequences_of(requests: Sequence[Request], model: LoopedLM, tokenizer: Any | None, spec: str) -> list[Seq]:
+    """One sequence per requested sample, every request checked before anything runs (`spec` names the model in errors)."""
+    sequences = []
+    for r, request in enumerate(requests):
+        ids = encode(request.prompt, tokenizer, model.config.vocab_size, spec)
+        capacity = check_request(model, ids, request.sampling, tokenizer)
+        for j in request.indices:
+            sequences.append(
+                Seq(
+                    r,
+                    j,
+                    stream_key(request.sampling.seed, j),
+                    len(ids),
+                    list(ids),
+                    capacity,
+                    request.sampling,
+                    prompt_key(request.sampling.seed),
+                )
+            )
+    return sequences
 
 
 def encode(prompt: Prompt, tokenizer: Any | None, vocab_size: int, spec: str) -> list[int]:
@@ -252,80 +320,8 @@ def eos_ids(config: LoopConfig, tokenizer: Any | None) -> set[int]:
     return {i for i in ids if i is not None}
 
 
-def check_batching_mode(batching: Any) -> str:
-    if batching not in BATCHING:
-        raise AdapterError(f"batching {batching!r} is not one of {', '.join(BATCHING)}")
-    return str(batching)
-
-
-def check_batching(max_batch: Any, batching: Any, kv_budget: Any, block_size: Any, cuda_graphs: Any) -> tuple[int, str, float | None, int, bool]:
-    """The batching overrides, checked: (max_batch, batching, kv_budget in GB or None, block_size, cuda_graphs)."""
-    for name, value in (("max_batch", max_batch), ("block_size", block_size)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise AdapterError(f"{name} must be a positive integer, got {value!r}")
-    check_batching_mode(batching)
-    if kv_budget is not None and (isinstance(kv_budget, bool) or not isinstance(kv_budget, (int, float)) or not 0 < kv_budget < float("inf")):
-        raise AdapterError(f"kv_budget must be a positive number of GB, got {kv_budget!r}")
-    return max_batch, batching, None if kv_budget is None else float(kv_budget), block_size, check_flag("cuda_graphs", cuda_graphs)
-
-
-def check_flag(name: str, value: Any) -> bool:
-    """A true-or-false override, checked."""
-    if not isinstance(value, bool):
-        raise AdapterError(f"{name} must be true or false, got {value!r}")
-    return value
-
-
-def _batching_overrides(overrides: dict[str, Any]) -> tuple[int, str, float | None, int, bool]:
-    return check_batching(overrides.get("max_batch", DEFAULT_MAX_BATCH), overrides.get("batching", "continuous"),
-                          overrides.get("kv_budget"), overrides.get("block_size", DEFAULT_BLOCK_SIZE), overrides.get("cuda_graphs", True))
-
-
-def _check_overrides(overrides: dict[str, Any]) -> None:
-    unknown = set(overrides) - set(OVERRIDES)
-    if unknown:
-        raise AdapterError(f"unknown override(s) {', '.join(sorted(unknown))} (allowed: {', '.join(OVERRIDES)})")
-
-
-def conditioning(overrides: dict[str, Any]) -> dict[str, Any]:
-    """The loop conditioning fields among load overrides (a loaded model gains them zero-initialised)."""
-    return {k: overrides[k] for k in CONDITIONING_FIELDS if overrides.get(k) is not None}
-
-
-def kv_fields(overrides: dict[str, Any]) -> dict[str, Any]:
-    """The KV policy and dtype among load overrides: config fields, which `LoopConfig` checks against the family."""
-    return {k: overrides[k] for k in KV_FIELDS if overrides.get(k) is not None}
-
-
-def kv_facts(cfg: LoopConfig) -> dict[str, str]:
-    """The KV policy (the native one named when none was chosen) and dtype a run stores and sweeps by."""
-    return {"kv_policy": family_of(cfg).kv.policy, "kv_dtype": cfg.kv_dtype}
-
-
-def config_facts(cfg: LoopConfig, overrides: dict[str, Any]) -> dict[str, Any]:
-    """What `describe()` will say about loops, KV and memory, from the config alone: a sweep plans its
-    runs and checks they fit with it before any weights are loaded (`adapters.inspect`), and
-    `loopeval estimate` reads the config from it."""
-    _check_overrides(overrides)
-    cfg = cfg.replace(**conditioning(overrides), **kv_fields(overrides))
-    if overrides.get("chunk_size") is not None:  # as _build applies it
-        cfg = cfg.replace(chunk_size=int(overrides["chunk_size"]))
-    loops = cfg.loops if overrides.get("loops") is None else cfg.check_loops(overrides["loops"])
-    device = resolve_device(overrides.get("device"))
-    dtype = dtype_short(resolve_dtype(overrides.get("dtype"), device))
-    check_exit_support(cfg, exit_policy(cfg, overrides))  # a bad exit override fails the plan, before a run is stored
-    check_flag("triton_kernels", overrides.get("triton_kernels", True))
-    analytic = analytic_terms(cfg, loops, dtype)
-    return {"family": cfg.family, "params": count_params(cfg), "kv_strategy": cfg.kv_strategy, **kv_facts(cfg),
-            "kv_bytes_per_token": analytic["kv_bytes_per_token"], "loops": loops, "trained_loops": cfg.loops,
-            "max_context": cfg.max_position, "device": device, "dtype": dtype,
-            "max_batch": _batching_overrides(overrides)[0], "kv_budget": _batching_overrides(overrides)[2],
-            "analytic": analytic,
-            "config": cfg.to_dict()}
-
-
 def _build(spec: str, model_fn: Any, tokenizer_fn: Any, overrides: dict[str, Any]) -> EngineAdapter:
-    _check_overrides(overrides)
+    check_overrides(overrides)
     device = resolve_device(overrides.get("device"))
     dtype = resolve_dtype(overrides.get("dtype"), device)
     model: LoopedLM = model_fn(dtype, device)
@@ -334,53 +330,23 @@ def _build(spec: str, model_fn: Any, tokenizer_fn: Any, overrides: dict[str, Any
         model.config = model.config.replace(chunk_size=int(overrides["chunk_size"]))
     model.config = model.config.replace(**kv_fields(overrides))
     if conditioning(overrides):
-        model = model.with_conditioning(**conditioning(overrides))
-    max_batch, batching, kv_budget, block_size, cuda_graphs = _batching_overrides(overrides)
+        model = with_conditioning(model, **conditioning(overrides))
+    max_batch, batching, kv_budget, block_size, cuda_graphs = batching_overrides(overrides)
     tokenizer = tokenizer_fn()
     model.config = token_ids(model.config, tokenizer)
-    return EngineAdapter(spec, model, tokenizer, loops=overrides.get("loops"), max_batch=max_batch,
-                         exit_policy=exit_policy(model.config, overrides), batching=batching, kv_budget=kv_budget, block_size=block_size,
-                         cuda_graphs=cuda_graphs, triton_kernels=overrides.get("triton_kernels", True))
-
-
-def exit_policy(cfg: LoopConfig, overrides: dict[str, Any]) -> ExitPolicy:
-    """The overrides' exit policy, else the checkpoint's. A threshold (`exit_threshold`, else Ouro's
-    `early_exit_threshold`) below 1, or an `exit_criterion`, selects `threshold`, as the official Ouro modelling
-    code applies its config's threshold at every forward; 1 (what the Ouro releases ship) with no criterion reads
-    the last loop, as `none` does. A policy the overrides set skips the loops after a token's exit (`exit_fill`
-    "copy") unless `exit_fill` is "read"; the checkpoint's own threshold is read as the official code reads it,
-    every loop run (`adapters.engine.exits`)."""
-    criterion, given = overrides.get("exit_criterion"), overrides.get("exit_threshold")
-    ExitPolicy(criterion=criterion or "gate")  # an unknown criterion is named before its threshold is checked
-    if given is not None:
-        check_threshold(given, criterion or "gate")
-    elif criterion not in (None, "gate"):
-        raise AdapterError(f"exit_criterion {criterion!r} needs an exit_threshold (a finite number >= 0)")
-    threshold = cfg.exit_threshold if given is None else given
-    threshold = 1.0 if threshold is None else threshold
-    kind = overrides.get("exit_policy") or ("threshold" if threshold < 1 or criterion is not None else "none")
-    chosen = any(overrides.get(k) is not None for k in ("exit_policy", "exit_threshold", "exit_criterion"))
-    fill = overrides.get("exit_fill") or (SKIPPING_FILL if chosen and kind != "none" else "read")
-    return ExitPolicy(kind=kind, loop=overrides.get("exit_loop"), threshold=threshold, criterion=criterion or "gate", fill=fill)
-
-
-def check_exit_support(cfg: LoopConfig, policy: ExitPolicy) -> ExitPolicy:
-    """The policy, if the model can run it: the gate criterion needs an exit gate, exits need looped layers, and
-    `read` (an exit loop's state read as the output) needs a model whose output is not the coda's."""
-    family = family_of(cfg)
-    if policy.kind == "threshold" and policy.criterion == "gate" and not family.has_exit_gate:
-        raise AdapterError("exit_policy 'threshold' with the gate criterion needs a model with an exit gate (Ouro); try exit_criterion kl or entropy")
-    if policy.skips and policy.fill == "masked" and not family.kv.grows_with_loops:
-        raise AdapterError(f"exit_fill 'masked' needs per-loop K/V: kv_policy {family.kv.policy} keeps one row per layer "
-                           "and token, which every loop reads")
-    if policy.skips and policy.fill == "masked" and family.kv.reads_latest:
-        raise AdapterError(f"exit_fill 'masked' is Huginn's 'skip' lookup; kv_policy {family.kv.policy} reads a skipped loop from the token's "
-                           "latest one (exit_fill copy)")
-    if policy.kind != "none" and cfg.shared_layers == 0:
-        raise AdapterError("exit policies need a looped model (shared layers)")
-    if policy.kind != "none" and not policy.skips and cfg.coda_layers:
-        raise AdapterError("exit_fill 'read' needs a model without coda layers (it reads a loop's state as the output)")
-    return policy
+    return EngineAdapter(
+        spec,
+        model,
+        tokenizer,
+        loops=overrides.get("loops"),
+        max_batch=max_batch,
+        exit_policy=exit_policy(model.config, overrides),
+        batching=batching,
+        kv_budget=kv_budget,
+        block_size=block_size,
+        cuda_graphs=cuda_graphs,
+        triton_kernels=overrides.get("triton_kernels", True),
+    )
 
 
 def inspect_preset(name: str, **overrides: Any) -> dict[str, Any]:
@@ -393,16 +359,24 @@ def _tiny(name: str) -> bool:
     return name.endswith("-tiny")
 
 
-@register("preset", "engine preset with seeded random weights (qwen3-tiny, ouro-tiny, melt-tiny, qwen3-1.7b, ...)", inspect=inspect_preset,
-          names=lambda: PRESETS)
+@register(
+    "preset",
+    "engine preset with seeded random weights (qwen3-tiny, ouro-tiny, melt-tiny, qwen3-1.7b, ...)",
+    inspect=inspect_preset,
+    names=lambda: PRESETS,
+)
 def load_preset(name: str, **overrides: Any) -> EngineAdapter:
     from adapters.engine.io.checkpoint import random_model
     from adapters.engine.io.tokenizer import char_tokenizer
 
     cfg = preset(name)
     seed = int(overrides.pop("seed", 0))
-    return _build(f"preset:{name}", lambda dtype, device: state_seeded(random_model(cfg, seed, dtype, device), seed),
-                  char_tokenizer if _tiny(name) else (lambda: None), overrides)
+    return _build(
+        f"preset:{name}",
+        lambda dtype, device: state_seeded(random_model(cfg, seed, dtype, device), seed),
+        char_tokenizer if _tiny(name) else (lambda: None),
+        overrides,
+    )
 
 
 def state_seeded(model: LoopedLM, seed: int) -> LoopedLM:
@@ -418,9 +392,15 @@ def _checkpoint_factory(family: str) -> Any:
         from adapters.engine.io.checkpoint import load_model
         from adapters.engine.io.tokenizer import load_tokenizer
 
-        seed = int(overrides.pop("seed", 0))  # weights come from the checkpoint; it seeds a recurrent family's initial state
-        return _build(f"{family}:{path}", lambda dtype, device: state_seeded(load_model(path, family, dtype, device), seed),
-                      lambda: load_tokenizer(Path(path)), overrides)
+        seed = int(
+            overrides.pop("seed", 0)
+        )  # weights come from the checkpoint; it seeds a recurrent family's initial state
+        return _build(
+            f"{family}:{path}",
+            lambda dtype, device: state_seeded(load_model(path, family, dtype, device), seed),
+            lambda: load_tokenizer(Path(path)),
+            overrides,
+        )
 
     load.__doc__ = f"Engine adapter for a {family} checkpoint directory (engine format or HF)."
     return load
@@ -440,7 +420,13 @@ for _family, _description in (
     ("qwen3", "Qwen3 checkpoint: HF directory (save_pretrained) or engine checkpoint"),
     ("ouro", "Ouro checkpoint: HF-format directory (no remote code) or engine checkpoint"),
     ("melt", "MELT checkpoint: engine checkpoint or Ouro-format directory plus gate tensors"),
-    ("huginn", "Huginn-0125 (recurrent depth) checkpoint: the official layout (config.json + safetensors) or engine checkpoint"),
-    ("retrofit", "retrofitted recurrence (a Llama cut into prelude, core and coda): the official RavenConfig layout or engine checkpoint"),
+    (
+        "huginn",
+        "Huginn-0125 (recurrent depth) checkpoint: the official layout (config.json + safetensors) or engine checkpoint",
+    ),
+    (
+        "retrofit",
+        "retrofitted recurrence (a Llama cut into prelude, core and coda): the official RavenConfig layout or engine checkpoint",
+    ),
 ):
     register(_family, _description, inspect=_checkpoint_inspector(_family))(_checkpoint_factory(_family))

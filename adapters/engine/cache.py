@@ -67,7 +67,9 @@ class KVCache:
 
     in_place = False
 
-    def __init__(self, config: LoopConfig, batch: int, length: int, loops: int, dtype: torch.dtype, device: torch.device | str) -> None:
+    def __init__(
+        self, config: LoopConfig, batch: int, length: int, loops: int, dtype: torch.dtype, device: torch.device | str
+    ) -> None:
         self.layout, self.format, self.dtype = family_of(config).kv, KV_FORMATS[config.kv_dtype], dtype
         layout, fmt = self.layout, self.format
         self.loops = config.check_loops(loops)
@@ -81,11 +83,15 @@ class KVCache:
         self.prelude, self.latent = config.prelude_layers, None
         if layout.has_latent(config):
             chunk = min(config.chunk_size, length)
-            self.latent = torch.zeros((config.shared_layers, batch, chunk, config.hidden_size), dtype=dtype, device=device)
+            self.latent = torch.zeros(
+                (config.shared_layers, batch, chunk, config.hidden_size), dtype=dtype, device=device
+            )
         self.length = 0  # slots written (the generate loop advances it)
         self._slot_bytes = 2 * entries * batch * config.num_kv_heads * self.k.shape[-1] * self.k.element_size()
         self._latent_bytes = 0 if self.latent is None else self.latent.numel() * self.latent.element_size()
-        self._latent_bytes += history_bytes(config, batch * (self.latent.shape[2] if self.latent is not None else 1), dtype.itemsize)
+        self._latent_bytes += history_bytes(
+            config, batch * (self.latent.shape[2] if self.latent is not None else 1), dtype.itemsize
+        )
 
     def kv_source(self, layer: int, loop: int, x: Tensor, gate: Gate) -> Tensor | None:
         """The latent h of `layer`'s tokens in flight, updated in place: x at loop 0, then the gate."""
@@ -110,13 +116,17 @@ class KVCache:
         k_all, v_all = (rows[:, :, :end] for rows in self.rows[layer][loop])
         k_all[:, :, slot:], v_all[:, :, slot:] = fmt.pack_pair(k, v)
         read = fmt.unpack_copy(k_all, dtype), fmt.unpack_copy(v_all, dtype)
-        k_all[:, :, slot:], v_all[:, :, slot:] = fmt.pack_pair(self.layout.fold(old_k, k, loop), self.layout.fold(old_v, v, loop))
+        k_all[:, :, slot:], v_all[:, :, slot:] = fmt.pack_pair(
+            self.layout.fold(old_k, k, loop), self.layout.fold(old_v, v, loop)
+        )
         return read
 
     def stored(self, layer: int, loop: int, slot: int, end: int) -> tuple[Tensor, Tensor]:
         """What (layer, loop)'s entry holds at slots slot..end-1, dequantized into memory of its own."""
         k_all, v_all = self.rows[layer][loop]
-        return self.format.unpack_copy(k_all[:, :, slot:end], self.dtype), self.format.unpack_copy(v_all[:, :, slot:end], self.dtype)
+        return self.format.unpack_copy(k_all[:, :, slot:end], self.dtype), self.format.unpack_copy(
+            v_all[:, :, slot:end], self.dtype
+        )
 
     @property
     def kv_bytes_allocated(self) -> int:
@@ -159,7 +169,9 @@ class ChunkCache:
         self.layout = layout = layout or family_of(config).kv
         self.format = KV_FORMATS[config.kv_dtype]
         self.entries = layout.table(config, loops)
-        self.rows: defaultdict[int, dict[int, tuple[Tensor, Tensor]]] = defaultdict(dict)  # entry -> chunk's slot -> rows
+        self.rows: defaultdict[int, dict[int, tuple[Tensor, Tensor]]] = defaultdict(
+            dict
+        )  # entry -> chunk's slot -> rows
         self.gated = layout.has_latent(config)
         self.latent: dict[int, Tensor] = {}  # layer -> h of the current chunk
 
@@ -173,7 +185,10 @@ class ChunkCache:
         rows, fmt = self.rows[self.entries[layer][loop]], self.format
         own = fmt.round_trip(k), fmt.round_trip(v)  # what the chunk's tokens attend to at this loop
         if loop and self.layout.folds:  # ... and what their entries keep for later chunks: the fold
-            rows[slot] = fmt.round_trip(self.layout.fold(rows[slot][0], k, loop)), fmt.round_trip(self.layout.fold(rows[slot][1], v, loop))
+            rows[slot] = (
+                fmt.round_trip(self.layout.fold(rows[slot][0], k, loop)),
+                fmt.round_trip(self.layout.fold(rows[slot][1], v, loop)),
+            )
         else:
             rows[slot] = own
         if len(rows) == 1:

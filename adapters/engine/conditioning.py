@@ -52,7 +52,9 @@ class LoopConditioning(nn.Module):
         self.injection = None if cfg.injection == "none" else Mix(cfg.injection, 1, d)
         self.history = None if cfg.history == "none" else Mix(cfg.history, cfg.history_window, d)
         self.gate = nn.Parameter(torch.zeros(cfg.loops, LOOP_GATE_DIM)) if cfg.loop_gate else None
-        self.branch = nn.Parameter(torch.zeros(cfg.loops, cfg.shared_layers, 2, LOOP_GATE_DIM)) if cfg.branch_gate else None
+        self.branch = (
+            nn.Parameter(torch.zeros(cfg.loops, cfg.shared_layers, 2, LOOP_GATE_DIM)) if cfg.branch_gate else None
+        )
 
     def loop_input(self, h: Tensor, e: Tensor, diffs: Sequence[Tensor]) -> Tensor:
         """x_l from h_{l-1}, e and the newest-first differences h_{l-1} - h_{l-2}, ... (at most w)."""
@@ -75,4 +77,6 @@ class LoopConditioning(nn.Module):
         (exactly 1 at g = 0), or None without branch gating."""
         if self.branch is None:
             return None
-        return 1 + torch.tanh(self.branch[min(loop, self.branch.shape[0] - 1), layer]).repeat_interleave(d // LOOP_GATE_DIM, dim=-1)
+        return 1 + torch.tanh(self.branch[min(loop, self.branch.shape[0] - 1), layer]).repeat_interleave(
+            d // LOOP_GATE_DIM, dim=-1
+        )

@@ -24,16 +24,31 @@ KV_STRATEGIES = ("standard", "per_loop", "gated")
 NORM_LAYOUTS = ("pre", "sandwich")
 GATE_VARIANTS = ("elementwise", "scalar", "last", "mean", "ema")
 FAMILIES = ("qwen3", "ouro", "melt", "huginn", "retrofit", "custom")
-ROPE_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")  # Llama 3's, the one kind read
+ROPE_SCALING_KEYS = (
+    "factor",
+    "low_freq_factor",
+    "high_freq_factor",
+    "original_max_position_embeddings",
+)  # Llama 3's, the one kind read
 MIX_KINDS = ("none", "scalar", "channel", "dense")  # shape of an injection matrix: 1, d or d x d parameters
-CONDITIONING_FIELDS = ("injection", "history", "history_window", "loop_gate", "branch_gate")  # also load overrides of engine specs
+CONDITIONING_FIELDS = (
+    "injection",
+    "history",
+    "history_window",
+    "loop_gate",
+    "branch_gate",
+)  # also load overrides of engine specs
 KV_DTYPES = ("auto", "int8", "fp8")  # how K/V are stored (`adapters.engine.kvformat`); auto: the model's dtype
 SHARED_POLICIES = ("shared-last", "shared-mean", "shared-ema")  # one entry per layer and token on a per-loop model
 DEFAULT_EMA_ALPHA = 0.5  # shared-ema's weight on the newest loop: MELT's `ema` gate at its default decay
 # the KV policies a model's own KV strategy admits (`LoopConfig.kv_policy`; each a layout of `adapters.engine.families`)
 KV_POLICIES = {"standard": ("standard",), "gated": ("gated",), "per_loop": ("per-loop", *SHARED_POLICIES, "latest-m4")}
-POLICY_SCOPE = {"standard": "plain stacks (qwen3)", "gated": "gated (MELT) models", "latest-m4": "the recurrent-depth families (huginn, retrofit)",
-                **{p: "looped per-loop families (ouro, huginn, retrofit)" for p in ("per-loop", *SHARED_POLICIES)}}
+POLICY_SCOPE = {
+    "standard": "plain stacks (qwen3)",
+    "gated": "gated (MELT) models",
+    "latest-m4": "the recurrent-depth families (huginn, retrofit)",
+    **{p: "looped per-loop families (ouro, huginn, retrofit)" for p in ("per-loop", *SHARED_POLICIES)},
+}
 LOOP_GATE_DIM = 8  # Loop Gating: one learned vector of this size per loop position, one entry per channel group
 MAX_LOOPS = 1024  # loop counts beyond any real run (the paper uses r <= 8): a typo, and hours of compute
 ENGINE_FORMAT = "loopeval-engine"  # config.json of engine checkpoints: {"format": ENGINE_FORMAT, "config": {...}}
@@ -55,7 +70,9 @@ class LoopConfig:
     coda_layers: int = 0  # c
     loops: int = 1  # T, the trained loop count (inference may override it with r)
     rope_theta: float = 1_000_000.0
-    rope_scaling: dict[str, float] | None = None  # Llama 3's frequency scaling (ROPE_SCALING_KEYS), as Llama-3.2 and its retrofits use
+    rope_scaling: dict[str, float] | None = (
+        None  # Llama 3's frequency scaling (ROPE_SCALING_KEYS), as Llama-3.2 and its retrofits use
+    )
     norm_eps: float = 1e-6
     tie_embeddings: bool = False
     norm_layout: str = "pre"  # "pre" (Qwen3) or "sandwich" (Ouro: final norm after every loop; Huginn: see `huginn`)
@@ -70,10 +87,16 @@ class LoopConfig:
     injection: str = "none"  # initial-state injection: loop input += A e, e the state entering loop 1 (MIX_KINDS)
     history: str = "none"  # history-state injection: loop l input += sum_j B_j (h_{l-j} - h_{l-j-1}) (MIX_KINDS)
     history_window: int = 1  # w, the lags the history injection reads
-    loop_gate: bool = False  # Loop Gating: loop t's net update scaled by 1 + tanh(g_t), g_t of LOOP_GATE_DIM per loop position
+    loop_gate: bool = (
+        False  # Loop Gating: loop t's net update scaled by 1 + tanh(g_t), g_t of LOOP_GATE_DIM per loop position
+    )
     branch_gate: bool = False  # branch gating: each shared layer's attention and MLP outputs at loop t scaled the same way, each its own g
-    state_std: float | None = None  # std of the recurrent families' random initial state (`families.huginn.Recurrence`); None: sqrt(2 / (5 d))
-    exit_threshold: float | None = None  # Ouro's early_exit_threshold: the default exit policy (adapters.engine.adapter)
+    state_std: float | None = (
+        None  # std of the recurrent families' random initial state (`families.huginn.Recurrence`); None: sqrt(2 / (5 d))
+    )
+    exit_threshold: float | None = (
+        None  # Ouro's early_exit_threshold: the default exit policy (adapters.engine.adapter)
+    )
     max_position: int = 40960  # longest context (prompt + generated) the model accepts
     bos_token_id: int | None = None
     eos_token_id: int | None = None
@@ -125,32 +148,10 @@ class LoopConfig:
 
     def validate(self) -> None:
         """Every field checked, the first bad one raised as an `AdapterError` that names it."""
-        for name in ("vocab_size", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "ffn_size", "chunk_size", "max_position", "history_window"):
-            _at_least(self, 1, name)
-        for name in ("prelude_layers", "shared_layers", "coda_layers"):
-            _at_least(self, 0, name)
-        for name in ("tie_embeddings", "qk_norm", "exit_gate", "loop_gate", "branch_gate"):
-            if not isinstance(getattr(self, name), bool):
-                raise AdapterError(f"config field {name} must be true or false, got {getattr(self, name)!r}")
-        if not isinstance(self.loops, int) or isinstance(self.loops, bool) or not 1 <= self.loops <= MAX_LOOPS:
-            raise AdapterError(f"config field loops must be an integer from 1 (no looping) to {MAX_LOOPS}, got {self.loops!r}")
-        if self.max_position > MAX_CONTEXT:
-            raise AdapterError(f"config field max_position (the context) must be at most {MAX_CONTEXT} tokens, got {self.max_position}")
-        for name in ("rope_theta", "norm_eps"):
-            _positive_number(self, name)
-        for name, allowed in (("family", FAMILIES), ("kv_strategy", KV_STRATEGIES), ("norm_layout", NORM_LAYOUTS),
-                              ("gate_variant", GATE_VARIANTS), ("injection", MIX_KINDS), ("history", MIX_KINDS)):
-            _one_of(self, name, allowed)
+        _check_types(self)
         _check_conditioning(self)
         _check_shape(self)
-        if self.gated and self.shared_layers == 0:
-            raise AdapterError("config kv_strategy 'gated' needs shared_layers >= 1 (the gate lives in the shared layers)")
-        if self.kv_strategy == "standard" and self.shared_layers > 0 and self.loops > 1:
-            raise AdapterError(
-                f"config kv_strategy 'standard' cannot loop shared layers (loops={self.loops}); use 'per_loop' or 'gated', or loops=1"
-            )
-        if self.exit_gate and self.shared_layers == 0:
-            raise AdapterError("config exit_gate needs shared_layers >= 1 (it reads each loop's state)")
+        _check_layout(self)
         _check_values(self)
 
     @property
@@ -175,16 +176,72 @@ class LoopConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - names
         if unknown:
-            raise AdapterError(f"unknown config field(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(names))})")
+            raise AdapterError(
+                f"unknown config field(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(names))})"
+            )
         return cls(**data)
 
 
 # ------------------------------------------------------------------ the checks `validate` runs
+def _check_types(cfg: LoopConfig) -> None:
+    """Each field's type and range on its own: counts, flags, the loop count, the context, the named choices."""
+    for name in (
+        "vocab_size",
+        "hidden_size",
+        "num_heads",
+        "num_kv_heads",
+        "head_dim",
+        "ffn_size",
+        "chunk_size",
+        "max_position",
+        "history_window",
+    ):
+        _at_least(cfg, 1, name)
+    for name in ("prelude_layers", "shared_layers", "coda_layers"):
+        _at_least(cfg, 0, name)
+    for name in ("tie_embeddings", "qk_norm", "exit_gate", "loop_gate", "branch_gate"):
+        if not isinstance(getattr(cfg, name), bool):
+            raise AdapterError(f"config field {name} must be true or false, got {getattr(cfg, name)!r}")
+    if not isinstance(cfg.loops, int) or isinstance(cfg.loops, bool) or not 1 <= cfg.loops <= MAX_LOOPS:
+        raise AdapterError(
+            f"config field loops must be an integer from 1 (no looping) to {MAX_LOOPS}, got {cfg.loops!r}"
+        )
+    if cfg.max_position > MAX_CONTEXT:
+        raise AdapterError(
+            f"config field max_position (the context) must be at most {MAX_CONTEXT} tokens, got {cfg.max_position}"
+        )
+    for name in ("rope_theta", "norm_eps"):
+        _positive_number(cfg, name)
+    for name, allowed in (
+        ("family", FAMILIES),
+        ("kv_strategy", KV_STRATEGIES),
+        ("norm_layout", NORM_LAYOUTS),
+        ("gate_variant", GATE_VARIANTS),
+        ("injection", MIX_KINDS),
+        ("history", MIX_KINDS),
+    ):
+        _one_of(cfg, name, allowed)
+
+
+def _check_layout(cfg: LoopConfig) -> None:
+    """The KV strategy and the exit gate against the layers that carry them."""
+    if cfg.gated and cfg.shared_layers == 0:
+        raise AdapterError("config kv_strategy 'gated' needs shared_layers >= 1 (the gate lives in the shared layers)")
+    if cfg.kv_strategy == "standard" and cfg.shared_layers > 0 and cfg.loops > 1:
+        raise AdapterError(
+            f"config kv_strategy 'standard' cannot loop shared layers (loops={cfg.loops}); use 'per_loop' or 'gated', or loops=1"
+        )
+    if cfg.exit_gate and cfg.shared_layers == 0:
+        raise AdapterError("config exit_gate needs shared_layers >= 1 (it reads each loop's state)")
+
+
 def _at_least(cfg: LoopConfig, low: int, name: str) -> None:
     """Field `name` is an integer of at least `low` (0 or 1)."""
     value = getattr(cfg, name)
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise AdapterError(f"config field {name} must be {'a positive integer' if low else 'an integer >= 0'}, got {value!r}")
+        raise AdapterError(
+            f"config field {name} must be {'a positive integer' if low else 'an integer >= 0'}, got {value!r}"
+        )
 
 
 def _positive_number(cfg: LoopConfig, name: str) -> None:
@@ -216,7 +273,9 @@ def _check_values(cfg: LoopConfig) -> None:
     if not isinstance(cfg.extra, dict):
         raise AdapterError(f"config field extra must be a table of notes, got {cfg.extra!r}")
     threshold = cfg.exit_threshold
-    if threshold is not None and not (cfg.exit_gate and type(threshold) in (int, float) and 0 < threshold <= 1):  # NaN fails too
+    if threshold is not None and not (
+        cfg.exit_gate and type(threshold) in (int, float) and 0 < threshold <= 1
+    ):  # NaN fails too
         raise AdapterError(
             f"config field exit_threshold (Ouro's early_exit_threshold) must be in (0, 1] on a model with an exit gate, got {cfg.exit_threshold!r}"
         )
@@ -227,13 +286,23 @@ def _check_values(cfg: LoopConfig) -> None:
         if value is not None and (type(value) is not int or not 0 <= value < cfg.vocab_size):
             raise AdapterError(f"config field {name}={value} must be in [0, vocab_size={cfg.vocab_size})")
     if cfg.huginn and (cfg.norm_layout != "sandwich" or cfg.num_kv_heads != cfg.num_heads):
-        raise AdapterError("config family 'huginn' needs norm_layout 'sandwich' (its SandwichBlock) and num_kv_heads == num_heads")
+        raise AdapterError(
+            "config family 'huginn' needs norm_layout 'sandwich' (its SandwichBlock) and num_kv_heads == num_heads"
+        )
     if cfg.family == "retrofit" and (cfg.norm_layout != "pre" or cfg.qk_norm):
-        raise AdapterError("config family 'retrofit' needs norm_layout 'pre' and no qk_norm (the Llama blocks it was cut from)")
+        raise AdapterError(
+            "config family 'retrofit' needs norm_layout 'pre' and no qk_norm (the Llama blocks it was cut from)"
+        )
     if cfg.recurrent and (cfg.kv_strategy != "per_loop" or cfg.shared_layers == 0 or cfg.exit_gate or cfg.conditioned):
-        raise AdapterError(f"config family {cfg.family!r} needs kv_strategy 'per_loop', shared_layers >= 1, and no exit gate or loop conditioning")
-    if cfg.state_std is not None and (not cfg.recurrent or type(cfg.state_std) not in (int, float) or not 0 < cfg.state_std < math.inf):
-        raise AdapterError(f"config field state_std must be a finite number > 0 on a huginn or retrofit model, got {cfg.state_std!r}")
+        raise AdapterError(
+            f"config family {cfg.family!r} needs kv_strategy 'per_loop', shared_layers >= 1, and no exit gate or loop conditioning"
+        )
+    if cfg.state_std is not None and (
+        not cfg.recurrent or type(cfg.state_std) not in (int, float) or not 0 < cfg.state_std < math.inf
+    ):
+        raise AdapterError(
+            f"config field state_std must be a finite number > 0 on a huginn or retrofit model, got {cfg.state_std!r}"
+        )
     _check_rope_scaling(cfg.rope_scaling)
     _check_kv(cfg)
 
@@ -257,7 +326,9 @@ def _check_kv(cfg: LoopConfig) -> None:
     """The KV dtype, and a KV policy the model's own strategy admits (a looped model's sharing, MELT's gate, ...)."""
     _one_of(cfg, "kv_dtype", KV_DTYPES)
     if cfg.kv_dtype != "auto" and cfg.head_dim % 4:
-        raise AdapterError(f"kv_dtype {cfg.kv_dtype} needs head_dim divisible by 4 (a row keeps its float32 scale), got {cfg.head_dim}")
+        raise AdapterError(
+            f"kv_dtype {cfg.kv_dtype} needs head_dim divisible by 4 (a row keeps its float32 scale), got {cfg.head_dim}"
+        )
     if cfg.kv_policy is None:
         return
     known = [p for policies in KV_POLICIES.values() for p in policies]
@@ -266,24 +337,35 @@ def _check_kv(cfg: LoopConfig) -> None:
         raise AdapterError(f"kv_policy {cfg.kv_policy!r} is not one of {', '.join(known)} (shared-ema:ALPHA too)")
     allowed = [p for p in KV_POLICIES[cfg.kv_strategy] if p != "latest-m4" or cfg.recurrent]
     if name not in allowed:
-        raise AdapterError(f"kv_policy {name} applies to {POLICY_SCOPE[name]}; this model ({cfg.family}, {cfg.kv_strategy} KV) "
-                           f"takes {', '.join(allowed)}")
+        raise AdapterError(
+            f"kv_policy {name} applies to {POLICY_SCOPE[name]}; this model ({cfg.family}, {cfg.kv_strategy} KV) "
+            f"takes {', '.join(allowed)}"
+        )
 
 
 def _check_rope_scaling(scaling: Any) -> None:
     """None, or Llama 3's scaling: exactly ROPE_SCALING_KEYS, each a finite number > 0, the high factor above the low one."""
     if scaling is None:
         return
-    if not isinstance(scaling, dict) or set(scaling) != set(ROPE_SCALING_KEYS) or not all(
-            type(v) in (int, float) and 0 < v < math.inf for v in scaling.values()):
-        raise AdapterError(f"config field rope_scaling must be None or Llama 3's {{{', '.join(ROPE_SCALING_KEYS)}}}, each > 0, got {scaling!r}")
+    if (
+        not isinstance(scaling, dict)
+        or set(scaling) != set(ROPE_SCALING_KEYS)
+        or not all(type(v) in (int, float) and 0 < v < math.inf for v in scaling.values())
+    ):
+        raise AdapterError(
+            f"config field rope_scaling must be None or Llama 3's {{{', '.join(ROPE_SCALING_KEYS)}}}, each > 0, got {scaling!r}"
+        )
     if scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
         raise AdapterError(f"config field rope_scaling: high_freq_factor must exceed low_freq_factor, got {scaling!r}")
 
 
 def _check_conditioning(cfg: LoopConfig) -> None:
     if cfg.conditioned and cfg.shared_layers == 0:
-        raise AdapterError("config fields injection, history, loop_gate and branch_gate need shared_layers >= 1 (they condition the loops)")
+        raise AdapterError(
+            "config fields injection, history, loop_gate and branch_gate need shared_layers >= 1 (they condition the loops)"
+        )
     for name in ("loop_gate", "branch_gate"):
         if getattr(cfg, name) and cfg.hidden_size % LOOP_GATE_DIM:
-            raise AdapterError(f"config {name} needs hidden_size divisible by {LOOP_GATE_DIM} (one gate entry per channel group), got {cfg.hidden_size}")
+            raise AdapterError(
+                f"config {name} needs hidden_size divisible by {LOOP_GATE_DIM} (one gate entry per channel group), got {cfg.hidden_size}"
+            )

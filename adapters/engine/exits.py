@@ -106,7 +106,9 @@ def check_threshold(threshold: Any, criterion: str) -> None:
     if criterion == "gate" and not (number and 0 <= threshold <= 1):
         raise AdapterError(f"exit_threshold must be a number in [0, 1] for the gate criterion, got {threshold!r}")
     if criterion != "gate" and not (number and threshold >= 0):
-        raise AdapterError(f"exit_threshold must be a finite number >= 0 for the {criterion} criterion, got {threshold!r}")
+        raise AdapterError(
+            f"exit_threshold must be a finite number >= 0 for the {criterion} criterion, got {threshold!r}"
+        )
 
 
 class ExitCheck:
@@ -160,8 +162,12 @@ class ExitCheck:
                 setattr(self, name, value[rows])
 
 
-def pick_loop(states: list[Tensor], policy: ExitPolicy, gate: Callable[[Tensor], Tensor] | None,
-              logits: Callable[[Tensor], Tensor]) -> tuple[Tensor, Tensor | None]:
+def pick_loop(
+    states: list[Tensor],
+    policy: ExitPolicy,
+    gate: Callable[[Tensor], Tensor] | None,
+    logits: Callable[[Tensor], Tensor],
+) -> tuple[Tensor, Tensor | None]:
     """Read policy over a step that ran every loop: the final states [B, d] of the loop each row exits at,
     and that loop (1-based; None when the policy is `none`). `states` are the loops' normed states."""
     if policy.kind == "none" or len(states) == 1:
@@ -176,8 +182,16 @@ def pick_loop(states: list[Tensor], policy: ExitPolicy, gate: Callable[[Tensor],
 
 
 # ------------------------------------------------------------------------- the decode step's rows
-def exit_rows(policy: ExitPolicy, loops: int, gate: Callable[[Tensor], Tensor] | None, span: Span, cache: Any, h: Tensor,
-              active_set: bool, ran: Tensor | None) -> ExitRows:
+def exit_rows(
+    policy: ExitPolicy,
+    loops: int,
+    gate: Callable[[Tensor], Tensor] | None,
+    span: Span,
+    cache: Any,
+    h: Tensor,
+    active_set: bool,
+    ran: Tensor | None,
+) -> ExitRows:
     """The rows of a decode step of states h [B, 1, d]: an active set on a cache step that can `narrow`, or the
     masked full step on any cache. `ran` [B, L] (fill `masked`): the loops each key the step attends to ran."""
     check = ExitCheck(policy, loops, gate)
@@ -187,7 +201,7 @@ def exit_rows(policy: ExitPolicy, loops: int, gate: Callable[[Tensor], Tensor] |
 class ExitRows:
     """The rows of one decode step under a skipping policy: the criterion, each row's state at exit and loops run.
 
-    `Backbone.run_exits` runs the loops and hands each loop's output to `after_loop`; `span` and `cache`
+    `model.run_exits` runs the loops and hands each loop's output to `after_loop`; `span` and `cache`
     are what the next loop runs on. Subclasses say what becomes of a row that exits.
     """
 
@@ -208,8 +222,15 @@ class ExitRows:
     def fires(self, t: int, h: Tensor, normed: Tensor, head: Callable[[Tensor, Span, Any], Tensor]) -> Tensor:
         return self.check.fires(t, normed[:, -1], lambda: head(h, self.span, self.cache)[:, -1])
 
-    def after_loop(self, t: int, h: Tensor, y: Tensor, normed: Tensor, carried: list[Tensor],
-                   head: Callable[[Tensor, Span, Any], Tensor]) -> tuple[Tensor, list[Tensor]]:
+    def after_loop(
+        self,
+        t: int,
+        h: Tensor,
+        y: Tensor,
+        normed: Tensor,
+        carried: list[Tensor],
+        head: Callable[[Tensor, Span, Any], Tensor],
+    ) -> tuple[Tensor, list[Tensor]]:
         """Loop t's output y -> (the state the next loop reads, `carried` for the rows going on)."""
         raise NotImplementedError
 
@@ -223,8 +244,15 @@ class ActiveRows(ExitRows):
         self.index = torch.arange(h.shape[0], device=h.device)  # the looping rows, as rows of the step
         self.loops = check.loops
 
-    def after_loop(self, t: int, h: Tensor, y: Tensor, normed: Tensor, carried: list[Tensor],
-                   head: Callable[[Tensor, Span, Any], Tensor]) -> tuple[Tensor, list[Tensor]]:
+    def after_loop(
+        self,
+        t: int,
+        h: Tensor,
+        y: Tensor,
+        normed: Tensor,
+        carried: list[Tensor],
+        head: Callable[[Tensor, Span, Any], Tensor],
+    ) -> tuple[Tensor, list[Tensor]]:
         """Loop t's output y for the looping rows -> (the state the next loop reads, `carried` for the rows going on)."""
         fired = self.fires(t, y, normed, head)
         if not bool(fired.any()):
@@ -253,8 +281,15 @@ class MaskedRows(ExitRows):
         self.active = torch.ones(h.shape[0], dtype=torch.bool, device=h.device)
         super().__init__(check, span, FrozenCache(cache, self.active), h, ran)
 
-    def after_loop(self, t: int, h: Tensor, y: Tensor, normed: Tensor, carried: list[Tensor],
-                   head: Callable[[Tensor, Span, Any], Tensor]) -> tuple[Tensor, list[Tensor]]:
+    def after_loop(
+        self,
+        t: int,
+        h: Tensor,
+        y: Tensor,
+        normed: Tensor,
+        carried: list[Tensor],
+        head: Callable[[Tensor, Span, Any], Tensor],
+    ) -> tuple[Tensor, list[Tensor]]:
         fired = self.fires(t, y, normed, head) & self.active
         self.final = torch.where(fired[:, None, None], y, self.final)
         self.loops_run = torch.where(fired, t + 1, self.loops_run)
@@ -279,9 +314,13 @@ class FrozenCache:
         self.last: dict[int, tuple[Tensor, Tensor]] = {}
         self.folds = cache.layout.folds
 
-    def kv_source(self, layer: int, loop: int, x: Tensor, gate: Callable[[Tensor, Tensor, int], Tensor]) -> Tensor | None:
+    def kv_source(
+        self, layer: int, loop: int, x: Tensor, gate: Callable[[Tensor, Tensor, int], Tensor]
+    ) -> Tensor | None:
         active = self.active[:, None, None]
-        source: Tensor | None = self.cache.kv_source(layer, loop, x, lambda x, h, t: torch.where(active, gate(x, h, t), h))
+        source: Tensor | None = self.cache.kv_source(
+            layer, loop, x, lambda x, h, t: torch.where(active, gate(x, h, t), h)
+        )
         return source
 
     def update(self, layer: int, loop: int, k: Tensor, v: Tensor, slot: int) -> tuple[Tensor, Tensor]:

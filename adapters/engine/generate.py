@@ -101,19 +101,46 @@ class Decoder:
     that draws its initial state draws each prompt token's and each generated token's from (`LoopedLM.step`).
     """
 
-    def __init__(self, model: LoopedLM, prompts: Prompts, cache: KVCache, loops: int, policy: ExitPolicy, streams: Tensor | None = None) -> None:
-        self.model, self.prompts, self.cache, self.loops, self.policy, self.streams = model, prompts, cache, loops, policy, streams
+    def __init__(
+        self,
+        model: LoopedLM,
+        prompts: Prompts,
+        cache: KVCache,
+        loops: int,
+        policy: ExitPolicy,
+        streams: Tensor | None = None,
+    ) -> None:
+        self.model, self.prompts, self.cache, self.loops, self.policy, self.streams = (
+            model,
+            prompts,
+            cache,
+            loops,
+            policy,
+            streams,
+        )
         self.keep_loops = policy.reads_loops(bool(model.coda))
         self.positions = prompts.positions[:, -1:] + 1  # [B, 1] of the next token
         # under the fill `masked`: the loops each slot's token ran (prompt tokens and the token in flight: all)
-        self.ran = torch.full(cache.k.shape[1:4:2], loops, device=cache.k.device) if policy.skips and policy.fill == "masked" else None
+        self.ran = (
+            torch.full(cache.k.shape[1:4:2], loops, device=cache.k.device)
+            if policy.skips and policy.fill == "masked"
+            else None
+        )
 
     def prefill(self) -> tuple[Tensor, Tensor | None]:
         p = self.prompts
         for s0, s1 in prefill_chunks(p.width, self.cache.chunk):
             mask = prefill_mask(p.valid, s0, s1) if p.padded or s0 > 0 else None
-            out = self.model.step(p.tokens[:, s0:s1], p.positions[:, s0:s1], self.cache, s0, mask, loops=self.loops, keep_loops=self.keep_loops,
-                                  streams=None if self.streams is None else self.streams[:, :1].expand(-1, s1 - s0))
+            out = self.model.step(
+                p.tokens[:, s0:s1],
+                p.positions[:, s0:s1],
+                self.cache,
+                s0,
+                mask,
+                loops=self.loops,
+                keep_loops=self.keep_loops,
+                streams=None if self.streams is None else self.streams[:, :1].expand(-1, s1 - s0),
+            )
             self.cache.length = s1
         return self._read(out)
 
@@ -122,8 +149,19 @@ class Decoder:
         slot, positions = self.cache.length, self.positions
         mask = self.prompts.valid[:, None, None, : slot + 1] if self.prompts.padded else None
         ran = None if self.ran is None else self.ran[:, : slot + 1]
-        out = self.model.step(tokens[:, None], positions, self.cache, slot, mask, loops=self.loops, keep_loops=self.keep_loops,
-                              exits=self.policy, active_set=False, ran=ran, streams=None if self.streams is None else self.streams[:, 1:])
+        out = self.model.step(
+            tokens[:, None],
+            positions,
+            self.cache,
+            slot,
+            mask,
+            loops=self.loops,
+            keep_loops=self.keep_loops,
+            exits=self.policy,
+            active_set=False,
+            ran=ran,
+            streams=None if self.streams is None else self.streams[:, 1:],
+        )
         if ran is not None and out.loops_run is not None:  # a skipping policy reports the loops it ran
             ran[:, slot] = out.loops_run
         self.cache.length, self.positions = slot + 1, positions + 1
@@ -154,12 +192,19 @@ class Transcript:
                 self.finish[row] = stop_reason(self.tokens[row], self.eos_ids, self.sampling, self.tokenizer)
         return all(f is not None for f in self.finish)
 
-    def generations(self, lengths: list[int], looped: bool, prefill_seconds: float, decode_seconds: float) -> list[Generation]:
+    def generations(
+        self, lengths: list[int], looped: bool, prefill_seconds: float, decode_seconds: float
+    ) -> list[Generation]:
         return [
             Generation(
-                token_ids=ids, text=output_text(ids, self.finish[row] or "length", self.sampling, self.tokenizer),
-                finish_reason=self.finish[row] or "length", prompt_tokens=lengths[row], generated_tokens=len(ids),
-                loops_used=self.loops[row] if looped else None, prefill_seconds=prefill_seconds, decode_seconds=decode_seconds,
+                token_ids=ids,
+                text=output_text(ids, self.finish[row] or "length", self.sampling, self.tokenizer),
+                finish_reason=self.finish[row] or "length",
+                prompt_tokens=lengths[row],
+                generated_tokens=len(ids),
+                loops_used=self.loops[row] if looped else None,
+                prefill_seconds=prefill_seconds,
+                decode_seconds=decode_seconds,
             )
             for row, ids in enumerate(self.tokens)
         ]
@@ -190,7 +235,11 @@ def generate(
     cache = _allocate(model, len(prompts), capacity, loops)
     keys = [stream_key(sampling.seed, i) for i in range(len(prompts))] if keys is None else keys
     prompt_keys = [prompt_key(sampling.seed)] * len(prompts) if prompt_keys is None else prompt_keys
-    draws = int_tensor([k for pair in zip(prompt_keys, keys) for k in pair], weight.device).view(-1, 2) if model.draws_state else None
+    draws = (
+        int_tensor([k for pair in zip(prompt_keys, keys) for k in pair], weight.device).view(-1, 2)
+        if model.draws_state
+        else None
+    )
     decoder = Decoder(model, batch, cache, loops, exit_policy, draws)
     transcript = Transcript(len(prompts), sampling, eos_ids, tokenizer)
     on_cache(cache)
@@ -213,8 +262,14 @@ def generate(
     return transcript.generations(batch.lengths, is_looped(model, loops), t1 - t0, t2 - t1)
 
 
-def generate_static(model: LoopedLM, sequences: list[Seq], on_finished: Callable[[list[Finished]], None], *, max_batch: int,
-                    **options: Any) -> None:
+def generate_static(
+    model: LoopedLM,
+    sequences: list[Seq],
+    on_finished: Callable[[list[Finished]], None],
+    *,
+    max_batch: int,
+    **options: Any,
+) -> None:
     """Static batches of `max_batch` sequences sharing a Sampling (their streams are their own), each decoding
     until its longest row ends, all its rows reported when it does; `options` go to `generate`."""
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
@@ -224,8 +279,15 @@ def generate_static(model: LoopedLM, sequences: list[Seq], on_finished: Callable
     for sampling, group in groups.items():
         for start in range(0, len(group), max_batch):
             batch = group[start : start + max_batch]
-            generations = generate(model, [s.tokens for s in batch], sampling, keys=[s.key for s in batch],
-                                   prompt_keys=[s.prompt_key for s in batch], pad_id=pad, **options)
+            generations = generate(
+                model,
+                [s.tokens for s in batch],
+                sampling,
+                keys=[s.key for s in batch],
+                prompt_keys=[s.prompt_key for s in batch],
+                pad_id=pad,
+                **options,
+            )
             on_finished([(s.request, s.sample, g) for s, g in zip(batch, generations)])
 
 

@@ -85,7 +85,9 @@ class Rotary:
         if table is None or table[0].shape[0] < need:
             size = max(need, 2 * (0 if table is None else table[0].shape[0]), 256)
             device = positions.device
-            inv_freq = 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=device) / self.head_dim))
+            inv_freq = 1.0 / (
+                self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=device) / self.head_dim)
+            )
             if self.scaling is not None:
                 inv_freq = llama3_frequencies(inv_freq, self.scaling)
             freqs = torch.outer(torch.arange(size, dtype=torch.float32, device=device), inv_freq)
@@ -176,7 +178,9 @@ class Attention(Fused):
         self.o_proj = nn.Linear(q, d, bias=False)
         self.q_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
-        self.qk_bias = nn.Parameter(torch.zeros(2, 1, cfg.num_heads, hd)) if qk_bias else None  # Huginn's, added before RoPE
+        self.qk_bias = (
+            nn.Parameter(torch.zeros(2, 1, cfg.num_heads, hd)) if qk_bias else None
+        )  # Huginn's, added before RoPE
         fuse_projections(self, "qkv_proj", {"q_proj": q, "k_proj": kv, "v_proj": kv})
 
     def attend(self, x: Tensor, src: Tensor | None, span: Span, cache: Cache, layer: int, loop: int) -> Tensor:
@@ -192,7 +196,9 @@ class Attention(Fused):
         else:
             k, v = cache.update(layer, loop, k, v, span.slot)
             causal = span.mask is None and n > 1
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=span.mask, is_causal=causal, enable_gqa=self.n_heads != self.n_kv)
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=span.mask, is_causal=causal, enable_gqa=self.n_heads != self.n_kv
+            )
             y = y.transpose(1, 2)
         return F.linear(y.reshape(b, n, self.n_heads * self.head_dim), self.o_proj.weight)
 
@@ -206,12 +212,22 @@ class Attention(Fused):
             qk, v = qkv[:, :, : h + kv], qkv[:, :, h + kv :]
             if self.qk_rope is not None and not torch.is_grad_enabled():
                 bias = None if self.qk_bias is None else self.qk_bias.flatten(0, 2)
-                q, k = self.qk_rope(qkv, *rope, h, kv, bias=bias, q_weight=None if q_norm is None else q_norm.weight,
-                                    k_weight=None if k_norm is None else k_norm.weight, eps=0.0 if q_norm is None else q_norm.eps)
+                q, k = self.qk_rope(
+                    qkv,
+                    *rope,
+                    h,
+                    kv,
+                    bias=bias,
+                    q_weight=None if q_norm is None else q_norm.weight,
+                    k_weight=None if k_norm is None else k_norm.weight,
+                    eps=0.0 if q_norm is None else q_norm.eps,
+                )
                 return q, k, v.transpose(1, 2)
             if self.qk_bias is not None:  # [2, 1, H, D] -> [2H, D]: q's heads, then k's
                 qk = qk + self.qk_bias.flatten(0, 2)
-            if q_norm is not None and k_norm is not None:  # q and k normed per head in one pass, then each scaled by its weight
+            if (
+                q_norm is not None and k_norm is not None
+            ):  # q and k normed per head in one pass, then each scaled by its weight
                 qk = rms(qk, q_norm.eps_tensor)
                 qk.narrow(2, 0, h).mul_(q_norm.weight)
                 qk.narrow(2, h, kv).mul_(k_norm.weight)
@@ -257,7 +273,9 @@ class Block(nn.Module):
         if self.sandwich:
             self.input_layernorm_2, self.post_attention_layernorm_2 = RMSNorm(d, eps), RMSNorm(d, eps)
 
-    def forward(self, h: Tensor, span: Span, cache: Cache, layer: int, loop: int, scales: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, h: Tensor, span: Span, cache: Cache, layer: int, loop: int, scales: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         """(the next state, the attention output). `scales` [2, d] (branch gating) multiply the attention and MLP
         outputs before they join the residual."""
         x = self.input_layernorm.forward(h)

@@ -33,7 +33,9 @@ def count_params(cfg: LoopConfig) -> int:
     attn = d * hd * (2 * cfg.num_heads + 2 * cfg.num_kv_heads) + (2 * hd if cfg.qk_norm else 0)
     norms = (4 if cfg.norm_layout == "sandwich" else 2) * d
     layer = attn + 3 * d * cfg.ffn_size + norms
-    total = cfg.num_layers * layer + cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2) + d  # embeddings, lm_head, final norm
+    total = (
+        cfg.num_layers * layer + cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2) + d
+    )  # embeddings, lm_head, final norm
     return total + family_of(cfg).extra_params() + conditioning_params(cfg)
 
 
@@ -60,7 +62,9 @@ def kv_bytes(cfg: LoopConfig, tokens: int, batch: int = 1, loops: int | None = N
     return analytic_kv_bytes(analytic_terms(cfg, loops, dtype), tokens, batch)
 
 
-def estimate(cfg: LoopConfig, tokens: int, batch: int = 1, loops: int | None = None, dtype: str = "bf16") -> MemoryEstimate:
+def estimate(
+    cfg: LoopConfig, tokens: int, batch: int = 1, loops: int | None = None, dtype: str = "bf16"
+) -> MemoryEstimate:
     """Weights + KV bytes for `batch` sequences of `tokens` (prompt + generated) tokens."""
     if tokens < 1 or batch < 1:
         raise AdapterError(f"tokens and batch must be >= 1, got tokens={tokens}, batch={batch}")
@@ -84,7 +88,9 @@ def analytic_terms(cfg: LoopConfig, loops: int | None = None, dtype: str = "bf16
     r = cfg.check_loops(cfg.loops if loops is None else loops)
     layout = family_of(cfg).kv
     history = history_bytes(cfg, 1, size)
-    row = KV_FORMATS[cfg.kv_dtype].row_bytes(cfg.head_dim, size)  # one token and head: values, and a quantized row's scale
+    row = KV_FORMATS[cfg.kv_dtype].row_bytes(
+        cfg.head_dim, size
+    )  # one token and head: values, and a quantized row's scale
     return {
         "weights_bytes": count_params(cfg) * size,
         "kv_bytes_per_token": 2 * layout.entries(cfg, r) * cfg.num_kv_heads * row,

@@ -63,8 +63,16 @@ class Backbone(nn.Module):
         h: Tensor = self.embed_tokens(tokens)
         return h if self.embed_scale is None else h * self.embed_scale
 
-    def run(self, h: Tensor, span: Span, cache: Cache, loops: int, per_loop: bool, state_keys: Tensor | None = None,
-            taps: Taps | None = None) -> tuple[Tensor, list[Tensor]]:
+    def run(
+        self,
+        h: Tensor,
+        span: Span,
+        cache: Cache,
+        loops: int,
+        per_loop: bool,
+        state_keys: Tensor | None = None,
+        taps: Taps | None = None,
+    ) -> tuple[Tensor, list[Tensor]]:
         """Prelude, shared x loops, coda over one call's states h [B, n, d].
 
         Returns the normed final state and, with `per_loop`, each loop's normed state (what per-loop
@@ -73,16 +81,21 @@ class Backbone(nn.Module):
         stop differentiating loops for training and the probes; inference passes none.
         """
         cond = self.loop_conditioning
-        h, e, diffs = self._enter(h, span, cache, state_keys)
+        h, e, diffs = self.enter(h, span, cache, state_keys)
         if taps is not None:
             taps.begin(h)
         states: list[Tensor] = []
         for t in range(loops if self.shared else 0):
             if taps is None:
-                y, normed = self._loop(h, e, diffs, span, cache, t, per_loop, None)
+                y, normed = self.loop(h, e, diffs, span, cache, t, per_loop, None)
             else:
-                y, normed = taps.loop(t, loops, h, self.norm.forward if per_loop else None,
-                                      functools.partial(self._loop, h, e, diffs, span, cache, t, per_loop))
+                y, normed = taps.loop(
+                    t,
+                    loops,
+                    h,
+                    self.norm.forward if per_loop else None,
+                    functools.partial(self.loop, h, e, diffs, span, cache, t, per_loop),
+                )
             if cond is not None and t > 0:  # the history excludes e: the first difference is h_2 - h_1
                 diffs.appendleft(y - h)
             h = y
@@ -101,30 +114,9 @@ class Backbone(nn.Module):
             h, _ = layer.forward(h, span, cache, first + k, 0)
         return self._final(h)
 
-    def run_exits(self, h: Tensor, span: Span, cache: Cache, loops: int, rows: ExitRows, head: Callable[[Tensor], Tensor],
-                  state_keys: Tensor | None = None) -> Tensor:
-        """A decode step whose rows stop looping where their exit policy says (`adapters.engine.exits`): prelude,
-        the loops while any row goes on (`rows` says which rows each loop runs on and on what span and cache),
-        then the tail once on every row's state at its exit. `head` maps normed states to logits (kl, entropy);
-        `state_keys` as for `run`."""
-        cond = self.loop_conditioning
-        h, e, diffs = self._enter(h, span, cache, state_keys)
-
-        def logits(y: Tensor, sp: Span, c: Cache) -> Tensor:
-            return head(self.tail(y, sp, c))
-
-        for t in range(loops):
-            y, normed = self._loop(h, e, diffs, rows.loop_span(t), rows.cache, t, True, None)
-            assert normed is not None  # per_loop asks for it
-            diff = [y - h] if cond is not None and t > 0 else []  # the history excludes e: the first difference is h_2 - h_1
-            h, carried = rows.after_loop(t, h, y, normed, [e, *diff, *diffs], logits)
-            if rows.done:
-                break
-            window = diffs.maxlen or 1  # the deque is made with its length
-            e, diffs = carried[0], collections.deque(carried[1 : 1 + window], maxlen=window)  # the newest differences
-        return self.tail(rows.final, span, cache)
-
-    def _enter(self, h: Tensor, span: Span, cache: Cache, state_keys: Tensor | None) -> tuple[Tensor, Tensor, collections.deque[Tensor]]:
+    def enter(
+        self, h: Tensor, span: Span, cache: Cache, state_keys: Tensor | None
+    ) -> tuple[Tensor, Tensor, collections.deque[Tensor]]:
         """The prelude, then what the first loop reads: (its state h, the prelude's output e, the empty history of
         differences h_(l-1) - h_(l-2), newest first). The recurrent families start h from their random state."""
         for i, layer in enumerate(self.prelude):
@@ -136,8 +128,17 @@ class Backbone(nn.Module):
             h = self.recurrence.initial_state(e, state_keys)
         return h, e, diffs
 
-    def _loop(self, h: Tensor, e: Tensor, diffs: Sequence[Tensor], span: Span, cache: Cache, t: int, per_loop: bool,
-              attn_outputs: list[Tensor] | None) -> tuple[Tensor, Tensor | None]:
+    def loop(
+        self,
+        h: Tensor,
+        e: Tensor,
+        diffs: Sequence[Tensor],
+        span: Span,
+        cache: Cache,
+        t: int,
+        per_loop: bool,
+        attn_outputs: list[Tensor] | None,
+    ) -> tuple[Tensor, Tensor | None]:
         """Loop t (0-based) of the shared layers from state h: (the state it hands on, its normed state when asked)."""
         cond, p = self.loop_conditioning, len(self.prelude)
         x = h if cond is None else cond.loop_input(h, e, diffs)
@@ -145,7 +146,9 @@ class Backbone(nn.Module):
             x = self.recurrence.inject(h, e)
         y = x
         for j, layer in enumerate(self.shared):
-            y, a = layer.forward(y, span, cache, p + j, t, None if cond is None else cond.branch_scales(t, j, y.shape[-1]))
+            y, a = layer.forward(
+                y, span, cache, p + j, t, None if cond is None else cond.branch_scales(t, j, y.shape[-1])
+            )
             if attn_outputs is not None:
                 attn_outputs.append(a)
         return self._loop_end(y if cond is None else cond.gated(x, y, t), per_loop)
@@ -220,8 +223,14 @@ class Taps:
         if self.trace is not None:
             self.trace.record(h)
 
-    def loop(self, t: int, loops: int, h: Tensor, norm: Callable[[Tensor], Tensor] | None,
-             run: Callable[[list[Tensor] | None], tuple[Tensor, Tensor | None]]) -> tuple[Tensor, Tensor | None]:
+    def loop(
+        self,
+        t: int,
+        loops: int,
+        h: Tensor,
+        norm: Callable[[Tensor], Tensor] | None,
+        run: Callable[[list[Tensor] | None], tuple[Tensor, Tensor | None]],
+    ) -> tuple[Tensor, Tensor | None]:
         """Loop t of `loops` from state h: skipped (h handed on, its normed state by `norm` when asked), or
         `run(attn_outputs)`, without autograd before the last `grad_loops`."""
         if self.trace is not None and t in self.trace.skip:
@@ -246,7 +255,11 @@ class LoopedLM(nn.Module):
         self.model = Backbone(cfg)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
-        self.prelude, self.shared, self.coda = self.model.prelude, self.model.shared, self.model.coda  # the layer groups, by name
+        self.prelude, self.shared, self.coda = (
+            self.model.prelude,
+            self.model.shared,
+            self.model.coda,
+        )  # the layer groups, by name
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator, std: float = 0.02) -> None:
@@ -325,7 +338,9 @@ class LoopedLM(nn.Module):
             states.append(loop_states)
         return self._forward_output(finals, states, attn if return_attn_outputs else None, return_loop_logits)
 
-    def _forward_output(self, finals: list[Tensor], states: list[list[Tensor]], attn: list[list[Tensor]] | None, loop_logits: bool) -> ForwardOutput:
+    def _forward_output(
+        self, finals: list[Tensor], states: list[list[Tensor]], attn: list[list[Tensor]] | None, loop_logits: bool
+    ) -> ForwardOutput:
         """The chunks' results joined along the sequence."""
 
         def join(parts: Sequence[Tensor]) -> Tensor:
@@ -343,8 +358,21 @@ class LoopedLM(nn.Module):
         return out
 
     # ------------------------------------------------------------------------------ cached step
-    def step(self, tokens: Tensor, positions: Tensor, cache: Cache, slot: int, mask: Tensor | None, *, loops: int,
-             keep_loops: bool = False, exits: ExitPolicy | None = None, active_set: bool = True, ran: Tensor | None = None, streams: Tensor | None = None) -> StepOutput:
+    def step(
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        cache: Cache,
+        slot: int,
+        mask: Tensor | None,
+        *,
+        loops: int,
+        keep_loops: bool = False,
+        exits: ExitPolicy | None = None,
+        active_set: bool = True,
+        ran: Tensor | None = None,
+        streams: Tensor | None = None,
+    ) -> StepOutput:
         """Run tokens [B, n] at cache slots slot..slot+n-1 (positions [B, n]), writing K/V in place.
 
         `mask` [B,1,n,L] bool (L: the keys attended, slot + n for a `KVCache`), or None for plain causal attention over
@@ -357,38 +385,87 @@ class LoopedLM(nn.Module):
         state_keys = None if recurrence is None else recurrence.token_keys(streams, positions)
         h = self.model.embed(tokens)
         keys = slot + tokens.shape[1] if mask is None else mask.shape[-1]
-        span = Span(self.rotary(positions, h.dtype, length=keys), slot, mask)  # a position never reaches the keys' count
+        span = Span(
+            self.rotary(positions, h.dtype, length=keys), slot, mask
+        )  # a position never reaches the keys' count
         if exits is not None and exits.skips and tokens.shape[1] == 1 and self.shared:
             rows = exit_rows(exits, loops, self.model.early_exit_gate, span, cache, h, active_set, ran)
-            final = self.model.run_exits(h, span, cache, loops, rows, self.logits, state_keys)
+            final = run_exits(self.model, h, span, cache, loops, rows, self.logits, state_keys)
             return StepOutput(states=[final[:, -1]], loops_run=rows.loops_run)
         final, states = self.model.run(h, span, cache, loops, keep_loops and bool(self.shared), state_keys=state_keys)
         return StepOutput(states=[z[:, -1] for z in states] if states else [final[:, -1]])
 
-    # ------------------------------------------------------------------------------ conversion
-    def with_conditioning(self, **fields: Any) -> LoopedLM:
-        """This model with loop conditioning options changed (`LoopConfig` fields injection, history,
-        history_window, loop_gate): new conditioning tensors start at zero, so the logits are unchanged."""
-        cfg = self.config.replace(**fields)
-        weight = self.model.embed_tokens.weight
-        model = LoopedLM(cfg).to(device=weight.device, dtype=weight.dtype)  # conditioning tensors are built as zeros
-        own = model.state_dict()
-        model.load_state_dict({k: v for k, v in self.state_dict().items() if k in own and own[k].shape == v.shape}, strict=False)
-        return model.train(self.training)
 
-    def to_melt(self, gate_variant: str = "elementwise", chunk_size: int | None = None, generator: torch.Generator | None = None) -> LoopedLM:
-        """A gated MELT model with this LoopLM's weights and fresh gates (the starting point of conversion training)."""
-        cfg = self.config.replace(
-            family="melt", kv_strategy="gated", kv_policy=None, gate_variant=gate_variant, chunk_size=chunk_size or self.config.chunk_size
-        )
-        weight = self.model.embed_tokens.weight
-        melt = LoopedLM(cfg).to(device=weight.device, dtype=weight.dtype)
-        melt.load_state_dict(self.state_dict(), strict=False)
-        gen = generator or torch.Generator(device=weight.device).manual_seed(0)
-        with torch.no_grad():
-            for gate in (layer.melt_gate for layer in melt.shared if isinstance(layer, GatedBlock)):  # all of them
-                fresh_gate(gate, gen)
-        return melt
+# ------------------------------------------------------------------------------ conversion
+def with_conditioning(model: LoopedLM, **fields: Any) -> LoopedLM:
+    """`model` with loop conditioning options changed (`LoopConfig` fields injection, history,
+    history_window, loop_gate): new conditioning tensors start at zero, so the logits are unchanged."""
+    cfg = model.config.replace(**fields)
+    weight = model.model.embed_tokens.weight
+    conditioned = LoopedLM(cfg).to(device=weight.device, dtype=weight.dtype)  # conditioning tensors are built as zeros
+    own = conditioned.state_dict()
+    conditioned.load_state_dict(
+        {k: v for k, v in model.state_dict().items() if k in own and own[k].shape == v.shape}, strict=False
+    )
+    return conditioned.train(model.training)
+
+
+def to_melt(
+    looplm: LoopedLM,
+    gate_variant: str = "elementwise",
+    chunk_size: int | None = None,
+    generator: torch.Generator | None = None,
+) -> LoopedLM:
+    """A gated MELT model with `looplm`'s weights and fresh gates (the starting point of conversion training)."""
+    cfg = looplm.config.replace(
+        family="melt",
+        kv_strategy="gated",
+        kv_policy=None,
+        gate_variant=gate_variant,
+        chunk_size=chunk_size or looplm.config.chunk_size,
+    )
+    weight = looplm.model.embed_tokens.weight
+    melt = LoopedLM(cfg).to(device=weight.device, dtype=weight.dtype)
+    melt.load_state_dict(looplm.state_dict(), strict=False)
+    gen = generator or torch.Generator(device=weight.device).manual_seed(0)
+    with torch.no_grad():
+        for gate in (layer.melt_gate for layer in melt.shared if isinstance(layer, GatedBlock)):  # all of them
+            fresh_gate(gate, gen)
+    return melt
+
+
+# ------------------------------------------------------------------------ the exit-aware decode step
+def run_exits(
+    backbone: Backbone,
+    h: Tensor,
+    span: Span,
+    cache: Cache,
+    loops: int,
+    rows: ExitRows,
+    head: Callable[[Tensor], Tensor],
+    state_keys: Tensor | None = None,
+) -> Tensor:
+    """A decode step of `backbone` whose rows stop looping where their exit policy says (`adapters.engine.exits`): prelude,
+    the loops while any row goes on (`rows` says which rows each loop runs on and on what span and cache),
+    then the tail once on every row's state at its exit. `head` maps normed states to logits (kl, entropy);
+    `state_keys` as for `run`."""
+    cond = backbone.loop_conditioning
+    h, e, diffs = backbone.enter(h, span, cache, state_keys)
+
+    def logits(y: Tensor, sp: Span, c: Cache) -> Tensor:
+        return head(backbone.tail(y, sp, c))
+
+    for t in range(loops):
+        y, normed = backbone.loop(h, e, diffs, rows.loop_span(t), rows.cache, t, True, None)
+        assert normed is not None  # per_loop asks for it
+        # the history excludes e: the first difference is h_2 - h_1
+        diff = [y - h] if cond is not None and t > 0 else []
+        h, carried = rows.after_loop(t, h, y, normed, [e, *diff, *diffs], logits)
+        if rows.done:
+            break
+        window = diffs.maxlen or 1  # the deque is made with its length
+        e, diffs = carried[0], collections.deque(carried[1 : 1 + window], maxlen=window)  # the newest differences
+    return backbone.tail(rows.final, span, cache)
 
 
 def forward_cache(family: Family, loops: int, kv_mix: float | None) -> ChunkCache | MixedCache:

@@ -44,8 +44,13 @@ class ProbeValue:
     value: float  # NaN where undefined (an interaction with a loop whose update is below ROUNDING)
 
 
-def _states(model: LoopedLM, ids: Tensor, loops: int, skip: frozenset[int] = frozenset(),
-            on_loop: Callable[[], None] | None = None) -> Tensor:
+def _states(
+    model: LoopedLM,
+    ids: Tensor,
+    loops: int,
+    skip: frozenset[int] = frozenset(),
+    on_loop: Callable[[], None] | None = None,
+) -> Tensor:
     """[r + 1, n, d] float32: h_0 .. h_r of one text (batch 1)."""
     trace = LoopTrace(skip=skip, on_loop=on_loop)
     model(ids, loops=loops, trace=trace)
@@ -73,7 +78,14 @@ class _Sums:
         out = [ProbeValue(l, m, k, n / d if d else math.nan) for (l, m, k), (n, d) in self.sums.items()]
         for loop, (total, squares, count) in self.variance.items():
             mean_sq = squares / count
-            out.append(ProbeValue(loop, "state_variance", None, (mean_sq - float((total / count).pow(2).sum())) / mean_sq if mean_sq else math.nan))
+            out.append(
+                ProbeValue(
+                    loop,
+                    "state_variance",
+                    None,
+                    (mean_sq - float((total / count).pow(2).sum())) / mean_sq if mean_sq else math.nan,
+                )
+            )
         return sorted(out, key=lambda v: (METRICS.index(v.metric), v.loop, v.lag or 0))
 
 
@@ -84,7 +96,9 @@ def first_skip(model: LoopedLM) -> int:
 
 
 @torch.no_grad()
-def probe(model: LoopedLM, texts: Iterable[Tensor], loops: int, on_loop: Callable[[], None] | None = None) -> list[ProbeValue]:
+def probe(
+    model: LoopedLM, texts: Iterable[Tensor], loops: int, on_loop: Callable[[], None] | None = None
+) -> list[ProbeValue]:
     """Every metric of every loop 1..`loops` over the token ids of `texts` (each [n], run one at a time);
     `on_loop` is called after each loop that runs (r per text, then r - 1 per loop skipped)."""
     model.eval()

@@ -26,7 +26,9 @@ def int_tensor(values: list[int], device: torch.device) -> Tensor:
     more, a measurable part of a tiny model's decode step (docs/benchmarks.md, "Figures behind choices in the
     code"). On a GPU the copy goes through pinned memory without
     waiting (a step's one host sync is reading the sampled ids)."""
-    tensor = torch.frombuffer(array.array("q", values), dtype=torch.int64) if values else torch.empty(0, dtype=torch.int64)
+    tensor = (
+        torch.frombuffer(array.array("q", values), dtype=torch.int64) if values else torch.empty(0, dtype=torch.int64)
+    )
     if device.type != "cuda":
         return tensor if device.type == "cpu" else tensor.to(device)
     return tensor.pin_memory().to(device, non_blocking=True)
@@ -83,7 +85,9 @@ def read_logits(model: LoopedLM, out: StepOutput, policy: ExitPolicy) -> tuple[T
     return model.logits(state), exit_loop
 
 
-def stop_reason(tokens: Sequence[int], eos_ids: set[int], sampling: Sampling, tokenizer: Any | None, start: int = 0) -> FinishReason | None:
+def stop_reason(
+    tokens: Sequence[int], eos_ids: set[int], sampling: Sampling, tokenizer: Any | None, start: int = 0
+) -> FinishReason | None:
     """Why a sequence whose last token is `tokens[-1]` stops there: "eos", "stop", or None (it goes on).
 
     Stop strings are looked for in the decoded tail of the generated tokens (`tokens[start:]`), a few
@@ -119,7 +123,9 @@ def check_request(model: LoopedLM, prompt: Sequence[int], sampling: Sampling, to
     if len(prompt) < 1:
         raise AdapterError("empty prompt: every prompt needs at least one token")
     if len(prompt) >= model.config.max_position:
-        raise AdapterError(f"prompt of {len(prompt)} tokens does not fit the model's context of {model.config.max_position} tokens")
+        raise AdapterError(
+            f"prompt of {len(prompt)} tokens does not fit the model's context of {model.config.max_position} tokens"
+        )
     if sampling.stop and tokenizer is None:
         raise AdapterError("stop strings need a tokenizer; this model has none (use eos or max_new_tokens)")
     return min(len(prompt) + sampling.max_new_tokens, model.config.max_position)

@@ -33,7 +33,9 @@ def check_name(name: str) -> None:
     from adapters.registry import available
 
     if not NAME_PATTERN.match(name):
-        raise AdapterError(f"adapter name {name!r} must be lowercase letters, digits and _, starting with a letter (it becomes the prefix NAME:)")
+        raise AdapterError(
+            f"adapter name {name!r} must be lowercase letters, digits and _, starting with a letter (it becomes the prefix NAME:)"
+        )
     taken = {e.prefix: e.source for e in available()}
     if name in taken:
         raise AdapterError(f"adapter name {name!r} is already a registered prefix ({taken[name]}); pick another")

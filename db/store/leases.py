@@ -57,5 +57,6 @@ class Leases(Transactions):
 
     def release_lease(self, run_id: int, owner: str) -> None:
         with self._write() as session:
-            session.execute(update(Run).where(Run.id == run_id, Run.lease_owner == owner)
-                            .values(lease_owner=None, lease_until=None))
+            session.execute(
+                update(Run).where(Run.id == run_id, Run.lease_owner == owner).values(lease_owner=None, lease_until=None)
+            )

@@ -44,8 +44,10 @@ class Measurements(Transactions):
         """Replace the run's peaks: `measures` name -> bytes, None where the source was unavailable."""
         with self._write() as session:
             session.execute(delete(MemoryPeak).where(MemoryPeak.run_id == run_id))
-            session.add_all(MemoryPeak(run_id=run_id, measure=name, kind=BY_NAME[name].stored_as, value=value)
-                            for name, value in peaks.items())
+            session.add_all(
+                MemoryPeak(run_id=run_id, measure=name, kind=BY_NAME[name].stored_as, value=value)
+                for name, value in peaks.items()
+            )
 
     def memory_peaks(self, run_id: int) -> dict[str, int | None]:
         with self._read() as session:
@@ -59,5 +61,7 @@ class Measurements(Transactions):
     def add_probe_values(self, run_id: int, rows: Iterable[Mapping[str, Any]]) -> None:
         """`loopeval probe` values (loop, metric, lag, value), NaN stored as NULL."""
         with self._write() as session:
-            session.add_all(ProbeValue(run_id=run_id, **{**row, "value": None if math.isnan(row["value"]) else row["value"]})
-                            for row in rows)
+            session.add_all(
+                ProbeValue(run_id=run_id, **{**row, "value": None if math.isnan(row["value"]) else row["value"]})
+                for row in rows
+            )

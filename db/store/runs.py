@@ -72,13 +72,29 @@ class Runs(Transactions):
     def finished_run_keys(self) -> dict[str, int]:
         """`db.sets.run_key` of every finished eval run -> the newest such run's id (what a rerun would repeat).
         A run holding a damaged value is left out: what it was cannot be told, so nothing is skipped as its twin."""
-        columns = [Run.id, Run.model_spec, Run.loops, Run.suite, Run.tasks, Run.limit, Run.sampling,
-                   Run.data_fingerprint, Run.seed, Run.spec, Run.exit_threshold, Run.exit_criterion, Run.kv_policy,
-                   Run.kv_dtype]
+        columns = [
+            Run.id,
+            Run.model_spec,
+            Run.loops,
+            Run.suite,
+            Run.tasks,
+            Run.limit,
+            Run.sampling,
+            Run.data_fingerprint,
+            Run.seed,
+            Run.spec,
+            Run.exit_threshold,
+            Run.exit_criterion,
+            Run.kv_policy,
+            Run.kv_dtype,
+        ]
         damaged = list(damaged_runs(self.engine))
         with self._read() as session:
-            rows = session.execute(select(*columns).where(Run.kind == "eval", Run.status == "finished",
-                                                          Run.id.not_in(damaged)).order_by(Run.id))
+            rows = session.execute(
+                select(*columns)
+                .where(Run.kind == "eval", Run.status == "finished", Run.id.not_in(damaged))
+                .order_by(Run.id)
+            )
             return {run_key(row._mapping): row.id for row in rows}
 
     def run_progress(self, run_ids: Iterable[int]) -> dict[int, tuple[str, int]]:

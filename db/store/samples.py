@@ -11,8 +11,20 @@ from db.models import Sample
 from db.store.base import Transactions
 
 SAMPLE_FIELDS = (
-    "task", "doc_id", "sample_index", "prompt", "output", "gold", "score", "prompt_tokens",
-    "generated_tokens", "loops_used", "loops_histogram", "finish_reason", "latency_seconds", "decode_seconds",
+    "task",
+    "doc_id",
+    "sample_index",
+    "prompt",
+    "output",
+    "gold",
+    "score",
+    "prompt_tokens",
+    "generated_tokens",
+    "loops_used",
+    "loops_histogram",
+    "finish_reason",
+    "latency_seconds",
+    "decode_seconds",
 )
 
 
@@ -55,7 +67,8 @@ class Samples(Transactions):
             from sqlalchemy.dialects.postgresql import insert as postgres_insert
 
             return postgres_insert(Sample).on_conflict_do_nothing(
-                index_elements=["run_id", "task", "doc_id", "sample_index"])
+                index_elements=["run_id", "task", "doc_id", "sample_index"]
+            )
         return insert(Sample)
 
     def set_sample_scores(self, run_id: int, scores: Mapping[tuple[str, str, int], float | None]) -> None:
@@ -64,8 +77,11 @@ class Samples(Transactions):
             keys = session.execute(
                 select(Sample.id, Sample.task, Sample.doc_id, Sample.sample_index).where(Sample.run_id == run_id)
             )
-            updates = [{"id": id_, "score": scores[(task, doc, idx)]} for id_, task, doc, idx in keys
-                       if (task, doc, idx) in scores]
+            updates = [
+                {"id": id_, "score": scores[(task, doc, idx)]}
+                for id_, task, doc, idx in keys
+                if (task, doc, idx) in scores
+            ]
             if updates:  # ORM bulk UPDATE by primary key, one executemany
                 session.execute(update(Sample), updates)
 

@@ -24,8 +24,13 @@ def _set_fields(run: Run) -> dict[str, str | None]:
     return {"set_id": run.set_id, "set_label": set_label(run.set_id, run_set(vars(run)))}
 
 
-def _summary(run: Run, n_samples: int, metrics: dict[str, dict[str, float | None]],
-             stderrs: dict[str, dict[str, float | None]], memory: dict[str, int | None]) -> dict[str, Any]:
+def _summary(
+    run: Run,
+    n_samples: int,
+    metrics: dict[str, dict[str, float | None]],
+    stderrs: dict[str, dict[str, float | None]],
+    memory: dict[str, int | None],
+) -> dict[str, Any]:
     """One run's summary from its row and what hangs off it."""
     return {
         "id": run.id,

@@ -28,8 +28,12 @@ def default_parent(cwd: Path, checkout: Path = CHECKOUT) -> Path:
 
 def new(
     name: str = typer.Argument(..., help="The adapter's spec prefix (lowercase letters, digits, _), e.g. myarch."),
-    directory: str | None = typer.Option(None, "--dir", help="Where to write the package folder loopeval-NAME/. "
-                                            "Default: here, or beside loopeval's source folder when here is inside it."),
+    directory: str | None = typer.Option(
+        None,
+        "--dir",
+        help="Where to write the package folder loopeval-NAME/. "
+        "Default: here, or beside loopeval's source folder when here is inside it.",
+    ),
 ) -> None:
     """Write a working adapter package: module, entry-point stanza, README and a conformance test."""
     from adapters.scaffold import write_scaffold
@@ -37,21 +41,33 @@ def new(
     here = Path.cwd()
     parent = Path(directory) if directory is not None else default_parent(here)
     root = write_scaffold(name, parent)
-    typer.echo(f"wrote {root}" + ("" if directory is not None or parent == here else
-                                  " (beside loopeval's source folder, not inside it; --dir picks another)"))
+    typer.echo(
+        f"wrote {root}"
+        + (
+            ""
+            if directory is not None or parent == here
+            else " (beside loopeval's source folder, not inside it; --dir picks another)"
+        )
+    )
     python, loopeval, db = env_command("python"), env_command("loopeval"), f"sqlite:///{name}.db"
     # Every step runs in the package's folder, and its first run stores into the package's own database, as
     # docs/adding-adapters.md does: a run in the folder typed in (the checkout, often) would put the new adapter's
     # zeros in that folder's results, where `loopeval results` then opens.
-    typer.echo(f"next: (cd {shlex.quote(str(root))} && {python} -m pip install --no-deps --no-build-isolation -e . "
-               f"&& {python} -m pytest && {loopeval} run --model {name}:tiny --limit 2 --db {db} "
-               f"&& {loopeval} results --db {db})")
+    typer.echo(
+        f"next: (cd {shlex.quote(str(root))} && {python} -m pip install --no-deps --no-build-isolation -e . "
+        f"&& {python} -m pytest && {loopeval} run --model {name}:tiny --limit 2 --db {db} "
+        f"&& {loopeval} results --db {db})"
+    )
 
 
 def check(
     spec: str = typer.Argument(..., help="Model spec to check, e.g. myarch:tiny or transformers:/path/to/model."),
-    bridge: bool = typer.Option(True, "--bridge/--no-bridge", help="Also run 2 synthetic docs through the LightEval bridge."),
-    max_new_tokens: int = typer.Option(12, "--max-new-tokens", help="New tokens per check generation (fewer is faster)."),
+    bridge: bool = typer.Option(
+        True, "--bridge/--no-bridge", help="Also run 2 synthetic docs through the LightEval bridge."
+    ),
+    max_new_tokens: int = typer.Option(
+        12, "--max-new-tokens", help="New tokens per check generation (fewer is faster)."
+    ),
     adapters_dir: AdaptersDirOption = None,
     trust_remote_code: TrustRemoteCodeFlag = False,
 ) -> None:
@@ -67,8 +83,13 @@ def check(
     with console.status(Text(f"loading {spec}")):  # Text: a spec such as `x:[/b]` is not console markup
         adapter = load(spec, trust_remote_code=True) if trust_remote_code else load(spec)
     with console.status("checking") as status:
-        report = check_adapter(adapter, bridge=bridge, strict=False, max_new_tokens=max_new_tokens,
-                               progress=lambda name: status.update(f"checking {name}"))
+        report = check_adapter(
+            adapter,
+            bridge=bridge,
+            strict=False,
+            max_new_tokens=max_new_tokens,
+            progress=lambda name: status.update(f"checking {name}"),
+        )
     typer.echo(str(report))
     if not report.ok:
         raise typer.Exit(1)

@@ -39,13 +39,19 @@ AdaptersDirOption = Annotated[
 ]
 TrustRemoteCodeFlag = Annotated[
     bool,
-    typer.Option("--trust-remote-code", help="Let transformers:/vllm: models run code shipped in their directory (prints a warning)."),
+    typer.Option(
+        "--trust-remote-code",
+        help="Let transformers:/vllm: models run code shipped in their directory (prints a warning).",
+    ),
 ]
 DeviceOption = Annotated[str, typer.Option("--device", help="cpu or cuda.")]
 ThreadsOption = Annotated[
     int | None,
-    typer.Option("--threads", help=f"torch CPU threads. Default: ${THREADS_ENV}, else 1 for models under "
-                 f"{SMALL_MODEL_PARAMS // 1_000_000}M parameters (runs go side by side, one per core), else the cores this process may use."),
+    typer.Option(
+        "--threads",
+        help=f"torch CPU threads. Default: ${THREADS_ENV}, else 1 for models under "
+        f"{SMALL_MODEL_PARAMS // 1_000_000}M parameters (runs go side by side, one per core), else the cores this process may use.",
+    ),
 ]
 
 
@@ -110,8 +116,15 @@ def console() -> Any:
     return Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 220)
 
 
-def print_table(title: str | None, columns: list[str], rows: list[list[str]], right: tuple[str, ...] = (),
-                caption: str | None = None, fold: tuple[str, ...] = (), keep: tuple[str, ...] = ()) -> None:
+def print_table(
+    title: str | None,
+    columns: list[str],
+    rows: list[list[str]],
+    right: tuple[str, ...] = (),
+    caption: str | None = None,
+    fold: tuple[str, ...] = (),
+    keep: tuple[str, ...] = (),
+) -> None:
     """A rich table. Columns in `fold` wrap long values onto more lines instead of cutting them to `zoo:…`;
     columns in `keep` never wrap, so a figure such as `0.670 ± 0.060` stays on one line on a narrow terminal.
 
@@ -123,8 +136,12 @@ def print_table(title: str | None, columns: list[str], rows: list[list[str]], ri
 
     table = Table(title=None if title is None else Text(title), caption=caption, caption_justify="left")
     for column in columns:
-        table.add_column(column, justify="right" if column in right else "left",
-                         overflow="fold" if column in fold else "ellipsis", no_wrap=column in keep)
+        table.add_column(
+            column,
+            justify="right" if column in right else "left",
+            overflow="fold" if column in fold else "ellipsis",
+            no_wrap=column in keep,
+        )
     for row in rows:
         table.add_row(*(Text(cell) for cell in row))
     console().print(table)
@@ -146,8 +163,15 @@ def _per_gb_text(value: float | None) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
-def print_answer(engine: Any, runs: list[dict[str, Any]], set_id: str | None = None, measure: str | None = None,
-                 per_task: bool = False, db: str | None = None, rank: str | None = None) -> str | None:
+def print_answer(
+    engine: Any,
+    runs: list[dict[str, Any]],
+    set_id: str | None = None,
+    measure: str | None = None,
+    per_task: bool = False,
+    db: str | None = None,
+    rank: str | None = None,
+) -> str | None:
     """How much accuracy per gigabyte: one evaluation set of `runs` (`analysis.runs.run_records`, already filtered).
 
     Per point (`analysis.points`: model, loops, exit threshold, configuration), its runs of the set with their seeds
@@ -191,22 +215,38 @@ def print_answer(engine: Any, runs: list[dict[str, Any]], set_id: str | None = N
         if point_key(run) not in shown:
             unscored.setdefault(point_key(run), []).append(run)
 
-    per_token = {point_key(run): run["kv_bytes_per_token"] for run in in_set}  # the newest run's, as it described itself
+    per_token = {
+        point_key(run): run["kv_bytes_per_token"] for run in in_set
+    }  # the newest run's, as it described itself
     configs = _config_cells([*(point.key for point in table), *unscored])
     out = console()
     out.print(sets[chosen], markup=False, highlight=False)
     if per_task:
         pooled = queries.pooled_metrics(engine, chosen, run_ids=[run["run_id"] for run in in_set])
-        print_table(None, ["model", "r", "seeds", "task", "pass@1 ±95%", "runs"], _task_rows(table, pooled, configs),
-                    right=("r", "seeds", "pass@1 ±95%"), fold=("model", "r", "runs"), keep=("pass@1 ±95%",), caption=POOLED_CAPTION)
+        print_table(
+            None,
+            ["model", "r", "seeds", "task", "pass@1 ±95%", "runs"],
+            _task_rows(table, pooled, configs),
+            right=("r", "seeds", "pass@1 ±95%"),
+            fold=("model", "r", "runs"),
+            keep=("pass@1 ±95%",),
+            caption=POOLED_CAPTION,
+        )
     else:
         _print_ranking(table, unscored, measure, rank, per_token, configs)
     counts = Counter(run["set_id"] for run in evals)
-    others = [f"  {label} ({counts[other]} run{'s' * (counts[other] > 1)})" for other, label in sets.items() if other != chosen]
+    others = [
+        f"  {label} ({counts[other]} run{'s' * (counts[other] > 1)})"
+        for other, label in sets.items()
+        if other != chosen
+    ]
     if others:
-        out.print(f"other evaluation sets, never mixed with this one ({with_db(env_command('loopeval') + ' results --set ID', db)}):\n"
-                  + "\n".join(others),
-                  markup=False, highlight=False)
+        out.print(
+            f"other evaluation sets, never mixed with this one ({with_db(env_command('loopeval') + ' results --set ID', db)}):\n"
+            + "\n".join(others),
+            markup=False,
+            highlight=False,
+        )
     return None if points.empty else answer(points, measure, rank)
 
 
@@ -229,19 +269,31 @@ def _config_cells(keys: list[Key]) -> dict[Key, str]:
 
 POOLED_CAPTION = "A row pools its seeds: pass@1 and its interval are over every item of all of them."
 EXIT_CAPTION = "exit: the per-token exit threshold (--exit-threshold), of the exit gate unless a criterion is named; - = the model's own policy."
-CONFIG_CAPTION = ("config: what tells a model's rows apart: its KV policy and dtype (--kv-policy, --kv-dtype) and per-model "
-                  "overrides (a sweep file's); blank = none.")
-COMPUTE_CAPTION = ("what one generated token cost, same rows. KV/token: what one more token of context adds to the KV cache "
-                   "at r (the engine's analytic count). loops/tok: loops run per generated token, its mean (below r where "
-                   "tokens exit early). layers/tok: decoder-layer passes per generated token (prelude + coda + shared x loops; "
-                   "n/a where the adapter does not give its layers). tokens/s: generated tokens per second inside generate, "
-                   "prefill included.")
-ENERGY_CAPTION = ("pass@1/kJ: pass@1 per kJ of the GPU energy one of the row's runs drew (NVML's counter; the device's, so "
-                  "other processes on it count too); energy/run: that energy.")
+CONFIG_CAPTION = (
+    "config: what tells a model's rows apart: its KV policy and dtype (--kv-policy, --kv-dtype) and per-model "
+    "overrides (a sweep file's); blank = none."
+)
+COMPUTE_CAPTION = (
+    "what one generated token cost, same rows. KV/token: what one more token of context adds to the KV cache "
+    "at r (the engine's analytic count). loops/tok: loops run per generated token, its mean (below r where "
+    "tokens exit early). layers/tok: decoder-layer passes per generated token (prelude + coda + shared x loops; "
+    "n/a where the adapter does not give its layers). tokens/s: generated tokens per second inside generate, "
+    "prefill included."
+)
+ENERGY_CAPTION = (
+    "pass@1/kJ: pass@1 per kJ of the GPU energy one of the row's runs drew (NVML's counter; the device's, so "
+    "other processes on it count too); energy/run: that energy."
+)
 
 
-def _print_ranking(table: list[Point], unscored: dict[Key, list[dict[str, Any]]], measure: str, rank: str,
-                   per_token: dict[Key, int | None], configs: dict[Key, str]) -> None:
+def _print_ranking(
+    table: list[Point],
+    unscored: dict[Key, list[dict[str, Any]]],
+    measure: str,
+    rank: str,
+    per_token: dict[Key, int | None],
+    configs: dict[Key, str],
+) -> None:
     """The ranking and, under the same ranks, what a generated token cost: two tables, so each stays readable at 80
     columns. The exit column appears only where the set sweeps the exit axis, the config column only where a model
     has rows of several configurations, the seeds column only where a row pools several seeds."""
@@ -251,24 +303,34 @@ def _print_ranking(table: list[Point], unscored: dict[Key, list[dict[str, Any]]]
     swept = any(key[2] is not None for key in (*(point.key for point in table), *unscored))
     shown = _Columns(swept, any(configs.values()), any(point.energy_joules is not None for point in table))
     energy = ["pass@1/kJ"] * shown.energy
-    seeds = (any(point.seeds > 1 for point in table)
-             or any(len({r["seed"] for r in runs}) > 1 for runs in unscored.values()))
+    seeds = any(point.seeds > 1 for point in table) or any(
+        len({r["seed"] for r in runs}) > 1 for runs in unscored.values()
+    )
     key = ["#", "model", "r", *(["exit"] * shown.exit), *(["config"] * shown.config)]
     column = RANKINGS[rank][0]
-    print_table(None, [*key, *(["seeds"] * seeds), "pass@1 ±95%", "memory", "pass@1/GB", *energy, "runs"],
-                _ranking_rows(table, column, unscored, measure, shown, seeds, configs),
-                right=("#", "r", "exit", "seeds", "pass@1 ±95%", "memory", "pass@1/GB", *energy), fold=("model", "config", "runs"),
-                keep=("pass@1 ±95%",),
-                caption=f"ranked by {RANKINGS[rank][1]}; * marks the Pareto frontier (no point has less memory and more "
-                        f"accuracy). memory: {measure_words(measure)}, the largest peak of the row's runs, decimal "
-                        f"units (1 GB = 1e9 bytes); n/a = unavailable here. ± is the 95% interval. "
-                        + (POOLED_CAPTION if seeds else "One seed a row.") + (f" {EXIT_CAPTION}" if swept else "")
-                        + (f" {CONFIG_CAPTION}" if shown.config else "")
-                        + (f" {ENERGY_CAPTION}" if shown.energy else f" pass@1 per kJ of GPU energy: {NOT_MEASURED}."))
-    print_table(None, [*key, "KV/token", "loops/tok", "layers/tok", "tokens/s", *["energy/run"] * shown.energy],
-                _compute_rows(table, column, unscored, per_token, shown, configs),
-                right=("#", "r", "exit", "KV/token", "loops/tok", "layers/tok", "tokens/s", "energy/run"),
-                fold=("model", "config"), caption=COMPUTE_CAPTION)
+    print_table(
+        None,
+        [*key, *(["seeds"] * seeds), "pass@1 ±95%", "memory", "pass@1/GB", *energy, "runs"],
+        _ranking_rows(table, column, unscored, measure, shown, seeds, configs),
+        right=("#", "r", "exit", "seeds", "pass@1 ±95%", "memory", "pass@1/GB", *energy),
+        fold=("model", "config", "runs"),
+        keep=("pass@1 ±95%",),
+        caption=f"ranked by {RANKINGS[rank][1]}; * marks the Pareto frontier (no point has less memory and more "
+        f"accuracy). memory: {measure_words(measure)}, the largest peak of the row's runs, decimal "
+        f"units (1 GB = 1e9 bytes); n/a = unavailable here. ± is the 95% interval. "
+        + (POOLED_CAPTION if seeds else "One seed a row.")
+        + (f" {EXIT_CAPTION}" if swept else "")
+        + (f" {CONFIG_CAPTION}" if shown.config else "")
+        + (f" {ENERGY_CAPTION}" if shown.energy else f" pass@1 per kJ of GPU energy: {NOT_MEASURED}."),
+    )
+    print_table(
+        None,
+        [*key, "KV/token", "loops/tok", "layers/tok", "tokens/s", *["energy/run"] * shown.energy],
+        _compute_rows(table, column, unscored, per_token, shown, configs),
+        right=("#", "r", "exit", "KV/token", "loops/tok", "layers/tok", "tokens/s", "energy/run"),
+        fold=("model", "config"),
+        caption=COMPUTE_CAPTION,
+    )
 
 
 @dataclass(frozen=True)
@@ -297,8 +359,15 @@ def _key_cells(key: Key, shown: _Columns, configs: dict[Key, str]) -> list[str]:
     return [key[0], str(key[1]), *([_exit_cell(key[2], key[3])] * shown.exit), *([configs[key]] * shown.config)]
 
 
-def _ranking_rows(table: list[Point], column: str, unscored: dict[Key, list[dict[str, Any]]], measure: str, shown: _Columns,
-                  seeds: bool, configs: dict[Key, str]) -> list[list[str]]:
+def _ranking_rows(
+    table: list[Point],
+    column: str,
+    unscored: dict[Key, list[dict[str, Any]]],
+    measure: str,
+    shown: _Columns,
+    seeds: bool,
+    configs: dict[Key, str],
+) -> list[list[str]]:
     """The ranked points in their order, then the points of the set without a score; the seed count only where
     `seeds`, pass@1 per kJ only where `shown.energy` ("not measured" in a row whose runs had no counter)."""
     from db.sets import id_ranges
@@ -307,27 +376,71 @@ def _ranking_rows(table: list[Point], column: str, unscored: dict[Key, list[dict
     def per_kj(value: float | None) -> list[str]:
         return [("not measured" if value is None else _per_gb_text(value))] * shown.energy
 
-    rows = [[_rank_text(rank, point, column), *_key_cells(point.key, shown, configs), *[str(point.seeds)] * seeds,
-             _accuracy_text(point.accuracy, point.stderr), byte_text(point.memory), _per_gb_text(point.per_gb),
-             *per_kj(point.per_kj), id_ranges(list(point.run_ids))] for rank, point in enumerate(table, 1)]
+    rows = [
+        [
+            _rank_text(rank, point, column),
+            *_key_cells(point.key, shown, configs),
+            *[str(point.seeds)] * seeds,
+            _accuracy_text(point.accuracy, point.stderr),
+            byte_text(point.memory),
+            _per_gb_text(point.per_gb),
+            *per_kj(point.per_kj),
+            id_ranges(list(point.run_ids)),
+        ]
+        for rank, point in enumerate(table, 1)
+    ]
     for key, runs in unscored.items():
         newest = runs[-1]
-        rows.append(["", *_key_cells(key, shown, configs), *[str(len({r["seed"] for r in runs}))] * seeds, newest["status"],
-                     byte_text(newest.get(measure)), "n/a", *["n/a"] * shown.energy, id_ranges([r["run_id"] for r in runs])])
+        rows.append(
+            [
+                "",
+                *_key_cells(key, shown, configs),
+                *[str(len({r["seed"] for r in runs}))] * seeds,
+                newest["status"],
+                byte_text(newest.get(measure)),
+                "n/a",
+                *["n/a"] * shown.energy,
+                id_ranges([r["run_id"] for r in runs]),
+            ]
+        )
     return rows
 
 
-def _compute_rows(table: list[Point], column: str, unscored: dict[Key, list[dict[str, Any]]], per_token: dict[Key, int | None],
-                  shown: _Columns, configs: dict[Key, str]) -> list[list[str]]:
+def _compute_rows(
+    table: list[Point],
+    column: str,
+    unscored: dict[Key, list[dict[str, Any]]],
+    per_token: dict[Key, int | None],
+    shown: _Columns,
+    configs: dict[Key, str],
+) -> list[list[str]]:
     """The same rows as `_ranking_rows`, with what a generated token cost (`measures.COMPUTE_MEASURES`)."""
     from measures import byte_text, energy_text
 
-    rows = [[_rank_text(rank, point, column), *_key_cells(point.key, shown, configs), byte_text(per_token.get(point.key)),
-             _number_text(point.loops_per_token), _number_text(point.layer_passes_per_token),
-             _number_text(point.tokens_per_second), *[energy_text(point.energy_joules)] * shown.energy]
-            for rank, point in enumerate(table, 1)]
-    rows += [["", *_key_cells(key, shown, configs), byte_text(per_token.get(key)), "n/a", "n/a", "n/a", *["n/a"] * shown.energy]
-             for key in unscored]
+    rows = [
+        [
+            _rank_text(rank, point, column),
+            *_key_cells(point.key, shown, configs),
+            byte_text(per_token.get(point.key)),
+            _number_text(point.loops_per_token),
+            _number_text(point.layer_passes_per_token),
+            _number_text(point.tokens_per_second),
+            *[energy_text(point.energy_joules)] * shown.energy,
+        ]
+        for rank, point in enumerate(table, 1)
+    ]
+    rows += [
+        [
+            "",
+            *_key_cells(key, shown, configs),
+            byte_text(per_token.get(key)),
+            "n/a",
+            "n/a",
+            "n/a",
+            *["n/a"] * shown.energy,
+        ]
+        for key in unscored
+    ]
     return rows
 
 
@@ -360,8 +473,16 @@ def _task_rows(table: list[Point], pooled: Any, configs: dict[Key, str]) -> list
             key = row.key
             exit_at = "" if key[2] is None else f"exit {_exit_cell(key[2], key[3])}"
             r = " ".join(part for part in (str(key[1]), exit_at, configs[key]) if part)
-            rows.append([row.model if first else "", r if first else "", str(row.seeds) if first else "",
-                         name, _accuracy_text(value, errors.get(name)), id_ranges(list(row.run_ids)) if first else ""])
+            rows.append(
+                [
+                    row.model if first else "",
+                    r if first else "",
+                    str(row.seeds) if first else "",
+                    name,
+                    _accuracy_text(value, errors.get(name)),
+                    id_ranges(list(row.run_ids)) if first else "",
+                ]
+            )
         rows += [["", "", "", f"[{name}]", _accuracy_text(value, None), ""] for name, value in result.groups.items()]
         rows.append(["", "", "", "mean", _accuracy_text(row.accuracy, row.stderr), ""])
     return rows

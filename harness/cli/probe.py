@@ -18,7 +18,15 @@ import typer
 
 from adapters.base import AdapterError
 from adapters.files import MIB, read_text
-from harness.cli.common import DbOption, ThreadsOption, model_params, parse_int_list, print_table, say_threads, use_threads
+from harness.cli.common import (
+    DbOption,
+    ThreadsOption,
+    model_params,
+    parse_int_list,
+    print_table,
+    say_threads,
+    use_threads,
+)
 from harness.errors import UserError
 from harness.hints import env_command, with_db
 
@@ -28,11 +36,23 @@ TEXT_FILE_LIMIT = 64 * MIB  # bytes of --text-file; only the first --positions t
 
 
 def probe(
-    model: str = typer.Argument(..., help="Engine model spec with loops, e.g. zoo:ouro-tiny, preset:coreloop-tiny, ouro:/path."),
-    loops: str | None = typer.Option(None, "--loops", help="Loop counts or a range (1-12); the model runs at the largest, loops 1..r are reported. Default: 2T."),
-    suite: str | None = typer.Option(None, "--suite", help=f"Suite whose test items are probed: {', '.join(PROBE_SUITES)} (default, unless --text-file)."),
+    model: str = typer.Argument(
+        ..., help="Engine model spec with loops, e.g. zoo:ouro-tiny, preset:coreloop-tiny, ouro:/path."
+    ),
+    loops: str | None = typer.Option(
+        None,
+        "--loops",
+        help="Loop counts or a range (1-12); the model runs at the largest, loops 1..r are reported. Default: 2T.",
+    ),
+    suite: str | None = typer.Option(
+        None,
+        "--suite",
+        help=f"Suite whose test items are probed: {', '.join(PROBE_SUITES)} (default, unless --text-file).",
+    ),
     tasks: str | None = typer.Option(None, "--tasks", help="Comma-separated tasks of the suite. Default: all."),
-    text_file: Path | None = typer.Option(None, "--text-file", help="Probe these texts instead, one per non-empty line (UTF-8)."),
+    text_file: Path | None = typer.Option(
+        None, "--text-file", help="Probe these texts instead, one per non-empty line (UTF-8)."
+    ),
     positions: int = typer.Option(64, "--positions", help="Tokens of each text probed (its first N)."),
     limit: int = typer.Option(4, "--limit", help="Texts per task (suite texts only)."),
     db: DbOption = None,
@@ -56,7 +76,9 @@ def probe(
     try:
         began = time.perf_counter()
         values = _measure(adapter, texts, positions, r, model)
-        run_id = None if results is None else _store(results, model, adapter, source, r, values, time.perf_counter() - began)
+        run_id = (
+            None if results is None else _store(results, model, adapter, source, r, values, time.perf_counter() - began)
+        )
     finally:
         if results is not None:
             results.close()
@@ -79,14 +101,20 @@ def _texts(suite: str | None, tasks: str | None, text_file: Path | None, limit: 
         return f"text:{text_file.name}", lines
     suite = suite or PROBE_SUITES[0]
     if suite not in PROBE_SUITES:
-        raise UserError(f"--suite {suite}: probe reads the texts of {', '.join(PROBE_SUITES)}; for other text use --text-file")
+        raise UserError(
+            f"--suite {suite}: probe reads the texts of {', '.join(PROBE_SUITES)}; for other text use --text-file"
+        )
     from suites import synthetic
 
     names = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else list(synthetic.TASKS)
     unknown = [t for t in names if t not in synthetic.TASKS]
     if unknown or not names:
-        raise UserError(f"--tasks: unknown task {unknown[0] if unknown else tasks!r} of {suite} (tasks: {', '.join(synthetic.TASKS)})")
-    return suite, [synthetic.training_text(item) for task in names for item in synthetic.load_split(task, "test")[:limit]]
+        raise UserError(
+            f"--tasks: unknown task {unknown[0] if unknown else tasks!r} of {suite} (tasks: {', '.join(synthetic.TASKS)})"
+        )
+    return suite, [
+        synthetic.training_text(item) for task in names for item in synthetic.load_split(task, "test")[:limit]
+    ]
 
 
 def _engine_adapter(spec: str) -> Any:
@@ -96,7 +124,9 @@ def _engine_adapter(spec: str) -> Any:
 
     adapter = adapters.load(spec, device="cpu", dtype="fp32")
     if not isinstance(adapter, EngineAdapter) or adapter.tokenizer is None:
-        raise UserError(f"{spec}: probe needs a model on loopeval's engine with a tokenizer (zoo:, preset:*-tiny, ouro:, melt:, qwen3: checkpoints)")
+        raise UserError(
+            f"{spec}: probe needs a model on loopeval's engine with a tokenizer (zoo:, preset:*-tiny, ouro:, melt:, qwen3: checkpoints)"
+        )
     if not adapter.model.shared:
         raise UserError(f"{spec}: has no shared layers, so there are no loops to probe")
     return adapter
@@ -135,7 +165,9 @@ def _store(results: Any, model: str, adapter: Any, source: str, r: int, values: 
     adapter.loops = r
     run = PlannedRun(model, r, suite=source, tasks=(), sampling={}, seed=0, spec={"loops": r, "source": source})
     run_id = results.create_run(**run_row("probe", run, model_config=adapter.describe()))
-    results.add_probe_values(run_id, [{"loop": v.loop, "metric": v.metric, "lag": v.lag, "value": v.value} for v in values])
+    results.add_probe_values(
+        run_id, [{"loop": v.loop, "metric": v.metric, "lag": v.lag, "value": v.value} for v in values]
+    )
     results.finish_run(run_id, "finished", wall_seconds=wall)
     return run_id
 
@@ -143,11 +175,28 @@ def _store(results: Any, model: str, adapter: Any, source: str, r: int, values: 
 def _print(values: list[Any], r: int, trained: int) -> None:
     """One row per loop: the three per-loop metrics and the interaction at lags 1 and 2."""
     table = {(v.loop, v.metric, v.lag): v.value for v in values}
-    columns = ["loop", "angular distance / pi", "relative update", "state variance", "interaction lag 1", "interaction lag 2"]
-    keys = [("angular_distance", None), ("relative_update", None), ("state_variance", None), ("interaction", 1), ("interaction", 2)]
+    columns = [
+        "loop",
+        "angular distance / pi",
+        "relative update",
+        "state variance",
+        "interaction lag 1",
+        "interaction lag 2",
+    ]
+    keys = [
+        ("angular_distance", None),
+        ("relative_update", None),
+        ("state_variance", None),
+        ("interaction", 1),
+        ("interaction", 2),
+    ]
 
     def cell(value: float | None) -> str:
         return "-" if value is None else "n/a" if math.isnan(value) else f"{value:.4f}"
 
-    rows = [[f"{l}{' *' if l > trained else ''}", *(cell(table.get((l, m, k))) for m, k in keys)] for l in range(1, r + 1)]
-    print_table(f"loop probes, r = {r}", columns, rows, right=tuple(columns), caption=f"* beyond the trained T = {trained}")
+    rows = [
+        [f"{l}{' *' if l > trained else ''}", *(cell(table.get((l, m, k))) for m, k in keys)] for l in range(1, r + 1)
+    ]
+    print_table(
+        f"loop probes, r = {r}", columns, rows, right=tuple(columns), caption=f"* beyond the trained T = {trained}"
+    )

@@ -18,14 +18,30 @@ from harness.planning.defaults import EMA, KV_POLICIES
 
 
 def profile(
-    model: str = typer.Argument(..., help="Model spec, e.g. zoo:melt-tiny, ouro-1.4b or ouro:/path/to/checkpoint (see `loopeval models`)."),
-    lengths: str = typer.Option(..., "--lengths", help="Comma-separated context lengths to prefill, e.g. 64,256,448; each plus --decode-steps must fit the model's context."),
-    loops: str | None = typer.Option(None, "--loops", help="Comma-separated loop counts or ranges such as 1-12 (looped models only). Default: the model's own."),
+    model: str = typer.Argument(
+        ..., help="Model spec, e.g. zoo:melt-tiny, ouro-1.4b or ouro:/path/to/checkpoint (see `loopeval models`)."
+    ),
+    lengths: str = typer.Option(
+        ...,
+        "--lengths",
+        help="Comma-separated context lengths to prefill, e.g. 64,256,448; each plus --decode-steps must fit the model's context.",
+    ),
+    loops: str | None = typer.Option(
+        None,
+        "--loops",
+        help="Comma-separated loop counts or ranges such as 1-12 (looped models only). Default: the model's own.",
+    ),
     batch: int = typer.Option(1, "--batch", help="Sequences per point."),
     decode_steps: int = typer.Option(DECODE_STEPS, "--decode-steps", help="Greedy decode steps after each prefill."),
     seed: int = typer.Option(0, "--seed", help="Seed for random preset weights and the prompt tokens."),
-    kv_policy: str | None = typer.Option(None, "--kv-policy", help=f"The KV policy to profile under: {', '.join(KV_POLICIES)} ({EMA}:ALPHA). Default: the model's own."),
-    kv_dtype: str | None = typer.Option(None, "--kv-dtype", help=f"The KV cache dtype: {', '.join(KV_DTYPES)}. Default: auto (the model's dtype)."),
+    kv_policy: str | None = typer.Option(
+        None,
+        "--kv-policy",
+        help=f"The KV policy to profile under: {', '.join(KV_POLICIES)} ({EMA}:ALPHA). Default: the model's own.",
+    ),
+    kv_dtype: str | None = typer.Option(
+        None, "--kv-dtype", help=f"The KV cache dtype: {', '.join(KV_DTYPES)}. Default: auto (the model's dtype)."
+    ),
     as_json: JsonFlag = False,
     db: DbOption = None,
     store: bool = typer.Option(True, "--store/--no-store", help="Store the points as a run of kind 'profile'."),
@@ -35,8 +51,16 @@ def profile(
     if decode_steps < 1:
         raise UserError(f"--decode-steps must be a positive integer, got {decode_steps}")
     loop_list = parse_int_list(loops, "--loops")
-    plan = plan_profile(model, parse_int_list(lengths, "--lengths") or [], loop_list, batch, seed=seed, decode_steps=decode_steps,
-                        kv_policy=kv_policy, kv_dtype=kv_dtype)
+    plan = plan_profile(
+        model,
+        parse_int_list(lengths, "--lengths") or [],
+        loop_list,
+        batch,
+        seed=seed,
+        decode_steps=decode_steps,
+        kv_policy=kv_policy,
+        kv_dtype=kv_dtype,
+    )
     chosen = use_threads(threads, plan.params)
     results = None
     if store:  # opened (a new file created) only once every option and point is checked, and before measuring
@@ -65,9 +89,16 @@ def _store(results: Any, plan: Any, result: Any, settings: dict[str, Any], wall:
     from harness.execution.recorder import run_row
 
     loops = settings["loops"]
-    run = PlannedRun(plan.spec, loops[0] if loops and len(loops) == 1 else None, suite="profile", tasks=(),
-                     sampling=dataclasses.asdict(decode_sampling(settings["decode_steps"])), seed=plan.seed, spec=settings,
-                     **plan.kv)
+    run = PlannedRun(
+        plan.spec,
+        loops[0] if loops and len(loops) == 1 else None,
+        suite="profile",
+        tasks=(),
+        sampling=dataclasses.asdict(decode_sampling(settings["decode_steps"])),
+        seed=plan.seed,
+        spec=settings,
+        **plan.kv,
+    )
     run_id = results.create_run(**run_row("profile", run, model_config=result.description))
     results.add_profile_points(run_id, result.points)
     results.set_memory_peaks(run_id, result.peaks)

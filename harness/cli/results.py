@@ -26,15 +26,31 @@ def results(
     sweep: str | None = typer.Option(None, "--sweep", help="Only the runs of this sweep (its id, or the start of it)."),
     model: list[str] | None = typer.Option(None, "--model", help="Only this model spec, repeatable."),
     suite: str | None = typer.Option(None, "--suite", help="Only runs of this suite."),
-    last: int | None = typer.Option(None, "--last", min=1, help="Only the N most recently stored runs (after the other filters)."),
-    set_id: str | None = typer.Option(None, "--set", help="The evaluation set to show (its id, listed under the table). Default: the newest scored run's."),
-    measure: str | None = typer.Option(None, "--measure", help="Memory measure (each run's peak): kv_bytes_allocated, 'weights_bytes + kv_bytes_allocated', nvml_process, ... "
-                                                            "Names before 0007 (kv_bytes_peak, ...) still work. Default: what the model holds, the process's NVML total on a GPU, "
-                                                            "else weights + KV cache peak."),
-    rank: str | None = typer.Option(None, "--rank", help="What orders the rows, best first: per-gb (pass@1 per GB, the default), "
-                                                       "accuracy, per-layer-pass (pass@1 per layer pass per generated token), speed (tokens/s)."),
+    last: int | None = typer.Option(
+        None, "--last", min=1, help="Only the N most recently stored runs (after the other filters)."
+    ),
+    set_id: str | None = typer.Option(
+        None,
+        "--set",
+        help="The evaluation set to show (its id, listed under the table). Default: the newest scored run's.",
+    ),
+    measure: str | None = typer.Option(
+        None,
+        "--measure",
+        help="Memory measure (each run's peak): kv_bytes_allocated, 'weights_bytes + kv_bytes_allocated', nvml_process, ... "
+        "Names before 0007 (kv_bytes_peak, ...) still work. Default: what the model holds, the process's NVML total on a GPU, "
+        "else weights + KV cache peak.",
+    ),
+    rank: str | None = typer.Option(
+        None,
+        "--rank",
+        help="What orders the rows, best first: per-gb (pass@1 per GB, the default), "
+        "accuracy, per-layer-pass (pass@1 per layer pass per generated token), speed (tokens/s).",
+    ),
     tasks: bool = typer.Option(False, "--tasks", help="pass@1 of each benchmark instead of memory."),
-    profiles: bool = typer.Option(False, "--profiles", help="The `loopeval profile` runs: memory against context length."),
+    profiles: bool = typer.Option(
+        False, "--profiles", help="The `loopeval profile` runs: memory against context length."
+    ),
 ) -> None:
     """How much accuracy per gigabyte: per point (model, loops, exit threshold, configuration), pass@1 ± 95%, memory
     and pass@1 per GB, frontier marked; then what a generated token cost (loops and layer passes per token, tokens/s),
@@ -49,7 +65,9 @@ def results(
         runs = _filtered(run_records(store.engine), sweep, model, suite, last)
         if set_id is not None and all(r["set_id"] != set_id for r in runs):
             sets = sorted({r["set_id"] for r in runs if r["set_id"]})
-            raise UserError(f"--set {set_id}: no such evaluation set among these runs (sets: {', '.join(sets) or 'none'})")
+            raise UserError(
+                f"--set {set_id}: no such evaluation set among these runs (sets: {', '.join(sets) or 'none'})"
+            )
         if as_json:  # every field of every run: its summary (`Store.run_summaries`)
             shown = {r["run_id"] for r in runs if set_id is None or r["set_id"] == set_id}
             typer.echo(json.dumps([with_per_kj(r) for r in store.run_summaries() if r["id"] in shown], indent=2))
@@ -59,15 +77,19 @@ def results(
             sentence = print_answer(store.engine, runs, set_id, measure, per_task=tasks, db=db, rank=rank)
             count = sum(r["kind"] == "profile" for r in runs)
             if count:
-                console().print(f"{count} profile run{'s' * (count > 1)}: {with_db(env_command('loopeval') + ' results --profiles', db)}",
-                                markup=False, highlight=False)
+                console().print(
+                    f"{count} profile run{'s' * (count > 1)}: {with_db(env_command('loopeval') + ' results --profiles', db)}",
+                    markup=False,
+                    highlight=False,
+                )
             print_sentence(sentence)
     finally:
         store.close()
 
 
-def _filtered(runs: list[dict[str, Any]], sweep: str | None, models: list[str] | None, suite: str | None,
-              last: int | None) -> list[dict[str, Any]]:
+def _filtered(
+    runs: list[dict[str, Any]], sweep: str | None, models: list[str] | None, suite: str | None, last: int | None
+) -> list[dict[str, Any]]:
     """The runs the filters keep, oldest first; UserError when a filter names nothing stored."""
     if sweep is not None:
         runs = [r for r in runs if r["sweep_id"].startswith(sweep)]
@@ -101,11 +123,25 @@ def _print_profiles(store: Any, run_ids: list[int], db: str | None) -> None:
     for (run_id, loops, batch), group in points.groupby(["run_id", "loops", "batch"], dropna=False, sort=True):
         longest = group.sort_values("context_tokens").iloc[-1]
         peak = next((m for m in ("nvml_process", "torch_allocated", "rss") if longest[m] == longest[m]), None)
-        rows.append([str(run_id), longest["model"], "-" if loops != loops else str(int(loops)), str(int(batch)),
-                     f"{int(group['context_tokens'].min())}-{int(longest['context_tokens'])}", byte_text(longest["weights_bytes"]),
-                     byte_text(longest["kv_bytes_analytic"]), byte_text(longest["kv_bytes_allocated"]),
-                     "n/a" if peak is None else f"{byte_text(longest[peak])} {peak}"])
-    print_table(None, ["run", "model", "r", "batch", "tokens", "weights", "KV analytic", "KV allocated", "peak"], rows,
-                right=("run", "r", "batch", "weights", "KV analytic", "KV allocated"), fold=("model",),
-                caption="at the longest context profiled; decimal units (1 GB = 1e9 bytes). "
-                        f"All points: {with_db(env_command('loopeval') + ' dashboard', db)} (memory against context length).")
+        rows.append(
+            [
+                str(run_id),
+                longest["model"],
+                "-" if loops != loops else str(int(loops)),
+                str(int(batch)),
+                f"{int(group['context_tokens'].min())}-{int(longest['context_tokens'])}",
+                byte_text(longest["weights_bytes"]),
+                byte_text(longest["kv_bytes_analytic"]),
+                byte_text(longest["kv_bytes_allocated"]),
+                "n/a" if peak is None else f"{byte_text(longest[peak])} {peak}",
+            ]
+        )
+    print_table(
+        None,
+        ["run", "model", "r", "batch", "tokens", "weights", "KV analytic", "KV allocated", "peak"],
+        rows,
+        right=("run", "r", "batch", "weights", "KV analytic", "KV allocated"),
+        fold=("model",),
+        caption="at the longest context profiled; decimal units (1 GB = 1e9 bytes). "
+        f"All points: {with_db(env_command('loopeval') + ' dashboard', db)} (memory against context length).",
+    )

@@ -15,8 +15,15 @@ from typing import Any
 
 import typer
 
-from harness.cli.common import (AdaptersDirOption, DbOption, ThreadsOption, TrustRemoteCodeFlag, print_answer,
-                                print_sentence, report_path)
+from harness.cli.common import (
+    AdaptersDirOption,
+    DbOption,
+    ThreadsOption,
+    TrustRemoteCodeFlag,
+    print_answer,
+    print_sentence,
+    report_path,
+)
 from harness.hints import env_command, with_db
 from harness.planning.options import OPTIONS, RunOption, given
 
@@ -30,15 +37,20 @@ def _parameter(option: RunOption) -> inspect.Parameter:
     if option.help is None:
         default = False if option.type is bool else None
         return inspect.Parameter(option.key, keyword, default=default, annotation=SHARED[option.key])
-    return inspect.Parameter(option.key, keyword, annotation=option.type | None,
-                             default=typer.Option(None, option.flag, help=option.help))
+    return inspect.Parameter(
+        option.key, keyword, annotation=option.type | None, default=typer.Option(None, option.flag, help=option.help)
+    )
 
 
 def _with_options(command: Callable[..., int]) -> Callable[..., int]:
     """`command` declaring a typer option for every flag of the options table (`harness.planning.options.OPTIONS`),
     then its own; typer passes the table's as `**flags`."""
     parameters = inspect.signature(command, eval_str=True).parameters.values()
-    own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in parameters if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    own = [
+        p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+        for p in parameters
+        if p.kind is not inspect.Parameter.VAR_KEYWORD
+    ]
     table = [_parameter(option) for option in OPTIONS if option.type is not None]
     command.__signature__ = inspect.Signature([*table, *own], return_annotation=int)  # type: ignore[attr-defined]
     return command
@@ -46,11 +58,25 @@ def _with_options(command: Callable[..., int]) -> Callable[..., int]:
 
 @_with_options
 def run(
-    resume: int | None = typer.Option(None, "--resume", help="Continue the stopped run RUN_ID with its stored settings (other sweep options are ignored)."),
-    rerun: bool = typer.Option(False, "--rerun", help="Run again what is already stored finished (same model, overrides, loops, evaluation set and seed); by default it is reported and skipped."),
-    report: bool = typer.Option(True, "--report/--no-report", help="Write the HTML report beside the database at the end."),
+    resume: int | None = typer.Option(
+        None,
+        "--resume",
+        help="Continue the stopped run RUN_ID with its stored settings (other sweep options are ignored).",
+    ),
+    rerun: bool = typer.Option(
+        False,
+        "--rerun",
+        help="Run again what is already stored finished (same model, overrides, loops, evaluation set and seed); by default it is reported and skipped.",
+    ),
+    report: bool = typer.Option(
+        True, "--report/--no-report", help="Write the HTML report beside the database at the end."
+    ),
     adapters_dir: AdaptersDirOption = None,
-    config: str | None = typer.Option(None, "--config", help="Sweep file (TOML) with the same settings as these options, plus per-model overrides; an option given beside it overrides its key."),
+    config: str | None = typer.Option(
+        None,
+        "--config",
+        help="Sweep file (TOML) with the same settings as these options, plus per-model overrides; an option given beside it overrides its key.",
+    ),
     threads: ThreadsOption = None,
     **flags: Any,
 ) -> int:

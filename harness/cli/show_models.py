@@ -21,15 +21,21 @@ def models() -> None:
     from adapters.zoo import zoo_info, zoo_names
 
     for name, family in FAMILY_GUIDE.items():
-        typer.echo(f"family {name}: {family.models}; KV {family.kv}; checkpoints {family.checkpoints}; "
-                   f"--loops: {family.loops}".replace("`", ""))
+        typer.echo(
+            f"family {name}: {family.models}; KV {family.kv}; checkpoints {family.checkpoints}; "
+            f"--loops: {family.loops}".replace("`", "")
+        )
     for entry in adapters.available():
         typer.echo(f"{entry.prefix}:...  {entry.description}")
     named = [(f"preset:{name}", config) for name, config in PRESETS.items()]
     named += [(f"zoo:{name}", LoopConfig.from_dict(zoo_info(name)["config"])) for name in zoo_names()]
     for spec, config in named:
-        typer.echo(f"{spec}  {config.family}, {config.num_layers} layers, loops {config.loops}, {config.kv_strategy} KV, "
-                   f"context {config.max_position}")
+        typer.echo(
+            f"{spec}  {config.family}, {config.num_layers} layers, loops {config.loops}, {config.kv_strategy} KV, "
+            f"context {config.max_position}"
+        )
     shared = [name for name, specs in named_models().items() if len(specs) > 1]
-    typer.echo("A bare name stands for its one spec (ouro-1.4b is preset:ouro-1.4b)"
-               + (f"; give the prefix with {', '.join(shared)}." if shared else "."))
+    typer.echo(
+        "A bare name stands for its one spec (ouro-1.4b is preset:ouro-1.4b)"
+        + (f"; give the prefix with {', '.join(shared)}." if shared else ".")
+    )

@@ -22,7 +22,15 @@ import typer
 
 from adapters.base import AdapterError
 from adapters.files import MIB, parse_json, read_text
-from harness.cli.common import DeviceOption, JsonFlag, ThreadsOption, check_device, check_out_dir, print_table, use_threads
+from harness.cli.common import (
+    DeviceOption,
+    JsonFlag,
+    ThreadsOption,
+    check_device,
+    check_out_dir,
+    print_table,
+    use_threads,
+)
 from harness.errors import UserError
 
 RecipesOption = Annotated[
@@ -30,9 +38,21 @@ RecipesOption = Annotated[
     typer.Option("--recipes", help="Recipes file (TOML, as adapters/zoo_data/recipes.toml, the default)."),
 ]
 
-_LIST_COLUMNS = [("name", "model"), ("family", "family"), ("kv_strategy", "KV"), ("gate", "gate"), ("layers", "layers"),
-                 ("loops", "T"), ("context", "context"), ("params", "params"), ("steps", "steps"), ("tokens", "tokens"),
-                 ("cpu_minutes", "CPU min"), ("val_accuracy", "val acc"), ("teacher", "teacher")]
+_LIST_COLUMNS = [
+    ("name", "model"),
+    ("family", "family"),
+    ("kv_strategy", "KV"),
+    ("gate", "gate"),
+    ("layers", "layers"),
+    ("loops", "T"),
+    ("context", "context"),
+    ("params", "params"),
+    ("steps", "steps"),
+    ("tokens", "tokens"),
+    ("cpu_minutes", "CPU min"),
+    ("val_accuracy", "val acc"),
+    ("teacher", "teacher"),
+]
 
 
 def zoo_rows() -> list[dict]:
@@ -44,13 +64,24 @@ def zoo_rows() -> list[dict]:
         info = zoo_info(name)
         cfg, train = info["config"], info["train"]
         gate = cfg["gate_variant"] if cfg["kv_strategy"] == "gated" else ""
-        rows.append({
-            "name": name, "family": cfg["family"], "kv_strategy": cfg["kv_strategy"], "gate": gate,
-            "layers": cfg["shared_layers"] + cfg["prelude_layers"] + cfg["coda_layers"], "loops": cfg["loops"],
-            "context": cfg["max_position"], "params": train.get("params"), "steps": train.get("steps"), "tokens": train.get("tokens"),
-            "cpu_minutes": train.get("cpu_minutes"), "teacher": train.get("teacher"),
-            "val_accuracy": (train.get("validation_accuracy") or {}).get("average"), "file_bytes": info["file_bytes"],
-        })
+        rows.append(
+            {
+                "name": name,
+                "family": cfg["family"],
+                "kv_strategy": cfg["kv_strategy"],
+                "gate": gate,
+                "layers": cfg["shared_layers"] + cfg["prelude_layers"] + cfg["coda_layers"],
+                "loops": cfg["loops"],
+                "context": cfg["max_position"],
+                "params": train.get("params"),
+                "steps": train.get("steps"),
+                "tokens": train.get("tokens"),
+                "cpu_minutes": train.get("cpu_minutes"),
+                "teacher": train.get("teacher"),
+                "val_accuracy": (train.get("validation_accuracy") or {}).get("average"),
+                "file_bytes": info["file_bytes"],
+            }
+        )
     return rows
 
 
@@ -90,12 +121,16 @@ def _read_items(path: Path) -> dict[str, list[dict]]:
             row = parse_json(line)
         except ValueError as exc:
             raise UserError(f"cannot read --data file {path}: line {number}: {exc}") from None
-        if not isinstance(row, dict) or not all(isinstance(row.get(key), str) and row[key] for key in ("prompt", "answer")):
-            raise UserError(f"--data file {path}, line {number}: expected a JSON object whose \"prompt\" and \"answer\" are "
-                            f"non-empty strings, got {line[:80]!r}")
+        if not isinstance(row, dict) or not all(
+            isinstance(row.get(key), str) and row[key] for key in ("prompt", "answer")
+        ):
+            raise UserError(
+                f'--data file {path}, line {number}: expected a JSON object whose "prompt" and "answer" are '
+                f"non-empty strings, got {line[:80]!r}"
+            )
         rows.append(row)
     if not rows:
-        raise UserError(f"--data file {path} holds no rows: one JSON object with \"prompt\" and \"answer\" per line")
+        raise UserError(f'--data file {path} holds no rows: one JSON object with "prompt" and "answer" per line')
     return {"data": rows}
 
 
@@ -121,9 +156,15 @@ def train(
     out: Path = typer.Option(Path("zoo-out"), "--out", help="Each model is written to OUT/NAME."),
     steps: int | None = typer.Option(None, "--steps", min=1, help="Override the recipe's step count."),
     device: DeviceOption = "cpu",
-    teacher: str | None = typer.Option(None, "--teacher", help="MELT teacher spec (default: OUT/ouro-tiny when trained in this call, else the shipped zoo model)."),
+    teacher: str | None = typer.Option(
+        None,
+        "--teacher",
+        help="MELT teacher spec (default: OUT/ouro-tiny when trained in this call, else the shipped zoo model).",
+    ),
     threads: ThreadsOption = None,
-    resume: bool = typer.Option(True, "--resume/--no-resume", help="Continue from OUT/NAME/train_state.pt when present."),
+    resume: bool = typer.Option(
+        True, "--resume/--no-resume", help="Continue from OUT/NAME/train_state.pt when present."
+    ),
     recipes_file: RecipesOption = None,
 ) -> None:
     """Reproduce zoo models from their recipes (adapters/zoo_data/recipes.toml)."""
@@ -134,7 +175,9 @@ def train(
 
     check_device(device)
     check_out_dir(out, "--out")
-    teacher = None if teacher is None else resolve(teacher)  # the specs every command takes; bare names refused when shared
+    teacher = (
+        None if teacher is None else resolve(teacher)
+    )  # the specs every command takes; bare names refused when shared
     if teacher is not None:
         inspect(teacher)  # its config, checked before anything is trained or written
     use_threads(threads, None)  # training batches are large: the cores pay there
@@ -148,16 +191,28 @@ def train(
         spec = teacher
         if recipe.kind == "melt" and spec is None and recipe.teacher in trained:
             spec = f"ouro:{trained[recipe.teacher]}"
-        info = train_model(recipe, out / name, _synthetic_items(recipe.tasks), stop=STOP, device=device, resume=resume, teacher_spec=spec,
-                           fits=_fits(device, "the recipe's batch_size or its model's sizes"))
+        info = train_model(
+            recipe,
+            out / name,
+            _synthetic_items(recipe.tasks),
+            stop=STOP,
+            device=device,
+            resume=resume,
+            teacher_spec=spec,
+            fits=_fits(device, "the recipe's batch_size or its model's sizes"),
+        )
         assert info is not None  # None only for a run stopped early (`until`), which the CLI never asks
         trained[name] = out / name
-        print(f"{name}: {info['steps']} steps, {info['cpu_minutes']} CPU min, validation accuracy "
-              f"{info['validation_accuracy']['average']:.3f} -> {out / name}")
+        print(
+            f"{name}: {info['steps']} steps, {info['cpu_minutes']} CPU min, validation accuracy "
+            f"{info['validation_accuracy']['average']:.3f} -> {out / name}"
+        )
 
 
 def convert(
-    teacher: str = typer.Option(..., "--teacher", help="The LoopLM to convert: ouro:PATH, zoo:ouro-tiny, ... (see `loopeval models`)"),
+    teacher: str = typer.Option(
+        ..., "--teacher", help="The LoopLM to convert: ouro:PATH, zoo:ouro-tiny, ... (see `loopeval models`)"
+    ),
     out: Path = typer.Option(..., "--out", help="Directory for the MELT checkpoint and its loss curve."),
     recipe_name: str = typer.Option("melt-tiny", "--recipe", help="Recipe whose hyper-parameters are the defaults."),
     device: DeviceOption = "cpu",
@@ -169,7 +224,9 @@ def convert(
     beta: float | None = typer.Option(None, "--beta", min=0.0),
     lr: float | None = typer.Option(None, "--lr", min=0.0),
     batch_size: int | None = typer.Option(None, "--batch-size", min=1),
-    data: Path | None = typer.Option(None, "--data", help="JSONL of {prompt, answer} to train on (default: the synthetic train split)."),
+    data: Path | None = typer.Option(
+        None, "--data", help="JSONL of {prompt, answer} to train on (default: the synthetic train split)."
+    ),
     threads: ThreadsOption = None,
     resume: bool = typer.Option(True, "--resume/--no-resume"),
     recipes_file: RecipesOption = None,
@@ -193,11 +250,30 @@ def convert(
         raise UserError(f"--recipe {recipe_name} is a {recipe.kind} recipe; conversion needs a melt recipe")
     items: dict[str, Any] = _read_items(data) if data is not None else _synthetic_items(recipe.tasks)
     recipe = recipe.with_overrides(
-        name=out.resolve().name, teacher=teacher, steps=steps, gate_variant=gate, chunk_size=chunk_size, ramp_steps=ramp_steps,
-        stage2_start=stage2_start, beta=beta, lr=lr, batch_size=batch_size, tasks=tuple(items),
+        name=out.resolve().name,
+        teacher=teacher,
+        steps=steps,
+        gate_variant=gate,
+        chunk_size=chunk_size,
+        ramp_steps=ramp_steps,
+        stage2_start=stage2_start,
+        beta=beta,
+        lr=lr,
+        batch_size=batch_size,
+        tasks=tuple(items),
     )
-    info = train_model(recipe, out, items, stop=STOP, device=device, resume=resume, teacher_spec=teacher,
-                       fits=_fits(device, "--batch-size (or train on the GPU)"))
+    info = train_model(
+        recipe,
+        out,
+        items,
+        stop=STOP,
+        device=device,
+        resume=resume,
+        teacher_spec=teacher,
+        fits=_fits(device, "--batch-size (or train on the GPU)"),
+    )
     assert info is not None  # None only for a run stopped early (`until`), which the CLI never asks
-    print(f"MELT checkpoint written to {out} ({info['steps']} steps, validation accuracy "
-          f"{info['validation_accuracy']['average']:.3f}); load it as melt:{out}")
+    print(
+        f"MELT checkpoint written to {out} ({info['steps']} steps, validation accuracy "
+        f"{info['validation_accuracy']['average']:.3f}); load it as melt:{out}"
+    )

@@ -79,8 +79,9 @@ def executor_for(request: SweepRequest, plugin_dirs: Sequence[str]) -> Executor:
 
 
 @contextlib.contextmanager
-def run_job(request: SweepRequest, resume: int | None, rerun: bool, threads: int | None, plugin_dirs: Sequence[str],
-            say: Log) -> Iterator[JobOutcome]:
+def run_job(
+    request: SweepRequest, resume: int | None, rerun: bool, threads: int | None, plugin_dirs: Sequence[str], say: Log
+) -> Iterator[JobOutcome]:
     """Run the request's sweeps (or `--resume` one) on its executor; `say` prints the job's lines before its view
     starts. The store stays open for the caller until the block ends; on an error it is closed here."""
     try:
@@ -100,8 +101,16 @@ def run_job(request: SweepRequest, resume: int | None, rerun: bool, threads: int
         gc.unfreeze()  # what `_planning` froze is collectable again once the job is done (tests call it in-process)
 
 
-def _run_or_resume(executor: Executor, request: SweepRequest, plans: list[SweepPlan], store: Store, resume: int | None,
-             rerun: bool, chosen: Any, say: Log) -> list[RunOutcome]:
+def _run_or_resume(
+    executor: Executor,
+    request: SweepRequest,
+    plans: list[SweepPlan],
+    store: Store,
+    resume: int | None,
+    rerun: bool,
+    chosen: Any,
+    say: Log,
+) -> list[RunOutcome]:
     """The runs not already stored finished (unless --rerun), stored as one sweep and executed; or the resumed one."""
     from harness.progress import JobProgress
 
@@ -110,8 +119,14 @@ def _run_or_resume(executor: Executor, request: SweepRequest, plans: list[SweepP
         with JobProgress() as bars:
             return executor.resume(resume, store, chosen.count, bars, _console_log(bars, chosen))
     sweep_id = new_sweep_id()
-    executor.prepare([Queued(spec, plan, store_sweep(plan, store, sweep_id)) for spec, plan in zip(request.specs, plans)
-                      if plan.runs], chosen.count)
+    executor.prepare(
+        [
+            Queued(spec, plan, store_sweep(plan, store, sweep_id))
+            for spec, plan in zip(request.specs, plans)
+            if plan.runs
+        ],
+        chosen.count,
+    )
     with JobProgress() as bars:
         return skipped + executor.run(store, bars, _console_log(bars, chosen))
 
@@ -132,8 +147,9 @@ def _planning() -> Iterator[None]:
         gc.enable()
 
 
-def _open_store(request: SweepRequest, plans: list[SweepPlan], resume: int | None,
-                requested: int | None) -> tuple[Store, Any]:
+def _open_store(
+    request: SweepRequest, plans: list[SweepPlan], resume: int | None, requested: int | None
+) -> tuple[Store, Any]:
     """The results store (read only to resume: it is never created then) and the thread count of this job, decided
     from its largest model (`adapters.threads`) and checked before anything is written."""
     from adapters.threads import apply, choose

@@ -49,8 +49,11 @@ class LocalExecutor:
         if self.workers is not None:
             return self.workers.wait(store, progress, log, len(self.queued))
         progress.start_job(sum(len(q.runs) for q in self.queued), len(self.queued))
-        return [outcome for q in self.queued
-                for outcome in run_stored(q.spec, q.runs, q.plan.task_configs, store, progress, log, q.plan.loaded)]
+        return [
+            outcome
+            for q in self.queued
+            for outcome in run_stored(q.spec, q.runs, q.plan.task_configs, store, progress, log, q.plan.loaded)
+        ]
 
     def resume(self, run_id: int, store: Store, threads: int, progress: JobProgress, log: Log) -> list[RunOutcome]:
         return resume_run(run_id, store, self.request.db, progress=progress, log=log)

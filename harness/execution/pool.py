@@ -42,7 +42,9 @@ if TYPE_CHECKING:
 
     from db.store import Store
 
-POLL_SECONDS = 0.5  # how often the parent reads the store's progress and the workers' log lines (CPU the workers would use)
+POLL_SECONDS = (
+    0.5  # how often the parent reads the store's progress and the workers' log lines (CPU the workers would use)
+)
 GRACE_SECONDS = 30.0  # after Ctrl-C, how long workers get to store their runs as interrupted
 UNLIMITED_DOCS = 10_000  # a run without --limit counts this many docs per task when groups are ordered by size
 
@@ -91,13 +93,17 @@ class Workers:
             todo.put(index)
         for _ in range(workers):
             todo.put(None)
-        processes = [context.Process(target=_work, args=(run_groups, todo, lines, db_url), name=f"loopeval worker {k + 1}")
-                     for k in range(workers)]
+        processes = [
+            context.Process(target=_work, args=(run_groups, todo, lines, db_url), name=f"loopeval worker {k + 1}")
+            for k in range(workers)
+        ]
         for process in processes:
             process.start()
         return cls(run_groups, processes, lines)
 
-    def wait(self, store: Store, progress: JobProgress | None, log: Callable[[str], None], sweeps: int) -> list[RunOutcome]:
+    def wait(
+        self, store: Store, progress: JobProgress | None, log: Callable[[str], None], sweeps: int
+    ) -> list[RunOutcome]:
         """Draw the job's progress (its runs in `sweeps` sweeps) from the store until every worker has ended; one
         outcome per run, in order.
 
@@ -171,8 +177,16 @@ def _work(run_groups: list[RunGroup], todo: Any, lines: Any, db_url: str) -> Non
         while (index := todo.get()) is not None:
             group = run_groups[index]
             loaded = {group.runs[0].model: group.adapter} if group.adapter is not None else None
-            run_stored(group.spec, group.runs, group.task_configs, store, None, lambda line: lines.put(("log", line)), loaded,
-                       starts=False)
+            run_stored(
+                group.spec,
+                group.runs,
+                group.task_configs,
+                store,
+                None,
+                lambda line: lines.put(("log", line)),
+                loaded,
+                starts=False,
+            )
     except KeyboardInterrupt:
         if group is not None:
             _settle(store, [run.run_id for run in group.runs])

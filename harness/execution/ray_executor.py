@@ -118,7 +118,9 @@ def connect(address: str | None, plugin_dirs: Sequence[str] = ()) -> Iterator[An
     if plugin_dirs:
         from adapters.registry import ENV_VAR
 
-        dirs = [str(Path(d).resolve()) for d in plugin_dirs] + [d for d in os.environ.get(ENV_VAR, "").split(os.pathsep) if d]
+        dirs = [str(Path(d).resolve()) for d in plugin_dirs] + [
+            d for d in os.environ.get(ENV_VAR, "").split(os.pathsep) if d
+        ]
         kwargs["runtime_env"] = {"env_vars": {ENV_VAR: os.pathsep.join(dirs)}}
     where = address or os.environ.get("RAY_ADDRESS")
     if where is None:
@@ -185,7 +187,9 @@ class RayExecutor:
 
         path = sqlite_path(db_url)
         here = socket.gethostname()
-        others = {n["NodeManagerHostname"] for n in self.ray.nodes() if n.get("Alive") and n["NodeManagerHostname"] != here}
+        others = {
+            n["NodeManagerHostname"] for n in self.ray.nodes() if n.get("Alive") and n["NodeManagerHostname"] != here
+        }
         if path is not None and others:
             raise UserError(
                 f"the Ray cluster has nodes on other machines ({', '.join(sorted(others))}) but the store is the SQLite "
@@ -210,8 +214,10 @@ class RayExecutor:
         if not self.jobs:  # every run was already stored finished (runner.skip_stored)
             return []
         where = self.ray.get_runtime_context().gcs_address
-        log(f"sweep {self.jobs[0].run.sweep_id}: {len(self.jobs)} runs queued on Ray at {where}, "
-            f"{_describe(self.jobs[0].resources)} each")
+        log(
+            f"sweep {self.jobs[0].run.sweep_id}: {len(self.jobs)} runs queued on Ray at {where}, "
+            f"{_describe(self.jobs[0].resources)} each"
+        )
         return self.execute(self.jobs, store, progress, log)
 
     def resume(self, run_id: int, store: Store, threads: int, progress: JobProgress, log: Log) -> list[RunOutcome]:
@@ -220,7 +226,9 @@ class RayExecutor:
         if row.status == "finished":
             raise UserError(f"--resume {run_id}: run already finished")
         run = PlannedRun.of(row)
-        job = Job(run, resources(stored_spec(row, self.url), run.model, self.default_gpus(), feasible_cpus(self.ray, threads)))
+        job = Job(
+            run, resources(stored_spec(row, self.url), run.model, self.default_gpus(), feasible_cpus(self.ray, threads))
+        )
         return self.execute([job], store, progress, log)
 
     def execute(self, jobs: list[Job], store: Store, progress: JobProgress | None, log: Log) -> list[RunOutcome]:
@@ -247,14 +255,20 @@ class RayExecutor:
 
     def _task(self, resources: dict[str, float]) -> Any:
         threads = str(max(1, int(resources["num_cpus"])))
-        return self.ray.remote(max_retries=RETRIES, max_calls=1, runtime_env={"env_vars": {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}},
-                               **resources)(run_in_worker)
+        return self.ray.remote(
+            max_retries=RETRIES,
+            max_calls=1,
+            runtime_env={"env_vars": {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}},
+            **resources,
+        )(run_in_worker)
 
     def _settle(self, ref: Any, job: Job, store: Store, log: Log) -> None:
         """Log how a finished task ended; a run whose last worker died is marked interrupted, ready to resume."""
         try:
             status = self.ray.get(ref)
-        except self.ray.exceptions.RayTaskError as exc:  # the run raised: _execute stored it as failed, unless loading did
+        except (
+            self.ray.exceptions.RayTaskError
+        ) as exc:  # the run raised: _execute stored it as failed, unless loading did
             error = str(exc.cause if exc.cause is not None else exc).splitlines()[0]
             if store.run_progress([job.run_id])[job.run_id][0] in ("queued", "running"):
                 store.finish_run(job.run_id, "failed", error=f"{type(exc.cause).__name__}: {error}")
@@ -262,7 +276,9 @@ class RayExecutor:
             return
         except self.ray.exceptions.RayError as exc:  # its worker died more often than Ray retries
             store.finish_run(job.run_id, "interrupted", error=f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
-            log(f"{job.label}: its worker died {RETRIES + 1} times; continue with: {env_command('loopeval')} run --resume {job.run_id}")
+            log(
+                f"{job.label}: its worker died {RETRIES + 1} times; continue with: {env_command('loopeval')} run --resume {job.run_id}"
+            )
             return
         log(f"{job.label}: {status}")
 
@@ -275,7 +291,9 @@ class RayExecutor:
             if states.get(job.run_id, ("",))[0] in ("queued", "running"):
                 store.finish_run(job.run_id, "interrupted", error="sweep interrupted")
         if jobs:
-            log(f"interrupted; continue each run with: {env_command('loopeval')} run --resume RUN_ID ({', '.join(str(j.run_id) for j in jobs)})")
+            log(
+                f"interrupted; continue each run with: {env_command('loopeval')} run --resume RUN_ID ({', '.join(str(j.run_id) for j in jobs)})"
+            )
 
 
 AUTH_MODE_ENV = "RAY_AUTH_MODE"  # Ray's own variables: the mode, and the token itself or the file holding it
@@ -313,8 +331,10 @@ def auth_error(address: str) -> str:
         why = f"{AUTH_MODE_ENV} is {mode!r} here" if mode else "this machine has no Ray token"
     else:
         why = f"it refused the token in {_token_source()}"
-    return (f"cannot connect to Ray at {address}: the cluster requires token authentication and {why}; set "
-            f"{AUTH_MODE_ENV}=token and give this machine the head's token (its ~/.ray/auth_token, or {TOKEN_ENV})")
+    return (
+        f"cannot connect to Ray at {address}: the cluster requires token authentication and {why}; set "
+        f"{AUTH_MODE_ENV}=token and give this machine the head's token (its ~/.ray/auth_token, or {TOKEN_ENV})"
+    )
 
 
 @contextmanager
@@ -366,7 +386,10 @@ def resources(spec: RunSpec, model: str, gpus_per_run: float, cpus: int = 1) -> 
     """The Ray resource request of one run of `model`: its GPUs (at least the model's tensor-parallel size) and
     one CPU, else `cpus` CPUs (the threads it computes with)."""
     tensor_parallel = spec.model_overrides.get(model, {}).get("tensor_parallel_size", 1)
-    gpus = max(gpus_per_run, float(tensor_parallel) if isinstance(tensor_parallel, (int, float)) and tensor_parallel > 1 else 0.0)
+    gpus = max(
+        gpus_per_run,
+        float(tensor_parallel) if isinstance(tensor_parallel, (int, float)) and tensor_parallel > 1 else 0.0,
+    )
     return {"num_cpus": 1, "num_gpus": gpus} if gpus else {"num_cpus": cpus}
 
 

@@ -85,7 +85,9 @@ def new_sweep_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
-def run_row(kind: str, run: PlannedRun, *, model_config: Mapping[str, Any] | None = None, status: str = "running") -> dict[str, Any]:
+def run_row(
+    kind: str, run: PlannedRun, *, model_config: Mapping[str, Any] | None = None, status: str = "running"
+) -> dict[str, Any]:
     """The `runs` row a run of any kind starts as, for `Store.create_run(s)`: what was run (`run`'s columns), how,
     where and with what.
 
@@ -93,8 +95,16 @@ def run_row(kind: str, run: PlannedRun, *, model_config: Mapping[str, Any] | Non
     rebuilds with the sampling stored beside it; a profile's settings); `run.sampling` is empty for a run that sampled
     nothing (a probe). A run without a sweep (a probe, a profile) gets a sweep id of its own.
     """
-    return {**run.columns(), "sweep_id": run.sweep_id or new_sweep_id(), "kind": kind, "adapter": run.model.partition(":")[0],
-            "model_config": dict(model_config or {}), "versions": package_versions(), "host": host_info(), "status": status}
+    return {
+        **run.columns(),
+        "sweep_id": run.sweep_id or new_sweep_id(),
+        "kind": kind,
+        "adapter": run.model.partition(":")[0],
+        "model_config": dict(model_config or {}),
+        "versions": package_versions(),
+        "host": host_info(),
+        "status": status,
+    }
 
 
 class RunBusy(UserError):
@@ -124,12 +134,16 @@ def holder_is_gone(holder: str) -> bool:
 class RunRecorder:
     """Writes one run's memory trace, peaks, timings and lease every second on a thread; `stop()` writes the last."""
 
-    def __init__(self, store: Store, run_id: int, sampler: MemorySampler, timed: Any, previous: Any | None = None) -> None:
+    def __init__(
+        self, store: Store, run_id: int, sampler: MemorySampler, timed: Any, previous: Any | None = None
+    ) -> None:
         self.store, self.run_id, self.sampler, self.timed = store, run_id, sampler, timed
         self.owner = lease_owner()
         self._offset = (previous.wall_seconds or 0.0) if previous is not None else 0.0  # seconds of earlier stretches
         self._generate = (previous.generate_seconds or 0.0) if previous is not None else 0.0
-        self._energy = previous.energy_joules if previous is not None else None  # joules of earlier stretches (None: unknown)
+        self._energy = (
+            previous.energy_joules if previous is not None else None
+        )  # joules of earlier stretches (None: unknown)
         self._written = 0  # ticks already stored
         self._began = time.perf_counter()
         self._stop = threading.Event()
@@ -173,7 +187,9 @@ class RunRecorder:
         while not self._stop.wait(FLUSH_SECONDS):
             try:
                 self.flush()
-            except Exception:  # a store error (a full disk): `stop()` flushes again on the main thread and raises it there
+            except (
+                Exception
+            ):  # a store error (a full disk): `stop()` flushes again on the main thread and raises it there
                 return
 
     def flush(self) -> None:
@@ -183,6 +199,10 @@ class RunRecorder:
         self._written = end
         self.store.add_memory_samples(self.run_id, [{**tick, "t": tick["t"] + self._offset} for tick in rows])
         self.store.merge_memory_peaks(self.run_id, self.sampler.peaks())
-        self.store.update_run(self.run_id, wall_seconds=self.wall_seconds,
-                              generate_seconds=self._generate + self.timed.generate_seconds, energy_joules=self.energy_joules)
+        self.store.update_run(
+            self.run_id,
+            wall_seconds=self.wall_seconds,
+            generate_seconds=self._generate + self.timed.generate_seconds,
+            energy_joules=self.energy_joules,
+        )
         self.store.take_lease(self.run_id, self.owner, LEASE_SECONDS, holder_is_gone)

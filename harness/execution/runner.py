@@ -21,13 +21,33 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from adapters.base import (Finished, Generation, Prompt, Request, Sampling, Scheduling, checked_context, checked_description,
-                           checked_generation, checked_memory, hook, one_line)
+from adapters.base import (
+    Finished,
+    Generation,
+    Prompt,
+    Request,
+    Sampling,
+    Scheduling,
+    checked_context,
+    checked_description,
+    checked_generation,
+    checked_memory,
+    hook,
+    one_line,
+)
 from db import ResultsError
 from db.record import PlannedRun
 from db.sets import id_ranges
 from harness.errors import UserError
-from harness.execution.recorder import FLUSH_SECONDS, RunBusy, RunRecorder, holder_is_gone, host_info, new_sweep_id, run_row
+from harness.execution.recorder import (
+    FLUSH_SECONDS,
+    RunBusy,
+    RunRecorder,
+    holder_is_gone,
+    host_info,
+    new_sweep_id,
+    run_row,
+)
 from harness.hints import env_command, with_db
 from harness.planning.plan import SweepPlan, load_tasks, stored_spec
 from harness.planning.spec import RunSpec, at_loops
@@ -159,8 +179,12 @@ def failure_summary(outcomes: Sequence[RunOutcome]) -> list[str]:
     if not failed:
         return []
     lines = [f"{len(failed)} of {len(outcomes)} runs failed:"]
-    lines += [f"  run {o.run_id} {o.run.model}" + (f" loops={o.run.loops}" if o.run.loops is not None else "") + f": {o.error}"
-              for o in failed]
+    lines += [
+        f"  run {o.run_id} {o.run.model}"
+        + (f" loops={o.run.loops}" if o.run.loops is not None else "")
+        + f": {o.error}"
+        for o in failed
+    ]
     return lines
 
 
@@ -189,15 +213,21 @@ def skip_stored(plan: SweepPlan, store: Store, log: Callable[[str], None]) -> li
     if skipped:
         ids = sorted(o.run_id for o in skipped)
         what = f"{len(skipped)} of {len(plan.runs)} runs" if kept else f"all {len(plan.runs)} runs"
-        log(f"{what} identical to finished run{'s' if len(ids) > 1 else ''} {id_ranges(ids)} "
+        log(
+            f"{what} identical to finished run{'s' if len(ids) > 1 else ''} {id_ranges(ids)} "
             "(same model, overrides, loops, exit threshold, KV policy and dtype, evaluation set and seed): skipped; "
-            "--rerun runs them again")
+            "--rerun runs them again"
+        )
     plan.runs = kept
     return skipped
 
 
 def run_sweep(
-    spec: RunSpec, plan: SweepPlan, store: Store, progress: JobProgress | None = None, log: Callable[[str], None] = print,
+    spec: RunSpec,
+    plan: SweepPlan,
+    store: Store,
+    progress: JobProgress | None = None,
+    log: Callable[[str], None] = print,
     sweep_id: str | None = None,
 ) -> list[RunOutcome]:
     """Store the sweep, then run every run of it, each model loaded once; one outcome per run, in order.
@@ -223,12 +253,18 @@ def resumable_run(store: Store, run_id: int) -> Any:
         raise UserError(f"--resume {run_id}: run was stored without its spec and cannot be resumed")
     holder = store.lease_holder(run_id, holder_is_gone)
     if holder is not None:
-        raise UserError(f"--resume {run_id}: the run is being run by {holder} right now; two processes never run one run at once")
+        raise UserError(
+            f"--resume {run_id}: the run is being run by {holder} right now; two processes never run one run at once"
+        )
     return run
 
 
 def resume_run(
-    run_id: int, store: Store, db_url: str | None, progress: JobProgress | None = None, log: Callable[[str], None] = print
+    run_id: int,
+    store: Store,
+    db_url: str | None,
+    progress: JobProgress | None = None,
+    log: Callable[[str], None] = print,
 ) -> list[RunOutcome]:
     """Complete the sweep of run `run_id`: that run and every other unfinished run of its sweep, in order.
 
@@ -265,8 +301,14 @@ def run_one(run_id: int, store: Store, db_url: str | None, log: Callable[[str], 
 
 
 def run_stored(
-    spec: RunSpec, runs: list[PlannedRun], task_configs: list[Any], store: Store, progress: JobProgress | None,
-    log: Callable[[str], None], loaded: dict[str, Any] | None = None, starts: bool = True,
+    spec: RunSpec,
+    runs: list[PlannedRun],
+    task_configs: list[Any],
+    store: Store,
+    progress: JobProgress | None,
+    log: Callable[[str], None],
+    loaded: dict[str, Any] | None = None,
+    starts: bool = True,
 ) -> list[RunOutcome]:
     """Execute stored runs in order, loading each model once per point of the exit and KV axes (runs are model-major).
 
@@ -310,12 +352,21 @@ def run_label(run: PlannedRun) -> str:
     """How progress and log lines name a run: 'run 14 zoo:ouro-tiny r=4', 'run 15 zoo:ouro-tiny r=4 exit=0.5',
     'run 16 zoo:ouro-tiny r=4 shared-last int8' (a plain model has no r, a run off an axis nothing of it)."""
     kv = [value for value in (run.kv_policy, run.kv_dtype) if value is not None]
-    return (f"run {run.id} {run.model}" + ("" if run.loops is None else f" r={run.loops}")
-            + ("" if run.exit_threshold is None else f" exit={run.exit_threshold:g}") + "".join(f" {value}" for value in kv))
+    return (
+        f"run {run.id} {run.model}"
+        + ("" if run.loops is None else f" r={run.loops}")
+        + ("" if run.exit_threshold is None else f" exit={run.exit_threshold:g}")
+        + "".join(f" {value}" for value in kv)
+    )
 
 
 def _execute(
-    spec: RunSpec, store: Store, run: PlannedRun, adapter: Any, task_configs: list[Any], progress: JobProgress | None,
+    spec: RunSpec,
+    store: Store,
+    run: PlannedRun,
+    adapter: Any,
+    task_configs: list[Any],
+    progress: JobProgress | None,
     log: Callable[[str], None],
 ) -> RunOutcome:
     """Generate and score one stored run with `adapter`, keeping the store current whatever happens: samples are
@@ -330,7 +381,11 @@ def _execute(
     previous = stored_row(store, run_id)  # the measurements of its earlier stretches, if it was stopped
     recorder = RunRecorder(store, run_id, sampler, timed, previous=previous)
     recorder.acquire()  # refuses a run another live process is running
-    host = {**(previous.host or {}), **host_info(), "pid": os.getpid()}  # the process that runs it (a worker, a Ray task)
+    host = {
+        **(previous.host or {}),
+        **host_info(),
+        "pid": os.getpid(),
+    }  # the process that runs it (a worker, a Ray task)
     store.update_run(run_id, status="running", error=None, model_config=timed.describe(), host=host)
     status, error = "failed", None
     metrics: dict[str, dict[str, float | None]] = {}
@@ -339,8 +394,13 @@ def _execute(
     try:
         with sigterm_as_interrupt():
             result = run_suite(
-                timed, task_configs, spec.sampling, sink=StoreSink(store, run_id, sampler), limit=spec.limit,
-                batch_size=spec.batch_size, progress=progress,
+                timed,
+                task_configs,
+                spec.sampling,
+                sink=StoreSink(store, run_id, sampler),
+                limit=spec.limit,
+                batch_size=spec.batch_size,
+                progress=progress,
             )
         if result.context_cut:
             log(
@@ -349,7 +409,9 @@ def _execute(
             )
         if sampler.failure is not None:
             raise sampler.failure
-        metrics = {task: {name: value for name, (value, _) in by_metric.items()} for task, by_metric in result.metrics.items()}
+        metrics = {
+            task: {name: value for name, (value, _) in by_metric.items()} for task, by_metric in result.metrics.items()
+        }
         store.set_sample_scores(run_id, result.scores)
         store.set_metrics(run_id, result.metrics)
         status = "finished"
@@ -365,8 +427,14 @@ def _execute(
         sampler.stop()
         try:
             recorder.stop()
-            _record_sampler(store, run_id, sampler, log, f"{run_label(run)}: {status} in {recorder.wall_seconds:.1f} s "
-                            f"({timed.generate_seconds:.1f} s generating")
+            _record_sampler(
+                store,
+                run_id,
+                sampler,
+                log,
+                f"{run_label(run)}: {status} in {recorder.wall_seconds:.1f} s "
+                f"({timed.generate_seconds:.1f} s generating",
+            )
             store.finish_run(run_id, status, error=error)
         finally:
             recorder.release()
@@ -386,7 +454,9 @@ def _error(exc: Exception) -> str:
     return one_line(f"{type(exc).__name__}: {exc}")
 
 
-def _record_sampler(store: Store, run_id: int, sampler: MemorySampler, log: Callable[[str], None], headline: str) -> None:
+def _record_sampler(
+    store: Store, run_id: int, sampler: MemorySampler, log: Callable[[str], None], headline: str
+) -> None:
     """Log the run's one closing line with what the memory sampler cost, and store that cost in full (ticks, time
     per tick) with the run: its overhead is part of what a run reports."""
     overhead = sampler.overhead()

@@ -45,8 +45,14 @@ def check_fits(what: str, facts: dict[str, Any], tokens: int, sequences: int, hi
     if need is None:
         return
     budget = facts.get("kv_budget")
-    kv = f"the KV pool of kv_budget = {budget:g} GB" if budget is not None else f"the KV cache of {sequences} sequences x {tokens} tokens"
-    check_memory(f"{what}: weights and {kv}", need, facts.get("device", "cpu"), "kv_budget" if budget is not None else hint)
+    kv = (
+        f"the KV pool of kv_budget = {budget:g} GB"
+        if budget is not None
+        else f"the KV cache of {sequences} sequences x {tokens} tokens"
+    )
+    check_memory(
+        f"{what}: weights and {kv}", need, facts.get("device", "cpu"), "kv_budget" if budget is not None else hint
+    )
 
 
 def check_memory(what: str, need: int, device: str, hint: str) -> None:
@@ -72,5 +78,7 @@ def check_context(spec: str, facts: dict[str, Any], option: str, tokens: int, ge
     (`context_excess`), naming the most that fits."""
     excess = context_excess(spec, facts, option, tokens, generated)
     if excess is not None:
-        raise UserError(f"{excess}: at most {facts['max_context'] - generated} fits "
-                        "(`loopeval models` and `loopeval zoo list` show each model's context)")
+        raise UserError(
+            f"{excess}: at most {facts['max_context'] - generated} fits "
+            "(`loopeval models` and `loopeval zoo list` show each model's context)"
+        )

@@ -78,19 +78,35 @@ class ProfilePlan:
         return {"seed": self.seed, **self.kv}
 
 
-def plan_profile(spec: str, lengths: Sequence[int], loops: Sequence[int] | None = None, batch: int = 1, *,
-                 seed: int = 0, decode_steps: int = DECODE_STEPS, kv_policy: str | None = None,
-                 kv_dtype: str | None = None) -> ProfilePlan:
+def plan_profile(
+    spec: str,
+    lengths: Sequence[int],
+    loops: Sequence[int] | None = None,
+    batch: int = 1,
+    *,
+    seed: int = 0,
+    decode_steps: int = DECODE_STEPS,
+    kv_policy: str | None = None,
+    kv_dtype: str | None = None,
+) -> ProfilePlan:
     """Check every option and every point (context, memory) before anything is measured or stored; the KV policy and
     dtype (None: the model's own) by name here, and whether the model's family takes them by its inspector."""
-    for option, values in (("--lengths", lengths), ("--loops", loops or ()), ("--batch", [batch]),
-                           ("--decode-steps", [decode_steps]), ("--seed", [seed])):  # the seed is stored in a 64-bit column
+    for option, values in (
+        ("--lengths", lengths),
+        ("--loops", loops or ()),
+        ("--batch", [batch]),
+        ("--decode-steps", [decode_steps]),
+        ("--seed", [seed]),
+    ):  # the seed is stored in a 64-bit column
         for value in values:
             check_int(option, value)
     if not lengths:
         raise UserError("--lengths needs at least one context length")
-    kv = {key: check(value) for key, check, value in (("kv_policy", checked_kv_policy, kv_policy),
-                                                       ("kv_dtype", checked_kv_dtype, kv_dtype)) if value is not None}
+    kv = {
+        key: check(value)
+        for key, check, value in (("kv_policy", checked_kv_policy, kv_policy), ("kv_dtype", checked_kv_dtype, kv_dtype))
+        if value is not None
+    }
     spec = adapters.resolve(spec)
     adapter, facts = None, adapters.inspect(spec, seed=seed, **kv)
     if facts is None:
@@ -103,7 +119,9 @@ def plan_profile(spec: str, lengths: Sequence[int], loops: Sequence[int] | None 
     for r in counts:
         at_r = adapters.inspect(spec, seed=seed, **kv, **({} if r is None else {"loops": r}))
         if at_r is not None:
-            check_fits(spec + ("" if r is None else f" at loops={r}"), at_r, longest, batch, "--lengths, --batch or --loops")
+            check_fits(
+                spec + ("" if r is None else f" at loops={r}"), at_r, longest, batch, "--lengths, --batch or --loops"
+            )
     return ProfilePlan(spec, list(lengths), counts, batch, seed, decode_steps, adapter, facts.get("params"), kv)
 
 
@@ -135,8 +153,10 @@ def profile_model(
             sampler = MemorySampler(adapter, interval=interval, spec=spec)
             with sampler:
                 prompts = [_prompt(vocab, length, seed)] * batch
-                generations = [checked_generation(spec, g) for g in hook(spec, "generate()", adapter.generate, prompts,
-                                                                         decode_sampling(decode_steps))]
+                generations = [
+                    checked_generation(spec, g)
+                    for g in hook(spec, "generate()", adapter.generate, prompts, decode_sampling(decode_steps))
+                ]
             if sampler.failure is not None:
                 raise sampler.failure
             point_peaks = sampler.peaks()

@@ -177,8 +177,13 @@ class MemorySampler:
     writes, safe to read from the sampler thread under the GIL.
     """
 
-    def __init__(self, adapter: Any | None = None, interval: float = DEFAULT_INTERVAL, device_index: int | None = None,
-                 spec: str = "the adapter") -> None:
+    def __init__(
+        self,
+        adapter: Any | None = None,
+        interval: float = DEFAULT_INTERVAL,
+        device_index: int | None = None,
+        spec: str = "the adapter",
+    ) -> None:
         if interval <= 0:
             raise ValueError(f"sampler interval must be > 0 seconds, got {interval}")
         self.sources = Sources(adapter, device_index, spec)

@@ -25,6 +25,7 @@ SUITE_SAMPLING: dict[str, Sampling] = {
     "paper": PAPER_PROTOCOL,
 }
 
+
 @dataclass(frozen=True)
 class RunDefaults:
     """The default `loopeval run`'s headline sweep: the trained tiny zoo on the synthetic suite (its time, measured
@@ -48,8 +49,14 @@ class LabDefaults:
     Greedy on the first 20 docs of each task, and a set of its own, never compared with the headline's sampled
     points."""
 
-    models: tuple[str, ...] = ("zoo:lab-baseloop", "zoo:lab-history", "zoo:lab-loopgate", "zoo:lab-history-loopgate",
-                               "zoo:lab-coreloop", "zoo:lab-huginn")
+    models: tuple[str, ...] = (
+        "zoo:lab-baseloop",
+        "zoo:lab-history",
+        "zoo:lab-loopgate",
+        "zoo:lab-history-loopgate",
+        "zoo:lab-coreloop",
+        "zoo:lab-huginn",
+    )
     loops: tuple[int, ...] = tuple(range(1, 13))
     limit: int = 20
     temperature: float = 0.0
@@ -70,7 +77,7 @@ class ExitDefaults:
     so that the first report a user opens draws accuracy against the loops a token ran beside accuracy against
     memory. Each token stops at the first loop whose cumulative exit probability reaches the threshold and skips
     the rest (`adapters.engine.exits`). No 1.0: it runs every loop, the same tokens as the headline's run at r = 4,
-    which the figures draw as each line's full-depth end (`dashboards.figures.accuracy_vs_compute`)."""
+    which the figures draw as each line's full-depth end (`dashboards.cost_figures.accuracy_vs_compute`)."""
 
     models: tuple[str, ...] = ("zoo:ouro-tiny", "zoo:melt-tiny")
     loops: tuple[int, ...] = (4,)
@@ -102,8 +109,10 @@ class LeverDefaults:
 
     def options(self) -> list[dict[str, Any]]:
         """As `RunSpec.build` keywords, one dict per spec."""
-        return [dict(models=self.shared, loops=self.loops, kv_policies=self.policies, kv_dtypes=self.dtypes),
-                dict(models=self.quantized, loops=self.loops, kv_dtypes=("int8",))]
+        return [
+            dict(models=self.shared, loops=self.loops, kv_policies=self.policies, kv_dtypes=self.dtypes),
+            dict(models=self.quantized, loops=self.loops, kv_dtypes=("int8",)),
+        ]
 
 
 LEVERS = LeverDefaults()

@@ -283,66 +283,190 @@ class RunOption:
 _SYNTHETIC = SUITE_SAMPLING[DEFAULTS.suite]
 
 OPTIONS: tuple[RunOption, ...] = (
-    RunOption("models", "models", _models, type=list[str], flag_name="--model", chooses=True,
-              help=f"Model spec, repeatable (see `loopeval models`). Default: {', '.join(DEFAULTS.models)}."),
-    RunOption("suite", "suite", _suite, type=str, chooses=True,
-              help=f"Suite name (see `loopeval suites`). Default: {DEFAULTS.suite}."),
-    RunOption("tasks", "tasks", _strings, type=str, read=_task_names, chooses=True,
-              help="Comma-separated task names of the suite. Default: the suite's default tasks (synthetic: the chains and "
-                   "c30k2-c30k8)."),
-    RunOption("loops", "loops", _loops, type=str, read=int_ranges, chooses=True,
-              help="Comma-separated loop counts for looped models; ranges too (1-12: depth extrapolation). "
-                   f"Default: {','.join(map(str, DEFAULTS.loops))}."),
-    RunOption("exit_threshold", "exit_thresholds", _thresholds, type=str, read=float_list, chooses=True,
-              help="Comma-separated per-token early-exit thresholds: each looped engine model runs once per threshold (and "
-                   "loop count), a token stopping its loops once the exit criterion reaches it. Gate: in [0, 1] (0 = one "
-                   "loop, 1 = all r); kl, entropy: >= 0. Default: not swept (each model's own exit policy)."),
-    RunOption("exit_criterion", "exit_criterion", _string, type=str,
-              help=f"What --exit-threshold is compared with: {', '.join(EXIT_CRITERIA)}. Default: {DEFAULT_EXIT_CRITERION} "
-                   "(Ouro's learned exit gate)."),
-    RunOption("kv_policy", "kv_policies", _names, type=str, read=string_list, chooses=True,
-              help="Comma-separated KV policies: each looped engine model runs once per policy (a plain model keeps its "
-                   f"standard cache): {', '.join(KV_POLICIES)} ({EMA}:ALPHA, ALPHA in (0, 1)). A policy a model's family "
-                   "cannot take is refused. Default: not swept (each model's own)."),
-    RunOption("kv_dtype", "kv_dtypes", _names, type=str, read=string_list, chooses=True,
-              help=f"Comma-separated KV cache dtypes, each model run once per dtype: {', '.join(KV_DTYPES)} (auto: the "
-                   "model's dtype; int8 and fp8 keep a scale per token and head). Default: not swept (auto)."),
-    RunOption("samples", "samples", _sampling, type=int, chooses=True, sampling="n",
-              help=f"Samples per problem (pass@1 is their mean). Default: the suite's ({_SYNTHETIC.n} on {DEFAULTS.suite})."),
-    RunOption("temperature", "temperature", _sampling, type=float, chooses=True, sampling="temperature",
-              help=f"Sampling temperature, >= 0 (0 = greedy). Default: the suite's ({_SYNTHETIC.temperature} on "
-                   f"{DEFAULTS.suite})."),
-    RunOption("top_p", "top_p", _sampling, type=float, chooses=True, sampling="top_p",
-              help=f"Nucleus top-p in (0, 1]. Default: the suite's ({_SYNTHETIC.top_p} on {DEFAULTS.suite})."),
-    RunOption("max_new_tokens", "max_new_tokens", _sampling, type=int, chooses=True, sampling="max_new_tokens",
-              help=f"New tokens per sample. Default: the suite's ({_SYNTHETIC.max_new_tokens} on {DEFAULTS.suite}, "
-                   f"{PAPER_PROTOCOL.max_new_tokens} on paper)."),
+    RunOption(
+        "models",
+        "models",
+        _models,
+        type=list[str],
+        flag_name="--model",
+        chooses=True,
+        help=f"Model spec, repeatable (see `loopeval models`). Default: {', '.join(DEFAULTS.models)}.",
+    ),
+    RunOption(
+        "suite",
+        "suite",
+        _suite,
+        type=str,
+        chooses=True,
+        help=f"Suite name (see `loopeval suites`). Default: {DEFAULTS.suite}.",
+    ),
+    RunOption(
+        "tasks",
+        "tasks",
+        _strings,
+        type=str,
+        read=_task_names,
+        chooses=True,
+        help="Comma-separated task names of the suite. Default: the suite's default tasks (synthetic: the chains and "
+        "c30k2-c30k8).",
+    ),
+    RunOption(
+        "loops",
+        "loops",
+        _loops,
+        type=str,
+        read=int_ranges,
+        chooses=True,
+        help="Comma-separated loop counts for looped models; ranges too (1-12: depth extrapolation). "
+        f"Default: {','.join(map(str, DEFAULTS.loops))}.",
+    ),
+    RunOption(
+        "exit_threshold",
+        "exit_thresholds",
+        _thresholds,
+        type=str,
+        read=float_list,
+        chooses=True,
+        help="Comma-separated per-token early-exit thresholds: each looped engine model runs once per threshold (and "
+        "loop count), a token stopping its loops once the exit criterion reaches it. Gate: in [0, 1] (0 = one "
+        "loop, 1 = all r); kl, entropy: >= 0. Default: not swept (each model's own exit policy).",
+    ),
+    RunOption(
+        "exit_criterion",
+        "exit_criterion",
+        _string,
+        type=str,
+        help=f"What --exit-threshold is compared with: {', '.join(EXIT_CRITERIA)}. Default: {DEFAULT_EXIT_CRITERION} "
+        "(Ouro's learned exit gate).",
+    ),
+    RunOption(
+        "kv_policy",
+        "kv_policies",
+        _names,
+        type=str,
+        read=string_list,
+        chooses=True,
+        help="Comma-separated KV policies: each looped engine model runs once per policy (a plain model keeps its "
+        f"standard cache): {', '.join(KV_POLICIES)} ({EMA}:ALPHA, ALPHA in (0, 1)). A policy a model's family "
+        "cannot take is refused. Default: not swept (each model's own).",
+    ),
+    RunOption(
+        "kv_dtype",
+        "kv_dtypes",
+        _names,
+        type=str,
+        read=string_list,
+        chooses=True,
+        help=f"Comma-separated KV cache dtypes, each model run once per dtype: {', '.join(KV_DTYPES)} (auto: the "
+        "model's dtype; int8 and fp8 keep a scale per token and head). Default: not swept (auto).",
+    ),
+    RunOption(
+        "samples",
+        "samples",
+        _sampling,
+        type=int,
+        chooses=True,
+        sampling="n",
+        help=f"Samples per problem (pass@1 is their mean). Default: the suite's ({_SYNTHETIC.n} on {DEFAULTS.suite}).",
+    ),
+    RunOption(
+        "temperature",
+        "temperature",
+        _sampling,
+        type=float,
+        chooses=True,
+        sampling="temperature",
+        help=f"Sampling temperature, >= 0 (0 = greedy). Default: the suite's ({_SYNTHETIC.temperature} on "
+        f"{DEFAULTS.suite}).",
+    ),
+    RunOption(
+        "top_p",
+        "top_p",
+        _sampling,
+        type=float,
+        chooses=True,
+        sampling="top_p",
+        help=f"Nucleus top-p in (0, 1]. Default: the suite's ({_SYNTHETIC.top_p} on {DEFAULTS.suite}).",
+    ),
+    RunOption(
+        "max_new_tokens",
+        "max_new_tokens",
+        _sampling,
+        type=int,
+        chooses=True,
+        sampling="max_new_tokens",
+        help=f"New tokens per sample. Default: the suite's ({_SYNTHETIC.max_new_tokens} on {DEFAULTS.suite}, "
+        f"{PAPER_PROTOCOL.max_new_tokens} on paper).",
+    ),
     RunOption("limit", "limit", _positive_int, type=int, chooses=True, help="Docs per task. Default: all."),
-    RunOption("batch_size", "batch_size", _positive_int, type=int,
-              help="Prompts per generate call, and docs per log-likelihood forward. The engine schedules its own batches: "
-                   "it takes each task's docs at once and decodes its max_batch override's sequences together. "
-                   f"Default: {DEFAULTS.batch_size}."),
-    RunOption("seed", "seeds", _seed, type=str, read=_seed_ranges, chooses=True, sampling="seed",
-              help="Seed for weights of random presets and for sampling; comma-separated seeds run the sweep once per seed. "
-                   "Default: 0."),
+    RunOption(
+        "batch_size",
+        "batch_size",
+        _positive_int,
+        type=int,
+        help="Prompts per generate call, and docs per log-likelihood forward. The engine schedules its own batches: "
+        "it takes each task's docs at once and decodes its max_batch override's sequences together. "
+        f"Default: {DEFAULTS.batch_size}.",
+    ),
+    RunOption(
+        "seed",
+        "seeds",
+        _seed,
+        type=str,
+        read=_seed_ranges,
+        chooses=True,
+        sampling="seed",
+        help="Seed for weights of random presets and for sampling; comma-separated seeds run the sweep once per seed. "
+        "Default: 0.",
+    ),
     RunOption("seeds", "seeds", _seeds),
-    RunOption("data_dir", "data_dir", _directory, type=str,
-              help="Directory with local copies of suite datasets (JSONL or parquet)."),
+    RunOption(
+        "data_dir",
+        "data_dir",
+        _directory,
+        type=str,
+        help="Directory with local copies of suite datasets (JSONL or parquet).",
+    ),
     RunOption("trust_remote_code", "trust_remote_code", _flag, type=bool, read=_given_flag),
     RunOption("db", "db_url", _string, type=str),
-    RunOption("executor", "executor", _executor, type=str,
-              help="local: the runs one after another in this process (default). ray: each run a Ray task."),
-    RunOption("ray_address", "ray_address", _string, type=str,
-              help="Ray cluster to submit to (--executor ray). Default: $RAY_ADDRESS, else a new local Ray instance."),
-    RunOption("gpus_per_run", "gpus_per_run", _gpus, type=float,
-              help="GPUs each run requests (--executor ray; a fraction shares a GPU). Default: 1 on a cluster with GPUs, "
-                   "else one CPU per run."),
-    RunOption("device", "device", _string, type=str,
-              help="Where every model computes: cpu or cuda (a model's own device override in a sweep file wins). "
-                   "Default: each model's own (the engine's: cuda where torch sees one, else cpu)."),
-    RunOption("workers", "workers", _workers, type=int,
-              help="Runs side by side in worker processes (--executor local). Default: the cores this process may use "
-                   "over each run's threads, 1 on a GPU."),
+    RunOption(
+        "executor",
+        "executor",
+        _executor,
+        type=str,
+        help="local: the runs one after another in this process (default). ray: each run a Ray task.",
+    ),
+    RunOption(
+        "ray_address",
+        "ray_address",
+        _string,
+        type=str,
+        help="Ray cluster to submit to (--executor ray). Default: $RAY_ADDRESS, else a new local Ray instance.",
+    ),
+    RunOption(
+        "gpus_per_run",
+        "gpus_per_run",
+        _gpus,
+        type=float,
+        help="GPUs each run requests (--executor ray; a fraction shares a GPU). Default: 1 on a cluster with GPUs, "
+        "else one CPU per run.",
+    ),
+    RunOption(
+        "device",
+        "device",
+        _string,
+        type=str,
+        help="Where every model computes: cpu or cuda (a model's own device override in a sweep file wins). "
+        "Default: each model's own (the engine's: cuda where torch sees one, else cpu).",
+    ),
+    RunOption(
+        "workers",
+        "workers",
+        _workers,
+        type=int,
+        help="Runs side by side in worker processes (--executor local). Default: the cores this process may use "
+        "over each run's threads, 1 on a GPU.",
+    ),
 )
 BY_KEY = {option.key: option for option in OPTIONS}
 # The flag that gives each sampling field, as `RunSpec.build`'s errors name it.

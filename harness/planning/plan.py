@@ -48,8 +48,11 @@ def load_tasks(spec: RunSpec) -> list[Any]:
     from suites.registry import load_suite
 
     try:
-        return load_suite(spec.suite, tasks=list(spec.tasks) if spec.tasks else None,
-                          data_dir=None if spec.data_dir is None else Path(spec.data_dir))
+        return load_suite(
+            spec.suite,
+            tasks=list(spec.tasks) if spec.tasks else None,
+            data_dir=None if spec.data_dir is None else Path(spec.data_dir),
+        )
     except SuiteError as exc:
         raise UserError(str(exc)) from None
 
@@ -78,8 +81,10 @@ def prepare_sweep(spec: RunSpec) -> SweepPlan:
         plan.params[model] = description.get("params")
         plan.devices[model] = str(description.get("device") or "cpu")
         if description.get("has_tokenizer") is False:
-            raise UserError(f"{model} has no tokenizer, so it cannot read a suite's prompts: evaluate a checkpoint "
-                            "(e.g. qwen3:PATH) or a zoo model; real-size presets are for `loopeval profile` and `estimate`")
+            raise UserError(
+                f"{model} has no tokenizer, so it cannot read a suite's prompts: evaluate a checkpoint "
+                "(e.g. qwen3:PATH) or a zoo model; real-size presets are for `loopeval profile` and `estimate`"
+            )
         runs = _model_runs(spec, plan, model, description)
         for run in runs:
             _check_fits(spec, run)
@@ -87,7 +92,9 @@ def prepare_sweep(spec: RunSpec) -> SweepPlan:
     if spec.exit_thresholds and all(run.exit_threshold is None for run in plan.runs):
         raise UserError("--exit-threshold applies to looped models, and none of the sweep's models loops")
     if spec.kv_policies and all(run.kv_policy is None for run in plan.runs):
-        raise UserError("--kv-policy applies to looped models, and none of the sweep's models loops (--kv-dtype applies to all)")
+        raise UserError(
+            "--kv-policy applies to looped models, and none of the sweep's models loops (--kv-dtype applies to all)"
+        )
     return plan
 
 
@@ -109,17 +116,39 @@ def _model_runs(spec: RunSpec, plan: SweepPlan, model: str, description: dict[st
         if not isinstance(config, dict) or "exit_gate" not in config:
             raise UserError(f"--exit-threshold: {model} is not an engine model, whose per-token exit the axis sets")
         if spec.exit_criterion == DEFAULT_EXIT_CRITERION and not config["exit_gate"]:
-            raise UserError(f"--exit-threshold: {model} has no exit gate for --exit-criterion {DEFAULT_EXIT_CRITERION}; "
-                            f"kl or entropy need none")
-    return [dataclasses.replace(first, loops=r, exit_threshold=t, exit_criterion=None if t is None else spec.exit_criterion,
-                                kv_policy=p, kv_dtype=d)
-            for t in spec.exit_thresholds or (None,) for p in spec.kv_policies or (None,) for d in dtypes for r in spec.loops]
+            raise UserError(
+                f"--exit-threshold: {model} has no exit gate for --exit-criterion {DEFAULT_EXIT_CRITERION}; "
+                f"kl or entropy need none"
+            )
+    return [
+        dataclasses.replace(
+            first,
+            loops=r,
+            exit_threshold=t,
+            exit_criterion=None if t is None else spec.exit_criterion,
+            kv_policy=p,
+            kv_dtype=d,
+        )
+        for t in spec.exit_thresholds or (None,)
+        for p in spec.kv_policies or (None,)
+        for d in dtypes
+        for r in spec.loops
+    ]
 
 
 def _planned(spec: RunSpec, plan: SweepPlan, model: str) -> PlannedRun:
     """`model`'s run on the spec's set and seed, off every axis: what each of its runs varies."""
-    return PlannedRun(model, None, spec.suite, tuple(t.name for t in plan.task_configs), dataclasses.asdict(spec.sampling),
-                      spec.seed, spec.limit, plan.fingerprint, spec=spec.to_dict())
+    return PlannedRun(
+        model,
+        None,
+        spec.suite,
+        tuple(t.name for t in plan.task_configs),
+        dataclasses.asdict(spec.sampling),
+        spec.seed,
+        spec.limit,
+        plan.fingerprint,
+        spec=spec.to_dict(),
+    )
 
 
 def _check_fits(spec: RunSpec, run: PlannedRun) -> None:
@@ -128,7 +157,9 @@ def _check_fits(spec: RunSpec, run: PlannedRun) -> None:
     anything is stored."""
     import adapters
 
-    facts = adapters.inspect(run.model, **spec.run_overrides(run), **({} if run.loops is None else {"loops": run.loops}))
+    facts = adapters.inspect(
+        run.model, **spec.run_overrides(run), **({} if run.loops is None else {"loops": run.loops})
+    )
     if facts is None:
         return
     tokens = min(spec.sampling.max_new_tokens, facts.get("max_context", spec.sampling.max_new_tokens))
@@ -168,5 +199,9 @@ def stored_spec(run: Any, db_url: str | None, where: str | None = None) -> RunSp
         return RunSpec.from_dict(run.spec, run.sampling, db_url)
     except (TypeError, ValueError) as exc:  # UserError is a ValueError
         reason = (str(exc).splitlines() or [type(exc).__name__])[0]
-        raise DamagedRun(run.id, column, f"does not hold what this loopeval stores there ({reason})",
-                         where or display_url(resolve_db_url(db_url))) from None
+        raise DamagedRun(
+            run.id,
+            column,
+            f"does not hold what this loopeval stores there ({reason})",
+            where or display_url(resolve_db_url(db_url)),
+        ) from None

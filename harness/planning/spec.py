@@ -66,9 +66,9 @@ def check_exit(thresholds: Sequence[float], criterion: str | None) -> None:
         number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         if not number or value < 0 or (gate and value > 1):
             what = "a finite number in [0, 1]" if gate else "a finite number >= 0"
-            raise UserError(f"--exit-threshold must be {what} with --exit-criterion {criterion or DEFAULT_EXIT_CRITERION}, got {value!r}")
-
-
+            raise UserError(
+                f"--exit-threshold must be {what} with --exit-criterion {criterion or DEFAULT_EXIT_CRITERION}, got {value!r}"
+            )
 
 
 def checked_kv_policy(value: str) -> str:
@@ -77,9 +77,13 @@ def checked_kv_policy(value: str) -> str:
     try:
         name, alpha = parse_kv_policy(value.strip())
     except AdapterError:
-        raise UserError(f"--kv-policy {EMA}:ALPHA needs ALPHA in (0, 1) (the newest loop's weight), got {value!r}") from None
+        raise UserError(
+            f"--kv-policy {EMA}:ALPHA needs ALPHA in (0, 1) (the newest loop's weight), got {value!r}"
+        ) from None
     if name not in KV_POLICIES:
-        raise UserError(f"--kv-policy must be one of {', '.join(KV_POLICIES)} ({EMA}:ALPHA with ALPHA in (0, 1)), got {value!r}")
+        raise UserError(
+            f"--kv-policy must be one of {', '.join(KV_POLICIES)} ({EMA}:ALPHA with ALPHA in (0, 1)), got {value!r}"
+        )
     return name if alpha is None else f"{name}:{alpha:g}"
 
 
@@ -102,7 +106,9 @@ def checked_device(option: str, value: str) -> str:
     import torch
 
     if value == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"{option} cuda: torch {torch.__version__} sees no CUDA device on this machine (use --device cpu)")
+        raise UserError(
+            f"{option} cuda: torch {torch.__version__} sees no CUDA device on this machine (use --device cpu)"
+        )
     return value
 
 
@@ -178,7 +184,13 @@ class RunSpec:
         batch_size = DEFAULTS.batch_size if batch_size is None else batch_size
         for option, value in (("--limit", limit), ("--batch-size", batch_size), *(("--loops", r) for r in loops)):
             check_int(option, value)
-        given: dict[str, Any] = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens, "n": samples, "seed": seed}
+        given: dict[str, Any] = {
+            "temperature": temperature,
+            "top_p": top_p,
+            "max_new_tokens": max_new_tokens,
+            "n": samples,
+            "seed": seed,
+        }
         given = {name: value for name, value in given.items() if value is not None}
         for name, value in given.items():
             check_sampling_given(name, value, SAMPLING_FLAGS[name])
@@ -186,7 +198,9 @@ class RunSpec:
             raise UserError(f"--data-dir {data_dir} is not a directory")
         sampling = dataclasses.replace(defaults, **given)
         limit = DEFAULTS.limit if limit is None else limit
-        per_model = _checked_model_overrides(models, {adapters.resolve(m): o for m, o in (model_overrides or {}).items()})
+        per_model = _checked_model_overrides(
+            models, {adapters.resolve(m): o for m, o in (model_overrides or {}).items()}
+        )
         if device is not None:
             checked_device("--device", device)
             per_model = {model: {"device": device, **per_model.get(model, {})} for model in models}
@@ -196,10 +210,14 @@ class RunSpec:
         dtypes = tuple(dict.fromkeys(checked_kv_dtype(d) for d in kv_dtypes or ()))
         for model, values in per_model.items():
             if thresholds and set(EXIT_OVERRIDES) & set(values):
-                raise UserError(f"overrides of {model}: --exit-threshold sweeps the exit policy, so the model's own exit overrides cannot be kept")
+                raise UserError(
+                    f"overrides of {model}: --exit-threshold sweeps the exit policy, so the model's own exit overrides cannot be kept"
+                )
             for swept, key, option in ((policies, "kv_policy", "--kv-policy"), (dtypes, "kv_dtype", "--kv-dtype")):
                 if swept and key in values:
-                    raise UserError(f"overrides of {model}: {option} sweeps {key}, so the model's own {key} override cannot be kept")
+                    raise UserError(
+                        f"overrides of {model}: {option} sweeps {key}, so the model's own {key} override cannot be kept"
+                    )
         return cls(
             models=models,
             suite=suite,
@@ -255,7 +273,9 @@ class RunSpec:
         return cls(**fields)
 
 
-def _checked_model_overrides(models: Sequence[str], overrides: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+def _checked_model_overrides(
+    models: Sequence[str], overrides: Mapping[str, Mapping[str, Any]]
+) -> dict[str, dict[str, Any]]:
     """Per-model overrides as stored: only for models of the sweep, never a sweep-wide setting, empty ones dropped."""
     checked = {}
     for model, values in overrides.items():
@@ -274,7 +294,9 @@ def is_looped(description: dict[str, Any]) -> bool:
     return description.get("kv_strategy", "standard") != "standard" or (description.get("loops") or 1) > 1
 
 
-def at_loops(adapter: Any, model: str, loops: int | None, overrides: Mapping[str, Any], batching: str | None = None) -> Any:
+def at_loops(
+    adapter: Any, model: str, loops: int | None, overrides: Mapping[str, Any], batching: str | None = None
+) -> Any:
     """`model`'s adapter set to run `loops` (None: its own) and, where it batches, with `batching` (None: as it is).
 
     An adapter that has them (the engine) is changed in place through its `loops` and `batching`
@@ -283,6 +305,7 @@ def at_loops(adapter: Any, model: str, loops: int | None, overrides: Mapping[str
     peaks are its own. Any other adapter, or none yet (`adapter` None), is loaded with `overrides` and `loops`.
     Each property and hook goes through `adapters.base.hook`: a plugin's that raises is one line.
     """
+
     def has(name: str) -> bool:
         return hook(model, name, hasattr, adapter, name)
 

@@ -81,9 +81,13 @@ def _check_grid(values: Mapping[str, Any], seeds: list[int]) -> None:
     kv = len(set(values.get("kv_policies") or [None])) * len(set(values.get("kv_dtypes") or [None]))
     runs = models * loops * thresholds * kv * len(set(seeds))
     if runs > MAX_RUNS:
-        swept = (f" x {thresholds} exit thresholds" if thresholds > 1 else "") + (f" x {kv} KV settings" if kv > 1 else "")
-        raise UserError(f"the sweep asks for up to {runs:,} runs ({models} models x {loops} loop counts{swept} x {len(set(seeds))} seeds), "
-                        f"over the limit of {MAX_RUNS:,}: split it into several sweeps")
+        swept = (f" x {thresholds} exit thresholds" if thresholds > 1 else "") + (
+            f" x {kv} KV settings" if kv > 1 else ""
+        )
+        raise UserError(
+            f"the sweep asks for up to {runs:,} runs ({models} models x {loops} loop counts{swept} x {len(set(seeds))} seeds), "
+            f"over the limit of {MAX_RUNS:,}: split it into several sweeps"
+        )
 
 
 def build_request(flags: Mapping[str, Any], config: str | None = None) -> SweepRequest:
@@ -106,11 +110,17 @@ def build_request(flags: Mapping[str, Any], config: str | None = None) -> SweepR
     if workers is not None:
         BY_KEY["workers"].check("--workers", workers)
         if executor != "local":
-            raise UserError("--workers (workers in a sweep file) applies only to --executor local: Ray places each run itself")
+            raise UserError(
+                "--workers (workers in a sweep file) applies only to --executor local: Ray places each run itself"
+            )
     seeds = values.pop("seeds", None) or [0]
     _check_grid(values, seeds)
     specs = tuple(RunSpec.build(**values, seed=seed) for seed in dict.fromkeys(seeds))
     if default_benchmark:
-        specs = (RunSpec.build(**values, **LAB.options()), *specs, RunSpec.build(**values, **EXITS.options()),
-                 *(RunSpec.build(**values, **options) for options in LEVERS.options()))
+        specs = (
+            RunSpec.build(**values, **LAB.options()),
+            *specs,
+            RunSpec.build(**values, **EXITS.options()),
+            *(RunSpec.build(**values, **options) for options in LEVERS.options()),
+        )
     return SweepRequest(specs, executor, ray["ray_address"], ray["gpus_per_run"], workers)

@@ -36,7 +36,9 @@ def test_greedy_equals_transformers_generate_and_batching_is_invisible(adapter, 
     got = adapter.generate(prompts, Sampling(temperature=0, max_new_tokens=10))
     for prompt, g in zip(prompts, got):
         ids = adapter.tokenizer(prompt, return_tensors="pt").input_ids
-        want = reference.generate(ids, do_sample=False, max_new_tokens=10, eos_token_id=2, pad_token_id=0)[0, ids.shape[1]:].tolist()
+        want = reference.generate(ids, do_sample=False, max_new_tokens=10, eos_token_id=2, pad_token_id=0)[
+            0, ids.shape[1] :
+        ].tolist()
         cut = want.index(2) + 1 if 2 in want else len(want)
         assert g.token_ids == want[:cut]
         assert g.prompt_tokens == ids.shape[1] and g.generated_tokens == len(g.token_ids)
@@ -69,8 +71,12 @@ def test_stop_strings_match_generated_text_only(adapter) -> None:
     """transformers' own stop_strings would stop at once here: the prompt already ends with the stop string."""
     free = adapter.generate(["ab\n"], Sampling(temperature=1.0, top_p=1.0, max_new_tokens=16, seed=3))[0]
     text = free.text
-    stop = next(text[k:k + 2] for k in range(1, len(text) - 2) if text.find(text[k:k + 2]) == k and text[k:k + 2].strip())
-    stopped = adapter.generate(["ab" + stop], Sampling(temperature=1.0, top_p=1.0, max_new_tokens=16, seed=3, stop=(stop,)))[0]
+    stop = next(
+        text[k : k + 2] for k in range(1, len(text) - 2) if text.find(text[k : k + 2]) == k and text[k : k + 2].strip()
+    )
+    stopped = adapter.generate(
+        ["ab" + stop], Sampling(temperature=1.0, top_p=1.0, max_new_tokens=16, seed=3, stop=(stop,))
+    )[0]
     assert stopped.generated_tokens >= 1  # not stopped by the stop string sitting in the prompt
     again = adapter.generate(["ab\n"], Sampling(temperature=1.0, top_p=1.0, max_new_tokens=16, seed=3, stop=(stop,)))[0]
     assert again.finish_reason == "stop" and again.text == text[: text.find(stop)]
@@ -119,7 +125,9 @@ def test_load_errors_are_one_line_user_errors(tiny_qwen3: Path, tmp_path: Path) 
         adapters.load(f"transformers:{broken}")
 
 
-def test_remote_code_needs_the_flag_and_warns(tiny_qwen3: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_remote_code_needs_the_flag_and_warns(
+    tiny_qwen3: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A directory that ships its own modeling code runs only with trust_remote_code=True, with a warning."""
     remote = tmp_path / "remote"
     shutil.copytree(tiny_qwen3, remote)

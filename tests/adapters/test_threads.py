@@ -36,12 +36,16 @@ def test_small_models_get_one_thread_and_large_or_unknown_ones_every_core(monkey
     assert threads.choose(None).count == 4  # a size loopeval cannot read is treated as large
 
 
-def test_the_flag_wins_over_the_variable_which_wins_over_the_size_and_neither_passes_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_flag_wins_over_the_variable_which_wins_over_the_size_and_neither_passes_the_cores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(threads, "cores", lambda: 4)
     monkeypatch.setenv(threads.ENV_VAR, "3")
     assert threads.choose(1_000) == threads.Threads(3, threads.ENV_VAR)
     assert threads.choose(1_000, requested=2) == threads.Threads(2, "--threads")
-    assert threads.choose(None, requested=9) == threads.Threads(4, "--threads 9, capped at the 4 cores this process may use")
+    assert threads.choose(None, requested=9) == threads.Threads(
+        4, "--threads 9, capped at the 4 cores this process may use"
+    )
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "two", "1.5", "", "5000"])
@@ -68,10 +72,30 @@ def test_loading_an_engine_model_applies_the_policy_when_nothing_chose_a_count()
 
 
 @pytest.mark.slow  # three real runs
-def test_run_says_the_count_once_and_stores_it_with_every_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_says_the_count_once_and_stores_it_with_every_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     db = tmp_path / "r.sqlite"
-    argv = ["run", "--model", "preset:qwen3-tiny", "--model", "preset:ouro-tiny", "--loops", "1,2", "--tasks", "lookup", "--limit", "1",
-            "--samples", "1", "--max-new-tokens", "2", "--db", str(db), "--no-report"]
+    argv = [
+        "run",
+        "--model",
+        "preset:qwen3-tiny",
+        "--model",
+        "preset:ouro-tiny",
+        "--loops",
+        "1,2",
+        "--tasks",
+        "lookup",
+        "--limit",
+        "1",
+        "--samples",
+        "1",
+        "--max-new-tokens",
+        "2",
+        "--db",
+        str(db),
+        "--no-report",
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert out.count("threads: ") == 1 and "threads: 1 thread (a model under 50M parameters: one run per core" in out
@@ -83,5 +107,8 @@ def test_run_says_the_count_once_and_stores_it_with_every_run(tmp_path: Path, ca
 def test_a_bad_threads_flag_is_one_line_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     db = tmp_path / "r.sqlite"
     assert main(["run", "--model", "preset:qwen3-tiny", "--threads", "0", "--db", str(db)]) == 2
-    assert capsys.readouterr().err.strip() == "loopeval: error: --threads must be a whole number of threads from 1 to 1024, got 0"
+    assert (
+        capsys.readouterr().err.strip()
+        == "loopeval: error: --threads must be a whole number of threads from 1 to 1024, got 0"
+    )
     assert not db.exists()

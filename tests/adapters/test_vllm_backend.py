@@ -68,7 +68,9 @@ def test_pool_tokens_match_vllm_v1_log_line() -> None:
 
 def test_qwen3_block_and_used_kv_agree_with_the_design_measurement() -> None:
     # Qwen3-1.7B (docs/benchmarks.md): 28 layers, 8 KV heads, head dim 128, bf16; measured KV at 32000 tokens: 3.67 GB.
-    qwen3 = KVLayout(block_size=16, num_layers=28, num_kv_heads=8, head_dim=128, dtype_bytes=kv_dtype_bytes("auto", "bfloat16"))
+    qwen3 = KVLayout(
+        block_size=16, num_layers=28, num_kv_heads=8, head_dim=128, dtype_bytes=kv_dtype_bytes("auto", "bfloat16")
+    )
     assert qwen3.block_bytes == 1_835_008
     blocks = qwen3.blocks_for(32000)
     assert blocks == 2000 and f"{blocks * qwen3.block_bytes / 1e9:.2f}" == "3.67"
@@ -90,12 +92,30 @@ def test_kv_dtype_bytes() -> None:
 
 def test_sampling_maps_to_sampling_params() -> None:
     # Field names as vllm.SamplingParams documents them (docs.vllm.ai, Inference Parameters).
-    documented = {"n", "temperature", "top_p", "top_k", "seed", "stop", "max_tokens", "include_stop_str_in_output", "skip_special_tokens"}
+    documented = {
+        "n",
+        "temperature",
+        "top_p",
+        "top_k",
+        "seed",
+        "stop",
+        "max_tokens",
+        "include_stop_str_in_output",
+        "skip_special_tokens",
+    }
     paper = sampling_params_kwargs(PAPER_PROTOCOL)
     assert set(paper) <= documented
-    assert (paper["temperature"], paper["top_p"], paper["max_tokens"], paper["n"], paper["seed"]) == (1.0, 0.7, 32768, 4, 0)
+    assert (paper["temperature"], paper["top_p"], paper["max_tokens"], paper["n"], paper["seed"]) == (
+        1.0,
+        0.7,
+        32768,
+        4,
+        0,
+    )
     assert paper["top_k"] == 0 and paper["stop"] is None  # 0: "consider all tokens"
-    greedy = sampling_params_kwargs(Sampling(temperature=0, top_p=0.5, top_k=5, max_new_tokens=7, n=3, seed=9, stop=("\n\n", "END")))
+    greedy = sampling_params_kwargs(
+        Sampling(temperature=0, top_p=0.5, top_k=5, max_new_tokens=7, n=3, seed=9, stop=("\n\n", "END"))
+    )
     assert greedy["temperature"] == 0.0 and greedy["top_p"] == 1.0 and greedy["top_k"] == 0
     assert (greedy["max_tokens"], greedy["n"], greedy["seed"], greedy["stop"]) == (7, 3, 9, ["\n\n", "END"])
     assert sampling_params_kwargs(Sampling(top_k=20))["top_k"] == 20
@@ -125,7 +145,9 @@ def test_weight_bytes_from_safetensors_headers(tiny_qwen3: Path) -> None:
 def test_extra_pins_match_the_documented_ones() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert tuple(project["optional-dependencies"]["vllm"]) == VLLM_PINS
-    assert not any(dep.startswith("vllm") for dep in project["dependencies"]), "vLLM must never be in the default install"
+    assert not any(dep.startswith("vllm") for dep in project["dependencies"]), (
+        "vLLM must never be in the default install"
+    )
     doc = (ROOT / "docs" / "adding-adapters.md").read_text()
     assert all(pin in doc for pin in VLLM_PINS), "docs/adding-adapters.md must list the vllm extra's pins"
 
@@ -163,8 +185,14 @@ def test_a_sweep_plans_a_vllm_model_without_loading_it(tiny_qwen3: Path) -> None
 
     spec = f"vllm:{tiny_qwen3}"
     assert adapters.inspect(spec, tensor_parallel_size=2)["tensor_parallel_size"] == 2
-    plan = prepare_sweep(RunSpec.build(models=[spec], tasks=["lookup"], loops=[1, 4], model_overrides={spec: {"tensor_parallel_size": 2}}))
-    assert [(r.model, r.loops) for r in plan.runs] == [(spec, None)] and plan.loaded == {}  # a vLLM model does not loop (no r, no exit threshold), and nothing was loaded
+    plan = prepare_sweep(
+        RunSpec.build(
+            models=[spec], tasks=["lookup"], loops=[1, 4], model_overrides={spec: {"tensor_parallel_size": 2}}
+        )
+    )
+    assert [(r.model, r.loops) for r in plan.runs] == [
+        (spec, None)
+    ] and plan.loaded == {}  # a vLLM model does not loop (no r, no exit threshold), and nothing was loaded
     with pytest.raises(AdapterError, match="tensor_parallel_size must be a positive integer"):
         adapters.inspect(spec, tensor_parallel_size=1.5)
 

@@ -40,26 +40,39 @@ def _names(points) -> list[str]:
 
 def test_a_name_carries_what_tells_the_point_apart_in_its_set(store: Store) -> None:
     points = accuracy_points(store.engine, None)
-    assert sorted(_names(points)) == sorted([
-        f"{MODEL} r=4", f"{MODEL} r=4 dtype=bfloat16", f"{MODEL} r=4 exit gate 0.5", f"{MODEL} r=4 exit gate 0.9",
-        f"{MELT} r=4",  # melt-tiny runs in one configuration here: its bfloat16 tells nothing apart
-    ])
+    assert sorted(_names(points)) == sorted(
+        [
+            f"{MODEL} r=4",
+            f"{MODEL} r=4 dtype=bfloat16",
+            f"{MODEL} r=4 exit gate 0.5",
+            f"{MODEL} r=4 exit gate 0.9",
+            f"{MELT} r=4",  # melt-tiny runs in one configuration here: its bfloat16 tells nothing apart
+        ]
+    )
     series = set(depth_points(store.engine, points["set_id"].iloc[0])["model"])
-    assert series == {MODEL, f"{MODEL} dtype=bfloat16", f"{MODEL} exit gate 0.5", f"{MODEL} exit gate 0.9", MELT}, \
+    assert series == {MODEL, f"{MODEL} dtype=bfloat16", f"{MODEL} exit gate 0.5", f"{MODEL} exit gate 0.9", MELT}, (
         "each configuration a line of its own against r"
+    )
 
 
 def test_the_answer_names_each_point_once_and_another_measures_winner(store: Store) -> None:
     points = accuracy_points(store.engine, None)
     sentence = answer(points, measures.WEIGHTS_PLUS_KV)
     # weights + KV: ouro float32 0.75 / 3.0 MB = 250 per GB beats melt 0.25 / 2.1 MB = 119; KV alone: melt 0.25 / 0.1 MB
-    assert sentence.startswith("Best by pass@1 per GB of weights + KV cache peak (what the model holds, weights counted): "
-                               f"{MODEL} r=4 (0.750 at 3 MB), 250 pass@1 per GB; the frontier: ")
+    assert sentence.startswith(
+        "Best by pass@1 per GB of weights + KV cache peak (what the model holds, weights counted): "
+        f"{MODEL} r=4 (0.750 at 3 MB), 250 pass@1 per GB; the frontier: "
+    )
     frontier = sentence.split("the frontier: ")[1].split("; by ")[0]
-    assert frontier.split(" → ") == [f"{MELT} r=4 (0.250 at 2.1 MB)", f"{MODEL} r=4 dtype=bfloat16 (0.500 at 2.5 MB)",
-                                     f"{MODEL} r=4 (0.750 at 3 MB)"]
+    assert frontier.split(" → ") == [
+        f"{MELT} r=4 (0.250 at 2.1 MB)",
+        f"{MODEL} r=4 dtype=bfloat16 (0.500 at 2.5 MB)",
+        f"{MODEL} r=4 (0.750 at 3 MB)",
+    ]
     assert sentence.endswith(f"; by KV cache peak alone, {MELT} r=4 would rank first.")
-    assert "would rank first" not in answer(points, measures.WEIGHTS_PLUS_KV, rank="accuracy"), "memory does not rank it"
+    assert "would rank first" not in answer(points, measures.WEIGHTS_PLUS_KV, rank="accuracy"), (
+        "memory does not rank it"
+    )
 
 
 def test_coincident_points_are_set_side_by_side_with_their_own_hover(store: Store) -> None:

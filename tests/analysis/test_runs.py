@@ -18,9 +18,20 @@ def test_every_scored_run_finds_its_point_and_an_unscored_one_none(tmp_path: Pat
     own = store_run(store, [1.0, 1.0, 0.0, 0.0])
     exits = store_run(store, [1.0, 1.0, 1.0, 0.0], exit_threshold=0.5, exit_criterion="gate")
     bf16 = store_run(store, [1.0, 1.0, 1.0, 1.0], overrides={"dtype": "bfloat16"})
-    queued = store.create_run(sweep_id="later", model_spec=MODEL, adapter="zoo", loops=2, suite="synthetic",
-                              tasks=["chain3", "c30k4"], limit=4, sampling=SAMPLING, seed=0,
-                              data_fingerprint="f" * 64, status="queued", spec={"models": [MODEL], "seed": 0})
+    queued = store.create_run(
+        sweep_id="later",
+        model_spec=MODEL,
+        adapter="zoo",
+        loops=2,
+        suite="synthetic",
+        tasks=["chain3", "c30k4"],
+        limit=4,
+        sampling=SAMPLING,
+        seed=0,
+        data_fingerprint="f" * 64,
+        status="queued",
+        spec={"models": [MODEL], "seed": 0},
+    )
     profile = store.create_run(sweep_id="profiled", kind="profile", model_spec=MODEL, adapter="zoo", suite="profile")
     runs = run_records(store.engine)
     points = accuracy_points(store.engine, None)

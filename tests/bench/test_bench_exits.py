@@ -18,7 +18,20 @@ BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_exits.py"
 
 
 def test_bench_exits_skips_loops_near_the_target() -> None:
-    argv = [sys.executable, str(BENCH), "--width", "128", "--batch", "4", "--new-tokens", "8", "--rounds", "1", "--threads", "1"]
+    argv = [
+        sys.executable,
+        str(BENCH),
+        "--width",
+        "128",
+        "--batch",
+        "4",
+        "--new-tokens",
+        "8",
+        "--rounds",
+        "1",
+        "--threads",
+        "1",
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout)

@@ -27,7 +27,9 @@ def test_bench_harness_reports_consistent_ratios() -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout[done.stdout.index("\n{") + 1 :])  # the JSON follows the runs' own output
 
-    assert report["workload"]["samples_stored"] == 2 * len(synthetic.DEFAULT_TASKS)  # 2 docs x each default task x 1 sample
+    assert report["workload"]["samples_stored"] == 2 * len(
+        synthetic.DEFAULT_TASKS
+    )  # 2 docs x each default task x 1 sample
     walls, replays = report["loopeval_run_wall_seconds"], report["adapter_generate_seconds_same_calls"]
     inside = report["inside_generate_during_run_seconds"]
     assert len(walls) == len(replays) == len(inside) == 3

@@ -34,11 +34,24 @@ def results_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model at chosen loops, a plain one at its own)."""
     workdir = tmp_path_factory.mktemp("sweep")
     path = workdir / "results.sqlite"
-    _loopeval("run", "--limit", "2", "--max-new-tokens", "4", "--loops", "1,2", "--samples", "1",
-              "--tasks", "addition,chain2,lookup", "--db", str(path), "--no-report",
-              cwd=workdir)
-    _loopeval("profile", "preset:melt-tiny", "--lengths", "16,32,64", "--loops", "1,2", "--db", str(path),
-              cwd=workdir)
+    _loopeval(
+        "run",
+        "--limit",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--loops",
+        "1,2",
+        "--samples",
+        "1",
+        "--tasks",
+        "addition,chain2,lookup",
+        "--db",
+        str(path),
+        "--no-report",
+        cwd=workdir,
+    )
+    _loopeval("profile", "preset:melt-tiny", "--lengths", "16,32,64", "--loops", "1,2", "--db", str(path), cwd=workdir)
     _loopeval("profile", "preset:qwen3-tiny", "--lengths", "16,32", "--db", str(path), cwd=workdir)  # at its own loops
     return path
 
@@ -50,8 +63,25 @@ def two_sets_db(results_db: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     workdir = tmp_path_factory.mktemp("two-sets")
     path = workdir / "results.sqlite"
     shutil.copy(results_db, path)
-    _loopeval("run", "--model", "zoo:ouro-tiny", "--loops", "2", "--tasks", "chain2", "--limit", "1", "--samples", "1",
-              "--max-new-tokens", "4", "--db", str(path), "--no-report", cwd=workdir)
+    _loopeval(
+        "run",
+        "--model",
+        "zoo:ouro-tiny",
+        "--loops",
+        "2",
+        "--tasks",
+        "chain2",
+        "--limit",
+        "1",
+        "--samples",
+        "1",
+        "--max-new-tokens",
+        "4",
+        "--db",
+        str(path),
+        "--no-report",
+        cwd=workdir,
+    )
     return path
 
 

@@ -17,15 +17,31 @@ from harness.report import write_report
 from db.session import open_existing
 from db.store import Store
 from db import queries
-from tests.support.browser import (CHROMIUM, PAYLOAD, POINTS, VIEWPORT, launch, open_app, open_report, overlapping_texts,
-                                        point_count, record, screenshot_app, screenshot_report, served_app, trace_colours,
-                                        x_axis_title)
+from tests.support.browser import (
+    CHROMIUM,
+    PAYLOAD,
+    POINTS,
+    VIEWPORT,
+    launch,
+    open_app,
+    open_report,
+    overlapping_texts,
+    point_count,
+    record,
+    screenshot_app,
+    screenshot_report,
+    served_app,
+    trace_colours,
+    x_axis_title,
+)
 
 
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is absent (scripts/install.sh --test installs Debian's chromium)"),
+    pytest.mark.skipif(
+        not CHROMIUM.exists(), reason=f"{CHROMIUM} is absent (scripts/install.sh --test installs Debian's chromium)"
+    ),
 ]
 
 
@@ -50,18 +66,24 @@ def _measured(measure: str) -> tuple[str, dict[str, str]]:
     """SQL for the runs with a stored value of every part of `measure` (the derived 'weights_bytes +
     kv_bytes_allocated' has two), and its parameters."""
     parts = {f"m{i}": part for i, part in enumerate(measure.split(" + "))}
-    return (f"SELECT run_id FROM memory_peaks WHERE value IS NOT NULL AND measure IN ({', '.join(':' + k for k in parts)}) "
-            f"GROUP BY run_id HAVING COUNT(DISTINCT measure) = {len(parts)}"), parts
+    return (
+        f"SELECT run_id FROM memory_peaks WHERE value IS NOT NULL AND measure IN ({', '.join(':' + k for k in parts)}) "
+        f"GROUP BY run_id HAVING COUNT(DISTINCT measure) = {len(parts)}"
+    ), parts
 
 
 def _points_with(url: str, measure: str) -> int:
     """(model, loops) pairs of the default suite with a stored value of `measure`, counted in plain SQL."""
     measured, parts = _measured(measure)
     with create_engine(url).connect() as conn:
-        return conn.execute(text(
-            "SELECT COUNT(DISTINCT r.model_spec || '/' || COALESCE(r.loops, 1)) FROM runs r "
-            "JOIN task_metrics m ON m.run_id = r.id AND m.task = 'all' "
-            f"WHERE r.kind = 'eval' AND r.id IN ({measured})"), parts).scalar_one()
+        return conn.execute(
+            text(
+                "SELECT COUNT(DISTINCT r.model_spec || '/' || COALESCE(r.loops, 1)) FROM runs r "
+                "JOIN task_metrics m ON m.run_id = r.id AND m.task = 'all' "
+                f"WHERE r.kind = 'eval' AND r.id IN ({measured})"
+            ),
+            parts,
+        ).scalar_one()
 
 
 def _payload_shown_as_text(page) -> None:
@@ -74,8 +96,10 @@ def _payload_shown_as_text(page) -> None:
 def test_report_renders_offline_with_points_from_the_database(page, payload_url: str, tmp_path: Path) -> None:
     report = write_report(payload_url, tmp_path / "report.html")
     seen = record(page)
-    page.add_init_script("window.cspViolations = []; document.addEventListener('securitypolicyviolation',"
-                         " (e) => window.cspViolations.push(e.blockedURI));")
+    page.add_init_script(
+        "window.cspViolations = []; document.addEventListener('securitypolicyviolation',"
+        " (e) => window.cspViolations.push(e.blockedURI));"
+    )
     png = screenshot_report(page, report, tmp_path / "report.png")
     assert png.stat().st_size > 10_000
 
@@ -114,10 +138,24 @@ def test_report_stays_short_and_light_with_many_long_samples(page, results_url: 
     """3000 more samples of 3000 characters each: the report grows by its share of them, and stays one screenful
     of samples tall, paging through the rest."""
     store = Store.open(results_url)
-    run = store.create_run(sweep_id="big", model_spec="preset:big", adapter="engine", loops=1, suite="synthetic",
-                           tasks=["addition"])
-    store.add_samples(run, [dict(task="addition", doc_id=str(doc), sample_index=0, prompt="p", output="o" * 3000,
-                                 gold="g", score=float(doc % 2)) for doc in range(3000)])
+    run = store.create_run(
+        sweep_id="big", model_spec="preset:big", adapter="engine", loops=1, suite="synthetic", tasks=["addition"]
+    )
+    store.add_samples(
+        run,
+        [
+            dict(
+                task="addition",
+                doc_id=str(doc),
+                sample_index=0,
+                prompt="p",
+                output="o" * 3000,
+                gold="g",
+                score=float(doc % 2),
+            )
+            for doc in range(3000)
+        ],
+    )
     store.finish_run(run, "finished", wall_seconds=1.0)
     store.close()
     report = write_report(results_url, tmp_path / "report.html")
@@ -176,9 +214,13 @@ def _points_in_set(url: str, run_ids: list[int], measure: str) -> int:
     """(model, loops) pairs among `run_ids` with a stored `measure`, counted in plain SQL."""
     measured, parts = _measured(measure)
     with create_engine(url).connect() as conn:
-        return conn.execute(text(
-            "SELECT COUNT(DISTINCT r.model_spec || '/' || COALESCE(r.loops, 1)) FROM runs r "
-            f"WHERE r.id IN ({measured}) AND r.id IN ({','.join(map(str, run_ids))})"), parts).scalar_one()
+        return conn.execute(
+            text(
+                "SELECT COUNT(DISTINCT r.model_spec || '/' || COALESCE(r.loops, 1)) FROM runs r "
+                f"WHERE r.id IN ({measured}) AND r.id IN ({','.join(map(str, run_ids))})"
+            ),
+            parts,
+        ).scalar_one()
 
 
 def _set_runs(url: str) -> tuple[list[int], list[int]]:
@@ -228,8 +270,9 @@ def _compute_points(url: str, set_id: str) -> int:
     return int(points["loops_per_token"].notna().sum())
 
 
-def test_report_and_app_draw_accuracy_against_loops_per_token_where_the_set_varies_it(page, two_sets_url: str,
-                                                                                      tmp_path: Path) -> None:
+def test_report_and_app_draw_accuracy_against_loops_per_token_where_the_set_varies_it(
+    page, two_sets_url: str, tmp_path: Path
+) -> None:
     """The latest set holds one (model, r): nothing varies, so a note; the first sweep ran r = 1 and 2: a point each."""
     open_report(page, write_report(two_sets_url, tmp_path / "report.html"))
     assert page.locator(COMPUTE_POINTS).count() == 0
@@ -246,7 +289,9 @@ def test_report_and_app_draw_accuracy_against_loops_per_token_where_the_set_vari
         page.get_by_role("dialog").get_by_text("first 2 per task").click()
         page.wait_for_function(f"document.querySelectorAll('{COMPUTE_POINTS}').length > 1")
         assert page.locator(COMPUTE_POINTS).count() == _compute_points(two_sets_url, second)
-        assert page.locator("#accuracy-decode-time .scatterlayer path.point").count() == _compute_points(two_sets_url, second)
+        assert page.locator("#accuracy-decode-time .scatterlayer path.point").count() == _compute_points(
+            two_sets_url, second
+        )
 
 
 def _model_colours(page, models: list[str]) -> dict[str, set[str]]:
@@ -268,12 +313,15 @@ def _expected_colours(url: str) -> tuple[list[str], dict[str, set[str]]]:
     return models, {model: {colour.lower()} for model, colour in colours.items()}
 
 
-def test_a_model_keeps_its_colour_in_every_figure_of_the_report_and_the_app(page, two_sets_url: str, tmp_path: Path) -> None:
+def test_a_model_keeps_its_colour_in_every_figure_of_the_report_and_the_app(
+    page, two_sets_url: str, tmp_path: Path
+) -> None:
     """The latest set holds one model, the first every tiny preset and zoo:ouro-tiny: the figures of both sets (and the
     depth and profile figures, which open on other sets) draw each model in the one colour of the database's map."""
     models, expected = _expected_colours(two_sets_url)
-    assert expected["zoo:ouro-tiny"] == {figures.model_colors(["zoo:ouro-tiny"]).popitem()[1].lower()}, \
+    assert expected["zoo:ouro-tiny"] == {figures.model_colors(["zoo:ouro-tiny"]).popitem()[1].lower()}, (
         "the opening set's one model takes the palette's first colour"
+    )
     open_report(page, write_report(two_sets_url, tmp_path / "report.html"))
     seen = _model_colours(page, models)
     second = page.locator("#set option").evaluate_all("options => options.map(o => o.value)")[1]
@@ -296,9 +344,14 @@ def test_no_note_is_drawn_over_an_axis_title_in_the_report_or_the_app(page, resu
     The accuracy figure's axis titles and footnote are there to be checked, so the test can fail."""
     open_report(page, write_report(results_url, tmp_path / "report.html"))
     page.wait_for_selector("#memory-context .annotation-text-g")
-    assert page.locator("#accuracy-memory .xtitle").count() == 1 and page.locator("#accuracy-memory .annotation-text-g").count() >= 1
+    assert (
+        page.locator("#accuracy-memory .xtitle").count() == 1
+        and page.locator("#accuracy-memory .annotation-text-g").count() >= 1
+    )
     assert overlapping_texts(page) == []
-    scrolled = page.evaluate("[...document.querySelectorAll('.legend .scrollbar')].map(s => s.getBoundingClientRect().height)")
+    scrolled = page.evaluate(
+        "[...document.querySelectorAll('.legend .scrollbar')].map(s => s.getBoundingClientRect().height)"
+    )
     assert scrolled and not any(scrolled), "a legend in a scrolling box"
     with served_app(results_url) as url:
         open_app(page, url)

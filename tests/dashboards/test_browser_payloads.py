@@ -22,7 +22,9 @@ from db.store import Store
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is absent (scripts/install.sh installs Debian's chromium)"),
+    pytest.mark.skipif(
+        not CHROMIUM.exists(), reason=f"{CHROMIUM} is absent (scripts/install.sh installs Debian's chromium)"
+    ),
 ]
 
 LINK = '<a href="http://127.0.0.1:9/leak">click</a>'  # port 9 (discard): a followed link would show as a request
@@ -44,20 +46,63 @@ def _store_runs(path: Path) -> str:
     for index, model in enumerate(MODELS):
         for loops in (1, 2):
             accuracy = 0.2 + 0.2 * index + 0.05 * loops
-            run = store.create_run(sweep_id="payload", model_spec=model, adapter="evil", loops=loops, suite="synthetic",
-                                   tasks=list(TASKS))
-            store.add_samples(run, [dict(task=task, doc_id="0", sample_index=0, prompt=task, output=task, gold=task, score=1.0)
-                                    for task in TASKS])
-            store.set_metrics(run, {**{task: {METRICS[task]: (accuracy, 0.05), task: (accuracy, None)} for task in TASKS},
-                                    "all": {"pass@1": (accuracy, None)}})
-            store.set_memory_peaks(run, {"weights_bytes": 1_000_000 * (index + 1), "kv_bytes_allocated": 10_000 * loops * (index + 1),
-                                         "rss": 200_000_000})
-            store.add_memory_samples(run, [dict(t=0.02 * k, phase=f"task:{SCRIPT}", generated_tokens=k, kv_bytes_used=1000 * k,
-                                                rss=100_000_000 + k) for k in range(5)])
+            run = store.create_run(
+                sweep_id="payload", model_spec=model, adapter="evil", loops=loops, suite="synthetic", tasks=list(TASKS)
+            )
+            store.add_samples(
+                run,
+                [
+                    dict(task=task, doc_id="0", sample_index=0, prompt=task, output=task, gold=task, score=1.0)
+                    for task in TASKS
+                ],
+            )
+            store.set_metrics(
+                run,
+                {
+                    **{task: {METRICS[task]: (accuracy, 0.05), task: (accuracy, None)} for task in TASKS},
+                    "all": {"pass@1": (accuracy, None)},
+                },
+            )
+            store.set_memory_peaks(
+                run,
+                {
+                    "weights_bytes": 1_000_000 * (index + 1),
+                    "kv_bytes_allocated": 10_000 * loops * (index + 1),
+                    "rss": 200_000_000,
+                },
+            )
+            store.add_memory_samples(
+                run,
+                [
+                    dict(
+                        t=0.02 * k,
+                        phase=f"task:{SCRIPT}",
+                        generated_tokens=k,
+                        kv_bytes_used=1000 * k,
+                        rss=100_000_000 + k,
+                    )
+                    for k in range(5)
+                ],
+            )
             store.finish_run(run, "finished", wall_seconds=1.0)
-    profiled = store.create_run(sweep_id="profiled", kind="profile", model_spec=MODELS[2], adapter="evil", suite="profile")
-    store.add_profile_points(profiled, [dict(context_tokens=n, batch=1, loops=1, weights_bytes=1_000_000, kv_bytes_analytic=100 * n,
-                                             kv_bytes_allocated=100 * n, rss=200_000_000) for n in (16, 32)])
+    profiled = store.create_run(
+        sweep_id="profiled", kind="profile", model_spec=MODELS[2], adapter="evil", suite="profile"
+    )
+    store.add_profile_points(
+        profiled,
+        [
+            dict(
+                context_tokens=n,
+                batch=1,
+                loops=1,
+                weights_bytes=1_000_000,
+                kv_bytes_analytic=100 * n,
+                kv_bytes_allocated=100 * n,
+                rss=200_000_000,
+            )
+            for n in (16, 32)
+        ],
+    )
     store.finish_run(profiled, "finished")
     store.close()
     return f"sqlite:///{path}"
@@ -105,7 +150,9 @@ def _hover_first_point(page: Any) -> str:
     """
     page.locator(POINTS).first.scroll_into_view_if_needed()  # the answer above may push the figure past the fold
     box = page.locator(POINTS).first.bounding_box()
-    page.mouse.move(0, 0)  # off the figure first: a redrawn figure whose first marker sits where the mouse is gets no move
+    page.mouse.move(
+        0, 0
+    )  # off the figure first: a redrawn figure whose first marker sits where the mouse is gets no move
     page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
     page.wait_for_selector("#accuracy-memory .hoverlayer .hovertext", timeout=10_000)
     return "".join(_texts(page, "#accuracy-memory .hoverlayer .hovertext"))
@@ -122,7 +169,8 @@ def _click_word(page: Any, selector: str, word: str = "click") -> None:
     """Click exactly where `word` is drawn inside `selector` (a link's text, were the markup rendered): the page
     must not navigate or open another."""
     page.locator(selector).first.scroll_into_view_if_needed()
-    spot = page.evaluate("""([selector, word]) => {
+    spot = page.evaluate(
+        """([selector, word]) => {
         const walker = document.createTreeWalker(document.querySelector(selector), NodeFilter.SHOW_TEXT);
         for (let node = walker.nextNode(); node; node = walker.nextNode()) {
             const at = node.data.indexOf(word);
@@ -134,7 +182,9 @@ def _click_word(page: Any, selector: str, word: str = "click") -> None:
             return {x: box.x + box.width / 2, y: box.y + box.height / 2};
         }
         return null;
-    }""", [selector, word])
+    }""",
+        [selector, word],
+    )
     assert spot is not None, f"{word!r} is not shown in {selector}"
     before = page.url
     page.mouse.click(spot["x"], spot["y"])
@@ -167,8 +217,9 @@ def _names_shown_as_text(page: Any) -> None:
 def _task_figure_shows(page: Any, task: str) -> None:
     """After choosing `task`: its title and the y-axis (its metric's name) show the stored markup as text."""
     # The subtitle (the evaluation set) names every task, so wait on the y-axis: the chosen task's metric.
-    page.wait_for_function("(m) => document.querySelector('#accuracy-memory .g-ytitle').textContent.includes(m)",
-                           arg=METRICS[task])
+    page.wait_for_function(
+        "(m) => document.querySelector('#accuracy-memory .g-ytitle').textContent.includes(m)", arg=METRICS[task]
+    )
     assert task in _texts(page, "#accuracy-memory .gtitle")[0]
     assert METRICS[task] in _texts(page, "#accuracy-memory .g-ytitle")[0]
     assert any(METRICS[task] in text for text in _texts(page, "#accuracy-loops .g-ytitle"))
@@ -197,7 +248,13 @@ def test_report_shows_markup_names_as_text_and_stays_offline(page, names_url: st
         assert page.locator("table.runs td").filter(has_text=model).count() >= 2  # loops 1 and 2
 
     _nothing_ran_and_no_link(page, own=(report.resolve().as_uri(),))  # with every figure and hover label drawn
-    for where in ("#accuracy-memory .gtitle", "#accuracy-memory .legend", "#memory-run .gtitle", "table.runs", "#samples"):
+    for where in (
+        "#accuracy-memory .gtitle",
+        "#accuracy-memory .legend",
+        "#memory-run .gtitle",
+        "table.runs",
+        "#samples",
+    ):
         _click_word(page, where)
     # Should escaping ever miss, the report's last defence holds: any anchor, an SVG one with xlink:href as
     # Plotly draws them included, is inert.

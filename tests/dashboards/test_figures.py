@@ -13,13 +13,13 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from analysis import names
-from dashboards import figures, trace_figures
+from dashboards import cost_figures, figures, trace_figures
 from dashboards.app import set_choices
 from analysis.answer import answer
 from analysis.points import accuracy_points, analytic_bytes
 from dashboards.data import profile_points
 from dashboards.report import build_report
-from db import queries
+from db import queries, sample_queries
 from db.session import open_existing
 import measures
 from tests.support.frontier import brute_force_frontier
@@ -36,8 +36,13 @@ def engine(results_url: str):
 
 def _marker_points(fig: go.Figure) -> list[tuple[float, float]]:
     """(x, y) of every plotted marker (the frontier is a line-only trace, the shape key legend-only)."""
-    return [(x, y) for trace in fig.data if "markers" in (trace.mode or "") for x, y in zip(trace.x, trace.y)
-            if x is not None]
+    return [
+        (x, y)
+        for trace in fig.data
+        if "markers" in (trace.mode or "")
+        for x, y in zip(trace.x, trace.y)
+        if x is not None
+    ]
 
 
 def _model_traces(fig: go.Figure) -> list[go.Scatter]:
@@ -57,9 +62,13 @@ def _annotations(fig: go.Figure) -> str:
 def _stored_peaks(url: str, measure: str) -> dict[tuple[str, int], float]:
     """(model, loops) -> stored peak, read with plain SQL rather than through db.queries."""
     with create_engine(url).connect() as conn:
-        rows = conn.execute(text(
-            "SELECT r.model_spec, COALESCE(r.loops, 1), p.value FROM runs r JOIN memory_peaks p ON p.run_id = r.id "
-            "WHERE r.kind = 'eval' AND p.measure = :measure AND p.value IS NOT NULL"), {"measure": measure})
+        rows = conn.execute(
+            text(
+                "SELECT r.model_spec, COALESCE(r.loops, 1), p.value FROM runs r JOIN memory_peaks p ON p.run_id = r.id "
+                "WHERE r.kind = 'eval' AND p.measure = :measure AND p.value IS NOT NULL"
+            ),
+            {"measure": measure},
+        )
         return {(model, loops): value for model, loops, value in rows}
 
 
@@ -72,8 +81,11 @@ def test_accuracy_vs_memory_has_one_point_per_model_and_loops(engine, results_ur
     unit, scale = names.byte_unit(list(peaks.values()))
     plotted = sorted(_marker_points(fig))
     assert len(plotted) == len(peaks)
-    stored = sorted((value / scale, acc) for (model, loops), value in peaks.items()
-                    for acc in points.loc[(points.model == model) & (points.loops == loops), "accuracy"])
+    stored = sorted(
+        (value / scale, acc)
+        for (model, loops), value in peaks.items()
+        for acc in points.loc[(points.model == model) & (points.loops == loops), "accuracy"]
+    )
     assert np.allclose(plotted, stored)
     # Per model a trace and its legend key, a legend-only shape key per loop count, and the frontier line; no text beside points.
     assert len(fig.data) == 2 * points["model"].nunique() + points["loops"].nunique() + 1
@@ -82,23 +94,32 @@ def test_accuracy_vs_memory_has_one_point_per_model_and_loops(engine, results_ur
     assert fig.layout.xaxis.rangemode == "tozero"
     assert f"decimal {unit}" in fig.layout.xaxis.title.text and "bytes" in fig.layout.xaxis.title.text
     assert "decimal" in _annotations(fig)
-    assert fig.layout.title.text.endswith(f"<sup>{figures.plain(points['set_label'].iloc[0])}</sup>"), "the title names the set"
+    assert fig.layout.title.text.endswith(f"<sup>{figures.plain(points['set_label'].iloc[0])}</sup>"), (
+        "the title names the set"
+    )
     hover = _model_traces(fig)[0].hovertemplate
     for field in ("model", "accuracy", unit, "samples"):
         assert field in hover
     assert all(r.startswith("r=") for r in _model_traces(fig)[0].customdata[:, 0])
 
 
-def test_kv_pool_reserved_is_plotted_from_its_stored_peak_and_offered_by_both_selectors(engine, results_url: str) -> None:
+def test_kv_pool_reserved_is_plotted_from_its_stored_peak_and_offered_by_both_selectors(
+    engine, results_url: str
+) -> None:
     """Every engine run of the sweep stores its largest block pool, at least its KV peak; the report's and the
     app's measure selectors offer it."""
     points = accuracy_points(engine, None)
     reserved = _stored_peaks(results_url, "kv_bytes_reserved")
     assert len(reserved) == len(points) > 0
-    assert all(reserved[(model, loops)] >= peak > 0 for model, loops, peak in zip(points["model"], points["loops"], points["kv_bytes_allocated"]))
+    assert all(
+        reserved[(model, loops)] >= peak > 0
+        for model, loops, peak in zip(points["model"], points["loops"], points["kv_bytes_allocated"])
+    )
     fig = figures.accuracy_vs_memory(points, "kv_bytes_reserved")
     _, scale = names.byte_unit(list(reserved.values()))
-    assert sorted(x for x, _ in _marker_points(fig)) == pytest.approx(sorted(value / scale for value in reserved.values()))
+    assert sorted(x for x, _ in _marker_points(fig)) == pytest.approx(
+        sorted(value / scale for value in reserved.values())
+    )
     assert "KV pool reserved peak" in fig.layout.xaxis.title.text
 
     options = re.search(r'<select id="measure">(.*?)</select>', build_report(engine)).group(1)
@@ -127,7 +148,9 @@ def test_a_models_legend_entry_is_its_colour_not_its_first_points_marker(engine)
         assert trace.showlegend is False
         (entry,) = [t for t in fig.data if t.legendgroup == trace.legendgroup and t.customdata is None]
         assert entry.name == trace.name and entry.showlegend is not False and list(entry.x) == [None]
-        assert entry.marker.symbol == "circle" and entry.marker.color == trace.marker.color and not entry.marker.line.width
+        assert (
+            entry.marker.symbol == "circle" and entry.marker.color == trace.marker.color and not entry.marker.line.width
+        )
     assert fig.layout.legend.groupclick == "togglegroup"
     titles = [t.legendgrouptitle.text for t in fig.data if t.legendgrouptitle.text]
     assert titles == ["model", "loops (shape)"]
@@ -138,8 +161,10 @@ def test_frontier_is_exactly_the_non_dominated_points(engine, results_url: str) 
     with create_engine(results_url).begin() as conn:
         run_ids = [row[0] for row in conn.execute(text("SELECT run_id FROM task_metrics WHERE task = 'all'"))]
         for run_id, value in zip(run_ids, np.random.default_rng(1).permutation(len(run_ids)) / len(run_ids)):
-            conn.execute(text("UPDATE task_metrics SET value = :v WHERE run_id = :r"),  # every task: the mean is v
-                         {"v": float(value), "r": run_id})
+            conn.execute(
+                text("UPDATE task_metrics SET value = :v WHERE run_id = :r"),  # every task: the mean is v
+                {"v": float(value), "r": run_id},
+            )
     points = accuracy_points(engine, None)
     assert points["accuracy"].nunique() == len(points) > 2
     for measure in ("kv_bytes_allocated", measures.WEIGHTS_PLUS_KV, "rss", measures.ANALYTIC):
@@ -148,8 +173,13 @@ def test_frontier_is_exactly_the_non_dominated_points(engine, results_url: str) 
         front = _frontier(fig)
         assert set(zip(front.x, front.y)) == brute_force_frontier(plotted), measure
         assert list(front.x) == sorted(front.x), "the frontier is drawn left to right"
-        ringed = {(x, y) for trace in fig.data if trace.customdata is not None
-                  for x, y, width in zip(trace.x, trace.y, trace.marker.line.width) if width > 0}
+        ringed = {
+            (x, y)
+            for trace in fig.data
+            if trace.customdata is not None
+            for x, y, width in zip(trace.x, trace.y, trace.marker.line.width)
+            if width > 0
+        }
         assert ringed == set(zip(front.x, front.y))
 
 
@@ -188,10 +218,14 @@ def test_long_unavailable_notes_wrap_inside_the_plot(engine) -> None:
 
 
 def test_suite_mean_has_the_combined_stderr(engine, results_url: str) -> None:
-    """"all" gets error bars: the suite mean's stderr is sqrt(sum of the tasks' squared stderrs) / n."""
+    """ "all" gets error bars: the suite mean's stderr is sqrt(sum of the tasks' squared stderrs) / n."""
     with create_engine(results_url).connect() as conn:
-        rows = conn.execute(text("SELECT r.model_spec, COALESCE(r.loops, 1), m.stderr FROM runs r "
-                                 "JOIN task_metrics m ON m.run_id = r.id WHERE m.task != 'all' AND m.metric LIKE 'pass@k:k=1%'"))
+        rows = conn.execute(
+            text(
+                "SELECT r.model_spec, COALESCE(r.loops, 1), m.stderr FROM runs r "
+                "JOIN task_metrics m ON m.run_id = r.id WHERE m.task != 'all' AND m.metric LIKE 'pass@k:k=1%'"
+            )
+        )
         stderrs: dict[tuple[str, int], list[float]] = {}
         for model, loops, stderr in rows:
             stderrs.setdefault((model, loops), []).append(stderr)
@@ -213,21 +247,32 @@ def test_answer_names_the_best_accuracy_per_gb_and_the_frontier(engine, results_
     points = accuracy_points(engine, None)
 
     def best(measure: str) -> tuple[str, int]:
-        per_gb = {(m, r): a / (v / 1e9) for m, r, a, v in zip(points.model, points.loops, points.accuracy, points[measure])}
+        per_gb = {
+            (m, r): a / (v / 1e9) for m, r, a, v in zip(points.model, points.loops, points.accuracy, points[measure])
+        }
         return max(per_gb, key=per_gb.get)
 
     for measure in ("kv_bytes_allocated", "rss", measures.WEIGHTS_PLUS_KV):
         sentence = answer(points, measure)
         best_model, best_loops = best(measure)
-        assert sentence.startswith(f"Best by pass@1 per GB of {names.measure_words(measure)}: {best_model} r={best_loops} (")
+        assert sentence.startswith(
+            f"Best by pass@1 per GB of {names.measure_words(measure)}: {best_model} r={best_loops} ("
+        )
         assert ("weights not counted" in sentence.split(":")[0]) == (measure == "kv_bytes_allocated")
         front = brute_force_frontier(list(zip(points[measure], points["accuracy"])))
         named = sentence.split("the frontier: ")[1]
-        on_front = [(m, r) for m, r, v, a in zip(points.model, points.loops, points[measure], points.accuracy)
-                    if (v, a) in front]
+        on_front = [
+            (m, r)
+            for m, r, v, a in zip(points.model, points.loops, points[measure], points.accuracy)
+            if (v, a) in front
+        ]
         assert named.split("; by ")[0].count(" → ") == len(on_front) - 1, "each point of the frontier once"
         assert all(f"{m} r={r} (" in named for m, r in on_front)
-        for other in ("kv_bytes_allocated", "rss", measures.WEIGHTS_PLUS_KV):  # the sentence says where another measure's winner differs
+        for other in (
+            "kv_bytes_allocated",
+            "rss",
+            measures.WEIGHTS_PLUS_KV,
+        ):  # the sentence says where another measure's winner differs
             model, loops = best(other)
             said = f"{names.measure_label(other)}{' alone' if other in names.KV_ONLY else ''}"
             assert (said in named) == (other != measure and best(other) != best(measure)), (measure, other)
@@ -274,7 +319,9 @@ def test_memory_over_run_draws_each_available_measure_against_time_and_tokens(en
     assert "rss" in available and "kv_bytes_allocated" in available and "kv_bytes_reserved" in available
     kv = series.dropna(subset=["kv_bytes_used", "kv_bytes_allocated", "kv_bytes_reserved"])
     assert len(kv) == len(series) and (kv["kv_bytes_reserved"] > 0).any()
-    assert ((kv["kv_bytes_used"] <= kv["kv_bytes_allocated"]) & (kv["kv_bytes_allocated"] <= kv["kv_bytes_reserved"])).all()
+    assert (
+        (kv["kv_bytes_used"] <= kv["kv_bytes_allocated"]) & (kv["kv_bytes_allocated"] <= kv["kv_bytes_reserved"])
+    ).all()
     fig = trace_figures.memory_over_run(series, measures.SERIES_MEASURES)
     assert sorted(t.name for t in fig.data) == sorted(available * 2)
     assert {t.xaxis for t in fig.data} == {"x", "x2"}
@@ -306,8 +353,9 @@ def test_memory_vs_context_shows_measured_points_beside_analytic_lines(engine) -
     lines = [t for t in drawn if t.mode == "lines"]
     markers = [t for t in drawn if t.mode == "markers"]
     groups = profile.groupby(["model", "loops", "batch"]).ngroups
-    assert [t.name for t in fig.data if t.showlegend is not False and t.legendgroup != "key"] == \
-        sorted({t.legendgroup for t in drawn}), "one legend entry per (model, loops, batch)"
+    assert [t.name for t in fig.data if t.showlegend is not False and t.legendgroup != "key"] == sorted(
+        {t.legendgroup for t in drawn}
+    ), "one legend entry per (model, loops, batch)"
     assert len(lines) == 2 * groups  # analytic KV and analytic weights + KV per (model, loops, batch)
     measured = [m for m in measures.PROFILE_MEASURES if profile[m].notna().any()]
     assert sum(len(t.x) for t in markers) == sum(int(profile[m].notna().sum()) for m in measured)
@@ -321,21 +369,24 @@ def test_axis_titles_name_the_decimal_unit() -> None:
 
 def test_empty_inputs_say_so() -> None:
     empty = pd.DataFrame(columns=["model", "loops", "accuracy", "stderr", "metric", "n_samples", "kv_bytes_allocated"])
-    for fig in (figures.accuracy_vs_memory(empty, "kv_bytes_allocated"), figures.accuracy_vs_loops(empty, "kv_bytes_allocated"),
-                trace_figures.memory_over_run(pd.DataFrame(), measures.SERIES_MEASURES),
-                trace_figures.memory_vs_context(pd.DataFrame(), measures.PROFILE_MEASURES)):
+    for fig in (
+        figures.accuracy_vs_memory(empty, "kv_bytes_allocated"),
+        figures.accuracy_vs_loops(empty, "kv_bytes_allocated"),
+        trace_figures.memory_over_run(pd.DataFrame(), measures.SERIES_MEASURES),
+        trace_figures.memory_vs_context(pd.DataFrame(), measures.PROFILE_MEASURES),
+    ):
         assert len(fig.data) == 0 and _annotations(fig)
 
 
 def test_sample_filters_partition_the_scored_samples(engine) -> None:
-    everything = queries.sample_spread(engine, EVERY)
-    assert len(everything) == queries.count_samples(engine) > 0
-    correct = queries.sample_spread(engine, EVERY, correct=True)
-    wrong = queries.sample_spread(engine, EVERY, correct=False)
+    everything = sample_queries.sample_spread(engine, EVERY)
+    assert len(everything) == sample_queries.count_samples(engine) > 0
+    correct = sample_queries.sample_spread(engine, EVERY, correct=True)
+    wrong = sample_queries.sample_spread(engine, EVERY, correct=False)
     assert len(correct) + len(wrong) == everything["score"].notna().sum()
     assert (correct["score"] >= 1).all() and (wrong["score"] < 1).all()
     for task, model in itertools.islice(everything[["task", "model"]].drop_duplicates().itertuples(index=False), 3):
-        subset = queries.sample_spread(engine, EVERY, task=task, model=model)
+        subset = sample_queries.sample_spread(engine, EVERY, task=task, model=model)
         assert len(subset) == ((everything.task == task) & (everything.model == model)).sum()
 
 
@@ -349,8 +400,10 @@ def test_report_texts_carry_no_markdown(engine) -> None:
         if isinstance(blob, dict):
             texts += [note["text"] for note in blob["layout"].get("annotations", [])]
             texts.append(blob["layout"].get("title", {}).get("text", ""))
-    empty = [trace_figures.memory_vs_context(pd.DataFrame(), measures.PROFILE_MEASURES),
-             trace_figures.memory_over_run(pd.DataFrame(), measures.SERIES_MEASURES)]
+    empty = [
+        trace_figures.memory_vs_context(pd.DataFrame(), measures.PROFILE_MEASURES),
+        trace_figures.memory_over_run(pd.DataFrame(), measures.SERIES_MEASURES),
+    ]
     texts += [note.text for fig in empty for note in fig.layout.annotations]
     assert len(texts) > 100 and not [text for text in texts if "`" in text]
 
@@ -398,27 +451,41 @@ def test_every_figure_gives_a_model_the_pages_colour_and_an_r_its_shape(engine) 
     points = accuracy_points(engine, None)
     last = sorted(points["model"].unique())[-1]
     alone = points[points["model"] == last]
-    drawn = {figures.accuracy_vs_memory(alone, "rss", colors=colors).data[1].marker.color,
-             figures.accuracy_vs_loops(alone, "rss", colors=colors).data[0].line.color}
+    drawn = {
+        figures.accuracy_vs_memory(alone, "rss", colors=colors).data[1].marker.color,
+        figures.accuracy_vs_loops(alone, "rss", colors=colors).data[0].line.color,
+    }
     assert drawn == {colors[last]} != {figures.accuracy_vs_memory(alone, "rss").data[1].marker.color}
     fig = figures.accuracy_vs_memory(points, "rss", colors=colors)
     for trace in fig.data:
         if trace.x[0] is not None and trace.name in colors:  # a model's points: its colour, a shape per r
             assert trace.marker.color == colors[trace.name]
-            assert list(trace.marker.symbol) == [figures.loops_symbol(r) for r in points.loc[points["model"] == trace.name, "loops"]]
+            assert list(trace.marker.symbol) == [
+                figures.loops_symbol(r) for r in points.loc[points["model"] == trace.name, "loops"]
+            ]
     assert [figures.loops_symbol(r) for r in (1, 2, 4)] == ["circle", "square", "triangle-up"]
     ordered = figures.model_colors(["a", "b", "c"], first=["c"])  # the opening set's models take the first colours
-    assert list(ordered) == ["c", "a", "b"] and list(ordered.values()) == list(figures.model_colors(["a", "b", "c"]).values())
+    assert list(ordered) == ["c", "a", "b"] and list(ordered.values()) == list(
+        figures.model_colors(["a", "b", "c"]).values()
+    )
 
 
 def test_the_loops_figures_legend_has_an_entry_per_line_grouped_by_model_and_round_memory_ticks() -> None:
     """An exit sweep makes a line per (model, threshold): one legend entry each (its memory line toggles with it, in the
     model's legend group and colour), not two, so 16 lines fit the legend without a scroll bar."""
-    rows = [(model, r, t, 0.5, 1e6 * r) for model in ("m", "n") for r in (1, 2, 4) for t in (None, 0.5, 0.7, 0.9)
-            if t is None or r == 4]
+    rows = [
+        (model, r, t, 0.5, 1e6 * r)
+        for model in ("m", "n")
+        for r in (1, 2, 4)
+        for t in (None, 0.5, 0.7, 0.9)
+        if t is None or r == 4
+    ]
     points = pd.DataFrame(rows, columns=["model", "loops", "exit_threshold", "accuracy", "rss"]).assign(
-        exit_criterion=lambda f: np.where(f["exit_threshold"].notna(), "gate", None), stderr=0.01, metric="pass@1",
-        run_id=range(1, len(rows) + 1))
+        exit_criterion=lambda f: np.where(f["exit_threshold"].notna(), "gate", None),
+        stderr=0.01,
+        metric="pass@1",
+        run_id=range(1, len(rows) + 1),
+    )
     colors = {"m": "#111111", "n": "#222222"}
     fig = figures.accuracy_vs_loops(points, "rss", colors=colors)
     shown = [trace for trace in fig.data if trace.showlegend is not False]
@@ -441,13 +508,25 @@ def test_footnotes_hang_a_fixed_gap_below_the_plot_with_room_for_them(engine) ->
 def test_an_exit_line_ends_at_the_same_models_run_without_a_threshold() -> None:
     """The default sweep runs thresholds below 1 only: each (model, r) line of swept thresholds ends at that model's
     run at r without one (every loop), which stays on the model's line through its r as well."""
-    rows = [("m", 1, None, 1.0, 0.40), ("m", 2, None, 2.0, 0.55), ("m", 4, None, 4.0, 0.70),
-            ("m", 4, 0.5, 2.5, 0.69), ("m", 4, 0.7, 3.0, 0.70), ("other", 4, None, 4.0, 0.30)]
+    rows = [
+        ("m", 1, None, 1.0, 0.40),
+        ("m", 2, None, 2.0, 0.55),
+        ("m", 4, None, 4.0, 0.70),
+        ("m", 4, 0.5, 2.5, 0.69),
+        ("m", 4, 0.7, 3.0, 0.70),
+        ("other", 4, None, 4.0, 0.30),
+    ]
     points = pd.DataFrame(rows, columns=["model", "loops", "exit_threshold", "loops_per_token", "accuracy"]).assign(
-        exit_criterion=lambda f: np.where(f["exit_threshold"].notna(), "gate", None), stderr=0.01, metric="pass@1",
-        seconds_per_token=0.001, run_id=range(1, len(rows) + 1))
-    fig = figures.accuracy_vs_compute(points, "loops_per_token")
+        exit_criterion=lambda f: np.where(f["exit_threshold"].notna(), "gate", None),
+        stderr=0.01,
+        metric="pass@1",
+        seconds_per_token=0.001,
+        run_id=range(1, len(rows) + 1),
+    )
+    fig = cost_figures.accuracy_vs_compute(points, "loops_per_token")
     drawn = sorted(sorted((float(x), custom[1]) for x, custom in zip(trace.x, trace.customdata)) for trace in fig.data)
-    assert drawn == [[(1.0, "-"), (2.0, "-"), (4.0, "-")],  # m against its fixed r
-                     [(2.5, "gate 0.5"), (3.0, "gate 0.7"), (4.0, "-")],  # m at r=4 over its thresholds, then every loop
-                     [(4.0, "-")]]  # other: swept nowhere, one line as before
+    assert drawn == [
+        [(1.0, "-"), (2.0, "-"), (4.0, "-")],  # m against its fixed r
+        [(2.5, "gate 0.5"), (3.0, "gate 0.7"), (4.0, "-")],  # m at r=4 over its thresholds, then every loop
+        [(4.0, "-")],
+    ]  # other: swept nowhere, one line as before

@@ -25,8 +25,12 @@ def _sql(url: str, statement: str) -> list[tuple]:
         return conn.execute(text(statement)).all()
 
 
-def test_a_run_on_other_tasks_is_a_second_set_never_a_merged_point(two_sets_url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    (first, again), = _sql(two_sets_url, "SELECT MIN(id), MAX(id) FROM runs WHERE model_spec = 'zoo:ouro-tiny' AND loops = 2")
+def test_a_run_on_other_tasks_is_a_second_set_never_a_merged_point(
+    two_sets_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ((first, again),) = _sql(
+        two_sets_url, "SELECT MIN(id), MAX(id) FROM runs WHERE model_spec = 'zoo:ouro-tiny' AND loops = 2"
+    )
     engine = open_existing(two_sets_url)
     sets = queries.eval_sets(engine)
     assert len(sets) == 2 and sets["runs"].iloc[0] == 1 and sets["last_run_id"].iloc[0] == again
@@ -39,7 +43,9 @@ def test_a_run_on_other_tasks_is_a_second_set_never_a_merged_point(two_sets_url:
     previous = accuracy_points(engine, older)
     ouro = previous[(previous["model"] == "zoo:ouro-tiny") & (previous["loops"] == 2)]
     assert ouro["run_id"].tolist() == [first], "the first sweep keeps its own point"
-    per_task = [v for (v,) in _sql(two_sets_url, f"SELECT value FROM task_metrics WHERE run_id = {first} AND task != 'all'")]
+    per_task = [
+        v for (v,) in _sql(two_sets_url, f"SELECT value FROM task_metrics WHERE run_id = {first} AND task != 'all'")
+    ]
     assert ouro["accuracy"].iloc[0] == pytest.approx(sum(per_task) / len(per_task))
     (stored_pairs,) = _sql(two_sets_url, f"SELECT COUNT(*) FROM runs WHERE kind = 'eval' AND id != {again}")
     assert len(previous) == stored_pairs[0], "one point per (model, loops) of the first sweep"
@@ -56,7 +62,9 @@ def test_a_run_on_other_tasks_is_a_second_set_never_a_merged_point(two_sets_url:
     assert main(["results", "--db", two_sets_url]) == 0
     out = capsys.readouterr().out
     assert f"set {latest}:" in out.splitlines()[0] and f"set {older}:" in out.split("other evaluation sets")[1]
-    assert sum(line.startswith("│") for line in out.splitlines()) == 2, "one row in each table: the ranking, what a token cost"
+    assert sum(line.startswith("│") for line in out.splitlines()) == 2, (
+        "one row in each table: the ranking, what a token cost"
+    )
 
 
 def test_the_app_offers_the_selected_sets_models_loops_and_measures_only(two_sets_url: str) -> None:

@@ -18,27 +18,56 @@ RUNS = [  # three writers: a plain model, and two looped ones at their own loop 
     ["--model", "preset:ouro-tiny", "--loops", "2"],
     ["--model", "preset:melt-tiny", "--loops", "1"],
 ]
-COMMON = ["--tasks", "addition,lookup", "--limit", "4", "--samples", "1", "--max-new-tokens", "3", "--batch-size", "1", "--no-report"]
+COMMON = [
+    "--tasks",
+    "addition,lookup",
+    "--limit",
+    "4",
+    "--samples",
+    "1",
+    "--max-new-tokens",
+    "3",
+    "--batch-size",
+    "1",
+    "--no-report",
+]
 
 
 def test_three_runs_write_one_postgres_store_at_once_and_every_reader_sees_them(postgres_url: str, tmp_path) -> None:
-    procs = [subprocess.Popen([str(LOOPEVAL), "run", *args, *COMMON, "--db", postgres_url], cwd=tmp_path,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for args in RUNS]
+    procs = [
+        subprocess.Popen(
+            [str(LOOPEVAL), "run", *args, *COMMON, "--db", postgres_url],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for args in RUNS
+    ]
     results = [p.communicate(timeout=600) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], results
     password = make_url(postgres_url).password
     assert all(password not in out + err for out, err in results), "the password is never printed"
 
-    listed = subprocess.run([str(LOOPEVAL), "results", "--json", "--db", postgres_url], capture_output=True, text=True, timeout=120)
+    listed = subprocess.run(
+        [str(LOOPEVAL), "results", "--json", "--db", postgres_url], capture_output=True, text=True, timeout=120
+    )
     assert listed.returncode == 0, listed.stderr
     runs = json.loads(listed.stdout)
     assert sorted((r["model"], r["loops"], r["status"], r["n_samples"]) for r in runs) == [
-        ("preset:melt-tiny", 1, "finished", 8), ("preset:ouro-tiny", 2, "finished", 8), ("preset:qwen3-tiny", None, "finished", 8),
+        ("preset:melt-tiny", 1, "finished", 8),
+        ("preset:ouro-tiny", 2, "finished", 8),
+        ("preset:qwen3-tiny", None, "finished", 8),
     ]
     assert len({r["sweep_id"] for r in runs}) == 3 and all(r["metrics"]["all"] and r["memory"]["rss"] for r in runs)
 
     report = tmp_path / "report.html"
-    drawn = subprocess.run([str(LOOPEVAL), "dashboard", "--db", postgres_url, "--out", str(report)], capture_output=True, text=True, timeout=300)
+    drawn = subprocess.run(
+        [str(LOOPEVAL), "dashboard", "--db", postgres_url, "--out", str(report)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert drawn.returncode == 0, drawn.stderr
     html = report.read_text(encoding="utf-8")
     assert all(model in html for model in ("preset:qwen3-tiny", "preset:ouro-tiny", "preset:melt-tiny"))

@@ -17,7 +17,7 @@ import pytest
 from dashboards.app import create_app
 from dashboards.data import SAMPLE_COLUMNS, SAMPLE_TEXT_CHARS, browse_samples, clip
 from dashboards.report import build_report
-from db import queries
+from db import sample_queries
 from db.session import open_existing
 from db.store import Store
 
@@ -39,12 +39,23 @@ def engine(tmp_path: Path):
     path = tmp_path / "samples.sqlite"
     store = Store.open(str(path))
     for run_index, (model, loops) in enumerate(RUNS):
-        run = store.create_run(sweep_id="s", model_spec=model, adapter="engine", loops=loops, suite="synthetic",
-                               tasks=list(TASKS))
-        rows = [dict(task=task, doc_id=str(doc), sample_index=sample, prompt=f"{task} {doc}",
-                     output="x" * 5000 if (run_index, task, doc, sample) == (0, "t1", 3, 0) else str(doc),
-                     gold=str(doc), score=_score(run_index, doc, sample))
-                for task in TASKS for doc in range(DOCS) for sample in range(SAMPLES)]
+        run = store.create_run(
+            sweep_id="s", model_spec=model, adapter="engine", loops=loops, suite="synthetic", tasks=list(TASKS)
+        )
+        rows = [
+            dict(
+                task=task,
+                doc_id=str(doc),
+                sample_index=sample,
+                prompt=f"{task} {doc}",
+                output="x" * 5000 if (run_index, task, doc, sample) == (0, "t1", 3, 0) else str(doc),
+                gold=str(doc),
+                score=_score(run_index, doc, sample),
+            )
+            for task in TASKS
+            for doc in range(DOCS)
+            for sample in range(SAMPLES)
+        ]
         random.Random(run_index).shuffle(rows)
         store.add_samples(run, rows)
         store.finish_run(run, "finished", wall_seconds=1.0)
@@ -63,19 +74,19 @@ def _strata(rows: pd.DataFrame) -> pd.Series:
 
 
 def test_everything_fits_the_budget_in_run_task_numeric_doc_order(engine) -> None:
-    rows = queries.sample_spread(engine, budget=10_000)
-    assert len(rows) == queries.count_samples(engine) == len(RUNS) * len(TASKS) * DOCS * SAMPLES
+    rows = sample_queries.sample_spread(engine, budget=10_000)
+    assert len(rows) == sample_queries.count_samples(engine) == len(RUNS) * len(TASKS) * DOCS * SAMPLES
     key = list(zip(rows["run_id"], rows["task"], rows["doc_id"].astype(int), rows["sample_index"]))
     assert key == sorted(key), "doc ids sort as numbers: 10 after 9"
     assert (rows["verdict"] == rows["score"].map(_verdict)).all()
 
 
 def test_a_small_budget_takes_the_same_share_of_every_run_task_and_verdict(engine) -> None:
-    everything = queries.sample_spread(engine, budget=10_000)
+    everything = sample_queries.sample_spread(engine, budget=10_000)
     sizes = _strata(everything)
     budget = 40
     cap = budget // len(sizes)
-    rows = queries.sample_spread(engine, budget=budget)
+    rows = sample_queries.sample_spread(engine, budget=budget)
     taken = _strata(rows)
     assert list(taken.index) == list(sizes.index), "every run, task and verdict shows up, correct and wrong alike"
     assert (taken == sizes.clip(upper=cap)).all()
@@ -89,10 +100,10 @@ def test_a_small_budget_takes_the_same_share_of_every_run_task_and_verdict(engin
 
 def test_filters_apply_before_the_spread(engine) -> None:
     budget = 12
-    wrong = queries.sample_spread(engine, budget, task="t2", model="model-a", correct=False)
+    wrong = sample_queries.sample_spread(engine, budget, task="t2", model="model-a", correct=False)
     assert set(wrong["task"]) == {"t2"} and set(wrong["model"]) == {"model-a"} and (wrong["score"] < 1).all()
     assert sorted(_strata(wrong)) == [budget // 2] * 2, "the budget is shared by the two matching runs only"
-    correct = queries.sample_spread(engine, budget, correct=True)
+    correct = sample_queries.sample_spread(engine, budget, correct=True)
     assert (correct["score"] >= 1).all() and correct["run_id"].nunique() == len(RUNS)
 
 
@@ -106,7 +117,7 @@ def test_long_texts_are_cut_with_a_note(engine) -> None:
 def test_the_sweep_browser_holds_every_run_with_both_verdicts(results_url: str) -> None:
     engine = open_existing(results_url)
     rows = browse_samples(engine)
-    stored = queries.sample_spread(engine, EVERY)
+    stored = sample_queries.sample_spread(engine, EVERY)
     engine.dispose()
     assert set(rows["run_id"]) == set(stored["run_id"])
     verdicts = stored.assign(verdict=stored["score"].map(_verdict)).groupby("run_id")["verdict"].agg(set)
@@ -134,11 +145,12 @@ def test_the_report_and_the_app_show_the_same_columns_and_cells(engine, tmp_path
     report = json.loads(data)
     assert report["columns"] == list(SAMPLE_COLUMNS.values())
     headings = re.findall(r"<th>([^<]*)</th>", page.split('id="sample-data"')[0])
-    assert headings[-len(SAMPLE_COLUMNS):] == report["columns"]
+    assert headings[-len(SAMPLE_COLUMNS) :] == report["columns"]
     app = _app_samples(f"sqlite:///{tmp_path / 'samples.sqlite'}")
     assert [list(row) for row in app] == [list(SAMPLE_COLUMNS)] * len(app) and len(app) == len(report["rows"]) > 0
     as_text = lambda value: None if value is None else str(value)  # noqa: E731
-    assert [[as_text(row[key]) for key in SAMPLE_COLUMNS] for row in app] == \
-        [[as_text(cell) for cell in row] for row in report["rows"]]
+    assert [[as_text(row[key]) for key in SAMPLE_COLUMNS] for row in app] == [
+        [as_text(cell) for cell in row] for row in report["rows"]
+    ]
     cells = dict(zip(report["columns"], report["rows"][0]))
     assert cells["loops"] == "r=1" and isinstance(cells["score"], float) and cells["verdict"] in ("correct", "wrong")

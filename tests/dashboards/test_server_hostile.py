@@ -28,8 +28,12 @@ pytestmark = pytest.mark.slow  # starts the real server: the fast tier (-m 'not 
 
 CALLBACK = "/_dash-update-component"
 # As the browser sends it: an input whose property is unset comes without "value", and there is no "state".
-DEPTH = {"output": "depth.figure", "outputs": {"id": "depth", "property": "figure"}, "changedPropIds": [],
-         "inputs": [{"id": "depth-set", "property": "value", "value": None}, {"id": "refresh", "property": "n_intervals"}]}
+DEPTH = {
+    "output": "depth.figure",
+    "outputs": {"id": "depth", "property": "figure"},
+    "changedPropIds": [],
+    "inputs": [{"id": "depth-set", "property": "value", "value": None}, {"id": "refresh", "property": "n_intervals"}],
+}
 ACCURACY_INPUTS = {"set": None, "task": None, "models": ["preset:qwen3-tiny"], "loops": [1], "measure": "kv_bytes_allocated",
                    "context": 512, "refresh": None}  # fmt: skip
 
@@ -51,12 +55,21 @@ def depth(**fields: object) -> dict:
 
 def choices(measure: object) -> dict:
     """The set filter's request, which carries the measure selected as state."""
-    names = [("models", "options"), ("models", "value"), ("loops", "options"), ("loops", "value"), ("measure", "options"),
-             ("measure", "value")]
-    return {"output": ".." + "...".join(f"{c}.{p}" for c, p in names) + "..",
-            "outputs": [{"id": c, "property": p} for c, p in names], "changedPropIds": [],
-            "inputs": [{"id": "set", "property": "value", "value": None}],
-            "state": [{"id": "measure", "property": "value", "value": measure}]}
+    names = [
+        ("models", "options"),
+        ("models", "value"),
+        ("loops", "options"),
+        ("loops", "value"),
+        ("measure", "options"),
+        ("measure", "value"),
+    ]
+    return {
+        "output": ".." + "...".join(f"{c}.{p}" for c, p in names) + "..",
+        "outputs": [{"id": c, "property": p} for c, p in names],
+        "changedPropIds": [],
+        "inputs": [{"id": "set", "property": "value", "value": None}],
+        "state": [{"id": "measure", "property": "value", "value": measure}],
+    }
 
 
 MALFORMED: dict[str, bytes | object] = {
@@ -120,7 +133,9 @@ def db_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A loopeval database with one finished run and one sample."""
     path = tmp_path_factory.mktemp("served") / "results.sqlite"
     store = Store.open(str(path))
-    spec = RunSpec.build(models=["preset:qwen3-tiny"], tasks=["lookup"], loops=[1], samples=1, max_new_tokens=1, limit=1)
+    spec = RunSpec.build(
+        models=["preset:qwen3-tiny"], tasks=["lookup"], loops=[1], samples=1, max_new_tokens=1, limit=1
+    )
     run = store.create_run(sweep_id="served", model_spec="preset:qwen3-tiny", adapter="preset", suite="synthetic",
                            spec=spec.to_dict())  # fmt: skip
     store.add_samples(run, [dict(task="lookup", doc_id="0", sample_index=0, prompt="p", output="o")])
@@ -137,8 +152,14 @@ def server(db_url: str) -> Iterator[tuple[str, int, int]]:
         yield parts.hostname, parts.port, process.pid
 
 
-def request(server: tuple[str, int, int], method: str, path: str, body: bytes | None = None,
-            host: str | None = "default", content_type: str = "application/json") -> tuple[int, dict[str, str], bytes]:
+def request(
+    server: tuple[str, int, int],
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    host: str | None = "default",
+    content_type: str = "application/json",
+) -> tuple[int, dict[str, str], bytes]:
     """One request exactly as written (path and Host untouched); `host=None` sends no Host header."""
     address, port, _ = server
     connection = http.client.HTTPConnection(address, port, timeout=30)
@@ -189,7 +210,9 @@ def rss_bytes(pid: int) -> int:
 
 def test_every_input_of_every_callback_has_a_value_check(db_url: str) -> None:
     app = create_app(db_url)
-    inputs = {f"{i['id']}.{i['property']}" for spec in app.callback_map.values() for i in [*spec["inputs"], *spec["state"]]}
+    inputs = {
+        f"{i['id']}.{i['property']}" for spec in app.callback_map.values() for i in [*spec["inputs"], *spec["state"]]
+    }
     assert inputs == set(INPUT_CHECKS), "a callback input without a check is refused; a check without an input is dead"
 
 
@@ -230,8 +253,11 @@ def test_a_100_mb_body_is_refused_with_413_and_not_read(server: tuple[str, int, 
     before = rss_bytes(pid)
     with socket.create_connection((address, port), timeout=30) as sock:
         size = 100_000_000
-        sock.sendall(f"POST {CALLBACK} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-                     f"Content-Length: {size}\r\n\r\n".encode() + b"[" * (1 << 20))
+        sock.sendall(
+            f"POST {CALLBACK} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {size}\r\n\r\n".encode()
+            + b"[" * (1 << 20)
+        )
         answer = b""
         while b"\r\n\r\n" not in answer:
             chunk = sock.recv(65536)

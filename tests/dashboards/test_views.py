@@ -40,11 +40,19 @@ def _kv_peak(engine: Any, picked: views.Selection) -> pd.DataFrame:
 
 
 def _kv_bar(peaks: pd.DataFrame, picked: views.Selection) -> go.Figure:
-    return go.Figure(go.Bar(x=["KV peak"], y=peaks["kv_bytes_allocated"].tolist()), layout={"title": f"KV peak of run {picked.run_id}"})
+    return go.Figure(
+        go.Bar(x=["KV peak"], y=peaks["kv_bytes_allocated"].tolist()),
+        layout={"title": f"KV peak of run {picked.run_id}"},
+    )
 
 
-EXTRA = views.View(title="KV peak per run", inputs=("run",), query=_kv_peak, plots=(views.Plot("kv-peak", "kvpeak", _kv_bar),),
-                   cases=lambda engine: [views.Selection(run_id=int(r)) for r in queries.runs(engine)["run_id"]])
+EXTRA = views.View(
+    title="KV peak per run",
+    inputs=("run",),
+    query=_kv_peak,
+    plots=(views.Plot("kv-peak", "kvpeak", _kv_bar),),
+    cases=lambda engine: [views.Selection(run_id=int(r)) for r in queries.runs(engine)["run_id"]],
+)
 
 
 def _callback(app: Any, view: views.View, values: dict[str, Any]) -> dict[str, Any]:
@@ -121,7 +129,9 @@ def _fails_on_the_second_run(engine: Any, picked: views.Selection) -> pd.DataFra
 
 def test_an_error_in_a_forked_process_is_raised_by_the_report(engine, monkeypatch) -> None:
     """The second run's case is drawn in the forked process of two; its error reaches the caller as it was raised."""
-    failing = views.View(title="KV peak per run", inputs=("run",), query=_fails_on_the_second_run, plots=EXTRA.plots, cases=EXTRA.cases)
+    failing = views.View(
+        title="KV peak per run", inputs=("run",), query=_fails_on_the_second_run, plots=EXTRA.plots, cases=EXTRA.cases
+    )
     monkeypatch.setattr(views, "VIEWS", [failing])
     second = int(queries.runs(engine)["run_id"].iloc[1])
     with pytest.raises(ValueError, match=f"^the query of run {second} failed$"):
@@ -131,7 +141,9 @@ def test_an_error_in_a_forked_process_is_raised_by_the_report(engine, monkeypatc
 
 def test_memory_over_a_run_is_thinned_keeping_each_peak_and_titled_by_the_run(engine) -> None:
     runs = queries.runs(engine)
-    run = runs.iloc[max(range(len(runs)), key=lambda i: len(queries.memory_series(engine, int(runs["run_id"].iloc[i]))))]
+    run = runs.iloc[
+        max(range(len(runs)), key=lambda i: len(queries.memory_series(engine, int(runs["run_id"].iloc[i]))))
+    ]
     series = queries.memory_series(engine, int(run["run_id"]))
     thin = views.thinned(series, limit=3)
     assert len(series) > 3 and len(thin) == 3
@@ -140,7 +152,9 @@ def test_memory_over_a_run_is_thinned_keeping_each_peak_and_titled_by_the_run(en
             assert thin[measure].max() == series[measure].max()
     (memory_run,) = [view for view in views.VIEWS if view.plots[0].id == "memory-run"]
     series, title = memory_run.query(engine, views.Selection(run_id=int(run["run_id"])))
-    assert title == f"Memory over run {run['run_id']}: {run['model']} {names.loops_label(run['loops'])} ({run['suite']})"
+    assert (
+        title == f"Memory over run {run['run_id']}: {run['model']} {names.loops_label(run['loops'])} ({run['suite']})"
+    )
     assert len(series) <= views.MAX_SERIES_POINTS
 
 
@@ -154,11 +168,14 @@ def test_the_runs_table_shows_every_peak_the_views_choose(engine) -> None:
     reserved = queries.memory_peaks(engine).set_index("run_id")["kv_bytes_reserved"]
     column = views.RUN_COLUMNS.index(measures.BY_NAME["kv_bytes_reserved"].label)
     assert {run_id: row[column] for run_id, row in rows.items()} == {
-        run_id: measures.byte_text(reserved.get(run_id)) for run_id in rows}
+        run_id: measures.byte_text(reserved.get(run_id)) for run_id in rows
+    }
     assert sum(row[column] != "n/a" for row in rows.values()) >= 4  # the engine runs store their pool
     energy = queries.runs(engine, kind=None).set_index("run_id")["energy_joules"]
     column = views.RUN_COLUMNS.index(measures.COMPUTE_BY_NAME["energy_joules"].label)
-    assert {run_id: row[column] for run_id, row in rows.items()} == {run_id: measures.energy_text(energy.get(run_id)) for run_id in rows}
+    assert {run_id: row[column] for run_id, row in rows.items()} == {
+        run_id: measures.energy_text(energy.get(run_id)) for run_id in rows
+    }
     if energy.isna().all():  # no NVML energy counter where these runs ran: unavailable, never 0
         assert {row[column] for row in rows.values()} == {"n/a"}
 
@@ -183,5 +200,7 @@ def test_memory_over_a_run_opens_on_a_run_of_the_default_set_in_both_pages(two_s
     assert f'<option value="{opening}" selected>' in page  # the report's selector, as the app's
     probes = next(view for view in views.VIEWS if view.title == "Loop probes")
     assert [case.run_id for case in probes.cases(engine)] == [None], "no probe run: one case, saying how to make one"
-    assert '"probe|": {' in page and trace_figures.PROBE_EXAMPLE in page, "the empty selector's key: the drawing of that case"
+    assert '"probe|": {' in page and trace_figures.PROBE_EXAMPLE in page, (
+        "the empty selector's key: the drawing of that case"
+    )
     engine.dispose()

@@ -46,7 +46,7 @@ CASES = [
     ("runs.started_at", "'yesterday'"),  # a text date
     ("runs.finished_at", "'soon'"),
     ("samples.created_at", "12345"),
-    ("samples.loops_histogram", "'{\"1\": \"three\"}'"),  # JSON of the wrong shape in a table of many rows
+    ("samples.loops_histogram", '\'{"1": "three"}\''),  # JSON of the wrong shape in a table of many rows
     ("samples.loops_histogram", "'{\"1\": 3'"),
 ]
 
@@ -57,9 +57,31 @@ def intact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("intact")
     path = folder / "r.sqlite"
     with contextlib.chdir(folder):
-        assert main(["run", "--model", "preset:qwen3-tiny", "--model", "preset:ouro-tiny", "--loops", "1,2",
-                     "--tasks", "addition", "--limit", "2", "--samples", "1", "--max-new-tokens", "4",
-                     "--db", str(path), "--no-report"]) == 0
+        assert (
+            main(
+                [
+                    "run",
+                    "--model",
+                    "preset:qwen3-tiny",
+                    "--model",
+                    "preset:ouro-tiny",
+                    "--loops",
+                    "1,2",
+                    "--tasks",
+                    "addition",
+                    "--limit",
+                    "2",
+                    "--samples",
+                    "1",
+                    "--max-new-tokens",
+                    "4",
+                    "--db",
+                    str(path),
+                    "--no-report",
+                ]
+            )
+            == 0
+        )
     return path
 
 
@@ -88,14 +110,23 @@ def _one_line(err: str, start: str) -> str:
 def test_every_json_number_and_date_column_of_a_run_is_checked() -> None:
     checked = {f"{column.table.name}.{column.name}" for _, columns in CHECKED for column, _ in columns}
     assert {column for column, _ in CASES} <= checked
-    assert {"runs.versions", "runs.limit", "runs.lease_until", "runs.energy_joules", "task_metrics.stderr",
-            "profile_points.weights_bytes", "probe_values.value", "samples.loops_used"} <= checked
+    assert {
+        "runs.versions",
+        "runs.limit",
+        "runs.lease_until",
+        "runs.energy_joules",
+        "task_metrics.stderr",
+        "profile_points.weights_bytes",
+        "probe_values.value",
+        "samples.loops_used",
+    } <= checked
     assert not {"runs.model_spec", "runs.status", "samples.output"} & checked, "text columns hold any text"
 
 
 @pytest.mark.parametrize(("column", "value"), CASES, ids=[f"{c}={v}" for c, v in CASES])
 def test_a_damaged_value_is_named_and_the_other_runs_still_shown(
-        column: str, value: str, intact: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    column: str, value: str, intact: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     db = _damaged(intact, tmp_path, column, value)
     before = _digest(db)
     capfd.readouterr()
@@ -117,10 +148,14 @@ def test_a_damaged_value_is_named_and_the_other_runs_still_shown(
     assert _digest(db) == before, "reading never writes"
 
 
-@pytest.mark.parametrize(("column", "value"), [CASES[0], CASES[4], CASES[8], CASES[12], CASES[17]],
-                         ids=["invalid-json", "wrong-shape", "text-number", "text-score", "text-date"])
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [CASES[0], CASES[4], CASES[8], CASES[12], CASES[17]],
+    ids=["invalid-json", "wrong-shape", "text-number", "text-score", "text-date"],
+)
 def test_resuming_the_damaged_run_is_one_line_and_exit_2(
-        column: str, value: str, intact: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    column: str, value: str, intact: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     db = _damaged(intact, tmp_path, column, value)
     with sqlite3.connect(db) as conn:
         conn.execute(f"UPDATE runs SET status = 'interrupted' WHERE id = {DAMAGED}")
@@ -133,9 +168,10 @@ def test_resuming_the_damaged_run_is_one_line_and_exit_2(
     assert _digest(db) == before
 
 
-def test_a_stored_spec_loopeval_cannot_rebuild_is_one_line(intact: Path, tmp_path: Path,
-                                                           capfd: pytest.CaptureFixture[str]) -> None:
-    db = _damaged(intact, tmp_path, "runs.spec", "'{\"batch_size\": 4, \"unknown_field\": 1}'")
+def test_a_stored_spec_loopeval_cannot_rebuild_is_one_line(
+    intact: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    db = _damaged(intact, tmp_path, "runs.spec", '\'{"batch_size": 4, "unknown_field": 1}\'')
     with sqlite3.connect(db) as conn:
         conn.execute(f"UPDATE runs SET status = 'interrupted' WHERE id = {DAMAGED}")
     conn.close()
@@ -145,19 +181,40 @@ def test_a_stored_spec_loopeval_cannot_rebuild_is_one_line(intact: Path, tmp_pat
     assert "unknown_field" in line and f"sqlite:///{db}" in line
 
 
-def test_a_new_run_beside_a_damaged_one_runs_and_names_it(intact: Path, tmp_path: Path,
-                                                          capfd: pytest.CaptureFixture[str]) -> None:
+def test_a_new_run_beside_a_damaged_one_runs_and_names_it(
+    intact: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     db = _damaged(intact, tmp_path, "runs.sampling", "'{'")
     capfd.readouterr()
-    assert main(["run", "--model", "preset:coreloop-tiny", "--tasks", "addition", "--limit", "1", "--samples", "1",
-                 "--max-new-tokens", "2", "--db", str(db), "--no-report"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--model",
+                "preset:coreloop-tiny",
+                "--tasks",
+                "addition",
+                "--limit",
+                "1",
+                "--samples",
+                "1",
+                "--max-new-tokens",
+                "2",
+                "--db",
+                str(db),
+                "--no-report",
+            ]
+        )
+        == 0
+    )
     out, err = capfd.readouterr()
     assert _one_line(err, f"run {DAMAGED} skipped: runs.sampling is not valid JSON")
     assert "preset:coreloop-tiny" in out
 
 
-def test_a_database_whose_every_run_is_damaged_says_so(intact: Path, tmp_path: Path,
-                                                       capfd: pytest.CaptureFixture[str]) -> None:
+def test_a_database_whose_every_run_is_damaged_says_so(
+    intact: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     db = tmp_path / "all.sqlite"
     shutil.copy(intact, db)
     with sqlite3.connect(db) as conn:
@@ -167,8 +224,10 @@ def test_a_database_whose_every_run_is_damaged_says_so(intact: Path, tmp_path: P
     assert main(["dashboard", "--db", str(db), "--out", str(tmp_path / "report.html")]) == 2
     lines = capfd.readouterr().err.strip().splitlines()
     assert lines[:3] == [f"run {run_id} skipped: runs.host is not valid JSON (sqlite:///{db})" for run_id in (1, 2, 3)]
-    assert lines[3:] == [f"loopeval: error: the database sqlite:///{db} holds no run loopeval can read: each holds a "
-                         "damaged value (named above)"]
+    assert lines[3:] == [
+        f"loopeval: error: the database sqlite:///{db} holds no run loopeval can read: each holds a "
+        "damaged value (named above)"
+    ]
 
 
 def test_the_scan_finds_only_the_damaged_runs(intact: Path, tmp_path: Path) -> None:
@@ -187,7 +246,8 @@ def _remount_read_only(folder: Path) -> None:
 
 
 def test_a_database_on_a_read_only_mount_is_read_and_never_written(
-        intact: Path, small_disk: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    intact: Path, small_disk: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     db = small_disk / "r.sqlite"
     shutil.copy(intact, db)
     _remount_read_only(small_disk)
@@ -199,12 +259,15 @@ def test_a_database_on_a_read_only_mount_is_read_and_never_written(
     for command in (["run", "--resume", "1"], new_run):
         capfd.readouterr()
         assert main([*command, "--db", str(db), "--no-report"]) == 2
-        assert _one_line(capfd.readouterr().err, "loopeval: error: ") == f"loopeval: error: database {db} is not writable"
+        assert (
+            _one_line(capfd.readouterr().err, "loopeval: error: ") == f"loopeval: error: database {db} is not writable"
+        )
     assert sorted(p.name for p in small_disk.iterdir()) == ["r.sqlite"]
 
 
 def test_a_damaged_run_on_a_read_only_mount_is_named_and_the_others_shown(
-        intact: Path, small_disk: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    intact: Path, small_disk: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     db = small_disk / "r.sqlite"
     shutil.copy(_damaged(intact, tmp_path, "runs.started_at", "'last week'"), db)
     _remount_read_only(small_disk)
@@ -226,15 +289,26 @@ def test_an_old_schema_on_a_read_only_mount_is_one_line(small_disk: Path, capfd:
 
 
 def test_a_json_value_of_the_wrong_shape_on_postgres_is_named_and_the_others_shown(
-        postgres_url: str, capfd: pytest.CaptureFixture[str]) -> None:
+    postgres_url: str, capfd: pytest.CaptureFixture[str]
+) -> None:
     """A server enforces its columns' types, so only a JSON value's shape can be wrong there; the runs holding one
     are left out through the same temporary views, and the password stays hidden."""
     from db.store import Store
 
     store = Store.open(postgres_url)
-    ids = [store.create_run(sweep_id="pg", model_spec="preset:qwen3-tiny", adapter="preset", suite="synthetic",
-                            tasks=["addition"], sampling={"temperature": 1.0}, seed=seed, status="finished")
-           for seed in range(3)]
+    ids = [
+        store.create_run(
+            sweep_id="pg",
+            model_spec="preset:qwen3-tiny",
+            adapter="preset",
+            suite="synthetic",
+            tasks=["addition"],
+            sampling={"temperature": 1.0},
+            seed=seed,
+            status="finished",
+        )
+        for seed in range(3)
+    ]
     with store.engine.begin() as conn:
         conn.exec_driver_sql(f"UPDATE runs SET sampling = '[1, 2]' WHERE id = {ids[1]}")
         conn.exec_driver_sql(f"UPDATE runs SET tasks = '{{\"a\": 1}}' WHERE id = {ids[2]}")
@@ -244,7 +318,9 @@ def test_a_json_value_of_the_wrong_shape_on_postgres_is_named_and_the_others_sho
     out, err = capfd.readouterr()
     assert [run["id"] for run in json.loads(out)] == ids[:1]
     lines = err.strip().splitlines()
-    assert [line.split(" (")[0] for line in lines] == [f"run {ids[1]} skipped: runs.sampling is not a JSON object",
-                                                       f"run {ids[2]} skipped: runs.tasks is not a JSON list of names"]
+    assert [line.split(" (")[0] for line in lines] == [
+        f"run {ids[1]} skipped: runs.sampling is not a JSON object",
+        f"run {ids[2]} skipped: runs.tasks is not a JSON list of names",
+    ]
     password = postgres_url.split("@")[0].rsplit(":", 1)[1]
     assert "***@" in err and password not in err

@@ -33,8 +33,13 @@ def test_every_shipped_task_has_a_benchmark_and_a_named_group(suite: str) -> Non
 def test_the_headline_counts_and_groups_by_the_one_rule() -> None:
     """What the evaluation stores (each subtask, the family's mean under `benchmark_of`, the suite mean) is read
     back with the family counted once, in the group `task_group` names."""
-    stored = {"aime24": {PASS: 1.0}, "mmlu_redux:anatomy": {PASS: 0.0}, "mmlu_redux:virology": {PASS: 0.5},
-              benchmark_of("mmlu_redux:anatomy"): {PASS: 0.25}, SUITE: {HEADLINE: 0.625}}
+    stored = {
+        "aime24": {PASS: 1.0},
+        "mmlu_redux:anatomy": {PASS: 0.0},
+        "mmlu_redux:virology": {PASS: 0.5},
+        benchmark_of("mmlu_redux:anatomy"): {PASS: 0.25},
+        SUITE: {HEADLINE: 0.625},
+    }
     result = headline(stored, "paper")
     assert result.benchmarks == {"aime24": 1.0, "mmlu_redux": 0.25}
     assert result.groups == {task_group("aime24", "paper"): 1.0, task_group("mmlu_redux", "paper"): 0.25}

@@ -37,7 +37,9 @@ RANKED = ["model", "loops", "accuracy", "memory", "per_gb", "frontier"]
 
 
 def _records(frame: pd.DataFrame) -> dict[str, list[Any]]:
-    return json.loads(json.dumps(frame.astype(object).where(frame.notna(), None).to_dict("list"), default=lambda v: v.item()))
+    return json.loads(
+        json.dumps(frame.astype(object).where(frame.notna(), None).to_dict("list"), default=lambda v: v.item())
+    )
 
 
 def figure_data(engine: Engine) -> dict[str, Any]:
@@ -47,7 +49,9 @@ def figure_data(engine: Engine) -> dict[str, Any]:
     return {
         "set_id": set_id,
         "ranked": {m: _records(ranked(points, m)[RANKED]) for m in measures.MEMORY_MEASURES},
-        "series": {str(r): _records(queries.memory_series(engine, int(r))) for r in queries.runs(engine, kind=None)["run_id"]},
+        "series": {
+            str(r): _records(queries.memory_series(engine, int(r))) for r in queries.runs(engine, kind=None)["run_id"]
+        },
         "profile": _records(queries.profile_points(engine)),
         "peaks": _records(queries.memory_peaks(engine)),
     }
@@ -78,7 +82,9 @@ def test_the_figures_read_the_same_values_after_0007(upgraded: str) -> None:
     expected = _renamed({k: v for k, v in old_peaks.items() if k != "kv_bytes_allocated"})  # the exact peak replaces it
     assert after["peaks"] == {name: expected[name] for name in after["peaks"]} and set(after["peaks"]) == set(expected)
     assert not [name for name in after["peaks"] if name.endswith("_peak")]
-    assert any(a < p for a, p in zip(old_peaks["kv_bytes_allocated"], old_peaks["kv_bytes_peak"]))  # the case that matters is here
+    assert any(
+        a < p for a, p in zip(old_peaks["kv_bytes_allocated"], old_peaks["kv_bytes_peak"])
+    )  # the case that matters is here
 
 
 @pytest.mark.slow  # starts a Postgres server
@@ -90,7 +96,15 @@ def test_postgres_carries_the_same_database_over(postgres_url: str) -> None:
     with engine.begin() as conn:
         config.attributes["connection"] = conn
         command.upgrade(config, "0006")
-        for table in ("runs", "samples", "task_metrics", "memory_samples", "memory_peaks", "profile_points", "probe_values"):
+        for table in (
+            "runs",
+            "samples",
+            "task_metrics",
+            "memory_samples",
+            "memory_peaks",
+            "profile_points",
+            "probe_values",
+        ):
             cursor = source.execute(f"SELECT * FROM {table}")
             names = ", ".join(f'"{d[0]}"' for d in cursor.description)  # quoted: `limit` is a keyword
             marks = ", ".join(["%s"] * len(cursor.description))
@@ -126,8 +140,17 @@ def test_downgrade_gives_the_old_names_back(upgraded: str) -> None:
         peaks = conn.exec_driver_sql("SELECT run_id, measure, value FROM memory_peaks").all()
         profile = [row[0] for row in conn.exec_driver_sql("SELECT rss_peak FROM profile_points ORDER BY id").all()]
     wide = {measure: {run: value for run, m, value in peaks if m == measure} for measure in {m for _, m, _ in peaks}}
-    for name in ("kv_bytes_peak", "rss_peak", "weights_bytes", "kv_bytes_used", "kv_bytes_reserved", "nvml_process_peak"):
-        assert [wide[name].get(run) for run in before["run_id"]] == [None if v is None else int(v) for v in before[name]]
+    for name in (
+        "kv_bytes_peak",
+        "rss_peak",
+        "weights_bytes",
+        "kv_bytes_used",
+        "kv_bytes_reserved",
+        "nvml_process_peak",
+    ):
+        assert [wide[name].get(run) for run in before["run_id"]] == [
+            None if v is None else int(v) for v in before[name]
+        ]
     assert len(profile) == 4 and all(v > 0 for v in profile)
 
 
@@ -136,5 +159,9 @@ def test_new_runs_store_their_peaks_under_the_series_names(tmp_path: Path) -> No
     run_id = store.create_run(sweep_id="s", model_spec="m", adapter="preset", suite="synthetic")
     store.merge_memory_peaks(run_id, {"weights_bytes": 10, "kv_bytes_allocated": 5, "rss": None})
     store.merge_memory_peaks(run_id, {"weights_bytes": 8, "kv_bytes_allocated": 3, "rss": 7})
-    assert store.memory_peaks(run_id) == {"weights_bytes": 8, "kv_bytes_allocated": 5, "rss": 7}  # a size is replaced, a peak kept
+    assert store.memory_peaks(run_id) == {
+        "weights_bytes": 8,
+        "kv_bytes_allocated": 5,
+        "rss": 7,
+    }  # a size is replaced, a peak kept
     store.close()

@@ -13,6 +13,7 @@ from db.sets import config_fields, config_key, configuration, run_key
 from db.store import Store
 from tests.support.stored_runs import DOCS, MODEL, SAMPLING, TASKS, store_run
 
+
 @pytest.fixture()
 def store(tmp_path: Path):
     store = Store.open(str(tmp_path / "points.sqlite"))
@@ -29,7 +30,9 @@ def test_runs_differing_only_in_overrides_are_two_points_and_neither_hides_the_o
     assert points.at[every_loop, "accuracy"] == 1.0 and points.at[first_loop, "accuracy"] == 0.0
     assert (points["seeds"] == 1).all(), "never pooled as two seeds"
     assert points.at[every_loop, "config"] == "" and config_fields(points.at[first_loop, "config"]) == {
-        "exit_policy": "fixed", "exit_loop": 1}
+        "exit_policy": "fixed",
+        "exit_loop": 1,
+    }
 
 
 def test_one_configuration_with_two_seeds_pools_whatever_order_its_overrides_were_written_in(store: Store) -> None:
@@ -51,9 +54,20 @@ def test_a_rerun_of_one_configuration_and_seed_replaces_the_older_run(store: Sto
 def test_the_point_key_is_the_identity_without_the_seed_and_set() -> None:
     """Two runs share a point exactly when their identities differ at most in the seed: every override counts, the
     overrides of other models do not, and an empty configuration keys as none."""
-    run = {"model_spec": MODEL, "loops": 4, "seed": 0, "suite": "synthetic", "tasks": TASKS, "limit": DOCS,
-           "sampling": SAMPLING, "data_fingerprint": "f" * 64, "spec": {"model_overrides": {MODEL: {"dtype": "bfloat16"}}}}
-    other_model = run | {"spec": {"model_overrides": {MODEL: {"dtype": "bfloat16"}, "zoo:melt-tiny": {"dtype": "float16"}}}}
+    run = {
+        "model_spec": MODEL,
+        "loops": 4,
+        "seed": 0,
+        "suite": "synthetic",
+        "tasks": TASKS,
+        "limit": DOCS,
+        "sampling": SAMPLING,
+        "data_fingerprint": "f" * 64,
+        "spec": {"model_overrides": {MODEL: {"dtype": "bfloat16"}}},
+    }
+    other_model = run | {
+        "spec": {"model_overrides": {MODEL: {"dtype": "bfloat16"}, "zoo:melt-tiny": {"dtype": "float16"}}}
+    }
     assert config_key(configuration(other_model)) == config_key(configuration(run)) == '{"dtype":"bfloat16"}'
     assert run_key(other_model) == run_key(run)
     changed = run | {"spec": {"model_overrides": {MODEL: {"dtype": "bfloat16", "exit_loop": 2}}}}

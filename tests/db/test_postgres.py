@@ -51,7 +51,8 @@ def _database_at(postgres_url: str, revision: str, insert: str) -> None:
 
 def test_older_database_is_upgraded_and_keeps_its_rows(postgres_url: str) -> None:
     _database_at(
-        postgres_url, "0001",
+        postgres_url,
+        "0001",
         "INSERT INTO runs (sweep_id, kind, model_spec, adapter, model_config, suite, tasks, sampling, seed,"
         " versions, host, status, started_at) VALUES ('old', 'eval', 'm', 'preset', '{}', 'synthetic', '[]',"
         " '{}', 0, '{}', '{}', 'finished', '2026-11-30 00:00:00+00')",
@@ -68,7 +69,8 @@ def test_older_database_is_upgraded_and_keeps_its_rows(postgres_url: str) -> Non
 def test_an_eval_run_stored_before_0008_keeps_its_sampling_once_in_its_column(postgres_url: str) -> None:
     sampling = '{"temperature": 1.0, "top_p": 0.7, "top_k": null, "max_new_tokens": 20, "n": 4, "seed": 0, "stop": []}'
     _database_at(
-        postgres_url, "0006",
+        postgres_url,
+        "0006",
         "INSERT INTO runs (sweep_id, kind, model_spec, adapter, model_config, suite, tasks, sampling, seed, spec,"
         " versions, host, status, started_at) VALUES ('old', 'eval', 'm', 'preset', '{}', 'synthetic', '[]',"
         f" '{sampling}', 0, '{{\"batch_size\": 4, \"sampling\": {sampling}}}', '{{}}', '{{}}', 'queued', '2026-12-03 00:00:00+00')",
@@ -77,13 +79,22 @@ def test_an_eval_run_stored_before_0008_keeps_its_sampling_once_in_its_column(po
     (summary,) = store.run_summaries()
     run = store.get_run(summary["id"])
     assert run.spec == {"batch_size": 4} and run.sampling == summary["sampling"]
-    assert run.sampling == {"temperature": 1.0, "top_p": 0.7, "top_k": None, "max_new_tokens": 20, "n": 4, "seed": 0, "stop": []}
+    assert run.sampling == {
+        "temperature": 1.0,
+        "top_p": 0.7,
+        "top_k": None,
+        "max_new_tokens": 20,
+        "n": 4,
+        "seed": 0,
+        "stop": [],
+    }
     store.close()
 
 
 def test_0009_adds_the_compute_columns_empty_and_downgrade_takes_them_back(postgres_url: str) -> None:
     _database_at(
-        postgres_url, "0008",
+        postgres_url,
+        "0008",
         "INSERT INTO runs (sweep_id, kind, model_spec, adapter, model_config, suite, tasks, sampling, seed, spec,"
         " versions, host, status, started_at) VALUES ('old', 'eval', 'm', 'preset', '{}', 'synthetic', '[]',"
         " '{\"n\": 1}', 0, '{}', '{}', '{}', 'finished', '2026-12-03 00:00:00+00');"
@@ -95,8 +106,21 @@ def test_0009_adds_the_compute_columns_empty_and_downgrade_takes_them_back(postg
     assert (summary["exit_threshold"], summary["exit_criterion"], summary["energy_joules"]) == (None, None, None)
     (sample,) = store.samples(summary["id"])
     assert (sample.loops_used, sample.loops_histogram, sample.decode_seconds) == (2.5, None, None)
-    store.add_samples(summary["id"], [dict(task="addition", doc_id="1", sample_index=0, prompt="p", output="o",
-                                           loops_used=2.5, loops_histogram={"1": 1, "4": 1}, decode_seconds=0.25)])
+    store.add_samples(
+        summary["id"],
+        [
+            dict(
+                task="addition",
+                doc_id="1",
+                sample_index=0,
+                prompt="p",
+                output="o",
+                loops_used=2.5,
+                loops_histogram={"1": 1, "4": 1},
+                decode_seconds=0.25,
+            )
+        ],
+    )
     assert [(s.loops_histogram, s.decode_seconds) for s in store.samples(summary["id"])][1] == ({"1": 1, "4": 1}, 0.25)
     store.update_run(summary["id"], exit_threshold=0.5, exit_criterion="gate", energy_joules=12.5)
     run = store.get_run(summary["id"])
@@ -177,7 +201,9 @@ def test_three_processes_create_and_write_one_database_at_once(postgres_url: str
     assert [p.returncode for p in procs] == [0, 0, 0], errors
     store = Store.open(postgres_url)
     assert sorted((r["sweep_id"], r["status"], r["n_samples"]) for r in store.run_summaries()) == [
-        ("writer0", "finished", 150), ("writer1", "finished", 150), ("writer2", "finished", 150)
+        ("writer0", "finished", 150),
+        ("writer1", "finished", 150),
+        ("writer2", "finished", 150),
     ]
     store.close()
 
@@ -201,7 +227,9 @@ def test_two_workers_holding_one_run_store_each_sample_once(postgres_url: str) -
     store = Store.open(postgres_url)
     run_id = store.create_run(**RUN)
     procs = [
-        subprocess.Popen([sys.executable, "-c", SAME_RUN, postgres_url, str(run_id), str(seed)], stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", SAME_RUN, postgres_url, str(run_id), str(seed)], stderr=subprocess.PIPE, text=True
+        )
         for seed in range(3)
     ]
     errors = [p.communicate(timeout=180)[1] for p in procs]

@@ -19,21 +19,39 @@ SPEC = {"models": ("zoo:ouro-tiny",), "loops": (4,), "model_overrides": {"zoo:ou
 
 
 def _planned(**axes: object) -> PlannedRun:
-    return PlannedRun("zoo:ouro-tiny", 4, "synthetic", ("lookup", "addition"), SAMPLING, 3, limit=5,
-                      data_fingerprint="f" * 64, spec=SPEC, **axes)  # type: ignore[arg-type]
+    return PlannedRun(
+        "zoo:ouro-tiny",
+        4,
+        "synthetic",
+        ("lookup", "addition"),
+        SAMPLING,
+        3,
+        limit=5,
+        data_fingerprint="f" * 64,
+        spec=SPEC,
+        **axes,
+    )  # type: ignore[arg-type]
 
 
 def test_a_stored_run_reads_back_as_the_run_it_was_planned_as(tmp_path: Path) -> None:
-    planned = [_planned(), _planned(exit_threshold=0.5, exit_criterion="kl"), _planned(kv_policy="shared-last", kv_dtype="int8")]
+    planned = [
+        _planned(),
+        _planned(exit_threshold=0.5, exit_criterion="kl"),
+        _planned(kv_policy="shared-last", kv_dtype="int8"),
+    ]
     store = Store.open(str(tmp_path / "r.sqlite"))
     try:
-        ids = store.create_runs([{**run.columns(), "sweep_id": "s1", "adapter": "zoo", "status": "finished"} for run in planned])
+        ids = store.create_runs(
+            [{**run.columns(), "sweep_id": "s1", "adapter": "zoo", "status": "finished"} for run in planned]
+        )
         stored = [run.stored(run_id, "s1") for run_id, run in zip(ids, planned)]
         assert [PlannedRun.of(store.get_run(run_id)) for run_id in ids] == stored
         with store.engine.connect() as connection:
             rows = connection.execute(select(Run).order_by(Run.id)).all()
         assert [PlannedRun.of(row._mapping) for row in rows] == stored, "a query's row reads back the same"
-        assert store.finished_run_keys() == {run.key: run.id for run in stored}, "the key the store computes is the record's"
+        assert store.finished_run_keys() == {run.key: run.id for run in stored}, (
+            "the key the store computes is the record's"
+        )
     finally:
         store.close()
     assert len({run.key for run in planned}) == 3, "each point of an axis is a run of its own"

@@ -55,13 +55,17 @@ def test_memory_ticks_stored_before_0006_keep_their_readings_and_have_no_reserve
     path = tmp_path / "old.sqlite"
     older_database(path, "0005")
     conn = sqlite3.connect(path)
-    conn.execute("INSERT INTO memory_samples (run_id, t, phase, kv_bytes_used, kv_bytes_allocated, rss) VALUES (1, 0.5, 'task:addition', 10, 16, 1000)")
+    conn.execute(
+        "INSERT INTO memory_samples (run_id, t, phase, kv_bytes_used, kv_bytes_allocated, rss) VALUES (1, 0.5, 'task:addition', 10, 16, 1000)"
+    )
     conn.commit()
     conn.close()
     store = Store.open(str(path))
     with store.engine.connect() as conn:
         assert MigrationContext.configure(conn).get_current_revision() == head_revision()
-        rows = conn.exec_driver_sql("SELECT run_id, t, phase, kv_bytes_used, kv_bytes_allocated, kv_bytes_reserved, rss FROM memory_samples").all()
+        rows = conn.exec_driver_sql(
+            "SELECT run_id, t, phase, kv_bytes_used, kv_bytes_allocated, kv_bytes_reserved, rss FROM memory_samples"
+        ).all()
     assert [tuple(r) for r in rows] == [(1, 0.5, "task:addition", 10, 16, None, 1000)]
 
 
@@ -86,7 +90,9 @@ def test_not_a_database_is_refused_and_left_byte_identical(tmp_path: Path) -> No
 def test_newer_schema_is_refused_and_left_byte_identical(tmp_path: Path) -> None:
     path = tmp_path / "future.sqlite"
     conn = sqlite3.connect(path)
-    conn.executescript("CREATE TABLE alembic_version (version_num VARCHAR(32) PRIMARY KEY); INSERT INTO alembic_version VALUES ('9999');")
+    conn.executescript(
+        "CREATE TABLE alembic_version (version_num VARCHAR(32) PRIMARY KEY); INSERT INTO alembic_version VALUES ('9999');"
+    )
     conn.close()
     before = path.read_bytes()
     with pytest.raises(ResultsError, match="which this loopeval does not know .* written by a newer loopeval"):
@@ -140,7 +146,8 @@ def test_two_processes_write_one_database_at_once(tmp_path: Path) -> None:
     assert [p.returncode for p in procs] == [0, 0], errors
     runs = Store.open(str(path)).run_summaries()
     assert sorted((r["sweep_id"], r["status"], r["n_samples"]) for r in runs) == [
-        ("writer0", "finished", 150), ("writer1", "finished", 150)
+        ("writer0", "finished", 150),
+        ("writer1", "finished", 150),
     ]
 
 
@@ -148,8 +155,14 @@ def test_nan_is_never_stored_as_non_standard_json(tmp_path: Path) -> None:
     """Python's json writes NaN, which no JSON standard reads and Postgres refuses: the store refuses it on every backend."""
     store = Store.open(str(tmp_path / "r.sqlite"))
     with pytest.raises(ResultsError, match="a value to store is NaN or infinite"):
-        store.create_runs([dict(sweep_id="s", model_spec="m", adapter="a", suite="synthetic"),
-                           dict(sweep_id="s", model_spec="m", adapter="a", suite="synthetic", spec={"exit_threshold": float("nan")})])
+        store.create_runs(
+            [
+                dict(sweep_id="s", model_spec="m", adapter="a", suite="synthetic"),
+                dict(
+                    sweep_id="s", model_spec="m", adapter="a", suite="synthetic", spec={"exit_threshold": float("nan")}
+                ),
+            ]
+        )
     assert store.run_summaries() == [], "a sweep is stored whole or not at all"
     store.close()
 
@@ -211,23 +224,42 @@ def test_0009_adds_the_compute_columns_empty_and_downgrade_takes_them_back(tmp_p
     older_database(path, "0008", sampling='{"n": 1}')
     sample_row = sample(0)
     conn = sqlite3.connect(path)
-    conn.execute("INSERT INTO samples (run_id, task, doc_id, sample_index, prompt, output, loops_used, created_at) "
-                 "VALUES (1, 'addition', '0', 0, 'p', 'o', 2.5, '2026-12-01 00:00:00')")
+    conn.execute(
+        "INSERT INTO samples (run_id, task, doc_id, sample_index, prompt, output, loops_used, created_at) "
+        "VALUES (1, 'addition', '0', 0, 'p', 'o', 2.5, '2026-12-01 00:00:00')"
+    )
     conn.commit()
     conn.close()
-    before = run_key(dict(model_spec="m", loops=None, suite="synthetic", tasks=[], limit=None, sampling={"n": 1},
-                          data_fingerprint=None, seed=0, spec={}))
+    before = run_key(
+        dict(
+            model_spec="m",
+            loops=None,
+            suite="synthetic",
+            tasks=[],
+            limit=None,
+            sampling={"n": 1},
+            data_fingerprint=None,
+            seed=0,
+            spec={},
+        )
+    )
     store = Store.open(str(path))
     assert store.finished_run_keys() == {before: 1}, "the stored run keeps its identity"
     (summary,) = store.run_summaries()
     assert (summary["exit_threshold"], summary["exit_criterion"], summary["energy_joules"]) == (None, None, None)
     (old,) = store.samples(1)
     assert (old.loops_used, old.loops_histogram, old.decode_seconds) == (2.5, None, None)
-    store.add_samples(1, [{**sample_row, "doc_id": str(doc), "loops_histogram": histogram}
-                          for doc, histogram in ((1, {"1": 2, "4": 1}), (2, None))])
+    store.add_samples(
+        1,
+        [
+            {**sample_row, "doc_id": str(doc), "loops_histogram": histogram}
+            for doc, histogram in ((1, {"1": 2, "4": 1}), (2, None))
+        ],
+    )
     with store.engine.connect() as conn:  # a model that does not loop stores SQL NULL, not the JSON text null
-        assert conn.exec_driver_sql("SELECT doc_id, loops_histogram IS NULL FROM samples WHERE doc_id != '0' ORDER BY doc_id").all() == [
-            ("1", 0), ("2", 1)]
+        assert conn.exec_driver_sql(
+            "SELECT doc_id, loops_histogram IS NULL FROM samples WHERE doc_id != '0' ORDER BY doc_id"
+        ).all() == [("1", 0), ("2", 1)]
     assert [s.loops_histogram for s in store.samples(1)][1:] == [{"1": 2, "4": 1}, None]
     store.close()
 
@@ -241,7 +273,11 @@ def test_0009_adds_the_compute_columns_empty_and_downgrade_takes_them_back(tmp_p
     assert not columns["samples"] & {"loops_histogram", "decode_seconds"} and "loops_used" in columns["samples"]
     with engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT model_spec, status FROM runs").all() == [("m", "finished")]
-        assert conn.exec_driver_sql("SELECT loops_used FROM samples ORDER BY doc_id").all() == [(2.5,), (None,), (None,)]
+        assert conn.exec_driver_sql("SELECT loops_used FROM samples ORDER BY doc_id").all() == [
+            (2.5,),
+            (None,),
+            (None,),
+        ]
     engine.dispose()
 
 
@@ -250,12 +286,28 @@ def test_0010_adds_the_kv_axis_empty_so_stored_runs_keep_their_identity_and_poin
     columns back."""
     path = tmp_path / "old.sqlite"
     older_database(path, "0009", sampling='{"n": 1}')
-    before = run_key(dict(model_spec="m", loops=None, suite="synthetic", tasks=[], limit=None, sampling={"n": 1},
-                          data_fingerprint=None, seed=0, spec={}))
+    before = run_key(
+        dict(
+            model_spec="m",
+            loops=None,
+            suite="synthetic",
+            tasks=[],
+            limit=None,
+            sampling={"n": 1},
+            data_fingerprint=None,
+            seed=0,
+            spec={},
+        )
+    )
     store = Store.open(str(path))
     assert store.finished_run_keys() == {before: 1}, "the stored run keeps its identity"
     (summary,) = store.run_summaries()
-    assert (summary["kv_policy"], summary["kv_dtype"], summary["kv_bytes_per_token"], summary["overrides"]) == (None, None, None, {})
+    assert (summary["kv_policy"], summary["kv_dtype"], summary["kv_bytes_per_token"], summary["overrides"]) == (
+        None,
+        None,
+        None,
+        {},
+    )
     store.close()
 
     engine = create_engine(f"sqlite:///{path}")

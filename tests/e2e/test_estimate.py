@@ -41,10 +41,16 @@ def test_json_matches_the_analytic_model(capsys):
     code, out, _ = run(capsys, "ouro-1.4b", "--tokens", "32000", "--json")
     assert code == 0
     data = json.loads(out)
-    assert data == {**estimate(preset("ouro-1.4b"), 32000).__dict__, "kv_policy": "per-loop", "kv_dtype": "auto",
-                    "kv_bytes_per_token": 24 * 4 * 2 * 16 * 128 * 2}
+    assert data == {
+        **estimate(preset("ouro-1.4b"), 32000).__dict__,
+        "kv_policy": "per-loop",
+        "kv_dtype": "auto",
+        "kv_bytes_per_token": 24 * 4 * 2 * 16 * 128 * 2,
+    }
     assert data["kv_bytes"] == 24 * 4 * 2 * 16 * 128 * 2 * 32000  # 96 entries x K and V x heads x dim x bf16
-    code, out, _ = run(capsys, "melt-1.6b", "--tokens", "1000", "--batch", "4", "--loops", "8", "--dtype", "fp32", "--json")
+    code, out, _ = run(
+        capsys, "melt-1.6b", "--tokens", "1000", "--batch", "4", "--loops", "8", "--dtype", "fp32", "--json"
+    )
     assert json.loads(out)["kv_bytes"] == estimate(preset("melt-1.6b"), 1000, 4, 8, "fp32").kv_bytes
     code, out, _ = run(capsys, "qwen3-1.7b", "--tokens", "1", "--json")
     assert json.loads(out)["params"] == 1_720_574_976
@@ -57,20 +63,30 @@ def test_ouro_2_6b_weights_and_kv(capsys):
     assert json.loads(out)["params"] == 2_667_974_657
     assert json.loads(out)["kv_bytes"] == 48 * 4 * 2 * 16 * 128 * 2 * 32000
     code, out, _ = run(capsys, "ouro-2.6b", "--tokens", "32000")
-    assert code == 0 and "5.336" in out and "50.332" in out and "192 entries (0 prelude + 48 shared x 4 loops + 0 coda)" in out
+    assert (
+        code == 0
+        and "5.336" in out
+        and "50.332" in out
+        and "192 entries (0 prelude + 48 shared x 4 loops + 0 coda)" in out
+    )
 
 
 @pytest.mark.parametrize("loops", [1, 4, 6])
 def test_ouro_2_6b_layer_count_at_tiny_width_allocates_what_the_estimate_says(loops):
     """The 2.6B's 48 layers at tiny width, built for real: its parameters and the cache it allocates (on the CPU,
     real tensors) equal the analytic figures, as the presets' full shapes do on the meta device (test_engine)."""
-    cfg = preset("ouro-2.6b").replace(hidden_size=64, num_heads=4, num_kv_heads=4, head_dim=16, ffn_size=96, vocab_size=99,
-                                      max_position=512)
+    cfg = preset("ouro-2.6b").replace(
+        hidden_size=64, num_heads=4, num_kv_heads=4, head_dim=16, ffn_size=96, vocab_size=99, max_position=512
+    )
     assert cfg.shared_layers == 48 and family_of(cfg).kv.entries(cfg, loops) == 48 * loops
     assert sum(p.numel() for p in LoopedLM(cfg).parameters()) == count_params(cfg) == estimate(cfg, 1).params
     for dtype, torch_dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         cache = KVCache(cfg, 2, 37, loops, torch_dtype, "cpu")
-        assert cache.kv_bytes_allocated == estimate(cfg, 37, 2, loops, dtype).kv_bytes == 2 * 48 * loops * 2 * 4 * 16 * 37 * torch_dtype.itemsize
+        assert (
+            cache.kv_bytes_allocated
+            == estimate(cfg, 37, 2, loops, dtype).kv_bytes
+            == 2 * 48 * loops * 2 * 4 * 16 * 37 * torch_dtype.itemsize
+        )
 
 
 def test_table_in_decimal_gb_and_config_files(capsys, tmp_path):
@@ -107,7 +123,11 @@ def test_beyond_the_context_the_figure_is_printed_with_a_note(capsys):
     assert expected.kv_bytes == 2 * (2 + 4 * 32 + 2) * 55 * 96 * 2 * 32000
     assert out.strip().splitlines()[-1] == beyond_note(32000, "preset:huginn-0125", 4096)
     code, out, err = run(capsys, "huginn-0125", "--tokens", "32000", "--loops", "32", "--json")
-    assert code == 0 and figures(out) == expected.__dict__ and err.strip().splitlines() == [beyond_note(32000, "preset:huginn-0125", 4096)]
+    assert (
+        code == 0
+        and figures(out) == expected.__dict__
+        and err.strip().splitlines() == [beyond_note(32000, "preset:huginn-0125", 4096)]
+    )
     code, out, err = run(capsys, "huginn-0125", "--tokens", "4096", "--loops", "32")
     assert code == 0 and "exceeds" not in out + err
 
@@ -116,13 +136,24 @@ def test_printed_terms_are_the_block_pool_s_exact_accounting(capsys, tmp_path):
     """Past the context of a tiny retrofitted Llama (128 tokens; GQA, 2 of 4 heads keep K/V): the printed KV bytes and
     per-token terms are what a paged pool holding the same sequences accounts, and what its tensors take."""
     folder = save_tiny_retrofit(tmp_path / "retrofit")
-    code, out, _ = run(capsys, f"retrofit:{folder}", "--tokens", "200", "--batch", "2", "--loops", "4", "--dtype", "fp32")
+    code, out, _ = run(
+        capsys, f"retrofit:{folder}", "--tokens", "200", "--batch", "2", "--loops", "4", "--dtype", "fp32"
+    )
     kv = int(re.search(r"KV cache\W+([\d,]+)", out).group(1).replace(",", ""))
-    terms = re.search(r"KV per token: ([\d,]+) bytes = 2 \(K, V\) x (\d+) entries .* x (\d+) KV heads x head dim (\d+) x (\d+) bytes", out)
+    terms = re.search(
+        r"KV per token: ([\d,]+) bytes = 2 \(K, V\) x (\d+) entries .* x (\d+) KV heads x head dim (\d+) x (\d+) bytes",
+        out,
+    )
     per_token, entries, heads, head_dim, size = (int(g.replace(",", "")) for g in terms.groups())
-    assert code == 0 and (entries, heads, head_dim, size) == (1 + 2 * 4 + 1, 2, 16, 4) and per_token == 2 * entries * heads * head_dim * size
+    assert (
+        code == 0
+        and (entries, heads, head_dim, size) == (1 + 2 * 4 + 1, 2, 16, 4)
+        and per_token == 2 * entries * heads * head_dim * size
+    )
     assert beyond_note(200, f"retrofit:{folder}", 128) in out
-    pool = BlockPool(read_config(folder), 4, num_blocks=50, block_size=8, latent_tokens=1, dtype=torch.float32, device="cpu")
+    pool = BlockPool(
+        read_config(folder), 4, num_blocks=50, block_size=8, latent_tokens=1, dtype=torch.float32, device="cpu"
+    )
     sequences = [Sequence(i, 0, i, 200, [5] * 200, 200, Sampling()) for i in range(2)]
     for seq in sequences:
         pool.manager.hold(seq, 200)
@@ -172,13 +203,21 @@ def test_kv_policy_and_dtype(capsys):
     code, out, _ = run(capsys, "ouro-1.4b", "--tokens", "32000", "--kv-policy", "shared-last", "--json")
     data = json.loads(out)
     assert code == 0 and data["kv_bytes"] == 24 * 2 * 16 * 128 * 2 * 32000 <= 6.5e9
-    assert (data["kv_policy"], data["kv_dtype"], data["kv_bytes_per_token"]) == ("shared-last", "auto", 24 * 2 * 16 * 128 * 2)
-    code, out, _ = run(capsys, "ouro-1.4b", "--tokens", "10", "--kv-policy", "shared-mean", "--kv-dtype", "int8", "--json")
+    assert (data["kv_policy"], data["kv_dtype"], data["kv_bytes_per_token"]) == (
+        "shared-last",
+        "auto",
+        24 * 2 * 16 * 128 * 2,
+    )
+    code, out, _ = run(
+        capsys, "ouro-1.4b", "--tokens", "10", "--kv-policy", "shared-mean", "--kv-dtype", "int8", "--json"
+    )
     assert code == 0 and json.loads(out)["kv_bytes_per_token"] == 24 * 2 * 16 * (128 + 4)
     code, out, _ = run(capsys, "huginn-0125", "--tokens", "4096", "--loops", "32", "--kv-policy", "latest-m4", "--json")
     assert code == 0 and json.loads(out)["kv_bytes_per_token"] == 2 * (2 + 4 * 32 + 2) * 55 * 96 * 2
     code, out, err = run(capsys, "zoo:qwen3-tiny-small", "--tokens", "10", "--kv-policy", "shared-last")
-    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "applies to looped per-loop families" in err
+    assert (
+        code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "applies to looped per-loop families" in err
+    )
     code, out, err = run(capsys, "ouro-1.4b", "--tokens", "10", "--kv-dtype", "int4")
     assert code == 2 and "--kv-dtype must be one of auto, int8, fp8" in err
     code, out, err = run(capsys, "ouro-1.4b", "--tokens", "10", "--kv-policy", "latest-m4")

@@ -23,8 +23,22 @@ pytestmark = pytest.mark.slow  # end to end: the fast tier (-m 'not slow') skips
 LOOPEVAL = str(Path(sys.executable).with_name("loopeval"))
 PLUGINS = Path(__file__).parents[1] / "harness" / "plugins"
 BATCHES = 8  # 2 tasks x 8 docs, 2 prompts per generate call
-RUN = ["run", "--model", "killer:ouro-tiny", "--tasks", "addition,chain2", "--limit", "8", "--samples", "1",
-       "--max-new-tokens", "4", "--batch-size", "2", "--no-report"]
+RUN = [
+    "run",
+    "--model",
+    "killer:ouro-tiny",
+    "--tasks",
+    "addition,chain2",
+    "--limit",
+    "8",
+    "--samples",
+    "1",
+    "--max-new-tokens",
+    "4",
+    "--batch-size",
+    "2",
+    "--no-report",
+]
 
 
 def _env(kill_at: str = "") -> dict[str, str]:
@@ -52,7 +66,6 @@ def _resume(run_id: int, db: Path) -> int:
     return main(["run", "--resume", str(run_id), "--adapters-dir", str(PLUGINS), "--db", str(db), "--no-report"])
 
 
-
 def _samples(db: Path) -> int:
     """Samples committed so far (0 while the database or its schema does not exist yet)."""
     try:
@@ -78,8 +91,11 @@ def _check_completed(db: Path, walls_before: dict[int, float | None], killed_str
             assert ts[0] <= before, f"run {run_id}: the killed stretch's trace survived"
 
 
-@pytest.mark.parametrize("kill_at", ["load", "generate:3", "generate:5", f"generate:{BATCHES}", "scoring"],
-                         ids=["load", "early", "mid", "late", "scoring"])
+@pytest.mark.parametrize(
+    "kill_at",
+    ["load", "generate:3", "generate:5", f"generate:{BATCHES}", "scoring"],
+    ids=["load", "early", "mid", "late", "scoring"],
+)
 def test_kill9_then_resume_loses_and_duplicates_nothing(kill_at: str, tmp_path: Path) -> None:
     db, scratch = tmp_path / "r.sqlite", tmp_path / "tmp"
     scratch.mkdir()
@@ -91,7 +107,12 @@ def test_kill9_then_resume_loses_and_duplicates_nothing(kill_at: str, tmp_path: 
     stored = query(db, "SELECT COUNT(*) FROM samples")[0][0]
     if kill_at not in ("load",):
         assert wall is not None and wall > 0, "timings were written while the run went"
-        assert query(db, f"SELECT value FROM memory_peaks WHERE run_id = {run_id} AND measure = 'kv_bytes_allocated'")[0][0] > 0
+        assert (
+            query(db, f"SELECT value FROM memory_peaks WHERE run_id = {run_id} AND measure = 'kv_bytes_allocated'")[0][
+                0
+            ]
+            > 0
+        )
     assert _resume(run_id, db) == 0
     assert query(db, "SELECT COUNT(*) FROM samples")[0][0] == 16 >= stored
     _check_completed(db, {run_id: wall}, killed_stretch_traced=kill_at != "load")
@@ -108,10 +129,17 @@ def test_a_killed_sweep_is_completed_by_resuming_any_of_its_runs(tmp_path: Path)
     assert _resume(runs[0][0], db) == 2
 
 
-def test_a_run_in_progress_cannot_be_resumed_by_a_second_process(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+def test_a_run_in_progress_cannot_be_resumed_by_a_second_process(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     db = tmp_path / "r.sqlite"
-    first = subprocess.Popen([LOOPEVAL, *RUN, "--loops", "2", "--db", str(db)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=_env())
+    first = subprocess.Popen(
+        [LOOPEVAL, *RUN, "--loops", "2", "--db", str(db)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and first.poll() is None and _samples(db) < 2:
         time.sleep(0.2)
@@ -133,12 +161,18 @@ def test_two_resumes_of_one_sweep_at_once_both_end_0(tmp_path: Path) -> None:
     assert killed.returncode == -signal.SIGKILL
     runs = query(db, "SELECT id, wall_seconds FROM runs ORDER BY id")
     resume = [LOOPEVAL, "run", "--adapters-dir", str(PLUGINS), "--db", str(db), "--no-report", "--resume"]
-    slow = _env() | {"LOOPEVAL_KILL_DELAY": "3"}  # the first still holds run 1 when the second, started later, gets there
-    first = subprocess.Popen([*resume, str(runs[0][0])], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=slow)
+    slow = _env() | {
+        "LOOPEVAL_KILL_DELAY": "3"
+    }  # the first still holds run 1 when the second, started later, gets there
+    first = subprocess.Popen(
+        [*resume, str(runs[0][0])], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=slow
+    )
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and first.poll() is None and \
-            not query(db, f"SELECT 1 FROM runs WHERE id = {runs[0][0]} AND lease_owner LIKE '%:{first.pid}:%'"):
+    while (
+        time.monotonic() < deadline
+        and first.poll() is None
+        and not query(db, f"SELECT 1 FROM runs WHERE id = {runs[0][0]} AND lease_owner LIKE '%:{first.pid}:%'")
+    ):
         time.sleep(0.1)
     assert first.poll() is None, first.communicate()
     second = _loopeval([*resume[1:], str(runs[1][0])])
@@ -151,8 +185,11 @@ def test_two_resumes_of_one_sweep_at_once_both_end_0(tmp_path: Path) -> None:
     _check_completed(db, dict(runs), killed_stretch_traced=True)
 
 
-@pytest.mark.parametrize("exits", [[], ["--exit-threshold", "0.5"], ["--kv-policy", "shared-mean", "--kv-dtype", "int8"]],
-                         ids=["every-loop", "exits-on", "shared-mean-int8"])  # the run's options beyond RUN
+@pytest.mark.parametrize(
+    "exits",
+    [[], ["--exit-threshold", "0.5"], ["--kv-policy", "shared-mean", "--kv-dtype", "int8"]],
+    ids=["every-loop", "exits-on", "shared-mean-int8"],
+)  # the run's options beyond RUN
 def test_kill9_in_a_workload_then_resume_gives_the_unbroken_run(exits: list[str], tmp_path: Path) -> None:
     """An adapter that takes whole workloads (the engine's scheduler) killed mid-task: the resumed run stores
     each sample once, and every sample is the one an unbroken run draws (per-sample random streams), with

@@ -24,26 +24,52 @@ pytestmark = pytest.mark.slow
 LOOPEVAL = str(Path(sys.executable).with_name("loopeval"))
 
 
-
 def test_sweep_stores_runs_samples_metrics_and_memory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     db = tmp_path / "results.sqlite"
-    argv = ["run", "--model", "preset:qwen3-tiny", "--model", "preset:ouro-tiny", "--loops", "1,2", "--tasks", "addition,lookup",
-            "--limit", "3", "--samples", "2", "--max-new-tokens", "3", "--batch-size", "4", "--db", str(db)]
+    argv = [
+        "run",
+        "--model",
+        "preset:qwen3-tiny",
+        "--model",
+        "preset:ouro-tiny",
+        "--loops",
+        "1,2",
+        "--tasks",
+        "addition,lookup",
+        "--limit",
+        "3",
+        "--samples",
+        "2",
+        "--max-new-tokens",
+        "3",
+        "--batch-size",
+        "4",
+        "--db",
+        str(db),
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert f"results: sqlite:///{db}" in out
     report = tmp_path / "report.html"
     assert f"report: {report}" in out and report.stat().st_size > 10_000
 
-    runs = query(db, "SELECT id, sweep_id, model_spec, loops, status, wall_seconds, generate_seconds FROM runs ORDER BY id")
+    runs = query(
+        db, "SELECT id, sweep_id, model_spec, loops, status, wall_seconds, generate_seconds FROM runs ORDER BY id"
+    )
     # qwen3-tiny does not loop: one run; ouro-tiny: one per loop count; all in one sweep.
     assert [(r[2], r[3], r[4]) for r in runs] == [
-        ("preset:qwen3-tiny", None, "finished"), ("preset:ouro-tiny", 1, "finished"), ("preset:ouro-tiny", 2, "finished")
+        ("preset:qwen3-tiny", None, "finished"),
+        ("preset:ouro-tiny", 1, "finished"),
+        ("preset:ouro-tiny", 2, "finished"),
     ]
     assert len({r[1] for r in runs}) == 1
     assert all(0 < r[6] <= r[5] for r in runs)
     for run_id, *_ in runs:
-        samples = query(db, "SELECT task, doc_id, sample_index, output, score, generated_tokens, prompt_tokens FROM samples WHERE run_id = ?", run_id)
+        samples = query(
+            db,
+            "SELECT task, doc_id, sample_index, output, score, generated_tokens, prompt_tokens FROM samples WHERE run_id = ?",
+            run_id,
+        )
         assert len(samples) == 2 * 3 * 2  # tasks x docs x samples, each exactly once
         assert len({s[:3] for s in samples}) == len(samples)
         assert {s[2] for s in samples} == {0, 1}
@@ -51,7 +77,9 @@ def test_sweep_stores_runs_samples_metrics_and_memory(tmp_path: Path, capsys: py
         metrics = query(db, "SELECT task, metric, value FROM task_metrics WHERE run_id = ?", run_id)
         assert {m[0] for m in metrics} == {"addition", "lookup", "all"}
         assert all(m[2] is not None for m in metrics)
-        series = query(db, "SELECT phase, rss, nvml_process, kv_bytes_allocated FROM memory_samples WHERE run_id = ?", run_id)
+        series = query(
+            db, "SELECT phase, rss, nvml_process, kv_bytes_allocated FROM memory_samples WHERE run_id = ?", run_id
+        )
         assert len(series) >= 2 and all(s[1] > 0 for s in series)
         assert any(s[0] and s[0].startswith("task:") for s in series)
         peaks = dict(query(db, "SELECT measure, value FROM memory_peaks WHERE run_id = ?", run_id))
@@ -62,8 +90,13 @@ def test_sweep_stores_runs_samples_metrics_and_memory(tmp_path: Path, capsys: py
     assert "torch" in json.loads(config[1]) and "lighteval" in json.loads(config[1])
     assert "sampler" in json.loads(config[2]) and json.loads(config[3])["batch_size"] == 4
     # More loops, more per_loop KV: the stored peaks show it.
-    kv = dict(query(db, "SELECT r.loops, p.value FROM memory_peaks p JOIN runs r ON r.id = p.run_id "
-                        "WHERE p.measure = 'kv_bytes_allocated' AND r.model_spec = 'preset:ouro-tiny'"))
+    kv = dict(
+        query(
+            db,
+            "SELECT r.loops, p.value FROM memory_peaks p JOIN runs r ON r.id = p.run_id "
+            "WHERE p.measure = 'kv_bytes_allocated' AND r.model_spec = 'preset:ouro-tiny'",
+        )
+    )
     assert kv[2] == 2 * kv[1]
 
     assert main(["results", "--db", str(db), "--json"]) == 0
@@ -89,8 +122,13 @@ def test_resume_after_a_real_interrupt_stores_every_sample_once(signum: int, tmp
     argv = [LOOPEVAL, "run", "--config", str(one_at_a_time(tmp_path)), "--db", str(db), "--no-report"]
     # Ctrl-C must reach the run even when pytest itself was started in the background (`cmd &`),
     # where the shell hands children SIGINT ignored and Python then never raises KeyboardInterrupt
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     committed = 0
     deadline = time.monotonic() + 120
     while committed < 3 and time.monotonic() < deadline and proc.poll() is None:

@@ -18,7 +18,9 @@ pytestmark = pytest.mark.slow  # end to end: the fast tier (-m 'not slow') skips
 LOOPEVAL = str(Path(sys.executable).with_name("loopeval"))
 
 
-def _loopeval(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def _loopeval(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run([LOOPEVAL, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
 
 
@@ -29,15 +31,23 @@ def test_scaffold_passes_its_own_test_and_is_discoverable(tmp_path: Path) -> Non
     assert f"wrote {root}" in made.stdout
     # the hint's pip is this environment's (a bare `pip` would be the system's when the venv is not active)
     next_line = made.stdout.splitlines()[-1]
-    assert next_line.startswith(f"next: (cd {root} && ") and " pip install" not in next_line.replace(" -m pip install", "")
+    assert next_line.startswith(f"next: (cd {root} && ") and " pip install" not in next_line.replace(
+        " -m pip install", ""
+    )
     python = next_line.split(" && ")[1].split(" -m pip ")[0]
     assert python == "python" or Path(python).parent == Path(LOOPEVAL).parent
     project = tomllib.loads((root / "pyproject.toml").read_text())
     assert project["project"]["entry-points"]["loopeval.adapters"] == {"myarch": "loopeval_myarch"}
     assert "python -m pytest" in (root / "README.md").read_text()
 
-    tested = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], capture_output=True, text=True,
-                            cwd=root, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    tested = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     assert tested.returncode == 0, tested.stdout[-3000:]
     assert "1 passed" in tested.stdout
 
@@ -59,8 +69,10 @@ def test_adapter_check_reports_unknown_specs_as_user_errors() -> None:
 
 
 def test_scaffold_refuses_bad_names_and_existing_folders(tmp_path: Path) -> None:
-    for name, message in (("My-Arch", "must be lowercase letters, digits and _"),
-                          ("preset", "already a registered prefix (builtin)")):
+    for name, message in (
+        ("My-Arch", "must be lowercase letters, digits and _"),
+        ("preset", "already a registered prefix (builtin)"),
+    ):
         out = _loopeval("adapter", "new", name, "--dir", str(tmp_path))
         assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
     assert _loopeval("adapter", "new", "twice", "--dir", str(tmp_path)).returncode == 0
@@ -99,8 +111,14 @@ def test_the_suggested_run_stores_into_the_new_adapters_own_database(tmp_path: P
     # The package found through its folder instead of being pip-installed into this venv; the run as printed otherwise.
     env = {**os.environ, "LOOPEVAL_ADAPTERS": str(root), "HF_HUB_OFFLINE": "1"}
     env.pop("LOOPEVAL_DB", None)
-    done = subprocess.run(["bash", "-c", f"{steps[0]} && {run} --tasks chain2 --samples 1 --no-report && {results}"],
-                          cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        ["bash", "-c", f"{steps[0]} && {run} --tasks chain2 --samples 1 --no-report && {results}"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "herearch:tiny" in done.stdout, done.stdout  # `results` shows the run it just stored
     assert (root / "herearch.db").is_file() and not (work / "results").exists() and not (root / "results").exists()

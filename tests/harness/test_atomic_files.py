@@ -37,20 +37,27 @@ def _one_error(capfd: pytest.CaptureFixture[str]) -> str:
     return lines[0]
 
 
-def test_a_report_write_on_a_full_disk_keeps_the_complete_report(stored_db: Path, small_disk: Path,
-                                                                  capfd: pytest.CaptureFixture[str]) -> None:
+def test_a_report_write_on_a_full_disk_keeps_the_complete_report(
+    stored_db: Path, small_disk: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     report = write_report(str(stored_db), small_disk / "report.html")
     before = _digest(report)
     free = shutil.disk_usage(small_disk).free
     (small_disk / "ballast").write_bytes(b"\0" * (free - report.stat().st_size // 2))  # room for half a report more
     assert main(["dashboard", "--db", str(stored_db), "--out", str(report)]) == 2
     line = _one_error(capfd)
-    assert f"cannot write the report to {report}: No space left on device; any report already there is unchanged" in line
+    assert (
+        f"cannot write the report to {report}: No space left on device; any report already there is unchanged" in line
+    )
     assert _digest(report) == before
-    assert sorted(p.name for p in small_disk.iterdir()) == ["ballast", "report.html"], "no half-written file left behind"
+    assert sorted(p.name for p in small_disk.iterdir()) == ["ballast", "report.html"], (
+        "no half-written file left behind"
+    )
 
 
-def test_an_interrupted_report_write_keeps_the_complete_report(stored_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_interrupted_report_write_keeps_the_complete_report(
+    stored_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     report = write_report(str(stored_db), tmp_path / "report.html")
     before = _digest(report)
 
@@ -99,7 +106,8 @@ def _model() -> torch.nn.Module:
 
 
 def test_a_checkpoint_save_interrupted_between_files_is_refused_until_a_save_completes(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
     folder = tmp_path / "ckpt"
     save_checkpoint(_model(), folder, extra_files={"train_info.json": '{"steps": 1}\n'})
     assert adapters.load(f"qwen3:{folder}").spec == f"qwen3:{folder}"
@@ -118,7 +126,9 @@ def test_a_checkpoint_save_interrupted_between_files_is_refused_until_a_save_com
         save_checkpoint(_model(), folder, extra_files={"train_info.json": '{"steps": 2}\n'})
     monkeypatch.setattr(adapters.files.os, "replace", real_replace)
     assert not (folder / COMPLETE_MARKER).exists() and not list(folder.glob(".staging-*"))
-    with pytest.raises(adapters.AdapterError, match=f"checkpoint {folder} is incomplete: it has no completion marker {COMPLETE_MARKER}"):
+    with pytest.raises(
+        adapters.AdapterError, match=f"checkpoint {folder} is incomplete: it has no completion marker {COMPLETE_MARKER}"
+    ):
         adapters.load(f"qwen3:{folder}")
     code = main(["estimate", f"qwen3:{folder}", "--tokens", "8"])
     assert code == 2 and f"checkpoint {folder} is incomplete" in _one_error(capfd)
@@ -131,7 +141,9 @@ def test_a_zoo_folder_without_its_marker_is_refused_by_name(tmp_path: Path, capf
     copy = tmp_path / "ouro-copy"
     shutil.copytree(ZOO_DIR / "ouro-tiny", copy)
     (copy / COMPLETE_MARKER).unlink()
-    code = main(["run", "--model", f"ouro:{copy}", "--tasks", "lookup", "--limit", "1", "--db", str(tmp_path / "r.sqlite")])
+    code = main(
+        ["run", "--model", f"ouro:{copy}", "--tasks", "lookup", "--limit", "1", "--db", str(tmp_path / "r.sqlite")]
+    )
     line = _one_error(capfd)
     assert code == 2 and f"checkpoint {copy} is incomplete: it has no completion marker {COMPLETE_MARKER}" in line, line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ouro-copy"], "refused before the database was created"

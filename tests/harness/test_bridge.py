@@ -102,9 +102,21 @@ def test_gold_scores_one_wrong_scores_zero_and_settings_reach_generate(configs):
     assert len(sink.received) == 40 and len({(r.task, r.doc_id, r.sample_index) for r in sink.received}) == 40
     record = sink.received[0]
     assert record.output == ANSWERS[record.prompt] and record.gold == record.output
-    assert (record.prompt_tokens, record.generated_tokens, record.loops_used, record.finish_reason) == (len(record.prompt), 3, 3.0, "length")
+    assert (record.prompt_tokens, record.generated_tokens, record.loops_used, record.finish_reason) == (
+        len(record.prompt),
+        3,
+        3.0,
+        "length",
+    )
     assert record.latency_seconds >= 0 and record.score is None
-    assert [b[:2] for b in sink.batches] == [("addition", 0), ("addition", 1), ("addition", 2), ("chain3", 0), ("chain3", 1), ("chain3", 2)]
+    assert [b[:2] for b in sink.batches] == [
+        ("addition", 0),
+        ("addition", 1),
+        ("addition", 2),
+        ("chain3", 0),
+        ("chain3", 1),
+        ("chain3", 2),
+    ]
 
     wrong = run_suite(ScriptedAdapter(right_samples=set()), configs, run, limit=10, progress=False)
     assert wrong.metrics["all"]["pass@1"][0] == 0.0 and set(wrong.scores.values()) == {0.0}
@@ -121,7 +133,7 @@ def test_pass_at_1_averages_samples_and_scores_each_sample(configs):
 def test_run_settings_cap_and_seed_change_the_call(configs):
     adapter = ScriptedAdapter()
     run_suite(adapter, configs[:1], Sampling(temperature=0, max_new_tokens=3, seed=5), limit=2, progress=False)
-    (prompts, sampling), = adapter.calls
+    ((prompts, sampling),) = adapter.calls
     assert sampling.max_new_tokens == 3 and sampling.n == 1 and sampling.temperature == 0
     other = ScriptedAdapter()
     run_suite(other, configs[:1], Sampling(temperature=0, max_new_tokens=3, seed=6), limit=2, progress=False)
@@ -212,7 +224,12 @@ def mc_config(tmp_path: Path, golds: list[int]):
     path.write_text("".join(json.dumps({"q": f"Question {i}?", "gold": g}) + "\n" for i, g in enumerate(golds)))
 
     def prompt(line, task_name=None):
-        return Doc(task_name=task_name, query=f"{line['q']}\nA. x\nB. y\nC. z\nAnswer:", choices=[" A", " B", " C"], gold_index=line["gold"])
+        return Doc(
+            task_name=task_name,
+            query=f"{line['q']}\nA. x\nB. y\nC. z\nAnswer:",
+            choices=[" A", " B", " C"],
+            gold_index=line["gold"],
+        )
 
     return LightevalTaskConfig(
         name="mc", prompt_function=prompt, hf_repo=str(path), hf_subset="default", hf_avail_splits=["test"],
@@ -248,11 +265,15 @@ def test_melt_choice_scores_do_not_depend_on_the_batch():
 
     adapter = adapters.load("zoo:melt-tiny", dtype="fp32", device="cpu")
     model = AdapterModel(adapter, Sampling(), progress=False)
-    docs = [Doc(task_name="mc", query=q, choices=[" 7", " 12", " 512", " 3;"], gold_index=0, id=str(i))
-            for i, q in enumerate(["a=4;b=a+3;b=?", "x=5;y=x+7;z=?"])]
+    docs = [
+        Doc(task_name="mc", query=q, choices=[" 7", " 12", " 512", " 3;"], gold_index=0, id=str(i))
+        for i, q in enumerate(["a=4;b=a+3;b=?", "x=5;y=x+7;z=?"])
+    ]
 
     def alone(doc: Doc, choice: str) -> float:
-        (context,), (continuation,) = model.tok_encode_pair(model.prompt_manager.prepare_prompt(doc), [choice], pairwise=True)
+        (context,), (continuation,) = model.tok_encode_pair(
+            model.prompt_manager.prepare_prompt(doc), [choice], pairwise=True
+        )
         ids = list(context) + list(continuation)
         logprobs = torch.log_softmax(adapter.forward_logits(torch.tensor([ids[:-1]])), dim=-1)[0, -len(continuation) :]
         return logprobs.gather(-1, torch.tensor(continuation)[:, None]).sum().item()
@@ -271,7 +292,15 @@ def test_engine_preset_end_to_end(tmp_path: Path):
 
     adapter = adapters.load("preset:qwen3-tiny")
     sink = MemorySink()
-    result = run_suite(adapter, load_suite("synthetic"), Sampling(temperature=1.0, n=2, seed=1), sink=sink, limit=3, batch_size=8, progress=False)
+    result = run_suite(
+        adapter,
+        load_suite("synthetic"),
+        Sampling(temperature=1.0, n=2, seed=1),
+        sink=sink,
+        limit=3,
+        batch_size=8,
+        progress=False,
+    )
     assert set(result.metrics) == set(synthetic.DEFAULT_TASKS) | {"all"}
     for task in synthetic.DEFAULT_TASKS:
         value, stderr = result.metrics[task]["pass@k:k=1&n=2"]
@@ -317,5 +346,7 @@ def test_a_scheduling_adapter_gets_the_whole_task_and_samples_are_stored_as_they
     kept = [r for r in whole.received if r.sample_index != 1]  # an interrupted run stored samples 0 and 2 of every doc
     resumed = CountingSink(kept)
     run_suite(adapter, configs, run, sink=resumed, limit=6, batch_size=2, progress=False)
-    assert sorted((r.doc_id, r.sample_index) for r in resumed.received) == sorted((d, 1) for d, _ in {(r.doc_id, 0) for r in whole.received})
+    assert sorted((r.doc_id, r.sample_index) for r in resumed.received) == sorted(
+        (d, 1) for d, _ in {(r.doc_id, 0) for r in whole.received}
+    )
     assert all(r.output == outputs[(r.doc_id, r.sample_index)] for r in resumed.received)

@@ -65,7 +65,9 @@ def test_bad_run_options(args: list[str], fragment: str, stored_db: Path, capsys
 
 def test_unreadable_checkpoint(tmp_path: Path, stored_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
     before = stored_db.read_bytes()
-    expect_usage_error(["run", *FAST, "--model", f"ouro:{tmp_path / 'missing'}", "--db", str(stored_db)], "missing", capsys)
+    expect_usage_error(
+        ["run", *FAST, "--model", f"ouro:{tmp_path / 'missing'}", "--db", str(stored_db)], "missing", capsys
+    )
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "config.json").write_text("{ not json")
@@ -77,10 +79,16 @@ def test_unreadable_checkpoint(tmp_path: Path, stored_db: Path, capsys: pytest.C
 
 def test_missing_data_file(tmp_path: Path, stored_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
     before = stored_db.read_bytes()
-    expect_usage_error(["run", "--suite", "paper", "--tasks", "aime24", "--data-dir", str(tmp_path), "--db", str(stored_db)],
-                       "looked for", capsys)
-    expect_usage_error(["run", "--suite", "paper", "--tasks", "aime24", "--data-dir", str(tmp_path / "nope"), "--db", str(stored_db)],
-                       "is not a directory", capsys)
+    expect_usage_error(
+        ["run", "--suite", "paper", "--tasks", "aime24", "--data-dir", str(tmp_path), "--db", str(stored_db)],
+        "looked for",
+        capsys,
+    )
+    expect_usage_error(
+        ["run", "--suite", "paper", "--tasks", "aime24", "--data-dir", str(tmp_path / "nope"), "--db", str(stored_db)],
+        "is not a directory",
+        capsys,
+    )
     assert stored_db.read_bytes() == before
 
 
@@ -88,7 +96,11 @@ def test_corrupt_database_is_refused_and_byte_identical(tmp_path: Path, capsys: 
     corrupt = tmp_path / "corrupt.sqlite"
     content = bytes(range(256)) * 64
     corrupt.write_bytes(content)
-    for argv in (["run", *FAST, "--model", "preset:qwen3-tiny"], ["results"], ["profile", "preset:qwen3-tiny", "--lengths", "8"]):
+    for argv in (
+        ["run", *FAST, "--model", "preset:qwen3-tiny"],
+        ["results"],
+        ["profile", "preset:qwen3-tiny", "--lengths", "8"],
+    ):
         expect_usage_error([*argv, "--db", str(corrupt)], "is not a SQLite database", capsys)
         assert corrupt.read_bytes() == content
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corrupt.sqlite"]
@@ -97,19 +109,29 @@ def test_corrupt_database_is_refused_and_byte_identical(tmp_path: Path, capsys: 
 def test_unwritable_database_location(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("x")
-    expect_usage_error(["run", *FAST, "--model", "preset:qwen3-tiny", "--db", str(blocker / "r.sqlite")],
-                       "cannot create the database directory", capsys)
+    expect_usage_error(
+        ["run", *FAST, "--model", "preset:qwen3-tiny", "--db", str(blocker / "r.sqlite")],
+        "cannot create the database directory",
+        capsys,
+    )
     expect_usage_error(["results", "--db", "nosuchdriver://x"], "no SQLAlchemy driver", capsys)
 
 
 def test_bad_profile_options(capsys: pytest.CaptureFixture[str]) -> None:
     expect_usage_error(["profile", "preset:qwen3-tiny", "--lengths", "0", "--no-store"], "--lengths must be", capsys)
     expect_usage_error(["profile", "preset:qwen3-tiny", "--lengths", "100000", "--no-store"], "exceeds", capsys)
-    expect_usage_error(["profile", "preset:qwen3-tiny", "--lengths", "8", "--batch", "0", "--no-store"], "--batch must be", capsys)
+    expect_usage_error(
+        ["profile", "preset:qwen3-tiny", "--lengths", "8", "--batch", "0", "--no-store"], "--batch must be", capsys
+    )
 
 
 def test_console_script_prints_one_line_without_traceback(tmp_path: Path) -> None:
-    proc = subprocess.run([LOOPEVAL, "run", "--top-p", "2", "--db", str(tmp_path / "r.sqlite")], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [LOOPEVAL, "run", "--top-p", "2", "--db", str(tmp_path / "r.sqlite")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip() == "loopeval: error: --top-p must be a number in (0, 1], got 2.0"
     assert not (tmp_path / "r.sqlite").exists()

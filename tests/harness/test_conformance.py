@@ -63,11 +63,15 @@ def test_broken_adapter_fails_with_precise_messages(transformers_adapter) -> Non
     assert "temperature 0 is not deterministic" in failed["greedy"] and "is temperature ignored?" in failed["greedy"]
     assert "memory()['weights_bytes']=1 but its model's parameters hold" in failed["memory"]
     assert report.status("top_p") == "skip"  # it compares with greedy outputs, which are not
-    assert report.status("seed") == "pass" and report.status("n_order") != "pass"  # seeds still reproduce; greedy n=2 does not repeat
+    assert (
+        report.status("seed") == "pass" and report.status("n_order") != "pass"
+    )  # seeds still reproduce; greedy n=2 does not repeat
     with pytest.raises(ConformanceError) as raised:
         check_adapter(BrokenAdapter(transformers_adapter), bridge=False, max_new_tokens=8)
     message = str(raised.value)
-    assert message.startswith("conformance of broken:demo:") and "[fail] greedy" in message and "[fail] memory" in message
+    assert (
+        message.startswith("conformance of broken:demo:") and "[fail] greedy" in message and "[fail] memory" in message
+    )
 
 
 class MemoryLie(BrokenAdapter):
@@ -85,7 +89,9 @@ class MemoryLie(BrokenAdapter):
 
 
 def test_memory_lie_about_kv_is_named(transformers_adapter) -> None:
-    over_used = MemoryLie(transformers_adapter, lambda real: {**real, "kv_bytes_used": (real["kv_bytes_allocated"] or 0) + 1})
+    over_used = MemoryLie(
+        transformers_adapter, lambda real: {**real, "kv_bytes_used": (real["kv_bytes_allocated"] or 0) + 1}
+    )
     report = check_adapter(over_used, bridge=False, strict=False, max_new_tokens=6)
     assert [r.name for r in report.failures] == ["memory"]
     claims = re.findall(r"kv_bytes_used=(\d+) exceeds kv_bytes_allocated=(\d+)", report.failures[0].message)
@@ -94,7 +100,9 @@ def test_memory_lie_about_kv_is_named(transformers_adapter) -> None:
 
 def test_reserved_below_allocated_is_named(transformers_adapter) -> None:
     """`kv_bytes_reserved` is optional, but where reported it holds at least what is allocated."""
-    under = MemoryLie(transformers_adapter, lambda real: {**real, "kv_bytes_reserved": max((real["kv_bytes_allocated"] or 0) - 1, 0)})
+    under = MemoryLie(
+        transformers_adapter, lambda real: {**real, "kv_bytes_reserved": max((real["kv_bytes_allocated"] or 0) - 1, 0)}
+    )
     report = check_adapter(under, bridge=False, strict=False, max_new_tokens=6)
     assert [r.name for r in report.failures] == ["memory"]
     claims = re.findall(r"kv_bytes_allocated=(\d+) exceeds kv_bytes_reserved=(\d+)", report.failures[0].message)

@@ -61,10 +61,18 @@ def silent_server() -> Iterator[int]:
     server.close()
 
 
-@pytest.mark.parametrize("command", [["results"], ["dashboard"], ["run", "--model", "preset:qwen3-tiny", "--tasks", "lookup", "--limit", "1"],
-                                     ["run", "--resume", "1"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["results"],
+        ["dashboard"],
+        ["run", "--model", "preset:qwen3-tiny", "--tasks", "lookup", "--limit", "1"],
+        ["run", "--resume", "1"],
+    ],
+)
 def test_a_server_that_accepts_and_never_answers_is_an_error_after_the_connect_timeout(
-        command: list[str], silent_server: int, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    command: list[str], silent_server: int, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
     pytest.importorskip("psycopg", reason="Postgres URLs need the postgres extra (psycopg 3)")
     monkeypatch.setenv("LOOPEVAL_DB_CONNECT_TIMEOUT", "2")
     began = time.monotonic()
@@ -76,7 +84,9 @@ def test_a_server_that_accepts_and_never_answers_is_an_error_after_the_connect_t
     assert elapsed < 30, f"waited {elapsed:.0f} s for a 2 s timeout"
 
 
-def test_a_timeout_that_is_not_a_number_is_refused(monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+def test_a_timeout_that_is_not_a_number_is_refused(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("LOOPEVAL_DB_CONNECT_TIMEOUT", "soon")
     assert main(["results", "--db", "postgresql://me@127.0.0.1:1/loopeval"]) == 2
     assert "LOOPEVAL_DB_CONNECT_TIMEOUT must be a whole number of seconds >= 1, got 'soon'" in _one_error(capfd)
@@ -84,9 +94,12 @@ def test_a_timeout_that_is_not_a_number_is_refused(monkeypatch: pytest.MonkeyPat
 
 @pytest.mark.slow  # a Postgres server: the fast tier starts none
 def test_a_statement_another_session_blocks_is_an_error_after_the_statement_timeout(
-        postgres_url: str, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
     store = Store.open(postgres_url)
-    store.finish_run(store.create_run(sweep_id="s", model_spec="preset:qwen3-tiny", adapter="preset", suite="synthetic"), "finished")
+    store.finish_run(
+        store.create_run(sweep_id="s", model_spec="preset:qwen3-tiny", adapter="preset", suite="synthetic"), "finished"
+    )
     store.close()
     locker = sqlalchemy.create_engine(postgres_url.replace("postgresql://", "postgresql+psycopg://", 1))
     with locker.connect() as conn:
@@ -101,7 +114,9 @@ def test_a_statement_another_session_blocks_is_an_error_after_the_statement_time
     assert code == 2 and "no answer within the statement timeout ($LOOPEVAL_DB_STATEMENT_TIMEOUT" in line, line
     assert elapsed < 30
     monkeypatch.delenv("LOOPEVAL_DB_STATEMENT_TIMEOUT")
-    assert main(["results", "--db", postgres_url]) == 0  # nothing changed: the same database reads once the lock is gone
+    assert (
+        main(["results", "--db", postgres_url]) == 0
+    )  # nothing changed: the same database reads once the lock is gone
 
 
 def _fill(folder: Path) -> Path:
@@ -121,9 +136,28 @@ def _fill(folder: Path) -> Path:
 @pytest.mark.slow  # a whole run in a process of its own, twice
 def test_a_disk_that_fills_mid_run_is_one_line_and_the_run_resumes(small_disk: Path) -> None:
     db = small_disk / "results.sqlite"
-    run = [LOOPEVAL, "run", "--model", "preset:qwen3-tiny", "--tasks", "chain2", "--limit", "200", "--samples", "4",
-           "--max-new-tokens", "4", "--loops", "1", "--db", str(db), "--no-report"]
-    proc = subprocess.Popen(run, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    run = [
+        LOOPEVAL,
+        "run",
+        "--model",
+        "preset:qwen3-tiny",
+        "--tasks",
+        "chain2",
+        "--limit",
+        "200",
+        "--samples",
+        "4",
+        "--max-new-tokens",
+        "4",
+        "--loops",
+        "1",
+        "--db",
+        str(db),
+        "--no-report",
+    ]
+    proc = subprocess.Popen(
+        run, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     filler = None
     deadline = time.monotonic() + 120
     while filler is None and time.monotonic() < deadline and proc.poll() is None:  # fill the disk once samples come in
@@ -148,8 +182,12 @@ def test_a_disk_that_fills_mid_run_is_one_line_and_the_run_resumes(small_disk: P
         stored = conn.execute("SELECT count(*) FROM samples").fetchone()[0]
     conn.close()
     assert status != "finished" and 0 < stored < 800
-    assert main(["run", "--resume", str(run_id), "--db", str(db), "--no-report"]) == 0  # in this process, the disk freed
+    assert (
+        main(["run", "--resume", str(run_id), "--db", str(db), "--no-report"]) == 0
+    )  # in this process, the disk freed
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT status FROM runs").fetchone() == ("finished",)
-        assert conn.execute("SELECT count(*), count(DISTINCT doc_id || ':' || sample_index) FROM samples").fetchone() == (800, 800)
+        assert conn.execute(
+            "SELECT count(*), count(DISTINCT doc_id || ':' || sample_index) FROM samples"
+        ).fetchone() == (800, 800)
     conn.close()

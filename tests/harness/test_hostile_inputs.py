@@ -32,10 +32,32 @@ from harness.planning.spec import RunSpec
 FAST = ["--tasks", "lookup", "--limit", "1", "--samples", "1", "--max-new-tokens", "1", "--loops", "1", "--no-report"]
 TINY = ["--model", "preset:qwen3-tiny"]
 KEPT = "kept.sqlite"  # a loopeval database: run 1 finished (eval), run 2 a profile run
-PAPER = ["--suite", "paper", "--tasks", "aime24", "--limit", "1", "--samples", "1", "--max-new-tokens", "1", "--no-report",
-         "--model", "preset:qwen3-tiny", "--db", KEPT]
+PAPER = [
+    "--suite",
+    "paper",
+    "--tasks",
+    "aime24",
+    "--limit",
+    "1",
+    "--samples",
+    "1",
+    "--max-new-tokens",
+    "1",
+    "--no-report",
+    "--model",
+    "preset:qwen3-tiny",
+    "--db",
+    KEPT,
+]
 PROFILE = ["profile", "preset:qwen3-tiny", "--db", KEPT]
-AIME_ROW = {"id": 60, "problem": "Find the number of ways alpha.", "solution": "...", "answer": "204", "url": "u", "year": "2024"}
+AIME_ROW = {
+    "id": 60,
+    "problem": "Find the number of ways alpha.",
+    "solution": "...",
+    "answer": "204",
+    "url": "u",
+    "year": "2024",
+}
 
 
 @dataclass(frozen=True)
@@ -48,7 +70,9 @@ class Case:
     setup: Callable[[Path], None] | None = None  # extra hostile files, written before the snapshot
 
 
-def _aime(rows: list[object] | None = None, raw: bytes | None = None, name: str = "aime24.jsonl") -> Callable[[Path], None]:
+def _aime(
+    rows: list[object] | None = None, raw: bytes | None = None, name: str = "aime24.jsonl"
+) -> Callable[[Path], None]:
     """A --data-dir `data` for the paper suite whose AIME24 file holds `rows` (one JSON value a line) or `raw` bytes."""
 
     def setup(root: Path) -> None:
@@ -66,54 +90,156 @@ def _existing_package(root: Path) -> None:
 
 
 RUN_OPTIONS = [
-    Case("loops-huge", ["run", *TINY, *FAST, "--loops", "10000000", "--db", KEPT], "--loops must be an integer from 1 to 1024"),
-    Case("loops-zero-in-list", ["run", *TINY, *FAST, "--loops", "0,2", "--db", KEPT], "--loops must be comma-separated positive integers"),
-    Case("loops-word", ["run", *TINY, *FAST, "--loops", "two", "--db", KEPT], "--loops must be comma-separated positive integers"),
-    Case("limit-beyond-64-bit", ["run", *TINY, *FAST, "--limit", "99999999999999999999", "--db", KEPT], "Invalid value for '--limit'"),
+    Case(
+        "loops-huge",
+        ["run", *TINY, *FAST, "--loops", "10000000", "--db", KEPT],
+        "--loops must be an integer from 1 to 1024",
+    ),
+    Case(
+        "loops-zero-in-list",
+        ["run", *TINY, *FAST, "--loops", "0,2", "--db", KEPT],
+        "--loops must be comma-separated positive integers",
+    ),
+    Case(
+        "loops-word",
+        ["run", *TINY, *FAST, "--loops", "two", "--db", KEPT],
+        "--loops must be comma-separated positive integers",
+    ),
+    Case(
+        "limit-beyond-64-bit",
+        ["run", *TINY, *FAST, "--limit", "99999999999999999999", "--db", KEPT],
+        "Invalid value for '--limit'",
+    ),
     Case("limit-zero", ["run", *TINY, *FAST, "--limit", "0", "--db", KEPT], "--limit must be an integer from 1 to"),
-    Case("seed-negative", ["run", *TINY, *FAST, "--seed", "-1", "--db", KEPT], "--seed must be comma-separated integers >= 0"),
+    Case(
+        "seed-negative",
+        ["run", *TINY, *FAST, "--seed", "-1", "--db", KEPT],
+        "--seed must be comma-separated integers >= 0",
+    ),
     Case("seed-2-64", ["run", *TINY, *FAST, "--seed", str(2**64), "--db", KEPT], "--seed must be an integer from 0 to"),
-    Case("samples-trillion", ["run", *TINY, *FAST, "--samples", "1000000000000", "--db", KEPT], "--samples must be an integer from 1 to 1024"),
-    Case("temperature-inf", ["run", *TINY, *FAST, "--temperature", "inf", "--db", KEPT], "--temperature must be a finite number >= 0"),
-    Case("temperature-nan", ["run", *TINY, *FAST, "--temperature", "nan", "--db", KEPT], "--temperature must be a finite number >= 0"),
-    Case("temperature-negative", ["run", *TINY, *FAST, "--temperature", "-0.5", "--db", KEPT], "--temperature must be a finite number >= 0"),
+    Case(
+        "samples-trillion",
+        ["run", *TINY, *FAST, "--samples", "1000000000000", "--db", KEPT],
+        "--samples must be an integer from 1 to 1024",
+    ),
+    Case(
+        "temperature-inf",
+        ["run", *TINY, *FAST, "--temperature", "inf", "--db", KEPT],
+        "--temperature must be a finite number >= 0",
+    ),
+    Case(
+        "temperature-nan",
+        ["run", *TINY, *FAST, "--temperature", "nan", "--db", KEPT],
+        "--temperature must be a finite number >= 0",
+    ),
+    Case(
+        "temperature-negative",
+        ["run", *TINY, *FAST, "--temperature", "-0.5", "--db", KEPT],
+        "--temperature must be a finite number >= 0",
+    ),
     Case("top-p-nan", ["run", *TINY, *FAST, "--top-p", "nan", "--db", KEPT], "--top-p must be a number in (0, 1]"),
     Case("top-p-zero", ["run", *TINY, *FAST, "--top-p", "0", "--db", KEPT], "--top-p must be a number in (0, 1]"),
-    Case("top-p-above-one", ["run", *TINY, *FAST, "--top-p", "1.5", "--db", KEPT], "--top-p must be a number in (0, 1]"),
-    Case("max-new-tokens-zero", ["run", *TINY, *FAST, "--max-new-tokens", "0", "--db", KEPT], "--max-new-tokens must be an integer from 1 to"),
-    Case("batch-size-zero", ["run", *TINY, *FAST, "--batch-size", "0", "--db", KEPT], "--batch-size must be an integer from 1 to"),
-    Case("samples-not-a-number", ["run", *TINY, *FAST, "--samples", "many", "--db", KEPT], "Invalid value for '--samples'"),
+    Case(
+        "top-p-above-one", ["run", *TINY, *FAST, "--top-p", "1.5", "--db", KEPT], "--top-p must be a number in (0, 1]"
+    ),
+    Case(
+        "max-new-tokens-zero",
+        ["run", *TINY, *FAST, "--max-new-tokens", "0", "--db", KEPT],
+        "--max-new-tokens must be an integer from 1 to",
+    ),
+    Case(
+        "batch-size-zero",
+        ["run", *TINY, *FAST, "--batch-size", "0", "--db", KEPT],
+        "--batch-size must be an integer from 1 to",
+    ),
+    Case(
+        "samples-not-a-number",
+        ["run", *TINY, *FAST, "--samples", "many", "--db", KEPT],
+        "Invalid value for '--samples'",
+    ),
     Case("unknown-option", ["run", *TINY, *FAST, "--loop", "2", "--db", KEPT], "No such option: --loop"),
 ]
 RUN_NAMES = [
     Case("unknown-suite", ["run", *TINY, *FAST, "--suite", "nosuch", "--db", KEPT], "unknown suite 'nosuch'"),
     Case("unknown-task", ["run", *TINY, *FAST, "--tasks", "nosuch", "--db", KEPT], "unknown task 'nosuch'"),
-    Case("unknown-model-prefix", ["run", *FAST, "--model", "nosuch:thing", "--db", KEPT], "unknown model prefix 'nosuch'"),
-    Case("unknown-preset", ["run", *FAST, "--model", "preset:no-such-preset", "--db", KEPT], "unknown preset 'no-such-preset'"),
+    Case(
+        "unknown-model-prefix", ["run", *FAST, "--model", "nosuch:thing", "--db", KEPT], "unknown model prefix 'nosuch'"
+    ),
+    Case(
+        "unknown-preset",
+        ["run", *FAST, "--model", "preset:no-such-preset", "--db", KEPT],
+        "unknown preset 'no-such-preset'",
+    ),
     Case("unknown-zoo-model", ["run", *FAST, "--model", "zoo:no-such-model", "--db", KEPT], "no-such-model"),
-    Case("model-name-two-prefixes-share", ["run", *FAST, "--model", "ouro-tiny", "--db", KEPT],
-         "model name 'ouro-tiny' is ambiguous: give one of preset:ouro-tiny, zoo:ouro-tiny"),
-    Case("model-name-unknown", ["run", *FAST, "--model", "qwen3-tiny-smal", "--db", KEPT], "unknown model 'qwen3-tiny-smal'"),
+    Case(
+        "model-name-two-prefixes-share",
+        ["run", *FAST, "--model", "ouro-tiny", "--db", KEPT],
+        "model name 'ouro-tiny' is ambiguous: give one of preset:ouro-tiny, zoo:ouro-tiny",
+    ),
+    Case(
+        "model-name-unknown",
+        ["run", *FAST, "--model", "qwen3-tiny-smal", "--db", KEPT],
+        "unknown model 'qwen3-tiny-smal'",
+    ),
     Case("model-name-console-markup", ["run", *FAST, "--model", "preset:[/b]", "--db", KEPT], "unknown preset '[/b]'"),
-    Case("missing-checkpoint", ["run", *FAST, "--model", "ouro:missing-checkpoint", "--db", KEPT], "missing-checkpoint"),
-    Case("preset-without-tokenizer", ["run", *FAST, "--model", "preset:qwen3-1.7b", "--db", KEPT],
-         "preset:qwen3-1.7b has no tokenizer, so it cannot read a suite's prompts"),
+    Case(
+        "missing-checkpoint", ["run", *FAST, "--model", "ouro:missing-checkpoint", "--db", KEPT], "missing-checkpoint"
+    ),
+    Case(
+        "preset-without-tokenizer",
+        ["run", *FAST, "--model", "preset:qwen3-1.7b", "--db", KEPT],
+        "preset:qwen3-1.7b has no tokenizer, so it cannot read a suite's prompts",
+    ),
 ]
 RUN_DATA = [
     Case("data-dir-missing", ["run", *PAPER, "--data-dir", "nowhere"], "--data-dir nowhere is not a directory"),
     Case("data-dir-is-a-file", ["run", *PAPER, "--data-dir", "notes.txt"], "--data-dir notes.txt is not a directory"),
-    Case("data-dir-without-the-file", ["run", *PAPER, "--data-dir", "data"], "looked for", setup=lambda root: (root / "data").mkdir()),
-    Case("data-bad-json", ["run", *PAPER, "--data-dir", "data"], "cannot read", setup=_aime(raw=b'{"problem": "half an object\n')),
+    Case(
+        "data-dir-without-the-file",
+        ["run", *PAPER, "--data-dir", "data"],
+        "looked for",
+        setup=lambda root: (root / "data").mkdir(),
+    ),
+    Case(
+        "data-bad-json",
+        ["run", *PAPER, "--data-dir", "data"],
+        "cannot read",
+        setup=_aime(raw=b'{"problem": "half an object\n'),
+    ),
     Case("data-empty-file", ["run", *PAPER, "--data-dir", "data"], "holds no rows", setup=_aime(raw=b"")),
-    Case("data-binary-file", ["run", *PAPER, "--data-dir", "data"], "cannot read", setup=_aime(raw=bytes(range(256)) * 8)),
-    Case("data-binary-parquet", ["run", *PAPER, "--data-dir", "data"], "cannot read",
-         setup=_aime(raw=b"PAR1" + bytes(range(256)) * 8, name="aime24.parquet")),
-    Case("data-missing-column", ["run", *PAPER, "--data-dir", "data"], "has no column 'problem'",
-         setup=_aime([{k: v for k, v in AIME_ROW.items() if k != "problem"}])),
-    Case("data-non-string-prompt", ["run", *PAPER, "--data-dir", "data"], "column 'problem'",
-         setup=_aime([{**AIME_ROW, "problem": {"nested": ["not", "text"]}}])),
-    Case("data-empty-prompt", ["run", *PAPER, "--data-dir", "data"], "expected a non-empty question", setup=_aime([{**AIME_ROW, "problem": ""}])),
-    Case("data-rows-not-objects", ["run", *PAPER, "--data-dir", "data"], "line 1 is a JSON list, not an object", setup=_aime([[1, 2, 3]])),
+    Case(
+        "data-binary-file", ["run", *PAPER, "--data-dir", "data"], "cannot read", setup=_aime(raw=bytes(range(256)) * 8)
+    ),
+    Case(
+        "data-binary-parquet",
+        ["run", *PAPER, "--data-dir", "data"],
+        "cannot read",
+        setup=_aime(raw=b"PAR1" + bytes(range(256)) * 8, name="aime24.parquet"),
+    ),
+    Case(
+        "data-missing-column",
+        ["run", *PAPER, "--data-dir", "data"],
+        "has no column 'problem'",
+        setup=_aime([{k: v for k, v in AIME_ROW.items() if k != "problem"}]),
+    ),
+    Case(
+        "data-non-string-prompt",
+        ["run", *PAPER, "--data-dir", "data"],
+        "column 'problem'",
+        setup=_aime([{**AIME_ROW, "problem": {"nested": ["not", "text"]}}]),
+    ),
+    Case(
+        "data-empty-prompt",
+        ["run", *PAPER, "--data-dir", "data"],
+        "expected a non-empty question",
+        setup=_aime([{**AIME_ROW, "problem": ""}]),
+    ),
+    Case(
+        "data-rows-not-objects",
+        ["run", *PAPER, "--data-dir", "data"],
+        "line 1 is a JSON list, not an object",
+        setup=_aime([[1, 2, 3]]),
+    ),
 ]
 RESUME = [
     Case("resume-missing-run", ["run", "--resume", "999", "--db", KEPT], "--resume 999: no such run"),
@@ -125,10 +251,27 @@ RESUME = [
 ]
 DATABASES = [
     Case("run-db-not-sqlite", ["run", *TINY, *FAST, "--db", "notes.txt"], "is not a SQLite database"),
-    Case("run-db-foreign-users", ["run", *TINY, *FAST, "--db", "users.sqlite"], "not a loopeval database (it holds tables users)"),
-    Case("run-db-foreign-runs", ["run", *TINY, *FAST, "--db", "runs.sqlite"], "not a loopeval database (it holds tables runs)"),
-    Case("run-db-directory-is-a-file", ["run", *TINY, *FAST, "--db", "notes.txt/r.sqlite"], "cannot create the database directory"),
-    Case("run-db-is-a-directory", ["run", *TINY, *FAST, "--db", "folder"], "is not a file", setup=lambda root: (root / "folder").mkdir()),
+    Case(
+        "run-db-foreign-users",
+        ["run", *TINY, *FAST, "--db", "users.sqlite"],
+        "not a loopeval database (it holds tables users)",
+    ),
+    Case(
+        "run-db-foreign-runs",
+        ["run", *TINY, *FAST, "--db", "runs.sqlite"],
+        "not a loopeval database (it holds tables runs)",
+    ),
+    Case(
+        "run-db-directory-is-a-file",
+        ["run", *TINY, *FAST, "--db", "notes.txt/r.sqlite"],
+        "cannot create the database directory",
+    ),
+    Case(
+        "run-db-is-a-directory",
+        ["run", *TINY, *FAST, "--db", "folder"],
+        "is not a file",
+        setup=lambda root: (root / "folder").mkdir(),
+    ),
     Case("run-db-unknown-driver", ["run", *TINY, *FAST, "--db", "nosuchdriver://x"], "no SQLAlchemy driver"),
     Case("results-typo-directory", ["results", "--db", "typo_dir/typo.sqlite"], "no results database"),
     Case("results-default-database", ["results"], "no results database"),
@@ -141,9 +284,17 @@ DATABASES = [
     Case("results-db-is-root", ["results", "--db", "sqlite:////"], "is not a file"),
 ]
 DASHBOARD = [
-    Case("dashboard-out-under-a-file", ["dashboard", "--db", KEPT, "--out", "notes.txt/report.html"], "cannot write the report"),
-    Case("dashboard-out-is-a-directory", ["dashboard", "--db", KEPT, "--out", "folder"], "cannot write the report",
-         setup=lambda root: (root / "folder").mkdir()),
+    Case(
+        "dashboard-out-under-a-file",
+        ["dashboard", "--db", KEPT, "--out", "notes.txt/report.html"],
+        "cannot write the report",
+    ),
+    Case(
+        "dashboard-out-is-a-directory",
+        ["dashboard", "--db", KEPT, "--out", "folder"],
+        "cannot write the report",
+        setup=lambda root: (root / "folder").mkdir(),
+    ),
     Case("dashboard-db-missing", ["dashboard", "--db", "typo_dir/typo.sqlite"], "no results database"),
     Case("dashboard-db-empty-file", ["dashboard", "--db", "empty.sqlite"], "holds no loopeval results"),
     Case("dashboard-db-no-runs", ["dashboard", "--db", "blank.sqlite"], "run `loopeval run` first"),
@@ -154,7 +305,11 @@ DASHBOARD = [
     Case("dashboard-serve-port-too-big", ["dashboard", "--serve", "--db", KEPT, "--port", "70000"], "--port"),
 ]
 PROFILE_CASES = [
-    Case("profile-batch-huge", [*PROFILE, "--lengths", "8", "--batch", "99999999999"], "--batch must be an integer from 1 to"),
+    Case(
+        "profile-batch-huge",
+        [*PROFILE, "--lengths", "8", "--batch", "99999999999"],
+        "--batch must be an integer from 1 to",
+    ),
     Case("profile-batch-zero", [*PROFILE, "--lengths", "8", "--batch", "0"], "--batch must be an integer from 1 to"),
     Case("profile-length-beyond-context", [*PROFILE, "--lengths", "8,100000"], "exceeds"),
     Case("profile-length-zero", [*PROFILE, "--lengths", "0"], "--lengths must be"),
@@ -162,14 +317,26 @@ PROFILE_CASES = [
     Case("profile-loops-zero", [*PROFILE, "--lengths", "8", "--loops", "0"], "--loops must be"),
     Case("profile-decode-steps-zero", [*PROFILE, "--lengths", "8", "--decode-steps", "0"], "--decode-steps must be"),
     Case("profile-seed-negative", [*PROFILE, "--lengths", "8", "--seed", "-1"], "--seed must be an integer from 0 to"),
-    Case("profile-unknown-model", ["profile", "nosuch:thing", "--lengths", "8", "--db", KEPT], "unknown model prefix 'nosuch'"),
-    Case("profile-db-foreign", ["profile", "preset:qwen3-tiny", "--lengths", "8", "--db", "runs.sqlite"], "not a loopeval database"),
+    Case(
+        "profile-unknown-model",
+        ["profile", "nosuch:thing", "--lengths", "8", "--db", KEPT],
+        "unknown model prefix 'nosuch'",
+    ),
+    Case(
+        "profile-db-foreign",
+        ["profile", "preset:qwen3-tiny", "--lengths", "8", "--db", "runs.sqlite"],
+        "not a loopeval database",
+    ),
 ]
 ESTIMATE = [
     Case("estimate-unknown-name", ["estimate", "no-such-preset", "--tokens", "8"], "unknown model 'no-such-preset'"),
-    Case("estimate-tokens-huge", ["estimate", "zoo:melt-tiny", "--tokens", "99999999999"], "--tokens must be from 1 to"),
+    Case(
+        "estimate-tokens-huge", ["estimate", "zoo:melt-tiny", "--tokens", "99999999999"], "--tokens must be from 1 to"
+    ),
     Case("estimate-tokens-zero", ["estimate", "qwen3-tiny", "--tokens", "0"], "--tokens must be"),
-    Case("estimate-dtype-int8", ["estimate", "qwen3-tiny", "--tokens", "8", "--dtype", "int8"], "--dtype must be one of"),
+    Case(
+        "estimate-dtype-int8", ["estimate", "qwen3-tiny", "--tokens", "8", "--dtype", "int8"], "--dtype must be one of"
+    ),
     Case("estimate-batch-zero", ["estimate", "qwen3-tiny", "--tokens", "8", "--batch", "0"], "--batch must be"),
     Case("estimate-loops-zero", ["estimate", "qwen3-tiny", "--tokens", "8", "--loops", "0"], "--loops must be"),
     Case("estimate-missing-config", ["estimate", "ouro:nowhere/config.json", "--tokens", "8"], "nowhere"),
@@ -179,28 +346,58 @@ ADAPTER = [
     Case("adapter-new-uppercase-name", ["adapter", "new", "Bad-Name"], "must be lowercase letters"),
     Case("adapter-new-path-name", ["adapter", "new", "../escape"], "must be lowercase letters"),
     Case("adapter-new-builtin-prefix", ["adapter", "new", "preset"], "already a registered prefix"),
-    Case("adapter-new-dir-under-a-file", ["adapter", "new", "mine", "--dir", "notes.txt/sub"], "is not an existing directory"),
+    Case(
+        "adapter-new-dir-under-a-file",
+        ["adapter", "new", "mine", "--dir", "notes.txt/sub"],
+        "is not an existing directory",
+    ),
     Case("adapter-new-existing-folder", ["adapter", "new", "mine"], "already exists", setup=_existing_package),
     Case("adapter-check-unknown-spec", ["adapter", "check", "nosuch:thing"], "unknown model prefix 'nosuch'"),
     Case("adapter-check-markup-spec", ["adapter", "check", "nosuch:[/b]"], "unknown model prefix 'nosuch'"),
-    Case("adapter-check-shared-name", ["adapter", "check", "melt-tiny"], "ambiguous: give one of preset:melt-tiny, zoo:melt-tiny"),
+    Case(
+        "adapter-check-shared-name",
+        ["adapter", "check", "melt-tiny"],
+        "ambiguous: give one of preset:melt-tiny, zoo:melt-tiny",
+    ),
 ]
 ZOO_AND_LISTS = [
     Case("zoo-train-unknown", ["zoo", "train", "nosuch"], "unknown zoo model(s) nosuch"),
     Case("zoo-train-device-tpu", ["zoo", "train", "ouro-tiny", "--device", "tpu"], "--device must be cpu or cuda"),
-    Case("zoo-convert-missing-teacher", ["zoo", "convert", "--teacher", "ouro:/nonexistent", "--out", "melt-out", "--steps", "1"],
-         "/nonexistent"),
-    Case("zoo-convert-gate-bogus", ["zoo", "convert", "--teacher", "zoo:ouro-tiny", "--out", "melt-out", "--gate", "bogus"],
-         "--gate must be one of"),
-    Case("zoo-convert-device-tpu", ["zoo", "convert", "--teacher", "zoo:ouro-tiny", "--out", "melt-out", "--device", "tpu"],
-         "--device must be cpu or cuda"),
-    Case("zoo-convert-data-missing", ["zoo", "convert", "--teacher", "zoo:ouro-tiny", "--out", "melt-out", "--data", "nowhere.jsonl"],
-         "cannot read --data file"),
-    Case("zoo-convert-data-bad-json", ["zoo", "convert", "--teacher", "zoo:ouro-tiny", "--out", "melt-out", "--data", "notes.txt"],
-         "cannot read --data file notes.txt"),
-    Case("zoo-convert-out-under-a-file", ["zoo", "convert", "--teacher", "zoo:ouro-tiny", "--out", "notes.txt/melt", "--steps", "1"],
-         "--out notes.txt/melt"),
-    Case("zoo-train-out-is-a-file", ["zoo", "train", "ouro-tiny", "--out", "notes.txt", "--steps", "1"], "--out notes.txt"),
+    Case(
+        "zoo-convert-missing-teacher",
+        ["zoo", "convert", "--teacher", "ouro:/nonexistent", "--out", "melt-out", "--steps", "1"],
+        "/nonexistent",
+    ),
+    Case(
+        "zoo-convert-gate-bogus",
+        ["zoo", "convert", "--teacher", "zoo:ouro-tiny", "--out", "melt-out", "--gate", "bogus"],
+        "--gate must be one of",
+    ),
+    Case(
+        "zoo-convert-device-tpu",
+        ["zoo", "convert", "--teacher", "zoo:ouro-tiny", "--out", "melt-out", "--device", "tpu"],
+        "--device must be cpu or cuda",
+    ),
+    Case(
+        "zoo-convert-data-missing",
+        ["zoo", "convert", "--teacher", "zoo:ouro-tiny", "--out", "melt-out", "--data", "nowhere.jsonl"],
+        "cannot read --data file",
+    ),
+    Case(
+        "zoo-convert-data-bad-json",
+        ["zoo", "convert", "--teacher", "zoo:ouro-tiny", "--out", "melt-out", "--data", "notes.txt"],
+        "cannot read --data file notes.txt",
+    ),
+    Case(
+        "zoo-convert-out-under-a-file",
+        ["zoo", "convert", "--teacher", "zoo:ouro-tiny", "--out", "notes.txt/melt", "--steps", "1"],
+        "--out notes.txt/melt",
+    ),
+    Case(
+        "zoo-train-out-is-a-file",
+        ["zoo", "train", "ouro-tiny", "--out", "notes.txt", "--steps", "1"],
+        "--out notes.txt",
+    ),
     Case("zoo-train-steps-zero", ["zoo", "train", "ouro-tiny", "--steps", "0"], "Invalid value for '--steps'"),
     Case("zoo-list-unknown-option", ["zoo", "list", "--jsn"], "No such option: --jsn"),
     Case("suites-extra-argument", ["suites", "paper"], "unexpected extra argument"),
@@ -222,114 +419,366 @@ def _fifo(name: str) -> Callable[[Path], None]:
 SWEEP = "sweep.toml"
 RUN_SWEEP = ["run", "--config", SWEEP, "--db", KEPT, "--no-report"]
 TINY_SWEEP = 'models = [{spec = "preset:qwen3-tiny", overrides = {%s}}]\ntasks = ["lookup"]\nlimit = 1\nsamples = 1\nloops = [1]\n'
-MORE_THAN_THE_MACHINE_GB = 2 * psutil.virtual_memory().total / 1e9  # "kv_budget = 40 on a 24 GB machine", on any machine
+MORE_THAN_THE_MACHINE_GB = (
+    2 * psutil.virtual_memory().total / 1e9
+)  # "kv_budget = 40 on a 24 GB machine", on any machine
 SWEEP_FILES = [
-    Case("sweep-nested-deeply", RUN_SWEEP, "nested too deeply", setup=_file(SWEEP, "loops = " + "[" * 5000 + "]" * 5000 + "\n")),
-    Case("sweep-gpus-per-run-inf", RUN_SWEEP, "gpus_per_run must be a finite number >= 0, got inf",
-         setup=_file(SWEEP, 'executor = "ray"\ngpus_per_run = inf\n')),
-    Case("sweep-temperature-nan", RUN_SWEEP, "temperature must be a finite number >= 0, got nan", setup=_file(SWEEP, "temperature = nan\n")),
-    Case("sweep-override-nan", RUN_SWEEP, "models[0].overrides.max_batch must be a string, finite number or boolean, got nan",
-         setup=_file(SWEEP, TINY_SWEEP % "max_batch = nan")),
-    Case("sweep-override-inf", RUN_SWEEP, "overrides.kv_budget must be a string, finite number or boolean, got inf",
-         setup=_file(SWEEP, TINY_SWEEP % "kv_budget = inf")),
-    Case("sweep-exit-threshold-nan", RUN_SWEEP, "overrides.exit_threshold must be a string, finite number or boolean, got nan",
-         setup=_file(SWEEP, 'models = [{spec = "zoo:ouro-tiny", overrides = {exit_threshold = nan}}]\n')),
-    Case("sweep-exit-threshold-word", RUN_SWEEP, "exit_threshold must be a number in [0, 1] for the gate criterion, got 'half'",
-         setup=_file(SWEEP, 'models = [{spec = "zoo:ouro-tiny", overrides = {exit_threshold = "half"}}]\n')),
-    Case("sweep-kv-budget-over-memory", RUN_SWEEP, "the KV pool of kv_budget =",
-         setup=_file(SWEEP, TINY_SWEEP % f"kv_budget = {MORE_THAN_THE_MACHINE_GB:.1f}")),
-    Case("sweep-is-dev-zero", ["run", "--config", "/dev/zero", "--db", KEPT], "--config /dev/zero: a device, FIFO or socket, not a regular file"),
+    Case(
+        "sweep-nested-deeply",
+        RUN_SWEEP,
+        "nested too deeply",
+        setup=_file(SWEEP, "loops = " + "[" * 5000 + "]" * 5000 + "\n"),
+    ),
+    Case(
+        "sweep-gpus-per-run-inf",
+        RUN_SWEEP,
+        "gpus_per_run must be a finite number >= 0, got inf",
+        setup=_file(SWEEP, 'executor = "ray"\ngpus_per_run = inf\n'),
+    ),
+    Case(
+        "sweep-temperature-nan",
+        RUN_SWEEP,
+        "temperature must be a finite number >= 0, got nan",
+        setup=_file(SWEEP, "temperature = nan\n"),
+    ),
+    Case(
+        "sweep-override-nan",
+        RUN_SWEEP,
+        "models[0].overrides.max_batch must be a string, finite number or boolean, got nan",
+        setup=_file(SWEEP, TINY_SWEEP % "max_batch = nan"),
+    ),
+    Case(
+        "sweep-override-inf",
+        RUN_SWEEP,
+        "overrides.kv_budget must be a string, finite number or boolean, got inf",
+        setup=_file(SWEEP, TINY_SWEEP % "kv_budget = inf"),
+    ),
+    Case(
+        "sweep-exit-threshold-nan",
+        RUN_SWEEP,
+        "overrides.exit_threshold must be a string, finite number or boolean, got nan",
+        setup=_file(SWEEP, 'models = [{spec = "zoo:ouro-tiny", overrides = {exit_threshold = nan}}]\n'),
+    ),
+    Case(
+        "sweep-exit-threshold-word",
+        RUN_SWEEP,
+        "exit_threshold must be a number in [0, 1] for the gate criterion, got 'half'",
+        setup=_file(SWEEP, 'models = [{spec = "zoo:ouro-tiny", overrides = {exit_threshold = "half"}}]\n'),
+    ),
+    Case(
+        "sweep-kv-budget-over-memory",
+        RUN_SWEEP,
+        "the KV pool of kv_budget =",
+        setup=_file(SWEEP, TINY_SWEEP % f"kv_budget = {MORE_THAN_THE_MACHINE_GB:.1f}"),
+    ),
+    Case(
+        "sweep-is-dev-zero",
+        ["run", "--config", "/dev/zero", "--db", KEPT],
+        "--config /dev/zero: a device, FIFO or socket, not a regular file",
+    ),
     Case("sweep-is-a-fifo", RUN_SWEEP, "a device, FIFO or socket, not a regular file", setup=_fifo(SWEEP)),
-    Case("sweep-is-a-folder", ["run", "--config", "folder", "--db", KEPT], "--config folder: a folder, not a regular file",
-         setup=lambda root: (root / "folder").mkdir()),
-    Case("sweep-over-the-size-cap", RUN_SWEEP, "over the limit of 1,048,576", setup=_file(SWEEP, "# padding\n" * 120_000)),
-    Case("sweep-not-utf8", RUN_SWEEP, "not UTF-8 text", setup=lambda root: (root / SWEEP).write_bytes(b"suite = '\xff\xfe'\n")),
-    Case("sweep-grid-over-the-limit", RUN_SWEEP, "the sweep asks for up to 2,048,000 runs (1 models x 1024 loop counts x 2000 seeds)",
-         setup=_file(SWEEP, f'models = ["preset:qwen3-tiny"]\nloops = "1-1024"\nseeds = [{", ".join(map(str, range(2000)))}]\n')),
-    Case("flags-grid-over-the-limit", ["run", *TINY, "--loops", "1-1024", "--seed", ",".join(f"{i * 1000}-{i * 1000 + 999}" for i in range(20)),
-                                       "--db", KEPT], "over the limit of 10,000"),
+    Case(
+        "sweep-is-a-folder",
+        ["run", "--config", "folder", "--db", KEPT],
+        "--config folder: a folder, not a regular file",
+        setup=lambda root: (root / "folder").mkdir(),
+    ),
+    Case(
+        "sweep-over-the-size-cap", RUN_SWEEP, "over the limit of 1,048,576", setup=_file(SWEEP, "# padding\n" * 120_000)
+    ),
+    Case(
+        "sweep-not-utf8",
+        RUN_SWEEP,
+        "not UTF-8 text",
+        setup=lambda root: (root / SWEEP).write_bytes(b"suite = '\xff\xfe'\n"),
+    ),
+    Case(
+        "sweep-grid-over-the-limit",
+        RUN_SWEEP,
+        "the sweep asks for up to 2,048,000 runs (1 models x 1024 loop counts x 2000 seeds)",
+        setup=_file(
+            SWEEP, f'models = ["preset:qwen3-tiny"]\nloops = "1-1024"\nseeds = [{", ".join(map(str, range(2000)))}]\n'
+        ),
+    ),
+    Case(
+        "flags-grid-over-the-limit",
+        [
+            "run",
+            *TINY,
+            "--loops",
+            "1-1024",
+            "--seed",
+            ",".join(f"{i * 1000}-{i * 1000 + 999}" for i in range(20)),
+            "--db",
+            KEPT,
+        ],
+        "over the limit of 10,000",
+    ),
 ]
 
 RECIPE = "recipes.toml"
 ZOO_TRAIN = ["zoo", "train", "a", "--recipes", RECIPE, "--out", "zoo-out"]
 LM = '[models.a]\nkind = "lm"\npreset = "qwen3-tiny"\n'
 RECIPES = [
-    Case("recipe-base-a-list", ZOO_TRAIN, "model a: base ['b'] is not another model", setup=_file(RECIPE, LM + 'base = ["b"]\n[models.b]\n')),
-    Case("recipe-base-chain-deep", ZOO_TRAIN, "recipe a: steps must be an integer >= 0, got nan",
-         setup=_file(RECIPE, "".join(f'[models.m{i}]\nbase = "m{i + 1}"\n' for i in range(3000)) + "[models.m3000]\nkind = 'lm'\n"
-                     'preset = "qwen3-tiny"\n[models.a]\nbase = "m0"\nsteps = nan\n')),
-    Case("recipe-base-cycle", ZOO_TRAIN, "bases lead back here", setup=_file(RECIPE, LM + 'base = "b"\n[models.b]\nbase = "a"\n')),
-    Case("recipe-model-not-a-table", ZOO_TRAIN, "[models.a] must be a table, got 3", setup=_file(RECIPE, "[models]\na = 3\n")),
-    Case("recipe-config-a-string", ZOO_TRAIN, "model a: config must be a table of engine config fields, got 'loops=4'",
-         setup=_file(RECIPE, LM + 'config = "loops=4"\n')),
-    Case("recipe-config-bad-field", ZOO_TRAIN, "config field num_heads must be a positive integer, got 0",
-         setup=_file(RECIPE, LM + "config = { num_heads = 0 }\n")),
-    Case("recipe-steps-nan", ZOO_TRAIN, "recipe a: steps must be an integer >= 0, got nan", setup=_file(RECIPE, LM + "steps = nan\n")),
-    Case("recipe-lr-inf", ZOO_TRAIN, "recipe a: lr must be a finite number, got inf", setup=_file(RECIPE, LM + "lr = inf\n")),
-    Case("recipe-tasks-a-string", ZOO_TRAIN, "recipe a: tasks must be a list of task names", setup=_file(RECIPE, LM + 'tasks = "chain2"\n')),
-    Case("recipe-is-dev-zero", ["zoo", "train", "a", "--recipes", "/dev/zero"], "recipes file /dev/zero: a device, FIFO or socket"),
-    Case("recipe-unknown-preset", ZOO_TRAIN, "no-such", setup=_file(RECIPE, '[models.a]\nkind = "lm"\npreset = "no-such"\n')),
-    Case("recipe-lr-huge", ZOO_TRAIN, "recipe a: lr must be in (0, 1], got 1000000000.0", setup=_file(RECIPE, LM + "lr = 1e9\n")),
+    Case(
+        "recipe-base-a-list",
+        ZOO_TRAIN,
+        "model a: base ['b'] is not another model",
+        setup=_file(RECIPE, LM + 'base = ["b"]\n[models.b]\n'),
+    ),
+    Case(
+        "recipe-base-chain-deep",
+        ZOO_TRAIN,
+        "recipe a: steps must be an integer >= 0, got nan",
+        setup=_file(
+            RECIPE,
+            "".join(f'[models.m{i}]\nbase = "m{i + 1}"\n' for i in range(3000)) + "[models.m3000]\nkind = 'lm'\n"
+            'preset = "qwen3-tiny"\n[models.a]\nbase = "m0"\nsteps = nan\n',
+        ),
+    ),
+    Case(
+        "recipe-base-cycle",
+        ZOO_TRAIN,
+        "bases lead back here",
+        setup=_file(RECIPE, LM + 'base = "b"\n[models.b]\nbase = "a"\n'),
+    ),
+    Case(
+        "recipe-model-not-a-table",
+        ZOO_TRAIN,
+        "[models.a] must be a table, got 3",
+        setup=_file(RECIPE, "[models]\na = 3\n"),
+    ),
+    Case(
+        "recipe-config-a-string",
+        ZOO_TRAIN,
+        "model a: config must be a table of engine config fields, got 'loops=4'",
+        setup=_file(RECIPE, LM + 'config = "loops=4"\n'),
+    ),
+    Case(
+        "recipe-config-bad-field",
+        ZOO_TRAIN,
+        "config field num_heads must be a positive integer, got 0",
+        setup=_file(RECIPE, LM + "config = { num_heads = 0 }\n"),
+    ),
+    Case(
+        "recipe-steps-nan",
+        ZOO_TRAIN,
+        "recipe a: steps must be an integer >= 0, got nan",
+        setup=_file(RECIPE, LM + "steps = nan\n"),
+    ),
+    Case(
+        "recipe-lr-inf",
+        ZOO_TRAIN,
+        "recipe a: lr must be a finite number, got inf",
+        setup=_file(RECIPE, LM + "lr = inf\n"),
+    ),
+    Case(
+        "recipe-tasks-a-string",
+        ZOO_TRAIN,
+        "recipe a: tasks must be a list of task names",
+        setup=_file(RECIPE, LM + 'tasks = "chain2"\n'),
+    ),
+    Case(
+        "recipe-is-dev-zero",
+        ["zoo", "train", "a", "--recipes", "/dev/zero"],
+        "recipes file /dev/zero: a device, FIFO or socket",
+    ),
+    Case(
+        "recipe-unknown-preset",
+        ZOO_TRAIN,
+        "no-such",
+        setup=_file(RECIPE, '[models.a]\nkind = "lm"\npreset = "no-such"\n'),
+    ),
+    Case(
+        "recipe-lr-huge",
+        ZOO_TRAIN,
+        "recipe a: lr must be in (0, 1], got 1000000000.0",
+        setup=_file(RECIPE, LM + "lr = 1e9\n"),
+    ),
     Case("recipe-lr-zero", ZOO_TRAIN, "recipe a: lr must be in (0, 1], got 0", setup=_file(RECIPE, LM + "lr = 0\n")),
-    Case("recipe-seed-past-32-bits", ZOO_TRAIN, "recipe a: seed must be in [0, 4294967295], got 18446744073709551615",
-         setup=_file(RECIPE, LM + f"seed = {2**64 - 1}\n")),
-    Case("recipe-distill-temperature-zero", ZOO_TRAIN, "recipe a: distill_temperature must be in (0, 100], got 0",
-         setup=_file(RECIPE, LM + "distill_temperature = 0\n")),
-    Case("recipe-grad-clip-negative", ZOO_TRAIN, "recipe a: grad_clip must be in (0, 1000000], got -1.0",
-         setup=_file(RECIPE, LM + "grad_clip = -1.0\n")),
-    Case("recipe-min-lr-ratio-above-one", ZOO_TRAIN, "min_lr_ratio must be in [0, 1], got 2.5", setup=_file(RECIPE, LM + "min_lr_ratio = 2.5\n")),
-    Case("recipe-batch-size-huge", ZOO_TRAIN, "recipe a: batch_size must be in [1, 1048576], got 100000000",
-         setup=_file(RECIPE, LM + "batch_size = 100000000\n")),
-    Case("recipe-batch-beyond-memory", ZOO_TRAIN, "training a: weights, gradients, optimizer states and the activations of "
-         "batch_size 1000000", setup=_file(RECIPE, LM + "batch_size = 1000000\n")),
-    Case("recipe-hidden-32768-beyond-memory", ZOO_TRAIN, "GB is free on cpu: lower the recipe's batch_size or its model's sizes",
-         setup=_file(RECIPE, LM + "config = { hidden_size = 32768, ffn_size = 131072 }\n")),
-    *(Case(f"recipe-name-{label}", ["zoo", "train", name, "--recipes", RECIPE, "--out", "zoo-out"],
-           f"recipe name {name!r} must be a plain name", setup=_file(RECIPE, LM.replace("[models.a]", f"[models.{json.dumps(name)}]")))
-      for label, name in (("parent", "../escape"), ("absolute", "/tmp/loopeval-escape"), ("nested", "a/b"), ("dot", "."),
-                          ("backslash", "a\\b"))),
+    Case(
+        "recipe-seed-past-32-bits",
+        ZOO_TRAIN,
+        "recipe a: seed must be in [0, 4294967295], got 18446744073709551615",
+        setup=_file(RECIPE, LM + f"seed = {2**64 - 1}\n"),
+    ),
+    Case(
+        "recipe-distill-temperature-zero",
+        ZOO_TRAIN,
+        "recipe a: distill_temperature must be in (0, 100], got 0",
+        setup=_file(RECIPE, LM + "distill_temperature = 0\n"),
+    ),
+    Case(
+        "recipe-grad-clip-negative",
+        ZOO_TRAIN,
+        "recipe a: grad_clip must be in (0, 1000000], got -1.0",
+        setup=_file(RECIPE, LM + "grad_clip = -1.0\n"),
+    ),
+    Case(
+        "recipe-min-lr-ratio-above-one",
+        ZOO_TRAIN,
+        "min_lr_ratio must be in [0, 1], got 2.5",
+        setup=_file(RECIPE, LM + "min_lr_ratio = 2.5\n"),
+    ),
+    Case(
+        "recipe-batch-size-huge",
+        ZOO_TRAIN,
+        "recipe a: batch_size must be in [1, 1048576], got 100000000",
+        setup=_file(RECIPE, LM + "batch_size = 100000000\n"),
+    ),
+    Case(
+        "recipe-batch-beyond-memory",
+        ZOO_TRAIN,
+        "training a: weights, gradients, optimizer states and the activations of batch_size 1000000",
+        setup=_file(RECIPE, LM + "batch_size = 1000000\n"),
+    ),
+    Case(
+        "recipe-hidden-32768-beyond-memory",
+        ZOO_TRAIN,
+        "GB is free on cpu: lower the recipe's batch_size or its model's sizes",
+        setup=_file(RECIPE, LM + "config = { hidden_size = 32768, ffn_size = 131072 }\n"),
+    ),
+    *(
+        Case(
+            f"recipe-name-{label}",
+            ["zoo", "train", name, "--recipes", RECIPE, "--out", "zoo-out"],
+            f"recipe name {name!r} must be a plain name",
+            setup=_file(RECIPE, LM.replace("[models.a]", f"[models.{json.dumps(name)}]")),
+        )
+        for label, name in (
+            ("parent", "../escape"),
+            ("absolute", "/tmp/loopeval-escape"),
+            ("nested", "a/b"),
+            ("dot", "."),
+            ("backslash", "a\\b"),
+        )
+    ),
 ]
 
 
 def _teacher(**changes: object) -> Callable[[Path], None]:
     """A teacher folder `teacher/` whose HF Ouro config.json is ouro-tiny's shape with `changes` (a non-dict: the whole file)."""
-    config = {"model_type": "ouro", "vocab_size": 99, "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "intermediate_size": 256, "num_hidden_layers": 2, "total_ut_steps": 4, "max_position_embeddings": 512}
+    config = {
+        "model_type": "ouro",
+        "vocab_size": 99,
+        "hidden_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "total_ut_steps": 4,
+        "max_position_embeddings": 512,
+    }
 
     def setup(root: Path) -> None:
         (root / "teacher").mkdir()
         whole = changes.get("whole")
-        (root / "teacher" / "config.json").write_text(str(whole) if whole is not None else json.dumps({**config, **changes}))
+        (root / "teacher" / "config.json").write_text(
+            str(whole) if whole is not None else json.dumps({**config, **changes})
+        )
 
     return setup
 
 
 CONVERT = ["zoo", "convert", "--teacher", "ouro:teacher", "--out", "melt-out", "--steps", "1"]
-CONVERT_TINY = ["zoo", "convert", "--teacher", "zoo:ouro-tiny", "--out", "melt-out", "--steps", "1", "--data", "data.jsonl"]
+CONVERT_TINY = [
+    "zoo",
+    "convert",
+    "--teacher",
+    "zoo:ouro-tiny",
+    "--out",
+    "melt-out",
+    "--steps",
+    "1",
+    "--data",
+    "data.jsonl",
+]
 TEACHERS_AND_DATA = [
     Case("teacher-config-a-list", CONVERT, "expected a JSON object, got a list", setup=_teacher(whole="[1, 2, 3]")),
-    Case("teacher-zero-heads", CONVERT, "num_attention_heads must be a positive integer, got 0", setup=_teacher(num_attention_heads=0)),
-    Case("teacher-width-a-string", CONVERT, "hidden_size must be a positive integer, got '128'", setup=_teacher(hidden_size="128")),
-    Case("teacher-context-1e12", CONVERT, "max_position (the context) must be at most 16777216 tokens, got 1000000000000",
-         setup=_teacher(max_position_embeddings=10**12)),
-    Case("teacher-loops-100000", CONVERT, "loops must be an integer from 1 (no looping) to 1024, got 100000", setup=_teacher(total_ut_steps=100_000)),
-    Case("teacher-exit-threshold-nan", CONVERT, "NaN is not a JSON number", setup=_teacher(whole='{"early_exit_threshold": NaN}')),
-    Case("teacher-rope-theta-word", CONVERT, "rope_theta must be a finite number > 0, got 'big'", setup=_teacher(rope_theta="big")),
-    Case("teacher-tie-as-text", CONVERT, "tie_word_embeddings must be true or false, got 'false'",
-         setup=_teacher(tie_word_embeddings="false")),
-    Case("teacher-eos-list-with-text", CONVERT, "eos_token_id must be a token id", setup=_teacher(eos_token_id=[2, "</s>"])),
-    Case("estimate-loops-100000", ["estimate", "ouro-1.4b", "--tokens", "8", "--loops", "100000"], "--loops must be an integer from 1 to 1024"),
-    Case("convert-batch-size-1e8", [*CONVERT_TINY[:-2], "--batch-size", "100000000"], "batch_size must be in [1, 1048576], got 100000000"),
-    Case("convert-batch-beyond-memory", [*CONVERT_TINY[:-2], "--batch-size", "1000000"],
-         "batch_size 1000000 x 41 positions need"),
+    Case(
+        "teacher-zero-heads",
+        CONVERT,
+        "num_attention_heads must be a positive integer, got 0",
+        setup=_teacher(num_attention_heads=0),
+    ),
+    Case(
+        "teacher-width-a-string",
+        CONVERT,
+        "hidden_size must be a positive integer, got '128'",
+        setup=_teacher(hidden_size="128"),
+    ),
+    Case(
+        "teacher-context-1e12",
+        CONVERT,
+        "max_position (the context) must be at most 16777216 tokens, got 1000000000000",
+        setup=_teacher(max_position_embeddings=10**12),
+    ),
+    Case(
+        "teacher-loops-100000",
+        CONVERT,
+        "loops must be an integer from 1 (no looping) to 1024, got 100000",
+        setup=_teacher(total_ut_steps=100_000),
+    ),
+    Case(
+        "teacher-exit-threshold-nan",
+        CONVERT,
+        "NaN is not a JSON number",
+        setup=_teacher(whole='{"early_exit_threshold": NaN}'),
+    ),
+    Case(
+        "teacher-rope-theta-word",
+        CONVERT,
+        "rope_theta must be a finite number > 0, got 'big'",
+        setup=_teacher(rope_theta="big"),
+    ),
+    Case(
+        "teacher-tie-as-text",
+        CONVERT,
+        "tie_word_embeddings must be true or false, got 'false'",
+        setup=_teacher(tie_word_embeddings="false"),
+    ),
+    Case(
+        "teacher-eos-list-with-text",
+        CONVERT,
+        "eos_token_id must be a token id",
+        setup=_teacher(eos_token_id=[2, "</s>"]),
+    ),
+    Case(
+        "estimate-loops-100000",
+        ["estimate", "ouro-1.4b", "--tokens", "8", "--loops", "100000"],
+        "--loops must be an integer from 1 to 1024",
+    ),
+    Case(
+        "convert-batch-size-1e8",
+        [*CONVERT_TINY[:-2], "--batch-size", "100000000"],
+        "batch_size must be in [1, 1048576], got 100000000",
+    ),
+    Case(
+        "convert-batch-beyond-memory",
+        [*CONVERT_TINY[:-2], "--batch-size", "1000000"],
+        "batch_size 1000000 x 41 positions need",
+    ),
     Case("convert-lr-zero", [*CONVERT_TINY[:-2], "--lr", "0"], "lr must be in (0, 1], got 0.0"),
-    Case("convert-data-not-utf8", CONVERT_TINY, "not UTF-8 text", setup=lambda root: (root / "data.jsonl").write_bytes(b'{"prompt": "\xff"}\n')),
-    Case("convert-data-not-strings", CONVERT_TINY, "line 1: expected a JSON object whose \"prompt\" and \"answer\" are non-empty strings",
-         setup=_file("data.jsonl", '{"prompt": 12, "answer": ["3"]}\n')),
+    Case(
+        "convert-data-not-utf8",
+        CONVERT_TINY,
+        "not UTF-8 text",
+        setup=lambda root: (root / "data.jsonl").write_bytes(b'{"prompt": "\xff"}\n'),
+    ),
+    Case(
+        "convert-data-not-strings",
+        CONVERT_TINY,
+        'line 1: expected a JSON object whose "prompt" and "answer" are non-empty strings',
+        setup=_file("data.jsonl", '{"prompt": 12, "answer": ["3"]}\n'),
+    ),
     Case("convert-data-dev-zero", [*CONVERT_TINY[:-1], "/dev/zero"], "--data file /dev/zero: a device, FIFO or socket"),
     Case("convert-data-fifo", CONVERT_TINY, "a device, FIFO or socket, not a regular file", setup=_fifo("data.jsonl")),
     Case("convert-data-empty", CONVERT_TINY, "holds no rows", setup=_file("data.jsonl", "\n")),
-    Case("probe-text-file-dev-zero", ["probe", "zoo:ouro-tiny", "--text-file", "/dev/zero", "--db", KEPT], "--text-file /dev/zero: a device"),
+    Case(
+        "probe-text-file-dev-zero",
+        ["probe", "zoo:ouro-tiny", "--text-file", "/dev/zero", "--db", KEPT],
+        "--text-file /dev/zero: a device",
+    ),
 ]
 
 
@@ -366,20 +815,48 @@ DAMAGES = {
 }
 DAMAGED = "damaged.sqlite"
 DAMAGED_DATABASES = [
-    Case(f"{command[0]}-{'-'.join(command[1:2])}-{damage}".replace("--", "-"), [*command, "--db", DAMAGED], fragment,
-         setup=_damaged(change))
+    Case(
+        f"{command[0]}-{'-'.join(command[1:2])}-{damage}".replace("--", "-"),
+        [*command, "--db", DAMAGED],
+        fragment,
+        setup=_damaged(change),
+    )
     for damage, (change, fragment) in DAMAGES.items()
-    for command in (["results"], ["dashboard"], ["run", *TINY, *FAST], ["run", "--resume", "1"],
-                    ["profile", "preset:qwen3-tiny", "--lengths", "8"], ["probe", "zoo:ouro-tiny", "--loops", "2", "--limit", "1"])
+    for command in (
+        ["results"],
+        ["dashboard"],
+        ["run", *TINY, *FAST],
+        ["run", "--resume", "1"],
+        ["profile", "preset:qwen3-tiny", "--lengths", "8"],
+        ["probe", "zoo:ouro-tiny", "--loops", "2", "--limit", "1"],
+    )
 ]
 SERVER_URLS = [
     Case(f"{command[0]}-postgres-{what}", [*command, "--db", url], "is not a database URL")
-    for what, url in (("port-not-a-number", "postgresql://me:secret@db.lab:five/loopeval"), ("ipv6-unclosed", "postgresql://me@[::1/loopeval"),
-                      ("port-out-of-range", "postgresql://me@db.lab:99999/loopeval"))
+    for what, url in (
+        ("port-not-a-number", "postgresql://me:secret@db.lab:five/loopeval"),
+        ("ipv6-unclosed", "postgresql://me@[::1/loopeval"),
+        ("port-out-of-range", "postgresql://me@db.lab:99999/loopeval"),
+    )
     for command in (["results"], ["dashboard"], ["run", *TINY, *FAST], ["run", "--resume", "1"])
 ]
-CASES = (RUN_OPTIONS + RUN_NAMES + RUN_DATA + RESUME + DATABASES + DASHBOARD + PROFILE_CASES + ESTIMATE + ADAPTER + ZOO_AND_LISTS
-         + SWEEP_FILES + RECIPES + TEACHERS_AND_DATA + DAMAGED_DATABASES + SERVER_URLS)
+CASES = (
+    RUN_OPTIONS
+    + RUN_NAMES
+    + RUN_DATA
+    + RESUME
+    + DATABASES
+    + DASHBOARD
+    + PROFILE_CASES
+    + ESTIMATE
+    + ADAPTER
+    + ZOO_AND_LISTS
+    + SWEEP_FILES
+    + RECIPES
+    + TEACHERS_AND_DATA
+    + DAMAGED_DATABASES
+    + SERVER_URLS
+)
 
 
 def _foreign_sqlite(path: Path, table: str) -> None:
@@ -395,13 +872,22 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The files every case starts with: loopeval databases (with runs, without runs, empty) and foreign files."""
     root = tmp_path_factory.mktemp("template")
     store = Store.open(str(root / KEPT))
-    spec = RunSpec.build(models=["preset:qwen3-tiny"], tasks=["lookup"], loops=[1], samples=1, max_new_tokens=1, limit=1)
-    finished = store.create_run(sweep_id="kept", model_spec="preset:qwen3-tiny", adapter="preset", suite="synthetic",
-                                spec=spec.to_dict())
+    spec = RunSpec.build(
+        models=["preset:qwen3-tiny"], tasks=["lookup"], loops=[1], samples=1, max_new_tokens=1, limit=1
+    )
+    finished = store.create_run(
+        sweep_id="kept", model_spec="preset:qwen3-tiny", adapter="preset", suite="synthetic", spec=spec.to_dict()
+    )
     store.add_samples(finished, [dict(task="lookup", doc_id="0", sample_index=0, prompt="p", output="o")])
     store.finish_run(finished, "finished")
-    profiled = store.create_run(sweep_id="profiled", kind="profile", model_spec="preset:qwen3-tiny", adapter="preset",
-                                suite="profile", spec={"lengths": [8]})
+    profiled = store.create_run(
+        sweep_id="profiled",
+        kind="profile",
+        model_spec="preset:qwen3-tiny",
+        adapter="preset",
+        suite="profile",
+        spec={"lengths": [8]},
+    )
     store.finish_run(profiled, "finished")
     store.close()
     Store.open(str(root / "blank.sqlite")).close()  # loopeval's schema, no runs
@@ -414,13 +900,20 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def snapshot(root: Path) -> dict[str, str]:
     """Every path under `root` -> sha256 of its bytes ("dir" for folders): what a refused command must keep."""
-    return {str(p.relative_to(root)): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "special"
-            for p in sorted(root.rglob("*"))}
+    return {
+        str(p.relative_to(root)): "dir"
+        if p.is_dir()
+        else hashlib.sha256(p.read_bytes()).hexdigest()
+        if p.is_file()
+        else "special"
+        for p in sorted(root.rglob("*"))
+    }
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_hostile_input(case: Case, template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                       capfd: pytest.CaptureFixture[str]) -> None:
+def test_hostile_input(
+    case: Case, template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
     root = tmp_path / "work"
     shutil.copytree(template, root)
     if case.setup is not None:
@@ -449,11 +942,25 @@ def test_enough_cases_across_every_command() -> None:
     """The issue asks for at least 60 hostile inputs, and every command must face some."""
     commands = {" ".join(c.argv[:2]) if c.argv[0] in ("zoo", "adapter") else c.argv[0] for c in CASES}
     assert len(CASES) >= 60
-    assert {"run", "results", "suites", "models", "estimate", "profile", "dashboard", "zoo list", "zoo train",
-            "zoo convert", "adapter new", "adapter check"} <= commands
+    assert {
+        "run",
+        "results",
+        "suites",
+        "models",
+        "estimate",
+        "profile",
+        "dashboard",
+        "zoo list",
+        "zoo train",
+        "zoo convert",
+        "adapter new",
+        "adapter check",
+    } <= commands
 
 
-def test_stored_names_that_look_like_console_markup_print_as_written(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+def test_stored_names_that_look_like_console_markup_print_as_written(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     """A database copied from elsewhere may name a model `[/b]`: rich would read it as a closing tag and fail
     the whole table with a MarkupError, or style it. `loopeval results` prints it as written."""
     path = tmp_path / "names.sqlite"
@@ -490,7 +997,8 @@ def _int_options() -> list[tuple[list[str], str]]:
 
 @pytest.mark.parametrize(("path", "option"), _int_options(), ids=lambda v: " ".join(v) if isinstance(v, list) else v)
 def test_every_integer_option_refuses_a_number_of_400_digits_in_one_line(
-        path: list[str], option: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    path: list[str], option: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
     """`estimate --batch 999...9` overflowed a float in its table; every integer option is bounded (at most a database's
     integer column, tighter where the command says), so the class is one line and exit 2 before any work."""
     monkeypatch.chdir(tmp_path)

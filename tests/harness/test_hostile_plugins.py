@@ -24,7 +24,7 @@ from harness.cli import main
 FAST = ["--tasks", "lookup", "--limit", "1", "--samples", "1", "--max-new-tokens", "2", "--loops", "1", "--no-report"]
 
 # `hostile:WHAT` is qwen3-tiny, except for the one value WHAT names, which it returns wrong, or the hook that raises.
-HOSTILE = '''
+HOSTILE = """
 import time
 
 import adapters
@@ -99,7 +99,7 @@ class Hostile:
 @register("hostile", "adapters that return values loopeval must not store")
 def load(what, **overrides):
     return Hostile(what, **overrides)
-'''
+"""
 
 
 @pytest.fixture
@@ -117,24 +117,28 @@ def _one_error(capfd: pytest.CaptureFixture[str]) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize(("what", "fragment"), [
-    ("negative-memory", "memory()['kv_bytes_used'] is -1000; byte counts must be whole numbers from 0 to 2**53"),
-    ("huge-memory", "memory()['kv_bytes_used'] is 1e+30; byte counts must be whole numbers from 0 to 2**53"),
-    ("just-over-memory", "memory()['kv_bytes_used'] is 9007199254740993;"),
-    ("memory-raises", "memory() raised RuntimeError: memory broke on a second line"),
-    ("describe-raises", "describe() raised RuntimeError: describe broke on a second line"),
-    ("context-raises", "max_context raised RuntimeError: context broke on a second line"),
-    ("load-raises", "its loader raised OSError: the weights server is down (a second line)"),
-    ("infinite-memory", "memory()['kv_bytes_used'] is inf"),
-    ("nan-memory", "memory()['kv_bytes_used'] is nan"),
-    ("string-memory", "memory()['kv_bytes_used'] is 'lots'"),
-    ("negative-context", "max_context must be an integer from 1 to 16777216 (tokens), got -512"),
-    ("float-context", "max_context must be an integer from 1 to 16777216 (tokens), got 512.5"),
-    ("huge-context", "max_context must be an integer from 1 to 16777216 (tokens), got 1000000000000"),
-    ("nan-describe", "describe() must return a dict of standard JSON values"),
-])
+@pytest.mark.parametrize(
+    ("what", "fragment"),
+    [
+        ("negative-memory", "memory()['kv_bytes_used'] is -1000; byte counts must be whole numbers from 0 to 2**53"),
+        ("huge-memory", "memory()['kv_bytes_used'] is 1e+30; byte counts must be whole numbers from 0 to 2**53"),
+        ("just-over-memory", "memory()['kv_bytes_used'] is 9007199254740993;"),
+        ("memory-raises", "memory() raised RuntimeError: memory broke on a second line"),
+        ("describe-raises", "describe() raised RuntimeError: describe broke on a second line"),
+        ("context-raises", "max_context raised RuntimeError: context broke on a second line"),
+        ("load-raises", "its loader raised OSError: the weights server is down (a second line)"),
+        ("infinite-memory", "memory()['kv_bytes_used'] is inf"),
+        ("nan-memory", "memory()['kv_bytes_used'] is nan"),
+        ("string-memory", "memory()['kv_bytes_used'] is 'lots'"),
+        ("negative-context", "max_context must be an integer from 1 to 16777216 (tokens), got -512"),
+        ("float-context", "max_context must be an integer from 1 to 16777216 (tokens), got 512.5"),
+        ("huge-context", "max_context must be an integer from 1 to 16777216 (tokens), got 1000000000000"),
+        ("nan-describe", "describe() must return a dict of standard JSON values"),
+    ],
+)
 def test_a_plugin_value_that_cannot_be_stored_is_refused_before_anything_is_written(
-        what: str, fragment: str, plugins: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    what: str, fragment: str, plugins: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     db = tmp_path / "results.sqlite"
     code = main(["run", "--adapters-dir", str(plugins), "--model", f"hostile:{what}", *FAST, "--db", str(db)])
     line = _one_error(capfd)
@@ -142,19 +146,23 @@ def test_a_plugin_value_that_cannot_be_stored_is_refused_before_anything_is_writ
     assert not db.exists(), "refused before the database was created"
 
 
-@pytest.mark.parametrize(("what", "fragment"), [
-    ("finish-reason", "finish_reason 'exploded' is not one of eos, stop, length"),
-    ("negative-tokens", "generated_tokens -3 is not a whole number from 0 to 16777216"),
-    ("huge-tokens", "prompt_tokens 1000000000000000000000000000000 is not a whole number from 0 to 16777216"),
-    ("negative-while-generating", "memory()['kv_bytes_used'] is -1"),
-    ("huge-while-generating", "memory()['weights_bytes'] is 1000000000000000000000000000000;"),
-    ("memory-raises-late", "memory() raised RuntimeError: memory broke on a second line"),
-    ("generate-raises", "generate() raised RuntimeError: generate broke on a second line"),
-    ("loops-raises", "its loops setter raised RuntimeError: loops broke on a second line"),
-    ("reset-raises", "reset_memory_peak() raised RuntimeError: reset broke on a second line"),
-])
+@pytest.mark.parametrize(
+    ("what", "fragment"),
+    [
+        ("finish-reason", "finish_reason 'exploded' is not one of eos, stop, length"),
+        ("negative-tokens", "generated_tokens -3 is not a whole number from 0 to 16777216"),
+        ("huge-tokens", "prompt_tokens 1000000000000000000000000000000 is not a whole number from 0 to 16777216"),
+        ("negative-while-generating", "memory()['kv_bytes_used'] is -1"),
+        ("huge-while-generating", "memory()['weights_bytes'] is 1000000000000000000000000000000;"),
+        ("memory-raises-late", "memory() raised RuntimeError: memory broke on a second line"),
+        ("generate-raises", "generate() raised RuntimeError: generate broke on a second line"),
+        ("loops-raises", "its loops setter raised RuntimeError: loops broke on a second line"),
+        ("reset-raises", "reset_memory_peak() raised RuntimeError: reset broke on a second line"),
+    ],
+)
 def test_a_plugin_value_that_turns_bad_while_generating_fails_the_run_and_is_never_stored(
-        what: str, fragment: str, plugins: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    what: str, fragment: str, plugins: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     db = tmp_path / "results.sqlite"
     assert main(["run", "--model", "preset:qwen3-tiny", *FAST, "--db", str(db)]) == 0  # a good run already stored
     code = main(["run", "--adapters-dir", str(plugins), "--model", f"hostile:{what}", *FAST, "--db", str(db)])
@@ -162,11 +170,17 @@ def test_a_plugin_value_that_turns_bad_while_generating_fails_the_run_and_is_nev
     assert code == 1 and fragment in err and "Traceback" not in err, err
     assert any(line.strip().startswith(f"run 2 hostile:{what}") and fragment in line for line in err.splitlines()), err
     with sqlite3.connect(db) as conn:
-        status, error = conn.execute("SELECT status, error FROM runs WHERE model_spec = ?", (f"hostile:{what}",)).fetchone()
+        status, error = conn.execute(
+            "SELECT status, error FROM runs WHERE model_spec = ?", (f"hostile:{what}",)
+        ).fetchone()
         assert status == "failed" and fragment in error and "\n" not in error
-        assert conn.execute("SELECT count(*) FROM samples WHERE finish_reason NOT IN ('eos', 'stop', 'length') "
-                            "OR generated_tokens < 0 OR prompt_tokens < 0").fetchone() == (0,)
-        assert conn.execute("SELECT count(*) FROM memory_peaks WHERE value < 0 OR typeof(value) NOT IN ('integer', 'null')").fetchone() == (0,)
+        assert conn.execute(
+            "SELECT count(*) FROM samples WHERE finish_reason NOT IN ('eos', 'stop', 'length') "
+            "OR generated_tokens < 0 OR prompt_tokens < 0"
+        ).fetchone() == (0,)
+        assert conn.execute(
+            "SELECT count(*) FROM memory_peaks WHERE value < 0 OR typeof(value) NOT IN ('integer', 'null')"
+        ).fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM memory_samples WHERE kv_bytes_used < 0").fetchone() == (0,)
     conn.close()
     # the store is not poisoned: every later read command works
@@ -177,28 +191,34 @@ def test_a_plugin_value_that_turns_bad_while_generating_fails_the_run_and_is_nev
 
 @pytest.mark.parametrize("body", ["import sys\nsys.exit(3)\n", "raise KeyboardInterrupt\n", "raise SystemExit\n"])
 def test_a_plugin_that_exits_or_is_interrupted_at_import_is_skipped_by_name(
-        body: str, tmp_path: Path, isolated_registry: None, capfd: pytest.CaptureFixture[str]) -> None:
+    body: str, tmp_path: Path, isolated_registry: None, capfd: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "plugins").mkdir()
     (tmp_path / "plugins" / "quitter.py").write_text(body)
     db = tmp_path / "results.sqlite"
-    code = main(["run", "--adapters-dir", str(tmp_path / "plugins"), "--model", "preset:qwen3-tiny", *FAST, "--db", str(db)])
+    code = main(
+        ["run", "--adapters-dir", str(tmp_path / "plugins"), "--model", "preset:qwen3-tiny", *FAST, "--db", str(db)]
+    )
     err = capfd.readouterr().err
     assert code == 0, err
     assert "loopeval: warning: adapter plugin 'quitter' from folder" in err and "skipped:" in err
     assert [f.name for f in registry.plugin_failures()][-1] == "quitter"
 
 
-def test_a_plugin_whose_names_fail_leaves_bare_names_working(tmp_path: Path, isolated_registry: None,
-                                                              capfd: pytest.CaptureFixture[str]) -> None:
+def test_a_plugin_whose_names_fail_leaves_bare_names_working(
+    tmp_path: Path, isolated_registry: None, capfd: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "plugins").mkdir()
-    (tmp_path / "plugins" / "namer.py").write_text(textwrap.dedent("""
+    (tmp_path / "plugins" / "namer.py").write_text(
+        textwrap.dedent("""
         from adapters.registry import register
 
         def names():
             raise RuntimeError("the catalogue server is down")
 
         register("namer", "lists its names from a server", names=names)(lambda arg, **kw: None)
-    """))
+    """)
+    )
     registry.load_plugins([tmp_path / "plugins"])
     assert adapters.resolve("qwen3-tiny-small") == "zoo:qwen3-tiny-small"
     assert adapters.resolve("ouro-1.4b") == "preset:ouro-1.4b"
@@ -207,12 +227,16 @@ def test_a_plugin_whose_names_fail_leaves_bare_names_working(tmp_path: Path, iso
 
 
 @pytest.mark.parametrize("source", ["builtin", "folder /elsewhere", None])
-def test_a_plugin_cannot_claim_a_builtin_prefix_by_any_source(source: str | None, tmp_path: Path, isolated_registry: None) -> None:
+def test_a_plugin_cannot_claim_a_builtin_prefix_by_any_source(
+    source: str | None, tmp_path: Path, isolated_registry: None
+) -> None:
     (tmp_path / "plugins").mkdir()
-    (tmp_path / "plugins" / "squatter.py").write_text(textwrap.dedent(f"""
+    (tmp_path / "plugins" / "squatter.py").write_text(
+        textwrap.dedent(f"""
         from adapters.registry import register
         register("zoo", "not the zoo", source={source!r})(lambda arg, **kw: None)
-    """))
+    """)
+    )
     failures = registry.load_plugins([tmp_path / "plugins"])
     assert failures[-1].name == "squatter" and "zoo" in failures[-1].error
     entry = {e.prefix: e for e in adapters.available()}["zoo"]
@@ -221,22 +245,30 @@ def test_a_plugin_cannot_claim_a_builtin_prefix_by_any_source(source: str | None
         registry.register("mine", "a module's own adapter", source="builtin")(lambda arg, **kw: None)
 
 
-@pytest.mark.parametrize(("what", "fragment"), [
-    ("describe-raises", "describe() raised RuntimeError: describe broke on a second line"),
-    ("generate-raises", "generate() raised RuntimeError: generate broke on a second line"),
-    ("memory-raises-late", "memory() raised RuntimeError: memory broke on a second line"),
-    ("huge-while-generating", "memory()['weights_bytes'] is 1000000000000000000000000000000;"),
-])
+@pytest.mark.parametrize(
+    ("what", "fragment"),
+    [
+        ("describe-raises", "describe() raised RuntimeError: describe broke on a second line"),
+        ("generate-raises", "generate() raised RuntimeError: generate broke on a second line"),
+        ("memory-raises-late", "memory() raised RuntimeError: memory broke on a second line"),
+        ("huge-while-generating", "memory()['weights_bytes'] is 1000000000000000000000000000000;"),
+    ],
+)
 def test_a_plugin_hook_that_fails_while_profiled_is_one_line_and_stores_no_point(
-        what: str, fragment: str, plugins: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    what: str, fragment: str, plugins: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     """`loopeval profile` calls the same hooks outside a run: the same one line, and no profile point is stored."""
     registry.load_plugins([plugins])  # profile has no --adapters-dir: the folder as LOOPEVAL_ADAPTERS would add it
     db = tmp_path / "results.sqlite"
     code = main(["profile", f"hostile:{what}", "--lengths", "8", "--decode-steps", "2", "--db", str(db)])
     err = capfd.readouterr().err
     assert code == 2 and "Traceback" not in err, err
-    errors = [line for line in err.strip().splitlines() if not line.startswith("threads: ")]  # the thread notice comes first
-    assert len(errors) == 1 and errors[0].startswith(f"loopeval: error: hostile:{what}: ") and fragment in errors[0], err
+    errors = [
+        line for line in err.strip().splitlines() if not line.startswith("threads: ")
+    ]  # the thread notice comes first
+    assert len(errors) == 1 and errors[0].startswith(f"loopeval: error: hostile:{what}: ") and fragment in errors[0], (
+        err
+    )
     if db.exists():
         with sqlite3.connect(db) as conn:
             assert conn.execute("SELECT count(*) FROM profile_points").fetchone() == (0,)

@@ -30,9 +30,26 @@ from tests.support.stored_runs import DOCS, MODEL, SAMPLING, TASKS
 from tests.support.sqlite import query
 
 POLICIES, DTYPES = ("per-loop", "shared-last"), ("auto", "int8")
-ARGV = ["run", "--model", "zoo:ouro-tiny", "--loops", "4", "--kv-policy", ",".join(POLICIES), "--kv-dtype", ",".join(DTYPES),
-        "--tasks", "chain3,c30k4", "--limit", "20", "--samples", "1", "--temperature", "0", "--no-report"]
-
+ARGV = [
+    "run",
+    "--model",
+    "zoo:ouro-tiny",
+    "--loops",
+    "4",
+    "--kv-policy",
+    ",".join(POLICIES),
+    "--kv-dtype",
+    ",".join(DTYPES),
+    "--tasks",
+    "chain3,c30k4",
+    "--limit",
+    "20",
+    "--samples",
+    "1",
+    "--temperature",
+    "0",
+    "--no-report",
+]
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +68,9 @@ def test_one_finished_run_per_policy_and_dtype_each_stored_with_them(swept: tupl
     assert runs == [("zoo:ouro-tiny", 4, p, d, "finished", None) for p in POLICIES for d in DTYPES]
 
 
-def test_results_json_gives_each_run_its_kv_policy_dtype_and_bytes_per_token(swept: tuple[Path, str],
-                                                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_results_json_gives_each_run_its_kv_policy_dtype_and_bytes_per_token(
+    swept: tuple[Path, str], capsys: pytest.CaptureFixture[str]
+) -> None:
     db, _ = swept
     assert main(["results", "--db", f"sqlite:///{db}", "--json"]) == 0
     runs = json.loads(capsys.readouterr().out)
@@ -63,11 +81,15 @@ def test_results_json_gives_each_run_its_kv_policy_dtype_and_bytes_per_token(swe
     for policy in POLICIES:  # one byte a value and a scale per token and head, against float32's four bytes
         assert per_token[policy, "int8"] <= 0.30 * per_token[policy, "auto"]
     for run in runs:  # the identity holds them, so a point shows them
-        assert {k: run["overrides"][k] for k in ("kv_policy", "kv_dtype")} == {"kv_policy": run["kv_policy"], "kv_dtype": run["kv_dtype"]}
+        assert {k: run["overrides"][k] for k in ("kv_policy", "kv_dtype")} == {
+            "kv_policy": run["kv_policy"],
+            "kv_dtype": run["kv_dtype"],
+        }
 
 
-def test_results_name_each_row_by_its_policy_and_dtype(swept: tuple[Path, str], capsys: pytest.CaptureFixture[str],
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_results_name_each_row_by_its_policy_and_dtype(
+    swept: tuple[Path, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     db, printed = swept
     monkeypatch.setenv("COLUMNS", "120")
     assert main(["results", "--db", f"sqlite:///{db}"]) == 0
@@ -78,26 +100,37 @@ def test_results_name_each_row_by_its_policy_and_dtype(swept: tuple[Path, str], 
             assert f"zoo:ouro-tiny r=4 {policy} {dtype}" in printed, "the log names each run by them too"
 
 
-def test_a_repeat_is_skipped_and_every_run_keeps_its_own_identity(swept: tuple[Path, str],
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_repeat_is_skipped_and_every_run_keeps_its_own_identity(
+    swept: tuple[Path, str], capsys: pytest.CaptureFixture[str]
+) -> None:
     db, _ = swept
     assert main([*ARGV, "--db", f"sqlite:///{db}"]) == 0
     assert "all 4 runs identical to finished runs 1-4" in capsys.readouterr().out
     assert len(query(db, "SELECT id FROM runs")) == 4
 
 
-@pytest.mark.parametrize(("args", "words"), [
-    (["--kv-policy", "shared-max"], "--kv-policy must be one of standard, gated, per-loop, shared-last, shared-mean, shared-ema, latest-m4"),
-    (["--kv-policy", "shared-ema:1.5"], "--kv-policy shared-ema:ALPHA needs ALPHA in (0, 1) (the newest loop's weight), got 'shared-ema:1.5'"),
-    (["--kv-policy", "shared-ema:0"], "needs ALPHA in (0, 1)"),
-    (["--kv-policy", "shared-ema:nan"], "needs ALPHA in (0, 1)"),
-    (["--kv-policy", "shared-last:0.5"], "--kv-policy must be one of"),
-    (["--kv-policy", ","], "--kv-policy must be comma-separated names"),
-    (["--kv-dtype", "int4"], "--kv-dtype must be one of auto, int8, fp8, got 'int4'"),
-    (["--kv-policy", "shared-last", "--model", "zoo:qwen3-tiny-small"], "none of the sweep's models loops"),
-])
-def test_a_bad_kv_axis_is_one_line_and_exit_2_before_any_write(args: list[str], words: str, tmp_path: Path,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (
+            ["--kv-policy", "shared-max"],
+            "--kv-policy must be one of standard, gated, per-loop, shared-last, shared-mean, shared-ema, latest-m4",
+        ),
+        (
+            ["--kv-policy", "shared-ema:1.5"],
+            "--kv-policy shared-ema:ALPHA needs ALPHA in (0, 1) (the newest loop's weight), got 'shared-ema:1.5'",
+        ),
+        (["--kv-policy", "shared-ema:0"], "needs ALPHA in (0, 1)"),
+        (["--kv-policy", "shared-ema:nan"], "needs ALPHA in (0, 1)"),
+        (["--kv-policy", "shared-last:0.5"], "--kv-policy must be one of"),
+        (["--kv-policy", ","], "--kv-policy must be comma-separated names"),
+        (["--kv-dtype", "int4"], "--kv-dtype must be one of auto, int8, fp8, got 'int4'"),
+        (["--kv-policy", "shared-last", "--model", "zoo:qwen3-tiny-small"], "none of the sweep's models loops"),
+    ],
+)
+def test_a_bad_kv_axis_is_one_line_and_exit_2_before_any_write(
+    args: list[str], words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     db = tmp_path / "r.sqlite"
     model = [] if "--model" in args else ["--model", "zoo:ouro-tiny"]
     assert main(["run", *model, *args, "--limit", "1", "--db", str(db)]) == 2
@@ -106,10 +139,29 @@ def test_a_bad_kv_axis_is_one_line_and_exit_2_before_any_write(args: list[str], 
     assert not db.exists(), "refused before the first write"
 
 
-def test_a_policy_the_family_cannot_take_is_refused_at_plan_time(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_policy_the_family_cannot_take_is_refused_at_plan_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """MELT's one gated row per layer has no per-loop entries to keep: its adapter's inspector says so, in one line."""
     db = tmp_path / "r.sqlite"
-    assert main(["run", "--model", "zoo:melt-tiny", "--loops", "4", "--kv-policy", "per-loop", "--limit", "1", "--db", str(db)]) == 2
+    assert (
+        main(
+            [
+                "run",
+                "--model",
+                "zoo:melt-tiny",
+                "--loops",
+                "4",
+                "--kv-policy",
+                "per-loop",
+                "--limit",
+                "1",
+                "--db",
+                str(db),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "per-loop" in err[0] and "melt" in err[0].lower(), err
     assert not db.exists()
@@ -119,15 +171,21 @@ def test_a_sweep_file_sweeps_the_same_axis_and_the_spec_keeps_it(tmp_path: Path)
     path = tmp_path / "sweep.toml"
     path.write_text('models = ["zoo:ouro-tiny"]\nkv_policy = ["per-loop", "shared-ema"]\nkv_dtype = "auto,int8"\n')
     from_file = build_request({}, str(path)).specs
-    from_flags = build_request(dict(models=["zoo:ouro-tiny"], kv_policies=["per-loop", "shared-ema:0.5"], kv_dtypes=["auto", "int8"])).specs
+    from_flags = build_request(
+        dict(models=["zoo:ouro-tiny"], kv_policies=["per-loop", "shared-ema:0.5"], kv_dtypes=["auto", "int8"])
+    ).specs
     assert from_file == from_flags
-    assert from_file[0].kv_policies == ("per-loop", "shared-ema:0.5"), "one policy, one canonical text: ALPHA's default named"
+    assert from_file[0].kv_policies == ("per-loop", "shared-ema:0.5"), (
+        "one policy, one canonical text: ALPHA's default named"
+    )
     assert from_file[0].kv_dtypes == ("auto", "int8")
     path.write_text('models = ["zoo:ouro-tiny"]\nkv_dtype = [8]\n')
     with pytest.raises(Exception, match="kv_dtype must be a non-empty list of strings"):
         build_request({}, str(path))
     path.write_text('models = [{spec = "zoo:ouro-tiny", overrides = {kv_dtype = "fp8"}}]\nkv_dtype = ["int8"]\n')
-    with pytest.raises(Exception, match="--kv-dtype sweeps kv_dtype, so the model's own kv_dtype override cannot be kept"):
+    with pytest.raises(
+        Exception, match="--kv-dtype sweeps kv_dtype, so the model's own kv_dtype override cannot be kept"
+    ):
         build_request({}, str(path))
 
 
@@ -142,8 +200,17 @@ def test_runs_off_the_axis_pass_no_kv_override() -> None:
 
 def test_the_axis_joins_a_runs_identity_and_configuration_only_where_set() -> None:
     """A run stored before the axis (no kv columns) and one off it (NULL) have one key: the stored keep theirs."""
-    before = {"model_spec": MODEL, "loops": 4, "seed": 0, "suite": "synthetic", "tasks": TASKS, "limit": DOCS,
-              "sampling": SAMPLING, "data_fingerprint": "f" * 64, "spec": {"model_overrides": {MODEL: {"dtype": "float32"}}}}
+    before = {
+        "model_spec": MODEL,
+        "loops": 4,
+        "seed": 0,
+        "suite": "synthetic",
+        "tasks": TASKS,
+        "limit": DOCS,
+        "sampling": SAMPLING,
+        "data_fingerprint": "f" * 64,
+        "spec": {"model_overrides": {MODEL: {"dtype": "float32"}}},
+    }
     off_axis = before | {"kv_policy": None, "kv_dtype": None}
     assert run_key(off_axis) == run_key(before) and configuration(off_axis) == {"dtype": "float32"}
     shared = before | {"kv_policy": "shared-last", "kv_dtype": None}
@@ -154,27 +221,61 @@ def test_the_axis_joins_a_runs_identity_and_configuration_only_where_set() -> No
 
 def test_a_point_is_named_by_its_policy_and_dtype_where_its_models_points_differ() -> None:
     configs = [{"kv_policy": p, "kv_dtype": d, "dtype": "float32"} for p in POLICIES for d in DTYPES]
-    points = pd.DataFrame({"model": [MODEL] * 4 + ["zoo:melt-tiny"],
-                           "config": [config_key(c) for c in configs] + [config_key({"kv_dtype": "int8"})]})
+    points = pd.DataFrame(
+        {
+            "model": [MODEL] * 4 + ["zoo:melt-tiny"],
+            "config": [config_key(c) for c in configs] + [config_key({"kv_dtype": "int8"})],
+        }
+    )
     assert config_labels(points) == ["per-loop auto", "per-loop int8", "shared-last auto", "shared-last int8", ""]
-    one_dtype = pd.DataFrame({"model": [MODEL] * 2, "config": [config_key({"kv_policy": p, "kv_dtype": "int8", "exit_loop": i})
-                                                              for i, p in enumerate(POLICIES)]})
-    assert config_labels(one_dtype) == ["per-loop exit_loop=0", "shared-last exit_loop=1"], "the policy first, the rest by name"
+    one_dtype = pd.DataFrame(
+        {
+            "model": [MODEL] * 2,
+            "config": [
+                config_key({"kv_policy": p, "kv_dtype": "int8", "exit_loop": i}) for i, p in enumerate(POLICIES)
+            ],
+        }
+    )
+    assert config_labels(one_dtype) == ["per-loop exit_loop=0", "shared-last exit_loop=1"], (
+        "the policy first, the rest by name"
+    )
 
 
-def test_a_profile_measures_one_policy_and_dtype_and_stores_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_profile_measures_one_policy_and_dtype_and_stores_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Under shared-last int8 the KV allocated is the adapter's bytes per token for every token held, and the profile
     run keeps its policy and dtype; a policy the family cannot take is refused before the database exists."""
     db = tmp_path / "p.sqlite"
-    assert main(["profile", "zoo:ouro-tiny", "--lengths", "16,32", "--decode-steps", "2", "--kv-policy", "shared-last",
-                 "--kv-dtype", "int8", "--json", "--db", str(db)]) == 0
+    assert (
+        main(
+            [
+                "profile",
+                "zoo:ouro-tiny",
+                "--lengths",
+                "16,32",
+                "--decode-steps",
+                "2",
+                "--kv-policy",
+                "shared-last",
+                "--kv-dtype",
+                "int8",
+                "--json",
+                "--db",
+                str(db),
+            ]
+        )
+        == 0
+    )
     result = json.loads(capsys.readouterr().out)
     per_token = result["description"]["kv_bytes_per_token"]
     assert (result["description"]["kv_policy"], result["description"]["kv_dtype"]) == ("shared-last", "int8")
     assert [p["kv_bytes_allocated"] for p in result["points"]] == [per_token * (n + 2) for n in (16, 32)]
     assert query(db, "SELECT kind, kv_policy, kv_dtype FROM runs") == [("profile", "shared-last", "int8")]
     refused = tmp_path / "refused.sqlite"
-    assert main(["profile", "zoo:melt-tiny", "--lengths", "16", "--kv-policy", "shared-last", "--db", str(refused)]) == 2
+    assert (
+        main(["profile", "zoo:melt-tiny", "--lengths", "16", "--kv-policy", "shared-last", "--db", str(refused)]) == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "shared-last" in err[0] and not refused.exists(), err
 
@@ -187,9 +288,22 @@ def test_the_memory_levers_figure_sets_each_lever_against_its_models_own_cache(s
     """MELT at int8 and MELT as it is join the sweep's set (same tasks, docs, sampling): the figure draws Ouro's four
     settings and MELT's two, MELT's own cache as the reference its int8 saves against; the report draws it."""
     db, _ = swept
-    common = ["--tasks", "chain3,c30k4", "--limit", "20", "--samples", "1", "--temperature", "0", "--db", f"sqlite:///{db}"]
+    common = [
+        "--tasks",
+        "chain3,c30k4",
+        "--limit",
+        "20",
+        "--samples",
+        "1",
+        "--temperature",
+        "0",
+        "--db",
+        f"sqlite:///{db}",
+    ]
     with contextlib.redirect_stdout(io.StringIO()):
-        assert main(["run", "--model", "zoo:melt-tiny", "--loops", "4", "--kv-dtype", "int8", *common, "--no-report"]) == 0
+        assert (
+            main(["run", "--model", "zoo:melt-tiny", "--loops", "4", "--kv-dtype", "int8", *common, "--no-report"]) == 0
+        )
         assert main(["run", "--model", "zoo:melt-tiny", "--loops", "4", *common]) == 0
     engine = open_existing(f"sqlite:///{db}")
     try:
@@ -206,14 +320,19 @@ def test_the_memory_levers_figure_sets_each_lever_against_its_models_own_cache(s
     (key,) = [k for k in _blobs(html) if k.startswith("levers|") and k.endswith("|all")]
     drawn = [t for t in _blobs(html)[key]["data"] if t.get("customdata")]
     shapes = {(c[0], c[2], c[3]): symbol for t in drawn for c, symbol in zip(t["customdata"], t["marker"]["symbol"])}
-    assert shapes == {("zoo:ouro-tiny", "per-loop", "auto"): "circle", ("zoo:ouro-tiny", "per-loop", "int8"): "circle-open",
-                      ("zoo:ouro-tiny", "shared-last", "auto"): "square", ("zoo:ouro-tiny", "shared-last", "int8"): "square-open",
-                      ("zoo:melt-tiny", "gated", "auto"): "star", ("zoo:melt-tiny", "gated", "int8"): "star-open"}
+    assert shapes == {
+        ("zoo:ouro-tiny", "per-loop", "auto"): "circle",
+        ("zoo:ouro-tiny", "per-loop", "int8"): "circle-open",
+        ("zoo:ouro-tiny", "shared-last", "auto"): "square",
+        ("zoo:ouro-tiny", "shared-last", "int8"): "square-open",
+        ("zoo:melt-tiny", "gated", "auto"): "star",
+        ("zoo:melt-tiny", "gated", "int8"): "star-open",
+    }
 
 
 def test_a_set_without_the_kv_axis_draws_a_note_not_a_figure(tmp_path: Path) -> None:
     """Every point on the exit axis (so none left to compare), or none with a KV setting: no lever, one note."""
-    from dashboards.figures import memory_levers
+    from dashboards.cost_figures import memory_levers
     from db.store import Store
     from tests.support.stored_runs import store_run
 
@@ -245,6 +364,10 @@ def test_the_pages_name_each_run_by_its_policy_and_dtype(swept: tuple[Path, str]
     finally:
         engine.dispose()
     assert [cells[run_id] for run_id in (1, 2, 3, 4)] == [f"{p} {d}" for p in POLICIES for d in DTYPES]
-    assert labels[:4] == [f"run {i}: zoo:ouro-tiny r=4 {p} {d} (synthetic)" for i, (p, d) in
-                          enumerate(((p, d) for p in POLICIES for d in DTYPES), start=1)]
-    assert all(cells[run_id] == "" for run_id in cells if run_id > 4 and "int8" not in labels[run_id - 1]), "blank off the axis"
+    assert labels[:4] == [
+        f"run {i}: zoo:ouro-tiny r=4 {p} {d} (synthetic)"
+        for i, (p, d) in enumerate(((p, d) for p in POLICIES for d in DTYPES), start=1)
+    ]
+    assert all(cells[run_id] == "" for run_id in cells if run_id > 4 and "int8" not in labels[run_id - 1]), (
+        "blank off the axis"
+    )

@@ -36,12 +36,17 @@ max_new_tokens = 16
 """
 
 
-
 def test_a_model_is_one_group_sized_by_its_decode_work() -> None:
     spec = RunSpec.build(models=["preset:ouro-tiny", "preset:qwen3-tiny"], loops=[1, 4], limit=3, samples=2)
     plan = SweepPlan(task_configs=["t1", "t2"], runs=[], params={"preset:ouro-tiny": 100, "preset:qwen3-tiny": 50})
-    stored = [PlannedRun(model, loops, "synthetic", ("t1", "t2"), {}, 0, id=run_id)
-              for run_id, model, loops in ((1, "preset:ouro-tiny", 1), (2, "preset:ouro-tiny", 4), (3, "preset:qwen3-tiny", None))]
+    stored = [
+        PlannedRun(model, loops, "synthetic", ("t1", "t2"), {}, 0, id=run_id)
+        for run_id, model, loops in (
+            (1, "preset:ouro-tiny", 1),
+            (2, "preset:ouro-tiny", 4),
+            (3, "preset:qwen3-tiny", None),
+        )
+    ]
     ouro, qwen = groups(spec, plan, stored)
     assert [r.id for r in ouro.runs] == [1, 2] and [r.id for r in qwen.runs] == [3]
     assert ouro.size == 3 * 2 * 2 * 100 * (1 + 4) and qwen.size == 3 * 2 * 2 * 50
@@ -55,11 +60,19 @@ def test_workers_fill_the_cores_at_the_runs_thread_count_and_a_gpu_takes_one() -
     assert default_workers(threads=1, cores=16, devices=["cpu", "cuda"]) == 1
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--workers", "0"], "--workers must be a whole number of worker processes from 1 to 256, got 0"),
-    (["--workers", "2", "--executor", "ray"], "--workers (workers in a sweep file) applies only to --executor local: Ray places each run itself"),
-])
-def test_bad_worker_counts_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--workers", "0"], "--workers must be a whole number of worker processes from 1 to 256, got 0"),
+        (
+            ["--workers", "2", "--executor", "ray"],
+            "--workers (workers in a sweep file) applies only to --executor local: Ray places each run itself",
+        ),
+    ],
+)
+def test_bad_worker_counts_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
     db = tmp_path / "r.sqlite"
     assert main(["run", "--model", "preset:qwen3-tiny", *args, "--db", str(db)]) == 2
     assert capsys.readouterr().err.strip() == f"loopeval: error: {message}" and not db.exists()
@@ -67,8 +80,20 @@ def test_bad_worker_counts_are_one_line(tmp_path: Path, capsys: pytest.CaptureFi
 
 @pytest.mark.slow
 def test_two_workers_store_exactly_what_one_process_stores(tmp_path: Path) -> None:
-    argv = ["run", "--model", "zoo:qwen3-tiny-small", "--model", "zoo:ouro-tiny", "--loops", "1,2", "--tasks", "chain2,c30k4",
-            "--limit", "6", "--no-report"]
+    argv = [
+        "run",
+        "--model",
+        "zoo:qwen3-tiny-small",
+        "--model",
+        "zoo:ouro-tiny",
+        "--loops",
+        "1,2",
+        "--tasks",
+        "chain2,c30k4",
+        "--limit",
+        "6",
+        "--no-report",
+    ]
     for workers in ("1", "2"):
         assert main([*argv, "--workers", workers, "--db", str(tmp_path / f"w{workers}.sqlite")]) == 0
     rows = "SELECT r.id, r.model_spec, r.loops, s.task, s.doc_id, s.sample_index, s.output, s.score FROM samples s JOIN runs r ON r.id = s.run_id ORDER BY 1, 4, 5, 6"
@@ -76,9 +101,13 @@ def test_two_workers_store_exactly_what_one_process_stores(tmp_path: Path) -> No
     one, two = tmp_path / "w1.sqlite", tmp_path / "w2.sqlite"
     assert query(one, rows) == query(two, rows) and len(query(two, rows)) == 3 * 2 * 6 * SUITE_SAMPLING["synthetic"].n
     assert query(one, peaks) == query(two, peaks)
-    pids = {model: {h for (h,) in query(two, f"SELECT json_extract(host, '$.pid') FROM runs WHERE model_spec = '{model}'")}
-            for model in ("zoo:qwen3-tiny-small", "zoo:ouro-tiny")}
-    assert all(len(p) == 1 for p in pids.values()) and pids["zoo:qwen3-tiny-small"] != pids["zoo:ouro-tiny"]  # a model per worker
+    pids = {
+        model: {h for (h,) in query(two, f"SELECT json_extract(host, '$.pid') FROM runs WHERE model_spec = '{model}'")}
+        for model in ("zoo:qwen3-tiny-small", "zoo:ouro-tiny")
+    }
+    assert (
+        all(len(p) == 1 for p in pids.values()) and pids["zoo:qwen3-tiny-small"] != pids["zoo:ouro-tiny"]
+    )  # a model per worker
     assert os.getpid() not in set.union(*pids.values())
 
 
@@ -86,9 +115,13 @@ def _start(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
     """The slow sweep on two workers, stopped once a few samples of each run are committed."""
     sweep, db = tmp_path / "sweep.toml", tmp_path / "r.sqlite"
     sweep.write_text(SLOW_SWEEP)
-    proc = subprocess.Popen([LOOPEVAL, "run", "--config", str(sweep), "--workers", "2", "--db", str(db), "--no-report"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as from a terminal, even under `pytest &`
+    proc = subprocess.Popen(
+        [LOOPEVAL, "run", "--config", str(sweep), "--workers", "2", "--db", str(db), "--no-report"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # as from a terminal, even under `pytest &`
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and proc.poll() is None:
         try:
@@ -104,14 +137,18 @@ def _stopped_cleanly(db: Path) -> None:
     """Every run finished or interrupted, none left held; at least one was caught under way (a tiny run may finish
     in the instant between the check that both are under way and the signal)."""
     statuses = [status for (status,) in query(db, "SELECT status FROM runs")]
-    assert set(statuses) <= {"interrupted", "finished"} and "interrupted" in statuses, query(db, "SELECT status, error FROM runs")
+    assert set(statuses) <= {"interrupted", "finished"} and "interrupted" in statuses, query(
+        db, "SELECT status, error FROM runs"
+    )
 
 
 def _resume_completes(db: Path) -> None:
     (run_id,) = query(db, "SELECT MIN(id) FROM runs WHERE status = 'interrupted'")[0]
     assert main(["run", "--resume", str(run_id), "--db", str(db), "--no-report"]) == 0
     assert query(db, "SELECT status, COUNT(*) FROM runs GROUP BY status") == [("finished", 2)]
-    assert query(db, "SELECT COUNT(*), COUNT(DISTINCT run_id || task || doc_id || sample_index) FROM samples") == [(400, 400)]
+    assert query(db, "SELECT COUNT(*), COUNT(DISTINCT run_id || task || doc_id || sample_index) FROM samples") == [
+        (400, 400)
+    ]
 
 
 def _workers_of(pid: int) -> list[int]:

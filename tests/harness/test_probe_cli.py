@@ -23,17 +23,38 @@ TEXTS = ["x=3; y=x+1; y?", "12+30=42"]
 def test_probe_stores_what_the_engine_measures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     texts, db = tmp_path / "texts.txt", tmp_path / "p.sqlite"
     texts.write_text("\n".join(TEXTS) + "\n\n")
-    assert main(["probe", "preset:coreloop-tiny", "--loops", "1-3", "--text-file", str(texts), "--positions", "8", "--db", str(db)]) == 0
+    assert (
+        main(
+            [
+                "probe",
+                "preset:coreloop-tiny",
+                "--loops",
+                "1-3",
+                "--text-file",
+                str(texts),
+                "--positions",
+                "8",
+                "--db",
+                str(db),
+            ]
+        )
+        == 0
+    )
     assert "loop probes, r = 3" in capsys.readouterr().out
 
     conn = sqlite3.connect(db)
     ((run_id, kind, loops, suite),) = conn.execute("SELECT id, kind, loops, suite FROM runs").fetchall()
     assert (kind, loops, suite) == ("probe", 3, "text:texts.txt")
-    stored = {(l, m, k): v for l, m, k, v in conn.execute("SELECT loop, metric, lag, value FROM probe_values WHERE run_id = ?", (run_id,))}
+    stored = {
+        (l, m, k): v
+        for l, m, k, v in conn.execute("SELECT loop, metric, lag, value FROM probe_values WHERE run_id = ?", (run_id,))
+    }
     adapter = load_preset("coreloop-tiny", dtype="fp32", device="cpu")  # the same seeded weights
     adapter.loops = 3
-    (row,) = conn.execute("SELECT sweep_id, model_spec, adapter, model_config, tasks, sampling, seed, \"limit\", data_fingerprint,"
-                          " spec, versions, host, status FROM runs").fetchall()
+    (row,) = conn.execute(
+        'SELECT sweep_id, model_spec, adapter, model_config, tasks, sampling, seed, "limit", data_fingerprint,'
+        " spec, versions, host, status FROM runs"
+    ).fetchall()
     assert len(row[0]) == 12 and row[1:3] == ("preset:coreloop-tiny", "preset")
     assert json.loads(row[3]) == json.loads(json.dumps(adapter.describe()))
     assert (json.loads(row[4]), json.loads(row[5]), row[6], row[7], row[8]) == ([], {}, 0, None, None)
@@ -57,7 +78,9 @@ def test_probe_stores_what_the_engine_measures(tmp_path: Path, capsys: pytest.Ca
         (["--loops", "1-65"], "probe runs at most r = 64"),
     ],
 )
-def test_probe_refusals_are_one_line_and_write_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
+def test_probe_refusals_are_one_line_and_write_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
     db = tmp_path / "p.sqlite"
     assert main(["probe", "preset:coreloop-tiny", *args, "--db", str(db)]) == 2
     err = capsys.readouterr().err

@@ -68,15 +68,27 @@ def test_a_job_shows_the_present_and_each_finished_run_leaves_one_line(tmp_path:
         etas.append(view.tasks[0].fields["remaining"])  # as the run ends: the ETA from the runs before it
         frames.append(_frame(view))
 
-    specs = [RunSpec.build(models=["zoo:ouro-tiny"], loops=[1, 2], tasks=["chain2", "c30k2"], limit=1, samples=1, seed=seed,
-                           db_url=str(tmp_path / "r.sqlite")) for seed in (0, 1)]
+    specs = [
+        RunSpec.build(
+            models=["zoo:ouro-tiny"],
+            loops=[1, 2],
+            tasks=["chain2", "c30k2"],
+            limit=1,
+            samples=1,
+            seed=seed,
+            db_url=str(tmp_path / "r.sqlite"),
+        )
+        for seed in (0, 1)
+    ]
     plans = [prepare_sweep(spec) for spec in specs]
     store = Store.open(str(tmp_path / "r.sqlite"))
     sweep_id = new_sweep_id()
     with view:
         view.start_job(4, 2)
         for spec, plan in zip(specs, plans):
-            assert [o.status for o in run_sweep(spec, plan, store, progress=view, log=log, sweep_id=sweep_id)] == ["finished"] * 2
+            assert [o.status for o in run_sweep(spec, plan, store, progress=view, log=log, sweep_id=sweep_id)] == [
+                "finished"
+            ] * 2
     store.close()
 
     finished = [line for line in lines if re.match(r"run \d+ zoo:ouro-tiny r=[12]: finished in [\d.]+ s \(", line)]
@@ -85,7 +97,9 @@ def test_a_job_shows_the_present_and_each_finished_run_leaves_one_line(tmp_path:
     generating = [view for view in view.views if any(d.endswith("generating") for d in view)]
     assert generating, "the bridge drew the current run's bar in the view"
     for shown in view.views:
-        assert len(shown) <= 3, shown  # the job, the sweep with its current run, that run's bar: never a pile of old bars
+        assert len(shown) <= 3, (
+            shown
+        )  # the job, the sweep with its current run, that run's bar: never a pile of old bars
         assert shown[0] == "job: 2 sweeps"
     assert any(d == "sweep 2/2: run 4 zoo:ouro-tiny r=2" for shown in view.views for d in shown)
     job = view.tasks[0]
@@ -94,16 +108,36 @@ def test_a_job_shows_the_present_and_each_finished_run_leaves_one_line(tmp_path:
     assert etas[0] == "ETA after 1 run" and all(re.fullmatch(r"ETA \d:\d\d:\d\d", eta) for eta in etas[1:])
     for frame in frames:  # as drawn on 80 columns: one line per bar, nothing wrapped
         assert len(frame) <= 3 and frame[0].startswith("job: 2 sweeps")
-    assert frames[-1][1].startswith("sweep 2/2: run 4 zoo:ouro-tiny r=2") and "zoo:ouro-tiny: generating" in frames[-1][2]
+    assert (
+        frames[-1][1].startswith("sweep 2/2: run 4 zoo:ouro-tiny r=2") and "zoo:ouro-tiny: generating" in frames[-1][2]
+    )
     assert re.search(r"4/4 +0:00:\d\d done$", _frame(view)[0])
 
 
-def test_probe_shows_each_loop_as_it_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_probe_shows_each_loop_as_it_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """zoo:ouro-tiny at r = 3 on 2 texts: per text one pass of 3 loops, then one pass per skipped loop (loops 1 and 2)
     that runs the other 2: 2 x (3 + 2 x 2) = 14 loops, each counted as it runs."""
     monkeypatch.setenv("COLUMNS", "120")
-    assert main(["probe", "zoo:ouro-tiny", "--loops", "3", "--tasks", "chain2", "--limit", "2", "--positions", "8",
-                 "--no-store"]) == 0
+    assert (
+        main(
+            [
+                "probe",
+                "zoo:ouro-tiny",
+                "--loops",
+                "3",
+                "--tasks",
+                "chain2",
+                "--limit",
+                "2",
+                "--positions",
+                "8",
+                "--no-store",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert re.search(r"probe zoo:ouro-tiny r=3, 2 texts: loops run\s.*\s14/14\s", out), out
 
@@ -111,28 +145,56 @@ def test_probe_shows_each_loop_as_it_runs(tmp_path: Path, capsys: pytest.Capture
 def test_runs_side_by_side_count_on_the_job_line_with_a_bar_each_while_they_run() -> None:
     """Worker processes and Ray tasks run several runs at once; the view draws them from the store (`RunBars`)."""
     view = JobProgress(console=Console(file=io.StringIO(), width=80, color_system=None))
-    bars = RunBars(view, [PlannedRun("zoo:ouro-tiny", 2, "synthetic", (), {}, 0, id=run_id) for run_id in (1, 2, 3)], sweeps=2)
+    bars = RunBars(
+        view, [PlannedRun("zoo:ouro-tiny", 2, "synthetic", (), {}, 0, id=run_id) for run_id in (1, 2, 3)], sweeps=2
+    )
     bars.update({1: ("running", 3), 2: ("running", 0), 3: ("queued", 0)})
-    assert [t.description for t in view.tasks] == ["job: 2 sweeps", "run 1 zoo:ouro-tiny r=2: running",
-                                                   "run 2 zoo:ouro-tiny r=2: running"]
+    assert [t.description for t in view.tasks] == [
+        "job: 2 sweeps",
+        "run 1 zoo:ouro-tiny r=2: running",
+        "run 2 zoo:ouro-tiny r=2: running",
+    ]
     bars.update({1: ("finished", 8), 2: ("running", 5), 3: ("running", 1)})
     bars.update({1: ("finished", 8), 2: ("running", 6), 3: ("running", 2)})  # an ended run is counted once
     job = view.tasks[0]
-    assert [t.description for t in view.tasks[1:]] == ["run 2 zoo:ouro-tiny r=2: running", "run 3 zoo:ouro-tiny r=2: running"]
+    assert [t.description for t in view.tasks[1:]] == [
+        "run 2 zoo:ouro-tiny r=2: running",
+        "run 3 zoo:ouro-tiny r=2: running",
+    ]
     assert (job.completed, job.total) == (1, 3) and re.fullmatch(r"ETA \d:\d\d:\d\d", job.fields["remaining"])
     bars.update({1: ("finished", 8), 2: ("interrupted", 6), 3: ("finished", 8)})
     assert [t.description for t in view.tasks] == ["job: 2 sweeps"]
     assert (view.tasks[0].completed, view.tasks[0].fields["remaining"]) == (3, "done")
 
 
-def test_per_run_lines_stay_whole_when_output_is_not_a_terminal(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_per_run_lines_stay_whole_when_output_is_not_a_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Output to a file or a pipe (no terminal, no $COLUMNS): the threads line and each run's line are one line each,
     however long, where rich would have broken them at its default 80 columns."""
     monkeypatch.delenv("COLUMNS", raising=False)
     db = f"sqlite:///{tmp_path / 'runs.sqlite'}"
-    assert main(["run", "--model", "zoo:ouro-tiny", "--loops", "1,2", "--tasks", "chain2", "--limit", "1", "--samples", "1",
-                 "--no-report", "--db", db]) == 0  # the threads line says why it chose its count: over 80 columns
+    assert (
+        main(
+            [
+                "run",
+                "--model",
+                "zoo:ouro-tiny",
+                "--loops",
+                "1,2",
+                "--tasks",
+                "chain2",
+                "--limit",
+                "1",
+                "--samples",
+                "1",
+                "--no-report",
+                "--db",
+                db,
+            ]
+        )
+        == 0
+    )  # the threads line says why it chose its count: over 80 columns
     lines = capsys.readouterr().out.splitlines()
     threads = [line for line in lines if line.startswith("threads: ")]
     runs = [line for line in lines if re.match(r"run \d+ zoo:ouro-tiny r=\d: finished in ", line)]

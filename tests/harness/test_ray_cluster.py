@@ -43,10 +43,19 @@ max_new_tokens = 4
 def readme_ray_commands() -> dict[str, str]:
     """The README's Ray block, command by command (comments dropped), keyed by what each does."""
     readme = (REPO / "README.md").read_text()
-    block = readme[readme.index("**Ray.**"):readme.index("Other ways to name the cluster")]
-    lines = [line.strip().split("   #")[0].split("  #")[0].strip() for line in block.splitlines() if line.startswith("    ")]
-    keys = {"export RAY_AUTH_MODE": "auth", "ray get-auth-token": "token", "ray start --head": "head",
-            "ray start --address": "node", "export LOOPEVAL_DB": "db", "loopeval run": "run", "ray stop": "stop"}
+    block = readme[readme.index("**Ray.**") : readme.index("Other ways to name the cluster")]
+    lines = [
+        line.strip().split("   #")[0].split("  #")[0].strip() for line in block.splitlines() if line.startswith("    ")
+    ]
+    keys = {
+        "export RAY_AUTH_MODE": "auth",
+        "ray get-auth-token": "token",
+        "ray start --head": "head",
+        "ray start --address": "node",
+        "export LOOPEVAL_DB": "db",
+        "loopeval run": "run",
+        "ray stop": "stop",
+    }
     commands = {key: line for line in lines for start, key in keys.items() if line.startswith(start)}
     assert set(commands) == set(keys.values()), f"the README's Ray block lost a step: {lines}"
     return commands
@@ -93,7 +102,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dic
     tmp = tmp_path_factory.mktemp("cluster")
     home = tmp / "home"
     home.mkdir()
-    env = {**os.environ, "HOME": str(home), "RAY_USAGE_STATS_ENABLED": "0", "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    env = {
+        **os.environ,
+        "HOME": str(home),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+    }
     for name in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "LOOPEVAL_DB"):
         env.pop(name, None)
     name, _, value = commands["auth"].removeprefix("export ").partition("=")
@@ -113,12 +127,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dic
         _stop(nodes)
 
 
-def _wait_for_nodes(nodes: list[subprocess.Popen[bytes]], address: str, env: dict[str, str], tmp: Path, timeout: float = 180) -> None:
+def _wait_for_nodes(
+    nodes: list[subprocess.Popen[bytes]], address: str, env: dict[str, str], tmp: Path, timeout: float = 180
+) -> None:
     """Wait until every node of `nodes` is alive (`ray status` through the token), or fail with the nodes' logs."""
     count = len(nodes)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and all(node.poll() is None for node in nodes):
-        status = subprocess.run([str(BIN / "ray"), "status", "--address", address], env=env, capture_output=True, text=True)
+        status = subprocess.run(
+            [str(BIN / "ray"), "status", "--address", address], env=env, capture_output=True, text=True
+        )
         if status.returncode == 0 and len(re.findall(r"^\s*1 node_", status.stdout, re.M)) >= count:
             return
         time.sleep(2)
@@ -135,8 +153,9 @@ def test_the_readme_scale_out_runs_a_sweep_on_two_nodes_into_postgres(
     url = postgres_server.database("ray_cluster_sweep")
     (tmp / "sweep.toml").write_text(SWEEP)
     argv = [str(BIN / "loopeval"), *[address if arg == HEAD else arg for arg in shlex.split(commands["run"])[1:]]]
-    done = subprocess.run(argv + ["--no-report"], env={**env, "LOOPEVAL_DB": url}, cwd=tmp, capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run(
+        argv + ["--no-report"], env={**env, "LOOPEVAL_DB": url}, cwd=tmp, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 runs queued on Ray" in done.stdout and "InvalidAuthToken" not in done.stderr
 
@@ -166,26 +185,80 @@ def test_a_machine_the_cluster_refuses_is_told_why_in_one_line(
     else:
         env["RAY_AUTH_MODE"] = "disabled"
     began = time.monotonic()
-    done = subprocess.run([str(BIN / "loopeval"), "run", "--executor", "ray", "--ray-address", address, "--model", "zoo:ouro-tiny",
-                           "--loops", "1", "--limit", "1", "--db", str(tmp_path / "r.sqlite")],
-                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            str(BIN / "loopeval"),
+            "run",
+            "--executor",
+            "ray",
+            "--ray-address",
+            address,
+            "--model",
+            "zoo:ouro-tiny",
+            "--loops",
+            "1",
+            "--limit",
+            "1",
+            "--db",
+            str(tmp_path / "r.sqlite"),
+        ],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2
-    assert done.stderr.count("\n") == 1 and done.stderr.startswith(f"loopeval: error: cannot connect to Ray at {address}: ")
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith(
+        f"loopeval: error: cannot connect to Ray at {address}: "
+    )
     assert "RAY_AUTH_MODE=token" in done.stderr and "RAY_AUTH_TOKEN" in done.stderr
-    why = {"no token": "this machine has no Ray token", "wrong token": "it refused the token in RAY_AUTH_TOKEN",
-           "auth disabled": "RAY_AUTH_MODE is 'disabled' here"}[setting]
+    why = {
+        "no token": "this machine has no Ray token",
+        "wrong token": "it refused the token in RAY_AUTH_TOKEN",
+        "auth disabled": "RAY_AUTH_MODE is 'disabled' here",
+    }[setting]
     assert why in done.stderr
     assert time.monotonic() - began < 60, "refused at once, not after Ray's 20 s of retries"
     assert not (tmp_path / "r.sqlite").exists(), "nothing is written before Ray accepts the machine"
 
 
 @pytest.mark.slow
-def test_a_submitter_with_the_token_at_hand_needs_no_auth_mode(cluster: tuple[str, dict[str, str], Path], tmp_path: Path) -> None:
+def test_a_submitter_with_the_token_at_hand_needs_no_auth_mode(
+    cluster: tuple[str, dict[str, str], Path], tmp_path: Path
+) -> None:
     """RAY_AUTH_MODE unset in the submitting shell: loopeval finds the token (~/.ray/auth_token) and uses it."""
     address, env, _ = cluster
     env = {name: value for name, value in env.items() if name != "RAY_AUTH_MODE"}
-    done = subprocess.run([str(BIN / "loopeval"), "run", "--executor", "ray", "--ray-address", address, "--model", "zoo:ouro-tiny",
-                           "--loops", "1", "--tasks", "chain2", "--limit", "1", "--samples", "1", "--max-new-tokens", "2",
-                           "--db", str(tmp_path / "r.sqlite"), "--no-report"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            str(BIN / "loopeval"),
+            "run",
+            "--executor",
+            "ray",
+            "--ray-address",
+            address,
+            "--model",
+            "zoo:ouro-tiny",
+            "--loops",
+            "1",
+            "--tasks",
+            "chain2",
+            "--limit",
+            "1",
+            "--samples",
+            "1",
+            "--max-new-tokens",
+            "2",
+            "--db",
+            str(tmp_path / "r.sqlite"),
+            "--no-report",
+        ],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 runs queued on Ray" in done.stdout and "InvalidAuthToken" not in done.stderr

@@ -45,9 +45,11 @@ def samples(url: str) -> dict[tuple, str]:
     """(model, loops, task, doc_id, sample_index) -> output, for every stored sample."""
     engine = create_engine(url)
     with engine.connect() as conn:
-        rows = conn.execute(text(
-            "SELECT r.model_spec, r.loops, s.task, s.doc_id, s.sample_index, s.output FROM samples s JOIN runs r ON r.id = s.run_id"
-        )).all()
+        rows = conn.execute(
+            text(
+                "SELECT r.model_spec, r.loops, s.task, s.doc_id, s.sample_index, s.output FROM samples s JOIN runs r ON r.id = s.run_id"
+            )
+        ).all()
     engine.dispose()
     stored = {tuple(row[:5]): row[5] for row in rows}
     assert len(stored) == len(rows), "a sample is stored twice"
@@ -61,10 +63,17 @@ def kill_a_worker_mid_run(url: str, proc: subprocess.Popen[str], timeout: float 
     try:
         while time.monotonic() < deadline and proc.poll() is None:
             with engine.connect() as conn:
-                rows = conn.execute(text(
-                    "SELECT r.id, r.host FROM runs r WHERE r.status = 'running' "
-                    "AND (SELECT COUNT(*) FROM samples s WHERE s.run_id = r.id) BETWEEN 3 AND :most"
-                ), {"most": PER_RUN - 8}).all() if inspect(conn).has_table("runs") else []  # the CLI creates the schema
+                rows = (
+                    conn.execute(
+                        text(
+                            "SELECT r.id, r.host FROM runs r WHERE r.status = 'running' "
+                            "AND (SELECT COUNT(*) FROM samples s WHERE s.run_id = r.id) BETWEEN 3 AND :most"
+                        ),
+                        {"most": PER_RUN - 8},
+                    ).all()
+                    if inspect(conn).has_table("runs")
+                    else []
+                )  # the CLI creates the schema
             for run_id, host in rows:
                 if "pid" in (host or {}):
                     os.kill(host["pid"], signal.SIGKILL)
@@ -82,22 +91,44 @@ def test_a_killed_worker_is_resumed_and_the_sweep_matches_the_local_executor(
     sweep = tmp_path / "sweep.toml"
     sweep.write_text(SWEEP)
     on_ray, here = postgres_server.database("ray_sweep"), postgres_server.database("local_sweep")
-    proc = subprocess.Popen([LOOPEVAL, "run", "--config", str(sweep), "--executor", "ray", "--ray-address", ray_address,
-                             "--db", on_ray, "--no-report"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            LOOPEVAL,
+            "run",
+            "--config",
+            str(sweep),
+            "--executor",
+            "ray",
+            "--ray-address",
+            ray_address,
+            "--db",
+            on_ray,
+            "--no-report",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     killed_run, killed_pid = kill_a_worker_mid_run(on_ray, proc)
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, out + err
-    assert "4 runs queued on Ray" in out and "job: 1 sweep" in out and "4/4" in out  # the sweep's progress, in this terminal
+    assert (
+        "4 runs queued on Ray" in out and "job: 1 sweep" in out and "4/4" in out
+    )  # the sweep's progress, in this terminal
 
     engine = create_engine(on_ray)
     with engine.connect() as conn:
         runs = conn.execute(text("SELECT id, model_spec, loops, status, host FROM runs ORDER BY id")).all()
     engine.dispose()
     assert [(r.model_spec, r.loops, r.status) for r in runs] == [
-        ("preset:ouro-tiny", 1, "finished"), ("preset:ouro-tiny", 2, "finished"),
-        ("preset:melt-tiny", 1, "finished"), ("preset:melt-tiny", 2, "finished"),
+        ("preset:ouro-tiny", 1, "finished"),
+        ("preset:ouro-tiny", 2, "finished"),
+        ("preset:melt-tiny", 1, "finished"),
+        ("preset:melt-tiny", 2, "finished"),
     ]
-    assert all(r.host["threads"] == {"count": 1, "reason": "the 1 CPU Ray gave this task"} for r in runs)  # tiny models: one CPU each
+    assert all(
+        r.host["threads"] == {"count": 1, "reason": "the 1 CPU Ray gave this task"} for r in runs
+    )  # tiny models: one CPU each
     retried = next(r for r in runs if r.id == killed_run)
     assert retried.host["pid"] != killed_pid, "Ray's retry ran the killed run again, in another worker"
     stored = samples(on_ray)
@@ -105,8 +136,12 @@ def test_a_killed_worker_is_resumed_and_the_sweep_matches_the_local_executor(
 
     # The same sweep file on the local executor, which also computes with one thread (the thread policy's
     # choice for tiny models; CPU float sums may round differently with another thread count).
-    local = subprocess.run([LOOPEVAL, "run", "--config", str(sweep), "--db", here, "--no-report"],
-                           capture_output=True, text=True, timeout=600)
+    local = subprocess.run(
+        [LOOPEVAL, "run", "--config", str(sweep), "--db", here, "--no-report"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert "threads: 1 thread" in local.stdout
     assert local.returncode == 0, local.stdout + local.stderr
     assert samples(here) == stored
@@ -116,8 +151,13 @@ def test_a_killed_worker_is_resumed_and_the_sweep_matches_the_local_executor(
 def test_an_interrupted_run_resumes_on_ray(tmp_path: Path, ray_address: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # `--db r.sqlite` is relative to here; Ray's workers run elsewhere
     argv = [LOOPEVAL, "run", "--config", str(one_at_a_time(tmp_path)), "--db", "r.sqlite", "--no-report"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     committed, deadline = 0, time.monotonic() + 120
     while committed < 3 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.1)
@@ -127,20 +167,30 @@ def test_an_interrupted_run_resumes_on_ray(tmp_path: Path, ray_address: str, mon
             pass
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 130
-    (run_id, status), = sqlite3.connect("r.sqlite").execute("SELECT id, status FROM runs").fetchall()
+    ((run_id, status),) = sqlite3.connect("r.sqlite").execute("SELECT id, status FROM runs").fetchall()
     assert status == "interrupted"
 
-    assert main(["run", "--resume", str(run_id), "--executor", "ray", "--db", "r.sqlite", "--no-report"]) == 0  # this process's Ray
+    assert (
+        main(["run", "--resume", str(run_id), "--executor", "ray", "--db", "r.sqlite", "--no-report"]) == 0
+    )  # this process's Ray
     conn = sqlite3.connect("r.sqlite")
     assert conn.execute("SELECT status FROM runs").fetchall() == [("finished",)]
-    assert conn.execute("SELECT COUNT(*), COUNT(DISTINCT task || doc_id || sample_index) FROM samples").fetchone() == (SAMPLES, SAMPLES)
+    assert conn.execute("SELECT COUNT(*), COUNT(DISTINCT task || doc_id || sample_index) FROM samples").fetchone() == (
+        SAMPLES,
+        SAMPLES,
+    )
     conn.close()
 
 
 def test_a_run_asks_ray_for_its_gpus_and_a_tensor_parallel_model_for_all_of_them() -> None:
-    spec = RunSpec.build(models=["preset:qwen3-tiny", "vllm:/models/qwen3"], model_overrides={"vllm:/models/qwen3": {"tensor_parallel_size": 4}})
+    spec = RunSpec.build(
+        models=["preset:qwen3-tiny", "vllm:/models/qwen3"],
+        model_overrides={"vllm:/models/qwen3": {"tensor_parallel_size": 4}},
+    )
     assert resources(spec, "preset:qwen3-tiny", 0.0) == {"num_cpus": 1}
-    assert resources(spec, "preset:qwen3-tiny", 0.0, cpus=2) == {"num_cpus": 2}  # a CPU run asks for the CPUs it computes with
+    assert resources(spec, "preset:qwen3-tiny", 0.0, cpus=2) == {
+        "num_cpus": 2
+    }  # a CPU run asks for the CPUs it computes with
     assert resources(spec, "preset:qwen3-tiny", 0.5, cpus=2) == {"num_cpus": 1, "num_gpus": 0.5}
     assert resources(spec, "preset:qwen3-tiny", 0.5) == {"num_cpus": 1, "num_gpus": 0.5}
     assert resources(spec, "vllm:/models/qwen3", 1.0) == {"num_cpus": 1, "num_gpus": 4.0}
@@ -157,8 +207,28 @@ def test_a_run_that_fails_in_its_worker_is_stored_as_failed_and_the_others_finis
 
     model = save_tiny_qwen3(tmp_path / "tiny-qwen3")
     db = tmp_path / "r.sqlite"
-    rc = main(["run", "--executor", "ray", "--model", f"vllm:{model}", "--model", "preset:qwen3-tiny", "--tasks", "lookup",
-               "--limit", "2", "--samples", "1", "--max-new-tokens", "2", "--db", str(db), "--no-report"])
+    rc = main(
+        [
+            "run",
+            "--executor",
+            "ray",
+            "--model",
+            f"vllm:{model}",
+            "--model",
+            "preset:qwen3-tiny",
+            "--tasks",
+            "lookup",
+            "--limit",
+            "2",
+            "--samples",
+            "1",
+            "--max-new-tokens",
+            "2",
+            "--db",
+            str(db),
+            "--no-report",
+        ]
+    )
     captured = capsys.readouterr()
     assert rc == 1 and "did not finish" in captured.err
     conn = sqlite3.connect(db)

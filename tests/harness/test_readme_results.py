@@ -21,7 +21,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 def _example() -> list[str]:
     text = README.read_text()
-    block = text[text.index("    $ loopeval results        # after the default run"):]
+    block = text[text.index("    $ loopeval results        # after the default run") :]
     return [line[4:] for line in block.split("\n\n", 1)[0].splitlines()[1:]]
 
 
@@ -30,8 +30,18 @@ def test_the_readme_results_example_has_a_fresh_databases_run_ids_and_sets() -> 
     runs, sets, next_id = {}, [], 1
     for spec in request.specs:
         plan = prepare_sweep(spec)
-        sets.append((EvalSet.of(spec.suite, [t.name for t in plan.task_configs], spec.limit,
-                                dataclasses.asdict(spec.sampling), plan.fingerprint), len(plan.runs)))
+        sets.append(
+            (
+                EvalSet.of(
+                    spec.suite,
+                    [t.name for t in plan.task_configs],
+                    spec.limit,
+                    dataclasses.asdict(spec.sampling),
+                    plan.fingerprint,
+                ),
+                len(plan.runs),
+            )
+        )
         for run in plan.runs:
             runs[(run.model, run.loops or 1, run.exit_threshold, run.kv_policy, run.kv_dtype)] = next_id
             next_id += 1
@@ -51,6 +61,8 @@ def test_the_readme_results_example_has_a_fresh_databases_run_ids_and_sets() -> 
         assert shown == str(runs[(model, loops, None if exit_at == "-" else float(exit_at), policy, dtype)]), row
     named = f"  {set_label(lab.id, lab)} ({lab_runs} runs)"
     assert named in lines, "the other set is named under the tables"
-    sentence = " ".join(lines[lines.index(named) + 1:])
+    sentence = " ".join(lines[lines.index(named) + 1 :])
     assert not sentence or sentence.startswith("Best by pass@1 per GB of "), "the answer comes last"
-    assert re.search(r"\b0\.140 ± ", "\n".join(lines)), "melt-tiny at r = 1 reads as `results` rounds it: three places, the zero kept"
+    assert re.search(r"\b0\.140 ± ", "\n".join(lines)), (
+        "melt-tiny at r = 1 reads as `results` rounds it: three places, the zero kept"
+    )

@@ -16,17 +16,43 @@ pytestmark = pytest.mark.slow  # real runs of tiny presets
 def _runs(db: Path) -> list[tuple]:
     conn = sqlite3.connect(db)
     try:
-        return conn.execute("SELECT id, loops, seed, \"limit\", status FROM runs ORDER BY id").fetchall()
+        return conn.execute('SELECT id, loops, seed, "limit", status FROM runs ORDER BY id').fetchall()
     finally:
         conn.close()
 
 
 def _run(db: Path, loops: str, *extra: str, limit: str = "1") -> None:
-    assert main(["run", "--model", "preset:ouro-tiny", "--tasks", "lookup", "--limit", limit, "--samples", "1",
-                 "--max-new-tokens", "2", "--batch-size", "1", "--loops", loops, "--db", str(db), "--no-report", *extra]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--model",
+                "preset:ouro-tiny",
+                "--tasks",
+                "lookup",
+                "--limit",
+                limit,
+                "--samples",
+                "1",
+                "--max-new-tokens",
+                "2",
+                "--batch-size",
+                "1",
+                "--loops",
+                loops,
+                "--db",
+                str(db),
+                "--no-report",
+                *extra,
+            ]
+        )
+        == 0
+    )
 
 
-def test_identical_runs_are_reported_and_skipped_unless_rerun(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_identical_runs_are_reported_and_skipped_unless_rerun(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     db = tmp_path / "r.sqlite"
     _run(db, "1,2")
     assert [r[1] for r in _runs(db)] == [1, 2]
@@ -37,7 +63,10 @@ def test_identical_runs_are_reported_and_skipped_unless_rerun(tmp_path: Path, ca
     assert "all 2 runs identical to finished runs 1-2" in out and "--rerun runs them again" in out
     assert len(_runs(db)) == 2, "nothing stored again"
     ranking = out.split("└")[0]  # the first table: the ranking, whose last column is the runs
-    assert [line.split("│")[-2].strip() for line in ranking.splitlines() if line.startswith("│")] == ["1", "2"]  # their results
+    assert [line.split("│")[-2].strip() for line in ranking.splitlines() if line.startswith("│")] == [
+        "1",
+        "2",
+    ]  # their results
 
     _run(db, "2,3")
     assert "1 of 2 runs identical to finished run 2" in capsys.readouterr().out

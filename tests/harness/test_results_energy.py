@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from analysis.points import accuracy_points
-from dashboards import figures, views
+from dashboards import cost_figures, views
 from db.store import Store
 from harness.cli import main
 from tests.support.rich_tables import body_rows
@@ -47,9 +47,11 @@ def test_pass_at_1_per_kj_stands_beside_pass_at_1_per_gb(tmp_path: Path, capsys:
     assert [[row[1], *row[4:7]] for row in ranking] == [[MODEL, "3 MB", "250", "0.5"], [MELT, "2.1 MB", "119", "1"]]
     assert [[row[1], row[-1]] for row in compute] == [[MODEL, "1.5 kJ"], [MELT, "250 J"]]
     assert "pass@1/kJ: pass@1 per kJ of the GPU energy one of the row's runs drew" in _flat(out)
-    assert _flat(out).endswith("250 pass@1 per GB, 0.5 per kJ; the frontier: zoo:melt-tiny r=4 (0.250 at 2.1 MB) → "
-                               "zoo:ouro-tiny r=4 (0.750 at 3 MB); by KV cache peak alone, zoo:melt-tiny r=4 would "
-                               "rank first.")
+    assert _flat(out).endswith(
+        "250 pass@1 per GB, 0.5 per kJ; the frontier: zoo:melt-tiny r=4 (0.250 at 2.1 MB) → "
+        "zoo:ouro-tiny r=4 (0.750 at 3 MB); by KV cache peak alone, zoo:melt-tiny r=4 would "
+        "rank first."
+    )
     ranked = body_rows(_results(capsys, "--db", db, "--rank", "per-kj"))[0]
     assert [row[1] for row in ranked] == [MELT, MODEL], "ranked by pass@1 per kJ, best first"
     runs = json.loads(_results(capsys, "--db", db, "--json"))
@@ -70,12 +72,12 @@ def test_without_a_counter_per_kj_says_not_measured(tmp_path: Path, capsys: pyte
 def test_the_report_draws_accuracy_against_energy_or_says_it_was_not_measured(tmp_path: Path) -> None:
     store = Store.open(_store(tmp_path / "gpu.sqlite", {MODEL: 1500.0, MELT: 250.0}))
     points = accuracy_points(store.engine, None)
-    fig = figures.accuracy_vs_energy(points)
+    fig = cost_figures.accuracy_vs_energy(points)
     drawn = {trace.name: (list(trace.x), list(trace.y), list(trace.customdata[:, 2])) for trace in fig.data}
     assert drawn == {MODEL: ([1.5], [0.75], ["0.5"]), MELT: ([0.25], [0.25], ["1"])}, "kJ a run, pass@1, pass@1 per kJ"
     assert any(plot.id == "accuracy-energy" for plot in views.COMPUTE.plots), "both pages draw it"
     store.close()
     store = Store.open(_store(tmp_path / "cpu.sqlite", {MODEL: None, MELT: None}))
-    empty = figures.accuracy_vs_energy(accuracy_points(store.engine, None))
+    empty = cost_figures.accuracy_vs_energy(accuracy_points(store.engine, None))
     store.close()
     assert not empty.data and "not measured (no NVML)" in empty.layout.annotations[0].text

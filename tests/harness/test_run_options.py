@@ -14,12 +14,18 @@ from harness.planning.sweep import build_request
 
 # key -> (the flags that give it, the sweep file that gives it); DATA is replaced by a real directory.
 EXAMPLES: dict[str, tuple[list[str], str]] = {
-    "models": (["--model", "preset:qwen3-tiny", "--model", "zoo:ouro-tiny"], 'models = ["preset:qwen3-tiny", "zoo:ouro-tiny"]'),
+    "models": (
+        ["--model", "preset:qwen3-tiny", "--model", "zoo:ouro-tiny"],
+        'models = ["preset:qwen3-tiny", "zoo:ouro-tiny"]',
+    ),
     "suite": (["--suite", "paper"], 'suite = "paper"'),
     "tasks": (["--tasks", "lookup, addition"], 'tasks = ["lookup", "addition"]'),
     "loops": (["--loops", "1-3,8"], "loops = [1, 2, 3, 8]"),
     "exit_threshold": (["--exit-threshold", "0.9,0.5"], 'exit_threshold = "0.9, 0.5"'),
-    "exit_criterion": (["--exit-threshold", "0.5", "--exit-criterion", "kl"], 'exit_threshold = [0.5]\nexit_criterion = "kl"'),
+    "exit_criterion": (
+        ["--exit-threshold", "0.5", "--exit-criterion", "kl"],
+        'exit_threshold = [0.5]\nexit_criterion = "kl"',
+    ),
     "kv_policy": (["--kv-policy", "shared-ema:.5,shared-last"], 'kv_policy = ["shared-ema:.5", "shared-last"]'),
     "kv_dtype": (["--kv-dtype", "int8"], 'kv_dtype = "int8"'),
     "samples": (["--samples", "3"], "samples = 3"),
@@ -59,7 +65,9 @@ def test_a_flag_and_its_sweep_file_key_make_the_same_request(key: str, tmp_path:
     """Each beside a choice of what runs (`--suite paper`), since a sweep file is never the default job."""
     args, toml = EXAMPLES[key]
     args, toml = [a.replace("DATA", str(tmp_path)) for a in args], toml.replace("DATA", str(tmp_path))
-    base_args, base_toml = (["--suite", "paper"], 'suite = "paper"') if key != "suite" else (["--limit", "9"], "limit = 9")
+    base_args, base_toml = (
+        (["--suite", "paper"], 'suite = "paper"') if key != "suite" else (["--limit", "9"], "limit = 9")
+    )
     path = tmp_path / "sweep.toml"
     path.write_text(f"{base_toml}\n{toml}\n")
     from_flags = build_request(given(_flags(base_args + args)))

@@ -27,8 +27,17 @@ OVERRIDES = {"preset:ouro-tiny": {"exit_policy": "none"}}
 
 
 def _spec() -> RunSpec:
-    return RunSpec.build(models=["preset:ouro-tiny"], tasks=["lookup"], loops=[2], limit=1, samples=2, max_new_tokens=3,
-                         batch_size=1, seed=5, model_overrides=OVERRIDES)
+    return RunSpec.build(
+        models=["preset:ouro-tiny"],
+        tasks=["lookup"],
+        loops=[2],
+        limit=1,
+        samples=2,
+        max_new_tokens=3,
+        batch_size=1,
+        seed=5,
+        model_overrides=OVERRIDES,
+    )
 
 
 def _row(db: Path, run_id: int) -> dict[str, Any]:
@@ -38,7 +47,10 @@ def _row(db: Path, run_id: int) -> dict[str, Any]:
         row = dict(conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone())
     finally:
         conn.close()
-    return {k: json.loads(v) if k in ("model_config", "tasks", "sampling", "spec", "versions", "host") else v for k, v in row.items()}
+    return {
+        k: json.loads(v) if k in ("model_config", "tasks", "sampling", "spec", "versions", "host") else v
+        for k, v in row.items()
+    }
 
 
 def test_a_sweep_stores_each_run_with_its_sampling_once(tmp_path: Path) -> None:
@@ -49,14 +61,45 @@ def test_a_sweep_stores_each_run_with_its_sampling_once(tmp_path: Path) -> None:
     store.close()
     row = _row(db, run.id)
     sampling = {"temperature": 1.0, "top_p": 0.7, "top_k": None, "max_new_tokens": 3, "n": 2, "seed": 5, "stop": []}
-    assert {k: row[k] for k in ("sweep_id", "kind", "model_spec", "adapter", "model_config", "loops", "suite", "tasks",
-                                "sampling", "seed", "limit", "data_fingerprint", "status")} == {
-        "sweep_id": "sweep1", "kind": "eval", "model_spec": "preset:ouro-tiny", "adapter": "preset", "model_config": {},
-        "loops": 2, "suite": "synthetic", "tasks": ["lookup"], "sampling": sampling, "seed": 5, "limit": 1,
-        "data_fingerprint": plan.fingerprint, "status": "queued"}
+    assert {
+        k: row[k]
+        for k in (
+            "sweep_id",
+            "kind",
+            "model_spec",
+            "adapter",
+            "model_config",
+            "loops",
+            "suite",
+            "tasks",
+            "sampling",
+            "seed",
+            "limit",
+            "data_fingerprint",
+            "status",
+        )
+    } == {
+        "sweep_id": "sweep1",
+        "kind": "eval",
+        "model_spec": "preset:ouro-tiny",
+        "adapter": "preset",
+        "model_config": {},
+        "loops": 2,
+        "suite": "synthetic",
+        "tasks": ["lookup"],
+        "sampling": sampling,
+        "seed": 5,
+        "limit": 1,
+        "data_fingerprint": plan.fingerprint,
+        "status": "queued",
+    }
     assert (run.model, run.loops, run.sweep_id) == ("preset:ouro-tiny", 2, "sweep1")
-    assert PlannedRun.of(row) == run and run.key == run_key(row), "the stored row reads back as the run it was planned as"
-    assert "sampling" not in row["spec"] and row["spec"]["model_overrides"] == OVERRIDES and row["spec"]["batch_size"] == 1
+    assert PlannedRun.of(row) == run and run.key == run_key(row), (
+        "the stored row reads back as the run it was planned as"
+    )
+    assert (
+        "sampling" not in row["spec"] and row["spec"]["model_overrides"] == OVERRIDES and row["spec"]["batch_size"] == 1
+    )
     assert "torch" in row["versions"] and row["host"]["cpu_count"] > 0
     assert RunSpec.from_dict(row["spec"], row["sampling"], None) == spec
 
@@ -68,20 +111,45 @@ def _previous_schema_database(db: Path, spec: RunSpec, plan: Any) -> list[dict[s
     config = alembic_config()
     sampling = json.loads(json.dumps(dataclasses.asdict(spec.sampling)))  # as JSON columns read back
     old_spec = json.loads(json.dumps({**spec.to_dict(), "sampling": sampling}))
-    rows = [dict(model_spec=model, loops=loops, suite=spec.suite, tasks=["lookup"], limit=spec.limit, seed=spec.seed,
-                 sampling=sampling, data_fingerprint=plan.fingerprint, spec=old_spec, status=status)
-            for model, loops, status in [(plan.runs[0].model, plan.runs[0].loops, "finished"),
-                                         (plan.runs[0].model, plan.runs[0].loops, "queued")]]
+    rows = [
+        dict(
+            model_spec=model,
+            loops=loops,
+            suite=spec.suite,
+            tasks=["lookup"],
+            limit=spec.limit,
+            seed=spec.seed,
+            sampling=sampling,
+            data_fingerprint=plan.fingerprint,
+            spec=old_spec,
+            status=status,
+        )
+        for model, loops, status in [
+            (plan.runs[0].model, plan.runs[0].loops, "finished"),
+            (plan.runs[0].model, plan.runs[0].loops, "queued"),
+        ]
+    ]
     with engine.begin() as conn:
         config.attributes["connection"] = conn
         command.upgrade(config, "0006")
         for row in rows:
             conn.exec_driver_sql(
                 "INSERT INTO runs (sweep_id, kind, model_spec, adapter, model_config, loops, suite, tasks, sampling, seed,"
-                ' "limit", data_fingerprint, spec, versions, host, status, started_at) VALUES (\'old\', \'eval\', ?, \'preset\','
+                " \"limit\", data_fingerprint, spec, versions, host, status, started_at) VALUES ('old', 'eval', ?, 'preset',"
                 " '{}', ?, ?, ?, ?, ?, ?, ?, ?, '{}', '{}', ?, '2026-12-03 00:00:00')",
-                (row["model_spec"], row["loops"], row["suite"], json.dumps(row["tasks"]), json.dumps(row["sampling"]),
-                 row["seed"], row["limit"], row["data_fingerprint"], json.dumps(row["spec"]), row["status"]))
+                (
+                    row["model_spec"],
+                    row["loops"],
+                    row["suite"],
+                    json.dumps(row["tasks"]),
+                    json.dumps(row["sampling"]),
+                    row["seed"],
+                    row["limit"],
+                    row["data_fingerprint"],
+                    json.dumps(row["spec"]),
+                    row["status"],
+                ),
+            )
     engine.dispose()
     return rows
 

@@ -77,8 +77,12 @@ def test_live_kv_bytes_phases_and_token_counts_from_a_real_adapter() -> None:
     peaks = sampler.peaks()
     final = adapter.memory()
     assert peaks["weights_bytes"] == final["weights_bytes"] > 0
-    assert peaks["kv_bytes_allocated"] == final["kv_bytes_peak"] > 0  # the adapter's exact peak replaces the sampled one
-    assert 0 < peaks["kv_bytes_used"] <= max(t["kv_bytes_allocated"] for t in sampler.ticks) <= peaks["kv_bytes_allocated"]
+    assert (
+        peaks["kv_bytes_allocated"] == final["kv_bytes_peak"] > 0
+    )  # the adapter's exact peak replaces the sampled one
+    assert (
+        0 < peaks["kv_bytes_used"] <= max(t["kv_bytes_allocated"] for t in sampler.ticks) <= peaks["kv_bytes_allocated"]
+    )
     assert sampler.ticks[0]["phase"] is None and sampler.ticks[-1]["phase"] == "task:t batch:0"
     assert sampler.ticks[-1]["generated_tokens"] == sum(g.generated_tokens for g in generations)
 
@@ -110,8 +114,10 @@ def test_reserved_series_shows_each_tasks_pool_and_its_exact_peak_is_stored(tmp_
     for task, prompts in (("small", ["1+2="]), ("large", ["1+2=", "17*3=51; 4*4=", "abcdefghij"])):
         sampler.set_phase(f"task:{task}")
         pool = pools.setdefault(task, set())
-        adapter.generate_requests([Request(p, sampling) for p in prompts],
-                                  lambda done, pool=pool: pool.add(adapter._live.k.nbytes + adapter._live.v.nbytes))  # ouro: no latent
+        adapter.generate_requests(
+            [Request(p, sampling) for p in prompts],
+            lambda done, pool=pool: pool.add(adapter.meter.live.k.nbytes + adapter.meter.live.v.nbytes),
+        )  # ouro: no latent
         sampler.set_phase(None)
         time.sleep(0.05)
     sampler.stop()
@@ -123,16 +129,29 @@ def test_reserved_series_shows_each_tasks_pool_and_its_exact_peak_is_stored(tmp_
     store.add_memory_samples(run_id, sampler.series())
     store.merge_memory_peaks(run_id, sampler.peaks())
     conn = sqlite3.connect(tmp_path / "r.sqlite")
-    ticks = conn.execute("SELECT phase, kv_bytes_used, kv_bytes_allocated, kv_bytes_reserved FROM memory_samples "
-                         "WHERE run_id = ? ORDER BY t", (run_id,)).fetchall()
-    (peak,) = conn.execute("SELECT value FROM memory_peaks WHERE run_id = ? AND measure = 'kv_bytes_reserved'", (run_id,)).fetchone()
+    ticks = conn.execute(
+        "SELECT phase, kv_bytes_used, kv_bytes_allocated, kv_bytes_reserved FROM memory_samples "
+        "WHERE run_id = ? ORDER BY t",
+        (run_id,),
+    ).fetchall()
+    (peak,) = conn.execute(
+        "SELECT value FROM memory_peaks WHERE run_id = ? AND measure = 'kv_bytes_reserved'", (run_id,)
+    ).fetchone()
     conn.close()
     assert len(ticks) == len(sampler.ticks)
     assert all(used <= allocated <= reserved for _, used, allocated, reserved in ticks)
     assert {reserved for phase, *_, reserved in ticks if phase is None} == {0}
-    assert {reserved for phase, *_, reserved in ticks if phase == "task:small"} - {0} == {small}  # 0 before the pool is made
+    assert {reserved for phase, *_, reserved in ticks if phase == "task:small"} - {0} == {
+        small
+    }  # 0 before the pool is made
     assert {reserved for phase, *_, reserved in ticks if phase == "task:large"} - {0} == {large}
-    assert [held for held, _ in itertools.groupby(reserved > 0 for *_, reserved in ticks)] == [False, True, False, True, False]
+    assert [held for held, _ in itertools.groupby(reserved > 0 for *_, reserved in ticks)] == [
+        False,
+        True,
+        False,
+        True,
+        False,
+    ]
     assert peak == large
 
 

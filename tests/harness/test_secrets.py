@@ -32,8 +32,9 @@ def _password(url: str) -> str:
     return url.split("://", 1)[1].split("@", 1)[0].split(":", 1)[1]
 
 
-def _loopeval(capfd: pytest.CaptureFixture[str], *args: str, cwd: Path,
-              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _loopeval(
+    capfd: pytest.CaptureFixture[str], *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """The real command, run in this process (the evaluation stack is imported once, not once per command), its
     output caught at the file descriptors as a terminal would show it."""
     capfd.readouterr()
@@ -59,7 +60,9 @@ def _hint(out: str, label: str) -> str:
 def _run_hint(hint: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """The hint through bash, as pasted: the note in parentheses after two spaces is not part of the command."""
     command = hint.split("  (")[0]
-    return subprocess.run(["bash", "-c", command], cwd=cwd, capture_output=True, text=True, timeout=600, env={**os.environ, **env})
+    return subprocess.run(
+        ["bash", "-c", command], cwd=cwd, capture_output=True, text=True, timeout=600, env={**os.environ, **env}
+    )
 
 
 def test_hints_name_the_database_without_its_password(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -70,14 +73,17 @@ def test_hints_name_the_database_without_its_password(monkeypatch: pytest.Monkey
     secret = with_db("loopeval results", "postgresql://me:s3cret@db/x")
     assert "s3cret" not in secret and secret.startswith('loopeval results --db "$LOOPEVAL_DB"  (first set LOOPEVAL_DB')
     monkeypatch.setenv("LOOPEVAL_DB", "postgresql://me:s3cret@db/x")
-    assert with_db("loopeval results", "postgresql://me:s3cret@db/x") == "loopeval results"  # the variable reaches it again
+    assert (
+        with_db("loopeval results", "postgresql://me:s3cret@db/x") == "loopeval results"
+    )  # the variable reaches it again
     assert has_password("postgresql://me@db/x?password=s3cret") and has_password("postgresql://me:[broken@db/x")
     assert not has_password("results/loopeval.sqlite")
 
 
 @pytest.mark.slow
-def test_no_command_prints_the_password_and_every_hint_runs_as_printed(postgres_server: object, tmp_path: Path,
-                                                                       capfd: pytest.CaptureFixture[str]) -> None:
+def test_no_command_prints_the_password_and_every_hint_runs_as_printed(
+    postgres_server: object, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     url = postgres_server.database("secrets")
     secret = _password(url)
     with_env = {"LOOPEVAL_DB": url}
@@ -110,10 +116,15 @@ def test_no_command_prints_the_password_and_every_hint_runs_as_printed(postgres_
     assert '--db "$LOOPEVAL_DB"' in resume
 
     # every reader, and the other commands that store
-    for args in (["results"], ["results", "--json"], ["results", "--tasks"], ["results", "--profiles"],
-                 ["dashboard", "--out", str(tmp_path / "r.html")],
-                 ["profile", "zoo:melt-tiny", "--lengths", "64"],
-                 ["probe", "zoo:ouro-tiny", "--loops", "2", "--limit", "1", "--positions", "8"]):
+    for args in (
+        ["results"],
+        ["results", "--json"],
+        ["results", "--tasks"],
+        ["results", "--profiles"],
+        ["dashboard", "--out", str(tmp_path / "r.html")],
+        ["profile", "zoo:melt-tiny", "--lengths", "64"],
+        ["probe", "zoo:ouro-tiny", "--loops", "2", "--limit", "1", "--positions", "8"],
+    ):
         done = _loopeval(capfd, *args, "--db", url, cwd=tmp_path)
         assert done.returncode == 0, (args, done.stderr)
         out = _secret_free(done, secret)
@@ -132,12 +143,18 @@ def test_no_command_prints_the_password_and_every_hint_runs_as_printed(postgres_
 
 
 @pytest.mark.slow
-def test_the_served_app_names_its_database_without_the_password(postgres_server: object, tmp_path: Path,
-                                                                 capfd: pytest.CaptureFixture[str]) -> None:
+def test_the_served_app_names_its_database_without_the_password(
+    postgres_server: object, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     url = postgres_server.database("secrets_served")
     assert _loopeval(capfd, *TINY_RUN, "--db", url, "--no-report", cwd=tmp_path).returncode == 0
-    serving = subprocess.Popen([LOOPEVAL, "dashboard", "--serve", "--db", url, "--port", str(pg.free_port())], cwd=tmp_path,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    serving = subprocess.Popen(
+        [LOOPEVAL, "dashboard", "--serve", "--db", url, "--port", str(pg.free_port())],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline, first = time.monotonic() + 90, ""
         while not first and time.monotonic() < deadline and serving.poll() is None:

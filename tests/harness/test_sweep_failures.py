@@ -13,7 +13,7 @@ import pytest
 
 from harness.cli import main
 
-PLUGIN = '''
+PLUGIN = """
 from adapters import load, register
 
 
@@ -24,7 +24,7 @@ def make(arg, **overrides):
     adapter.model.config = adapter.config = adapter.config.replace(max_position=int(tokens))
     adapter.max_context = int(tokens)
     return adapter
-'''
+"""
 
 
 def test_a_failed_run_does_not_stop_the_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -41,10 +41,14 @@ def test_a_failed_run_does_not_stop_the_sweep(tmp_path: Path, capsys: pytest.Cap
     with sqlite3.connect(db) as con:
         runs = con.execute("SELECT id, model_spec, status, error FROM runs ORDER BY id").fetchall()
         assert [r[1:3] for r in runs] == [
-            ("shortctx:6:qwen3-tiny", "failed"), ("shortctx:14:qwen3-tiny", "finished"), ("preset:qwen3-tiny", "finished")
+            ("shortctx:6:qwen3-tiny", "failed"),
+            ("shortctx:14:qwen3-tiny", "finished"),
+            ("preset:qwen3-tiny", "finished"),
         ]
         assert "does not fit the model's context of 6 tokens" in runs[0][3]
-        cut = con.execute("SELECT finish_reason, prompt_tokens, generated_tokens FROM samples WHERE run_id = ?", (runs[1][0],)).fetchall()
+        cut = con.execute(
+            "SELECT finish_reason, prompt_tokens, generated_tokens FROM samples WHERE run_id = ?", (runs[1][0],)
+        ).fetchall()
         assert len(cut) == 3 and all(r[0] == "context_limit" and r[1] + r[2] <= 14 and r[2] < 8 for r in cut)
         full = con.execute("SELECT finish_reason FROM samples WHERE run_id = ?", (runs[2][0],)).fetchall()
         assert len(full) == 3 and {r[0] for r in full} <= {"length", "eos", "stop"}

@@ -56,7 +56,9 @@ def test_reply_forms_make_the_expected_program():
     g = gold(TRUNCATE)
     completion = humaneval.program("    return number % 1.0\n", g)
     assert completion.startswith(TRUNCATE["prompt"] + "    return number % 1.0\n")
-    fenced = humaneval.program("<think>```python\nx = 1\n```</think>Sure:\n```python\ndef truncate_number(n):\n    return n % 1\n```", g)
+    fenced = humaneval.program(
+        "<think>```python\nx = 1\n```</think>Sure:\n```python\ndef truncate_number(n):\n    return n % 1\n```", g
+    )
     assert "x = 1" not in fenced and "def truncate_number(n):\n    return n % 1" in fenced
     assert "check" not in completion + fenced, "the program never holds the tests"
     check = humaneval.check(g)
@@ -78,11 +80,17 @@ def fenced(code: str, tag: str = "python") -> str:
 # when several do, the last (the corrected, final version); when none does, the first block continues the prompt.
 HUMANEVAL_REPLIES = {
     "right-then-example": (f"{fenced(RIGHT_DEF)}\nExample:\n{EXAMPLE}", True),
-    "example-then-right": ("Usage:\n" + fenced(">>> truncate_number(3.5)\n0.5\n") + "\nCode:\n" + fenced(RIGHT_DEF), True),
+    "example-then-right": (
+        "Usage:\n" + fenced(">>> truncate_number(3.5)\n0.5\n") + "\nCode:\n" + fenced(RIGHT_DEF),
+        True,
+    ),
     "corrected": (f"First try:\n{fenced(WRONG_DEF)}\nThat fails for 3.5. Fixed:\n{fenced(RIGHT_DEF)}", True),
     "right-then-tests": (fenced(RIGHT_DEF) + "\n" + fenced(TESTS), True),
     "capitalised-tag": (fenced(RIGHT_DEF, "Python"), True),
-    "indented-in-list": ("1. The function:\n" + "".join(f"   {line}\n" for line in fenced(RIGHT_DEF).splitlines()), True),
+    "indented-in-list": (
+        "1. The function:\n" + "".join(f"   {line}\n" for line in fenced(RIGHT_DEF).splitlines()),
+        True,
+    ),
     "shell-block-first": (fenced("pip install nothing\n", "bash") + "\nThen:\n" + fenced(RIGHT_DEF), True),
     "fence-on-code-line": (fenced(RIGHT_DEF.rstrip()), True),
     "body-then-example": (fenced("    return number % 1.0\n") + "\n" + EXAMPLE, True),
@@ -120,7 +128,10 @@ def test_runaway_programs_are_stopped_and_score_0(statements: str):
 
 @pytest.mark.sandbox_user_alone  # looks for any sandboxed program on the host: no other test's beside it
 def test_a_fork_bomb_leaves_no_process_behind():
-    run(TRUNCATE, body("import os\nfor _ in range(10000):\n    try:\n        os.fork()\n    except OSError:\n        pass"))
+    run(
+        TRUNCATE,
+        body("import os\nfor _ in range(10000):\n    try:\n        os.fork()\n    except OSError:\n        pass"),
+    )
     time.sleep(0.5)
     leftover = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _is_sandboxed(p)]
     assert leftover == []
@@ -139,7 +150,9 @@ def test_a_connection_attempt_never_reaches_the_host(tmp_path: Path):
         server.listen()
         server.settimeout(1.0)
         port = server.getsockname()[1]
-        outcome = run(TRUNCATE, body(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2).send(b'x')"))
+        outcome = run(
+            TRUNCATE, body(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2).send(b'x')")
+        )
         with pytest.raises(socket.timeout):
             server.accept()
     assert not outcome.passed  # and the listening socket above never accepted anything

@@ -15,7 +15,17 @@ import pytest
 from lighteval.models.model_output import ModelResponse
 
 from adapters.base import Sampling
-from tests.support.paper_data import AIME26, GPQA, HLE, MATH500, OLYMPIAD, ReferenceAdapter, mmlu_rows, write_data_dir, write_rows
+from tests.support.paper_data import (
+    AIME26,
+    GPQA,
+    HLE,
+    MATH500,
+    OLYMPIAD,
+    ReferenceAdapter,
+    mmlu_rows,
+    write_data_dir,
+    write_rows,
+)
 from suites import SuiteError, paper
 from suites.loader import with_samples
 from suites.registry import load_suite
@@ -277,11 +287,16 @@ def test_paper_suite_end_to_end_on_fixtures(data_dir: Path):
     assert not any("pi in this picture" in p for p in adapter.prompts)
     for task in TASKS:
         generative = [name for name in result.metrics[task] if name != "loglikelihood_acc"]
-        assert generative and all(result.metrics[task][name][0] == 1.0 for name in generative), (task, result.metrics[task])
+        assert generative and all(result.metrics[task][name][0] == 1.0 for name in generative), (
+            task,
+            result.metrics[task],
+        )
     # Uniform logits: the log-likelihood pick is always "A", right for neither fixture question.
     assert result.metrics["mmlu_redux"]["loglikelihood_acc"][0] == 0.0
     assert result.metrics["all"] == {"pass@1": (1.0, None)}  # the suite mean of the generative headlines only
-    picks = [v for (t, _, i), v in result.scores.items() if t == "mmlu_redux:anatomy" and i == LOGLIKELIHOOD_SAMPLE_INDEX]
+    picks = [
+        v for (t, _, i), v in result.scores.items() if t == "mmlu_redux:anatomy" and i == LOGLIKELIHOOD_SAMPLE_INDEX
+    ]
     assert picks == [0.0, 0.0]
     generated = {k: v for k, v in result.scores.items() if k[2] != LOGLIKELIHOOD_SAMPLE_INDEX}
     assert len(generated) == 2 * sum(expected_docs.values()) and set(generated.values()) == {1.0}
@@ -294,4 +309,6 @@ def test_paper_metrics_fail_wrong_answers(data_dir: Path):
     result = run_suite(ReferenceAdapter(wrong=True), configs, Sampling(n=1), progress=False)
     for task in TASKS:
         assert all(value == 0.0 for name, (value, _) in result.metrics[task].items() if name != "loglikelihood_acc"), (
-            task, result.metrics[task])
+            task,
+            result.metrics[task],
+        )

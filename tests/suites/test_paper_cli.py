@@ -18,7 +18,7 @@ from harness.cli import main
 from suites.paper import TASKS
 from tests.support.paper_data import write_data_dir
 
-PLUGIN = '''
+PLUGIN = """
 import sys
 
 sys.path.insert(0, {root!r})  # the checkout, whose tests.support the plugin imports
@@ -29,7 +29,7 @@ from tests.support.paper_data import ReferenceAdapter
 @register("reference", "answers the paper fixtures: reference:right or reference:wrong")
 def make(arg, **overrides):
     return ReferenceAdapter(wrong=arg == "wrong")
-'''
+"""
 
 
 def test_paper_suite_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -52,9 +52,19 @@ def test_paper_suite_from_the_command_line(tmp_path: Path, capsys: pytest.Captur
     assert right["metrics"]["all"] == {"pass@1": 1.0}
     assert "loglikelihood_acc" in right["metrics"]["mmlu_redux"]  # kept, but outside the headline
 
-    assert main(["results", "--db", str(db), "--tasks"]) == 0  # each benchmark's pass@1, each group's mean, the suite mean
-    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in capsys.readouterr().out.splitlines() if line.startswith("│")]
-    groups = ["[maths/reasoning]", "[knowledge]", "[code]"]  # db.headline.TASK_GROUPS["paper"], in first-benchmark order
+    assert (
+        main(["results", "--db", str(db), "--tasks"]) == 0
+    )  # each benchmark's pass@1, each group's mean, the suite mean
+    rows = [
+        [c.strip() for c in line.split("│")[1:-1]]
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("│")
+    ]
+    groups = [
+        "[maths/reasoning]",
+        "[knowledge]",
+        "[code]",
+    ]  # db.headline.TASK_GROUPS["paper"], in first-benchmark order
     assert [(row[0], row[3], row[4].split()[0]) for row in rows] == [  # model, r, seeds, task, pass@1, runs
         (model if i == 0 else "", task, score)
         for model, score in (("reference:right", "1.000"), ("reference:wrong", "0.000"))

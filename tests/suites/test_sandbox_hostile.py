@@ -135,7 +135,7 @@ def test_a_bwrap_line_from_a_program_scores_0_and_the_run_goes_on() -> None:
     """'Sandbox unavailable' is the harness's own probe's verdict, never a program's output."""
     sandbox.check_available()
     doc = humaneval.prompt(TRUNCATE, "humaneval")
-    fake = "import os, sys\nprint(\"bwrap: Can't mount proc on /newroot/proc: Operation not permitted\", file=sys.stderr)\nos._exit(1)\n"
+    fake = 'import os, sys\nprint("bwrap: Can\'t mount proc on /newroot/proc: Operation not permitted", file=sys.stderr)\nos._exit(1)\n'
     assert humaneval.passes(doc, ModelResponse(text=[fake])) == 0.0
     assert humaneval.passes(doc, ModelResponse(text=[RIGHT])) == 1.0
 
@@ -243,7 +243,9 @@ def test_without_a_cgroup_each_process_is_capped(monkeypatch: pytest.MonkeyPatch
 
 
 @pytest.mark.sandbox_user_alone  # holds a program at its process cap: no other test's sandbox beside it
-def test_without_a_cgroup_a_program_at_its_cap_takes_no_process_from_another_check(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_a_cgroup_a_program_at_its_cap_takes_no_process_from_another_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """As root every sandbox runs as a uid of its own. With one shared user (`nobody`) a program holding its
     process cap used up the processes of a check started before it: that check's fork failed and a right
     program scored 0."""
@@ -251,9 +253,13 @@ def test_without_a_cgroup_a_program_at_its_cap_takes_no_process_from_another_che
         pytest.skip("not root: every sandbox is the calling user, whose processes RLIMIT_NPROC counts together")
     monkeypatch.setattr(sandbox, "_cgroup_parents", lambda: [])
     limits = sandbox.Limits(wall_seconds=8, cpu_seconds=4, processes=8)
-    late = ("import os, time\ndef late():\n    time.sleep(2)\n    child = os.fork()\n    if child == 0:\n        os._exit(0)\n"
-            "    return os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])\n")
-    holds = FORK.replace("        return made", "        time.sleep(3)  # at the cap while `late` forks\n        return made")
+    late = (
+        "import os, time\ndef late():\n    time.sleep(2)\n    child = os.fork()\n    if child == 0:\n        os._exit(0)\n"
+        "    return os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])\n"
+    )
+    holds = FORK.replace(
+        "        return made", "        time.sleep(3)  # at the cap while `late` forks\n        return made"
+    )
     with ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(probe, late, "late", limits)
         time.sleep(0.5)  # `late`'s sandboxes are up before the other program starts forking

@@ -48,7 +48,10 @@ def test_unknown_suite_and_task_name_the_valid_ones():
         load_suite("bogus")
     with pytest.raises(SuiteError, match=r"unknown suite 'bogus'"):
         suite_tasks("bogus")
-    with pytest.raises(SuiteError, match=r"unknown task 'chain9' in suite 'synthetic' \(tasks: addition, chain2, chain3, chain4, lookup, r30k3, "):
+    with pytest.raises(
+        SuiteError,
+        match=r"unknown task 'chain9' in suite 'synthetic' \(tasks: addition, chain2, chain3, chain4, lookup, r30k3, ",
+    ):
         load_suite("synthetic", tasks=["chain2", "chain9"])
 
 
@@ -61,7 +64,9 @@ def test_a_mistyped_task_fails_before_lighteval_is_imported():
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.stdout.splitlines()[-1] == "2 False", done.stderr
-    assert done.stderr.startswith("loopeval: error: unknown task 'chian3' in suite 'synthetic' (tasks: addition, chain2, ")
+    assert done.stderr.startswith(
+        "loopeval: error: unknown task 'chian3' in suite 'synthetic' (tasks: addition, chain2, "
+    )
 
 
 @pytest.mark.parametrize("suite", ["synthetic", "paper"])
@@ -80,7 +85,12 @@ def test_every_suite_has_its_sampling_and_paper_runs_the_paper_protocol():
     assert set(SUITE_SAMPLING) == set(list_suites())
     assert PAPER_PROTOCOL == Sampling(temperature=1.0, top_p=0.7, max_new_tokens=32768, n=4)
     spec = RunSpec.build(suite="paper")
-    assert (spec.sampling.temperature, spec.sampling.top_p, spec.sampling.max_new_tokens, spec.sampling.n) == (1.0, 0.7, 32768, 4)
+    assert (spec.sampling.temperature, spec.sampling.top_p, spec.sampling.max_new_tokens, spec.sampling.n) == (
+        1.0,
+        0.7,
+        32768,
+        4,
+    )
 
 
 def test_synthetic_configs_read_the_bundled_test_split():
@@ -88,12 +98,22 @@ def test_synthetic_configs_read_the_bundled_test_split():
     assert [c.name for c in configs] == ["chain2", "lookup"]  # suite order
     for config in configs:
         assert Path(config.hf_repo) == REPO / "suites" / "data" / "synthetic" / f"{config.name}.test.jsonl"
-        assert list(config.stop_sequence) == ["\n"] and config.generation_size == 8  # chain2, lookup: answers of at most 4 characters
+        assert (
+            list(config.stop_sequence) == ["\n"] and config.generation_size == 8
+        )  # chain2, lookup: answers of at most 4 characters
         assert [m.metric_name for m in config.metrics] == ["pass@k:k=1&n=1"]
 
 
 def test_synthetic_runs_its_default_tasks_unless_others_are_named():
-    assert [c.name for c in load_suite("synthetic")] == ["chain2", "chain3", "chain4", "c30k2", "c30k4", "c30k6", "c30k8"]
+    assert [c.name for c in load_suite("synthetic")] == [
+        "chain2",
+        "chain3",
+        "chain4",
+        "c30k2",
+        "c30k4",
+        "c30k6",
+        "c30k8",
+    ]
     assert [c.name for c in load_suite("synthetic", tasks=["r110k4", "r30k5"])] == ["r30k5", "r110k4"]
     from suites import paper
     from suites.registry import _select
@@ -105,7 +125,10 @@ def test_synthetic_reads_a_data_dir_copy(tmp_path: Path):
     (tmp_path / "lookup.jsonl").write_text('{"prompt":"a=1;a=?","answer":"1"}\n')
     (config,) = load_suite("synthetic", tasks=["lookup"], data_dir=tmp_path)
     assert config.hf_repo == str(tmp_path / "lookup.jsonl")
-    with pytest.raises(SuiteError, match=r"task addition: no local copy of .*addition\.test\.jsonl.*looked for .*addition\.jsonl and .*addition\.parquet"):
+    with pytest.raises(
+        SuiteError,
+        match=r"task addition: no local copy of .*addition\.test\.jsonl.*looked for .*addition\.jsonl and .*addition\.parquet",
+    ):
         load_suite("synthetic", tasks=["addition"], data_dir=tmp_path)
     with pytest.raises(SuiteError, match="data directory .*nowhere does not exist"):
         load_suite("synthetic", data_dir=tmp_path / "nowhere")

@@ -13,8 +13,12 @@ from suites import synthetic as syn
 def run_automaton(rule: int, steps: int, cells: list[int], causal: bool = False) -> list[int]:
     """Elementary CA written from the rule's truth table rather than bit arithmetic: on a ring, or
     causal (cell i reads cells i-2, i-1, i; cells before the first read as 0)."""
-    table = {(l, c, r): int(bit) for (l, c, r), bit in zip(
-        [(1, 1, 1), (1, 1, 0), (1, 0, 1), (1, 0, 0), (0, 1, 1), (0, 1, 0), (0, 0, 1), (0, 0, 0)], f"{rule:08b}")}
+    table = {
+        (l, c, r): int(bit)
+        for (l, c, r), bit in zip(
+            [(1, 1, 1), (1, 1, 0), (1, 0, 1), (1, 0, 0), (0, 1, 1), (0, 1, 0), (0, 0, 1), (0, 0, 0)], f"{rule:08b}"
+        )
+    }
     n = len(cells)
     for _ in range(steps):
         if causal:
@@ -81,7 +85,10 @@ def test_splits_disjoint_answers_correct_and_tokenizer_friendly():
 
 
 def test_tasks_have_their_shape():
-    chain_hops = {task: len(syn.generate_split(task, "test", 1)[0]["prompt"].split(";")) - 2 for task in ("chain2", "chain3", "chain4")}
+    chain_hops = {
+        task: len(syn.generate_split(task, "test", 1)[0]["prompt"].split(";")) - 2
+        for task in ("chain2", "chain3", "chain4")
+    }
     assert chain_hops == {"chain2": 2, "chain3": 3, "chain4": 4}
     for item in syn.generate_split("addition", "test", 100):
         a, b = item["prompt"][:-1].split("+")
@@ -89,8 +96,22 @@ def test_tasks_have_their_shape():
 
 
 def test_automaton_tasks_state_rule_and_depth():
-    assert syn.DEPTH_TASKS == ("r30k3", "r30k4", "r30k5", "r30k6", "r30k8", "r110k4", "c30k2", "c30k4", "c30k6", "c30k8",
-                               "c150k2", "c150k3", "c150k5", "c150k7")
+    assert syn.DEPTH_TASKS == (
+        "r30k3",
+        "r30k4",
+        "r30k5",
+        "r30k6",
+        "r30k8",
+        "r110k4",
+        "c30k2",
+        "c30k4",
+        "c30k6",
+        "c30k8",
+        "c150k2",
+        "c150k3",
+        "c150k5",
+        "c150k7",
+    )
     for task in syn.DEPTH_TASKS:
         for item in syn.generate_split(task, "test", 20):
             assert item["prompt"].startswith(f"{task[0]}{task[1:].split('k')[0]} k{task.split('k')[1]} ")

@@ -23,8 +23,14 @@ from typing import Any
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 VIEWPORT = {"width": 1400, "height": 1000}
 POINTS = "#accuracy-memory .scatterlayer path.point"  # one SVG path per plotted (model, loops) marker
@@ -114,7 +120,9 @@ def served_process(db_url: str, *options: str, timeout: float = 90.0) -> Iterato
     port = free_port()
     process = subprocess.Popen(
         [str(LOOPEVAL), "dashboard", "--serve", "--db", db_url, "--port", str(port), *options],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     url = f"http://127.0.0.1:{port}/"
     try:

@@ -13,6 +13,8 @@ def one_at_a_time(folder: Path) -> Path:
     are committed one by one, about 15 ms apart at r = 8 on an idle machine: an interrupt sent after the
     third lands with most of them still to come (at 20 samples and r = 2 the run once stored them all first)."""
     path = folder / "sweep.toml"
-    path.write_text('models = [{ spec = "preset:ouro-tiny", overrides = { max_batch = 1 } }]\n'
-                    'loops = [8]\ntasks = ["addition", "chain2"]\nlimit = 40\nsamples = 1\nmax_new_tokens = 16\n')
+    path.write_text(
+        'models = [{ spec = "preset:ouro-tiny", overrides = { max_batch = 1 } }]\n'
+        'loops = [8]\ntasks = ["addition", "chain2"]\nlimit = 40\nsamples = 1\nmax_new_tokens = 16\n'
+    )
     return path

@@ -15,9 +15,17 @@ SAMPLED = Sampling(temperature=1.0, top_p=0.7, max_new_tokens=20, n=3, seed=5)
 
 def pool_for(adapter: EngineAdapter, sequences: list, spare: bool = False) -> BlockPool:
     """The pool the adapter's continuous path makes for `sequences`."""
-    return BlockPool.for_workload(adapter.config, adapter.loops, [s.capacity for s in sequences], max_seqs=adapter.max_batch,
-                                  kv_budget=adapter.kv_budget, block_size=adapter.block_size, dtype=adapter.dtype, device=adapter.device,
-                                  spare=spare)
+    return BlockPool.for_workload(
+        adapter.config,
+        adapter.loops,
+        [s.capacity for s in sequences],
+        max_seqs=adapter.max_batch,
+        kv_budget=adapter.kv_budget,
+        block_size=adapter.block_size,
+        dtype=adapter.dtype,
+        device=adapter.device,
+        spare=spare,
+    )
 
 
 def tiny_budget(adapter: EngineAdapter, blocks: int) -> float:

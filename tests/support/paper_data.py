@@ -19,7 +19,14 @@ from adapters.base import Generation, Sampling
 from suites.paper import MMLU_REDUX_SUBJECTS
 
 AIME24 = [
-    {"id": 60, "problem": "Find the number of ways alpha.", "solution": "...", "answer": "204", "url": "u", "year": "2024"},
+    {
+        "id": 60,
+        "problem": "Find the number of ways alpha.",
+        "solution": "...",
+        "answer": "204",
+        "url": "u",
+        "year": "2024",
+    },
     {"id": 61, "problem": "Find the remainder beta.", "solution": "...", "answer": "025", "url": "u", "year": "2024"},
 ]
 AIME25 = [

@@ -33,7 +33,10 @@ def bin_dir() -> Path | None:
     found = shutil.which("initdb")
     if found:
         return Path(found).resolve().parent  # a symlink on PATH: the folder that holds the rest too
-    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(Path(p).parts[-3]) if Path(p).parts[-3].isdigit() else 0)
+    candidates = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+        key=lambda p: int(Path(p).parts[-3]) if Path(p).parts[-3].isdigit() else 0,
+    )
     return Path(candidates[-1]).parent if candidates else None
 
 
@@ -84,13 +87,36 @@ class PostgresServer:
         pwfile.write_text(self.password)
         if self._as_server:
             shutil.chown(pwfile, SERVER_USER)
-        self._run(str(self.bin / "initdb"), "-D", str(self.data), "-U", SUPERUSER, f"--pwfile={pwfile}", "-E", "UTF8",
-                  "--auth-local=trust", "--auth-host=scram-sha-256", "--no-sync")
+        self._run(
+            str(self.bin / "initdb"),
+            "-D",
+            str(self.data),
+            "-U",
+            SUPERUSER,
+            f"--pwfile={pwfile}",
+            "-E",
+            "UTF8",
+            "--auth-local=trust",
+            "--auth-host=scram-sha-256",
+            "--no-sync",
+        )
         pwfile.unlink()
         with (self.data / "postgresql.conf").open("a") as conf:
-            conf.write(f"listen_addresses = '127.0.0.1'\nport = {self.port}\nunix_socket_directories = ''\n"
-                       "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\nmax_connections = 200\n")
-        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.root / "server.log"), "-w", "-t", "60", "start")
+            conf.write(
+                f"listen_addresses = '127.0.0.1'\nport = {self.port}\nunix_socket_directories = ''\n"
+                "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\nmax_connections = 200\n"
+            )
+        self._run(
+            str(self.bin / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.root / "server.log"),
+            "-w",
+            "-t",
+            "60",
+            "start",
+        )
         return self
 
     def url(self, database: str = "postgres", driver: str = "postgresql+psycopg") -> str:

@@ -15,6 +15,7 @@ import torch
 
 import adapters
 from adapters.base import Request, Sampling
+from adapters.engine.adapter import sequences_of
 from adapters.engine.serving.continuous import ContinuousEngine
 from adapters.engine.model import LoopedLM
 from tests.support.rounding import FIXTURE_DIGITS, rounding_bound
@@ -36,11 +37,14 @@ def reference_engine(spec: str, seed: int, loops: int, scale: float = 0.0, **ove
 def max_diff(model: LoopedLM, prompt: list[int], loops: int, expected: list) -> float:
     """The largest |logit difference| of `model` on `prompt` at `loops` against the reference's logits."""
     with torch.no_grad():
-        return (model.forward(torch.tensor([prompt]), loops=loops).logits[0] - torch.tensor(expected)).abs().max().item()
+        return (
+            (model.forward(torch.tensor([prompt]), loops=loops).logits[0] - torch.tensor(expected)).abs().max().item()
+        )
 
 
-def assert_logits_are_the_reference(model: LoopedLM, prompt: list[int], loops: int, expected: list,
-                                    before: Callable[[], None] = lambda: None) -> tuple[float, float]:
+def assert_logits_are_the_reference(
+    model: LoopedLM, prompt: list[int], loops: int, expected: list, before: Callable[[], None] = lambda: None
+) -> tuple[float, float]:
     """The logits of `model` on `prompt` at `loops` (after `before`, which seeds the state) are the reference's up to
     two float32 evaluations' rounding on this checkpoint and the fixture's 7 decimals; that bound stays below what a
     wrong loop count or state moves, so the comparison still tests the model. Returns (difference, bound)."""
@@ -68,11 +72,24 @@ def assert_greedy_is_the_reference(adapter: Any, reference: dict, loops: int) ->
 def assert_paged_accounting(adapter: Any, prompts: list[list[int]], loops: int) -> None:
     """Three prompts through the continuous engine at cap 3 on blocks of 4: `Watch` checks the pool's exact accounting
     against the analytic terms after every step, and every block comes back."""
-    sequences = adapter._sequences([Request(p, Sampling(temperature=0.0, max_new_tokens=6)) for p in prompts])
+    sequences = sequences_of(
+        [Request(p, Sampling(temperature=0.0, max_new_tokens=6)) for p in prompts],
+        adapter.model,
+        adapter.tokenizer,
+        adapter.spec,
+    )
     pool = pool_for(adapter, sequences)
     finished: list = []
-    batcher = ContinuousEngine(adapter.model, pool, loops=loops, policy=adapter.exit_policy, eos_ids=set(), tokenizer=adapter.tokenizer,
-                               max_seqs=3, on_finished=finished.extend)
+    batcher = ContinuousEngine(
+        adapter.model,
+        pool,
+        loops=loops,
+        policy=adapter.exit_policy,
+        eos_ids=set(),
+        tokenizer=adapter.tokenizer,
+        max_seqs=3,
+        on_finished=finished.extend,
+    )
     watch = Watch(batcher, sequences, adapter.config, loops)
     batcher.run(sequences)
     assert len(finished) == 3 and watch.steps > 5

@@ -35,8 +35,11 @@ def gamma(n: Tensor | float) -> Tensor | float:
     return n * U / (1 - n * U)
 
 
-def with_kernels(model: nn.Module, add_norm: Callable[..., tuple[Tensor, Tensor]] | None,
-                 rope: Callable[..., tuple[Tensor, Tensor]] | None = None) -> None:
+def with_kernels(
+    model: nn.Module,
+    add_norm: Callable[..., tuple[Tensor, Tensor]] | None,
+    rope: Callable[..., tuple[Tensor, Tensor]] | None = None,
+) -> None:
     """The blocks' residual add and norm fused by `add_norm` (`Block.add_norm`) and q and k rotated by `rope`
     (`Attention.qk_rope`), as `kernels.install` sets them on a GPU, or torch's ops (None)."""
     for module in model.modules():

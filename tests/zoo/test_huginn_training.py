@@ -11,7 +11,8 @@ import torch
 
 from training import objectives as T
 from adapters.engine.model import LoopedLM
-from training.train import TaskData, make_objective, train
+from training.data import TaskData
+from training.train import make_objective, train
 from adapters.engine.io.tokenizer import char_tokenizer
 from adapters.zoo import get_recipe
 from suites import synthetic
@@ -28,20 +29,48 @@ def tiny_recipe(**changes: object) -> object:
 def test_the_recipe_is_huginn_shaped_and_trained_by_sampled_recurrence() -> None:
     recipe = get_recipe("lab-huginn")
     cfg = recipe.model_config()
-    assert recipe.kind == "huginn" and cfg.family == "huginn" and (recipe.mean_recurrence, recipe.backprop_depth) == (4, 2)
+    assert (
+        recipe.kind == "huginn" and cfg.family == "huginn" and (recipe.mean_recurrence, recipe.backprop_depth) == (4, 2)
+    )
     assert (cfg.prelude_layers, cfg.shared_layers, cfg.coda_layers, cfg.loops) == (1, 2, 1, 4)
     lab = get_recipe("lab-baseloop").model_config()  # the lab's widths, vocabulary and budget
-    for name in ("hidden_size", "ffn_size", "head_dim", "num_heads", "vocab_size", "pad_token_id", "bos_token_id", "eos_token_id"):
+    for name in (
+        "hidden_size",
+        "ffn_size",
+        "head_dim",
+        "num_heads",
+        "vocab_size",
+        "pad_token_id",
+        "bos_token_id",
+        "eos_token_id",
+    ):
         assert getattr(cfg, name) == getattr(lab, name), name
     base = get_recipe("lab-baseloop")
-    assert (recipe.steps, recipe.batch_size, recipe.lr, recipe.seed, recipe.tasks) == (base.steps, base.batch_size, base.lr, base.seed, base.tasks)
+    assert (recipe.steps, recipe.batch_size, recipe.lr, recipe.seed, recipe.tasks) == (
+        base.steps,
+        base.batch_size,
+        base.lr,
+        base.seed,
+        base.tasks,
+    )
 
 
 def test_the_loop_counts_are_a_function_of_seed_and_step() -> None:
     draws = [T.sampled_recurrence(4, 2, seed=0, step=s) for s in range(2000)]
-    assert draws == [T.sampled_recurrence(4, 2, seed=0, step=s) for s in range(2000)], "the same (seed, step), the same draw"
+    assert draws == [T.sampled_recurrence(4, 2, seed=0, step=s) for s in range(2000)], (
+        "the same (seed, step), the same draw"
+    )
     assert draws != [T.sampled_recurrence(4, 2, seed=1, step=s) for s in range(2000)], "another seed, other draws"
-    assert draws[:8] == [(2, 2), (5, 2), (1, 2), (7, 2), (1, 2), (4, 2), (3, 2), (1, 2)]  # pinned: a resumed run draws these
+    assert draws[:8] == [
+        (2, 2),
+        (5, 2),
+        (1, 2),
+        (7, 2),
+        (1, 2),
+        (4, 2),
+        (3, 2),
+        (1, 2),
+    ]  # pinned: a resumed run draws these
     totals = [n + k for n, k in draws]
     assert all(k == min(2, n + k) and n >= 0 and n + k >= 1 for n, k in draws)  # k = min(backprop depth, r)
     # r = Poisson(tau) + 1 with E[tau] = 4: mean 5, heavy-tailed (Huginn's "poisson-lognormal-filling")
@@ -56,7 +85,9 @@ def _model() -> LoopedLM:
     return model
 
 
-def _grads(model: LoopedLM, tokens: torch.Tensor, loops: int, grad_loops: int | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def _grads(
+    model: LoopedLM, tokens: torch.Tensor, loops: int, grad_loops: int | None
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     model.zero_grad(set_to_none=True)
     model.seed_state(7)  # the same initial state every call
     logits = model(tokens, loops=loops, grad_loops=grad_loops).logits
@@ -82,7 +113,9 @@ def test_gradients_flow_through_the_last_k_loops_only() -> None:
     assert calls == [False, False, False, True, True], "loops 1-3 without autograd, 4-5 with"
     del layer.forward
     full_logits, full = _grads(model, tokens, loops=5, grad_loops=None)
-    torch.testing.assert_close(truncated_logits, full_logits, rtol=0, atol=0)  # the values are the same; only autograd differs
+    torch.testing.assert_close(
+        truncated_logits, full_logits, rtol=0, atol=0
+    )  # the values are the same; only autograd differs
     # the prelude still learns (through the injection at the differentiated loops), but not through loops 1-3
     assert truncated["model.embed_tokens.weight"].abs().sum() > 0
     assert not torch.allclose(truncated["model.recurrence.adapter.weight"], full["model.recurrence.adapter.weight"])
@@ -144,7 +177,9 @@ def test_loss_falls_and_the_checkpoint_loads(tmp_path: Path) -> None:
 
     tasks = ("chain2", "lookup")
     items = {task: synthetic.load_split(task, "train")[:240] for task in tasks}
-    recipe = tiny_recipe(steps=30, batch_size=12, tasks=tasks, val_items=40, warmup_steps=5, log_every=1, save_every=1000, lr=3e-3)
+    recipe = tiny_recipe(
+        steps=30, batch_size=12, tasks=tasks, val_items=40, warmup_steps=5, log_every=1, save_every=1000, lr=3e-3
+    )
     train(recipe, tmp_path / "h", progress=False, items=items, stop=synthetic.STOP)
     import json
 

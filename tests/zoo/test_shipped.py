@@ -25,7 +25,9 @@ def test_the_four_main_models_the_lab_zoo_and_their_recipes_are_shipped() -> Non
 
 def test_shipped_files_are_small_enough_to_commit() -> None:
     total = sum(p.stat().st_size for p in ZOO_DIR.rglob("*") if p.is_file())
-    assert total < 13_500_000, f"zoo package data is {total} bytes"  # 13.2 MB: 15 models of 0.65-2.4 MB in bf16 (lab-huginn 1.45 MB)
+    assert total < 13_500_000, (
+        f"zoo package data is {total} bytes"
+    )  # 13.2 MB: 15 models of 0.65-2.4 MB in bf16 (lab-huginn 1.45 MB)
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -83,16 +85,20 @@ def test_unknown_zoo_model_is_one_clear_error(capsys: pytest.CaptureFixture[str]
 
 def test_a_recipe_starts_from_its_base_and_names_only_what_it_changes(tmp_path: Path) -> None:
     path = tmp_path / "recipes.toml"
-    path.write_text('[defaults]\nsteps = 7\n'
-                    '[models.a]\nkind = "looplm"\npreset = "ouro-tiny"\ndescription = "a"\nlr = 0.5\nconfig = { loops = 3, qk_norm = true }\n'
-                    '[models.b]\nbase = "a"\nconfig = { loops = 5 }\n'
-                    '[models.c]\nbase = "b"\ndescription = "c"\nsteps = 9\n')
+    path.write_text(
+        "[defaults]\nsteps = 7\n"
+        '[models.a]\nkind = "looplm"\npreset = "ouro-tiny"\ndescription = "a"\nlr = 0.5\nconfig = { loops = 3, qk_norm = true }\n'
+        '[models.b]\nbase = "a"\nconfig = { loops = 5 }\n'
+        '[models.c]\nbase = "b"\ndescription = "c"\nsteps = 9\n'
+    )
     recipes = load_recipes(path)
     assert recipes["b"].config == {"loops": 5, "qk_norm": True} and recipes["b"].lr == 0.5 and recipes["b"].steps == 7
     assert recipes["b"].description == "" and recipes["c"].description == "c"  # a description is never inherited
     assert recipes["c"].config == {"loops": 5, "qk_norm": True} and recipes["c"].steps == 9
     path.write_text('[models.a]\nkind = "lm"\npreset = "qwen3-tiny"\nbase = "b"\n[models.b]\nbase = "a"\n')
-    with pytest.raises(adapters.AdapterError, match="model b: base 'a' is not another model of the file, or its bases lead"):
+    with pytest.raises(
+        adapters.AdapterError, match="model b: base 'a' is not another model of the file, or its bases lead"
+    ):
         load_recipes(path)  # a cycle
     path.write_text('[models.a]\nkind = "lm"\npreset = "qwen3-tiny"\nbase = "nope"\n')
     with pytest.raises(adapters.AdapterError, match="model a: base 'nope' is not another model"):

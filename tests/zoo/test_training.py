@@ -10,8 +10,9 @@ import torch
 import adapters
 from adapters.base import AdapterError
 from training import objectives as T
-from adapters.engine.model import LoopedLM
-from training.train import TaskData, load_teacher, train
+from adapters.engine.model import LoopedLM, to_melt
+from training.data import TaskData
+from training.train import load_teacher, train
 from adapters.zoo import get_recipe
 from suites import synthetic
 from tests.support.rounding import rounding_bound
@@ -33,7 +34,17 @@ def tiny(name: str, steps: int, **changes) -> object:
     config = {**recipe.config, **TINY}
     if recipe.kind != "melt":  # the shipped 1e-3 suits thousands of steps; these runs have tens
         changes.setdefault("lr", 3e-3)
-    return recipe.with_overrides(config=config, steps=steps, batch_size=12, tasks=TASKS, val_items=40, warmup_steps=5, log_every=1, save_every=1000, **changes)
+    return recipe.with_overrides(
+        config=config,
+        steps=steps,
+        batch_size=12,
+        tasks=TASKS,
+        val_items=40,
+        warmup_steps=5,
+        log_every=1,
+        save_every=1000,
+        **changes,
+    )
 
 
 def losses(out: Path) -> list[float]:
@@ -73,26 +84,36 @@ def test_looped_loss_trains_every_loop_and_the_exit_gate(teacher_dir: Path) -> N
 
 
 @pytest.mark.parametrize("chunkwise", [True, False])
-def test_melt_conversion_brings_pure_melt_closer_to_the_teacher(chunkwise: bool, tmp_path: Path, items: dict, teacher_dir: Path) -> None:
+def test_melt_conversion_brings_pure_melt_closer_to_the_teacher(
+    chunkwise: bool, tmp_path: Path, items: dict, teacher_dir: Path
+) -> None:
     """The two stages run (a ramps from the teacher, stage 2 adds alignment) and leave a pure MELT model (a = 1) that tracks its teacher."""
     recipe = tiny("melt-tiny", 20, ramp_steps=8, stage2_start=12, chunkwise=chunkwise, lr=3e-3)
-    info = train(recipe, tmp_path / "melt", progress=False, items=items, stop=synthetic.STOP, teacher_spec=f"ouro:{teacher_dir}")
+    info = train(
+        recipe, tmp_path / "melt", progress=False, items=items, stop=synthetic.STOP, teacher_spec=f"ouro:{teacher_dir}"
+    )
     values = losses(tmp_path / "melt")
     assert values[0] < 1e-4, "at a = 0 the converted model is its teacher"
     assert any("align" in line for line in (tmp_path / "melt" / "losses.jsonl").read_text().splitlines()[12:])
     teacher = load_teacher(f"ouro:{teacher_dir}", "cpu")
-    fresh = teacher.to_melt("elementwise", chunk_size=recipe.chunk_size)
+    fresh = to_melt(teacher, "elementwise", chunk_size=recipe.chunk_size)
     shipped = adapters.load(f"melt:{tmp_path / 'melt'}", dtype="float32").model
     assert shipped.config.kv_strategy == "gated" and shipped.config.chunk_size == recipe.chunk_size
-    trained = teacher.to_melt("elementwise", chunk_size=recipe.chunk_size)  # float32 weights, not the bf16 files
+    trained = to_melt(teacher, "elementwise", chunk_size=recipe.chunk_size)  # float32 weights, not the bf16 files
     trained.load_state_dict(torch.load(tmp_path / "melt" / "train_state.pt", weights_only=False)["model"])
-    data = TaskData(TASKS, adapters.load(f"ouro:{teacher_dir}").tokenizer, 0, {k: v[:16] for k, v in items.items()}, synthetic.STOP)
+    data = TaskData(
+        TASKS, adapters.load(f"ouro:{teacher_dir}").tokenizer, 0, {k: v[:16] for k, v in items.items()}, synthetic.STOP
+    )
     batch = data.collate(data.train, "cpu")
     chunk = recipe.chunk_size if chunkwise else batch.inputs.shape[1]
     with torch.no_grad():
         ref = teacher(batch.inputs, return_loop_logits=True).loop_logits
-        gap = [T.distill_loss(m(batch.inputs, chunk_size=chunk, return_loop_logits=True).loop_logits, ref, batch.token_mask).item()
-               for m in (fresh, trained)]
+        gap = [
+            T.distill_loss(
+                m(batch.inputs, chunk_size=chunk, return_loop_logits=True).loop_logits, ref, batch.token_mask
+            ).item()
+            for m in (fresh, trained)
+        ]
     assert gap[1] < 1e-3, gap  # per-loop KL to the teacher stays small at a = 1
     moved = max((a - b).abs().max().item() for a, b in zip(fresh.state_dict().values(), trained.state_dict().values()))
     assert moved > 1e-3, "conversion training changed the weights"
@@ -103,15 +124,19 @@ def test_melt_conversion_brings_pure_melt_closer_to_the_teacher(chunkwise: bool,
 def test_stage1_at_a0_reproduces_the_teacher(teacher_dir: Path, items: dict) -> None:
     """With kv_mix 0 the converted model, chunk-wise, computes exactly its LoopLM teacher's logits."""
     teacher = load_teacher(f"ouro:{teacher_dir}", "cpu")
-    student = teacher.to_melt("elementwise", chunk_size=4)
-    data = TaskData(TASKS, adapters.load(f"ouro:{teacher_dir}").tokenizer, 0, {k: v[:8] for k, v in items.items()}, synthetic.STOP)
+    student = to_melt(teacher, "elementwise", chunk_size=4)
+    data = TaskData(
+        TASKS, adapters.load(f"ouro:{teacher_dir}").tokenizer, 0, {k: v[:8] for k, v in items.items()}, synthetic.STOP
+    )
     batch = data.collate(data.train, "cpu")
     with torch.no_grad():
         ref = teacher(batch.inputs, return_loop_logits=True)
         out = student(batch.inputs, chunk_size=4, kv_mix=0.0, return_loop_logits=True)
     bound = rounding_bound(teacher, lambda: torch.stack(teacher(batch.inputs, return_loop_logits=True).loop_logits))
     for s, t in zip(out.loop_logits, ref.loop_logits):
-        torch.testing.assert_close(s, t, atol=bound, rtol=0)  # two float32 paths: rounding alone (tests/support/rounding.py)
+        torch.testing.assert_close(
+            s, t, atol=bound, rtol=0
+        )  # two float32 paths: rounding alone (tests/support/rounding.py)
     assert T.distill_loss(out.loop_logits, ref.loop_logits, batch.token_mask).item() < 1e-6
     # and at a = 1 it is a different model (the gated K/V), which the ramp moves towards
     with torch.no_grad():
@@ -122,7 +147,7 @@ def test_stage1_at_a0_reproduces_the_teacher(teacher_dir: Path, items: dict) -> 
 def test_chunk_size_one_training_forward_matches_decoding(teacher_dir: Path) -> None:
     """The training forward at chunk size 1 and the engine's token-by-token decoding give the same greedy text."""
     teacher = load_teacher(f"ouro:{teacher_dir}", "cpu")
-    student: LoopedLM = teacher.to_melt("elementwise", chunk_size=1, generator=torch.Generator().manual_seed(3))
+    student: LoopedLM = to_melt(teacher, "elementwise", chunk_size=1, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():  # make the gate matter, so that a wrong latent would show
         for layer in student.shared:
             layer.melt_gate.w_z.bias.fill_(0.5)
@@ -191,8 +216,9 @@ def test_decode_aligned_chunks_reproduce_melt_decoding(tmp_path: Path) -> None:
     assert (aligned - as_prompt).abs().max() > 1e-3  # the whole sequence chunked as one prompt is another model
 
 
-def test_a_torn_last_line_of_the_loss_log_is_ignored_on_resume_and_said(tmp_path: Path, items: dict,
-                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_torn_last_line_of_the_loss_log_is_ignored_on_resume_and_said(
+    tmp_path: Path, items: dict, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A process killed while appending to losses.jsonl leaves half a line: resume drops it, says so, and the curve
     ends as an uninterrupted run's."""
     recipe = tiny("qwen3-tiny-small", 6)
@@ -207,12 +233,21 @@ def test_a_torn_last_line_of_the_loss_log_is_ignored_on_resume_and_said(tmp_path
     assert info is not None and info["final_loss"] == pytest.approx(losses(tmp_path / "straight")[-1])
 
 
-def test_a_loss_that_is_not_finite_stops_training_and_writes_no_checkpoint(tmp_path: Path, items: dict, teacher_dir: Path) -> None:
+def test_a_loss_that_is_not_finite_stops_training_and_writes_no_checkpoint(
+    tmp_path: Path, items: dict, teacher_dir: Path
+) -> None:
     """`distill_temperature = 0` trained to NaN, wrote a NaN checkpoint and exited 0; 0 is now out of the recipe's range,
     and a temperature that still overflows (a denormal: the teacher's logits over it are inf, inf - inf is NaN) stops
     the run at its step with one line. The folder holds no model (a resume point of finite weights at most)."""
     recipe = tiny("melt-tiny", 40, distill_temperature=1e-45)
     with pytest.raises(AdapterError, match=r"recipe melt-tiny: the loss is nan at step 0; training stopped") as caught:
-        train(recipe, tmp_path / "out", progress=False, items=items, stop=synthetic.STOP, teacher_spec=f"ouro:{teacher_dir}")
+        train(
+            recipe,
+            tmp_path / "out",
+            progress=False,
+            items=items,
+            stop=synthetic.STOP,
+            teacher_spec=f"ouro:{teacher_dir}",
+        )
     assert "\n" not in str(caught.value)
     assert not (tmp_path / "out" / "model.safetensors").exists() and not (tmp_path / "out" / "train_info.json").exists()

@@ -15,8 +15,20 @@ from adapters.engine.families.ouro import PER_LOOP, Ouro
 from adapters.engine.families.sharing import policy_layout
 from adapters.engine.families.standard import STANDARD, Family, KVLayout, Standard
 
-__all__ = ["GATED", "KV_LAYOUTS", "PER_LOOP", "STANDARD", "Family", "Huginn", "KVLayout", "Melt", "Ouro", "Retrofit",
-           "Standard", "family_of"]
+__all__ = [
+    "GATED",
+    "KV_LAYOUTS",
+    "PER_LOOP",
+    "STANDARD",
+    "Family",
+    "Huginn",
+    "KVLayout",
+    "Melt",
+    "Ouro",
+    "Retrofit",
+    "Standard",
+    "family_of",
+]
 
 KV_LAYOUTS: dict[str, KVLayout] = {layout.name: layout for layout in (STANDARD, PER_LOOP, GATED)}
 

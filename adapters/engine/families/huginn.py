@@ -75,8 +75,9 @@ class HuginnBlock(Block):
     def __init__(self, cfg: LoopConfig) -> None:
         super().__init__(cfg, qk_bias=True)
 
-    def forward(self, h: Tensor, span: Span, cache: Cache, layer: int, loop: int,
-                scales: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, h: Tensor, span: Span, cache: Cache, layer: int, loop: int, scales: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         x = self.input_layernorm.forward(h)
         a = self.self_attn.attend(x, None, span, cache, layer, loop)
         h = self.input_layernorm_2.forward(h + a)
@@ -144,7 +145,9 @@ class Recurrence(nn.Module):
         """[B, n] int64: the key of each token's draw, from its stream key `streams` [B, n], its position [B, n] and
         the seed (the run's, `LoopedLM.seed_state`), hashed as the sampling noise hashes a stream and a counter."""
         if streams is None:
-            raise ValueError("a model that draws its initial state needs the stream each token draws from (step's streams)")
+            raise ValueError(
+                "a model that draws its initial state needs the stream each token draws from (step's streams)"
+            )
         return mix32(mix32(streams ^ mix32((self.seed ^ STATE_STREAM) & M32)) ^ mix32(positions & M32))
 
     def keyed_draw(self, keys: Tensor, e: Tensor, std: float) -> Tensor:

@@ -32,6 +32,7 @@ from adapters.engine.layers import Block
 if TYPE_CHECKING:
     from adapters.engine.cache import Cache
 
+
 class Gated(KVLayout):
     """`gated`: one entry per layer, a shared layer's row overwritten at every loop, plus the latent h of each
     shared layer for the tokens in flight (a prefill chunk, or the decoded tokens)."""
@@ -102,6 +103,7 @@ class GatedBlock(Block):
     def init_extra(self, generator: torch.Generator, std: float) -> None:
         fresh_gate(self.melt_gate, generator, std)
 
+
 class MeltGate(nn.Module):
     """MELT's latent update at loops 2..r: `h <- z * h + (1 - z) * x` with z from the variant.
 
@@ -143,4 +145,3 @@ def fresh_gate(gate: MeltGate, generator: torch.Generator, std: float = 0.02) ->
         gate.w_z.bias.fill_(-2.0)
     elif gate.variant == "scalar":
         gate.logit.fill_(-2.0)
-

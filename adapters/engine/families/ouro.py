@@ -40,6 +40,7 @@ class Ouro(Family):
 
     kv: KVLayout = PER_LOOP
 
+
 def exit_probabilities(gate_logits: Tensor) -> Tensor:
     """[r, ...] gate logits -> [r, ...] exit probabilities: p_t = l_t * prod_{j<t}(1 - l_j), the last loop
     takes the rest."""

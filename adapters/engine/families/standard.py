@@ -34,7 +34,9 @@ class KVLayout:
     policy = "standard"  # the `kv_policy` that names it
     grows_with_loops = False  # whether a token holds an entry per loop (exits may then leave loops unwritten)
     reads_latest = False  # whether a skipped loop is read from the token's latest one (so written: exit_fill copy)
-    folds = False  # whether a loop's K/V are folded into the entry its earlier loops wrote (`fold`), not written over it
+    folds = (
+        False  # whether a loop's K/V are folded into the entry its earlier loops wrote (`fold`), not written over it
+    )
 
     def entries(self, cfg: LoopConfig, loops: int) -> int:
         """K/V entries one token holds at `loops` loops."""

@@ -28,13 +28,21 @@ from adapters.base import AdapterError
 from adapters.config_values import MISSING, first_id, flag, id_list, integer, number
 from adapters.files import MIB, check_closed, check_complete, commit_folder, index_shards, parse_json, read_text
 from adapters.engine.config import ENGINE_FORMAT, LoopConfig
-from adapters.engine.io.raven import MODEL_TYPE as HUGINN_TYPE, engine_tensors, huginn_config, is_retrofit, retrofit_config
+from adapters.engine.io.raven import (
+    MODEL_TYPE as HUGINN_TYPE,
+    engine_tensors,
+    huginn_config,
+    is_retrofit,
+    retrofit_config,
+)
 from adapters.engine.model import LoopedLM
 from adapters.engine.io.presets import preset
 
 
 # ----------------------------------------------------------------------- config.json files
-CONFIG_LIMIT = 16 * MIB  # a config.json or shard index; real ones are a few KB (an index of thousands of tensors, a few MB)
+CONFIG_LIMIT = (
+    16 * MIB
+)  # a config.json or shard index; real ones are a few KB (an index of thousands of tensors, a few MB)
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -64,23 +72,47 @@ def _hf_config(raw: dict[str, Any], family: str) -> LoopConfig:
         theta = number(rope if isinstance(rope, dict) and "rope_theta" in rope else raw, "rope_theta", 10000.0, where)
         eos = id_list(raw, "eos_token_id", where)
         cfg = dict(
-            vocab_size=raw["vocab_size"], hidden_size=hidden, num_heads=heads,
-            num_kv_heads=raw.get("num_key_value_heads") or heads, head_dim=raw.get("head_dim") or hidden // heads,
-            ffn_size=raw["intermediate_size"], rope_theta=theta,
-            norm_eps=raw.get("rms_norm_eps", 1e-6), tie_embeddings=flag(raw, "tie_word_embeddings", False, where),
-            max_position=raw.get("max_position_embeddings", 32768), bos_token_id=first_id(raw, "bos_token_id", where),
-            eos_token_id=eos[0] if eos else None, pad_token_id=first_id(raw, "pad_token_id", where), extra={"eos_token_ids": eos},
+            vocab_size=raw["vocab_size"],
+            hidden_size=hidden,
+            num_heads=heads,
+            num_kv_heads=raw.get("num_key_value_heads") or heads,
+            head_dim=raw.get("head_dim") or hidden // heads,
+            ffn_size=raw["intermediate_size"],
+            rope_theta=theta,
+            norm_eps=raw.get("rms_norm_eps", 1e-6),
+            tie_embeddings=flag(raw, "tie_word_embeddings", False, where),
+            max_position=raw.get("max_position_embeddings", 32768),
+            bos_token_id=first_id(raw, "bos_token_id", where),
+            eos_token_id=eos[0] if eos else None,
+            pad_token_id=first_id(raw, "pad_token_id", where),
+            extra={"eos_token_ids": eos},
         )
         layers = raw["num_hidden_layers"]
     except KeyError as exc:
         raise AdapterError(f"HF config.json lacks field {exc.args[0]!r}") from exc
     if family == "qwen3":
-        return LoopConfig(family="qwen3", shared_layers=layers, loops=1, norm_layout="pre", qk_norm=True, kv_strategy="standard", **cfg)
+        return LoopConfig(
+            family="qwen3",
+            shared_layers=layers,
+            loops=1,
+            norm_layout="pre",
+            qk_norm=True,
+            kv_strategy="standard",
+            **cfg,
+        )
     gated = family == "melt"
     return LoopConfig(
-        family=family, shared_layers=layers, loops=raw.get("total_ut_steps", 4), norm_layout="sandwich",
-        qk_norm=False, kv_strategy="gated" if gated else "per_loop", exit_gate=True, exit_threshold=raw.get("early_exit_threshold"),
-        gate_variant=raw.get("melt_gate_variant", "elementwise"), chunk_size=raw.get("melt_chunk_size", 64), **cfg,
+        family=family,
+        shared_layers=layers,
+        loops=raw.get("total_ut_steps", 4),
+        norm_layout="sandwich",
+        qk_norm=False,
+        kv_strategy="gated" if gated else "per_loop",
+        exit_gate=True,
+        exit_threshold=raw.get("early_exit_threshold"),
+        gate_variant=raw.get("melt_gate_variant", "elementwise"),
+        chunk_size=raw.get("melt_chunk_size", 64),
+        **cfg,
     )
 
 
@@ -107,7 +139,9 @@ def read_config(path: str | Path, family: str | None = None) -> LoopConfig:
     except AdapterError as exc:
         raise AdapterError(str(exc) if str(path) in str(exc) else f"{file}: {exc}") from None
     if family == "melt" and not cfg.gated:
-        raise AdapterError(f"{path}: melt: needs a gated checkpoint (engine config with kv_strategy 'gated' or an Ouro-format dir with gate tensors)")
+        raise AdapterError(
+            f"{path}: melt: needs a gated checkpoint (engine config with kv_strategy 'gated' or an Ouro-format dir with gate tensors)"
+        )
     return cfg
 
 
@@ -124,15 +158,34 @@ def _hf_family(raw: dict[str, Any], file: Path) -> str:
     """qwen3, huginn, retrofit, melt or ouro, from an HF config's fields."""
     model_type = str(raw.get("model_type", "")).lower()
     raven = "retrofit" if is_retrofit(raw) else "huginn"
-    family = "qwen3" if model_type.startswith("qwen") else raven if model_type == HUGINN_TYPE else \
-        "melt" if "melt_gate_variant" in raw else "ouro" if "total_ut_steps" in raw else ""
+    family = (
+        "qwen3"
+        if model_type.startswith("qwen")
+        else raven
+        if model_type == HUGINN_TYPE
+        else "melt"
+        if "melt_gate_variant" in raw
+        else "ouro"
+        if "total_ut_steps" in raw
+        else ""
+    )
     if not family:
-        raise AdapterError(f"{file}: neither an engine config nor an HF Qwen3/Ouro config (model_type={raw.get('model_type')!r})")
+        raise AdapterError(
+            f"{file}: neither an engine config nor an HF Qwen3/Ouro config (model_type={raw.get('model_type')!r})"
+        )
     return family
 
 
-SAFETENSORS_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
-                      "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8, "BOOL": torch.bool}
+SAFETENSORS_DTYPES = {
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
 
 
 def read_safetensors(file: Path) -> dict[str, torch.Tensor]:
@@ -174,17 +227,23 @@ def _read_tensors(directory: Path) -> dict[str, torch.Tensor]:
         raise
     except Exception as exc:  # noqa: BLE001 (corrupt files surface as one clear line)
         raise AdapterError(f"cannot read safetensors weights in {directory}: {exc}") from exc
-    raise AdapterError(f"{directory} has no model.safetensors (or model.safetensors.index.json): expected safetensors weights")
+    raise AdapterError(
+        f"{directory} has no model.safetensors (or model.safetensors.index.json): expected safetensors weights"
+    )
 
 
 def load_model(path: str | Path, family: str, dtype: torch.dtype, device: str | torch.device) -> LoopedLM:
     """Build a LoopedLM from a checkpoint directory, checking that every tensor is present with its shape."""
     directory = Path(path)
     if not directory.is_dir():
-        raise AdapterError(f"{directory} is not a directory: expected a checkpoint directory (config.json + model.safetensors)")
+        raise AdapterError(
+            f"{directory} is not a directory: expected a checkpoint directory (config.json + model.safetensors)"
+        )
     cfg = read_config(directory, family)
     tensors = _read_tensors(directory)
-    if cfg.recurrent and any(name.startswith("transformer.") for name in tensors):  # the official layout, not the engine's
+    if cfg.recurrent and any(
+        name.startswith("transformer.") for name in tensors
+    ):  # the official layout, not the engine's
         try:
             tensors = engine_tensors(tensors, cfg)
         except AdapterError as exc:
@@ -198,13 +257,17 @@ def load_model(path: str | Path, family: str, dtype: torch.dtype, device: str | 
     expected = model.state_dict()
     missing = sorted(set(expected) - set(tensors))
     if missing:
-        raise AdapterError(f"{directory}: checkpoint lacks {len(missing)} tensor(s) the {cfg.family} config needs, e.g. {', '.join(missing[:3])}")
+        raise AdapterError(
+            f"{directory}: checkpoint lacks {len(missing)} tensor(s) the {cfg.family} config needs, e.g. {', '.join(missing[:3])}"
+        )
     extra = sorted(set(tensors) - set(expected))
     if extra:
         raise AdapterError(f"{directory}: unexpected tensor(s) {', '.join(extra[:3])} for a {cfg.family} config")
     for name, tensor in expected.items():
         if tuple(tensors[name].shape) != tuple(tensor.shape):
-            raise AdapterError(f"{directory}: tensor {name} has shape {tuple(tensors[name].shape)}, config expects {tuple(tensor.shape)}")
+            raise AdapterError(
+                f"{directory}: tensor {name} has shape {tuple(tensors[name].shape)}, config expects {tuple(tensor.shape)}"
+            )
     model.load_state_dict(_fused_state(model, tensors, dtype), assign=True)
     return model.to(device=device, dtype=dtype).eval()
 
@@ -225,8 +288,9 @@ def _fused_state(model: LoopedLM, tensors: dict[str, torch.Tensor], dtype: torch
     return tensors
 
 
-def save_checkpoint(model: LoopedLM, directory: str | Path, tokenizer: Any | None = None,
-                    extra_files: dict[str, str] | None = None) -> Path:
+def save_checkpoint(
+    model: LoopedLM, directory: str | Path, tokenizer: Any | None = None, extra_files: dict[str, str] | None = None
+) -> Path:
     """Write the engine format: model.safetensors + config.json (+ tokenizer.json, + `extra_files`, name -> text).
 
     The files go in as one set (`adapters.files.commit_folder`): a save that is interrupted or runs out of
@@ -250,7 +314,9 @@ def save_checkpoint(model: LoopedLM, directory: str | Path, tokenizer: Any | Non
     return Path(directory)
 
 
-def random_model(name_or_config: str | LoopConfig, seed: int, dtype: torch.dtype, device: str | torch.device) -> LoopedLM:
+def random_model(
+    name_or_config: str | LoopConfig, seed: int, dtype: torch.dtype, device: str | torch.device
+) -> LoopedLM:
     """A seeded random-init model of a preset (built on the target device, no fp32 detour)."""
     cfg = preset(name_or_config) if isinstance(name_or_config, str) else name_or_config
     with torch.device("meta"):

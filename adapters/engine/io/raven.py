@@ -46,8 +46,12 @@ from adapters.engine.config import ROPE_SCALING_KEYS, LoopConfig
 
 MODEL_TYPE = "huginn_raven"
 ROPE_BASE = 50_000.0  # RavenConfig's default `rope_base`; the public config.json does not set it
-NORMS = {"norm_1": "input_layernorm", "norm_2": "input_layernorm_2", "norm_3": "post_attention_layernorm",
-         "norm_4": "post_attention_layernorm_2"}
+NORMS = {
+    "norm_1": "input_layernorm",
+    "norm_2": "input_layernorm_2",
+    "norm_3": "post_attention_layernorm",
+    "norm_4": "post_attention_layernorm_2",
+}
 RETROFIT_NORMS = {"norm_1": "input_layernorm", "norm_2": "post_attention_layernorm"}  # the Llama block's two norms
 
 
@@ -65,13 +69,26 @@ def huginn_config(raw: dict[str, Any]) -> LoopConfig:
     if is_retrofit(raw):
         raise AdapterError("a retrofitted-recurrence config.json (qk_bias false): load it as retrofit:DIR")
     return LoopConfig(
-        family="huginn", vocab_size=raw.get("vocab_size", 65536), hidden_size=d, num_heads=heads, num_kv_heads=heads,
-        head_dim=d // heads, ffn_size=raw.get("intermediate_size", 17920), prelude_layers=raw.get("n_layers_in_prelude", 2),
-        shared_layers=raw.get("n_layers_in_recurrent_block", 4), coda_layers=raw.get("n_layers_in_coda", 2),
-        loops=raw.get("mean_recurrence", 32), rope_theta=number(raw, "rope_base", ROPE_BASE, WHERE), norm_eps=raw.get("norm_eps", 1e-6),
-        tie_embeddings=flag(raw, "tie_embeddings", True, WHERE), norm_layout="sandwich", kv_strategy="per_loop",
-        max_position=raw.get("block_size", 4096), bos_token_id=first_id(raw, "bos_token_id", WHERE),
-        eos_token_id=first_id(raw, "eos_token_id", WHERE), pad_token_id=first_id(raw, "pad_token_id", WHERE),
+        family="huginn",
+        vocab_size=raw.get("vocab_size", 65536),
+        hidden_size=d,
+        num_heads=heads,
+        num_kv_heads=heads,
+        head_dim=d // heads,
+        ffn_size=raw.get("intermediate_size", 17920),
+        prelude_layers=raw.get("n_layers_in_prelude", 2),
+        shared_layers=raw.get("n_layers_in_recurrent_block", 4),
+        coda_layers=raw.get("n_layers_in_coda", 2),
+        loops=raw.get("mean_recurrence", 32),
+        rope_theta=number(raw, "rope_base", ROPE_BASE, WHERE),
+        norm_eps=raw.get("norm_eps", 1e-6),
+        tie_embeddings=flag(raw, "tie_embeddings", True, WHERE),
+        norm_layout="sandwich",
+        kv_strategy="per_loop",
+        max_position=raw.get("block_size", 4096),
+        bos_token_id=first_id(raw, "bos_token_id", WHERE),
+        eos_token_id=first_id(raw, "eos_token_id", WHERE),
+        pad_token_id=first_id(raw, "pad_token_id", WHERE),
     )
 
 
@@ -82,27 +99,44 @@ def retrofit_config(raw: dict[str, Any]) -> LoopConfig:
         raise AdapterError("Huginn-0125's config.json (qk_bias true): load it as huginn:DIR")
     init = raw.get("init_values")
     if not isinstance(init, dict) or init.get("embed_scale") != 1 or "std" not in init:
-        raise AdapterError(f"retrofit config.json: init_values must hold embed_scale 1 and the state's std, as the conversion writes, got {init!r}")
+        raise AdapterError(
+            f"retrofit config.json: init_values must hold embed_scale 1 and the state's std, as the conversion writes, got {init!r}"
+        )
     if raw.get("test_time_noise", 0):
         raise AdapterError("retrofit config.json: test_time_noise must be 0 (the engine adds no noise to the state)")
     return LoopConfig(
-        family="retrofit", vocab_size=raw.get("padded_vocab_size", raw.get("vocab_size", 65536)), hidden_size=d, num_heads=heads,
-        num_kv_heads=raw.get("num_key_value_heads", heads), head_dim=d // heads, ffn_size=raw.get("intermediate_size", 17920),
-        prelude_layers=raw.get("n_layers_in_prelude", 2), shared_layers=raw.get("n_layers_in_recurrent_block", 4),
-        coda_layers=raw.get("n_layers_in_coda", 2), loops=raw.get("mean_recurrence", 32),
+        family="retrofit",
+        vocab_size=raw.get("padded_vocab_size", raw.get("vocab_size", 65536)),
+        hidden_size=d,
+        num_heads=heads,
+        num_kv_heads=raw.get("num_key_value_heads", heads),
+        head_dim=d // heads,
+        ffn_size=raw.get("intermediate_size", 17920),
+        prelude_layers=raw.get("n_layers_in_prelude", 2),
+        shared_layers=raw.get("n_layers_in_recurrent_block", 4),
+        coda_layers=raw.get("n_layers_in_coda", 2),
+        loops=raw.get("mean_recurrence", 32),
         rope_theta=number(raw, "rope_theta", number(raw, "rope_base", ROPE_BASE, WHERE), WHERE),
         rope_scaling=_llama3_scaling(raw.get("rope_scaling")),
-        norm_eps=raw.get("norm_eps", 1e-6), tie_embeddings=flag(raw, "tie_embeddings", True, WHERE), norm_layout="pre",
-        kv_strategy="per_loop", state_std=init["std"], max_position=raw.get("max_position_embeddings", raw.get("block_size", 4096)),
+        norm_eps=raw.get("norm_eps", 1e-6),
+        tie_embeddings=flag(raw, "tie_embeddings", True, WHERE),
+        norm_layout="pre",
+        kv_strategy="per_loop",
+        state_std=init["std"],
+        max_position=raw.get("max_position_embeddings", raw.get("block_size", 4096)),
     )
 
 
 def _raven_shape(raw: dict[str, Any], name: str) -> tuple[int, int]:
     """(n_embd, n_heads) of a RavenConfig config.json, after the checks both families share."""
     if raw.get("model_type") != MODEL_TYPE:
-        raise AdapterError(f"not a {name} config.json: model_type is {raw.get('model_type')!r}, expected {MODEL_TYPE!r}")
+        raise AdapterError(
+            f"not a {name} config.json: model_type is {raw.get('model_type')!r}, expected {MODEL_TYPE!r}"
+        )
     if raw.get("injection_type", "linear") != "linear" or flag(raw, "bias", False, WHERE):
-        raise AdapterError(f"{name} config.json: only injection_type 'linear' and bias false (the released models) are supported")
+        raise AdapterError(
+            f"{name} config.json: only injection_type 'linear' and bias false (the released models) are supported"
+        )
     d, heads = raw.get("n_embd", 5280), raw.get("n_heads", raw.get("num_attention_heads", 55))
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (d, heads)) or d % heads:
         raise AdapterError(f"{name} config.json: n_embd={d!r} must be a positive multiple of n_heads={heads!r}")
@@ -128,15 +162,23 @@ def official_shapes(cfg: LoopConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor the official layout of `cfg` holds, with its shape (the lm_head only when untied; a tied one is
     dropped at load)."""
     d, h, kv, hd, ffn = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.ffn_size
-    shapes = {"transformer.wte.weight": (cfg.vocab_size, d), "transformer.ln_f.weight": (d,), "transformer.adapter.weight": (d, 2 * d)}
+    shapes = {
+        "transformer.wte.weight": (cfg.vocab_size, d),
+        "transformer.ln_f.weight": (d,),
+        "transformer.adapter.weight": (d, 2 * d),
+    }
     if not cfg.tie_embeddings:
         shapes["lm_head.weight"] = (cfg.vocab_size, d)
     for part, count in (("prelude", cfg.prelude_layers), ("core_block", cfg.shared_layers), ("coda", cfg.coda_layers)):
         for i in range(count):
             block = f"transformer.{part}.{i}."
             shapes |= {f"{block}{norm}.weight": (d,) for norm in (NORMS if cfg.huginn else RETROFIT_NORMS)}
-            shapes |= {f"{block}attn.Wqkv.weight": ((h + 2 * kv) * hd, d), f"{block}attn.proj.weight": (d, h * hd),
-                       f"{block}mlp.fc.weight": (2 * ffn, d), f"{block}mlp.proj.weight": (d, ffn)}
+            shapes |= {
+                f"{block}attn.Wqkv.weight": ((h + 2 * kv) * hd, d),
+                f"{block}attn.proj.weight": (d, h * hd),
+                f"{block}mlp.fc.weight": (2 * ffn, d),
+                f"{block}mlp.proj.weight": (d, ffn),
+            }
             if cfg.huginn:
                 shapes[f"{block}attn.qk_bias"] = (2, 1, h, hd)
     return shapes
@@ -149,16 +191,21 @@ def check_official(tensors: dict[str, torch.Tensor], cfg: LoopConfig) -> None:
         if name not in tensors:
             raise AdapterError(f"{cfg.family} checkpoint lacks tensor {name} (shape {shape})")
         if tuple(tensors[name].shape) != shape:
-            raise AdapterError(f"{cfg.family} checkpoint: tensor {name} has shape {tuple(tensors[name].shape)}, "
-                               f"the config expects {shape}")
+            raise AdapterError(
+                f"{cfg.family} checkpoint: tensor {name} has shape {tuple(tensors[name].shape)}, "
+                f"the config expects {shape}"
+            )
 
 
 def engine_tensors(tensors: dict[str, torch.Tensor], cfg: LoopConfig) -> dict[str, torch.Tensor]:
     """The official state dict under the engine's names (`LoopedLM.state_dict()`); Huginn-0125's q and k reordered for
     rotate-half RoPE (a retrofit's are rotate-half already). Each tensor's name and shape is checked first."""
     check_official(tensors, cfg)
-    out = {"model.embed_tokens.weight": tensors.pop("transformer.wte.weight"), "model.norm.weight": tensors.pop("transformer.ln_f.weight"),
-           "model.recurrence.adapter.weight": tensors.pop("transformer.adapter.weight")}
+    out = {
+        "model.embed_tokens.weight": tensors.pop("transformer.wte.weight"),
+        "model.norm.weight": tensors.pop("transformer.ln_f.weight"),
+        "model.recurrence.adapter.weight": tensors.pop("transformer.adapter.weight"),
+    }
     tensors.pop("freqs_cis", None)  # the official RoPE table, a buffer; the engine computes its own from rope_theta
     if "lm_head.weight" in tensors:
         out["lm_head.weight"] = tensors.pop("lm_head.weight")
@@ -174,7 +221,9 @@ def engine_tensors(tensors: dict[str, torch.Tensor], cfg: LoopConfig) -> dict[st
     return out
 
 
-def _block_tensors(name: str, tensor: torch.Tensor, cfg: LoopConfig, order: torch.Tensor | None) -> dict[str, torch.Tensor]:
+def _block_tensors(
+    name: str, tensor: torch.Tensor, cfg: LoopConfig, order: torch.Tensor | None
+) -> dict[str, torch.Tensor]:
     """One official block tensor (name within the block) as the engine's tensors; q and k rows taken in `order` when given."""
     h, kv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     norms = NORMS if cfg.huginn else RETROFIT_NORMS
@@ -192,8 +241,10 @@ def _block_tensors(name: str, tensor: torch.Tensor, cfg: LoopConfig, order: torc
         return {"mlp.gate_proj.weight": gate, "mlp.up_proj.weight": up}
     renamed = {"attn.proj.weight": "self_attn.o_proj.weight", "mlp.proj.weight": "mlp.down_proj.weight"}
     if name in ("attn.q_norm.weight", "attn.k_norm.weight"):
-        raise AdapterError("an OLMo-2 retrofit (attn.q_norm: q/k norms over whole projections, norms after each sublayer) is not "
-                           "supported; the engine reads Llama-style retrofits (Llama-3.2, TinyLlama)")
+        raise AdapterError(
+            "an OLMo-2 retrofit (attn.q_norm: q/k norms over whole projections, norms after each sublayer) is not "
+            "supported; the engine reads Llama-style retrofits (Llama-3.2, TinyLlama)"
+        )
     if name not in renamed:
         raise AdapterError(f"{cfg.family} checkpoint: unexpected block tensor {name!r}")
     return {renamed[name]: tensor}

@@ -28,10 +28,14 @@ def char_tokenizer() -> Any:
 
     vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=None))
-    tok.normalizer = normalizers.Sequence([normalizers.Replace("\t", " "), normalizers.Replace(Regex(r"[^\n -~]"), "?")])
+    tok.normalizer = normalizers.Sequence(
+        [normalizers.Replace("\t", " "), normalizers.Replace(Regex(r"[^\n -~]"), "?")]
+    )
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", 1)])
+    tok.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", 1)]
+    )
     tok.add_special_tokens(list(SPECIALS))
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>")
 
@@ -78,6 +82,11 @@ def token_ids(cfg: LoopConfig, tokenizer: Any | None) -> LoopConfig:
     stops = generation | {eos} if eos in generation else {eos} | (claimed - others)
     bos = cfg.bos_token_id if tokenizer.bos_token_id is None else tokenizer.bos_token_id
     pad = cfg.pad_token_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id
-    check_vocabulary("the folder's tokenizer and config", cfg.vocab_size,
-                     {"bos id": bos, "eos id": eos, "pad id": pad, "stop id": stops})
-    return cfg.replace(bos_token_id=bos, eos_token_id=eos, pad_token_id=pad, extra={**cfg.extra, "eos_token_ids": sorted(stops)})
+    check_vocabulary(
+        "the folder's tokenizer and config",
+        cfg.vocab_size,
+        {"bos id": bos, "eos id": eos, "pad id": pad, "stop id": stops},
+    )
+    return cfg.replace(
+        bos_token_id=bos, eos_token_id=eos, pad_token_id=pad, extra={**cfg.extra, "eos_token_ids": sorted(stops)}
+    )

@@ -49,12 +49,49 @@ def _dequantize(rows, scale_ptrs, mask, FORMAT: tl.constexpr):
 
 
 @triton.jit
-def _paged_attention(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, pos_ptr, out_ptr, m_ptr, l_ptr,
-                     sm_scale, n_kv, n_tokens, group, block_size, keys_per_split,
-                     q_sb, q_sh, q_sn, k_ss, k_sh, s_ss, s_sh, t_sb, p_sb, p_sn,
-                     o_ss, o_sb, o_sn, o_sh, ml_ss, ml_sb, ml_sn,
-                     HEAD_DIM: tl.constexpr, SCALE_AT: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, FORMAT: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr):
+def _paged_attention(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    ks_ptr,
+    vs_ptr,
+    table_ptr,
+    pos_ptr,
+    out_ptr,
+    m_ptr,
+    l_ptr,
+    sm_scale,
+    n_kv,
+    n_tokens,
+    group,
+    block_size,
+    keys_per_split,
+    q_sb,
+    q_sh,
+    q_sn,
+    k_ss,
+    k_sh,
+    s_ss,
+    s_sh,
+    t_sb,
+    p_sb,
+    p_sn,
+    o_ss,
+    o_sb,
+    o_sn,
+    o_sh,
+    ml_ss,
+    ml_sb,
+    ml_sn,
+    HEAD_DIM: tl.constexpr,
+    SCALE_AT: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    FORMAT: tl.constexpr,
+    SPLIT: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     b, kv_head = tl.program_id(0) // n_kv, tl.program_id(0) % n_kv
     part = tl.program_id(2)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)  # query rows: token rows // group, head rows % group
@@ -62,8 +99,11 @@ def _paged_attention(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, pos_ptr, ou
     row_ok = token < n_tokens
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
-    q = tl.load(q_ptr + b * q_sb + head[:, None] * q_sh + token[:, None] * q_sn + d[None, :],
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    q = tl.load(
+        q_ptr + b * q_sb + head[:, None] * q_sh + token[:, None] * q_sn + d[None, :],
+        mask=row_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
     pos = tl.load(pos_ptr + b * p_sb + token * p_sn, mask=row_ok, other=0).to(tl.int32)  # padding rows: key 0
     first = part * keys_per_split
     last = tl.minimum(tl.max(pos, axis=0) + 1, first + keys_per_split)  # past the tile's last key, or the part's end
@@ -104,8 +144,17 @@ def _paged_attention(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, pos_ptr, ou
         tl.store(out_ptr + at, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-def paged_attention(q: Tensor, k: Tensor, v: Tensor, blocks: Tensor, positions: Tensor, *, block_size: int,
-                    kv_dtype: str, splits: int | None = None) -> Tensor:
+def paged_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    blocks: Tensor,
+    positions: Tensor,
+    *,
+    block_size: int,
+    kv_dtype: str,
+    splits: int | None = None,
+) -> Tensor:
     """Attention of queries q [B, H, n, D] (RoPE applied) over one entry of the pool, read in place.
 
     k, v [slots, Hkv, W]: the entry's rows, as the pool stores them (`kv_dtype` auto: W = D in q's dtype; int8 and
@@ -135,14 +184,47 @@ def paged_attention(q: Tensor, k: Tensor, v: Tensor, blocks: Tensor, positions: 
     if splits > 1:
         m, l = (q.new_empty(splits, b, n, h, dtype=torch.float32) for _ in range(2))
     _paged_attention[(b * n_kv, tiles, splits)](
-        q, k, v, scales_k, scales_v, blocks, positions, parts, m, l,
-        1.0 / math.sqrt(d), n_kv, n, group, block_size, per_split,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), scales_k.stride(0), scales_k.stride(1),
-        blocks.stride(0), positions.stride(0), positions.stride(1),
-        0 if splits == 1 else parts.stride(0), parts.stride(-4), parts.stride(-3), parts.stride(-2),
-        m.stride(0), m.stride(1), m.stride(2),
-        HEAD_DIM=d, SCALE_AT=d // 4, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_M=block_m,
-        BLOCK_N=block_n, FORMAT=fmt, SPLIT=splits > 1, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        q,
+        k,
+        v,
+        scales_k,
+        scales_v,
+        blocks,
+        positions,
+        parts,
+        m,
+        l,
+        1.0 / math.sqrt(d),
+        n_kv,
+        n,
+        group,
+        block_size,
+        per_split,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k.stride(0),
+        k.stride(1),
+        scales_k.stride(0),
+        scales_k.stride(1),
+        blocks.stride(0),
+        positions.stride(0),
+        positions.stride(1),
+        0 if splits == 1 else parts.stride(0),
+        parts.stride(-4),
+        parts.stride(-3),
+        parts.stride(-2),
+        m.stride(0),
+        m.stride(1),
+        m.stride(2),
+        HEAD_DIM=d,
+        SCALE_AT=d // 4,
+        BLOCK_D=max(16, triton.next_power_of_2(d)),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        FORMAT=fmt,
+        SPLIT=splits > 1,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )
     if splits == 1:
         return out

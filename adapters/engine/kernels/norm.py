@@ -36,6 +36,7 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tup
     width = x.shape[-1]
     x, residual = x.contiguous(), residual.contiguous()
     h, y = torch.empty_like(x), torch.empty_like(x)
-    _add_rms_norm[(x.numel() // width,)](x, residual, weight, h, y, width, eps, BLOCK=triton.next_power_of_2(width),
-                                         FLOAT32=x.dtype == torch.float32)
+    _add_rms_norm[(x.numel() // width,)](
+        x, residual, weight, h, y, width, eps, BLOCK=triton.next_power_of_2(width), FLOAT32=x.dtype == torch.float32
+    )
     return h, y

@@ -16,9 +16,29 @@ from torch import Tensor
 
 
 @triton.jit
-def _qk_rope(qk_ptr, cos_ptr, sin_ptr, bias_ptr, qw_ptr, kw_ptr, q_ptr, k_ptr, heads, eps,
-             x_st, x_sh, c_st, q_st, q_sh, k_st, k_sh,
-             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BIAS: tl.constexpr, NORM: tl.constexpr):
+def _qk_rope(
+    qk_ptr,
+    cos_ptr,
+    sin_ptr,
+    bias_ptr,
+    qw_ptr,
+    kw_ptr,
+    q_ptr,
+    k_ptr,
+    heads,
+    eps,
+    x_st,
+    x_sh,
+    c_st,
+    q_st,
+    q_sh,
+    k_st,
+    k_sh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BIAS: tl.constexpr,
+    NORM: tl.constexpr,
+):
     token, head = tl.program_id(0), tl.program_id(1)  # token: b * n + i over the step's rows
     d = tl.arange(0, BLOCK_D)
     ok = d < HEAD_DIM
@@ -47,8 +67,18 @@ def _qk_rope(qk_ptr, cos_ptr, sin_ptr, bias_ptr, qw_ptr, kw_ptr, q_ptr, k_ptr, h
         tl.store(k_ptr + token * k_st + (head - heads) * k_sh + d, y.to(k_ptr.dtype.element_ty), mask=ok)
 
 
-def qk_rope(qkv: Tensor, cos: Tensor, sin: Tensor, heads: int, kv_heads: int, *, bias: Tensor | None = None,
-            q_weight: Tensor | None = None, k_weight: Tensor | None = None, eps: float = 0.0) -> tuple[Tensor, Tensor]:
+def qk_rope(
+    qkv: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    heads: int,
+    kv_heads: int,
+    *,
+    bias: Tensor | None = None,
+    q_weight: Tensor | None = None,
+    k_weight: Tensor | None = None,
+    eps: float = 0.0,
+) -> tuple[Tensor, Tensor]:
     """qkv [B, n, H + 2 Hkv, D] (the projection's heads), cos and sin [B, 1, n, D] -> q [B, H, n, D], k [B, Hkv, n, D]
     (views of [B, n, heads, D] tensors): q and k heads plus `bias` [H + Hkv, D], RMS-normed per head with eps and
     scaled by q_weight and k_weight when given, then rotated."""
@@ -59,9 +89,26 @@ def qk_rope(qkv: Tensor, cos: Tensor, sin: Tensor, heads: int, kv_heads: int, *,
     q, k = qkv.new_empty(b, n, heads, d), qkv.new_empty(b, n, kv_heads, d)
     norm = q_weight is not None
     _qk_rope[(b * n, heads + kv_heads)](
-        qkv, cos, sin, qkv if bias is None else bias, q_weight if norm else qkv, k_weight if norm else qkv, q, k,
-        heads, eps, qkv.stride(1), qkv.stride(2), d, q.stride(1), q.stride(2), k.stride(1), k.stride(2),
-        HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), BIAS=bias is not None, NORM=norm,
+        qkv,
+        cos,
+        sin,
+        qkv if bias is None else bias,
+        q_weight if norm else qkv,
+        k_weight if norm else qkv,
+        q,
+        k,
+        heads,
+        eps,
+        qkv.stride(1),
+        qkv.stride(2),
+        d,
+        q.stride(1),
+        q.stride(2),
+        k.stride(1),
+        k.stride(2),
+        HEAD_DIM=d,
+        BLOCK_D=triton.next_power_of_2(d),
+        BIAS=bias is not None,
+        NORM=norm,
     )
     return q.transpose(1, 2), k.transpose(1, 2)
-

@@ -55,7 +55,10 @@ class BlockManager:
         for seq in seqs:
             begin = seq.written
             seq.written += n
-            updates += [(seq.blocks[b], min(size, seq.written - b * size)) for b in range(begin // size, (seq.written - 1) // size + 1)]
+            updates += [
+                (seq.blocks[b], min(size, seq.written - b * size))
+                for b in range(begin // size, (seq.written - 1) // size + 1)
+            ]
         self.mark_written(updates)
 
     # --------------------------------------------------------------------------------- blocks

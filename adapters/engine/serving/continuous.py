@@ -29,8 +29,8 @@ from adapters.engine.serving.graphs import DecodeGraphs
 from adapters.engine.families import family_of
 from adapters.engine.families.standard import prefill_chunks
 from adapters.engine.model import LoopedLM
-from adapters.engine.serving.model_runner import ModelRunner
-from adapters.engine.serving.paged import BlockPool
+from adapters.engine.serving.model_runner import ModelRunner, sample_next
+from adapters.engine.serving.paged import BlockPool, PagedAttention
 from adapters.engine.serving.postprocess import Postprocessor
 from adapters.engine.serving.scheduler import Scheduler
 from adapters.engine.serving.sequence import Sequence, setting
@@ -39,15 +39,31 @@ from adapters.engine.serving.sequence import Sequence, setting
 class ContinuousEngine:
     """Runs sequences to completion on one block pool, reporting each step's finished samples."""
 
-    def __init__(self, model: LoopedLM, pool: BlockPool, *, loops: int, policy: ExitPolicy, eos_ids: set[int],
-                 tokenizer: Any | None, max_seqs: int, on_finished: Callable[[list[Finished]], None],
-                 graphs: DecodeGraphs | None = None) -> None:
+    def __init__(
+        self,
+        model: LoopedLM,
+        pool: BlockPool,
+        *,
+        loops: int,
+        policy: ExitPolicy,
+        eos_ids: set[int],
+        tokenizer: Any | None,
+        max_seqs: int,
+        on_finished: Callable[[list[Finished]], None],
+        graphs: DecodeGraphs | None = None,
+    ) -> None:
         self.pool, self.manager = pool, pool.manager
         self.chunk = family_of(model.config).prefill_chunk
         self.runner = ModelRunner(model, pool, loops=loops, policy=policy, graphs=graphs)
         self.scheduler = Scheduler(pool.manager, max_seqs, on_leave=self.runner.leave)
-        self.post = Postprocessor(self.scheduler, loops=loops, looped=is_looped(model, loops), eos_ids=eos_ids, tokenizer=tokenizer,
-                                  on_finished=on_finished)
+        self.post = Postprocessor(
+            self.scheduler,
+            loops=loops,
+            looped=is_looped(model, loops),
+            eos_ids=eos_ids,
+            tokenizer=tokenizer,
+            on_finished=on_finished,
+        )
         self.one_setting = True  # every sequence samples with the same temperature, top-p and top-k
 
     def run(self, sequences: list[Sequence]) -> None:
@@ -82,14 +98,16 @@ class ContinuousEngine:
                 if k < len(plan):
                     by_length.setdefault(plan[k][1] - plan[k][0], []).append(i)
             for length, members in by_length.items():
-                for part in runner.rows_per_step(members, length):
+                for part in self.pool.rows_per_step(members, length):
                     for i in part:
                         self.manager.hold(firsts[i], plans[i][k][1])
                     out = runner.step([firsts[i] for i in part], [firsts[i].tokens[slice(*plans[i][k])] for i in part])
                     ending = [row for row, i in enumerate(part) if k == len(plans[i]) - 1]
                     if ending:
                         logits, exit_loop = runner.logits(out)
-                        last.update({part[row]: (logits[row], None if exit_loop is None else exit_loop[row]) for row in ending})
+                        last.update(
+                            {part[row]: (logits[row], None if exit_loop is None else exit_loop[row]) for row in ending}
+                        )
         ready, rows = [], []  # the first tokens of every group, drawn in one call
         for i, group in enumerate(groups):
             self._join(group, began)
@@ -129,6 +147,64 @@ class ContinuousEngine:
 
     def _sample(self, seqs: list[Sequence], logits: Tensor, exit_loop: Tensor | None) -> Tensor:
         """Draw each sequence's next token, record it and retire the finished ones; the ids [B]."""
-        ids = self.runner.sample(seqs, logits, self.one_setting)
+        ids = sample_next(seqs, logits, self.one_setting, self.runner.device)
         self.post.record(seqs, ids.tolist(), None if exit_loop is None else exit_loop.tolist())
         return ids
+
+
+def continuous_engine(
+    model: LoopedLM,
+    sequences: list[Sequence],
+    on_finished: Callable[[list[Finished]], None],
+    *,
+    loops: int,
+    policy: ExitPolicy,
+    eos_ids: set[int],
+    tokenizer: Any | None,
+    max_seqs: int,
+    kv_budget: float | None,
+    block_size: int,
+    cuda_graphs: bool,
+    attention: PagedAttention | None,
+) -> ContinuousEngine:
+    """An engine for `sequences` on a pool sized for their capacities (`BlockPool.for_workload`, within `kv_budget`
+    GB when given), its decode steps replayed as CUDA graphs where `cuda_graphs` asks for them and they can run."""
+    weight = model.model.embed_tokens.weight
+    # a graph replays one fixed-depth step: with loops skipped per token the decode runs eagerly. A model that draws its
+    # initial state runs eagerly too: its keyed draw (`Recurrence.keyed_draw`) is a pure function of the positions and the
+    # rows' stream keys, so it could be captured, but the graphs' static inputs carry no keys and no capture of it is tested
+    capture = cuda_graphs and weight.device.type == "cuda" and not model.draws_state and not policy.skips
+    pool = BlockPool.for_workload(
+        model.config,
+        loops,
+        [s.capacity for s in sequences],
+        max_seqs=max_seqs,
+        kv_budget=kv_budget,
+        block_size=block_size,
+        dtype=weight.dtype,
+        device=weight.device,
+        spare=capture,
+        attention=attention,
+    )
+    graphs = None
+    if capture:
+        graphs = DecodeGraphs(
+            model,
+            pool,
+            loops=loops,
+            keep_loops=policy.reads_loops(bool(model.coda)),
+            max_seqs=max_seqs,
+            max_blocks=pool.manager.blocks_for(max(s.capacity for s in sequences)),
+            capture=True,
+        )
+    return ContinuousEngine(
+        model,
+        pool,
+        loops=loops,
+        policy=policy,
+        eos_ids=eos_ids,
+        tokenizer=tokenizer,
+        max_seqs=max_seqs,
+        on_finished=on_finished,
+        graphs=graphs,
+    )

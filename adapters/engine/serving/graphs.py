@@ -52,8 +52,17 @@ class _Graph:
 class DecodeGraphs:
     """Decode steps of `model` on `pool` (which must have a spare block) at fixed, padded shapes."""
 
-    def __init__(self, model: LoopedLM, pool: BlockPool, *, loops: int, keep_loops: bool, max_seqs: int, max_blocks: int,
-                 capture: bool) -> None:
+    def __init__(
+        self,
+        model: LoopedLM,
+        pool: BlockPool,
+        *,
+        loops: int,
+        keep_loops: bool,
+        max_seqs: int,
+        max_blocks: int,
+        capture: bool,
+    ) -> None:
         if pool.spare is None:
             raise ValueError("padded decode steps need a pool with a spare block")
         self.model, self.pool, self.loops, self.keep_loops, self.capture = model, pool, loops, keep_loops, capture
@@ -64,7 +73,9 @@ class DecodeGraphs:
         self.graphs: dict[tuple[int, int], _Graph] = {}
         self.memory_pool = torch.cuda.graph_pool_handle() if capture else None
         weight = model.model.embed_tokens.weight
-        model.rotary(torch.zeros(1, 1, dtype=torch.long, device=weight.device), weight.dtype, length=max_blocks * pool.block_size)
+        model.rotary(
+            torch.zeros(1, 1, dtype=torch.long, device=weight.device), weight.dtype, length=max_blocks * pool.block_size
+        )
 
     def step(self, tokens: Tensor, positions: Tensor, blocks: Tensor) -> StepOutput:
         """One decode token for each of B rows (tokens, positions [B, 1]; blocks [B, W]): the rows' last states."""
@@ -96,13 +107,17 @@ class DecodeGraphs:
         length = entry.blocks.shape[1] * self.pool.block_size
         cache = PagedStep(self.pool, entry.positions, entry.blocks, length)
         mask = None if cache.in_place else key_mask(entry.positions, length)  # the kernel masks by position itself
-        return self.model.step(entry.tokens, entry.positions, cache, length - 1, mask, loops=self.loops, keep_loops=self.keep_loops)
+        return self.model.step(
+            entry.tokens, entry.positions, cache, length - 1, mask, loops=self.loops, keep_loops=self.keep_loops
+        )
 
     def _buffers(self, batch: int, width: int) -> _Graph:
         device = self.pool.k.device
-        return _Graph(tokens=torch.zeros(batch, 1, dtype=torch.long, device=device),
-                      positions=torch.zeros(batch, 1, dtype=torch.long, device=device),
-                      blocks=torch.zeros(batch, width, dtype=torch.long, device=device))
+        return _Graph(
+            tokens=torch.zeros(batch, 1, dtype=torch.long, device=device),
+            positions=torch.zeros(batch, 1, dtype=torch.long, device=device),
+            blocks=torch.zeros(batch, width, dtype=torch.long, device=device),
+        )
 
     def _capture(self, entry: _Graph) -> None:
         """Warm up on a side stream, then record the step (PyTorch's documented whole-network capture).

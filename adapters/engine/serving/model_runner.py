@@ -36,12 +36,42 @@ class StepInputs:
     plain: bool  # plain causal attention over one sequence's rows: no mask needed
     start: int | None  # one sequence whose blocks lie in one run: its first slot (`PagedStep` reads in place)
 
+    @classmethod
+    def build(cls, seqs: list[Sequence], tokens: list[list[int]], pool: BlockPool, device: torch.device) -> StepInputs:
+        """`tokens` (n per sequence) of `seqs` at their next slots in `pool`, as the device tensors a step reads."""
+        n, rows = len(tokens[0]), len(seqs)
+        end = max(seq.written for seq in seqs) + n
+        width = pool.manager.blocks_for(end)
+
+        def tensor(values: list[int]) -> Tensor:
+            return int_tensor(values, device).view(rows, -1)
+
+        blocks = tensor([b for seq in seqs for b in (seq.blocks + [0] * width)[:width]])
+        positions = tensor([seq.written + j for seq in seqs for j in range(n)])
+        inputs = tensor([t for row in tokens for t in row])
+        run = seqs[0].blocks[:width]
+        start = (
+            run[0] * pool.block_size
+            if rows == 1 and len(run) == width and run == list(range(run[0], run[0] + width))
+            else None
+        )
+        return cls(inputs, positions, blocks, end, plain=rows == 1 and (n == 1 or seqs[0].written == 0), start=start)
+
 
 class ModelRunner:
     """Runs steps of `model` on `pool` for the engine, and samples their next tokens."""
 
-    def __init__(self, model: LoopedLM, pool: BlockPool, *, loops: int, policy: ExitPolicy, graphs: DecodeGraphs | None) -> None:
-        self.model, self.pool, self.manager, self.loops, self.policy, self.graphs = model, pool, pool.manager, loops, policy, graphs
+    def __init__(
+        self, model: LoopedLM, pool: BlockPool, *, loops: int, policy: ExitPolicy, graphs: DecodeGraphs | None
+    ) -> None:
+        self.model, self.pool, self.manager, self.loops, self.policy, self.graphs = (
+            model,
+            pool,
+            pool.manager,
+            loops,
+            policy,
+            graphs,
+        )
         self.keep_loops = policy.reads_loops(bool(model.coda))
         self.device = model.model.embed_tokens.weight.device
         self.rows: DecodeRows | None = None
@@ -74,18 +104,6 @@ class ModelRunner:
             return self.rows_step(seqs)
         return self.step(seqs, [[seq.tokens[seq.written]] for seq in seqs], decoding=True)
 
-    def prepare(self, seqs: list[Sequence], tokens: list[list[int]]) -> StepInputs:
-        """`tokens` (n per sequence) of `seqs` at their next slots, as the device tensors a step reads."""
-        n, rows = len(tokens[0]), len(seqs)
-        end = max(seq.written for seq in seqs) + n
-        width = self.manager.blocks_for(end)
-        blocks = self.tensor([b for seq in seqs for b in (seq.blocks + [0] * width)[:width]]).view(rows, -1)
-        positions = self.tensor([seq.written + j for seq in seqs for j in range(n)]).view(rows, -1)
-        inputs = self.tensor([t for row in tokens for t in row]).view(rows, -1)
-        run = seqs[0].blocks[:width]
-        start = run[0] * self.pool.block_size if rows == 1 and len(run) == width and run == list(range(run[0], run[0] + width)) else None
-        return StepInputs(inputs, positions, blocks, end, plain=rows == 1 and (n == 1 or seqs[0].written == 0), start=start)
-
     def step(self, seqs: list[Sequence], tokens: list[list[int]], decoding: bool = False) -> StepOutput:
         """Run `tokens` (n per sequence) of `seqs` through the model; their blocks hold them afterwards.
 
@@ -93,16 +111,28 @@ class ModelRunner:
         steps gather from the pool. (Decode steps on the decode rows are `rows_step`.) Only a `decoding`
         step applies a skipping exit policy: a prompt's tokens run every loop, a one-token chunk too.
         """
-        x, n = self.prepare(seqs, tokens), len(tokens[0])
+        x, n = StepInputs.build(seqs, tokens, self.pool, self.device), len(tokens[0])
         self.manager.begin_step(len(seqs) * n)
         if self.graphs is not None and n == 1:
             out = self.graphs.step(x.tokens, x.positions, x.blocks)
         else:
             ran = self.ran_keys(seqs, x.end) if decoding else None
-            cache = PagedStep(self.pool, x.positions, x.blocks, x.end, x.start, in_place=ran is None)  # `ran` masks by loop: SDPA
+            cache = PagedStep(
+                self.pool, x.positions, x.blocks, x.end, x.start, in_place=ran is None
+            )  # `ran` masks by loop: SDPA
             mask = None if x.plain or cache.in_place else key_mask(x.positions, x.end)
-            out = self.model.step(x.tokens, x.positions, cache, x.end - n, mask, loops=self.loops, keep_loops=self.keep_loops,
-                                  exits=self.policy if decoding else None, ran=ran, streams=self.draw_streams(seqs, n))
+            out = self.model.step(
+                x.tokens,
+                x.positions,
+                cache,
+                x.end - n,
+                mask,
+                loops=self.loops,
+                keep_loops=self.keep_loops,
+                exits=self.policy if decoding else None,
+                ran=ran,
+                streams=self.draw_streams(seqs, n),
+            )
         self.manager.wrote(seqs, n)
         return out
 
@@ -113,11 +143,23 @@ class ModelRunner:
         assert rows is not None  # `decode` steps on the rows only when there are some
         x = self.next_inputs
         if x is None or x.end > rows.length:  # a changed running set, or rows to grow (their row slots move)
-            x = RowsInputs.build(rows, [seq.tokens[seq.written] for seq in seqs], [seq.written for seq in seqs], self.device)
+            x = RowsInputs.build(
+                rows, [seq.tokens[seq.written] for seq in seqs], [seq.written for seq in seqs], self.device
+            )
         manager.begin_step(len(seqs))
         mask = None if x.aligned else key_mask(x.positions, x.end)  # None: every row sees every key
-        out = self.model.step(x.tokens, x.positions, x.cache, x.end - 1, mask, loops=self.loops, keep_loops=self.keep_loops,
-                              exits=self.policy, ran=self.ran_keys(seqs, x.end), streams=self.draw_streams(seqs, 1))
+        out = self.model.step(
+            x.tokens,
+            x.positions,
+            x.cache,
+            x.end - 1,
+            mask,
+            loops=self.loops,
+            keep_loops=self.keep_loops,
+            exits=self.policy,
+            ran=self.ran_keys(seqs, x.end),
+            streams=self.draw_streams(seqs, 1),
+        )
         self.next_inputs = x
         blocks = []
         for i, seq in enumerate(seqs):
@@ -154,30 +196,28 @@ class ModelRunner:
         elif self.next_inputs is not None:
             self.next_inputs.advance(ids)
 
-    def rows_per_step(self, members: list[int], length: int) -> list[list[int]]:
-        """`members` split so one step's tokens in flight fit the pool's latent buffer (MELT's h)."""
-        rows = len(members) if self.pool.latent is None else max(1, self.pool.latent_tokens // length)
-        return [members[i : i + rows] for i in range(0, len(members), rows)]
-
     # -------------------------------------------------------------------------------- sampling
     def logits(self, out: StepOutput) -> tuple[Tensor, Tensor | None]:
         """Each row's next-token logits and, under an exit policy, the loop they come from."""
         return read_logits(self.model, out, self.policy)
 
-    def sample(self, seqs: list[Sequence], logits: Tensor, one_setting: bool) -> Tensor:
-        """Each sequence's next token [B] from its stream at its token index: one `sample` per distinct setting."""
-        rows = stream_rows([seq.key for seq in seqs], [len(seq.tokens) - seq.prompt_len for seq in seqs])  # each its token index
-        if one_setting:
-            return sample(logits, seqs[0].sampling, self.tensor(rows))
-        groups: dict[tuple[float, float, int | None], list[int]] = {}
-        for i, seq in enumerate(seqs):
-            groups.setdefault(setting(seq.sampling), []).append(i)
-        ids = torch.empty(len(seqs), dtype=torch.long, device=self.device)
-        for members in groups.values():
-            index = self.tensor(members)
-            ids[index] = sample(logits[index], seqs[members[0]].sampling, self.tensor([rows[i] for i in members]))
-        return ids
-
     def tensor(self, values: list[int]) -> Tensor:
         """Host ints on the model's device (`int_tensor`)."""
         return int_tensor(values, self.device)
+
+
+def sample_next(seqs: list[Sequence], logits: Tensor, one_setting: bool, device: torch.device) -> Tensor:
+    """Each sequence's next token [B] (on `device`) from its stream at its token index: one `sample` per distinct setting."""
+    rows = stream_rows(
+        [seq.key for seq in seqs], [len(seq.tokens) - seq.prompt_len for seq in seqs]
+    )  # each its token index
+    if one_setting:
+        return sample(logits, seqs[0].sampling, int_tensor(rows, device))
+    groups: dict[tuple[float, float, int | None], list[int]] = {}
+    for i, seq in enumerate(seqs):
+        groups.setdefault(setting(seq.sampling), []).append(i)
+    ids = torch.empty(len(seqs), dtype=torch.long, device=device)
+    for members in groups.values():
+        index = int_tensor(members, device)
+        ids[index] = sample(logits[index], seqs[members[0]].sampling, int_tensor([rows[i] for i in members], device))
+    return ids

@@ -43,41 +43,79 @@ KEEP_BYTES = 64 * 2**20  # gathered K/V rows a gated step may keep across its lo
 KV_FRACTION = 0.9  # of the GPU's free memory, the most a default pool takes
 
 
-def pool_blocks(config: LoopConfig, loops: int, budget_bytes: int, block_size: int, latent_tokens: int, dtype: str) -> int:
+def pool_blocks(
+    config: LoopConfig, loops: int, budget_bytes: int, block_size: int, latent_tokens: int, dtype: str
+) -> int:
     """Blocks a budget of `budget_bytes` holds once the latent buffer of `latent_tokens` is set aside."""
     terms = analytic_terms(config, loops, dtype)
-    return (budget_bytes - terms["latent_bytes_per_token"] * latent_tokens) // (terms["kv_bytes_per_token"] * block_size)
+    return (budget_bytes - terms["latent_bytes_per_token"] * latent_tokens) // (
+        terms["kv_bytes_per_token"] * block_size
+    )
 
 
 class BlockPool:
     """K/V blocks for every entry of a model at `loops` (the tensors), and their `BlockManager`."""
 
-    def __init__(self, config: LoopConfig, loops: int, num_blocks: int, block_size: int, latent_tokens: int,
-                 dtype: torch.dtype, device: torch.device | str, spare: bool = False, attention: PagedAttention | None = None) -> None:
+    def __init__(
+        self,
+        config: LoopConfig,
+        loops: int,
+        num_blocks: int,
+        block_size: int,
+        latent_tokens: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        spare: bool = False,
+        attention: PagedAttention | None = None,
+    ) -> None:
         if num_blocks < 1 or block_size < 1:
-            raise AdapterError(f"a KV pool needs at least one block of at least one token (got {num_blocks} x {block_size})")
+            raise AdapterError(
+                f"a KV pool needs at least one block of at least one token (got {num_blocks} x {block_size})"
+            )
         self.block_size = block_size
         self.layout, self.format, self.dtype = family_of(config).kv, KV_FORMATS[config.kv_dtype], dtype
         layout, fmt = self.layout, self.format
         self.entries = layout.table(config, loops)
         # a spare block past the last one, never allocated: padded decode steps (`graphs`) write their padding rows there
         self.spare = num_blocks if spare else None
-        shape = (layout.entries(config, loops), (num_blocks + spare) * block_size, config.num_kv_heads, fmt.width(config.head_dim))
+        shape = (
+            layout.entries(config, loops),
+            (num_blocks + spare) * block_size,
+            config.num_kv_heads,
+            fmt.width(config.head_dim),
+        )
         self.k = torch.zeros(shape, dtype=fmt.storage(dtype), device=device)
         self.v = torch.zeros(shape, dtype=fmt.storage(dtype), device=device)
         self.k_entries, self.v_entries = self.k.unbind(0), self.v.unbind(0)  # views made once, not at every write
         self.prelude, self.shared, self.latent_tokens = config.prelude_layers, config.shared_layers, latent_tokens
         self.latent = None
-        self.attention = attention  # the kernel steps attend through in place, where one runs (a GPU: `adapters.engine.kernels`)
+        self.attention = (
+            attention  # the kernel steps attend through in place, where one runs (a GPU: `adapters.engine.kernels`)
+        )
         if layout.has_latent(config):
-            self.latent = torch.zeros((config.shared_layers, latent_tokens, config.hidden_size), dtype=dtype, device=device)
+            self.latent = torch.zeros(
+                (config.shared_layers, latent_tokens, config.hidden_size), dtype=dtype, device=device
+            )
         terms = analytic_terms(config, loops, str(dtype))
-        self.manager = BlockManager(num_blocks, block_size, terms["kv_bytes_per_token"], terms["latent_bytes_per_token"])
+        self.manager = BlockManager(
+            num_blocks, block_size, terms["kv_bytes_per_token"], terms["latent_bytes_per_token"]
+        )
 
     @classmethod
-    def for_workload(cls, config: LoopConfig, loops: int, capacities: list[int], *, max_seqs: int, kv_budget: float | None,
-                     block_size: int, dtype: torch.dtype, device: torch.device, spare: bool,
-                     attention: PagedAttention | None = None) -> BlockPool:
+    def for_workload(
+        cls,
+        config: LoopConfig,
+        loops: int,
+        capacities: list[int],
+        *,
+        max_seqs: int,
+        kv_budget: float | None,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        spare: bool,
+        attention: PagedAttention | None = None,
+    ) -> BlockPool:
         """A workload's pool: `kv_budget` GB, else what sequences of `capacities` need at the cap `max_seqs` (on a GPU
         at most `KV_FRACTION` of free memory); never smaller than one sequence at its full length."""
         short = dtype_short(dtype)
@@ -117,6 +155,11 @@ class BlockPool:
         self.manager.reset_peak()
 
     # ------------------------------------------------------------------------------ prompts
+    def rows_per_step(self, members: list[int], length: int) -> list[list[int]]:
+        """`members` split so one step's tokens in flight (`length` each) fit the latent buffer (MELT's h)."""
+        rows = len(members) if self.latent is None else max(1, self.latent_tokens // length)
+        return [members[i : i + rows] for i in range(0, len(members), rows)]
+
     def fork(self, first: Sequence, seq: Sequence) -> None:
         """`seq` takes `first`'s prefilled prompt: its full blocks shared, its partly filled last block copied."""
         full, tail = divmod(first.prompt_len, self.block_size)
@@ -204,12 +247,21 @@ class PagedStep(PoolStep):
     than `KEEP_BYTES` beyond one layer's rows.
     """
 
-    def __init__(self, pool: BlockPool, positions: Tensor, blocks: Tensor, length: int, start: int | None = None,
-                 in_place: bool = True) -> None:
+    def __init__(
+        self,
+        pool: BlockPool,
+        positions: Tensor,
+        blocks: Tensor,
+        length: int,
+        start: int | None = None,
+        in_place: bool = True,
+    ) -> None:
         size = pool.block_size
         super().__init__(pool, positions.numel())
         self.in_place = in_place and pool.attention is not None
-        self.slots = (blocks.gather(1, positions // size) * size + positions % size).flatten()  # the new tokens', row-major
+        self.slots = (
+            blocks.gather(1, positions // size) * size + positions % size
+        ).flatten()  # the new tokens', row-major
         self.positions, self.blocks, self.length = positions, blocks, length
         self.start = None if pool.layout.folds else start  # a fold overwrites the rows before attention reads them
         self.rows, self.tokens = positions.shape
@@ -229,18 +281,35 @@ class PagedStep(PoolStep):
         q [B, H, n, D] -> [B, n, H, D]."""
         pool, attention = self.pool, self.pool.attention
         assert attention is not None  # `in_place`
-        return self._through(layer, loop, k, v, lambda entry, *_: attention(
-            q, pool.k_entries[entry], pool.v_entries[entry], self.blocks, self.positions, block_size=pool.block_size,
-            kv_dtype=pool.format.name))
+        return self._through(
+            layer,
+            loop,
+            k,
+            v,
+            lambda entry, *_: attention(
+                q,
+                pool.k_entries[entry],
+                pool.v_entries[entry],
+                self.blocks,
+                self.positions,
+                block_size=pool.block_size,
+                kv_dtype=pool.format.name,
+            ),
+        )
 
-    def _through(self, layer: int, loop: int, k: Tensor, v: Tensor, read: Callable[[int, Tensor, Tensor], Read]) -> Read:
+    def _through(
+        self, layer: int, loop: int, k: Tensor, v: Tensor, read: Callable[[int, Tensor, Tensor], Read]
+    ) -> Read:
         """Write the step's rows k, v [B, Hkv, n, D] to (layer, loop)'s entry, `read(entry, k, v as stored)`, and under a
         folding layout's loop >= 1 write the fold over the rows after the read."""
         entry, pool = self.pool.entries[layer][loop], self.pool
         k_new, v_new = k.transpose(1, 2), v.transpose(1, 2)  # [B, n, Hkv, D]
         folding = loop and pool.layout.folds
         if folding:
-            old_k, old_v = self._own(pool.k_entries[entry]).view(k_new.shape), self._own(pool.v_entries[entry]).view(v_new.shape)
+            old_k, old_v = (
+                self._own(pool.k_entries[entry]).view(k_new.shape),
+                self._own(pool.v_entries[entry]).view(v_new.shape),
+            )
         out = read(entry, *self._write(entry, k_new, v_new))
         if folding:
             self._write(entry, pool.layout.fold(old_k, k_new, loop), pool.layout.fold(old_v, v_new, loop))
@@ -261,7 +330,9 @@ class PagedStep(PoolStep):
         else:
             kept[0][self.row_index, self.positions] = k_packed
             kept[1][self.row_index, self.positions] = v_packed
-        return pool.format.unpack(kept[0], pool.dtype).transpose(1, 2), pool.format.unpack(kept[1], pool.dtype).transpose(1, 2)
+        return pool.format.unpack(kept[0], pool.dtype).transpose(1, 2), pool.format.unpack(
+            kept[1], pool.dtype
+        ).transpose(1, 2)
 
     def _write(self, entry: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Rows k, v [B, n, Hkv, D] into the step's slots of `entry`, as stored (returned)."""
@@ -290,5 +361,7 @@ class PagedStep(PoolStep):
     def _read(self, rows: Tensor) -> Tensor:
         """[slots, Hkv, D] -> each sequence's first `length` rows [B, length, Hkv, D], gathered by block."""
         b, w = self.blocks.shape
-        blocks = rows.view(-1, self.pool.block_size * rows[0].numel()).index_select(0, self.blocks.flatten())  # index_select: faster than [] on CPU
+        blocks = rows.view(-1, self.pool.block_size * rows[0].numel()).index_select(
+            0, self.blocks.flatten()
+        )  # index_select: faster than [] on CPU
         return blocks.view(b, w * self.pool.block_size, *rows.shape[1:])[:, : self.length]

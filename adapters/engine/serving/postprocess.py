@@ -15,8 +15,16 @@ from adapters.engine.serving.sequence import Sequence
 class Postprocessor:
     """Appends each sequence's new token and exit loop, and reports the sequences a stop ends as `Generation`s."""
 
-    def __init__(self, scheduler: Scheduler, *, loops: int, looped: bool, eos_ids: set[int], tokenizer: Any | None,
-                 on_finished: Callable[[list[Finished]], None]) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        *,
+        loops: int,
+        looped: bool,
+        eos_ids: set[int],
+        tokenizer: Any | None,
+        on_finished: Callable[[list[Finished]], None],
+    ) -> None:
         self.scheduler, self.loops, self.looped = scheduler, loops, looped
         self.eos_ids, self.tokenizer, self.on_finished = eos_ids, tokenizer, on_finished
 
@@ -40,7 +48,12 @@ class Postprocessor:
         self.scheduler.finish(seq)
         ids = seq.tokens[seq.prompt_len :]
         return Generation(
-            token_ids=ids, text=output_text(ids, finish, seq.sampling, self.tokenizer), finish_reason=finish,
-            prompt_tokens=seq.prompt_len, generated_tokens=len(ids), loops_used=seq.loops if self.looped else None,
-            prefill_seconds=seq.prefill_seconds, decode_seconds=time.perf_counter() - seq.decode_began,
+            token_ids=ids,
+            text=output_text(ids, finish, seq.sampling, self.tokenizer),
+            finish_reason=finish,
+            prompt_tokens=seq.prompt_len,
+            generated_tokens=len(ids),
+            loops_used=seq.loops if self.looped else None,
+            prefill_seconds=seq.prefill_seconds,
+            decode_seconds=time.perf_counter() - seq.decode_began,
         )

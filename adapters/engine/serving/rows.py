@@ -47,7 +47,9 @@ class DecodeRows:
         self.v_flat: list[Tensor] = []
         self.k_rows: tuple[Tensor, ...] = ()  # per row, [entries, length, Hkv, D]: what `write_back` copies from
         self.v_rows: tuple[Tensor, ...] = ()
-        self.pool_k = pool.k.unflatten(1, (-1, pool.block_size))  # [entries, blocks, block_size, Hkv, D]: where it copies to
+        self.pool_k = pool.k.unflatten(
+            1, (-1, pool.block_size)
+        )  # [entries, blocks, block_size, Hkv, D]: where it copies to
         self.pool_v = pool.v.unflatten(1, (-1, pool.block_size))
 
     @staticmethod
@@ -66,7 +68,12 @@ class DecodeRows:
         if self.length:
             k[:, :, : self.length], v[:, :, : self.length] = self.k, self.v
         self.k, self.v, self.length = k, v, new
-        flat = (-1, shape[3], 1, shape[4])  # [rows * length, Hkv, 1, D]: a decode step's k [B, Hkv, 1, D] indexes in as it is
+        flat = (
+            -1,
+            shape[3],
+            1,
+            shape[4],
+        )  # [rows * length, Hkv, 1, D]: a decode step's k [B, Hkv, 1, D] indexes in as it is
         self.k_flat, self.v_flat = [e.view(flat) for e in k.unbind(0)], [e.view(flat) for e in v.unbind(0)]
         self.k_rows, self.v_rows = k.unbind(1), v.unbind(1)
 
@@ -115,9 +122,19 @@ class RowsInputs:
         reserved for them first)."""
         end = max(written) + 1
         rows.reserve(end)
-        data = int_tensor(tokens + written + [i * rows.length + w for i, w in enumerate(written)], device).view(3, -1, 1)
+        data = int_tensor(tokens + written + [i * rows.length + w for i, w in enumerate(written)], device).view(
+            3, -1, 1
+        )
         row_slots = data[2].view(-1)
-        return cls(data[0], data[1:], data[1], row_slots, end, min(written) == end - 1, RowsStep(rows.pool, rows, row_slots, end))
+        return cls(
+            data[0],
+            data[1:],
+            data[1],
+            row_slots,
+            end,
+            min(written) == end - 1,
+            RowsStep(rows.pool, rows, row_slots, end),
+        )
 
     def advance(self, sampled: Tensor) -> None:
         """The next step's inputs: the `sampled` ids [B] as tokens, positions and slots one further."""
@@ -138,7 +155,9 @@ class RowsStep(PoolStep):
         b = row_slots.shape[0]
         super().__init__(pool, b)
         self.rows, self.row_slots = rows, row_slots
-        _, r, l, h, d = rows.k.shape  # what attention reads of an entry: its first B rows and `length` slots, [B, Hkv, L, D]
+        _, r, l, h, d = (
+            rows.k.shape
+        )  # what attention reads of an entry: its first B rows and `length` slots, [B, Hkv, L, D]
         self.size, self.stride, self.entry_stride = (b, h, length, d), (l * h * d, d, h * d, 1), r * l * h * d
 
     def extend(self) -> None:
@@ -156,7 +175,10 @@ class RowsStep(PoolStep):
             old_v = fmt.unpack(rows.v_flat[entry].index_select(0, self.row_slots), dtype)
         self._write(entry, k, v)
         offset = entry * self.entry_stride
-        k_all, v_all = rows.k.as_strided(self.size, self.stride, offset), rows.v.as_strided(self.size, self.stride, offset)
+        k_all, v_all = (
+            rows.k.as_strided(self.size, self.stride, offset),
+            rows.v.as_strided(self.size, self.stride, offset),
+        )
         unpack = fmt.unpack_copy if folding else fmt.unpack
         k_all, v_all = unpack(k_all, dtype), unpack(v_all, dtype)
         if folding:

@@ -80,7 +80,9 @@ class Scheduler:
         """A slot for every running sequence's next token, oldest first, preempting the youngest when the pool is empty."""
         full = [seq for seq in self.running if seq.written == len(seq.blocks) * self.manager.block_size]
         for seq in sorted(full, key=lambda s: s.order) if full else ():
-            while not self.manager.free and seq.blocks:  # a lone sequence always fits (the pool holds one at its capacity)
+            while (
+                not self.manager.free and seq.blocks
+            ):  # a lone sequence always fits (the pool holds one at its capacity)
                 self._preempt(max(self.running, key=lambda s: s.order))
             if seq.blocks:  # not preempted itself
                 self.manager.hold(seq, seq.written + 1)

@@ -18,7 +18,9 @@ class Sequence:
     tokens: list[int]
     capacity: int  # prompt + new tokens it may reach (within the context)
     sampling: Sampling
-    prompt_key: int = 0  # the stream its prompt tokens draw from (`streams.prompt_key(request seed)`), its prompt's samples' too
+    prompt_key: int = (
+        0  # the stream its prompt tokens draw from (`streams.prompt_key(request seed)`), its prompt's samples' too
+    )
     blocks: list[int] = field(default_factory=list)  # its block table
     written: int = 0  # tokens whose K/V the blocks hold
     order: int = -1  # admission order: the largest is the youngest, preempted first

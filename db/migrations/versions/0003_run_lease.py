@@ -6,6 +6,7 @@ Revises: 0002
 Create Date: 2026-12-01
 
 """
+
 from collections.abc import Sequence
 
 from alembic import op
@@ -13,20 +14,20 @@ import sqlalchemy as sa
 
 
 # revision identifiers, used by Alembic.
-revision: str = '0003'
-down_revision: str | Sequence[str] | None = '0002'
+revision: str = "0003"
+down_revision: str | Sequence[str] | None = "0002"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
     """Existing runs hold no lease."""
-    with op.batch_alter_table('runs', schema=None) as batch_op:
-        batch_op.add_column(sa.Column('lease_owner', sa.String(length=128), nullable=True))
-        batch_op.add_column(sa.Column('lease_until', sa.DateTime(timezone=True), nullable=True))
+    with op.batch_alter_table("runs", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("lease_owner", sa.String(length=128), nullable=True))
+        batch_op.add_column(sa.Column("lease_until", sa.DateTime(timezone=True), nullable=True))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table('runs', schema=None) as batch_op:
-        batch_op.drop_column('lease_until')
-        batch_op.drop_column('lease_owner')
+    with op.batch_alter_table("runs", schema=None) as batch_op:
+        batch_op.drop_column("lease_until")
+        batch_op.drop_column("lease_owner")

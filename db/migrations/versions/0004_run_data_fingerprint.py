@@ -6,6 +6,7 @@ Revises: 0003
 Create Date: 2026-12-01
 
 """
+
 from collections.abc import Sequence
 
 from alembic import op
@@ -13,18 +14,18 @@ import sqlalchemy as sa
 
 
 # revision identifiers, used by Alembic.
-revision: str = '0004'
-down_revision: str | Sequence[str] | None = '0003'
+revision: str = "0004"
+down_revision: str | Sequence[str] | None = "0003"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
     """Existing runs have no fingerprint."""
-    with op.batch_alter_table('runs', schema=None) as batch_op:
-        batch_op.add_column(sa.Column('data_fingerprint', sa.String(length=64), nullable=True))
+    with op.batch_alter_table("runs", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("data_fingerprint", sa.String(length=64), nullable=True))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table('runs', schema=None) as batch_op:
-        batch_op.drop_column('data_fingerprint')
+    with op.batch_alter_table("runs", schema=None) as batch_op:
+        batch_op.drop_column("data_fingerprint")

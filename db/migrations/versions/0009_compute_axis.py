@@ -10,6 +10,7 @@ Revises: 0008
 Create Date: 2026-12-04
 
 """
+
 from collections.abc import Sequence
 
 from alembic import op
@@ -17,27 +18,27 @@ import sqlalchemy as sa
 
 
 # revision identifiers, used by Alembic.
-revision: str = '0009'
-down_revision: str | Sequence[str] | None = '0008'
+revision: str = "0009"
+down_revision: str | Sequence[str] | None = "0008"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table('runs', schema=None) as batch_op:
-        batch_op.add_column(sa.Column('exit_threshold', sa.Float(), nullable=True))
-        batch_op.add_column(sa.Column('exit_criterion', sa.String(length=16), nullable=True))
-        batch_op.add_column(sa.Column('energy_joules', sa.Float(), nullable=True))
-    with op.batch_alter_table('samples', schema=None) as batch_op:
-        batch_op.add_column(sa.Column('loops_histogram', sa.JSON(), nullable=True))
-        batch_op.add_column(sa.Column('decode_seconds', sa.Float(), nullable=True))
+    with op.batch_alter_table("runs", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("exit_threshold", sa.Float(), nullable=True))
+        batch_op.add_column(sa.Column("exit_criterion", sa.String(length=16), nullable=True))
+        batch_op.add_column(sa.Column("energy_joules", sa.Float(), nullable=True))
+    with op.batch_alter_table("samples", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("loops_histogram", sa.JSON(), nullable=True))
+        batch_op.add_column(sa.Column("decode_seconds", sa.Float(), nullable=True))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table('samples', schema=None) as batch_op:
-        batch_op.drop_column('decode_seconds')
-        batch_op.drop_column('loops_histogram')
-    with op.batch_alter_table('runs', schema=None) as batch_op:
-        batch_op.drop_column('energy_joules')
-        batch_op.drop_column('exit_criterion')
-        batch_op.drop_column('exit_threshold')
+    with op.batch_alter_table("samples", schema=None) as batch_op:
+        batch_op.drop_column("decode_seconds")
+        batch_op.drop_column("loops_histogram")
+    with op.batch_alter_table("runs", schema=None) as batch_op:
+        batch_op.drop_column("energy_joules")
+        batch_op.drop_column("exit_criterion")
+        batch_op.drop_column("exit_threshold")

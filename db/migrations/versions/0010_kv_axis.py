@@ -9,6 +9,7 @@ Revises: 0009
 Create Date: 2026-12-05
 
 """
+
 from collections.abc import Sequence
 
 from alembic import op
@@ -16,19 +17,19 @@ import sqlalchemy as sa
 
 
 # revision identifiers, used by Alembic.
-revision: str = '0010'
-down_revision: str | Sequence[str] | None = '0009'
+revision: str = "0010"
+down_revision: str | Sequence[str] | None = "0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table('runs', schema=None) as batch_op:
-        batch_op.add_column(sa.Column('kv_policy', sa.String(length=32), nullable=True))
-        batch_op.add_column(sa.Column('kv_dtype', sa.String(length=16), nullable=True))
+    with op.batch_alter_table("runs", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("kv_policy", sa.String(length=32), nullable=True))
+        batch_op.add_column(sa.Column("kv_dtype", sa.String(length=16), nullable=True))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table('runs', schema=None) as batch_op:
-        batch_op.drop_column('kv_dtype')
-        batch_op.drop_column('kv_policy')
+    with op.batch_alter_table("runs", schema=None) as batch_op:
+        batch_op.drop_column("kv_dtype")
+        batch_op.drop_column("kv_policy")

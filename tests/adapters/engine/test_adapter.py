@@ -62,7 +62,9 @@ def test_exit_policies_record_loops_and_read_that_loop(fill):
     with torch.no_grad():
         loop2 = adapter.model(ids, return_loop_logits=True).loop_logits[1]
     assert loop2[0, len(prompt) - 1 : -1].argmax(-1).tolist() == gen.token_ids
-    thr = load_preset("ouro-tiny", dtype="fp32", device="cpu", exit_policy="threshold", exit_threshold=0.5, exit_fill="read")
+    thr = load_preset(
+        "ouro-tiny", dtype="fp32", device="cpu", exit_policy="threshold", exit_threshold=0.5, exit_fill="read"
+    )
     with torch.no_grad():  # a gate that exits early for some tokens and late for others
         thr.model.model.early_exit_gate.weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
     gen = thr.generate([prompt], Sampling(temperature=0, max_new_tokens=30))[0]

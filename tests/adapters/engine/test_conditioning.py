@@ -11,15 +11,20 @@ from adapters.engine.adapter import load_preset
 from adapters.engine.cache import KVCache
 from adapters.engine.io.checkpoint import load_model, random_model, save_checkpoint
 from adapters.engine.memory import conditioning_params, count_params, kv_bytes
-from adapters.engine.model import LoopedLM, LoopTrace
+from adapters.engine.model import LoopedLM, LoopTrace, with_conditioning
 from adapters.engine.io.presets import preset
 
 pytestmark = pytest.mark.numerics  # run again under a second ATen CPU capability by .ci/run
 
 OPTIONS = [
-    {"injection": "scalar"}, {"injection": "channel"}, {"injection": "dense"},
-    {"history": "scalar", "history_window": 1}, {"history": "channel", "history_window": 2}, {"history": "dense", "history_window": 3},
-    {"loop_gate": True}, {"branch_gate": True},
+    {"injection": "scalar"},
+    {"injection": "channel"},
+    {"injection": "dense"},
+    {"history": "scalar", "history_window": 1},
+    {"history": "channel", "history_window": 2},
+    {"history": "dense", "history_window": 3},
+    {"loop_gate": True},
+    {"branch_gate": True},
     {"injection": "dense", "history": "dense", "history_window": 2, "loop_gate": True, "branch_gate": True},
 ]
 
@@ -37,22 +42,35 @@ def _model(name: str, **changes) -> LoopedLM:
 @pytest.mark.parametrize("option", OPTIONS, ids=lambda o: "+".join(f"{k}={v}" for k, v in o.items()))
 def test_zero_init_reproduces_the_unconditioned_logits_exactly(name, option):
     plain = _model(name, chunk_size=4)
-    conditioned = plain.with_conditioning(**option).eval()
+    conditioned = with_conditioning(plain, **option).eval()
     assert conditioned.model.loop_conditioning is not None
     ids = torch.randint(3, 99, (2, 11), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         for loops in (2, 4, 6):  # 6 > T = 4: the gate reuses the last loop position
-            ref, out = plain(ids, loops=loops, return_loop_logits=True), conditioned(ids, loops=loops, return_loop_logits=True)
+            ref, out = (
+                plain(ids, loops=loops, return_loop_logits=True),
+                conditioned(ids, loops=loops, return_loop_logits=True),
+            )
             assert torch.equal(out.logits, ref.logits)
             assert all(torch.equal(a, b) for a, b in zip(out.loop_logits, ref.loop_logits))
 
 
 def test_zero_init_decodes_the_same_tokens_through_the_cache():
     plain = load_preset("coreloop-tiny", dtype="fp32", device="cpu", loops=3)
-    conditioned = load_preset("coreloop-tiny", dtype="fp32", device="cpu", loops=3, injection="channel", history="dense",
-                              history_window=2, loop_gate=True)
+    conditioned = load_preset(
+        "coreloop-tiny",
+        dtype="fp32",
+        device="cpu",
+        loops=3,
+        injection="channel",
+        history="dense",
+        history_window=2,
+        loop_gate=True,
+    )
     greedy = Sampling(temperature=0.0, max_new_tokens=10)
-    assert [g.text for g in conditioned.generate(["abc", "hello"], greedy)] == [g.text for g in plain.generate(["abc", "hello"], greedy)]
+    assert [g.text for g in conditioned.generate(["abc", "hello"], greedy)] == [
+        g.text for g in plain.generate(["abc", "hello"], greedy)
+    ]
 
 
 def _identity_core(**changes) -> LoopedLM:
@@ -95,7 +113,10 @@ def test_history_formula_on_a_hand_computed_case():
 def test_dense_history_applies_each_lag_its_own_matrix():
     """Dense B_1 = diag(c): loop 3 adds c * (h_2 - h_1) channel by channel, the same as channel-wise B_1 = c."""
     c = torch.linspace(-1, 1, 128)
-    dense, channel = _identity_core(injection="scalar", history="dense"), _identity_core(injection="scalar", history="channel")
+    dense, channel = (
+        _identity_core(injection="scalar", history="dense"),
+        _identity_core(injection="scalar", history="channel"),
+    )
     for model, weight in ((dense, torch.diag(c)), (channel, c)):
         with torch.no_grad():
             model.model.loop_conditioning.injection.weight.fill_(0.5)
@@ -171,11 +192,18 @@ def test_conditioned_checkpoint_round_trip(tmp_path):
 
 @pytest.mark.parametrize(
     "changes,words",
-    [({"injection": "matrix"}, "injection='matrix' is not one of"), ({"history_window": 0}, "history_window must be a positive"),
-     ({"loop_gate": True, "hidden_size": 100, "head_dim": 25 * 2}, "divisible by 8"),
-     ({"branch_gate": True, "hidden_size": 100, "head_dim": 25 * 2}, "branch_gate needs hidden_size divisible by 8"),
-     ({"branch_gate": "yes"}, "branch_gate must be true or false"), ({"loop_gate": 1}, "loop_gate must be true or false"),
-     ({"prelude_layers": 1, "shared_layers": 0, "loops": 1, "kv_strategy": "standard", "history": "scalar"}, "shared_layers >= 1")],
+    [
+        ({"injection": "matrix"}, "injection='matrix' is not one of"),
+        ({"history_window": 0}, "history_window must be a positive"),
+        ({"loop_gate": True, "hidden_size": 100, "head_dim": 25 * 2}, "divisible by 8"),
+        ({"branch_gate": True, "hidden_size": 100, "head_dim": 25 * 2}, "branch_gate needs hidden_size divisible by 8"),
+        ({"branch_gate": "yes"}, "branch_gate must be true or false"),
+        ({"loop_gate": 1}, "loop_gate must be true or false"),
+        (
+            {"prelude_layers": 1, "shared_layers": 0, "loops": 1, "kv_strategy": "standard", "history": "scalar"},
+            "shared_layers >= 1",
+        ),
+    ],
 )
 def test_bad_conditioning_fields_name_the_field(changes, words):
     with pytest.raises(AdapterError, match=words):

@@ -20,7 +20,11 @@ def class_lengths(path: Path) -> dict[str, int]:
 
 
 def test_no_engine_class_is_over_the_limit() -> None:
-    lengths = {f"{path.relative_to(ENGINE)}:{name}": lines for path in sorted(ENGINE.rglob("*.py")) for name, lines in class_lengths(path).items()}
+    lengths = {
+        f"{path.relative_to(ENGINE)}:{name}": lines
+        for path in sorted(ENGINE.rglob("*.py"))
+        for name, lines in class_lengths(path).items()
+    }
     assert len(lengths) > 20  # the engine's classes were found
     over = {name: lines for name, lines in lengths.items() if lines > MAX_CLASS_LINES}
     assert not over, f"classes over {MAX_CLASS_LINES} lines (split them along their jobs): {over}"
@@ -28,5 +32,7 @@ def test_no_engine_class_is_over_the_limit() -> None:
 
 def test_the_count_is_the_class_statement_to_its_last_line(tmp_path: Path) -> None:
     source = tmp_path / "sample.py"
-    source.write_text("import os\n\n\n@decorated\nclass A:\n    x = 1\n\n    def f(self):\n        return 2\n\n\nclass B:\n    pass\n")
+    source.write_text(
+        "import os\n\n\n@decorated\nclass A:\n    x = 1\n\n    def f(self):\n        return 2\n\n\nclass B:\n    pass\n"
+    )
     assert class_lengths(source) == {"A": 5, "B": 2}

@@ -12,7 +12,7 @@ from tests.support.kv_pool import Watch, pool_for, tiny_budget
 
 import adapters
 from adapters.base import AdapterError, Request, Sampling
-from adapters.engine.adapter import EngineAdapter
+from adapters.engine.adapter import EngineAdapter, sequences_of
 from adapters.engine.families.ouro import PER_LOOP
 from adapters.engine.serving.continuous import ContinuousEngine
 from adapters.engine.generate import generate
@@ -58,7 +58,10 @@ CASES = [
     ("zoo:lab-huginn", dict(exit_criterion="entropy", exit_threshold=0.01)),
     ("zoo:lab-huginn", dict(exit_policy="fixed", exit_loop=3)),
     ("zoo:lab-huginn", dict(exit_criterion="kl", exit_threshold=0.01, exit_fill="masked")),
-    ("zoo:lab-history-loopgate", dict(exit_criterion="kl", exit_threshold=0.2)),  # loop conditioning's history follows the rows
+    (
+        "zoo:lab-history-loopgate",
+        dict(exit_criterion="kl", exit_threshold=0.2),
+    ),  # loop conditioning's history follows the rows
 ]
 
 
@@ -74,7 +77,9 @@ def test_active_set_gives_the_static_masked_steps_tokens(spec, overrides):
         assert len(loops) > 1 or overrides.get("exit_policy") == "fixed"  # the exits differ from token to token
 
 
-@pytest.mark.parametrize("spec", [f"preset:{name}" for name in PRESETS if name.endswith("-tiny")] + [f"zoo:{name}" for name in zoo_names()])
+@pytest.mark.parametrize(
+    "spec", [f"preset:{name}" for name in PRESETS if name.endswith("-tiny")] + [f"zoo:{name}" for name in zoo_names()]
+)
 def test_threshold_one_is_no_exit(spec):
     """`exit_threshold=1.0` is the released Ouro setting: the same tokens as no override on every model; with the gate
     criterion on, a model with an exit gate runs the skipping step, every token through every loop, unchanged."""
@@ -106,14 +111,14 @@ def test_loops_used_are_the_loops_each_decode_step_ran(spec):
     step that drew it (token 1 is drawn from the prefill, which runs every loop)."""
     adapter = load(spec, exit_criterion="kl", exit_threshold=0.02)
     backbone, rows_run = adapter.model.model, [0]
-    loop = backbone._loop
+    loop = backbone.loop
 
     def counted(h, *args):
         if h.shape[1] == 1:  # a decode step (no prompt here is one token long)
             rows_run[0] += h.shape[0]
         return loop(h, *args)
 
-    backbone._loop = counted
+    backbone.loop = counted
     gens = adapter.generate(PROMPTS[2:], GREEDY)
     assert rows_run[0] == sum(sum(g.loops_used[1:]) for g in gens)
     assert rows_run[0] < len(gens) * (GREEDY.max_new_tokens - 1) * adapter.loops  # work was skipped
@@ -128,15 +133,25 @@ def test_a_coda_models_first_token_is_the_prefills_final_output():
     assert min(loop for g in gens for loop in g.loops_used[1:]) < 4
 
 
-@pytest.mark.parametrize("spec,overrides", [("preset:ouro-tiny", dict(exit_threshold=0.0)), ("zoo:lab-huginn", dict(exit_policy="fixed", exit_loop=1))])
+@pytest.mark.parametrize(
+    "spec,overrides",
+    [("preset:ouro-tiny", dict(exit_threshold=0.0)), ("zoo:lab-huginn", dict(exit_policy="fixed", exit_loop=1))],
+)
 def test_copy_fill_leaves_the_exit_loops_kv_in_the_skipped_loops(spec, overrides):
     """On the static cache: a token that stops at loop 1 holds loop 1's K/V in loops 2..r of every shared layer (for
     Huginn, its official "latest-m4" lookup: the latest step it ran at the same core layer), and the prompt's
     tokens, which ran every loop, K/V of each loop."""
     adapter = load(spec, **overrides)
     cfg, caches = adapter.config, []
-    gen = generate(adapter.model, [[1, 11, 12, 13]], GREEDY, loops=cfg.loops, eos_ids=set(), exit_policy=adapter.exit_policy,
-                   on_cache=lambda cache: caches.append(cache) if cache is not None else None)[0]
+    gen = generate(
+        adapter.model,
+        [[1, 11, 12, 13]],
+        GREEDY,
+        loops=cfg.loops,
+        eos_ids=set(),
+        exit_policy=adapter.exit_policy,
+        on_cache=lambda cache: caches.append(cache) if cache is not None else None,
+    )[0]
     cache, table = caches[0], PER_LOOP.table(cfg, cfg.loops)
     decoded = slice(4, 4 + gen.generated_tokens - 1)  # the slots of the tokens that went through a decode step
     assert gen.loops_used[1:] == [1] * (gen.generated_tokens - 1)
@@ -149,16 +164,26 @@ def test_copy_fill_leaves_the_exit_loops_kv_in_the_skipped_loops(spec, overrides
         assert not torch.equal(cache.k[table[layer][1], :, :, :4], cache.k[first, :, :, :4])
 
 
-@pytest.mark.parametrize("spec,fill", [("preset:ouro-tiny", "copy"), ("preset:ouro-tiny", "masked"), ("preset:melt-tiny", "copy")])
+@pytest.mark.parametrize(
+    "spec,fill", [("preset:ouro-tiny", "copy"), ("preset:ouro-tiny", "masked"), ("preset:melt-tiny", "copy")]
+)
 def test_kv_accounting_stays_exact_with_exits_on(spec, fill):
     """Preemption-free but with rows joining and leaving the running set (cap 4 of 12 samples): the pool's books
     and the analytic figures agree after every step (`Watch`), whatever the loops each token ran."""
     adapter = load(spec, exit_threshold=0.6, block_size=8, max_batch=4, exit_fill=fill)
     sampling = dataclasses.replace(SAMPLED, n=3, max_new_tokens=20)
-    sequences = adapter._sequences([Request(p, sampling) for p in PROMPTS])
+    sequences = sequences_of([Request(p, sampling) for p in PROMPTS], adapter.model, adapter.tokenizer, adapter.spec)
     pool, finished = pool_for(adapter, sequences), []
-    engine = ContinuousEngine(adapter.model, pool, loops=adapter.loops, policy=adapter.exit_policy, eos_ids=set(), tokenizer=adapter.tokenizer,
-                              max_seqs=4, on_finished=finished.extend)
+    engine = ContinuousEngine(
+        adapter.model,
+        pool,
+        loops=adapter.loops,
+        policy=adapter.exit_policy,
+        eos_ids=set(),
+        tokenizer=adapter.tokenizer,
+        max_seqs=4,
+        on_finished=finished.extend,
+    )
     watch = Watch(engine, sequences, adapter.config, adapter.loops)
     engine.run(sequences)
     assert len(finished) == 12 and watch.steps > 20
@@ -177,8 +202,11 @@ def test_kv_accounting_stays_exact_with_exits_on(spec, fill):
         ("preset:ouro-tiny", dict(exit_threshold=0.5, exit_fill="skip"), "exit_fill"),
         ("zoo:lab-huginn", dict(exit_threshold=0.5), "exit gate"),
         ("preset:melt-tiny", dict(exit_threshold=0.5, exit_fill="masked"), "per-loop K/V"),
-        ("zoo:lab-huginn", dict(kv_policy="latest-m4", exit_criterion="kl", exit_threshold=0.01, exit_fill="masked"),
-         "kv_policy latest-m4 reads a skipped loop"),
+        (
+            "zoo:lab-huginn",
+            dict(kv_policy="latest-m4", exit_criterion="kl", exit_threshold=0.01, exit_fill="masked"),
+            "kv_policy latest-m4 reads a skipped loop",
+        ),
         ("zoo:lab-huginn", dict(exit_criterion="kl", exit_threshold=0.01, exit_fill="read"), "without coda layers"),
     ],
 )
@@ -192,7 +220,12 @@ def test_bad_exit_overrides_are_one_line_errors(spec, overrides, message):
 
 def test_describe_names_the_fill():
     policy = load("preset:ouro-tiny", exit_threshold=0.6).describe()["exit_policy"]
-    assert (policy["kind"], policy["criterion"], policy["fill"], policy["threshold"]) == ("threshold", "gate", "copy", 0.6)
+    assert (policy["kind"], policy["criterion"], policy["fill"], policy["threshold"]) == (
+        "threshold",
+        "gate",
+        "copy",
+        0.6,
+    )
     read = load("preset:ouro-tiny", exit_threshold=0.6, exit_fill="read").describe()["exit_policy"]
     assert read["fill"] == "read"
     assert load("preset:ouro-tiny").describe()["exit_policy"]["kind"] == "none"
@@ -201,7 +234,10 @@ def test_describe_names_the_fill():
 def test_masked_fill_hides_the_skipped_loops_where_copy_shows_the_exit_loops_kv():
     """The two skipping fills differ only in what later tokens read at a loop an earlier token skipped: the same
     exits with copies of the exit loop's K/V there, or with those tokens masked out, give other outputs."""
-    copy, masked = (run(load("preset:ouro-tiny", exit_threshold=0.6, exit_fill=fill), GREEDY, "continuous") for fill in ("copy", "masked"))
+    copy, masked = (
+        run(load("preset:ouro-tiny", exit_threshold=0.6, exit_fill=fill), GREEDY, "continuous")
+        for fill in ("copy", "masked")
+    )
     assert copy != masked
     assert copy[0][1][:2] == masked[0][1][:2]  # the first decode step reads only prompt tokens, which ran every loop
 
@@ -212,7 +248,10 @@ def test_preemption_with_exits_on_changes_nothing(fill):
     (and, masked, the loops its earlier tokens ran) are those of the first time: the same tokens and loops."""
     adapter = load("preset:ouro-tiny", exit_threshold=0.6, exit_fill=fill, block_size=4)
     expected = run(adapter, SAMPLED, "continuous")
-    longest = max(seq.capacity for seq in adapter._sequences([Request(p, SAMPLED) for p in PROMPTS]))
+    longest = max(
+        seq.capacity
+        for seq in sequences_of([Request(p, SAMPLED) for p in PROMPTS], adapter.model, adapter.tokenizer, adapter.spec)
+    )
     adapter.kv_budget = tiny_budget(adapter, blocks=2 * -(-longest // 4))  # room for about two of the eight sequences
     assert run(adapter, SAMPLED, "continuous") == expected
     assert adapter.preemptions > 0
@@ -227,7 +266,9 @@ POOL_CASES = [
 ]
 
 
-@pytest.mark.parametrize("spec,overrides", POOL_CASES, ids=["ouro-copy", "ouro-masked", "melt-copy", "huginn-kl", "huginn-kl-masked"])
+@pytest.mark.parametrize(
+    "spec,overrides", POOL_CASES, ids=["ouro-copy", "ouro-masked", "melt-copy", "huginn-kl", "huginn-kl-masked"]
+)
 def test_the_pools_step_narrows_as_the_decode_rows_do(spec, overrides, monkeypatch):
     """Decode steps that gather from the pool (`PagedStep`, the path a GPU runs eagerly; here forced by leaving the
     decode rows no room) narrow to the looping rows too, and give the static masked step's tokens."""

@@ -56,7 +56,11 @@ def test_seed_reproduces_samples_and_n_is_prompt_major():
 def test_stop_strings_eos_and_length():
     adapter = load_preset("qwen3-tiny", dtype="fp32", device="cpu", seed=2)
     free = adapter.generate(["hello"], Sampling(temperature=0, max_new_tokens=20))[0]
-    assert free.finish_reason == "length" and free.generated_tokens == 20 and free.text == adapter.tokenizer.decode(free.token_ids)
+    assert (
+        free.finish_reason == "length"
+        and free.generated_tokens == 20
+        and free.text == adapter.tokenizer.decode(free.token_ids)
+    )
     stop = free.text[5:7]
     cut = adapter.generate(["hello"], Sampling(temperature=0, max_new_tokens=20, stop=(stop,)))[0]
     first = free.text.find(stop)
@@ -64,7 +68,10 @@ def test_stop_strings_eos_and_length():
     assert cut.token_ids == free.token_ids[: first + len(stop)]
     adapter.config.eos_token_id = free.token_ids[3]  # make the 4th greedy token the end of sequence
     ended = adapter.generate(["hello"], Sampling(temperature=0, max_new_tokens=20))[0]
-    assert ended.finish_reason == "eos" and ended.token_ids == free.token_ids[: free.token_ids.index(free.token_ids[3]) + 1]
+    assert (
+        ended.finish_reason == "eos"
+        and ended.token_ids == free.token_ids[: free.token_ids.index(free.token_ids[3]) + 1]
+    )
     assert ended.prefill_seconds > 0 and ended.decode_seconds > 0
 
 

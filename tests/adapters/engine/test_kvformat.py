@@ -15,7 +15,9 @@ from adapters.engine.io.presets import preset
 from adapters.engine.kvformat import AUTO, KV_FORMATS, SCALE_BYTES
 from adapters.engine.memory import analytic_terms
 
-ROWS = torch.randn(3, 2, 7, 32, generator=torch.Generator().manual_seed(0)) * torch.logspace(-6, 2, 7)[None, None, :, None]
+ROWS = (
+    torch.randn(3, 2, 7, 32, generator=torch.Generator().manual_seed(0)) * torch.logspace(-6, 2, 7)[None, None, :, None]
+)
 SLOP = 2**-22
 
 
@@ -37,7 +39,9 @@ def test_fp8_keeps_three_mantissa_bits():
     assert torch.equal(scale, amax / 448)
     error = (fmt.unpack(packed, torch.float32) - ROWS).abs()
     assert (error <= torch.maximum(ROWS.abs() * 2**-4, scale * 2**-10) + amax * SLOP).all()
-    assert packed[..., :32].view(torch.float8_e4m3fn).float().abs().amax(-1).eq(448).all()  # each row's largest value at full range
+    assert (
+        packed[..., :32].view(torch.float8_e4m3fn).float().abs().amax(-1).eq(448).all()
+    )  # each row's largest value at full range
 
 
 def test_zero_rows_and_bf16_models():
@@ -69,13 +73,18 @@ def test_a_cache_stores_bytes_and_attention_reads_them_dequantized(kv_dtype):
 def test_every_family_decodes_quantized_continuous_as_static(name, kv_dtype):
     adapter = load_preset(name, dtype="fp32", device="cpu", seed=3, kv_dtype=kv_dtype, block_size=4)
     adapter.config.eos_token_id = None
-    prompts, greedy = ["1+2=", "x", "17*3=51; 4*4=", "abcdefghijklmnopqrstu"], Sampling(temperature=0.0, max_new_tokens=20)
+    prompts, greedy = (
+        ["1+2=", "x", "17*3=51; 4*4=", "abcdefghijklmnopqrstu"],
+        Sampling(temperature=0.0, max_new_tokens=20),
+    )
     continuous = [g.token_ids for g in adapter.generate(prompts, greedy)]
     adapter.batching = "static"
     assert [g.token_ids for g in adapter.generate(prompts, greedy)] == continuous
     ids = torch.tensor([[5, 9, 12, 7, 30, 2, 17, 3]])
     auto = load_preset(name, dtype="fp32", device="cpu", seed=3)
-    assert not torch.equal(adapter.forward_logits(ids), auto.forward_logits(ids))  # a full forward reads quantized rows too
+    assert not torch.equal(
+        adapter.forward_logits(ids), auto.forward_logits(ids)
+    )  # a full forward reads quantized rows too
 
 
 def test_melt_int8_preemption_changes_nothing():
@@ -83,10 +92,12 @@ def test_melt_int8_preemption_changes_nothing():
     adapter.config.eos_token_id = None
     sampled = Sampling(temperature=1.0, top_p=0.7, max_new_tokens=16, n=2, seed=5)
     requests = [Request(p, sampled) for p in ["1+2=", "x", "17*3=51; 4*4=", "abcdefghijklmnopqrstu"]]
+
     def run() -> dict:
         got: dict = {}
         adapter.generate_requests(requests, lambda done: got.update({(r, j): g.token_ids for r, j, g in done}))
         return got
+
     expected = run()
     terms = analytic_terms(adapter.config, 4, "fp32")
     latent = max(8, adapter.config.chunk_size) * terms["latent_bytes_per_token"]

@@ -26,7 +26,11 @@ def test_rms_norm_is_the_textbook_form():
 def test_rope_rotates_by_position_so_scores_depend_on_the_distance_only():
     """Each channel pair is rotated (norms kept), position 0 is the identity, and q.k at positions (i, j) equals q.k at
     (i + 9, j + 9); float32 products of 32 channels agree to 1e-5 of their size."""
-    rotary, q, k = Rotary(32, 10_000.0), torch.randn(1, 1, 1, 32, generator=GEN), torch.randn(1, 1, 1, 32, generator=GEN)
+    rotary, q, k = (
+        Rotary(32, 10_000.0),
+        torch.randn(1, 1, 1, 32, generator=GEN),
+        torch.randn(1, 1, 1, 32, generator=GEN),
+    )
 
     def at(x: torch.Tensor, pos: int) -> torch.Tensor:
         return apply_rope(x, *rotary(torch.tensor([[pos]]), torch.float32))
@@ -67,7 +71,7 @@ def test_attention_is_causal_softmax_attention_over_what_the_cache_holds():
         q, k, v = attn.project(x, None, rope)
         groups = CFG.num_heads // CFG.num_kv_heads
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        scores = (q @ k.transpose(-1, -2)) / CFG.head_dim ** 0.5
+        scores = (q @ k.transpose(-1, -2)) / CFG.head_dim**0.5
         weights = torch.softmax(scores.masked_fill(~torch.ones(7, 7, dtype=torch.bool).tril(), float("-inf")), dim=-1)
         textbook = F.linear((weights @ v).transpose(1, 2).reshape(1, 7, -1), attn.o_proj.weight)
     assert torch.allclose(parts, whole, atol=1e-5) and torch.allclose(whole, textbook, atol=1e-5)

@@ -26,8 +26,22 @@ def test_params_match_the_model_for_every_preset():
     assert count_params(preset("qwen3-1.7b")) == 1_720_574_976
 
 
-@pytest.mark.parametrize("name", ["qwen3-tiny", "ouro-tiny", "melt-tiny", "coreloop-tiny", "qwen3-1.7b", "ouro-1.4b", "ouro-2.6b", "melt-1.6b", "huginn-0125",
-                                  "retrofit-llama-3.2-1b", "retrofit-tinyllama-1.1b"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "qwen3-tiny",
+        "ouro-tiny",
+        "melt-tiny",
+        "coreloop-tiny",
+        "qwen3-1.7b",
+        "ouro-1.4b",
+        "ouro-2.6b",
+        "melt-1.6b",
+        "huginn-0125",
+        "retrofit-llama-3.2-1b",
+        "retrofit-tinyllama-1.1b",
+    ],
+)
 def test_analytic_kv_equals_allocated(name):
     cfg = preset(name)
     loop_counts = [1] if cfg.kv_strategy == "standard" else [1, 2, 4, 8]
@@ -35,13 +49,21 @@ def test_analytic_kv_equals_allocated(name):
         for dtype, torch_dtype in [("fp32", torch.float32), ("bf16", torch.bfloat16)]:
             for r in loop_counts:
                 cache = KVCache(cfg, batch, tokens, r, torch_dtype, "meta")
-                assert cache.kv_bytes_allocated == kv_bytes(cfg, tokens, batch, r, dtype) == estimate(cfg, tokens, batch, r, dtype).kv_bytes
+                assert (
+                    cache.kv_bytes_allocated
+                    == kv_bytes(cfg, tokens, batch, r, dtype)
+                    == estimate(cfg, tokens, batch, r, dtype).kv_bytes
+                )
             by_r = [kv_bytes(cfg, tokens, batch, r, "bf16") for r in loop_counts]
             if cfg.kv_strategy == "gated":
                 assert len(set(by_r)) == 1
-            if cfg.kv_strategy == "per_loop":  # one entry per executed layer, p + s * r + c (for p = c = 0 proportional to r)
+            if (
+                cfg.kv_strategy == "per_loop"
+            ):  # one entry per executed layer, p + s * r + c (for p = c = 0 proportional to r)
                 per_entry = by_r[0] // family_of(cfg).kv.entries(cfg, 1)
-                assert by_r == [per_entry * (cfg.prelude_layers + cfg.shared_layers * r + cfg.coda_layers) for r in loop_counts]
+                assert by_r == [
+                    per_entry * (cfg.prelude_layers + cfg.shared_layers * r + cfg.coda_layers) for r in loop_counts
+                ]
 
 
 def test_static_generate_allocates_what_the_estimate_says_and_tracks_usage():

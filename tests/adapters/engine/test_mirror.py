@@ -25,14 +25,19 @@ def mirror_of(module: Path) -> Path:
 def has_code(module: Path) -> bool:
     """Whether a module holds more than a docstring and imports (an empty `__init__.py` needs no test)."""
     lines = [line for line in module.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return any(line.startswith(("def ", "class ", "@")) or "=" in line.split("#")[0] for line in lines
-               if not line.startswith((" ", '"', "from ", "import ")))
+    return any(
+        line.startswith(("def ", "class ", "@")) or "=" in line.split("#")[0]
+        for line in lines
+        if not line.startswith((" ", '"', "from ", "import "))
+    )
 
 
 def test_every_engine_module_has_a_test_file_of_its_own() -> None:
     modules = [m for m in sorted(ENGINE.rglob("*.py")) if m.name != "__init__.py" or has_code(m)]
     assert len(modules) > 30  # the engine's modules were found
-    missing = [f"{m.relative_to(ROOT)} -> {mirror_of(m).relative_to(ROOT)}" for m in modules if not mirror_of(m).is_file()]
+    missing = [
+        f"{m.relative_to(ROOT)} -> {mirror_of(m).relative_to(ROOT)}" for m in modules if not mirror_of(m).is_file()
+    ]
     assert not missing, "engine modules without a test file of their own:\n" + "\n".join(missing)
 
 

@@ -18,7 +18,7 @@ from adapters.engine.exits import ExitPolicy
 from adapters.engine.generate import Decoder, Prompts, generate
 from adapters.engine.io.checkpoint import random_model
 from adapters.engine.io.presets import preset
-from adapters.engine.model import LoopedLM
+from adapters.engine.model import LoopedLM, to_melt
 from tests.support.rounding import rounding_bound
 
 GREEDY = Sampling(temperature=0.0, max_new_tokens=12)
@@ -43,9 +43,18 @@ def hf_qwen3(tmp_path_factory):
     torch.manual_seed(0)
     hf = Qwen3ForCausalLM(
         Qwen3Config(
-            vocab_size=99, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=24, max_position_embeddings=256, tie_word_embeddings=False,
-            rope_parameters={"rope_theta": 10000.0, "rope_type": "default"}, eos_token_id=2, pad_token_id=0,
+            vocab_size=99,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=24,
+            max_position_embeddings=256,
+            tie_word_embeddings=False,
+            rope_parameters={"rope_theta": 10000.0, "rope_type": "default"},
+            eos_token_id=2,
+            pad_token_id=0,
         )
     ).eval()
     with torch.no_grad():
@@ -78,7 +87,9 @@ def test_hf_qwen3_logits_and_greedy_match(hf_qwen3):
 
 
 # ------------------------------------------------------------------ cache == full recompute
-def _decode_logits(model: LoopedLM, ids: torch.Tensor, prefill: int, loops: int, chunk: int | None = None) -> torch.Tensor:
+def _decode_logits(
+    model: LoopedLM, ids: torch.Tensor, prefill: int, loops: int, chunk: int | None = None
+) -> torch.Tensor:
     """Logits for positions prefill-1 .. N-1 from the static cache: one prefill (in chunks), then one token per step."""
     n = ids.shape[1]
     cache = KVCache(model.config, 1, n, loops, torch.float32, "cpu")
@@ -100,7 +111,15 @@ def _decode_logits(model: LoopedLM, ids: torch.Tensor, prefill: int, loops: int,
 @pytest.mark.numerics
 @pytest.mark.parametrize(
     "name,loops",
-    [("qwen3-tiny", 1), ("ouro-tiny", 4), ("ouro-tiny", 2), ("melt-tiny", 4), ("melt-tiny", 3), ("coreloop-tiny", 4), ("coreloop-tiny", 2)],
+    [
+        ("qwen3-tiny", 1),
+        ("ouro-tiny", 4),
+        ("ouro-tiny", 2),
+        ("melt-tiny", 4),
+        ("melt-tiny", 3),
+        ("coreloop-tiny", 4),
+        ("coreloop-tiny", 2),
+    ],
 )
 def test_cached_decoding_equals_full_recompute(name, loops):
     model = tiny(name, chunk_size=1)
@@ -140,6 +159,7 @@ def test_forward_chunks_a_prompt_as_the_prefill_does(spec, chunk):
     prompts = [torch.randint(3, 99, (n,), generator=gen).tolist() for n in lengths]
     batch = Prompts.left_padded(prompts, max(lengths), 0, torch.device("cpu"))
     cache = KVCache(cfg, len(prompts), max(lengths), adapter.loops, torch.float32, "cpu")
+
     def forward_rows() -> torch.Tensor:
         return torch.stack([adapter.forward_logits(torch.tensor([p]))[0, -1] for p in prompts])
 
@@ -154,7 +174,7 @@ def test_forward_chunks_a_prompt_as_the_prefill_does(spec, chunk):
 @pytest.mark.numerics
 def test_gated_with_kv_mix_zero_is_the_looplm():
     looplm = tiny("ouro-tiny")
-    melt = looplm.to_melt(chunk_size=4)
+    melt = to_melt(looplm, chunk_size=4)
     ids = torch.randint(3, 99, (2, 14), generator=torch.Generator().manual_seed(5))
     ref = looplm(ids, return_loop_logits=True, return_attn_outputs=True)
     out = melt(ids, kv_mix=0.0, return_loop_logits=True, return_attn_outputs=True)
@@ -191,8 +211,6 @@ def test_gate_variants_decode_like_recompute(variant):
         full = model(ids).logits
     cached = _decode_logits(model, ids, prefill=1, loops=4)
     assert (cached - full).abs().max().item() < rounding_bound(model, lambda: model(ids).logits)
-
-
 
 
 # ------------------------------------------------------------------------- the cache's entries

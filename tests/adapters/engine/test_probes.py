@@ -51,7 +51,9 @@ def test_injection_only_model_moves_along_e_with_known_updates():
         assert table[(l, "relative_update", None)] == pytest.approx(a / (1 + (l - 1) * a), rel=1e-5)
         for k in range(1, l):
             assert table[(l, "interaction", k)] == pytest.approx(0.0, abs=1e-5)
-    assert {key for key in table if key[1] == "interaction"} == {(l, "interaction", k) for l in range(2, 5) for k in range(1, l)}
+    assert {key for key in table if key[1] == "interaction"} == {
+        (l, "interaction", k) for l in range(2, 5) for k in range(1, l)
+    }
 
 
 def test_history_model_interactions_match_the_hand_computed_ratios():
@@ -64,7 +66,13 @@ def test_history_model_interactions_match_the_hand_computed_ratios():
         model.model.loop_conditioning.injection.weight.fill_(a)
         model.model.loop_conditioning.history.weight.fill_(b)
     table = _table(model, 4)
-    expected = {(3, 1): b / (1 + b), (3, 2): 0.0, (4, 1): (b + b * b) / (1 + b + b * b), (4, 2): b * b / (1 + b + b * b), (4, 3): 0.0}
+    expected = {
+        (3, 1): b / (1 + b),
+        (3, 2): 0.0,
+        (4, 1): (b + b * b) / (1 + b + b * b),
+        (4, 2): b * b / (1 + b + b * b),
+        (4, 3): 0.0,
+    }
     for (l, k), value in expected.items():
         assert table[(l, "interaction", k)] == pytest.approx(value, abs=1e-5), (l, k)
 

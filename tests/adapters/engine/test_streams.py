@@ -15,7 +15,7 @@ import torch
 
 import adapters
 from adapters.base import Request, Sampling
-from adapters.engine.adapter import EngineAdapter
+from adapters.engine.adapter import EngineAdapter, sequences_of
 from adapters.engine.cache import KVCache
 from adapters.engine.config import LoopConfig
 from adapters.engine.families import family_of
@@ -38,8 +38,11 @@ Key = tuple[str, int]  # (prompt, sample index)
 def specs(tmp_path_factory) -> dict[str, tuple[str, list]]:
     """spec -> (spec string, prompts): the zoo model on text, the tiny checkpoints (no tokenizer) on token ids."""
     folder = tmp_path_factory.mktemp("recurrent")
-    return {"lab-huginn": ("zoo:lab-huginn", TEXT), "huginn": (f"huginn:{save_tiny_huginn(folder / 'huginn')}", IDS),
-            "retrofit": (f"retrofit:{save_tiny_retrofit(folder / 'retrofit')}", IDS)}
+    return {
+        "lab-huginn": ("zoo:lab-huginn", TEXT),
+        "huginn": (f"huginn:{save_tiny_huginn(folder / 'huginn')}", IDS),
+        "retrofit": (f"retrofit:{save_tiny_retrofit(folder / 'retrofit')}", IDS),
+    }
 
 
 def load(spec: str, **overrides) -> EngineAdapter:
@@ -83,16 +86,23 @@ def test_a_sample_s_tokens_do_not_depend_on_its_batch(specs, name, sampling):
         assert tokens(adapter, requests) == expected, (batching, max_batch)
         assert tokens(adapter, requests[::-1]) == expected, (batching, max_batch, "reversed")
     adapter.batching = "continuous"
-    subsets = [tuple(range(i % 2, sampling.n, 2)) or (0,) for i in range(len(prompts))]  # a resumed run: the missing samples only
+    subsets = [
+        tuple(range(i % 2, sampling.n, 2)) or (0,) for i in range(len(prompts))
+    ]  # a resumed run: the missing samples only
     resumed = [Request(p, sampling, samples=subset) for p, subset in zip(prompts, subsets)]
-    assert tokens(adapter, resumed) == {(str(p), j): expected[str(p), j] for p, subset in zip(prompts, subsets) for j in subset}
+    assert tokens(adapter, resumed) == {
+        (str(p), j): expected[str(p), j] for p, subset in zip(prompts, subsets) for j in subset
+    }
 
 
 def test_preemption_keeps_each_sample_s_draws(specs):
     """A pool with room for about two of the twelve sequences: samples are preempted and replayed, tokens unchanged."""
     adapter = load(specs["lab-huginn"][0], block_size=4, max_batch=8)
     expected = tokens(adapter, [Request(p, SAMPLED) for p in TEXT])
-    longest = max(adapter._sequences([Request(p, SAMPLED) for p in TEXT]), key=lambda seq: seq.capacity)
+    longest = max(
+        sequences_of([Request(p, SAMPLED) for p in TEXT], adapter.model, adapter.tokenizer, adapter.spec),
+        key=lambda seq: seq.capacity,
+    )
     adapter.kv_budget = tiny_budget(adapter, blocks=2 * -(-longest.capacity // 4))
     assert tokens(adapter, [Request(p, SAMPLED) for p in TEXT]) == expected
     assert adapter.preemptions > 0
@@ -103,7 +113,11 @@ def test_the_state_and_its_seed_show_in_the_tokens(specs):
     seed; on lab-huginn (trained with random states, so its tokens rarely move) the seed moves the step's final states."""
     spec, prompts = specs["huginn"]
     requests = [Request(p, SAMPLED) for p in prompts]
-    drawn, again, other_seed = tokens(load(spec), requests), tokens(load(spec), requests), tokens(load(spec, seed=1), requests)
+    drawn, again, other_seed = (
+        tokens(load(spec), requests),
+        tokens(load(spec), requests),
+        tokens(load(spec, seed=1), requests),
+    )
     zero = load(spec)
     zero.model.seed_state(0, 0.0)
     assert drawn == again and drawn != other_seed and drawn != tokens(zero, requests)
@@ -118,14 +132,31 @@ def final_state(model: LoopedLM, seed: int) -> torch.Tensor:
     ids, positions = torch.tensor([[5, 9, 14, 2, 7, 7]]), torch.arange(6)[None]
     cache = KVCache(model.config, 1, 8, 4, torch.float32, torch.device("cpu"))
     with torch.no_grad():
-        return model.step(ids, positions, cache, 0, None, loops=4, streams=torch.full((1, 6), stream_key(5, 0))).states[0]
+        return model.step(ids, positions, cache, 0, None, loops=4, streams=torch.full((1, 6), stream_key(5, 0))).states[
+            0
+        ]
 
 
 def recurrence(seed: int = 0, scale: float = 1.0) -> Recurrence:
     """Huginn-0125's recurrence at width 64 (std sqrt(2 / 5d), embedding scale sqrt(d)), seeded."""
-    rec = family_of(LoopConfig(family="huginn", vocab_size=99, hidden_size=64, num_heads=4, num_kv_heads=4, head_dim=16, ffn_size=96,
-                                prelude_layers=1, shared_layers=2, coda_layers=1, loops=4, norm_layout="sandwich", kv_strategy="per_loop",
-                                tie_embeddings=True)).state()
+    rec = family_of(
+        LoopConfig(
+            family="huginn",
+            vocab_size=99,
+            hidden_size=64,
+            num_heads=4,
+            num_kv_heads=4,
+            head_dim=16,
+            ffn_size=96,
+            prelude_layers=1,
+            shared_layers=2,
+            coda_layers=1,
+            loops=4,
+            norm_layout="sandwich",
+            kv_strategy="per_loop",
+            tie_embeddings=True,
+        )
+    ).state()
     rec.reseed(seed, scale)
     return rec
 
@@ -149,12 +180,17 @@ def test_the_keyed_draw_is_the_official_truncated_normal():
     q = torch.tensor([0.001, 0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 0.999])
     assert torch.allclose(x.flatten().quantile(q) / sigma, official.flatten().quantile(q) / sigma, atol=0.02)
     first = keyed(rec, [stream_key(7, 0)], 4096)[0]
-    assert torch.equal(first[1000:1010], keyed(rec, [stream_key(7, 0)], 10, start=1000)[0])  # a token's draw: its key and position only
+    assert torch.equal(
+        first[1000:1010], keyed(rec, [stream_key(7, 0)], 10, start=1000)[0]
+    )  # a token's draw: its key and position only
     assert torch.equal(x[0], first)
 
 
 def test_seeds_streams_positions_and_channels_give_different_draws():
-    a, b = keyed(recurrence(0), [stream_key(5, 0), stream_key(5, 1)], 8), keyed(recurrence(1), [stream_key(5, 0), stream_key(5, 1)], 8)
+    a, b = (
+        keyed(recurrence(0), [stream_key(5, 0), stream_key(5, 1)], 8),
+        keyed(recurrence(1), [stream_key(5, 0), stream_key(5, 1)], 8),
+    )
     assert torch.equal(a, keyed(recurrence(0), [stream_key(5, 0), stream_key(5, 1)], 8))
     assert not torch.isclose(a, b).any()  # another seed: every value redrawn
     assert not torch.isclose(a[0], a[1]).any()  # another sample
@@ -168,9 +204,13 @@ def test_a_drawing_model_s_step_needs_its_rows_keys(specs):
     ids, positions = torch.tensor([[5, 9, 14]]), torch.arange(3)[None]
     with torch.no_grad():
         with pytest.raises(ValueError, match="stream each token draws from"):
-            model.step(ids, positions, KVCache(model.config, 1, 8, 4, torch.float32, torch.device("cpu")), 0, None, loops=4)
+            model.step(
+                ids, positions, KVCache(model.config, 1, 8, 4, torch.float32, torch.device("cpu")), 0, None, loops=4
+            )
         model.seed_state(0, 0.0)
-        out = model.step(ids, positions, KVCache(model.config, 1, 8, 4, torch.float32, torch.device("cpu")), 0, None, loops=4)
+        out = model.step(
+            ids, positions, KVCache(model.config, 1, 8, 4, torch.float32, torch.device("cpu")), 0, None, loops=4
+        )
     assert out.states[0].shape == (1, model.config.hidden_size)
 
 

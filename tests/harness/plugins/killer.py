@@ -102,6 +102,8 @@ class WorkloadKiller(Killer):
         self.inner.generate_requests(requests, counted)
 
 
-@adapters.register("killer-workload", "an engine preset taking whole workloads that kills its process at LOOPEVAL_KILL_AT (tests only)")
+@adapters.register(
+    "killer-workload", "an engine preset taking whole workloads that kills its process at LOOPEVAL_KILL_AT (tests only)"
+)
 def load_workload_killer(name: str, **overrides: Any) -> WorkloadKiller:
     return WorkloadKiller(adapters.load(f"preset:{name}", **{"max_batch": 2, **overrides}))

@@ -18,8 +18,21 @@ from adapters.engine.layers import Block
 from adapters.engine.memory import count_params
 from adapters.engine.model import LoopedLM, LoopTrace, Taps
 
-TINY = dict(vocab_size=99, hidden_size=64, num_heads=4, head_dim=16, ffn_size=128, prelude_layers=1, shared_layers=2,
-            coda_layers=1, loops=3, kv_strategy="per_loop", bos_token_id=1, eos_token_id=2, pad_token_id=0)
+TINY = dict(
+    vocab_size=99,
+    hidden_size=64,
+    num_heads=4,
+    head_dim=16,
+    ffn_size=128,
+    prelude_layers=1,
+    shared_layers=2,
+    coda_layers=1,
+    loops=3,
+    kv_strategy="per_loop",
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
 CONFIGS = {
     "qwen3": preset("qwen3-tiny"),
     "ouro": preset("ouro-tiny"),
@@ -69,7 +82,9 @@ def test_only_the_gated_layout_keeps_a_latent(name):
     if name != "melt":
         assert layout.latent_width(cfg) == 0 and cache.latent is None
         return
-    assert layout.latent_width(cfg) == cfg.shared_layers * cfg.hidden_size and layout.latent_tokens(cfg) == cfg.chunk_size
+    assert (
+        layout.latent_width(cfg) == cfg.shared_layers * cfg.hidden_size and layout.latent_tokens(cfg) == cfg.chunk_size
+    )
     with torch.inference_mode():
         built(cfg).step(torch.tensor([[5, 6, 7]]), torch.arange(3)[None], cache, 0, None, loops=1)
     assert cache.latent.shape == (cfg.shared_layers, 1, min(cfg.chunk_size, 8), cfg.hidden_size)
@@ -84,13 +99,15 @@ def test_a_family_builds_the_blocks_and_parameters_it_declares(name):
     model = built(cfg)
     kinds = [type(layer) for layer in model.model.layers]
     p, s = cfg.prelude_layers, cfg.shared_layers
-    want = {"huginn": [HuginnBlock] * cfg.num_layers,
-            "melt": [GatedBlock if p <= i < p + s else Block for i in range(cfg.num_layers)]}.get(name, [Block] * cfg.num_layers)
+    want = {
+        "huginn": [HuginnBlock] * cfg.num_layers,
+        "melt": [GatedBlock if p <= i < p + s else Block for i in range(cfg.num_layers)],
+    }.get(name, [Block] * cfg.num_layers)
     assert kinds == want
     assert all((layer.self_attn.qk_bias is not None) == (name == "huginn") for layer in model.model.layers)
     assert count_params(cfg) == sum(t.numel() for t in model.parameters())
     assert (model.model.recurrence is not None) == (name in ("huginn", "retrofit"))
-    assert model.model.embed_scale == (cfg.hidden_size ** 0.5 if name == "huginn" else None)
+    assert model.model.embed_scale == (cfg.hidden_size**0.5 if name == "huginn" else None)
 
 
 def test_the_plain_family_is_every_hook_at_its_base_value():
@@ -121,4 +138,6 @@ def test_taps_hand_a_skipped_loop_s_input_on_and_collect_attention_outputs():
     skipped, normed = taps.loop(0, 2, h, lambda x: -x, run)
     ran, _ = taps.loop(1, 2, h, lambda x: -x, run)
     assert torch.equal(skipped, h) and torch.equal(normed, -h) and torch.equal(ran, h + 1)
-    assert len(calls) == 1 and calls[0] is outputs  # only the loop that ran, handed the list the attention outputs go to
+    assert (
+        len(calls) == 1 and calls[0] is outputs
+    )  # only the loop that ran, handed the list the attention outputs go to

@@ -96,12 +96,27 @@ def test_huginn_random_initial_state_is_the_official_draw(checkpoint):
 def test_huginn_params_and_kv_layout_follow_the_official_model():
     """Parameters: the official tensors (lm_head tied); KV: one entry per prelude layer, (step, core layer) and coda layer,
     as the official cache indexes them (prelude 0..p-1, core p + t*s + i, coda -1..-c)."""
-    cfg = LoopConfig(family="huginn", vocab_size=99, hidden_size=64, num_heads=4, num_kv_heads=4, head_dim=16, ffn_size=96,
-                     prelude_layers=1, shared_layers=2, coda_layers=1, loops=4, norm_layout="sandwich", kv_strategy="per_loop",
-                     tie_embeddings=True)
+    cfg = LoopConfig(
+        family="huginn",
+        vocab_size=99,
+        hidden_size=64,
+        num_heads=4,
+        num_kv_heads=4,
+        head_dim=16,
+        ffn_size=96,
+        prelude_layers=1,
+        shared_layers=2,
+        coda_layers=1,
+        loops=4,
+        norm_layout="sandwich",
+        kv_strategy="per_loop",
+        tie_embeddings=True,
+    )
     assert count_params(cfg) == sum(t.numel() for t in tiny_huginn_tensors().values())
     with torch.device("meta"):
-        assert count_params(preset("huginn-0125")) == sum(p.numel() for p in LoopedLM(preset("huginn-0125")).parameters())
+        assert count_params(preset("huginn-0125")) == sum(
+            p.numel() for p in LoopedLM(preset("huginn-0125")).parameters()
+        )
     assert [family_of(cfg).kv.entries(cfg, r) for r in (1, 4, 32)] == [1 + 2 * r + 1 for r in (1, 4, 32)]
 
 
@@ -111,12 +126,15 @@ def test_huginn_paged_kv_accounting_equals_the_analytic_model(checkpoint):
     assert terms["kv_bytes_per_token"] == 2 * (1 + 2 * 4 + 1) * 4 * 16 * 4 and terms["latent_bytes_per_token"] == 0
     assert_paged_accounting(adapter, REFERENCE["prompts"], 4)
 
+
 def test_huginn_estimate_prints_its_terms(capsys):
     code = main(["estimate", "huginn-0125", "--tokens", "4096", "--loops", "32"])
     out = capsys.readouterr().out
     expected = estimate(preset("huginn-0125"), 4096, loops=32)
     assert code == 0 and f"{expected.weights_bytes:,}" in out and f"{expected.kv_bytes:,}" in out
-    assert expected.kv_bytes == 2 * (2 + 4 * 32 + 2) * 55 * 96 * 2 * 4096  # K and V x 132 entries x heads x head dim x bf16 x tokens
+    assert (
+        expected.kv_bytes == 2 * (2 + 4 * 32 + 2) * 55 * 96 * 2 * 4096
+    )  # K and V x 132 entries x heads x head dim x bf16 x tokens
     assert "132 entries" in out
 
 

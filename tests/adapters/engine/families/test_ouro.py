@@ -39,7 +39,12 @@ def ouro(tmp_path_factory) -> adapters.Adapter:
 def test_the_fixture_is_of_this_checkpoint_and_the_2_6b_layer_count(ouro):
     assert REFERENCE["checkpoint"]["config"] == TINY_OURO_26B
     cfg = ouro.config
-    assert (cfg.family, cfg.shared_layers, cfg.loops, cfg.kv_strategy) == ("ouro", preset("ouro-2.6b").shared_layers, 4, "per_loop")
+    assert (cfg.family, cfg.shared_layers, cfg.loops, cfg.kv_strategy) == (
+        "ouro",
+        preset("ouro-2.6b").shared_layers,
+        4,
+        "per_loop",
+    )
 
 
 def logits(ouro: adapters.Adapter, prompt: list[int], loops: int) -> torch.Tensor:

@@ -57,7 +57,10 @@ def engine(checkpoint: Path, loops: int, scale: float = 0.0, **overrides) -> ada
 
 def test_retrofit_reference_names_its_source():
     ref = REFERENCE["reference"]
-    assert ref["repository"] == "LoopedLMs/retrofitting-recurrence" and ref["file"] == "convert_pretrained_model/raven_modeling_minimal_llama.py"
+    assert (
+        ref["repository"] == "LoopedLMs/retrofitting-recurrence"
+        and ref["file"] == "convert_pretrained_model/raven_modeling_minimal_llama.py"
+    )
     assert len(ref["commit"]) == 40 and REFERENCE["checkpoint"]["config"] == TINY_RETROFIT
 
 
@@ -68,7 +71,10 @@ def test_retrofit_logits_match_the_official_code(checkpoint, loops):
     for prompt, expected in zip(REFERENCE["prompts"], REFERENCE["zero_state"][str(loops)]["logits"]):
         assert_logits_are_the_reference(model, prompt, loops, expected)
     other = 4 if loops != 4 else 32  # the loop count shows in the logits
-    assert max_diff(model, REFERENCE["prompts"][0], other, REFERENCE["zero_state"][str(loops)]["logits"][0]) > DISCRIMINATES
+    assert (
+        max_diff(model, REFERENCE["prompts"][0], other, REFERENCE["zero_state"][str(loops)]["logits"][0])
+        > DISCRIMINATES
+    )
 
 
 def test_llama3_rope_scaling_shows_in_the_reference(checkpoint):
@@ -99,7 +105,10 @@ def test_retrofit_random_initial_state_is_the_official_draw(checkpoint):
     model.seed_state(SEEDED["seed"], 0.0)
     assert max_diff(model, prompt, SEEDED["loops"], SEEDED["logits"]) > DISCRIMINATES  # the state matters
     adapter = engine(checkpoint, SEEDED["loops"], scale=1.0, batching="static")
-    assert adapter.generate([prompt], Sampling(temperature=0.0, max_new_tokens=REFERENCE["new_tokens"]))[0].token_ids == SEEDED["greedy"]
+    assert (
+        adapter.generate([prompt], Sampling(temperature=0.0, max_new_tokens=REFERENCE["new_tokens"]))[0].token_ids
+        == SEEDED["greedy"]
+    )
 
 
 def test_retrofit_params_and_kv_follow_the_official_model(checkpoint):
@@ -111,7 +120,9 @@ def test_retrofit_params_and_kv_follow_the_official_model(checkpoint):
     assert_paged_accounting(engine(checkpoint, 4, block_size=4, max_batch=3), REFERENCE["prompts"], 4)
 
 
-@pytest.mark.parametrize(("name", "shape"), [("retrofit-llama-3.2-1b", (2, 4, 2, 8)), ("retrofit-tinyllama-1.1b", (4, 8, 4, 4))])
+@pytest.mark.parametrize(
+    ("name", "shape"), [("retrofit-llama-3.2-1b", (2, 4, 2, 8)), ("retrofit-tinyllama-1.1b", (4, 8, 4, 4))]
+)
 def test_presets_are_the_conversion_s_configs(name, shape):
     """A preset written out as convert_llama.py saves a RavenConfig reads back as itself (the token ids, which the
     reader leaves to the tokenizer, aside), its parameters are the model's, and its KV holds 2 + 4r + 2 (Llama-3.2)
@@ -139,7 +150,10 @@ def test_an_engine_checkpoint_of_a_retrofit_is_the_same_model(checkpoint, tmp_pa
 def test_huginn_and_retrofit_specs_refuse_each_other_s_checkpoints(checkpoint, tmp_path, capsys):
     """One line each, naming the spec that reads the folder; an OLMo-2 retrofit's tensors are refused by name."""
     huginn = save_tiny_huginn(tmp_path / "huginn")
-    for spec, needle in ((f"huginn:{checkpoint}", "load it as retrofit:DIR"), (f"retrofit:{huginn}", "load it as huginn:DIR")):
+    for spec, needle in (
+        (f"huginn:{checkpoint}", "load it as retrofit:DIR"),
+        (f"retrofit:{huginn}", "load it as huginn:DIR"),
+    ):
         assert main(["estimate", spec, "--tokens", "8"]) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and needle in err
@@ -151,12 +165,15 @@ def test_huginn_and_retrofit_specs_refuse_each_other_s_checkpoints(checkpoint, t
         load_model(olmo, "retrofit", torch.float32, "cpu")
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"init_values": {"std": 0.01, "embed_scale": 45.25}}, "embed_scale 1"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'llama3'"),
-    ({"num_key_value_heads": 3}, "num_kv_heads=3"),
-    ({"test_time_noise": 0.1}, "test_time_noise"),
-])
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"init_values": {"std": 0.01, "embed_scale": 45.25}}, "embed_scale 1"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'llama3'"),
+        ({"num_key_value_heads": 3}, "num_kv_heads=3"),
+        ({"test_time_noise": 0.1}, "test_time_noise"),
+    ],
+)
 def test_bad_retrofit_configs_are_refused_by_field(change, message):
     with pytest.raises(AdapterError, match=message):
         retrofit_config({**TINY_RETROFIT, **change})

@@ -79,7 +79,16 @@ def test_a_frozen_row_keeps_the_fold_of_the_loops_it_ran():
 
 
 # ------------------------------------------------------------------------------ exact bytes
-FAMILIES = ["qwen3-tiny", "ouro-tiny", "coreloop-tiny", "melt-tiny", "ouro-1.4b", "huginn-0125", "retrofit-llama-3.2-1b", "melt-1.6b"]
+FAMILIES = [
+    "qwen3-tiny",
+    "ouro-tiny",
+    "coreloop-tiny",
+    "melt-tiny",
+    "ouro-1.4b",
+    "huginn-0125",
+    "retrofit-llama-3.2-1b",
+    "melt-1.6b",
+]
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -97,8 +106,15 @@ def test_caches_hold_the_analytic_bytes_for_every_policy_and_dtype(name):
                     cache = KVCache(cfg, batch, tokens, r, torch.bfloat16, "meta")
                     assert cache.k.numel() * cache.k.element_size() * 2 == per_token * tokens * batch
                     assert cache.kv_bytes_allocated == kv_bytes(cfg, tokens, batch, r, "bf16")  # with MELT's latent
-                    pool = BlockPool(cfg, r, num_blocks=-(-tokens // 4) * batch, block_size=4, latent_tokens=0, dtype=torch.bfloat16,
-                                     device="meta")
+                    pool = BlockPool(
+                        cfg,
+                        r,
+                        num_blocks=-(-tokens // 4) * batch,
+                        block_size=4,
+                        latent_tokens=0,
+                        dtype=torch.bfloat16,
+                        device="meta",
+                    )
                     assert 2 * pool.k.numel() * pool.k.element_size() == pool.manager.num_blocks * 4 * per_token
 
 
@@ -110,7 +126,10 @@ def test_sharing_holds_one_entry_per_layer_and_int8_under_three_tenths_on_the_zo
 
     ouro = preset("ouro-tiny")
     for policy in SHARED:
-        assert analytic_terms(ouro.replace(kv_policy=policy), 4, "fp32")["kv_bytes_per_token"] * 4 == analytic_terms(ouro, 4, "fp32")["kv_bytes_per_token"]
+        assert (
+            analytic_terms(ouro.replace(kv_policy=policy), 4, "fp32")["kv_bytes_per_token"] * 4
+            == analytic_terms(ouro, 4, "fp32")["kv_bytes_per_token"]
+        )
     for name in zoo_names():
         cfg = LoopConfig.from_dict(zoo_info(name)["config"])
         auto = analytic_terms(cfg, None, "fp32")["kv_bytes_per_token"]
@@ -140,7 +159,9 @@ def test_sharing_prefills_as_per_loop_and_shares_at_decoding(policy):
     assert torch.equal(per_loop.forward_logits(ids), shared.forward_logits(ids))
     a, b = outputs(per_loop, GREEDY), outputs(shared, GREEDY)
     assert [x[0][0] for x in a] == [x[0][0] for x in b] and a != b
-    assert outputs(engine("ouro-tiny", loops=1, kv_policy=policy), GREEDY) == outputs(engine("ouro-tiny", loops=1), GREEDY)
+    assert outputs(engine("ouro-tiny", loops=1, kv_policy=policy), GREEDY) == outputs(
+        engine("ouro-tiny", loops=1), GREEDY
+    )
 
 
 # ------------------------------------------------------------------------------ composition
@@ -194,11 +215,16 @@ def test_huginn_latest_m4_is_per_loop_without_exits_and_matches_static_with_them
     latest = adapters.load(spec, dtype="fp32", device="cpu", kv_policy="latest-m4")
     assert latest.describe()["kv_policy"] == "latest-m4" and plain.describe()["kv_policy"] == "per-loop"
     assert outputs(latest, GREEDY) == outputs(plain, GREEDY)
-    exits = adapters.load(spec, dtype="fp32", device="cpu", kv_policy="latest-m4", exit_criterion="kl", exit_threshold=1e-3)
+    exits = adapters.load(
+        spec, dtype="fp32", device="cpu", kv_policy="latest-m4", exit_criterion="kl", exit_threshold=1e-3
+    )
     continuous = outputs(exits, GREEDY)
     exits.batching = "static"
     assert outputs(exits, GREEDY) == continuous
-    for policy, kv_dtype in (("shared-last", "int8"), ("shared-ema", "fp8")):  # the recurrent state's draws beside sharing
+    for policy, kv_dtype in (
+        ("shared-last", "int8"),
+        ("shared-ema", "fp8"),
+    ):  # the recurrent state's draws beside sharing
         shared = adapters.load(spec, dtype="fp32", device="cpu", kv_policy=policy, kv_dtype=kv_dtype, block_size=4)
         continuous = outputs(shared, SAMPLED)
         shared.batching = "static"
@@ -206,18 +232,30 @@ def test_huginn_latest_m4_is_per_loop_without_exits_and_matches_static_with_them
 
 
 # ------------------------------------------------------------------------------ refusals
-@pytest.mark.parametrize("name, overrides, message", [
-    ("qwen3-tiny", {"kv_policy": "shared-last"}, ("kv_policy shared-last applies to looped per-loop families (ouro, huginn, retrofit); "
-                                                  "this model (qwen3, standard KV) takes standard")),
-    ("melt-tiny", {"kv_policy": "shared-mean"}, "takes gated"),
-    ("ouro-tiny", {"kv_policy": "gated"}, "kv_policy gated applies to gated (MELT) models"),
-    ("ouro-tiny", {"kv_policy": "latest-m4"}, "applies to the recurrent-depth families (huginn, retrofit)"),
-    ("ouro-tiny", {"kv_policy": "shared-ema:1"}, "needs 0 < ALPHA < 1"),
-    ("ouro-tiny", {"kv_policy": "shared-first"}, "is not one of"),
-    ("ouro-tiny", {"kv_dtype": "int4"}, "kv_dtype='int4' is not one of auto, int8, fp8"),
-    ("ouro-tiny", {"kv_policy": "shared-last", "exit_policy": "threshold", "exit_threshold": 0.5, "exit_fill": "masked"},
-     "exit_fill 'masked' needs per-loop K/V"),
-])
+@pytest.mark.parametrize(
+    "name, overrides, message",
+    [
+        (
+            "qwen3-tiny",
+            {"kv_policy": "shared-last"},
+            (
+                "kv_policy shared-last applies to looped per-loop families (ouro, huginn, retrofit); "
+                "this model (qwen3, standard KV) takes standard"
+            ),
+        ),
+        ("melt-tiny", {"kv_policy": "shared-mean"}, "takes gated"),
+        ("ouro-tiny", {"kv_policy": "gated"}, "kv_policy gated applies to gated (MELT) models"),
+        ("ouro-tiny", {"kv_policy": "latest-m4"}, "applies to the recurrent-depth families (huginn, retrofit)"),
+        ("ouro-tiny", {"kv_policy": "shared-ema:1"}, "needs 0 < ALPHA < 1"),
+        ("ouro-tiny", {"kv_policy": "shared-first"}, "is not one of"),
+        ("ouro-tiny", {"kv_dtype": "int4"}, "kv_dtype='int4' is not one of auto, int8, fp8"),
+        (
+            "ouro-tiny",
+            {"kv_policy": "shared-last", "exit_policy": "threshold", "exit_threshold": 0.5, "exit_fill": "masked"},
+            "exit_fill 'masked' needs per-loop K/V",
+        ),
+    ],
+)
 def test_a_policy_the_family_cannot_run_is_refused_at_inspect_and_load(name, overrides, message):
     for call in (adapters.inspect, adapters.load):
         with pytest.raises(AdapterError, match=message.replace("(", r"\(").replace(")", r"\)")) as err:
@@ -241,6 +279,9 @@ def test_describe_and_inspect_carry_the_policy_dtype_and_bytes():
     for d in (facts, adapter.describe()):
         assert (d["kv_policy"], d["kv_dtype"], d["kv_bytes_per_token"]) == ("shared-ema:0.3", "fp8", 2 * 2 * 2 * 36)
         assert d["analytic"]["kv_bytes_per_token"] == d["kv_bytes_per_token"]
-    native = {name: adapters.inspect(f"preset:{name}", device="cpu")["kv_policy"] for name in ("qwen3-tiny", "ouro-tiny", "melt-tiny")}
+    native = {
+        name: adapters.inspect(f"preset:{name}", device="cpu")["kv_policy"]
+        for name in ("qwen3-tiny", "ouro-tiny", "melt-tiny")
+    }
     assert native == {"qwen3-tiny": "standard", "ouro-tiny": "per-loop", "melt-tiny": "gated"}
     assert family_of(adapter.config).kv.policy == "shared-ema:0.3"

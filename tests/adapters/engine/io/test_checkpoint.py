@@ -23,8 +23,13 @@ IDS = torch.tensor([[1, 40, 41, 42, 43, 44]])
 def test_engine_round_trip(tmp_path):
     source = adapters.load("preset:melt-tiny", seed=7, dtype="fp32", device="cpu")
     save_checkpoint(source.model, tmp_path / "ckpt", source.tokenizer)
-    assert {p.name for p in (tmp_path / "ckpt").iterdir()} == {"config.json", "model.safetensors", "tokenizer.json",
-                                                                "tokenizer_config.json", COMPLETE_MARKER}
+    assert {p.name for p in (tmp_path / "ckpt").iterdir()} == {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        COMPLETE_MARKER,
+    }
     loaded = adapters.load(f"melt:{tmp_path / 'ckpt'}", dtype="fp32", device="cpu")
     assert loaded.config == source.config
     torch.testing.assert_close(loaded.forward_logits(IDS), source.forward_logits(IDS), rtol=0, atol=0)
@@ -41,11 +46,23 @@ def _write_ouro_dir(path, model, gates: bool = False, **fields) -> None:
     tensors = {k: v.contiguous() for k, v in model.state_dict().items() if gates or "melt_gate" not in k}
     save_file(tensors, str(path / "model.safetensors"))
     config = {
-        "architectures": ["OuroForCausalLM"], "model_type": "ouro", "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.ffn_size, "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
-        "num_hidden_layers": cfg.shared_layers, "vocab_size": cfg.vocab_size, "rms_norm_eps": cfg.norm_eps,
-        "rope_theta": cfg.rope_theta, "max_position_embeddings": cfg.max_position, "tie_word_embeddings": False,
-        "total_ut_steps": cfg.loops, "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32", **fields,
+        "architectures": ["OuroForCausalLM"],
+        "model_type": "ouro",
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.ffn_size,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "num_hidden_layers": cfg.shared_layers,
+        "vocab_size": cfg.vocab_size,
+        "rms_norm_eps": cfg.norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "max_position_embeddings": cfg.max_position,
+        "tie_word_embeddings": False,
+        "total_ut_steps": cfg.loops,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": "float32",
+        **fields,
     }
     if gates:
         config["melt_gate_variant"] = cfg.gate_variant
@@ -57,15 +74,22 @@ def _write_ouro_dir(path, model, gates: bool = False, **fields) -> None:
 def test_hf_ouro_directory_loads_and_runs(tmp_path):
     engine = random_model("ouro-tiny", 3, torch.float32, "cpu")
     names = set(engine.state_dict())
-    assert {"model.layers.1.input_layernorm_2.weight", "model.layers.0.post_attention_layernorm_2.weight",
-            "model.early_exit_gate.bias", "lm_head.weight", "model.norm.weight"} <= names
+    assert {
+        "model.layers.1.input_layernorm_2.weight",
+        "model.layers.0.post_attention_layernorm_2.weight",
+        "model.early_exit_gate.bias",
+        "lm_head.weight",
+        "model.norm.weight",
+    } <= names
     _write_ouro_dir(tmp_path / "ouro", engine)
     char_tokenizer().save_pretrained(str(tmp_path / "ouro"))
     ouro = adapters.load(f"ouro:{tmp_path / 'ouro'}", dtype="fp32", device="cpu", loops=3)
     d = ouro.describe()
     assert (d["family"], d["kv_strategy"], d["trained_loops"], d["loops"]) == ("ouro", "per_loop", 4, 3)
     with torch.no_grad():
-        torch.testing.assert_close(ouro.forward_logits(IDS), engine(IDS, loops=3).logits, rtol=0, atol=0)  # same arithmetic
+        torch.testing.assert_close(
+            ouro.forward_logits(IDS), engine(IDS, loops=3).logits, rtol=0, atol=0
+        )  # same arithmetic
     gen = ouro.generate(["7*6="], GREEDY)[0]
     assert gen.generated_tokens >= 1 and gen.loops_used == [3] * gen.generated_tokens and isinstance(gen.text, str)
 
@@ -97,7 +121,12 @@ def test_ouro_early_exit_threshold_reads_the_loop_the_reference_does(tmp_path, t
     greedy = [z[0, len(prompt) - 1 : -1].argmax(-1).tolist() for z in out.loop_logits]
     assert greedy[loop - 1] == gen.token_ids and any(g != gen.token_ids for g in greedy)
     if loop < 4:  # an explicit policy overrides the checkpoint's
-        assert adapters.load(f"ouro:{tmp_path / 'ouro'}", dtype="fp32", device="cpu", exit_policy="none").describe()["exit_policy"]["kind"] == "none"
+        assert (
+            adapters.load(f"ouro:{tmp_path / 'ouro'}", dtype="fp32", device="cpu", exit_policy="none").describe()[
+                "exit_policy"
+            ]["kind"]
+            == "none"
+        )
 
 
 @pytest.mark.numerics

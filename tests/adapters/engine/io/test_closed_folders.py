@@ -30,11 +30,24 @@ def _ouro_folder(path: Path, shard: str = "model-00001-of-00001.safetensors") ->
     tensors = {k: v.contiguous() for k, v in model.state_dict().items()}
     save_file(tensors, str(path / shard))
     (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": dict.fromkeys(tensors, shard)}))
-    (path / "config.json").write_text(json.dumps({
-        "model_type": "ouro", "hidden_size": cfg.hidden_size, "intermediate_size": cfg.ffn_size,
-        "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads, "num_hidden_layers": cfg.shared_layers,
-        "vocab_size": cfg.vocab_size, "rope_theta": cfg.rope_theta, "max_position_embeddings": cfg.max_position,
-        "total_ut_steps": cfg.loops, "bos_token_id": 1, "eos_token_id": 2}))
+    (path / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "ouro",
+                "hidden_size": cfg.hidden_size,
+                "intermediate_size": cfg.ffn_size,
+                "num_attention_heads": cfg.num_heads,
+                "num_key_value_heads": cfg.num_kv_heads,
+                "num_hidden_layers": cfg.shared_layers,
+                "vocab_size": cfg.vocab_size,
+                "rope_theta": cfg.rope_theta,
+                "max_position_embeddings": cfg.max_position,
+                "total_ut_steps": cfg.loops,
+                "bos_token_id": 1,
+                "eos_token_id": 2,
+            }
+        )
+    )
     char_tokenizer().save_pretrained(str(path))
     return path
 
@@ -78,24 +91,49 @@ def _fifo(path: Path) -> Path:
 
 # (what the hostile folder holds, how it is made from a good one, a piece of the one error line)
 CASES: list[tuple[str, Callable[[Path], None], str]] = [
-    ("shard-parent", lambda f: (_shard_outside(f), _index_names(f, "../outside.safetensors")),
-     "shard of model.safetensors.index.json '../outside.safetensors' in"),
-    ("shard-absolute", lambda f: (_shard_outside(f), _index_names(f, str(f.parent / "outside.safetensors"))),
-     "must name a file inside the folder (a relative path without ..)"),
+    (
+        "shard-parent",
+        lambda f: (_shard_outside(f), _index_names(f, "../outside.safetensors")),
+        "shard of model.safetensors.index.json '../outside.safetensors' in",
+    ),
+    (
+        "shard-absolute",
+        lambda f: (_shard_outside(f), _index_names(f, str(f.parent / "outside.safetensors"))),
+        "must name a file inside the folder (a relative path without ..)",
+    ),
     ("shard-dev-stdin", lambda f: _index_names(f, "/dev/stdin"), "'/dev/stdin' in"),
-    ("shard-fifo", lambda f: (_fifo(f / "pipe.safetensors"), _index_names(f, "pipe.safetensors")),
-     "pipe.safetensors: a device, FIFO or socket, not a regular file"),
-    ("shard-under-a-linked-folder", lambda f: (_shard_outside(f), (f / "sub").symlink_to(f.parent),
-                                               _index_names(f, "sub/outside.safetensors")), "is a link, which may lead outside"),
-    ("shard-link-to-dev-zero", lambda f: ((f / "zero.safetensors").symlink_to("/dev/zero"), _index_names(f, "zero.safetensors")),
-     "a device, FIFO or socket, not a regular file"),
+    (
+        "shard-fifo",
+        lambda f: (_fifo(f / "pipe.safetensors"), _index_names(f, "pipe.safetensors")),
+        "pipe.safetensors: a device, FIFO or socket, not a regular file",
+    ),
+    (
+        "shard-under-a-linked-folder",
+        lambda f: (_shard_outside(f), (f / "sub").symlink_to(f.parent), _index_names(f, "sub/outside.safetensors")),
+        "is a link, which may lead outside",
+    ),
+    (
+        "shard-link-to-dev-zero",
+        lambda f: ((f / "zero.safetensors").symlink_to("/dev/zero"), _index_names(f, "zero.safetensors")),
+        "a device, FIFO or socket, not a regular file",
+    ),
     ("shard-a-number", lambda f: _index_names(f, 7), "shard of model.safetensors.index.json 7 in"),
     ("shard-missing", lambda f: _index_names(f, "nowhere.safetensors"), "nowhere.safetensors: no such file"),
-    ("tokenizer-config-fifo", lambda f: (os.remove(f / "tokenizer_config.json"), _fifo(f / "tokenizer_config.json")),
-     "tokenizer_config.json: a device, FIFO or socket"),
-    ("generation-config-dev-zero", lambda f: (f / "generation_config.json").symlink_to("/dev/zero"),
-     "generation_config.json: a device, FIFO or socket"),
-    ("special-tokens-dev-stdin", lambda f: (f / "special_tokens_map.json").symlink_to("/dev/stdin"), "special_tokens_map.json"),
+    (
+        "tokenizer-config-fifo",
+        lambda f: (os.remove(f / "tokenizer_config.json"), _fifo(f / "tokenizer_config.json")),
+        "tokenizer_config.json: a device, FIFO or socket",
+    ),
+    (
+        "generation-config-dev-zero",
+        lambda f: (f / "generation_config.json").symlink_to("/dev/zero"),
+        "generation_config.json: a device, FIFO or socket",
+    ),
+    (
+        "special-tokens-dev-stdin",
+        lambda f: (f / "special_tokens_map.json").symlink_to("/dev/stdin"),
+        "special_tokens_map.json",
+    ),
 ]
 
 
@@ -121,14 +159,18 @@ def test_a_hub_cache_snapshot_of_links_loads(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("prefix", ["ouro", "transformers"])
 @pytest.mark.parametrize(("what", "damage", "fragment"), CASES, ids=[c[0] for c in CASES])
-def test_a_folder_that_reaches_out_is_refused_by_name(what: str, damage: Callable[[Path], None], fragment: str, prefix: str,
-                                                      tmp_path: Path) -> None:
+def test_a_folder_that_reaches_out_is_refused_by_name(
+    what: str, damage: Callable[[Path], None], fragment: str, prefix: str, tmp_path: Path
+) -> None:
     if what == "special-tokens-dev-stdin" and os.path.isfile("/dev/stdin"):
         pytest.skip("stdin is a regular file here: reading it is harmless")
     folder = _ouro_folder(tmp_path / "ouro")
     damage(folder)
     fifos = [p for p in folder.iterdir() if p.is_fifo()]
-    for call in (lambda: adapters.inspect(f"{prefix}:{folder}"), lambda: adapters.load(f"{prefix}:{folder}", device="cpu")):
+    for call in (
+        lambda: adapters.inspect(f"{prefix}:{folder}"),
+        lambda: adapters.load(f"{prefix}:{folder}", device="cpu"),
+    ):
         error = _within(60, call, fifos)
         if prefix == "transformers" and error is None:
             continue  # the transformers backend has no inspector: load refuses it

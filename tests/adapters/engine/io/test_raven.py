@@ -10,10 +10,23 @@ import torch
 
 from adapters.base import AdapterError
 from adapters.engine.io.presets import preset
-from adapters.engine.io.raven import check_official, engine_tensors, huginn_config, is_retrofit, retrofit_config, rope_order
+from adapters.engine.io.raven import (
+    check_official,
+    engine_tensors,
+    huginn_config,
+    is_retrofit,
+    retrofit_config,
+    rope_order,
+)
 from adapters.engine.model import LoopedLM
-from adapters.testing import (TINY_HUGINN, TINY_RETROFIT, _with_char_vocab, public_config, tiny_huginn_tensors,
-                              tiny_retrofit_tensors)
+from adapters.testing import (
+    TINY_HUGINN,
+    TINY_RETROFIT,
+    _with_char_vocab,
+    public_config,
+    tiny_huginn_tensors,
+    tiny_retrofit_tensors,
+)
 
 
 def test_the_channel_order_turns_pairwise_rope_into_rotate_half():
@@ -32,7 +45,10 @@ def test_the_channel_order_turns_pairwise_rope_into_rotate_half():
 def test_the_public_configs_read_back_as_the_presets():
     huginn = huginn_config(public_config(preset("huginn-0125")))
     want = preset("huginn-0125")
-    assert huginn.replace(bos_token_id=want.bos_token_id, eos_token_id=want.eos_token_id, pad_token_id=want.pad_token_id) == want
+    assert (
+        huginn.replace(bos_token_id=want.bos_token_id, eos_token_id=want.eos_token_id, pad_token_id=want.pad_token_id)
+        == want
+    )
     retrofit = retrofit_config(public_config(preset("retrofit-llama-3.2-1b")))
     assert retrofit.num_kv_heads == 8 and retrofit.rope_scaling == preset("retrofit-llama-3.2-1b").rope_scaling
     assert math.isclose(retrofit.state_std, math.sqrt(2 / (5 * 5280)))
@@ -48,7 +64,9 @@ def test_each_loader_refuses_the_other_family_s_config():
         huginn_config({**TINY_HUGINN, "model_type": "llama"})
 
 
-@pytest.mark.parametrize("tensors,config", [(tiny_huginn_tensors, huginn_config), (tiny_retrofit_tensors, retrofit_config)])
+@pytest.mark.parametrize(
+    "tensors,config", [(tiny_huginn_tensors, huginn_config), (tiny_retrofit_tensors, retrofit_config)]
+)
 def test_the_official_tensors_become_exactly_the_engine_s(tensors, config):
     cfg = config(_with_char_vocab(TINY_HUGINN if config is huginn_config else TINY_RETROFIT))
     official = tensors()

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from adapters.base import Request, Sampling
-from adapters.engine.adapter import load_preset
+from adapters.engine.adapter import load_preset, sequences_of
 from adapters.engine.kvformat import KV_FORMATS
 from adapters.engine.serving.continuous import ContinuousEngine
 from adapters.engine.serving.paged import key_mask
@@ -30,8 +30,9 @@ EXP_ULPS = 4  # an exponential's error, in units of the last place (libm's and S
 DTYPES = ["auto", "int8", "fp8"]
 
 
-def reference(q: Tensor, k: Tensor, v: Tensor, blocks: Tensor, positions: Tensor, block_size: int, kv_dtype: str
-              ) -> tuple[Tensor, Tensor]:
+def reference(
+    q: Tensor, k: Tensor, v: Tensor, blocks: Tensor, positions: Tensor, block_size: int, kv_dtype: str
+) -> tuple[Tensor, Tensor]:
     """The SDPA path: every sequence's blocks gathered and dequantized (`PagedStep.update`), masked by position
     (`key_mask`). Returns the output [B, n, H, D] and the bound on its difference from the kernel's."""
     fmt = KV_FORMATS[kv_dtype]
@@ -77,8 +78,17 @@ def pool_entry(slots: int, heads: int, d: int, kv_dtype: str, seed: int) -> tupl
     return fmt.pack(rows[0]), fmt.pack(rows[1])
 
 
-def run_case(lengths: list[int], n: int, kv_dtype: str, *, block_size: int = 16, heads: int = 4, kv_heads: int = 2,
-             splits: int | None = None, seed: int = 0) -> None:
+def run_case(
+    lengths: list[int],
+    n: int,
+    kv_dtype: str,
+    *,
+    block_size: int = 16,
+    heads: int = 4,
+    kv_heads: int = 2,
+    splits: int | None = None,
+    seed: int = 0,
+) -> None:
     """Sequences whose last query sits at `lengths[b] - 1`, n queries each (a chunk ending there), over blocks
     scattered through a pool in a shuffled order, the table padded with another sequence's block."""
     gen = torch.Generator().manual_seed(seed)
@@ -128,8 +138,9 @@ class Shadow:
     def __init__(self) -> None:
         self.calls: list[tuple[int, int]] = []  # (queries per sequence, sequences) of each call
 
-    def __call__(self, q: Tensor, k: Tensor, v: Tensor, blocks: Tensor, positions: Tensor, *, block_size: int,
-                 kv_dtype: str) -> Tensor:
+    def __call__(
+        self, q: Tensor, k: Tensor, v: Tensor, blocks: Tensor, positions: Tensor, *, block_size: int, kv_dtype: str
+    ) -> Tensor:
         out = paged_attention(q, k, v, blocks, positions, block_size=block_size, kv_dtype=kv_dtype)
         expected, bound = reference(q, k, v, blocks, positions, block_size, kv_dtype)
         assert bool(((out - expected).abs() <= bound).all()), float((out - expected).abs().max())
@@ -146,25 +157,38 @@ def generate(name: str, kv_dtype: str, kv_policy: str | None, attention: Shadow 
     adapter.config.eos_token_id = None
     with_kernels(adapter.model, *((None, None) if attention is None else (add_rms_norm, qk_rope)))
     greedy = Sampling(temperature=0.0, max_new_tokens=3)
-    sequences = adapter._sequences([Request(prompt, greedy) for prompt in ("1+2=", "abcdef")])
+    sequences = sequences_of(
+        [Request(prompt, greedy) for prompt in ("1+2=", "abcdef")], adapter.model, adapter.tokenizer, adapter.spec
+    )
     pool = pool_for(adapter, sequences)
     pool.attention = attention
     finished: list = []
-    engine = ContinuousEngine(adapter.model, pool, loops=adapter.loops, policy=adapter.exit_policy, eos_ids=set(),
-                              tokenizer=adapter.tokenizer, max_seqs=4, on_finished=finished.extend)
+    engine = ContinuousEngine(
+        adapter.model,
+        pool,
+        loops=adapter.loops,
+        policy=adapter.exit_policy,
+        eos_ids=set(),
+        tokenizer=adapter.tokenizer,
+        max_seqs=4,
+        on_finished=finished.extend,
+    )
     engine.run(sequences)
     return [g.token_ids for _, _, g in sorted(finished, key=lambda f: f[:2])]
 
 
-@pytest.mark.parametrize(("name", "kv_policy", "kv_dtype"), [
-    ("qwen3-tiny", None, "auto"),  # standard: one entry per layer
-    ("ouro-tiny", None, "auto"),  # per-loop: each loop's own entries
-    ("melt-tiny", None, "auto"),  # gated: one row per layer, K/V from the latent h
-    ("ouro-tiny", "shared-mean", "auto"),  # shared, folded after each loop's attention
-    ("ouro-tiny", None, "int8"),
-    ("ouro-tiny", "shared-mean", "fp8"),
-    ("melt-tiny", None, "int8"),
-])
+@pytest.mark.parametrize(
+    ("name", "kv_policy", "kv_dtype"),
+    [
+        ("qwen3-tiny", None, "auto"),  # standard: one entry per layer
+        ("ouro-tiny", None, "auto"),  # per-loop: each loop's own entries
+        ("melt-tiny", None, "auto"),  # gated: one row per layer, K/V from the latent h
+        ("ouro-tiny", "shared-mean", "auto"),  # shared, folded after each loop's attention
+        ("ouro-tiny", None, "int8"),
+        ("ouro-tiny", "shared-mean", "fp8"),
+        ("melt-tiny", None, "int8"),
+    ],
+)
 def test_engine_attends_through_the_kernel(name, kv_policy, kv_dtype):
     """The continuous engine on the kernels' path: every attention call (prefill and decode, on blocks of 4 with a
     prompt across two blocks) within the rounding bound of the SDPA path on the same pool, and, with the fused norms

@@ -10,8 +10,15 @@ BYTES, LATENT = 96, 40  # per token: K/V, and the latent of a token in flight
 
 
 def seq(prompt_len: int, request: int = 0, sample: int = 0) -> Sequence:
-    return Sequence(request=request, sample=sample, key=0, prompt_len=prompt_len, tokens=[3] * prompt_len,
-                    capacity=prompt_len + 8, sampling=Sampling(temperature=0.0, max_new_tokens=8))
+    return Sequence(
+        request=request,
+        sample=sample,
+        key=0,
+        prompt_len=prompt_len,
+        tokens=[3] * prompt_len,
+        capacity=prompt_len + 8,
+        sampling=Sampling(temperature=0.0, max_new_tokens=8),
+    )
 
 
 def test_a_sequence_holds_the_blocks_its_tokens_fill():

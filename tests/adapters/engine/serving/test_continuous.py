@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from adapters.base import AdapterError, Request, Sampling
-from adapters.engine.adapter import EngineAdapter, load_preset
-from adapters.engine.serving.continuous import ContinuousEngine
+from adapters.engine.adapter import EngineAdapter, load_preset, sequences_of
+from adapters.engine.exits import ExitPolicy
+from adapters.engine.serving.continuous import ContinuousEngine, continuous_engine
 from adapters.engine.serving.graphs import DecodeGraphs
 from tests.support.kv_pool import PROMPTS, SAMPLED, Watch, pool_for, tiny_budget
 
@@ -65,10 +66,17 @@ def test_a_prompt_admitted_beside_decoding_sequences_leaves_their_kv_alone():
     for cap in (1, 2):
         adapter = engine("melt-tiny", max_batch=cap)
         chunk = adapter.config.chunk_size
-        requests = [Request([5 + i] * (chunk * (1 + i % 2) + 1), Sampling(temperature=1.0, top_p=0.7, max_new_tokens=4 + 5 * i, seed=i))
-                    for i in range(6)]
+        requests = [
+            Request(
+                [5 + i] * (chunk * (1 + i % 2) + 1),
+                Sampling(temperature=1.0, top_p=0.7, max_new_tokens=4 + 5 * i, seed=i),
+            )
+            for i in range(6)
+        ]
         got: dict[int, list[int]] = {}
-        adapter.generate_requests(requests, lambda done, got=got: got.update({request: g.token_ids for request, _, g in done}))
+        adapter.generate_requests(
+            requests, lambda done, got=got: got.update({request: g.token_ids for request, _, g in done})
+        )
         by_cap[cap] = got
     assert by_cap[1] == by_cap[2] and len(by_cap[1]) == 6
 
@@ -77,7 +85,10 @@ def test_a_prompt_admitted_beside_decoding_sequences_leaves_their_kv_alone():
 def test_preemption_under_a_tiny_pool_changes_nothing(name):
     adapter = engine(name, block_size=4)
     expected = outputs(adapter, SAMPLED)
-    longest = max(adapter._sequences([Request(p, SAMPLED) for p in PROMPTS]), key=lambda seq: seq.capacity)
+    longest = max(
+        sequences_of([Request(p, SAMPLED) for p in PROMPTS], adapter.model, adapter.tokenizer, adapter.spec),
+        key=lambda seq: seq.capacity,
+    )
     one = -(-longest.capacity // 4)  # blocks of one sequence at its longest (the 22-token prompt plus 20)
     adapter.kv_budget = tiny_budget(adapter, blocks=2 * one)  # room for about two of the twelve sequences
     assert outputs(adapter, SAMPLED) == expected
@@ -93,33 +104,59 @@ def test_a_resumed_request_draws_only_the_missing_samples_unchanged():
     whole: dict[int, list[int]] = {}
     adapter.generate_requests([request], lambda done: whole.update((j, g.token_ids) for _, j, g in done))
     part: dict[int, list[int]] = {}
-    adapter.generate_requests([Request(request.prompt, SAMPLED, samples=(2, 0))], lambda done: part.update((j, g.token_ids) for _, j, g in done))
+    adapter.generate_requests(
+        [Request(request.prompt, SAMPLED, samples=(2, 0))],
+        lambda done: part.update((j, g.token_ids) for _, j, g in done),
+    )
     assert part == {0: whole[0], 2: whole[2]} and whole[0] != whole[2]
 
 
 @pytest.mark.parametrize("name", ["ouro-tiny", "melt-tiny"])
 def test_kv_accounting_is_exact_and_held_is_at_most_one_block_over_used(name):
     adapter = engine(name, block_size=8, max_batch=4)
-    sequences = adapter._sequences([Request(p, SAMPLED) for p in PROMPTS])
+    sequences = sequences_of([Request(p, SAMPLED) for p in PROMPTS], adapter.model, adapter.tokenizer, adapter.spec)
     pool = pool_for(adapter, sequences)
     finished = []
-    batcher = ContinuousEngine(adapter.model, pool, loops=adapter.loops, policy=adapter.exit_policy, eos_ids=set(), tokenizer=adapter.tokenizer,
-                              max_seqs=4, on_finished=finished.extend)
+    batcher = ContinuousEngine(
+        adapter.model,
+        pool,
+        loops=adapter.loops,
+        policy=adapter.exit_policy,
+        eos_ids=set(),
+        tokenizer=adapter.tokenizer,
+        max_seqs=4,
+        on_finished=finished.extend,
+    )
     watch = Watch(batcher, sequences, adapter.config, adapter.loops)
     batcher.run(sequences)
     assert len(finished) == 12 and watch.steps > 20 and watch.max_running == 4
     blocks = pool.manager
-    assert blocks.held_blocks == blocks.tokens_held == 0 and len(blocks.free) == blocks.num_blocks  # everything returned
+    assert (
+        blocks.held_blocks == blocks.tokens_held == 0 and len(blocks.free) == blocks.num_blocks
+    )  # everything returned
     assert pool.kv_bytes_reserved == 2 * pool.k.numel() * 4 + (0 if pool.latent is None else pool.latent.numel() * 4)
 
 
 def test_samples_of_one_prompt_share_its_prefilled_blocks():
     """20 prompt tokens in blocks of 8: two full blocks shared by three samples, each with its own copy of the third."""
     adapter = engine("qwen3-tiny", block_size=8)
-    sequences = adapter._sequences([Request([1] + [5] * 19, Sampling(temperature=1.0, max_new_tokens=2, n=3))])
+    sequences = sequences_of(
+        [Request([1] + [5] * 19, Sampling(temperature=1.0, max_new_tokens=2, n=3))],
+        adapter.model,
+        adapter.tokenizer,
+        adapter.spec,
+    )
     pool = pool_for(adapter, sequences)
-    batcher = ContinuousEngine(adapter.model, pool, loops=1, policy=adapter.exit_policy, eos_ids=set(), tokenizer=None, max_seqs=3,
-                              on_finished=lambda done: None)
+    batcher = ContinuousEngine(
+        adapter.model,
+        pool,
+        loops=1,
+        policy=adapter.exit_policy,
+        eos_ids=set(),
+        tokenizer=None,
+        max_seqs=3,
+        on_finished=lambda done: None,
+    )
     with torch.inference_mode():
         batcher.scheduler.waiting.extend(sequences)
         batcher.admit()
@@ -135,23 +172,30 @@ def test_memory_reports_the_live_pool_and_its_peak():
     seen = []
     adapter.generate_requests([Request(p, SAMPLED) for p in PROMPTS], lambda done: seen.append(adapter.memory()))
     after = adapter.memory()
-    assert after["kv_bytes_allocated"] == after["kv_bytes_used"] == after["kv_bytes_reserved"] == 0  # the pool lives only during the call
+    assert (
+        after["kv_bytes_allocated"] == after["kv_bytes_used"] == after["kv_bytes_reserved"] == 0
+    )  # the pool lives only during the call
     pool = {m["kv_bytes_reserved"] for m in seen}
     assert len(pool) == 1 and after["kv_bytes_reserved_peak"] == pool.pop() > after["kv_bytes_peak"]
-    assert all(m["kv_bytes_used"] <= m["kv_bytes_allocated"] <= m["kv_bytes_peak"] <= m["kv_bytes_reserved"] for m in seen)
+    assert all(
+        m["kv_bytes_used"] <= m["kv_bytes_allocated"] <= m["kv_bytes_peak"] <= m["kv_bytes_reserved"] for m in seen
+    )
     assert any(m["kv_bytes_used"] > 0 for m in seen)
     assert after["kv_bytes_peak"] == max(m["kv_bytes_peak"] for m in seen) > 0
     adapter.reset_memory_peak()
     assert adapter.memory()["kv_bytes_peak"] == adapter.memory()["kv_bytes_reserved_peak"] == 0
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    ({"batching": "dynamic"}, "batching 'dynamic' is not one of continuous, static"),
-    ({"block_size": 0}, "block_size must be a positive integer"),
-    ({"kv_budget": -1.0}, "kv_budget must be a positive number of GB"),
-    ({"max_batch": "8"}, "max_batch must be a positive integer"),
-    ({"cuda_graphs": 3}, "cuda_graphs must be true or false"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"batching": "dynamic"}, "batching 'dynamic' is not one of continuous, static"),
+        ({"block_size": 0}, "block_size must be a positive integer"),
+        ({"kv_budget": -1.0}, "kv_budget must be a positive number of GB"),
+        ({"max_batch": "8"}, "max_batch must be a positive integer"),
+        ({"cuda_graphs": 3}, "cuda_graphs must be true or false"),
+    ],
+)
 def test_bad_batching_overrides_name_the_override(overrides, message):
     with pytest.raises(AdapterError, match=message):
         load_preset("qwen3-tiny", **overrides)
@@ -176,18 +220,65 @@ def test_padded_decode_steps_of_the_gpu_path_change_nothing(name):
     the same samples as unpadded steps, while the running set shrinks through several buckets, and
     the pool's accounting stays exact (padding rows write only the spare block)."""
     adapter = engine(name, block_size=4, max_batch=12)
-    requests = [Request(p, Sampling(temperature=1.0, top_p=0.7, max_new_tokens=6 + 5 * i, n=3, seed=i)) for i, p in enumerate(PROMPTS)]
+    requests = [
+        Request(p, Sampling(temperature=1.0, top_p=0.7, max_new_tokens=6 + 5 * i, n=3, seed=i))
+        for i, p in enumerate(PROMPTS)
+    ]
     runs = {}
     for padded in (False, True):
-        sequences = adapter._sequences(requests)
+        sequences = sequences_of(requests, adapter.model, adapter.tokenizer, adapter.spec)
         pool = pool_for(adapter, sequences, spare=padded)
-        graphs = DecodeGraphs(adapter.model, pool, loops=adapter.loops, keep_loops=False, max_seqs=12,
-                              max_blocks=pool.manager.blocks_for(max(s.capacity for s in sequences)), capture=False) if padded else None
+        graphs = (
+            DecodeGraphs(
+                adapter.model,
+                pool,
+                loops=adapter.loops,
+                keep_loops=False,
+                max_seqs=12,
+                max_blocks=pool.manager.blocks_for(max(s.capacity for s in sequences)),
+                capture=False,
+            )
+            if padded
+            else None
+        )
         done: dict = {}
-        batcher = ContinuousEngine(adapter.model, pool, loops=adapter.loops, policy=adapter.exit_policy, eos_ids=set(), tokenizer=None,
-                                  max_seqs=12, on_finished=lambda f, done=done: done.update(((r, j), g.token_ids) for r, j, g in f), graphs=graphs)
+        batcher = ContinuousEngine(
+            adapter.model,
+            pool,
+            loops=adapter.loops,
+            policy=adapter.exit_policy,
+            eos_ids=set(),
+            tokenizer=None,
+            max_seqs=12,
+            on_finished=lambda f, done=done: done.update(((r, j), g.token_ids) for r, j, g in f),
+            graphs=graphs,
+        )
         Watch(batcher, sequences, adapter.config, adapter.loops)
         batcher.run(sequences)
         runs[padded] = done
     assert len(runs[True]) == 12 and runs[True] == runs[False]
     assert {b for b, _ in graphs.graphs} == {4, 8, 12} and len({w for _, w in graphs.graphs}) >= 2
+
+
+def test_the_engine_for_a_workload_holds_it_at_the_cap_and_runs_eagerly_off_a_gpu():
+    """`continuous_engine` sizes the pool for `max_seqs` of the longest sequence (no preemption) and asks for CUDA
+    graphs only where they run: on the CPU the decode is eager whatever `cuda_graphs` says."""
+    adapter = load_preset("ouro-tiny", device="cpu")
+    sequences = sequences_of([Request(p, SAMPLED) for p in PROMPTS], adapter.model, adapter.tokenizer, adapter.spec)
+    engine = continuous_engine(
+        adapter.model,
+        sequences,
+        lambda done: None,
+        loops=adapter.loops,
+        policy=ExitPolicy(),
+        eos_ids=set(),
+        tokenizer=adapter.tokenizer,
+        max_seqs=2,
+        kv_budget=None,
+        block_size=4,
+        cuda_graphs=True,
+        attention=None,
+    )
+    longest = max(-(-seq.capacity // 4) for seq in sequences)
+    assert engine.runner.graphs is None and engine.pool.spare is None
+    assert engine.pool.block_size == 4 and engine.manager.num_blocks == 2 * longest

@@ -23,8 +23,15 @@ def test_buckets_end_at_the_cap_and_a_pool_without_a_spare_block_is_refused():
     graphs = DecodeGraphs(model, pool, loops=1, keep_loops=False, max_seqs=6, max_blocks=5, capture=False)
     assert graphs.batch_sizes == [1, 2, 4, 6] and graphs.widths == [1, 2, 4, 5]
     with pytest.raises(ValueError, match="spare block"):
-        DecodeGraphs(model, BlockPool(model.config, 1, 8, 4, 4, torch.float32, "cpu"), loops=1, keep_loops=False,
-                     max_seqs=6, max_blocks=5, capture=False)
+        DecodeGraphs(
+            model,
+            BlockPool(model.config, 1, 8, 4, 4, torch.float32, "cpu"),
+            loops=1,
+            keep_loops=False,
+            max_seqs=6,
+            max_blocks=5,
+            capture=False,
+        )
 
 
 @pytest.mark.numerics
@@ -44,7 +51,11 @@ def test_a_padded_step_gives_the_unpadded_step_s_states():
     with torch.no_grad():
         padded = graphs.step(tokens, positions, blocks).states[-1]
     written = (pool.k != before).any(-1).any(-1).any(0).nonzero().flatten().tolist()
-    assert set(written) - set(range(spare.start, spare.stop)) == {2 * 4 + 1, 4 * 4 + 0, 7 * 4 + 2}  # each row's own slot
+    assert set(written) - set(range(spare.start, spare.stop)) == {
+        2 * 4 + 1,
+        4 * 4 + 0,
+        7 * 4 + 2,
+    }  # each row's own slot
     assert set(written) & set(range(spare.start, spare.stop))  # and the padding row's, in the spare block
 
     def unpadded() -> torch.Tensor:

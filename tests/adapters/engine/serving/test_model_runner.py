@@ -9,7 +9,7 @@ import torch
 from adapters.base import Sampling
 from adapters.engine.exits import ExitPolicy
 from adapters.engine.io.checkpoint import random_model
-from adapters.engine.serving.model_runner import ModelRunner
+from adapters.engine.serving.model_runner import ModelRunner, sample_next
 from adapters.engine.serving.paged import BlockPool
 from adapters.engine.serving.sequence import Sequence
 from tests.support.rounding import rounding_bound
@@ -22,10 +22,19 @@ def decoded_logits(name: str, rows: bool, steps: int = 5) -> tuple[torch.Tensor,
     logits at those positions, the rounding bound between the two, and the runner."""
     model = random_model(name, 4, torch.float32, "cpu")
     loops = model.config.loops
-    pool = BlockPool(model.config, loops, num_blocks=8, block_size=4, latent_tokens=8, dtype=torch.float32, device="cpu")
+    pool = BlockPool(
+        model.config, loops, num_blocks=8, block_size=4, latent_tokens=8, dtype=torch.float32, device="cpu"
+    )
     runner = ModelRunner(model, pool, loops=loops, policy=ExitPolicy(), graphs=None)
-    seq = Sequence(request=0, sample=0, key=0, prompt_len=len(PROMPT), tokens=list(PROMPT), capacity=16,
-                   sampling=Sampling(temperature=0.0, max_new_tokens=10))
+    seq = Sequence(
+        request=0,
+        sample=0,
+        key=0,
+        prompt_len=len(PROMPT),
+        tokens=list(PROMPT),
+        capacity=16,
+        sampling=Sampling(temperature=0.0, max_new_tokens=10),
+    )
     pool.manager.hold(seq, len(PROMPT))
     if rows:
         runner.use_rows(1, seq.capacity)
@@ -64,13 +73,14 @@ def test_the_rows_hand_a_filled_block_back_to_the_pool():
 
 
 def test_sequences_of_different_settings_draw_in_calls_of_their_own():
-    model = random_model("qwen3-tiny", 4, torch.float32, "cpu")
-    pool = BlockPool(model.config, 1, 4, 4, latent_tokens=2, dtype=torch.float32, device="cpu")
-    runner = ModelRunner(model, pool, loops=1, policy=ExitPolicy(), graphs=None)
+    vocab, cpu = 99, torch.device("cpu")
     greedy, hot = Sampling(temperature=0.0, max_new_tokens=4), Sampling(temperature=1.0, max_new_tokens=4, seed=3)
-    seqs = [Sequence(request=i, sample=0, key=i, prompt_len=1, tokens=[1], capacity=5, sampling=s)
-            for i, s in enumerate((greedy, hot))]
-    logits = torch.randn(2, model.config.vocab_size, generator=torch.Generator().manual_seed(0))
-    ids = runner.sample(seqs, logits, one_setting=False)
+    seqs = [
+        Sequence(request=i, sample=0, key=i, prompt_len=1, tokens=[1], capacity=5, sampling=s)
+        for i, s in enumerate((greedy, hot))
+    ]
+    logits = torch.randn(2, vocab, generator=torch.Generator().manual_seed(0))
+    ids = sample_next(seqs, logits, False, cpu)
     assert ids[0] == logits[0].argmax()
-    assert ids[1] == runner.sample(seqs[1:], logits[1:], one_setting=True)[0]  # the same stream, alone or beside another
+    # the same stream, alone or beside another
+    assert ids[1] == sample_next(seqs[1:], logits[1:], True, cpu)[0]

@@ -16,12 +16,11 @@ import pytest
 import torch
 
 from adapters.base import AdapterError, Sampling
-from adapters.engine.exits import ExitPolicy
 from adapters.engine.families import family_of
 from adapters.engine.io.checkpoint import random_model
 from adapters.engine.io.presets import preset
 from adapters.engine.memory import analytic_terms
-from adapters.engine.serving.model_runner import ModelRunner
+from adapters.engine.serving.model_runner import StepInputs
 from adapters.engine.serving.paged import BlockPool, PagedStep, key_mask, pool_blocks
 from adapters.engine.serving.sequence import Sequence
 from bench.bench_melt_prefill import prefill
@@ -32,8 +31,15 @@ def pool(name: str = "qwen3-tiny", loops: int = 1, num_blocks: int = 6, block_si
 
 
 def seq(prompt_len: int, sample: int = 0) -> Sequence:
-    return Sequence(request=0, sample=sample, key=0, prompt_len=prompt_len, tokens=[3] * prompt_len,
-                    capacity=prompt_len + 4, sampling=Sampling(temperature=0.0, max_new_tokens=4))
+    return Sequence(
+        request=0,
+        sample=sample,
+        key=0,
+        prompt_len=prompt_len,
+        tokens=[3] * prompt_len,
+        capacity=prompt_len + 4,
+        sampling=Sampling(temperature=0.0, max_new_tokens=4),
+    )
 
 
 @pytest.mark.parametrize("name,loops", [("qwen3-tiny", 1), ("ouro-tiny", 3), ("melt-tiny", 3)])
@@ -49,12 +55,30 @@ def test_a_budget_gives_whole_blocks_and_one_too_small_for_a_sequence_is_refused
     cfg = preset("ouro-tiny")
     per_token = analytic_terms(cfg, 4, "fp32")["kv_bytes_per_token"]
     assert pool_blocks(cfg, 4, 10 * 4 * per_token + 5, 4, 0, "fp32") == 10
-    sized = BlockPool.for_workload(cfg, 4, [9, 5], max_seqs=2, kv_budget=None, block_size=4, dtype=torch.float32,
-                                   device=torch.device("cpu"), spare=False)
+    sized = BlockPool.for_workload(
+        cfg,
+        4,
+        [9, 5],
+        max_seqs=2,
+        kv_budget=None,
+        block_size=4,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+        spare=False,
+    )
     assert sized.manager.num_blocks == 2 * 3  # both sequences at the longest one's 3 blocks
     with pytest.raises(AdapterError, match="raise kv_budget"):
-        BlockPool.for_workload(cfg, 4, [400], max_seqs=1, kv_budget=1e-6, block_size=4, dtype=torch.float32,
-                               device=torch.device("cpu"), spare=False)
+        BlockPool.for_workload(
+            cfg,
+            4,
+            [400],
+            max_seqs=1,
+            kv_budget=1e-6,
+            block_size=4,
+            dtype=torch.float32,
+            device=torch.device("cpu"),
+            spare=False,
+        )
 
 
 def test_a_fork_shares_the_full_blocks_and_copies_the_partly_filled_one():
@@ -113,13 +137,23 @@ def test_reading_in_place_gives_the_gathers_bits(case: str) -> None:
 
 def test_only_a_lone_sequence_with_its_blocks_in_one_run_reads_in_place() -> None:
     cfg = preset("melt-tiny")
-    model = random_model(cfg, 0, torch.float32, "cpu")
     p = BlockPool(cfg, cfg.loops, 8, 4, cfg.chunk_size, torch.float32, "cpu")
-    runner = ModelRunner(model, p, loops=cfg.loops, policy=ExitPolicy(), graphs=None)
+    cpu = torch.device("cpu")
     seqs = [Sequence(i, 0, 0, 9, list(range(3, 12)), 9, Sampling(temperature=0.0, max_new_tokens=1)) for i in range(2)]
     p.manager.free = deque([2, 3, 4, 0, 1, 5, 6, 7])
     p.manager.hold(seqs[0], 9)  # blocks 2, 3, 4: one run from slot 8
     p.manager.hold(seqs[1], 9)  # blocks 0, 1, 5: not one run
-    assert runner.prepare(seqs[:1], [seqs[0].tokens]).start == 2 * 4
-    assert runner.prepare(seqs[1:], [seqs[1].tokens]).start is None
-    assert runner.prepare(seqs, [s.tokens for s in seqs]).start is None, "two sequences: gathered"
+    assert StepInputs.build(seqs[:1], [seqs[0].tokens], p, cpu).start == 2 * 4
+    assert StepInputs.build(seqs[1:], [seqs[1].tokens], p, cpu).start is None
+    assert StepInputs.build(seqs, [s.tokens for s in seqs], p, cpu).start is None, "two sequences: gathered"
+
+
+def test_a_step_s_rows_fit_the_latent_buffer() -> None:
+    """MELT's latent buffer holds `latent_tokens` tokens in flight: a prefill step of `length` tokens per sequence
+    takes at most latent_tokens // length sequences (at least one); a pool without one takes them all."""
+    melt, qwen = preset("melt-tiny"), preset("qwen3-tiny")
+    gated = BlockPool(melt, melt.loops, 8, 4, 6, torch.float32, "cpu")
+    assert gated.rows_per_step([0, 1, 2, 3, 4], 3) == [[0, 1], [2, 3], [4]]
+    assert gated.rows_per_step([0, 1], 8) == [[0], [1]]  # a chunk longer than the buffer still runs, alone
+    plain = BlockPool(qwen, 1, 8, 4, 6, torch.float32, "cpu")
+    assert plain.rows_per_step([0, 1, 2, 3, 4], 3) == [[0, 1, 2, 3, 4]]

@@ -23,21 +23,33 @@ def running(*seqs: Sequence) -> Scheduler:
 
 
 def seq(request: int, prompt: list[int], sampling: Sampling) -> Sequence:
-    return Sequence(request=request, sample=0, key=0, prompt_len=len(prompt), tokens=list(prompt),
-                    capacity=len(prompt) + sampling.max_new_tokens, sampling=sampling)
+    return Sequence(
+        request=request,
+        sample=0,
+        key=0,
+        prompt_len=len(prompt),
+        tokens=list(prompt),
+        capacity=len(prompt) + sampling.max_new_tokens,
+        sampling=sampling,
+    )
 
 
 def test_eos_and_length_end_sequences_and_the_rest_go_on():
-    ended, long, short = (seq(i, [1, 5, 6], Sampling(temperature=0.0, max_new_tokens=m)) for i, m in enumerate((9, 9, 2)))
+    ended, long, short = (
+        seq(i, [1, 5, 6], Sampling(temperature=0.0, max_new_tokens=m)) for i, m in enumerate((9, 9, 2))
+    )
     scheduler, finished = running(ended, long, short), []
     post = Postprocessor(scheduler, loops=4, looped=True, eos_ids={EOS}, tokenizer=None, on_finished=finished.append)
     post.record([ended, long, short], [EOS, 7, 8], exit_loops=[2, 3, 4])
     assert [seq.request for seq in scheduler.running] == [2, 1]  # the last running one took the leaver's row
-    assert [(r, s, g.finish_reason, g.token_ids, g.loops_used) for r, s, g in finished[0]] == [(0, 0, "eos", [EOS], [2])]
+    assert [(r, s, g.finish_reason, g.token_ids, g.loops_used) for r, s, g in finished[0]] == [
+        (0, 0, "eos", [EOS], [2])
+    ]
     post.record([short, long], [9, 10], exit_loops=None)  # None: every row read at the last loop
     (done,) = finished[1:]
-    assert [(r, g.finish_reason, g.token_ids, g.loops_used, g.generated_tokens, g.prompt_tokens) for r, _, g in done] == \
-        [(2, "length", [8, 9], [4, 4], 2, 3)]
+    assert [
+        (r, g.finish_reason, g.token_ids, g.loops_used, g.generated_tokens, g.prompt_tokens) for r, _, g in done
+    ] == [(2, "length", [8, 9], [4, 4], 2, 3)]
     assert long.tokens == [1, 5, 6, 7, 10] and long.finish is None and scheduler.running == [long]
     assert done[0][2].text is None  # no tokenizer, no text
 
@@ -48,7 +60,9 @@ def test_a_stop_string_cuts_the_text_before_it_and_a_plain_model_records_no_loop
     sampling = Sampling(temperature=0.0, max_new_tokens=20, stop=("\n\n",))
     s = seq(0, prompt, sampling)
     finished: list[list[Finished]] = []
-    post = Postprocessor(running(s), loops=1, looped=False, eos_ids={EOS}, tokenizer=tokenizer, on_finished=finished.append)
+    post = Postprocessor(
+        running(s), loops=1, looped=False, eos_ids={EOS}, tokenizer=tokenizer, on_finished=finished.append
+    )
     for ch in "ab\n\n":
         post.record([s], tokenizer(ch, add_special_tokens=False)["input_ids"], exit_loops=None)
     ((_, _, generation),) = finished[0]

@@ -17,8 +17,18 @@ SAMPLING = Sampling(temperature=1.0, max_new_tokens=8, seed=0)
 
 
 def sequences(request: int, prompt_len: int, n: int = 1) -> list[Sequence]:
-    return [Sequence(request=request, sample=i, key=i, prompt_len=prompt_len, tokens=[4] * prompt_len,
-                     capacity=prompt_len + 8, sampling=SAMPLING) for i in range(n)]
+    return [
+        Sequence(
+            request=request,
+            sample=i,
+            key=i,
+            prompt_len=prompt_len,
+            tokens=[4] * prompt_len,
+            capacity=prompt_len + 8,
+            sampling=SAMPLING,
+        )
+        for i in range(n)
+    ]
 
 
 def scheduler(num_blocks: int, max_seqs: int, block_size: int = 4) -> tuple[Scheduler, list[tuple[int, int, int]]]:

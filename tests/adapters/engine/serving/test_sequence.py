@@ -9,8 +9,17 @@ GREEDY = Sampling(temperature=0.0, max_new_tokens=4)
 
 
 def sequence(tokens: list[int], prompt_len: int, written: int = 0) -> Sequence:
-    return Sequence(request=0, sample=0, key=11, prompt_len=prompt_len, tokens=tokens, capacity=prompt_len + 4,
-                    sampling=GREEDY, prompt_key=7, written=written)
+    return Sequence(
+        request=0,
+        sample=0,
+        key=11,
+        prompt_len=prompt_len,
+        tokens=tokens,
+        capacity=prompt_len + 4,
+        sampling=GREEDY,
+        prompt_key=7,
+        written=written,
+    )
 
 
 def test_fresh_until_it_generates():

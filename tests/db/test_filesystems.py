@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from db import ResultsError
-from db import session
-from db.session import filesystem_type, open_engine
+from db import filesystems
+from db.filesystems import filesystem_type
+from db.session import open_engine
 
 MOUNTINFO = """\
 22 1 253:1 / / rw,relatime shared:1 - ext4 /dev/mapper/vg-root rw,errors=remount-ro
@@ -50,7 +51,7 @@ def test_a_sqlite_store_on_a_network_filesystem_is_refused_before_anything_is_wr
 ) -> None:
     mountinfo = tmp_path / "mountinfo"
     mountinfo.write_text("22 1 0:52 / / rw,relatime - nfs4 fs1.lab:/export rw,vers=4.2\n")
-    monkeypatch.setattr(session, "MOUNTINFO", mountinfo)
+    monkeypatch.setattr(filesystems, "MOUNTINFO", mountinfo)
     target = tmp_path / "results" / "loopeval.sqlite"
     with pytest.raises(ResultsError, match=r"network filesystem \(nfs4\).*Postgres URL") as refused:
         open_engine(str(target))
@@ -60,5 +61,5 @@ def test_a_sqlite_store_on_a_network_filesystem_is_refused_before_anything_is_wr
 
 def test_a_local_sqlite_store_opens(tmp_path: Path) -> None:
     """This machine's own mountinfo: pytest's tmp is local, so the store opens as before."""
-    assert session.network_filesystem(tmp_path) is None
+    assert filesystems.network_filesystem(tmp_path) is None
     open_engine(str(tmp_path / "r.sqlite")).dispose()

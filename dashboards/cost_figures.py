@@ -1,0 +1,282 @@
+"""The figures of what accuracy costs besides the memory axis: compute (loops or seconds per token), energy, and
+the KV cache each memory lever leaves.
+
+Pure functions from a set's points to Plotly figures, as `dashboards.figures` (whose escaping, colours and notes
+they share): the report and the app draw them from the same functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from analysis.names import NOT_MEASURED, byte_unit, exit_label, loops_label, point_label, series_name
+from analysis.points import lever_points
+from dashboards.figures import (
+    DECIMAL_NOTE,
+    _colors_of,
+    _empty,
+    _footnote,
+    _legend_key,
+    _measured,
+    _plain_frame,
+    _point_names,
+    _pooled_note,
+    _runs_text,
+    _with_set,
+    loops_symbol,
+    plain,
+    unit_title,
+)
+from measures import BY_NAME, COMPUTE_BY_NAME, KB
+
+# The compute axes of the accuracy-against-compute figures: `measures.COMPUTE_MEASURES` columns of `dashboards.data`.
+COMPUTE_AXES: tuple[str, ...] = ("loops_per_token", "seconds_per_token")
+
+
+def compute_varies(points: pd.DataFrame) -> bool:
+    """Whether a set's points spread along the compute axis: an exit threshold swept, or a model run at several r."""
+    if points.empty:
+        return False
+    return bool(points["exit_threshold"].notna().any() or points.groupby("model")["loops"].nunique().gt(1).any())
+
+
+def accuracy_vs_compute(
+    points: pd.DataFrame, axis: str, task: str = "all", colors: Mapping[str, str] | None = None
+) -> go.Figure:
+    """Accuracy against what a generated token cost (`axis`: mean loops per token, or generate seconds per token),
+    one line per model (and r, where exit thresholds are swept) through its points in threshold order, then r.
+
+    Where a lower exit threshold saves loops without losing accuracy, the line runs left level; the hover names
+    each point's threshold. Drawn only where the set varies compute (`compute_varies`), else a note says how to.
+    """
+    measure = COMPUTE_BY_NAME[axis]
+    title = _with_set(f"Accuracy against {measure.label}: {plain(task)}", points)
+    if not compute_varies(points) or points[axis].isna().all():
+        return _empty(
+            title,
+            "nothing to compare here: this set varies neither the exit threshold nor the loops. "
+            "Sweep them with `loopeval run --exit-threshold 0.5,0.8,1.0` or `--loops 1,2,4`.",
+        )
+    palette = _colors_of(points["model"], colors)
+    frame = _exit_lines(_plain_frame(points[points[axis].notna()]))
+    frame["runs"] = _runs_text(frame)
+    frame["named"] = [
+        series_name(model, None, None, config)
+        for model, config in zip(frame["model"], frame.get("config_label", [""] * len(frame)))
+    ]
+    frame = frame.sort_values(["line", "exit_threshold", "loops"], na_position="last")
+    x_title = f"{measure.label} ({measure.unit})"
+    hover = (
+        f"model=%{{customdata[0]}}<br>{x_title}=%{{x}}<br>accuracy=%{{y}}<br>exit threshold=%{{customdata[1]}}"
+        "<br>r=%{customdata[2]}<br>runs=%{customdata[3]}<extra></extra>"
+    )
+    traces, named = [], set()
+    for (model, _), rows in frame.groupby(["model", "line"], sort=False):  # lines in the order they were sorted
+        traces.append(
+            {
+                "type": "scatter",
+                "x": rows[axis].to_numpy(),
+                "y": rows["accuracy"].to_numpy(),
+                "error_y": {"array": rows["stderr"].to_numpy(dtype=float)},
+                "mode": "lines+markers",
+                "name": model,
+                "legendgroup": model,
+                "showlegend": model not in named,
+                "line": {"color": palette[model]},
+                "marker": {"symbol": rows["loops"].map(loops_symbol).tolist(), "size": 9},
+                "customdata": rows[["named", "exit", "loops", "runs"]].to_numpy(),
+                "hovertemplate": hover,
+            }
+        )
+        named.add(model)
+    notes = [
+        f"{measure.label}: {'from the samples the runs stored' if axis == 'loops_per_token' else 'time inside generate, prefill included'}",
+        *_pooled_note(points),
+    ]
+    note, margin = _footnote(" · ".join(notes))
+    return go.Figure(
+        data=traces,
+        layout={
+            "title": {"text": title},
+            "legend": {"title": {"text": "model (a line per r where exit thresholds vary)"}, "tracegroupgap": 0},
+            "xaxis": {"title": {"text": x_title}},
+            "yaxis": {"range": [-0.05, 1.05], "title": {"text": f"accuracy ({frame['metric'].iloc[0]})"}},
+            "annotations": [note],
+            "margin": {"t": 60, **margin},
+        },
+    )
+
+
+def _exit_lines(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` with its `exit` label and `line`: a model's runs without a threshold make one line through its r; the
+    runs of a swept threshold make a line per (model, r), which ends at the same model's run at that r without a
+    threshold (its own exit policy, every loop for the tiny zoo), drawn on both lines. A threshold that keeps every
+    loop (gate 1.0) decodes the same tokens as that run, so the default sweep does not run it twice."""
+    frame = frame.assign(
+        exit=[exit_label(t, c) for t, c in zip(frame["exit_threshold"], frame["exit_criterion"])]
+    )  # escaped
+    swept = frame["exit_threshold"].notna()
+    at_r = " r=" + frame["loops"].astype(int).astype(str)
+    config = frame.get("config_label", pd.Series("", index=frame.index))
+    model = frame["model"] + np.where(
+        config != "", " " + config, ""
+    )  # a configuration's points make lines of their own
+    frame["line"] = model + np.where(swept, at_r, "")
+    ends = frame[~swept & (model + at_r).isin(frame.loc[swept, "line"])]
+    return pd.concat([frame, ends.assign(line=(model + at_r)[ends.index])], ignore_index=True)
+
+
+ENERGY_NOTE = "energy: NVML's counter over each run (the device's: other processes on it count too), one run's mean"
+
+
+def accuracy_vs_energy(points: pd.DataFrame, task: str = "all", colors: Mapping[str, str] | None = None) -> go.Figure:
+    """Accuracy against the GPU energy one run of each point drew, its pass@1 per kJ in the hover: what accuracy a
+    joule buys, beside what a gigabyte buys. Where no run had an energy counter (no NVML, a CPU) the figure says so
+    and draws nothing, never a point at zero joules."""
+    title = _with_set(f"Accuracy against GPU energy: {plain(task)}", points)
+    shown, missing = _measured(points, "energy_joules")
+    if shown.empty:
+        return _empty(title, f"GPU energy: {NOT_MEASURED} for every run here; pass@1 per kJ needs a GPU's counter")
+    palette = _colors_of(points["model"], colors)
+    shown = _plain_frame(shown).assign(kj=shown["energy_joules"] / KB)
+    shown = shown.assign(
+        r=[point_label(row) for row in shown.itertuples()],
+        runs=_runs_text(shown),
+        per_kj=[f"{a / kj:.3g}" for a, kj in zip(shown["accuracy"], shown["kj"])],
+    )
+    hover = (
+        "model %{customdata[0]}<br>%{customdata[1]}<br>accuracy %{y:.3f}<br>%{x:.3g} kJ a run"
+        "<br>%{customdata[2]} pass@1 per kJ<br>%{customdata[3]}<extra></extra>"
+    )
+    traces = [
+        {
+            "type": "scatter",
+            "x": rows["kj"].to_numpy(),
+            "y": rows["accuracy"].to_numpy(),
+            "mode": "markers",
+            "error_y": {"type": "data", "array": rows["stderr"].to_numpy(dtype=float)},
+            "name": model,
+            "marker": {"color": palette[model], "size": 12, "symbol": rows["loops"].map(loops_symbol).tolist()},
+            "customdata": rows[["model", "r", "per_kj", "runs"]].to_numpy(),
+            "hovertemplate": hover,
+        }
+        for model, rows in shown.groupby("model", sort=True)
+    ]
+    notes = [ENERGY_NOTE, *_pooled_note(shown)] + (
+        [f"{NOT_MEASURED}: {_point_names(missing)}"] if not missing.empty else []
+    )
+    note, margin = _footnote(" · ".join(notes))
+    return go.Figure(
+        data=traces,
+        layout={
+            "title": {"text": title},
+            "legend": {"title": {"text": "model (shape: r)"}},
+            "xaxis": {"rangemode": "tozero", "title": {"text": "GPU energy of a run (kJ)"}},
+            "yaxis": {"range": [-0.05, 1.05], "title": {"text": f"accuracy ({shown['metric'].iloc[0]})"}},
+            "annotations": [note],
+            "margin": margin,
+        },
+    )
+
+
+# The memory levers: a marker shape per KV policy, filled in the model's dtype and hollow when quantized.
+KV_MARKERS = {
+    "per-loop": "circle",
+    "shared-last": "square",
+    "shared-mean": "diamond",
+    "shared-ema": "triangle-up",
+    "latest-m4": "pentagon",
+    "gated": "star",
+    "standard": "hexagon",
+}
+KV_FILL = {"auto": "", "int8": "-open", "fp8": "-open-dot"}
+LEVERS_EXAMPLE = "loopeval run --model zoo:ouro-tiny --loops 4 --kv-policy per-loop,shared-last --kv-dtype auto,int8"
+LEVER_MEASURE = "kv_bytes_allocated"
+
+
+def memory_levers(points: pd.DataFrame, task: str = "all", colors: Mapping[str, str] | None = None) -> go.Figure:
+    """Accuracy against the KV cache each memory lever leaves (`lever_points`): colour the model, shape the KV policy,
+    filled in the model's dtype and hollow in int8 (dotted in fp8). What the figure asks: does a training-free policy
+    (shared-last, shared-mean) reach the memory of MELT's trained gate at the accuracy of Ouro's per-loop KV, and what
+    does int8 cost on top? The memory is each point's measured KV peak (`kv_bytes_allocated`), from zero."""
+    title = _with_set(f"Memory levers: accuracy against KV cache, {plain(task)}", points)
+    frame = _plain_frame(lever_points(points))
+    frame = frame[frame[LEVER_MEASURE].notna()] if LEVER_MEASURE in frame else frame.iloc[0:0]
+    if frame.empty:
+        return _empty(
+            title, f"nothing to compare here: this set runs no KV policy or dtype. Sweep them with {LEVERS_EXAMPLE}"
+        )
+    unit, scale = byte_unit(frame[LEVER_MEASURE])
+    frame["memory"] = frame[LEVER_MEASURE] / scale
+    frame["stderr"] = frame["stderr"].astype(float)
+    frame["symbol"] = [
+        KV_MARKERS.get(policy.partition(":")[0], "x") + KV_FILL.get(dtype, "")
+        for policy, dtype in zip(frame["kv_policy"], frame["kv_dtype"])
+    ]
+    frame["runs"] = _runs_text(frame)
+    frame["r"] = [loops_label(loops) for loops in frame["loops"]]
+    hover = (
+        f"%{{customdata[0]}} %{{customdata[1]}}<br>KV policy %{{customdata[2]}}, KV dtype %{{customdata[3]}}"
+        f"<br>accuracy %{{y:.3f}}<br>KV %{{x:.4g}} {unit}<br>%{{customdata[4]}}<extra></extra>"
+    )
+    palette, traces = _colors_of(frame["model"], colors), []
+    for index, (model, rows) in enumerate(frame.groupby("model", sort=True)):
+        color, group = palette[model], f"model {index}"
+        traces.append(
+            _legend_key(model, group, "model" if index == 0 else None, {"color": color, "size": 10, "symbol": "circle"})
+        )
+        traces.append(
+            {
+                "type": "scatter",
+                "x": rows["memory"].to_numpy(),
+                "y": rows["accuracy"].to_numpy(),
+                "mode": "markers",
+                "error_y": {"type": "data", "array": rows["stderr"].to_numpy()},
+                "name": model,
+                "legendgroup": group,
+                "showlegend": False,
+                "marker": {"color": color, "size": 13, "symbol": rows["symbol"].tolist(), "line": {"width": 2}},
+                "customdata": rows[["model", "r", "kv_policy", "kv_dtype", "runs"]].to_numpy(),
+                "hovertemplate": hover,
+            }
+        )
+    for index, policy in enumerate(dict.fromkeys(p.partition(":")[0] for p in frame["kv_policy"])):
+        traces.append(
+            _legend_key(
+                policy,
+                f"policy {policy}",
+                "KV policy (shape)" if index == 0 else None,
+                {"color": "#777", "size": 10, "symbol": KV_MARKERS.get(policy, "x")},
+            )
+        )
+    for index, dtype in enumerate(dict.fromkeys(frame["kv_dtype"])):
+        traces.append(
+            _legend_key(
+                dtype,
+                f"dtype {dtype}",
+                "KV dtype (fill)" if index == 0 else None,
+                {"color": "#777", "size": 10, "symbol": "circle" + KV_FILL.get(dtype, ""), "line": {"width": 2}},
+            )
+        )
+    top = max(1.0, float((frame["accuracy"] + frame["stderr"].fillna(0)).max()))
+    notes = [
+        f"KV: each point's measured KV cache peak ({BY_NAME[LEVER_MEASURE].label}); {DECIMAL_NOTE}",
+        "a model's point without a KV setting is its own policy in its own dtype",
+        *_pooled_note(frame),
+    ]
+    note, margin = _footnote(" · ".join(notes))
+    return go.Figure(
+        data=traces,
+        layout={
+            "title": {"text": title},
+            "legend": {"groupclick": "togglegroup", "tracegroupgap": 2},
+            "xaxis": {"rangemode": "tozero", "title": {"text": unit_title("KV cache", unit, scale)}},
+            "yaxis": {"range": [-0.05, top + 0.05], "title": {"text": f"accuracy ({frame['metric'].iloc[0]})"}},
+            "annotations": [note],
+            "margin": margin,
+        },
+    )
