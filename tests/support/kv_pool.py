@@ -28,6 +28,21 @@ def pool_for(adapter: EngineAdapter, sequences: list, spare: bool = False) -> Bl
     )
 
 
+def engine_over(adapter: EngineAdapter, pool: BlockPool, finished: list, max_seqs: int = 4) -> ContinuousEngine:
+    """The continuous engine of `adapter` over `pool`, without an end token (every sequence runs its budget), whose
+    finished sequences are appended to `finished`."""
+    return ContinuousEngine(
+        adapter.model,
+        pool,
+        loops=adapter.loops,
+        policy=adapter.exit_policy,
+        eos_ids=set(),
+        tokenizer=adapter.tokenizer,
+        max_seqs=max_seqs,
+        on_finished=finished.extend,
+    )
+
+
 def tiny_budget(adapter: EngineAdapter, blocks: int) -> float:
     """kv_budget in GB for a pool of `blocks` blocks (and the latent buffer) for PROMPTS x SAMPLED at the adapter's settings."""
     terms = analytic_terms(adapter.config, adapter.loops, "fp32")

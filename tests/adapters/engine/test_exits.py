@@ -8,13 +8,12 @@ import dataclasses
 
 import pytest
 import torch
-from tests.support.kv_pool import Watch, pool_for, tiny_budget
+from tests.support.kv_pool import Watch, engine_over, pool_for, tiny_budget
 
 import adapters
 from adapters.base import AdapterError, Request, Sampling
 from adapters.engine.adapter import EngineAdapter, sequences_of
 from adapters.engine.families.ouro import PER_LOOP
-from adapters.engine.serving.continuous import ContinuousEngine
 from adapters.engine.generate import generate
 from adapters.engine.io.presets import PRESETS
 from adapters.zoo import zoo_names
@@ -174,16 +173,7 @@ def test_kv_accounting_stays_exact_with_exits_on(spec, fill):
     sampling = dataclasses.replace(SAMPLED, n=3, max_new_tokens=20)
     sequences = sequences_of([Request(p, sampling) for p in PROMPTS], adapter.model, adapter.tokenizer, adapter.spec)
     pool, finished = pool_for(adapter, sequences), []
-    engine = ContinuousEngine(
-        adapter.model,
-        pool,
-        loops=adapter.loops,
-        policy=adapter.exit_policy,
-        eos_ids=set(),
-        tokenizer=adapter.tokenizer,
-        max_seqs=4,
-        on_finished=finished.extend,
-    )
+    engine = engine_over(adapter, pool, finished)
     watch = Watch(engine, sequences, adapter.config, adapter.loops)
     engine.run(sequences)
     assert len(finished) == 12 and watch.steps > 20

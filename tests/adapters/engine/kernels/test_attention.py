@@ -19,9 +19,8 @@ from torch import Tensor
 from adapters.base import Request, Sampling
 from adapters.engine.adapter import load_preset, sequences_of
 from adapters.engine.kvformat import KV_FORMATS
-from adapters.engine.serving.continuous import ContinuousEngine
 from adapters.engine.serving.paged import key_mask
-from tests.support.kv_pool import pool_for
+from tests.support.kv_pool import engine_over, pool_for
 from tests.support.triton_interpreter import U, add_rms_norm, gamma, paged_attention, qk_rope, with_kernels
 
 pytestmark = pytest.mark.numerics  # parity with the torch path: .ci/run checks the bounds under a second CPU capability
@@ -163,16 +162,7 @@ def generate(name: str, kv_dtype: str, kv_policy: str | None, attention: Shadow 
     pool = pool_for(adapter, sequences)
     pool.attention = attention
     finished: list = []
-    engine = ContinuousEngine(
-        adapter.model,
-        pool,
-        loops=adapter.loops,
-        policy=adapter.exit_policy,
-        eos_ids=set(),
-        tokenizer=adapter.tokenizer,
-        max_seqs=4,
-        on_finished=finished.extend,
-    )
+    engine = engine_over(adapter, pool, finished)
     engine.run(sequences)
     return [g.token_ids for _, _, g in sorted(finished, key=lambda f: f[:2])]
 

@@ -11,7 +11,7 @@ from adapters.engine.adapter import EngineAdapter, load_preset, sequences_of
 from adapters.engine.exits import ExitPolicy
 from adapters.engine.serving.continuous import ContinuousEngine, continuous_engine
 from adapters.engine.serving.graphs import DecodeGraphs
-from tests.support.kv_pool import PROMPTS, SAMPLED, Watch, pool_for, tiny_budget
+from tests.support.kv_pool import PROMPTS, SAMPLED, Watch, engine_over, pool_for, tiny_budget
 
 PRESETS = ["qwen3-tiny", "ouro-tiny", "melt-tiny", "coreloop-tiny"]
 
@@ -117,16 +117,7 @@ def test_kv_accounting_is_exact_and_held_is_at_most_one_block_over_used(name):
     sequences = sequences_of([Request(p, SAMPLED) for p in PROMPTS], adapter.model, adapter.tokenizer, adapter.spec)
     pool = pool_for(adapter, sequences)
     finished = []
-    batcher = ContinuousEngine(
-        adapter.model,
-        pool,
-        loops=adapter.loops,
-        policy=adapter.exit_policy,
-        eos_ids=set(),
-        tokenizer=adapter.tokenizer,
-        max_seqs=4,
-        on_finished=finished.extend,
-    )
+    batcher = engine_over(adapter, pool, finished)
     watch = Watch(batcher, sequences, adapter.config, adapter.loops)
     batcher.run(sequences)
     assert len(finished) == 12 and watch.steps > 20 and watch.max_running == 4
