@@ -19,10 +19,10 @@ from sqlalchemy import create_engine, event, inspect
 
 from db.models import Base
 from db.session import alembic_config, head_revision, open_engine
-from db.sets import run_key
+
 from db.store import Store
 from db import ResultsError
-from tests.support.old_databases import older_database
+from tests.support.old_databases import older_database, older_run_key
 
 RUN = dict(sweep_id="s1", model_spec="preset:qwen3-tiny", adapter="preset", suite="synthetic")
 
@@ -230,19 +230,7 @@ def test_0009_adds_the_compute_columns_empty_and_downgrade_takes_them_back(tmp_p
     )
     conn.commit()
     conn.close()
-    before = run_key(
-        dict(
-            model_spec="m",
-            loops=None,
-            suite="synthetic",
-            tasks=[],
-            limit=None,
-            sampling={"n": 1},
-            data_fingerprint=None,
-            seed=0,
-            spec={},
-        )
-    )
+    before = older_run_key({"n": 1})
     store = Store.open(str(path))
     assert store.finished_run_keys() == {before: 1}, "the stored run keeps its identity"
     (summary,) = store.run_summaries()
@@ -286,19 +274,7 @@ def test_0010_adds_the_kv_axis_empty_so_stored_runs_keep_their_identity_and_poin
     columns back."""
     path = tmp_path / "old.sqlite"
     older_database(path, "0009", sampling='{"n": 1}')
-    before = run_key(
-        dict(
-            model_spec="m",
-            loops=None,
-            suite="synthetic",
-            tasks=[],
-            limit=None,
-            sampling={"n": 1},
-            data_fingerprint=None,
-            seed=0,
-            spec={},
-        )
-    )
+    before = older_run_key({"n": 1})
     store = Store.open(str(path))
     assert store.finished_run_keys() == {before: 1}, "the stored run keeps its identity"
     (summary,) = store.run_summaries()

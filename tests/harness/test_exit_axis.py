@@ -8,8 +8,6 @@ values are refused in one line with exit code 2 before any database exists.
 from __future__ import annotations
 
 import base64
-import contextlib
-import io
 import json
 import re
 from pathlib import Path
@@ -27,6 +25,7 @@ from harness.cli import main
 from harness.measurement.sampler import MemorySampler
 from harness.planning.plan import stored_spec
 from harness.planning.sweep import build_request
+from tests.support.cli import printed
 from tests.support.rich_tables import body_rows
 from tests.support.sqlite import query
 
@@ -50,10 +49,7 @@ ARGV = [
 def swept(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """The sweep of ARGV in a fresh database (report written beside it), and what `loopeval run` printed."""
     db = tmp_path_factory.mktemp("exit") / "r.sqlite"
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert main([*ARGV, "--db", str(db)]) == 0
-    return db, out.getvalue()
+    return db, printed([*ARGV, "--db", str(db)])
 
 
 def _mean_loops(db: Path, run_id: int) -> float:

@@ -18,14 +18,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis.points import accuracy_points
 from analysis.names import config_labels
-from analysis.points import lever_points
+from analysis.points import accuracy_points, lever_points
 from db.session import open_existing
 from db.record import PlannedRun
 from db.sets import config_key, configuration, run_key
 from harness.cli import main
 from harness.planning.sweep import build_request
+from tests.support.cli import printed
 from tests.support.stored_runs import DOCS, MODEL, SAMPLING, TASKS
 from tests.support.sqlite import query
 
@@ -56,10 +56,7 @@ ARGV = [
 def swept(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """The issue's sweep of ARGV in a fresh database, and what `loopeval run` printed."""
     db = tmp_path_factory.mktemp("kv") / "m.db"
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert main([*ARGV, "--db", f"sqlite:///{db}"]) == 0
-    return db, out.getvalue()
+    return db, printed([*ARGV, "--db", f"sqlite:///{db}"])
 
 
 def test_one_finished_run_per_policy_and_dtype_each_stored_with_them(swept: tuple[Path, str]) -> None:
@@ -90,14 +87,14 @@ def test_results_json_gives_each_run_its_kv_policy_dtype_and_bytes_per_token(
 def test_results_name_each_row_by_its_policy_and_dtype(
     swept: tuple[Path, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    db, printed = swept
+    db, log = swept
     monkeypatch.setenv("COLUMNS", "120")
     assert main(["results", "--db", f"sqlite:///{db}"]) == 0
     out = capsys.readouterr().out
     for policy in POLICIES:
         for dtype in DTYPES:
             assert f"{policy} {dtype}" in out, out
-            assert f"zoo:ouro-tiny r=4 {policy} {dtype}" in printed, "the log names each run by them too"
+            assert f"zoo:ouro-tiny r=4 {policy} {dtype}" in log, "the log names each run by them too"
 
 
 def test_a_repeat_is_skipped_and_every_run_keeps_its_own_identity(

@@ -10,7 +10,7 @@ from alembic import command
 from sqlalchemy import Connection, Engine, create_engine, text
 
 from db.session import alembic_config
-from db.sets import run_set, set_label
+from db.sets import run_key, run_set, set_label
 
 
 def older_database(path: Path, revision: str, model: str = "m", tasks: str = "[]", sampling: str = "{}") -> None:
@@ -27,6 +27,13 @@ def older_database(path: Path, revision: str, model: str = "m", tasks: str = "[]
             (model, tasks, sampling),
         )
     engine.dispose()
+
+
+def older_run_key(sampling: dict[str, Any], model: str = "m") -> str:
+    """The identity (`run_key`) of the run `older_database` stores with `sampling` as JSON: what it must keep through
+    every later migration."""
+    columns = dict(model_spec=model, loops=None, suite="synthetic", tasks=[], limit=None, sampling=sampling)
+    return run_key(columns | dict(data_fingerprint=None, seed=0, spec={}))
 
 
 # Eval runs of several evaluation sets as an older loopeval stored them, plus a profile (no set): what migration 0011
