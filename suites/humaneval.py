@@ -19,12 +19,13 @@ passes only when that check runs to its end; its exit status and output count fo
 
 from __future__ import annotations
 
+import ast
 import functools
 import re
 import textwrap
 from typing import TYPE_CHECKING, Any
 
-from suites import SuiteError, sandbox
+from suites import SuiteError, answers, sandbox
 
 if TYPE_CHECKING:
     from lighteval.models.model_output import ModelResponse
@@ -34,7 +35,8 @@ PROMPT = (
     "Complete the following Python function. Reply with the complete function, in one ```python code block.\n\n"
     "```python\n{prompt}```"
 )
-_FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+-]*)[ \t]*$")
+# A fence line: three or more backticks or tildes, then an optional language tag (or attributes) on the opening one.
+_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*\{?\.?([\w+-]*)[^`]*$")
 _PYTHON = ("", "python", "py", "python3")
 
 
@@ -66,30 +68,32 @@ def prompt(line: dict[str, Any], task_name: str | None = None) -> Doc:
     return Doc(task_name=task_name or "", query=PROMPT.format(prompt=line["prompt"]), choices=[gold], gold_index=0)
 
 
-def python_blocks(reply: str) -> list[str]:
-    """The reply's fenced Python (or unlabelled) blocks, in order; an unclosed last block runs to the end.
+def code_blocks(reply: str) -> list[tuple[str, str]]:
+    """The reply's fenced blocks (``` or ~~~, any language tag) as (tag, code), in order; an unclosed last block runs
+    to the end.
 
-    Fences are read line by line, so the closing fence of a ```bash block never opens a Python one; a
-    closing fence at the end of a code line (`return x```) closes the block there.
+    Fences are read line by line and a block closes only at a fence of its own kind, so the closing fence of a
+    ```bash block never opens a Python one; a closing fence at the end of a code line (`return x```) closes the
+    block there.
     """
-    blocks: list[str] = []
-    language: str | None = None
+    blocks: list[tuple[str, str]] = []
+    opened: tuple[str, str] | None = None  # the open block's fence and tag
     lines: list[str] = []
     for line in reply.splitlines():
         fence = _FENCE.match(line)
-        if language is None:
+        if opened is None:
             if fence is not None:
-                language, lines = fence.group(1).lower(), []
+                opened, lines = (fence.group(1), fence.group(2).lower()), []
             continue
-        closes = fence is not None or line.rstrip().endswith("```")
-        if fence is None:
-            lines.append(line.rstrip()[:-3] if closes else line)
-        if closes:
-            if language in _PYTHON:
-                blocks.append("\n".join(lines) + "\n")
-            language = None
-    if language in _PYTHON:
-        blocks.append("\n".join(lines) + "\n")
+        closes_alone = fence is not None and fence.group(1)[0] == opened[0][0] and not fence.group(2)
+        closes_on_code = not closes_alone and line.rstrip().endswith(opened[0])
+        if not closes_alone:
+            lines.append(line.rstrip()[: -len(opened[0])] if closes_on_code else line)
+        if closes_alone or closes_on_code:
+            blocks.append((opened[1], "\n".join(lines) + "\n"))
+            opened = None
+    if opened is not None:
+        blocks.append((opened[1], "\n".join(lines) + "\n"))
     return blocks
 
 
@@ -99,14 +103,65 @@ def _definition(code: str, entry_point: str) -> str | None:
     return code if re.search(rf"^(?:async\s+)?def\s+{re.escape(entry_point)}\s*\(", code, re.MULTILINE) else None
 
 
+_SUPPORT = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _support(code: str, entry_point: str) -> str:
+    """What another block lends the program: its top-level imports, functions and classes (never the entry point)
+    and constant assignments (`MOD = 10**9 + 7`); examples, prints and tests that call the function stay out."""
+    code = textwrap.dedent(code)
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:  # a doctest transcript, a shell command, prose
+        return ""
+    lines = code.splitlines()
+    kept = []
+    for node in tree.body:
+        named = getattr(node, "name", None)
+        constant = isinstance(node, ast.Assign | ast.AnnAssign) and not any(
+            isinstance(inner, ast.Call) for inner in ast.walk(node)
+        )
+        if (isinstance(node, _SUPPORT) and named != entry_point) or constant:
+            first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+            kept.append("\n".join(lines[first - 1 : node.end_lineno]) + "\n")
+    return "".join(kept)
+
+
+# A line that starts a Python program at its top level: where unfenced code begins after the reply's prose.
+_CODE_START = re.compile(r"^(?:(?:async[ \t]+)?def[ \t]|class[ \t]|import[ \t]|from[ \t]+\S+[ \t]+import[ \t]|@\w)")
+_TRIM_TRIES = 64  # trailing lines tried off unfenced code to leave out the prose after it
+
+
+def _unfenced(reply: str) -> str:
+    """The code of a reply with no fence: from the first line that starts a program, up to the longest run of lines
+    that parses (the prose after it left out); the reply unchanged where no line starts a program (a body that
+    continues the prompt, as in HumanEval's completion protocol)."""
+    lines = reply.splitlines()
+    start = next((i for i, line in enumerate(lines) if _CODE_START.match(line)), None)
+    if start is None:
+        return reply
+    for end in range(len(lines), max(start, len(lines) - _TRIM_TRIES), -1):
+        code = "\n".join(lines[start:end]) + "\n"
+        try:
+            ast.parse(code)
+        except SyntaxError:
+            continue
+        return code
+    return "\n".join(lines[start:]) + "\n"
+
+
 def program(reply: str, gold: Gold) -> str:
     """The program `reply` makes (see the module docstring); it holds no test."""
-    reply = reply.rsplit("</think>", 1)[-1]
-    candidates = python_blocks(reply) or [reply]
-    definitions = [code for code in (_definition(c, gold.entry_point) for c in candidates) if code is not None]
-    if definitions:
-        return f"{gold.prompt}\n\n{definitions[-1]}\n"
-    return f"{gold.prompt}{candidates[0]}\n"
+    reply = answers.after_thinking(reply)
+    blocks = code_blocks(reply)
+    candidates = [code for _, code in blocks] or [_unfenced(reply)]
+    defining = [i for i, code in enumerate(candidates) if _definition(code, gold.entry_point) is not None]
+    if defining:
+        final = defining[-1]
+        support = "".join(_support(code, gold.entry_point) for i, code in enumerate(candidates) if i != final)
+        return f"{gold.prompt}\n\n{support}{_definition(candidates[final], gold.entry_point)}\n"
+    bodies = [code for tag, code in blocks if tag in _PYTHON] or candidates
+    return f"{gold.prompt}{bodies[0]}\n"
 
 
 def check(gold: Gold) -> str:
