@@ -1,21 +1,26 @@
-"""How the paper suite reads a reply's final answer: as strictly as the benchmarks' own graders.
+"""How the paper suite reads a reply's final answer: strict about commitment, generous about form.
 
 A sample scores only when its reply commits to one answer. Offline we cannot ask a judge what a
 hedge means, so a reply that names several answers, negates one or contradicts itself reads as no
 answer (scored 0), never as whichever letter a pattern happens to catch last. The rules, and why,
-are in docs/architecture.md ("How replies are read"); everything is read after any `</think>`.
+are in docs/architecture.md ("How replies are read"); everything is read after any `</think>`, and a
+`<think>` never closed leaves nothing to read.
 
 Multiple choice (`choice_letter`): the reply's declared answers (lines that begin `Answer:` or
 `Final answer:`, an `Answer` header followed by the answer on the next line, `\\boxed{}`, and a
-first line that is a lone letter, continuing MMLU's prompt `Answer: `) must all name the same one
-letter. Without one, the last "answer is X" / "correct option is X" / "X is correct" in its prose
-decides. Without either, the last standalone capital letter, where `A` or `I` followed by a lower-case
-word is an article or pronoun, not an option. In every case a letter that is negated ("not B"), hedged
-("either A or B") or listed ("B, C, D, A") is no answer.
+first line that is a lone letter, continuing MMLU's prompt `Answer: `, or an option line with its
+explanation, "B. The ulna, because ...") must all name the same one letter. Without one, the last
+"answer is X" / "correct option is X" / "X is correct" in its prose decides. Without either, the last
+standalone capital letter, where `A` or `I` followed by a lower-case word is an article or pronoun, not
+an option. In every case a letter that is negated ("not B"), hedged ("either A or B", "maybe B") or
+listed ("B, C, D, A") is no answer. A revision ("Wait", "Actually", "Correction") that commits to an
+answer replaces what came before it.
 
-HLE (`hle_answer`): the `Answer:` field of HLE's response format, a line that begins `Answer:`;
-several fields must agree. Text quoted later in a line ("the user said the answer: 42") is not a field.
-On a multiple-choice item (`hle_letter`) the field must name one letter, as above.
+HLE (`hle_answers`, `hle_equivalent`): the `Answer:` fields of HLE's response format, lines that begin
+`Answer:`, every one of which must be the gold; without one, what the last line states. Text quoted
+later in a line ("the user said the answer: 42") is not a field. An answer is the gold as text, or as
+mathematics under math-verify. On a multiple-choice item (`hle_letter`) the field must name one letter,
+as above.
 """
 
 from __future__ import annotations
@@ -215,6 +220,8 @@ _STATED = re.compile(
     r"\banswer(?:[ \t]+(?:is|would be|should be|must be)[ \t]*[:：]?|[ \t]*[:：])[ \t]*", re.IGNORECASE
 )
 _COPULA = re.compile(r"(?:\bis\b|\bequals\b|=)[ \t]*")
+_LATEX_WORD = re.compile(r"\\(?:text\w*|mathrm|operatorname)\{[^{}]*\}|\\[A-Za-z]+")  # \\text{cm}, \\frac
+_UNIT_AFTER = re.compile(r"[ \t]+[A-Za-z]+(?:[/^][A-Za-z0-9]+)*(?:[ \t]+[A-Za-z]+)?[ \t.]*$")  # " cm", " m/s^2"
 _SENTENCE_END = re.compile(r"(?<![0-9])\.[ \t]+(?=[A-Z])")
 
 
@@ -257,17 +264,24 @@ def _stated(sentence: str) -> str:
 
 
 def hle_equivalent(answer: str, gold: str) -> bool:
-    """Whether an HLE answer is the gold: equal as text under `hle_normalise`, or, for a gold with a digit or LaTeX,
-    equal as mathematics under math-verify (fractions and decimals, LaTeX, units, `x = 3`). An answer holding a hedge
-    or a negation ("42 or 41", "not 42") is compared only as text: math-verify would read a number out of it. A gold
-    of words is compared only as text: math-verify reads "Paris" as the product P*a*r*i*s, equal to any anagram."""
+    """Whether an HLE answer is the gold: equal as text under `hle_normalise`, or, where both are mathematics
+    (`_is_math`), equal under math-verify (fractions and decimals, LaTeX, units, `x = 3`). An answer holding a hedge
+    or a negation ("42 or 41", "not 42") is compared only as text: math-verify would read a number out of it. Words
+    are compared only as text: math-verify reads "Paris" as the product P*a*r*i*s, equal to any anagram."""
     if hle_normalise(answer) == hle_normalise(gold) != "":
         return True
-    if not re.search(r"[0-9\\]", gold) or _UNCOMMITTED.search(answer):
+    if not (_is_math(gold) and _is_math(answer)) or _UNCOMMITTED.search(answer):
         return False
     from math_verify import parse, verify
 
     return bool(verify(parse(_as_math(gold)), parse(_as_math(answer))))
+
+
+def _is_math(text: str) -> bool:
+    """Whether `text` is mathematics, perhaps with a unit (`3/4`, `x = 3`, `12 cm`, `9.8\\,\\text{m/s}^2`): it has a digit
+    or LaTeX, and no word but the unit after it (in "Apollo 11" math-verify would find 11, equal to "Gemini 11")."""
+    bare = _UNIT_AFTER.sub("", _LATEX_WORD.sub(" ", text.replace("$", "")).strip())
+    return bool(re.search(r"[0-9\\]", text)) and not re.search(r"[A-Za-z]{2,}", bare)
 
 
 def _as_math(text: str) -> str:

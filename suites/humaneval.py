@@ -3,14 +3,20 @@
 LightEval 0.13 has no HumanEval task. A row holds `task_id`, `prompt` (imports, signature and
 docstring), `canonical_solution` (the body), `test` (a `check(candidate)` function) and
 `entry_point`. The model is asked for the completed function; its reply becomes a program:
-- the code is read from the reply after any `</think>`: of its ```python (or ```py, or bare ```)
-  blocks, the last that defines the entry point (`def <entry_point>(` at its top level, once the block
-  is dedented), since a later definition is the model's corrected or final version and blocks that only
-  call the function are examples; when no block defines it, the first block (replies give the code,
-  then examples); with no block at all, the whole reply;
-- when that code defines `entry_point`, the program is the prompt followed by that code (the new
-  definition replaces the prompt's, whose imports and helper functions stay); otherwise the code is
-  taken as the body that continues the prompt, as in the original HumanEval protocol;
+- the code is read from the reply after its reasoning (`answers.after_thinking`): of its fenced blocks
+  (``` or ~~~, any language tag), the last that defines the entry point (`def <entry_point>(` at its top
+  level, once the block is dedented), since a later definition is the model's corrected or final version
+  and blocks that only call the function are examples; with no fence at all, the code that follows the
+  reply's prose (from its first top-level `def`, `class`, `import` or decorator, up to the longest run
+  of lines that parses), or the whole reply when no such line starts one;
+- when that code defines `entry_point`, the program is the prompt, then what the reply's other blocks
+  lend it (their top-level imports, functions, classes and constants, never another version of the
+  entry point: a helper or an import in a block of its own), then that code (the new definition
+  replaces the prompt's, whose imports and helper functions stay); otherwise the first Python (else
+  the first) block, or the unfenced reply, is taken as the body that continues the prompt, as in the
+  original HumanEval protocol;
+- the program runs as a module named `program`, not `__main__`: its `if __name__ == "__main__":`
+  block (unittest, input(), sys.exit) is a demo, left out as when the function is imported.
 The program runs in one sandbox and the item's tests in another (`suites.sandbox`): the prompt with
 its canonical solution (for the helper functions some tests call, such as `poly`), the `test`, the
 entry point rebound to the stand-in that calls the program, and `check(entry_point)`. The program
@@ -133,12 +139,13 @@ _TRIM_TRIES = 64  # trailing lines tried off unfenced code to leave out the pros
 
 
 def _unfenced(reply: str) -> str:
-    """The code of a reply with no fence: from the first line that starts a program, up to the longest run of lines
-    that parses (the prose after it left out); the reply unchanged where no line starts a program (a body that
-    continues the prompt, as in HumanEval's completion protocol)."""
+    """The code of a reply with no fence: after its prose, from the first line that starts a program, up to the longest
+    run of lines that parses (the prose after it left out); the reply unchanged where no prose comes first or no line
+    starts a program (a body that continues the prompt, as in HumanEval's completion protocol, helpers after it)."""
     lines = reply.splitlines()
     start = next((i for i, line in enumerate(lines) if _CODE_START.match(line)), None)
-    if start is None:
+    before = [line for line in lines[:start] if line.strip()]
+    if start is None or not before or before[0][0] in " \t":  # no prose first: a body, perhaps with its helpers
         return reply
     for end in range(len(lines), max(start, len(lines) - _TRIM_TRIES), -1):
         code = "\n".join(lines[start:end]) + "\n"

@@ -34,11 +34,14 @@ Departures from LightEval (the one place they are listed; docs/reference.md's pa
 - HumanEval has no LightEval task: the `openai_humaneval` prompt is asked for as a completed
   function, and each sample is executed against the item's tests in a sandbox (`suites.humaneval`,
   `suites.sandbox`); pass@1 is LightEval's pass@k estimator over those verdicts.
-- HLE's LightEval metric is an OpenAI-judged one; offline, a sample is correct when its answer
-  (`answers.hle_answer`: the `Answer:` field of HLE's response format, a line that begins `Answer:`,
-  several of which must agree; else the last line) equals the gold after `hle_normalise`: `**` and
-  `$` removed, whitespace runs collapsed, trailing `.,;:!?` dropped, case ignored. On a
+- HLE's LightEval metric is an OpenAI-judged one; offline, a sample is correct when every answer it
+  gives (`answers.hle_answers`: the `Answer:` fields of HLE's response format, lines that begin
+  `Answer:`; else what its last line states) is the gold under `answers.hle_equivalent`: equal as text
+  after `hle_normalise` (`**`, `$`, `\\boxed{}`, `\\text{}` and quotes removed, whitespace runs collapsed,
+  trailing `.,;:!?` dropped, case ignored), or, for a gold with a digit or LaTeX, under math-verify. On a
   multiple-choice item (its gold a letter) the answer must name that one letter (`answers.hle_letter`).
+- MATH-500: a unary `\\pm X` in the gold or the reply is read as `0 \\pm X` (`answers.both_signs`):
+  math-verify reads `\\pm 1` as 1 and fails on `\\pm\\frac{1}{2}`.
 """
 
 from __future__ import annotations

@@ -101,6 +101,8 @@ HLE_RIGHT = {
     "ouro-display-boxed": ("42", REASONING + "**Final Answer**\n\\[\n\\boxed{42}\n\\]"),
     "ouro-boxed-word": ("Paris", REASONING + "Answer: \\boxed{\\text{Paris}}"),
     "ouro-boxed-pm": ("\\pm 2", REASONING + FIELDS.format("$x = \\pm 2$")),
+    "ouro-name-with-number": ("Apollo 11", REASONING + FIELDS.format("**apollo 11**")),
+    "qwen3-rate-unit": ("9.8 m/s^2", REASONING + FIELDS.format("$9.8\\,\\text{m/s}^2$")),
 }
 HLE_WRONG = {
     "qwen3-boxed-in-field": ("42", REASONING + FIELDS.format("\\boxed{41}")),
@@ -119,6 +121,8 @@ HLE_WRONG = {
     "ouro-prose-retracted": ("42", REASONING + "I believe the answer: 42 is wrong; it is 41."),
     "ouro-unfinished-thinking": ("42", "<think>\nSo the answer is 42"),
     "ouro-one-sign": ("\\pm 2", REASONING + FIELDS.format("$x = 2$")),
+    "ouro-other-name-same-number": ("Apollo 11", REASONING + FIELDS.format("Gemini 11")),
+    "qwen3-number-among-words": ("11", REASONING + FIELDS.format("Gemini 11")),
 }
 
 
@@ -207,6 +211,7 @@ HUMANEVAL_RIGHT = {
     **_helper_replies(True),
     "deepseek-helper-in-later-block": REASONING + "```python\ndef truncate_number(number: float) -> float:\n"
     "    return _part(number)\n```\n\nwith the helper:\n\n```python\ndef _part(x):\n    return x % 1.0\n```",
+    "completion-body-then-helper": "    return _part(number)\n\n\ndef _part(x):\n    return x % 1.0\n",
 }
 HUMANEVAL_WRONG = {
     **_code_replies(WRONG),
@@ -216,6 +221,7 @@ HUMANEVAL_WRONG = {
     "qwen3-missing-import": REASONING
     + "```python\ndef truncate_number(number):\n    return number - math.floor(number)\n```",
     "ouro-right-only-in-thinking": f"<think>\n```python\n{RIGHT}```\n</think>\n\n```python\n{WRONG}```",
+    "completion-body-then-helper": "    return _part(number)\n\n\ndef _part(x):\n    return x\n",
 }
 LIMITS = sandbox.Limits(wall_seconds=4, cpu_seconds=2)
 
