@@ -54,7 +54,7 @@ _HEDGE = rf"(?i:not|neither|nor|either|both|between|{_DOUBT})"
 # What joins one option to another: "B, C", "B or C", "B/C", "B (or possibly C)", "B, maybe C".
 _CONNECTOR = r"(?:[,;/&]|(?i:\bor\b|\band\b|\bnor\b|\bvs\b\.?))"
 _JOINED = (
-    rf"[ \t]*[(\[]?[ \t]*{_CONNECTOR}(?:[ \t]*{_CONNECTOR})*[ \t]*(?i:(?:possibly|maybe|perhaps|probably)[ \t]+)?"
+    rf"[ \t]*[(\[]?[ \t]*{_CONNECTOR}(?:[ \t]*{_CONNECTOR})*[ \t]*(?:{_DOUBT}[ \t]+)?"
     r"[ \t*_$(\[]*"
 )
 # Words after "A" or "I" that make it an option named as a subject ("A is right"), not an article or pronoun.
@@ -266,15 +266,21 @@ def _stated(sentence: str) -> str:
 def hle_equivalent(answer: str, gold: str) -> bool:
     """Whether an HLE answer is the gold: equal as text under `hle_normalise`, or, where both are mathematics
     (`_is_math`), equal under math-verify (fractions and decimals, LaTeX, units, `x = 3`). An answer holding a hedge
-    or a negation ("42 or 41", "not 42") is compared only as text: math-verify would read a number out of it. Words
-    are compared only as text: math-verify reads "Paris" as the product P*a*r*i*s, equal to any anagram."""
+    or a negation ("42 or 41", "not 42") is compared only as text: math-verify would read a number out of it. A field
+    written as a sentence is read as a final sentence is (`_stated`). Words are compared only as text: math-verify reads "Paris" as the product P*a*r*i*s, equal to any anagram."""
     if hle_normalise(answer) == hle_normalise(gold) != "":
         return True
-    if not (_is_math(gold) and _is_math(answer)) or _UNCOMMITTED.search(answer):
+    if _UNCOMMITTED.search(answer):
+        return False
+    stated = _stated(answer)  # a field written as a sentence: "Answer: The capital is Paris."
+    if hle_normalise(stated) == hle_normalise(gold) != "":
+        return True
+    candidate = answer if _is_math(answer) else stated
+    if not (_is_math(gold) and _is_math(candidate)):
         return False
     from math_verify import parse, verify
 
-    return bool(verify(parse(_as_math(gold)), parse(_as_math(answer))))
+    return bool(verify(parse(_as_math(gold)), parse(_as_math(candidate))))
 
 
 def _is_math(text: str) -> bool:

@@ -102,6 +102,8 @@ HLE_RIGHT = {
     "ouro-boxed-word": ("Paris", REASONING + "Answer: \\boxed{\\text{Paris}}"),
     "ouro-boxed-pm": ("\\pm 2", REASONING + FIELDS.format("$x = \\pm 2$")),
     "ouro-name-with-number": ("Apollo 11", REASONING + FIELDS.format("**apollo 11**")),
+    "ouro-sentence-in-field": ("42", REASONING + FIELDS.format("The answer is 42.")),
+    "qwen3-word-sentence-in-field": ("Paris", REASONING + "**Answer:** The capital in question is Paris."),
     "qwen3-rate-unit": ("9.8 m/s^2", REASONING + FIELDS.format("$9.8\\,\\text{m/s}^2$")),
 }
 HLE_WRONG = {
@@ -121,6 +123,8 @@ HLE_WRONG = {
     "ouro-prose-retracted": ("42", REASONING + "I believe the answer: 42 is wrong; it is 41."),
     "ouro-unfinished-thinking": ("42", "<think>\nSo the answer is 42"),
     "ouro-one-sign": ("\\pm 2", REASONING + FIELDS.format("$x = 2$")),
+    "ouro-sentence-in-field-wrong": ("42", REASONING + FIELDS.format("The answer is 41.")),
+    "qwen3-word-sentence-in-field-wrong": ("Paris", REASONING + "**Answer:** The capital in question is Lyon."),
     "ouro-other-name-same-number": ("Apollo 11", REASONING + FIELDS.format("Gemini 11")),
     "qwen3-number-among-words": ("11", REASONING + FIELDS.format("Gemini 11")),
 }
