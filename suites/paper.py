@@ -34,11 +34,14 @@ Departures from LightEval (the one place they are listed; docs/reference.md's pa
 - HumanEval has no LightEval task: the `openai_humaneval` prompt is asked for as a completed
   function, and each sample is executed against the item's tests in a sandbox (`suites.humaneval`,
   `suites.sandbox`); pass@1 is LightEval's pass@k estimator over those verdicts.
-- HLE's LightEval metric is an OpenAI-judged one; offline, a sample is correct when its answer
-  (`answers.hle_answer`: the `Answer:` field of HLE's response format, a line that begins `Answer:`,
-  several of which must agree; else the last line) equals the gold after `hle_normalise`: `**` and
-  `$` removed, whitespace runs collapsed, trailing `.,;:!?` dropped, case ignored. On a
+- HLE's LightEval metric is an OpenAI-judged one; offline, a sample is correct when every answer it
+  gives (`answers.hle_answers`: the `Answer:` fields of HLE's response format, lines that begin
+  `Answer:`; else what its last line states) is the gold under `answers.hle_equivalent`: equal as text
+  after `hle_normalise` (`**`, `$`, `\\boxed{}`, `\\text{}` and quotes removed, whitespace runs collapsed,
+  trailing `.,;:!?` dropped, case ignored), or, for a gold with a digit or LaTeX, under math-verify. On a
   multiple-choice item (its gold a letter) the answer must name that one letter (`answers.hle_letter`).
+- MATH-500: a unary `\\pm X` in the gold or the reply is read as `0 \\pm X` (`answers.both_signs`):
+  math-verify reads `\\pm 1` as 1 and fails on `\\pm\\frac{1}{2}`.
 """
 
 from __future__ import annotations
@@ -147,14 +150,22 @@ class _ReadPrediction:
     bridge's per-sample scores all see the same reading of the sample.
     """
 
-    def __init__(self, check: Callable[..., float], read: Callable[[Doc, str], str]) -> None:
+    def __init__(
+        self, check: Callable[..., float], read: Callable[[Doc, str], str], gold: Callable[[str], str] | None = None
+    ) -> None:
         self.check = check
         self.read = read
+        self.gold = gold  # rewrites each gold too, where the reading must be the same on both sides
 
     def __call__(self, doc: Doc, model_response: ModelResponse) -> float:
+        import copy
+
         from lighteval.models.model_output import ModelResponse
 
         texts = [self.read(doc, text) for text in model_response.final_text]
+        if self.gold is not None:
+            doc = copy.copy(doc)
+            doc.choices = [self.gold(choice) for choice in doc.choices]
         return float(self.check(doc=doc, model_response=ModelResponse(text=texts)))
 
 
@@ -164,25 +175,27 @@ def _as_answer_letter(doc: Doc, text: str) -> str:
     return "" if letter is None else f"Answer: {letter}"
 
 
-def _pass_at_1(metric_name: str, read: Callable[[Doc, str], str] | None = None) -> SampleLevelMetric:
+def _pass_at_1(
+    metric_name: str, read: Callable[[Doc, str], str] | None = None, gold: Callable[[str], str] | None = None
+) -> SampleLevelMetric:
     """One of LightEval's pass@k metrics (a `Metrics` member name) at k=1; the run sets its n."""
     from lighteval.metrics.metrics import Metrics
 
     metric: SampleLevelMetric = getattr(Metrics, metric_name)(sample_params={"k": 1, "n": 1})  # a fresh copy
     if read is not None:
         fn: Any = metric.sample_level_fn  # a pass@k computation, which LightEval types as any computation
-        fn.compute_score = _ReadPrediction(fn.compute_score, read)
+        fn.compute_score = _ReadPrediction(fn.compute_score, read, gold)
     return metric
 
 
 def _hle_matches(doc: Doc, model_response: ModelResponse) -> float:
-    """1.0 when the reply's answer equals the gold under `hle_normalise` (on a multiple-choice item, whose gold is a
-    letter, when it names that one letter), else 0.0."""
+    """1.0 when every answer the reply gives is the gold (`answers.hle_equivalent`; on a multiple-choice item, whose
+    gold is a letter, when it names that one letter), else 0.0."""
     gold: str = doc.get_golds()[0]  # type: ignore[no-untyped-call]  # LightEval's Doc leaves it unannotated
     if re.fullmatch(r"[A-Z]", gold):
         return float(answers.hle_letter(model_response.final_text[0]) == gold)
-    answer = answers.hle_normalise(answers.hle_answer(model_response.final_text[0]) or "")
-    return float(answer != "" and answer == answers.hle_normalise(gold))
+    given = answers.hle_answers(model_response.final_text[0])
+    return float(bool(given) and all(answers.hle_equivalent(answer, gold) for answer in given))
 
 
 def custom_pass_at_1(check: Callable[[Doc, ModelResponse], float]) -> SampleLevelMetric:
@@ -267,7 +280,9 @@ def task_configs() -> list[LightevalTaskConfig]:
         )
 
     math = [_pass_at_1("pass_at_k_math")]
-    math_500 = [_pass_at_1("pass_at_k_math", lambda doc, text: boxed_final_answer(text))]
+    math_500 = [
+        _pass_at_1("pass_at_k_math", lambda doc, text: answers.both_signs(boxed_final_answer(text)), answers.both_signs)
+    ]
     gpqa = [_pass_at_1("gpqa_instruct_pass_at_k", _as_answer_letter)]
     mmlu = [_loglikelihood_acc(), _pass_at_1("pass_at_k_letters", _as_answer_letter)]
     configs = [

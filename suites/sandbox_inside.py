@@ -1,7 +1,9 @@
 """What runs inside the two sandboxes of one check (`suites.sandbox`). Standard library only.
 
 It is passed to `python -I -B -c` as text, never imported by the harness, and runs in two roles:
-- `serve ENTRY REQUESTS ANSWERS`: the program. Executes /sandbox/program.py as `__main__`, then
+- `serve ENTRY REQUESTS ANSWERS`: the program. Executes /sandbox/program.py as a module named
+  `program`, not `__main__`, so that its `if __name__ == "__main__":` block (a demo that runs unittest,
+  reads input() or calls sys.exit) does not run, as when the function is imported to be tested; then
   answers each call read from the REQUESTS pipe by calling ENTRY and writing the result to the
   ANSWERS pipe. Nothing in this process is trusted: the program may replace any of it.
 - `check REQUESTS ANSWERS NONCE`: the harness's check, in a sandbox of its own (its own PID
@@ -20,6 +22,7 @@ import ast
 import json
 import os
 import sys
+import types
 from collections.abc import Callable
 from typing import IO, Any
 
@@ -39,10 +42,11 @@ def _error(error: BaseException) -> str:
 
 def serve(entry: str, requests: int, answers: int) -> None:
     """Run the program, then answer calls to its `entry` function until the check closes the pipe."""
-    namespace: dict[str, Any] = {"__name__": "__main__"}
+    module = types.ModuleType("program")  # registered, as an import would be: dataclasses and pickle look it up
+    sys.modules["program"] = module
     with open("program.py", encoding="utf-8") as source:
-        exec(compile(source.read(), "program.py", "exec"), namespace)
-    function = namespace[entry]
+        exec(compile(source.read(), "program.py", "exec"), module.__dict__)
+    function = module.__dict__[entry]
     with open(requests, encoding="utf-8") as calls, open(answers, "w", encoding="utf-8") as replies:
         for line in calls:
             try:

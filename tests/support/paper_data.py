@@ -170,6 +170,7 @@ MMLU_FORMS: tuple[Callable[[str], str], ...] = (
     lambda x: f"{x})",
     lambda x: f"**{x}**",
     lambda x: f"Comparing the options, A is too broad and so the answer is {x}.",
+    lambda x: f"<think>\nChecking each option in turn.\n</think>\n\n{x}. This option fits, because A and C do not.",
 )
 HLE_FORMS = {"42": "**42**.", "B": "$B$", "Paris": "  paris. ", "x^2": "$x^2$"}
 
