@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Sequence
 
+from adapters.engine.config import ENGINE_FORMAT
 from adapters.base import DTYPE_BYTES, AdapterError, FinishReason, Generation, Prompt, Sampling, dtype_short
 from adapters.files import check_closed
 from adapters.registry import register
@@ -51,6 +52,12 @@ from measures import MEMORY_KEYS
 
 # The pins of the `vllm` extra (pyproject.toml); vLLM 0.33 brings these torch/transformers versions.
 VLLM_PINS: tuple[str, ...] = ("vllm==0.33.0", "torch==2.14.0", "transformers>=4.56,<5.21")
+# The `vllm-ouro` extra: the last vLLM that carried Ouro, with the torch it pins (its own environment too).
+VLLM_OURO_PINS: tuple[str, ...] = ("vllm==0.26.0", "torch==2.11.0", "transformers>=5.5.3")
+# The looped architectures vLLM carried, by config.json name: the releases that had it (first, last). Huginn's
+# (RavenForCausalLM) it never had, nor the engine's own checkpoints (MELT, the zoo): they run on the engine.
+LOOPED_IN_VLLM = {"OuroForCausalLM": ((0, 11, 1), (0, 26, 0))}
+ENGINE_ONLY = {"RavenForCausalLM": "huginn"}
 
 
 # --- pure arithmetic and mappings (unit-tested without vLLM) -----------------------------------------
@@ -191,7 +198,8 @@ class VLLMAdapter:
         self.dtype = str(model_config.dtype).removeprefix("torch.")
         self.layout = KVLayout(
             block_size=int(cache_config.block_size),
-            num_layers=int(model_config.get_num_layers(parallel)),
+            num_layers=int(model_config.get_num_layers(parallel))
+            * kv_slots_per_layer(json.loads((Path(path) / "config.json").read_text())),
             num_kv_heads=int(model_config.get_num_kv_heads(parallel)),
             head_dim=int(model_config.get_head_size()),
             dtype_bytes=kv_dtype_bytes(str(cache_config.cache_dtype), self.dtype),
@@ -310,6 +318,45 @@ class VLLMAdapter:
         }
 
 
+def _release(version: str) -> tuple[int, ...]:
+    """(0, 26, 0) of "0.26.0" or "0.26.0+cu130" (the numbers before any local or pre-release part)."""
+    numbers = []
+    for part in version.split("+")[0].split("."):
+        digits = "".join(c for c in part if c.isdigit()) if part[:1].isdigit() else ""
+        if not digits:
+            break
+        numbers.append(int(digits))
+    return tuple(numbers)
+
+
+def kv_slots_per_layer(config: dict[str, Any]) -> int:
+    """K/V slots vLLM keeps per layer and token: Ouro's one per loop (`total_ut_steps`), one for every other model."""
+    if "OuroForCausalLM" in (config.get("architectures") or []):
+        return int(config.get("total_ut_steps", 4))
+    return 1
+
+
+def check_served(folder: Path, spec: str, vllm_version: str) -> None:
+    """Refuse a looped checkpoint the installed vLLM does not serve, naming where it runs instead."""
+    config = json.loads((folder / "config.json").read_text())
+    if not isinstance(config, dict):
+        return  # vLLM's own loader says what is wrong with it
+    if config.get("format") == ENGINE_FORMAT:
+        raise AdapterError(f"{spec}: a loopeval engine checkpoint; vLLM does not serve it: run it as melt:{folder}")
+    names = config.get("architectures") or []
+    for name in names if isinstance(names, list) else []:
+        if name in ENGINE_ONLY:
+            raise AdapterError(
+                f"{spec}: vLLM does not serve {name}; run it on the engine as {ENGINE_ONLY[name]}:{folder}"
+            )
+        if name in LOOPED_IN_VLLM and not LOOPED_IN_VLLM[name][0] <= _release(vllm_version) <= LOOPED_IN_VLLM[name][1]:
+            first, last = (".".join(map(str, v)) for v in LOOPED_IN_VLLM[name])
+            raise AdapterError(
+                f"{spec}: vLLM {vllm_version} does not serve {name} (vLLM carried it in {first} to {last}): run it on "
+                f"the engine as ouro:{folder}, or install the vllm-ouro extra (vLLM {last}) in an environment of its own"
+            )
+
+
 def inspect_vllm(
     path: str,
     *,
@@ -350,7 +397,12 @@ def inspect_vllm(
     }
 
 
-@register("vllm", "a local checkpoint through vLLM (optional extra loopeval[vllm]; GPU)", inspect=inspect_vllm)
+@register(
+    "vllm",
+    "a local checkpoint through vLLM, GPU only: plain models such as Qwen3 (extra loopeval[vllm], vLLM 0.33); Ouro only "
+    "with loopeval[vllm-ouro] (vLLM 0.26); no Huginn or MELT",
+    inspect=inspect_vllm,
+)
 def load_vllm(
     path: str,
     *,
@@ -374,11 +426,13 @@ def load_vllm(
         tensor_parallel_size=tensor_parallel_size,
     )
     try:
+        import vllm
         from vllm import LLM
     except ImportError as exc:
         raise AdapterError(
             f"{spec}: vLLM is not installed; install the optional extra: pip install 'loopeval[vllm]' ({exc})"
         ) from exc
+    check_served(Path(path).expanduser(), spec, vllm.__version__)
     if trust_remote_code:
         print(f"loopeval: warning: trust_remote_code=True runs Python code shipped in {path}", file=sys.stderr)
     llm = LLM(

@@ -10,7 +10,10 @@
 #      bench/pipeline_check.py's reading of the store (pipeline_check.json);
 #   2. bench/gpu_check.py (the CUDA-graph decode against eager steps);
 #   3. bench/bench_engine.py --gpu --full (memory at 32000 tokens, decode speed, the engine's GPU targets);
-#   4. bench/bench_exits.py --gpu (per-token exits).
+#   4. bench/bench_exits.py --gpu (per-token exits);
+#   5. bench/bench_slope.py on every layer of the qwen3-1.7b and ouro-1.4b shapes (r = 4; per-loop, shared-last,
+#      int8): batch-1 latency against contexts up to 32000, its slope and intercept against the bandwidth bound
+#      (its table and JSON into steps.log).
 # A step that fails or runs out of time leaves the others' figures. Without .whl/ step 1 is skipped (the
 # benchmarks need only torch, transformers and nvidia-ml-py). $OUT brings back at most 8 files, and these are 8:
 # env.txt (versions, each step's exit status and seconds), steps.log (every step's stderr, and the stdout of
@@ -54,7 +57,8 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 else
     echo "pipeline: skipped (no .whl/: bash scripts/gpu_wheels.sh first)" | tee -a "$out/env.txt"
 fi
-run gpu_check.json "${GPU_CHECK_LIMIT:-90}" "$py" bench/gpu_check.py
+run gpu_check.json "${GPU_CHECK_LIMIT:-45}" "$py" bench/gpu_check.py
 run bench_engine_full.json "${BENCH_ENGINE_LIMIT:-155}" "$py" bench/bench_engine.py --gpu --full
 run bench_exits.json "${BENCH_EXITS_LIMIT:-60}" "$py" bench/bench_exits.py --gpu --width 1024 --batch 32
+run slope "${SLOPE_LIMIT:-45}" "$py" bench/bench_slope.py --device cuda --dtype bf16 --layers 0 --json /dev/stdout
 cat "$out/env.txt"

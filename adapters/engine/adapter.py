@@ -157,9 +157,9 @@ class EngineAdapter:
         self.exit_policy = check_exit_support(self.config, exit_policy)
         weight = model.model.embed_tokens.weight
         self.dtype, self.device = weight.dtype, weight.device
-        self.attention = kernels.install(
+        self.attention, self.kernel_path = kernels.install(
             model, self.device, check_flag("triton_kernels", triton_kernels)
-        )  # the pools' kernel
+        )  # the pools' kernel, and which ops the model runs (recorded by `describe`)
         self.meter = KVMeter(sum(p.numel() * p.element_size() for p in model.parameters()))
         self.preemptions = 0  # sequences the engine preempted (and recomputed) so far
         self._lock = threading.Lock()  # one generate at a time: the KV store is per call
@@ -262,6 +262,7 @@ class EngineAdapter:
             "gate": family_of(cfg).gate_variant,
             "dtype": dtype_short(self.dtype),
             "device": str(self.device),
+            "kernels": self.kernel_path,
             "kv_bytes_per_token": analytic["kv_bytes_per_token"],
             "analytic": analytic,
             "exit_policy": dataclasses.asdict(self.exit_policy),

@@ -5,6 +5,7 @@ logged (quoted below with their source), plus an integration test that runs only
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 import tomllib
@@ -16,6 +17,9 @@ import adapters
 from adapters import AdapterError, Sampling
 from adapters.base import PAPER_PROTOCOL
 from adapters.vllm_backend import (
+    VLLM_OURO_PINS,
+    check_served,
+    kv_slots_per_layer,
     VLLM_PINS,
     KVLayout,
     finish_reason,
@@ -220,3 +224,53 @@ def test_vllm_integration_passes_the_kit(tiny_qwen3: Path) -> None:
     assert adapter.memory()["kv_bytes_peak"] <= pool["bytes"]
     if parts["nvml"]["nvml_process_used"] is not None:
         assert parts["nvml"]["nvml_process_used"] > pool["bytes"]  # NVML sees the whole reserved pool and more
+
+
+def _folder(tmp_path: Path, config: dict) -> Path:
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("version", "served"),
+    [
+        ("0.11.0", False),
+        ("0.11.1", True),
+        ("0.26.0", True),
+        ("0.26.0+cu130", True),
+        ("0.27.0", False),
+        ("0.33.0", False),
+    ],
+)
+def test_ouro_is_served_only_by_the_vllm_releases_that_carried_it(tmp_path: Path, version: str, served: bool) -> None:
+    folder = _folder(tmp_path, {"architectures": ["OuroForCausalLM"]})
+    if served:
+        check_served(folder, "vllm:x", version)
+        return
+    with pytest.raises(AdapterError) as refused:
+        check_served(folder, "vllm:x", version)
+    assert str(refused.value) == (
+        f"vllm:x: vLLM {version} does not serve OuroForCausalLM (vLLM carried it in 0.11.1 to 0.26.0): run it on the "
+        f"engine as ouro:{folder}, or install the vllm-ouro extra (vLLM 0.26.0) in an environment of its own"
+    )
+
+
+def test_huginn_and_engine_checkpoints_are_sent_to_the_engine_and_plain_models_pass(tmp_path: Path) -> None:
+    with pytest.raises(AdapterError, match=r"vLLM does not serve RavenForCausalLM; run it on the engine as huginn:"):
+        check_served(_folder(tmp_path, {"architectures": ["RavenForCausalLM"]}), "vllm:x", "0.26.0")
+    with pytest.raises(AdapterError, match=r"a loopeval engine checkpoint; vLLM does not serve it: run it as melt:"):
+        check_served(_folder(tmp_path, {"format": "loopeval-engine", "config": {}}), "vllm:x", "0.33.0")
+    check_served(_folder(tmp_path, {"architectures": ["Qwen3ForCausalLM"]}), "vllm:x", "0.33.0")
+
+
+def test_the_ouro_extra_pins_the_last_vllm_with_ouro_and_is_documented() -> None:
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert tuple(extras["vllm-ouro"]) == VLLM_OURO_PINS and "vllm==0.26.0" in VLLM_OURO_PINS
+    for doc in ("README.md", "docs/adding-adapters.md"):
+        assert "vllm-ouro" in (ROOT / doc).read_text(), doc
+
+
+def test_the_pool_counts_ouros_slot_per_loop_as_vllm_holds_it() -> None:
+    assert kv_slots_per_layer({"architectures": ["OuroForCausalLM"], "total_ut_steps": 4}) == 4
+    assert kv_slots_per_layer({"architectures": ["Qwen3ForCausalLM"], "total_ut_steps": 4}) == 1
+    assert kv_slots_per_layer({}) == 1

@@ -85,7 +85,16 @@ def test_the_memory_benchmark_reports_a_failing_preset_and_measures_the_others()
     tiny = out["models"]["qwen3-tiny"]
     assert tiny["kv_bytes"] > 0 and tiny["decode_tok_s_batch1"] > 0 and tiny["decode_tok_s_batch2"] > 0
     assert tiny["weights_bytes"] == tiny["analytic"]["weights_bytes"]
-    assert list(out["checks"]) == ["qwen3-tiny batch-2 decode / transformers (target 5)"]
+    bound, rest = list(out["checks"].items())[0], list(out["checks"])[1:]
+    assert bound[0] == "qwen3-tiny batch-1 decode / bandwidth bound (target >= 0.75)"
+    assert rest == ["qwen3-tiny batch-2 decode / transformers (target 5)"]
+    # measured / bound, the bound being the bandwidth over the bytes a step reads; no nominal bandwidth for a CPU
+    ratio = bound[1]
+    assert ratio["bytes_per_step"] == tiny["decode_bytes_read_batch1"] > tiny["weights_bytes"]
+    assert ratio["ratio_to_measured_bandwidth"] == round(
+        ratio["tok_s"] * ratio["bytes_per_step"] / out["read_bandwidth_measured"], 3
+    )
+    assert "ratio" not in ratio
     assert json.loads(json.dumps(out)) == out  # the script prints it as JSON
 
 
@@ -202,4 +211,4 @@ def test_gpu_run_fits_one_device_call_with_room_to_start() -> None:
     """Each step's own limit, summed: at most 8 of the device call's 10 minutes."""
     script = (ROOT / "bench" / "gpu_run.sh").read_text()
     limits = [int(n) for n in re.findall(r"(?:timeout |_LIMIT:-|run \S+ )(\d+)", script)]
-    assert len(limits) == 10 and sum(limits) <= 480
+    assert len(limits) == 11 and sum(limits) <= 480
