@@ -99,12 +99,16 @@ class LeverDefaults:
     own KV, so that the first report's "Memory levers" figure sets what memory each lever saves against what it costs,
     beside MELT's trained gate. Ouro's own per-loop KV in its own dtype is the headline's run at r = 4, the reference
     every lever saves against (`analysis.points.lever_points`), so it is not decoded again, as the exit sweep does
-    not decode threshold 1.0 again. Two specs: a policy is a looped per-loop model's lever, a dtype every model's."""
+    not decode threshold 1.0 again. Three specs: a policy is a looped per-loop model's lever, a dtype every model's, and
+    the model trained to share: `zoo:melt-tiny-last` holds shared-last's one row per layer and token (its gate keeps the
+    last loop's K/V) but was trained to decode that way (converted from ouro-tiny chunk-wise), so training-free and
+    trained sharing sit side by side at about the same bytes (docs/findings.md)."""
 
     shared: tuple[str, ...] = ("zoo:ouro-tiny",)
     policies: tuple[str, ...] = ("shared-last", "shared-mean")
     dtypes: tuple[str, ...] = ("auto", "int8")
     quantized: tuple[str, ...] = ("zoo:ouro-tiny", "zoo:melt-tiny", "zoo:qwen3-tiny-small")
+    trained: tuple[str, ...] = ("zoo:melt-tiny-last",)
     loops: tuple[int, ...] = (4,)
 
     def options(self) -> list[dict[str, Any]]:
@@ -112,6 +116,7 @@ class LeverDefaults:
         return [
             dict(models=self.shared, loops=self.loops, kv_policies=self.policies, kv_dtypes=self.dtypes),
             dict(models=self.quantized, loops=self.loops, kv_dtypes=("int8",)),
+            dict(models=self.trained, loops=self.loops),
         ]
 
 

@@ -76,11 +76,11 @@ def test_a_flag_and_its_sweep_file_key_make_the_same_request(key: str, tmp_path:
 
 
 def test_the_options_that_choose_what_runs_end_the_default_job() -> None:
-    """The default job is five specs (the lab's, the headline's, the exit sweep's, two of memory levers); a flag that
+    """The default job is six specs (the lab's, the headline's, the exit sweep's, three of memory levers); a flag that
     chooses what runs makes it one per seed, any other leaves it."""
-    assert len(build_request(given(_flags([]))).specs) == 5
+    assert len(build_request(given(_flags([]))).specs) == 6
     for key, (args, _) in EXAMPLES.items():
         flags = [a for a in args if a.startswith("--")]
         chooses = any(BY_KEY[k].keyword in SWEEP_CHOICES for k in BY_KEY if BY_KEY[k].flag in flags and BY_KEY[k].type)
         specs = build_request(given(_flags([a.replace("DATA", ".") for a in args]))).specs
-        assert (len(specs) < 5) == chooses, key
+        assert (len(specs) < 6) == chooses, key

@@ -114,7 +114,7 @@ def test_the_default_benchmark_runs_the_lab_sweep_first_the_exit_and_lever_sweep
     tmp_path: Path,
 ) -> None:
     db = f"sqlite:///{tmp_path / 'r.sqlite'}"
-    lab, headline, exits, shared, quantized = build_request(
+    lab, headline, exits, shared, quantized, trained = build_request(
         flags(db_url=db, batch_size=8)
     ).specs  # where and how fast: still the default
     assert headline == RunSpec.build(db_url=db, batch_size=8)
@@ -126,7 +126,13 @@ def test_the_default_benchmark_runs_the_lab_sweep_first_the_exit_and_lever_sweep
         ("auto", "int8"),
     )
     assert (quantized.models, quantized.kv_policies, quantized.kv_dtypes) == (LEVERS.quantized, (), ("int8",))
-    for joined in (exits, shared, quantized):  # in the headline's set
+    assert (trained.models, trained.loops, trained.kv_policies, trained.kv_dtypes) == (
+        ("zoo:melt-tiny-last",),
+        (4,),
+        (),
+        (),
+    )
+    for joined in (exits, shared, quantized, trained):  # in the headline's set
         assert (joined.suite, joined.sampling, joined.limit, joined.tasks) == (
             headline.suite,
             headline.sampling,
