@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import adapters
 from adapters.base import AdapterError
 from adapters.files import MIB, read_text
 from harness.errors import UserError
@@ -91,6 +92,15 @@ def _check_grid(spec: RunSpec, seeds: int) -> None:
         )
 
 
+def _model(name: str) -> str:
+    """The full spec `name` stands for (a bare name and its prefixed spec are one model); a name that stands for
+    none as it is, for `RunSpec.build` to refuse."""
+    try:
+        return adapters.resolve(name)
+    except AdapterError:
+        return name
+
+
 def build_request(flags: Mapping[str, Any], config: str | None = None) -> SweepRequest:
     """Flags (None = not given) over the sweep file's values, validated into one RunSpec per seed
     (between the lab's RunSpec and the exit and memory-lever sweeps' when nothing chose what runs)."""
@@ -98,7 +108,8 @@ def build_request(flags: Mapping[str, Any], config: str | None = None) -> SweepR
     values = read_sweep_file(config) if config else {}
     values.update({key: value for key, value in flags.items() if value is not None})
     if "model_overrides" in values:  # --model replaces the file's models: keep the overrides of those still run
-        values["model_overrides"] = {m: o for m, o in values["model_overrides"].items() if m in values["models"]}
+        run = {_model(m) for m in values["models"]}
+        values["model_overrides"] = {m: o for m, o in values["model_overrides"].items() if _model(m) in run}
     executor = BY_KEY["executor"].check("--executor", values.pop("executor", "local"))
     ray = {key: values.pop(key, None) for key in RAY_ONLY}
     if executor != "ray":
