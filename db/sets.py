@@ -64,11 +64,7 @@ class EvalSet:
         fingerprint: str | None,
     ) -> EvalSet:
         kept = tuple(
-            sorted(
-                (k, _sampling_value(k, v))
-                for k, v in (sampling or {}).items()
-                if k not in _NOT_OF_THE_SET
-            )
+            sorted((k, _sampling_value(k, v)) for k, v in (sampling or {}).items() if k not in _NOT_OF_THE_SET)
         )
         return cls(suite, tuple(sorted(tasks or ())), None if limit is None else int(limit), kept, fingerprint)
 

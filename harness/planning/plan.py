@@ -183,7 +183,9 @@ def _planned(spec: RunSpec, plan: SweepPlan, model: str) -> PlannedRun:
     """`model`'s run on the spec's set and seed, off every axis: what each of its runs varies. Its stored spec keeps
     the models' overrides without their KV setting, which its runs' columns hold, resolved (`_kv_settings`)."""
     stored = spec.to_dict()
-    kept = {name: {k: v for k, v in values.items() if k not in KV_AXIS} for name, values in spec.model_overrides.items()}
+    kept = {
+        name: {k: v for k, v in values.items() if k not in KV_AXIS} for name, values in spec.model_overrides.items()
+    }
     stored["model_overrides"] = {name: values for name, values in kept.items() if values}
     return PlannedRun(
         model,

@@ -88,7 +88,9 @@ def checked_kv_policy(value: str, option: str = "--kv-policy") -> str:
         )
     text = kv_policy_text(value.strip())
     if len(text) > KV_POLICY_LENGTH:
-        raise UserError(f"{option} {value!r} is {len(text)} characters as stored, over {KV_POLICY_LENGTH}: give ALPHA with fewer digits")
+        raise UserError(
+            f"{option} {value!r} is {len(text)} characters as stored, over {KV_POLICY_LENGTH}: give ALPHA with fewer digits"
+        )
     return text
 
 
@@ -290,9 +292,7 @@ def _named_models(
             raise UserError(f"overrides are given for {model}, which is not one of the sweep's models")
         first, kept = chosen.get(model, (name, values))
         if kept != values and (name in names or kept):
-            raise UserError(
-                f"{model} is named twice ({first!r} and {name!r}) with different overrides: name it once"
-            )
+            raise UserError(f"{model} is named twice ({first!r} and {name!r}) with different overrides: name it once")
         chosen[model] = (first, kept or values)
     return tuple(chosen), {model: values for model, (_, values) in chosen.items()}
 

@@ -366,7 +366,9 @@ def test_the_pages_name_each_run_by_its_policy_and_dtype(swept: tuple[Path, str]
         engine.dispose()
     named = [" ".join(v for v in setting if v) for setting in STORED]  # what each sets beyond the model's own
     assert [cells[run_id] for run_id in (1, 2, 3, 4)] == named
-    assert labels[:4] == [f"run {i}: zoo:ouro-tiny r=4{f' {n}' if n else ''} (synthetic)" for i, n in enumerate(named, 1)]
+    assert labels[:4] == [
+        f"run {i}: zoo:ouro-tiny r=4{f' {n}' if n else ''} (synthetic)" for i, n in enumerate(named, 1)
+    ]
     assert all(cells[run_id] == "" for run_id in cells if run_id > 4 and "int8" not in labels[run_id - 1]), (
         "blank off the axis"
     )

@@ -49,10 +49,11 @@ def _parsed(raw: Any) -> Any:
     return json.loads(raw) if isinstance(raw, (str, bytes)) else raw
 
 
-def _set_id(suite: str, tasks: Any, limit: Any, sampling: Any, fingerprint: str | None, floats: bool) -> str | None:
-    """The set id of a run's raw set columns, its float fields' integers as floats where `floats` (this revision's
+def _set_id(columns: Sequence[Any], floats: bool) -> str | None:
+    """The set id of a run's raw set columns (suite, tasks, limit, sampling, data fingerprint), its float fields' integers as floats where `floats` (this revision's
     `db.sets.EvalSet.id`) or as stored (0011's); None where the run needs no new id: a damaged value, or no integer
     in a float field."""
+    suite, tasks, limit, sampling, fingerprint = columns
     try:
         tasks, sampling = _parsed(tasks) or [], _parsed(sampling) or {}
     except ValueError:
@@ -78,7 +79,7 @@ def _rehash(floats: bool) -> None:
     columns = (runs.c.id, runs.c.suite, runs.c.tasks, runs.c.limit, runs.c.sampling, runs.c.data_fingerprint)
     rows = connection.execute(sa.select(*columns).where(runs.c.kind == "eval")).all()  # read whole before writing
     for run_id, *fields in rows:
-        set_id = _set_id(*fields, floats=floats)
+        set_id = _set_id(fields, floats)
         if set_id is not None:
             connection.execute(runs.update().where(runs.c.id == run_id).values(set_id=set_id))
 
