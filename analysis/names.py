@@ -89,15 +89,10 @@ def config_labels(points: pd.DataFrame) -> list[str]:
     """Each point's configuration (`db.sets.configuration`, the `config` column) as far as it tells the point apart
     from the same model's other points: the fields whose values differ among them, 'dtype=bfloat16 exit_loop=2', the
     KV policy and dtype first and by their values alone, as people name them ('shared-last int8'); '' where the model
-    has one configuration in the set (or the frame has no `config`). Where the frame has `kv_policy` and `kv_dtype`
-    columns (the setting each point ran with, `analysis.points.kv_setting`), a point whose configuration leaves them out
-    (the model's own) is named by them too, so its own setting reads 'per-loop auto' beside 'shared-last int8'."""
+    has one configuration in the set (or the frame has no `config`)."""
     if "config" not in points:
         return [""] * len(points)
     fields = [config_fields(key) for key in points["config"]]
-    if all(name in points for name in KV_AXIS):
-        ran = zip(*(points[name] for name in KV_AXIS))
-        fields = [dict(zip(KV_AXIS, setting)) | config for setting, config in zip(ran, fields)]
     of_model: dict[str, list[dict[str, Any]]] = {}
     for model, config in zip(points["model"], fields):
         of_model.setdefault(model, []).append(config)

@@ -191,8 +191,9 @@ def accuracy_points(
     configuration tells it apart (`names.config_labels`)."""
     points = queries.accuracy_memory(engine, set_id=set_id, task=task, run_ids=run_ids)
     settings = [kv_setting(c, d) for c, d in zip(points["config"], points.get("model_config", [None] * len(points)))]
-    points = points.assign(kv_policy=[p for p, _ in settings], kv_dtype=[d for _, d in settings])
-    return with_derived_measures(points, context_tokens).assign(config_label=config_labels(points))
+    return with_derived_measures(points, context_tokens).assign(
+        config_label=config_labels(points), kv_policy=[p for p, _ in settings], kv_dtype=[d for _, d in settings]
+    )
 
 
 def lever_points(points: pd.DataFrame) -> pd.DataFrame:

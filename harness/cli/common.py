@@ -186,7 +186,7 @@ def print_answer(
     """
     from analysis.answer import answer
     from analysis.names import default_measure
-    from analysis.points import accuracy_points, kv_setting, point_key
+    from analysis.points import accuracy_points, point_key
     from analysis.ranking import DEFAULT_RANKING, RANKINGS, ranked_points
     from analysis.runs import ordered_sets
     from db import queries
@@ -218,12 +218,7 @@ def print_answer(
     per_token = {
         point_key(run): run["kv_bytes_per_token"] for run in in_set
     }  # the newest run's, as it described itself
-    configs = _config_cells(
-        {
-            **{key: kv_setting(key[-1], runs[-1]["model_config"]) for key, runs in unscored.items()},
-            **{point.key: (point.kv_policy, point.kv_dtype) for point in table},
-        }
-    )
+    configs = _config_cells([*(point.key for point in table), *unscored])
     out = console()
     out.print(sets[chosen], markup=False, highlight=False)
     if per_task:
@@ -261,19 +256,15 @@ def print_sentence(sentence: str | None) -> None:
         console().print(sentence, markup=False, highlight=False)
 
 
-def _config_cells(settings: dict[Key, tuple[str, str]]) -> dict[Key, str]:
+def _config_cells(keys: list[Key]) -> dict[Key, str]:
     """Each row's configuration as far as it tells the row apart (`analysis.names.config_labels`), scored rows
-    and rows without a score alike, from each row's key and the KV setting it ran with (policy, dtype)."""
+    and rows without a score alike."""
     import pandas as pd
 
     from analysis.names import config_labels
     from analysis.points import POINT
-    from db.sets import KV_AXIS
 
-    rows = pd.DataFrame(list(settings), columns=POINT).assign(
-        **{name: [setting[i] for setting in settings.values()] for i, name in enumerate(KV_AXIS)}
-    )
-    return dict(zip(settings, config_labels(rows)))
+    return dict(zip(keys, config_labels(pd.DataFrame(keys, columns=POINT))))
 
 
 POOLED_CAPTION = "A row pools its seeds: pass@1 and its interval are over every item of all of them."

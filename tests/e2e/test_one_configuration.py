@@ -87,7 +87,7 @@ def test_five_spellings_of_one_configuration_store_one_run_and_results_show_one_
         points = accuracy_points(engine, None)
     finally:
         engine.dispose()
-    assert sorted(zip(points["config_label"], points["run_ids"])) == [("per-loop", [1]), ("shared-ema:0.5", [2])]
+    assert sorted(zip(points["config_label"], points["run_ids"])) == [("", [1]), ("shared-ema:0.5", [2])]
 
 
 def test_a_model_named_twice_with_different_overrides_is_refused_before_any_write(

@@ -94,10 +94,8 @@ def test_results_name_each_row_by_its_policy_and_dtype(
     monkeypatch.setenv("COLUMNS", "120")
     assert main(["results", "--db", f"sqlite:///{db}"]) == 0
     out = capsys.readouterr().out
-    for policy in POLICIES:
-        for dtype in DTYPES:
-            assert f"{policy} {dtype}" in out, out
-    for policy, dtype in STORED:  # the log names a run by what it sets beyond the model's own
+    for policy, dtype in STORED:  # the table and the log name a run by what it sets beyond the model's own
+        assert re.search(rf"│ {' '.join(v for v in (policy, dtype) if v)} +│", out), out
         assert f"zoo:ouro-tiny r=4{''.join(f' {v}' for v in (policy, dtype) if v)}: finished" in log, log
 
 
