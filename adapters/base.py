@@ -138,6 +138,8 @@ class Sampling:
         for name in SAMPLING_RULES:
             check_sampling(name, getattr(self, name))
         object.__setattr__(self, "stop", tuple(self.stop))
+        for name in ("temperature", "top_p"):  # a sweep file's `temperature = 1` is --temperature 1's 1.0: one set
+            object.__setattr__(self, name, float(getattr(self, name)))
 
     @property
     def greedy(self) -> bool:

@@ -14,6 +14,8 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from db.sets import KV_POLICY_LENGTH
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -58,7 +60,7 @@ class Run(Base):
     exit_threshold: Mapped[float | None] = mapped_column(Float)
     exit_criterion: Mapped[str | None] = mapped_column(String(16))
     # the run's point on the KV memory axis (`--kv-policy`, `--kv-dtype`); NULL when not swept (the model's own)
-    kv_policy: Mapped[str | None] = mapped_column(String(32))
+    kv_policy: Mapped[str | None] = mapped_column(String(KV_POLICY_LENGTH))
     kv_dtype: Mapped[str | None] = mapped_column(String(16))
     # GPU energy over the run (NVML's total-energy counter, its stretches summed); NULL where unavailable (no NVML)
     energy_joules: Mapped[float | None] = mapped_column(Float)

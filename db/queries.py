@@ -226,7 +226,7 @@ def metrics(engine: Engine, set_id: str | None = None, task: str | None = None) 
 def run_configs(engine: Engine, run_ids: Iterable[int]) -> dict[int, str]:
     """run id -> its configuration (`db.sets.configuration`, as `config_key` writes it; '' for none): what keeps
     runs of one model, loops and exit point apart as points of their own."""
-    statement = select(Run.id, Run.model_spec, Run.spec, Run.kv_policy, Run.kv_dtype).where(
+    statement = select(Run.id, Run.model_spec, Run.spec, Run.kv_policy, Run.kv_dtype, Run.model_config).where(
         Run.id.in_([int(i) for i in run_ids])
     )
     with engine.connect() as conn:

@@ -68,7 +68,8 @@ class PlannedRun:
 
     @property
     def overrides(self) -> dict[str, Any]:
-        """The load overrides the request gave this run's model alone (a sweep file's `overrides`)."""
+        """The load overrides the request gave this run's model alone (a sweep file's `overrides`), but for its KV
+        policy and dtype: the planner stores those resolved in `kv_policy` and `kv_dtype` (`db.sets.resolved_kv`)."""
         return dict((self.spec.get("model_overrides") or {}).get(self.model, {}))
 
     @property

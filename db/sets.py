@@ -25,6 +25,18 @@ from typing import Any, Protocol
 from db.headline import benchmark_of
 
 _NOT_OF_THE_SET = ("seed",)  # sampling fields that vary between repeats of one set
+# Sampling fields that are floats (`adapters.base.Sampling`): a sweep file's `temperature = 1` is the 1.0 of
+# `--temperature 1`, one set (runs stored before `Sampling` made them floats may hold the integer).
+FLOAT_SAMPLING = ("temperature", "top_p")
+
+
+def _sampling_value(name: str, value: Any) -> Any:
+    """A stored sampling value as the set holds it: lists as tuples, a float field's integer as its float."""
+    if isinstance(value, list):
+        return tuple(value)
+    if name in FLOAT_SAMPLING and type(value) is int:
+        return float(value)
+    return value
 
 
 def _digest(value: Any, length: int) -> str:
@@ -52,11 +64,7 @@ class EvalSet:
         fingerprint: str | None,
     ) -> EvalSet:
         kept = tuple(
-            sorted(
-                (k, tuple(v) if isinstance(v, list) else v)
-                for k, v in (sampling or {}).items()
-                if k not in _NOT_OF_THE_SET
-            )
+            sorted((k, _sampling_value(k, v)) for k, v in (sampling or {}).items() if k not in _NOT_OF_THE_SET)
         )
         return cls(suite, tuple(sorted(tasks or ())), None if limit is None else int(limit), kept, fingerprint)
 
@@ -64,9 +72,10 @@ class EvalSet:
     def id(self) -> str:
         """A short stable id (8 hex digits, the same in every database): what `--set` and the selectors take.
 
-        Hashed once, when an eval run is stored (`runs.set_id`, migration 0011 for older runs); readers take the
-        stored id. So a change to what is hashed here needs a migration rewriting the stored ids too, or runs of
-        one set stored before and after it would read as two sets."""
+        Hashed once, when an eval run is stored (`runs.set_id`, migration 0011 for older runs; 0013 for those whose
+        sampling holds an integer for a float); readers take the stored id. So a change to what is hashed here
+        needs a migration rewriting the stored ids too, or runs of one set stored before and after it would read as
+        two sets."""
         return _digest([self.suite, self.tasks, self.limit, self.sampling, self.fingerprint], 8)
 
     @property
@@ -126,6 +135,42 @@ def set_label(set_id: str, evaluation: EvalSet) -> str:
 
 
 KV_AXIS = ("kv_policy", "kv_dtype")  # the `runs` columns of the KV memory axis, NULL off it
+# What a model keeps its K/V in when no run names a KV setting: its KV strategy's own policy, as an engine run's stored
+# description names the strategy (`adapters.engine.config.KV_POLICIES` lists each strategy's policies, its own
+# first), in its own dtype. A checkpoint never carries a run's KV setting (`save_checkpoint`), so these are every
+# model's own, and naming them is naming nothing.
+OWN_KV_POLICY = {"standard": "standard", "per_loop": "per-loop", "gated": "gated"}
+OWN_KV_DTYPE = "auto"
+EMA, EMA_ALPHA = "shared-ema", 0.5  # the one policy with a number (`adapters.engine.families.sharing`) and its default
+KV_POLICY_LENGTH = 32  # characters `runs.kv_policy` holds (`db.models.Run`)
+
+
+def kv_policy_text(policy: str) -> str:
+    """A KV policy in its one text: shared-ema's ALPHA always written, as the shortest text of the number given
+    (`shared-ema` and `shared-ema:.50` -> `shared-ema:0.5`, `shared-ema:0.1234567` kept whole); other policies and
+    text that is not a number as they are (the adapter's to refuse)."""
+    name, _, alpha = policy.partition(":")
+    if name != EMA:
+        return policy
+    try:
+        value = float(alpha) if alpha else EMA_ALPHA
+    except ValueError:
+        return policy
+    return f"{EMA}:{value!r}"
+
+
+def resolved_kv(config: Mapping[str, Any], kv_strategy: Any = None) -> dict[str, Any]:
+    """`config` with its KV setting resolved: the policy in its one text (`kv_policy_text`), and the policy and dtype
+    left out where they are the model's own (`OWN_KV_POLICY` of its `kv_strategy`, where known; `OWN_KV_DTYPE`), so
+    that naming the model's own setting is the configuration of naming none."""
+    resolved = dict(config)
+    if isinstance(resolved.get("kv_policy"), str):
+        resolved["kv_policy"] = kv_policy_text(resolved["kv_policy"])
+        if isinstance(kv_strategy, str) and resolved["kv_policy"] == OWN_KV_POLICY.get(kv_strategy):
+            del resolved["kv_policy"]
+    if resolved.get("kv_dtype") == OWN_KV_DTYPE:
+        del resolved["kv_dtype"]
+    return resolved
 
 
 def configuration(run: Columns) -> dict[str, Any]:
@@ -133,10 +178,17 @@ def configuration(run: Columns) -> dict[str, Any]:
     per-model overrides (`exit_policy`, `dtype`, conditioning fields, ...) and its KV policy and KV dtype where the
     sweep set them (`KV_AXIS`; absent otherwise, so runs stored before the axis keep their configurations). Runs of
     one model that differ here are two configurations, never pooled as seeds of one point. `run` holds the `runs`
-    columns, `spec` included."""
+    columns, `spec` included.
+
+    The KV setting is the resolved one (`resolved_kv`), however it was named (an override or the axis, the model's
+    own or nothing): the planner stores it resolved, and a run stored before that (`kv_dtype` auto, its own policy
+    named, `shared-ema` without its ALPHA) reads as the configuration it ran, through the KV strategy its stored
+    description (`model_config`) names."""
     model = run["model_spec"]
     config = dict(((run.get("spec") or {}).get("model_overrides") or {}).get(model, {}))
-    return config | {key: run[key] for key in KV_AXIS if run.get(key) is not None}
+    config |= {key: run[key] for key in KV_AXIS if run.get(key) is not None}
+    described = run.get("model_config")
+    return resolved_kv(config, described.get("kv_strategy") if isinstance(described, dict) else None)
 
 
 def config_key(config: Mapping[str, Any]) -> str:

@@ -87,6 +87,7 @@ class Runs(Transactions):
             Run.exit_criterion,
             Run.kv_policy,
             Run.kv_dtype,
+            Run.model_config,  # the KV strategy an older run's KV setting resolves by (`db.sets.configuration`)
         ]
         damaged = list(damaged_runs(self.engine))
         with self._read() as session:

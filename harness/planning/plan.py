@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from adapters.base import Sampling, checked_context, checked_description, checked_memory, hook
 from db.record import PlannedRun
+from db.sets import KV_AXIS, OWN_KV_DTYPE, OWN_KV_POLICY, resolved_kv
 from db.session import display_url, resolve_db_url
 from db.stored import DamagedRun
 from harness.measurement.capacity import check_fits
@@ -68,6 +69,7 @@ def prepare_sweep(spec: RunSpec) -> SweepPlan:
 
     configs = load_tasks(spec)
     plan = SweepPlan(configs, [], fingerprint=data_fingerprint(configs))
+    looped = False
     for model in spec.models:
         overrides = spec.load_overrides(model)
         description = adapters.inspect(model, **overrides)
@@ -89,9 +91,10 @@ def prepare_sweep(spec: RunSpec) -> SweepPlan:
         for run in runs:
             _check_fits(spec, run)
         plan.runs.extend(runs)
-    if spec.exit_thresholds and all(run.exit_threshold is None for run in plan.runs):
+        looped = looped or is_looped(description)
+    if spec.exit_thresholds and not looped:
         raise UserError("--exit-threshold applies to looped models, and none of the sweep's models loops")
-    if spec.kv_policies and all(run.kv_policy is None for run in plan.runs):
+    if spec.kv_policies and not looped:
         raise UserError(
             "--kv-policy applies to looped models, and none of the sweep's models loops (--kv-dtype applies to all)"
         )
@@ -101,16 +104,17 @@ def prepare_sweep(spec: RunSpec) -> SweepPlan:
 def _model_runs(spec: RunSpec, plan: SweepPlan, model: str, description: dict[str, Any]) -> list[PlannedRun]:
     """The runs of one model: each loop count at each exit threshold and KV policy (those outer, so the model is
     loaded once per point of them) for a looped model, one run for a plain one, as the loops axis treats it; either
-    at each KV dtype. UserError where the exit axis cannot apply (a looped model outside the engine, or the gate
-    criterion without a gate) or the KV axis (a model outside the engine). Whether its family takes a KV policy or
-    dtype is its inspector's to say (`_check_fits`)."""
+    at each KV dtype, each KV setting resolved (`_kv_settings`). UserError where the exit axis cannot apply (a looped
+    model outside the engine, or the gate criterion without a gate) or the KV axis (a model outside the engine).
+    Whether its family takes a KV policy or dtype is its inspector's to say (`_check_fits`)."""
     if (spec.kv_policies or spec.kv_dtypes) and "kv_policy" not in description:
         option = "--kv-dtype" if spec.kv_dtypes else "--kv-policy"
         raise UserError(f"{option}: {model} is not an engine model, whose KV cache the axis sets")
     first = _planned(spec, plan, model)
-    dtypes = spec.kv_dtypes or (None,)
-    if not is_looped(description):
-        return [dataclasses.replace(first, kv_dtype=d) for d in dtypes]
+    looped = is_looped(description)
+    settings = _kv_settings(spec, model, description, looped)
+    if not looped:
+        return [dataclasses.replace(first, kv_policy=p, kv_dtype=d) for p, d in settings]
     if spec.exit_thresholds:
         config = description.get("config")
         if not isinstance(config, dict) or "exit_gate" not in config:
@@ -130,14 +134,59 @@ def _model_runs(spec: RunSpec, plan: SweepPlan, model: str, description: dict[st
             kv_dtype=d,
         )
         for t in spec.exit_thresholds or (None,)
-        for p in spec.kv_policies or (None,)
-        for d in dtypes
+        for p, d in settings
         for r in spec.loops
     ]
 
 
+KvSetting = tuple[str | None, str | None]  # a run's (kv_policy, kv_dtype) columns: None where the model's own
+
+
+def _kv_settings(spec: RunSpec, model: str, description: dict[str, Any], looped: bool) -> list[KvSetting]:
+    """`model`'s KV settings, each as its runs store it: named on the axis (a policy only on a looped model) or by
+    its own overrides, resolved (`db.sets.resolved_kv`: its own policy or dtype named is none named, shared-ema's
+    ALPHA always written), so one setting is one run however it was named."""
+    own = spec.model_overrides.get(model, {})
+    policies = spec.kv_policies if spec.kv_policies and looped else (own.get("kv_policy"),)
+    dtypes = spec.kv_dtypes or (own.get("kv_dtype"),)
+    if policies == (None,) and dtypes == (None,):
+        return [(None, None)]
+    _check_own_kv(spec, model)
+    strategy = description.get("kv_strategy")
+    settings = []
+    for policy in policies:
+        for dtype in dtypes:
+            named = {key: value for key, value in zip(KV_AXIS, (policy, dtype)) if value is not None}
+            resolved = resolved_kv(named, strategy)
+            settings.append((resolved.get("kv_policy"), resolved.get("kv_dtype")))
+    return list(dict.fromkeys(settings))
+
+
+def _check_own_kv(spec: RunSpec, model: str) -> None:
+    """Refuse a KV setting on a model whose config carries a KV setting of its own (a config.json written by hand:
+    loopeval saves none, `save_checkpoint`): a run is identified by what it names beyond the model's own KV
+    (`db.sets.OWN_KV_POLICY`), which such a model does not have."""
+    import adapters
+
+    plain = {key: value for key, value in spec.load_overrides(model).items() if key not in KV_AXIS}
+    facts = adapters.inspect(model, **plain) or {}
+    own = (OWN_KV_POLICY.get(str(facts.get("kv_strategy"))), OWN_KV_DTYPE)
+    if "kv_policy" in facts and (facts["kv_policy"], facts.get("kv_dtype")) != own:
+        raise UserError(
+            f"{model}: its config sets its own KV ({facts['kv_policy']}, {facts.get('kv_dtype')}), so a KV policy "
+            "or dtype cannot be swept or overridden on it: set kv_policy and kv_dtype in its config.json back to "
+            "none and auto, and name them with --kv-policy and --kv-dtype"
+        )
+
+
 def _planned(spec: RunSpec, plan: SweepPlan, model: str) -> PlannedRun:
-    """`model`'s run on the spec's set and seed, off every axis: what each of its runs varies."""
+    """`model`'s run on the spec's set and seed, off every axis: what each of its runs varies. Its stored spec keeps
+    the models' overrides without their KV setting, which its runs' columns hold, resolved (`_kv_settings`)."""
+    stored = spec.to_dict()
+    kept = {
+        name: {k: v for k, v in values.items() if k not in KV_AXIS} for name, values in spec.model_overrides.items()
+    }
+    stored["model_overrides"] = {name: values for name, values in kept.items() if values}
     return PlannedRun(
         model,
         None,
@@ -147,7 +196,7 @@ def _planned(spec: RunSpec, plan: SweepPlan, model: str) -> PlannedRun:
         spec.seed,
         spec.limit,
         plan.fingerprint,
-        spec=spec.to_dict(),
+        spec=stored,
     )
 
 

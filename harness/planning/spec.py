@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import adapters
 from adapters.base import EXIT_CRITERIA, MAX_STORED_INT, AdapterError, Sampling, hook
 from adapters.engine.config import KV_DTYPES, MAX_LOOPS, parse_kv_policy
+from db.sets import KV_POLICY_LENGTH, kv_policy_text
 from harness.errors import UserError
 from harness.planning.defaults import DEFAULT_EXIT_CRITERION, DEFAULTS, EMA, KV_POLICIES, SUITE_SAMPLING
 from harness.planning.options import SAMPLING_FLAGS, SWEEP_WIDE_OVERRIDES, check_sampling_given
@@ -71,26 +72,32 @@ def check_exit(thresholds: Sequence[float], criterion: str | None) -> None:
             )
 
 
-def checked_kv_policy(value: str) -> str:
-    """`value` as a KV policy in its canonical text (`shared-ema:.5` and `shared-ema` -> `shared-ema:0.5`, so one policy
-    is one identity); UserError naming --kv-policy on an unknown policy or an ALPHA outside (0, 1)."""
+def checked_kv_policy(value: str, option: str = "--kv-policy") -> str:
+    """`value` as a KV policy in its one text (`db.sets.kv_policy_text`: `shared-ema:.5` and `shared-ema` ->
+    `shared-ema:0.5`, ALPHA kept as given, so one policy is one identity); UserError naming `option` on an unknown
+    policy or an ALPHA outside (0, 1)."""
     try:
-        name, alpha = parse_kv_policy(value.strip())
+        name, _ = parse_kv_policy(value.strip())
     except AdapterError:
         raise UserError(
-            f"--kv-policy {EMA}:ALPHA needs ALPHA in (0, 1) (the newest loop's weight), got {value!r}"
+            f"{option} {EMA}:ALPHA needs ALPHA in (0, 1) (the newest loop's weight), got {value!r}"
         ) from None
     if name not in KV_POLICIES:
         raise UserError(
-            f"--kv-policy must be one of {', '.join(KV_POLICIES)} ({EMA}:ALPHA with ALPHA in (0, 1)), got {value!r}"
+            f"{option} must be one of {', '.join(KV_POLICIES)} ({EMA}:ALPHA with ALPHA in (0, 1)), got {value!r}"
         )
-    return name if alpha is None else f"{name}:{alpha:g}"
+    text = kv_policy_text(value.strip())
+    if len(text) > KV_POLICY_LENGTH:
+        raise UserError(
+            f"{option} {value!r} is {len(text)} characters as stored, over {KV_POLICY_LENGTH}: give ALPHA with fewer digits"
+        )
+    return text
 
 
-def checked_kv_dtype(value: str) -> str:
-    """`value` as a KV dtype; UserError naming --kv-dtype on anything else."""
+def checked_kv_dtype(value: str, option: str = "--kv-dtype") -> str:
+    """`value` as a KV dtype; UserError naming `option` on anything else."""
     if value not in KV_DTYPES:
-        raise UserError(f"--kv-dtype must be one of {', '.join(KV_DTYPES)}, got {value!r}")
+        raise UserError(f"{option} must be one of {', '.join(KV_DTYPES)}, got {value!r}")
     return value
 
 
@@ -179,7 +186,7 @@ class RunSpec:
         """
         suite = suite or DEFAULTS.suite
         defaults = suite_sampling(suite)
-        models = tuple(adapters.resolve(model) for model in models or DEFAULTS.models)  # stored by their full specs
+        models, named = _named_models(models or DEFAULTS.models, model_overrides or {})  # by their full specs
         loops = tuple(loops or DEFAULTS.loops)
         batch_size = DEFAULTS.batch_size if batch_size is None else batch_size
         for option, value in (("--limit", limit), ("--batch-size", batch_size), *(("--loops", r) for r in loops)):
@@ -198,9 +205,7 @@ class RunSpec:
             raise UserError(f"--data-dir {data_dir} is not a directory")
         sampling = dataclasses.replace(defaults, **given)
         limit = DEFAULTS.limit if limit is None else limit
-        per_model = _checked_model_overrides(
-            models, {adapters.resolve(m): o for m, o in (model_overrides or {}).items()}
-        )
+        per_model = _checked_model_overrides(named)
         if device is not None:
             checked_device("--device", device)
             per_model = {model: {"device": device, **per_model.get(model, {})} for model in models}
@@ -273,14 +278,40 @@ class RunSpec:
         return cls(**fields)
 
 
-def _checked_model_overrides(
-    models: Sequence[str], overrides: Mapping[str, Mapping[str, Any]]
-) -> dict[str, dict[str, Any]]:
-    """Per-model overrides as stored: only for models of the sweep, never a sweep-wide setting, empty ones dropped."""
+def _named_models(
+    names: Sequence[str], overrides: Mapping[str, Mapping[str, Any]]
+) -> tuple[tuple[str, ...], dict[str, dict[str, Any]]]:
+    """The sweep's models, each once by its full spec (a bare name and its prefixed spec are one model), and the
+    overrides each was given (`overrides` keys a model by any of its names). A model named twice with different
+    overrides is refused: which of them to run cannot be told, and keeping either would drop the other unseen."""
+    chosen: dict[str, tuple[str, dict[str, Any]]] = {}
+    given = [(name, overrides.get(name, {})) for name in names]
+    for name, values in [*given, *((n, o) for n, o in overrides.items() if n not in names)]:
+        model, values = adapters.resolve(name), _canonical_overrides(name, values)
+        if model not in chosen and name not in names:
+            raise UserError(f"overrides are given for {model}, which is not one of the sweep's models")
+        first, kept = chosen.get(model, (name, values))
+        if kept != values and (name in names or kept):
+            raise UserError(f"{model} is named twice ({first!r} and {name!r}) with different overrides: name it once")
+        chosen[model] = (first, kept or values)
+    return tuple(chosen), {model: values for model, (_, values) in chosen.items()}
+
+
+def _canonical_overrides(name: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    """A model's overrides with its KV policy in its one text (`checked_kv_policy`) and its KV dtype checked, so
+    that a policy given per model and on the axis are one setting."""
+    canonical = dict(values)
+    if isinstance(canonical.get("kv_policy"), str):
+        canonical["kv_policy"] = checked_kv_policy(canonical["kv_policy"], f"overrides of {name}: kv_policy")
+    if isinstance(canonical.get("kv_dtype"), str):
+        checked_kv_dtype(canonical["kv_dtype"], f"overrides of {name}: kv_dtype")
+    return canonical
+
+
+def _checked_model_overrides(overrides: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per-model overrides as stored: never a sweep-wide setting, empty ones dropped."""
     checked = {}
     for model, values in overrides.items():
-        if model not in models:
-            raise UserError(f"overrides are given for {model}, which is not one of the sweep's models")
         for key in SWEEP_WIDE_OVERRIDES:
             if key in values:
                 raise UserError(f"overrides of {model}: {key} is set for the whole sweep, not per model")

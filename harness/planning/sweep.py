@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import adapters
 from adapters.base import AdapterError
 from adapters.files import MIB, read_text
 from harness.errors import UserError
-from harness.planning.defaults import DEFAULTS, EXITS, LAB, LEVERS
+from harness.planning.defaults import EXITS, LAB, LEVERS
 from harness.planning.options import BY_KEY, RAY_ONLY, SWEEP_CHOICES
 from harness.planning.spec import RunSpec
 
@@ -73,21 +74,31 @@ def read_sweep_file(path: str | Path) -> dict[str, Any]:
     return values
 
 
-def _check_grid(values: Mapping[str, Any], seeds: list[int]) -> None:
-    """Refuse a sweep over MAX_RUNS runs before it is planned (planning one run reads its model's config)."""
-    models = len(values.get("models") or DEFAULTS.models)
-    loops = len(set(values.get("loops") or DEFAULTS.loops))
-    thresholds = len(set(values.get("exit_thresholds") or [None]))
-    kv = len(set(values.get("kv_policies") or [None])) * len(set(values.get("kv_dtypes") or [None]))
-    runs = models * loops * thresholds * kv * len(set(seeds))
+def _check_grid(spec: RunSpec, seeds: int) -> None:
+    """Refuse a sweep over MAX_RUNS runs before it is planned (planning one run reads its model's config). Counted
+    on the built spec, so each model, loop count and KV setting counts once however it was spelled (a bare name and
+    its prefixed spec, `shared-ema` and `shared-ema:0.5`)."""
+    models, loops = len(spec.models), len(spec.loops)
+    thresholds = len(spec.exit_thresholds) or 1
+    kv = (len(spec.kv_policies) or 1) * (len(spec.kv_dtypes) or 1)
+    runs = models * loops * thresholds * kv * seeds
     if runs > MAX_RUNS:
         swept = (f" x {thresholds} exit thresholds" if thresholds > 1 else "") + (
             f" x {kv} KV settings" if kv > 1 else ""
         )
         raise UserError(
-            f"the sweep asks for up to {runs:,} runs ({models} models x {loops} loop counts{swept} x {len(set(seeds))} seeds), "
+            f"the sweep asks for up to {runs:,} runs ({models} models x {loops} loop counts{swept} x {seeds} seeds), "
             f"over the limit of {MAX_RUNS:,}: split it into several sweeps"
         )
+
+
+def _model(name: str) -> str:
+    """The full spec `name` stands for (a bare name and its prefixed spec are one model); a name that stands for
+    none as it is, for `RunSpec.build` to refuse."""
+    try:
+        return adapters.resolve(name)
+    except AdapterError:
+        return name
 
 
 def build_request(flags: Mapping[str, Any], config: str | None = None) -> SweepRequest:
@@ -97,7 +108,8 @@ def build_request(flags: Mapping[str, Any], config: str | None = None) -> SweepR
     values = read_sweep_file(config) if config else {}
     values.update({key: value for key, value in flags.items() if value is not None})
     if "model_overrides" in values:  # --model replaces the file's models: keep the overrides of those still run
-        values["model_overrides"] = {m: o for m, o in values["model_overrides"].items() if m in values["models"]}
+        run = {_model(m) for m in values["models"]}
+        values["model_overrides"] = {m: o for m, o in values["model_overrides"].items() if _model(m) in run}
     executor = BY_KEY["executor"].check("--executor", values.pop("executor", "local"))
     ray = {key: values.pop(key, None) for key in RAY_ONLY}
     if executor != "ray":
@@ -113,9 +125,10 @@ def build_request(flags: Mapping[str, Any], config: str | None = None) -> SweepR
             raise UserError(
                 "--workers (workers in a sweep file) applies only to --executor local: Ray places each run itself"
             )
-    seeds = values.pop("seeds", None) or [0]
-    _check_grid(values, seeds)
-    specs = tuple(RunSpec.build(**values, seed=seed) for seed in dict.fromkeys(seeds))
+    first, *others = dict.fromkeys(values.pop("seeds", None) or [0])
+    specs: tuple[RunSpec, ...] = (RunSpec.build(**values, seed=first),)
+    _check_grid(specs[0], 1 + len(others))
+    specs += tuple(RunSpec.build(**values, seed=seed) for seed in others)
     if default_benchmark:
         specs = (
             RunSpec.build(**values, **LAB.options()),

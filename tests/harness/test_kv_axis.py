@@ -59,10 +59,14 @@ def swept(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return db, printed([*ARGV, "--db", f"sqlite:///{db}"])
 
 
+# What each of ARGV's settings stores: the model's own policy (per-loop) and dtype (auto) resolve to none named.
+STORED = [(None, None), (None, "int8"), ("shared-last", None), ("shared-last", "int8")]
+
+
 def test_one_finished_run_per_policy_and_dtype_each_stored_with_them(swept: tuple[Path, str]) -> None:
     db, _ = swept
     runs = query(db, "SELECT model_spec, loops, kv_policy, kv_dtype, status, exit_threshold FROM runs ORDER BY id")
-    assert runs == [("zoo:ouro-tiny", 4, p, d, "finished", None) for p in POLICIES for d in DTYPES]
+    assert runs == [("zoo:ouro-tiny", 4, p, d, "finished", None) for p, d in STORED]
 
 
 def test_results_json_gives_each_run_its_kv_policy_dtype_and_bytes_per_token(
@@ -77,11 +81,10 @@ def test_results_json_gives_each_run_its_kv_policy_dtype_and_bytes_per_token(
         assert per_token["shared-last", dtype] * 4 == per_token["per-loop", dtype]
     for policy in POLICIES:  # one byte a value and a scale per token and head, against float32's four bytes
         assert per_token[policy, "int8"] <= 0.30 * per_token[policy, "auto"]
-    for run in runs:  # the identity holds them, so a point shows them
-        assert {k: run["overrides"][k] for k in ("kv_policy", "kv_dtype")} == {
-            "kv_policy": run["kv_policy"],
-            "kv_dtype": run["kv_dtype"],
-        }
+    for run in runs:  # the identity holds what differs from the model's own, so a point shows it
+        own = {"kv_policy": "per-loop", "kv_dtype": "auto"}
+        assert {k: run["overrides"].get(k, own[k]) for k in own} == {k: run[k] for k in own}
+        assert not {k for k in own if run["overrides"].get(k) == own[k]}, "the model's own is never in its identity"
 
 
 def test_results_name_each_row_by_its_policy_and_dtype(
@@ -91,10 +94,9 @@ def test_results_name_each_row_by_its_policy_and_dtype(
     monkeypatch.setenv("COLUMNS", "120")
     assert main(["results", "--db", f"sqlite:///{db}"]) == 0
     out = capsys.readouterr().out
-    for policy in POLICIES:
-        for dtype in DTYPES:
-            assert f"{policy} {dtype}" in out, out
-            assert f"zoo:ouro-tiny r=4 {policy} {dtype}" in log, "the log names each run by them too"
+    for policy, dtype in STORED:  # the table and the log name a run by what it sets beyond the model's own
+        assert re.search(rf"│ {' '.join(v for v in (policy, dtype) if v)} +│", out), out
+        assert f"zoo:ouro-tiny r=4{''.join(f' {v}' for v in (policy, dtype) if v)}: finished" in log, log
 
 
 def test_a_repeat_is_skipped_and_every_run_keeps_its_own_identity(
@@ -360,10 +362,10 @@ def test_the_pages_name_each_run_by_its_policy_and_dtype(swept: tuple[Path, str]
         labels = [views.run_label(run) for run in queries.runs(engine).itertuples()]
     finally:
         engine.dispose()
-    assert [cells[run_id] for run_id in (1, 2, 3, 4)] == [f"{p} {d}" for p in POLICIES for d in DTYPES]
+    named = [" ".join(v for v in setting if v) for setting in STORED]  # what each sets beyond the model's own
+    assert [cells[run_id] for run_id in (1, 2, 3, 4)] == named
     assert labels[:4] == [
-        f"run {i}: zoo:ouro-tiny r=4 {p} {d} (synthetic)"
-        for i, (p, d) in enumerate(((p, d) for p in POLICIES for d in DTYPES), start=1)
+        f"run {i}: zoo:ouro-tiny r=4{f' {n}' if n else ''} (synthetic)" for i, n in enumerate(named, 1)
     ]
     assert all(cells[run_id] == "" for run_id in cells if run_id > 4 and "int8" not in labels[run_id - 1]), (
         "blank off the axis"

@@ -57,7 +57,7 @@ class SharedEMA(SharedLast):
 
     def __init__(self, alpha: float = DEFAULT_EMA_ALPHA) -> None:
         self.alpha = alpha
-        self.policy = "shared-ema" if alpha == DEFAULT_EMA_ALPHA else f"shared-ema:{alpha:g}"
+        self.policy = "shared-ema" if alpha == DEFAULT_EMA_ALPHA else f"shared-ema:{alpha!r}"  # ALPHA as given
 
     def fold(self, old: Tensor, new: Tensor, loop: int) -> Tensor:
         return old + (new - old) * self.alpha
