@@ -16,6 +16,7 @@ from adapters.base import MODEL_DTYPES, AdapterError, dtype_short
 from adapters.engine.config import CONDITIONING_FIELDS, LoopConfig
 from adapters.engine.exits import SKIPPING_FILL, ExitPolicy, check_threshold
 from adapters.engine.families import family_of
+from adapters.engine.kv.layouts import layout_of
 from adapters.engine.memory import analytic_terms, count_params
 from adapters.engine.serving.paged import DEFAULT_BLOCK_SIZE
 
@@ -122,7 +123,7 @@ def kv_fields(overrides: dict[str, Any]) -> dict[str, Any]:
 
 def kv_facts(cfg: LoopConfig) -> dict[str, str]:
     """The KV policy (the native one named when none was chosen) and dtype a run stores and sweeps by."""
-    return {"kv_policy": family_of(cfg).kv.policy, "kv_dtype": cfg.kv_dtype}
+    return {"kv_policy": layout_of(cfg).policy, "kv_dtype": cfg.kv_dtype}
 
 
 def config_facts(cfg: LoopConfig, overrides: dict[str, Any]) -> dict[str, Any]:

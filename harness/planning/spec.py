@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import adapters
 from adapters.base import EXIT_CRITERIA, MAX_STORED_INT, AdapterError, Sampling, hook
-from adapters.engine.config import KV_DTYPES, MAX_LOOPS, parse_kv_policy
+from adapters.engine.config import MAX_LOOPS
+from adapters.engine.kv.policies import KV_DTYPES, parse_kv_policy
 from harness.errors import UserError
-from harness.planning.defaults import DEFAULT_EXIT_CRITERION, DEFAULTS, EMA, KV_POLICIES, SUITE_SAMPLING
+from harness.planning.defaults import DEFAULT_EXIT_CRITERION, DEFAULTS, SUITE_SAMPLING
 from harness.planning.options import SAMPLING_FLAGS, SWEEP_WIDE_OVERRIDES, check_sampling_given
 from harness.measurement.sampler import DEFAULT_INTERVAL
 
@@ -73,17 +74,12 @@ def check_exit(thresholds: Sequence[float], criterion: str | None) -> None:
 
 def checked_kv_policy(value: str) -> str:
     """`value` as a KV policy in its canonical text (`shared-ema:.5` and `shared-ema` -> `shared-ema:0.5`, so one policy
-    is one identity); UserError naming --kv-policy on an unknown policy or an ALPHA outside (0, 1)."""
+    is one identity); the engine's check (`adapters.engine.kv.policies`) refuses an unknown policy or an ALPHA outside
+    (0, 1), as a UserError naming --kv-policy."""
     try:
-        name, alpha = parse_kv_policy(value.strip())
-    except AdapterError:
-        raise UserError(
-            f"--kv-policy {EMA}:ALPHA needs ALPHA in (0, 1) (the newest loop's weight), got {value!r}"
-        ) from None
-    if name not in KV_POLICIES:
-        raise UserError(
-            f"--kv-policy must be one of {', '.join(KV_POLICIES)} ({EMA}:ALPHA with ALPHA in (0, 1)), got {value!r}"
-        )
+        name, alpha = parse_kv_policy(value.strip(), "--kv-policy")
+    except AdapterError as error:
+        raise UserError(str(error)) from None
     return name if alpha is None else f"{name}:{alpha:g}"
 
 

@@ -13,7 +13,7 @@ from tests.support.kv_pool import Watch, engine_over, pool_for, tiny_budget
 import adapters
 from adapters.base import AdapterError, Request, Sampling
 from adapters.engine.adapter import EngineAdapter, sequences_of
-from adapters.engine.families.ouro import PER_LOOP
+from adapters.engine.kv.layouts import PER_LOOP
 from adapters.engine.generate import generate
 from adapters.engine.io.presets import PRESETS
 from adapters.zoo import zoo_names

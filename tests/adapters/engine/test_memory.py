@@ -9,7 +9,8 @@ import torch
 
 from adapters.base import Sampling
 from adapters.engine.adapter import load_preset
-from adapters.engine.cache import KVCache
+from adapters.engine.kv.layouts import layout_of
+from adapters.engine.kv.cache import KVCache
 from adapters.engine.families import family_of
 from adapters.engine.io.presets import PRESETS, preset
 from adapters.engine.memory import count_params, estimate, kv_bytes
@@ -48,7 +49,7 @@ def test_analytic_kv_equals_allocated(name):
     for batch, tokens in [(1, 5), (3, 17), (2, 100)]:
         for dtype, torch_dtype in [("fp32", torch.float32), ("bf16", torch.bfloat16)]:
             for r in loop_counts:
-                cache = KVCache(cfg, batch, tokens, r, torch_dtype, "meta")
+                cache = KVCache(cfg, layout_of(cfg), batch, tokens, r, torch_dtype, "meta")
                 assert (
                     cache.kv_bytes_allocated
                     == kv_bytes(cfg, tokens, batch, r, dtype)
