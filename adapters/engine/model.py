@@ -38,6 +38,7 @@ from adapters.engine.exits import ExitPolicy, ExitRows, exit_rows
 from adapters.engine.families import Family, family_of
 from adapters.engine.families.melt import GatedBlock, fresh_gate
 from adapters.engine.families.ouro import exit_probabilities
+from adapters.engine.kv.layouts import layout_of
 from adapters.engine.layers import RMSNorm, Rotary, Span
 
 
@@ -474,9 +475,9 @@ def forward_cache(family: Family, loops: int, kv_mix: float | None) -> ChunkCach
     a = 1.0 if kv_mix is None else float(kv_mix)
     reference = family.kv_reference
     if reference is None or a == 1:
-        return ChunkCache(family.cfg, family.kv, loops)
+        return ChunkCache(family.cfg, layout_of(family.cfg), loops)
     blended = ChunkCache(family.cfg, reference, loops)
-    return blended if a == 0 else MixedCache(a, ChunkCache(family.cfg, family.kv, loops), blended)
+    return blended if a == 0 else MixedCache(a, ChunkCache(family.cfg, layout_of(family.cfg), loops), blended)
 
 
 def causal_mask(s0: int, s1: int, device: torch.device) -> Tensor:

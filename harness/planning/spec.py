@@ -9,14 +9,13 @@ batching).
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import adapters
-from adapters.base import EXIT_CRITERIA, MAX_STORED_INT, AdapterError, Sampling, hook
+from adapters.base import EXIT_CRITERIA, MAX_STORED_INT, AdapterError, Sampling, check_exit_threshold, hook
 from adapters.engine.config import MAX_LOOPS
 from adapters.engine.kv.policies import KV_DTYPES, parse_kv_policy
 from harness.errors import UserError
@@ -55,21 +54,19 @@ def suite_sampling(suite: str) -> Sampling:
 
 
 def check_exit(thresholds: Sequence[float], criterion: str | None) -> None:
-    """UserError naming the option on a bad exit axis: the criterion one of EXIT_CRITERIA, each threshold a finite
-    number in the criterion's range (a gate's cumulative exit probability in [0, 1], 0 = one loop; a KL divergence or
-    entropy change >= 0). A criterion without thresholds sweeps nothing, so it is refused rather than ignored."""
+    """UserError naming the option on a bad exit axis: the criterion one of EXIT_CRITERIA, each threshold in the
+    criterion's range (`adapters.base.check_exit_threshold`, the engine's rule: a gate's cumulative exit probability in
+    [0, 1], 0 = one loop; a KL divergence or entropy change >= 0). A criterion without thresholds sweeps nothing, so it
+    is refused rather than ignored."""
     if criterion is not None and criterion not in EXIT_CRITERIA:
         raise UserError(f"--exit-criterion must be one of {', '.join(EXIT_CRITERIA)}, got {criterion!r}")
     if criterion is not None and not thresholds:
         raise UserError("--exit-criterion applies only with --exit-threshold (the thresholds it sweeps)")
-    gate = (criterion or DEFAULT_EXIT_CRITERION) == "gate"
     for value in thresholds:
-        number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        if not number or value < 0 or (gate and value > 1):
-            what = "a finite number in [0, 1]" if gate else "a finite number >= 0"
-            raise UserError(
-                f"--exit-threshold must be {what} with --exit-criterion {criterion or DEFAULT_EXIT_CRITERION}, got {value!r}"
-            )
+        try:
+            check_exit_threshold(value, criterion or DEFAULT_EXIT_CRITERION, "--exit-threshold")
+        except AdapterError as error:
+            raise UserError(str(error)) from None
 
 
 def checked_kv_policy(value: str) -> str:

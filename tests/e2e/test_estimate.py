@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from adapters.base import MAX_CONTEXT, Sampling
-from adapters.engine.families import family_of
 from adapters.engine.kv.layouts import layout_of
 from adapters.engine.kv.cache import KVCache
 from adapters.engine.io.checkpoint import read_config
@@ -79,7 +78,7 @@ def test_ouro_2_6b_layer_count_at_tiny_width_allocates_what_the_estimate_says(lo
     cfg = preset("ouro-2.6b").replace(
         hidden_size=64, num_heads=4, num_kv_heads=4, head_dim=16, ffn_size=96, vocab_size=99, max_position=512
     )
-    assert cfg.shared_layers == 48 and family_of(cfg).kv.entries(cfg, loops) == 48 * loops
+    assert cfg.shared_layers == 48 and layout_of(cfg).entries(cfg, loops) == 48 * loops
     assert sum(p.numel() for p in LoopedLM(cfg).parameters()) == count_params(cfg) == estimate(cfg, 1).params
     for dtype, torch_dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         cache = KVCache(cfg, layout_of(cfg), 2, 37, loops, torch_dtype, "cpu")

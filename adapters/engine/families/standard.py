@@ -2,12 +2,12 @@
 
 A family is what the backbone (`adapters.engine.model.Backbone`) asks of a model besides the shared shape: the
 block of each layer, the parts around the loops (embedding scale, a recurrent state, the exit gate, the norms
-between loops), how a full-sequence forward is cut and blended, the parameters it adds, and its KV layout. The
+between loops), how a full-sequence forward is cut and blended (and the KV layout it blends with), and the parameters it adds. The
 backbone builds itself from these hooks and never reads a family flag; adding a family is a module here that
 overrides the hooks it changes, and `family_of` (the package's `__init__`) the one line that picks it.
 
-A family's `kv` is where its tokens' K/V live: the layout of its config's KV strategy, or of the `kv_policy` that
-names another (`adapters.engine.kv.layouts.layout_of`; the layouts and the caches are `adapters.engine.kv`'s).
+Where a model's K/V live is not a family hook: it is the config's (`adapters.engine.kv.layouts.layout_of`, its KV
+strategy's layout or its `kv_policy`'s); a family names only the layout a blended forward mixes with (`kv_reference`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 from adapters.engine.config import LoopConfig
-from adapters.engine.kv.layouts import KVLayout, layout_of
+from adapters.engine.kv.layouts import KVLayout
 from adapters.engine.layers import Block
 
 if TYPE_CHECKING:
@@ -33,11 +33,6 @@ class Family:
 
     def __init__(self, cfg: LoopConfig) -> None:
         self.cfg = cfg
-
-    @property
-    def kv(self) -> KVLayout:
-        """The layout the model's K/V are kept in: its KV strategy's, or the config's `kv_policy`'s."""
-        return layout_of(self.cfg)
 
     def block(self, layer: int) -> Block:
         """Physical layer `layer`'s block."""

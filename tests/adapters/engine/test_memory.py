@@ -11,7 +11,6 @@ from adapters.base import Sampling
 from adapters.engine.adapter import load_preset
 from adapters.engine.kv.layouts import layout_of
 from adapters.engine.kv.cache import KVCache
-from adapters.engine.families import family_of
 from adapters.engine.io.presets import PRESETS, preset
 from adapters.engine.memory import count_params, estimate, kv_bytes
 from adapters.engine.model import LoopedLM
@@ -61,7 +60,7 @@ def test_analytic_kv_equals_allocated(name):
             if (
                 cfg.kv_strategy == "per_loop"
             ):  # one entry per executed layer, p + s * r + c (for p = c = 0 proportional to r)
-                per_entry = by_r[0] // family_of(cfg).kv.entries(cfg, 1)
+                per_entry = by_r[0] // layout_of(cfg).entries(cfg, 1)
                 assert by_r == [
                     per_entry * (cfg.prelude_layers + cfg.shared_layers * r + cfg.coda_layers) for r in loop_counts
                 ]

@@ -61,7 +61,7 @@ def test_a_prefill_writes_exactly_the_entries_its_layout_counts(name):
     """The static cache holds the layout's entries, a 5-token prefill writes every one of them at every position, and
     every (layer, loop) maps to one of them: per-loop grows with r (p + s r + c), standard and gated do not."""
     cfg = CONFIGS[name]
-    layout, r = family_of(cfg).kv, 1 if cfg.kv_strategy == "standard" else 3
+    layout, r = layout_of(cfg), 1 if cfg.kv_strategy == "standard" else 3
     model, cache = built(cfg), KVCache(cfg, layout_of(cfg), 1, 8, r, torch.float32, "cpu")
     tokens, positions = torch.randint(3, 99, (1, 5), generator=torch.Generator().manual_seed(1)), torch.arange(5)[None]
     streams = torch.zeros(1, 5, dtype=torch.int64) if model.draws_state else None
@@ -79,7 +79,7 @@ def test_a_prefill_writes_exactly_the_entries_its_layout_counts(name):
 def test_only_the_gated_layout_keeps_a_latent(name):
     """MELT's latent h holds s x d values per token of a chunk, written by the prefill; the other layouts keep none."""
     cfg = CONFIGS[name]
-    layout, cache = family_of(cfg).kv, KVCache(cfg, layout_of(cfg), 1, 8, 1, torch.float32, "cpu")
+    layout, cache = layout_of(cfg), KVCache(cfg, layout_of(cfg), 1, 8, 1, torch.float32, "cpu")
     if name != "melt":
         assert layout.latent_width(cfg) == 0 and cache.latent is None
         return

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from adapters.engine.families.melt import GatedBlock, Melt, MeltGate, fresh_gate
-from adapters.engine.kv.layouts import GATED, PER_LOOP
+from adapters.engine.kv.layouts import PER_LOOP
 from adapters.engine.io.presets import preset
 from adapters.engine.layers import Block
 
@@ -21,7 +21,7 @@ def gate(variant: str) -> MeltGate:
 def test_melt_runs_the_gated_layout_beside_its_looplm_s():
     cfg = preset("melt-tiny")
     family = Melt(cfg)
-    assert family.kv is GATED and family.kv_reference is PER_LOOP and family.prefill_chunk == cfg.chunk_size
+    assert family.kv_reference is PER_LOOP and family.prefill_chunk == cfg.chunk_size
     assert family.gate_variant == "elementwise" and family.first_skippable_loop == 1  # loop 1 sets h = x
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 
 from adapters.engine.families.standard import Family, Standard, prefill_chunks
-from adapters.engine.kv.layouts import STANDARD
 from adapters.engine.io.presets import preset
 from adapters.engine.layers import Block
 
@@ -13,7 +12,7 @@ from adapters.engine.layers import Block
 def test_the_base_hooks_are_the_plain_stack_s():
     cfg = preset("qwen3-tiny")
     family = Standard(cfg)
-    assert family.kv is STANDARD and family.kv_reference is None and family.embed_scale is None
+    assert family.kv_reference is None and family.embed_scale is None
     assert family.state() is None and family.exit_gate() is None and family.extra_params() == 0
     assert not family.norm_each_loop and not family.norm_after_loops and family.prefill_chunk is None
     assert not family.has_exit_gate and family.gate_variant is None and family.first_skippable_loop == 0

@@ -32,7 +32,7 @@ def test_a_static_cache_returns_every_row_written_so_far_and_counts_its_bytes():
     cache.update(0, 2, *kv(cfg, 2, 1), slot=0)  # per-loop entries: loop 3 writes rows of its own
     torch.testing.assert_close(cache.stored(0, 1, 0, 1)[0], first[0][:, :, :1], rtol=0, atol=0)
     cache.length = 6
-    entries = family_of(cfg).kv.entries(cfg, 3)
+    entries = layout_of(cfg).entries(cfg, 3)
     assert cache.kv_bytes_used == 6 * 2 * 2 * entries * cfg.num_kv_heads * cfg.head_dim * 4
 
 
@@ -76,7 +76,7 @@ def test_a_folding_layout_attends_to_the_loop_s_own_rows_and_keeps_their_mean():
 def test_a_mixed_forward_blends_the_melt_rows_with_the_looplm_s():
     cfg = preset("melt-tiny")
     family = family_of(cfg)
-    mixed = MixedCache(0.25, ChunkCache(cfg, family.kv, 2), ChunkCache(cfg, family.kv_reference, 2))
+    mixed = MixedCache(0.25, ChunkCache(cfg, layout_of(cfg), 2), ChunkCache(cfg, family.kv_reference, 2))
     melt, looplm = kv(cfg, 1, 3), kv(cfg, 1, 3)
     k, v = mixed.update(0, 0, torch.stack((melt[0], looplm[0])), torch.stack((melt[1], looplm[1])), slot=0)
     torch.testing.assert_close(k, 0.25 * melt[0] + 0.75 * looplm[0], rtol=0, atol=0)

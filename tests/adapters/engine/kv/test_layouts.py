@@ -14,7 +14,6 @@ from adapters.engine.adapter import load_preset
 from adapters.engine.kv.layouts import GATED, LAYOUTS, PER_LOOP, STANDARD, SharedEMA, layout_of, policy_layout
 from adapters.engine.kv.cache import KVCache
 from adapters.engine.kv.policies import KV_DTYPES, admitted
-from adapters.engine.families import family_of
 from adapters.engine.io.presets import preset
 from adapters.engine.memory import analytic_terms, kv_bytes
 from adapters.engine.serving.paged import BlockPool
@@ -57,16 +56,13 @@ def test_the_gated_layout_is_one_entry_per_layer_and_a_latent_per_shared_layer()
 
 
 def test_a_config_runs_its_strategy_s_layout_unless_a_policy_names_another():
-    """`layout_of` is the one lookup: the natives by KV strategy, a policy's by name (shared-ema's with its ALPHA), and
-    the family's `kv` is the same layout."""
+    """`layout_of` is the one lookup: the natives by KV strategy, a policy's by name (shared-ema's with its ALPHA)."""
     ouro, melt, qwen = preset("ouro-tiny"), preset("melt-tiny"), preset("qwen3-tiny")
     assert (layout_of(ouro), layout_of(melt), layout_of(qwen)) == (PER_LOOP, GATED, STANDARD)
     assert layout_of(ouro.replace(kv_policy="shared-last")) is LAYOUTS["shared-last"]
     ema = layout_of(ouro.replace(kv_policy="shared-ema:0.3"))
     assert isinstance(ema, SharedEMA) and ema.alpha == 0.3 and ema.policy == "shared-ema:0.3"
     assert policy_layout("shared-ema").policy == "shared-ema"  # the default ALPHA is not written out
-    for cfg in (ouro, melt, qwen, ouro.replace(kv_policy="shared-mean")):
-        assert family_of(cfg).kv.policy == layout_of(cfg).policy
 
 
 # ------------------------------------------------------------------------------ write rules
@@ -317,4 +313,4 @@ def test_describe_and_inspect_carry_the_policy_dtype_and_bytes():
         for name in ("qwen3-tiny", "ouro-tiny", "melt-tiny")
     }
     assert native == {"qwen3-tiny": "standard", "ouro-tiny": "per-loop", "melt-tiny": "gated"}
-    assert family_of(adapter.config).kv.policy == "shared-ema:0.3"
+    assert layout_of(adapter.config).policy == "shared-ema:0.3"

@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from adapters.base import AdapterError, Sampling
-from adapters.engine.families import family_of
 from adapters.engine.kv.layouts import layout_of
 from adapters.engine.io.checkpoint import random_model
 from adapters.engine.io.presets import preset
@@ -49,7 +48,7 @@ def seq(prompt_len: int, sample: int = 0) -> Sequence:
 @pytest.mark.parametrize("name,loops", [("qwen3-tiny", 1), ("ouro-tiny", 3), ("melt-tiny", 3)])
 def test_the_pool_holds_every_entry_of_the_layout_and_reserves_what_it_says(name, loops):
     cfg, p = preset(name), pool(name, loops)
-    assert p.k.shape == (family_of(cfg).kv.entries(cfg, loops), 6 * 4, cfg.num_kv_heads, cfg.head_dim)
+    assert p.k.shape == (layout_of(cfg).entries(cfg, loops), 6 * 4, cfg.num_kv_heads, cfg.head_dim)
     terms = analytic_terms(cfg, loops, "fp32")
     assert p.kv_bytes_reserved == 6 * 4 * terms["kv_bytes_per_token"] + 4 * terms["latent_bytes_per_token"]
     assert (p.latent is not None) == (name == "melt-tiny")
