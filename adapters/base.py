@@ -69,6 +69,17 @@ class AdapterError(ValueError):
     """
 
 
+def check_exit_threshold(threshold: Any, criterion: str, name: str = "exit_threshold") -> None:
+    """The one range of an exit threshold: a gate threshold is a cumulative probability in [0, 1] (1: no exit, 0: every
+    token stops at loop 1); kl and entropy thresholds are finite numbers >= 0. `name` is the setting refused (the
+    engine's override, or the flag a user typed)."""
+    number = type(threshold) in (int, float) and math.isfinite(threshold)  # NaN and inf too
+    if criterion == "gate" and not (number and 0 <= threshold <= 1):
+        raise AdapterError(f"{name} must be a number in [0, 1] for the gate criterion, got {threshold!r}")
+    if criterion != "gate" and not (number and threshold >= 0):
+        raise AdapterError(f"{name} must be a finite number >= 0 for the {criterion} criterion, got {threshold!r}")
+
+
 def dtype_short(name: Any, model: bool = False) -> str:
     """The short name (fp32, bf16, ...) of any spelling of a dtype: a torch dtype, "torch.bfloat16", "BF16", "half".
 

@@ -32,6 +32,7 @@ from adapters.engine.config import LoopConfig  # noqa: E402
 from adapters.engine.exits import ExitPolicy  # noqa: E402
 from adapters.engine.families.standard import prefill_chunks  # noqa: E402
 from adapters.engine.io.checkpoint import random_model  # noqa: E402
+from adapters.engine.kv.layouts import layout_of  # noqa: E402
 from adapters.engine.io.presets import preset  # noqa: E402
 from adapters.engine.model import LoopedLM  # noqa: E402
 from adapters.engine.serving.model_runner import ModelRunner  # noqa: E402
@@ -62,7 +63,14 @@ def prefill(model: LoopedLM, prompt: list[int], in_place: bool, chunk: int | Non
     chunk = chunk or cfg.chunk_size
     device = model.model.embed_tokens.weight.device
     pool = BlockPool(
-        cfg, cfg.loops, -(-len(prompt) // size), size, chunk, model.model.embed_tokens.weight.dtype, device
+        cfg,
+        layout_of(cfg),
+        cfg.loops,
+        -(-len(prompt) // size),
+        size,
+        chunk,
+        model.model.embed_tokens.weight.dtype,
+        device,
     )
     if not in_place:
         pool.manager.free = deque(reversed(pool.manager.free))

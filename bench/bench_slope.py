@@ -43,11 +43,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from adapters.engine.cache import KVCache  # noqa: E402
 from adapters.engine.config import LoopConfig  # noqa: E402
 from adapters.engine.io.checkpoint import random_model  # noqa: E402
 from adapters.engine.io.presets import preset  # noqa: E402
-from adapters.engine.kvformat import KV_FORMATS  # noqa: E402
+from adapters.engine.kv.cache import KVCache  # noqa: E402
+from adapters.engine.kv.format import KV_FORMATS  # noqa: E402
+from adapters.engine.kv.layouts import layout_of  # noqa: E402
 from adapters.engine.model import LoopedLM  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -113,7 +114,7 @@ def read_bandwidth(device: torch.device, gigabytes: float = 1.0, rounds: int = 5
 def filled_cache(model: LoopedLM, loops: int, context: int, dtype: torch.dtype, device: torch.device) -> KVCache:
     """A batch-1 cache with random rows written at slots 0..context-1, through the format's own packing."""
     cfg = model.config
-    cache = KVCache(cfg, 1, context + 1, loops, dtype, device)
+    cache = KVCache(cfg, layout_of(cfg), 1, context + 1, loops, dtype, device)
     fmt, generator = cache.format, torch.Generator(device=device).manual_seed(0)
     for entry in range(cache.k.shape[0]):
         for start in range(0, context, 4096):

@@ -110,7 +110,7 @@ def check(name: str, new_tokens: int) -> dict:
 def attention(kv_dtype: str, batch: int, context: int, chunk: int) -> dict:
     """The kernel and the SDPA path on one pool entry: `batch` sequences whose last `chunk` queries end at `context`."""
     from adapters.engine.kernels.attention import paged_attention
-    from adapters.engine.kvformat import KV_FORMATS
+    from adapters.engine.kv.format import KV_FORMATS
     from adapters.engine.serving.paged import key_mask
 
     fmt, size, heads, dim, device = KV_FORMATS[kv_dtype], 16, 16, 128, torch.device("cuda")

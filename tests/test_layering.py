@@ -321,6 +321,11 @@ ONE_HOME = {
         re.compile(r"^(?:MEMORY_MEASURES|WEIGHTS_PLUS_KV|ANALYTIC)\b[^=\n]*=", re.M),
         "measures/__init__.py",
     ),
+    # issue 56 gave the engine's KV a room of its own: the policies' names are defined in one module
+    "the KV policies' names": (
+        re.compile(r"^(?:KV_POLICIES|POLICY_NAMES|SHARED_POLICIES|KV_DTYPES)\b[^=\n]*=", re.M),
+        "adapters/engine/kv/policies.py",
+    ),
     "a memory measure's label": (
         re.compile(
             r"""["'](?:(?:weights \+ )?KV cache peak|analytic weights \+ KV|NVML process """
@@ -359,6 +364,8 @@ OLD_HOMES = (
             "objectives",
         )
     ),
+    # issue 56: the engine's KV (names, layouts, byte format, caches) moved whole into adapters/engine/kv/
+    *(f"adapters/engine/{name}.py" for name in ("cache", "kvformat", "families/sharing")),
     # and the harness by job: planning and execution moved whole
     *(f"harness/{name}.py" for name in ("spec", "sweep", "runner", "pool", "ray_executor", "recorder")),
 )

@@ -20,8 +20,8 @@ gathered blocks and torch's ops, the CPU's path), `exit_policy`
 skips the loops after its exit and leaves its exit loop's K/V in them, the default when a policy is set; "masked":
 it skips them and later tokens attend at each loop only to the tokens that ran it; "read": every loop runs, the
 exit loop's output is read; `adapters.engine.exits`), `kv_policy` (the KV layout run instead of the model's own:
-per-loop, shared-last, shared-mean, shared-ema[:ALPHA], latest-m4, gated, standard; `adapters.engine.families.sharing`)
-and `kv_dtype` (auto, int8, fp8; `adapters.engine.kvformat`), and the loop conditioning fields. They are checked in
+the names of `adapters.engine.kv.policies`, each a layout of `adapters.engine.kv.layouts`)
+and `kv_dtype` (auto, int8, fp8; `adapters.engine.kv.format`), and the loop conditioning fields. They are checked in
 `adapters.engine.overrides`, before anything loads.
 """
 
@@ -36,7 +36,7 @@ import torch
 
 from adapters import threads
 from adapters.base import AdapterError, Finished, Generation, Prompt, Request, Sampling, dtype_short
-from adapters.engine.cache import KVCache
+from adapters.engine.kv.cache import KVCache
 from adapters.engine.config import LoopConfig
 from adapters.engine.families import family_of
 from adapters.engine.io.presets import PRESETS, preset

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adapters.base import MAX_CONTEXT, AdapterError
+from adapters.engine.kv.policies import KV_DTYPES, check_kv_policy
 
 KV_STRATEGIES = ("standard", "per_loop", "gated")
 NORM_LAYOUTS = ("pre", "sandwich")
@@ -38,17 +39,6 @@ CONDITIONING_FIELDS = (
     "loop_gate",
     "branch_gate",
 )  # also load overrides of engine specs
-KV_DTYPES = ("auto", "int8", "fp8")  # how K/V are stored (`adapters.engine.kvformat`); auto: the model's dtype
-SHARED_POLICIES = ("shared-last", "shared-mean", "shared-ema")  # one entry per layer and token on a per-loop model
-DEFAULT_EMA_ALPHA = 0.5  # shared-ema's weight on the newest loop: MELT's `ema` gate at its default decay
-# the KV policies a model's own KV strategy admits (`LoopConfig.kv_policy`; each a layout of `adapters.engine.families`)
-KV_POLICIES = {"standard": ("standard",), "gated": ("gated",), "per_loop": ("per-loop", *SHARED_POLICIES, "latest-m4")}
-POLICY_SCOPE = {
-    "standard": "plain stacks (qwen3)",
-    "gated": "gated (MELT) models",
-    "latest-m4": "the recurrent-depth families (huginn, retrofit)",
-    **{p: "looped per-loop families (ouro, huginn, retrofit)" for p in ("per-loop", *SHARED_POLICIES)},
-}
 LOOP_GATE_DIM = 8  # Loop Gating: one learned vector of this size per loop position, one entry per channel group
 MAX_LOOPS = 1024  # loop counts beyond any real run (the paper uses r <= 8): a typo, and hours of compute
 ENGINE_FORMAT = "loopeval-engine"  # config.json of engine checkpoints: {"format": ENGINE_FORMAT, "config": {...}}
@@ -92,7 +82,7 @@ class LoopConfig:
     )
     branch_gate: bool = False  # branch gating: each shared layer's attention and MLP outputs at loop t scaled the same way, each its own g
     state_std: float | None = (
-        None  # std of the recurrent families' random initial state (`families.huginn.Recurrence`); None: sqrt(2 / (5 d))
+        None  # std of the recurrent families' random initial state (`families.recurrence.Recurrence`); None: sqrt(2 / (5 d))
     )
     exit_threshold: float | None = (
         None  # Ouro's early_exit_threshold: the default exit policy (adapters.engine.adapter)
@@ -101,7 +91,9 @@ class LoopConfig:
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     pad_token_id: int | None = None
-    kv_policy: str | None = None  # a KV policy run instead of the native one (KV_POLICIES; None: the kv_strategy's own)
+    kv_policy: str | None = (
+        None  # a KV policy run instead of the native one (`adapters.engine.kv.policies`; None: the kv_strategy's own)
+    )
     kv_dtype: str = "auto"  # K/V storage: auto (the model's dtype), int8 or fp8 with a scale per token and head
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes (source checkpoint...)
 
@@ -121,13 +113,13 @@ class LoopConfig:
     @property
     def huginn(self) -> bool:
         """Huginn-0125's recurrent depth: qk bias, embeddings times sqrt(d), every residual sum normed
-        (`families.huginn.HuginnBlock`), a random initial state and the injection W [h; e] at every step (`families.huginn.Recurrence`)."""
+        (`families.huginn.HuginnBlock`), a random initial state and the injection W [h; e] at every step (`families.recurrence.Recurrence`)."""
         return self.family == "huginn"
 
     @property
     def recurrent(self) -> bool:
         """Huginn-style recurrence (Huginn-0125 and the retrofitted models): a random initial state, and the core
-        run on the injection W [h; e] of the state and the prelude's output at every step (`families.huginn.Recurrence`)."""
+        run on the injection W [h; e] of the state and the prelude's output at every step (`families.recurrence.Recurrence`)."""
         return self.family in ("huginn", "retrofit")
 
     @property
@@ -307,21 +299,6 @@ def _check_values(cfg: LoopConfig) -> None:
     _check_kv(cfg)
 
 
-def parse_kv_policy(policy: str) -> tuple[str, float | None]:
-    """(name, ALPHA) of a policy: "shared-ema:0.3" -> ("shared-ema", 0.3), "shared-ema" -> its default ALPHA, else
-    (policy, None). A bad ALPHA raises."""
-    name, _, alpha = policy.partition(":")
-    if name != "shared-ema":
-        return policy, None
-    try:
-        value = float(alpha) if alpha else DEFAULT_EMA_ALPHA
-    except ValueError:
-        value = math.nan
-    if not 0 < value < 1:
-        raise AdapterError(f"kv_policy shared-ema:ALPHA needs 0 < ALPHA < 1 (the newest loop's weight), got {policy!r}")
-    return name, value
-
-
 def _check_kv(cfg: LoopConfig) -> None:
     """The KV dtype, and a KV policy the model's own strategy admits (a looped model's sharing, MELT's gate, ...)."""
     _one_of(cfg, "kv_dtype", KV_DTYPES)
@@ -329,18 +306,8 @@ def _check_kv(cfg: LoopConfig) -> None:
         raise AdapterError(
             f"kv_dtype {cfg.kv_dtype} needs head_dim divisible by 4 (a row keeps its float32 scale), got {cfg.head_dim}"
         )
-    if cfg.kv_policy is None:
-        return
-    known = [p for policies in KV_POLICIES.values() for p in policies]
-    name, _ = parse_kv_policy(cfg.kv_policy) if isinstance(cfg.kv_policy, str) else (cfg.kv_policy, None)
-    if name not in known:
-        raise AdapterError(f"kv_policy {cfg.kv_policy!r} is not one of {', '.join(known)} (shared-ema:ALPHA too)")
-    allowed = [p for p in KV_POLICIES[cfg.kv_strategy] if p != "latest-m4" or cfg.recurrent]
-    if name not in allowed:
-        raise AdapterError(
-            f"kv_policy {name} applies to {POLICY_SCOPE[name]}; this model ({cfg.family}, {cfg.kv_strategy} KV) "
-            f"takes {', '.join(allowed)}"
-        )
+    if cfg.kv_policy is not None:
+        check_kv_policy(cfg.kv_policy, cfg.kv_strategy, cfg.family, cfg.recurrent)
 
 
 def _check_rope_scaling(scaling: Any) -> None:

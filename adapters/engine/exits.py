@@ -55,7 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from adapters.base import EXIT_CRITERIA, AdapterError
+from adapters.base import EXIT_CRITERIA, AdapterError, check_exit_threshold
 
 if TYPE_CHECKING:
     from adapters.engine.layers import Span
@@ -85,7 +85,7 @@ class ExitPolicy:
             raise AdapterError(f"exit_criterion {self.criterion!r} is not one of {', '.join(EXIT_CRITERIA)}")
         if self.fill not in EXIT_FILLS:
             raise AdapterError(f"exit_fill {self.fill!r} is not one of {', '.join(EXIT_FILLS)}")
-        check_threshold(self.threshold, self.criterion)
+        check_exit_threshold(self.threshold, self.criterion)
 
     @property
     def skips(self) -> bool:
@@ -97,18 +97,6 @@ class ExitPolicy:
         exit loop's: under any policy but a skipping one on a model with coda layers, whose output is the coda's, so
         its first token is drawn from the prefill's final output, every loop run (`loops_used` r)."""
         return self.kind != "none" and not (self.skips and coda)
-
-
-def check_threshold(threshold: Any, criterion: str) -> None:
-    """A gate threshold is a cumulative probability in [0, 1] (1: no exit, 0: every token stops at loop 1);
-    kl and entropy thresholds are finite numbers >= 0."""
-    number = type(threshold) in (int, float) and math.isfinite(threshold)  # NaN and inf too
-    if criterion == "gate" and not (number and 0 <= threshold <= 1):
-        raise AdapterError(f"exit_threshold must be a number in [0, 1] for the gate criterion, got {threshold!r}")
-    if criterion != "gate" and not (number and threshold >= 0):
-        raise AdapterError(
-            f"exit_threshold must be a finite number >= 0 for the {criterion} criterion, got {threshold!r}"
-        )
 
 
 class ExitCheck:

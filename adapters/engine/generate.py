@@ -43,7 +43,8 @@ import torch
 from torch import Tensor
 
 from adapters.base import AdapterError, Finished, FinishReason, Generation, Sampling, dtype_short
-from adapters.engine.cache import KVCache
+from adapters.engine.kv.cache import KVCache
+from adapters.engine.kv.layouts import layout_of
 from adapters.engine.memory import kv_bytes
 from adapters.engine.exits import ExitPolicy
 from adapters.engine.families.standard import prefill_chunks
@@ -302,4 +303,4 @@ def _allocate(model: LoopedLM, batch: int, capacity: int, loops: int) -> KVCache
                 f"the KV cache for {batch} sequences x {capacity} tokens needs {need / GB:.2f} GB but {free / GB:.2f} GB is free: "
                 "lower max_new_tokens or the batch (max_batch)"
             )
-    return KVCache(cfg, batch, capacity, loops, weight.dtype, weight.device)
+    return KVCache(cfg, layout_of(cfg), batch, capacity, loops, weight.dtype, weight.device)

@@ -20,8 +20,8 @@ from torch import Tensor, nn
 
 from adapters.engine.config import LoopConfig
 
-if TYPE_CHECKING:  # the caches find their layout through the families, which build these blocks
-    from adapters.engine.cache import Cache, InPlaceCache
+if TYPE_CHECKING:
+    from adapters.engine.kv.cache import Cache, InPlaceCache
 
 Rope = tuple[Tensor, Tensor]  # cos, signed sin [B, 1, n, head_dim]
 

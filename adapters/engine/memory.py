@@ -1,7 +1,7 @@
 """Analytic memory model: parameters, weight bytes and KV bytes from a `LoopConfig` alone.
 
 It never reads stored figures: the tests check it against the bytes the engine's caches allocate
-(`adapters.engine.cache.KVCache.kv_bytes_allocated`) and the parameters the model holds.
+(`adapters.engine.kv.cache.KVCache.kv_bytes_allocated`) and the parameters the model holds.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from adapters.base import DTYPE_BYTES, AdapterError, dtype_short
 from adapters.engine.config import LOOP_GATE_DIM, LoopConfig
 from adapters.engine.families import family_of
-from adapters.engine.kvformat import KV_FORMATS
+from adapters.engine.kv.accounting import kv_terms
+from adapters.engine.kv.layouts import layout_of
 from measures import analytic_kv_bytes
 
 
@@ -48,15 +49,6 @@ def conditioning_params(cfg: LoopConfig) -> int:
     return size[cfg.injection] + cfg.history_window * size[cfg.history] + gates
 
 
-def history_bytes(config: LoopConfig, tokens: int, size: int) -> int:
-    """Bytes of the history buffer for `tokens` tokens in flight: the last w loop differences, w x d each.
-
-    Loops of one token run in sequence, so decoding keeps them for the token being decoded only (a
-    gated prefill for its chunk). `Backbone.run` holds them as activations; `KVCache` accounts them with the latent.
-    """
-    return config.history_window * config.hidden_size * tokens * size if config.history != "none" else 0
-
-
 def kv_bytes(cfg: LoopConfig, tokens: int, batch: int = 1, loops: int | None = None, dtype: str = "bf16") -> int:
     """Bytes of the static cache for `batch` sequences of `tokens` slots at `loops` (default: trained T)."""
     return analytic_kv_bytes(analytic_terms(cfg, loops, dtype), tokens, batch)
@@ -80,20 +72,8 @@ def analytic_terms(cfg: LoopConfig, loops: int | None = None, dtype: str = "bf16
 
     Engine adapters put these in `describe()`, so readers of the results database (the dashboards)
     evaluate the formula at any context length without importing the engine's packages.
-    KV bytes follow the config's KV policy (its layout's entries) and dtype (`kvformat`: a quantized row's scale
-    included). The "latent" is the state kept per token in flight: MELT's h of each shared layer, for a prefill
-    chunk, plus the history buffer of the loop conditioning (w x d, for one decoded token unless gated).
+    The KV terms are `adapters.engine.kv.accounting.kv_terms` of the config's layout (its KV policy's).
     """
     size = dtype_bytes(dtype)
     r = cfg.check_loops(cfg.loops if loops is None else loops)
-    layout = family_of(cfg).kv
-    history = history_bytes(cfg, 1, size)
-    row = KV_FORMATS[cfg.kv_dtype].row_bytes(
-        cfg.head_dim, size
-    )  # one token and head: values, and a quantized row's scale
-    return {
-        "weights_bytes": count_params(cfg) * size,
-        "kv_bytes_per_token": 2 * layout.entries(cfg, r) * cfg.num_kv_heads * row,
-        "latent_bytes_per_token": layout.latent_width(cfg) * size + history,
-        "latent_tokens": layout.latent_tokens(cfg) or (1 if history else 0),
-    }
+    return {"weights_bytes": count_params(cfg) * size, **kv_terms(cfg, layout_of(cfg), r, size)}

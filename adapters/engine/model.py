@@ -1,7 +1,7 @@
 """The looped decoder: Qwen3, Ouro (LoopLM), MELT, Huginn and retrofitted Llamas from one `LoopConfig`, gpt-fast style.
 
 Layers run as prelude (p), shared (s) x loops (r), coda (c) in `Backbone.run`, and every attention
-call takes its earlier rows from a cache (`adapters.engine.cache`). What differs between families (their
+call takes its earlier rows from a cache (`adapters.engine.kv.cache`). What differs between families (their
 blocks, KV layout, recurrent state, norms between loops, chunked prefill) comes from the family's hooks
 (`adapters.engine.families`), which build the backbone; the backbone runs whatever parts they gave it and
 reads no family flag. Two entry points share them:
@@ -13,9 +13,9 @@ reads no family flag. Two entry points share them:
   layer) attention outputs (stage-2 alignment loss) and Ouro's exit probabilities. What training and the
   probes ask of the loops beyond that travels in one `Taps` value, apart from what inference passes.
 - `LoopedLM.step(tokens, positions, cache, slot, mask, loops=r)`: one prefill chunk or decode step
-  against a preallocated `adapters.engine.cache.KVCache` or an engine step's `adapters.engine.serving.paged.PagedStep`,
+  against a preallocated `adapters.engine.kv.cache.KVCache` or an engine step's `adapters.engine.serving.paged.PagedStep`,
   written in place. The recurrent families draw each token's initial state there from its own
-  random stream (`streams`, `families.huginn.Recurrence`), not from a generator shared by the batch.
+  random stream (`streams`, `families.recurrence.Recurrence`), not from a generator shared by the batch.
 """
 
 from __future__ import annotations
@@ -31,13 +31,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from adapters.engine.cache import Cache, ChunkCache, MixedCache
+from adapters.engine.kv.cache import Cache, ChunkCache, MixedCache
 from adapters.engine.conditioning import LoopConditioning
 from adapters.engine.config import LoopConfig
 from adapters.engine.exits import ExitPolicy, ExitRows, exit_rows
 from adapters.engine.families import Family, family_of
 from adapters.engine.families.melt import GatedBlock, fresh_gate
 from adapters.engine.families.ouro import exit_probabilities
+from adapters.engine.kv.layouts import layout_of
 from adapters.engine.layers import RMSNorm, Rotary, Span
 
 
@@ -474,9 +475,9 @@ def forward_cache(family: Family, loops: int, kv_mix: float | None) -> ChunkCach
     a = 1.0 if kv_mix is None else float(kv_mix)
     reference = family.kv_reference
     if reference is None or a == 1:
-        return ChunkCache(family.cfg, loops)
-    blended = ChunkCache(family.cfg, loops, reference)
-    return blended if a == 0 else MixedCache(a, ChunkCache(family.cfg, loops), blended)
+        return ChunkCache(family.cfg, layout_of(family.cfg), loops)
+    blended = ChunkCache(family.cfg, reference, loops)
+    return blended if a == 0 else MixedCache(a, ChunkCache(family.cfg, layout_of(family.cfg), loops), blended)
 
 
 def causal_mask(s0: int, s1: int, device: torch.device) -> Tensor:

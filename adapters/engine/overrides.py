@@ -12,10 +12,11 @@ from typing import Any
 
 import torch
 
-from adapters.base import MODEL_DTYPES, AdapterError, dtype_short
+from adapters.base import MODEL_DTYPES, AdapterError, check_exit_threshold, dtype_short
 from adapters.engine.config import CONDITIONING_FIELDS, LoopConfig
-from adapters.engine.exits import SKIPPING_FILL, ExitPolicy, check_threshold
+from adapters.engine.exits import SKIPPING_FILL, ExitPolicy
 from adapters.engine.families import family_of
+from adapters.engine.kv.layouts import layout_of
 from adapters.engine.memory import analytic_terms, count_params
 from adapters.engine.serving.paged import DEFAULT_BLOCK_SIZE
 
@@ -122,7 +123,7 @@ def kv_fields(overrides: dict[str, Any]) -> dict[str, Any]:
 
 def kv_facts(cfg: LoopConfig) -> dict[str, str]:
     """The KV policy (the native one named when none was chosen) and dtype a run stores and sweeps by."""
-    return {"kv_policy": family_of(cfg).kv.policy, "kv_dtype": cfg.kv_dtype}
+    return {"kv_policy": layout_of(cfg).policy, "kv_dtype": cfg.kv_dtype}
 
 
 def config_facts(cfg: LoopConfig, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -167,7 +168,7 @@ def exit_policy(cfg: LoopConfig, overrides: dict[str, Any]) -> ExitPolicy:
     criterion, given = overrides.get("exit_criterion"), overrides.get("exit_threshold")
     ExitPolicy(criterion=criterion or "gate")  # an unknown criterion is named before its threshold is checked
     if given is not None:
-        check_threshold(given, criterion or "gate")
+        check_exit_threshold(given, criterion or "gate")
     elif criterion not in (None, "gate"):
         raise AdapterError(f"exit_criterion {criterion!r} needs an exit_threshold (a finite number >= 0)")
     threshold = cfg.exit_threshold if given is None else given
@@ -183,19 +184,19 @@ def exit_policy(cfg: LoopConfig, overrides: dict[str, Any]) -> ExitPolicy:
 def check_exit_support(cfg: LoopConfig, policy: ExitPolicy) -> ExitPolicy:
     """The policy, if the model can run it: the gate criterion needs an exit gate, exits need looped layers, and
     `read` (an exit loop's state read as the output) needs a model whose output is not the coda's."""
-    family = family_of(cfg)
+    family, layout = family_of(cfg), layout_of(cfg)
     if policy.kind == "threshold" and policy.criterion == "gate" and not family.has_exit_gate:
         raise AdapterError(
             "exit_policy 'threshold' with the gate criterion needs a model with an exit gate (Ouro); try exit_criterion kl or entropy"
         )
-    if policy.skips and policy.fill == "masked" and not family.kv.grows_with_loops:
+    if policy.skips and policy.fill == "masked" and not layout.grows_with_loops:
         raise AdapterError(
-            f"exit_fill 'masked' needs per-loop K/V: kv_policy {family.kv.policy} keeps one row per layer "
+            f"exit_fill 'masked' needs per-loop K/V: kv_policy {layout.policy} keeps one row per layer "
             "and token, which every loop reads"
         )
-    if policy.skips and policy.fill == "masked" and family.kv.reads_latest:
+    if policy.skips and policy.fill == "masked" and layout.reads_latest:
         raise AdapterError(
-            f"exit_fill 'masked' is Huginn's 'skip' lookup; kv_policy {family.kv.policy} reads a skipped loop from the token's "
+            f"exit_fill 'masked' is Huginn's 'skip' lookup; kv_policy {layout.policy} reads a skipped loop from the token's "
             "latest one (exit_fill copy)"
         )
     if policy.kind != "none" and cfg.shared_layers == 0:

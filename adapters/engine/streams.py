@@ -7,7 +7,7 @@ for the recurrent families' initial state) and an index within the draw (the tok
 so a row needs no generator state and a batch of rows is one set of kernels, whatever the batch
 holds: a sample's draws do not depend on the batch it runs in, the order it is admitted in,
 preemption or resume. `adapters.engine.sampling.exponential_noise` (sampling) and
-`adapters.engine.families.huginn.Recurrence` (the state Huginn's recurrence starts from) draw from here.
+`adapters.engine.families.recurrence.Recurrence` (the state Huginn's recurrence starts from) draw from here.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from adapters.engine.kv.policies import KV_DTYPES, POLICIES_TEXT
 from harness.cli.common import JsonFlag, print_table
 from measures import GB
 from harness.errors import UserError
@@ -38,19 +39,19 @@ def estimate(
     kv_policy: str | None = typer.Option(
         None,
         "--kv-policy",
-        help="KV policy: per-loop, shared-last, shared-mean, shared-ema[:ALPHA], latest-m4, gated, standard; default the model's own.",
+        help=f"KV policy: {POLICIES_TEXT}; default the model's own.",
     ),
     kv_dtype: str = typer.Option(
         "auto",
         "--kv-dtype",
-        help="KV storage: auto (the model's dtype), int8 or fp8 (with a float32 scale per token and head).",
+        help=f"KV storage: {', '.join(KV_DTYPES)} (auto: the model's dtype; int8 and fp8 keep a float32 scale per token and head).",
     ),
     as_json: JsonFlag = False,
 ) -> None:
     """Predict memory: weights from the parameter shapes, KV for (tokens, batch, loops, dtype, KV policy and dtype)."""
     import adapters
     from adapters.base import MAX_CONTEXT, MODEL_DTYPES
-    from adapters.engine.config import KV_DTYPES, MAX_LOOPS, LoopConfig
+    from adapters.engine.config import MAX_LOOPS, LoopConfig
     from adapters.engine.memory import estimate as analytic
     from harness.measurement.capacity import context_excess
 
@@ -113,10 +114,10 @@ def estimate(
 
 def kv_terms(config: LoopConfig, loops: int, dtype: str) -> str:
     """The KV line's terms: bytes per token as K and V x entries x heads x one row's bytes, and where the entries come from."""
-    from adapters.engine.families import family_of
+    from adapters.engine.kv.layouts import layout_of
     from adapters.engine.memory import analytic_terms, dtype_bytes
 
-    layout = family_of(config).kv
+    layout = layout_of(config)
     entries = layout.entries(config, loops)
     source = (
         f"{config.prelude_layers} prelude + {config.shared_layers} shared x {loops} loops + {config.coda_layers} coda"

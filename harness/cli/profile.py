@@ -9,12 +9,11 @@ from typing import Any
 
 import typer
 
-from adapters.engine.config import KV_DTYPES
+from adapters.engine.kv.policies import KV_DTYPES, POLICIES_TEXT
 from measures import byte_text
 from harness.cli.common import DbOption, JsonFlag, ThreadsOption, parse_int_list, say_threads, use_threads
 from harness.errors import UserError
 from harness.measurement.profiling import DECODE_STEPS, decode_sampling, plan_profile, profile_model
-from harness.planning.defaults import EMA, KV_POLICIES
 
 
 def profile(
@@ -37,7 +36,7 @@ def profile(
     kv_policy: str | None = typer.Option(
         None,
         "--kv-policy",
-        help=f"The KV policy to profile under: {', '.join(KV_POLICIES)} ({EMA}:ALPHA). Default: the model's own.",
+        help=f"The KV policy to profile under: {POLICIES_TEXT}. Default: the model's own.",
     ),
     kv_dtype: str | None = typer.Option(
         None, "--kv-dtype", help=f"The KV cache dtype: {', '.join(KV_DTYPES)}. Default: auto (the model's dtype)."

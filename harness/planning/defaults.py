@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from adapters.base import EXIT_CRITERIA, PAPER_PROTOCOL, Sampling
-from adapters.engine.config import KV_POLICIES as ENGINE_KV_POLICIES
 from suites import synthetic
 
 # Sampling where the user gave none, per suite. Synthetic answers are a few characters, so the
@@ -124,8 +123,3 @@ LEVERS = LeverDefaults()
 
 
 DEFAULT_EXIT_CRITERION = EXIT_CRITERIA[0]  # Ouro's learned exit gate
-
-# The KV memory axis (`--kv-policy`, `--kv-dtype`): the names the engine adapter takes as its `kv_policy` and `kv_dtype`
-# load overrides (`adapters.engine.config`, their one home). Which policy a family takes is its inspector's to say.
-KV_POLICIES = tuple(dict.fromkeys(policy for policies in ENGINE_KV_POLICIES.values() for policy in policies))
-EMA = "shared-ema"  # the one policy with a parameter: shared-ema:ALPHA, ALPHA in (0, 1)

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from adapters.base import EXIT_CRITERIA, PAPER_PROTOCOL, AdapterError, check_sampling
-from adapters.engine.config import KV_DTYPES
+from adapters.engine.kv.policies import KV_DTYPES, POLICIES_TEXT
 from harness.errors import UserError
-from harness.planning.defaults import DEFAULT_EXIT_CRITERION, DEFAULTS, EMA, KV_POLICIES, SUITE_SAMPLING
+from harness.planning.defaults import DEFAULT_EXIT_CRITERION, DEFAULTS, SUITE_SAMPLING
 
 EXECUTORS = ("local", "ray")
 RAY_ONLY = ("ray_address", "gpus_per_run")  # settings that mean nothing to the local executor
@@ -347,7 +347,7 @@ OPTIONS: tuple[RunOption, ...] = (
         read=string_list,
         chooses=True,
         help="Comma-separated KV policies: each looped engine model runs once per policy (a plain model keeps its "
-        f"standard cache): {', '.join(KV_POLICIES)} ({EMA}:ALPHA, ALPHA in (0, 1)). A policy a model's family "
+        f"standard cache): {POLICIES_TEXT}. A policy a model's family "
         "cannot take is refused. Default: not swept (each model's own).",
     ),
     RunOption(

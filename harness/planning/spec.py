@@ -9,18 +9,18 @@ batching).
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import adapters
-from adapters.base import EXIT_CRITERIA, MAX_STORED_INT, AdapterError, Sampling, hook
-from adapters.engine.config import KV_DTYPES, MAX_LOOPS, parse_kv_policy
+from adapters.base import EXIT_CRITERIA, MAX_STORED_INT, AdapterError, Sampling, check_exit_threshold, hook
+from adapters.engine.config import MAX_LOOPS
+from adapters.engine.kv.policies import KV_DTYPES, parse_kv_policy
 from db.sets import KV_POLICY_LENGTH, kv_policy_text
 from harness.errors import UserError
-from harness.planning.defaults import DEFAULT_EXIT_CRITERION, DEFAULTS, EMA, KV_POLICIES, SUITE_SAMPLING
+from harness.planning.defaults import DEFAULT_EXIT_CRITERION, DEFAULTS, SUITE_SAMPLING
 from harness.planning.options import SAMPLING_FLAGS, SWEEP_WIDE_OVERRIDES, check_sampling_given
 from harness.measurement.sampler import DEFAULT_INTERVAL
 
@@ -55,37 +55,30 @@ def suite_sampling(suite: str) -> Sampling:
 
 
 def check_exit(thresholds: Sequence[float], criterion: str | None) -> None:
-    """UserError naming the option on a bad exit axis: the criterion one of EXIT_CRITERIA, each threshold a finite
-    number in the criterion's range (a gate's cumulative exit probability in [0, 1], 0 = one loop; a KL divergence or
-    entropy change >= 0). A criterion without thresholds sweeps nothing, so it is refused rather than ignored."""
+    """UserError naming the option on a bad exit axis: the criterion one of EXIT_CRITERIA, each threshold in the
+    criterion's range (`adapters.base.check_exit_threshold`, the engine's rule: a gate's cumulative exit probability in
+    [0, 1], 0 = one loop; a KL divergence or entropy change >= 0). A criterion without thresholds sweeps nothing, so it
+    is refused rather than ignored."""
     if criterion is not None and criterion not in EXIT_CRITERIA:
         raise UserError(f"--exit-criterion must be one of {', '.join(EXIT_CRITERIA)}, got {criterion!r}")
     if criterion is not None and not thresholds:
         raise UserError("--exit-criterion applies only with --exit-threshold (the thresholds it sweeps)")
-    gate = (criterion or DEFAULT_EXIT_CRITERION) == "gate"
     for value in thresholds:
-        number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        if not number or value < 0 or (gate and value > 1):
-            what = "a finite number in [0, 1]" if gate else "a finite number >= 0"
-            raise UserError(
-                f"--exit-threshold must be {what} with --exit-criterion {criterion or DEFAULT_EXIT_CRITERION}, got {value!r}"
-            )
+        try:
+            check_exit_threshold(value, criterion or DEFAULT_EXIT_CRITERION, "--exit-threshold")
+        except AdapterError as error:
+            raise UserError(str(error)) from None
 
 
 def checked_kv_policy(value: str, option: str = "--kv-policy") -> str:
     """`value` as a KV policy in its one text (`db.sets.kv_policy_text`: `shared-ema:.5` and `shared-ema` ->
-    `shared-ema:0.5`, ALPHA kept as given, so one policy is one identity); UserError naming `option` on an unknown
-    policy or an ALPHA outside (0, 1)."""
+    `shared-ema:0.5`, ALPHA kept as given, so one policy is one identity); the engine's check
+    (`adapters.engine.kv.policies`) refuses an unknown policy or an ALPHA outside (0, 1), as a UserError naming
+    `option`."""
     try:
-        name, _ = parse_kv_policy(value.strip())
-    except AdapterError:
-        raise UserError(
-            f"{option} {EMA}:ALPHA needs ALPHA in (0, 1) (the newest loop's weight), got {value!r}"
-        ) from None
-    if name not in KV_POLICIES:
-        raise UserError(
-            f"{option} must be one of {', '.join(KV_POLICIES)} ({EMA}:ALPHA with ALPHA in (0, 1)), got {value!r}"
-        )
+        parse_kv_policy(value.strip(), option)
+    except AdapterError as error:
+        raise UserError(str(error)) from None
     text = kv_policy_text(value.strip())
     if len(text) > KV_POLICY_LENGTH:
         raise UserError(

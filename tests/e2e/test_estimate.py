@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from adapters.base import MAX_CONTEXT, Sampling
-from adapters.engine.families import family_of
-from adapters.engine.cache import KVCache
+from adapters.engine.kv.layouts import layout_of
+from adapters.engine.kv.cache import KVCache
 from adapters.engine.io.checkpoint import read_config
 from adapters.engine.serving.paged import BlockPool
 from adapters.engine.serving.sequence import Sequence
@@ -78,10 +78,10 @@ def test_ouro_2_6b_layer_count_at_tiny_width_allocates_what_the_estimate_says(lo
     cfg = preset("ouro-2.6b").replace(
         hidden_size=64, num_heads=4, num_kv_heads=4, head_dim=16, ffn_size=96, vocab_size=99, max_position=512
     )
-    assert cfg.shared_layers == 48 and family_of(cfg).kv.entries(cfg, loops) == 48 * loops
+    assert cfg.shared_layers == 48 and layout_of(cfg).entries(cfg, loops) == 48 * loops
     assert sum(p.numel() for p in LoopedLM(cfg).parameters()) == count_params(cfg) == estimate(cfg, 1).params
     for dtype, torch_dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        cache = KVCache(cfg, 2, 37, loops, torch_dtype, "cpu")
+        cache = KVCache(cfg, layout_of(cfg), 2, 37, loops, torch_dtype, "cpu")
         assert (
             cache.kv_bytes_allocated
             == estimate(cfg, 37, 2, loops, dtype).kv_bytes
@@ -152,7 +152,14 @@ def test_printed_terms_are_the_block_pool_s_exact_accounting(capsys, tmp_path):
     )
     assert beyond_note(200, f"retrofit:{folder}", 128) in out
     pool = BlockPool(
-        read_config(folder), 4, num_blocks=50, block_size=8, latent_tokens=1, dtype=torch.float32, device="cpu"
+        read_config(folder),
+        layout_of(read_config(folder)),
+        4,
+        num_blocks=50,
+        block_size=8,
+        latent_tokens=1,
+        dtype=torch.float32,
+        device="cpu",
     )
     sequences = [Sequence(i, 0, i, 200, [5] * 200, 200, Sampling()) for i in range(2)]
     for seq in sequences:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from adapters.engine.config import DEFAULT_EMA_ALPHA, KV_POLICIES
-from adapters.engine.families.sharing import policy_layout
+from adapters.engine.kv.layouts import policy_layout
+from adapters.engine.kv.policies import DEFAULT_EMA_ALPHA, KV_POLICIES
 from db.models import Run
 from db.sets import EMA, EMA_ALPHA, KV_POLICY_LENGTH, OWN_KV_DTYPE, OWN_KV_POLICY, kv_policy_text, resolved_kv
 from harness.errors import UserError

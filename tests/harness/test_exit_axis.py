@@ -186,9 +186,9 @@ def test_a_repeat_is_skipped_and_resume_finds_each_threshold(
     [
         (
             ["--exit-threshold", "1.5"],
-            "--exit-threshold must be a finite number in [0, 1] with --exit-criterion gate, got 1.5",
+            "--exit-threshold must be a number in [0, 1] for the gate criterion, got 1.5",
         ),
-        (["--exit-threshold", "nan"], "must be a finite number in [0, 1]"),
+        (["--exit-threshold", "nan"], "must be a number in [0, 1] for the gate criterion, got nan"),
         (["--exit-threshold", "-0.1"], "got -0.1"),
         (["--exit-threshold", "half"], "--exit-threshold must be comma-separated numbers"),
         (
@@ -198,7 +198,7 @@ def test_a_repeat_is_skipped_and_resume_finds_each_threshold(
         (["--exit-criterion", "kl"], "--exit-criterion applies only with --exit-threshold"),
         (
             ["--exit-threshold", "-1", "--exit-criterion", "entropy"],
-            "must be a finite number >= 0 with --exit-criterion entropy",
+            "must be a finite number >= 0 for the entropy criterion",
         ),
         (["--exit-threshold", "0.5", "--model", "zoo:lab-baseloop"], "zoo:lab-baseloop has no exit gate"),
         (["--exit-threshold", "0.5", "--model", "zoo:qwen3-tiny-small"], "none of the sweep's models loops"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from adapters.base import Sampling
 from adapters.engine.adapter import EngineAdapter
+from adapters.engine.kv.layouts import layout_of
 from adapters.engine.memory import analytic_terms
 from adapters.engine.serving.continuous import ContinuousEngine
 from adapters.engine.serving.paged import BlockPool
@@ -17,6 +18,7 @@ def pool_for(adapter: EngineAdapter, sequences: list, spare: bool = False) -> Bl
     """The pool the adapter's continuous path makes for `sequences`."""
     return BlockPool.for_workload(
         adapter.config,
+        layout_of(adapter.config),
         adapter.loops,
         [s.capacity for s in sequences],
         max_seqs=adapter.max_batch,

@@ -2,47 +2,26 @@
 
 `standard` (Qwen3, the plain stack and the base of the hooks), `ouro` (LoopLM: per-loop K/V, the exit gate),
 `melt` (gated K/V, a latent per shared layer, chunk-wise prefill), `huginn` (recurrent depth: Huginn-0125 and
-the retrofitted models). `standard.py`'s docstring says what a family's hooks are; `sharing` holds the KV
-policies a per-loop model runs instead of its own (`LoopConfig.kv_policy`).
+the retrofitted models). `standard.py`'s docstring says what a family's hooks are; where a family's K/V live
+(its `kv`, the KV policy a per-loop model may run instead) is `adapters.engine.kv`'s.
 """
 
 from __future__ import annotations
 
 from adapters.engine.config import LoopConfig
 from adapters.engine.families.huginn import Huginn, Retrofit
-from adapters.engine.families.melt import GATED, Melt
-from adapters.engine.families.ouro import PER_LOOP, Ouro
-from adapters.engine.families.sharing import policy_layout
-from adapters.engine.families.standard import STANDARD, Family, KVLayout, Standard
+from adapters.engine.families.melt import Melt
+from adapters.engine.families.ouro import Ouro
+from adapters.engine.families.standard import Family, Standard
 
-__all__ = [
-    "GATED",
-    "KV_LAYOUTS",
-    "PER_LOOP",
-    "STANDARD",
-    "Family",
-    "Huginn",
-    "KVLayout",
-    "Melt",
-    "Ouro",
-    "Retrofit",
-    "Standard",
-    "family_of",
-]
-
-KV_LAYOUTS: dict[str, KVLayout] = {layout.name: layout for layout in (STANDARD, PER_LOOP, GATED)}
+__all__ = ["Family", "Huginn", "Melt", "Ouro", "Retrofit", "Standard", "family_of"]
 
 
 def family_of(cfg: LoopConfig) -> Family:
     """The family whose hooks build and run `cfg`'s model: by its `family` where that implies the blocks (the recurrent
-    ones), else by its KV strategy (a `custom` config runs as the family whose KV it has). Its `kv` is the layout of the
-    config's `kv_policy` where one is set."""
+    ones), else by its KV strategy (a `custom` config runs as the family whose KV it has)."""
     if cfg.family == "huginn":
-        family: Family = Huginn(cfg)
-    elif cfg.family == "retrofit":
-        family = Retrofit(cfg)
-    else:
-        family = {"gated": Melt, "per_loop": Ouro}.get(cfg.kv_strategy, Standard)(cfg)
-    if cfg.kv_policy is not None:
-        family.kv = policy_layout(cfg.kv_policy)
-    return family
+        return Huginn(cfg)
+    if cfg.family == "retrofit":
+        return Retrofit(cfg)
+    return {"gated": Melt, "per_loop": Ouro}.get(cfg.kv_strategy, Standard)(cfg)

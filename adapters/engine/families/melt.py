@@ -1,7 +1,7 @@
 """MELT: Ouro plus a gated KV row per shared layer, a latent state h per shared layer, and chunk-wise prefill.
 
 Each shared layer keeps a latent state h for the tokens in flight; with x the layer's normalised input,
-`h <- z * h + (1 - z) * x` (`MeltGate`), then k = h W_K and v = h W_V overwrite the token's one row (`GATED`),
+`h <- z * h + (1 - z) * x` (`MeltGate`), then k = h W_K and v = h W_V overwrite the token's one row (the `gated` layout),
 while the query still comes from x. KV grows as layers x tokens and does not depend on r.
 
 Choices the method leaves open (also in docs/reference.md, Engine):
@@ -25,35 +25,18 @@ import torch
 from torch import Tensor, nn
 
 from adapters.engine.config import LoopConfig
-from adapters.engine.families.ouro import PER_LOOP, Ouro
-from adapters.engine.families.standard import KVLayout, prefill_chunks
+from adapters.engine.families.ouro import Ouro
+from adapters.engine.families.standard import prefill_chunks
+from adapters.engine.kv.layouts import PER_LOOP
 from adapters.engine.layers import Block
 
 if TYPE_CHECKING:
-    from adapters.engine.cache import Cache
-
-
-class Gated(KVLayout):
-    """`gated`: one entry per layer, a shared layer's row overwritten at every loop, plus the latent h of each
-    shared layer for the tokens in flight (a prefill chunk, or the decoded tokens)."""
-
-    name = "gated"
-    policy = "gated"
-
-    def latent_width(self, cfg: LoopConfig) -> int:
-        return cfg.shared_layers * cfg.hidden_size
-
-    def latent_tokens(self, cfg: LoopConfig) -> int:
-        return cfg.chunk_size
-
-
-GATED = Gated()
+    from adapters.engine.kv.cache import Cache
 
 
 class Melt(Ouro):
     """MELT's hooks: gated blocks in the shared layers, chunk-wise prefill and forward, and the LoopLM to blend with."""
 
-    kv = GATED
     kv_reference = PER_LOOP
 
     def block(self, layer: int) -> Block:

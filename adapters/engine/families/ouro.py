@@ -1,6 +1,6 @@
 """Ouro (LoopLM) and any looped model with per-loop K/V (the recurrence study's CoreLoop shapes).
 
-Each loop of each shared layer writes its own K/V entry (`PER_LOOP`); at loop t a layer attends to the loop-t
+Each loop of each shared layer writes its own K/V entry (the `per_loop` layout); at loop t a layer attends to the loop-t
 entries of earlier tokens, so KV grows as layers x tokens x r. The exit gate (`Family.exit_gate`, read from the
 config) turns each loop's normed state into an exit distribution (`exit_probabilities`), as the official code does.
 """
@@ -10,35 +10,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from adapters.engine.config import LoopConfig
-from adapters.engine.families.standard import Family, KVLayout
-
-
-class PerLoop(KVLayout):
-    """`per_loop`: prelude entries, then loop t of shared layer i at `p + t * s + i` (HF Ouro's own
-    `t * num_hidden_layers + i` when p = 0), then coda entries, which follow every loop's."""
-
-    name = "per_loop"
-    policy = "per-loop"
-    grows_with_loops = True
-
-    def entries(self, cfg: LoopConfig, loops: int) -> int:
-        return cfg.prelude_layers + cfg.shared_layers * loops + cfg.coda_layers
-
-    def entry(self, cfg: LoopConfig, layer: int, loop: int, loops: int) -> int:
-        p, s = cfg.prelude_layers, cfg.shared_layers
-        if layer < p:
-            return layer
-        return layer + s * (loop if layer < p + s else loops - 1)
-
-
-PER_LOOP = PerLoop()
+from adapters.engine.families.standard import Family
 
 
 class Ouro(Family):
     """A LoopLM: the plain stack's blocks (Ouro's sandwich norms where the config says), looped, with per-loop K/V."""
-
-    kv: KVLayout = PER_LOOP
 
 
 def exit_probabilities(gate_logits: Tensor) -> Tensor:

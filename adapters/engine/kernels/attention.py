@@ -4,7 +4,7 @@ The SDPA path (`adapters.engine.serving.paged.PagedStep.update`) gathers every b
 [B, L, Hkv, D] tensors at every layer and loop, which at a 32,000-token context copies the whole cache each step
 and holds the copy beside it. This kernel walks each sequence's block table instead and reads each block's rows
 straight from one entry of the pool ([slots, Hkv, W], W = head_dim, or head_dim value bytes and a float32 scale
-for int8 / fp8 rows, `adapters.engine.kvformat`), dequantizing inside the kernel.
+for int8 / fp8 rows, `adapters.engine.kv.format`), dequantizing inside the kernel.
 
 One program takes one sequence, one KV head and a tile of query rows: the step's n tokens times the `group` query
 heads sharing that KV head (GQA), so a decode step's group of heads reads each block once. It walks the keys in
@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-FORMATS = {"auto": 0, "int8": 1, "fp8": 2}  # `adapters.engine.kvformat` names -> the kernel's FORMAT
+FORMATS = {"auto": 0, "int8": 1, "fp8": 2}  # `adapters.engine.kv.format` names -> the kernel's FORMAT
 BLOCK_N = 64  # keys a program reads per iteration (from as many blocks as they span)
 SPLIT_KEYS = 256  # fewest keys one part of a split context covers
 TARGET_PROGRAMS = 264  # programs a step aims at before splitting contexts (2 per SM of an H100)

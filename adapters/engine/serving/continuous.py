@@ -28,6 +28,7 @@ from adapters.engine.sampling import is_looped
 from adapters.engine.serving.graphs import DecodeGraphs
 from adapters.engine.families import family_of
 from adapters.engine.families.standard import prefill_chunks
+from adapters.engine.kv.layouts import layout_of
 from adapters.engine.model import LoopedLM
 from adapters.engine.serving.model_runner import ModelRunner, sample_next
 from adapters.engine.serving.paged import BlockPool, PagedAttention
@@ -176,6 +177,7 @@ def continuous_engine(
     capture = cuda_graphs and weight.device.type == "cuda" and not model.draws_state and not policy.skips
     pool = BlockPool.for_workload(
         model.config,
+        layout_of(model.config),
         loops,
         [s.capacity for s in sequences],
         max_seqs=max_seqs,

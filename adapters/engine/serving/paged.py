@@ -1,9 +1,9 @@
 """Paged KV: the pool's tensors, and the `Cache` one engine step attends through.
 
-The pool holds every K/V entry of the family's layout (`adapters.engine.families`: `standard`, `per_loop`
+The pool holds every K/V entry of the layout it is handed (`adapters.engine.kv.layouts`: `standard`, `per_loop`
 with r entries per shared layer, `gated` and the sharing policies with one row per layer) for
 `num_blocks * block_size` token slots, stored flat as [entries, slots, kv_heads, head_dim] in the config's
-`kv_dtype` (a quantized row: head_dim value bytes and its 4 scale bytes, `adapters.engine.kvformat`). Which
+`kv_dtype` (a quantized row: head_dim value bytes and its 4 scale bytes, `adapters.engine.kv.format`). Which
 blocks are free, who holds them and how full they are is the `BlockManager`'s bookkeeping
 (`adapters.engine.serving.block_manager`, `pool.manager`), which also keeps the exact byte accounting.
 The n samples of one prompt share its full prefilled blocks; the partly filled last one is copied
@@ -26,13 +26,14 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
-from adapters.base import AdapterError, dtype_short
-from adapters.engine.serving.block_manager import BlockManager
-from adapters.engine.cache import Gate
+from adapters.base import AdapterError
 from adapters.engine.config import LoopConfig
 from adapters.engine.families import family_of
-from adapters.engine.kvformat import KV_FORMATS
-from adapters.engine.memory import analytic_terms
+from adapters.engine.kv.accounting import kv_terms
+from adapters.engine.kv.cache import Gate
+from adapters.engine.kv.format import KV_FORMATS
+from adapters.engine.kv.layouts import KVLayout
+from adapters.engine.serving.block_manager import BlockManager
 from adapters.engine.serving.sequence import Sequence
 from measures import GB
 
@@ -44,21 +45,23 @@ KV_FRACTION = 0.9  # of the GPU's free memory, the most a default pool takes
 
 
 def pool_blocks(
-    config: LoopConfig, loops: int, budget_bytes: int, block_size: int, latent_tokens: int, dtype: str
+    config: LoopConfig, layout: KVLayout, loops: int, budget_bytes: int, block_size: int, latent_tokens: int, size: int
 ) -> int:
-    """Blocks a budget of `budget_bytes` holds once the latent buffer of `latent_tokens` is set aside."""
-    terms = analytic_terms(config, loops, dtype)
+    """Blocks a budget of `budget_bytes` holds once the latent buffer of `latent_tokens` is set aside, on a model of
+    `size` bytes per value."""
+    terms = kv_terms(config, layout, loops, size)
     return (budget_bytes - terms["latent_bytes_per_token"] * latent_tokens) // (
         terms["kv_bytes_per_token"] * block_size
     )
 
 
 class BlockPool:
-    """K/V blocks for every entry of a model at `loops` (the tensors), and their `BlockManager`."""
+    """K/V blocks for every entry of `layout` at `loops` (the tensors), and their `BlockManager`."""
 
     def __init__(
         self,
         config: LoopConfig,
+        layout: KVLayout,
         loops: int,
         num_blocks: int,
         block_size: int,
@@ -73,8 +76,8 @@ class BlockPool:
                 f"a KV pool needs at least one block of at least one token (got {num_blocks} x {block_size})"
             )
         self.block_size = block_size
-        self.layout, self.format, self.dtype = family_of(config).kv, KV_FORMATS[config.kv_dtype], dtype
-        layout, fmt = self.layout, self.format
+        self.layout, self.format, self.dtype = layout, KV_FORMATS[config.kv_dtype], dtype
+        fmt = self.format
         self.entries = layout.table(config, loops)
         # a spare block past the last one, never allocated: padded decode steps (`graphs`) write their padding rows there
         self.spare = num_blocks if spare else None
@@ -96,7 +99,7 @@ class BlockPool:
             self.latent = torch.zeros(
                 (config.shared_layers, latent_tokens, config.hidden_size), dtype=dtype, device=device
             )
-        terms = analytic_terms(config, loops, str(dtype))
+        terms = kv_terms(config, layout, loops, dtype.itemsize)
         self.manager = BlockManager(
             num_blocks, block_size, terms["kv_bytes_per_token"], terms["latent_bytes_per_token"]
         )
@@ -105,6 +108,7 @@ class BlockPool:
     def for_workload(
         cls,
         config: LoopConfig,
+        layout: KVLayout,
         loops: int,
         capacities: list[int],
         *,
@@ -118,23 +122,22 @@ class BlockPool:
     ) -> BlockPool:
         """A workload's pool: `kv_budget` GB, else what sequences of `capacities` need at the cap `max_seqs` (on a GPU
         at most `KV_FRACTION` of free memory); never smaller than one sequence at its full length."""
-        short = dtype_short(dtype)
         longest, rows = max(-(-c // block_size) for c in capacities), min(max_seqs, len(capacities))
         latent = max(rows, family_of(config).prefill_chunk or 1)  # tokens one step may hold in flight
         if kv_budget is not None:
-            blocks = pool_blocks(config, loops, int(kv_budget * GB), block_size, latent, short)
+            blocks = pool_blocks(config, layout, loops, int(kv_budget * GB), block_size, latent, dtype.itemsize)
         else:
             blocks = rows * longest
             if device.type == "cuda":
                 free = int(torch.cuda.mem_get_info(device)[0] * KV_FRACTION)
-                blocks = min(blocks, pool_blocks(config, loops, free, block_size, latent, short))
+                blocks = min(blocks, pool_blocks(config, layout, loops, free, block_size, latent, dtype.itemsize))
         if blocks < longest:
-            per_token = analytic_terms(config, loops, short)["kv_bytes_per_token"]
+            per_token = kv_terms(config, layout, loops, dtype.itemsize)["kv_bytes_per_token"]
             raise AdapterError(
                 f"the KV pool holds {max(blocks, 0) * block_size} tokens ({max(blocks, 0) * block_size * per_token / GB:.3f} GB) but one "
                 f"sequence needs {longest * block_size}: raise kv_budget, or lower max_new_tokens or the loops"
             )
-        return cls(config, loops, blocks, block_size, latent, dtype, device, spare=spare, attention=attention)
+        return cls(config, layout, loops, blocks, block_size, latent, dtype, device, spare=spare, attention=attention)
 
     # ------------------------------------------- the KV store `EngineAdapter.memory` reads, as it reads a `KVCache`
     @property

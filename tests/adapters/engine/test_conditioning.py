@@ -8,7 +8,8 @@ import torch
 
 from adapters.base import AdapterError, Sampling
 from adapters.engine.adapter import load_preset
-from adapters.engine.cache import KVCache
+from adapters.engine.kv.layouts import layout_of
+from adapters.engine.kv.cache import KVCache
 from adapters.engine.io.checkpoint import load_model, random_model, save_checkpoint
 from adapters.engine.memory import conditioning_params, count_params, kv_bytes
 from adapters.engine.model import LoopedLM, LoopTrace, with_conditioning
@@ -173,8 +174,8 @@ def test_parameters_and_the_bytes_decoding_keeps(name):
     d = cfg.hidden_size
     assert conditioning_params(cfg) == d * d + 3 * d + cfg.loops * 8 + cfg.loops * cfg.shared_layers * 2 * 8
     assert count_params(cfg) == sum(p.numel() for p in LoopedLM(cfg).parameters())
-    plain = KVCache(preset(name), 2, 30, 4, torch.float32, "cpu")
-    cache = KVCache(cfg, 2, 30, 4, torch.float32, "cpu")
+    plain = KVCache(preset(name), layout_of(cfg), 2, 30, 4, torch.float32, "cpu")
+    cache = KVCache(cfg, layout_of(cfg), 2, 30, 4, torch.float32, "cpu")
     in_flight = min(cfg.chunk_size, 30) if cfg.kv_strategy == "gated" else 1  # loops of one token run in sequence
     assert cache.kv_bytes_allocated - plain.kv_bytes_allocated == 2 * in_flight * 3 * d * 4
     assert cache.kv_bytes_allocated == kv_bytes(cfg, 30, batch=2, loops=4, dtype="fp32")

@@ -5,15 +5,17 @@ pool's accounting with exits on."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
 from tests.support.kv_pool import Watch, engine_over, pool_for, tiny_budget
 
 import adapters
-from adapters.base import AdapterError, Request, Sampling
+from adapters.base import AdapterError, Request, Sampling, check_exit_threshold
 from adapters.engine.adapter import EngineAdapter, sequences_of
-from adapters.engine.families.ouro import PER_LOOP
+from adapters.engine.kv.layouts import PER_LOOP
+from adapters.engine.exits import ExitPolicy
 from adapters.engine.generate import generate
 from adapters.engine.io.presets import PRESETS
 from adapters.zoo import zoo_names
@@ -268,3 +270,17 @@ def test_the_pools_step_narrows_as_the_decode_rows_do(spec, overrides, monkeypat
     static = run(adapter, SAMPLED, "static")
     monkeypatch.setattr(rows, "LIMIT_BYTES", 0)
     assert run(adapter, SAMPLED, "continuous") == static
+
+
+@pytest.mark.parametrize(
+    ("threshold", "criterion"), [(1.5, "gate"), (-0.1, "gate"), (math.nan, "gate"), (-1, "kl"), (math.inf, "entropy")]
+)
+def test_a_threshold_s_range_is_one_rule_for_the_policy_and_the_flag(threshold, criterion):
+    """The policy refuses a threshold outside its criterion's range with `check_exit_threshold`'s words, which the
+    harness's `--exit-threshold` check repeats with the flag's name."""
+    with pytest.raises(AdapterError) as policy:
+        ExitPolicy(kind="threshold", threshold=threshold, criterion=criterion)
+    with pytest.raises(AdapterError) as flag:
+        check_exit_threshold(threshold, criterion, "--exit-threshold")
+    assert str(flag.value) == "--" + str(policy.value).replace("exit_threshold", "exit-threshold", 1)
+    check_exit_threshold(0.0, criterion)  # the range's floor is in it

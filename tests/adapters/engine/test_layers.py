@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from adapters.engine.cache import ChunkCache
+from adapters.engine.kv.cache import ChunkCache
+from adapters.engine.kv.layouts import layout_of
 from adapters.engine.io.presets import preset
 from adapters.engine.layers import MLP, Attention, RMSNorm, Rotary, Span, apply_rope
 
@@ -65,8 +66,8 @@ def test_attention_is_causal_softmax_attention_over_what_the_cache_holds():
         return Span(part, s0, mask)
 
     with torch.no_grad():
-        whole = attn.attend(x, None, span(0, 7), ChunkCache(CFG, 1), 0, 0)
-        cache = ChunkCache(CFG, 1)
+        whole = attn.attend(x, None, span(0, 7), ChunkCache(CFG, layout_of(CFG), 1), 0, 0)
+        cache = ChunkCache(CFG, layout_of(CFG), 1)
         parts = torch.cat([attn.attend(x[:, a:b], None, span(a, b), cache, 0, 0) for a, b in ((0, 4), (4, 7))], dim=1)
         q, k, v = attn.project(x, None, rope)
         groups = CFG.num_heads // CFG.num_kv_heads

@@ -9,8 +9,8 @@ import torch
 
 from adapters.base import Sampling
 from adapters.engine.adapter import load_preset
-from adapters.engine.cache import KVCache
-from adapters.engine.families import family_of
+from adapters.engine.kv.layouts import layout_of
+from adapters.engine.kv.cache import KVCache
 from adapters.engine.io.presets import PRESETS, preset
 from adapters.engine.memory import count_params, estimate, kv_bytes
 from adapters.engine.model import LoopedLM
@@ -48,7 +48,7 @@ def test_analytic_kv_equals_allocated(name):
     for batch, tokens in [(1, 5), (3, 17), (2, 100)]:
         for dtype, torch_dtype in [("fp32", torch.float32), ("bf16", torch.bfloat16)]:
             for r in loop_counts:
-                cache = KVCache(cfg, batch, tokens, r, torch_dtype, "meta")
+                cache = KVCache(cfg, layout_of(cfg), batch, tokens, r, torch_dtype, "meta")
                 assert (
                     cache.kv_bytes_allocated
                     == kv_bytes(cfg, tokens, batch, r, dtype)
@@ -60,7 +60,7 @@ def test_analytic_kv_equals_allocated(name):
             if (
                 cfg.kv_strategy == "per_loop"
             ):  # one entry per executed layer, p + s * r + c (for p = c = 0 proportional to r)
-                per_entry = by_r[0] // family_of(cfg).kv.entries(cfg, 1)
+                per_entry = by_r[0] // layout_of(cfg).entries(cfg, 1)
                 assert by_r == [
                     per_entry * (cfg.prelude_layers + cfg.shared_layers * r + cfg.coda_layers) for r in loop_counts
                 ]

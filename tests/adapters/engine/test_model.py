@@ -13,7 +13,8 @@ import torch
 import adapters
 from adapters.base import AdapterError, Sampling
 from adapters.engine.adapter import load_preset
-from adapters.engine.cache import KVCache
+from adapters.engine.kv.layouts import layout_of
+from adapters.engine.kv.cache import KVCache
 from adapters.engine.exits import ExitPolicy
 from adapters.engine.generate import Decoder, Prompts, generate
 from adapters.engine.io.checkpoint import random_model
@@ -92,7 +93,7 @@ def _decode_logits(
 ) -> torch.Tensor:
     """Logits for positions prefill-1 .. N-1 from the static cache: one prefill (in chunks), then one token per step."""
     n = ids.shape[1]
-    cache = KVCache(model.config, 1, n, loops, torch.float32, "cpu")
+    cache = KVCache(model.config, layout_of(model.config), 1, n, loops, torch.float32, "cpu")
     positions = torch.arange(n)[None]
     rows = []
     with torch.inference_mode():
@@ -158,7 +159,7 @@ def test_forward_chunks_a_prompt_as_the_prefill_does(spec, chunk):
     lengths = [n for n in torch.randint(2, 30, (12,), generator=gen).tolist() if n % cfg.chunk_size]
     prompts = [torch.randint(3, 99, (n,), generator=gen).tolist() for n in lengths]
     batch = Prompts.left_padded(prompts, max(lengths), 0, torch.device("cpu"))
-    cache = KVCache(cfg, len(prompts), max(lengths), adapter.loops, torch.float32, "cpu")
+    cache = KVCache(cfg, layout_of(cfg), len(prompts), max(lengths), adapter.loops, torch.float32, "cpu")
 
     def forward_rows() -> torch.Tensor:
         return torch.stack([adapter.forward_logits(torch.tensor([p]))[0, -1] for p in prompts])

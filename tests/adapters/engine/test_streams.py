@@ -8,7 +8,6 @@ Huginn-0125 and retrofit checkpoints, greedy and sampled; and the draw's law: th
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
@@ -16,10 +15,8 @@ import torch
 import adapters
 from adapters.base import Request, Sampling
 from adapters.engine.adapter import EngineAdapter, sequences_of
-from adapters.engine.cache import KVCache
-from adapters.engine.config import LoopConfig
-from adapters.engine.families import family_of
-from adapters.engine.families.huginn import Recurrence
+from adapters.engine.kv.layouts import layout_of
+from adapters.engine.kv.cache import KVCache
 from adapters.engine.model import LoopedLM
 from adapters.engine.streams import stream_key
 from adapters.testing import save_tiny_huginn, save_tiny_retrofit
@@ -130,72 +127,11 @@ def final_state(model: LoopedLM, seed: int) -> torch.Tensor:
     """The last position's normed state after a 6-token prefill drawing from one stream, the run's seed `seed`."""
     model.seed_state(seed)
     ids, positions = torch.tensor([[5, 9, 14, 2, 7, 7]]), torch.arange(6)[None]
-    cache = KVCache(model.config, 1, 8, 4, torch.float32, torch.device("cpu"))
+    cache = KVCache(model.config, layout_of(model.config), 1, 8, 4, torch.float32, torch.device("cpu"))
     with torch.no_grad():
         return model.step(ids, positions, cache, 0, None, loops=4, streams=torch.full((1, 6), stream_key(5, 0))).states[
             0
         ]
-
-
-def recurrence(seed: int = 0, scale: float = 1.0) -> Recurrence:
-    """Huginn-0125's recurrence at width 64 (std sqrt(2 / 5d), embedding scale sqrt(d)), seeded."""
-    rec = family_of(
-        LoopConfig(
-            family="huginn",
-            vocab_size=99,
-            hidden_size=64,
-            num_heads=4,
-            num_kv_heads=4,
-            head_dim=16,
-            ffn_size=96,
-            prelude_layers=1,
-            shared_layers=2,
-            coda_layers=1,
-            loops=4,
-            norm_layout="sandwich",
-            kv_strategy="per_loop",
-            tie_embeddings=True,
-        )
-    ).state()
-    rec.reseed(seed, scale)
-    return rec
-
-
-def keyed(rec: Recurrence, streams: list[int], length: int, d: int = 64, start: int = 0) -> torch.Tensor:
-    positions = torch.arange(start, start + length).expand(len(streams), -1)
-    keys = rec.token_keys(torch.tensor(streams)[:, None].expand(-1, length), positions)
-    return rec.initial_state(torch.zeros(len(streams), length, d), keys)
-
-
-def test_the_keyed_draw_is_the_official_truncated_normal():
-    """A million values: mean 0, the truncated normal's std (0.9866 sigma) times the embedding scale, nothing past 3 std,
-    the official draw's quantiles; the slices a long prompt is hashed in change nothing."""
-    rec = recurrence()
-    sigma = rec.std * rec.embed_scale
-    x = keyed(rec, [stream_key(7, j) for j in range(4)], 4096)
-    official = rec.initial_state(torch.zeros(4, 4096, 64))  # the generator's draw (LoopedLM.forward's)
-    assert abs(x.mean().item()) < 0.005 * sigma
-    assert abs(x.std().item() / sigma - 0.98658) < 0.005
-    assert x.abs().max().item() <= 3 * sigma * (1 + 1e-6) and x.abs().max().item() > 2.9 * sigma
-    q = torch.tensor([0.001, 0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 0.999])
-    assert torch.allclose(x.flatten().quantile(q) / sigma, official.flatten().quantile(q) / sigma, atol=0.02)
-    first = keyed(rec, [stream_key(7, 0)], 4096)[0]
-    assert torch.equal(
-        first[1000:1010], keyed(rec, [stream_key(7, 0)], 10, start=1000)[0]
-    )  # a token's draw: its key and position only
-    assert torch.equal(x[0], first)
-
-
-def test_seeds_streams_positions_and_channels_give_different_draws():
-    a, b = (
-        keyed(recurrence(0), [stream_key(5, 0), stream_key(5, 1)], 8),
-        keyed(recurrence(1), [stream_key(5, 0), stream_key(5, 1)], 8),
-    )
-    assert torch.equal(a, keyed(recurrence(0), [stream_key(5, 0), stream_key(5, 1)], 8))
-    assert not torch.isclose(a, b).any()  # another seed: every value redrawn
-    assert not torch.isclose(a[0], a[1]).any()  # another sample
-    assert not torch.isclose(a[0, :-1], a[0, 1:]).any()  # another position
-    assert not torch.isclose(a[..., :-1], a[..., 1:]).any()  # another channel
 
 
 def test_a_drawing_model_s_step_needs_its_rows_keys(specs):
@@ -205,17 +141,20 @@ def test_a_drawing_model_s_step_needs_its_rows_keys(specs):
     with torch.no_grad():
         with pytest.raises(ValueError, match="stream each token draws from"):
             model.step(
-                ids, positions, KVCache(model.config, 1, 8, 4, torch.float32, torch.device("cpu")), 0, None, loops=4
+                ids,
+                positions,
+                KVCache(model.config, layout_of(model.config), 1, 8, 4, torch.float32, torch.device("cpu")),
+                0,
+                None,
+                loops=4,
             )
         model.seed_state(0, 0.0)
         out = model.step(
-            ids, positions, KVCache(model.config, 1, 8, 4, torch.float32, torch.device("cpu")), 0, None, loops=4
+            ids,
+            positions,
+            KVCache(model.config, layout_of(model.config), 1, 8, 4, torch.float32, torch.device("cpu")),
+            0,
+            None,
+            loops=4,
         )
     assert out.states[0].shape == (1, model.config.hidden_size)
-
-
-def test_the_zero_state_is_unchanged():
-    rec = recurrence(scale=0.0)
-    keys = rec.token_keys(torch.tensor([[1], [2]]).expand(-1, 5), torch.arange(5).expand(2, -1))
-    assert torch.equal(rec.initial_state(torch.ones(2, 5, 64), keys), torch.zeros(2, 5, 64))
-    assert math.isclose(recurrence().std * recurrence().embed_scale, math.sqrt(2 / (5 * 64)) * 8)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adapters.engine.cache import KVCache
+from adapters.engine.kv.cache import KVCache
+from adapters.engine.kv.layouts import layout_of
 from adapters.engine.config import LoopConfig
 from adapters.engine.families import Family, family_of
 from adapters.engine.families.huginn import Huginn, HuginnBlock, Retrofit
@@ -60,8 +61,8 @@ def test_a_prefill_writes_exactly_the_entries_its_layout_counts(name):
     """The static cache holds the layout's entries, a 5-token prefill writes every one of them at every position, and
     every (layer, loop) maps to one of them: per-loop grows with r (p + s r + c), standard and gated do not."""
     cfg = CONFIGS[name]
-    layout, r = family_of(cfg).kv, 1 if cfg.kv_strategy == "standard" else 3
-    model, cache = built(cfg), KVCache(cfg, 1, 8, r, torch.float32, "cpu")
+    layout, r = layout_of(cfg), 1 if cfg.kv_strategy == "standard" else 3
+    model, cache = built(cfg), KVCache(cfg, layout_of(cfg), 1, 8, r, torch.float32, "cpu")
     tokens, positions = torch.randint(3, 99, (1, 5), generator=torch.Generator().manual_seed(1)), torch.arange(5)[None]
     streams = torch.zeros(1, 5, dtype=torch.int64) if model.draws_state else None
     with torch.inference_mode():
@@ -78,7 +79,7 @@ def test_a_prefill_writes_exactly_the_entries_its_layout_counts(name):
 def test_only_the_gated_layout_keeps_a_latent(name):
     """MELT's latent h holds s x d values per token of a chunk, written by the prefill; the other layouts keep none."""
     cfg = CONFIGS[name]
-    layout, cache = family_of(cfg).kv, KVCache(cfg, 1, 8, 1, torch.float32, "cpu")
+    layout, cache = layout_of(cfg), KVCache(cfg, layout_of(cfg), 1, 8, 1, torch.float32, "cpu")
     if name != "melt":
         assert layout.latent_width(cfg) == 0 and cache.latent is None
         return

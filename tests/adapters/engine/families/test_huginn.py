@@ -23,13 +23,13 @@ import torch
 
 import adapters
 from adapters.base import AdapterError, Sampling
-from adapters.engine.families import family_of
 from adapters.engine.io.checkpoint import load_model
 from adapters.engine.config import LoopConfig
 from adapters.engine.io.raven import huginn_config
 from adapters.engine.memory import analytic_terms, count_params, estimate
 from adapters.engine.model import LoopedLM
 from adapters.engine.io.presets import preset
+from adapters.engine.kv.layouts import layout_of
 from adapters.testing import save_tiny_huginn, tiny_huginn_tensors
 from harness.cli import main
 from tests.support.recurrent_reference import (
@@ -117,7 +117,7 @@ def test_huginn_params_and_kv_layout_follow_the_official_model():
         assert count_params(preset("huginn-0125")) == sum(
             p.numel() for p in LoopedLM(preset("huginn-0125")).parameters()
         )
-    assert [family_of(cfg).kv.entries(cfg, r) for r in (1, 4, 32)] == [1 + 2 * r + 1 for r in (1, 4, 32)]
+    assert [layout_of(cfg).entries(cfg, r) for r in (1, 4, 32)] == [1 + 2 * r + 1 for r in (1, 4, 32)]
 
 
 def test_huginn_paged_kv_accounting_equals_the_analytic_model(checkpoint):

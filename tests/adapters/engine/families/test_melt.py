@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adapters.engine.families.melt import GATED, GatedBlock, Melt, MeltGate, fresh_gate
-from adapters.engine.families.ouro import PER_LOOP
+from adapters.engine.families.melt import GatedBlock, Melt, MeltGate, fresh_gate
+from adapters.engine.kv.layouts import PER_LOOP
 from adapters.engine.io.presets import preset
 from adapters.engine.layers import Block
 
@@ -18,12 +18,10 @@ def gate(variant: str) -> MeltGate:
     return MeltGate(preset("melt-tiny").replace(gate_variant=variant))
 
 
-def test_the_gated_layout_is_one_entry_per_layer_and_a_latent_per_shared_layer():
+def test_melt_runs_the_gated_layout_beside_its_looplm_s():
     cfg = preset("melt-tiny")
-    assert GATED.entries(cfg, 8) == cfg.num_layers and GATED.table(cfg, 3)[0] == [0, 0, 0]
-    assert GATED.latent_width(cfg) == cfg.shared_layers * cfg.hidden_size and GATED.latent_tokens(cfg) == cfg.chunk_size
     family = Melt(cfg)
-    assert family.kv is GATED and family.kv_reference is PER_LOOP and family.prefill_chunk == cfg.chunk_size
+    assert family.kv_reference is PER_LOOP and family.prefill_chunk == cfg.chunk_size
     assert family.gate_variant == "elementwise" and family.first_skippable_loop == 1  # loop 1 sets h = x
 
 

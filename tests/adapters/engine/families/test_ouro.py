@@ -18,7 +18,8 @@ import pytest
 import torch
 
 import adapters
-from adapters.engine.cache import KVCache
+from adapters.engine.kv.cache import KVCache
+from adapters.engine.kv.layouts import layout_of
 from adapters.engine.memory import estimate
 from adapters.engine.io.presets import preset
 from adapters.testing import TINY_OURO_26B, save_tiny_ouro
@@ -78,7 +79,9 @@ def decode_logits(model: torch.nn.Module) -> torch.Tensor:
     """The engine's logits decoding the fixture's continuation one token a step through its static cache (the
     config's KV policy): the prompt's last position, then each step's."""
     loops, prompt, continuation = DECODE["loops"], DECODE["prompt"], DECODE["continuation"]
-    cache = KVCache(model.config, 1, len(prompt) + len(continuation), loops, torch.float32, "cpu")
+    cache = KVCache(
+        model.config, layout_of(model.config), 1, len(prompt) + len(continuation), loops, torch.float32, "cpu"
+    )
     rows, slot = [], 0
     for ids in [prompt, *([t] for t in continuation)]:
         out = model.step(torch.tensor([ids]), torch.arange(slot, slot + len(ids))[None], cache, slot, None, loops=loops)

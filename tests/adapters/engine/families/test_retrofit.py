@@ -19,12 +19,12 @@ from safetensors.torch import load_file, save_file
 
 import adapters
 from adapters.base import AdapterError, Sampling
-from adapters.engine.families import family_of
 from adapters.engine.io.checkpoint import load_model, read_config, save_checkpoint
 from adapters.engine.io.raven import retrofit_config
 from adapters.engine.memory import analytic_terms, count_params
 from adapters.engine.model import LoopedLM
 from adapters.engine.io.presets import preset
+from adapters.engine.kv.layouts import layout_of
 from adapters.testing import TINY_RETROFIT, public_config, save_tiny_huginn, save_tiny_retrofit, tiny_retrofit_tensors
 from harness.cli import main
 from tests.support.recurrent_reference import (
@@ -130,7 +130,7 @@ def test_presets_are_the_conversion_s_configs(name, shape):
     cfg = preset(name)
     assert retrofit_config(public_config(cfg)) == cfg.replace(bos_token_id=None, eos_token_id=None)
     assert (cfg.prelude_layers, cfg.shared_layers, cfg.coda_layers, cfg.num_kv_heads) == shape
-    assert family_of(cfg).kv.entries(cfg, 32) == shape[0] + shape[1] * 32 + shape[2]
+    assert layout_of(cfg).entries(cfg, 32) == shape[0] + shape[1] * 32 + shape[2]
     with torch.device("meta"):
         assert count_params(cfg) == sum(p.numel() for p in LoopedLM(cfg).parameters())
 

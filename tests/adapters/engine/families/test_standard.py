@@ -1,28 +1,18 @@
-"""The plain stack (`Standard`) and what every family inherits: the `standard` KV layout, the base hooks, and how a
-prompt is cut into prefill chunks."""
+"""The plain stack (`Standard`) and what every family inherits: the base hooks (the `standard` KV layout among them),
+and how a prompt is cut into prefill chunks."""
 
 from __future__ import annotations
 
-import torch
 
-from adapters.engine.families.standard import STANDARD, Family, Standard, prefill_chunks
+from adapters.engine.families.standard import Family, Standard, prefill_chunks
 from adapters.engine.io.presets import preset
 from adapters.engine.layers import Block
-
-
-def test_the_standard_layout_is_one_entry_per_layer_at_every_loop():
-    cfg = preset("coreloop-tiny")  # 1 + 2 + 1 layers
-    assert STANDARD.entries(cfg, 4) == cfg.num_layers == 4
-    assert STANDARD.table(cfg, 3) == [[0, 0, 0], [1, 1, 1], [2, 2, 2], [3, 3, 3]]
-    assert not STANDARD.grows_with_loops and not STANDARD.has_latent(cfg) and not STANDARD.reads_latest
-    old, new = torch.ones(2), torch.zeros(2)
-    assert STANDARD.fold(old, new, 1) is new  # a loop's K/V replace the entry's
 
 
 def test_the_base_hooks_are_the_plain_stack_s():
     cfg = preset("qwen3-tiny")
     family = Standard(cfg)
-    assert family.kv is STANDARD and family.kv_reference is None and family.embed_scale is None
+    assert family.kv_reference is None and family.embed_scale is None
     assert family.state() is None and family.exit_gate() is None and family.extra_params() == 0
     assert not family.norm_each_loop and not family.norm_after_loops and family.prefill_chunk is None
     assert not family.has_exit_gate and family.gate_variant is None and family.first_skippable_loop == 0

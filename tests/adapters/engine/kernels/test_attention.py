@@ -18,7 +18,7 @@ from torch import Tensor
 
 from adapters.base import Request, Sampling
 from adapters.engine.adapter import load_preset, sequences_of
-from adapters.engine.kvformat import KV_FORMATS
+from adapters.engine.kv.format import KV_FORMATS
 from adapters.engine.serving.paged import key_mask
 from tests.support.kv_pool import engine_over, pool_for
 from tests.support.triton_interpreter import U, add_rms_norm, gamma, paged_attention, qk_rope, with_kernels

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from adapters.engine.io.checkpoint import random_model
+from adapters.engine.kv.layouts import layout_of
 from adapters.engine.serving.graphs import DecodeGraphs, bucket
 from adapters.engine.serving.paged import BlockPool, PagedStep, key_mask
 from tests.support.rounding import rounding_bound
@@ -19,13 +20,15 @@ def test_a_value_takes_the_smallest_bucket_that_holds_it():
 
 def test_buckets_end_at_the_cap_and_a_pool_without_a_spare_block_is_refused():
     model = random_model("qwen3-tiny", 0, torch.float32, "cpu")
-    pool = BlockPool(model.config, 1, 8, 4, latent_tokens=4, dtype=torch.float32, device="cpu", spare=True)
+    pool = BlockPool(
+        model.config, layout_of(model.config), 1, 8, 4, latent_tokens=4, dtype=torch.float32, device="cpu", spare=True
+    )
     graphs = DecodeGraphs(model, pool, loops=1, keep_loops=False, max_seqs=6, max_blocks=5, capture=False)
     assert graphs.batch_sizes == [1, 2, 4, 6] and graphs.widths == [1, 2, 4, 5]
     with pytest.raises(ValueError, match="spare block"):
         DecodeGraphs(
             model,
-            BlockPool(model.config, 1, 8, 4, 4, torch.float32, "cpu"),
+            BlockPool(model.config, layout_of(model.config), 1, 8, 4, 4, torch.float32, "cpu"),
             loops=1,
             keep_loops=False,
             max_seqs=6,
@@ -40,7 +43,9 @@ def test_a_padded_step_gives_the_unpadded_step_s_states():
     unpadded step on a copy of the pool gives the same states within rounding, and the padding row writes only
     the spare block."""
     model = random_model("ouro-tiny", 2, torch.float32, "cpu")
-    pool = BlockPool(model.config, 4, 10, 4, latent_tokens=4, dtype=torch.float32, device="cpu", spare=True)
+    pool = BlockPool(
+        model.config, layout_of(model.config), 4, 10, 4, latent_tokens=4, dtype=torch.float32, device="cpu", spare=True
+    )
     pool.k.normal_(generator=torch.Generator().manual_seed(0))
     pool.v.normal_(generator=torch.Generator().manual_seed(1))
     spare = slice(pool.spare * 4, pool.spare * 4 + 4)
@@ -59,7 +64,17 @@ def test_a_padded_step_gives_the_unpadded_step_s_states():
     assert set(written) & set(range(spare.start, spare.stop))  # and the padding row's, in the spare block
 
     def unpadded() -> torch.Tensor:
-        p = BlockPool(model.config, 4, 10, 4, latent_tokens=4, dtype=torch.float32, device="cpu", spare=True)
+        p = BlockPool(
+            model.config,
+            layout_of(model.config),
+            4,
+            10,
+            4,
+            latent_tokens=4,
+            dtype=torch.float32,
+            device="cpu",
+            spare=True,
+        )
         p.k.copy_(before)
         p.v.normal_(generator=torch.Generator().manual_seed(1))
         step = PagedStep(p, positions, blocks, 11)

@@ -8,6 +8,7 @@ import torch
 
 from adapters.base import Sampling
 from adapters.engine.exits import ExitPolicy
+from adapters.engine.kv.layouts import layout_of
 from adapters.engine.io.checkpoint import random_model
 from adapters.engine.serving.model_runner import ModelRunner, sample_next
 from adapters.engine.serving.paged import BlockPool
@@ -23,7 +24,14 @@ def decoded_logits(name: str, rows: bool, steps: int = 5) -> tuple[torch.Tensor,
     model = random_model(name, 4, torch.float32, "cpu")
     loops = model.config.loops
     pool = BlockPool(
-        model.config, loops, num_blocks=8, block_size=4, latent_tokens=8, dtype=torch.float32, device="cpu"
+        model.config,
+        layout_of(model.config),
+        loops,
+        num_blocks=8,
+        block_size=4,
+        latent_tokens=8,
+        dtype=torch.float32,
+        device="cpu",
     )
     runner = ModelRunner(model, pool, loops=loops, policy=ExitPolicy(), graphs=None)
     seq = Sequence(

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from adapters.base import AdapterError, Sampling
-from adapters.engine.families import family_of
+from adapters.engine.kv.layouts import layout_of
 from adapters.engine.io.checkpoint import random_model
 from adapters.engine.io.presets import preset
 from adapters.engine.memory import analytic_terms
@@ -27,7 +27,10 @@ from bench.bench_melt_prefill import prefill
 
 
 def pool(name: str = "qwen3-tiny", loops: int = 1, num_blocks: int = 6, block_size: int = 4) -> BlockPool:
-    return BlockPool(preset(name), loops, num_blocks, block_size, latent_tokens=4, dtype=torch.float32, device="cpu")
+    cfg = preset(name)
+    return BlockPool(
+        cfg, layout_of(cfg), loops, num_blocks, block_size, latent_tokens=4, dtype=torch.float32, device="cpu"
+    )
 
 
 def seq(prompt_len: int, sample: int = 0) -> Sequence:
@@ -45,7 +48,7 @@ def seq(prompt_len: int, sample: int = 0) -> Sequence:
 @pytest.mark.parametrize("name,loops", [("qwen3-tiny", 1), ("ouro-tiny", 3), ("melt-tiny", 3)])
 def test_the_pool_holds_every_entry_of_the_layout_and_reserves_what_it_says(name, loops):
     cfg, p = preset(name), pool(name, loops)
-    assert p.k.shape == (family_of(cfg).kv.entries(cfg, loops), 6 * 4, cfg.num_kv_heads, cfg.head_dim)
+    assert p.k.shape == (layout_of(cfg).entries(cfg, loops), 6 * 4, cfg.num_kv_heads, cfg.head_dim)
     terms = analytic_terms(cfg, loops, "fp32")
     assert p.kv_bytes_reserved == 6 * 4 * terms["kv_bytes_per_token"] + 4 * terms["latent_bytes_per_token"]
     assert (p.latent is not None) == (name == "melt-tiny")
@@ -54,9 +57,10 @@ def test_the_pool_holds_every_entry_of_the_layout_and_reserves_what_it_says(name
 def test_a_budget_gives_whole_blocks_and_one_too_small_for_a_sequence_is_refused():
     cfg = preset("ouro-tiny")
     per_token = analytic_terms(cfg, 4, "fp32")["kv_bytes_per_token"]
-    assert pool_blocks(cfg, 4, 10 * 4 * per_token + 5, 4, 0, "fp32") == 10
+    assert pool_blocks(cfg, layout_of(cfg), 4, 10 * 4 * per_token + 5, 4, 0, 4) == 10
     sized = BlockPool.for_workload(
         cfg,
+        layout_of(cfg),
         4,
         [9, 5],
         max_seqs=2,
@@ -70,6 +74,7 @@ def test_a_budget_gives_whole_blocks_and_one_too_small_for_a_sequence_is_refused
     with pytest.raises(AdapterError, match="raise kv_budget"):
         BlockPool.for_workload(
             cfg,
+            layout_of(cfg),
             4,
             [400],
             max_seqs=1,
@@ -137,7 +142,7 @@ def test_reading_in_place_gives_the_gathers_bits(case: str) -> None:
 
 def test_only_a_lone_sequence_with_its_blocks_in_one_run_reads_in_place() -> None:
     cfg = preset("melt-tiny")
-    p = BlockPool(cfg, cfg.loops, 8, 4, cfg.chunk_size, torch.float32, "cpu")
+    p = BlockPool(cfg, layout_of(cfg), cfg.loops, 8, 4, cfg.chunk_size, torch.float32, "cpu")
     cpu = torch.device("cpu")
     seqs = [Sequence(i, 0, 0, 9, list(range(3, 12)), 9, Sampling(temperature=0.0, max_new_tokens=1)) for i in range(2)]
     p.manager.free = deque([2, 3, 4, 0, 1, 5, 6, 7])
@@ -152,8 +157,8 @@ def test_a_step_s_rows_fit_the_latent_buffer() -> None:
     """MELT's latent buffer holds `latent_tokens` tokens in flight: a prefill step of `length` tokens per sequence
     takes at most latent_tokens // length sequences (at least one); a pool without one takes them all."""
     melt, qwen = preset("melt-tiny"), preset("qwen3-tiny")
-    gated = BlockPool(melt, melt.loops, 8, 4, 6, torch.float32, "cpu")
+    gated = BlockPool(melt, layout_of(melt), melt.loops, 8, 4, 6, torch.float32, "cpu")
     assert gated.rows_per_step([0, 1, 2, 3, 4], 3) == [[0, 1], [2, 3], [4]]
     assert gated.rows_per_step([0, 1], 8) == [[0], [1]]  # a chunk longer than the buffer still runs, alone
-    plain = BlockPool(qwen, 1, 8, 4, 6, torch.float32, "cpu")
+    plain = BlockPool(qwen, layout_of(qwen), 1, 8, 4, 6, torch.float32, "cpu")
     assert plain.rows_per_step([0, 1, 2, 3, 4], 3) == [[0, 1, 2, 3, 4]]

@@ -6,13 +6,15 @@ from __future__ import annotations
 import torch
 
 from adapters.engine.io.presets import preset
+from adapters.engine.kv.layouts import layout_of
 from adapters.engine.serving.paged import BlockPool
 from adapters.engine.serving.rows import FIRST_LENGTH, DecodeRows, RowsInputs
 
 
 def filled_pool() -> BlockPool:
     """A qwen3-tiny pool of 6 blocks of 4 whose every slot holds distinct values."""
-    p = BlockPool(preset("qwen3-tiny"), 1, 6, 4, latent_tokens=2, dtype=torch.float32, device="cpu")
+    cfg = preset("qwen3-tiny")
+    p = BlockPool(cfg, layout_of(cfg), 1, 6, 4, latent_tokens=2, dtype=torch.float32, device="cpu")
     p.k.copy_(torch.arange(p.k.numel(), dtype=torch.float32).view(p.k.shape))
     p.v.copy_(-p.k)
     return p

@@ -11,13 +11,13 @@ rows and gets back every row the call attends to (`update`). Three implementatio
 - `MixedCache`: stage-1 conversion training, `KV = a * KV_melt + (1 - a) * KV_looplm`: a gated
   model's rows read as MELT and as its LoopLM, both kept, blended for attention.
 
-Layout: which entry holds a (layer, loop)'s rows, and whether a latent is kept, is the family's `KVLayout`
-(`adapters.engine.families`): `standard` one entry per layer; `per_loop` (Ouro, Huginn) one per loop of each
+Layout: which entry holds a (layer, loop)'s rows, and whether a latent is kept, is the `KVLayout` a cache is
+handed (`adapters.engine.kv.layouts`: the model's family's, or the run's KV policy's): `standard` one entry per layer; `per_loop` (Ouro, Huginn) one per loop of each
 shared layer, growing with r; `gated` (MELT) one per layer, shared rows overwritten at every loop, plus the
 latent h of each shared layer for the tokens in flight (a prefill chunk or the decoded token).
 
 A layout that folds a token's loops into its entry (shared mean, EMA) reads the entry before each later loop
-writes it (`KVLayout.fold`); the call's own tokens attend to the loop's own K/V, later calls to the fold. Rows are stored in the config's `kv_dtype` (`adapters.engine.kvformat`): a quantized
+writes it (`KVLayout.fold`); the call's own tokens attend to the loop's own K/V, later calls to the fold. Rows are stored in the config's `kv_dtype` (`adapters.engine.kv.format`): a quantized
 row is its values and scale as bytes, written by `pack` and dequantized for attention by `unpack`.
 
 `KVCache` stores k and v as [entries, batch, kv_heads, length, head_dim (+ 4 scale bytes)] and the latent as
@@ -25,7 +25,7 @@ row is its values and scale as bytes, written by `pack` and dequantized for atte
 history buffer of the loop conditioning (`history_bytes`);
 `kv_bytes_used` counts the slots written so far (every row of the batch, padding included,
 because those slots are occupied) plus the latent once anything is written.
-`adapters.engine.memory.estimate` predicts the same numbers from the config alone.
+`adapters.engine.memory.estimate` predicts the same numbers from the config alone (`adapters.engine.kv.accounting`).
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ import torch
 from torch import Tensor
 
 from adapters.engine.config import LoopConfig
-from adapters.engine.families import KVLayout, family_of
-from adapters.engine.kvformat import KV_FORMATS
-from adapters.engine.memory import history_bytes
+from adapters.engine.kv.accounting import history_bytes
+from adapters.engine.kv.format import KV_FORMATS
+from adapters.engine.kv.layouts import KVLayout
 
 Gate = Callable[[Tensor, Tensor, int], Tensor]  # MELT's update (x, h, loop) -> new h, for loops >= 1
 
@@ -63,14 +63,22 @@ class InPlaceCache(Cache, Protocol):
 
 
 class KVCache:
-    """The static cache of one generate call (a batch of `batch` rows, `length` slots, `loops` loops)."""
+    """The static cache of one generate call (a batch of `batch` rows, `length` slots, `loops` loops, `layout`'s
+    entries)."""
 
     in_place = False
 
     def __init__(
-        self, config: LoopConfig, batch: int, length: int, loops: int, dtype: torch.dtype, device: torch.device | str
+        self,
+        config: LoopConfig,
+        layout: KVLayout,
+        batch: int,
+        length: int,
+        loops: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
     ) -> None:
-        self.layout, self.format, self.dtype = family_of(config).kv, KV_FORMATS[config.kv_dtype], dtype
+        self.layout, self.format, self.dtype = layout, KV_FORMATS[config.kv_dtype], dtype
         layout, fmt = self.layout, self.format
         self.loops = config.check_loops(loops)
         self.batch, self.capacity = batch, length
@@ -165,8 +173,8 @@ class ChunkCache:
 
     in_place = False
 
-    def __init__(self, config: LoopConfig, loops: int, layout: KVLayout | None = None) -> None:
-        self.layout = layout = layout or family_of(config).kv
+    def __init__(self, config: LoopConfig, layout: KVLayout, loops: int) -> None:
+        self.layout = layout
         self.format = KV_FORMATS[config.kv_dtype]
         self.entries = layout.table(config, loops)
         self.rows: defaultdict[int, dict[int, tuple[Tensor, Tensor]]] = defaultdict(

@@ -1,6 +1,7 @@
-"""KV policies (`kv_policy`): the layouts' write rules on real tensors, the pool's and the static cache's bytes against
-the analytic model for every family, policy and dtype, and their composition with exits, continuous batching,
-seeded sampling and preemption (the static path as the reference)."""
+"""KV layouts and policies (`kv_policy`): each layout's entries, the one table from a name to its layout, the write
+rules on real tensors, the pool's and the static cache's bytes against the analytic model for every family, policy
+and dtype, and their composition with exits, continuous batching, seeded sampling and preemption (the static path as
+the reference)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import torch
 import adapters
 from adapters.base import AdapterError, Sampling
 from adapters.engine.adapter import load_preset
-from adapters.engine.cache import KVCache
-from adapters.engine.config import KV_DTYPES, KV_POLICIES
-from adapters.engine.families import family_of
+from adapters.engine.kv.layouts import GATED, LAYOUTS, PER_LOOP, STANDARD, SharedEMA, layout_of, policy_layout
+from adapters.engine.kv.cache import KVCache
+from adapters.engine.kv.policies import KV_DTYPES, admitted
 from adapters.engine.io.presets import preset
 from adapters.engine.memory import analytic_terms, kv_bytes
 from adapters.engine.serving.paged import BlockPool
@@ -35,7 +36,33 @@ def outputs(adapter, sampling: Sampling) -> list[tuple[list[int], list[int]]]:
 
 
 def policies(cfg) -> list[str]:
-    return [p for p in KV_POLICIES[cfg.kv_strategy] if p != "latest-m4" or cfg.recurrent]
+    return admitted(cfg.kv_strategy, cfg.recurrent)
+
+
+# ------------------------------------------------------------------------------ the layouts and their table
+def test_the_standard_layout_is_one_entry_per_layer_at_every_loop():
+    cfg = preset("coreloop-tiny")  # 1 + 2 + 1 layers
+    assert STANDARD.entries(cfg, 4) == cfg.num_layers == 4
+    assert STANDARD.table(cfg, 3) == [[0, 0, 0], [1, 1, 1], [2, 2, 2], [3, 3, 3]]
+    assert not STANDARD.grows_with_loops and not STANDARD.has_latent(cfg) and not STANDARD.reads_latest
+    old, new = torch.ones(2), torch.zeros(2)
+    assert STANDARD.fold(old, new, 1) is new  # a loop's K/V replace the entry's
+
+
+def test_the_gated_layout_is_one_entry_per_layer_and_a_latent_per_shared_layer():
+    cfg = preset("melt-tiny")
+    assert GATED.entries(cfg, 8) == cfg.num_layers and GATED.table(cfg, 3)[0] == [0, 0, 0]
+    assert GATED.latent_width(cfg) == cfg.shared_layers * cfg.hidden_size and GATED.latent_tokens(cfg) == cfg.chunk_size
+
+
+def test_a_config_runs_its_strategy_s_layout_unless_a_policy_names_another():
+    """`layout_of` is the one lookup: the natives by KV strategy, a policy's by name (shared-ema's with its ALPHA)."""
+    ouro, melt, qwen = preset("ouro-tiny"), preset("melt-tiny"), preset("qwen3-tiny")
+    assert (layout_of(ouro), layout_of(melt), layout_of(qwen)) == (PER_LOOP, GATED, STANDARD)
+    assert layout_of(ouro.replace(kv_policy="shared-last")) is LAYOUTS["shared-last"]
+    ema = layout_of(ouro.replace(kv_policy="shared-ema:0.3"))
+    assert isinstance(ema, SharedEMA) and ema.alpha == 0.3 and ema.policy == "shared-ema:0.3"
+    assert policy_layout("shared-ema").policy == "shared-ema"  # the default ALPHA is not written out
 
 
 # ------------------------------------------------------------------------------ write rules
@@ -49,13 +76,14 @@ def test_each_policy_leaves_its_fold_of_a_tokens_loops():
     expected = {"shared-last": loops[2], "shared-mean": sum(loops) / 3, "shared-ema:0.25": ema}
     for policy, want in expected.items():
         cfg = preset("ouro-tiny").replace(kv_policy=policy, loops=3)
-        cache = KVCache(cfg, 1, 4, 3, torch.float32, "cpu")
+        cache = KVCache(cfg, layout_of(cfg), 1, 4, 3, torch.float32, "cpu")
         for t, k in enumerate(loops):
             read, _ = cache.update(0, t, k, k, slot=0)
             assert torch.equal(read, k)  # the token's own loop t reads its loop-t K/V
         later, _ = cache.update(0, 0, loops[0], loops[0], slot=1)  # a later token reads the entry
         torch.testing.assert_close(later[:, :, :1], want, rtol=1e-6, atol=1e-6)  # float32 sums: a few ulps
-    per_loop = KVCache(preset("ouro-tiny").replace(loops=3), 1, 4, 3, torch.float32, "cpu")
+    per_loop_cfg = preset("ouro-tiny").replace(loops=3)
+    per_loop = KVCache(per_loop_cfg, layout_of(per_loop_cfg), 1, 4, 3, torch.float32, "cpu")
     for t, k in enumerate(loops):
         assert torch.equal(per_loop.update(0, t, k, k, slot=0)[0][:, :, :1], k)
 
@@ -68,7 +96,7 @@ def test_a_frozen_row_keeps_the_fold_of_the_loops_it_ran():
     loops = [torch.randn(2, 2, 1, 32, generator=torch.Generator().manual_seed(t)) for t in range(4)]
     cfg = preset("ouro-tiny").replace(kv_policy="shared-mean")
     active = torch.ones(2, dtype=torch.bool)
-    cache = FrozenCache(KVCache(cfg, 2, 4, 4, torch.float32, "cpu"), active)
+    cache = FrozenCache(KVCache(cfg, layout_of(cfg), 2, 4, 4, torch.float32, "cpu"), active)
     for t, k in enumerate(loops):
         cache.update(0, t, k, k, slot=0)
         if t == 1:
@@ -103,11 +131,12 @@ def test_caches_hold_the_analytic_bytes_for_every_policy_and_dtype(name):
             for r in loop_counts:
                 per_token = analytic_terms(cfg, r, "bf16")["kv_bytes_per_token"]
                 for batch, tokens in [(1, 5), (3, 17), (2, 100)]:
-                    cache = KVCache(cfg, batch, tokens, r, torch.bfloat16, "meta")
+                    cache = KVCache(cfg, layout_of(cfg), batch, tokens, r, torch.bfloat16, "meta")
                     assert cache.k.numel() * cache.k.element_size() * 2 == per_token * tokens * batch
                     assert cache.kv_bytes_allocated == kv_bytes(cfg, tokens, batch, r, "bf16")  # with MELT's latent
                     pool = BlockPool(
                         cfg,
+                        layout_of(cfg),
                         r,
                         num_blocks=-(-tokens // 4) * batch,
                         block_size=4,
@@ -246,8 +275,8 @@ def test_huginn_latest_m4_is_per_loop_without_exits_and_matches_static_with_them
         ("melt-tiny", {"kv_policy": "shared-mean"}, "takes gated"),
         ("ouro-tiny", {"kv_policy": "gated"}, "kv_policy gated applies to gated (MELT) models"),
         ("ouro-tiny", {"kv_policy": "latest-m4"}, "applies to the recurrent-depth families (huginn, retrofit)"),
-        ("ouro-tiny", {"kv_policy": "shared-ema:1"}, "needs 0 < ALPHA < 1"),
-        ("ouro-tiny", {"kv_policy": "shared-first"}, "is not one of"),
+        ("ouro-tiny", {"kv_policy": "shared-ema:1"}, "needs ALPHA in (0, 1)"),
+        ("ouro-tiny", {"kv_policy": "shared-first"}, "kv_policy must be one of"),
         ("ouro-tiny", {"kv_dtype": "int4"}, "kv_dtype='int4' is not one of auto, int8, fp8"),
         (
             "ouro-tiny",
@@ -284,4 +313,4 @@ def test_describe_and_inspect_carry_the_policy_dtype_and_bytes():
         for name in ("qwen3-tiny", "ouro-tiny", "melt-tiny")
     }
     assert native == {"qwen3-tiny": "standard", "ouro-tiny": "per-loop", "melt-tiny": "gated"}
-    assert family_of(adapter.config).kv.policy == "shared-ema:0.3"
+    assert layout_of(adapter.config).policy == "shared-ema:0.3"

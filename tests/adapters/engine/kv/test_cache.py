@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from adapters.engine.cache import ChunkCache, KVCache, MixedCache
+from adapters.engine.kv.cache import ChunkCache, KVCache, MixedCache
+from adapters.engine.kv.layouts import layout_of
 from adapters.engine.families import family_of
 from adapters.engine.io.presets import preset
 from adapters.engine.memory import kv_bytes
@@ -21,7 +22,7 @@ def kv(cfg, batch: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def test_a_static_cache_returns_every_row_written_so_far_and_counts_its_bytes():
     cfg = preset("ouro-tiny")
-    cache = KVCache(cfg, batch=2, length=8, loops=3, dtype=torch.float32, device="cpu")
+    cache = KVCache(cfg, layout_of(cfg), batch=2, length=8, loops=3, dtype=torch.float32, device="cpu")
     assert cache.kv_bytes_allocated == kv_bytes(cfg, 8, 2, 3, "fp32") and cache.kv_bytes_used == 0
     first, second = kv(cfg, 2, 5), kv(cfg, 2, 1)
     cache.update(0, 1, *first, slot=0)
@@ -31,13 +32,13 @@ def test_a_static_cache_returns_every_row_written_so_far_and_counts_its_bytes():
     cache.update(0, 2, *kv(cfg, 2, 1), slot=0)  # per-loop entries: loop 3 writes rows of its own
     torch.testing.assert_close(cache.stored(0, 1, 0, 1)[0], first[0][:, :, :1], rtol=0, atol=0)
     cache.length = 6
-    entries = family_of(cfg).kv.entries(cfg, 3)
+    entries = layout_of(cfg).entries(cfg, 3)
     assert cache.kv_bytes_used == 6 * 2 * 2 * entries * cfg.num_kv_heads * cfg.head_dim * 4
 
 
 def test_a_gated_cache_keeps_one_row_per_layer_and_the_latent_of_the_tokens_in_flight():
     cfg = preset("melt-tiny")
-    cache = KVCache(cfg, batch=1, length=8, loops=4, dtype=torch.float32, device="cpu")
+    cache = KVCache(cfg, layout_of(cfg), batch=1, length=8, loops=4, dtype=torch.float32, device="cpu")
     x = torch.randn(1, 3, cfg.hidden_size, generator=G)
     h0 = cache.kv_source(0, 0, x, gate=lambda x, h, loop: (x + h) / 2)
     torch.testing.assert_close(h0, x, rtol=0, atol=0)  # loop 1: h = x
@@ -52,7 +53,7 @@ def test_a_gated_cache_keeps_one_row_per_layer_and_the_latent_of_the_tokens_in_f
 
 def test_a_chunked_forward_reads_earlier_chunks_and_its_own_rows():
     cfg = preset("melt-tiny")
-    cache = ChunkCache(cfg, loops=2)
+    cache = ChunkCache(cfg, layout_of(cfg), loops=2)
     a, b = kv(cfg, 1, 4), kv(cfg, 1, 2)
     cache.update(0, 0, *a, slot=0)
     replaced = kv(cfg, 1, 4)
@@ -64,7 +65,7 @@ def test_a_chunked_forward_reads_earlier_chunks_and_its_own_rows():
 
 def test_a_folding_layout_attends_to_the_loop_s_own_rows_and_keeps_their_mean():
     cfg = preset("ouro-tiny").replace(kv_policy="shared-mean")
-    cache = KVCache(cfg, batch=1, length=4, loops=2, dtype=torch.float32, device="cpu")
+    cache = KVCache(cfg, layout_of(cfg), batch=1, length=4, loops=2, dtype=torch.float32, device="cpu")
     one, two = kv(cfg, 1, 2), kv(cfg, 1, 2)
     cache.update(0, 0, *one, slot=0)
     k, _ = cache.update(0, 1, *two, slot=0)
@@ -75,7 +76,7 @@ def test_a_folding_layout_attends_to_the_loop_s_own_rows_and_keeps_their_mean():
 def test_a_mixed_forward_blends_the_melt_rows_with_the_looplm_s():
     cfg = preset("melt-tiny")
     family = family_of(cfg)
-    mixed = MixedCache(0.25, ChunkCache(cfg, 2), ChunkCache(cfg, 2, family.kv_reference))
+    mixed = MixedCache(0.25, ChunkCache(cfg, layout_of(cfg), 2), ChunkCache(cfg, family.kv_reference, 2))
     melt, looplm = kv(cfg, 1, 3), kv(cfg, 1, 3)
     k, v = mixed.update(0, 0, torch.stack((melt[0], looplm[0])), torch.stack((melt[1], looplm[1])), slot=0)
     torch.testing.assert_close(k, 0.25 * melt[0] + 0.75 * looplm[0], rtol=0, atol=0)

@@ -10,9 +10,10 @@ import torch
 
 from adapters.base import Request, Sampling
 from adapters.engine.adapter import load_preset
-from adapters.engine.cache import KVCache
+from adapters.engine.kv.layouts import layout_of
+from adapters.engine.kv.cache import KVCache
 from adapters.engine.io.presets import preset
-from adapters.engine.kvformat import AUTO, KV_FORMATS, SCALE_BYTES
+from adapters.engine.kv.format import AUTO, KV_FORMATS, SCALE_BYTES
 from adapters.engine.memory import analytic_terms
 
 ROWS = (
@@ -59,7 +60,7 @@ def test_a_cache_stores_bytes_and_attention_reads_them_dequantized(kv_dtype):
     """The static cache holds each row's values and scale as bytes; what `update` returns for attention is those bytes
     dequantized, earlier rows included."""
     cfg = preset("ouro-tiny").replace(kv_dtype=kv_dtype)
-    cache = KVCache(cfg, 3, 10, 4, torch.float32, "cpu")
+    cache = KVCache(cfg, layout_of(cfg), 3, 10, 4, torch.float32, "cpu")
     fmt = KV_FORMATS[kv_dtype]
     k1, k2 = ROWS[:, :, :4], ROWS[:, :, 4:6]
     cache.update(0, 0, k1, k1, slot=0)
