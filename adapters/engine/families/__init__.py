@@ -2,7 +2,7 @@
 
 `standard` (Qwen3, the plain stack and the base of the hooks), `ouro` (LoopLM: per-loop K/V, the exit gate),
 `melt` (gated K/V, a latent per shared layer, chunk-wise prefill), `huginn` (recurrent depth: Huginn-0125 and
-the retrofitted models). `standard.py`'s docstring says what a family's hooks are; `sharing` holds the KV
+the retrofitted models), `ifm` (the IFM Part II looped rows: hashed initial state, diagonal injection, terminal KV). `standard.py`'s docstring says what a family's hooks are; `sharing` holds the KV
 policies a per-loop model runs instead of its own (`LoopConfig.kv_policy`).
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from adapters.engine.config import LoopConfig
 from adapters.engine.families.huginn import Huginn, Retrofit
+from adapters.engine.families.ifm import Ifm
 from adapters.engine.families.melt import GATED, Melt
 from adapters.engine.families.ouro import PER_LOOP, Ouro
 from adapters.engine.families.sharing import policy_layout
@@ -22,6 +23,7 @@ __all__ = [
     "STANDARD",
     "Family",
     "Huginn",
+    "Ifm",
     "KVLayout",
     "Melt",
     "Ouro",
@@ -41,6 +43,8 @@ def family_of(cfg: LoopConfig) -> Family:
         family: Family = Huginn(cfg)
     elif cfg.family == "retrofit":
         family = Retrofit(cfg)
+    elif cfg.family == "ifm":
+        family = Ifm(cfg)
     else:
         family = {"gated": Melt, "per_loop": Ouro}.get(cfg.kv_strategy, Standard)(cfg)
     if cfg.kv_policy is not None:
