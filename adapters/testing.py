@@ -559,7 +559,7 @@ def save_tiny_ifm(folder: str | Path, *, variant: str = "fixed-r5", seed: int = 
     files = [
         {"path": p.relative_to(root).as_posix(), "sha256": sha256_file(p), "size_bytes": p.stat().st_size}
         for p in sorted(root.rglob("*"))
-        if p.is_file()
+        if p.is_file() and p.name != MANIFEST  # a manifest written before into the same folder lists no file
     ]
     manifest: dict[str, Any] = {
         "schema_version": 1,

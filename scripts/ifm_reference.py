@@ -12,7 +12,9 @@ operation by operation, on the artifact's own tensors, names and conventions, wi
   the table `RotaryEmbedding._precompute_until` builds;
 - attention as `CausalSoftmaxAttention`'s backend-free path: the cache (k, v, length) concatenated before the chunk's
   rows, GQA by repeating K/V heads, an additive -inf mask `triu(diagonal=cache_len + 1)`, softmax in float32;
-- the state `identity_recurrent_state` draws (seed 42, here example id 0 as the engine uses), the diagonal, orthogonal
+- the state `identity_recurrent_state` draws (seed 42, here example id 0 as the engine uses; its float32 sine taken
+  correctly rounded, which the official `sin_` approximates to an ulp: `families.ifm.IfmState.initial_state`), the
+  diagonal, orthogonal
   and linear injections, the prelude and exit norms, and terminal KV: recurrences before the last attend to the cached
   terminal rows plus their own chunk's (their own chunk only while the cache is empty), the last one appends;
 - D4 rows: the plain `Transformer.forward` with its cache.
@@ -108,7 +110,7 @@ class Official:
         s.add_(pos * 0.021713)
         s.add_(phase)
         s.add_(0.123457)
-        s.sin_()
+        s.copy_(s.double().sin())  # correctly rounded: the same bits on every CPU (docstring)
         s.mul_(43758.5453123)
         s.sub_(s.floor())
         s.clamp_(1e-6, 1.0 - 1e-6)

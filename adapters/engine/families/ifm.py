@@ -109,7 +109,10 @@ class IfmState(Recurrence):
     def initial_state(self, e: Tensor, keys: Tensor | None = None) -> Tensor:
         """The official `identity_recurrent_state` of e [B, n, d] at positions `keys` [B, n] (default 0..n-1): each
         entry fract(43758.5453123 sin(0.013579 c + 0.021713 p + phase + 0.123457)) mapped through the inverse normal
-        CDF, times sqrt(2 / d); float32 operation by operation as the official code, so the same bits."""
+        CDF, times sqrt(2 / d); float32 operation by operation as the official code. The sine alone is taken in float64
+        and rounded once: 43758.5 sin(x) keeps one ulp of a float32 sine as a 0.003 move of the fraction, so the 1-ulp
+        sines of different kernels (AVX512, AVX2, scalar, CUDA) would each give another state; the correctly rounded
+        one is what all of them approximate, and the same on every CPU."""
         b, n, d = e.shape
         positions = torch.arange(n, device=e.device).expand(b, n) if keys is None else keys
         mixed = (EXAMPLE_ID * 104_729 + (STATE_SEED % PHASE_MODULUS) * 130_363) % PHASE_MODULUS
@@ -120,7 +123,7 @@ class IfmState(Recurrence):
         state.add_(positions.to(torch.float32).view(b, n, 1) * 0.021713)
         state.add_(phase)
         state.add_(0.123457)
-        state.sin_()
+        state.copy_(state.double().sin())  # correctly rounded: the same bits on every CPU (docstring)
         state.mul_(43758.5453123)
         state.sub_(state.floor())
         state.clamp_(1e-6, 1.0 - 1e-6)
