@@ -484,7 +484,8 @@ def tiny_ifm_fields(variant: str) -> dict[str, Any]:
 def tiny_ifm_tensors(fields: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
     """Random BF16 tensors under the official names and shapes of `fields`, drawn in order from `seed`: norms' stored
     weights (weight - 1) near 0, A_log and dt_bias near the recipes' initial values, matrices scaled by 1 / sqrt(fan in),
-    embeddings small."""
+    embeddings small. Drawn in float64: a float32 draw moves by an ulp between CPU kernels (AVX512, AVX2, scalar),
+    enough to flip some BF16 roundings, so the artifact would differ from the one the reference was computed on."""
     import math
 
     import torch
@@ -518,12 +519,13 @@ def tiny_ifm_tensors(fields: dict[str, Any], seed: int) -> dict[str, torch.Tenso
     tensors = {}
     for name, shape in shapes.items():
         scale = 0.1 if len(shape) == 1 else 0.15 if name == "embed.weight" else shape[1] ** -0.5
-        tensors[name] = (base.get(name, 0.0) + scale * torch.randn(shape, generator=gen)).to(torch.bfloat16)
+        draw = torch.randn(shape, generator=gen, dtype=torch.float64)  # in float64: no CPU kernel moves a BF16 rounding
+        tensors[name] = (base.get(name, 0.0) + scale * draw).to(torch.bfloat16)
     return tensors
 
 
 def save_tiny_ifm(folder: str | Path, *, variant: str = "fixed-r5", seed: int = 0) -> Path:
-    """Write a tiny random IFM Part II artifact in the released layout (`adapters.engine.io.ifm`): config.json,
+    """Write a tiny random IFM Part II artifact in the released layout (`adapters.engine.io.xllm`): config.json,
     one BF16 shard and its index, the character tokenizer in tokenizer/, the documents, and artifact_manifest.json
     listing every file's size and SHA-256. Made from `variant` and `seed` alone, so a test and
     `scripts/ifm_reference.py` (which runs the official modelling code on it) build the same artifact."""
@@ -531,7 +533,7 @@ def save_tiny_ifm(folder: str | Path, *, variant: str = "fixed-r5", seed: int = 
 
     from safetensors.torch import save_file
 
-    from adapters.engine.io.ifm import INDEX, MANIFEST, TOKENIZER_DIR, TOKENIZER_FILES, manifest_digest, sha256_file
+    from adapters.engine.io.xllm import INDEX, MANIFEST, TOKENIZER_DIR, TOKENIZER_FILES, manifest_digest, sha256_file
     from adapters.engine.io.tokenizer import char_tokenizer
 
     def dump(value: object) -> str:

@@ -391,7 +391,7 @@ def _checkpoint_factory(family: str) -> Any:
         from pathlib import Path
 
         from adapters.engine.io.checkpoint import load_model
-        from adapters.engine.io.ifm import TOKENIZER_DIR
+        from adapters.engine.io.xllm import TOKENIZER_DIR
         from adapters.engine.io.tokenizer import load_tokenizer
 
         seed = int(

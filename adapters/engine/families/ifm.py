@@ -16,7 +16,7 @@ What the official evaluation computes (`terminal_kv_forward`), and the engine wi
   own tokens attend to one another at each recurrence. That is the engine's `shared-last` layout, the family's
   native one (`--kv-policy per-loop` runs the same weights with an entry per recurrence instead).
 
-The dense D4 rows run as a plain stack (`Standard`); the layout the release ships is read by `adapters.engine.io.ifm`.
+The dense D4 rows run as a plain stack (`Standard`); the layout the release ships is read by `adapters.engine.io.xllm`.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ the elementwise gate, `.melt_gate.logit` for the scalar one; config.json may car
 `LoopConfig.exit_threshold`, the adapter's default exit policy. Huginn-0125's official layout
 (config.json `model_type` "huginn_raven", `transformer.*` tensors), and the retrofitted models saved in it
 (`qk_bias` false), are mapped in `adapters.engine.io.raven`. The IFM Part II release's artifacts (`ifm:DIR`: `artifact_manifest.json`
-with every file's SHA-256, BF16 shards, the official `xllm` names) are verified and mapped in `adapters.engine.io.ifm`.
+with every file's SHA-256, BF16 shards, the official `xllm` names) are verified and mapped in `adapters.engine.io.xllm`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from adapters.base import AdapterError
 from adapters.config_values import MISSING, first_id, flag, id_list, integer, number
 from adapters.files import MIB, check_closed, check_complete, commit_folder, index_shards, parse_json, read_text
 from adapters.engine.config import ENGINE_FORMAT, LoopConfig
-from adapters.engine.io.ifm import ifm_config, read_artifact
+from adapters.engine.io.xllm import ifm_config, read_artifact
 from adapters.engine.io.raven import (
     MODEL_TYPE as HUGINN_TYPE,
     engine_tensors,

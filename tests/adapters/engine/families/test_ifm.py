@@ -21,7 +21,7 @@ import torch
 from adapters.base import Sampling
 from adapters.engine.adapter import eos_ids
 from adapters.engine.families import family_of
-from adapters.engine.io.ifm import model_config
+from adapters.engine.io.xllm import model_config
 from adapters.engine.io.checkpoint import load_model
 from adapters.engine.io.presets import preset
 from adapters.engine.memory import analytic_terms, count_params, estimate

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from adapters.base import AdapterError
-from adapters.engine.io.ifm import MANIFEST, ifm_config, manifest_digest
+from adapters.engine.io.xllm import MANIFEST, ifm_config, manifest_digest
 from adapters.testing import save_tiny_ifm, tiny_ifm_fields
 
 
@@ -74,7 +74,7 @@ def test_hub_download_metadata_is_ignored(artifact):
 
 
 def test_unsupported_fields_and_students_are_refused(tmp_path):
-    from adapters.engine.io.ifm import model_config
+    from adapters.engine.io.xllm import model_config
 
     with pytest.raises(AdapterError, match="qknorm must be False"):
         model_config({**tiny_ifm_fields("fixed-r5"), "qknorm": True})
