@@ -141,7 +141,11 @@ class Official:
             return self.head(x)
         for i in range(self.start):
             x, cache[i] = self.block(i, x, freqs, cache[i])
-        e = x if self.fields.get("huginn_prelude_norm", "none") == "none" else self.norm(x, "huginn_prelude_norm_module.weight")
+        e = (
+            x
+            if self.fields.get("huginn_prelude_norm", "none") == "none"
+            else self.norm(x, "huginn_prelude_norm_module.weight")
+        )
         x = self.state(e, length)
         for step in range(self.fields["loop_times"]):
             last = step + 1 == self.fields["loop_times"]
@@ -188,7 +192,12 @@ def main() -> None:
             folder = save_tiny_ifm(Path(tmp) / variant, variant=variant, seed=CHECKPOINT_SEED)
             rows[variant] = record(Official(folder))
     fixture = {
-        "reference": {"repository": REPOSITORY, "commit": COMMIT, "file": "xllm/models/looped.py", "torch": torch.__version__},
+        "reference": {
+            "repository": REPOSITORY,
+            "commit": COMMIT,
+            "file": "xllm/models/looped.py",
+            "torch": torch.__version__,
+        },
         "checkpoint": {"builder": "adapters.testing.save_tiny_ifm", "seed": CHECKPOINT_SEED},
         "state": {"seed": STATE_SEED, "example_id": EXAMPLE_ID},
         "prompts": PROMPTS,

@@ -205,7 +205,15 @@ def _check_types(cfg: LoopConfig) -> None:
         _at_least(cfg, 1, name)
     for name in ("prelude_layers", "shared_layers", "coda_layers"):
         _at_least(cfg, 0, name)
-    for name in ("tie_embeddings", "qk_norm", "exit_gate", "loop_gate", "branch_gate", "ifm_prelude_norm", "ifm_exit_norm"):
+    for name in (
+        "tie_embeddings",
+        "qk_norm",
+        "exit_gate",
+        "loop_gate",
+        "branch_gate",
+        "ifm_prelude_norm",
+        "ifm_exit_norm",
+    ):
         if not isinstance(getattr(cfg, name), bool):
             raise AdapterError(f"config field {name} must be true or false, got {getattr(cfg, name)!r}")
     if not isinstance(cfg.loops, int) or isinstance(cfg.loops, bool) or not 1 <= cfg.loops <= MAX_LOOPS:

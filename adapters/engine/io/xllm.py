@@ -95,14 +95,20 @@ def verify_artifact(root: Path) -> dict[str, Any]:
     present = {p.relative_to(root).as_posix() for p in entries if p.is_file()} - {MANIFEST}
     folders = {p.relative_to(root).as_posix() for p in entries if p.is_dir()}
     if not folders <= {TOKENIZER_DIR}:
-        raise AdapterError(f"{root}: unexpected folder(s) in the artifact: {', '.join(sorted(folders - {TOKENIZER_DIR}))}")
+        raise AdapterError(
+            f"{root}: unexpected folder(s) in the artifact: {', '.join(sorted(folders - {TOKENIZER_DIR}))}"
+        )
     if present != set(records):
         missing, unlisted = sorted(set(records) - present), sorted(present - set(records))
-        raise AdapterError(f"{root}: the artifact's files differ from {MANIFEST}: missing {missing}, unlisted {unlisted}")
+        raise AdapterError(
+            f"{root}: the artifact's files differ from {MANIFEST}: missing {missing}, unlisted {unlisted}"
+        )
     shards = {name for name in records if name.startswith("model-") and name.endswith(".safetensors")}
     layout = {"config.json", INDEX, *DOCUMENTS, *(f"{TOKENIZER_DIR}/{name}" for name in TOKENIZER_FILES)}
     if not set(records) - shards <= layout:
-        raise AdapterError(f"{root}: files outside the Part II layout: {', '.join(sorted(set(records) - shards - layout))}")
+        raise AdapterError(
+            f"{root}: files outside the Part II layout: {', '.join(sorted(set(records) - shards - layout))}"
+        )
     for name, record in sorted(records.items()):
         path = root / name
         if path.stat().st_size != record.get("size_bytes") or sha256_file(path) != record.get("sha256"):
@@ -164,7 +170,9 @@ def model_config(fields: dict[str, Any]) -> LoopConfig:
     }
     for name, value in unsupported.items():
         if fields.get(name, _MODELCONF_DEFAULTS.get(name)) != value:
-            raise AdapterError(f"IFM artifact: model field {name} must be {value!r} (the released rows), got {fields.get(name)!r}")
+            raise AdapterError(
+                f"IFM artifact: model field {name} must be {value!r} (the released rows), got {fields.get(name)!r}"
+            )
     d, heads = fields["model_dim"], fields["num_heads"]
     head_dim = fields.get("head_dim") or d // heads
     if fields.get("rope_head_dim", head_dim) not in (None, head_dim):
@@ -190,7 +198,9 @@ def model_config(fields: dict[str, Any]) -> LoopConfig:
 
 def _looped_config(fields: dict[str, Any], layers: int, shape: dict[str, Any]) -> LoopConfig:
     if not fields.get("huginn_depth_control") or fields.get("huginn_hierarchical_state", "none") != "none":
-        raise AdapterError("IFM artifact: only the Part II rows (huginn_depth_control, one recurrent state) are supported")
+        raise AdapterError(
+            "IFM artifact: only the Part II rows (huginn_depth_control, one recurrent state) are supported"
+        )
     if fields.get("huginn_state_init") != "normal":
         raise AdapterError("IFM artifact: huginn_state_init must be 'normal' (the hashed evaluation state)")
     prelude, coda = fields.get("huginn_prelude_layers", 1), fields.get("huginn_coda_layers", 1)

@@ -86,6 +86,18 @@ def test_the_cli_refuses_a_changed_artifact_in_one_line(artifact, capsys):
     from harness.cli import main
 
     (artifact / "NOTICE").write_text("changed\n")
-    code = main(["run", "--model", f"ifm:{artifact}", "--tasks", "chain3", "--limit", "1", "--db", str(artifact.parent / "r.db")])
+    code = main(
+        [
+            "run",
+            "--model",
+            f"ifm:{artifact}",
+            "--tasks",
+            "chain3",
+            "--limit",
+            "1",
+            "--db",
+            str(artifact.parent / "r.db"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "NOTICE does not match artifact_manifest.json" in err and "Traceback" not in err
