@@ -91,7 +91,7 @@ class IfmState(Recurrence):
         d = cfg.hidden_size
         self.kind = cfg.ifm_injection
         self.seed, self.scale, self.generator = STATE_SEED, 1.0, None
-        self.std = math.sqrt(2.0) * (1.0 / (d**0.5))
+        self.std = math.sqrt(2.0) * (1.0 / (d**0.5))  # sqrt(2) erfinv(2u - 1) is a standard normal: N(0, 1/d)
         self.prelude_norm = RMSNorm(d, cfg.norm_eps) if cfg.ifm_prelude_norm else None
         if self.kind == "linear":
             self.adapter = nn.Linear(2 * d, d, bias=True)
@@ -108,8 +108,8 @@ class IfmState(Recurrence):
 
     def initial_state(self, e: Tensor, keys: Tensor | None = None) -> Tensor:
         """The official `identity_recurrent_state` of e [B, n, d] at positions `keys` [B, n] (default 0..n-1): each
-        entry fract(43758.5453123 sin(0.013579 c + 0.021713 p + phase + 0.123457)) mapped through the inverse normal
-        CDF, times sqrt(2 / d); float32 operation by operation as the official code. The sine alone is taken in float64
+        entry sqrt(2 / d) erfinv(2 f - 1) with f = fract(43758.5453123 sin(0.013579 c + 0.021713 p + phase + 0.123457)),
+        a N(0, 1/d) stand-in for the training state; float32 operation by operation as the official code. The sine alone is taken in float64
         and rounded once: 43758.5 sin(x) keeps one ulp of a float32 sine as a 0.003 move of the fraction, so the 1-ulp
         sines of different kernels (AVX512, AVX2, scalar, CUDA) would each give another state; the correctly rounded
         one is what all of them approximate, and the same on every CPU."""

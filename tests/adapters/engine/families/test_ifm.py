@@ -130,3 +130,20 @@ def test_ifm_estimate_prints_its_terms(capsys, name, params):
     assert estimate(preset(name), 8192, loops=32).kv_bytes == expected.kv_bytes  # terminal KV does not grow with R
     per_loop = estimate(preset(name).replace(kv_policy="per-loop"), 8192).kv_bytes
     assert per_loop == expected.kv_bytes * (1 + 2 * 5 + 1) // 4  # the full cache: 3x the terminal one at R = 5
+
+
+def test_the_family_builds_llama_blocks_an_exit_norm_on_the_last_recurrent_layer_and_its_state(tmp_path):
+    """Huginn-Linear's parameter-free norm closes each recurrence (the last recurrent layer's block), no other row has
+    one; the state is the protocol's: the run's seed does not move it, and a row's state is its positions' alone."""
+    linear = load_model(save_tiny_ifm(tmp_path / "linear", variant="huginn-linear"), "ifm", torch.float32, "cpu")
+    exits = [layer.exit_eps is not None for layer in linear.model.layers]
+    assert exits == [False, False, True, False] and type(family_of(linear.config)).__name__ == "Ifm"
+    model = load_model(save_tiny_ifm(tmp_path / "fixed", variant="fixed-r5"), "ifm", torch.float32, "cpu")
+    assert not any(layer.exit_eps is not None for layer in model.model.layers)
+    state = model.model.recurrence
+    e = torch.zeros(2, 6, model.config.hidden_size)
+    first = state.initial_state(e, torch.tensor([[0, 1, 2, 3, 4, 5], [4, 5, 6, 7, 8, 9]]))
+    model.seed_state(123)
+    again = state.initial_state(e[:1, :2], torch.tensor([[4, 5]]))
+    assert torch.equal(again[0], first[0, 4:]) and torch.equal(first[1, :2], first[0, 4:])
+    assert abs(first.std().item() - model.config.hidden_size**-0.5) < 0.02  # N(0, 1/d), the release's stand-in
