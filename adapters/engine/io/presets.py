@@ -121,7 +121,7 @@ FAMILY_GUIDE: dict[str, FamilyGuide] = {
     "ifm": FamilyGuide(
         "IFM Looped Models Done Right Part II: looped S and M rows (fixed R = 5, sampled depths, learned depth "
         "priors, Table 3 injections) and the D4 dense rows",
-        "terminal KV (`shared-last` of `per_loop`): one entry per physical layer; a D4 row: `standard`",
+        "`per_loop` run as terminal KV (`shared-last`, its own): one entry per physical layer; the D4 rows: `standard`",
         "`ifm:DIR` (the released artifact: artifact_manifest.json, config.json, BF16 shards), `preset:ifm-s`, "
         "`preset:ifm-m`, `preset:ifm-d4-s`, `preset:ifm-d4-m`",
         "recurrences of the 2-layer recurrent block; the release evaluates at R = 5",
