@@ -109,10 +109,18 @@ def verify_artifact(root: Path) -> dict[str, Any]:
         raise AdapterError(
             f"{root}: files outside the Part II layout: {', '.join(sorted(set(records) - shards - layout))}"
         )
+    if ("LICENSE" in records) != ("NOTICE" in records):
+        raise AdapterError(f"{root}: the artifact holds one of LICENSE and NOTICE without the other")
+    if (TOKENIZER_DIR in folders) != all(f"{TOKENIZER_DIR}/{name}" in records for name in TOKENIZER_FILES):
+        raise AdapterError(f"{root}: the artifact's tokenizer is incomplete (it needs {', '.join(TOKENIZER_FILES)})")
     for name, record in sorted(records.items()):
         path = root / name
         if path.stat().st_size != record.get("size_bytes") or sha256_file(path) != record.get("sha256"):
             raise AdapterError(f"{root}: {name} does not match {MANIFEST} (size or SHA-256)")
+    for name in DOCUMENTS:
+        text = (root / name).read_text(encoding="utf-8", errors="replace") if name in records else "x"
+        if not text.strip() or "<REQUIRED:" in text:
+            raise AdapterError(f"{root}: {name} is empty or has an unfilled <REQUIRED: field")
     weight_map = _read_object(root / INDEX).get("weight_map", {})
     model = manifest.get("model", {})
     if (len(weight_map), set(weight_map.values())) != (model.get("tensor_count"), shards) or len(shards) != model.get(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from adapters.base import AdapterError
-from adapters.engine.io.xllm import MANIFEST, ifm_config, manifest_digest
+from adapters.engine.io.xllm import MANIFEST, ifm_config, manifest_digest, sha256_file
 from adapters.testing import save_tiny_ifm, tiny_ifm_fields
 
 
@@ -46,11 +46,25 @@ def test_a_changed_file_is_refused_by_name(artifact):
         (lambda root: (root / "extra").mkdir(), "unexpected folder"),
         (lambda root: (root / "link").symlink_to(root / "NOTICE"), "symbolic links"),
         (lambda root: (root / MANIFEST).unlink(), "has no artifact_manifest.json"),
+        (lambda root: (root / "tokenizer" / "tokenizer.json").unlink(), r"missing \['tokenizer/tokenizer.json'\]"),
     ],
 )
 def test_a_folder_outside_the_released_layout_is_refused(artifact, change, message):
     change(artifact)
     with pytest.raises(AdapterError, match=message):
+        ifm_config(artifact)
+
+
+def test_an_unfilled_model_card_is_refused_even_when_the_manifest_lists_it(artifact):
+    """The release's own check: a document template's `<REQUIRED:` field left in, the manifest rewritten to match."""
+    card = artifact / "README.md"
+    card.write_text("model card <REQUIRED: license>\n")
+    manifest = json.loads((artifact / MANIFEST).read_text())
+    record = next(r for r in manifest["files"] if r["path"] == "README.md")
+    record["sha256"], record["size_bytes"] = sha256_file(card), card.stat().st_size
+    manifest["manifest_sha256"] = manifest_digest(manifest)
+    (artifact / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(AdapterError, match="README.md is empty or has an unfilled"):
         ifm_config(artifact)
 
 
