@@ -413,3 +413,164 @@ def _draw(name: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tens
 
     tensor = torch.empty(shape, dtype=torch.bfloat16)
     return tensor.fill_(1.0) if "norm" in name and len(shape) == 1 else tensor.normal_(0.0, 0.02, generator=gen)
+
+
+# The IFM Part II rows at test size, in the release's `ModelConf` field names (xllm/paper_part2/recipes.py's
+# `huginn_model_fields` at width 64: 4 heads of 16, 2 KV heads; prelude 1, recurrent 2, coda 1; R = 5).
+TINY_IFM: dict[str, Any] = dict(
+    arch="huginn",
+    huginn_depth_control=True,
+    num_layers=4,
+    model_dim=64,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    ffn_hidden_dim=96,
+    swiglu=True,
+    apply_bias_term=True,
+    apply_rmsnorm=True,
+    rmsnorm_eps=1e-6,
+    attn_gate_func="silu",
+    rope_base=1_000_000.0,
+    rope_head_dim=16,
+    chunk_size=32,
+    causal_attn_backend="flash",
+    fused_block=False,
+    init_mode="gaussian",
+    init_std=0.02,
+    loop_times=5,
+    loop_start_layer=1,
+    loop_end_layers=3,
+    huginn_prelude_layers=1,
+    huginn_recurrent_layers=2,
+    huginn_coda_layers=1,
+    huginn_state_init="normal",
+    huginn_input_injection="diagonal",
+    huginn_sampling_scheme="fixed",
+    huginn_backprop_depth=5,
+)
+_PLN5: dict[str, Any] = dict(
+    huginn_sampling_scheme="poisson-lognormal-capped",
+    huginn_poisson_lognormal_target_mean=5.0,
+    huginn_poisson_lognormal_sigma=0.5,
+    huginn_poisson_lognormal_max=64,
+    huginn_backprop_depth=10,
+)
+# The released rows' model fields beyond TINY_IFM (recipes.py): Table 2's depth schemes, Table 3's injections, D4.
+IFM_VARIANTS: dict[str, dict[str, Any]] = {
+    "fixed-r5": {},
+    "learned-entropy0p01": {**_PLN5, "huginn_depth_prior": "learned", "huginn_depth_prior_entropy": 0.01},
+    "huginn-linear": {
+        **_PLN5,
+        "huginn_input_injection": "linear",
+        "huginn_recurrent_exit_norm": "parameterless_rms",
+    },
+    "parcae": {**_PLN5, "huginn_diagonal_dt_init": 0.5 * 1.6094379124341003, "huginn_prelude_norm": "rms"},
+    "orthoinj": {**_PLN5, "huginn_diagonal_dt_init": 0.5 * 1.6094379124341003, "huginn_prelude_orthogonal": True},
+    "d4": {"arch": "transformer"},
+}
+
+
+def tiny_ifm_fields(variant: str) -> dict[str, Any]:
+    """The model fields of a tiny IFM row (`IFM_VARIANTS`): D4 drops the looped fields, as `dense_model_fields` does."""
+    from adapters.engine.io.tokenizer import CHAR_VOCAB_SIZE
+
+    fields = {**TINY_IFM, "vocab_size": CHAR_VOCAB_SIZE, **IFM_VARIANTS[variant]}
+    if variant == "d4":
+        fields = {k: v for k, v in fields.items() if not k.startswith(("huginn_", "loop_"))}
+    return fields
+
+
+def tiny_ifm_tensors(fields: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
+    """Random BF16 tensors under the official names and shapes of `fields`, drawn in order from `seed`: norms' stored
+    weights (weight - 1) near 0, A_log and dt_bias near the recipes' initial values, matrices scaled by 1 / sqrt(fan in),
+    embeddings small. Drawn in float64: a float32 draw moves by an ulp between CPU kernels (AVX512, AVX2, scalar),
+    enough to flip some BF16 roundings, so the artifact would differ from the one the reference was computed on."""
+    import math
+
+    import torch
+
+    d, h, kv, hd, ffn = (fields[k] for k in ("model_dim", "num_heads", "num_kv_heads", "head_dim", "ffn_hidden_dim"))
+    shapes: dict[str, tuple[int, ...]] = {"embed.weight": (fields["vocab_size"], d)}
+    for i in range(fields["num_layers"]):
+        shapes |= {
+            f"layers.{i}.attention.norm.weight": (d,),
+            f"layers.{i}.attention.wq.weight": (h * hd, d),
+            f"layers.{i}.attention.wk.weight": (kv * hd, d),
+            f"layers.{i}.attention.wv.weight": (kv * hd, d),
+            f"layers.{i}.attention.wo.weight": (d, h * hd),
+            f"layers.{i}.nffn.norm.weight": (d,),
+            f"layers.{i}.nffn.fc1.weight": (ffn, d),
+            f"layers.{i}.nffn.fc2.weight": (d, ffn),
+            f"layers.{i}.nffn.fc3.weight": (ffn, d),
+        }
+    shapes |= {"output.final_norm.weight": (d,), "output.output.weight": (fields["vocab_size"], d)}
+    if fields["arch"] == "huginn":
+        if fields.get("huginn_input_injection") == "linear":
+            shapes |= {"input_injection.adapter.weight": (d, 2 * d), "input_injection.adapter.bias": (d,)}
+        else:
+            shapes |= {"input_injection.input_adapter.weight": (d, d), "input_injection.A_log": (d,)}
+            shapes["input_injection.dt_bias"] = (d,)
+        if fields.get("huginn_prelude_norm") == "rms":
+            shapes["huginn_prelude_norm_module.weight"] = (d,)
+    dt = fields.get("huginn_diagonal_dt_init", 1.0)
+    base = {"input_injection.A_log": 0.0, "input_injection.dt_bias": dt + math.log(-math.expm1(-dt))}
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, shape in shapes.items():
+        scale = 0.1 if len(shape) == 1 else 0.15 if name == "embed.weight" else shape[1] ** -0.5
+        draw = torch.randn(shape, generator=gen, dtype=torch.float64)  # in float64: no CPU kernel moves a BF16 rounding
+        tensors[name] = (base.get(name, 0.0) + scale * draw).to(torch.bfloat16)
+    return tensors
+
+
+def save_tiny_ifm(folder: str | Path, *, variant: str = "fixed-r5", seed: int = 0) -> Path:
+    """Write a tiny random IFM Part II artifact in the released layout (`adapters.engine.io.xllm`): config.json,
+    one BF16 shard and its index, the character tokenizer in tokenizer/, the documents, and artifact_manifest.json
+    listing every file's size and SHA-256. Made from `variant` and `seed` alone, so a test and
+    `scripts/ifm_reference.py` (which runs the official modelling code on it) build the same artifact."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from adapters.engine.io.xllm import INDEX, MANIFEST, TOKENIZER_DIR, TOKENIZER_FILES, manifest_digest, sha256_file
+    from adapters.engine.io.tokenizer import char_tokenizer
+
+    def dump(value: object) -> str:
+        return json.dumps(value, indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+    root = Path(folder)
+    (root / TOKENIZER_DIR).mkdir(parents=True, exist_ok=True)
+    fields = tiny_ifm_fields(variant)
+    tensors = tiny_ifm_tensors(fields, seed)
+    shard = "model-00001-of-00001.safetensors"
+    save_file(tensors, str(root / shard))
+    size = sum(t.numel() * t.element_size() for t in tensors.values())
+    (root / INDEX).write_text(dump({"metadata": {"total_size": size}, "weight_map": dict.fromkeys(tensors, shard)}))
+    tokenizer = {"type": "huggingface", "path": TOKENIZER_DIR}
+    (root / "config.json").write_text(dump({"model": fields, "tokenizer": tokenizer}))
+    char_tokenizer().save_pretrained(str(root / TOKENIZER_DIR))
+    for path in (root / TOKENIZER_DIR).iterdir():
+        if path.name not in TOKENIZER_FILES:
+            path.unlink()
+    for name in TOKENIZER_FILES:
+        if not (root / TOKENIZER_DIR / name).exists():
+            (root / TOKENIZER_DIR / name).write_text("{}\n")
+    for name in ("README.md", "LICENSE", "NOTICE"):
+        (root / name).write_text(f"tiny IFM Part II {variant} artifact for tests: {name}\n")
+    files = [
+        {"path": p.relative_to(root).as_posix(), "sha256": sha256_file(p), "size_bytes": p.stat().st_size}
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != MANIFEST  # a manifest written before into the same folder lists no file
+    ]
+    manifest: dict[str, Any] = {
+        "schema_version": 1,
+        "release": "paper-part2",
+        "format": "xllm-native-bf16-safetensors",
+        "source": {"builder": "adapters.testing.save_tiny_ifm", "variant": variant, "seed": seed},
+        "model": {"dtype": "bfloat16", "index": INDEX, "tensor_count": len(tensors), "shards": 1},
+        "files": files,
+    }
+    manifest["manifest_sha256"] = manifest_digest(manifest)
+    (root / MANIFEST).write_text(dump(manifest))
+    return root

@@ -140,8 +140,9 @@ KV_AXIS = ("kv_policy", "kv_dtype")  # the `runs` columns of the KV memory axis,
 # first), in its own dtype. A checkpoint never carries a run's KV setting (`save_checkpoint`), so these are every
 # model's own, and naming them is naming nothing.
 OWN_KV_POLICY = {"standard": "standard", "per_loop": "per-loop", "gated": "gated"}
+OWN_KV_POLICY_OF_FAMILY = {"ifm": "shared-last"}  # a family trained for another layout (`kv.layouts.FAMILY_NATIVE`)
 OWN_KV_DTYPE = "auto"
-EMA, EMA_ALPHA = "shared-ema", 0.5  # the one policy with a number (`adapters.engine.families.sharing`) and its default
+EMA, EMA_ALPHA = "shared-ema", 0.5  # the one policy with a number (`adapters.engine.kv.policies`) and its default
 KV_POLICY_LENGTH = 32  # characters `runs.kv_policy` holds (`db.models.Run`)
 
 
@@ -159,14 +160,21 @@ def kv_policy_text(policy: str) -> str:
     return f"{EMA}:{value!r}"
 
 
-def resolved_kv(config: Mapping[str, Any], kv_strategy: Any = None) -> dict[str, Any]:
+def own_kv_policy(kv_strategy: Any, family: Any = None) -> str | None:
+    """The KV policy a model runs when none is named: its family's where it has one, else its KV strategy's."""
+    if isinstance(family, str) and family in OWN_KV_POLICY_OF_FAMILY:
+        return OWN_KV_POLICY_OF_FAMILY[family]
+    return OWN_KV_POLICY.get(kv_strategy) if isinstance(kv_strategy, str) else None
+
+
+def resolved_kv(config: Mapping[str, Any], kv_strategy: Any = None, family: Any = None) -> dict[str, Any]:
     """`config` with its KV setting resolved: the policy in its one text (`kv_policy_text`), and the policy and dtype
     left out where they are the model's own (`OWN_KV_POLICY` of its `kv_strategy`, where known; `OWN_KV_DTYPE`), so
     that naming the model's own setting is the configuration of naming none."""
     resolved = dict(config)
     if isinstance(resolved.get("kv_policy"), str):
         resolved["kv_policy"] = kv_policy_text(resolved["kv_policy"])
-        if isinstance(kv_strategy, str) and resolved["kv_policy"] == OWN_KV_POLICY.get(kv_strategy):
+        if resolved["kv_policy"] == own_kv_policy(kv_strategy, family):
             del resolved["kv_policy"]
     if resolved.get("kv_dtype") == OWN_KV_DTYPE:
         del resolved["kv_dtype"]
@@ -188,7 +196,9 @@ def configuration(run: Columns) -> dict[str, Any]:
     config = dict(((run.get("spec") or {}).get("model_overrides") or {}).get(model, {}))
     config |= {key: run[key] for key in KV_AXIS if run.get(key) is not None}
     described = run.get("model_config")
-    return resolved_kv(config, described.get("kv_strategy") if isinstance(described, dict) else None)
+    if not isinstance(described, dict):
+        return resolved_kv(config)
+    return resolved_kv(config, described.get("kv_strategy"), described.get("family"))
 
 
 def config_key(config: Mapping[str, Any]) -> str:

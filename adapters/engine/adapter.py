@@ -1,4 +1,5 @@
-"""The engine as an `Adapter`: specs `preset:NAME`, `qwen3:PATH`, `ouro:PATH`, `melt:PATH`, `huginn:PATH`, `retrofit:PATH`.
+"""The engine as an `Adapter`: specs `preset:NAME`, `qwen3:PATH`, `ouro:PATH`, `melt:PATH`, `huginn:PATH`, `retrofit:PATH`,
+`ifm:PATH`.
 
 Generation runs on the continuous-batching engine (`adapters.engine.serving.continuous`) over a paged KV
 pool; the adapter also takes a whole workload at once (`generate_requests`, the `Scheduling` extra)
@@ -391,6 +392,7 @@ def _checkpoint_factory(family: str) -> Any:
         from pathlib import Path
 
         from adapters.engine.io.checkpoint import load_model
+        from adapters.engine.io.xllm import TOKENIZER_DIR
         from adapters.engine.io.tokenizer import load_tokenizer
 
         seed = int(
@@ -399,7 +401,7 @@ def _checkpoint_factory(family: str) -> Any:
         return _build(
             f"{family}:{path}",
             lambda dtype, device: state_seeded(load_model(path, family, dtype, device), seed),
-            lambda: load_tokenizer(Path(path)),
+            lambda: load_tokenizer(Path(path) / TOKENIZER_DIR if family == "ifm" else Path(path)),
             overrides,
         )
 
@@ -429,5 +431,6 @@ for _family, _description in (
         "retrofit",
         "retrofitted recurrence (a Llama cut into prelude, core and coda): the official RavenConfig layout or engine checkpoint",
     ),
+    ("ifm", "IFM Part II looped or D4 row: the released artifact (manifest-checked BF16 safetensors, config.json)"),
 ):
     register(_family, _description, inspect=_checkpoint_inspector(_family))(_checkpoint_factory(_family))

@@ -24,7 +24,8 @@ from adapters.engine.kv.policies import KV_DTYPES, check_kv_policy
 KV_STRATEGIES = ("standard", "per_loop", "gated")
 NORM_LAYOUTS = ("pre", "sandwich")
 GATE_VARIANTS = ("elementwise", "scalar", "last", "mean", "ema")
-FAMILIES = ("qwen3", "ouro", "melt", "huginn", "retrofit", "custom")
+FAMILIES = ("qwen3", "ouro", "melt", "huginn", "retrofit", "ifm", "custom")
+IFM_INJECTIONS = ("diagonal", "linear", "orthogonal")  # the IFM Part II recurrence's input injections (`families.ifm`)
 ROPE_SCALING_KEYS = (
     "factor",
     "low_freq_factor",
@@ -96,6 +97,11 @@ class LoopConfig:
     )
     kv_dtype: str = "auto"  # K/V storage: auto (the model's dtype), int8 or fp8 with a scale per token and head
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes (source checkpoint...)
+    # The IFM Part II recurrence (`families.ifm`): the input injection, an RMSNorm with weight on the injected prelude
+    # output (Parcae-Decay), a parameter-free RMSNorm after every recurrence (Huginn-Linear).
+    ifm_injection: str = "diagonal"
+    ifm_prelude_norm: bool = False
+    ifm_exit_norm: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -191,7 +197,15 @@ def _check_types(cfg: LoopConfig) -> None:
         _at_least(cfg, 1, name)
     for name in ("prelude_layers", "shared_layers", "coda_layers"):
         _at_least(cfg, 0, name)
-    for name in ("tie_embeddings", "qk_norm", "exit_gate", "loop_gate", "branch_gate"):
+    for name in (
+        "tie_embeddings",
+        "qk_norm",
+        "exit_gate",
+        "loop_gate",
+        "branch_gate",
+        "ifm_prelude_norm",
+        "ifm_exit_norm",
+    ):
         if not isinstance(getattr(cfg, name), bool):
             raise AdapterError(f"config field {name} must be true or false, got {getattr(cfg, name)!r}")
     if not isinstance(cfg.loops, int) or isinstance(cfg.loops, bool) or not 1 <= cfg.loops <= MAX_LOOPS:
@@ -211,6 +225,7 @@ def _check_types(cfg: LoopConfig) -> None:
         ("gate_variant", GATE_VARIANTS),
         ("injection", MIX_KINDS),
         ("history", MIX_KINDS),
+        ("ifm_injection", IFM_INJECTIONS),
     ):
         _one_of(cfg, name, allowed)
 
@@ -288,6 +303,13 @@ def _check_values(cfg: LoopConfig) -> None:
     if cfg.recurrent and (cfg.kv_strategy != "per_loop" or cfg.shared_layers == 0 or cfg.exit_gate or cfg.conditioned):
         raise AdapterError(
             f"config family {cfg.family!r} needs kv_strategy 'per_loop', shared_layers >= 1, and no exit gate or loop conditioning"
+        )
+    if cfg.family == "ifm" and (
+        cfg.norm_layout != "pre" or cfg.qk_norm or cfg.kv_strategy != "per_loop" or cfg.shared_layers == 0
+    ):
+        raise AdapterError(
+            "config family 'ifm' needs norm_layout 'pre', no qk_norm, kv_strategy 'per_loop' and shared_layers >= 1 "
+            "(the Llama blocks of its prelude, recurrent block and coda)"
         )
     if cfg.state_std is not None and (
         not cfg.recurrent or type(cfg.state_std) not in (int, float) or not 0 < cfg.state_std < math.inf

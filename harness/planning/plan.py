@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from adapters.base import Sampling, checked_context, checked_description, checked_memory, hook
 from db.record import PlannedRun
-from db.sets import KV_AXIS, OWN_KV_DTYPE, OWN_KV_POLICY, resolved_kv
+from db.sets import KV_AXIS, OWN_KV_DTYPE, own_kv_policy, resolved_kv
 from db.session import display_url, resolve_db_url
 from db.stored import DamagedRun
 from harness.measurement.capacity import check_fits
@@ -157,7 +157,7 @@ def _kv_settings(spec: RunSpec, model: str, description: dict[str, Any], looped:
     for policy in policies:
         for dtype in dtypes:
             named = {key: value for key, value in zip(KV_AXIS, (policy, dtype)) if value is not None}
-            resolved = resolved_kv(named, strategy)
+            resolved = resolved_kv(named, strategy, description.get("family"))
             settings.append((resolved.get("kv_policy"), resolved.get("kv_dtype")))
     return list(dict.fromkeys(settings))
 
@@ -165,12 +165,12 @@ def _kv_settings(spec: RunSpec, model: str, description: dict[str, Any], looped:
 def _check_own_kv(spec: RunSpec, model: str) -> None:
     """Refuse a KV setting on a model whose config carries a KV setting of its own (a config.json written by hand:
     loopeval saves none, `save_checkpoint`): a run is identified by what it names beyond the model's own KV
-    (`db.sets.OWN_KV_POLICY`), which such a model does not have."""
+    (`db.sets.own_kv_policy`), which such a model does not have."""
     import adapters
 
     plain = {key: value for key, value in spec.load_overrides(model).items() if key not in KV_AXIS}
     facts = adapters.inspect(model, **plain) or {}
-    own = (OWN_KV_POLICY.get(str(facts.get("kv_strategy"))), OWN_KV_DTYPE)
+    own = (own_kv_policy(facts.get("kv_strategy"), facts.get("family")), OWN_KV_DTYPE)
     if "kv_policy" in facts and (facts["kv_policy"], facts.get("kv_dtype")) != own:
         raise UserError(
             f"{model}: its config sets its own KV ({facts['kv_policy']}, {facts.get('kv_dtype')}), so a KV policy "

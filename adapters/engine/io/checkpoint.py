@@ -13,7 +13,8 @@ the elementwise gate, `.melt_gate.logit` for the scalar one; config.json may car
 `melt_gate_variant` and `melt_chunk_size`. Ouro's `early_exit_threshold` becomes
 `LoopConfig.exit_threshold`, the adapter's default exit policy. Huginn-0125's official layout
 (config.json `model_type` "huginn_raven", `transformer.*` tensors), and the retrofitted models saved in it
-(`qk_bias` false), are mapped in `adapters.engine.io.raven`.
+(`qk_bias` false), are mapped in `adapters.engine.io.raven`. The IFM Part II release's artifacts (`ifm:DIR`: `artifact_manifest.json`
+with every file's SHA-256, BF16 shards, the official `xllm` names) are verified and mapped in `adapters.engine.io.xllm`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from adapters.base import AdapterError
 from adapters.config_values import MISSING, first_id, flag, id_list, integer, number
 from adapters.files import MIB, check_closed, check_complete, commit_folder, index_shards, parse_json, read_text
 from adapters.engine.config import ENGINE_FORMAT, LoopConfig
+from adapters.engine.io.xllm import ifm_config, read_artifact
 from adapters.engine.io.raven import (
     MODEL_TYPE as HUGINN_TYPE,
     engine_tensors,
@@ -123,6 +125,8 @@ def read_config(path: str | Path, family: str | None = None) -> LoopConfig:
     weights are read. An engine checkpoint directory must hold its completion marker (`save_checkpoint`).
     """
     path = Path(path)
+    if family == "ifm":
+        return ifm_config(path)
     file = path / "config.json" if path.is_dir() else path
     if not path.exists():
         raise AdapterError(f"{path} not found: expected a preset name, a checkpoint directory or a config.json")
@@ -239,8 +243,11 @@ def load_model(path: str | Path, family: str, dtype: torch.dtype, device: str | 
         raise AdapterError(
             f"{directory} is not a directory: expected a checkpoint directory (config.json + model.safetensors)"
         )
-    cfg = read_config(directory, family)
-    tensors = _read_tensors(directory)
+    if family == "ifm":
+        cfg, tensors = read_artifact(directory)
+    else:
+        cfg = read_config(directory, family)
+        tensors = _read_tensors(directory)
     if cfg.recurrent and any(
         name.startswith("transformer.") for name in tensors
     ):  # the official layout, not the engine's

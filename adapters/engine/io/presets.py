@@ -56,6 +56,26 @@ _RETROFIT: dict[str, Any] = dict(
     state_std=math.sqrt(2 / (5 * 5280)),
 )
 
+# The IFM Part II rows (ifm-ai/xllm-loop, xllm/paper_part2/recipes.py): 1 prelude, 2 recurrent and 1 coda Llama block
+# of 24 (S) or 48 (M) heads of 64 with 6 or 12 KV heads, SwiGLU 4352 or 8704, the Jais64k vocabulary (64,256),
+# rope_base 1e6, eps 1e-6, an untied head, evaluated at R = 5; the RoPE table covers chunk_size 1024 x 16 positions.
+# The D4 rows are the same four blocks run once (`dense_model_fields`).
+_IFM: dict[str, Any] = dict(
+    vocab_size=64256,
+    head_dim=64,
+    rope_theta=1_000_000.0,
+    norm_eps=1e-6,
+    tie_embeddings=False,
+    norm_layout="pre",
+    max_position=16384,
+)
+_IFM_S: dict[str, Any] = dict(hidden_size=1536, num_heads=24, num_kv_heads=6, ffn_size=4352, **_IFM)
+_IFM_M: dict[str, Any] = dict(hidden_size=3072, num_heads=48, num_kv_heads=12, ffn_size=8704, **_IFM)
+_IFM_LOOPED: dict[str, Any] = dict(
+    family="ifm", prelude_layers=1, shared_layers=2, coda_layers=1, loops=5, kv_strategy="per_loop"
+)
+_IFM_D4: dict[str, Any] = dict(family="custom", shared_layers=4, loops=1, kv_strategy="standard")
+
 
 class FamilyGuide(NamedTuple):
     """What a user needs to know about one family the engine runs, in the words of the README's model table."""
@@ -97,6 +117,14 @@ FAMILY_GUIDE: dict[str, FamilyGuide] = {
         "`retrofit:DIR` (the conversion's RavenConfig config.json and `transformer.*` safetensors), "
         "`preset:retrofit-llama-3.2-1b`, `preset:retrofit-tinyllama-1.1b`",
         "recurrence steps of the core (Llama-3.2-1B 2-4-2: 4 layers; TinyLlama 4-8-4: 8); the config's T = 32 is Huginn's, copied",
+    ),
+    "ifm": FamilyGuide(
+        "IFM Looped Models Done Right Part II: looped S and M rows (fixed R = 5, sampled depths, learned depth "
+        "priors, Table 3 injections) and the D4 dense rows",
+        "`per_loop` run as terminal KV (`shared-last`, its own): one entry per physical layer; the D4 rows: `standard`",
+        "`ifm:DIR` (the released artifact: artifact_manifest.json, config.json, BF16 shards), `preset:ifm-s`, "
+        "`preset:ifm-m`, `preset:ifm-d4-s`, `preset:ifm-d4-m`",
+        "recurrences of the 2-layer recurrent block; the release evaluates at R = 5",
     ),
 }
 
@@ -193,6 +221,10 @@ PRESETS: dict[str, LoopConfig] = {
         eos_token_id=2,
         **_RETROFIT,
     ),
+    "ifm-s": LoopConfig(**_IFM_LOOPED, **_IFM_S),
+    "ifm-m": LoopConfig(**_IFM_LOOPED, **_IFM_M),
+    "ifm-d4-s": LoopConfig(**_IFM_D4, **_IFM_S),
+    "ifm-d4-m": LoopConfig(**_IFM_D4, **_IFM_M),
     "qwen3-tiny": LoopConfig(
         family="qwen3",
         shared_layers=4,

@@ -37,7 +37,7 @@ TARGET_PROGRAMS = 264  # programs a step aims at before splitting contexts (2 pe
 def _dequantize(rows, scale_ptrs, mask, FORMAT: tl.constexpr):
     """Stored rows [N, D] -> float32 values: int8 bytes as signed, fp8 e4m3 bytes through float16's bits (the
     byte's sign to bit 15, its exponent and mantissa to bits 13..7, times 2^8 for the biases' difference: exact
-    for every finite code, as `kvformat.Fp8.decode`), times each row's float32 scale."""
+    for every finite code, as `kv.format.Fp8.decode`), times each row's float32 scale."""
     if FORMAT == 1:
         values = rows.to(tl.int8, bitcast=True).to(tl.float32)
     else:

@@ -153,6 +153,9 @@ LAYOUTS: dict[str, KVLayout] = {
     layout.policy: layout for layout in (STANDARD, PER_LOOP, GATED, SharedLast(), SharedMean(), LatestM4())
 }  # a policy's name -> its layout (shared-ema's, which carries its ALPHA, is made per policy: `policy_layout`)
 NATIVE = {layout.name: layout for layout in (STANDARD, PER_LOOP, GATED)}  # a `kv_strategy` -> the layout it trains
+# a family trained for a layout other than its KV strategy's: the IFM Part II rows decode with terminal KV (the last
+# recurrence's row per layer and token), as the release trains and evaluates them (`db.sets.OWN_KV_POLICY_OF_FAMILY`)
+FAMILY_NATIVE = {"ifm": LAYOUTS["shared-last"]}
 
 
 def policy_layout(policy: str) -> KVLayout:
@@ -162,5 +165,8 @@ def policy_layout(policy: str) -> KVLayout:
 
 
 def layout_of(cfg: LoopConfig) -> KVLayout:
-    """The layout `cfg`'s model runs: its `kv_policy`'s where one is set, else its KV strategy's own."""
-    return NATIVE[cfg.kv_strategy] if cfg.kv_policy is None else policy_layout(cfg.kv_policy)
+    """The layout `cfg`'s model runs: its `kv_policy`'s where one is set, else its family's own (`FAMILY_NATIVE`) or its
+    KV strategy's."""
+    if cfg.kv_policy is not None:
+        return policy_layout(cfg.kv_policy)
+    return FAMILY_NATIVE.get(cfg.family) or NATIVE[cfg.kv_strategy]

@@ -24,7 +24,7 @@ POLICY_SCOPE = {
     "standard": "plain stacks (qwen3)",
     "gated": "gated (MELT) models",
     "latest-m4": "the recurrent-depth families (huginn, retrofit)",
-    **{p: "looped per-loop families (ouro, huginn, retrofit)" for p in ("per-loop", *SHARED_POLICIES)},
+    **{p: "looped per-loop families (ouro, huginn, retrofit, ifm)" for p in ("per-loop", *SHARED_POLICIES)},
 }
 
 

@@ -268,7 +268,7 @@ def test_huginn_latest_m4_is_per_loop_without_exits_and_matches_static_with_them
             "qwen3-tiny",
             {"kv_policy": "shared-last"},
             (
-                "kv_policy shared-last applies to looped per-loop families (ouro, huginn, retrofit); "
+                "kv_policy shared-last applies to looped per-loop families (ouro, huginn, retrofit, ifm); "
                 "this model (qwen3, standard KV) takes standard"
             ),
         ),
