@@ -9,10 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from adapters.engine.kv.layouts import policy_layout
+from adapters.engine.kv.layouts import FAMILY_NATIVE, policy_layout
 from adapters.engine.kv.policies import DEFAULT_EMA_ALPHA, KV_POLICIES
 from db.models import Run
-from db.sets import EMA, EMA_ALPHA, KV_POLICY_LENGTH, OWN_KV_DTYPE, OWN_KV_POLICY, kv_policy_text, resolved_kv
+from db.sets import (
+    EMA,
+    EMA_ALPHA,
+    KV_POLICY_LENGTH,
+    OWN_KV_DTYPE,
+    OWN_KV_POLICY,
+    OWN_KV_POLICY_OF_FAMILY,
+    kv_policy_text,
+    resolved_kv,
+)
 from harness.errors import UserError
 from harness.planning.plan import prepare_sweep
 from harness.planning.sweep import MAX_RUNS, build_request
@@ -102,3 +111,11 @@ def test_the_stored_names_of_a_models_own_kv_are_the_engines() -> None:
         "kv_policy": "gated",
         "kv_dtype": "int8",
     }
+
+
+def test_a_family_trained_for_another_layout_has_that_layout_as_its_own() -> None:
+    """The IFM rows decode with terminal KV: shared-last named is none named, per-loop named is a lever."""
+    assert {family: layout.policy for family, layout in FAMILY_NATIVE.items()} == OWN_KV_POLICY_OF_FAMILY
+    assert resolved_kv({"kv_policy": "shared-last"}, "per_loop", "ifm") == {}
+    assert resolved_kv({"kv_policy": "per-loop"}, "per_loop", "ifm") == {"kv_policy": "per-loop"}
+    assert resolved_kv({"kv_policy": "shared-last"}, "per_loop", "ouro") == {"kv_policy": "shared-last"}
