@@ -40,12 +40,12 @@ def point_names(points: pd.DataFrame) -> dict[str, tuple[int, ...]]:
 
 
 def resolve(text: str, points: pd.DataFrame, run_ids: Iterable[int]) -> Side:
-    """A side as the user named it: a run id of the set, or a point's name, whole or without its model's adapter
+    """A side as the user named it: a run id (of `run_ids`, the scored runs), or a point's name of `points`, whole or without its model's adapter
     prefix ('ouro-tiny r=4 int8' for 'zoo:ouro-tiny r=4 int8'); ValueError naming what exists otherwise."""
     text = " ".join(text.split())
     if text.isdigit():
         if int(text) not in set(run_ids):
-            raise ValueError(f"{text}: no scored run of this evaluation set has that id")
+            raise ValueError(f"{text}: no scored evaluation run has that id")
         return Side(f"run {text}", (int(text),))
     names = point_names(points)
     found = [name for name in names if text in (name, name.partition(":")[2])]

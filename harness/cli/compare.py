@@ -14,7 +14,9 @@ from harness.errors import UserError
 
 
 def compare(
-    a: str = typer.Argument(..., help="A point as `loopeval results` names it ('zoo:ouro-tiny r=4 int8'), or a run id."),
+    a: str = typer.Argument(
+        ..., help="A point of the set as `loopeval results` names it ('zoo:ouro-tiny r=4 int8'), or any scored run's id."
+    ),
     b: str = typer.Argument(..., help="The point (or run) A is compared against: the reference."),
     db: DbOption = None,
     as_json: JsonFlag = False,
@@ -49,10 +51,11 @@ def compare(
         if chosen is None:
             raise UserError("no evaluation set holds scored runs; run `loopeval run` first")
         points = accuracy_points(store.engine, chosen)
-        run_ids = [int(i) for ids in points["run_ids"] for i in ids]
+        scored = sorted(queries.scored_runs(store.engine) & set(queries.runs(store.engine)["run_id"]))
         try:
-            sides = [resolve(text, points, run_ids) for text in (a, b)]
-            found = compare_sides(SampleBook(store.engine, run_ids), sides[0], sides[1], metric)
+            sides = [resolve(text, points, scored) for text in (a, b)]
+            book = SampleBook(store.engine, [i for side in sides for i in side.run_ids])
+            found = compare_sides(book, sides[0], sides[1], metric)
         except ValueError as exc:
             raise UserError(f"cannot compare {a!r} with {b!r}: {exc}") from None
     finally:
