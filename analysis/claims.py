@@ -110,14 +110,18 @@ def _with_cuts(comparison: paired.Comparison, a: pd.DataFrame, b: pd.DataFrame) 
     return replace(comparison, cut_a=items.cut_share(a), cut_b=items.cut_share(b))
 
 
-def retained(engine: Engine, set_id: str | None, points: pd.DataFrame | None = None) -> pd.DataFrame:
+def retained(
+    engine: Engine, set_id: str | None, points: pd.DataFrame | None = None, book: SampleBook | None = None
+) -> pd.DataFrame:
     """Every lever point of a set against its reference (`lever_pairs`), paired on pass@1: model, loops, axis, lever
     (its name), reference, the two pass@1, the difference with its interval and p-value, retained (lever / reference)
     with its interval, `holds` (retained at or above `MLPERF_RETAINED`), `surely_holds` (its interval's low end is),
-    the items needed where the interval straddles 0, the shares cut off, and the sentence."""
+    the items needed where the interval straddles 0, the shares cut off, and the sentence. `points` and `book`, where
+    given, are the set's (read once for a page's several claims)."""
     points = accuracy_points(engine, set_id) if points is None else points
     pairs = lever_pairs(points)
-    book = SampleBook(engine, [i for lever, ref, _ in pairs for i in (*lever.run_ids, *ref.run_ids)])
+    if book is None:
+        book = SampleBook(engine, [i for lever, ref, _ in pairs for i in (*lever.run_ids, *ref.run_ids)])
     rows = []
     for lever, reference, axis in pairs:
         try:
