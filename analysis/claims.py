@@ -227,7 +227,7 @@ def divergence_summary(points: pd.DataFrame, book: SampleBook) -> list[Mapping[s
     """Per lever point with a reference here: the samples paired under the same seed, the share whose output left
     the reference's, the median first differing character among those, and pass@1 of the ones that left and of the
     ones that did not."""
-    rows = []
+    rows: list[Mapping[str, Any]] = []
     for lever, reference, axis in lever_pairs(points):
         split = items.divergence(book.of(lever.run_ids), book.of(reference.run_ids))
         left = split["position"].notna()

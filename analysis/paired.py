@@ -65,7 +65,7 @@ class Design:
 
     @property
     def difference(self) -> np.ndarray:
-        return self.a - self.b
+        return np.asarray(self.a - self.b)
 
     def mean(self, values: np.ndarray) -> float:
         """The suite mean of per-item values: each task's mean, weighed."""

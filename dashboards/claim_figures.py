@@ -65,8 +65,15 @@ def retained_accuracy(table: pd.DataFrame, set_label: str | None = None) -> go.F
             "shapes": [line | {"line": {"dash": "dash", "color": "#555"}}],
             "annotations": [
                 note,
-                {"x": MLPERF_RETAINED, "y": 1, "xref": "x", "yref": "paper", "text": "99%", "showarrow": False,
-                 "yanchor": "bottom"},
+                {
+                    "x": MLPERF_RETAINED,
+                    "y": 1,
+                    "xref": "x",
+                    "yref": "paper",
+                    "text": "99%",
+                    "showarrow": False,
+                    "yanchor": "bottom",
+                },
             ],  # fmt: skip
             "margin": margin | {"l": 20},
         },

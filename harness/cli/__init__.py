@@ -20,7 +20,19 @@ from typer.exceptions import TyperException
 
 from adapters.base import MAX_STORED_INT, AdapterError
 from db import ResultsError
-from harness.cli import adapter, compare, dashboard, estimate, probe, profile, results, run, show_models, show_suites, zoo
+from harness.cli import (
+    adapter,
+    compare,
+    dashboard,
+    estimate,
+    probe,
+    profile,
+    results,
+    run,
+    show_models,
+    show_suites,
+    zoo,
+)
 from suites import SuiteError
 
 app = typer.Typer(

@@ -15,7 +15,8 @@ from harness.errors import UserError
 
 def compare(
     a: str = typer.Argument(
-        ..., help="A point of the set as `loopeval results` names it ('zoo:ouro-tiny r=4 int8'), or any scored run's id."
+        ...,
+        help="A point of the set as `loopeval results` names it ('zoo:ouro-tiny r=4 int8'), or any scored run's id.",
     ),
     b: str = typer.Argument(..., help="The point (or run) A is compared against: the reference."),
     db: DbOption = None,

@@ -192,7 +192,9 @@ def db(tmp_path: object) -> str:
     store = Store.open(path)
     same = [["42" if s else "40" for s in pair] for pair in REFERENCE]
     _store_run(store, REFERENCE, same)
-    lever_outputs = [["42" if s else ("40" if r == 0 else "41") for s, r in zip(p, q)] for p, q in zip(LEVER, REFERENCE)]
+    lever_outputs = [
+        ["42" if s else ("40" if r == 0 else "41") for s, r in zip(p, q)] for p, q in zip(LEVER, REFERENCE)
+    ]
     _store_run(store, LEVER, lever_outputs, kv_policy="shared-last", kv_dtype="auto")
     _store_run(store, REFERENCE, same, exit_threshold=0.9, exit_criterion="gate")
     store.close()
