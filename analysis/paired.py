@@ -168,18 +168,24 @@ class Comparison:
             return "mixed"
         return "real" if significant else "unresolved"
 
+    @property
+    def p_text(self) -> str:
+        """The p-value as the sentence gives it: '= 0.097' where exact, '≈ 0.2' where drawn, '< 0.0001' below."""
+        return f"{'=' if self.exact else '≈'} {self.p_value:.2g}" if self.p_value >= 1e-4 else "< 0.0001"
+
     def sentence(self) -> str:
         """The comparison in one sentence, as `loopeval compare` ends and the report lists it."""
         if self.difference == 0:
-            size = f"{self.metric} {self.value_a:.3f} on both"
+            size = f"level with {self.b} in {self.metric} ({self.value_a:.3f})"
         else:
             side = "above" if self.difference > 0 else "below"
             size = f"{abs(self.difference):.3f} {side} {self.b} in {self.metric} ({self.value_a:.3f} against {self.value_b:.3f})"
         interval = f"95% interval [{self.low:+.3f}, {self.high:+.3f}] over {self.items} paired items"
-        p = f"p {'=' if self.exact else '≈'} {self.p_value:.2g}" if self.p_value >= 1e-4 else "p < 0.0001"
-        return f"{self.a} is {size}, {interval}, permutation {p}: {self._conclusion()}."
+        return f"{self.a} is {size}, {interval}, permutation p {self.p_text}: {self._conclusion()}."
 
     def _conclusion(self) -> str:
+        if self.low == self.high == 0:
+            return "not one item scores differently"
         if self.verdict == "real":
             return "the difference is real"
         if self.verdict == "mixed":

@@ -81,20 +81,16 @@ def _print(found: object) -> None:
         ["A", found.a, f"{found.value_a:.3f}", share(found.cut_a)],
         ["B", found.b, f"{found.value_b:.3f}", share(found.cut_b)],
     ]
-    print_table(
-        None,
-        ["", "point", found.metric, "cut off"],
-        rows,
-        right=(found.metric, "cut off"),
-        fold=("point",),
-        caption=f"A - B {found.difference:+.3f}, 95% interval [{found.low:+.3f}, {found.high:+.3f}] (paired bootstrap "
-        f"over {found.items} items); permutation p {found.p_value:.2g}{' (exact)' if found.exact else ''}; A / B "
-        f"{ratio}. cut off: the share of samples the token budget ended (they score 0).",
-    )
+    print_table(None, ["", "point", found.metric, "cut off"], rows, right=(found.metric, "cut off"), fold=("point",))
+    lines = [
+        f"A - B {found.difference:+.3f}, 95% interval [{found.low:+.3f}, {found.high:+.3f}] (paired bootstrap over "
+        f"{found.items} items, each with its samples); permutation p {found.p_text}; A / B {ratio}.",
+        "cut off: the share of samples the new-token budget ended (they score 0 for a reason no accuracy shows).",
+    ]
     if found.items_needed is not None:
-        console().print(
-            f"items that would resolve a difference of {abs(found.difference):.3f} at 95%: about {found.items_needed:,}",
-            markup=False,
-            highlight=False,
+        lines.append(
+            f"items that would resolve a difference of {abs(found.difference):.3f} at 95%: about {found.items_needed:,}"
         )
+    for line in lines:
+        console().print(line, markup=False, highlight=False)
     print_sentence(found.sentence())
