@@ -214,6 +214,23 @@ def length_table(points: pd.DataFrame, book: SampleBook, keys: Iterable[Key] | N
     return pd.concat(frames, ignore_index=True).reindex(columns=columns) if frames else pd.DataFrame(columns=columns)
 
 
+def sample_metrics(points: pd.DataFrame, book: SampleBook) -> pd.DataFrame:
+    """Every point's metrics from its samples (`analysis.items`): pass@k for each k up to its n, maj@n and avg@n,
+    the suite mean with its standard error, a row per (point, metric): name, model, metric, value, stderr."""
+    rows = []
+    for row in points.itertuples():
+        samples = book.of(row.run_ids)
+        if samples.empty:
+            continue
+        n = int(items.sample_counts(samples).min())
+        for metric in [*(f"pass@{k}" for k in range(1, n + 1)), f"maj@{n}", f"avg@{n}"]:
+            value, stderr = items.estimate(items.item_values(samples, metric))
+            rows.append(
+                {"name": point_name(row), "model": row.model, "metric": metric, "value": value, "stderr": stderr}
+            )
+    return pd.DataFrame(rows, columns=["name", "model", "metric", "value", "stderr"])
+
+
 def lever_keys(points: pd.DataFrame) -> list[Key]:
     """The keys of the lever points with a reference here and of those references, each once, levers' order."""
     keys: dict[Key, None] = {}

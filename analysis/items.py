@@ -20,6 +20,7 @@ The metrics (`METRICS`), over an item's n samples of which c scored:
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterable
@@ -43,6 +44,7 @@ def parse_metric(name: str) -> tuple[str, int]:
     return match.group(1), int(match.group(2))
 
 
+@functools.cache  # items share a few (n, c): a set's points ask the same ones thousands of times
 def pass_at_k(n: int, c: int, k: int) -> float:
     """The unbiased pass@k of one item with `c` of `n` samples correct (Chen et al., 2021): 1 - C(n-c, k) / C(n, k),
     computed as a product so large n never overflows."""

@@ -13,7 +13,7 @@ pass@1 as `loopeval results` shows them.
 - **Permutation** (paired, two-sided): under "A and B are exchangeable" each item's pair may swap, so its difference
   flips sign; the p-value is the share of sign patterns whose |difference| reaches the observed one. Exact (every
   pattern of the items whose difference is not 0) up to `EXACT_ITEMS`, else `RESAMPLES` random patterns with the
-  observed one counted in, (1 + hits) / (1 + resamples).
+  observed one counted in, (1 + hits) / (1 + resamples) (drawn per kind of item: `permutation_p`).
 - **Items needed**: where the interval straddles 0, the items that would resolve a difference of the observed size at
   95% with the paired variance these items show: the standard error shrinks as 1 / sqrt(items), so
   items x (1.96 standard errors / |difference|)^2, every task grown alike.
@@ -82,14 +82,19 @@ class Design:
 
 def bootstrap(design: Design, resamples: int = RESAMPLES, seed: int = SEED) -> tuple[np.ndarray, np.ndarray]:
     """A's and B's suite means over `resamples` stratified resamples of the items (each task's items drawn with
-    replacement, pairs kept)."""
+    replacement, pairs kept).
+
+    Drawn as counts: a task's items fall into a few kinds (their (A, B) values: 9 with two samples an item), and n
+    draws with replacement are a multinomial count of each kind, the same distribution as drawing item by item for
+    a fraction of the work."""
     rng = np.random.default_rng(seed)
     a, b = np.zeros(resamples), np.zeros(resamples)
     for t, weight in enumerate(design.weights):
-        own = np.flatnonzero(design.task == t)
-        drawn = own[rng.integers(0, len(own), size=(resamples, len(own)))]
-        a += weight * design.a[drawn].mean(axis=1)
-        b += weight * design.b[drawn].mean(axis=1)
+        own = design.task == t
+        kinds, counts = np.unique(np.column_stack([design.a[own], design.b[own]]), axis=0, return_counts=True)
+        drawn = rng.multinomial(int(own.sum()), counts / own.sum(), size=resamples) / own.sum()
+        a += weight * drawn @ kinds[:, 0]
+        b += weight * drawn @ kinds[:, 1]
     return a, b
 
 
@@ -112,11 +117,10 @@ def permutation_p(design: Design, resamples: int = RESAMPLES, seed: int = SEED) 
         patterns = (np.arange(2 ** len(moving))[:, None] >> np.arange(len(moving))) & 1
         totals = np.abs(((2 * patterns - 1) * moving).sum(axis=1))
         return float(np.mean(totals >= observed - _TIES)), True
-    rng = np.random.default_rng(seed)
-    hits = 0
-    for start in range(0, resamples, 1000):  # in blocks: 10,000 x items signs at once would be large
-        signs = rng.choice((-1.0, 1.0), size=(min(1000, resamples - start), len(moving)))
-        hits += int(np.sum(np.abs(signs @ moving) >= observed - _TIES))
+    # drawn as counts: of the m items sharing one contribution v, Binomial(m, 1/2) keep their sign
+    values, counts = np.unique(moving, return_counts=True)
+    kept = np.random.default_rng(seed).binomial(counts, 0.5, size=(resamples, len(values)))
+    hits = int(np.sum(np.abs((2 * kept - counts) @ values) >= observed - _TIES))
     return (1 + hits) / (1 + resamples), False
 
 

@@ -127,3 +127,51 @@ def accuracy_by_length(
             "margin": margin,
         },
     )  # fmt: skip
+
+
+def metrics_from_samples(
+    table: pd.DataFrame, set_label: str | None = None, colors: Mapping[str, str] | None = None
+) -> go.Figure:
+    """Each point's pass@k for every k up to its n samples per problem, maj@n and avg@n (`analysis.claims.
+    sample_metrics`): a line per point in its model's colour, the metrics along x; `loopeval results --metric`
+    ranks by any of them."""
+    title = "pass@k, maj@n and avg@n from the stored samples" + (
+        f"<br><sup>{plain(set_label)}</sup>" if set_label else ""
+    )
+    if table.empty:
+        return _empty(title, "no point of this set has stored samples")
+    order = list(dict.fromkeys(sorted(table["metric"], key=_metric_order)))
+    palette = _colors_of(table["model"], colors)
+    traces = [
+        {
+            "type": "scatter",
+            "mode": "lines+markers",
+            "x": rows["metric"].tolist(),
+            "y": rows["value"].to_numpy(),
+            "error_y": {"type": "data", "array": (1.96 * rows["stderr"].astype(float)).to_numpy()},
+            "name": plain(name),
+            "line": {"color": palette[model]},
+            "hovertemplate": f"{plain(name)}<br>%{{x}} %{{y:.3f}}<extra></extra>",
+        }
+        for (name, model), rows in table.groupby(["name", "model"], sort=False)
+    ]
+    note, margin = _footnote(
+        "pass@k: Chen et al.'s unbiased estimator over each problem's n samples; maj@n: the answer most samples give "
+        "(outputs compared stripped); avg@n: the mean score, the stored pass@1. Bars: 95% intervals."
+    )
+    return go.Figure(
+        data=traces,
+        layout={
+            "title": {"text": title},
+            "xaxis": {"type": "category", "categoryorder": "array", "categoryarray": order},
+            "yaxis": {"title": {"text": "suite mean"}, "range": [-0.05, 1.05]},
+            "annotations": [note],
+            "margin": margin,
+        },
+    )
+
+
+def _metric_order(metric: str) -> tuple[int, int]:
+    """pass@1, pass@2, ..., then maj@n, then avg@n."""
+    kind, _, k = metric.partition("@")
+    return ("pass", "maj", "avg").index(kind), int(k)
