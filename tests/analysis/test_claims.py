@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -17,10 +18,8 @@ from analysis.points import accuracy_points
 from db.store import Store
 from harness.cli import main
 from tests.support.cli import printed
+from tests.support.paired_runs import LEVER, REFERENCE, claims_db, store_run
 from tests.support.rich_tables import body_rows
-
-TASKS = ["addition", "lookup"]
-SAMPLING = {"temperature": 1.0, "top_p": 0.7, "top_k": None, "max_new_tokens": 8, "n": 2, "seed": 0, "stop": []}
 
 
 def _values(by_task: dict[str, list[float]]) -> pd.Series:
@@ -143,62 +142,9 @@ def test_the_first_difference_of_two_outputs() -> None:
 
 
 # ----------------------------------------------------------------------------------- on a real store
-def _store_run(store: Store, scores: list[list[float]], outputs: list[list[str]], **columns: object) -> int:
-    """A finished run of zoo:ouro-tiny r=4 with two samples per doc (`scores[doc]`), on every task alike, and the
-    per-task pass@1 LightEval stores: each doc's mean over its samples, averaged, with its standard error."""
-    run_id = store.create_run(
-        sweep_id="s" + str(columns.get("kv_policy")) + str(columns.get("exit_threshold")),
-        model_spec="zoo:ouro-tiny",
-        adapter="zoo",
-        loops=4,
-        suite="synthetic",
-        tasks=TASKS,
-        limit=len(scores),
-        sampling=SAMPLING,
-        seed=0,
-        data_fingerprint="f" * 64,
-        status="finished",
-        spec={"models": ["zoo:ouro-tiny"], "seed": 0},
-        **columns,
-    )
-    store.add_samples(
-        run_id,
-        [
-            dict(
-                task=task, doc_id=str(doc), sample_index=i, prompt="p", output=outputs[doc][i], gold="g",
-                score=score, generated_tokens=len(outputs[doc][i]), finish_reason="length" if score == 0 else "stop",
-            )
-            for task in TASKS
-            for doc, pair in enumerate(scores)
-            for i, score in enumerate(pair)
-        ],
-    )  # fmt: skip
-    per_doc = [sum(pair) / 2 for pair in scores]
-    stderr = float(np.std(per_doc, ddof=1) / math.sqrt(len(per_doc)))
-    store.set_metrics(run_id, {task: {"pass@k:k=1&n=2": (sum(per_doc) / len(per_doc), stderr)} for task in TASKS})
-    store.set_memory_peaks(run_id, {"weights_bytes": 2_000_000, "kv_bytes_allocated": 1_000_000})
-    return run_id
-
-
-REFERENCE = [[1, 1], [1, 0], [0, 0], [1, 1], [0, 1], [1, 1]]
-LEVER = [[1, 1], [0, 0], [0, 0], [1, 0], [0, 1], [0, 1]]
-
-
 @pytest.fixture()
-def db(tmp_path: object) -> str:
-    """The reference (the model's own KV), a shared-last lever that loses items, and an exit point identical to
-    the reference; the lever's outputs leave the reference's at their second character where its score differs."""
-    path = str(tmp_path) + "/claims.sqlite"  # type: ignore[operator]
-    store = Store.open(path)
-    same = [["42" if s else "40" for s in pair] for pair in REFERENCE]
-    _store_run(store, REFERENCE, same)
-    lever_outputs = [
-        ["42" if s else ("40" if r == 0 else "41") for s, r in zip(p, q)] for p, q in zip(LEVER, REFERENCE)
-    ]
-    _store_run(store, LEVER, lever_outputs, kv_policy="shared-last", kv_dtype="auto")
-    _store_run(store, REFERENCE, same, exit_threshold=0.9, exit_criterion="gate")
-    store.close()
-    return path
+def db(tmp_path: Path) -> str:
+    return claims_db(str(tmp_path / "claims.sqlite"))
 
 
 def test_pass_at_1_from_the_samples_equals_the_stored_and_pass_at_2_follows(db: str) -> None:
@@ -240,7 +186,7 @@ def test_compare_pairs_the_items_and_refuses_other_items(db: str, capsys: pytest
     tie = json.loads(printed(["compare", "zoo:ouro-tiny r=4 exit gate 0.9", "1", "--db", db, "--json"]))
     assert tie["difference"] == 0 and tie["p_value"] == 1 and tie["verdict"] == "unresolved"
     store = Store.open(db)
-    other = _store_run(store, REFERENCE[:3], [["4", "4"]] * 3, kv_policy="shared-mean", kv_dtype="auto")
+    other = store_run(store, REFERENCE[:3], [["4", "4"]] * 3, kv_policy="shared-mean", kv_dtype="auto")
     store.close()
     capsys.readouterr()
     assert main(["compare", str(other), "1", "--db", db]) == 2
