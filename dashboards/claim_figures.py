@@ -7,6 +7,7 @@ What they draw is `analysis.claims`'s: `retained` (a row per lever point, its co
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping
 
 import numpy as np
@@ -14,7 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from analysis.claims import MLPERF_RETAINED
-from dashboards.figures import _colors_of, _empty, _footnote, plain
+from dashboards.figures import MESSAGE_WIDTH, _colors_of, _empty, _footnote, plain
 
 LEVER_DASHES = ("dot", "dash", "dashdot", "longdash", "longdashdot")  # a lever's line, its reference's solid
 HOLDS = "#2a9d4b"  # a lever at or above the 99% line
@@ -46,8 +47,14 @@ def retained_accuracy(table: pd.DataFrame, set_label: str | None = None) -> go.F
             "arrayminus": (frame["retained"] - frame["retained_low"]).to_numpy(),
         },
         "marker": {"size": 12, "color": [HOLDS if holds else FAILS for holds in frame["holds"]]},
-        "customdata": np.array([[plain(text)] for text in frame["sentence"]]),
-        "hovertemplate": "retained %{x:.3f}<br>%{customdata[0]}<extra></extra>",
+        "customdata": np.array(
+            [
+                ["<br>".join(textwrap.wrap(plain(text), MESSAGE_WIDTH)), _share(lever), _share(reference)]
+                for text, lever, reference in zip(frame["sentence"], frame["cut_lever"], frame["cut_reference"])
+            ]
+        ),
+        "hovertemplate": "retained %{x:.3f}<br>%{customdata[0]}<br>cut off by the token budget: lever "
+        "%{customdata[1]}, reference %{customdata[2]}<extra></extra>",
         "showlegend": False,
     }
     line = {"type": "line", "yref": "paper", "y0": 0, "y1": 1, "x0": MLPERF_RETAINED, "x1": MLPERF_RETAINED}
@@ -78,6 +85,10 @@ def retained_accuracy(table: pd.DataFrame, set_label: str | None = None) -> go.F
             "margin": margin | {"l": 20},
         },
     )
+
+
+def _share(value: float | None) -> str:
+    return "n/a" if value is None or value != value else f"{value:.0%}"
 
 
 def accuracy_by_length(
