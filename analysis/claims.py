@@ -222,13 +222,30 @@ def sample_metrics(points: pd.DataFrame, book: SampleBook) -> pd.DataFrame:
         samples = book.of(row.run_ids)
         if samples.empty:
             continue
-        n = int(items.sample_counts(samples).min())
-        for metric in [*(f"pass@{k}" for k in range(1, n + 1)), f"maj@{n}", f"avg@{n}"]:
-            value, stderr = items.estimate(items.item_values(samples, metric))
+        for metric, values in _all_metrics(samples).items():
+            value, stderr = items.estimate(values)
             rows.append(
                 {"name": point_name(row), "model": row.model, "metric": metric, "value": value, "stderr": stderr}
             )
     return pd.DataFrame(rows, columns=["name", "model", "metric", "value", "stderr"])
+
+
+def _all_metrics(samples: pd.DataFrame) -> dict[str, pd.Series]:
+    """pass@1 to pass@n, maj@n and avg@n per item, the samples grouped once (`items.item_values` gives the same,
+    one metric a call); an item with more samples than the fewest reads its first n, through `item_values`."""
+    scores = samples["score"].fillna(0.0)
+    grouped = samples.assign(score=scores, correct=scores >= 1.0).groupby(items.ITEM)
+    table = grouped.agg(size=("correct", "size"), correct=("correct", "sum"), mean=("score", "mean"))
+    n = int(table["size"].min())
+    pairs = list(zip(table["size"], table["correct"]))
+    values = {
+        f"pass@{k}": pd.Series([items.pass_at_k(int(a), int(c), k) for a, c in pairs], index=table.index)
+        for k in range(1, n + 1)
+    }
+    if (table["size"] > n).any():
+        return values | {name: items.item_values(samples, name) for name in (f"maj@{n}", f"avg@{n}")}
+    majority = table["mean"] if n == 1 else items.item_values(samples, f"maj@{n}")
+    return values | {f"maj@{n}": majority, f"avg@{n}": table["mean"]}
 
 
 def lever_keys(points: pd.DataFrame) -> list[Key]:

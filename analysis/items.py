@@ -99,13 +99,16 @@ def estimate(values: pd.Series) -> tuple[float, float | None]:
     """The suite mean of per-item values (`ITEM` index) and its standard error: each task's mean with the items'
     sample standard deviation over sqrt(items) (LightEval's), combined with `task_weights`, the tasks independent.
     The standard error is None where a task has a single item."""
-    frame = values.rename("value").reset_index()
-    per_task = frame.groupby("task", sort=False)["value"].agg(["mean", "std", "size"])
-    weights = pd.Series(task_weights(per_task.index))
-    mean = float((weights * per_task["mean"]).sum())
-    if (per_task["size"] < 2).any():
+    codes, names = pd.factorize(values.index.get_level_values("task"))
+    array = values.to_numpy(float)
+    sizes = np.bincount(codes)
+    means = np.bincount(codes, array) / sizes
+    weights = np.array([task_weights(names)[name] for name in names])
+    mean = float(weights @ means)
+    if (sizes < 2).any():
         return mean, None
-    return mean, float(math.sqrt(((weights * per_task["std"]) ** 2 / per_task["size"]).sum()))
+    variances = np.bincount(codes, (array - means[codes]) ** 2) / (sizes - 1)
+    return mean, float(math.sqrt(np.sum(weights**2 * variances / sizes)))
 
 
 def cut_share(samples: pd.DataFrame) -> float | None:
