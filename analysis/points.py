@@ -90,6 +90,7 @@ class Point:
     tokens_per_second: float | None
     energy_joules: float | None
     frontier: bool
+    cut: float | None = None  # the share of its samples the token budget cut off (`analysis.claims.with_samples`)
 
     @classmethod
     def of(cls, row: Mapping[str, Any]) -> Point:

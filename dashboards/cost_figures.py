@@ -8,12 +8,14 @@ they share): the report and the app draw them from the same functions.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
 from analysis.names import NOT_MEASURED, byte_unit, exit_label, loops_label, point_label, series_name
+from analysis.claims import MLPERF_RETAINED
 from analysis.points import lever_points
 from dashboards.figures import (
     DECIMAL_NOTE,
@@ -183,6 +185,29 @@ def accuracy_vs_energy(points: pd.DataFrame, task: str = "all", colors: Mapping[
     )
 
 
+def _mlperf_lines(frame: pd.DataFrame, palette: Mapping[str, str]) -> list[dict[str, Any]]:
+    """Per model with its own point (no KV setting) among `frame`: a dashed line at 99% of its accuracy (MLPerf's
+    bar for an optimisation, `analysis.claims.MLPERF_RETAINED`) across the figure, and 'holds 99%' over each of its
+    levers at or above it."""
+    traces: list[dict[str, Any]] = []
+    for model, rows in frame.groupby("model", sort=True):
+        own = rows[rows["config"] == ""]
+        if own.empty:
+            continue
+        bar = MLPERF_RETAINED * float(own["accuracy"].iloc[0])
+        line = {"color": palette[model], "dash": "dash", "width": 1}
+        traces.append(
+            {"type": "scatter", "mode": "lines", "x": [0, float(frame["memory"].max())], "y": [bar, bar], "line": line,
+             "name": f"99% of {model}", "showlegend": False, "hoverinfo": "name"}
+        )  # fmt: skip
+        held = rows[(rows["config"] != "") & (rows["accuracy"] >= bar)]
+        traces.append(
+            {"type": "scatter", "mode": "text", "x": held["memory"].to_numpy(), "y": held["accuracy"].to_numpy(),
+             "text": ["holds 99%"] * len(held), "textposition": "top center", "showlegend": False, "hoverinfo": "skip"}
+        )  # fmt: skip
+    return traces
+
+
 # The memory levers: a marker shape per KV policy, filled in the model's dtype and hollow when quantized.
 KV_MARKERS = {
     "per-loop": "circle",
@@ -262,10 +287,12 @@ def memory_levers(points: pd.DataFrame, task: str = "all", colors: Mapping[str, 
                 {"color": "#777", "size": 10, "symbol": "circle" + KV_FILL.get(dtype, ""), "line": {"width": 2}},
             )
         )
+    traces += _mlperf_lines(frame, palette)
     top = max(1.0, float((frame["accuracy"] + frame["stderr"].fillna(0)).max()))
     notes = [
         f"KV: each point's measured KV cache peak ({BY_NAME[LEVER_MEASURE].label}); {DECIMAL_NOTE}",
-        "a model's point without a KV setting is its own policy in its own dtype",
+        "a model's point without a KV setting is its own policy in its own dtype; dashed: MLPerf's 99% of it, "
+        "'holds 99%' marks the levers at or above (paired intervals: `loopeval compare`)",
         *_pooled_note(frame),
     ]
     note, margin = _footnote(" · ".join(notes))

@@ -20,10 +20,11 @@ import pandas as pd
 import plotly.graph_objects as go
 from sqlalchemy import Engine
 
+from analysis import claims
 from analysis.answer import answer
 from analysis.names import exit_label, loops_label, measure_label
 from analysis.points import DEFAULT_CONTEXT_TOKENS, accuracy_points
-from dashboards import cost_figures, figures, trace_figures
+from dashboards import claim_figures, cost_figures, figures, trace_figures
 from dashboards.data import depth_points, probe_title, profile_points, set_choice
 from db import queries
 from db.headline import SUITE
@@ -202,6 +203,40 @@ def _memory_levers(points: pd.DataFrame, picked: Selection) -> go.Figure:
     return cost_figures.memory_levers(points, picked.task, picked.palette)
 
 
+# ---------------------------------------------------------------------------------------------- claims
+@dataclass(frozen=True)
+class Claims:
+    """A set's claims (`analysis.claims`): each lever against its reference, pass@1 by length for them, the set."""
+
+    retained: pd.DataFrame
+    by_length: pd.DataFrame
+    metrics: pd.DataFrame
+    set_label: str | None
+
+
+def _claims(engine: Engine, picked: Selection) -> Claims:
+    points = accuracy_points(engine, picked.set_id)
+    if points.empty:
+        return Claims(pd.DataFrame(columns=claims.RETAINED_COLUMNS), pd.DataFrame(), pd.DataFrame(), None)
+    book = claims.SampleBook(engine, [i for ids in points["run_ids"] for i in ids])
+    table = claims.retained(engine, picked.set_id, points, book)
+    lengths = claims.length_table(points, book, claims.lever_keys(points))
+    metrics = claims.sample_metrics(points, book)
+    return Claims(table, lengths, metrics, str(points["set_label"].iloc[0]))
+
+
+def _retained_accuracy(data: Claims, picked: Selection) -> go.Figure:
+    return claim_figures.retained_accuracy(data.retained, data.set_label)
+
+
+def _accuracy_by_length(data: Claims, picked: Selection) -> go.Figure:
+    return claim_figures.accuracy_by_length(data.by_length, data.set_label, picked.palette)
+
+
+def _sample_metrics(data: Claims, picked: Selection) -> go.Figure:
+    return claim_figures.metrics_from_samples(data.metrics, data.set_label, picked.palette)
+
+
 def _depth_points(engine: Engine, picked: Selection) -> pd.DataFrame:
     return depth_points(engine, picked.set_id) if picked.set_id else pd.DataFrame()
 
@@ -312,11 +347,28 @@ LEVERS = View(
     note="What memory each KV policy (--kv-policy) and KV dtype (--kv-dtype) saves, and what it costs in accuracy, "
     "beside each model's own cache: a shape per policy, hollow where quantized. Drawn where the set sweeps them.",
 )
+CLAIMS = View(
+    title="Retained accuracy, generation length, pass@k",
+    inputs=("set",),
+    query=_claims,
+    cases=_each_set,
+    plots=(
+        Plot("retained-accuracy", "retained", _retained_accuracy, 480),
+        Plot("accuracy-length", "length", _accuracy_by_length, 480),
+        Plot("sample-metrics", "pass-k", _sample_metrics, 480),
+    ),
+    note="Each lever point (a KV policy or dtype, an exit threshold) against its reference on the same items: its "
+    "pass@1 as a share of the reference's with the paired bootstrap interval, against MLPerf's 99% line (the hover "
+    "gives `loopeval compare`'s sentence); and pass@1 by the tokens a sample generated, where a lever whose damage "
+    "grows with length falls away from its reference; and each point's pass@k for every k up to its samples per "
+    "problem, maj@n and avg@n (`loopeval results --metric`).",
+)
 # The views in page order: both pages draw every one of them.
 VIEWS: list[View] = [
     ACCURACY,
     COMPUTE,
     LEVERS,
+    CLAIMS,
     View(
         title="Depth extrapolation",
         inputs=("depth-set",),

@@ -90,3 +90,26 @@ def count_samples(engine: Engine) -> int:
     """Total stored samples (the report says how many it shows out of how many)."""
     with engine.connect() as conn:
         return conn.execute(select(func.count()).select_from(Sample)).scalar_one()
+
+
+def run_samples(engine: Engine, run_ids: list[int]) -> pd.DataFrame:
+    """Every sample of `run_ids` as the claims read them (`analysis.items`, `analysis.paired`): run_id, seed, task,
+    doc_id, sample_index, output, score, generated_tokens and finish_reason, in (run, task, doc, sample) order. An
+    item is a (task, doc): its samples, every seed's, stay together wherever items are resampled."""
+    statement = (
+        select(
+            Sample.run_id,
+            Run.seed,
+            Sample.task,
+            Sample.doc_id,
+            Sample.sample_index,
+            Sample.output,
+            Sample.score,
+            Sample.generated_tokens,
+            Sample.finish_reason,
+        )
+        .join(Run)
+        .where(Sample.run_id.in_([int(i) for i in run_ids]))
+        .order_by(Sample.run_id, Sample.task, Sample.doc_id, Sample.sample_index)
+    )
+    return read_frame(engine, statement).astype({"score": "float64", "generated_tokens": "float64"})

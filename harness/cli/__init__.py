@@ -20,7 +20,19 @@ from typer.exceptions import TyperException
 
 from adapters.base import MAX_STORED_INT, AdapterError
 from db import ResultsError
-from harness.cli import adapter, dashboard, estimate, probe, profile, results, run, show_models, show_suites, zoo
+from harness.cli import (
+    adapter,
+    compare,
+    dashboard,
+    estimate,
+    probe,
+    profile,
+    results,
+    run,
+    show_models,
+    show_suites,
+    zoo,
+)
 from suites import SuiteError
 
 app = typer.Typer(
@@ -33,6 +45,7 @@ app = typer.Typer(
 )
 app.command("run")(run.run)
 app.command("results")(results.results)
+app.command("compare")(compare.compare)
 app.command("suites")(show_suites.suites)
 app.command("models")(show_models.models)
 app.command("estimate")(estimate.estimate)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -171,6 +171,7 @@ def print_answer(
     per_task: bool = False,
     db: str | None = None,
     rank: str | None = None,
+    metric: str | None = None,
 ) -> str | None:
     """How much accuracy per gigabyte: one evaluation set of `runs` (`analysis.runs.run_records`, already filtered).
 
@@ -182,9 +183,13 @@ def print_answer(
     columns), what a generated token cost. `per_task` prints each benchmark's pass@1 instead. Only runs of one set
     are compared (`db.sets`); the others are listed below the table. Returns the answer in one sentence
     (`analysis.answer.answer`, as the report's; None where nothing is scored), which the command prints last
-    (`print_sentence`). `db` is the database the user named, for the hints.
+    (`print_sentence`). `db` is the database the user named, for the hints. `metric` (pass@K, maj@N, avg@N; default
+    the stored pass@1) is read from the samples instead (`analysis.claims.with_samples`), which also give each row's
+    share of samples the token budget cut off, a column where any was.
     """
     from analysis.answer import answer
+    from analysis.claims import SampleBook, with_samples
+    from analysis.items import parse_metric
     from analysis.names import default_measure
     from analysis.points import accuracy_points, point_key
     from analysis.ranking import DEFAULT_RANKING, RANKINGS, ranked_points
@@ -200,6 +205,13 @@ def print_answer(
     rank = rank or DEFAULT_RANKING
     if rank not in RANKINGS:
         raise UserError(f"--rank must be one of {', '.join(RANKINGS)}, got {rank!r}")
+    if metric is not None:
+        try:
+            parse_metric(metric)
+        except ValueError as exc:
+            raise UserError(f"--metric {exc}") from None
+        if per_task:
+            raise UserError("--metric ranks the points; --tasks shows each benchmark's stored pass@1: drop one")
     if not evals:
         hint = "" if runs else f"; try `{with_db(env_command('loopeval') + ' run', db)}`"
         typer.echo("no evaluation runs match" + hint)
@@ -207,6 +219,10 @@ def print_answer(
     chosen = set_id or next(iter(sets))
     in_set = [run for run in evals if run["set_id"] == chosen]
     points = accuracy_points(engine, chosen, run_ids=[run["run_id"] for run in in_set])
+    try:
+        points = with_samples(points, SampleBook(engine, [i for ids in points["run_ids"] for i in ids]), metric)
+    except ValueError as exc:
+        raise UserError(f"--metric {exc}") from None
     measure = measure or default_measure(points)
     table = ranked_points(points, measure, rank)
     shown = {point.key for point in table}
@@ -280,6 +296,10 @@ COMPUTE_CAPTION = (
     "n/a where the adapter does not give its layers). tokens/s: generated tokens per second inside generate, "
     "prefill included."
 )
+CUT_CAPTION = (
+    "cut off: the share of the row's samples the new-token budget (or the context) ended, which score 0 "
+    "for a reason no accuracy shows."
+)
 ENERGY_CAPTION = (
     "pass@1/kJ: pass@1 per kJ of the GPU energy one of the row's runs drew (NVML's counter; the device's, so "
     "other processes on it count too); energy/run: that energy."
@@ -302,7 +322,11 @@ def _print_ranking(
 
     swept = any(key[2] is not None for key in (*(point.key for point in table), *unscored))
     shown = _Columns(swept, any(configs.values()), any(point.energy_joules is not None for point in table))
+    shown = replace(shown, cut=any((point.cut or 0) > 0 for point in table))
     energy = ["pass@1/kJ"] * shown.energy
+    metric = table[0].metric if table else "pass@1"
+    scored, per_gb = f"{metric} ±95%", f"{metric}/GB"
+    cut = ["cut off"] * shown.cut
     seeds = any(point.seeds > 1 for point in table) or any(
         len({r["seed"] for r in runs}) > 1 for runs in unscored.values()
     )
@@ -310,18 +334,19 @@ def _print_ranking(
     column = RANKINGS[rank][0]
     print_table(
         None,
-        [*key, *(["seeds"] * seeds), "pass@1 ±95%", "memory", "pass@1/GB", *energy, "runs"],
+        [*key, *(["seeds"] * seeds), scored, *cut, "memory", per_gb, *energy, "runs"],
         _ranking_rows(table, column, unscored, measure, shown, seeds, configs),
-        right=("#", "r", "exit", "seeds", "pass@1 ±95%", "memory", "pass@1/GB", *energy),
+        right=("#", "r", "exit", "seeds", scored, *cut, "memory", per_gb, *energy),
         fold=("model", "config", "runs"),
-        keep=("pass@1 ±95%",),
+        keep=(scored,),
         caption=f"ranked by {RANKINGS[rank][1]}; * marks the Pareto frontier (no point has less memory and more "
         f"accuracy). memory: {measure_words(measure)}, the largest peak of the row's runs, decimal "
         f"units (1 GB = 1e9 bytes); n/a = unavailable here. ± is the 95% interval. "
         + (POOLED_CAPTION if seeds else "One seed a row.")
         + (f" {EXIT_CAPTION}" if swept else "")
         + (f" {CONFIG_CAPTION}" if shown.config else "")
-        + (f" {ENERGY_CAPTION}" if shown.energy else f" pass@1 per kJ of GPU energy: {NOT_MEASURED}."),
+        + (f" {ENERGY_CAPTION}" if shown.energy else f" pass@1 per kJ of GPU energy: {NOT_MEASURED}.")
+        + (f" {CUT_CAPTION}" if shown.cut else ""),
     )
     print_table(
         None,
@@ -340,6 +365,7 @@ class _Columns:
     exit: bool
     config: bool
     energy: bool
+    cut: bool = False
 
 
 def _rank_text(rank: int, point: Point, column: str) -> str:
@@ -382,6 +408,7 @@ def _ranking_rows(
             *_key_cells(point.key, shown, configs),
             *[str(point.seeds)] * seeds,
             _accuracy_text(point.accuracy, point.stderr),
+            *[_share_text(point.cut)] * shown.cut,
             byte_text(point.memory),
             _per_gb_text(point.per_gb),
             *per_kj(point.per_kj),
@@ -397,6 +424,7 @@ def _ranking_rows(
                 *_key_cells(key, shown, configs),
                 *[str(len({r["seed"] for r in runs}))] * seeds,
                 newest["status"],
+                *["n/a"] * shown.cut,
                 byte_text(newest.get(measure)),
                 "n/a",
                 *["n/a"] * shown.energy,
@@ -442,6 +470,11 @@ def _compute_rows(
         for key in unscored
     ]
     return rows
+
+
+def _share_text(value: float | None) -> str:
+    """A share as a percentage; n/a where unknown."""
+    return "n/a" if value is None or value != value else f"{value:.0%}"
 
 
 def _number_text(value: float | None) -> str:

@@ -48,6 +48,17 @@ def results(
         "accuracy, per-layer-pass (pass@1 per layer pass per generated token), speed (tokens/s).",
     ),
     tasks: bool = typer.Option(False, "--tasks", help="pass@1 of each benchmark instead of memory."),
+    metric: str | None = typer.Option(
+        None,
+        "--metric",
+        help="What the rows score, from the stored samples: pass@K (unbiased, K up to the samples per problem n), "
+        "maj@N (the majority answer of the first N samples) or avg@N. Default: the stored pass@1.",
+    ),
+    by_length: bool = typer.Option(
+        False,
+        "--by-length",
+        help="pass@1 binned by generated length per row, and where each lever's outputs leave its reference's.",
+    ),
     profiles: bool = typer.Option(
         False, "--profiles", help="The `loopeval profile` runs: memory against context length."
     ),
@@ -73,8 +84,12 @@ def results(
             typer.echo(json.dumps([with_per_kj(r) for r in store.run_summaries() if r["id"] in shown], indent=2))
         elif profiles:
             _print_profiles(store, [r["run_id"] for r in runs if r["kind"] == "profile"], db)
+        elif by_length:
+            _print_by_length(store.engine, runs, set_id)
         else:
-            sentence = print_answer(store.engine, runs, set_id, measure, per_task=tasks, db=db, rank=rank)
+            sentence = print_answer(
+                store.engine, runs, set_id, measure, per_task=tasks, db=db, rank=rank, metric=metric
+            )
             count = sum(r["kind"] == "profile" for r in runs)
             if count:
                 console().print(
@@ -144,4 +159,67 @@ def _print_profiles(store: Any, run_ids: list[int], db: str | None) -> None:
         fold=("model",),
         caption="at the longest context profiled; decimal units (1 GB = 1e9 bytes). "
         f"All points: {with_db(env_command('loopeval') + ' dashboard', db)} (memory against context length).",
+    )
+
+
+def _print_by_length(engine: Any, runs: list[dict[str, Any]], set_id: str | None) -> None:
+    """Per row of the set, pass@1 of its samples in each generated-length bin (`analysis.items.by_length`), then, per
+    lever row with its reference in the set (`analysis.claims.lever_pairs`), where its outputs leave the reference's
+    under the same seed (`analysis.claims.divergence_summary`)."""
+    from analysis.claims import SampleBook, divergence_summary, length_table
+    from analysis.points import accuracy_points
+    from analysis.runs import ordered_sets
+
+    sets = ordered_sets([r for r in runs if r["kind"] == "eval"])
+    if not sets:
+        typer.echo("no evaluation runs match")
+        return
+    chosen = set_id or next(iter(sets))
+    in_set = [r["run_id"] for r in runs if r["set_id"] == chosen]
+    points = accuracy_points(engine, chosen, run_ids=in_set)
+    book = SampleBook(engine, [i for ids in points["run_ids"] for i in ids])
+    table = length_table(points, book)
+    bins = list(dict.fromkeys(table.sort_values("low")["bin"]))
+    rows = []
+    for name, rows_of in table.groupby("name", sort=False):
+        cells = {row.bin: f"{row.pass_at_1:.3f} ({row.samples})" for row in rows_of.itertuples()}
+        rows.append([name, *(cells.get(b, "") for b in bins)])
+    console().print(sets[chosen], markup=False, highlight=False)
+    print_table(
+        None,
+        ["point", *bins],
+        rows,
+        right=tuple(bins),
+        fold=("point",),
+        caption="pass@1 of the samples whose output was that many generated tokens long (samples in brackets), "
+        "each sample on its own.",
+    )
+    levers = divergence_summary(points, book)
+    if not levers:
+        return
+
+    def share(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.3f}"
+
+    print_table(
+        None,
+        ["lever", "against", "paired", "left", "at char", "pass@1 left", "pass@1 same"],
+        [
+            [
+                row["lever"],
+                row["reference"],
+                str(row["paired"]),
+                share(row["diverged"]),
+                "n/a" if row["median_position"] is None else f"{row['median_position']:g}",
+                share(row["pass_at_1_diverged"]),
+                share(row["pass_at_1_same"]),
+            ]
+            for row in levers
+        ],
+        right=("paired", "left", "at char", "pass@1 left", "pass@1 same"),
+        fold=("lever", "against"),
+        caption="each lever row against its reference (same model, r and set without the lever: the model's own KV, "
+        "or fixed depth), its samples paired by seed, task, doc and sample index. left: the share whose output "
+        "leaves the reference's; at char: the median first character that differs (a character is a token on the "
+        "zoo's character tokenizer); pass@1 of the samples that left and of those that did not.",
     )

@@ -99,6 +99,7 @@ def test_corrupt_database_is_refused_and_byte_identical(tmp_path: Path, capsys: 
     for argv in (
         ["run", *FAST, "--model", "preset:qwen3-tiny"],
         ["results"],
+        ["compare", "zoo:ouro-tiny r=4 int8", "zoo:ouro-tiny r=4"],
         ["profile", "preset:qwen3-tiny", "--lengths", "8"],
     ):
         expect_usage_error([*argv, "--db", str(corrupt)], "is not a SQLite database", capsys)
