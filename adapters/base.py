@@ -294,8 +294,8 @@ def interrupted_by_signal(exc: BaseException, signals_before: int) -> bool:
     while a Ctrl-C handler other than `interrupt` is in place (Python's own: loopeval used as a library), where the two
     cannot be told apart and an interrupt stays an interrupt. With Ctrl-C counted or ignored, a KeyboardInterrupt no
     signal brought is the plugin's own, as is anything else that is not an Exception (SystemExit, GeneratorExit...)."""
-    if not isinstance(exc, KeyboardInterrupt):
-        return False
+    if not isinstance(exc, KeyboardInterrupt) or threading.current_thread() is not threading.main_thread():
+        return False  # only the main thread receives signals: elsewhere an interrupt is the plugin's own
     uncounted = signal.getsignal(signal.SIGINT) not in (interrupt, signal.SIG_IGN, signal.SIG_DFL)
     return signals_seen() != signals_before or uncounted
 
