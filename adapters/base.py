@@ -7,9 +7,12 @@ this file, so a user's adapter that satisfies `Adapter` gets the same treatment 
 from __future__ import annotations
 
 import math
+import signal
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 if TYPE_CHECKING:
     import torch
@@ -78,6 +81,11 @@ def check_exit_threshold(threshold: Any, criterion: str, name: str = "exit_thres
         raise AdapterError(f"{name} must be a number in [0, 1] for the gate criterion, got {threshold!r}")
     if criterion != "gate" and not (number and threshold >= 0):
         raise AdapterError(f"{name} must be a finite number >= 0 for the {criterion} criterion, got {threshold!r}")
+
+
+class HookError(AdapterError):
+    """An adapter's hook raised something other than AdapterError (`hook`): its own failure, where AdapterError is
+    its word to the user. The conformance kit tells the two apart; everything else treats both as one line."""
 
 
 def dtype_short(name: Any, model: bool = False) -> str:
@@ -256,16 +264,69 @@ T = TypeVar("T")
 
 
 def hook(spec: str, name: str, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """`call(*args, **kwargs)`, one of an adapter's hooks (`memory()`, `generate()`, its `loops` setter...), any
-    exception it raises turned into one AdapterError naming the adapter and the hook. A plugin is someone else's code: its failure fails
-    its run with that line as the reason, or is refused before the run, never a traceback. AdapterError, the adapter's
-    own word to the user, passes unchanged; Ctrl-C (not an Exception) still interrupts."""
+    """`call(*args, **kwargs)`, one of an adapter's hooks (`memory()`, `generate()`, its `loops` setter...), whatever it
+    raises turned into one AdapterError naming the adapter and the hook. A plugin is someone else's code: its failure
+    fails its run with that line as the reason, or is refused before the run, never a traceback, and never the end of
+    the process: `sys.exit()`, GeneratorExit, a KeyboardInterrupt it raises itself and any other BaseException are a
+    failure like any exception. AdapterError, the adapter's own word to the user, passes unchanged; the user's Ctrl-C
+    or SIGTERM, arriving while the hook ran, still interrupts (`interrupted_by_signal`)."""
+    signals = signals_seen()
     try:
         return call(*args, **kwargs)
     except AdapterError:
         raise
     except Exception as exc:
-        raise AdapterError(f"{spec}: {name} raised {type(exc).__name__}: {one_line(str(exc))}") from exc
+        raise HookError(f"{spec}: {name} raised {type(exc).__name__}: {one_line(str(exc))}") from exc
+    except BaseException as exc:
+        if interrupted_by_signal(exc, signals):
+            raise
+        said = one_line(str(exc))
+        raise HookError(f"{spec}: {name} raised {type(exc).__name__}" + (f": {said}" if said else "")) from exc
+
+
+# --- the user's interrupt, told apart from a plugin's own -----------------------------------------------------------
+_signals_seen = 0  # SIGINT and SIGTERM this process has received through `interrupt`
+
+
+def interrupt(signum: int, frame: Any) -> None:
+    """The handler of Ctrl-C (SIGINT) and SIGTERM while loopeval works: counts the signal, then stops the work in hand
+    as Ctrl-C does. The count is how `hook` tells the user's interrupt, which stops the run (stored as interrupted, to
+    be resumed), from a plugin raising KeyboardInterrupt itself, which fails it."""
+    global _signals_seen
+    _signals_seen += 1
+    raise KeyboardInterrupt() if signum == signal.SIGINT else KeyboardInterrupt(f"signal {signum}")
+
+
+def signals_seen() -> int:
+    """How many SIGINT and SIGTERM signals `interrupt` has handled in this process: a hook notes it before it runs."""
+    return _signals_seen
+
+
+def interrupted_by_signal(exc: BaseException, signals_before: int) -> bool:
+    """Whether `exc`, raised while a hook ran, is the user's interrupt: a KeyboardInterrupt while a signal arrived, or
+    while a Ctrl-C handler other than `interrupt` is in place (Python's own: loopeval used as a library), where the two
+    cannot be told apart and an interrupt stays an interrupt. With Ctrl-C counted or ignored, a KeyboardInterrupt no
+    signal brought is the plugin's own, as is anything else that is not an Exception (SystemExit, GeneratorExit...)."""
+    if not isinstance(exc, KeyboardInterrupt) or threading.current_thread() is not threading.main_thread():
+        return False  # only the main thread receives signals: elsewhere an interrupt is the plugin's own
+    uncounted = signal.getsignal(signal.SIGINT) not in (interrupt, signal.SIG_IGN, signal.SIG_DFL)
+    return signals_seen() != signals_before or uncounted
+
+
+@contextmanager
+def interrupts_counted() -> Iterator[None]:
+    """Ctrl-C handled by `interrupt` inside the block (a whole CLI command), where Python's own handler had it. A
+    Ctrl-C that is ignored (a job started in the background) stays ignored; off the main thread nothing changes."""
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    signal.signal(signal.SIGINT, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def one_line(text: str) -> str:

@@ -31,6 +31,7 @@ import functools
 import importlib
 import importlib.metadata
 import importlib.util
+import inspect as inspect_module
 import os
 import sys
 import types
@@ -40,7 +41,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Iterable, Iterator
 
-from adapters.base import Adapter, AdapterError, hook
+from adapters.base import Adapter, AdapterError, hook, signals_seen
 
 Factory = Callable[..., Adapter]
 Inspector = Callable[..., dict[str, Any]]  # (arg, **overrides) -> describe()-like facts, no weights loaded
@@ -123,12 +124,13 @@ def register(
 
 
 def _ensure_builtins() -> None:
+    """The built-in modules imported, then the plugins discovered (each once per process)."""
     global _loaded_builtins
     if not _loaded_builtins:
         _loaded_builtins = True
         for module in BUILTIN_MODULES:
             importlib.import_module(module)
-        _ensure_plugins()
+    _ensure_plugins()
 
 
 def _ensure_plugins() -> None:
@@ -225,15 +227,15 @@ def _attributed(source: str) -> Iterator[None]:
 
 def _load_one(name: str, source: str, action: Callable[[], None]) -> None:
     """Run one plugin's import; on any failure roll its registrations back, warn by name, and go on."""
-    snapshot = dict(_REGISTRY)
+    snapshot, signals = dict(_REGISTRY), signals_seen()
     try:
         with _attributed(source):
             action()
-    except (
-        BaseException
-    ) as exc:  # a plugin may fail in any way, sys.exit() and KeyboardInterrupt included; never stop the others
+    except BaseException as exc:  # a plugin may fail in any way, sys.exit() and its own KeyboardInterrupt included
         _REGISTRY.clear()
         _REGISTRY.update(snapshot)
+        if isinstance(exc, KeyboardInterrupt) and signals_seen() != signals:
+            raise  # the user's Ctrl-C while a plugin was imported stops the command
         _skipped(name, source, exc)
 
 
@@ -247,15 +249,16 @@ def _skipped(name: str, source: str, exc: BaseException) -> None:
 def _names(entry: AdapterEntry) -> list[str]:
     """The bare names `entry` knows. A plugin whose `names()` fails (or lists non-strings) is warned about once and
     knows none, so other names still resolve."""
-    if entry.names is None or entry.prefix in _BROKEN_NAMES:
+    listed = entry.names
+    if listed is None or entry.prefix in _BROKEN_NAMES:
         return []
     try:
-        names = list(entry.names())
+        names = hook(entry.prefix, "names()", lambda: list(listed()))
         if not all(isinstance(name, str) for name in names):
             raise TypeError("names() must return strings")
-    except Exception as exc:
+    except (AdapterError, TypeError) as exc:
         _BROKEN_NAMES.add(entry.prefix)
-        _skipped(f"{entry.prefix}: names()", entry.source, exc)
+        _skipped(f"{entry.prefix}: names()", entry.source, exc.__cause__ or exc)
         return []
     return names
 
@@ -316,11 +319,42 @@ def _entry(spec: str) -> tuple[AdapterEntry, str]:
 
 
 def load(spec: str, **overrides: Any) -> Adapter:
-    """Build the adapter a spec (or bare name) names. Overrides include `loops`, `dtype`, `device`, `seed`."""
+    """Build the adapter a spec (or bare name) names. Overrides include `loops`, `dtype`, `device`, `seed`.
+
+    A plugin's adapter comes back `Guarded`: every hook of it, wherever the harness calls it, fails in one line."""
     entry, arg = _entry(spec)
     if entry.source == "builtin":
         return entry.factory(arg, **overrides)
-    return hook(spec, "its loader", entry.factory, arg, **overrides)  # a plugin's failure is one line
+    return Guarded(spec, hook(spec, "its loader", entry.factory, arg, **overrides))
+
+
+_ABSENT = object()
+
+
+class Guarded:
+    """A plugin's adapter as the harness holds it: the same attributes, each read, method call and attribute set
+    going through `adapters.base.hook`. A plugin is someone else's code, and `run`, `profile`, `adapter check` and the
+    bridge call its hooks in many places; here every one of them, present and future, is guarded once: whatever a
+    hook raises, `sys.exit()` and BaseException included, is one AdapterError naming the plugin and the hook.
+    An attribute the plugin lacks is still an AttributeError, so `hasattr` and the protocols' checks work as before."""
+
+    def __init__(self, spec: str, adapter: Any) -> None:
+        object.__setattr__(self, "_spec", spec)
+        object.__setattr__(self, "_adapter", adapter)
+
+    def __getattr__(self, name: str) -> Any:
+        value = hook(self._spec, name, getattr, self._adapter, name, _ABSENT)
+        if value is _ABSENT:
+            raise AttributeError(f"{self._spec}: its adapter has no attribute {name!r}")
+        if not inspect_module.isroutine(value):  # data, and objects such as its tokenizer, are handed over as they are
+            return value
+        return functools.partial(hook, self._spec, f"{name}()", value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        hook(self._spec, f"its {name} setter", setattr, self._adapter, name, value)
+
+    def __repr__(self) -> str:
+        return f"Guarded({self._spec!r})"
 
 
 def inspect(spec: str, **overrides: Any) -> dict[str, Any] | None:

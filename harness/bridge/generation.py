@@ -3,10 +3,18 @@
 The adapter gets the run's `Sampling` with the doc's needs merged in: `n` = the doc's `num_samples` (what its
 metrics need), `max_new_tokens` capped by the doc's `generation_size`, the doc's `stop_sequences` added to the
 run's, and a seed derived from the run seed (`batch_seed`). An adapter that schedules a whole workload itself
-(`adapters.base.Scheduling`: the engine) gets every unfinished doc of a task in one call, each with its own seed,
-and asks only for the samples not stored yet (`Workload`); each group of samples is sent to the sink as the adapter
-reports it finished. Other adapters get `batch_size` docs per `generate` call (`Generator.generate_batch`), and each
-batch is sent when it returns.
+(`adapters.base.Scheduling`: the engine) gets every doc of a task in one call, each with its own seed (`Workload`);
+each group of samples is sent to the sink as the adapter reports it finished. Other adapters get `batch_size` docs
+per `generate` call (`Generator.generate_batch`), and each batch is sent when it returns.
+
+A resumed run generates a task that is partly stored again in the same batches as an unbroken run, and stores only
+the samples it lacks. A sample's numbers depend, in the last bits, on which other samples share its batch (a matrix
+product of 1 row is not rounded as one of 2 or 8: the kernels differ with the row count), and a threshold decision,
+a token's exit loop or its draw, can fall on either side of them: a resumed run that batched only the missing docs
+once ran one token a loop longer than the unbroken run (`tests/harness/test_resume_batches.py`). Generated in the
+unbroken run's batches, every sample gets the same arithmetic, so its tokens and exit loops are the unbroken run's.
+The cost is the stored part of the one task a run was stopped in, generated again and thrown away; the tasks it
+finished or had not started cost nothing more.
 """
 
 from __future__ import annotations
@@ -42,10 +50,11 @@ Bar = Callable[[str, int], AbstractContextManager[Callable[[], None]]]
 
 @dataclass
 class Pending:
-    """A task's docs that still need samples (`todo`: positions in the docs LightEval gave) and what is stored of
-    the task (`stored`), so a resumed run generates and stores nothing twice."""
+    """A task's docs (`docs`: positions in the docs LightEval gave), those that still need samples (`todo`) and what
+    is stored of the task (`stored`), so a resumed run stores nothing twice."""
 
     task: str
+    docs: list[int]
     todo: list[int]
     stored: StoredSamples
 
@@ -84,7 +93,9 @@ class Generator:
                     if task.todo:
                         Workload(self, task, docs, responses, advance).generate(adapter)
             return
-        batches = [(p, chunk) for p in pending for chunk in self._batches(docs, p.todo)]
+        batches = [  # an unbroken run's batches, those with a doc to generate (see the module's docstring)
+            (p, chunk) for p in pending for chunk in self._batches(docs, p.docs) if not set(chunk).isdisjoint(p.todo)
+        ]
         batch_numbers: collections.Counter[str] = collections.Counter()
         with bar("generating", len(batches)) as advance:
             for task, chunk in batches:
@@ -177,15 +188,15 @@ class Generator:
 
 
 class Workload:
-    """One task's unfinished samples handed whole to a `Scheduling` adapter, and what has come back of each doc:
-    `texts[r][j]` is sample j of request r (None until it finishes or when stored), so a doc's response is whole
-    when its last sample is."""
+    """One task's samples handed whole to a `Scheduling` adapter, the stored ones too (the unbroken run's workload:
+    see the module's docstring), and what has come back of each doc: `texts[r][j]` is sample j of request r (None
+    until it finishes; the stored output when stored), so a doc's response is whole when its last sample is."""
 
     def __init__(
         self, generator: Generator, pending: Pending, docs: list[Doc], responses: Responses, advance: Callable[[], None]
     ) -> None:
         self.generator, self.task, self.responses, self.advance = generator, pending.task, responses, advance
-        self.slots = pending.todo
+        self.slots, self.stored = pending.docs, pending.stored
         self.docs = [docs[i] for i in self.slots]
         self.prompts = [generator.prompts.prepare_prompt(doc) for doc in self.docs]
         self.samplings = [generator.sampling_for(doc, self.task) for doc in self.docs]
@@ -196,18 +207,16 @@ class Workload:
         self.tokens: list[list[list[int]]] = [[[] for _ in range(s.n)] for s in self.samplings]
 
     def generate(self, adapter: Scheduling) -> None:
-        """Hand every unfinished sample to the adapter at once; samples are stored as they finish (`finished`)."""
+        """Hand every sample of the task to the adapter at once; new samples are stored as they finish (`finished`)."""
         self.generator.batch_started(self.task, 0, len(self.slots))
-        requests = [
-            Request(prompt, sampling, samples=tuple(j for j, text in enumerate(done) if text is None))
-            for prompt, sampling, done in zip(self.prompts, self.samplings, self.texts)
-        ]
-        adapter.generate_requests(requests, self.finished)
+        adapter.generate_requests([Request(p, s) for p, s in zip(self.prompts, self.samplings)], self.finished)
 
     def finished(self, done: list[Finished]) -> None:
-        """The adapter's report of finished samples: record them, complete the docs they complete, send them."""
+        """The adapter's report of finished samples: record the new ones, complete the docs they complete, send them."""
         records = []
         for r, j, generation in done:
+            if (self.docs[r].id, j) in self.stored:  # generated again only to batch as the unbroken run did
+                continue
             text, record = self.generator.sample(
                 self.task,
                 self.docs[r],

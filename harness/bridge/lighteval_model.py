@@ -125,7 +125,7 @@ class AdapterModel(LightevalModel):
                     responses[i] = ModelResponse(input=prompt, text=[r.output for r in records if r is not None])
                 else:
                     todo.append(i)
-            pending.append(Pending(task, todo, stored))
+            pending.append(Pending(task, indices, todo, stored))
         return pending
 
     def loglikelihood(self, docs: list[Doc]) -> list[ModelResponse]:
@@ -137,7 +137,7 @@ class AdapterModel(LightevalModel):
         if self.tokenizer is None:
             raise AdapterError(f"{self.adapter.spec} has no tokenizer: multiple-choice tasks need one")
         responses: Responses = [None] * len(docs)
-        pending = [Pending(task, indices, self._stored(task)) for task, indices in _by_task(docs).items()]
+        pending = [Pending(task, indices, indices, self._stored(task)) for task, indices in _by_task(docs).items()]
         self.ranker.run(docs, pending, responses, self.bars.bar)
         return responses  # type: ignore[return-value]  # every slot is filled: every doc is ranked
 

@@ -18,7 +18,7 @@ import typer
 import typer.core
 from typer.exceptions import TyperException
 
-from adapters.base import MAX_STORED_INT, AdapterError
+from adapters.base import MAX_STORED_INT, AdapterError, interrupts_counted
 from db import ResultsError
 from harness.cli import (
     adapter,
@@ -85,7 +85,8 @@ def bounded_ints(command: Command) -> Command:
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: runs the app and turns usage and user errors into one line + exit 2."""
     try:
-        result = bounded_ints(cast(Command, typer.main.get_command(app))).main(args=argv, standalone_mode=False)
+        with interrupts_counted():  # a plugin raising KeyboardInterrupt is told apart from the user's Ctrl-C
+            result = bounded_ints(cast(Command, typer.main.get_command(app))).main(args=argv, standalone_mode=False)
     except typer.Exit as exc:
         return exc.exit_code
     except (typer.Abort, KeyboardInterrupt):

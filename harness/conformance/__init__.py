@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Callable, Sequence
 
-from adapters.base import Adapter, Prompt
+from adapters.base import Adapter, HookError, Prompt
 from harness.conformance.contract import ContractChecks
 from harness.conformance.probe import Failed, Skipped
 from harness.conformance.sampling import SamplingChecks
@@ -144,6 +144,8 @@ def check_adapter(
             result = CheckResult(name, "fail", str(exc))
         except Skipped as exc:
             result = CheckResult(name, "skip", str(exc))
+        except HookError as exc:  # a plugin's hook failed (its sys.exit() included): the line names the hook
+            result = CheckResult(name, "fail", str(exc))
         except Exception as exc:  # an adapter crashing inside a check is a failure of that check, not of the kit
             result = CheckResult(
                 name, "fail", f"raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from adapters.base import DTYPE_BYTES, AdapterError, Prompt, Sampling, dtype_short
+from adapters.base import DTYPE_BYTES, AdapterError, HookError, Prompt, Sampling, dtype_short
 from harness.conformance.probe import Probe, Skipped, expect
 from measures import MEMORY_KEYS
 
@@ -104,6 +104,8 @@ class ContractChecks(Probe):
         ):
             try:
                 self.adapter.generate([prompt], Sampling(temperature=0, max_new_tokens=2))
+            except HookError as exc:  # a plugin's generate() failed in its own way, not with AdapterError
+                problems.append(f"{what}: {exc}; it must raise AdapterError with a clear message")
             except AdapterError as exc:
                 if not str(exc).strip() or "\n" in str(exc).strip():
                     problems.append(f"{what}: AdapterError must carry a one-line message, got {str(exc)!r}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from adapters.base import Adapter, AdapterError, Generation, Prompt
+from adapters.base import Adapter, AdapterError, Generation, HookError, Prompt
 from harness.conformance.probe import Failed, Probe, Skipped, expect
 
 
@@ -49,6 +49,8 @@ class SamplingChecks(Probe):
             raise Failed(f"greedy generation of {len(ids)}-token prompt returned no tokens")
         try:
             logits = self.adapter.forward_logits(torch.tensor([ids]))
+        except HookError:
+            raise  # the plugin's forward_logits() failed in its own way: that fails the check
         except AdapterError:
             return  # an engine without full-sequence logits (vLLM); the seed checks still catch an ignored temperature
         expect(

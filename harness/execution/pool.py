@@ -30,10 +30,11 @@ from dataclasses import dataclass
 from multiprocessing import connection
 from typing import TYPE_CHECKING, Any
 
+from adapters.base import interrupt
 from db import ResultsError
 from db.record import PlannedRun
 from harness.execution.bars import RunBars
-from harness.execution.runner import RunOutcome, raise_interrupt, run_stored, sigterm_as_interrupt, stored_row
+from harness.execution.runner import RunOutcome, run_stored, sigterm_as_interrupt, stored_row
 from harness.planning.plan import SweepPlan
 from harness.planning.spec import RunSpec
 
@@ -165,7 +166,7 @@ def _work(run_groups: list[RunGroup], todo: Any, lines: Any, db_url: str) -> Non
     be gone."""
     from db.store import Store
 
-    signal.signal(signal.SIGTERM, raise_interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     _die_with_parent()
     try:
         store = Store.open(db_url)  # never the parent's connection: a database connection does not survive a fork

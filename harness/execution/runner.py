@@ -33,6 +33,7 @@ from adapters.base import (
     checked_generation,
     checked_memory,
     hook,
+    interrupt,
     one_line,
 )
 from db import ResultsError
@@ -140,16 +141,11 @@ class StoreSink:
         self.store.add_samples(self.run_id, [vars(record) for record in records])  # shallow: asdict deep-copies
 
 
-def raise_interrupt(signum: int, frame: Any) -> None:
-    """A signal handler that stops the work in hand as Ctrl-C does."""
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 @contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
     """Treat SIGTERM like Ctrl-C while a run is going, so either one marks the run interrupted."""
     try:
-        previous = signal.signal(signal.SIGTERM, raise_interrupt)
+        previous = signal.signal(signal.SIGTERM, interrupt)
     except ValueError:  # not the main thread: leave signals alone
         yield
         return

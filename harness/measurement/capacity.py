@@ -14,18 +14,24 @@ from __future__ import annotations
 from typing import Any
 
 from harness.errors import UserError
+from harness.measurement.cgroup import cgroup_available
 from measures import GB, analytic_bytes
 
 
-def available_bytes(device: str) -> int:
-    """Memory a new allocation can take on `device`: free GPU memory, or the host's available RAM."""
+def available_bytes(device: str) -> tuple[int, str]:
+    """Memory a new allocation can take on `device`, and where that figure comes from: free GPU memory, or the host's
+    available RAM, or less where this process's cgroups allow less (a container's limit: `harness.measurement.cgroup`),
+    which the kernel enforces by killing the process."""
     if device.startswith("cuda"):
         import torch
 
-        return torch.cuda.mem_get_info(torch.device(device))[0]
+        return torch.cuda.mem_get_info(torch.device(device))[0], f"on {device}"
     import psutil
 
-    return psutil.virtual_memory().available
+    host, limited = psutil.virtual_memory().available, cgroup_available()
+    if limited is not None and limited < host:
+        return limited, f"on {device} under this process's cgroup memory limit"
+    return host, f"on {device}"
 
 
 def needed_bytes(facts: dict[str, Any], tokens: int, sequences: int) -> int | None:
@@ -58,9 +64,9 @@ def check_fits(what: str, facts: dict[str, Any], tokens: int, sequences: int, hi
 def check_memory(what: str, need: int, device: str, hint: str) -> None:
     """UserError when `need` bytes for `what` are more than `device` has free; `hint` names what to lower. The one
     comparison every command that runs or trains a model makes before allocating (`check_fits`, `zoo train`, `zoo convert`)."""
-    free = available_bytes(device)
+    free, where = available_bytes(device)
     if need > free:
-        raise UserError(f"{what} need {need / GB:.3g} GB, but {free / GB:.3g} GB is free on {device}: lower {hint}")
+        raise UserError(f"{what} need {need / GB:.3g} GB, but {free / GB:.3g} GB is free {where}: lower {hint}")
 
 
 def context_excess(spec: str, facts: dict[str, Any], option: str, tokens: int, generated: int = 0) -> str | None:
