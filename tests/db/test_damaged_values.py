@@ -23,6 +23,47 @@ from db.stored import CHECKED, damaged_runs
 from harness.cli import main
 
 DAMAGED = 2  # run 2 of the three below is damaged; runs 1 and 3 must still be shown
+# (column, SQL value, what the damage is named as after the column): a value inside a JSON object of the right
+# shape, text or NaN where loopeval computes with a number, NaN anywhere (even where nothing reads it)
+NESTED = [
+    (
+        "runs.model_config",
+        "json_set(model_config, '$.kv_bytes_per_token', 'lots')",
+        "holds 'lots' at kv_bytes_per_token, not a finite number",
+    ),
+    (
+        "runs.model_config",
+        "replace(model_config, '\"kv_bytes_per_token\": 1024', '\"kv_bytes_per_token\": NaN')",
+        "holds NaN at kv_bytes_per_token, which JSON cannot hold",
+    ),
+    (
+        "runs.model_config",
+        "json_set(model_config, '$.analytic.weights_bytes', 'heavy')",
+        "holds 'heavy' at analytic.weights_bytes, not a finite number",
+    ),
+    (
+        "runs.model_config",
+        "json_set(model_config, '$.config.shared_layers', 2.5)",
+        "holds 2.5 at config.shared_layers, not a whole number",
+    ),
+    (
+        "runs.model_config",
+        "json_set(model_config, '$.trained_loops', 'four')",
+        "holds 'four' at trained_loops, not a whole number",
+    ),
+    (
+        "runs.sampling",
+        "replace(sampling, '\"temperature\": 1.0', '\"temperature\": Infinity')",
+        "holds Infinity at temperature, which JSON cannot hold",
+    ),
+    ("runs.sampling", "json_set(sampling, '$.n', 'one')", "holds 'one' at n, not a whole number"),
+    (
+        "runs.host",
+        'replace(host, \'"hostname": \', \'"load": [1, -Infinity], "hostname": \')',
+        "holds -Infinity at load[1], which JSON cannot hold",
+    ),
+]
+NAMED = {value: named for _, value, named in NESTED}
 # (column, SQL value): each kind of checked column, each way it can be damaged
 CASES = [
     ("runs.sampling", "'{\"temperature\": 1'"),  # invalid JSON
@@ -48,7 +89,17 @@ CASES = [
     ("samples.created_at", "12345"),
     ("samples.loops_histogram", '\'{"1": "three"}\''),  # JSON of the wrong shape in a table of many rows
     ("samples.loops_histogram", "'{\"1\": 3'"),
+    *[(column, value) for column, value, _ in NESTED],
 ]
+
+
+def _strict_json(text: str) -> object:
+    """`text` parsed as standard JSON: NaN and Infinity, which Python's parser would accept, are refused."""
+
+    def refuse(constant: str) -> object:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
 
 
 @pytest.fixture(scope="module")
@@ -132,9 +183,9 @@ def test_a_damaged_value_is_named_and_the_other_runs_still_shown(
     capfd.readouterr()
     assert main(["results", "--json", "--db", str(db)]) == 0
     out, err = capfd.readouterr()
-    line = _one_line(err, f"run {DAMAGED} skipped: {column} ")
+    line = _one_line(err, f"run {DAMAGED} skipped: {column} {NAMED.get(value, '')}")
     assert f"({db.name})" not in line and f"sqlite:///{db}" in line, line
-    assert [run["id"] for run in json.loads(out)] == [1, 3]
+    assert [run["id"] for run in _strict_json(out)] == [1, 3]  # type: ignore[union-attr]
 
     assert main(["results", "--db", str(db)]) == 0
     out, err = capfd.readouterr()
@@ -150,8 +201,8 @@ def test_a_damaged_value_is_named_and_the_other_runs_still_shown(
 
 @pytest.mark.parametrize(
     ("column", "value"),
-    [CASES[0], CASES[4], CASES[8], CASES[12], CASES[17]],
-    ids=["invalid-json", "wrong-shape", "text-number", "text-score", "text-date"],
+    [CASES[0], CASES[4], CASES[8], CASES[12], CASES[17], NESTED[0][:2], NESTED[1][:2]],
+    ids=["invalid-json", "wrong-shape", "text-number", "text-score", "text-date", "text-inside", "nan-inside"],
 )
 def test_resuming_the_damaged_run_is_one_line_and_exit_2(
     column: str, value: str, intact: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
