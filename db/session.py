@@ -415,7 +415,15 @@ def open_engine(url: str | None = None) -> Engine:
             _readonly_revision(path)
     engine = _create_engine(url)  # from here on every database error is a ResultsError (`_one_line_errors`)
     _upgrade(engine, where if path is None else None)
+    _restore(engine)
     return engine
+
+
+def _restore(engine: Engine) -> None:
+    """What an upgrade could not finish on a value damaged then and corrected since (`db.stored.restore_set_ids`)."""
+    from db.stored import restore_set_ids  # db.stored reads through this module: imported where it is used
+
+    restore_set_ids(engine)
 
 
 def open_existing(url: str | None = None, write: bool = False) -> Engine:
@@ -449,6 +457,8 @@ def open_existing(url: str | None = None, write: bool = False) -> Engine:
         )
     if revision != head_revision():
         _upgrade(engine)
+    if not unwritable:
+        _restore(engine)
     return engine
 
 

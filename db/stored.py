@@ -11,7 +11,8 @@ column and the database:
 - a command that lists many runs shows the others and names it (`hide_damaged`: the run is left out of
   every later read of that engine, whatever query makes it).
 
-Nothing here writes to the database.
+An eval run stored with no evaluation set id (migration 0011 met a damaged value in it) is named the same way
+while it cannot be given one, and given one by `restore_set_ids`, the only writer here, once it is intact.
 """
 
 from __future__ import annotations
@@ -39,16 +40,18 @@ from sqlalchemy import (
     or_,
     select,
     type_coerce,
+    update,
 )
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.pool import ConnectionPoolEntry
-from sqlalchemy.sql import ColumnElement
+from sqlalchemy.sql import ColumnElement, Select
 from sqlalchemy.types import NullType
 
 from db import ResultsError
 from measures import DESCRIBED, Leaf, leaf_problem
 from db.models import Base, Run
 from db.session import display_url
+from db.sets import SET_COLUMNS, run_set
 
 # The JSON columns that hold a list of names; every other JSON column holds an object.
 _LISTS = frozenset({"runs.tasks"})
@@ -225,7 +228,44 @@ def damaged_runs(engine: Engine, run_ids: list[int] | None = None) -> dict[int, 
                     problem = run_id not in found and _problem(name, kind, raw)
                     if problem:
                         found[run_id] = DamagedRun(run_id, name, problem, where)
+        for run_id in conn.scalars(_without_set(run_ids)):
+            found.setdefault(run_id, DamagedRun(run_id, SET_ID, _NO_SET, where))
     return dict(sorted(found.items()))
+
+
+# The column of an eval run's set id, which an eval run lacks only where migration 0011 met a damaged value.
+SET_ID = "runs.set_id"
+_NO_SET = (
+    "is empty: a value of the run was damaged when the database was upgraded, so it was given no evaluation set; "
+    "open the database where it can be written once that value is correct"
+)
+
+
+def _without_set(run_ids: list[int] | None) -> Select[tuple[int]]:
+    """The eval runs (of `run_ids`, when given) with no stored set id."""
+    statement = select(Run.id).where(Run.kind == "eval", Run.set_id.is_(None))
+    return statement if run_ids is None else statement.where(Run.id.in_(run_ids))
+
+
+def restore_set_ids(engine: Engine) -> None:
+    """Give each eval run without a set id, and otherwise intact, the id of its set (`db.sets.run_set`).
+
+    Migration 0011 hashed every eval run's set once, except a run holding a damaged value then; corrected since
+    (as its error line advises), it would be in no set and left out of every view, its other seeds shown alone.
+    Called wherever a database is opened for writing (`db.session`); where it cannot be written, `damaged_runs`
+    names such a run instead.
+    """
+    with engine.connect() as conn:
+        missing = list(conn.scalars(_without_set(None)))
+    if not missing:
+        return
+    intact = [run_id for run_id, run in damaged_runs(engine, missing).items() if run.column == SET_ID]
+    if not intact:
+        return
+    columns = [Run.__table__.c[name] for name in SET_COLUMNS]
+    with engine.begin() as conn:
+        for row in conn.execute(select(Run.id, *columns).where(Run.id.in_(intact), Run.set_id.is_(None))).all():
+            conn.execute(update(Run).where(Run.id == row.id).values(set_id=run_set(row._mapping).id))
 
 
 def require_intact(engine: Engine, run_id: int) -> None:

@@ -13,7 +13,6 @@ import hashlib
 import json
 import shutil
 import sqlite3
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ import pytest
 from db.session import open_existing
 from db.stored import CHECKED, damaged_runs
 from harness.cli import main
+from tests.support.mounts import remount_read_only
 
 DAMAGED = 2  # run 2 of the three below is damaged; runs 1 and 3 must still be shown
 # (column, SQL value, what the damage is named as after the column): a value inside a JSON object of the right
@@ -289,19 +289,12 @@ def test_the_scan_finds_only_the_damaged_runs(intact: Path, tmp_path: Path) -> N
     assert damaged_runs(open_existing(str(null))) == {}
 
 
-def _remount_read_only(folder: Path) -> None:
-    """Remount the tests' tmpfs (`small_disk`, where the test has put its files) read-only."""
-    subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True)
-    with pytest.raises(OSError):
-        (folder / "probe").write_text("x")
-
-
 def test_a_database_on_a_read_only_mount_is_read_and_never_written(
     intact: Path, small_disk: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     db = small_disk / "r.sqlite"
     shutil.copy(intact, db)
-    _remount_read_only(small_disk)
+    remount_read_only(small_disk)
     capfd.readouterr()
     assert main(["results", "--json", "--db", str(db)]) == 0
     assert [run["id"] for run in json.loads(capfd.readouterr().out)] == [1, 2, 3]
@@ -321,7 +314,7 @@ def test_a_damaged_run_on_a_read_only_mount_is_named_and_the_others_shown(
 ) -> None:
     db = small_disk / "r.sqlite"
     shutil.copy(_damaged(intact, tmp_path, "runs.started_at", "'last week'"), db)
-    _remount_read_only(small_disk)
+    remount_read_only(small_disk)
     capfd.readouterr()
     assert main(["results", "--json", "--db", str(db)]) == 0
     out, err = capfd.readouterr()
@@ -332,7 +325,7 @@ def test_a_damaged_run_on_a_read_only_mount_is_named_and_the_others_shown(
 def test_an_old_schema_on_a_read_only_mount_is_one_line(small_disk: Path, capfd: pytest.CaptureFixture[str]) -> None:
     db = small_disk / "old.sqlite"
     shutil.copy(Path(__file__).with_name("data") / "made-by-4ad3e07.sqlite", db)
-    _remount_read_only(small_disk)
+    remount_read_only(small_disk)
     capfd.readouterr()
     assert main(["results", "--db", str(db)]) == 2
     line = _one_line(capfd.readouterr().err, f"loopeval: error: database {db} is not writable, and its schema")
