@@ -9,10 +9,12 @@ permissions do not stop, but a read-only mount does): read commands read it, wri
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import json
 import shutil
 import sqlite3
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -322,14 +324,55 @@ def test_a_damaged_run_on_a_read_only_mount_is_named_and_the_others_shown(
     assert _one_line(err, f"run {DAMAGED} skipped: runs.started_at holds 'last week', not a date (sqlite:///{db})")
 
 
-def test_an_old_schema_on_a_read_only_mount_is_one_line(small_disk: Path, capfd: pytest.CaptureFixture[str]) -> None:
+OLD = Path(__file__).with_name("data") / "made-by-4ad3e07.sqlite"  # schema 0006: four eval runs and a profile
+
+
+def _old_damaged(folder: Path) -> Path:
+    """The 0006 database with invalid JSON in run 1's sampling, which the upgrade to 0008 reads."""
+    db = folder / "old.sqlite"
+    shutil.copy(OLD, db)
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE runs SET sampling = '{' WHERE id = 1")
+    conn.close()
+    return db
+
+
+def _upgraded_copies() -> set[Path]:
+    return set(Path(tempfile.gettempdir()).glob("loopeval-upgraded-*"))
+
+
+def test_a_damaged_old_schema_is_upgraded_around_the_damaged_run(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    db = _old_damaged(tmp_path)
+    capfd.readouterr()
+    assert main(["results", "--json", "--db", str(db)]) == 0
+    out, err = capfd.readouterr()
+    assert [run["id"] for run in json.loads(out)] == [2, 3, 4, 5]
+    assert _one_line(err, "run 1 skipped: runs.sampling is not valid JSON")
+
+
+def test_an_old_damaged_schema_on_a_read_only_mount_is_read_through_an_upgraded_copy(
+    small_disk: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The file cannot be upgraded where it is: loopeval reads an upgraded copy of it, names the damaged run by the
+    file's own name, and leaves the file byte-identical, nothing beside it and no copy behind."""
     db = small_disk / "old.sqlite"
-    shutil.copy(Path(__file__).with_name("data") / "made-by-4ad3e07.sqlite", db)
+    shutil.copy(_old_damaged(tmp_path), db)
+    before, copies = _digest(db), _upgraded_copies()
     remount_read_only(small_disk)
     capfd.readouterr()
-    assert main(["results", "--db", str(db)]) == 2
-    line = _one_line(capfd.readouterr().err, f"loopeval: error: database {db} is not writable, and its schema")
-    assert "cannot be upgraded there" in line
+    assert main(["results", "--json", "--db", str(db)]) == 0
+    out, err = capfd.readouterr()
+    assert [run["id"] for run in json.loads(out)] == [2, 3, 4, 5]
+    assert _one_line(err, "run 1 skipped: ") == f"run 1 skipped: runs.sampling is not valid JSON (sqlite:///{db})"
+    assert main(["dashboard", "--db", str(db), "--out", str(tmp_path / "report.html")]) == 0
+    assert "run 1 skipped" in capfd.readouterr().err and (tmp_path / "report.html").stat().st_size > 0
+    assert main(["run", "--resume", "2", "--db", str(db), "--no-report"]) == 2, "writing is still refused"
+    assert _one_line(capfd.readouterr().err, "loopeval: error: ") == f"loopeval: error: database {db} is not writable"
+    gc.collect()  # an engine's copy goes with it
+    assert _digest(db) == before and sorted(p.name for p in small_disk.iterdir()) == ["old.sqlite"]
+    assert _upgraded_copies() <= copies, "no upgraded copy left behind"
 
 
 def test_a_json_value_of_the_wrong_shape_on_postgres_is_named_and_the_others_shown(
