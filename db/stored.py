@@ -241,7 +241,7 @@ _NO_SET = (
 )
 
 
-def _without_set(run_ids: list[int] | None) -> Select[tuple[int]]:
+def _without_set(run_ids: list[int] | None) -> Select[int]:
     """The eval runs (of `run_ids`, when given) with no stored set id."""
     statement = select(Run.id).where(Run.kind == "eval", Run.set_id.is_(None))
     return statement if run_ids is None else statement.where(Run.id.in_(run_ids))
