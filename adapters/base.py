@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
 from collections.abc import Callable, Iterator, Sequence
 
+from measures import DESCRIBED, leaf_problem
+
 if TYPE_CHECKING:
     import torch
 
@@ -383,7 +385,9 @@ def checked_generation(spec: str, generation: Any) -> Generation:
 
 
 def checked_description(spec: str, description: Any) -> dict[str, Any]:
-    """`describe()`: a dict that is standard JSON (no NaN or infinity, which Postgres refuses); AdapterError otherwise."""
+    """`describe()`: a dict that is standard JSON (no NaN or infinity, which Postgres refuses), whose keys the views
+    compute with hold what they need (`measures.DESCRIBED`: a number for `kv_bytes_per_token`, ...); AdapterError
+    otherwise. The store reads it back under the same rule, so a run it wrote is never a damaged one."""
     import json
 
     try:
@@ -392,4 +396,7 @@ def checked_description(spec: str, description: Any) -> dict[str, Any]:
         json.dumps(description, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise AdapterError(f"{spec}: describe() must return a dict of standard JSON values: {exc}") from None
+    problem = leaf_problem(description, DESCRIBED)
+    if problem:
+        raise AdapterError(f"{spec}: describe() {problem}")
     return description

@@ -32,11 +32,21 @@ def flag(raw: dict[str, Any], key: str, default: bool, where: str) -> bool:
 
 
 def number(raw: dict[str, Any], key: str, default: Any, where: str, low: float = 0.0) -> float:
-    """A finite JSON number above `low` (text such as "1e6" is refused), as a float."""
+    """A finite JSON number above `low` (text such as "1e6" is refused), as a float: an integer too large for one
+    (JSON's integers have no bound; `10**400` overflows) is refused as well, shown by its digits."""
     value = _get(raw, key, default, where)
-    if type(value) not in (int, float) or not low < value < math.inf:
-        raise AdapterError(f"{where} field {key} must be a finite number > {low:g}, got {value!r}")
+    if type(value) not in (int, float) or not low < value < math.inf or not math.isfinite(_as_float(value)):
+        shown = f"an integer of {len(str(value))} digits" if type(value) is int else repr(value)
+        raise AdapterError(f"{where} field {key} must be a finite number > {low:g}, got {shown}")
     return float(value)
+
+
+def _as_float(value: float) -> float:
+    """`value` as a float; infinity where it is too large for one."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
 
 
 def integer(raw: dict[str, Any], key: str, default: Any, where: str, low: int = 1) -> int:
@@ -63,15 +73,23 @@ def first_id(raw: dict[str, Any], key: str, where: str) -> int | None:
     return ids[0] if ids else None
 
 
+def id_count(tokenizer: Any) -> int:
+    """How many ids a tokenizer can produce: its largest id plus one, which is more than its size (`len`) where its
+    ids skip some (a tokenizer.json mapping a token to id 500 in a vocabulary of 99 has 99 tokens)."""
+    ids = tokenizer.get_vocab().values() if hasattr(tokenizer, "get_vocab") else ()
+    return max(len(tokenizer), max(ids, default=-1) + 1)
+
+
 def check_vocabulary(where: str, vocab_size: int, ids: dict[str, Any], tokens: int | None = None) -> None:
     """AdapterError unless every id of `ids` (name -> an id, a list of ids, or None) indexes the model's vocabulary of
-    `vocab_size`, and a tokenizer's `tokens` (its size) fit in it: found at load, not as an index error mid-run."""
+    `vocab_size`, and a tokenizer's `tokens` (the ids it can produce: its largest plus one) fit in it: found at load,
+    not as an index error mid-run."""
     for name, value in ids.items():
         for i in value if isinstance(value, (list, tuple, set)) else [value]:
             if i is not None and (type(i) is not int or not 0 <= i < vocab_size):
                 raise AdapterError(f"{where}: {name} {i!r} is outside the model's vocabulary of {vocab_size} tokens")
     if tokens is not None and tokens > vocab_size:
         raise AdapterError(
-            f"{where}: the tokenizer has {tokens} tokens, more than the model's vocabulary of {vocab_size}: "
-            "its last ids would index no embedding"
+            f"{where}: the tokenizer's ids run to {tokens - 1}, past the model's vocabulary of {vocab_size} (ids 0 to "
+            f"{vocab_size - 1}): its last ids would index no embedding"
         )

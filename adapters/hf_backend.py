@@ -40,7 +40,7 @@ from collections.abc import Sequence
 
 from adapters import threads
 from adapters.base import MODEL_DTYPES, AdapterError, FinishReason, Generation, Prompt, Sampling, dtype_short
-from adapters.config_values import check_vocabulary, first_id, id_list
+from adapters.config_values import check_vocabulary, first_id, id_count, id_list
 from adapters.files import check_closed
 from adapters.registry import register
 from measures import MEMORY_KEYS
@@ -229,7 +229,7 @@ class TransformersAdapter:
             spec,
             vocab,
             {"eos id": self.eos_token_ids, "pad id": self.pad_token_id},
-            tokens=None if tokenizer is None else len(tokenizer),
+            tokens=None if tokenizer is None else id_count(tokenizer),
         )
         self._call: CacheCall | None = None  # the current or last generate call, whose cache memory() reports
         self._kv_peak = 0

@@ -37,6 +37,7 @@ import sys
 import types
 from contextlib import contextmanager
 from dataclasses import dataclass
+from inspect import Parameter, signature
 from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Iterable, Iterator
@@ -324,6 +325,7 @@ def load(spec: str, **overrides: Any) -> Adapter:
     A plugin's adapter comes back `Guarded`: every hook of it, wherever the harness calls it, fails in one line."""
     entry, arg = _entry(spec)
     if entry.source == "builtin":
+        _check_takes(spec, entry.factory, overrides)
         return entry.factory(arg, **overrides)
     return Guarded(spec, hook(spec, "its loader", entry.factory, arg, **overrides))
 
@@ -355,6 +357,19 @@ class Guarded:
 
     def __repr__(self) -> str:
         return f"Guarded({self._spec!r})"
+
+
+def _check_takes(spec: str, factory: Factory, overrides: dict[str, Any]) -> None:
+    """AdapterError naming the overrides a built-in loader has no parameter for (an engine override such as
+    `triton_kernels` on a `transformers:` model): one line before the call, not a TypeError from inside it. A
+    loader taking `**overrides` checks them itself."""
+    parameters = signature(factory).parameters
+    if any(p.kind is Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    unknown = sorted(set(overrides) - set(parameters))
+    if unknown:
+        taken = ", ".join(name for name, p in parameters.items() if p.kind is Parameter.KEYWORD_ONLY)
+        raise AdapterError(f"{spec}: no override {', '.join(unknown)} for this adapter (it takes {taken})")
 
 
 def inspect(spec: str, **overrides: Any) -> dict[str, Any] | None:

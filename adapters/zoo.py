@@ -184,7 +184,10 @@ RANGES: dict[str, tuple[int, int | float]] = {
     "save_every": (1, 10**9),
     "entropy_weight": (0, 100),
     "exit_bias_init": (-100, 100),
-    "mean_recurrence": (1, MAX_LOOPS),
+    # a huginn step's loop count is drawn around this mean with a heavy tail, cut at the engine's MAX_LOOPS
+    # (`training.objectives.sampled_recurrence`): at a mean of MAX_LOOPS / 4 about one step in 800 is cut there; at
+    # MAX_LOOPS, half of them, which would train another distribution than the one asked for
+    "mean_recurrence": (1, MAX_LOOPS // 4),
     "backprop_depth": (1, MAX_LOOPS),
     "chunk_size": (1, 1 << 16),
     "ramp_steps": (0, 10**9),

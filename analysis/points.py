@@ -6,7 +6,7 @@ key: its overrides with its KV policy and dtype, `db.sets.config_key`) within on
 `set_label`), with pass@1 on a task (`accuracy`, `stderr`, `metric`; the suite mean for "all", computed once, in
 `db.queries.accuracy_memory`), every memory measure (each stored peak and the two derived ones), what a generated
 token cost (`measures.COMPUTE_MEASURES`), the GPU energy one of its runs drew (`energy_joules`, NaN where NVML had
-no counter), its KV policy and dtype in words (`kv_policy`, `kv_dtype`) and what tells it apart in words
+no counter or it read 0 J), its KV policy and dtype in words (`kv_policy`, `kv_dtype`) and what tells it apart in words
 (`config_label`). Ranking it (`analysis.ranking`) adds the memory at a chosen measure and the ratios.
 
 Two measures are not stored but computed here: `weights_bytes + kv_bytes_allocated` (what the model itself holds,
@@ -142,6 +142,8 @@ def with_compute_measures(points: pd.DataFrame) -> pd.DataFrame:
     points = points.copy()
     for column in ("generated_tokens", "loop_tokens", "looped_tokens", "generate_seconds", "energy_joules"):
         points[column] = points[column].astype("float64") if column in points else np.nan
+    # A counter that did not advance over a run (0 J) measured nothing: per kJ it would be infinite and rank first.
+    points["energy_joules"] = points["energy_joules"].where(points["energy_joules"] > 0)
     reported = points["looped_tokens"] > 0
     ran_r = points["loops"].astype("float64").where(points["generated_tokens"] > 0)  # NaN where no token is stored
     mean_loops = points["loop_tokens"] / points["looped_tokens"].where(reported)

@@ -18,7 +18,10 @@ import functools
 import json
 import os
 import re
+import shutil
 import sqlite3
+import tempfile
+import weakref
 import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -201,14 +204,44 @@ def _readonly_engine(path: Path, where: str) -> Engine:
     # immutable, which creates no -wal and -shm beside it (a read-only folder could not hold them, and a file
     # that is then refused stays byte-identical). With one, another process may be writing: read through its
     # WAL (whose files exist already).
+    # the engine's URL stays the file's own (what every message names); its connections come from the URI
+    engine = create_engine(f"sqlite:///{path}", creator=functools.partial(_readonly_connection, path))
+    _one_line_errors(engine, where)
+    return engine
+
+
+def _readonly_connection(path: Path) -> sqlite3.Connection:
+    """A connection that cannot write the SQLite file `path` (`_readonly_engine`)."""
     immutable = "" if path.with_name(f"{path.name}-wal").exists() else "&immutable=1"
     uri = f"file:{quote(str(path.resolve()))}?mode=ro{immutable}"
-    # the engine's URL stays the file's own (what every message names); its connections come from the URI
+    return sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False)
+
+
+def _upgraded_copy(path: Path, where: str) -> Engine:
+    """An engine reading a copy of the SQLite file `path`, which cannot be written and has an older schema, upgraded
+    to head: the file stays as it is, and every message names it. The copy lives in a temporary folder removed with
+    the engine (or at exit); a copy that cannot be made (no room there) is one ResultsError."""
+    folder = Path(tempfile.mkdtemp(prefix="loopeval-upgraded-"))
+    copy = folder / path.name
+    try:
+        source, target = _readonly_connection(path), sqlite3.connect(copy)
+        try:
+            source.backup(target)
+        finally:
+            source.close()
+            target.close()
+    except sqlite3.Error as exc:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise ResultsError(f"{database_problem(where, exc)}: copying it to read it upgraded failed") from None
     engine = create_engine(
         f"sqlite:///{path}",
-        creator=lambda: sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False),
+        creator=lambda: sqlite3.connect(copy, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False),
     )
+    weakref.finalize(engine, shutil.rmtree, folder, ignore_errors=True)
     _one_line_errors(engine, where)
+    _tune_sqlite(engine)
+    _upgrade(engine)
+    _restore(engine)
     return engine
 
 
@@ -415,7 +448,15 @@ def open_engine(url: str | None = None) -> Engine:
             _readonly_revision(path)
     engine = _create_engine(url)  # from here on every database error is a ResultsError (`_one_line_errors`)
     _upgrade(engine, where if path is None else None)
+    _restore(engine)
     return engine
+
+
+def _restore(engine: Engine) -> None:
+    """What an upgrade could not finish on a value damaged then and corrected since (`db.stored.restore_set_ids`)."""
+    from db.stored import restore_set_ids  # db.stored reads through this module: imported where it is used
+
+    restore_set_ids(engine)
 
 
 def open_existing(url: str | None = None, write: bool = False) -> Engine:
@@ -424,7 +465,8 @@ def open_existing(url: str | None = None, write: bool = False) -> Engine:
     A missing SQLite file, an empty database or another application's database is one clear
     ResultsError. To `write` (`--resume`), an older loopeval schema is upgraded first (it is loopeval's own
     file) and a file loopeval cannot write is refused. To read, a SQLite file loopeval cannot write (a
-    read-only mount, no write permission) is opened read-only, and read as it is if its schema is current.
+    read-only mount, no write permission) is opened read-only and read as it is if its schema is current, else
+    read through an upgraded copy of it (`_upgraded_copy`).
     """
     url = resolve_db_url(url)
     where = display_url(_parse(url))
@@ -437,18 +479,17 @@ def open_existing(url: str | None = None, write: bool = False) -> Engine:
     if unwritable and write:
         raise ResultsError(unwritable)
     revision = _readonly_revision(path) if path is not None else None
+    if path is not None and unwritable and revision not in (None, head_revision()):
+        return _upgraded_copy(path, where)
     engine = _readonly_engine(path, where) if path is not None and unwritable else _create_engine(url)
     if path is None:
         revision = _revision(engine, where)
     if revision is None:
         raise ResultsError(f"the database {where} holds no loopeval results; run `loopeval run` first")
-    if revision != head_revision() and unwritable:
-        raise ResultsError(
-            f"{unwritable}, and its schema (revision {revision}) is older than this loopeval's "
-            f"({head_revision()}) and cannot be upgraded there: copy it somewhere writable, read the copy"
-        )
     if revision != head_revision():
         _upgrade(engine)
+    if not unwritable:
+        _restore(engine)
     return engine
 
 

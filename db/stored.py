@@ -11,7 +11,8 @@ column and the database:
 - a command that lists many runs shows the others and names it (`hide_damaged`: the run is left out of
   every later read of that engine, whatever query makes it).
 
-Nothing here writes to the database.
+An eval run stored with no evaluation set id (migration 0011 met a damaged value in it) is named the same way
+while it cannot be given one, and given one by `restore_set_ids`, the only writer here, once it is intact.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import functools
 import json
 import math
 import weakref
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -38,20 +40,36 @@ from sqlalchemy import (
     or_,
     select,
     type_coerce,
+    update,
 )
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.pool import ConnectionPoolEntry
-from sqlalchemy.sql import ColumnElement
+from sqlalchemy.sql import ColumnElement, Select
 from sqlalchemy.types import NullType
 
 from db import ResultsError
+from measures import DESCRIBED, Leaf, leaf_problem
 from db.models import Base, Run
 from db.session import display_url
+from db.sets import SET_COLUMNS, run_set
 
 # The JSON columns that hold a list of names; every other JSON column holds an object.
 _LISTS = frozenset({"runs.tasks"})
 # The JSON columns that hold an object of counts (loops run -> tokens).
 _COUNTS = frozenset({"samples.loops_histogram"})
+# What loopeval reads inside a JSON column, by key path: the kind of value each holds where present (`leaf_problem`).
+_LEAVES: dict[str, Mapping[str, Leaf]] = {
+    "runs.model_config": DESCRIBED,
+    "runs.sampling": {
+        "temperature": "number",
+        "top_p": "number",
+        "top_k": "integer",
+        "max_new_tokens": "integer",
+        "n": "integer",
+        "seed": "integer",
+        "stop": "list",
+    },
+}
 # The JSON column holding a run's spec, whose per-model overrides every reader of run identity opens (`db.sets`).
 _SPEC = "runs.spec"
 
@@ -104,8 +122,9 @@ CHECKED = [
 ]
 
 
-def _problem(kind: str, raw: Any) -> str | None:
-    """What is wrong with a raw stored value of `kind`, or None when it reads as one (NULL always does)."""
+def _problem(name: str, kind: str, raw: Any) -> str | None:
+    """What is wrong with a raw stored value of column `name` (table.column), which holds `kind`, or None when it
+    reads as one (NULL always does)."""
     if raw is None:
         return None
     if kind in ("object", "spec", "list", "counts"):
@@ -124,7 +143,7 @@ def _problem(kind: str, raw: Any) -> str | None:
         overrides = (parsed.get("model_overrides") or {}) if kind == "spec" else {}
         if not (isinstance(overrides, dict) and all(isinstance(values, dict) for values in overrides.values())):
             return "holds model_overrides that are not a JSON object of objects"
-        return None
+        return _leaves_problem(name, parsed)
     shown = repr(raw) if len(repr(raw)) <= 40 else repr(raw)[:37] + "..."
     if kind == "integer":
         return None if type(raw) is int else f"holds {shown}, not a whole number"
@@ -137,6 +156,30 @@ def _problem(kind: str, raw: Any) -> str | None:
     except (TypeError, ValueError):
         return f"holds {shown}, not a date"
     return None
+
+
+def _non_finite(value: Any, path: str = "") -> tuple[str, float] | None:
+    """The path ("" for the value itself) and value of the first NaN or infinity inside a parsed JSON value, else
+    None. Python's parser reads them, but they are not JSON: printed back (`results --json`) they make invalid JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path, value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _non_finite(item, f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}".lstrip("."))
+        if found is not None:
+            return found
+    return None
+
+
+def _leaves_problem(name: str, parsed: dict[str, Any] | list[Any]) -> str | None:
+    """What is wrong inside a JSON value of column `name` of the right outer shape: a NaN or infinity anywhere, or a
+    value of the wrong kind at a key loopeval computes with (`_LEAVES`)."""
+    found = _non_finite(parsed)
+    if found is not None:
+        path, value = found
+        written = "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+        return f"holds {written} at {path or 'its top'}, which JSON cannot hold"
+    return leaf_problem(parsed, _LEAVES[name]) if name in _LEAVES and isinstance(parsed, dict) else None
 
 
 def _suspect(column: Column[Any], kind: str, dialect: str) -> ColumnElement[bool] | None:
@@ -181,10 +224,48 @@ def damaged_runs(engine: Engine, run_ids: list[int] | None = None) -> dict[int, 
                 statement = statement.where(run_column.in_(run_ids))
             for run_id, *values in conn.execute(statement.order_by(run_column)):
                 for (column, kind), raw in zip(checked, values):
-                    problem = run_id not in found and _problem(kind, raw)
+                    name = f"{column.table.name}.{column.name}"
+                    problem = run_id not in found and _problem(name, kind, raw)
                     if problem:
-                        found[run_id] = DamagedRun(run_id, f"{column.table.name}.{column.name}", problem, where)
+                        found[run_id] = DamagedRun(run_id, name, problem, where)
+        for run_id in conn.scalars(_without_set(run_ids)):
+            found.setdefault(run_id, DamagedRun(run_id, SET_ID, _NO_SET, where))
     return dict(sorted(found.items()))
+
+
+# The column of an eval run's set id, which an eval run lacks only where migration 0011 met a damaged value.
+SET_ID = "runs.set_id"
+_NO_SET = (
+    "is empty: a value of the run was damaged when the database was upgraded, so it was given no evaluation set; "
+    "open the database where it can be written once that value is correct"
+)
+
+
+def _without_set(run_ids: list[int] | None) -> Select[int]:
+    """The eval runs (of `run_ids`, when given) with no stored set id."""
+    statement = select(Run.id).where(Run.kind == "eval", Run.set_id.is_(None))
+    return statement if run_ids is None else statement.where(Run.id.in_(run_ids))
+
+
+def restore_set_ids(engine: Engine) -> None:
+    """Give each eval run without a set id, and otherwise intact, the id of its set (`db.sets.run_set`).
+
+    Migration 0011 hashed every eval run's set once, except a run holding a damaged value then; corrected since
+    (as its error line advises), it would be in no set and left out of every view, its other seeds shown alone.
+    Called wherever a database is opened for writing (`db.session`); where it cannot be written, `damaged_runs`
+    names such a run instead.
+    """
+    with engine.connect() as conn:
+        missing = list(conn.scalars(_without_set(None)))
+    if not missing:
+        return
+    intact = [run_id for run_id, run in damaged_runs(engine, missing).items() if run.column == SET_ID]
+    if not intact:
+        return
+    columns = [Run.__table__.c[name] for name in SET_COLUMNS]
+    with engine.begin() as conn:
+        for row in conn.execute(select(Run.id, *columns).where(Run.id.in_(intact), Run.set_id.is_(None))).all():
+            conn.execute(update(Run).where(Run.id == row.id).values(set_id=run_set(row._mapping).id))
 
 
 def require_intact(engine: Engine, run_id: int) -> None:

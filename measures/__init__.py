@@ -14,6 +14,7 @@ Bytes are counted in decimal units (1 GB = 1e9 bytes), as the MELT paper counts.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -25,6 +26,15 @@ KB = 1e3
 BYTE_UNITS: tuple[tuple[str, float], ...] = (("GB", GB), ("MB", MB), ("KB", KB), ("B", 1.0))
 
 Kind = Literal["series", "fixed"]
+# The kinds of value a key inside a stored JSON object holds (`leaf_problem`).
+Leaf = Literal["integer", "number", "text", "object", "list"]
+_ARTICLES: dict[Leaf, str] = {
+    "integer": "a whole number",
+    "number": "a finite number",
+    "text": "text",
+    "object": "a JSON object",
+    "list": "a JSON list",
+}
 
 
 @dataclass(frozen=True)
@@ -149,6 +159,10 @@ def analytic_kv_bytes(terms: Mapping[str, int], tokens: int, sequences: int = 1)
     return sequences * (terms["kv_bytes_per_token"] * tokens + latent)
 
 
+# The coefficients of the analytic formula (`analytic_kv_bytes`), as engine adapters store them under "analytic".
+ANALYTIC_TERMS: tuple[str, ...] = ("weights_bytes", "kv_bytes_per_token", "latent_bytes_per_token", "latent_tokens")
+
+
 def analytic_bytes(terms: Mapping[str, int], tokens: int, sequences: int = 1) -> int:
     """Weights plus `analytic_kv_bytes`: what a model needs to hold `sequences` sequences of `tokens` tokens."""
     return terms["weights_bytes"] + analytic_kv_bytes(terms, tokens, sequences)
@@ -175,6 +189,47 @@ COMPUTE_MEASURES: tuple[ComputeMeasure, ...] = (
 COMPUTE_BY_NAME: dict[str, ComputeMeasure] = {m.name: m for m in COMPUTE_MEASURES}
 # The layer counts an engine model's `describe()["config"]` holds: run once (prelude, coda) or once per loop (shared).
 LAYER_FIELDS: tuple[str, ...] = ("prelude_layers", "coda_layers", "shared_layers")
+
+
+# What the views compute with from an adapter's `describe()` (a run's `runs.model_config`): each key path and the kind
+# of value it must hold where present (None reads as absent). Checked where an adapter hands it over
+# (`adapters.base.checked_description`) and where a run is read back (`db.stored`), so text or NaN there is named in
+# one line instead of computed with.
+DESCRIBED: dict[str, Leaf] = {
+    "loops": "integer",
+    "trained_loops": "integer",
+    "params": "integer",
+    "kv_bytes_per_token": "number",
+    "kv_policy": "text",
+    "kv_dtype": "text",
+    "analytic": "object",
+    **{f"analytic.{term}": "number" for term in ANALYTIC_TERMS},
+    "config": "object",
+    **{f"config.{field}": "integer" for field in LAYER_FIELDS},
+}
+
+
+def _fits(kind: Leaf, value: object) -> bool:
+    """Whether `value` (parsed JSON) is a `kind`: a number is finite and never a boolean, an integer whole."""
+    if kind == "integer":
+        return type(value) is int
+    if kind == "number":
+        return type(value) in (int, float) and math.isfinite(value)  # type: ignore[arg-type]
+    return isinstance(value, {"text": str, "object": dict, "list": list}[kind])
+
+
+def leaf_problem(value: Mapping[str, object], kinds: Mapping[str, Leaf]) -> str | None:
+    """What is wrong with the JSON object `value` at the key paths of `kinds` (dotted: "analytic.kv_bytes_per_token"),
+    as "holds 'lots' at kv_bytes_per_token, not a number"; None when each present one is of its kind. A path under
+    a value of the wrong kind is not reached: its parent is named."""
+    for path, kind in kinds.items():
+        leaf: object = value
+        for key in path.split("."):
+            leaf = leaf.get(key) if isinstance(leaf, dict) else None
+        if leaf is not None and not _fits(kind, leaf):
+            shown = repr(leaf) if len(repr(leaf)) <= 40 else repr(leaf)[:37] + "..."
+            return f"holds {shown} at {path}, not {_ARTICLES[kind]}"
+    return None
 
 
 def layer_passes(config: Mapping[str, int], loops_per_token: float) -> float:

@@ -26,6 +26,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from adapters.engine.config import MAX_LOOPS
+
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of `values` [B, L] over positions where `mask` [B, L] is 1 (0 if the mask is empty)."""
@@ -136,14 +138,16 @@ def sampled_recurrence(
     them run without autograd (truncated backprop: the cost of a step does not grow with r).
 
     The draw is a pure function of (seed, step), like the step's batch, so a resumed run draws the same
-    counts it would have drawn.
+    counts it would have drawn. Its tail is unbounded, and the engine runs at most `MAX_LOOPS` loops: a draw
+    past them runs `MAX_LOOPS` (it would otherwise fail that step, and every retry of it, the draw being the same);
+    the recipes' `mean_recurrence` is bounded (`adapters.zoo.RANGES`) so that this stays rare.
     """
     if mean_recurrence < 1 or backprop_depth < 1:
         raise ValueError(f"mean_recurrence and backprop_depth must be >= 1, got {mean_recurrence}, {backprop_depth}")
     gen = torch.Generator().manual_seed((seed * 1_000_003 + step) * 2 + 1)  # odd seeds: never a batch generator's seed
     mu = math.log(mean_recurrence) - sigma**2 / 2
     rate = torch.empty(1).log_normal_(mu, sigma, generator=gen)
-    loops = int(torch.poisson(rate, generator=gen).item()) + 1
+    loops = min(int(torch.poisson(rate, generator=gen).item()) + 1, MAX_LOOPS)
     k = min(backprop_depth, loops)
     return loops - k, k
 

@@ -411,10 +411,17 @@ def _checkpoint_factory(family: str) -> Any:
 
 def _checkpoint_inspector(family: str) -> Any:
     def inspect(path: str, **overrides: Any) -> dict[str, Any]:
+        """Facts from the config, with the folder's tokenizer checked against it (`token_ids`: every id it can
+        produce within the vocabulary) as the load checks it: a sweep refuses the model before storing a run."""
+        from pathlib import Path
+
         from adapters.engine.io.checkpoint import read_config
+        from adapters.engine.io.tokenizer import load_tokenizer
 
         overrides.pop("seed", None)
-        return config_facts(read_config(path, family), overrides)
+        cfg = read_config(path, family)
+        token_ids(cfg, load_tokenizer(Path(path)))
+        return config_facts(cfg, overrides)
 
     return inspect
 

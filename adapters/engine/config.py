@@ -181,21 +181,25 @@ class LoopConfig:
 
 
 # ------------------------------------------------------------------ the checks `validate` runs
+_SIZES = (
+    "vocab_size",
+    "hidden_size",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "ffn_size",
+    "chunk_size",
+    "max_position",
+    "history_window",
+)
+_LAYERS = ("prelude_layers", "shared_layers", "coda_layers")
+
+
 def _check_types(cfg: LoopConfig) -> None:
     """Each field's type and range on its own: counts, flags, the loop count, the context, the named choices."""
-    for name in (
-        "vocab_size",
-        "hidden_size",
-        "num_heads",
-        "num_kv_heads",
-        "head_dim",
-        "ffn_size",
-        "chunk_size",
-        "max_position",
-        "history_window",
-    ):
+    for name in _SIZES:
         _at_least(cfg, 1, name)
-    for name in ("prelude_layers", "shared_layers", "coda_layers"):
+    for name in _LAYERS:
         _at_least(cfg, 0, name)
     for name in (
         "tie_embeddings",
@@ -214,8 +218,11 @@ def _check_types(cfg: LoopConfig) -> None:
         )
     if cfg.max_position > MAX_CONTEXT:
         raise AdapterError(
-            f"config field max_position (the context) must be at most {MAX_CONTEXT} tokens, got {cfg.max_position}"
+            f"config field max_position (the context) must be at most {MAX_CONTEXT} tokens, got {_shown(cfg.max_position)}"
         )
+    for name in (*_SIZES, *_LAYERS):
+        if getattr(cfg, name) > MAX_SIZE:
+            raise AdapterError(f"config field {name} must be at most {MAX_SIZE}, got {_shown(getattr(cfg, name))}")
     for name in ("rope_theta", "norm_eps"):
         _positive_number(cfg, name)
     for name, allowed in (
@@ -242,8 +249,18 @@ def _check_layout(cfg: LoopConfig) -> None:
         raise AdapterError("config exit_gate needs shared_layers >= 1 (it reads each loop's state)")
 
 
+# The largest size field (a vocabulary, a width, a layer count): beyond any released model's (vocabularies reach 256k),
+# so the sizes computed from them (parameters, bytes) stay finite floats; JSON's integers have no bound.
+MAX_SIZE = 1 << 24
+
+
+def _shown(value: Any) -> str:
+    """A config value in an error line: a huge integer by its digit count, not its 400 digits."""
+    return f"an integer of {len(str(value))} digits" if type(value) is int and value > MAX_SIZE**2 else repr(value)
+
+
 def _at_least(cfg: LoopConfig, low: int, name: str) -> None:
-    """Field `name` is an integer of at least `low` (0 or 1)."""
+    """Field `name` is an integer of at least `low` (0 or 1); `_check_types` bounds it by `MAX_SIZE` too."""
     value = getattr(cfg, name)
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
         raise AdapterError(
@@ -252,9 +269,12 @@ def _at_least(cfg: LoopConfig, low: int, name: str) -> None:
 
 
 def _positive_number(cfg: LoopConfig, name: str) -> None:
+    """Field `name` is a number above 0 that is a finite float (an integer too large for one overflows)."""
     value = getattr(cfg, name)
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
-        raise AdapterError(f"config field {name} must be a finite number > 0, got {value!r}")
+        raise AdapterError(f"config field {name} must be a finite number > 0, got {_shown(value)}")
+    if type(value) is int and value > MAX_SIZE**4:  # far above any theta or epsilon, and below a float's range
+        raise AdapterError(f"config field {name} must be a finite number > 0, got {_shown(value)}")
 
 
 def _check_shape(cfg: LoopConfig) -> None:

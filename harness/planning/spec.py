@@ -308,6 +308,8 @@ def _checked_model_overrides(overrides: Mapping[str, Mapping[str, Any]]) -> dict
         for key in SWEEP_WIDE_OVERRIDES:
             if key in values:
                 raise UserError(f"overrides of {model}: {key} is set for the whole sweep, not per model")
+        if "device" in values:  # what `--device` takes, checked the same way before anything loads
+            checked_device(f"overrides of {model}: device", values["device"])
         if values:
             checked[model] = dict(values)
     return checked

@@ -9,11 +9,12 @@ permissions do not stop, but a read-only mount does): read commands read it, wri
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import json
 import shutil
 import sqlite3
-import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,8 +22,50 @@ import pytest
 from db.session import open_existing
 from db.stored import CHECKED, damaged_runs
 from harness.cli import main
+from tests.support.mounts import remount_read_only
 
 DAMAGED = 2  # run 2 of the three below is damaged; runs 1 and 3 must still be shown
+# (column, SQL value, what the damage is named as after the column): a value inside a JSON object of the right
+# shape, text or NaN where loopeval computes with a number, NaN anywhere (even where nothing reads it)
+NESTED = [
+    (
+        "runs.model_config",
+        "json_set(model_config, '$.kv_bytes_per_token', 'lots')",
+        "holds 'lots' at kv_bytes_per_token, not a finite number",
+    ),
+    (
+        "runs.model_config",
+        "replace(model_config, '\"kv_bytes_per_token\": 1024', '\"kv_bytes_per_token\": NaN')",
+        "holds NaN at kv_bytes_per_token, which JSON cannot hold",
+    ),
+    (
+        "runs.model_config",
+        "json_set(model_config, '$.analytic.weights_bytes', 'heavy')",
+        "holds 'heavy' at analytic.weights_bytes, not a finite number",
+    ),
+    (
+        "runs.model_config",
+        "json_set(model_config, '$.config.shared_layers', 2.5)",
+        "holds 2.5 at config.shared_layers, not a whole number",
+    ),
+    (
+        "runs.model_config",
+        "json_set(model_config, '$.trained_loops', 'four')",
+        "holds 'four' at trained_loops, not a whole number",
+    ),
+    (
+        "runs.sampling",
+        "replace(sampling, '\"temperature\": 1.0', '\"temperature\": Infinity')",
+        "holds Infinity at temperature, which JSON cannot hold",
+    ),
+    ("runs.sampling", "json_set(sampling, '$.n', 'one')", "holds 'one' at n, not a whole number"),
+    (
+        "runs.host",
+        'replace(host, \'"hostname": \', \'"load": [1, -Infinity], "hostname": \')',
+        "holds -Infinity at load[1], which JSON cannot hold",
+    ),
+]
+NAMED = {value: named for _, value, named in NESTED}
 # (column, SQL value): each kind of checked column, each way it can be damaged
 CASES = [
     ("runs.sampling", "'{\"temperature\": 1'"),  # invalid JSON
@@ -48,7 +91,17 @@ CASES = [
     ("samples.created_at", "12345"),
     ("samples.loops_histogram", '\'{"1": "three"}\''),  # JSON of the wrong shape in a table of many rows
     ("samples.loops_histogram", "'{\"1\": 3'"),
+    *[(column, value) for column, value, _ in NESTED],
 ]
+
+
+def _strict_json(text: str) -> object:
+    """`text` parsed as standard JSON: NaN and Infinity, which Python's parser would accept, are refused."""
+
+    def refuse(constant: str) -> object:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
 
 
 @pytest.fixture(scope="module")
@@ -132,9 +185,9 @@ def test_a_damaged_value_is_named_and_the_other_runs_still_shown(
     capfd.readouterr()
     assert main(["results", "--json", "--db", str(db)]) == 0
     out, err = capfd.readouterr()
-    line = _one_line(err, f"run {DAMAGED} skipped: {column} ")
+    line = _one_line(err, f"run {DAMAGED} skipped: {column} {NAMED.get(value, '')}")
     assert f"({db.name})" not in line and f"sqlite:///{db}" in line, line
-    assert [run["id"] for run in json.loads(out)] == [1, 3]
+    assert [run["id"] for run in _strict_json(out)] == [1, 3]  # type: ignore[union-attr]
 
     assert main(["results", "--db", str(db)]) == 0
     out, err = capfd.readouterr()
@@ -150,8 +203,8 @@ def test_a_damaged_value_is_named_and_the_other_runs_still_shown(
 
 @pytest.mark.parametrize(
     ("column", "value"),
-    [CASES[0], CASES[4], CASES[8], CASES[12], CASES[17]],
-    ids=["invalid-json", "wrong-shape", "text-number", "text-score", "text-date"],
+    [CASES[0], CASES[4], CASES[8], CASES[12], CASES[17], NESTED[0][:2], NESTED[1][:2]],
+    ids=["invalid-json", "wrong-shape", "text-number", "text-score", "text-date", "text-inside", "nan-inside"],
 )
 def test_resuming_the_damaged_run_is_one_line_and_exit_2(
     column: str, value: str, intact: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
@@ -238,19 +291,12 @@ def test_the_scan_finds_only_the_damaged_runs(intact: Path, tmp_path: Path) -> N
     assert damaged_runs(open_existing(str(null))) == {}
 
 
-def _remount_read_only(folder: Path) -> None:
-    """Remount the tests' tmpfs (`small_disk`, where the test has put its files) read-only."""
-    subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True)
-    with pytest.raises(OSError):
-        (folder / "probe").write_text("x")
-
-
 def test_a_database_on_a_read_only_mount_is_read_and_never_written(
     intact: Path, small_disk: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     db = small_disk / "r.sqlite"
     shutil.copy(intact, db)
-    _remount_read_only(small_disk)
+    remount_read_only(small_disk)
     capfd.readouterr()
     assert main(["results", "--json", "--db", str(db)]) == 0
     assert [run["id"] for run in json.loads(capfd.readouterr().out)] == [1, 2, 3]
@@ -270,7 +316,7 @@ def test_a_damaged_run_on_a_read_only_mount_is_named_and_the_others_shown(
 ) -> None:
     db = small_disk / "r.sqlite"
     shutil.copy(_damaged(intact, tmp_path, "runs.started_at", "'last week'"), db)
-    _remount_read_only(small_disk)
+    remount_read_only(small_disk)
     capfd.readouterr()
     assert main(["results", "--json", "--db", str(db)]) == 0
     out, err = capfd.readouterr()
@@ -278,14 +324,55 @@ def test_a_damaged_run_on_a_read_only_mount_is_named_and_the_others_shown(
     assert _one_line(err, f"run {DAMAGED} skipped: runs.started_at holds 'last week', not a date (sqlite:///{db})")
 
 
-def test_an_old_schema_on_a_read_only_mount_is_one_line(small_disk: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    db = small_disk / "old.sqlite"
-    shutil.copy(Path(__file__).with_name("data") / "made-by-4ad3e07.sqlite", db)
-    _remount_read_only(small_disk)
+OLD = Path(__file__).with_name("data") / "made-by-4ad3e07.sqlite"  # schema 0006: four eval runs and a profile
+
+
+def _old_damaged(folder: Path) -> Path:
+    """The 0006 database with invalid JSON in run 1's sampling, which the upgrade to 0008 reads."""
+    db = folder / "old.sqlite"
+    shutil.copy(OLD, db)
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE runs SET sampling = '{' WHERE id = 1")
+    conn.close()
+    return db
+
+
+def _upgraded_copies() -> set[Path]:
+    return set(Path(tempfile.gettempdir()).glob("loopeval-upgraded-*"))
+
+
+def test_a_damaged_old_schema_is_upgraded_around_the_damaged_run(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    db = _old_damaged(tmp_path)
     capfd.readouterr()
-    assert main(["results", "--db", str(db)]) == 2
-    line = _one_line(capfd.readouterr().err, f"loopeval: error: database {db} is not writable, and its schema")
-    assert "cannot be upgraded there" in line
+    assert main(["results", "--json", "--db", str(db)]) == 0
+    out, err = capfd.readouterr()
+    assert [run["id"] for run in json.loads(out)] == [2, 3, 4, 5]
+    assert _one_line(err, "run 1 skipped: runs.sampling is not valid JSON")
+
+
+def test_an_old_damaged_schema_on_a_read_only_mount_is_read_through_an_upgraded_copy(
+    small_disk: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The file cannot be upgraded where it is: loopeval reads an upgraded copy of it, names the damaged run by the
+    file's own name, and leaves the file byte-identical, nothing beside it and no copy behind."""
+    db = small_disk / "old.sqlite"
+    shutil.copy(_old_damaged(tmp_path), db)
+    before, copies = _digest(db), _upgraded_copies()
+    remount_read_only(small_disk)
+    capfd.readouterr()
+    assert main(["results", "--json", "--db", str(db)]) == 0
+    out, err = capfd.readouterr()
+    assert [run["id"] for run in json.loads(out)] == [2, 3, 4, 5]
+    assert _one_line(err, "run 1 skipped: ") == f"run 1 skipped: runs.sampling is not valid JSON (sqlite:///{db})"
+    assert main(["dashboard", "--db", str(db), "--out", str(tmp_path / "report.html")]) == 0
+    assert "run 1 skipped" in capfd.readouterr().err and (tmp_path / "report.html").stat().st_size > 0
+    assert main(["run", "--resume", "2", "--db", str(db), "--no-report"]) == 2, "writing is still refused"
+    assert _one_line(capfd.readouterr().err, "loopeval: error: ") == f"loopeval: error: database {db} is not writable"
+    gc.collect()  # an engine's copy goes with it
+    assert _digest(db) == before and sorted(p.name for p in small_disk.iterdir()) == ["old.sqlite"]
+    assert _upgraded_copies() <= copies, "no upgraded copy left behind"
 
 
 def test_a_json_value_of_the_wrong_shape_on_postgres_is_named_and_the_others_shown(

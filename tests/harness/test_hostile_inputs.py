@@ -12,7 +12,9 @@ Paths in the cases are relative to that folder, the working directory.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import os
 import random
@@ -840,6 +842,104 @@ SERVER_URLS = [
     )
     for command in (["results"], ["dashboard"], ["run", *TINY, *FAST], ["run", "--resume", "1"])
 ]
+
+
+def _checkpoint(family: str, edit: Callable[[Path], object]) -> Callable[[Path], None]:
+    """A setup writing a tiny checkpoint of `family` (qwen3: the HF layout; huginn: the official one) to `ckpt/`,
+    then `edit`ing the folder."""
+
+    def setup(root: Path) -> None:
+        from adapters.testing import save_tiny_huginn, save_tiny_qwen3
+
+        with contextlib.redirect_stderr(io.StringIO()):  # transformers' progress bar: not the command's output
+            folder = {"qwen3": save_tiny_qwen3, "huginn": save_tiny_huginn}[family](root / "ckpt")
+        edit(folder)
+
+    return setup
+
+
+def _json_edit(name: str, change: Callable[[dict], None]) -> Callable[[Path], None]:
+    """An edit of the folder's JSON file `name` in place."""
+
+    def edit(folder: Path) -> None:
+        value = json.loads((folder / name).read_text())
+        change(value)
+        (folder / name).write_text(json.dumps(value))
+
+    return edit
+
+
+def _transformers_sweep(root: Path) -> None:
+    """A sweep giving an engine-only override (`triton_kernels`) to a `transformers:` model."""
+    _checkpoint("qwen3", lambda folder: None)(root)
+    sweep = TINY_SWEEP.replace("preset:qwen3-tiny", "transformers:ckpt") % "triton_kernels = true"
+    (root / SWEEP).write_text(sweep)
+
+
+HUGE = 10**400  # JSON's integers have no bound; a float's range does
+QWEN3_HUGE_THETA = _checkpoint(
+    "qwen3", _json_edit("config.json", lambda c: c["rope_parameters"].update(rope_theta=HUGE))
+)
+HUGINN_HUGE_BASE = _checkpoint("huginn", _json_edit("config.json", lambda c: c.update(rope_base=HUGE)))
+HUGINN_HUGE_VOCABULARY = _checkpoint("huginn", _json_edit("config.json", lambda c: c.update(vocab_size=HUGE)))
+# 99 tokens for a vocabulary of 99, one of them at id 500: the tokenizer's size alone passes
+HUGINN_SPARSE_TOKENIZER = _checkpoint(
+    "huginn", _json_edit("tokenizer.json", lambda t: t["model"]["vocab"].update(a=500))
+)
+CHECKPOINT_RUN = ["run", *FAST, "--db", KEPT]
+ROUND_FIVE = [
+    Case(
+        "qwen3-rope-theta-400-digits",
+        [*CHECKPOINT_RUN, "--model", "qwen3:ckpt"],
+        "field rope_theta must be a finite number > 0, got an integer of 401 digits",
+        setup=QWEN3_HUGE_THETA,
+    ),
+    Case(
+        "estimate-qwen3-rope-theta-400-digits",
+        ["estimate", "qwen3:ckpt", "--tokens", "8"],
+        "field rope_theta must be a finite number > 0, got an integer of 401 digits",
+        setup=QWEN3_HUGE_THETA,
+    ),
+    Case(
+        "huginn-rope-base-400-digits",
+        [*CHECKPOINT_RUN, "--model", "huginn:ckpt"],
+        "field rope_base must be a finite number > 0, got an integer of 401 digits",
+        setup=HUGINN_HUGE_BASE,
+    ),
+    Case(
+        "estimate-huginn-vocabulary-400-digits",
+        ["estimate", "huginn:ckpt", "--tokens", "8"],
+        "config field vocab_size must be at most 16777216, got an integer of 401 digits",
+        setup=HUGINN_HUGE_VOCABULARY,
+    ),
+    Case(
+        "huginn-tokenizer-id-past-the-vocabulary",
+        [*CHECKPOINT_RUN, "--model", "huginn:ckpt"],
+        "the tokenizer's ids run to 500, past the model's vocabulary of 99",
+        setup=HUGINN_SPARSE_TOKENIZER,
+    ),
+    Case(
+        "probe-huginn-tokenizer-id-past-the-vocabulary",
+        ["probe", "huginn:ckpt", "--loops", "2", "--tasks", "lookup", "--db", KEPT],
+        "the tokenizer's ids run to 500, past the model's vocabulary of 99",
+        setup=HUGINN_SPARSE_TOKENIZER,
+    ),
+    Case(
+        "transformers-triton-kernels-override",
+        RUN_SWEEP,
+        "transformers:ckpt: no override triton_kernels for this adapter (it takes dtype, device,",
+        setup=_transformers_sweep,
+    ),
+    *[
+        Case(
+            f"sweep-device-override-{device}",
+            RUN_SWEEP,
+            f"overrides of preset:qwen3-tiny: device must be cpu or cuda, got {device!r}",
+            setup=_file(SWEEP, TINY_SWEEP % f'device = "{device}"'),
+        )
+        for device in ("mps", "garbage")
+    ],
+]
 CASES = (
     RUN_OPTIONS
     + RUN_NAMES
@@ -856,6 +956,7 @@ CASES = (
     + TEACHERS_AND_DATA
     + DAMAGED_DATABASES
     + SERVER_URLS
+    + ROUND_FIVE
 )
 
 

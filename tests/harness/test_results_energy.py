@@ -81,3 +81,22 @@ def test_the_report_draws_accuracy_against_energy_or_says_it_was_not_measured(tm
     empty = cost_figures.accuracy_vs_energy(accuracy_points(store.engine, None))
     store.close()
     assert not empty.data and "not measured (no NVML)" in empty.layout.annotations[0].text
+
+
+def test_a_run_of_0_joules_is_not_measured_not_infinitely_efficient(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A counter that did not advance over a run (0 J) measured nothing: pass@1 per kJ is not infinite, the run does
+    not rank first by it, and the report draws the others."""
+    db = _store(tmp_path / "zero.sqlite", {MODEL: 0.0, MELT: 250.0})
+    ranked = body_rows(_results(capsys, "--db", db, "--rank", "per-kj"))[0]
+    assert [[row[1], row[6]] for row in ranked] == [[MELT, "1"], [MODEL, "not measured"]]
+    runs = json.loads(_results(capsys, "--db", db, "--json"))
+    assert [(r["energy_joules"], r["pass_at_1_per_kj"]) for r in runs] == [(0.0, None), (250.0, 1.0)], "as stored"
+    report = tmp_path / "report.html"
+    assert main(["dashboard", "--db", db, "--out", str(report)]) == 0
+    assert "inf" not in _flat(capsys.readouterr().out) and report.stat().st_size > 0
+    store = Store.open(db)
+    drawn = cost_figures.accuracy_vs_energy(accuracy_points(store.engine, None))
+    store.close()
+    assert [trace.name for trace in drawn.data] == [MELT], "0 J drawn nowhere, never at x = 0"

@@ -14,6 +14,8 @@ from adapters.engine.model import LoopedLM
 from training.data import TaskData
 from training.train import make_objective, train
 from adapters.engine.io.tokenizer import char_tokenizer
+from adapters.base import AdapterError
+from adapters.engine.config import MAX_LOOPS
 from adapters.zoo import get_recipe
 from suites import synthetic
 
@@ -187,3 +189,17 @@ def test_loss_falls_and_the_checkpoint_loads(tmp_path: Path) -> None:
     assert sum(values[-7:]) / 7 < 0.8 * sum(values[:7]) / 7, values
     adapter = adapters.load(f"huginn:{tmp_path / 'h'}")
     assert adapter.describe()["family"] == "huginn"
+
+
+def test_a_draw_past_the_engines_loops_runs_at_the_most_it_can(tmp_path: Path) -> None:
+    """The draw's tail is unbounded: at the largest mean a recipe takes, seed 0's step 1139 draws past the engine's
+    MAX_LOOPS. It runs MAX_LOOPS (cut there), where it failed that step on every attempt, the draw being the same."""
+    recipe = tiny_recipe(tasks=("chain2",), val_items=10, mean_recurrence=MAX_LOOPS // 4)
+    draws = {step: sum(T.sampled_recurrence(recipe.mean_recurrence, 2, 0, step)) for step in range(1140)}
+    assert max(draws.values()) == MAX_LOOPS and [s for s, r in draws.items() if r == MAX_LOOPS] == [1139]
+    items = {"chain2": synthetic.load_split("chain2", "train")[:40]}
+    data = TaskData(recipe.tasks, char_tokenizer(), recipe.val_items, items, synthetic.STOP)
+    loss, info = make_objective(recipe, None)(_model(), data.batch(recipe.seed, 1139, 1, "cpu"), 1139)
+    assert info["loops"] == MAX_LOOPS and torch.isfinite(loss)
+    with pytest.raises(AdapterError, match=r"mean_recurrence must be in \[1, 256\], got 257"):
+        tiny_recipe(mean_recurrence=MAX_LOOPS // 4 + 1)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.base import AdapterError
-from adapters.config_values import check_vocabulary, id_list
+from adapters.config_values import check_vocabulary, id_count, id_list
 from adapters.files import check_closed
 from adapters.engine.config import LoopConfig
 
@@ -72,7 +72,7 @@ def token_ids(cfg: LoopConfig, tokenizer: Any | None) -> LoopConfig:
     """
     if tokenizer is None:
         return cfg
-    check_vocabulary("the folder's tokenizer", cfg.vocab_size, {}, tokens=len(tokenizer))
+    check_vocabulary("the folder's tokenizer", cfg.vocab_size, {}, tokens=id_count(tokenizer))
     if tokenizer.eos_token_id is None:
         return cfg
     eos = tokenizer.eos_token_id

@@ -1,6 +1,7 @@
 """A run's sampling is stored once, in runs.sampling: an eval run's runs.spec (its RunSpec) no longer
 repeats it. `--resume` rebuilds the spec from both columns. No column changes; the rows' run
-identity and evaluation set are read from runs.sampling and do not change.
+identity and evaluation set are read from runs.sampling and do not change. A run whose spec or sampling is
+damaged (not a JSON object: `db.stored`) is left as it is, and the others are upgraded.
 
 Revision ID: 0008
 Revises: 0007
@@ -8,6 +9,7 @@ Create Date: 2026-12-04
 
 """
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,11 +30,35 @@ runs = sa.table(
     sa.column("spec", sa.JSON),
     sa.column("sampling", sa.JSON),
 )
+# The same columns read raw (Text, not JSON): a damaged value must not fail the upgrade of a whole database.
+raw_runs = sa.table(
+    "runs",
+    sa.column("id", sa.Integer),
+    sa.column("kind", sa.String),
+    sa.column("spec", sa.Text),
+    sa.column("sampling", sa.Text),
+)
 
 
-def _eval_runs(connection: sa.Connection) -> Sequence[sa.Row[Any, Any, Any]]:
-    """(id, spec, sampling) of every eval run, read whole before any is rewritten."""
-    return connection.execute(sa.select(runs.c.id, runs.c.spec, runs.c.sampling).where(runs.c.kind == "eval")).all()
+DAMAGED: Any = object()  # a value that is not a JSON object (`db.stored` names it once the database is read)
+
+
+def _parsed(raw: Any) -> Any:
+    """A JSON column's value (SQLite hands text, a server's driver the parsed value): an object, None (NULL or JSON
+    null), or `DAMAGED`."""
+    try:
+        value = json.loads(raw) if isinstance(raw, (str, bytes)) else raw
+    except ValueError:
+        return DAMAGED
+    return value if value is None or isinstance(value, dict) else DAMAGED
+
+
+def _eval_runs(connection: sa.Connection) -> list[tuple[int, Any, Any]]:
+    """(id, spec, sampling) of every eval run, read whole before any is rewritten; a run holding a damaged value in
+    either is left out, and so left as it is."""
+    statement = sa.select(raw_runs.c.id, raw_runs.c.spec, raw_runs.c.sampling).where(raw_runs.c.kind == "eval")
+    rows = [(run_id, _parsed(spec), _parsed(sampling)) for run_id, spec, sampling in connection.execute(statement)]
+    return [row for row in rows if DAMAGED not in row[1:]]
 
 
 def upgrade() -> None:

@@ -254,6 +254,15 @@ def _generation_eos(ids: Any) -> Callable[[Path], Path]:
     return make
 
 
+def _sparse_tokenizer(path: Path) -> Path:
+    """A tiny Huginn (official layout) whose tokenizer.json maps the letter "a" to id 500."""
+    folder = save_tiny_huginn(path)
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    tokenizer["model"]["vocab"]["a"] = 500
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+    return folder
+
+
 VOCABULARY_CASES: list[tuple[str, Callable[[Path], Path], str]] = [
     (
         "generation-eos-past-the-vocabulary",
@@ -269,7 +278,12 @@ VOCABULARY_CASES: list[tuple[str, Callable[[Path], Path], str]] = [
     (
         "tokenizer-larger-than-the-vocabulary",
         lambda p: _ouro(p, vocab_size=64),
-        "the tokenizer has 99 tokens, more than the model's vocabulary of 64",
+        "the tokenizer's ids run to 98, past the model's vocabulary of 64 (ids 0 to 63)",
+    ),
+    (  # 99 tokens, as many as the vocabulary, but one of them at id 500: its size alone would pass
+        "tokenizer-id-past-the-vocabulary",
+        _sparse_tokenizer,
+        "the tokenizer's ids run to 500, past the model's vocabulary of 99 (ids 0 to 98)",
     ),
 ]
 
@@ -291,9 +305,11 @@ def test_token_ids_past_the_vocabulary_are_refused_at_load(
             },
             str(folder / "model.safetensors"),
         )
-    with pytest.raises(AdapterError) as caught:
-        adapters.load(f"ouro:{folder}", device="cpu")
-    assert fragment in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
+    family = "huginn" if what == "tokenizer-id-past-the-vocabulary" else "ouro"
+    for check in (adapters.load, adapters.inspect):  # the plan's check (no weights read) and the load alike
+        with pytest.raises(AdapterError) as caught:
+            check(f"{family}:{folder}", device="cpu")
+        assert fragment in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
 
 
 @pytest.mark.parametrize(
