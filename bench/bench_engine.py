@@ -54,6 +54,7 @@ from collections.abc import Callable
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_slope beside it, however this file is loaded
 
 import adapters  # noqa: E402
 from adapters.base import PAPER_PROTOCOL, Sampling  # noqa: E402

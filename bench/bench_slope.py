@@ -50,8 +50,10 @@ from adapters.engine.kv.cache import KVCache  # noqa: E402
 from adapters.engine.kv.format import KV_FORMATS  # noqa: E402
 from adapters.engine.kv.layouts import layout_of  # noqa: E402
 from adapters.engine.model import LoopedLM  # noqa: E402
+from measures import GB  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+MS, US = 10**3, 10**6  # a second in milliseconds and microseconds (times; bytes are measures.GB's)
 # each lever as the config fields it sets; a lever a model's KV strategy does not admit is skipped for it
 LEVERS = {
     "own": {},
@@ -102,7 +104,7 @@ def bytes_read(model: LoopedLM, loops: int) -> tuple[int, int]:
 
 def read_bandwidth(device: torch.device, gigabytes: float = 1.0, rounds: int = 5) -> float:
     """Bytes per second of the best of `rounds` sums over a buffer of `gigabytes`."""
-    buffer = torch.ones(int(gigabytes * 1e9) // 4, dtype=torch.float32, device=device)
+    buffer = torch.ones(int(gigabytes * GB) // 4, dtype=torch.float32, device=device)
     best = float("inf")
     for _ in range(rounds):
         start = time.perf_counter()
@@ -171,11 +173,11 @@ def sweep(
         "lever": lever,
         "loops": r,
         "layers": cfg.num_layers,
-        "latency_ms": {c: round(t * 1e3, 3) for c, t in zip(contexts, latencies)},
+        "latency_ms": {c: round(t * MS, 3) for c, t in zip(contexts, latencies)},
         "weight_bytes_read": weights,
         "kv_bytes_read_per_token": kv_per_token,
-        "slope_us_per_token": fit.slope * 1e6,
-        "intercept_ms": fit.intercept * 1e3,
+        "slope_us_per_token": fit.slope * US,
+        "intercept_ms": fit.intercept * MS,
         "worst_residual": fit.residual,
     }
 
@@ -186,10 +188,10 @@ def with_ratios(row: dict, bandwidth: float) -> dict:
     intercept_bound = row["weight_bytes_read"] / bandwidth
     return {
         **row,
-        "slope_bound_us_per_token": slope_bound * 1e6,
-        "intercept_bound_ms": intercept_bound * 1e3,
-        "slope_ratio": slope_bound * 1e6 / row["slope_us_per_token"] if row["slope_us_per_token"] > 0 else None,
-        "intercept_ratio": intercept_bound * 1e3 / row["intercept_ms"] if row["intercept_ms"] > 0 else None,
+        "slope_bound_us_per_token": slope_bound * US,
+        "intercept_bound_ms": intercept_bound * MS,
+        "slope_ratio": slope_bound * US / row["slope_us_per_token"] if row["slope_us_per_token"] > 0 else None,
+        "intercept_ratio": intercept_bound * MS / row["intercept_ms"] if row["intercept_ms"] > 0 else None,
     }
 
 
@@ -222,10 +224,10 @@ def main() -> None:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "threads": args.threads,
         "dtype": args.dtype,
-        "read_bandwidth_gb_s": bandwidth / 1e9,
+        "read_bandwidth_gb_s": bandwidth / GB,
         "rows": [with_ratios(row, bandwidth) for row in rows],
     }
-    print(f"read bandwidth {bandwidth / 1e9:.2f} GB/s ({out['device']}, {args.threads} thread(s), {args.dtype})")
+    print(f"read bandwidth {bandwidth / GB:.2f} GB/s ({out['device']}, {args.threads} thread(s), {args.dtype})")
     print("preset      lever        r  intercept ms (bound, ratio)   slope us/token (bound, ratio)   worst residual")
     for row in out["rows"]:
         print(

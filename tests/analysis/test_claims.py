@@ -169,7 +169,7 @@ def test_results_metric_and_by_length(db: str) -> None:
     first = body_rows(out)[0][0]
     assert f"{pass_at_2:.3f} ±" in first[5] and first[6] == "33%", first  # 4 of its 12 samples failed, cut off
     out = printed(["results", "--db", db, "--by-length"])
-    lever = next(row for row in body_rows(out)[1] if row[0] == "zoo:ouro-tiny r=4 shared-last auto")
+    lever = next(row for row in body_rows(out)[1] if row[0] == "zoo:ouro-tiny r=4 shared-last")
     # 3 of its 12 samples per task score otherwise than the reference's, their outputs parting at the second character
     assert lever[2:5] == ["24", "0.250", "1"], lever
     assert main(["results", "--db", db, "--metric", "pass@3"]) == 2
@@ -179,12 +179,12 @@ def test_compare_pairs_the_items_and_refuses_other_items(db: str, capsys: pytest
     """The lever loses 3 of 12 sample pairs' worth on each task: A - B as the points' pass@1 differ, the sentence, the
     share cut off; the exit point ties the reference; a run of other items is refused in one line."""
     found = json.loads(
-        printed(["compare", "ouro-tiny r=4 shared-last auto", "zoo:ouro-tiny r=4", "--db", db, "--json"])
+        printed(["compare", "ouro-tiny r=4 shared-last", "zoo:ouro-tiny r=4", "--db", db, "--json"])
     )
     expected = np.mean([sum(p) / 2 for p in LEVER]) - np.mean([sum(p) / 2 for p in REFERENCE])
     assert found["difference"] == pytest.approx(expected) and found["low"] <= expected <= found["high"]
     assert found["items"] == 12 and found["exact"] and found["cut_a"] == pytest.approx(7 / 12)
-    assert found["sentence"].startswith("zoo:ouro-tiny r=4 shared-last auto is 0.250 below zoo:ouro-tiny r=4")
+    assert found["sentence"].startswith("zoo:ouro-tiny r=4 shared-last is 0.250 below zoo:ouro-tiny r=4")
     tie = json.loads(printed(["compare", "zoo:ouro-tiny r=4 exit gate 0.9", "1", "--db", db, "--json"]))
     assert tie["difference"] == 0 and tie["p_value"] == 1 and tie["verdict"] == "unresolved"
     store = Store.open(db)
@@ -204,7 +204,7 @@ def test_every_lever_is_paired_with_its_reference(db: str) -> None:
     assert pairs == {(2, 1, "kv"), (3, 1, "exit")}
     table = retained(store.engine, None).set_index("lever")
     assert table.loc["zoo:ouro-tiny r=4 exit gate 0.9", "holds"]
-    lever = table.loc["zoo:ouro-tiny r=4 shared-last auto"]
+    lever = table.loc["zoo:ouro-tiny r=4 shared-last"]
     assert not lever["holds"] and lever["retained"] == pytest.approx(
         np.mean([sum(p) for p in LEVER]) / np.mean([sum(p) for p in REFERENCE])
     )
