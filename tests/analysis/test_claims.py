@@ -178,9 +178,7 @@ def test_results_metric_and_by_length(db: str) -> None:
 def test_compare_pairs_the_items_and_refuses_other_items(db: str, capsys: pytest.CaptureFixture[str]) -> None:
     """The lever loses 3 of 12 sample pairs' worth on each task: A - B as the points' pass@1 differ, the sentence, the
     share cut off; the exit point ties the reference; a run of other items is refused in one line."""
-    found = json.loads(
-        printed(["compare", "ouro-tiny r=4 shared-last", "zoo:ouro-tiny r=4", "--db", db, "--json"])
-    )
+    found = json.loads(printed(["compare", "ouro-tiny r=4 shared-last", "zoo:ouro-tiny r=4", "--db", db, "--json"]))
     expected = np.mean([sum(p) / 2 for p in LEVER]) - np.mean([sum(p) / 2 for p in REFERENCE])
     assert found["difference"] == pytest.approx(expected) and found["low"] <= expected <= found["high"]
     assert found["items"] == 12 and found["exact"] and found["cut_a"] == pytest.approx(7 / 12)

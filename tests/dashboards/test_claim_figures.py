@@ -48,8 +48,7 @@ def test_accuracy_by_length_draws_the_levers_and_their_reference(drawn: tuple) -
     names = {trace.name: trace for trace in fig.data}
     assert set(names) == {"zoo:ouro-tiny r=4", "zoo:ouro-tiny r=4 shared-last", "zoo:ouro-tiny r=4 exit gate 0.9"}
     assert (
-        names["zoo:ouro-tiny r=4"].line.dash == "solid"
-        and names["zoo:ouro-tiny r=4 shared-last"].line.dash != "solid"
+        names["zoo:ouro-tiny r=4"].line.dash == "solid" and names["zoo:ouro-tiny r=4 shared-last"].line.dash != "solid"
     )
     (reference_pass,) = names["zoo:ouro-tiny r=4"].y  # every output is 2 characters: one bin
     assert reference_pass == pytest.approx(sum(map(sum, REFERENCE)) / (2 * len(REFERENCE)))
