@@ -227,7 +227,9 @@ def memory_levers(points: pd.DataFrame, task: str = "all", colors: Mapping[str, 
         "%{customdata[0]} %{customdata[1]}<br>KV policy %{customdata[2]}, KV dtype %{customdata[3]}"
         "<br>accuracy %{y:.3f}<br>%{customdata[5]}<br>%{customdata[4]}<extra></extra>"
     )
-    palette, traces, xs = _colors_of(frame["model"], colors), [], []
+    palette = _colors_of(frame["model"], colors)
+    traces: list[dict[str, Any]] = []
+    xs: list[dict[str, list[Any]]] = []  # each trace's x on each axis of the menu, in the order of `traces`
     for index, (model, rows) in enumerate(frame.groupby("model", sort=True)):
         color, group = palette[model], f"model {index}"
         traces.append(
