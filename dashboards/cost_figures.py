@@ -278,8 +278,8 @@ def memory_levers(points: pd.DataFrame, task: str = "all", colors: Mapping[str, 
     first = next(iter(axes))
     for trace, x in zip(traces, xs):
         trace["x"] = x[first]
-    titles = {name: unit_title(f"{name} ({BY_NAME[LEVER_MEASURE].label})" if name == "KV alone" else
-                               "weights + KV cache peak", *scaled[name]) for name in axes}  # fmt: skip
+    titles = {name: unit_title(BY_NAME[LEVER_MEASURE].label if name == "KV alone" else "weights + KV cache peak",
+                               *scaled[name]) for name in axes}  # fmt: skip
     top = max(1.0, float((frame["accuracy"] + frame["stderr"].fillna(0)).max()))
     notes = [
         f"each point at its measured memory; {DECIMAL_NOTE}",

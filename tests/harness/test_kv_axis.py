@@ -327,6 +327,11 @@ def test_the_memory_levers_figure_sets_each_lever_against_its_models_own_cache(s
     marks = [t for t in data if t.get("name") == "configuration marks"]
     assert keys[0] == "plain run (no mark)", "MELT's own point, no setting"
     assert sum(len(t["x"]) for t in marks) == 5, "a mark on each point a sweep set: Ouro's four, MELT's int8"
+    (menu,) = _blobs(html)[key]["layout"]["updatemenus"]
+    assert [button["label"] for button in menu["buttons"]] == ["x: weights + KV", "x: KV alone"]
+    alone = menu["buttons"][1]["args"][0]["x"]  # each trace's x once KV alone is picked
+    kv_alone = {(c[0], c[2], c[3]): x for t in drawn for c, x in zip(t["customdata"], alone[data.index(t)])}
+    assert kv_alone == pytest.approx({k: kv[k] / 1e6 for k in kv_alone}), "KV alone: the measured KV peak, in MB"
     spokes = {t["name"]: t["x"] for t in data if t.get("name", "").endswith(" levers")}
     assert {name: len(x) for name, x in spokes.items()} == {"zoo:melt-tiny levers": 3, "zoo:ouro-tiny levers": 9}
 
