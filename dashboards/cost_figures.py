@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from analysis.names import NOT_MEASURED, byte_unit, exit_label, loops_label, point_label, series_name
+from analysis.names import NOT_MEASURED, byte_unit, exit_label, loops_label, measure_label, point_label, series_name
 from analysis.points import lever_points
 from dashboards.figures import (
     DECIMAL_NOTE,
@@ -36,7 +36,7 @@ from dashboards.figures import (
     plain,
     unit_title,
 )
-from measures import BY_NAME, COMPUTE_BY_NAME, KB
+from measures import COMPUTE_BY_NAME, KB
 
 # The compute axes of the accuracy-against-compute figures: `measures.COMPUTE_MEASURES` columns of `dashboards.data`.
 COMPUTE_AXES: tuple[str, ...] = ("loops_per_token", "seconds_per_token")
@@ -278,8 +278,7 @@ def memory_levers(points: pd.DataFrame, task: str = "all", colors: Mapping[str, 
     first = next(iter(axes))
     for trace, x in zip(traces, xs):
         trace["x"] = x[first]
-    titles = {name: unit_title(BY_NAME[LEVER_MEASURE].label if name == "KV alone" else "weights + KV cache peak",
-                               *scaled[name]) for name in axes}  # fmt: skip
+    titles = {name: unit_title(measure_label(measure), *scaled[name]) for name, measure in axes.items()}
     top = max(1.0, float((frame["accuracy"] + frame["stderr"].fillna(0)).max()))
     notes = [
         f"each point at its measured memory; {DECIMAL_NOTE}",
