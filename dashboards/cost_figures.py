@@ -205,7 +205,7 @@ def memory_levers(points: pd.DataFrame, task: str = "all", colors: Mapping[str, 
     does int8 cost on top? The x axis is what the model holds (weights + KV cache peak) and, from its menu, the KV
     peak alone (`LEVER_AXES`); each point at its measured value, from zero."""
     title = _with_set(f"Memory levers: accuracy against memory, {plain(task)}", points)
-    marks = config_marks(points)
+    marks = config_marks(_plain_frame(points))  # the same marks as the accuracy figure's, of the escaped labels
     frame = _plain_frame(lever_points(points))
     frame = frame[frame[LEVER_MEASURE].notna()] if LEVER_MEASURE in frame else frame.iloc[0:0]
     if frame.empty:

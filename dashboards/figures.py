@@ -208,8 +208,8 @@ def accuracy_vs_memory(
     label = label or measure_label(measure)
     title = _with_set(f"Accuracy against memory: {plain(task)}, {label}", points)
     palette = _colors_of(points["model"], colors)
-    marks = config_marks(points)
     points = _plain_frame(points)
+    marks = config_marks(points)  # of the escaped labels: a stored override is drawn as text, as every name is
     if points.empty:
         return _empty(title, "no evaluated runs with this task yet")
     shown, missing = _measured(points, measure)

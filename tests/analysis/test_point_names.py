@@ -98,3 +98,18 @@ def test_coincident_points_stay_at_their_memory_each_with_its_own_mark_and_hover
     keys = {t.name: t.marker.symbol for t in fig.data if (t.legendgroup or "").startswith("configuration ")}
     assert keys == {"plain run (no mark)": None, **marks}
     assert figures.COINCIDENT_NOTE in " ".join(a.text.replace("<br>", " ") for a in fig.layout.annotations)
+
+
+def test_a_configurations_stored_name_is_drawn_as_text_with_its_mark(tmp_path: Path) -> None:
+    """An override's value is stored text: its legend entry is escaped like every stored name, and its point still
+    carries the mark the legend names."""
+    store = Store.open(str(tmp_path / "markup.sqlite"))
+    store_run(store, [1.0, 0.0, 0.0, 0.0])
+    store_run(store, [1.0, 1.0, 0.0, 0.0], overrides={"dtype": "<b>bf16</b>"}, kv=500_000)
+    points = accuracy_points(store.engine, None)
+    store.close()
+    fig = figures.accuracy_vs_memory(points, measures.WEIGHTS_PLUS_KV)
+    keys = {t.name: t.marker.symbol for t in fig.data if (t.legendgroup or "").startswith("configuration ")}
+    assert set(keys) == {"plain run (no mark)", "dtype=&lt;b&gt;bf16&lt;/b&gt;"}
+    (drawn,) = [t for t in fig.data if t.name == "configuration marks"]
+    assert list(drawn.marker.symbol) == [keys["dtype=&lt;b&gt;bf16&lt;/b&gt;"]] and list(drawn.x) == [2.5]
