@@ -388,12 +388,18 @@ def _coincident(points: pd.DataFrame) -> pd.Series:
 
 
 def _also_here(points: pd.DataFrame) -> list[str]:
-    """Each point's hover line naming the other points drawn at its place ('' where it is alone)."""
-    key = _coincident(points)
-    names = points["model"] + " " + points["r"]
+    """Each point's hover line naming the other points drawn at its place ('' where it is alone); a point's name is
+    unique in its set."""
+    names = (points["model"] + " " + points["r"]).tolist()
+    keys = _coincident(points).tolist()
+    together: dict[str, list[str]] = {}
+    for key, name in zip(keys, names):
+        together.setdefault(key, []).append(name)
     return [
-        "<br>also here: " + ", ".join(names[(key == k) & (points.index != i)]) if (key == k).sum() > 1 else ""
-        for i, k in zip(points.index, key)
+        "<br>also here: " + ", ".join(other for other in together[key] if other != name)
+        if len(together[key]) > 1
+        else ""
+        for key, name in zip(keys, names)
     ]
 
 
