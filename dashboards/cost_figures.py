@@ -14,11 +14,15 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from analysis.names import NOT_MEASURED, byte_unit, exit_label, loops_label, point_label, series_name
 from analysis.claims import MLPERF_RETAINED
+from analysis.names import NOT_MEASURED, byte_unit, exit_label, loops_label, measure_label, point_label, series_name
 from analysis.points import lever_points
 from dashboards.figures import (
     DECIMAL_NOTE,
+    _mark_trace,
+    config_marks,
+    configuration,
+    mark_keys,
     _colors_of,
     _empty,
     _footnote,
@@ -33,7 +37,7 @@ from dashboards.figures import (
     plain,
     unit_title,
 )
-from measures import BY_NAME, COMPUTE_BY_NAME, KB
+from measures import COMPUTE_BY_NAME, KB
 
 # The compute axes of the accuracy-against-compute figures: `measures.COMPUTE_MEASURES` columns of `dashboards.data`.
 COMPUTE_AXES: tuple[str, ...] = ("loops_per_token", "seconds_per_token")
@@ -142,7 +146,10 @@ def accuracy_vs_energy(points: pd.DataFrame, task: str = "all", colors: Mapping[
     title = _with_set(f"Accuracy against GPU energy: {plain(task)}", points)
     shown, missing = _measured(points, "energy_joules")
     if shown.empty:
-        return _empty(title, f"GPU energy: {NOT_MEASURED} for every run here; pass@1 per kJ needs a GPU's counter")
+        return _empty(
+            title,
+            f"GPU energy: {NOT_MEASURED} for every run here; pass@1 per kJ needs a GPU's counter: run the job on an NVIDIA GPU (NVML) to fill it",
+        )
     palette = _colors_of(points["model"], colors)
     shown = _plain_frame(shown).assign(kj=shown["energy_joules"] / KB)
     shown = shown.assign(
@@ -185,114 +192,128 @@ def accuracy_vs_energy(points: pd.DataFrame, task: str = "all", colors: Mapping[
     )
 
 
-def _mlperf_lines(frame: pd.DataFrame, palette: Mapping[str, str]) -> list[dict[str, Any]]:
-    """Per model with its own point (no KV setting) among `frame`: a dashed line at 99% of its accuracy (MLPerf's
+def _mlperf_lines(
+    frame: pd.DataFrame, palette: Mapping[str, str], axes: list[str]
+) -> list[tuple[dict[str, Any], dict[str, list[Any]]]]:
+    """Per model with its own point (no configuration) among `frame`: a dashed line at 99% of its accuracy (MLPerf's
     bar for an optimisation, `analysis.claims.MLPERF_RETAINED`) across the figure, and 'holds 99%' over each of its
-    levers at or above it."""
-    traces: list[dict[str, Any]] = []
+    levers at or above it; each trace with its x on each of the figure's axes."""
+    drawn: list[tuple[dict[str, Any], dict[str, list[Any]]]] = []
     for model, rows in frame.groupby("model", sort=True):
-        own = rows[rows["config"] == ""]
+        own = rows[rows["configuration"] == ""]
         if own.empty:
             continue
         bar = MLPERF_RETAINED * float(own["accuracy"].iloc[0])
         line = {"color": palette[model], "dash": "dash", "width": 1}
-        traces.append(
-            {"type": "scatter", "mode": "lines", "x": [0, float(frame["memory"].max())], "y": [bar, bar], "line": line,
-             "name": f"99% of {model}", "showlegend": False, "hoverinfo": "name"}
+        drawn.append(
+            ({"type": "scatter", "mode": "lines", "y": [bar, bar], "line": line, "name": f"99% of {model}",
+              "showlegend": False, "hoverinfo": "name"}, {name: [0, float(frame[name].max())] for name in axes})
         )  # fmt: skip
-        held = rows[(rows["config"] != "") & (rows["accuracy"] >= bar)]
-        traces.append(
-            {"type": "scatter", "mode": "text", "x": held["memory"].to_numpy(), "y": held["accuracy"].to_numpy(),
-             "text": ["holds 99%"] * len(held), "textposition": "top center", "showlegend": False, "hoverinfo": "skip"}
+        held = rows[(rows["configuration"] != "") & (rows["accuracy"] >= bar)]
+        drawn.append(
+            ({"type": "scatter", "mode": "text", "y": held["accuracy"].to_numpy(), "text": ["holds 99%"] * len(held),
+              "textposition": "top center", "showlegend": False, "hoverinfo": "skip"},
+             {name: held[name].tolist() for name in axes})
         )  # fmt: skip
-    return traces
+    return drawn
 
 
-# The memory levers: a marker shape per KV policy, filled in the model's dtype and hollow when quantized.
-KV_MARKERS = {
-    "per-loop": "circle",
-    "shared-last": "square",
-    "shared-mean": "diamond",
-    "shared-ema": "triangle-up",
-    "latest-m4": "pentagon",
-    "gated": "star",
-    "standard": "hexagon",
-}
-KV_FILL = {"auto": "", "int8": "-open", "fp8": "-open-dot"}
 LEVERS_EXAMPLE = "loopeval run --model zoo:ouro-tiny --loops 4 --kv-policy per-loop,shared-last --kv-dtype auto,int8"
-LEVER_MEASURE = "kv_bytes_allocated"
+# The levers figure's x axes, the first drawn when it opens (its menu switches): what the model holds, then KV alone.
+LEVER_AXES = {"weights + KV": "weights_bytes + kv_bytes_allocated", "KV alone": "kv_bytes_allocated"}
+LEVER_MEASURE = "kv_bytes_allocated"  # the measure every drawn lever point has
 
 
 def memory_levers(points: pd.DataFrame, task: str = "all", colors: Mapping[str, str] | None = None) -> go.Figure:
-    """Accuracy against the KV cache each memory lever leaves (`lever_points`): colour the model, shape the KV policy,
-    filled in the model's dtype and hollow in int8 (dotted in fp8). What the figure asks: does a training-free policy
+    """Accuracy against the memory each lever leaves (`lever_points`): colour the model, shape its loop count r as in
+    every figure, and a black mark the lever (`config_marks`: KV policy and dtype), a thin line from the model's own
+    point (its policy in its dtype) to each of its levers. What the figure asks: does a training-free policy
     (shared-last, shared-mean) reach the memory of MELT's trained gate at the accuracy of Ouro's per-loop KV, and what
-    does int8 cost on top? The memory is each point's measured KV peak (`kv_bytes_allocated`), from zero."""
-    title = _with_set(f"Memory levers: accuracy against KV cache, {plain(task)}", points)
+    does int8 cost on top? The x axis is what the model holds (weights + KV cache peak) and, from its menu, the KV
+    peak alone (`LEVER_AXES`); each point at its measured value, from zero."""
+    title = _with_set(f"Memory levers: accuracy against memory, {plain(task)}", points)
+    marks = config_marks(_plain_frame(points))  # the same marks as the accuracy figure's, of the escaped labels
     frame = _plain_frame(lever_points(points))
     frame = frame[frame[LEVER_MEASURE].notna()] if LEVER_MEASURE in frame else frame.iloc[0:0]
     if frame.empty:
         return _empty(
             title, f"nothing to compare here: this set runs no KV policy or dtype. Sweep them with {LEVERS_EXAMPLE}"
         )
-    unit, scale = byte_unit(frame[LEVER_MEASURE])
-    frame["memory"] = frame[LEVER_MEASURE] / scale
+    axes = {name: measure for name, measure in LEVER_AXES.items() if measure in frame and frame[measure].notna().all()}
+    scaled = {name: byte_unit(frame[measure]) for name, measure in axes.items()}
+    for name, measure in axes.items():
+        frame[name] = frame[measure] / scaled[name][1]
     frame["stderr"] = frame["stderr"].astype(float)
-    frame["symbol"] = [
-        KV_MARKERS.get(policy.partition(":")[0], "x") + KV_FILL.get(dtype, "")
-        for policy, dtype in zip(frame["kv_policy"], frame["kv_dtype"])
-    ]
+    frame["configuration"] = [configuration(row) for row in frame.itertuples()]
     frame["runs"] = _runs_text(frame)
     frame["r"] = [loops_label(loops) for loops in frame["loops"]]
+    frame["held"] = [
+        ", ".join(f"{name} {row[name]:.4g} {scaled[name][0]}" for name in axes) for _, row in frame.iterrows()
+    ]
     hover = (
-        f"%{{customdata[0]}} %{{customdata[1]}}<br>KV policy %{{customdata[2]}}, KV dtype %{{customdata[3]}}"
-        f"<br>accuracy %{{y:.3f}}<br>KV %{{x:.4g}} {unit}<br>%{{customdata[4]}}<extra></extra>"
+        "%{customdata[0]} %{customdata[1]}<br>KV policy %{customdata[2]}, KV dtype %{customdata[3]}"
+        "<br>accuracy %{y:.3f}<br>%{customdata[5]}<br>%{customdata[4]}<extra></extra>"
     )
-    palette, traces = _colors_of(frame["model"], colors), []
+    palette = _colors_of(frame["model"], colors)
+    traces: list[dict[str, Any]] = []
+    xs: list[dict[str, list[Any]]] = []  # each trace's x on each axis of the menu, in the order of `traces`
     for index, (model, rows) in enumerate(frame.groupby("model", sort=True)):
         color, group = palette[model], f"model {index}"
         traces.append(
             _legend_key(model, group, "model" if index == 0 else None, {"color": color, "size": 10, "symbol": "circle"})
         )
+        xs.append(dict.fromkeys(axes, [None]))
+        spokes = _spokes(rows, list(axes))
+        if spokes is not None:
+            traces.append(
+                {"type": "scatter", "y": spokes["accuracy"], "mode": "lines", "name": f"{model} levers",
+                 "legendgroup": group, "showlegend": False, "line": {"color": color, "width": 1},
+                 "hoverinfo": "skip"}
+            )  # fmt: skip
+            xs.append({name: spokes[name] for name in axes})
         traces.append(
             {
                 "type": "scatter",
-                "x": rows["memory"].to_numpy(),
                 "y": rows["accuracy"].to_numpy(),
                 "mode": "markers",
                 "error_y": {"type": "data", "array": rows["stderr"].to_numpy()},
                 "name": model,
                 "legendgroup": group,
                 "showlegend": False,
-                "marker": {"color": color, "size": 13, "symbol": rows["symbol"].tolist(), "line": {"width": 2}},
-                "customdata": rows[["model", "r", "kv_policy", "kv_dtype", "runs"]].to_numpy(),
+                "marker": {"color": color, "size": 13, "symbol": rows["loops"].map(loops_symbol).tolist()},
+                "customdata": rows[["model", "r", "kv_policy", "kv_dtype", "runs", "held"]].to_numpy(),
                 "hovertemplate": hover,
             }
         )
-    for index, policy in enumerate(dict.fromkeys(p.partition(":")[0] for p in frame["kv_policy"])):
+        xs.append({name: rows[name].tolist() for name in axes})
+        for mark in _mark_trace(rows, next(iter(axes)), marks, group):
+            traces.append(mark)
+            xs.append({name: rows.loc[rows["configuration"] != "", name].tolist() for name in axes})
+    for index, loops in enumerate(sorted(frame["loops"].unique())):
         traces.append(
             _legend_key(
-                policy,
-                f"policy {policy}",
-                "KV policy (shape)" if index == 0 else None,
-                {"color": "#777", "size": 10, "symbol": KV_MARKERS.get(policy, "x")},
+                loops_label(loops),
+                f"loops {loops}",
+                "loops (shape)" if index == 0 else None,
+                {"color": "#777", "size": 10, "symbol": loops_symbol(loops)},
             )
         )
-    for index, dtype in enumerate(dict.fromkeys(frame["kv_dtype"])):
-        traces.append(
-            _legend_key(
-                dtype,
-                f"dtype {dtype}",
-                "KV dtype (fill)" if index == 0 else None,
-                {"color": "#777", "size": 10, "symbol": "circle" + KV_FILL.get(dtype, ""), "line": {"width": 2}},
-            )
-        )
-    traces += _mlperf_lines(frame, palette)
+        xs.append(dict.fromkeys(axes, [None]))
+    for key in mark_keys(marks, frame["configuration"]):
+        traces.append(key)
+        xs.append(dict.fromkeys(axes, [None]))
+    for trace, x in _mlperf_lines(frame, palette, list(axes)):
+        traces.append(trace)
+        xs.append(x)
+    first = next(iter(axes))
+    for trace, x in zip(traces, xs):
+        trace["x"] = x[first]
+    titles = {name: unit_title(measure_label(measure), *scaled[name]) for name, measure in axes.items()}
     top = max(1.0, float((frame["accuracy"] + frame["stderr"].fillna(0)).max()))
     notes = [
-        f"KV: each point's measured KV cache peak ({BY_NAME[LEVER_MEASURE].label}); {DECIMAL_NOTE}",
-        "a model's point without a KV setting is its own policy in its own dtype; dashed: MLPerf's 99% of it, "
-        "'holds 99%' marks the levers at or above (paired intervals: `loopeval compare`)",
+        f"each point at its measured memory; {DECIMAL_NOTE}",
+        "a line joins a model's own point (its policy in its dtype, no mark) to each of its levers; dashed: MLPerf's "
+        "99% of it, 'holds 99%' marks the levers at or above (paired intervals: `loopeval compare`)",
         *_pooled_note(frame),
     ]
     note, margin = _footnote(" · ".join(notes))
@@ -301,9 +322,46 @@ def memory_levers(points: pd.DataFrame, task: str = "all", colors: Mapping[str, 
         layout={
             "title": {"text": title},
             "legend": {"groupclick": "togglegroup", "tracegroupgap": 2},
-            "xaxis": {"rangemode": "tozero", "title": {"text": unit_title("KV cache", unit, scale)}},
+            "xaxis": {"rangemode": "tozero", "title": {"text": titles[first]}},
             "yaxis": {"range": [-0.05, top + 0.05], "title": {"text": f"accuracy ({frame['metric'].iloc[0]})"}},
             "annotations": [note],
             "margin": margin,
+            "updatemenus": [_axis_menu(titles, xs)] if len(axes) > 1 else [],
         },
     )
+
+
+def _spokes(rows: pd.DataFrame, axes: list[str]) -> dict[str, list[float | None]] | None:
+    """A model's lines from its own point to each of its levers, as one trace's coordinates per x axis, the segments
+    apart by None; None where the model has one point. Its own point is its run without a setting (no configuration)
+    or, where a sweep set its own policy too, its largest KV cache: the one the levers save against."""
+    if len(rows) < 2:
+        return None
+    plain_run = rows["configuration"] == ""
+    start = rows[plain_run].iloc[0] if plain_run.any() else rows.loc[rows[LEVER_MEASURE].idxmax()]
+    levers = rows.drop(index=start.name)
+    return {
+        column: [value for _, lever in levers.iterrows() for value in (start[column], lever[column], None)]
+        for column in [*axes, "accuracy"]
+    }
+
+
+def _axis_menu(titles: Mapping[str, str], xs: list[dict[str, list]]) -> dict[str, Any]:
+    """The levers figure's menu: one button per x axis, each setting every trace's x and the axis title."""
+    return {
+        "type": "dropdown",
+        "direction": "down",
+        "x": 1.0,
+        "xanchor": "right",
+        "y": 1.1,
+        "yanchor": "bottom",
+        "showactive": True,
+        "buttons": [
+            {
+                "label": f"x: {name}",
+                "method": "update",
+                "args": [{"x": [x[name] for x in xs]}, {"xaxis.title.text": title}],
+            }
+            for name, title in titles.items()
+        ],
+    }

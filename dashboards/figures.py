@@ -156,12 +156,15 @@ def _add_footnote(fig: go.Figure, text: str) -> go.Figure:
 
 
 def _empty(title: str, text: str) -> go.Figure:
+    """A figure with no data: its note says why and how to fill it; `layout.meta.empty` holds the note unwrapped,
+    so the report can leave the figure out and print the note as one line instead (`dashboards.report`)."""
     return go.Figure(
         layout={
             "title": {"text": title},
             "xaxis": {"visible": False},
             "yaxis": {"visible": False},
             "annotations": [_note(text)],
+            "meta": {"empty": text},
         }
     )
 
@@ -196,15 +199,17 @@ def accuracy_vs_memory(
     `points` are `analysis.points.accuracy_points` rows (one evaluation set, named in the title) with the
     `measure` column present. Points whose measure is
     NULL are named, not plotted.
-    Colour is the model and the marker's shape its loop count (a legend entry per shape), so no text
-    label sits beside a point to collide with its neighbours; a model's points at one r and one memory (exit
-    thresholds, configurations) are set side by side (`_spread`), each hover naming its point. The memory axis
-    starts at zero: a few MB of noise on a 900 MB process must not look like a difference.
+    Colour is the model, the marker's shape its loop count and a black mark over it its configuration (an exit
+    threshold, a KV dtype or policy: `config_marks`), each with a legend entry, so no text label sits beside a point
+    to collide with its neighbours. Every point is drawn at its measured memory: points that coincide (a model's exit
+    thresholds scoring alike) keep their place, each hover names every point there and a small label counts them.
+    The memory axis starts at zero: a few MB of noise on a 900 MB process must not look like a difference.
     """
     label = label or measure_label(measure)
     title = _with_set(f"Accuracy against memory: {plain(task)}, {label}", points)
     palette = _colors_of(points["model"], colors)
     points = _plain_frame(points)
+    marks = config_marks(points)  # of the escaped labels: a stored override is drawn as text, as every name is
     if points.empty:
         return _empty(title, "no evaluated runs with this task yet")
     shown, missing = _measured(points, measure)
@@ -216,9 +221,10 @@ def accuracy_vs_memory(
     shown["stderr"] = shown["stderr"].astype(float)
     shown["spread"] = [f" ± {e:.3f}" if np.isfinite(e) else "" for e in shown["stderr"]]
     shown["r"] = [point_label(row) for row in shown.itertuples()]
+    shown["configuration"] = [configuration(row) for row in shown.itertuples()]
     shown["runs"] = _runs_text(shown)
     shown["held"] = [f"{m:.4g}" for m in shown["memory"]]
-    shown["x"] = shown["memory"] + _spread(shown)
+    shown["here"] = _also_here(shown)
     frontier = pareto_mask(shown["memory"], shown["accuracy"])
     symbols = {r: loops_symbol(r) for r in sorted(shown["loops"].unique())}
     traces = []
@@ -233,7 +239,7 @@ def accuracy_vs_memory(
         traces.append(
             {
                 "type": "scatter",
-                "x": rows["x"].to_numpy(),
+                "x": rows["memory"].to_numpy(),
                 "y": rows["accuracy"].to_numpy(),
                 "error_y": {"type": "data", "array": rows["stderr"].to_numpy()},
                 "mode": "markers",
@@ -246,13 +252,15 @@ def accuracy_vs_memory(
                     "symbol": rows["loops"].map(symbols).tolist(),
                     "line": {"color": "#222", "width": [2.5 if ring else 0 for ring in ringed]},
                 },
-                "customdata": rows[["r", "spread", "n_samples", "runs", "held"]].to_numpy(),
+                "customdata": rows[["r", "spread", "n_samples", "runs", "held", "here"]].to_numpy(),
                 "hovertemplate": (
                     f"model {model}<br>%{{customdata[0]}}<br>accuracy %{{y:.3f}}%{{customdata[1]}}"
-                    f"<br>%{{customdata[4]}} {unit}<br>samples %{{customdata[2]}}, %{{customdata[3]}}<extra></extra>"
+                    f"<br>%{{customdata[4]}} {unit}<br>samples %{{customdata[2]}}, %{{customdata[3]}}"
+                    "%{customdata[5]}<extra></extra>"
                 ),
             }
         )
+        traces.extend(_mark_trace(rows, "memory", marks, group))
     for index, (loops, symbol) in enumerate(symbols.items()):  # the shape key: drawn in the legend only
         traces.append(
             _legend_key(
@@ -262,11 +270,13 @@ def accuracy_vs_memory(
                 {"color": "#777", "size": 10, "symbol": symbol},
             )
         )
+    traces.extend(mark_keys(marks, shown["configuration"]))
+    traces.extend(_count_labels(shown))
     front = shown[frontier].sort_values(["memory", "accuracy"])
     traces.append(
         {
             "type": "scatter",
-            "x": front["x"].to_numpy(),
+            "x": front["memory"].to_numpy(),
             "y": front["accuracy"].to_numpy(),
             "mode": "lines",
             "line": {"shape": "hv", "dash": "dot", "color": "#222"},
@@ -276,8 +286,8 @@ def accuracy_vs_memory(
     )
     top = max(1.0, float((shown["accuracy"] + shown["stderr"].fillna(0)).max()))
     notes = [DECIMAL_NOTE, *_pooled_note(shown)]
-    if (shown["x"] != shown["memory"]).any():
-        notes.append(SPREAD_NOTE)
+    if (shown["here"] != "").any():
+        notes.append(COINCIDENT_NOTE)
     if not missing.empty:
         notes.append(f"{label} unavailable: {_point_names(missing)}")
     note, margin = _footnote(" · ".join(notes))
@@ -285,7 +295,7 @@ def accuracy_vs_memory(
         data=traces,
         layout={
             "title": {"text": title},
-            "legend": {"groupclick": "togglegroup", "tracegroupgap": 2},
+            "legend": {"groupclick": "togglegroup", "tracegroupgap": 0},
             "xaxis": {"rangemode": "tozero", "title": {"text": unit_title(label, unit, scale)}},
             "yaxis": {"range": [-0.05, top + 0.05], "title": {"text": f"accuracy ({shown['metric'].iloc[0]})"}},
             "annotations": [note],
@@ -294,23 +304,125 @@ def accuracy_vs_memory(
     )
 
 
-SPREAD = 0.015  # of the memory axis's largest value: how far apart coincident points are set side by side
-SPREAD_NOTE = (
-    "points of one model and r at one memory (exit thresholds, configurations) are set side by side; hover for each"
+COINCIDENT_NOTE = (
+    "every point at its measured memory; a number beside a marker counts the points under it (hover lists them)"
 )
+# The black marks drawn over a point's marker, one per configuration of a set (`config_marks`): line-only symbols, so
+# the model's colour and r's shape stay visible under them.
+_MARKS = (
+    "x-thin",
+    "cross-thin",
+    "asterisk",
+    "line-ew",
+    "line-ns",
+    "y-up",
+    "y-down",
+    "hash",
+    "line-ne",
+    "line-nw",
+    "y-left",
+    "y-right",
+)
+MARK_STYLE = {"color": "#111", "size": 11, "line": {"color": "#111", "width": 1.8}}
 
 
-def _spread(points: pd.DataFrame) -> np.ndarray:
-    """Sideways offsets (axis units) for the points of one model and r at one memory (to 3 significant digits): its
-    exit thresholds and configurations, which would otherwise hide one another exactly. Centred on the true memory,
-    in the order of their labels; 0 for a point alone there. Hovers give each point's own memory."""
-    offsets = np.zeros(len(points))
-    step = SPREAD * float(points["memory"].max())
-    at = points["memory"].map(lambda memory: f"{memory:.3g}")
-    for _, rows in points.groupby([points["model"], points["loops"], at], sort=False):
-        order = points.index.get_indexer(rows.sort_values("r").index)
-        offsets[order] = (np.arange(len(rows)) - (len(rows) - 1) / 2) * step
-    return offsets
+def configuration(row: Any) -> str:
+    """What sets a point apart from the model's plain run at its r (`point_label` without the loop count): 'exit gate
+    0.5', 'int8', 'shared-last auto'; '' for the plain run."""
+    return point_label(row).removeprefix(loops_label(row.loops)).strip()
+
+
+def config_marks(points: pd.DataFrame) -> dict[str, str]:
+    """One mark per configuration of a set's points (`configuration`, sorted; the plain run has none). Every figure of
+    a set takes its marks from the whole set's points, so a configuration has one mark in all of them."""
+    if points.empty:
+        return {}
+    labels = sorted({configuration(row) for row in points.itertuples()} - {""})
+    return {label: _MARKS[index % len(_MARKS)] for index, label in enumerate(labels)}
+
+
+def _mark_trace(rows: pd.DataFrame, x: str, marks: Mapping[str, str], group: str) -> list[dict[str, Any]]:
+    """The marks over a model's points that have a configuration (`config_marks`), in the model's legend group so they
+    hide with it; none where every point is the plain run. `rows` carry a `configuration` column."""
+    marked = rows[rows["configuration"] != ""]
+    if marked.empty:
+        return []
+    return [
+        {
+            "type": "scatter",
+            "x": marked[x].to_numpy(),
+            "y": marked["accuracy"].to_numpy(),
+            "mode": "markers",
+            "name": "configuration marks",
+            "legendgroup": group,
+            "showlegend": False,
+            "marker": MARK_STYLE | {"symbol": marked["configuration"].map(marks).tolist()},
+            "hoverinfo": "skip",
+        }
+    ]
+
+
+def mark_keys(marks: Mapping[str, str], drawn: Iterable[str]) -> list[dict[str, Any]]:
+    """The legend's configuration key: 'plain run (no mark)', then each drawn configuration beside its mark; none
+    where every point drawn is a plain run."""
+    present = set(drawn)
+    if not present - {""}:
+        return []  # every point the plain run: nothing to tell apart
+    names = [("plain run (no mark)", "")] if "" in present else []
+    names += [(label, mark) for label, mark in marks.items() if label in present]
+    return [
+        _legend_key(
+            name,
+            f"configuration {name}",
+            "configuration (mark)" if index == 0 else None,
+            MARK_STYLE | ({"symbol": mark} if mark else {"opacity": 0}),
+        )
+        for index, (name, mark) in enumerate(names)
+    ]
+
+
+def _coincident(points: pd.DataFrame) -> pd.Series:
+    """A key per point shared by the points drawn on top of one another: a model's points at one memory (3 significant
+    digits) and one accuracy (to 0.01)."""
+    return points["memory"].map(lambda m: f"{m:.3g}") + "|" + points["accuracy"].map(lambda a: f"{a:.2f}")
+
+
+def _also_here(points: pd.DataFrame) -> list[str]:
+    """Each point's hover line naming the other points drawn at its place ('' where it is alone); a point's name is
+    unique in its set."""
+    names = (points["model"] + " " + points["r"]).tolist()
+    keys = _coincident(points).tolist()
+    together: dict[str, list[str]] = {}
+    for key, name in zip(keys, names):
+        together.setdefault(key, []).append(name)
+    return [
+        "<br>also here: " + ", ".join(other for other in together[key] if other != name)
+        if len(together[key]) > 1
+        else ""
+        for key, name in zip(keys, names)
+    ]
+
+
+def _count_labels(points: pd.DataFrame) -> list[dict[str, Any]]:
+    """A small '×N' beside each place where N points coincide (`_coincident`), so none hides unnoticed."""
+    groups = points.groupby(_coincident(points), sort=True)
+    places = [(rows["memory"].iloc[0], rows["accuracy"].max(), len(rows)) for _, rows in groups if len(rows) > 1]
+    if not places:
+        return []
+    return [
+        {
+            "type": "scatter",
+            "x": [x for x, _, _ in places],
+            "y": [y for _, y, _ in places],
+            "mode": "text",
+            "text": [f"×{n}" for _, _, n in places],
+            "textposition": "top right",
+            "textfont": {"size": 11, "color": "#333"},
+            "name": "points here",
+            "showlegend": False,
+            "hoverinfo": "skip",
+        }
+    ]
 
 
 def _legend_key(name: str, group: str, title: str | None, marker: dict[str, Any]) -> dict[str, Any]:
@@ -362,10 +474,12 @@ def accuracy_vs_loops(
 
     Where the accuracy line flattens while the memory line keeps rising, extra depth stopped paying. A model's lines
     (one per exit threshold it ran at, where the set sweeps one) share its colour and its legend group: one legend
-    entry per line, its memory line toggled with it.
+    entry per line, its memory line toggled with it. Drawn for the headline configurations only (`headline`): the
+    exit thresholds and memory levers have figures of their own, and here they stacked a dozen markers at one r.
     """
     label = label or measure_label(measure)
     title = _with_set(f"Accuracy and memory against loops: {plain(task)}", points)
+    points, left_out = headline(points)
     palette = _colors_of(points["model"], colors)
     keys = zip(
         *(
@@ -439,6 +553,8 @@ def accuracy_vs_loops(
         },
     )
     notes = [DECIMAL_NOTE if has_memory else f"{label}: unavailable for every run", *_pooled_note(points)]
+    if left_out:
+        notes.append(f"{left_out} points with an exit threshold or a KV setting are left out: {HEADLINE_NOTE}")
     note, margin = _footnote(" · ".join(notes))
     return go.Figure(
         data=traces,
@@ -455,6 +571,21 @@ def accuracy_vs_loops(
             "margin": margin,
         },
     )
+
+
+HEADLINE_NOTE = "see Accuracy against compute (exit thresholds) and Memory levers (KV policies and dtypes)"
+
+
+def headline(points: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """A set's headline points and how many were left out: each model's points without an exit threshold in its plain
+    configuration (`configuration` ''); a model with no plain point keeps its points without an exit threshold."""
+    if points.empty:
+        return points, 0
+    no_exit = points["exit_threshold"].isna()
+    plain_run = no_exit & (points["config_label"] == "" if "config_label" in points else True)
+    has_plain = points["model"].isin(points.loc[plain_run, "model"])
+    keep = plain_run | (no_exit & ~has_plain)
+    return points[keep], int((~keep).sum())
 
 
 def _secondary_y(xaxis: dict[str, Any], yaxis: dict[str, Any], yaxis2: dict[str, Any]) -> dict[str, dict[str, Any]]:

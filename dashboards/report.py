@@ -210,35 +210,53 @@ def _selectors(engine: Engine, measure: str, context_tokens: int) -> dict[str, s
     }
 
 
-def _sections(selectors: dict[str, str]) -> str:
-    """One <section> per view: its title, note, selectors and a plot element per figure."""
+def empty_plots(blobs: dict[str, Any]) -> dict[str, str]:
+    """The plots (element id) with no data in any drawing, each with its empty figure's note (what fills it): the page
+    leaves them out and prints the note as one line, instead of a blank figure (`figures._empty` marks them)."""
+    left_out = {}
+    for view in views.VIEWS:
+        for plot in view.plots:
+            drawn = [blob for key, blob in blobs.items() if key == plot.key or key.startswith(plot.key + "|")]
+            notes = [(blob["layout"].get("meta") or {}).get("empty") for blob in drawn]
+            if drawn and all(notes):
+                left_out[plot.id] = str(notes[0])
+    return left_out
+
+
+def _sections(selectors: dict[str, str], left_out: dict[str, str]) -> str:
+    """One <section> per view: its title, note, selectors and a plot element per figure; a figure with no data
+    (`empty_plots`) is one line saying how to fill it, and a view with none to draw shows no selectors."""
     sections = []
     for view, shown in views.sections():
         note = f'<p class="note">{html.escape(view.note)}</p>\n' if view.note else ""
-        controls = "".join(selectors[name] + "\n" for name in shown if name in view.keyed)
+        drawn = [plot for plot in view.plots if plot.id not in left_out]
+        controls = "".join(selectors[name] + "\n" for name in shown if name in view.keyed) if drawn else ""
         plots = "".join(
-            f'<div id="{plot.id}" class="plot" style="height: {plot.height}px"></div>\n' for plot in view.plots
+            f'<div id="{plot.id}" class="plot" style="height: {plot.height}px"></div>\n'
+            if plot.id not in left_out
+            else f'<p class="note empty" id="{plot.id}-empty">No data for this figure yet: '
+            f"{html.escape(left_out[plot.id])}.</p>\n"
+            for plot in view.plots
         )
         sections.append(f"<section><h2>{html.escape(view.title)}</h2>\n{note}{controls}{plots}</section>\n")
     return "".join(sections)
 
 
-def _page_views() -> list[dict[str, Any]]:
-    """What the page's script needs of each view: the selectors that key its figures, its plots, its answer."""
-    return [
-        {
-            "inputs": list(view.keyed),
-            "plots": [[plot.id, plot.key] for plot in view.plots],
-            "answer": view.answer is not None,
-        }
-        for view in views.VIEWS
-    ]
+def _page_views(left_out: dict[str, str]) -> list[dict[str, Any]]:
+    """What the page's script needs of each view: the selectors that key its figures, its plots (those drawn), its
+    answer; a view with no plot drawn reads no selector (the page shows none: `_sections`)."""
+    page = []
+    for view in views.VIEWS:
+        plots = [[plot.id, plot.key] for plot in view.plots if plot.id not in left_out]
+        page.append({"inputs": list(view.keyed) if plots else [], "plots": plots, "answer": view.answer is not None})
+    return page
 
 
 def build_report(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -> str:
     """The whole report as one HTML string (plotly.js inlined, no external reference)."""
     queries.require_results(engine)
     blobs = report_figures(engine, context_tokens)
+    left_out = empty_plots(blobs)
     template = _shared_template(blobs)
     sets = queries.eval_sets(engine)  # the default first: the set of the newest scored run
     measure = default_measure(accuracy_points(engine, None, SUITE, context_tokens))  # the first any point has
@@ -254,7 +272,7 @@ def build_report(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -
         plotlyjs=packed_plotlyjs(),
         generated=html.escape(generated),
         answer=html.escape(answer),
-        view_sections=_sections(_selectors(engine, measure, context_tokens)),
+        view_sections=_sections(_selectors(engine, measure, context_tokens), left_out),
         runs_table=_runs_table(engine),
         sample_task_options=_options(["*", *sample_tasks], ["all tasks", *sample_tasks]),
         sample_model_options=_options(["*", *sample_models], ["all models", *sample_models]),
@@ -269,7 +287,7 @@ def build_report(engine: Engine, context_tokens: int = DEFAULT_CONTEXT_TOKENS) -
         decimal_note=html.escape(figures.DECIMAL_NOTE),
         figures_json=_script_json(blobs),
         template_json=_script_json(template),
-        views_json=_script_json(_page_views()),
+        views_json=_script_json(_page_views(left_out)),
         samples_json=_script_json(
             {"columns": list(SAMPLE_COLUMNS.values()), "rows": samples, "pageRows": SAMPLE_PAGE_ROWS}
         ),

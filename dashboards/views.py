@@ -320,7 +320,7 @@ ACCURACY = View(
     variants=_each_measure,
     answer=_answer,
     plots=(
-        Plot("accuracy-memory", "acc", _accuracy_vs_memory, 560),
+        Plot("accuracy-memory", "acc", _accuracy_vs_memory, 660),
         Plot("accuracy-loops", "loops", _accuracy_vs_loops, 520),
     ),
 )
@@ -345,7 +345,8 @@ LEVERS = View(
     cases=_set_tasks,
     plots=(Plot("memory-levers", "levers", _memory_levers, 560),),
     note="What memory each KV policy (--kv-policy) and KV dtype (--kv-dtype) saves, and what it costs in accuracy, "
-    "beside each model's own cache: a shape per policy, hollow where quantized. Drawn where the set sweeps them.",
+    "beside each model's own cache: a line from the model's own point to each lever, a black mark per lever; the x "
+    "axis is weights + KV cache peak, or KV alone from the figure's menu. Drawn where the set sweeps them.",
 )
 CLAIMS = View(
     title="Retained accuracy, generation length, pass@k",

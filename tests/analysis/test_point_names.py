@@ -1,6 +1,6 @@
 """Points keep their identity on real SQLite files: a point's name carries what tells it apart in its set (r, exit
 threshold, the overrides its model's points differ in), the answer names each point of the frontier once and says
-which point another measure would rank first, and coincident points are set apart in the accuracy-memory figure."""
+which point another measure would rank first, and coincident points in the accuracy-memory figure stay at their memory, each with its own mark."""
 
 from __future__ import annotations
 
@@ -75,16 +75,41 @@ def test_the_answer_names_each_point_once_and_another_measures_winner(store: Sto
     )
 
 
-def test_coincident_points_are_set_side_by_side_with_their_own_hover(store: Store) -> None:
+def test_coincident_points_stay_at_their_memory_each_with_its_own_mark_and_hover(store: Store) -> None:
     points = accuracy_points(store.engine, None)
     fig = figures.accuracy_vs_memory(points, measures.WEIGHTS_PLUS_KV)
     (ouro,) = [trace for trace in fig.data if trace.customdata is not None and trace.name == MODEL]
     at = {label: (x, float(held)) for label, x, held in zip(ouro.customdata[:, 0], ouro.x, ouro.customdata[:, 4])}
-    # the two exit thresholds and the float32 run hold 3 MB and two of them score alike: set apart, centred on 3 MB
-    together = sorted(x for label, (x, _) in at.items() if label != "r=4 dtype=bfloat16")
-    step = figures.SPREAD * 3.0
-    assert together == pytest.approx([3.0 - step, 3.0, 3.0 + step])
-    assert all(held == 3.0 for label, (_, held) in at.items() if label != "r=4 dtype=bfloat16"), "hovers say 3 MB"
-    assert at["r=4 dtype=bfloat16"] == (2.5, 2.5), "a point alone at its memory stays where it is"
     assert sorted(at) == ["r=4", "r=4 dtype=bfloat16", "r=4 exit gate 0.5", "r=4 exit gate 0.9"]
-    assert figures.SPREAD_NOTE in " ".join(a.text.replace("<br>", " ") for a in fig.layout.annotations)
+    assert all(x == held for x, held in at.values()), "every point drawn at the memory its hover names"
+    assert at["r=4 exit gate 0.5"] == at["r=4 exit gate 0.9"] == (3.0, 3.0) and at["r=4 dtype=bfloat16"] == (2.5, 2.5)
+    # the two exit thresholds score alike at 3 MB: each hover names the other, and a label counts them
+    here = dict(zip(ouro.customdata[:, 0], ouro.customdata[:, 5]))
+    assert here["r=4 exit gate 0.5"] == f"<br>also here: {MODEL} r=4 exit gate 0.9" and here["r=4"] == ""
+    (count,) = [trace for trace in fig.data if trace.mode == "text"]
+    assert (list(count.x), list(count.text)) == ([3.0], ["×2"])
+    # each configuration its own mark over the marker, named in the legend; the plain run none
+    marks = figures.config_marks(points)
+    assert sorted(marks) == ["dtype=bfloat16", "exit gate 0.5", "exit gate 0.9"] and len(set(marks.values())) == 3
+    (drawn,) = [trace for trace in fig.data if trace.name == "configuration marks" and trace.legendgroup.endswith("1")]
+    assert sorted(zip(drawn.x, drawn.marker.symbol)) == sorted(
+        [(2.5, marks["dtype=bfloat16"]), (3.0, marks["exit gate 0.5"]), (3.0, marks["exit gate 0.9"])]
+    )
+    keys = {t.name: t.marker.symbol for t in fig.data if (t.legendgroup or "").startswith("configuration ")}
+    assert keys == {"plain run (no mark)": None, **marks}
+    assert figures.COINCIDENT_NOTE in " ".join(a.text.replace("<br>", " ") for a in fig.layout.annotations)
+
+
+def test_a_configurations_stored_name_is_drawn_as_text_with_its_mark(tmp_path: Path) -> None:
+    """An override's value is stored text: its legend entry is escaped like every stored name, and its point still
+    carries the mark the legend names."""
+    store = Store.open(str(tmp_path / "markup.sqlite"))
+    store_run(store, [1.0, 0.0, 0.0, 0.0])
+    store_run(store, [1.0, 1.0, 0.0, 0.0], overrides={"dtype": "<b>bf16</b>"}, kv=500_000)
+    points = accuracy_points(store.engine, None)
+    store.close()
+    fig = figures.accuracy_vs_memory(points, measures.WEIGHTS_PLUS_KV)
+    keys = {t.name: t.marker.symbol for t in fig.data if (t.legendgroup or "").startswith("configuration ")}
+    assert set(keys) == {"plain run (no mark)", "dtype=&lt;b&gt;bf16&lt;/b&gt;"}
+    (drawn,) = [t for t in fig.data if t.name == "configuration marks"]
+    assert list(drawn.marker.symbol) == [keys["dtype=&lt;b&gt;bf16&lt;/b&gt;"]] and list(drawn.x) == [2.5]

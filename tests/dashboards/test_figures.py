@@ -470,9 +470,10 @@ def test_every_figure_gives_a_model_the_pages_colour_and_an_r_its_shape(engine) 
     )
 
 
-def test_the_loops_figures_legend_has_an_entry_per_line_grouped_by_model_and_round_memory_ticks() -> None:
-    """An exit sweep makes a line per (model, threshold): one legend entry each (its memory line toggles with it, in the
-    model's legend group and colour), not two, so 16 lines fit the legend without a scroll bar."""
+def test_the_loops_figure_draws_each_models_headline_line_and_names_what_it_leaves_out() -> None:
+    """An exit sweep's thresholds stacked a dozen markers at one r: the figure draws each model's plain line (one
+    legend entry, its memory line toggled with it in the model's group and colour) and its footnote says how many
+    points it left out and which figures show them."""
     rows = [
         (model, r, t, 0.5, 1e6 * r)
         for model in ("m", "n")
@@ -489,9 +490,12 @@ def test_the_loops_figures_legend_has_an_entry_per_line_grouped_by_model_and_rou
     colors = {"m": "#111111", "n": "#222222"}
     fig = figures.accuracy_vs_loops(points, "rss", colors=colors)
     shown = [trace for trace in fig.data if trace.showlegend is not False]
-    assert len(shown) == 8 and len(fig.data) == 16, "an entry per line, its memory line beside it in the group"
+    assert [trace.name for trace in shown] == ["m", "n"] and len(fig.data) == 4, "a line per model, memory beside it"
+    assert all(list(trace.x) == [1, 2, 4] for trace in fig.data)
     for trace in fig.data:
         assert trace.line.color == colors[trace.legendgroup]
+    note = fig.layout.annotations[-1].text.replace("<br>", " ")
+    assert "6 points with an exit threshold or a KV setting are left out" in note and figures.HEADLINE_NOTE in note
     assert fig.layout.yaxis2.tickmode == "auto", "the memory axis ticks its own round values, not the left axis's grid"
 
 

@@ -204,3 +204,28 @@ def test_memory_over_a_run_opens_on_a_run_of_the_default_set_in_both_pages(two_s
         "the empty selector's key: the drawing of that case"
     )
     engine.dispose()
+
+
+def test_the_report_leaves_out_a_figure_without_data_and_says_how_to_fill_it(engine) -> None:
+    """The tiny sweep has profiles but no probe run, and no GPU energy on a CPU: those two figures are one line each
+    in the report (no blank plot, no selector), the profile figure is drawn, and the page's script draws neither."""
+    if queries.probe_values(engine).shape[0] or _energy_measured(engine):
+        pytest.skip("this machine measured what the test needs missing")
+    page = build_report(engine)
+    for plot, fill in (("probe-values", "loopeval probe"), ("accuracy-energy", "NVIDIA GPU")):
+        assert f'<div id="{plot}"' not in page
+        (line,) = re.findall(rf'<p class="note empty" id="{plot}-empty">([^<]*)</p>', page)
+        assert line.startswith("No data for this figure yet: ") and fill in line
+    assert '<div id="memory-context"' in page and 'id="memory-context-empty"' not in page
+    assert '<select id="probe">' not in page, "no selector for a figure left out"
+    drawn = [div for view in json.loads(_script(page, "views")) for div, _ in view["plots"]]
+    assert "memory-context" in drawn and not {"probe-values", "accuracy-energy"} & set(drawn)
+
+
+def _energy_measured(engine) -> bool:
+    with engine.connect() as conn:
+        return bool(conn.exec_driver_sql("SELECT COUNT(*) FROM runs WHERE energy_joules IS NOT NULL").scalar())
+
+
+def _script(page: str, element: str) -> str:
+    return re.search(rf'<script id="{element}" type="application/json">(.*?)</script>', page, flags=re.S).group(1)

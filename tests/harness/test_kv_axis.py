@@ -317,16 +317,25 @@ def test_the_memory_levers_figure_sets_each_lever_against_its_models_own_cache(s
     html = (db.parent / "report.html").read_text()
     assert "Memory levers" in html
     (key,) = [k for k in _blobs(html) if k.startswith("levers|") and k.endswith("|all")]
-    drawn = [t for t in _blobs(html)[key]["data"] if t.get("customdata")]
-    shapes = {(c[0], c[2], c[3]): symbol for t in drawn for c, symbol in zip(t["customdata"], t["marker"]["symbol"])}
-    assert shapes == {
-        ("zoo:ouro-tiny", "per-loop", "auto"): "circle",
-        ("zoo:ouro-tiny", "per-loop", "int8"): "circle-open",
-        ("zoo:ouro-tiny", "shared-last", "auto"): "square",
-        ("zoo:ouro-tiny", "shared-last", "int8"): "square-open",
-        ("zoo:melt-tiny", "gated", "auto"): "star",
-        ("zoo:melt-tiny", "gated", "int8"): "star-open",
-    }
+    data = _blobs(html)[key]["data"]
+    drawn = [t for t in data if t.get("customdata")]
+    settings = [(c[0], c[2], c[3]) for t in drawn for c in t["customdata"]]
+    assert sorted(settings) == sorted([*(("zoo:ouro-tiny", p, d) for p in POLICIES for d in DTYPES), *melt])
+    assert {s for t in drawn for s in t["marker"]["symbol"]} == {"triangle-up"}, "r=4's shape, as in every figure"
+    held = {(c[0], c[2], c[3]): x for t in drawn for c, x in zip(t["customdata"], t["x"])}
+    both = points["weights_bytes"] + points["kv_bytes_allocated"]
+    assert held == pytest.approx({k: both[k] / 1e6 for k in held}), "x: weights + KV at its measured value, in MB"
+    keys = [t["name"] for t in data if t.get("legendgroup", "").startswith("configuration ")]
+    marks = [t for t in data if t.get("name") == "configuration marks"]
+    assert keys[0] == "plain run (no mark)", "MELT's own point, no setting"
+    assert sum(len(t["x"]) for t in marks) == 5, "a mark on each point a sweep set: Ouro's four, MELT's int8"
+    (menu,) = _blobs(html)[key]["layout"]["updatemenus"]
+    assert [button["label"] for button in menu["buttons"]] == ["x: weights + KV", "x: KV alone"]
+    alone = menu["buttons"][1]["args"][0]["x"]  # each trace's x once KV alone is picked
+    kv_alone = {(c[0], c[2], c[3]): x for t in drawn for c, x in zip(t["customdata"], alone[data.index(t)])}
+    assert kv_alone == pytest.approx({k: kv[k] / 1e6 for k in kv_alone}), "KV alone: the measured KV peak, in MB"
+    spokes = {t["name"]: t["x"] for t in data if t.get("name", "").endswith(" levers")}
+    assert {name: len(x) for name, x in spokes.items()} == {"zoo:melt-tiny levers": 3, "zoo:ouro-tiny levers": 9}
 
 
 def test_a_set_without_the_kv_axis_draws_a_note_not_a_figure(tmp_path: Path) -> None:

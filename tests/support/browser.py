@@ -1,20 +1,15 @@
 """Drive the dashboards in headless Chromium: the browser tests and the README screenshots share this code.
 
 Debian's /usr/bin/chromium is used through Playwright's `executable_path` (browser downloads fail
-offline). Run as a script to regenerate the committed screenshots from a results database:
-
-    .venv/bin/python -m tests.support.browser --db results/loopeval.sqlite --out docs/img
-    .venv/bin/python -m tests.support.browser --db lab.sqlite --out docs/img --lab
+offline). scripts/screenshots.py writes the committed screenshots with these functions.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -172,36 +167,3 @@ def screenshot_figure(page: Any, report: Path, figure_id: str, png: Path) -> Pat
 
 
 LAB_FIGURES = {"depth": "depth-extrapolation.png", "probe-values": "loop-probes.png"}
-
-
-def main() -> None:
-    """Write docs/img/report.png and docs/img/app.png from a results database; with --lab, the recurrence
-    lab's figures (docs/img/depth-extrapolation.png, loop-probes.png) from the lab's database instead."""
-    from playwright.sync_api import sync_playwright
-
-    from harness.report import write_report
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--db", required=True, help="results database URL or SQLite path")
-    parser.add_argument("--out", type=Path, default=Path("docs/img"))
-    parser.add_argument("--lab", action="store_true", help="write the depth-extrapolation and loop-probe figures")
-    args = parser.parse_args()
-    from db.session import resolve_db_url
-
-    url = resolve_db_url(args.db)
-    args.out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as scratch, sync_playwright() as playwright:
-        report = write_report(url, Path(scratch) / "report.html")
-        browser = launch(playwright)
-        if args.lab:
-            for figure_id, name in LAB_FIGURES.items():
-                print(screenshot_figure(browser.new_page(viewport=VIEWPORT), report, figure_id, args.out / name))
-        else:
-            print(screenshot_report(browser.new_page(viewport=VIEWPORT), report, args.out / "report.png"))
-            with served_app(url) as app_url:
-                print(screenshot_app(browser.new_page(viewport=VIEWPORT), app_url, args.out / "app.png"))
-        browser.close()
-
-
-if __name__ == "__main__":
-    main()
