@@ -33,6 +33,14 @@ DbOption = Annotated[
     ),
 ]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+MkdirFlag = Annotated[
+    bool,
+    typer.Option(
+        "--mkdir",
+        help="Create the folder --db (or --out) names when it does not exist; without it a missing folder is "
+        "refused (results/ under the working directory is always created).",
+    ),
+]
 AdaptersDirOption = Annotated[
     list[str] | None,
     typer.Option("--adapters-dir", help="Folder of adapter plugin modules, repeatable (also LOOPEVAL_ADAPTERS)."),
@@ -68,6 +76,28 @@ def report_path(db_url: str) -> Path:
 
     path = sqlite_path(db_url)
     return (path.parent if path is not None else DEFAULT_DB_PATH.parent) / "report.html"
+
+
+def check_folder(path: Path, option: str, mkdir: bool, named: str | None = None) -> None:
+    """UserError when the folder `path` goes into does not exist and --mkdir was not given, creating nothing.
+
+    A typo in a folder name (`--db reslts/x.sqlite`) would otherwise start a new store where `loopeval results`
+    never looks; --mkdir says the new folder is meant."""
+    folder = path.expanduser().parent
+    if not mkdir and not folder.exists():
+        raise UserError(f"{option} {named or path}: the folder {folder} does not exist; create it, or pass --mkdir")
+
+
+def check_db_folder(db: str | None, mkdir: bool) -> None:
+    """`check_folder` for the SQLite file a run stores into: --db, else $LOOPEVAL_DB; the default results/ folder is
+    created, as is anything over a server URL (a Postgres database has no folder)."""
+    from db import DB_ENV
+    from db.session import resolve_db_url, sqlite_path
+
+    named = db or os.environ.get(DB_ENV)
+    path = None if named is None else sqlite_path(resolve_db_url(named))
+    if path is not None:
+        check_folder(path, "--db" if db else DB_ENV, mkdir, named)
 
 
 def check_device(device: str) -> None:

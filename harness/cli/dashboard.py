@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from harness.cli.common import DbOption, report_path
+from harness.cli.common import DbOption, MkdirFlag, check_folder, report_path
 
 
 def dashboard(
@@ -18,6 +18,7 @@ def dashboard(
         help="Where the static report goes (one offline HTML file). Default: beside the database, "
         "as `loopeval run` writes it.",
     ),
+    mkdir: MkdirFlag = False,
     serve: bool = typer.Option(False, "--serve", help="Serve the live Dash app instead of writing a report."),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface the app binds to (only with --serve)."),
     port: int = typer.Option(8050, "--port", min=1, max=65535, help="Port of the app (only with --serve)."),
@@ -51,5 +52,7 @@ def dashboard(
         return
     from harness.report import write_report
 
+    if out is not None:
+        check_folder(out, "--out", mkdir)
     path = write_report(url, out or report_path(url), log=lambda line: print(line, file=sys.stderr))
     print(f"loopeval dashboard: wrote {path.resolve()}")

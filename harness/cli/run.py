@@ -18,8 +18,10 @@ import typer
 from harness.cli.common import (
     AdaptersDirOption,
     DbOption,
+    MkdirFlag,
     ThreadsOption,
     TrustRemoteCodeFlag,
+    check_db_folder,
     print_answer,
     print_sentence,
     report_path,
@@ -78,6 +80,7 @@ def run(
         help="Sweep file (TOML) with the same settings as these options, plus per-model overrides; an option given beside it overrides its key.",
     ),
     threads: ThreadsOption = None,
+    mkdir: MkdirFlag = False,
     **flags: Any,
 ) -> int:
     """Evaluate models x loop counts on a suite, storing every sample, metric and memory trace.
@@ -100,6 +103,7 @@ def run(
         load_plugins(adapters_dir)  # before --model is resolved, so plugin prefixes are known
 
     request = build_request(given(flags), config)
+    check_db_folder(request.db, mkdir)
     with run_job(request, resume, rerun, threads, adapters_dir or [], typer.echo) as job:
         return _summarise(job.store, job.outcomes, request.db, report)
 
