@@ -10,6 +10,7 @@ ends its bars go; what stays above the view is the one line the runner logs for 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TaskID, TextColumn, TimeElapsedColumn
@@ -42,8 +43,13 @@ def eta_text(elapsed: float, done: int, left: int) -> str:
         return "done"
     if done == 0:
         return "ETA after 1 run"
-    seconds = round(elapsed / done * left)
-    return f"ETA {seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+    return f"ETA {clock(elapsed / done * left)}"
+
+
+def clock(seconds: float) -> str:
+    """Seconds as H:MM:SS, as the view's elapsed and ETA columns show time."""
+    whole = round(seconds)
+    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
 
 
 class JobProgress(Progress):
@@ -88,12 +94,25 @@ class JobProgress(Progress):
             self.update(self._sweep, description=f"{sweep}: {label}")
 
     def end_run(self) -> None:
-        """The run is over: its bars go, the sweep and the job count it, and the ETA follows the pace so far."""
+        """The run is over: its bars go and the sweep counts it (the job counts it with its line, `ended`)."""
         for task_id in [t for t in self.task_ids if t not in self._kept]:
             self._drop(task_id)
         if self._sweep is not None:
             self.advance(self._sweep)
-        self.count_run()
+
+    def ended(self, line: str, counted: bool, log: Callable[[str], None]) -> None:
+        """Log a run's closing line; a run that is over (`counted`: finished or failed, not interrupted) is then
+        counted on the job's line.
+
+        Where the output is no terminal (`loopeval run > run.log`) there is no live view to read the count from, so
+        the line itself starts with it and the job's time so far, "14/95 0:01:23 run 14 ...": `tail -f` tells 10%
+        from 90%, and the lines count up in the order they are written, whichever worker ran them."""
+        if counted and self._job is not None and not self.console.is_terminal:
+            total = int(self._tasks[self._job].total or 0)
+            line = f"{self._done + 1}/{total} {clock(time.monotonic() - self._began)} {line}"
+        log(line)
+        if counted:
+            self.count_run()
 
     def count_run(self) -> None:
         """One more run of the job is over (several may run at once: worker processes, Ray tasks)."""
@@ -104,6 +123,11 @@ class JobProgress(Progress):
             self.update(
                 self._job, completed=self._done, remaining=eta_text(time.monotonic() - self._began, self._done, left)
             )
+
+    def interrupted(self) -> None:
+        """The job was stopped: its line keeps the count of runs done and says so where the ETA was."""
+        if self._job is not None:
+            self.update(self._job, remaining="interrupted")
 
     def _drop(self, task_id: TaskID) -> None:
         self.remove_task(task_id)
