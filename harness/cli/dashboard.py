@@ -22,6 +22,9 @@ def dashboard(
     serve: bool = typer.Option(False, "--serve", help="Serve the live Dash app instead of writing a report."),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface the app binds to (only with --serve)."),
     port: int = typer.Option(8050, "--port", min=1, max=65535, help="Port of the app (only with --serve)."),
+    log_requests: bool = typer.Option(
+        False, "--log-requests", help="Print one line per request the app answers (only with --serve)."
+    ),
     allowed_host: list[str] | None = typer.Option(
         None,
         "--allowed-host",
@@ -34,7 +37,7 @@ def dashboard(
 
     url = resolve_db_url(db)
     if serve:
-        from dashboards.app import LOOPBACK_NAMES, allowed_hosts, create_app  # lazy: dash is heavy, absent on GPUs
+        from dashboards.app import LOOPBACK_NAMES, allowed_hosts, create_app, serve  # lazy: dash is heavy
 
         hosts = allowed_hosts(host, allowed_host or ())
         dash_app = create_app(url, hosts)  # raises ResultsError before binding when there is nothing to show
@@ -46,9 +49,10 @@ def dashboard(
             )
         print(
             f"loopeval dashboard: serving {display_url(url)} at http://{host}:{port}/ to requests for {', '.join(sorted(hosts))} "
-            "(--allowed-host adds a name; Ctrl+C stops)"
+            "(--allowed-host adds a name; Ctrl+C stops)",
+            flush=True,  # before serving, also into a pipe or a log file
         )
-        dash_app.run(host=host, port=port, debug=False)
+        serve(dash_app, host, port, log_requests)
         return
     from harness.report import write_report
 
