@@ -143,7 +143,12 @@ def console() -> Any:
     the whole table (220 columns), not one squeezed to 80."""
     from rich.console import Console
 
-    return Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 220)
+    return Console(width=None if not piped() else 220)
+
+
+def piped() -> bool:
+    """Output to a pipe or a file with no $COLUMNS: lines of prose go whole (a log greps them as one line)."""
+    return not sys.stdout.isatty() and "COLUMNS" not in os.environ
 
 
 def print_table(
@@ -159,12 +164,13 @@ def print_table(
     columns in `keep` never wrap, so a figure such as `0.670 ± 0.060` stays on one line on a narrow terminal.
 
     Cells and title are `Text`, not markup: a stored model name such as `[/bold]` is printed as written
-    instead of styling the table or failing it with a MarkupError.
+    instead of styling the table or failing it with a MarkupError. The title is printed above the table, not
+    as its title, which rich wraps to the table's width (`loopeval estimate`'s title over three narrow columns).
     """
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title=None if title is None else Text(title), caption=caption, caption_justify="left")
+    table = Table(caption=caption, caption_justify="left")
     for column in columns:
         table.add_column(
             column,
@@ -174,7 +180,10 @@ def print_table(
         )
     for row in rows:
         table.add_row(*(Text(cell) for cell in row))
-    console().print(table)
+    out = console()
+    if title is not None:
+        out.print(Text(title), soft_wrap=piped())
+    out.print(table)
 
 
 def _accuracy_text(accuracy: float | None, stderr: float | None) -> str:
@@ -281,9 +290,10 @@ def print_answer(
 
 
 def print_sentence(sentence: str | None) -> None:
-    """The answer, a command's last line: wrapped between words to the terminal (`console`)."""
+    """The answer, a command's last line: wrapped between words to a terminal (`console`) or $COLUMNS; whole, on one
+    line, into a pipe or a file (`piped`), where a wrap at 220 columns would split a value from its unit."""
     if sentence is not None:
-        console().print(sentence, markup=False, highlight=False)
+        console().print(sentence, markup=False, highlight=False, soft_wrap=piped())
 
 
 def _config_cells(keys: list[Key]) -> dict[Key, str]:
