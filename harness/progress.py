@@ -25,13 +25,23 @@ class _Remaining(ProgressColumn):
         return Text(task.fields.get("remaining", ""), style="progress.remaining")
 
 
+class _Count(MofNCompleteColumn):
+    """`done/total`, or where the total is not known (a run's bar drawn from the store: its samples stored so far)
+    the count alone, "37 done", never rich's "37/?"."""
+
+    def render(self, task: Any) -> Text:
+        if task.total is None:
+            return Text(f"{int(task.completed)} done", style="progress.download")
+        return super().render(task)
+
+
 def columns() -> tuple[ProgressColumn, ...]:
     """One bar's columns, each on one line at 80 columns: what it is (stored names shown as written, never as
     console markup; cut with an ellipsis when long), a short bar, count, time, and the job's ETA."""
     return (
         TextColumn("{task.description}", markup=False, table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis")),
         BarColumn(bar_width=12),
-        MofNCompleteColumn(),
+        _Count(),
         TimeElapsedColumn(),
         _Remaining(table_column=Column(no_wrap=True)),
     )

@@ -154,6 +154,8 @@ def test_runs_side_by_side_count_on_the_job_line_with_a_bar_each_while_they_run(
         "run 1 zoo:ouro-tiny r=2: running",
         "run 2 zoo:ouro-tiny r=2: running",
     ]
+    frame = _frame(view)
+    assert "3 done" in frame[1] and "/?" not in "".join(frame), frame  # samples stored, the total not known
     bars.update({1: ("finished", 8), 2: ("running", 5), 3: ("running", 1)})
     bars.update({1: ("finished", 8), 2: ("running", 6), 3: ("running", 2)})  # an ended run is counted once
     job = view.tasks[0]
