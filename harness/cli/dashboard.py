@@ -37,11 +37,11 @@ def dashboard(
 
     url = resolve_db_url(db)
     if serve:
-        from dashboards.app import LOOPBACK_NAMES, allowed_hosts, create_app, serve  # lazy: dash is heavy
+        from dashboards import app  # lazy: dash is heavy
 
-        hosts = allowed_hosts(host, allowed_host or ())
-        dash_app = create_app(url, hosts)  # raises ResultsError before binding when there is nothing to show
-        if host not in LOOPBACK_NAMES:
+        hosts = app.allowed_hosts(host, allowed_host or ())
+        dash_app = app.create_app(url, hosts)  # raises ResultsError before binding when there is nothing to show
+        if host not in app.LOOPBACK_NAMES:
             print(
                 f"loopeval dashboard: warning: --host {host} serves the results to other machines on the network "
                 "(no login); use 127.0.0.1 to keep them on this one",
@@ -52,7 +52,7 @@ def dashboard(
             "(--allowed-host adds a name; Ctrl+C stops)",
             flush=True,  # before serving, also into a pipe or a log file
         )
-        serve(dash_app, host, port, log_requests)
+        app.serve(dash_app, host, port, log_requests)
         return
     from harness.report import write_report
 
