@@ -57,7 +57,7 @@ def test_empty_databases_are_one_line(tmp_path: Path) -> None:
 
 def test_report_is_one_self_contained_file_with_escaped_outputs(payload_url: str, tmp_path: Path) -> None:
     out = tmp_path / "out" / "report.html"
-    result = _dashboard("--db", payload_url, "--out", str(out), cwd=tmp_path)
+    result = _dashboard("--db", payload_url, "--out", str(out), "--mkdir", cwd=tmp_path)  # out/ made as asked
     assert result.returncode == 0, result.stderr
     assert str(out.resolve()) in result.stdout
     html = out.read_text(encoding="utf-8")
