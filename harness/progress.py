@@ -117,12 +117,15 @@ class JobProgress(Progress):
         Where the output is no terminal (`loopeval run > run.log`) there is no live view to read the count from, so
         the line itself starts with it and the job's time so far, "14/95 0:01:23 run 14 ...": `tail -f` tells 10%
         from 90%, and the lines count up in the order they are written, whichever worker ran them."""
+        from db.store.base import interrupts_held
+
         if counted and self._job is not None and not self.console.is_terminal:
             total = int(self._tasks[self._job].total or 0)
             line = f"{self._done + 1}/{total} {clock(time.monotonic() - self._began)} {line}"
-        log(line)
-        if counted:
-            self.count_run()
+        with interrupts_held():  # Ctrl-C mid-print would leave the line printed twice and the run not counted
+            log(line)
+            if counted:
+                self.count_run()
 
     def count_run(self) -> None:
         """One more run of the job is over (several may run at once: worker processes, Ray tasks)."""
