@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import sys
 from collections.abc import Callable, Collection
 from typing import Any
 from urllib.parse import urlsplit
@@ -30,13 +31,14 @@ from sqlalchemy import Engine
 from analysis.names import available_measures, loops_label
 from analysis.points import DEFAULT_CONTEXT_TOKENS, accuracy_points
 from dashboards import figures, views
-from dashboards.data import SAMPLE_BUDGET, SAMPLE_COLUMNS, SAMPLE_TEXT_CHARS, browse_samples
+from dashboards.data import SAMPLE_COLUMNS, SAMPLE_TEXT_CHARS, browse_samples, spread_note
 from db import ResultsError, queries, sample_queries
 from db.session import open_existing
 from db.stored import hidden, hide_damaged
 import measures
 
 REFRESH_SECONDS = 10
+WSGI_THREADS = 4  # requests waitress answers at once: a browser's few callbacks in parallel, on a laptop's cores
 GRAPH_CONFIG: dcc.Graph.Config = {
     "displaylogo": False
 }  # Plotly's logo links to plotly.com: no link in the page may leave it
@@ -293,6 +295,27 @@ def _secure(response: Any) -> Any:
     return response
 
 
+def serve(app: Dash, host: str, port: int, log_requests: bool = False) -> None:
+    """Serve `app` with waitress, a production WSGI server (Flask's own server is for development and says so on
+    start-up), until Ctrl+C. Waitress logs no requests; with `log_requests` each answered request is one line on
+    stderr (address, method, path, status)."""
+    from waitress import serve as serve_wsgi
+
+    if log_requests:
+        app.server.after_request(_logged)
+    # A body far over Flask's MAX_CONTENT_LENGTH is refused by waitress from its Content-Length, before it is read
+    # (waitress buffers a body whole before the app sees it); one just over still reaches Flask's 413 and headers.
+    # _quiet: no logging.basicConfig of waitress's own, which would print every app warning a second time.
+    serve_wsgi(
+        app.server, host=host, port=port, threads=WSGI_THREADS, max_request_body_size=2 * MAX_REQUEST_BYTES, _quiet=True
+    )
+
+
+def _logged(response: Any) -> Any:
+    print(f"{request.remote_addr} {request.method} {request.path} {response.status_code}", file=sys.stderr, flush=True)
+    return response
+
+
 def create_app(db_url: str, hosts: Collection[str] = LOOPBACK_NAMES) -> Dash:
     """The Dash app reading `db_url`, answering requests for `hosts` (see `allowed_hosts`); raises
     db.ResultsError when the database is missing or holds no runs."""
@@ -349,13 +372,10 @@ def create_app(db_url: str, hosts: Collection[str] = LOOPBACK_NAMES) -> Dash:
     ) -> tuple[list[dict[str, Any]], str]:
         correct = {"correct": True, "wrong": False}.get(verdict)
         rows = browse_samples(engine, task=task, model=model, correct=correct)
+        note = spread_note(rows)
         rows = rows.assign(loops=rows["loops"].map(loops_label), doc_id=rows["doc_id"].map(_doc_number))
         rows = rows[list(SAMPLE_COLUMNS)].astype(object).where(rows[list(SAMPLE_COLUMNS)].notna(), None)
-        note = (
-            f"{len(rows)} samples, spread evenly over every run, task and verdict that matches (at most about "
-            f"{SAMPLE_BUDGET}); texts over {SAMPLE_TEXT_CHARS} characters are cut"
-        )
-        return rows.to_dict("records"), note
+        return rows.to_dict("records"), f"{note}; texts over {SAMPLE_TEXT_CHARS} characters are cut"
 
     return app
 

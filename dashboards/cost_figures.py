@@ -50,6 +50,14 @@ def compute_varies(points: pd.DataFrame) -> bool:
     return bool(points["exit_threshold"].notna().any() or points.groupby("model")["loops"].nunique().gt(1).any())
 
 
+def _readable(label: str, unit: str) -> tuple[str, str, float]:
+    """A compute axis in the unit its values read best in: seconds per token in milliseconds (a tiny model's token
+    takes 0.002 s: "2 ms"), anything else as stored. (label, unit, factor from the stored value)."""
+    if unit == "s":
+        return label.replace("seconds", "milliseconds"), "ms", 1000.0
+    return label, unit, 1.0
+
+
 def accuracy_vs_compute(
     points: pd.DataFrame, axis: str, task: str = "all", colors: Mapping[str, str] | None = None
 ) -> go.Figure:
@@ -60,7 +68,8 @@ def accuracy_vs_compute(
     each point's threshold. Drawn only where the set varies compute (`compute_varies`), else a note says how to.
     """
     measure = COMPUTE_BY_NAME[axis]
-    title = _with_set(f"Accuracy against {measure.label}: {plain(task)}", points)
+    label, unit, scale = _readable(measure.label, measure.unit)
+    title = _with_set(f"Accuracy against {label}: {plain(task)}", points)
     if not compute_varies(points) or points[axis].isna().all():
         return _empty(
             title,
@@ -75,7 +84,7 @@ def accuracy_vs_compute(
         for model, config in zip(frame["model"], frame.get("config_label", [""] * len(frame)))
     ]
     frame = frame.sort_values(["line", "exit_threshold", "loops"], na_position="last")
-    x_title = f"{measure.label} ({measure.unit})"
+    x_title = f"{label} ({unit})"
     hover = (
         f"model=%{{customdata[0]}}<br>{x_title}=%{{x}}<br>accuracy=%{{y}}<br>exit threshold=%{{customdata[1]}}"
         "<br>r=%{customdata[2]}<br>runs=%{customdata[3]}<extra></extra>"
@@ -85,7 +94,7 @@ def accuracy_vs_compute(
         traces.append(
             {
                 "type": "scatter",
-                "x": rows[axis].to_numpy(),
+                "x": rows[axis].to_numpy() * scale,
                 "y": rows["accuracy"].to_numpy(),
                 "error_y": {"array": rows["stderr"].to_numpy(dtype=float)},
                 "mode": "lines+markers",
@@ -100,7 +109,7 @@ def accuracy_vs_compute(
         )
         named.add(model)
     notes = [
-        f"{measure.label}: {'from the samples the runs stored' if axis == 'loops_per_token' else 'time inside generate, prefill included'}",
+        f"{label}: {'from the samples the runs stored' if axis == 'loops_per_token' else 'time inside generate, prefill included'}",
         *_pooled_note(points),
     ]
     note, margin = _footnote(" · ".join(notes))

@@ -71,6 +71,18 @@ def browse_samples(
     return rows.assign(**{column: rows[column].map(clip) for column in ("prompt", "output", "gold")})
 
 
+def spread_note(rows: pd.DataFrame) -> str:
+    """How the browser's samples were picked, true at any count: `sample_spread` takes the same number of every
+    (run, task, verdict) that matches, at least one, so with more kinds than SAMPLE_BUDGET it holds more than that."""
+    kinds = rows.groupby(["run_id", "task", "verdict"]).size()
+    if kinds.empty:
+        return "no samples match"
+    return (
+        f"{len(rows)} samples: up to {int(kinds.max())} of each of the {len(kinds)} runs x tasks x verdicts that "
+        f"match (about {SAMPLE_BUDGET} in all, at least one of each)"
+    )
+
+
 def depth_points(engine: Engine, set_id: str) -> pd.DataFrame:
     """Depth extrapolation: one row per (model, loops r, task group) of one evaluation set (a model at each exit
     threshold and in each configuration a line of its own, `figures.series_name`) with the group's

@@ -16,6 +16,7 @@ import plotly.express as px
 import plotly.graph_objects as go
 
 from analysis.names import PROFILE_EXAMPLE, byte_unit, loops_label
+from measures import BY_NAME
 from dashboards.figures import (
     DECIMAL_NOTE,
     _add_footnote,
@@ -135,6 +136,13 @@ def loop_probes(values: pd.DataFrame, title: str, colors: Mapping[str, str] | No
     return fig.update_layout(title=f"{title} (dotted: trained T)", legend_title_text="")
 
 
+def reading_label(measure: str) -> str:
+    """A sampler reading as the legend names it: its measure's label without "peak" (a line over a run is every
+    reading, not the peak), e.g. "KV cache used", "process RSS (CPU)"; the stored name where no label is known."""
+    known = BY_NAME.get(measure)
+    return measure if known is None else known.label.replace(" peak", "")
+
+
 def memory_over_run(series: pd.DataFrame, measures: Sequence[str], title: str = "Memory over a run") -> go.Figure:
     """Each measure of the sampler against time (left) and against generated tokens (right), one line per measure.
 
@@ -144,7 +152,7 @@ def memory_over_run(series: pd.DataFrame, measures: Sequence[str], title: str = 
     if series.empty:
         return _empty(title, "this run has no memory samples")
     present = [m for m in measures if m in series and series[m].notna().any()]
-    missing = [m for m in measures if m not in present]
+    missing = [reading_label(m) for m in measures if m not in present]
     if not present:
         return _empty(title, f"every measure unavailable: {', '.join(missing)}")
     unit, scale = byte_unit(np.concatenate([series[m].to_numpy(dtype=float) for m in present]))
@@ -160,13 +168,13 @@ def memory_over_run(series: pd.DataFrame, measures: Sequence[str], title: str = 
                     "x": rows[x].to_numpy(),
                     "y": y,
                     "mode": "lines",
-                    "name": measure,
+                    "name": reading_label(measure),
                     "legendgroup": measure,
                     "showlegend": axis == "",
                     "line": {"color": color},
                     "xaxis": f"x{axis}",
                     "yaxis": f"y{axis}",
-                    "hovertemplate": f"{measure}<br>%{{x}} {x_label}<br>%{{y:.3f}} {unit}<extra></extra>",
+                    "hovertemplate": f"{reading_label(measure)}<br>%{{x}} {x_label}<br>%{{y:.3f}} {unit}<extra></extra>",
                 }
             )
     # Log scale: on a CPU the process RSS is ~1000x the KV cache, and both must stay readable.

@@ -460,6 +460,12 @@ RUN_COLUMNS = ("run", "sweep", "kind", "model", "loops", "exit threshold", "KV p
                measures.COMPUTE_BY_NAME["energy_joules"].label)  # fmt: skip
 
 
+def _other_metric(metric: str) -> str:
+    """A runs-table accuracy cell names its metric only where it is not the column's pass@1 (a suite scored by
+    another metric): " (acc)", else nothing, so the column does not repeat "(pass@1)" in every row."""
+    return "" if metric == "pass@1" else f" ({metric})"
+
+
 def runs_table(engine: Engine) -> list[list[Any]]:
     """Every run (every kind) as a row of `RUN_COLUMNS`: status, samples, suite-mean accuracy, memory peaks and GPU
     energy as text (`measures.byte_text`, `energy_text`: an unavailable peak or energy reads n/a, never 0)."""
@@ -473,7 +479,7 @@ def runs_table(engine: Engine) -> list[list[Any]]:
 
     rows = []
     for row in table.to_dict("records"):
-        accuracy = "" if pd.isna(row.get("value")) else f"{row['value']:.3f} ({row['metric']})"
+        accuracy = "" if pd.isna(row.get("value")) else f"{row['value']:.3f}" + _other_metric(row["metric"])
         exit_at = "" if pd.isna(row["exit_threshold"]) else exit_label(row["exit_threshold"], row["exit_criterion"])
         kv = " ".join(value for value in (row["kv_policy"], row["kv_dtype"]) if not pd.isna(value))  # blank: not swept
         rows.append(

@@ -10,6 +10,7 @@ ends its bars go; what stays above the view is the one line the runner logs for 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TaskID, TextColumn, TimeElapsedColumn
@@ -24,13 +25,23 @@ class _Remaining(ProgressColumn):
         return Text(task.fields.get("remaining", ""), style="progress.remaining")
 
 
+class _Count(MofNCompleteColumn):
+    """`done/total`, or where the total is not known (a run's bar drawn from the store: its samples stored so far)
+    the count alone, "37 done", never rich's "37/?"."""
+
+    def render(self, task: Any) -> Text:
+        if task.total is None:
+            return Text(f"{int(task.completed)} done", style="progress.download")
+        return super().render(task)
+
+
 def columns() -> tuple[ProgressColumn, ...]:
     """One bar's columns, each on one line at 80 columns: what it is (stored names shown as written, never as
     console markup; cut with an ellipsis when long), a short bar, count, time, and the job's ETA."""
     return (
         TextColumn("{task.description}", markup=False, table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis")),
         BarColumn(bar_width=12),
-        MofNCompleteColumn(),
+        _Count(),
         TimeElapsedColumn(),
         _Remaining(table_column=Column(no_wrap=True)),
     )
@@ -42,8 +53,13 @@ def eta_text(elapsed: float, done: int, left: int) -> str:
         return "done"
     if done == 0:
         return "ETA after 1 run"
-    seconds = round(elapsed / done * left)
-    return f"ETA {seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+    return f"ETA {clock(elapsed / done * left)}"
+
+
+def clock(seconds: float) -> str:
+    """Seconds as H:MM:SS, as the view's elapsed and ETA columns show time."""
+    whole = round(seconds)
+    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
 
 
 class JobProgress(Progress):
@@ -88,12 +104,28 @@ class JobProgress(Progress):
             self.update(self._sweep, description=f"{sweep}: {label}")
 
     def end_run(self) -> None:
-        """The run is over: its bars go, the sweep and the job count it, and the ETA follows the pace so far."""
+        """The run is over: its bars go and the sweep counts it (the job counts it with its line, `ended`)."""
         for task_id in [t for t in self.task_ids if t not in self._kept]:
             self._drop(task_id)
         if self._sweep is not None:
             self.advance(self._sweep)
-        self.count_run()
+
+    def ended(self, line: str, counted: bool, log: Callable[[str], None]) -> None:
+        """Log a run's closing line; a run that is over (`counted`: finished or failed, not interrupted) is then
+        counted on the job's line.
+
+        Where the output is no terminal (`loopeval run > run.log`) there is no live view to read the count from, so
+        the line itself starts with it and the job's time so far, "14/95 0:01:23 run 14 ...": `tail -f` tells 10%
+        from 90%, and the lines count up in the order they are written, whichever worker ran them."""
+        from db.store.base import interrupts_held
+
+        if counted and self._job is not None and not self.console.is_terminal:
+            total = int(self._tasks[self._job].total or 0)
+            line = f"{self._done + 1}/{total} {clock(time.monotonic() - self._began)} {line}"
+        with interrupts_held():  # Ctrl-C mid-print would leave the line printed twice and the run not counted
+            log(line)
+            if counted:
+                self.count_run()
 
     def count_run(self) -> None:
         """One more run of the job is over (several may run at once: worker processes, Ray tasks)."""
@@ -104,6 +136,11 @@ class JobProgress(Progress):
             self.update(
                 self._job, completed=self._done, remaining=eta_text(time.monotonic() - self._began, self._done, left)
             )
+
+    def interrupted(self) -> None:
+        """The job was stopped: its line keeps the count of runs done and says so where the ETA was."""
+        if self._job is not None:
+            self.update(self._job, remaining="interrupted")
 
     def _drop(self, task_id: TaskID) -> None:
         self.remove_task(task_id)

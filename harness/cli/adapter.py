@@ -49,15 +49,26 @@ def new(
             else " (beside loopeval's source folder, not inside it; --dir picks another)"
         )
     )
-    python, loopeval, db = env_command("python"), env_command("loopeval"), f"sqlite:///{name}.db"
     # Every step runs in the package's folder, and its first run stores into the package's own database, as
     # docs/adding-adapters.md does: a run in the folder typed in (the checkout, often) would put the new adapter's
     # zeros in that folder's results, where `loopeval results` then opens.
-    typer.echo(
-        f"next: (cd {shlex.quote(str(root))} && {python} -m pip install --no-deps --no-build-isolation -e . "
-        f"&& {python} -m pytest && {loopeval} run --model {name}:tiny --limit 2 --db {db} "
-        f"&& {loopeval} results --db {db})"
-    )
+    steps = " && ".join(next_steps(name, env_command("python"), env_command("loopeval")))
+    typer.echo(f"next: (cd {shlex.quote(str(root))} && {steps})")
+
+
+def next_steps(name: str, python: str = "python", loopeval: str = "loopeval") -> list[str]:
+    """The README's "Add your model" steps after `cd loopeval-NAME`: install, test, a first run, its results.
+
+    With the defaults they read as the README prints them (tests/e2e/test_scaffold.py holds the two equal);
+    `new` passes this environment's python and loopeval, so its `next:` line runs as printed."""
+    pip = "pip" if python == "python" else f"{python} -m pip"
+    db = f"sqlite:///{name}.db"
+    return [
+        f"{pip} install --no-deps --no-build-isolation -e .",
+        f"{python} -m pytest",
+        f"{loopeval} run --model {name}:tiny --tasks lookup --limit 2 --samples 1 --db {db}",
+        f"{loopeval} results --db {db}",
+    ]
 
 
 def check(

@@ -33,6 +33,14 @@ DbOption = Annotated[
     ),
 ]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+MkdirFlag = Annotated[
+    bool,
+    typer.Option(
+        "--mkdir",
+        help="Create the folder --db (or --out) names when it does not exist; without it a missing folder is "
+        "refused (results/ under the working directory is always created).",
+    ),
+]
 AdaptersDirOption = Annotated[
     list[str] | None,
     typer.Option("--adapters-dir", help="Folder of adapter plugin modules, repeatable (also LOOPEVAL_ADAPTERS)."),
@@ -68,6 +76,28 @@ def report_path(db_url: str) -> Path:
 
     path = sqlite_path(db_url)
     return (path.parent if path is not None else DEFAULT_DB_PATH.parent) / "report.html"
+
+
+def check_folder(path: Path, option: str, mkdir: bool, named: str | None = None) -> None:
+    """UserError when the folder `path` goes into does not exist and --mkdir was not given, creating nothing.
+
+    A typo in a folder name (`--db reslts/x.sqlite`) would otherwise start a new store where `loopeval results`
+    never looks; --mkdir says the new folder is meant."""
+    folder = path.expanduser().parent
+    if not mkdir and not folder.exists():
+        raise UserError(f"{option} {named or path}: the folder {folder} does not exist; create it, or pass --mkdir")
+
+
+def check_db_folder(db: str | None, mkdir: bool) -> None:
+    """`check_folder` for the SQLite file a run stores into: --db, else $LOOPEVAL_DB; the default results/ folder is
+    created, as is anything over a server URL (a Postgres database has no folder)."""
+    from db import DB_ENV
+    from db.session import resolve_db_url, sqlite_path
+
+    named = db or os.environ.get(DB_ENV)
+    path = None if named is None else sqlite_path(resolve_db_url(named))
+    if path is not None:
+        check_folder(path, "--db" if db else DB_ENV, mkdir, named)
 
 
 def check_device(device: str) -> None:
@@ -113,7 +143,12 @@ def console() -> Any:
     the whole table (220 columns), not one squeezed to 80."""
     from rich.console import Console
 
-    return Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 220)
+    return Console(width=None if not piped() else 220)
+
+
+def piped() -> bool:
+    """Output to a pipe or a file with no $COLUMNS: lines of prose go whole (a log greps them as one line)."""
+    return not sys.stdout.isatty() and "COLUMNS" not in os.environ
 
 
 def print_table(
@@ -129,12 +164,13 @@ def print_table(
     columns in `keep` never wrap, so a figure such as `0.670 ± 0.060` stays on one line on a narrow terminal.
 
     Cells and title are `Text`, not markup: a stored model name such as `[/bold]` is printed as written
-    instead of styling the table or failing it with a MarkupError.
+    instead of styling the table or failing it with a MarkupError. The title is printed above the table, not
+    as its title, which rich wraps to the table's width (`loopeval estimate`'s title over three narrow columns).
     """
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title=None if title is None else Text(title), caption=caption, caption_justify="left")
+    table = Table(caption=caption, caption_justify="left")
     for column in columns:
         table.add_column(
             column,
@@ -144,7 +180,10 @@ def print_table(
         )
     for row in rows:
         table.add_row(*(Text(cell) for cell in row))
-    console().print(table)
+    out = console()
+    if title is not None:
+        out.print(Text(title), soft_wrap=piped())
+    out.print(table)
 
 
 def _accuracy_text(accuracy: float | None, stderr: float | None) -> str:
@@ -267,9 +306,10 @@ def print_answer(
 
 
 def print_sentence(sentence: str | None) -> None:
-    """The answer, a command's last line: wrapped between words to the terminal (`console`)."""
+    """The answer, a command's last line: wrapped between words to a terminal (`console`) or $COLUMNS; whole, on one
+    line, into a pipe or a file (`piped`), where a wrap at 220 columns would split a value from its unit."""
     if sentence is not None:
-        console().print(sentence, markup=False, highlight=False)
+        console().print(sentence, markup=False, highlight=False, soft_wrap=piped())
 
 
 def _config_cells(keys: list[Key]) -> dict[Key, str]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from harness.cli.common import DbOption, report_path
+from harness.cli.common import DbOption, MkdirFlag, check_folder, report_path
 
 
 def dashboard(
@@ -18,9 +18,13 @@ def dashboard(
         help="Where the static report goes (one offline HTML file). Default: beside the database, "
         "as `loopeval run` writes it.",
     ),
+    mkdir: MkdirFlag = False,
     serve: bool = typer.Option(False, "--serve", help="Serve the live Dash app instead of writing a report."),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface the app binds to (only with --serve)."),
     port: int = typer.Option(8050, "--port", min=1, max=65535, help="Port of the app (only with --serve)."),
+    log_requests: bool = typer.Option(
+        False, "--log-requests", help="Print one line per request the app answers (only with --serve)."
+    ),
     allowed_host: list[str] | None = typer.Option(
         None,
         "--allowed-host",
@@ -33,11 +37,11 @@ def dashboard(
 
     url = resolve_db_url(db)
     if serve:
-        from dashboards.app import LOOPBACK_NAMES, allowed_hosts, create_app  # lazy: dash is heavy, absent on GPUs
+        from dashboards import app  # lazy: dash is heavy
 
-        hosts = allowed_hosts(host, allowed_host or ())
-        dash_app = create_app(url, hosts)  # raises ResultsError before binding when there is nothing to show
-        if host not in LOOPBACK_NAMES:
+        hosts = app.allowed_hosts(host, allowed_host or ())
+        dash_app = app.create_app(url, hosts)  # raises ResultsError before binding when there is nothing to show
+        if host not in app.LOOPBACK_NAMES:
             print(
                 f"loopeval dashboard: warning: --host {host} serves the results to other machines on the network "
                 "(no login); use 127.0.0.1 to keep them on this one",
@@ -45,11 +49,14 @@ def dashboard(
             )
         print(
             f"loopeval dashboard: serving {display_url(url)} at http://{host}:{port}/ to requests for {', '.join(sorted(hosts))} "
-            "(--allowed-host adds a name; Ctrl+C stops)"
+            "(--allowed-host adds a name; Ctrl+C stops)",
+            flush=True,  # before serving, also into a pipe or a log file
         )
-        dash_app.run(host=host, port=port, debug=False)
+        app.serve(dash_app, host, port, log_requests)
         return
     from harness.report import write_report
 
+    if out is not None:
+        check_folder(out, "--out", mkdir)
     path = write_report(url, out or report_path(url), log=lambda line: print(line, file=sys.stderr))
     print(f"loopeval dashboard: wrote {path.resolve()}")

@@ -20,6 +20,8 @@ from adapters.base import AdapterError
 from adapters.files import MIB, read_text
 from harness.cli.common import (
     DbOption,
+    MkdirFlag,
+    check_db_folder,
     ThreadsOption,
     model_params,
     parse_int_list,
@@ -56,6 +58,7 @@ def probe(
     positions: int = typer.Option(64, "--positions", help="Tokens of each text probed (its first N)."),
     limit: int = typer.Option(4, "--limit", help="Texts per task (suite texts only)."),
     db: DbOption = None,
+    mkdir: MkdirFlag = False,
     store: bool = typer.Option(True, "--store/--no-store", help="Store the values as a run of kind 'probe'."),
     threads: ThreadsOption = None,
 ) -> None:
@@ -63,6 +66,8 @@ def probe(
     and computational interaction by lag (how much loop l's update changes when loop l - k is skipped)."""
     if positions < 1 or limit < 1:
         raise UserError(f"--positions and --limit must be positive integers, got {positions} and {limit}")
+    if store:
+        check_db_folder(db, mkdir)
     loop_list = parse_int_list(loops, "--loops")
     source, texts = _texts(suite, tasks, text_file, limit)
     adapter = _engine_adapter(model)

@@ -11,7 +11,16 @@ import typer
 
 from adapters.engine.kv.policies import KV_DTYPES, POLICIES_TEXT
 from measures import byte_text
-from harness.cli.common import DbOption, JsonFlag, ThreadsOption, parse_int_list, say_threads, use_threads
+from harness.cli.common import (
+    DbOption,
+    JsonFlag,
+    MkdirFlag,
+    ThreadsOption,
+    check_db_folder,
+    parse_int_list,
+    say_threads,
+    use_threads,
+)
 from harness.errors import UserError
 from harness.measurement.profiling import DECODE_STEPS, decode_sampling, plan_profile, profile_model
 
@@ -43,12 +52,15 @@ def profile(
     ),
     as_json: JsonFlag = False,
     db: DbOption = None,
+    mkdir: MkdirFlag = False,
     store: bool = typer.Option(True, "--store/--no-store", help="Store the points as a run of kind 'profile'."),
     threads: ThreadsOption = None,
 ) -> None:
     """Prefill to each length and decode a few steps: memory measures (decimal units, 1 GB = 1e9 bytes) beside the analytic KV."""
     if decode_steps < 1:
         raise UserError(f"--decode-steps must be a positive integer, got {decode_steps}")
+    if store:
+        check_db_folder(db, mkdir)
     loop_list = parse_int_list(loops, "--loops")
     plan = plan_profile(
         model,

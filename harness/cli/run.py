@@ -18,8 +18,10 @@ import typer
 from harness.cli.common import (
     AdaptersDirOption,
     DbOption,
+    MkdirFlag,
     ThreadsOption,
     TrustRemoteCodeFlag,
+    check_db_folder,
     print_answer,
     print_sentence,
     report_path,
@@ -78,6 +80,7 @@ def run(
         help="Sweep file (TOML) with the same settings as these options, plus per-model overrides; an option given beside it overrides its key.",
     ),
     threads: ThreadsOption = None,
+    mkdir: MkdirFlag = False,
     **flags: Any,
 ) -> int:
     """Evaluate models x loop counts on a suite, storing every sample, metric and memory trace.
@@ -89,17 +92,22 @@ def run(
     memory levers (ouro-tiny at r = 4 under shared-last and shared-mean KV, each at auto and int8; ouro-tiny, melt-tiny
     and qwen3-tiny-small at int8 under their own KV; in the headline's set).
     """
-    from harness.execution.executor import run_job
-    from harness.planning.sweep import build_request
+    from harness.execution.executor import NOTHING_STORED, run_job
+    from harness.planning.sweep import build_request, planning_line
 
     # LightEval warns on every run that --limit makes numbers partial; the table says what was run.
     logging.getLogger("lighteval").setLevel(logging.ERROR)
-    if adapters_dir:
-        from adapters.registry import load_plugins
+    try:
+        typer.echo(planning_line(given(flags), config, resume))
+        if adapters_dir:
+            from adapters.registry import load_plugins
 
-        load_plugins(adapters_dir)  # before --model is resolved, so plugin prefixes are known
-
-    request = build_request(given(flags), config)
+            load_plugins(adapters_dir)  # before --model is resolved, so plugin prefixes are known
+        request = build_request(given(flags), config)  # resolving the models imports torch: seconds
+    except KeyboardInterrupt:
+        typer.echo(NOTHING_STORED)
+        raise
+    check_db_folder(request.db, mkdir)
     with run_job(request, resume, rerun, threads, adapters_dir or [], typer.echo) as job:
         return _summarise(job.store, job.outcomes, request.db, report)
 

@@ -17,8 +17,11 @@ class RunBars:
     and each run has a bar while it runs (samples stored); a run that ends leaves its bar (its worker logs how it
     ended), so the bars on screen are the present."""
 
-    def __init__(self, progress: JobProgress | None, runs: list[PlannedRun], sweeps: int = 1) -> None:
+    def __init__(
+        self, progress: JobProgress | None, runs: list[PlannedRun], sweeps: int = 1, counts: bool = True
+    ) -> None:
         self.progress = progress
+        self.counts = counts  # False where each run's closing line counts it (`JobProgress.ended`: worker processes)
         self.labels = {run.run_id: run_label(run) for run in runs}
         self.bars: dict[int, Any] = {}
         self.ended: set[int] = set()
@@ -32,7 +35,8 @@ class RunBars:
             ended = status not in ("queued", "running")
             if ended and run_id not in self.ended:
                 self.ended.add(run_id)
-                self.progress.count_run()
+                if self.counts and status != "interrupted":
+                    self.progress.count_run()
             bar = self.bars.get(run_id)
             if bar is None and status == "running":
                 bar = self.bars[run_id] = self.progress.add_task(f"{self.labels[run_id]}: running", total=None)

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import gc
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from db.record import PlannedRun
+from db.sets import id_ranges
 from harness.execution.recorder import new_sweep_id
-from harness.execution.runner import RunOutcome, skip_stored, store_sweep
+from harness.execution.runner import RunOutcome, settle_interrupted, skip_stored, store_sweep
+from harness.hints import env_command, with_db
 from harness.planning.plan import SweepPlan, largest_model, prepare_sweep, stored_params
 from harness.planning.spec import RunSpec
 from harness.planning.sweep import SweepRequest
@@ -28,6 +31,7 @@ if TYPE_CHECKING:
     from harness.progress import JobProgress
 
 Log = Callable[[str], None]
+NOTHING_STORED = "interrupted before any run was stored: nothing to continue; run the command again"
 
 
 @dataclass
@@ -87,12 +91,21 @@ def run_job(
     try:
         executor = executor_for(request, plugin_dirs)
         executor.preflight()
-        with _planning():
-            plans = [] if resume is not None else [prepare_sweep(spec) for spec in request.specs]  # bad names fail here
+        try:
+            with _planning():
+                plans = [] if resume is not None else [prepare_sweep(spec) for spec in request.specs]  # bad names here
+        except KeyboardInterrupt:
+            say(_interrupted(None, [], request.db))
+            raise
         with executor.connected():
             store, chosen = _open_store(request, plans, resume, threads)
+            job: list[int] = []  # the ids of the runs this job stored (or the resumed sweep's), as soon as they are
             try:
-                outcomes = _run_or_resume(executor, request, plans, store, resume, rerun, chosen, say)
+                outcomes = _run_or_resume(executor, request, plans, store, resume, rerun, chosen, say, job)
+            except KeyboardInterrupt:
+                say(_interrupted(store, job, request.db))
+                store.close()
+                raise
             except BaseException:
                 store.close()  # an open SQLite connection would leave -wal and -shm files beside the database
                 raise
@@ -110,25 +123,65 @@ def _run_or_resume(
     rerun: bool,
     chosen: Any,
     say: Log,
+    job: list[int],
 ) -> list[RunOutcome]:
-    """The runs not already stored finished (unless --rerun), stored as one sweep and executed; or the resumed one."""
-    from harness.progress import JobProgress
-
+    """The runs not already stored finished (unless --rerun), stored as one sweep and executed; or the resumed one.
+    `job` gets the ids of the runs as they are stored, for the line an interrupt ends with."""
     skipped = [] if rerun else [outcome for plan in plans for outcome in skip_stored(plan, store, say)]
     if resume is not None:
-        with JobProgress() as bars:
+        job.extend(run.id for run in store.sweep_runs(stored_sweep(store, resume)))
+        with _view() as bars:
             return executor.resume(resume, store, chosen.count, bars, _console_log(bars, chosen))
     sweep_id = new_sweep_id()
-    executor.prepare(
-        [
-            Queued(spec, plan, store_sweep(plan, store, sweep_id))
-            for spec, plan in zip(request.specs, plans)
-            if plan.runs
-        ],
-        chosen.count,
-    )
-    with JobProgress() as bars:
+    queued = []
+    for spec, plan in zip(request.specs, plans):
+        if plan.runs:
+            queued.append(Queued(spec, plan, store_sweep(plan, store, sweep_id)))
+            job.extend(run.run_id for run in queued[-1].runs)
+    if job:
+        say(f"job: {len(job)} runs in {len(queued)} sweep{'s' * (len(queued) != 1)}, stored as runs {id_ranges(job)}")
+    executor.prepare(queued, chosen.count)
+    with _view() as bars:
         return skipped + executor.run(store, bars, _console_log(bars, chosen))
+
+
+@contextlib.contextmanager
+def _view() -> Iterator[JobProgress]:
+    """The job's live view; after Ctrl-C its job line says so instead of an ETA (the job's last line says the rest)."""
+    from harness.progress import JobProgress
+
+    with JobProgress() as bars:
+        try:
+            yield bars
+        except KeyboardInterrupt:
+            bars.interrupted()
+            raise
+
+
+def stored_sweep(store: Store, run_id: int) -> str:
+    """The sweep a stored run belongs to (the run is known to exist: `_open_store` checked it)."""
+    run = store.get_run(run_id)
+    assert run is not None
+    return str(run.sweep_id)
+
+
+def _interrupted(store: Store | None, job: list[int], db: str | None) -> str:
+    """The one line a job ends with after Ctrl-C or SIGTERM: how many of its runs finished, and the one command that
+    continues them all (`--resume` of one run completes its whole sweep, and a job is one sweep). Runs it never
+    reached are stored as interrupted, as the ones it stopped are."""
+    if store is None or not job:
+        return NOTHING_STORED
+    settle_interrupted(store, job)
+    states = store.run_progress(job)
+    count = Counter(status for status, _ in states.values())
+    line = f"{count['finished']} of {len(job)} runs finished" + (
+        f", {count['failed']} failed" if count["failed"] else ""
+    )
+    left = [run_id for run_id in job if states[run_id][0] != "finished"]
+    if not left:
+        return line
+    resume = with_db(f"{env_command('loopeval')} run --resume {left[0]}", db)
+    return f"{line}, {len(left) - count['failed']} interrupted; continue with: {resume}"
 
 
 @contextlib.contextmanager

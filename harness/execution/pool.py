@@ -34,7 +34,14 @@ from adapters.base import interrupt
 from db import ResultsError
 from db.record import PlannedRun
 from harness.execution.bars import RunBars
-from harness.execution.runner import RunOutcome, run_stored, sigterm_as_interrupt, stored_row
+from harness.execution.runner import (
+    RunOutcome,
+    raise_interrupt,
+    run_stored,
+    settle_interrupted,
+    sigterm_as_interrupt,
+    stored_row,
+)
 from harness.planning.plan import SweepPlan
 from harness.planning.spec import RunSpec
 
@@ -112,11 +119,11 @@ class Workers:
         runs they never reached as interrupted."""
         runs = [run for group in self.groups for run in group.runs]
         ids = [run.run_id for run in runs]
-        bars = RunBars(progress, runs, sweeps)
+        bars = RunBars(progress, runs, sweeps, counts=False)  # each run's closing line counts it
         try:
             with sigterm_as_interrupt():
                 while alive := [process.sentinel for process in self.processes if process.is_alive()]:
-                    self._print(log)
+                    self._print(log, progress)
                     bars.update(store.run_progress(ids))
                     connection.wait(alive, POLL_SECONDS)  # back at once when a worker ends
         except KeyboardInterrupt:
@@ -124,8 +131,8 @@ class Workers:
             raise
         finally:
             self._join()
-            self._print(log)
-            _settle(store, ids)
+            self._print(log, progress)
+            settle_interrupted(store, ids)
             bars.update(store.run_progress(ids))
         if self.failure is not None:
             raise ResultsError(self.failure)
@@ -140,12 +147,15 @@ class Workers:
                 process.kill()
                 process.join()
 
-    def _print(self, log: Callable[[str], None]) -> None:
-        """The workers' messages: log lines, and a store failure, which ends the sweep once every worker has."""
+    def _print(self, log: Callable[[str], None], progress: JobProgress | None) -> None:
+        """The workers' messages: log lines, runs' closing lines (counted on the job's line as they are printed), and
+        a store failure, which ends the sweep once every worker has."""
         while not self.lines.empty():
             kind, text = self.lines.get()
             if kind == "failure":
                 self.failure = self.failure or text
+            elif kind == "ended" and progress is not None:
+                progress.ended(text, True, log)
             else:
                 log(text)
 
@@ -187,10 +197,15 @@ def _work(run_groups: list[RunGroup], todo: Any, lines: Any, db_url: str) -> Non
                 lambda line: lines.put(("log", line)),
                 loaded,
                 starts=False,
+                ended=lambda line, counted: lines.put(("ended" if counted else "log", line)),
             )
     except KeyboardInterrupt:
+        # Ctrl-C reaches the worker twice (the terminal's, then the parent's passed on): the second must not cut
+        # short the storing of its runs as interrupted
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if group is not None:
-            _settle(store, [run.run_id for run in group.runs])
+            settle_interrupted(store, [run.run_id for run in group.runs])
     except ResultsError as exc:  # the store failed: every later run would too
         lines.put(("failure", str(exc)))
     finally:
@@ -204,14 +219,6 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:  # the parent died before the request was made
         os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _settle(store: Store, run_ids: list[int]) -> None:
-    """Runs still queued or running once every worker has ended were cut short (Ctrl-C, a killed worker): stored
-    as interrupted, ready to resume."""
-    for run_id, (status, _) in store.run_progress(run_ids).items():
-        if status in ("queued", "running"):
-            store.finish_run(run_id, "interrupted", error="sweep interrupted before this run finished")
 
 
 def _outcomes(store: Store, runs: list[PlannedRun]) -> list[RunOutcome]:

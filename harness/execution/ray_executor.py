@@ -248,7 +248,7 @@ class RayExecutor:
                     self._settle(ref, refs[ref], store, log)
                 bars.update(store.run_progress(ids))
         except KeyboardInterrupt:
-            self._cancel(pending, [refs[ref] for ref in pending], store, log)
+            self._cancel(pending, [refs[ref] for ref in pending], store)
             raise
         final = {run_id: status for run_id, (status, _) in store.run_progress(ids).items()}
         return [RunOutcome(job.run, final[job.run_id]) for job in jobs]
@@ -282,7 +282,8 @@ class RayExecutor:
             return
         log(f"{job.label}: {status}")
 
-    def _cancel(self, refs: list[Any], jobs: list[Job], store: Store, log: Log) -> None:
+    def _cancel(self, refs: list[Any], jobs: list[Job], store: Store) -> None:
+        """Cancel the pending tasks and store their runs as interrupted (the job's last line says how to continue)."""
         for ref in refs:
             self.ray.cancel(ref)
         self.ray.wait(refs, num_returns=len(refs), timeout=CANCEL_GRACE_SECONDS)
@@ -290,10 +291,6 @@ class RayExecutor:
         for job in jobs:
             if states.get(job.run_id, ("",))[0] in ("queued", "running"):
                 store.finish_run(job.run_id, "interrupted", error="sweep interrupted")
-        if jobs:
-            log(
-                f"interrupted; continue each run with: {env_command('loopeval')} run --resume RUN_ID ({', '.join(str(j.run_id) for j in jobs)})"
-            )
 
 
 AUTH_MODE_ENV = "RAY_AUTH_MODE"  # Ray's own variables: the mode, and the token itself or the file holding it

@@ -18,6 +18,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +50,6 @@ from harness.execution.recorder import (
     new_sweep_id,
     run_row,
 )
-from harness.hints import env_command, with_db
 from harness.planning.plan import SweepPlan, load_tasks, stored_spec
 from harness.planning.spec import RunSpec, at_loops
 from harness.measurement.sampler import MemorySampler
@@ -57,6 +57,9 @@ from harness.measurement.sampler import MemorySampler
 if TYPE_CHECKING:
     from db.store import Store
     from harness.progress import JobProgress
+
+# Where a run's closing line goes: (the line, whether the run is over, finished or failed, and counts as done).
+Ended = Callable[[str, bool], None]
 
 
 class TimedAdapter:
@@ -305,14 +308,18 @@ def run_stored(
     log: Callable[[str], None],
     loaded: dict[str, Any] | None = None,
     starts: bool = True,
+    ended: Ended | None = None,
 ) -> list[RunOutcome]:
     """Execute stored runs in order, loading each model once per point of the exit and KV axes (runs are model-major).
 
     With a `progress` view the current run is named on the sweep's line, and each finished run leaves the
-    one line `_execute` logs for it; without one, each run's start is logged too, unless `starts` is False
-    (a worker process, whose parent's view shows a bar for each run under way).
+    one line `_execute` logs for it, counted on the job's line (`JobProgress.ended`); without one, each run's start
+    is logged too, unless `starts` is False (a worker process, whose parent's view shows a bar for each run under
+    way), and each closing line goes to `ended` (the worker's parent counts it), else to `log`.
     """
     outcomes = []
+    if ended is None:
+        ended = (lambda line, counted: log(line)) if progress is None else partial(progress.ended, log=log)
     if progress is not None:
         progress.start_sweep(len(runs))
     adapter, current = None, None
@@ -327,16 +334,16 @@ def run_stored(
                 adapter = (loaded or {}).pop(run.model, None) if overrides == spec.load_overrides(run.model) else None
                 current = (run.model, overrides)
             adapter = at_loops(adapter, run.model, run.loops, overrides)
-            outcomes.append(_execute(spec, store, run, adapter, task_configs, progress, log))
+            outcomes.append(_execute(spec, store, run, adapter, task_configs, progress, log, ended))
         except ResultsError:  # the store itself failed (disk full, damaged, unreachable): every later run would too
             raise
         except RunBusy as exc:  # another live process runs it: leave its row alone
-            log(f"run {run.id} skipped: {exc}")
+            ended(f"run {run.id} skipped: {exc}", True)
             outcomes.append(RunOutcome(run, "busy", error=str(exc)))
         except Exception as exc:  # stored as failed with its reason; the next run still runs
             error = _error(exc)
             store.finish_run(run.run_id, "failed", error=error)
-            log(f"run {run.id} failed: {error}")
+            ended(f"run {run.id} failed: {error}", True)
             outcomes.append(RunOutcome(run, "failed", error=error))
             adapter, current = None, None
         if progress is not None:
@@ -364,10 +371,12 @@ def _execute(
     task_configs: list[Any],
     progress: JobProgress | None,
     log: Callable[[str], None],
+    ended: Ended,
 ) -> RunOutcome:
     """Generate and score one stored run with `adapter`, keeping the store current whatever happens: samples are
     committed as they finish, the recorder writes memory, timings and the run's lease every second, so a kill -9
-    loses at most the last second."""
+    loses at most the last second. Its closing line goes to `ended`, counted when it finished (a failed run is
+    counted by the line `run_stored` adds with the reason)."""
     from harness.bridge.evaluation import run_suite
     from harness.bridge.records import CONTEXT_LIMIT
 
@@ -411,10 +420,8 @@ def _execute(
         store.set_sample_scores(run_id, result.scores)
         store.set_metrics(run_id, result.metrics)
         status = "finished"
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # the job's last line says how to continue, once for all its runs
         status = "interrupted"
-        resume = with_db(f"{env_command('loopeval')} run --resume {run_id}", spec.db_url)
-        log(f"run {run_id} interrupted; finished samples are stored. Continue with: {resume}")
         raise
     except Exception as exc:
         error = _error(exc)
@@ -423,18 +430,20 @@ def _execute(
         sampler.stop()
         try:
             recorder.stop()
-            _record_sampler(
-                store,
-                run_id,
-                sampler,
-                log,
-                f"{run_label(run)}: {status} in {recorder.wall_seconds:.1f} s "
-                f"({timed.generate_seconds:.1f} s generating",
-            )
+            headline = f"{run_label(run)}: {status} in {recorder.wall_seconds:.1f} s ({timed.generate_seconds:.1f} s generating"
+            ended(_record_sampler(store, run_id, sampler, headline), status == "finished")
             store.finish_run(run_id, status, error=error)
         finally:
             recorder.release()
     return RunOutcome(run, status, metrics)
+
+
+def settle_interrupted(store: Store, run_ids: list[int]) -> None:
+    """Runs still queued or running once every process running them has ended were cut short (Ctrl-C, a killed
+    worker, a job stopped before it reached them): stored as interrupted, ready to resume."""
+    for run_id, (status, _) in store.run_progress(run_ids).items():
+        if status in ("queued", "running"):
+            store.finish_run(run_id, "interrupted", error="sweep interrupted before this run finished")
 
 
 def stored_row(store: Store, run_id: int) -> Any:
@@ -450,13 +459,12 @@ def _error(exc: Exception) -> str:
     return one_line(f"{type(exc).__name__}: {exc}")
 
 
-def _record_sampler(
-    store: Store, run_id: int, sampler: MemorySampler, log: Callable[[str], None], headline: str
-) -> None:
-    """Log the run's one closing line with what the memory sampler cost, and store that cost in full (ticks, time
-    per tick) with the run: its overhead is part of what a run reports."""
+def _record_sampler(store: Store, run_id: int, sampler: MemorySampler, headline: str) -> str:
+    """The run's one closing line with what the memory sampler cost; that cost is stored in full (ticks, time per
+    tick) with the run: its overhead is part of what a run reports."""
     overhead = sampler.overhead()
-    log(f"{headline}; sampler {100 * overhead['busy_fraction']:.1f}%)")
+    line = f"{headline}; sampler {100 * overhead['busy_fraction']:.1f}%)"
     host = dict(stored_row(store, run_id).host or {})
     host["sampler"] = {**overhead, "interval": sampler.interval, "unavailable": sampler.unavailable}
     store.update_run(run_id, host=host)
+    return line

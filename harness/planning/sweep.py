@@ -101,10 +101,30 @@ def _model(name: str) -> str:
         return name
 
 
+def is_default_benchmark(flags: Mapping[str, Any], config: str | None) -> bool:
+    """Whether nothing chose what runs: no sweep file and none of the flags that pick models, suite or axes."""
+    return config is None and all(flags.get(key) is None for key in SWEEP_CHOICES)
+
+
+def planning_line(flags: Mapping[str, Any], config: str | None, resume: int | None) -> str:
+    """The job's first line, said before anything slow (importing torch, reading the models' configs): what it
+    plans, so a log (`loopeval run > run.log`) shows within a second that the job has started and what it is."""
+    if resume is not None:
+        what = f"continuing the sweep of run {resume}"
+    elif config is not None:
+        what = f"the sweep file {config}"
+    elif is_default_benchmark(flags, config):
+        what = "the default benchmark: the lab's depth sweep, the headline sweep, the exit sweep and the memory levers"
+    else:
+        models = flags.get("models") or DEFAULTS.models
+        what = f"{', '.join(models)} on the {flags.get('suite') or DEFAULTS.suite} suite"
+    return f"job: {what}; planning"
+
+
 def build_request(flags: Mapping[str, Any], config: str | None = None) -> SweepRequest:
     """Flags (None = not given) over the sweep file's values, validated into one RunSpec per seed
     (between the lab's RunSpec and the exit and memory-lever sweeps' when nothing chose what runs)."""
-    default_benchmark = config is None and all(flags.get(key) is None for key in SWEEP_CHOICES)
+    default_benchmark = is_default_benchmark(flags, config)
     values = read_sweep_file(config) if config else {}
     values.update({key: value for key, value in flags.items() if value is not None})
     if "model_overrides" in values:  # --model replaces the file's models: keep the overrides of those still run

@@ -57,7 +57,7 @@ def test_empty_databases_are_one_line(tmp_path: Path) -> None:
 
 def test_report_is_one_self_contained_file_with_escaped_outputs(payload_url: str, tmp_path: Path) -> None:
     out = tmp_path / "out" / "report.html"
-    result = _dashboard("--db", payload_url, "--out", str(out), cwd=tmp_path)
+    result = _dashboard("--db", payload_url, "--out", str(out), "--mkdir", cwd=tmp_path)  # out/ made as asked
     assert result.returncode == 0, result.stderr
     assert str(out.resolve()) in result.stdout
     html = out.read_text(encoding="utf-8")
@@ -68,3 +68,24 @@ def test_report_is_one_self_contained_file_with_escaped_outputs(payload_url: str
     # The output travels as JSON data whose `<` and `>` are escaped, never as markup (the page sets it as text).
     samples = json.loads(re.search(r'<script id="sample-data" type="application/json">([^<]*)</script>', html).group(1))
     assert PAYLOAD not in html and PAYLOAD in [row[samples["columns"].index("output")] for row in samples["rows"]]
+
+
+@pytest.mark.parametrize("log_requests", [False, True])
+def test_the_app_is_served_by_a_production_server_logging_requests_only_when_asked(
+    results_url: str, log_requests: bool
+) -> None:
+    """waitress, not Flask's development server (whose start-up warning tells the user not to use it so); its
+    requests are quiet unless --log-requests, which prints one line per request answered."""
+    import urllib.request
+
+    from tests.support.browser import served_process
+
+    options = ["--log-requests"] if log_requests else []
+    with served_process(results_url, *options) as (url, process):
+        with urllib.request.urlopen(url + "_dash-layout", timeout=30) as response:
+            assert response.status == 200 and response.headers["Server"] == "waitress"
+    log = process.stdout.read()
+    assert "development server" not in log.lower() and "WARNING" not in log and "Traceback" not in log, log
+    assert log.startswith("loopeval dashboard: serving "), log
+    requests = [line for line in log.splitlines() if re.fullmatch(r"127\.0\.0\.1 GET /\S* \d{3}", line)]
+    assert ("127.0.0.1 GET /_dash-layout 200" in requests) is log_requests and bool(requests) is log_requests, log

@@ -323,12 +323,16 @@ def test_memory_over_run_draws_each_available_measure_against_time_and_tokens(en
         (kv["kv_bytes_used"] <= kv["kv_bytes_allocated"]) & (kv["kv_bytes_allocated"] <= kv["kv_bytes_reserved"])
     ).all()
     fig = trace_figures.memory_over_run(series, measures.SERIES_MEASURES)
-    assert sorted(t.name for t in fig.data) == sorted(available * 2)
+    assert sorted(t.legendgroup for t in fig.data) == sorted(available * 2)
+    # the legend reads each measure's label, never its stored name: "KV cache used", "process RSS (CPU)"
+    assert {t.name for t in fig.data} == {trace_figures.reading_label(m) for m in available}
+    assert "process RSS (CPU)" in {t.name for t in fig.data} and not {t.name for t in fig.data} & set(available)
     assert {t.xaxis for t in fig.data} == {"x", "x2"}
     for trace in fig.data:
-        assert len(trace.x) == series[trace.name].notna().sum()
+        assert len(trace.x) == series[trace.legendgroup].notna().sum()
     if missing:
-        assert all(m in _annotations(fig) for m in missing) and "unavailable" in _annotations(fig)
+        annotations = _annotations(fig).replace("<br>", " ")
+        assert all(trace_figures.reading_label(m) in annotations for m in missing) and "unavailable" in annotations
     unit, _ = names.byte_unit(np.concatenate([series[m].dropna().to_numpy() for m in available]))
     assert f"decimal {unit}" in fig.layout.yaxis.title.text
 
@@ -534,3 +538,6 @@ def test_an_exit_line_ends_at_the_same_models_run_without_a_threshold() -> None:
         [(2.5, "gate 0.5"), (3.0, "gate 0.7"), (4.0, "-")],  # m at r=4 over its thresholds, then every loop
         [(4.0, "-")],
     ]  # other: swept nowhere, one line as before
+    timed = cost_figures.accuracy_vs_compute(points, "seconds_per_token")  # 0.001 s a token reads 1 ms
+    assert {float(x) for trace in timed.data for x in trace.x} == {1.0}
+    assert timed.layout.xaxis.title.text == "generate milliseconds per generated token (ms)"

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from dashboards.app import create_app
-from dashboards.data import SAMPLE_COLUMNS, SAMPLE_TEXT_CHARS, browse_samples, clip
+from dashboards.data import SAMPLE_COLUMNS, SAMPLE_TEXT_CHARS, browse_samples, clip, spread_note
 from dashboards.report import build_report
 from db import sample_queries
 from db.session import open_existing
@@ -154,3 +154,13 @@ def test_the_report_and_the_app_show_the_same_columns_and_cells(engine, tmp_path
     ]
     cells = dict(zip(report["columns"], report["rows"][0]))
     assert cells["loops"] == "r=1" and isinstance(cells["score"], float) and cells["verdict"] in ("correct", "wrong")
+
+
+def test_the_note_says_how_many_of_each_kind_even_past_the_budget(engine) -> None:
+    """With more (run, task, verdict) kinds than the budget, each still gives one sample: the note counts what is
+    there (never "at most about" the budget when the table holds more)."""
+    rows = sample_queries.sample_spread(engine, 1)
+    kinds = rows.groupby(["run_id", "task", "verdict"]).ngroups
+    assert len(rows) == kinds > 1
+    assert spread_note(rows).startswith(f"{kinds} samples: up to 1 of each of the {kinds} runs x tasks x verdicts")
+    assert spread_note(rows.iloc[:0]) == "no samples match"

@@ -1,5 +1,9 @@
 """`loopeval adapter new`: the package it writes passes its own conformance test unchanged and is
-found from its folder (LOOPEVAL_ADAPTERS) as well as through its entry point."""
+found from its folder (LOOPEVAL_ADAPTERS) as well as through its entry point.
+
+Every package is scaffolded under a name no user picks (`unique_name`), never the docs' `myarch`: a user who
+followed the README's "Add your model" has `loopeval-myarch` installed in this venv, which makes `myarch` a
+registered prefix that `adapter new` rightly refuses."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import os
 import subprocess
 import sys
 import tomllib
+import uuid
 from pathlib import Path
 
 from adapters import registry
@@ -24,10 +29,16 @@ def _loopeval(
     return subprocess.run([LOOPEVAL, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
 
 
+def unique_name(stem: str) -> str:
+    """A prefix no installed plugin has: the stem and a random suffix (lowercase hex, a valid adapter name)."""
+    return f"{stem}_{uuid.uuid4().hex[:8]}"
+
+
 def test_scaffold_passes_its_own_test_and_is_discoverable(tmp_path: Path) -> None:
-    made = _loopeval("adapter", "new", "myarch", "--dir", str(tmp_path))
+    name = unique_name("scaffoldtest")
+    made = _loopeval("adapter", "new", name, "--dir", str(tmp_path))
     assert made.returncode == 0, made.stderr
-    root = tmp_path / "loopeval-myarch"
+    root = tmp_path / f"loopeval-{name}"
     assert f"wrote {root}" in made.stdout
     # the hint's pip is this environment's (a bare `pip` would be the system's when the venv is not active)
     next_line = made.stdout.splitlines()[-1]
@@ -35,9 +46,9 @@ def test_scaffold_passes_its_own_test_and_is_discoverable(tmp_path: Path) -> Non
         " -m pip install", ""
     )
     python = next_line.split(" && ")[1].split(" -m pip ")[0]
-    assert python == "python" or Path(python).parent == Path(LOOPEVAL).parent
+    assert python == "python" or Path(python).parent.resolve() == Path(LOOPEVAL).parent.resolve()  # a linked .venv too
     project = tomllib.loads((root / "pyproject.toml").read_text())
-    assert project["project"]["entry-points"]["loopeval.adapters"] == {"myarch": "loopeval_myarch"}
+    assert project["project"]["entry-points"]["loopeval.adapters"] == {name: f"loopeval_{name}"}
     assert "python -m pytest" in (root / "README.md").read_text()
 
     tested = subprocess.run(
@@ -55,8 +66,8 @@ def test_scaffold_passes_its_own_test_and_is_discoverable(tmp_path: Path) -> Non
     registry.available()  # built-ins loaded before the snapshot, so restoring it keeps them for later tests
     saved = dict(registry._REGISTRY)
     try:
-        assert not [f for f in registry.load_plugins([root]) if f.name == "loopeval_myarch"]
-        entry = next(e for e in registry.available() if e.prefix == "myarch")
+        assert not [f for f in registry.load_plugins([root]) if f.name == f"loopeval_{name}"]
+        entry = next(e for e in registry.available() if e.prefix == name)
         assert entry.source == f"folder {root.resolve()}"
     finally:
         registry._REGISTRY.clear()
@@ -75,8 +86,9 @@ def test_scaffold_refuses_bad_names_and_existing_folders(tmp_path: Path) -> None
     ):
         out = _loopeval("adapter", "new", name, "--dir", str(tmp_path))
         assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
-    assert _loopeval("adapter", "new", "twice", "--dir", str(tmp_path)).returncode == 0
-    again = _loopeval("adapter", "new", "twice", "--dir", str(tmp_path))
+    twice = unique_name("twice")
+    assert _loopeval("adapter", "new", twice, "--dir", str(tmp_path)).returncode == 0
+    again = _loopeval("adapter", "new", twice, "--dir", str(tmp_path))
     assert again.returncode == 2 and "already exists" in again.stderr
 
 
@@ -98,21 +110,23 @@ def test_the_suggested_run_stores_into_the_new_adapters_own_database(tmp_path: P
     does: the results database of the folder it was typed in (the checkout's, often) is never touched."""
     work = tmp_path / "work"
     work.mkdir()
-    made = _loopeval("adapter", "new", "herearch", cwd=work)
+    name = unique_name("herearch")
+    made = _loopeval("adapter", "new", name, cwd=work)
     assert made.returncode == 0, made.stderr
-    root = work / "loopeval-herearch"
+    root = work / f"loopeval-{name}"
     assert made.stdout.splitlines()[0] == f"wrote {root}"
     line = made.stdout.splitlines()[-1]
     assert line.startswith(f"next: (cd {root} && ") and line.endswith(")")
     steps = line.removeprefix("next: (").removesuffix(")").split(" && ")
     run, results = steps[-2:]
-    assert " run --model herearch:tiny " in run and run.endswith(" --db sqlite:///herearch.db")
-    assert results.endswith(" results --db sqlite:///herearch.db")
+    assert f" run --model {name}:tiny --tasks lookup --limit 2 --samples 1 " in run
+    assert run.endswith(f" --db sqlite:///{name}.db")
+    assert results.endswith(f" results --db sqlite:///{name}.db")
     # The package found through its folder instead of being pip-installed into this venv; the run as printed otherwise.
     env = {**os.environ, "LOOPEVAL_ADAPTERS": str(root), "HF_HUB_OFFLINE": "1"}
     env.pop("LOOPEVAL_DB", None)
     done = subprocess.run(
-        ["bash", "-c", f"{steps[0]} && {run} --tasks chain2 --samples 1 --no-report && {results}"],
+        ["bash", "-c", f"{steps[0]} && {run} --no-report && {results}"],
         cwd=work,
         env=env,
         capture_output=True,
@@ -120,5 +134,16 @@ def test_the_suggested_run_stores_into_the_new_adapters_own_database(tmp_path: P
         timeout=600,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "herearch:tiny" in done.stdout, done.stdout  # `results` shows the run it just stored
-    assert (root / "herearch.db").is_file() and not (work / "results").exists() and not (root / "results").exists()
+    assert f"{name}:tiny" in done.stdout, done.stdout  # `results` shows the run it just stored
+    assert (root / f"{name}.db").is_file() and not (work / "results").exists() and not (root / "results").exists()
+
+
+def test_the_next_line_is_the_readmes_add_your_model_steps() -> None:
+    """The README's walk-through and the `next:` line `adapter new` prints are the same steps, in the same order."""
+    from harness.cli.adapter import next_steps
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    block = readme.split("## Add your model", 1)[1].split("\n\n", 3)[2]
+    lines = [line.split("  #", 1)[0].strip() for line in block.splitlines()]
+    assert lines[:2] == ["loopeval adapter new myarch --dir ..", "cd ../loopeval-myarch"]
+    assert lines[2:] == next_steps("myarch")

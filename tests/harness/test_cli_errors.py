@@ -136,3 +136,30 @@ def test_console_script_prints_one_line_without_traceback(tmp_path: Path) -> Non
     assert proc.returncode == 2
     assert proc.stderr.strip() == "loopeval: error: --top-p must be a number in (0, 1], got 2.0"
     assert not (tmp_path / "r.sqlite").exists()
+
+
+def test_a_folder_that_does_not_exist_is_refused_unless_mkdir(
+    tmp_path: Path, stored_db: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A typo in --db's or --out's folder would start a store (or write a report) where nothing looks: one line,
+    exit 2, no folder made; --mkdir makes it."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("LOOPEVAL_DB", raising=False)
+    missing = "the folder no/such/dir does not exist; create it, or pass --mkdir"
+    run = ["run", *FAST, "--model", "preset:qwen3-tiny"]
+    expect_usage_error([*run, "--db", "no/such/dir/x.sqlite"], f"--db no/such/dir/x.sqlite: {missing}", capsys)
+    expect_usage_error([*run, "--db", "sqlite:///no/such/dir/x.sqlite"], missing, capsys)
+    expect_usage_error(
+        ["profile", "preset:qwen3-tiny", "--lengths", "8", "--db", "no/such/dir/x.sqlite"], missing, capsys
+    )
+    expect_usage_error(["dashboard", "--db", str(stored_db), "--out", "no/such/dir/r.html"], missing, capsys)
+    monkeypatch.setenv("LOOPEVAL_DB", "no/such/dir/x.sqlite")
+    expect_usage_error(run, f"LOOPEVAL_DB no/such/dir/x.sqlite: {missing}", capsys)
+    assert list(tmp_path.iterdir()) == []
+
+    assert main([*run, "--db", "made/here/x.sqlite", "--mkdir"]) == 0
+    assert (tmp_path / "made" / "here" / "x.sqlite").is_file()
+    assert main(["dashboard", "--db", "made/here/x.sqlite", "--out", "pages/r.html", "--mkdir"]) == 0
+    assert (tmp_path / "pages" / "r.html").is_file()
+    monkeypatch.delenv("LOOPEVAL_DB")
+    assert main(run) == 0 and (tmp_path / "results" / "loopeval.sqlite").is_file()  # the default folder is made

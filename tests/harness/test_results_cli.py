@@ -330,3 +330,17 @@ def test_configurations_are_rows_of_their_own_and_the_answer_comes_last(
     ]
     runs = json.loads(_results(capsys, "--db", path, "--json"))
     assert [r["overrides"] for r in runs] == [{}, {"dtype": "bfloat16"}, {}]
+
+
+def test_piped_without_columns_the_answer_and_the_title_are_one_line_each(
+    db: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Into a pipe or a file (capsys is neither a terminal) with no $COLUMNS the answer is its own whole line, never
+    wrapped between a value and its unit ("2.02" / "MB"), and a table's title is not wrapped to the table's width."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    lines = _results(capsys, "--db", db).splitlines()
+    answer = lines[-1]
+    assert answer.startswith("Best by pass@1 per GB") and answer.endswith(").") and len(answer) > 150, lines
+    assert main(["estimate", "ouro-1.4b", "--tokens", "32000"]) == 0
+    title = capsys.readouterr().out.splitlines()[0]
+    assert title.startswith("preset:ouro-1.4b: 32000 tokens x batch 1") and title.endswith(")"), title
