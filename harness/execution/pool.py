@@ -36,7 +36,6 @@ from db.record import PlannedRun
 from harness.execution.bars import RunBars
 from harness.execution.runner import (
     RunOutcome,
-    raise_interrupt,
     run_stored,
     settle_interrupted,
     sigterm_as_interrupt,

@@ -21,7 +21,7 @@ import adapters
 from adapters.base import AdapterError
 from adapters.files import MIB, read_text
 from harness.errors import UserError
-from harness.planning.defaults import EXITS, LAB, LEVERS
+from harness.planning.defaults import DEFAULTS, EXITS, LAB, LEVERS
 from harness.planning.options import BY_KEY, RAY_ONLY, SWEEP_CHOICES
 from harness.planning.spec import RunSpec
 
