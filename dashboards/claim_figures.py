@@ -117,7 +117,7 @@ def accuracy_by_length(
                 "x": list(rows.index),
                 "y": rows["pass_at_1"].to_numpy(),
                 "name": plain(name),
-                "line": {"color": palette[str(name).split(" ")[0]], "dash": next(dashes) if lever else "solid"},
+                "line": {"color": palette[plain(str(name).split(" ")[0])], "dash": next(dashes) if lever else "solid"},
                 "customdata": np.array([[int(n), text] for n, text in zip(rows["samples"], left)], dtype=object),
                 "hovertemplate": f"{plain(name)}<br>%{{x}} tokens: pass@1 %{{y:.3f}} over %{{customdata[0]}} samples"
                 "<br>left the reference's output: %{customdata[1]}<extra></extra>",
@@ -161,7 +161,7 @@ def metrics_from_samples(
             "y": rows["value"].to_numpy(),
             "error_y": {"type": "data", "array": (1.96 * rows["stderr"].astype(float)).to_numpy()},
             "name": plain(name),
-            "line": {"color": palette[model]},
+            "line": {"color": palette[plain(model)]},
             "hovertemplate": f"{plain(name)}<br>%{{x}} %{{y:.3f}}<extra></extra>",
         }
         for (name, model), rows in table.groupby(["name", "model"], sort=False)

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from adapters.base import interrupt
 from db import ResultsError
 from db.record import PlannedRun
+from db.store.base import interrupts_held
 from harness.execution.bars import RunBars
 from harness.execution.runner import (
     RunOutcome,
@@ -104,8 +105,11 @@ class Workers:
             context.Process(target=_work, args=(run_groups, todo, lines, db_url), name=f"loopeval worker {k + 1}")
             for k in range(workers)
         ]
-        for process in processes:
-            process.start()
+        # Held until every worker has started: a Ctrl-C landing inside fork's handlers (logging's at-fork lock
+        # release) is printed as "Exception ignored" and lost there, and the job would run on to its end.
+        with interrupts_held():
+            for process in processes:
+                process.start()
         return cls(run_groups, processes, lines)
 
     def wait(
@@ -175,6 +179,7 @@ def _work(run_groups: list[RunGroup], todo: Any, lines: Any, db_url: str) -> Non
     be gone."""
     from db.store import Store
 
+    signal.signal(signal.SIGINT, interrupt)  # not the handler the parent held while forking it
     signal.signal(signal.SIGTERM, interrupt)
     _die_with_parent()
     try:

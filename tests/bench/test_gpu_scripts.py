@@ -121,9 +121,14 @@ def test_device_is_every_models_override_where_its_own_sets_none(tmp_path: Path)
     sweep.write_text(
         'models = ["zoo:ouro-tiny", {spec = "zoo:melt-tiny", overrides = {device = "cuda"}}]\ndevice = "cpu"\n'
     )
+    if not torch.cuda.is_available():  # a model's own device is checked as --device is: cuda needs a CUDA device
+        with pytest.raises(UserError, match="^overrides of zoo:melt-tiny: device cuda: torch .* sees no CUDA device"):
+            build_request({}, str(sweep))
+        sweep.write_text(sweep.read_text().replace('device = "cuda"', 'device = "cpu"').replace('device = "cpu"\n', ""))
     (spec,) = build_request({}, str(sweep)).specs
-    assert spec.load_overrides("zoo:ouro-tiny") == {"seed": 0, "device": "cpu"}
-    assert spec.load_overrides("zoo:melt-tiny") == {"seed": 0, "device": "cuda"}, "the model's own override wins"
+    own = "cuda" if torch.cuda.is_available() else "cpu"
+    assert spec.load_overrides("zoo:melt-tiny") == {"seed": 0, "device": own}, "the model's own override wins"
+    assert spec.load_overrides("zoo:ouro-tiny") == ({"seed": 0, "device": "cpu"} if own == "cuda" else {"seed": 0})
     (plain,) = build_request(dict(models=["zoo:ouro-tiny"])).specs
     assert plain.load_overrides("zoo:ouro-tiny") == {"seed": 0}, "no --device: each model's own device"
     with pytest.raises(UserError, match="^--device must be cpu or cuda, got 'gpu'$"):

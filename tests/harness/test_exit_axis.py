@@ -150,8 +150,8 @@ def test_the_report_draws_accuracy_against_loops_per_token(swept: tuple[Path, st
         "the memory figure's hover tells them apart"
     )
     lines = {trace["name"] for trace in blobs[key.replace("compute-loops", "loops") + "|kv_bytes_allocated"]["data"]}
-    assert {f"zoo:ouro-tiny exit gate {t:g}" for t in THRESHOLDS} <= lines, (
-        "against r: a line per threshold (its accuracy)"
+    assert not any("exit gate" in str(name) for name in lines), (
+        "against r: each model's plain runs only; the thresholds are drawn against compute (above)"
     )
     engine = open_existing(f"sqlite:///{db}")
     depth = depth_points(engine, key.split("|")[1])

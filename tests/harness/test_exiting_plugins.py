@@ -10,6 +10,8 @@ CLI (`harness.cli.main` in this process, and `loopeval` in a process of its own)
 
 from __future__ import annotations
 
+import re
+
 import os
 import signal
 import subprocess
@@ -161,8 +163,13 @@ def from_env(plugin_folder: Path, monkeypatch: pytest.MonkeyPatch, isolated_regi
 
 
 def _errors(err: str) -> list[str]:
+    """The lines a command printed, each finished run's without the job's count and time it starts with in a log
+    (`1/1 0:00:01 run 1 ...`)."""
     assert "Traceback" not in err, err
-    return [line for line in err.strip().splitlines() if not line.startswith("threads: ")]
+    return [PROGRESS.sub("", line) for line in err.strip().splitlines() if not line.startswith("threads: ")]
+
+
+PROGRESS = re.compile(r"^\d+/\d+ \d+:\d\d:\d\d ")
 
 
 def _line(hook: str, kind: str, after: int = 0) -> str:

@@ -247,7 +247,11 @@ RESUME = [
     Case("resume-missing-run", ["run", "--resume", "999", "--db", KEPT], "--resume 999: no such run"),
     Case("resume-finished-run", ["run", "--resume", "1", "--db", KEPT], "already finished"),
     Case("resume-profile-run", ["run", "--resume", "2", "--db", KEPT], "is a profile run"),
-    Case("resume-missing-database", ["run", "--resume", "1", "--db", "typo_dir/typo.sqlite"], "no results database"),
+    Case(
+        "resume-missing-database",
+        ["run", "--resume", "1", "--db", "typo_dir/typo.sqlite"],
+        "the folder typo_dir does not exist",
+    ),
     Case("resume-default-database", ["run", "--resume", "1"], "no results database"),
     Case("resume-foreign-database", ["run", "--resume", "1", "--db", "users.sqlite"], "not a loopeval database"),
 ]

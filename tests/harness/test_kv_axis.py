@@ -328,7 +328,9 @@ def test_the_memory_levers_figure_sets_each_lever_against_its_models_own_cache(s
     keys = [t["name"] for t in data if t.get("legendgroup", "").startswith("configuration ")]
     marks = [t for t in data if t.get("name") == "configuration marks"]
     assert keys[0] == "plain run (no mark)", "MELT's own point, no setting"
-    assert sum(len(t["x"]) for t in marks) == 5, "a mark on each point a sweep set: Ouro's four, MELT's int8"
+    assert sum(len(t["x"]) for t in marks) == 4, (
+        "a mark on each lever: Ouro's three (per-loop auto is its own cache: no mark) and MELT's int8"
+    )
     (menu,) = _blobs(html)[key]["layout"]["updatemenus"]
     assert [button["label"] for button in menu["buttons"]] == ["x: weights + KV", "x: KV alone"]
     alone = menu["buttons"][1]["args"][0]["x"]  # each trace's x once KV alone is picked
